@@ -1,0 +1,1 @@
+"""kvemu command line."""

@@ -1,0 +1,5 @@
+import sys
+
+from kvemu.cli import main
+
+sys.exit(main())

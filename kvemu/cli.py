@@ -1,0 +1,50 @@
+"""``kvemu`` console script: one subcommand per module, imported lazily.
+
+Each subcommand module exposes ``configure(parser)`` and ``run(args) -> int``.
+User errors (``KvemuError``) print one ``error:`` line and exit 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from shared.errors import KvemuError
+
+# name -> (module, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "gen": ("loadgen.gen_cmd", "generate a workload preset into a trace JSONL file"),
+    "trace-stats": ("loadgen.stats_cmd", "summarise a trace: requests, blocks, reuse, sessions"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvemu", description="Emulate an LLM serving cluster built around its KV cache.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        module = importlib.import_module(module_name)
+        sp = sub.add_parser(name, help=help_text, description=help_text)
+        module.configure(sp)
+        sp.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except KvemuError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,24 @@
+"""The trace record every part of kvemu exchanges: one request of one session turn."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class TraceRequest:
+    t: float  # seconds from trace start
+    session: str
+    turn: int  # 0-based within the session
+    hash_ids: list[int]  # chained hashes of the prompt's blocks at the trace's block size
+    input_tokens: int
+    output_tokens: int
+    kind: str | None = None  # single | multi | agent
+
+
+@dataclass(slots=True)
+class Trace:
+    requests: list[TraceRequest]
+    block_size: int
+    source: str = ""  # file path or workload name
+    meta: dict = field(default_factory=dict)

@@ -1,0 +1,1 @@
+"""kvemu replica package."""

@@ -1,0 +1,1 @@
+"""kvemu router package."""

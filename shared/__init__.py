@@ -1,0 +1,1 @@
+"""Code both router and replicas import: block hashing, cost model, wire protocol, prefix index."""

@@ -1,0 +1,80 @@
+"""Chained, deterministic 64-bit block hashes.
+
+``h_i = xxh3_64(h_{i-1} as 8 little-endian bytes || block i as little-endian uint32s)``
+with a fixed root.  Every process, host and language that follows this rule gets
+the same ids, so router, replicas and Redis agree.  Python's ``hash()`` is salted
+per process and is never used.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import xxhash
+
+from shared.errors import InputError
+
+DEFAULT_BLOCK_SIZE = 16
+# Fixed root so the first block of every prompt chains from the same value.
+ROOT_HASH = 0x6B76656D75000000  # b"kvemu" as the high bytes
+_MAX_TOKEN = 2**32 - 1
+_PACK_U64 = struct.Struct("<Q").pack
+_xxh3 = xxhash.xxh3_64_intdigest
+
+
+def _as_token_bytes(tokens: Sequence[int] | np.ndarray) -> bytes:
+    arr = np.asarray(tokens)
+    if arr.ndim != 1:
+        raise InputError("token_ids", "must be a flat list of integers")
+    if arr.size == 0:
+        return b""
+    if arr.dtype.kind not in "iu":
+        raise InputError("token_ids", f"must be integers, got {arr.dtype}")
+    if int(arr.min()) < 0 or int(arr.max()) > _MAX_TOKEN:
+        raise InputError("token_ids", "token ids must be in [0, 2**32)")
+    return arr.astype("<u4", copy=False).tobytes()
+
+
+def block_hashes(
+    tokens: Sequence[int] | np.ndarray,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    parent: int = ROOT_HASH,
+) -> list[int]:
+    """Hashes of the full blocks of ``tokens``; the partial tail is never hashed."""
+    if block_size <= 0:
+        raise InputError("block_size", f"must be positive, got {block_size}")
+    raw = _as_token_bytes(tokens)
+    width = 4 * block_size
+    n_full = len(raw) // width
+    out = [0] * n_full
+    h = parent
+    for i in range(n_full):
+        h = _xxh3(_PACK_U64(h) + raw[i * width : (i + 1) * width])
+        out[i] = h
+    return out
+
+
+def chain_ids(ids: Iterable[int], parent: int = ROOT_HASH) -> list[int]:
+    """Chain per-block content ids (e.g. Qwen-Bailian's unchained SipHash ids).
+
+    Block ``i`` gets ``H(h_{i-1}, id_i)``, so two prompts share a hash at depth i
+    only if they share every id up to and including i.
+    """
+    out = []
+    h = parent
+    for raw_id in ids:
+        h = _xxh3(_PACK_U64(h) + _PACK_U64(raw_id & 0xFFFFFFFFFFFFFFFF))
+        out.append(h)
+    return out
+
+
+def content_id(*parts: int | str) -> int:
+    """A stable 64-bit id for a named piece of synthetic content (session, block index...)."""
+    text = "\x1f".join(str(p) for p in parts).encode()
+    return _xxh3(text)
+
+
+def num_full_blocks(num_tokens: int, block_size: int) -> int:
+    return num_tokens // block_size
