@@ -1,0 +1,42 @@
+"""Eviction policies by name. Add one: write a class in this package and register it here."""
+
+from __future__ import annotations
+
+import importlib
+
+from replica.policies.base import Access, EvictionPolicy
+from shared.errors import UnknownNameError
+
+# name -> "module:Class", imported on first use so a new policy costs nothing until chosen
+_REGISTRY: dict[str, str] = {
+    "lru": "replica.policies.lru:LRUPolicy",
+    "s3fifo": "replica.policies.s3fifo:S3FIFOPolicy",
+    "arc": "replica.policies.arc:ARCPolicy",
+    "session_lru": "replica.policies.session_lru:SessionLRUPolicy",
+    "random_compute": "replica.policies.random_compute:RandomComputePolicy",
+    "partial_node": "replica.policies.random_compute:PartialNodePolicy",
+    "belady": "replica.policies.belady:BeladyPolicy",
+    "belady_compute": "replica.policies.belady:BeladyComputePolicy",
+}
+
+# Offline oracles need the future and exist in the simulator only.
+ORACLES = frozenset({"belady", "belady_compute"})
+
+
+def policy_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def policy_class(name: str) -> type[EvictionPolicy]:
+    key = name.strip().lower()
+    if key not in _REGISTRY:
+        raise UnknownNameError("policy", name, list(_REGISTRY))
+    module_name, _, cls_name = _REGISTRY[key].partition(":")
+    return getattr(importlib.import_module(module_name), cls_name)
+
+
+def make_policy(name: str, **params) -> EvictionPolicy:
+    return policy_class(name)(**params)
+
+
+__all__ = ["Access", "EvictionPolicy", "ORACLES", "make_policy", "policy_class", "policy_names"]

@@ -1,0 +1,74 @@
+"""The policy interface: a small synchronous class that owns only an ordering.
+
+The block pool owns residency, hashes, reference counts (pinning) and events. A policy
+is told what each request accessed and which blocks became evictable, and is asked for
+victims. It never does I/O and never scans the whole cache per eviction.
+
+Contract with the pool:
+* ``on_access(acc)`` after the pool has allocated a request's new blocks. ``acc.hit_idx``
+  lists the indices (depths) of resident blocks the request touched, ``acc.new_idx`` the
+  indices of blocks just inserted; both ascending.
+* ``on_release(hashes, now)`` when a request finishes: its blocks (ascending depth), which
+  are evictable again unless another request still pins them.
+* ``victims(need)`` returns at least ``need`` distinct resident, unpinned hashes and forgets
+  them (the pool removes them). The pool only asks when that many exist. A policy may
+  keep stale entries (for example pinned blocks it has not been told about) and skip them
+  lazily, checking ``pool.is_pinned``.
+* ``on_remove(h)`` when the pool drops a block for another reason (admin removal);
+  ``clear()`` on a reset.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar, Sequence
+
+if TYPE_CHECKING:  # pragma: no cover
+    from replica.pool import BlockPool
+
+
+@dataclass(slots=True)
+class Access:
+    """One request's view of the cache, as policies see it."""
+
+    hashes: Sequence[int]
+    hit_idx: list[int]
+    new_idx: list[int]
+    now: float
+    session: str | None = None
+    # Oracles only (simulator): time of each block's next access, inf when never again.
+    next_use: Sequence[float] | None = None
+
+
+class EvictionPolicy:
+    name: ClassVar[str] = "base"
+    # True for offline oracles that need Access.next_use (simulator only).
+    needs_future: ClassVar[bool] = False
+
+    def __init__(self, **params) -> None:
+        if params:
+            from shared.errors import InputError
+
+            raise InputError("policy", f"{self.name} takes no parameters, got {sorted(params)}")
+
+    def bind(self, pool: "BlockPool") -> None:
+        self.pool = pool
+
+    def on_access(self, acc: Access) -> None:
+        raise NotImplementedError
+
+    def on_release(self, hashes: Sequence[int], now: float) -> None:
+        """Default: ordering does not change when a request ends."""
+
+    def victims(self, need: int) -> list[int]:
+        raise NotImplementedError
+
+    def on_remove(self, h: int) -> None:
+        raise NotImplementedError
+
+    def clear(self) -> None:
+        raise NotImplementedError
+
+    def describe(self) -> dict:
+        """Policy parameters, for /stats and sim JSON."""
+        return {"name": self.name}
