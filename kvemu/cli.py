@@ -16,23 +16,28 @@ from shared.errors import KvemuError
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "gen": ("loadgen.gen_cmd", "generate a workload preset into a trace JSONL file"),
     "trace-stats": ("loadgen.stats_cmd", "summarise a trace: requests, blocks, reuse, sessions"),
+    "sim": ("loadgen.sim_cmd", "virtual-time run of policies x capacities over a trace or preset"),
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
+    """Only the chosen subcommand's module is imported: `kvemu gen` never loads aiohttp."""
     parser = argparse.ArgumentParser(prog="kvemu", description="Emulate an LLM serving cluster built around its KV cache.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, (module_name, help_text) in SUBCOMMANDS.items():
-        module = importlib.import_module(module_name)
         sp = sub.add_parser(name, help=help_text, description=help_text)
-        module.configure(sp)
-        sp.set_defaults(_run=module.run)
+        if name == chosen:
+            module = importlib.import_module(module_name)
+            module.configure(sp)
+            sp.set_defaults(_run=module.run)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(chosen if chosen in SUBCOMMANDS else None)
     args = parser.parse_args(argv)
     try:
         return int(args._run(args) or 0)

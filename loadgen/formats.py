@@ -16,6 +16,7 @@ Qwen-Bailian (alibaba-edu/qwen-bailian-usagetraces-anon): ``chat_id``, ``parent_
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -148,10 +149,11 @@ class SessionInferrer:
       long template or document.  Only A's last ``tail_blocks`` ids are remembered, so a
       match means B swallowed (nearly) all of A.
     * Why a window of 4 and not 1: A's last id is its partial tail block, which B (having
-      appended to it) never repeats; chat templates also rewrite a few hundred tokens at the
-      end of the previous prompt (generation prompt, stripped think tags).  On the Mooncake
-      conversation trace windows of 2 / 4 / 8 join 4,003 / 4,075 / 4,120 requests: 4 catches
-      the template rewrites, and the gain flattens after it.
+      appended to it) never repeats.  The traces also show continuations that diverge 2-3
+      blocks before A's end, likely template text at the end of A's prompt that the next
+      turn rewrites (generation prompt, stripped think tags).  On the Mooncake conversation
+      trace windows of 1 / 2 / 4 / 8 join 130 / 4,003 / 4,075 / 4,120 requests (synthetic:
+      192 / 1,444 / 1,730 / 1,748): 4 catches the rewrites and the gain flattens after it.
     * Why ``min_shared_blocks = 2``: in Mooncake's conversation trace every request starts
       with the same block 0 (the system prompt); a match on it alone says nothing.
     * Ids are prefix-chained, so one id identifies the whole prefix up to it; the deepest
@@ -168,7 +170,7 @@ class SessionInferrer:
         self.tail_blocks = tail_blocks
         self.min_shared_blocks = min_shared_blocks
         self.limit = limit
-        self._owner: dict[int, int] = {}  # tail block id -> session number (insertion ordered)
+        self._owner: OrderedDict[int, int] = OrderedDict()  # tail block id -> session number, oldest first
         self._turns: list[int] = []  # session number -> requests so far
 
     def assign(self, hash_ids: list[int]) -> tuple[str, int]:
@@ -184,10 +186,10 @@ class SessionInferrer:
         turn = self._turns[session]
         self._turns[session] = turn + 1
         for h in hash_ids[-self.tail_blocks :]:
-            owner.pop(h, None)  # re-insert so the newest owner is also the last to be evicted
             owner[h] = session
+            owner.move_to_end(h)  # the newest owner is also the last to be evicted
         while len(owner) > self.limit:
-            del owner[next(iter(owner))]
+            owner.popitem(last=False)
         return str(session), turn
 
     @property

@@ -14,6 +14,7 @@ replaces the stale copy under the same hash.
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import NamedTuple, Sequence
 
@@ -149,22 +150,35 @@ class BlockPool:
         n = len(hashes)
         if n > self.capacity:
             raise PoolCapacityError(n, self.capacity)
+        if len(set(hashes)) != n:
+            raise InputError("block_hashes", "a block hash repeats within one request; chained hashes never do")
         res = self.resident
         touched = [i for i, h in enumerate(hashes) if h in res]
-        need = n - len(touched)
-        free = self.capacity - len(res)
-        if need > free:
-            self._check_evictable(hashes, touched, need - free)
-        self._pin(hashes, touched)
-        if need > free:
-            self._evict(need - free)
-        hit_idx = touched if self.hit_mode == "holes" else _leading_run(touched)
-        new_idx = _complement(touched, n) if touched else list(range(n))
-        self._insert(hashes, new_idx, session)
+        k = len(touched)
+        if k == 0:
+            new_idx, new_hashes, touched_hashes = list(range(n)), list(hashes), []
+        elif touched[-1] == k - 1:  # the common case: a resident prefix, then new blocks
+            new_idx, new_hashes, touched_hashes = list(range(k, n)), list(hashes[k:]), list(hashes[:k])
+        else:
+            new_idx = [i for i, h in enumerate(hashes) if h not in res]
+            new_hashes = [hashes[i] for i in new_idx]
+            touched_hashes = [hashes[i] for i in touched]
+        shortfall = n - k - (self.capacity - len(res))
+        if shortfall > 0:
+            self._check_evictable(touched_hashes, shortfall)
+        self._pin(touched_hashes)
+        if shortfall > 0:
+            self._evict(shortfall)
+        self._insert(new_hashes, session)
+        if self.hit_mode == "holes":
+            hit_idx, hit_hashes = touched, touched_hashes
+        else:
+            hit_idx = _leading_run(touched)
+            hit_hashes = touched_hashes[: len(hit_idx)]
         alloc = Allocation(hashes, hit_idx, new_idx, touched, session)
         if hit_idx:
-            self._reused.update([hashes[i] for i in hit_idx])
-            if self.hit_mode == "holes":
+            self._reused.update(hit_hashes)
+            if self.hit_mode == "holes" and touched[-1] != k - 1:
                 alloc.holes, alloc.hole_lengths = _holes(hit_idx)
         self.policy.on_access(Access(hashes, touched, new_idx, now, session, next_use))
         self.metrics.record_request(alloc, n, input_tokens, now)
@@ -173,10 +187,16 @@ class BlockPool:
     def release(self, alloc: Allocation, now: float = 0.0) -> None:
         refs = self._refs
         hashes = alloc.hashes
-        for i in alloc.touched_idx:
-            _unpin(refs, hashes[i])
-        for i in alloc.new_idx:
-            _unpin(refs, hashes[i])
+        n = len(hashes)
+        if len(refs) == n and sum(refs.values()) == n:
+            refs.clear()  # only this request held pins: the simulator's serial path
+        else:
+            for h in hashes:
+                left = refs[h] - 1
+                if left:
+                    refs[h] = left
+                else:
+                    del refs[h]
         self.policy.on_release(hashes, now)
 
     def serve(self, hashes: Sequence[int], **kw) -> Allocation:
@@ -233,40 +253,51 @@ class BlockPool:
         return events
 
     # ---- internals ----------------------------------------------------------------
-    def _check_evictable(self, hashes, touched, shortfall: int) -> None:
+    def _check_evictable(self, touched_hashes, shortfall: int) -> None:
         # Blocks this request reuses will be pinned, so they cannot be victims either.
         refs = self._refs
-        newly_pinned = sum(1 for i in touched if hashes[i] not in refs)
+        newly_pinned = sum(1 for h in touched_hashes if h not in refs)
         if self.evictable - newly_pinned < shortfall:
             raise PoolBusyError(
                 f"need {shortfall} more free blocks, only {self.evictable - newly_pinned} evictable"
             )
 
-    def _pin(self, hashes, idx) -> None:
+    def _pin(self, hashes) -> None:
         refs = self._refs
-        for i in idx:
-            h = hashes[i]
+        if not refs:
+            refs.update(dict.fromkeys(hashes, 1))
+            return
+        for h in hashes:
             refs[h] = refs.get(h, 0) + 1
 
-    def _insert(self, hashes, new_idx, session) -> None:
-        res = self.resident
-        refs = self._refs
-        for i in new_idx:
-            h = hashes[i]
-            res[h] = session
-            refs[h] = 1
-        if new_idx:
-            fp = self.footprint
-            fp[session] = fp.get(session, 0) + len(new_idx)
-            if self.emit_events:
-                self.events.append(KvEvent("stored", tuple(hashes[i] for i in new_idx)))
-            self.metrics.inserted += len(new_idx)
+    def _insert(self, new_hashes: list[int], session) -> None:
+        if not new_hashes:
+            return
+        # New blocks cannot already be pinned, so their reference counts start at 1.
+        self._refs.update(dict.fromkeys(new_hashes, 1))
+        self.resident.update(dict.fromkeys(new_hashes, session))
+        fp = self.footprint
+        fp[session] = fp.get(session, 0) + len(new_hashes)
+        if self.emit_events:
+            self.events.append(KvEvent("stored", tuple(new_hashes)))
+        self.metrics.inserted += len(new_hashes)
 
     def _evict(self, count: int) -> None:
         victims = self.policy.victims(count)
-        for h in victims:
-            self._drop(h)
+        pop = self.resident.pop
+        owners = Counter([pop(h) for h in victims])
+        fp = self.footprint
+        for owner, c in owners.items():
+            left = fp[owner] - c
+            if left:
+                fp[owner] = left
+            else:
+                del fp[owner]
+        reused = self._reused
+        before = len(reused)
+        reused.difference_update(victims)
         m = self.metrics
+        m.one_hit_evictions += len(victims) - (before - len(reused))
         m.evictions += len(victims)
         if self.emit_events and victims:
             self.events.append(KvEvent("removed", tuple(victims)))
@@ -285,14 +316,6 @@ class BlockPool:
             self.metrics.one_hit_evictions += 1
 
 
-def _unpin(refs: dict[int, int], h: int) -> None:
-    left = refs[h] - 1
-    if left:
-        refs[h] = left
-    else:
-        del refs[h]
-
-
 def _leading_run(idx: list[int]) -> list[int]:
     n = 0
     for i in idx:
@@ -300,11 +323,6 @@ def _leading_run(idx: list[int]) -> list[int]:
             break
         n += 1
     return idx[:n]
-
-
-def _complement(idx: list[int], n: int) -> list[int]:
-    present = set(idx)
-    return [i for i in range(n) if i not in present]
 
 
 def _holes(hit_idx: list[int]) -> tuple[int, list[int]]:

@@ -29,9 +29,16 @@ class LRUPolicy(EvictionPolicy):
         queue = self._queue
         move = queue.move_to_end
         pinned = self.pool.pinned_set()
+        if pinned:
+            for h in reversed(hashes):
+                if h in pinned:
+                    continue
+                if h in queue:
+                    move(h)
+                else:
+                    queue[h] = None
+            return
         for h in reversed(hashes):
-            if h in pinned:
-                continue
             if h in queue:
                 move(h)
             else:
@@ -41,11 +48,13 @@ class LRUPolicy(EvictionPolicy):
         queue = self._queue
         pinned = self.pool.pinned_set()
         pop = queue.popitem
-        out = []
-        while len(out) < need:
-            h = pop(last=False)[0]
-            if h not in pinned:
-                out.append(h)
+        out = [pop(False)[0] for _ in range(need)]
+        if pinned:
+            out = [h for h in out if h not in pinned]
+            while len(out) < need:
+                h = pop(False)[0]
+                if h not in pinned:
+                    out.append(h)
         return out
 
     def on_remove(self, h: int) -> None:

@@ -1,0 +1,129 @@
+"""``kvemu sim``: virtual-time runs over a grid of policies x capacities."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from loadgen.formats import read_trace
+from loadgen.sim import SimSettings, simulate, stderr_progress
+from loadgen.trace import Trace
+from shared.costmodel import CostModel
+from shared.errors import InputError
+from shared.overrides import parse_pairs
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--workload", metavar="NAME", help="a workload preset (see `kvemu gen --list`)")
+    src.add_argument("--trace", metavar="FILE", help="a trace file")
+    p.add_argument("--format", default="auto", help="trace format: auto, kvemu, mooncake, bailian")
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="preset parameter (repeatable)")
+    p.add_argument("--duration", type=float, default=600.0, help="seconds of workload to generate (with --workload)")
+    p.add_argument("--replicas", type=int, default=1)
+    p.add_argument("--routing", default="cache_aware")
+    p.add_argument("--policy", default="lru", help="comma-separated policies, e.g. lru,s3fifo,belady")
+    cap = p.add_mutually_exclusive_group(required=True)
+    cap.add_argument("--capacity-blocks", metavar="N1,N2,...", help="per-replica capacity in blocks")
+    cap.add_argument("--capacity-gib", metavar="G1,G2,...", help="per-replica capacity in GiB of KV (uses --model)")
+    p.add_argument("--model", default="qwen3-coder-30b-a3b")
+    p.add_argument("--gpu", default="h200")
+    p.add_argument("--hit-mode", default="holes", choices=["prefix", "holes"])
+    p.add_argument("--max-running", type=int, default=256,
+                   help="requests running at once per replica (1 = served one at a time)")
+    p.add_argument("--token-budget", type=int, default=8192, help="tokens per scheduler step")
+    p.add_argument("--no-reuse-distances", action="store_true", help="skip exact reuse-distance tracking (faster)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", metavar="FILE", help="write {\"runs\": [...]} here ('-' for stdout)")
+    p.add_argument("--plot", metavar="FILE.png", help="hit ratio and CSR against capacity per policy")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+
+def _split(text: str, conv, field: str) -> list:
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            value = conv(part)
+        except ValueError:
+            raise InputError(field, f"expected a comma-separated list of numbers, got {part!r}") from None
+        if value <= 0:
+            raise InputError(field, f"must be positive, got {part}")
+        out.append(value)
+    if not out:
+        raise InputError(field, "is empty")
+    return out
+
+
+def load_source(args) -> Trace:
+    if args.trace:
+        return read_trace(args.trace, args.format)
+    from loadgen.workloads import generate
+
+    if args.duration <= 0:
+        raise InputError("--duration", f"must be positive, got {args.duration}")
+    return generate(args.workload, args.duration, args.seed, parse_pairs(args.set))
+
+
+def capacities(args, block_size: int) -> list[int]:
+    if args.capacity_blocks:
+        return _split(args.capacity_blocks, int, "--capacity-blocks")
+    cost = CostModel.from_names(args.model, args.gpu)
+    blocks = [cost.gib_to_blocks(g, block_size) for g in _split(args.capacity_gib, float, "--capacity-gib")]
+    if min(blocks) <= 0:
+        raise InputError("--capacity-gib", "smaller than one block of this model")
+    return blocks
+
+
+def run(args) -> int:
+    trace = load_source(args)
+    if not trace.requests:
+        raise InputError("trace", "has no requests")
+    policies = [p.strip() for p in args.policy.split(",") if p.strip()]
+    caps = capacities(args, trace.block_size)
+    biggest = max(len(r.hash_ids) for r in trace.requests)
+    if biggest > min(caps):
+        raise InputError("capacity", f"{min(caps)} blocks is smaller than the largest request ({biggest} blocks)")
+    grid = [SimSettings(capacity_blocks=c, policy=pol, replicas=args.replicas, routing=args.routing,
+                        hit_mode=args.hit_mode, seed=args.seed, model=args.model, gpu=args.gpu,
+                        token_budget=args.token_budget, max_running=args.max_running,
+                        reuse_distances=not args.no_reuse_distances)
+            for pol in policies for c in caps]  # validates every name before the first run
+    runs = []
+    for i, settings in enumerate(grid, 1):
+        label = f"[{i}/{len(grid)}] {settings.policy} @ {settings.capacity_blocks} blocks"
+        progress = None if args.quiet else stderr_progress(label)
+        runs.append(simulate(trace, settings, progress))
+    print_table(runs, sys.stdout)
+    if args.json:
+        doc = json.dumps({"trace": trace.source, "runs": runs}, indent=1)
+        if args.json == "-":
+            print(doc)
+        else:
+            with open(args.json, "w") as fh:
+                fh.write(doc)
+    if args.plot:
+        from loadgen.plots import plot_capacity_curves
+
+        plot_capacity_curves(runs, args.plot)
+        print(f"plot written to {args.plot}", file=sys.stderr)
+    return 0
+
+
+def print_table(runs: list[dict], out) -> None:
+    cols = [("policy", "{}", 14), ("capacity_blocks", "{:,}", 10), ("replicas", "{}", 3),
+            ("block_hit_ratio", "{:.4f}", 8), ("token_hit_ratio", "{:.4f}", 8), ("csr", "{:.4f}", 8),
+            ("holes/req", "{:.2f}", 9), ("ttft_p50_s", "{:.3f}", 9), ("ttft_p99_s", "{:.3f}", 9),
+            ("load_imbalance", "{:.2f}", 6)]
+    heads = ["policy", "capacity", "R", "blk_hit", "tok_hit", "CSR", "holes/req", "ttft_p50", "ttft_p99", "imbal"]
+    out.write("  ".join(h.rjust(w) if i else h.ljust(w) for i, (h, (_, _, w)) in enumerate(zip(heads, cols))) + "\n")
+    for r in runs:
+        cells = []
+        for i, (key, fmt, w) in enumerate(cols):
+            value = r["holes"]["mean_per_request"] if key == "holes/req" else r[key]
+            text = fmt.format(value)
+            cells.append(text.ljust(w) if i == 0 else text.rjust(w))
+        out.write("  ".join(cells) + "\n")

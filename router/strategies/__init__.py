@@ -1,0 +1,78 @@
+"""Routing strategies: pure functions shared by the live router and the simulator.
+
+Every strategy has the signature::
+
+    strategy(replicas, request, overlap, settings, rng, memory) -> RouteDecision
+
+``replicas`` is the router's view at decision time, ``overlap`` maps replica id to the
+longest cached prefix of this request in blocks (from the prefix index; missing = 0),
+``rng`` breaks ties, ``memory`` is the caller's ``RouterMemory``.  No I/O, no asyncio,
+no module state, O(replicas) per call (plus a ring walk for ``session``).  Unhealthy
+replicas are never chosen; with none healthy, ``NoHealthyReplica`` is raised.
+
+The caller must count the request in the chosen replica's ``in_flight`` (and
+``queued_tokens``) right away, before the next decision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from router.strategies.affinity import load_bound, session_affinity
+from router.strategies.balance import least_loaded, random_choice, round_robin
+from router.strategies.base import (
+    REASONS,
+    NoHealthyReplica,
+    ReplicaState,
+    RouteDecision,
+    RouteRequest,
+    RouterMemory,
+    RoutingSettings,
+    Strategy,
+    least_loaded_pick,
+)
+from router.strategies.prefix import cache_aware, is_imbalanced, replica_cost
+from shared.errors import UnknownNameError
+
+STRATEGIES: Mapping[str, Strategy] = MappingProxyType({
+    "round_robin": round_robin,
+    "random": random_choice,
+    "least_loaded": least_loaded,
+    "session": session_affinity,
+    "cache_aware": cache_aware,
+})
+
+DEFAULT_STRATEGY = "cache_aware"
+
+
+def get_strategy(name: str) -> Strategy:
+    """The strategy registered under ``name``; the error lists the valid names."""
+    try:
+        return STRATEGIES[name]
+    except (KeyError, TypeError):
+        raise UnknownNameError("routing strategy", str(name), tuple(STRATEGIES)) from None
+
+
+__all__ = [
+    "DEFAULT_STRATEGY",
+    "REASONS",
+    "STRATEGIES",
+    "NoHealthyReplica",
+    "ReplicaState",
+    "RouteDecision",
+    "RouteRequest",
+    "RouterMemory",
+    "RoutingSettings",
+    "Strategy",
+    "cache_aware",
+    "get_strategy",
+    "is_imbalanced",
+    "least_loaded",
+    "least_loaded_pick",
+    "load_bound",
+    "random_choice",
+    "replica_cost",
+    "round_robin",
+    "session_affinity",
+]

@@ -1,0 +1,179 @@
+"""Inputs, outputs, settings and state shared by every routing strategy.
+
+Strategies are pure functions of these values (plus a caller-owned ``random.Random``
+and ``RouterMemory``), so the live aiohttp router and the virtual-time simulator make
+identical decisions from identical inputs.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from shared.errors import InputError, KvemuError
+
+# Every ``RouteDecision.reason`` is one of these, so metrics can use them as labels.
+REASONS: frozenset[str] = frozenset({
+    "round_robin",
+    "random",
+    "least_loaded",
+    "cache_hit",           # chosen replica holds the longest cached prefix of any healthy one
+    "cache_miss_balance",  # no healthy replica holds any prefix: load decided
+    "load_over_cache",     # a longer prefix existed elsewhere, but its load cost more
+    "imbalance_guard",     # in-flight spread crossed both balance thresholds: least-loaded
+    "session_new",         # first sight of the session: its ring owner accepted it
+    "session_sticky",      # the session's replica is healthy and within the load bound
+    "session_overflow",    # its preferred replica was over the load bound: walked the ring
+    "session_failover",    # its preferred replica is unhealthy or gone: walked the ring
+    "no_session",          # session strategy without a session id: least-loaded
+    "no_healthy_replica",  # label for callers' metrics when NoHealthyReplica is raised
+})
+
+
+class NoHealthyReplica(KvemuError):
+    """No replica may take the request: every one is unhealthy, or there are none."""
+
+    reason = "no_healthy_replica"
+
+    def __init__(self, total: int):
+        self.total = total
+        super().__init__(f"no healthy replica among {total} known")
+
+
+@dataclass(slots=True)
+class ReplicaState:
+    """One replica as the router sees it at decision time.
+
+    Mutable on purpose: the simulator keeps one instance per replica and bumps the
+    counters in place instead of allocating a fresh view per decision.  Strategies
+    only read it.  ``in_flight`` must already include requests routed to this
+    replica but not yet acknowledged (count at decision time, not after dispatch),
+    or bursts all land on the same replica before its counter moves.
+    """
+
+    replica_id: str
+    in_flight: int = 0  # requests running or waiting on the replica
+    queued_tokens: int = 0  # prompt tokens routed there and not yet prefilled
+    kv_usage: float = 0.0  # fraction of KV blocks in use, [0, 1]
+    healthy: bool = True
+    capacity_blocks: int = 0  # 0 = unknown
+
+
+class RouteRequest(NamedTuple):
+    session: str | None = None
+    num_blocks: int = 0  # full blocks in the prompt (the partial tail is never cached)
+    input_tokens: int = 0
+
+
+class RouteDecision(NamedTuple):
+    replica_id: str
+    reason: str  # one of REASONS
+    predicted_cached_blocks: int  # the index's overlap for the chosen replica
+
+
+def _check_number(name: str, value, *, integer: bool, minimum: float, maximum: float = math.inf) -> None:
+    # bool is an int subclass; a stray True must not pass as 1.
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        raise InputError(name, f"must be {'an integer' if integer else 'a number'}, got {value!r}")
+    if not math.isfinite(value) or not minimum <= value <= maximum:
+        bound = f">= {minimum}" if maximum == math.inf else f"in [{minimum}, {maximum}]"
+        raise InputError(name, f"must be {bound}, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingSettings:
+    """Every threshold and factor any strategy reads.
+
+    Units: ``cache_aware`` cost is in *blocks of prefill work* (see prefix.py);
+    the imbalance guard and the bounded-load rule count *in-flight requests*.
+    """
+
+    # Tokens per KV block; converts queued_tokens to blocks in the cache_aware load term.
+    block_size: int = 16
+    # Dynamo's overlap weight: cost of one block to prefill relative to one block of load.
+    # 0 ignores the cache (pure load balancing); larger values favour cache hits.
+    overlap_weight: float = 1.0
+    # Blocks of load charged per in-flight request, on top of its queued tokens.
+    in_flight_weight: float = 1.0
+    # SGLang's imbalance guard (its current defaults): least-loaded routing when
+    # max - min > abs AND max > rel * min, over in-flight requests of healthy replicas.
+    balance_abs_threshold: int = 64
+    balance_rel_threshold: float = 1.5
+    # Mirrokni et al.: a replica may take a session request while in_flight < ceil(c * avg),
+    # avg counting the request being placed.  c >= 1 guarantees some replica qualifies.
+    bounded_load_factor: float = 1.25
+    # Points per replica on the session hash ring; more points, smoother spread.
+    virtual_nodes: int = 100
+    # Bound on remembered session -> replica assignments (LRU beyond it).
+    max_sessions: int = 100_000
+
+    def __post_init__(self) -> None:
+        _check_number("block_size", self.block_size, integer=True, minimum=1)
+        _check_number("overlap_weight", self.overlap_weight, integer=False, minimum=0.0)
+        _check_number("in_flight_weight", self.in_flight_weight, integer=False, minimum=0.0)
+        _check_number("balance_abs_threshold", self.balance_abs_threshold, integer=True, minimum=0)
+        _check_number("balance_rel_threshold", self.balance_rel_threshold, integer=False, minimum=1.0)
+        _check_number("bounded_load_factor", self.bounded_load_factor, integer=False, minimum=1.0)
+        _check_number("virtual_nodes", self.virtual_nodes, integer=True, minimum=1, maximum=10_000)
+        _check_number("max_sessions", self.max_sessions, integer=True, minimum=1)
+
+
+@dataclass(slots=True)
+class RouterMemory:
+    """The little state strategies keep between decisions; one per router.
+
+    Not thread-safe: the live router calls strategies from its single event loop.
+    """
+
+    rr_next: int = 0
+    # session id -> replica id, least recently used first; bounded by settings.max_sessions.
+    sessions: OrderedDict[str, str] = field(default_factory=OrderedDict)
+    # Hash ring cache, rebuilt only when the replica list (ids, order) or vnode count changes.
+    ring_key: tuple = ()
+    ring_points: list[int] = field(default_factory=list)
+    ring_owners: list[int] = field(default_factory=list)  # index into the replica list
+
+
+Strategy = Callable[
+    [Sequence[ReplicaState], RouteRequest, Mapping[str, int], RoutingSettings, random.Random, RouterMemory],
+    RouteDecision,
+]
+
+
+def cached_blocks(overlap: Mapping[str, int], replica_id: str, num_blocks: int) -> int:
+    """The index's overlap for one replica, clamped to the prompt's full blocks."""
+    ov = overlap.get(replica_id, 0)
+    if ov <= 0:
+        return 0
+    return ov if ov < num_blocks else max(num_blocks, 0)
+
+
+def least_loaded_pick(replicas: Sequence[ReplicaState], rng: random.Random) -> ReplicaState:
+    """Healthy replica with the fewest in-flight requests, then fewest queued tokens.
+
+    Ties are broken uniformly at random by reservoir sampling (replace the k-th tied
+    candidate with probability 1/k): choosing by list order would pile every tie onto
+    the first replica, the hotspot bug real routers shipped.
+    """
+    best = None
+    best_f = best_q = 0
+    ties = 0
+    for r in replicas:
+        if not r.healthy:
+            continue
+        f = r.in_flight
+        q = r.queued_tokens
+        if best is None or f < best_f or (f == best_f and q < best_q):
+            best, best_f, best_q, ties = r, f, q, 1
+        elif f == best_f and q == best_q:
+            ties += 1
+            if rng.random() * ties < 1.0:
+                best = r
+    if best is None:
+        raise NoHealthyReplica(len(replicas))
+    return best

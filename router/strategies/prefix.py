@@ -1,0 +1,101 @@
+"""Cache-aware routing: Dynamo's cost function behind SGLang's imbalance guard.
+
+Cost of sending the request to healthy replica r, in **blocks of prefill work**::
+
+    cost(r) = overlap_weight * blocks_to_prefill(r) + load(r)
+    blocks_to_prefill(r) = num_blocks - overlap[r]          (overlap clamped to [0, num_blocks])
+    load(r) = in_flight_weight * in_flight(r) + queued_tokens(r) / block_size
+
+Read it as a rough time-to-first-token on r: the prefill work already queued ahead of
+the request plus the blocks it must compute itself, with each running request charged
+``in_flight_weight`` blocks for the decode time it steals.  ``overlap_weight`` > 1 favours
+cache hits (better TTFT for long shared prefixes, more skew), < 1 favours balance.
+Lowest cost wins; equal costs are broken uniformly at random.
+
+Before the cost is used, SGLang's guard looks at in-flight requests over healthy
+replicas: when ``max - min > balance_abs_threshold`` AND ``max > balance_rel_threshold *
+min`` (both strict), the cache is ignored and the least-loaded replica is taken, so a
+hot prefix cannot pin every request on one replica however large its cache advantage.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+
+from router.strategies.base import (
+    NoHealthyReplica,
+    ReplicaState,
+    RouteDecision,
+    RouteRequest,
+    RouterMemory,
+    RoutingSettings,
+    cached_blocks,
+    least_loaded_pick,
+)
+
+
+def is_imbalanced(max_load: float, min_load: float, settings: RoutingSettings) -> bool:
+    """SGLang's test; strict on both sides so a threshold value itself does not fire."""
+    return (max_load - min_load > settings.balance_abs_threshold
+            and max_load > settings.balance_rel_threshold * min_load)
+
+
+def replica_cost(replica: ReplicaState, cached: int, num_blocks: int, settings: RoutingSettings) -> float:
+    """The cost above for one replica; for /cluster views and tests, not the hot loop."""
+    return (settings.overlap_weight * (num_blocks - cached)
+            + settings.in_flight_weight * replica.in_flight
+            + replica.queued_tokens / settings.block_size)
+
+
+def cache_aware(
+    replicas: Sequence[ReplicaState],
+    request: RouteRequest,
+    overlap: Mapping[str, int],
+    settings: RoutingSettings,
+    rng: random.Random,
+    memory: RouterMemory,
+) -> RouteDecision:
+    nb = request.num_blocks if request.num_blocks > 0 else 0
+    w = settings.overlap_weight
+    per_req = settings.in_flight_weight
+    inv_bs = 1.0 / settings.block_size
+    get = overlap.get
+    # One pass: cost argmin (reservoir tie-break), in-flight spread, longest overlap.
+    best = None
+    best_cost = 0.0
+    best_ov = max_ov = ties = 0
+    lo = hi = 0
+    for r in replicas:
+        if not r.healthy:
+            continue
+        f = r.in_flight
+        ov = get(r.replica_id, 0)
+        ov = 0 if ov <= 0 else (ov if ov < nb else nb)
+        cost = w * (nb - ov) + per_req * f + r.queued_tokens * inv_bs
+        if best is None:
+            lo = hi = f
+        elif f < lo:
+            lo = f
+        elif f > hi:
+            hi = f
+        if ov > max_ov:
+            max_ov = ov
+        if best is None or cost < best_cost:
+            best, best_cost, best_ov, ties = r, cost, ov, 1
+        elif cost == best_cost:
+            ties += 1
+            if rng.random() * ties < 1.0:
+                best, best_ov = r, ov
+    if best is None:
+        raise NoHealthyReplica(len(replicas))
+    if is_imbalanced(hi, lo, settings):
+        pick = least_loaded_pick(replicas, rng)
+        return RouteDecision(pick.replica_id, "imbalance_guard", cached_blocks(overlap, pick.replica_id, nb))
+    if max_ov == 0:
+        reason = "cache_miss_balance"
+    elif best_ov == max_ov:
+        reason = "cache_hit"
+    else:
+        reason = "load_over_cache"
+    return RouteDecision(best.replica_id, reason, best_ov)

@@ -1,0 +1,372 @@
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from router.strategies import (
+    REASONS,
+    STRATEGIES,
+    NoHealthyReplica,
+    ReplicaState,
+    RouteRequest,
+    RouterMemory,
+    RoutingSettings,
+    get_strategy,
+    is_imbalanced,
+    load_bound,
+    replica_cost,
+)
+from shared.errors import InputError, KvemuError, UnknownNameError
+from shared.overrides import apply_overrides
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT = RoutingSettings()
+
+
+def replicas(*specs):
+    """Each spec is ``(replica_id, in_flight[, queued_tokens[, healthy]])``."""
+    def one(rid, in_flight, queued_tokens=0, healthy=True):
+        return ReplicaState(rid, in_flight=in_flight, queued_tokens=queued_tokens, healthy=healthy)
+    return [one(*spec) for spec in specs]
+
+
+def route(name, reps, request=RouteRequest(), overlap=None, settings=DEFAULT, rng=None, memory=None):
+    return get_strategy(name)(reps, request, overlap or {}, settings, rng or random.Random(0), memory or RouterMemory())
+
+
+def place(reps, rid, tokens=0):
+    """What the caller does right after a decision: count the request at once."""
+    for r in reps:
+        if r.replica_id == rid:
+            r.in_flight += 1
+            r.queued_tokens += tokens
+            return
+
+
+# ---------------------------------------------------------------- round robin, random, least loaded
+
+
+def test_round_robin_cycles_and_skips_an_unhealthy_replica():
+    reps = replicas(("a", 0), ("b", 0, 0, False), ("c", 0))
+    memory = RouterMemory()
+    picks = [route("round_robin", reps, memory=memory) for _ in range(5)]
+    assert [d.replica_id for d in picks] == ["a", "c", "a", "c", "a"]
+    assert {d.reason for d in picks} == {"round_robin"}
+    reps[1].healthy = True  # b recovers: it rejoins in list order
+    assert [route("round_robin", reps, memory=memory).replica_id for _ in range(3)] == ["b", "c", "a"]
+
+
+def test_random_covers_healthy_replicas_only():
+    reps = replicas(("a", 0), ("b", 0, 0, False), ("c", 0))
+    rng = random.Random(7)
+    seen = Counter(route("random", reps, rng=rng).replica_id for _ in range(300))
+    assert set(seen) == {"a", "c"}
+    assert min(seen.values()) > 100
+
+
+def test_least_loaded_picks_the_minimum_then_fewest_queued_tokens():
+    assert route("least_loaded", replicas(("a", 3), ("b", 1), ("c", 2))).replica_id == "b"
+    # equal in-flight counts: the shorter prefill queue wins
+    d = route("least_loaded", replicas(("a", 1, 500), ("b", 1, 100), ("c", 2, 0)))
+    assert (d.replica_id, d.reason) == ("b", "least_loaded")
+    # the least loaded replica is down: the next one is taken
+    assert route("least_loaded", replicas(("a", 3), ("b", 0, 0, False), ("c", 2))).replica_id == "c"
+
+
+def test_least_loaded_breaks_ties_randomly_never_by_list_order():
+    reps = replicas(("a", 1), ("b", 1), ("c", 2))
+    seen = Counter(route("least_loaded", reps, rng=random.Random(seed)).replica_id for seed in range(400))
+    assert set(seen) == {"a", "b"}  # c is never tied, never chosen
+    assert 140 < seen["a"] < 260  # about half each
+
+
+# ---------------------------------------------------------------- cache_aware
+
+
+def test_cache_aware_equal_loads_takes_the_longest_prefix():
+    # num_blocks 10, every replica 1 in flight, nothing queued:
+    #   a: 1.0 * (10 - 2) + 1 = 9     b: 1.0 * (10 - 8) + 1 = 3     c: 1.0 * (10 - 0) + 1 = 11
+    reps = replicas(("a", 1), ("b", 1), ("c", 1))
+    d = route("cache_aware", reps, RouteRequest("s", 10, 170), {"a": 2, "b": 8})
+    assert (d.replica_id, d.reason, d.predicted_cached_blocks) == ("b", "cache_hit", 8)
+    assert [replica_cost(r, {"a": 2, "b": 8}.get(r.replica_id, 0), 10, DEFAULT) for r in reps] == [9, 3, 11]
+
+
+def test_cache_aware_prefers_a_less_loaded_replica_when_the_overlap_advantage_is_smaller():
+    # num_blocks 20, block_size 16.
+    #   a holds 12 blocks but has 2 in flight and 160 queued tokens (= 10 blocks):
+    #       cost = 1.0 * (20 - 12) + 1.0 * 2 + 160 / 16 = 8 + 12 = 20
+    #   b holds 6 blocks, 1 in flight, nothing queued:
+    #       cost = 1.0 * (20 - 6) + 1.0 * 1 + 0 = 14 + 1 = 15
+    # a's overlap advantage (6 blocks) is smaller than its extra load (11 blocks): b wins.
+    request = RouteRequest("s", 20, 330)
+    overlap = {"a": 12, "b": 6}
+    d = route("cache_aware", replicas(("a", 2, 160), ("b", 1, 0)), request, overlap)
+    assert (d.replica_id, d.reason, d.predicted_cached_blocks) == ("b", "load_over_cache", 6)
+    # Without a's queue: a = 8 + 2 = 10 < b = 15, the cache wins.
+    d = route("cache_aware", replicas(("a", 2, 0), ("b", 1, 0)), request, overlap)
+    assert (d.replica_id, d.reason) == ("a", "cache_hit")
+    # Weighting prefill 3x: a = 3 * 8 + 12 = 36 < b = 3 * 14 + 1 = 43, the cache wins again.
+    heavy = RoutingSettings(overlap_weight=3.0)
+    d = route("cache_aware", replicas(("a", 2, 160), ("b", 1, 0)), request, overlap, settings=heavy)
+    assert d.replica_id == "a"
+    # Weight 0 ignores the cache: a = 12 > b = 1.
+    blind = RoutingSettings(overlap_weight=0.0)
+    assert route("cache_aware", replicas(("a", 2, 0), ("b", 1, 0)), request, overlap, settings=blind).replica_id == "b"
+
+
+@pytest.mark.parametrize(
+    "hot, cold, fires",
+    [
+        (10, 6, False),  # spread 4 is not > abs 4
+        (11, 6, True),  # spread 5 > 4 and 11 > 1.5 * 6 = 9
+        (15, 10, False),  # spread 5 > 4 but 15 is not > 1.5 * 10 = 15
+        (16, 10, True),  # spread 6 > 4 and 16 > 15
+        (4, 0, False),  # spread 4 is not > 4
+        (5, 0, True),  # spread 5 > 4 and 5 > 1.5 * 0
+    ],
+)
+def test_imbalance_guard_fires_exactly_past_both_thresholds(hot, cold, fires):
+    settings = RoutingSettings(balance_abs_threshold=4, balance_rel_threshold=1.5)
+    assert is_imbalanced(hot, cold, settings) is fires
+    # "hot" holds the whole 1000-block prompt, so on cost alone it always wins:
+    # hot = 0 + hot_in_flight, cold = 1000 + cold_in_flight.
+    reps = replicas(("hot", hot), ("cold", cold))
+    d = route("cache_aware", reps, RouteRequest("s", 1000, 16000), {"hot": 1000}, settings=settings)
+    if fires:
+        assert (d.replica_id, d.reason, d.predicted_cached_blocks) == ("cold", "imbalance_guard", 0)
+    else:
+        assert (d.replica_id, d.reason, d.predicted_cached_blocks) == ("hot", "cache_hit", 1000)
+
+
+def test_imbalance_guard_ignores_unhealthy_replicas():
+    settings = RoutingSettings(balance_abs_threshold=4, balance_rel_threshold=1.5)
+    reps = replicas(("hot", 20), ("idle_but_down", 0, 0, False), ("warm", 18))
+    d = route("cache_aware", reps, RouteRequest("s", 100, 1600), {"hot": 100}, settings=settings)
+    assert (d.replica_id, d.reason) == ("hot", "cache_hit")
+
+
+def test_cache_aware_ties_break_randomly_and_misses_say_so():
+    reps = replicas(("a", 2), ("b", 2), ("c", 3))
+    seen = Counter()
+    for seed in range(300):
+        d = route("cache_aware", reps, RouteRequest("s", 10, 160), {}, rng=random.Random(seed))
+        assert d.reason == "cache_miss_balance" and d.predicted_cached_blocks == 0
+        seen[d.replica_id] += 1
+    assert set(seen) == {"a", "b"}
+    assert min(seen.values()) > 100
+
+
+def test_overlap_is_clamped_and_unknown_ids_ignored():
+    d = route("cache_aware", replicas(("a", 0)), RouteRequest("s", 5, 90), {"a": 9, "ghost": 50})
+    assert d.predicted_cached_blocks == 5
+    d = route("least_loaded", replicas(("a", 0)), RouteRequest("s", 5, 90), {"a": -3})
+    assert d.predicted_cached_blocks == 0
+
+
+# ---------------------------------------------------------------- session
+
+
+def four():
+    return replicas(("r0", 0), ("r1", 0), ("r2", 0), ("r3", 0))
+
+
+def test_same_session_same_replica():
+    reps, memory = four(), RouterMemory()
+    decisions = [route("session", reps, RouteRequest("alice", 4, 64), memory=memory) for _ in range(10)]
+    assert len({d.replica_id for d in decisions}) == 1
+    assert decisions[0].reason == "session_new"
+    assert {d.reason for d in decisions[1:]} == {"session_sticky"}
+
+
+def test_sessions_spread_over_replicas():
+    huge = RoutingSettings(bounded_load_factor=1e9)  # pure consistent hashing, no load feedback
+    reps, memory = four(), RouterMemory()
+    seen = Counter(route("session", reps, RouteRequest(f"user-{i}"), settings=huge, memory=memory).replica_id
+                   for i in range(400))
+    assert set(seen) == {"r0", "r1", "r2", "r3"}
+    assert min(seen.values()) >= 50  # 100 expected each
+
+
+def test_ring_ignores_replica_order():
+    reps = four()
+    forward = [route("session", reps, RouteRequest(f"u{i}")).replica_id for i in range(50)]
+    backward = [route("session", reps[::-1], RouteRequest(f"u{i}")).replica_id for i in range(50)]
+    assert forward == backward
+
+
+SCRIPT = """
+import json, random
+from router.strategies import ReplicaState, RouteRequest, RouterMemory, RoutingSettings, get_strategy
+reps = [ReplicaState(f"r{i}") for i in range(4)]
+settings, memory, strat = RoutingSettings(bounded_load_factor=1e9), RouterMemory(), get_strategy("session")
+print(json.dumps([strat(reps, RouteRequest(f"user-{i}"), {}, settings, random.Random(), memory).replica_id
+                  for i in range(60)]))
+"""
+
+
+def test_session_placement_is_identical_across_processes():
+    huge = RoutingSettings(bounded_load_factor=1e9)
+    reps, memory = four(), RouterMemory()
+    here = [route("session", reps, RouteRequest(f"user-{i}"), settings=huge, memory=memory).replica_id
+            for i in range(60)]
+    for seed in ("0", "12345"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, cwd=REPO, capture_output=True,
+                             text=True, check=True, timeout=60)
+        assert json.loads(out.stdout) == here
+
+
+def test_bounded_loads_hold_as_many_sessions_arrive():
+    settings = RoutingSettings(bounded_load_factor=1.25)
+    reps, memory, rng = four(), RouterMemory(), random.Random(3)
+    reasons = Counter()
+    for _ in range(500):
+        # a few hot sessions dominate, as in production traces
+        sid = f"hot-{rng.randrange(3)}" if rng.random() < 0.7 else f"cold-{rng.randrange(1000)}"
+        d = route("session", reps, RouteRequest(sid, 8, 128), settings=settings, memory=memory)
+        reasons[d.reason] += 1
+        place(reps, d.replica_id)
+        total = sum(r.in_flight for r in reps)
+        assert max(r.in_flight for r in reps) <= math.ceil(1.25 * total / len(reps))
+    assert reasons["session_overflow"] > 0 and reasons["session_sticky"] > 0
+    assert set(reasons) <= REASONS
+
+
+def test_load_bound_formula():
+    # 7 in flight over 2 replicas, placing the 8th: ceil(1.25 * 8 / 2) = 5
+    assert load_bound(7, 2, 1.25) == 5
+    # 1.1 * 50 is 55.00000000000001 in floats; the bound must still be 55, not 56
+    assert load_bound(49, 1, 1.1) == 55
+    assert load_bound(0, 4, 1.25) == 1  # empty cluster: anyone may take the first request
+    assert load_bound(8, 3, 1.0) == 3
+
+
+def test_huge_factor_keeps_a_hot_session_sticky_and_makes_a_hotspot():
+    reps, memory = four(), RouterMemory()
+    huge = RoutingSettings(bounded_load_factor=1e9)
+    for _ in range(100):
+        d = route("session", reps, RouteRequest("hot"), settings=huge, memory=memory)
+        place(reps, d.replica_id)
+    assert sorted(r.in_flight for r in reps) == [0, 0, 0, 100]
+    # the same burst under c = 1.25 spills over to every replica
+    reps, memory = four(), RouterMemory()
+    for _ in range(100):
+        place(reps, route("session", reps, RouteRequest("hot"), memory=memory).replica_id)
+    assert max(r.in_flight for r in reps) <= math.ceil(1.25 * 100 / 4)
+    assert min(r.in_flight for r in reps) > 0
+
+
+def test_session_moves_when_its_replica_fails_and_stays_moved():
+    reps, memory = four(), RouterMemory()
+    home = route("session", reps, RouteRequest("bob"), memory=memory).replica_id
+    next(r for r in reps if r.replica_id == home).healthy = False
+    d = route("session", reps, RouteRequest("bob"), memory=memory)
+    assert d.replica_id != home and d.reason == "session_failover"
+    # the new replica now holds bob's history: stay there after the old one recovers
+    next(r for r in reps if r.replica_id == home).healthy = True
+    d2 = route("session", reps, RouteRequest("bob"), memory=memory)
+    assert (d2.replica_id, d2.reason) == (d.replica_id, "session_sticky")
+    # the assigned replica leaves the cluster entirely
+    survivors = [r for r in reps if r.replica_id != d.replica_id]
+    d3 = route("session", survivors, RouteRequest("bob"), memory=memory)
+    assert d3.replica_id != d.replica_id and d3.reason == "session_failover"
+
+
+def test_session_map_stays_bounded_lru():
+    settings = RoutingSettings(max_sessions=10)
+    reps, memory = four(), RouterMemory()
+    for i in range(100):
+        route("session", reps, RouteRequest(f"s{i}"), settings=settings, memory=memory)
+        route("session", reps, RouteRequest("s0"), settings=settings, memory=memory)  # kept warm
+        assert len(memory.sessions) <= 10
+    assert "s0" in memory.sessions and "s99" in memory.sessions and "s50" not in memory.sessions
+
+
+def test_session_without_id_goes_least_loaded():
+    reps = replicas(("a", 3), ("b", 1), ("c", 2))
+    for sid in (None, ""):
+        d = route("session", reps, RouteRequest(sid, 3, 48))
+        assert (d.replica_id, d.reason) == ("b", "no_session")
+
+
+# ---------------------------------------------------------------- registry, errors, settings
+
+
+def test_unknown_strategy_lists_valid_names():
+    with pytest.raises(UnknownNameError) as err:
+        get_strategy("fastest")
+    message = str(err.value)
+    assert "fastest" in message
+    for name in ("round_robin", "random", "least_loaded", "session", "cache_aware"):
+        assert name in message
+    assert set(STRATEGIES) == {"round_robin", "random", "least_loaded", "session", "cache_aware"}
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_no_healthy_replica(name):
+    down = replicas(("a", 0, 0, False), ("b", 0, 0, False))
+    for reps in (down, []):
+        with pytest.raises(NoHealthyReplica) as err:
+            route(name, reps, RouteRequest("s", 2, 32))
+        assert isinstance(err.value, KvemuError)
+        assert err.value.reason in REASONS
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_strategies_pick_healthy_replicas_and_never_mutate_their_inputs(name):
+    rng = random.Random(11)
+    memory = RouterMemory()
+    for _ in range(300):
+        reps = [ReplicaState(f"r{i}", rng.randrange(6), rng.randrange(3) * 64, rng.random(), rng.random() < 0.8)
+                for i in range(5)]
+        reps[rng.randrange(5)].healthy = True
+        before = [(r.in_flight, r.queued_tokens, r.kv_usage, r.healthy) for r in reps]
+        nb = rng.randrange(0, 30)
+        overlap = {f"r{i}": rng.randrange(0, 40) for i in range(5) if rng.random() < 0.5}
+        request = RouteRequest(rng.choice([None, "x", "y", "z"]), nb, nb * 16 + 5)
+        d = get_strategy(name)(reps, request, overlap, DEFAULT, rng, memory)
+        chosen = next(r for r in reps if r.replica_id == d.replica_id)
+        assert chosen.healthy
+        assert d.reason in REASONS
+        assert d.predicted_cached_blocks == min(max(overlap.get(d.replica_id, 0), 0), nb)
+        assert [(r.in_flight, r.queued_tokens, r.kv_usage, r.healthy) for r in reps] == before
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("block_size", 0),
+        ("block_size", 16.0),
+        ("overlap_weight", -0.1),
+        ("overlap_weight", float("nan")),
+        ("in_flight_weight", -1),
+        ("balance_abs_threshold", -1),
+        ("balance_abs_threshold", True),
+        ("balance_rel_threshold", 0.9),
+        ("bounded_load_factor", 0.99),
+        ("bounded_load_factor", float("inf")),
+        ("bounded_load_factor", "1.25"),
+        ("virtual_nodes", 0),
+        ("virtual_nodes", 100_000),
+        ("max_sessions", 0),
+    ],
+)
+def test_settings_validation_names_the_field(field, value):
+    with pytest.raises(InputError) as err:
+        RoutingSettings(**{field: value})
+    assert err.value.field == field
+
+
+def test_settings_accept_cli_overrides():
+    s = apply_overrides(RoutingSettings(), {"bounded_load_factor": "2", "balance_abs_threshold": "8"})
+    assert (s.bounded_load_factor, s.balance_abs_threshold) == (2.0, 8)
+    with pytest.raises(InputError) as err:
+        apply_overrides(RoutingSettings(), {"balance_rel_threshold": "0.5"})
+    assert err.value.field == "balance_rel_threshold"
