@@ -18,7 +18,6 @@ Pure and synchronous; no I/O.
 from __future__ import annotations
 
 import heapq
-import math
 import struct
 from collections.abc import Iterable, Sequence
 
@@ -308,7 +307,9 @@ class ShardsTracker:
     """
 
     P = 1 << 24
-    _SUB = 128  # histogram bins per octave of (1 + distance): ~0.5% relative width
+    # Histogram bin edges over integer scaled distance: width 1 up to ~184, then ~0.5%
+    # wide (128 per octave), so the MRC is exact at small capacities and ~8K bins in all.
+    _EDGES = np.unique(np.floor(np.exp2(np.arange(62 * 128) / 128)).astype(np.int64)) - 1
 
     def __init__(self, rate: float = 0.01, max_tracked: int = 1 << 16, seed: int = 0,
                  *, adjust: bool = True) -> None:
@@ -322,7 +323,7 @@ class ShardsTracker:
         self.adjust = adjust
         self._inner = ReuseDistanceTracker()
         self._heap: list[tuple[int, int]] = []  # (-sample hash, block) of tracked blocks
-        self._hist = np.zeros(64 * self._SUB)  # weighted, log-spaced bins of scaled distance
+        self._hist = np.zeros(len(self._EDGES))  # weighted counts per scaled-distance bin
         self._log2 = np.zeros(_LOG2_BUCKETS)
         self._rt_hist = np.zeros(RT_MAX_EXP - RT_MIN_EXP + 1)
         self.accesses = 0  # every access offered, sampled or not
@@ -342,7 +343,8 @@ class ShardsTracker:
         return {"tracked_blocks": self._inner.tracked, "heap": len(self._heap),
                 "timestamp_slots": self._inner._fw.size, "histogram_bins": len(self._hist)}
 
-    def _sample_hash(self, block: int) -> int:
+    def sample_hash(self, block: int) -> int:
+        """The value compared with ``threshold``: the block is sampled iff it is lower."""
         return _xxh3(_PACK_U64(block & _MASK64), self.seed) % self.P
 
     def access(self, hashes: Sequence[int], now: float | None = None) -> list[int]:
@@ -372,17 +374,15 @@ class ShardsTracker:
         self._w_total += w * dist.size
         self._w_cold += w * (dist.size - fin.size)
         if fin.size:
-            scaled = fin * w
+            # floor keeps the hit test exact: floor(d/R) < C iff d/R < C for integer C.
+            scaled = np.floor(fin * w)
             np.add.at(self._hist, self._bin(scaled), w)
-            np.add.at(self._log2, _log2_index(np.floor(scaled)), w)
+            np.add.at(self._log2, _log2_index(scaled), w)
         if dt is not None and dt.size:
             np.add.at(self._rt_hist, _rt_index(dt), w)
 
-    def _bin(self, scaled: np.ndarray) -> np.ndarray:
-        return np.minimum((self._SUB * np.log2(1.0 + scaled)).astype(np.int64), len(self._hist) - 1)
-
-    def _edge(self, j) -> np.ndarray:
-        return np.exp2(np.asarray(j, dtype=np.float64) / self._SUB) - 1.0
+    def _bin(self, scaled) -> np.ndarray:
+        return np.searchsorted(self._EDGES, scaled, side="right") - 1
 
     def _shrink(self) -> None:
         """Lower T to the largest tracked sample hash and forget every block at or above it."""
@@ -401,13 +401,11 @@ class ShardsTracker:
         """Weighted sampled accesses with scaled distance < capacity (bin interpolated)."""
         if capacity <= 0:
             return 0.0
-        x = self._SUB * math.log2(1.0 + capacity)
-        j = int(x)
-        if j >= len(self._hist):
+        j = int(self._bin(capacity))
+        if j >= len(self._hist) - 1:
             return float(self._hist.sum())
-        lo, hi = self._edge([j, j + 1])
-        frac = (capacity - lo) / (hi - lo)
-        return float(self._hist[:j].sum() + self._hist[j] * frac)
+        lo, hi = self._EDGES[j], self._EDGES[j + 1]
+        return float(self._hist[:j].sum() + self._hist[j] * (capacity - lo) / (hi - lo))
 
     def hit_ratio_at(self, capacity: int) -> float:
         if self.accesses == 0 or capacity <= 0:
@@ -421,7 +419,7 @@ class ShardsTracker:
         """``(capacity, estimated hit_ratio)`` pairs."""
         if capacities is None:
             nz = np.flatnonzero(self._hist)
-            top = int(math.ceil(self._edge(nz[-1] + 1))) if nz.size else 1
+            top = int(self._EDGES[min(nz[-1] + 1, len(self._EDGES) - 1)]) if nz.size else 1
             capacities = log_capacities(top)
         return [(int(c), self.hit_ratio_at(c)) for c in capacities]
 

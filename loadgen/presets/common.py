@@ -58,10 +58,12 @@ def require_probability(obj, *names: str) -> None:
             raise InputError(name, f"must be a probability in [0, 1], got {value!r}")
 
 
-def require_int(obj, name: str, minimum: int) -> None:
+def require_int(obj, name: str, minimum: int, maximum: int | None = None) -> None:
     value = getattr(obj, name)
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise InputError(name, f"must be an integer >= {minimum}, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise InputError(name, f"must be an integer <= {maximum}, got {value!r}")
 
 
 def require_increasing(obj, *names: str) -> None:
@@ -124,7 +126,7 @@ def _rounded_lognormal_cdf(median: float, sigma: float, max_value: int) -> np.nd
     return cdf
 
 
-def _rounded_lognormal_mean(median: float, sigma: float, max_value: int) -> float:
+def rounded_lognormal_mean(median: float, sigma: float, max_value: int) -> float:
     cdf = _rounded_lognormal_cdf(median, sigma, max_value)
     # E[M] = sum over m >= 0 of P(M > m)
     return float(1.0 + np.sum(1.0 - cdf[:-1]))
@@ -138,11 +140,11 @@ def rounded_lognormal_sigma(median: float, mean: float, max_value: int, field: s
     the log-space spread, accounting for rounding and the ``max_value`` cap.
     """
     lo, hi = 0.0, 4.0
-    if not _rounded_lognormal_mean(median, lo, max_value) <= mean <= _rounded_lognormal_mean(median, hi, max_value):
+    if not rounded_lognormal_mean(median, lo, max_value) <= mean <= rounded_lognormal_mean(median, hi, max_value):
         raise InputError(field, f"mean {mean} is not reachable with median {median} and maximum {max_value}")
     for _ in range(60):
         mid = (lo + hi) / 2
-        if _rounded_lognormal_mean(median, mid, max_value) < mean:
+        if rounded_lognormal_mean(median, mid, max_value) < mean:
             lo = mid
         else:
             hi = mid

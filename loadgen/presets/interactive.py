@@ -22,15 +22,18 @@ from loadgen.presets.common import (
     require_nonnegative,
     require_positive,
     require_probability,
+    rounded_lognormal_mean,
     rounded_lognormal_sigma,
     sample_catalog,
     sample_turns,
     truncate_context,
-    _rounded_lognormal_mean,
 )
 from shared.errors import InputError
 
 _MAX_MESSAGE = 1 << 17  # one message never exceeds a 128K-token window
+# Solving for the turn-count spread sums the distribution up to max_turns; this bound keeps
+# that instant (and no conversation has more turns).
+MAX_TURNS_CAP = 10_000
 
 
 def _check_catalog(p) -> None:
@@ -62,14 +65,14 @@ class ChatProfile:
     def __post_init__(self):
         require_positive(self, "turns_median", "turns_mean", "gap_median", "prompt_median", "response_median")
         require_nonnegative(self, "gap_sigma", "prompt_sigma", "response_sigma")
-        require_int(self, "max_turns", 1)
+        require_int(self, "max_turns", 1, MAX_TURNS_CAP)
         require_int(self, "max_context", 1)
         _check_catalog(self)
         rounded_lognormal_sigma(float(self.turns_median), float(self.turns_mean), self.max_turns)
 
     def mean_turns(self) -> float:
         sigma = rounded_lognormal_sigma(float(self.turns_median), float(self.turns_mean), self.max_turns)
-        return _rounded_lognormal_mean(self.turns_median, sigma, self.max_turns)
+        return rounded_lognormal_mean(self.turns_median, sigma, self.max_turns)
 
     def sample(self, rng: np.random.Generator, starts: np.ndarray) -> SessionBatch:
         return _sample_multi(rng, starts, "multi", self, self.prompt_median, self.prompt_sigma,
@@ -102,7 +105,7 @@ class AgentProfile:
         require_positive(self, "turns_median", "turns_mean", "gap_median", "task_median", "tool_median",
                          "response_median")
         require_nonnegative(self, "gap_sigma", "task_sigma", "tool_sigma", "response_sigma")
-        require_int(self, "max_turns", 1)
+        require_int(self, "max_turns", 1, MAX_TURNS_CAP)
         require_int(self, "max_context", 1)
         _check_catalog(self)
         rounded_lognormal_sigma(float(self.turns_median), float(self.turns_mean), self.max_turns)

@@ -112,8 +112,5 @@ class ARCPolicy(EvictionPolicy):
         self._b2: OrderedDict[int, None] = OrderedDict()
         self.p = 0.0
 
-    def sizes(self) -> dict[str, int]:
-        return {"t1": len(self._t1), "t2": len(self._t2), "b1": len(self._b1), "b2": len(self._b2)}
-
     def describe(self) -> dict:
         return {"name": self.name, "p": round(self.p, 3)}  # p: the current target size of T1

@@ -62,6 +62,8 @@ class BeladyPolicy(EvictionPolicy):
         out: list[int] = []
         held = []
         while len(out) < need:
+            if not heap:
+                raise RuntimeError(f"{self.name}: asked for {need} victims, only {len(out)} evictable")
             entry = heappop(heap)
             h = -entry[1]
             if nu.get(h) != -entry[0]:

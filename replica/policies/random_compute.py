@@ -26,8 +26,6 @@ from math import inf, log2
 from typing import Sequence
 
 import numpy as np
-import os
-MODE = os.environ.get('PNMODE', 'mean')
 
 from replica.policies.base import Access, EvictionPolicy
 from shared.errors import InputError
@@ -188,10 +186,9 @@ class RandomComputePolicy(_Sampled):
 class _Node:
     """A prefix-tree node: the blocks one request inserted at consecutive depths."""
 
-    __slots__ = ("blocks", "head", "live", "cost", "f", "last", "lw", "start")
+    __slots__ = ("blocks", "head", "live", "cost", "f", "last", "lw")
 
-    def __init__(self, blocks: list[int], cost: float, now: float, halflife: float, start=0) -> None:
-        self.start = start
+    def __init__(self, blocks: list[int], cost: float, now: float, halflife: float) -> None:
         self.blocks = blocks  # depth order; entries whose block left the node are skipped
         self.head = 0  # every block before head has left the node
         self.live = len(blocks)
@@ -257,7 +254,7 @@ class PartialNodePolicy(_Sampled):
         for r in range(1, len(new) + 1):
             if r == len(new) or new[r] != new[r - 1] + 1:  # a run of consecutive depths ends
                 run = new[start:r]
-                node = _Node([hashes[i] for i in run], sum(map(cost, run)), now, self.halflife, run[0])
+                node = _Node([hashes[i] for i in run], sum(map(cost, run)), now, self.halflife)
                 for i in run:
                     node_of[hashes[i]] = (node, i)
                 start = r
@@ -281,15 +278,7 @@ class PartialNodePolicy(_Sampled):
                     continue
                 node = node_of[h][0]
                 idle = now - node.last
-                if MODE == "mean":
-                    c = node.cost / node.live
-                elif MODE == "head":
-                    c = self.pool.block_cost(node.start + node.head)
-                else:
-                    d = node.start + node.head
-                    m = min(self.chunk_blocks, len(node.blocks) - node.head)
-                    c = sum(self.pool.block_cost(x) for x in range(d, d + m)) / m
-                s = node.lw + log2(max(c, 1e-300) / (idle if idle > eps else eps))
+                s = node.lw + log2(max(node.cost, 1e-300) / (node.live * (idle if idle > eps else eps)))
                 if s < best:
                     best, bnode = s, node
             if bnode is None:
@@ -316,7 +305,6 @@ class PartialNodePolicy(_Sampled):
         while i < n and (blocks[i] in pinned or not mine(blocks[i])):
             i += 1  # pinned shallow blocks stay; the run starts after them
         run: list[int] = []
-        start_i = i
         while i < n and len(run) < self.chunk_blocks:
             h = blocks[i]
             if mine(h):
@@ -324,8 +312,6 @@ class PartialNodePolicy(_Sampled):
                     break
                 run.append(h)
             i += 1
-        if start_i == node.head:
-            node.head = i
         return run
 
     def on_remove(self, h: int) -> None:

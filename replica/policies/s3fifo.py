@@ -36,21 +36,22 @@ MAX_FREQ = 3
 IN_MAIN = 4  # flag bit stored with the counter: the block sits in main
 
 
+def _check(field: str, value, ok, want: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
+        raise InputError(field, f"must be {want}, got {value!r}")
+
+
 class S3FIFOPolicy(EvictionPolicy):
     name = "s3fifo"
 
     def __init__(self, small_ratio: float = 0.1, move_to_main_threshold: int = 2,
                  ghost_ratio: float | None = None, **params) -> None:
         super().__init__(**params)
-        if isinstance(small_ratio, bool) or not isinstance(small_ratio, (int, float)) or not 0 < small_ratio < 1:
-            raise InputError("small_ratio", f"must be a number in (0, 1), got {small_ratio!r}")
-        if (isinstance(move_to_main_threshold, bool) or not isinstance(move_to_main_threshold, int)
-                or not 1 <= move_to_main_threshold <= MAX_FREQ):
-            raise InputError("move_to_main_threshold",
-                             f"must be an integer in 1..{MAX_FREQ}, got {move_to_main_threshold!r}")
-        if ghost_ratio is not None and (isinstance(ghost_ratio, bool) or not isinstance(ghost_ratio, (int, float))
-                                        or ghost_ratio < 0):
-            raise InputError("ghost_ratio", f"must be a number >= 0, got {ghost_ratio!r}")
+        _check("small_ratio", small_ratio, lambda v: 0 < v < 1, "a number in (0, 1)")
+        _check("move_to_main_threshold", move_to_main_threshold,
+               lambda v: isinstance(v, int) and 1 <= v <= MAX_FREQ, f"an integer in 1..{MAX_FREQ}")
+        if ghost_ratio is not None:
+            _check("ghost_ratio", ghost_ratio, lambda v: 0 <= v < float("inf"), "a finite number >= 0")
         self.small_ratio = float(small_ratio)
         self.threshold = move_to_main_threshold
         self.ghost_ratio = ghost_ratio

@@ -69,7 +69,7 @@ class SessionLRUPolicy(EvictionPolicy):
         skipped = []
         while len(out) < need and units:
             key, blocks = units.popitem(last=False)
-            if blocks.keys().isdisjoint(pinned):
+            if blocks.keys().isdisjoint(pinned.keys()):  # views: walks the smaller one
                 out.extend(blocks)
                 for h in blocks:
                     del unit_of[h]

@@ -50,7 +50,7 @@ def test_sizes_and_describe():
 
 @pytest.mark.parametrize("params", [{"small_ratio": 0}, {"small_ratio": 1.0}, {"move_to_main_threshold": 0},
                                     {"move_to_main_threshold": 4}, {"move_to_main_threshold": 1.5},
-                                    {"ghost_ratio": -1}, {"bogus": 1}])
+                                    {"ghost_ratio": -1}, {"ghost_ratio": float("inf")}, {"bogus": 1}])
 def test_bad_parameters_name_the_field(params):
     with pytest.raises(InputError):
         make_policy("s3fifo", **params)

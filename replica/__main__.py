@@ -1,0 +1,5 @@
+import sys
+
+from replica.cmd import main
+
+sys.exit(main())

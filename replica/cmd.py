@@ -1,0 +1,90 @@
+"""``kvemu replica`` / ``python -m replica``: run one emulated GPU."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+from shared.errors import InputError
+from shared.overrides import parse_pairs
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--port", type=int, default=8100)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
+    p.add_argument("--replica-id", default=None, help="default: replica-<port>")
+    p.add_argument("--policy", default="lru")
+    p.add_argument("--policy-param", action="append", default=[], metavar="NAME=VALUE")
+    cap = p.add_mutually_exclusive_group(required=True)
+    cap.add_argument("--capacity-blocks", type=int)
+    cap.add_argument("--capacity-gib", type=float)
+    p.add_argument("--model", default="qwen3-coder-30b-a3b")
+    p.add_argument("--gpu", default="h200")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--hit-mode", default="holes", choices=["prefix", "holes"])
+    p.add_argument("--time-scale", type=float, default=1.0, help="wall seconds per emulated second (0 = no sleeping)")
+    p.add_argument("--token-budget", type=int, default=8192)
+    p.add_argument("--max-running", type=int, default=256)
+    p.add_argument("--max-waiting", type=int, default=10_000)
+    p.add_argument("--index", default=None, help="redis://host:port/db to publish KV events to a shared index")
+    p.add_argument("--cluster", default="default", help="namespace of the Redis index keys")
+    p.add_argument("--admin-token", default=None, help="bearer token for /admin/* (or KVEMU_ADMIN_TOKEN)")
+    p.add_argument("--shards-rate", type=float, default=0.01, help="sampling rate of online reuse distances")
+    p.add_argument("--log-level", default="warning")
+
+
+def _coerce(value: str):
+    for conv in (int, float):
+        try:
+            return conv(value)
+        except ValueError:
+            pass
+    return value
+
+
+def settings_from_args(args):
+    import os
+
+    from replica.settings import ReplicaSettings
+
+    params = tuple((k, _coerce(v)) for k, v in parse_pairs(args.policy_param).items())
+    return ReplicaSettings(
+        replica_id=args.replica_id or f"replica-{args.port}", host=args.host, port=args.port, policy=args.policy,
+        policy_params=params, capacity_blocks=args.capacity_blocks, capacity_gib=args.capacity_gib,
+        model=args.model, gpu=args.gpu, block_size=args.block_size, hit_mode=args.hit_mode,
+        time_scale=args.time_scale, token_budget=args.token_budget, max_running=args.max_running,
+        max_waiting=args.max_waiting, index=args.index, cluster=args.cluster,
+        admin_token=args.admin_token or os.environ.get("KVEMU_ADMIN_TOKEN") or None, shards_rate=args.shards_rate)
+
+
+def run(args) -> int:
+    from aiohttp import web
+
+    from replica.app import make_app
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    settings = settings_from_args(args)
+    try:
+        app = make_app(settings)
+    except TypeError as exc:
+        raise InputError("policy-param", str(exc)) from None
+    try:
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        pass
+    print(f"replica {settings.replica_id} ({settings.policy}, {settings.resolved_capacity_blocks()} blocks)"
+          f" on http://{settings.host}:{settings.port}",
+          file=sys.stderr, flush=True)
+    web.run_app(app, host=settings.host, port=settings.port, print=None, shutdown_timeout=30.0,
+                access_log=None, handle_signals=True)
+    return 0
+
+
+def main(argv=None) -> int:
+    from kvemu.cli import main as cli_main
+
+    return cli_main(["replica", *(sys.argv[1:] if argv is None else argv)])

@@ -1,0 +1,158 @@
+"""The thin async layer over the pure scheduler: one task runs steps and sleeps them.
+
+Emulated time advances by each step's cost-model duration; wall time sleeps
+``duration * time_scale``. While idle, the emulated clock follows the wall clock
+divided by the time scale, so gaps between requests are not lost. With a time scale
+above zero every decode step is its own wake-up (tokens stream at emulated times); at
+zero the scheduler may fast-forward decode-only runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from replica.pool import BlockPool, KvEvent
+from replica.scheduler import SchedRequest, Scheduler, StepResult
+
+INF = float("inf")
+
+
+@dataclass(slots=True)
+class Handle:
+    """What a waiting HTTP handler holds for its request."""
+
+    req: SchedRequest
+    wall_submitted: float
+    first_token: asyncio.Future
+    done: asyncio.Future
+    tokens: asyncio.Queue | None = None  # streaming: counts of new tokens, None at the end
+    wall_first_token: float = 0.0
+    wall_done: float = 0.0
+
+    def timings(self) -> dict:
+        r = self.req
+        return {
+            "queue_time_s": max(r.t_admitted - r.arrival, 0.0),
+            "ttft_s": r.t_first_token - r.arrival,
+            "e2e_s": r.t_finished - r.arrival,
+            "wall_ttft_s": self.wall_first_token - self.wall_submitted,
+            "wall_e2e_s": self.wall_done - self.wall_submitted,
+        }
+
+
+@dataclass(slots=True)
+class EngineCounters:
+    steps: int = 0
+    finished: int = 0
+    emulated_busy_s: float = 0.0
+    ttft_observer: list = field(default_factory=list)
+
+
+class Engine:
+    def __init__(self, pool: BlockPool, scheduler: Scheduler, time_scale: float,
+                 on_events: Callable[[list[KvEvent]], None] | None = None,
+                 on_first_token: Callable[[float], None] | None = None) -> None:
+        self.pool = pool
+        self.sched = scheduler
+        self.time_scale = time_scale
+        self.on_events = on_events
+        self.on_first_token = on_first_token
+        self.handles: dict[int, Handle] = {}
+        self.counters = EngineCounters()
+        self._ids = itertools.count(1)
+        self._wake = asyncio.Event()
+        self._emu_now = 0.0
+        self._wall_idle_since = time.monotonic()
+        self._stopping = False
+
+    # ---- clock ------------------------------------------------------------------
+    def now(self) -> float:
+        """Emulated seconds since start."""
+        if self.time_scale > 0 and not self.sched.has_work():
+            return self._emu_now + (time.monotonic() - self._wall_idle_since) / self.time_scale
+        return self._emu_now
+
+    # ---- requests ---------------------------------------------------------------
+    def submit(self, hashes, prompt_tokens: int, max_tokens: int, session: str | None, stream: bool) -> Handle:
+        """Queue a request; raises InputError subclasses (pool too small, queue full)."""
+        loop = asyncio.get_running_loop()
+        if not self.sched.has_work():
+            # Leaving idle: fold the idle wall time into the emulated clock exactly once.
+            self._emu_now = self.now()
+            self._wall_idle_since = time.monotonic()
+        now = self._emu_now
+        req = SchedRequest(next(self._ids), hashes, prompt_tokens, max_tokens, now, session)
+        self.sched.submit(req)
+        handle = Handle(req, time.monotonic(), loop.create_future(), loop.create_future(),
+                        asyncio.Queue() if stream else None)
+        self.handles[req.rid] = handle
+        self._wake.set()
+        return handle
+
+    def publish_events(self) -> None:
+        if self.pool.events and self.on_events is not None:
+            self.on_events(self.pool.drain_events())
+
+    # ---- loop -------------------------------------------------------------------
+    async def run(self) -> None:
+        while True:
+            if not self.sched.has_work():
+                self._wall_idle_since = time.monotonic()
+                self._wake.clear()
+                if self._stopping:
+                    return
+                await self._wake.wait()
+                self._emu_now = self.now()
+                self._wall_idle_since = time.monotonic()
+                continue
+            now = self._emu_now
+            res = self.sched.step(now, now if self.time_scale > 0 else INF)
+            self.publish_events()
+            if res.duration > 0 and self.time_scale > 0:
+                await asyncio.sleep(res.duration * self.time_scale)
+            else:
+                await asyncio.sleep(0)  # let handlers run between steps
+            self._emu_now = now + res.duration
+            self.counters.steps += res.steps
+            self.counters.emulated_busy_s += res.duration
+            self._deliver(res)
+
+    def _deliver(self, res: StepResult) -> None:
+        wall = time.monotonic()
+        for r in res.first_tokens:
+            h = self.handles.get(r.rid)
+            if h is None:
+                continue
+            h.wall_first_token = wall
+            if self.on_first_token is not None:
+                self.on_first_token(r.t_first_token - r.arrival)
+            if not h.first_token.done():
+                h.first_token.set_result(True)
+            if h.tokens is not None:
+                h.tokens.put_nowait(1)
+        for r, n in res.decoded:
+            h = self.handles.get(r.rid)
+            if h is not None and h.tokens is not None and n:
+                h.tokens.put_nowait(n)
+        for r in res.finished:
+            h = self.handles.pop(r.rid, None)
+            self.counters.finished += 1
+            if h is None:
+                continue
+            h.wall_done = wall
+            if h.tokens is not None:
+                h.tokens.put_nowait(None)
+            if not h.done.done():
+                h.done.set_result(True)
+
+    async def drain(self, timeout: float) -> None:
+        """Graceful shutdown: let queued and running requests finish, then stop."""
+        self._stopping = True
+        self._wake.set()
+        deadline = time.monotonic() + timeout
+        while self.sched.has_work() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)

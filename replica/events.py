@@ -1,0 +1,117 @@
+"""KV events leave the replica in numbered batches; serving never waits on them.
+
+The pool appends ``stored`` / ``removed`` / ``cleared`` events; after each step the
+engine hands them here. They are cut into batches (at most ``batch_max`` hashes) with
+sequence numbers under this process's epoch, and kept in a bounded feed:
+
+* embedded index: the router polls ``GET /kv/events?after=SEQ`` and applies the batches;
+* Redis index: a background task ships batches to Redis (``shipper``).
+
+When the feed overflows, or Redis refuses a batch, the lost batch is counted and the
+next batch is a resync: ``cleared`` followed by ``stored`` for every resident block, so
+an index that noticed the sequence gap rebuilds this replica's entries exactly.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from replica.pool import KvEvent
+
+
+@dataclass(slots=True)
+class FeedBatch:
+    seq: int  # sequence number of the batch's first event; events are numbered consecutively
+    events: list[KvEvent]
+
+    def to_wire(self) -> dict:
+        return {"seq": self.seq, "events": [[e.kind, list(e.hashes)] for e in self.events]}
+
+
+class EventFeed:
+    def __init__(self, replica_id: str, resident: Callable[[], Iterable[int]], batch_max: int = 512,
+                 max_batches: int = 4096) -> None:
+        self.replica_id = replica_id
+        self.epoch = uuid.uuid4().hex[:16]
+        self._resident = resident
+        self.batch_max = batch_max
+        self.max_batches = max_batches
+        self.batches: deque[FeedBatch] = deque()
+        self.next_seq = 1
+        self.published_events = 0
+        self.dropped_batches = 0
+        self.resyncs = 0
+        self._needs_resync = False
+
+    def publish(self, events: list[KvEvent]) -> None:
+        if self._needs_resync:
+            self._needs_resync = False
+            self.resyncs += 1
+            events = [KvEvent("cleared", ()), KvEvent("stored", tuple(self._resident()))]
+            # the events that triggered this call are already reflected in the resident set
+        for chunk in _chunks(events, self.batch_max):
+            self.batches.append(FeedBatch(self.next_seq, chunk))
+            self.next_seq += len(chunk)
+            self.published_events += len(chunk)
+        while len(self.batches) > self.max_batches:
+            self.batches.popleft()
+            self.dropped_batches += 1
+            self._needs_resync = True
+        if self._needs_resync:
+            self.publish([])
+
+    def mark_lost(self) -> None:
+        """A consumer lost a batch (e.g. Redis refused it): resync on the next publish."""
+        self.dropped_batches += 1
+        self._needs_resync = True
+
+    def since(self, after: int, limit: int = 256) -> list[FeedBatch]:
+        """Batches whose events come after sequence number ``after`` (oldest first)."""
+        out = []
+        for b in self.batches:
+            if b.seq + len(b.events) - 1 <= after:
+                continue
+            out.append(b)
+            if len(out) >= limit:
+                break
+        return out
+
+    def pop_ready(self) -> list[FeedBatch]:
+        """For a pushing shipper: take every queued batch."""
+        out = list(self.batches)
+        self.batches.clear()
+        return out
+
+    @property
+    def oldest_seq(self) -> int:
+        return self.batches[0].seq if self.batches else self.next_seq
+
+    def stats(self) -> dict:
+        return {"epoch": self.epoch, "next_seq": self.next_seq, "queued_batches": len(self.batches),
+                "published_events": self.published_events, "dropped_batches": self.dropped_batches,
+                "resyncs": self.resyncs}
+
+
+def _chunks(events: list[KvEvent], batch_max: int) -> Iterable[list[KvEvent]]:
+    """Split into batches holding at most ``batch_max`` hashes (big events are split too)."""
+    batch: list[KvEvent] = []
+    size = 0
+    for ev in events:
+        hashes = ev.hashes
+        if len(hashes) > batch_max:
+            for i in range(0, len(hashes), batch_max):
+                if batch:
+                    yield batch
+                    batch, size = [], 0
+                yield [KvEvent(ev.kind, hashes[i : i + batch_max])]
+            continue
+        if size + len(hashes) > batch_max and batch:
+            yield batch
+            batch, size = [], 0
+        batch.append(ev)
+        size += max(len(hashes), 1)
+    if batch:
+        yield batch

@@ -1,0 +1,82 @@
+"""One frozen settings object per replica process, validated at start."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from replica.policies import policy_class
+from shared.costmodel import CostModel
+from shared.errors import InputError
+
+
+def _positive_int(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise InputError(name, f"must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaSettings:
+    replica_id: str = "replica-0"
+    host: str = "127.0.0.1"
+    port: int = 8100
+    policy: str = "lru"
+    policy_params: tuple[tuple[str, object], ...] = ()
+    capacity_blocks: int | None = None
+    capacity_gib: float | None = None
+    model: str = "qwen3-coder-30b-a3b"
+    gpu: str = "h200"
+    block_size: int = 16
+    hit_mode: str = "holes"
+    time_scale: float = 1.0  # wall seconds slept per emulated second; 0 = as fast as possible
+    token_budget: int = 8192
+    max_running: int = 256
+    max_waiting: int = 10_000
+    max_body_bytes: int = 8 * 1024 * 1024
+    max_prompt_tokens: int = 1_048_576
+    max_output_tokens: int = 65_536
+    index: str | None = None  # redis://... ; None = the embedded feed a router polls
+    cluster: str = "default"
+    admin_token: str | None = None
+    shards_rate: float = 0.01
+    shards_max_tracked: int = 1 << 16
+    event_batch_max: int = 512
+    event_queue_max: int = 1024  # batches waiting to leave; beyond this a batch is dropped
+    feed_max_batches: int = 4096  # the embedded feed keeps this many recent batches
+    seed: int = 0
+    extra: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        policy_class(self.policy)
+        if not self.replica_id or len(self.replica_id) > 128:
+            raise InputError("replica_id", "must be 1-128 characters")
+        if not (0 <= self.port <= 65535):
+            raise InputError("port", f"must be 0-65535, got {self.port}")
+        if (self.capacity_blocks is None) == (self.capacity_gib is None):
+            raise InputError("capacity", "give exactly one of capacity_blocks or capacity_gib")
+        if self.capacity_blocks is not None:
+            _positive_int("capacity_blocks", self.capacity_blocks)
+        if self.capacity_gib is not None and not self.capacity_gib > 0:
+            raise InputError("capacity_gib", f"must be > 0, got {self.capacity_gib}")
+        for name in ("block_size", "token_budget", "max_running", "max_waiting", "max_body_bytes",
+                     "max_prompt_tokens", "max_output_tokens", "event_batch_max", "event_queue_max",
+                     "feed_max_batches", "shards_max_tracked"):
+            _positive_int(name, getattr(self, name))
+        if self.hit_mode not in ("prefix", "holes"):
+            raise InputError("hit_mode", f"must be prefix or holes, got {self.hit_mode!r}")
+        if not (self.time_scale >= 0):
+            raise InputError("time_scale", f"must be >= 0, got {self.time_scale}")
+        if not (0 < self.shards_rate <= 1):
+            raise InputError("shards_rate", f"must be in (0, 1], got {self.shards_rate}")
+        if self.index is not None and not self.index.startswith(("redis://", "rediss://", "unix://")):
+            raise InputError("index", f"expected a redis:// URL, got {self.index!r}")
+        CostModel.from_names(self.model, self.gpu)  # unknown names list the valid ones
+        if self.capacity_gib is not None and self.resolved_capacity_blocks() <= 0:
+            raise InputError("capacity_gib", "is smaller than one KV block of this model")
+
+    def cost_model(self) -> CostModel:
+        return CostModel.from_names(self.model, self.gpu)
+
+    def resolved_capacity_blocks(self) -> int:
+        if self.capacity_blocks is not None:
+            return self.capacity_blocks
+        return self.cost_model().gib_to_blocks(self.capacity_gib, self.block_size)

@@ -1,0 +1,225 @@
+"""HTTP handlers of the replica: OpenAI-compatible, native /generate, health, metrics, stats, admin."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from replica import protocol
+from replica.httputil import SETTINGS, STATE, read_body, require_admin, respond
+from replica.engine import Handle
+from replica.tokenizer import filler_text
+from replica.policies import make_policy
+from shared.errors import InputError
+
+
+def _state(request):
+    return request.app[STATE]
+
+
+def _settings(request):
+    return request.app[SETTINGS]
+
+
+def _limits(request) -> tuple[int, int]:
+    s = _settings(request)
+    return s.max_prompt_tokens, s.max_output_tokens
+
+
+async def _run(request: web.Request, spec: protocol.GenerateSpec) -> Handle:
+    state = _state(request)
+    handle = state.engine.submit(spec.hashes, spec.prompt_tokens, spec.max_tokens, spec.session, spec.stream)
+    return handle
+
+
+def _usage(handle: Handle) -> dict:
+    r = handle.req
+    return {"prompt_tokens": r.input_tokens, "completion_tokens": r.output_tokens,
+            "total_tokens": r.input_tokens + r.output_tokens,
+            "prompt_tokens_details": {"cached_tokens": r.cached_tokens}}
+
+
+# ---- native --------------------------------------------------------------------------
+async def generate(request: web.Request) -> web.StreamResponse:
+    s = _settings(request)
+    obj = await read_body(request)
+    spec = protocol.parse_generate(obj, s.block_size, _limits(request), request.headers.get("X-Session-Id"))
+    handle = await _run(request, spec)
+    await handle.done
+    r = handle.req
+    body = {"replica_id": s.replica_id, "prompt_tokens": r.input_tokens, "output_tokens": r.output_tokens,
+            "cached_tokens": r.cached_tokens, "prompt_blocks": len(r.hashes),
+            "cached_blocks": len(r.alloc.hit_idx), "holes": r.alloc.holes, **handle.timings()}
+    return respond(request, body)
+
+
+# ---- OpenAI-compatible ----------------------------------------------------------------
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _openai(request, chat=False)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _openai(request, chat=True)
+
+
+async def _openai(request: web.Request, chat: bool) -> web.StreamResponse:
+    s = _settings(request)
+    obj = await read_body(request)
+    spec = protocol.parse_openai(obj, chat, s.block_size, _limits(request), request.headers.get("X-Session-Id"))
+    handle = await _run(request, spec)
+    rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+    created = int(time.time())
+    if spec.stream:
+        return await _stream(request, handle, spec, rid, created, chat)
+    await handle.done
+    text = filler_text(handle.req.output_tokens, handle.req.rid)
+    choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"} if chat
+              else {"index": 0, "text": text, "finish_reason": "length", "logprobs": None})
+    body = {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
+            "model": spec.model, "choices": [choice], "usage": _usage(handle),
+            "kvemu": {"replica_id": s.replica_id, **handle.timings()}}
+    return web.json_response(body, headers={"X-Kvemu-Replica": s.replica_id})
+
+
+async def _stream(request, handle: Handle, spec, rid: str, created: int, chat: bool) -> web.StreamResponse:
+    s = _settings(request)
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                       "X-Kvemu-Replica": s.replica_id})
+    await resp.prepare(request)
+    kind = "chat.completion.chunk" if chat else "text_completion"
+    sent = 0
+    first = True
+    while True:
+        n = await handle.tokens.get()
+        if n is None:
+            break
+        text = filler_text(n, handle.req.rid + sent)
+        sent += n
+        if chat:
+            delta = {"role": "assistant", "content": text} if first else {"content": text}
+            choice = {"index": 0, "delta": delta, "finish_reason": None}
+        else:
+            choice = {"index": 0, "text": text, "finish_reason": None, "logprobs": None}
+        first = False
+        await resp.write(_sse({"id": rid, "object": kind, "created": created, "model": spec.model,
+                               "choices": [choice]}))
+    end = ({"index": 0, "delta": {}, "finish_reason": "length"} if chat
+           else {"index": 0, "text": "", "finish_reason": "length", "logprobs": None})
+    final = {"id": rid, "object": kind, "created": created, "model": spec.model, "choices": [end],
+             "kvemu": {"replica_id": s.replica_id, **handle.timings()}}
+    final["usage"] = _usage(handle)
+    await resp.write(_sse(final))
+    await resp.write(b"data: [DONE]\n\n")
+    await resp.write_eof()
+    return resp
+
+
+def _sse(obj: dict) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+# ---- monitoring ----------------------------------------------------------------------
+async def health(request: web.Request) -> web.Response:
+    state = _state(request)
+    s = _settings(request)
+    return web.json_response({"status": "ok", "replica_id": s.replica_id, "epoch": state.feed.epoch,
+                              "policy": state.pool.policy.name, "capacity_blocks": state.pool.capacity,
+                              "block_size": s.block_size, "running": state.scheduler.num_running,
+                              "waiting": state.scheduler.num_waiting, "kv_usage": state.pool.usage()})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(_state(request).registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def stats(request: web.Request) -> web.Response:
+    state = _state(request)
+    s = _settings(request)
+    top = _query_int(request, "top", 10, 1, 1000)
+    out = state.pool.stats(top_k=top)
+    out.update({
+        "replica_id": s.replica_id, "model": state.cost.model.name, "gpu": state.cost.gpu.name,
+        "capacity_gib": state.cost.blocks_to_gib(state.pool.capacity, s.block_size),
+        "time_scale": s.time_scale, "uptime_s": time.time() - state.started,
+        "scheduler": {"running": state.scheduler.num_running, "waiting": state.scheduler.num_waiting,
+                      "queued_prefill_tokens": state.scheduler.queued_prefill_tokens,
+                      "steps": state.engine.counters.steps, "finished": state.engine.counters.finished,
+                      "emulated_busy_s": state.engine.counters.emulated_busy_s,
+                      "emulated_now_s": state.engine.now()},
+        "events": state.feed.stats(), "rejected_by_field": dict(state.rejected),
+    })
+    if state.shipper is not None:
+        out["index_shipper"] = state.shipper.stats()
+    return respond(request, out)
+
+
+def _query_int(request, name: str, default: int, lo: int, hi: int) -> int:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InputError(name, f"expected an integer, got {raw!r:.40}") from None
+    if not lo <= value <= hi:
+        raise InputError(name, f"must be between {lo} and {hi}")
+    return value
+
+
+async def kv_events(request: web.Request) -> web.Response:
+    """The embedded index's feed: batches after sequence number ``after``."""
+    state = _state(request)
+    after = _query_int(request, "after", 0, 0, 2**62)
+    limit = _query_int(request, "limit", 256, 1, 4096)
+    batches = state.feed.since(after, limit)
+    return respond(request, {"replica_id": _settings(request).replica_id, "epoch": state.feed.epoch,
+                             "oldest_seq": state.feed.oldest_seq, "next_seq": state.feed.next_seq,
+                             "batches": [b.to_wire() for b in batches]})
+
+
+# ---- admin ---------------------------------------------------------------------------
+async def admin_policy(request: web.Request) -> web.Response:
+    require_admin(request)
+    obj = await read_body(request)
+    name = obj.get("policy")
+    if not isinstance(name, str):
+        raise InputError("policy", "expected a policy name")
+    params = obj.get("params", {})
+    if not isinstance(params, dict):
+        raise InputError("params", "expected an object")
+    try:
+        policy = make_policy(name, **params)
+    except TypeError as exc:
+        raise InputError("params", str(exc)) from None
+    if policy.needs_future:
+        raise InputError("policy", f"{name} is an offline oracle; it runs in `kvemu sim` only")
+    state = _state(request)
+    old = state.pool.policy.name
+    state.pool.set_policy(policy, state.engine.now())
+    return web.json_response({"policy": policy.describe(), "previous": old,
+                              "resident_blocks": state.pool.used})
+
+
+async def admin_reset(request: web.Request) -> web.Response:
+    require_admin(request)
+    state = _state(request)
+    dropped = state.pool.reset()
+    state.engine.publish_events()
+    return web.json_response({"dropped_blocks": dropped, "resident_blocks": state.pool.used})
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/generate", generate)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/stats", stats)
+    app.router.add_get("/kv/events", kv_events)
+    app.router.add_post("/admin/policy", admin_policy)
+    app.router.add_post("/admin/reset", admin_reset)
