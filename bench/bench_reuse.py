@@ -27,8 +27,9 @@ def session_trace(n_requests: int, seed: int = 0) -> list[list[int]]:
     out = []
     for _ in range(n_requests):
         if len(sessions) < 100 or rng.random() < 0.2:
-            sessions.append({"blocks": list(rng.choice(prompts)), "left": int(rng.expovariate(1 / 6)) + 1})
-            s = sessions[-1]
+            prompt = list(rng.choice(prompts))
+            s = {"blocks": prompt, "left": int(rng.expovariate(1 / 6)) + 1}
+            sessions.append(s)
         else:
             s = rng.choice(sessions)
         s["blocks"].extend(rng.getrandbits(64) for _ in range(rng.randint(4, 40)))

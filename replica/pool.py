@@ -93,6 +93,7 @@ class BlockPool:
         self.emit_events = emit_events
         self.events: list[KvEvent] = []
         self.footprint: dict[str | None, int] = {}
+        self.now = 0.0  # time of the request being served: cost-aware victims() score at it
         self._reused: set[int] = set()
         self.policy = policy
         policy.bind(self)
@@ -163,6 +164,8 @@ class BlockPool:
             new_idx = [i for i, h in enumerate(hashes) if h not in res]
             new_hashes = [hashes[i] for i in new_idx]
             touched_hashes = [hashes[i] for i in touched]
+        if now > self.now:
+            self.now = now
         shortfall = n - k - (self.capacity - len(res))
         if shortfall > 0:
             self._check_evictable(touched_hashes, shortfall)
@@ -221,14 +224,16 @@ class BlockPool:
         return len(dropped)
 
     def set_policy(self, policy: EvictionPolicy, now: float = 0.0) -> None:
-        """Switch policy live, keeping resident blocks: the new one learns them in insertion order."""
+        """Switch policy live, keeping resident blocks; the oldest resident block becomes the first victim.
+
+        The new policy sees the resident set as one request listed newest first: policies treat a
+        request's last block as the first to go, so age order carries over.
+        """
         policy.bind(self)
-        hashes = list(self.resident)
-        if hashes:
-            policy.on_access(Access(hashes, [], list(range(len(hashes))), now, None, None))
-            # on_release treats its list as one request's blocks (the last is evicted first):
-            # reversed, the oldest resident block becomes the first victim.
-            policy.on_release([h for h in reversed(hashes) if h not in self._refs], now)
+        newest_first = list(reversed(self.resident))
+        if newest_first:
+            policy.on_access(Access(newest_first, [], list(range(len(newest_first))), now, None, None))
+            policy.on_release([h for h in newest_first if h not in self._refs], now)
         self.policy = policy
 
     def top_sessions(self, k: int = 10) -> list[tuple[str | None, int]]:

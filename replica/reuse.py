@@ -3,14 +3,16 @@
 Semantics (the block pool's LRU relies on them being exact): a request touches
 blocks ``b_0..b_{n-1}`` (``b_0`` shallowest).  The distance of each ``b_i`` is its
 position in the LRU stack at the *start* of the request (distinct blocks used more
-recently), ``INF`` if it has no tracked previous access.  The request's blocks then
+recently).  The request's blocks then
 move to the top with ``b_0`` most recent and ``b_{n-1}`` just below the others, as in
 vLLM's free queue, where the deepest block of a freed request is evicted first.
 A block-level LRU of capacity ``C >= n`` in ``holes`` mode then hits exactly the
 accesses with distance ``< C``, so the histogram is the miss-ratio curve (Mattson).
 
-``INF`` is a large positive int (not -1) so ``distance < capacity`` is the hit test
-for every returned value, first accesses included.
+``INF`` (2**63 - 1) stands for "no tracked previous access" (first access, or a block
+already forgotten) and, with ``max_distance``, for any distance ``>= max_distance``.  It
+is a large positive int rather than -1 so ``distance < capacity`` is the hit test for
+every returned value.
 
 Pure and synchronous; no I/O.
 """
@@ -301,15 +303,23 @@ class ShardsTracker:
     blocks are forgotten.  Rather than rescaling the histogram by ``R_new/R_old`` on each
     drop, every sample is weighted ``1/R`` of its own time, which is the same estimate.
 
+    Block ids are rehashed with ``seed`` so consecutive ids (Mooncake) and ids a router
+    already shards on are still sampled uniformly.
+
     ``adjust`` (SHARDS_adj): the weighted sample count should equal the true access count;
     the difference, mostly from heavy-hitter blocks falling in or out of the sample, is
-    added to the distance-0 bucket (a hit at every capacity).
+    added to the distance-0 bucket (a hit at every capacity).  It is the default because
+    one sampled hot block (a chat-template block in every request) otherwise swamps the
+    estimate; on traces without such a block the plain ratio (``adjust=False``) is about
+    twice as tight (see tests/replica/test_reuse.py for measured errors).
     """
 
     P = 1 << 24
-    # Histogram bin edges over integer scaled distance: width 1 up to ~184, then ~0.5%
-    # wide (128 per octave), so the MRC is exact at small capacities and ~8K bins in all.
-    _EDGES = np.unique(np.floor(np.exp2(np.arange(62 * 128) / 128)).astype(np.int64)) - 1
+    # Bin edges over integer scaled distance: width 1 up to ~184, then ~0.5% wide (128 per
+    # octave), so the MRC is exact at small capacities, with ~7K bins in all.  Powers of two
+    # are edges too, so the log2 histogram is a sum of whole bins.
+    _EDGES = np.union1d(np.floor(np.exp2(np.arange(62 * 128) / 128)).astype(np.int64) - 1,
+                        np.int64(1) << np.arange(62, dtype=np.int64))
 
     def __init__(self, rate: float = 0.01, max_tracked: int = 1 << 16, seed: int = 0,
                  *, adjust: bool = True) -> None:
@@ -324,7 +334,6 @@ class ShardsTracker:
         self._inner = ReuseDistanceTracker()
         self._heap: list[tuple[int, int]] = []  # (-sample hash, block) of tracked blocks
         self._hist = np.zeros(len(self._EDGES))  # weighted counts per scaled-distance bin
-        self._log2 = np.zeros(_LOG2_BUCKETS)
         self._rt_hist = np.zeros(RT_MAX_EXP - RT_MIN_EXP + 1)
         self.accesses = 0  # every access offered, sampled or not
         self.sampled = 0
@@ -348,7 +357,7 @@ class ShardsTracker:
         return _xxh3(_PACK_U64(block & _MASK64), self.seed) % self.P
 
     def access(self, hashes: Sequence[int], now: float | None = None) -> list[int]:
-        """Scaled distances (``round(d/R)``, or ``INF``) of the sampled blocks only, in order."""
+        """Scaled distances (``floor(d/R)``, or ``INF``) of the sampled blocks only, in order."""
         hashes = _as_list(hashes)
         self.accesses += len(hashes)
         t, seed, pk = self.threshold, self.seed, _PACK_U64
@@ -364,20 +373,19 @@ class ShardsTracker:
             heapq.heappush(self._heap, (-hv[picked[i]], blocks[i]))
         if self._inner.tracked > self.max_tracked:
             self._shrink()
-        fin = dist != INF
-        dist[fin] = np.rint(dist[fin] * w)
         return dist.tolist()
 
     def _account(self, dist, cold, dt, w: float) -> None:
-        fin = dist[dist != INF]
+        """Weight each sample 1/R; rewrites ``dist`` in place to the scaled distances."""
+        n_cold = int(np.count_nonzero(cold))  # the inner tracker never forgets on its own
         self.sampled += dist.size
         self._w_total += w * dist.size
-        self._w_cold += w * (dist.size - fin.size)
-        if fin.size:
+        self._w_cold += w * n_cold
+        if n_cold < dist.size:
             # floor keeps the hit test exact: floor(d/R) < C iff d/R < C for integer C.
-            scaled = np.floor(fin * w)
+            scaled = (dist if n_cold == 0 else dist[~cold]) * w // 1
             np.add.at(self._hist, self._bin(scaled), w)
-            np.add.at(self._log2, _log2_index(scaled), w)
+            dist[~cold] = scaled
         if dt is not None and dt.size:
             np.add.at(self._rt_hist, _rt_index(dt), w)
 
@@ -424,7 +432,8 @@ class ShardsTracker:
         return [(int(c), self.hit_ratio_at(c)) for c in capacities]
 
     def to_dict(self) -> dict:
-        b = self._log2
+        e, h = self._EDGES, self._hist
+        b = np.bincount(_log2_index(e), weights=h, minlength=_LOG2_BUCKETS + 1)
         return {
             "kind": "shards",
             "rate": self.rate,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 
 from replica.policies.base import Access, EvictionPolicy
-from shared.errors import UnknownNameError
+from shared.errors import InputError, UnknownNameError
 
 # name -> "module:Class", imported on first use so a new policy costs nothing until chosen
 _REGISTRY: dict[str, str] = {
@@ -36,7 +36,11 @@ def policy_class(name: str) -> type[EvictionPolicy]:
 
 
 def make_policy(name: str, **params) -> EvictionPolicy:
-    return policy_class(name)(**params)
+    cls = policy_class(name)
+    try:
+        return cls(**params)
+    except TypeError as exc:  # an unknown or missing parameter name
+        raise InputError("params", f"{name}: {exc}") from None
 
 
 __all__ = ["Access", "EvictionPolicy", "ORACLES", "make_policy", "policy_class", "policy_names"]

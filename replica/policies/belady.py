@@ -137,6 +137,8 @@ class BeladyComputePolicy(EvictionPolicy):
         return None
 
     def victims(self, need: int) -> list[int]:
+        if self.pool.now > self._now:  # score at the incoming request's time
+            self._now = self.pool.now
         rec, pinned, by_depth, now = self._rec, self.pool.pinned_set(), self._by_depth, self._now
         out: list[int] = []
         held: list = []

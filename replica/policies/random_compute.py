@@ -148,6 +148,7 @@ class RandomComputePolicy(_Sampled):
                 self._add(h)
 
     def victims(self, need: int) -> list[int]:
+        self._clock(self.pool.now)  # score at the incoming request's time
         cands, pinned, k = self._cands, self.pool.pinned_set(), self.sample_size
         chosen: dict[int, None] = {}
         if k >= len(cands):  # every candidate scored: the exact lowest-score order
@@ -267,6 +268,7 @@ class PartialNodePolicy(_Sampled):
                 self._add(h)
 
     def victims(self, need: int) -> list[int]:
+        self._clock(self.pool.now)  # score at the incoming request's time
         cands, node_of, pinned = self._cands, self._node_of, self.pool.pinned_set()
         now, eps, k = self._now, self.min_idle, self.sample_size
         out: list[int] = []

@@ -95,7 +95,7 @@ def test_belady_at_least_lru_on_random_traces(seed, capacity):
 def oracle_reference(trace, capacity, cost, compute):
     """Full-scan oracle; yields the resident set after each request. Belady: evict the largest
     (next use, hash); BeladyCompute: never-used-again blocks first, cheapest first, then the
-    largest ((next use - now) / cost, hash), now = the latest request time already seen."""
+    largest ((next use - now) / cost, hash), now = the incoming request's time."""
     rec: dict[int, tuple[float, int]] = {}  # block -> (next use, depth)
     clock = 0.0
 
@@ -108,13 +108,13 @@ def oracle_reference(trace, capacity, cost, compute):
         return (0, (t - clock) / cost(d), h)
 
     for (t, req), nu in zip(trace, next_uses(trace)):
+        clock = max(clock, t)  # victims are scored at the incoming request's time
         need = sum(1 for h in req if h not in rec) - (capacity - len(rec))
         if need > 0:
             for h in sorted((h for h in rec if h not in req), key=key, reverse=True)[:need]:
                 del rec[h]
         for i, h in enumerate(req):
             rec[h] = (nu[i], i)
-        clock = max(clock, t)
         yield set(rec)
 
 

@@ -3,7 +3,7 @@
 With ``sample_size`` >= the pool size every candidate is scored, so the policies are
 deterministic and the hand-worked traces below are exact. Reminder of the scoring clock:
 the pool asks for victims before it reports the request that needs the space, so scores
-use ``now`` = the previous request's time.
+use ``now`` = the incoming request's time (the pool tells policies before evicting).
 """
 
 import itertools
@@ -73,6 +73,7 @@ def rc_reference(trace, capacity, cost, halflife, eps=1e-3):
     meta: dict[int, list] = {}  # h -> [depth, f, last]
     clock = 0.0
     for t, req in trace:
+        clock = max(clock, t)  # victims are scored at the incoming request's time
         new = [h for h in req if h not in meta]
         need = len(new) - (capacity - len(meta))
         if need > 0:
@@ -89,7 +90,6 @@ def rc_reference(trace, capacity, cost, halflife, eps=1e-3):
                 meta[h] = [i, 1.0 + f * 2.0 ** (-max(t - last, 0.0) / halflife), t]
             else:
                 meta[h] = [i, 1.0, t]
-        clock = max(clock, t)
         yield set(meta)
 
 

@@ -1,0 +1,234 @@
+"""In-process prefix index: block hash -> bitmask of replica slots.
+
+Block hashes are chained, so a hash already names its whole prefix and a flat map is
+enough (no radix tree).  A lookup walks the prompt's hashes once, AND-ing the candidate
+mask; a replica's prefix length is the position where its bit first drops out.  Every
+method is synchronous underneath (``*_sync``, for the virtual-time simulator); the async
+methods only wrap them, so they never yield and each call is atomic on the event loop.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Any, Sequence
+
+from shared.errors import InputError
+from shared.index.base import (
+    DEFAULT_MAX_ENTRIES,
+    DEFAULT_MAX_REPLICAS,
+    ApplyResult,
+    EventBatch,
+    IndexEvent,
+    ReplicaIndexState,
+)
+
+
+class _Replica:
+    __slots__ = ("slot", "bit", "epoch", "last_seq", "held", "synced",
+                 "gaps", "epoch_changes", "duplicate_batches", "dropped_entries", "applied_events")
+
+    def __init__(self, slot: int, epoch: str) -> None:
+        self.slot = slot
+        self.bit = 1 << slot
+        self.epoch = epoch
+        self.last_seq = -1
+        self.held: set[int] = set()
+        self.synced = True
+        self.gaps = self.epoch_changes = self.duplicate_batches = 0
+        self.dropped_entries = self.applied_events = 0
+
+
+class MemoryIndex:
+    backend = "memory"
+
+    def __init__(self, max_entries: int = DEFAULT_MAX_ENTRIES, max_replicas: int = DEFAULT_MAX_REPLICAS) -> None:
+        _check_limit("max_entries", max_entries)
+        _check_limit("max_replicas", max_replicas)
+        self.max_entries = max_entries
+        self.max_replicas = max_replicas
+        self._table: dict[int, int] = {}  # block hash -> bitmask of replica slots
+        self._reps: dict[str, _Replica] = {}
+        self._names: list[str | None] = []  # slot -> replica id
+        self._free: list[int] = []  # heap: reuse low slots so masks stay small ints
+        self._entries = 0
+        self._counters = dict.fromkeys(
+            ("batches", "applied_events", "duplicate_batches", "gaps", "epoch_changes", "dropped_entries", "lookups"), 0
+        )
+
+    # ---- async protocol ------------------------------------------------------------
+    async def apply(self, batch: EventBatch) -> ApplyResult:
+        return self.apply_sync(batch)
+
+    async def lookup(self, hashes: Sequence[int]) -> dict[str, int]:
+        return self.lookup_sync(hashes)
+
+    async def clear_replica(self, replica_id: str) -> int:
+        return self.clear_replica_sync(replica_id)
+
+    async def replicas(self) -> dict[str, ReplicaIndexState]:
+        return self.replicas_sync()
+
+    async def stats(self) -> dict[str, Any]:
+        return self.stats_sync()
+
+    async def close(self) -> None:
+        return None
+
+    # ---- synchronous core ------------------------------------------------------------
+    def apply_sync(self, batch: EventBatch) -> ApplyResult:
+        c = self._counters
+        c["batches"] += 1
+        rep = self._reps.get(batch.replica_id)
+        reset = None
+        skip = 0
+        if rep is None or rep.epoch != batch.epoch:
+            if rep is None:
+                rep = self._register(batch.replica_id, batch.epoch)
+            else:
+                self._drop_entries(rep)
+                rep.epoch = batch.epoch
+                reset = "epoch"
+                rep.epoch_changes += 1
+                c["epoch_changes"] += 1
+            # A fresh view is complete only if the replica's stream starts here.
+            rep.synced = batch.seq == 0
+        elif batch.seq > rep.last_seq + 1:
+            self._drop_entries(rep)
+            reset = "gap"
+            rep.synced = False
+            rep.gaps += 1
+            c["gaps"] += 1
+        elif batch.seq <= rep.last_seq and batch.last_seq <= rep.last_seq:
+            rep.duplicate_batches += 1
+            c["duplicate_batches"] += 1
+            return ApplyResult(0, True, None, 0, rep.synced)
+        else:
+            skip = rep.last_seq + 1 - batch.seq  # overlap with what was already applied
+        dropped = 0
+        events = batch.events if skip <= 0 else batch.events[skip:]
+        for ev in events:
+            dropped += self._apply_event(rep, ev)
+        rep.last_seq = batch.last_seq
+        rep.applied_events += len(events)
+        c["applied_events"] += len(events)
+        if dropped:
+            rep.dropped_entries += dropped
+            c["dropped_entries"] += dropped
+        return ApplyResult(len(events), False, reset, dropped, rep.synced)
+
+    def lookup_sync(self, hashes: Sequence[int]) -> dict[str, int]:
+        self._counters["lookups"] += 1
+        if len(hashes) == 0:
+            return {}
+        get = self._table.get
+        cand = get(hashes[0], 0)
+        if not cand:
+            return {}
+        out: dict[str, int] = {}
+        for i in range(1, len(hashes)):
+            m = cand & get(hashes[i], 0)
+            if m != cand:
+                self._emit(out, cand ^ m, i)
+                if not m:
+                    return out
+                cand = m
+        self._emit(out, cand, len(hashes))
+        return out
+
+    def clear_replica_sync(self, replica_id: str) -> int:
+        rep = self._reps.pop(replica_id, None)
+        if rep is None:
+            return 0
+        blocks = len(rep.held)
+        self._drop_entries(rep)
+        self._names[rep.slot] = None
+        heapq.heappush(self._free, rep.slot)
+        return blocks
+
+    def replicas_sync(self) -> dict[str, ReplicaIndexState]:
+        return {
+            rid: ReplicaIndexState(r.epoch, r.last_seq, len(r.held), r.synced, r.gaps, r.epoch_changes,
+                                   r.duplicate_batches, r.dropped_entries, r.applied_events)
+            for rid, r in self._reps.items()
+        }
+
+    def stats_sync(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "replicas": len(self._reps),
+            "entries": self._entries,
+            "block_hashes": len(self._table),
+            "max_entries": self.max_entries,
+            "max_replicas": self.max_replicas,
+            **self._counters,
+        }
+
+    # ---- internals --------------------------------------------------------------------
+    def _emit(self, out: dict[str, int], mask: int, length: int) -> None:
+        names = self._names
+        while mask:
+            low = mask & -mask
+            out[names[low.bit_length() - 1]] = length
+            mask ^= low
+
+    def _register(self, replica_id: str, epoch: str) -> _Replica:
+        if len(self._reps) >= self.max_replicas:
+            raise InputError("replica_id", f"index already tracks max_replicas={self.max_replicas} replicas; "
+                                           f"clear_replica() ones that are gone")
+        if self._free:
+            slot = heapq.heappop(self._free)
+            self._names[slot] = replica_id
+        else:
+            slot = len(self._names)
+            self._names.append(replica_id)
+        rep = self._reps[replica_id] = _Replica(slot, epoch)
+        return rep
+
+    def _apply_event(self, rep: _Replica, ev: IndexEvent) -> int:
+        """Apply one event; returns how many new entries were refused for lack of room."""
+        table = self._table
+        if ev.kind == "stored":
+            held = rep.held
+            new = [h for h in dict.fromkeys(ev.hashes) if h not in held]
+            room = self.max_entries - self._entries
+            dropped = max(0, len(new) - room)
+            if dropped:
+                del new[room:]
+                rep.synced = False
+            bit = rep.bit
+            for h in new:
+                table[h] = table.get(h, 0) | bit
+            held.update(new)
+            self._entries += len(new)
+            return dropped
+        if ev.kind == "removed":
+            held = rep.held
+            keep = ~rep.bit
+            for h in ev.hashes:
+                if h in held:
+                    held.discard(h)
+                    self._unset(table, h, keep)
+            return 0
+        self._drop_entries(rep)  # cleared: the replica will re-send what it still holds
+        rep.synced = True
+        return 0
+
+    def _drop_entries(self, rep: _Replica) -> None:
+        table = self._table
+        keep = ~rep.bit
+        for h in rep.held:
+            self._unset(table, h, keep)
+        rep.held = set()
+
+    def _unset(self, table: dict[int, int], h: int, keep: int) -> None:
+        m = table[h] & keep
+        if m:
+            table[h] = m
+        else:
+            del table[h]
+        self._entries -= 1
+
+
+def _check_limit(field: str, value: Any) -> None:
+    if type(value) is not int or value < 1:
+        raise InputError(field, f"must be a positive integer, got {value!r}")

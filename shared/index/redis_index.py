@@ -1,0 +1,201 @@
+"""Redis prefix index: every operation is one Lua call (one round trip, atomic).
+
+Several router processes on several hosts share one view through it.  The key layout and
+the generation trick that makes clearing O(1) are described in ``scripts.py``.  Every
+Redis failure surfaces as ``IndexUnavailable`` naming the URL; the connection pool
+reconnects by itself, so the same object works again once Redis is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from typing import Any, AsyncIterator, Sequence
+from urllib.parse import urlsplit, urlunsplit
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import RedisError
+
+from shared.errors import InputError
+from shared.index import scripts
+from shared.index.base import (
+    DEFAULT_MAX_ENTRIES,
+    DEFAULT_MAX_REPLICAS,
+    ApplyResult,
+    EventBatch,
+    IndexUnavailable,
+    ReplicaIndexState,
+)
+from shared.index.memory import _check_limit
+
+_CLUSTER_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_KIND_CODE = {"stored": "s", "removed": "r", "cleared": "c"}
+_COUNTERS = ("batches", "applied_events", "duplicate_batches", "gaps", "epoch_changes", "dropped_entries")
+# Unlinking of cleared generations done by each apply even when the index is not full,
+# so garbage drains while traffic flows; clear_replica drains in chunks of _DRAIN_CHUNK.
+_GC_CHUNK = 256
+_DRAIN_CHUNK = 4096
+
+
+class _SharedPools:
+    """One connection pool per (URL, event loop) in a process, shared by every index on it.
+
+    Pools are bound to the loop their connections were opened on, hence the loop in the
+    key; the entry holds the loop itself so its id cannot be reused while the pool lives.
+    """
+
+    def __init__(self) -> None:
+        self._pools: dict[tuple[str, int], list] = {}  # key -> [pool, loop, users]
+
+    def acquire(self, url: str, size: int, timeout: float) -> aioredis.BlockingConnectionPool:
+        loop = asyncio.get_running_loop()
+        entry = self._pools.get((url, id(loop)))
+        if entry is None:
+            pool = aioredis.BlockingConnectionPool.from_url(
+                url, max_connections=size, timeout=timeout, decode_responses=True,
+                socket_timeout=timeout, socket_connect_timeout=min(timeout, 2.0),
+                # A short retry rides out a dropped connection; a dead server fails fast.
+                retry=Retry(ExponentialBackoff(cap=0.2, base=0.01), 2),
+            )
+            entry = self._pools[(url, id(loop))] = [pool, loop, 0]
+        entry[2] += 1
+        return entry[0]
+
+    async def release(self, url: str, pool: aioredis.BlockingConnectionPool) -> None:
+        for key, entry in list(self._pools.items()):
+            if key[0] == url and entry[0] is pool:
+                entry[2] -= 1
+                if entry[2] <= 0:
+                    del self._pools[key]
+                    await pool.aclose()
+                return
+
+
+POOLS = _SharedPools()
+
+
+class RedisIndex:
+    backend = "redis"
+
+    def __init__(self, url: str, *, cluster: str = "default", max_entries: int = DEFAULT_MAX_ENTRIES,
+                 max_replicas: int = DEFAULT_MAX_REPLICAS, pool_size: int = 16, timeout: float = 5.0) -> None:
+        if not isinstance(cluster, str) or not _CLUSTER_RE.fullmatch(cluster):
+            raise InputError("cluster", f"must be 1-64 of [A-Za-z0-9_.-], got {cluster!r}")
+        _check_limit("max_entries", max_entries)
+        _check_limit("max_replicas", max_replicas)
+        if max_replicas > scripts.MAX_SLOTS:
+            raise InputError("max_replicas", f"the Redis index supports at most {scripts.MAX_SLOTS}")
+        _check_limit("pool_size", pool_size)
+        if not isinstance(url, str) or urlsplit(url).scheme not in ("redis", "rediss", "unix"):
+            raise InputError("url", f"expected redis://host:port/db, rediss:// or unix://, got {url!r}")
+        self.url = url
+        self.safe_url = _redact(url)
+        self.cluster = cluster
+        self.prefix = f"kvemu:{cluster}:"
+        self.max_entries = max_entries
+        self.max_replicas = max_replicas
+        self.pool_size = pool_size
+        self.timeout = timeout
+        self._pool: aioredis.BlockingConnectionPool | None = None
+        self._client: aioredis.Redis | None = None
+        self._scripts: dict[str, Any] = {}
+        self._lookups = 0
+
+    # ---- protocol -----------------------------------------------------------------------
+    async def apply(self, batch: EventBatch) -> ApplyResult:
+        args: list[Any] = [self.prefix, self.max_entries, _GC_CHUNK, self.max_replicas,
+                           batch.replica_id, batch.epoch, batch.seq, len(batch.events)]
+        for ev in batch.events:
+            args.append(_KIND_CODE[ev.kind])
+            args.append(len(ev.hashes))
+            args.extend([f"{h:016x}" for h in ev.hashes])
+        async with self._guard():
+            status, applied, dropped, synced = await self._scripts["apply"](args=args)
+        if status == "full":
+            raise InputError("replica_id", f"index already tracks max_replicas={self.max_replicas} replicas; "
+                                           f"clear_replica() ones that are gone")
+        return ApplyResult(int(applied), status == "duplicate", status if status in ("epoch", "gap") else None,
+                           int(dropped), bool(synced))
+
+    async def lookup(self, hashes: Sequence[int]) -> dict[str, int]:
+        self._lookups += 1
+        if len(hashes) == 0:
+            return {}
+        try:
+            args = [self.prefix, *[f"{h:016x}" for h in hashes]]
+        except (TypeError, ValueError):
+            raise InputError("hashes", "must be 64-bit unsigned integers") from None
+        async with self._guard():
+            flat = await self._scripts["lookup"](args=args)
+        return {flat[k]: int(flat[k + 1]) for k in range(0, len(flat), 2)}
+
+    async def clear_replica(self, replica_id: str) -> int:
+        async with self._guard():
+            blocks = await self._scripts["forget"](args=[self.prefix, replica_id])
+            # Unlink the retired entries now, in bounded chunks between which other
+            # clients run, so the bound reflects live entries when this returns.
+            while True:
+                _, queued = await self._scripts["collect"](args=[self.prefix, _DRAIN_CHUNK])
+                if int(queued) == 0:
+                    break
+        return int(blocks)
+
+    async def replicas(self) -> dict[str, ReplicaIndexState]:
+        async with self._guard():
+            flat = await self._scripts["state"](args=[self.prefix])
+        width = 2 + len(scripts.STATE_FIELDS)
+        out = {}
+        for k in range(0, len(flat), width):
+            rid, blocks, epoch, last_seq, synced, *counters = flat[k:k + width]
+            out[rid] = ReplicaIndexState(epoch, int(last_seq), int(blocks), synced == "1", *map(int, counters))
+        return out
+
+    async def stats(self) -> dict[str, Any]:
+        p = self.prefix
+        async with self._guard():
+            async with self._client.pipeline(transaction=False) as pipe:
+                pipe.hgetall(p + "stats").get(p + "entries").hlen(p + "replicas").llen(p + "gcq")
+                counters, entries, replicas, gc_queued = await pipe.execute()
+        out: dict[str, Any] = {"backend": self.backend, "url": self.safe_url, "cluster": self.cluster,
+                               "replicas": replicas, "entries": int(entries or 0), "gc_queued": gc_queued,
+                               "max_entries": self.max_entries, "max_replicas": self.max_replicas}
+        out.update({name: int(counters.get(name, 0)) for name in _COUNTERS})
+        out["lookups"] = self._lookups  # this process's, not the cluster's
+        return out
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            pool, self._pool, self._client = self._pool, None, None
+            await POOLS.release(self.url, pool)
+
+    # ---- internals ------------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def _guard(self) -> AsyncIterator[None]:
+        try:
+            if self._client is None:
+                self._connect()
+            yield
+        except (RedisError, OSError) as e:
+            raise IndexUnavailable(self.safe_url, f"{type(e).__name__}: {e}") from e
+
+    def _connect(self) -> None:
+        self._pool = POOLS.acquire(self.url, self.pool_size, self.timeout)
+        self._client = aioredis.Redis(connection_pool=self._pool)
+        # register_script: EVALSHA, with SCRIPT LOAD on NOSCRIPT (e.g. after a restart).
+        self._scripts = {name: self._client.register_script(getattr(scripts, name.upper()))
+                         for name in ("apply", "lookup", "forget", "collect", "state")}
+
+
+def _redact(url: str) -> str:
+    """The URL without its password, for messages and stats."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    user = f"{parts.username}:***@" if parts.username else ":***@"
+    return urlunsplit((parts.scheme, user + host, parts.path, parts.query, parts.fragment))
