@@ -17,7 +17,7 @@ from replica.prom import ReplicaCollector, make_registry
 from replica.reuse import ShardsTracker
 from replica.scheduler import Scheduler, SchedulerSettings
 from replica.settings import ReplicaSettings
-from replica.httputil import SETTINGS, STATE, errors_middleware
+from replica.httputil import SETTINGS, STATE, errors_middleware, timing_middleware
 from shared.errors import InputError
 
 
@@ -93,7 +93,7 @@ async def index_ctx(app: web.Application):
 
 
 def make_app(settings: ReplicaSettings) -> web.Application:
-    app = web.Application(middlewares=[errors_middleware], client_max_size=settings.max_body_bytes)
+    app = web.Application(middlewares=[timing_middleware, errors_middleware], client_max_size=settings.max_body_bytes)
     app[SETTINGS] = settings
     app[STATE] = ReplicaState(settings)
     app.cleanup_ctx.append(engine_ctx)

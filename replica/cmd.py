@@ -31,7 +31,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--index", default=None, help="redis://host:port/db to publish KV events to a shared index")
     p.add_argument("--cluster", default="default", help="namespace of the Redis index keys")
     p.add_argument("--admin-token", default=None, help="bearer token for /admin/* (or KVEMU_ADMIN_TOKEN)")
-    p.add_argument("--shards-rate", type=float, default=0.01, help="sampling rate of online reuse distances")
+    p.add_argument("--shards-rate", type=float, default=0.1, help="sampling rate of online reuse distances")
     p.add_argument("--log-level", default="warning")
 
 

@@ -45,6 +45,7 @@ class EventFeed:
         self.dropped_batches = 0
         self.resyncs = 0
         self._needs_resync = False
+        self.listener: Callable[[], None] | None = None  # woken after each publish (the Redis shipper)
 
     def publish(self, events: list[KvEvent]) -> None:
         if self._needs_resync:
@@ -62,6 +63,8 @@ class EventFeed:
             self._needs_resync = True
         if self._needs_resync:
             self.publish([])
+        elif self.listener is not None and self.batches:
+            self.listener()
 
     def mark_lost(self) -> None:
         """A consumer lost a batch (e.g. Redis refused it): resync on the next publish."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import time
 
 import msgpack
 from aiohttp import web
@@ -16,6 +17,16 @@ STATE = web.AppKey("state", object)
 
 
 # ---- middleware: every error is JSON naming the field; nothing escapes as a crash ------
+@web.middleware
+async def timing_middleware(request: web.Request, handler):
+    """Server-Timing header: wall time spent in the handler (the server-side overhead)."""
+    start = time.perf_counter()
+    resp = await handler(request)
+    if not resp.prepared:  # streamed responses have sent their headers already
+        resp.headers["Server-Timing"] = f"handler;dur={(time.perf_counter() - start) * 1000:.3f}"
+    return resp
+
+
 @web.middleware
 async def errors_middleware(request: web.Request, handler):
     try:

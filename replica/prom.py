@@ -69,6 +69,9 @@ class ReplicaCollector:
         fam = GaugeMetricFamily("kvemu_lru_hit_ratio_at_capacity",
                                 "Miss-ratio curve from sampled reuse distances: LRU hit ratio at a capacity.",
                                 labels=["replica_id", "capacity_blocks"])
-        for cap, hit in tracker.miss_ratio_curve():
-            fam.add_metric([rid, str(cap)], hit)
+        # A fixed set of capacities (multiples of this pool's) keeps the label series stable.
+        cap = self.state.pool.capacity
+        points = sorted({max(1, int(cap * f)) for f in (0.125, 0.25, 0.5, 1, 2, 4, 8)})
+        for c, hit in tracker.miss_ratio_curve(points):
+            fam.add_metric([rid, str(c)], hit)
         yield fam

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, Sequence, runtime_checkable
 
 import msgpack
+import numpy as np
 
 from shared.errors import InputError, KvemuError
 
@@ -111,8 +112,8 @@ class EventBatch:
         if len(data) > MAX_WIRE_BYTES:
             raise InputError("batch", f"{len(data)} bytes exceeds the {MAX_WIRE_BYTES}-byte limit")
         try:
-            obj = msgpack.unpackb(data, raw=False, strict_map_key=True, max_buffer_size=MAX_WIRE_BYTES)
-        except Exception as e:  # untrusted bytes: every decoder failure is the sender's fault
+            obj = msgpack.unpackb(data, raw=False, strict_map_key=True)
+        except (ValueError, msgpack.UnpackException) as e:
             raise InputError("batch", f"not valid msgpack ({type(e).__name__}: {e})") from None
         if not isinstance(obj, dict):
             raise InputError("batch", f"expected a map, got {type(obj).__name__}")
@@ -139,6 +140,8 @@ def _check_event(i: int, ev: Any) -> IndexEvent:
     kind, hashes = ev
     if kind not in KINDS:
         raise InputError(f"{where}.kind", f"must be one of {', '.join(KINDS)}, got {kind!r}")
+    if isinstance(hashes, np.ndarray):  # hashes straight from a trace or hashing.block_hashes
+        hashes = hashes.tolist()
     if not isinstance(hashes, (list, tuple)):
         raise InputError(f"{where}.hashes", f"must be a list, got {type(hashes).__name__}")
     if kind == "cleared" and hashes:

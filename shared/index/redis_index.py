@@ -157,10 +157,14 @@ class RedisIndex:
         p = self.prefix
         async with self._guard():
             async with self._client.pipeline(transaction=False) as pipe:
-                pipe.hgetall(p + "stats").get(p + "entries").hlen(p + "replicas").llen(p + "gcq")
-                counters, entries, replicas, gc_queued = await pipe.execute()
+                pipe.hgetall(p + "stats").get(p + "entries").get(p + "garbage").hlen(p + "replicas")
+                counters, entries, garbage, replicas = await pipe.execute()
+        garbage = int(garbage or 0)
+        # The bound counts garbage too (it holds memory until unlinked); "entries" is
+        # the live view, comparable with the memory backend.
         out: dict[str, Any] = {"backend": self.backend, "url": self.safe_url, "cluster": self.cluster,
-                               "replicas": replicas, "entries": int(entries or 0), "gc_queued": gc_queued,
+                               "replicas": replicas, "entries": int(entries or 0) - garbage,
+                               "gc_pending_entries": garbage,
                                "max_entries": self.max_entries, "max_replicas": self.max_replicas}
         out.update({name: int(counters.get(name, 0)) for name in _COUNTERS})
         out["lookups"] = self._lookups  # this process's, not the cluster's

@@ -10,6 +10,7 @@ Key layout, all under ``P = kvemu:<cluster>:`` (hashes as 16 hex digits):
     P gens             HASH slot -> current generation (monotonic, survives slot reuse)
     P free             LIST of free slots            P next_slot  counter
     P entries          (hash, member) pairs stored, garbage included: the bound
+    P garbage          how many of those belong to retired generations
     P gcq              LIST of "slot:gen" generations awaiting unlinking
     P gc:<slot>:<gen>  SET of hashes of a retired generation
     P stats            HASH cluster-wide counters
@@ -50,6 +51,7 @@ local function gc(budget)
     done = done + #hs
     if redis.call('EXISTS', gkey) == 0 then redis.call('LPOP', q) end
   end
+  if done > 0 then redis.call('DECRBY', P .. 'garbage', done) end
   return done
 end
 
@@ -64,6 +66,7 @@ local function retire(slot)
     local item = slot .. ':' .. old
     redis.call('RENAME', held, P .. 'gc:' .. item)
     redis.call('RPUSH', P .. 'gcq', item)
+    redis.call('INCRBY', P .. 'garbage', blocks)
   end
   return gen, blocks
 end

@@ -1,0 +1,93 @@
+"""Ships the replica's KV event batches to a Redis prefix index, off the serving path.
+
+Serving never waits: the engine appends to the bounded feed and this task drains it.
+If Redis refuses or is unreachable, the popped batches are lost on purpose (counted), the
+feed queues a resync (``cleared`` + ``stored`` of every resident block) and the task
+backs off; the index notices the sequence gap, clears this replica and rebuilds it from
+the resync once Redis is back. A heartbeat carrying the next sequence number lets the
+index notice a gap even when no events flow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from replica.events import EventFeed, FeedBatch
+from shared.index import EventBatch, IndexEvent, IndexUnavailable, RedisIndex
+from shared.histogram import LogHistogram
+
+log = logging.getLogger("kvemu.replica.shipper")
+
+
+class RedisShipper:
+    def __init__(self, state, url: str, cluster: str, heartbeat_s: float = 1.0) -> None:
+        self.feed: EventFeed = state.feed
+        self.replica_id = state.settings.replica_id
+        self.index = RedisIndex(url, cluster=cluster)
+        self.url = url
+        self.heartbeat_s = heartbeat_s
+        self._wake = asyncio.Event()
+        self.feed.listener = self._wake.set
+        self.shipped_batches = 0
+        self.shipped_events = 0
+        self.failures = 0
+        self.lost_batches = 0
+        self.last_error = ""
+        self.apply_latency = LogHistogram()
+        self._backoff = 0.0
+
+    async def run(self) -> None:
+        last_beat = 0.0
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=self.heartbeat_s)
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+            batches = self.feed.pop_ready()
+            if not batches and time.monotonic() - last_beat >= self.heartbeat_s:
+                batches = [FeedBatch(self.feed.next_seq, [])]
+                last_beat = time.monotonic()
+            if batches and not await self._ship(batches):
+                await asyncio.sleep(self._backoff)
+
+    async def _ship(self, batches: list[FeedBatch]) -> bool:
+        for i, b in enumerate(batches):
+            batch = EventBatch(self.replica_id, self.feed.epoch, b.seq,
+                               [IndexEvent(e.kind, tuple(e.hashes)) for e in b.events])
+            t0 = time.perf_counter()
+            try:
+                await self.index.apply(batch)
+            except IndexUnavailable as exc:
+                self._failed(str(exc), lost=len(batches) - i)
+                return False
+            self.apply_latency.add(time.perf_counter() - t0)
+            self.shipped_batches += 1
+            self.shipped_events += len(b.events)
+        self._backoff = 0.0
+        return True
+
+    def _failed(self, reason: str, lost: int) -> None:
+        self.failures += 1
+        self.last_error = reason
+        self.lost_batches += lost
+        self._backoff = min(max(self._backoff * 2, 0.1), 5.0)
+        log.warning("index unavailable, %d batch(es) dropped, resync queued: %s", lost, reason)
+        self.feed.mark_lost()
+        self.feed.publish([])  # queue the resync now so it leaves as soon as Redis answers
+
+    async def flush(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while self.feed.batches and time.monotonic() < deadline:
+            if not await self._ship(self.feed.pop_ready()):
+                return
+
+    async def close(self) -> None:
+        await self.index.close()
+
+    def stats(self) -> dict:
+        return {"url": self.url, "shipped_batches": self.shipped_batches, "shipped_events": self.shipped_events,
+                "failures": self.failures, "lost_batches": self.lost_batches, "last_error": self.last_error,
+                "apply_latency_s": self.apply_latency.summary()}
