@@ -16,6 +16,7 @@ from shared.errors import KvemuError
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "gen": ("loadgen.gen_cmd", "generate a workload preset into a trace JSONL file"),
     "trace-stats": ("loadgen.stats_cmd", "summarise a trace: requests, blocks, reuse, sessions"),
+    "router": ("router.cmd", "run the cache-aware router in front of replicas"),
     "replica": ("replica.cmd", "run one replica: an emulated GPU serving over HTTP"),
     "sim": ("loadgen.sim_cmd", "virtual-time run of policies x capacities over a trace or preset"),
 }

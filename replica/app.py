@@ -17,7 +17,8 @@ from replica.prom import ReplicaCollector, make_registry
 from replica.reuse import ShardsTracker
 from replica.scheduler import Scheduler, SchedulerSettings
 from replica.settings import ReplicaSettings
-from replica.httputil import SETTINGS, STATE, errors_middleware, timing_middleware
+from replica.httputil import SETTINGS, STATE
+from shared.httpkit import BODY_LIMIT, REJECTIONS, errors_middleware, timing_middleware
 from shared.errors import InputError
 
 
@@ -52,11 +53,6 @@ class ReplicaState:
         self.started = time.time()
         self.rejected: dict[str, int] = {}
         self.shipper = None  # set when a Redis index is configured
-
-    def count_rejection(self, field: str) -> None:
-        key = field.split("[")[0][:64]
-        if len(self.rejected) < 256 or key in self.rejected:
-            self.rejected[key] = self.rejected.get(key, 0) + 1
 
 
 # ---- lifecycle ----------------------------------------------------------------------
@@ -96,6 +92,8 @@ def make_app(settings: ReplicaSettings) -> web.Application:
     app = web.Application(middlewares=[timing_middleware, errors_middleware], client_max_size=settings.max_body_bytes)
     app[SETTINGS] = settings
     app[STATE] = ReplicaState(settings)
+    app[BODY_LIMIT] = settings.max_body_bytes
+    app[REJECTIONS] = app[STATE].rejected
     app.cleanup_ctx.append(engine_ctx)
     app.cleanup_ctx.append(index_ctx)
     views.add_routes(app)

@@ -9,10 +9,11 @@ import uuid
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from replica import protocol
-from replica.httputil import SETTINGS, STATE, read_body, require_admin, respond
+from shared import protocol
+from replica.httputil import SETTINGS, STATE, require_admin
+from shared.httpkit import read_body, respond
 from replica.engine import Handle
-from replica.tokenizer import filler_text
+from shared.tokenizer import filler_text
 from replica.policies import make_policy
 from shared.errors import InputError
 
@@ -54,7 +55,14 @@ async def generate(request: web.Request) -> web.StreamResponse:
     body = {"replica_id": s.replica_id, "prompt_tokens": r.input_tokens, "output_tokens": r.output_tokens,
             "cached_tokens": r.cached_tokens, "prompt_blocks": len(r.hashes),
             "cached_blocks": len(r.alloc.hit_idx), "holes": r.alloc.holes, **handle.timings()}
-    return respond(request, body)
+    resp = respond(request, body)
+    resp.headers.update(_replica_headers(s.replica_id, handle))
+    return resp
+
+
+def _replica_headers(replica_id: str, handle: Handle) -> dict:
+    """Lets a router learn the actual reuse without parsing the body (predicted vs actual)."""
+    return {"X-Kvemu-Replica": replica_id, "X-Kvemu-Cached-Tokens": str(handle.req.cached_tokens)}
 
 
 # ---- OpenAI-compatible ----------------------------------------------------------------
@@ -82,13 +90,14 @@ async def _openai(request: web.Request, chat: bool) -> web.StreamResponse:
     body = {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
             "model": spec.model, "choices": [choice], "usage": _usage(handle),
             "kvemu": {"replica_id": s.replica_id, **handle.timings()}}
-    return web.json_response(body, headers={"X-Kvemu-Replica": s.replica_id})
+    return web.json_response(body, headers=_replica_headers(s.replica_id, handle))
 
 
 async def _stream(request, handle: Handle, spec, rid: str, created: int, chat: bool) -> web.StreamResponse:
     s = _settings(request)
+    await handle.first_token  # headers carry the cached tokens, known once the request is admitted
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                       "X-Kvemu-Replica": s.replica_id})
+                                       **_replica_headers(s.replica_id, handle)})
     await resp.prepare(request)
     kind = "chat.completion.chunk" if chat else "text_completion"
     sent = 0

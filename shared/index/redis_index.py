@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import struct
 from typing import Any, AsyncIterator, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
@@ -55,8 +56,10 @@ class _SharedPools:
         entry = self._pools.get((url, id(loop)))
         if entry is None:
             pool = aioredis.BlockingConnectionPool.from_url(
+                # No socket_timeout: redis-py wraps every read and write in its own timer
+                # (2.5x the cost of a PING under uvloop); _guard bounds each call instead.
                 url, max_connections=size, timeout=timeout, decode_responses=True,
-                socket_timeout=timeout, socket_connect_timeout=min(timeout, 2.0),
+                socket_connect_timeout=min(timeout, 2.0),
                 # A short retry rides out a dropped connection; a dead server fails fast.
                 retry=Retry(ExponentialBackoff(cap=0.2, base=0.01), 2),
             )
@@ -110,8 +113,7 @@ class RedisIndex:
                            batch.replica_id, batch.epoch, batch.seq, len(batch.events)]
         for ev in batch.events:
             args.append(_KIND_CODE[ev.kind])
-            args.append(len(ev.hashes))
-            args.extend([f"{h:016x}" for h in ev.hashes])
+            args.append(_hex(ev.hashes))
         async with self._guard():
             status, applied, dropped, synced = await self._scripts["apply"](args=args)
         if status == "full":
@@ -125,22 +127,23 @@ class RedisIndex:
         if len(hashes) == 0:
             return {}
         try:
-            args = [self.prefix, *[f"{h:016x}" for h in hashes]]
-        except (TypeError, ValueError):
+            blob = _hex(hashes)
+        except (struct.error, TypeError):
             raise InputError("hashes", "must be 64-bit unsigned integers") from None
         async with self._guard():
-            flat = await self._scripts["lookup"](args=args)
+            flat = await self._scripts["lookup"](args=[self.prefix, blob])
         return {flat[k]: int(flat[k + 1]) for k in range(0, len(flat), 2)}
 
     async def clear_replica(self, replica_id: str) -> int:
         async with self._guard():
             blocks = await self._scripts["forget"](args=[self.prefix, replica_id])
-            # Unlink the retired entries now, in bounded chunks between which other
-            # clients run, so the bound reflects live entries when this returns.
-            while True:
-                _, queued = await self._scripts["collect"](args=[self.prefix, _DRAIN_CHUNK])
-                if int(queued) == 0:
-                    break
+        # Unlink the retired entries now, in bounded chunks between which other clients
+        # run (each chunk with its own timeout), so memory is returned when this returns.
+        while True:
+            async with self._guard():
+                done, queued = await self._scripts["collect"](args=[self.prefix, _DRAIN_CHUNK])
+            if int(queued) == 0 or int(done) == 0:
+                break
         return int(blocks)
 
     async def replicas(self) -> dict[str, ReplicaIndexState]:
@@ -181,7 +184,10 @@ class RedisIndex:
         try:
             if self._client is None:
                 self._connect()
-            yield
+            async with asyncio.timeout(self.timeout):
+                yield
+        except TimeoutError:  # asyncio's; redis-py's own TimeoutError is a RedisError
+            raise IndexUnavailable(self.safe_url, f"no reply within {self.timeout}s") from None
         except (RedisError, OSError) as e:
             raise IndexUnavailable(self.safe_url, f"{type(e).__name__}: {e}") from e
 
@@ -191,6 +197,11 @@ class RedisIndex:
         # register_script: EVALSHA, with SCRIPT LOAD on NOSCRIPT (e.g. after a restart).
         self._scripts = {name: self._client.register_script(getattr(scripts, name.upper()))
                          for name in ("apply", "lookup", "forget", "collect", "state")}
+
+
+def _hex(hashes) -> str:
+    """Hashes as concatenated 16-hex-digit fields, the form the scripts split and use in keys."""
+    return struct.pack(f">{len(hashes)}Q", *hashes).hex()
 
 
 def _redact(url: str) -> str:

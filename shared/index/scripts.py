@@ -2,78 +2,80 @@
 
 Key layout, all under ``P = kvemu:<cluster>:`` (hashes as 16 hex digits):
 
-    P b:<hash>         SET of members gen*4096+slot: who holds the block (integers, so
-                       Redis keeps each set as a compact intset)
-    P held:<slot>      SET of hashes held by the slot's current generation
+    P held:<slot>      SET of hashes the replica in that slot holds: the truth
+    P b:<hash>         SET of slot numbers that may hold the block (small integers, so
+                       Redis keeps it a compact intset): a superset of the truth, used
+                       to find candidates; stale members wait for gc()
     P r:<replica_id>   HASH epoch, last_seq, slot, synced and per-replica counters
     P replicas         HASH replica_id -> slot       P slots   HASH slot -> replica_id
-    P gens             HASH slot -> current generation (monotonic, survives slot reuse)
     P free             LIST of free slots            P next_slot  counter
-    P entries          (hash, member) pairs stored, garbage included: the bound
-    P garbage          how many of those belong to retired generations
-    P gcq              LIST of "slot:gen" generations awaiting unlinking
-    P gc:<slot>:<gen>  SET of hashes of a retired generation
+    P entries          (hash, replica) pairs stored, garbage included: the bound
+    P garbage          how many of those belong to retired held sets
+    P gcq              LIST of "slot:n" retired held sets awaiting unlinking
+    P gc:<slot>:<n>    a retired held set (n from the P gcseq counter)
     P stats            HASH cluster-wide counters
 
-Clearing a replica (restart, gap, ``cleared`` event, ``clear_replica``) bumps its slot's
-generation, which invalidates every ``b:`` member of the old generation at once (lookup
-checks the generation), and renames ``held:<slot>`` onto the GC queue.  Garbage is unlinked
-a bounded chunk at a time by later calls, so no call ever walks the keyspace or a whole
-replica.  Keys are built inside the scripts, so this needs a standalone Redis (or one
-Cluster shard), not Redis Cluster.
+Lookup: candidates are the slots in ``b:<first hash>``; each candidate's prefix length
+comes from SMISMEMBER on its held set over doubling chunks of the prompt, stopping at
+the first miss.
+So a lookup costs about 2 + candidates commands inside one script, whatever the number
+of replicas, and it reads only ``held:`` sets for its answer, so stale ``b:`` members can
+never produce a false hit.
+
+Clearing a replica (restart, gap, ``cleared`` event, ``clear_replica``) renames its held
+set onto the GC queue: O(1), atomic, and the replica's view is empty at once.  gc()
+unlinks the retired ``b:`` members a bounded chunk at a time in later calls, so no call
+walks the keyspace or a whole replica.  Keys are built inside the scripts, so this needs
+a standalone Redis (or one Cluster shard), not Redis Cluster.
 """
 
 from __future__ import annotations
 
-SLOT_BITS = 12
-MAX_SLOTS = 1 << SLOT_BITS
+MAX_SLOTS = 4096
+LOOKUP_FIRST_CHUNK = 16
+LOOKUP_MAX_CHUNK = 256
 
 _PRELUDE = """
 local P = ARGV[1]
-local SLOTS = %d
--- Lua counts in doubles; %%d formatting keeps integers from turning into 1e+15 strings.
-local function fmt(x) return string.format('%%d', x) end
+-- Lua counts in doubles; %d formatting keeps integers from turning into 1e+15 strings.
+local function fmt(x) return string.format('%d', x) end
 
--- Unlink up to `budget` entries of retired generations; returns how many.
+-- Unlink up to `budget` entries of retired held sets; returns how many.
 local function gc(budget)
-  local done = 0
-  local q = P .. 'gcq'
+  local done, q = 0, P .. 'gcq'
   while done < budget do
     local item = redis.call('LINDEX', q, 0)
     if not item then break end
-    local sep = string.find(item, ':', 1, true)
-    local member = fmt(tonumber(string.sub(item, sep + 1)) * SLOTS + tonumber(string.sub(item, 1, sep - 1)))
-    local gkey = P .. 'gc:' .. item
-    local hs = redis.call('SPOP', gkey, budget - done)
-    for _, h in ipairs(hs) do
-      redis.call('SREM', P .. 'b:' .. h, member)
+    local slot = string.sub(item, 1, string.find(item, ':', 1, true) - 1)
+    local gkey, held = P .. 'gc:' .. item, P .. 'held:' .. slot
+    for _, h in ipairs(redis.call('SPOP', gkey, budget - done)) do
+      -- The slot's current occupant may hold the block again: the member is then its own.
+      if redis.call('SISMEMBER', held, h) == 0 then redis.call('SREM', P .. 'b:' .. h, slot) end
+      done = done + 1
     end
-    done = done + #hs
     if redis.call('EXISTS', gkey) == 0 then redis.call('LPOP', q) end
   end
   if done > 0 then redis.call('DECRBY', P .. 'garbage', done) end
   return done
 end
 
--- Retire a slot's generation in O(1); returns the new generation and the blocks it had.
+-- Empty a slot's held set in O(1) by queueing it for gc(); returns the blocks it had.
 local function retire(slot)
-  local gens = P .. 'gens'
-  local old = redis.call('HGET', gens, slot) or '0'
-  local gen = redis.call('HINCRBY', gens, slot, 1)
   local held = P .. 'held:' .. slot
   local blocks = redis.call('SCARD', held)
   if blocks > 0 then
-    local item = slot .. ':' .. old
+    local item = slot .. ':' .. redis.call('INCR', P .. 'gcseq')
     redis.call('RENAME', held, P .. 'gc:' .. item)
     redis.call('RPUSH', P .. 'gcq', item)
     redis.call('INCRBY', P .. 'garbage', blocks)
   end
-  return gen, blocks
+  return blocks
 end
-""" % MAX_SLOTS
+"""
 
 # ARGV: P, max_entries, gc_chunk, max_replicas, replica_id, epoch, seq, n_events,
-#       then per event: kind ('s' | 'r' | 'c'), count, hashes...
+#       then per event: kind ('s' | 'r' | 'c'), its hashes as one string of 16-hex-digit
+#       fields (one argument instead of one per hash: far cheaper to pack and to pass).
 # Returns {status, applied, dropped, synced}; status '' | 'epoch' | 'gap' | 'duplicate' | 'full'.
 APPLY = _PRELUDE + """
 local max_entries, gc_chunk, max_replicas = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -82,24 +84,23 @@ local batch_last = seq + n - 1
 local meta, stats = P .. 'r:' .. rid, P .. 'stats'
 redis.call('HINCRBY', stats, 'batches', 1)
 local cur = redis.call('HMGET', meta, 'epoch', 'last_seq', 'slot', 'synced')
-local slot, gen, reset, skip, synced = cur[3], nil, '', 0, cur[4] == '1'
+local slot, reset, skip, synced = cur[3], '', 0, cur[4] == '1'
 if not slot then
   if redis.call('HLEN', P .. 'replicas') >= max_replicas then return {'full', 0, 0, 0} end
   slot = redis.call('LPOP', P .. 'free') or fmt(redis.call('INCR', P .. 'next_slot') - 1)
-  gen = redis.call('HINCRBY', P .. 'gens', slot, 1)
   redis.call('HSET', P .. 'replicas', rid, slot)
   redis.call('HSET', P .. 'slots', slot, rid)
   redis.call('HSET', meta, 'slot', slot)
   synced = seq == 0
 elseif cur[1] ~= epoch then
-  gen = retire(slot)
+  retire(slot)
   reset, synced = 'epoch', seq == 0
   redis.call('HINCRBY', meta, 'epoch_changes', 1)
   redis.call('HINCRBY', stats, 'epoch_changes', 1)
 else
   local last = tonumber(cur[2])
   if seq > last + 1 then
-    gen = retire(slot)
+    retire(slot)
     reset, synced = 'gap', false
     redis.call('HINCRBY', meta, 'gaps', 1)
     redis.call('HINCRBY', stats, 'gaps', 1)
@@ -109,27 +110,25 @@ else
     return {'duplicate', 0, 0, synced and 1 or 0}
   else
     skip = last + 1 - seq
-    gen = tonumber(redis.call('HGET', P .. 'gens', slot))
   end
 end
-local member = fmt(gen * SLOTS + tonumber(slot))
 local held = P .. 'held:' .. slot
 local entries = tonumber(redis.call('GET', P .. 'entries') or '0') - gc(gc_chunk)
-local dropped, i = 0, 9
+local dropped = 0
 for e = 1, n do
-  local kind, cnt = ARGV[i], tonumber(ARGV[i + 1])
-  i = i + 2
+  local kind, blob = ARGV[7 + 2 * e], ARGV[8 + 2 * e]
+  local cnt = #blob / 16
   if e <= skip then
   elseif kind == 's' then
     -- Reclaim garbage on demand, never more than this event adds, so a call stays
     -- proportional to its batch.
     local need = entries + cnt - max_entries
     if need > 0 then entries = entries - gc(need) end
-    for j = i, i + cnt - 1 do
-      local h = ARGV[j]
+    for j = 1, cnt do
+      local h = string.sub(blob, 16 * j - 15, 16 * j)
       if entries < max_entries then
         if redis.call('SADD', held, h) == 1 then
-          redis.call('SADD', P .. 'b:' .. h, member)
+          redis.call('SADD', P .. 'b:' .. h, slot)
           entries = entries + 1
         end
       elseif redis.call('SISMEMBER', held, h) == 0 then
@@ -137,19 +136,17 @@ for e = 1, n do
       end
     end
   elseif kind == 'r' then
-    for j = i, i + cnt - 1 do
-      local h = ARGV[j]
+    for j = 1, cnt do
+      local h = string.sub(blob, 16 * j - 15, 16 * j)
       if redis.call('SREM', held, h) == 1 then
-        redis.call('SREM', P .. 'b:' .. h, member)
+        redis.call('SREM', P .. 'b:' .. h, slot)
         entries = entries - 1
       end
     end
   else
-    gen = retire(slot)
-    member = fmt(gen * SLOTS + tonumber(slot))
+    retire(slot)
     synced = true
   end
-  i = i + cnt
 end
 if dropped > 0 then
   synced = false
@@ -164,44 +161,41 @@ redis.call('SET', P .. 'entries', fmt(entries))
 return {reset, applied, dropped, synced and 1 or 0}
 """
 
-# ARGV: P, hashes...  Returns {replica_id, prefix_length, ...} for lengths > 0.
+# ARGV: P, the prompt's hashes as one string of 16-hex-digit fields.
+# Returns {replica_id, prefix_length, ...} for lengths > 0.
 LOOKUP = """
-local P = ARGV[1]
-local SLOTS = %d
-local n = #ARGV - 1
-if n < 1 then return {} end
-local first = redis.call('SMEMBERS', P .. 'b:' .. ARGV[2])
-if #first == 0 then return {} end
--- Members of retired generations may linger until GC: keep current ones only.
-local cand, gens, known = {}, P .. 'gens', {}
-for _, m in ipairs(first) do
-  local v = tonumber(m)
-  local slot = v %% SLOTS
-  local g = known[slot]
-  if g == nil then
-    g = tonumber(redis.call('HGET', gens, string.format('%%d', slot)) or '-1')
-    known[slot] = g
+local P, blob, FIRST, MAXCHUNK = ARGV[1], ARGV[2], %d, %d
+local last = #blob / 16
+if last < 1 then return {} end
+local hs = {}
+for j = 1, last do hs[j] = string.sub(blob, 16 * j - 15, 16 * j) end
+local found, lengths = {}, {}
+for _, slot in ipairs(redis.call('SMEMBERS', P .. 'b:' .. hs[1])) do
+  -- Chunks double from FIRST: a short match costs few checks, a long one few calls.
+  local held, len, pos, chunk = P .. 'held:' .. slot, 0, 1, FIRST
+  while pos <= last do
+    local hit = redis.call('SMISMEMBER', held, unpack(hs, pos, math.min(pos + chunk - 1, last)))
+    local k = 1
+    while hit[k] == 1 do k = k + 1 end
+    len = len + k - 1
+    if k <= #hit then break end
+    pos = pos + chunk
+    chunk = math.min(chunk * 2, MAXCHUNK)
   end
-  if g == (v - slot) / SLOTS then cand[#cand + 1] = m end
-end
-local found = {}
-for i = 3, #ARGV do
-  if #cand == 0 then break end
-  local hit = redis.call('SMISMEMBER', P .. 'b:' .. ARGV[i], unpack(cand))
-  local keep = {}
-  for k, m in ipairs(cand) do
-    if hit[k] == 1 then keep[#keep + 1] = m else found[#found + 1] = {m, i - 2} end
+  if len > 0 then
+    found[#found + 1] = slot
+    lengths[#lengths + 1] = len
   end
-  cand = keep
 end
-for _, m in ipairs(cand) do found[#found + 1] = {m, n} end
-local out, slots = {}, P .. 'slots'
-for _, f in ipairs(found) do
-  out[#out + 1] = redis.call('HGET', slots, string.format('%%d', tonumber(f[1]) %% SLOTS))
-  out[#out + 1] = f[2]
+if #found == 0 then return {} end
+local names = redis.call('HMGET', P .. 'slots', unpack(found))
+local out = {}
+for k = 1, #found do
+  out[#out + 1] = names[k]
+  out[#out + 1] = lengths[k]
 end
 return out
-""" % MAX_SLOTS
+""" % (LOOKUP_FIRST_CHUNK, LOOKUP_MAX_CHUNK)
 
 # ARGV: P, replica_id.  Returns the blocks the replica had (0 if unknown).
 FORGET = _PRELUDE + """
@@ -209,7 +203,7 @@ local rid = ARGV[2]
 local meta = P .. 'r:' .. rid
 local slot = redis.call('HGET', meta, 'slot')
 if not slot then return 0 end
-local _, blocks = retire(slot)
+local blocks = retire(slot)
 redis.call('DEL', meta)
 redis.call('HDEL', P .. 'replicas', rid)
 redis.call('HDEL', P .. 'slots', slot)
@@ -217,7 +211,7 @@ redis.call('RPUSH', P .. 'free', slot)
 return blocks
 """
 
-# ARGV: P, budget.  Returns {unlinked, generations still queued}.
+# ARGV: P, budget.  Returns {unlinked, retired sets still queued}.
 COLLECT = _PRELUDE + """
 local done = gc(tonumber(ARGV[2]))
 if done > 0 then redis.call('DECRBY', P .. 'entries', done) end

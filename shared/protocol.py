@@ -12,7 +12,7 @@ from typing import Any
 
 import msgpack
 
-from replica import tokenizer
+from shared import tokenizer
 from shared.errors import InputError
 from shared.hashing import block_hashes
 

@@ -1,0 +1,5 @@
+import sys
+
+from router.cmd import main
+
+sys.exit(main())

@@ -1,0 +1,75 @@
+"""The router process: ``make_app(settings)`` builds the aiohttp app.
+
+Per request: parse the prompt into block hashes (the replicas' own code), look the
+hashes up in the prefix index (one round trip), call the strategy (the simulator's
+function) with every replica's load, count the request in flight at that moment, and
+proxy it. A replica that fails before answering is reported to the health checker and
+the request is retried once elsewhere; if nothing can take it, 503 with Retry-After.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import aiohttp
+from aiohttp import web
+
+from router import views
+from router.cluster import Cluster
+from router.metrics import RouterMetrics
+from router.settings import RouterSettings
+from router.strategies import RouterMemory, get_strategy
+from shared.httpkit import BODY_LIMIT
+from shared.index import make_index
+
+SETTINGS = web.AppKey("settings", RouterSettings)
+ROUTER = web.AppKey("router", object)
+
+
+class RouterState:
+    def __init__(self, settings: RouterSettings) -> None:
+        self.settings = settings
+        self.metrics = RouterMetrics()
+        self.index = make_index(settings.index if settings.index == "memory"
+                                else _with_cluster(settings.index, settings.cluster))
+        self.embedded = settings.index == "memory"
+        self.cluster = Cluster(settings, self.index, self.metrics)
+        self.metrics.cluster = self.cluster
+        self.strategy = get_strategy(settings.routing)
+        self.routing = settings.strategy_settings()
+        self.memory = RouterMemory()
+        self.rng = random.Random(settings.seed)
+        self.routed: dict[str, int] = {}
+
+
+def _with_cluster(url: str, cluster: str) -> str:
+    if "cluster=" in url:
+        return url
+    return url + ("&" if "?" in url else "?") + f"cluster={cluster}"
+
+
+async def background_ctx(app: web.Application):
+    state: RouterState = app[ROUTER]
+    conn = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30)
+    state.cluster.session = aiohttp.ClientSession(connector=conn, auto_decompress=False)
+    tasks = [asyncio.create_task(state.cluster.health_loop(), name="health")]
+    if state.embedded:
+        tasks.append(asyncio.create_task(state.cluster.feed_loop(), name="feeds"))
+    await asyncio.gather(*(state.cluster.check(r) for r in state.cluster.replicas), return_exceptions=True)
+    yield
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await state.cluster.session.close()
+    await state.index.close()
+
+
+def make_app(settings: RouterSettings) -> web.Application:
+    app = web.Application(middlewares=[views.errors_middleware], client_max_size=settings.max_body_bytes)
+    app[SETTINGS] = settings
+    app[ROUTER] = RouterState(settings)
+    app[BODY_LIMIT] = settings.max_body_bytes
+    app.cleanup_ctx.append(background_ctx)
+    views.add_routes(app)
+    return app

@@ -1,0 +1,161 @@
+"""The router's view of its replicas: health, load, and (embedded index) their event feeds.
+
+Each replica is known by the id it reports on ``/health``. A replica that fails its
+checks (``unhealthy_after`` in a row, or a refused connection) is taken out of routing
+and its index entries are cleared; it rejoins when a check passes again. A new epoch
+on ``/health`` means the replica restarted with an empty cache: its entries are cleared.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+import msgpack
+
+from router.settings import RouterSettings
+from router.strategies import ReplicaState
+from shared.index import EventBatch, IndexEvent, IndexUnavailable, MemoryIndex
+
+log = logging.getLogger("kvemu.router.cluster")
+
+
+@dataclass(slots=True)
+class ReplicaHandle:
+    url: str
+    state: ReplicaState  # what strategies read; replica_id is the URL until /health answers
+    epoch: str = ""
+    failures: int = 0
+    last_check: float = 0.0
+    health: dict = field(default_factory=dict)
+    top_sessions: list = field(default_factory=list)
+    feed_cursor: int = 0  # last event sequence number applied to the embedded index
+    feed_lag_events: int = 0
+    known: bool = False  # answered /health at least once
+
+    @property
+    def replica_id(self) -> str:
+        return self.state.replica_id
+
+
+class Cluster:
+    def __init__(self, settings: RouterSettings, index, metrics) -> None:
+        self.settings = settings
+        self.index = index
+        self.metrics = metrics
+        self.replicas = [ReplicaHandle(url.rstrip("/"), ReplicaState(url.rstrip("/"), healthy=False))
+                         for url in settings.replicas]
+        self.session: aiohttp.ClientSession | None = None
+        self._healthy_event = asyncio.Event()
+
+    def by_id(self, replica_id: str) -> ReplicaHandle | None:
+        for r in self.replicas:
+            if r.replica_id == replica_id:
+                return r
+        return None
+
+    def states(self) -> list[ReplicaState]:
+        return [r.state for r in self.replicas]
+
+    def healthy(self) -> list[ReplicaHandle]:
+        return [r for r in self.replicas if r.state.healthy]
+
+    # ---- health ---------------------------------------------------------------------
+    async def health_loop(self) -> None:
+        while True:
+            await asyncio.gather(*(self.check(r) for r in self.replicas), return_exceptions=True)
+            await asyncio.sleep(self.settings.health_interval_s)
+
+    async def check(self, rep: ReplicaHandle) -> None:
+        timeout = aiohttp.ClientTimeout(total=self.settings.health_timeout_s)
+        try:
+            async with self.session.get(rep.url + "/health", timeout=timeout) as resp:
+                body = await resp.json() if resp.status == 200 else None
+        except (aiohttp.ClientConnectorError, ConnectionRefusedError):
+            await self.mark_failed(rep, "connection refused", immediate=True)
+            return
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            body = None
+        if not body or body.get("status") != "ok":
+            await self.mark_failed(rep, "health check failed")
+            return
+        await self._mark_healthy(rep, body)
+
+    async def _mark_healthy(self, rep: ReplicaHandle, body: dict) -> None:
+        rid, epoch = str(body.get("replica_id", rep.url)), str(body.get("epoch", ""))
+        if rep.known and (rid != rep.replica_id or epoch != rep.epoch):
+            log.warning("replica %s restarted (epoch %s -> %s): clearing its index entries", rid, rep.epoch, epoch)
+            await self._clear(rep)
+            self.metrics.replica_restarts += 1
+        if not rep.known or rid != rep.replica_id:
+            rep.state.replica_id = rid
+        rep.epoch, rep.known, rep.failures = epoch, True, 0
+        rep.health, rep.last_check = body, time.monotonic()
+        rep.state.kv_usage = float(body.get("kv_usage", 0.0))
+        rep.state.capacity_blocks = int(body.get("capacity_blocks", 0))
+        if not rep.state.healthy:
+            log.info("replica %s at %s is healthy", rid, rep.url)
+            rep.state.healthy = True
+        self._healthy_event.set()
+
+    async def mark_failed(self, rep: ReplicaHandle, reason: str, immediate: bool = False) -> None:
+        rep.failures += 1
+        if rep.state.healthy and (immediate or rep.failures >= self.settings.unhealthy_after):
+            log.warning("replica %s at %s taken out: %s", rep.replica_id, rep.url, reason)
+            rep.state.healthy = False
+            self.metrics.replica_failures += 1
+            await self._clear(rep)
+
+    async def _clear(self, rep: ReplicaHandle) -> None:
+        rep.feed_cursor = 0
+        try:
+            await self.index.clear_replica(rep.replica_id)
+        except IndexUnavailable:
+            self.metrics.index_errors += 1  # a Redis index will see the epoch change or gap later
+
+    async def wait_healthy(self, timeout: float) -> bool:
+        try:
+            await asyncio.wait_for(self._healthy_event.wait(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    # ---- embedded index: poll each replica's event feed -----------------------------------
+    async def feed_loop(self) -> None:
+        while True:
+            busy = await asyncio.gather(*(self.poll_feed(r) for r in self.replicas if r.state.healthy),
+                                        return_exceptions=True)
+            more = any(b is True for b in busy)
+            await asyncio.sleep(0 if more else self.settings.poll_interval_s)
+
+    async def poll_feed(self, rep: ReplicaHandle) -> bool:
+        """Apply new batches; True when the replica has more waiting."""
+        url = f"{rep.url}/kv/events?after={rep.feed_cursor}&limit=512"
+        timeout = aiohttp.ClientTimeout(total=2.0)
+        try:
+            async with self.session.get(url, headers={"Accept": "application/msgpack"}, timeout=timeout) as resp:
+                if resp.status != 200:
+                    return False
+                feed = msgpack.unpackb(await resp.read(), raw=False)
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            return False
+        if feed.get("epoch") != rep.epoch:
+            return False  # the health loop handles restarts; do not mix two incarnations
+        applied_to = rep.feed_cursor
+        for b in feed.get("batches", []):
+            batch = EventBatch(rep.replica_id, rep.epoch, b["seq"],
+                               [IndexEvent(kind, tuple(hashes)) for kind, hashes in b["events"]])
+            result = self.index.apply_sync(batch)
+            self.metrics.events_applied += result.applied
+            self.metrics.event_gaps += int(result.reset == "gap")
+            applied_to = max(applied_to, batch.last_seq)
+        rep.feed_cursor = applied_to
+        rep.feed_lag_events = max(int(feed.get("next_seq", 1)) - 1 - applied_to, 0)
+        return rep.feed_lag_events > 0
+
+
+def make_embedded_index() -> MemoryIndex:
+    return MemoryIndex()

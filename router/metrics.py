@@ -1,0 +1,87 @@
+"""Router metrics: decisions by strategy and reason, index latency, predicted vs actual
+reuse, event lag and gaps, retries, per-replica load. Prometheus text on /metrics."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+disable_created_metrics()  # *_created series only add noise for scrapers
+
+LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
+
+
+class RouterMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.decisions = Counter("kvemu_router_decisions", "Routing decisions.", ["strategy", "reason"],
+                                 registry=self.registry)
+        self.index_latency = Histogram("kvemu_router_index_lookup_seconds", "Prefix index lookup latency.",
+                                       buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.requests = Counter("kvemu_router_requests", "Requests by outcome.", ["outcome"], registry=self.registry)
+        self.predicted_cached_tokens = 0
+        self.actual_cached_tokens = 0
+        self.prediction_abs_error_tokens = 0
+        self.predictions = 0
+        self.retries = 0
+        self.index_errors = 0
+        self.load_only_decisions = 0
+        self.events_applied = 0
+        self.event_gaps = 0
+        self.replica_failures = 0
+        self.replica_restarts = 0
+        self.cluster = None  # set by the app; read at scrape time
+        self.registry.register(_Collector(self))
+
+    def record_prediction(self, predicted_tokens: int, actual_tokens: int) -> None:
+        self.predictions += 1
+        self.predicted_cached_tokens += predicted_tokens
+        self.actual_cached_tokens += actual_tokens
+        self.prediction_abs_error_tokens += abs(predicted_tokens - actual_tokens)
+
+
+class _Collector:
+    def __init__(self, m: RouterMetrics) -> None:
+        self.m = m
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        m = self.m
+        for name, doc, value in (
+            ("kvemu_router_predicted_cached_tokens", "Cached tokens the index predicted.", m.predicted_cached_tokens),
+            ("kvemu_router_actual_cached_tokens", "Cached tokens replicas reported.", m.actual_cached_tokens),
+            ("kvemu_router_prediction_abs_error_tokens", "Sum of |predicted - actual| cached tokens.",
+             m.prediction_abs_error_tokens),
+            ("kvemu_router_retries", "Requests retried on another replica.", m.retries),
+            ("kvemu_router_index_errors", "Index lookups or clears that failed.", m.index_errors),
+            ("kvemu_router_load_only_decisions", "Cache-aware decisions made without the index.",
+             m.load_only_decisions),
+            ("kvemu_router_events_applied", "KV events applied to the embedded index.", m.events_applied),
+            ("kvemu_router_event_gaps", "Event sequence gaps detected (replica entries cleared).", m.event_gaps),
+            ("kvemu_router_replica_failures", "Replicas taken out by health checks.", m.replica_failures),
+            ("kvemu_router_replica_restarts", "Replica restarts detected (new epoch).", m.replica_restarts),
+        ):
+            yield CounterMetricFamily(name, doc, value=value)
+        if m.cluster is None:
+            return
+        fams = {
+            "in_flight": GaugeMetricFamily("kvemu_router_replica_in_flight", "Requests in flight per replica.",
+                                           labels=["replica_id"]),
+            "queued": GaugeMetricFamily("kvemu_router_replica_queued_tokens", "Prompt tokens routed, not done.",
+                                        labels=["replica_id"]),
+            "usage": GaugeMetricFamily("kvemu_router_replica_kv_usage", "KV usage reported by the replica.",
+                                       labels=["replica_id"]),
+            "healthy": GaugeMetricFamily("kvemu_router_replica_healthy", "1 when routable.", labels=["replica_id"]),
+            "lag": GaugeMetricFamily("kvemu_router_replica_event_lag", "Events published but not yet applied.",
+                                     labels=["replica_id"]),
+        }
+        for rep in m.cluster.replicas:
+            rid = [rep.replica_id]
+            fams["in_flight"].add_metric(rid, rep.state.in_flight)
+            fams["queued"].add_metric(rid, rep.state.queued_tokens)
+            fams["usage"].add_metric(rid, rep.state.kv_usage)
+            fams["healthy"].add_metric(rid, 1.0 if rep.state.healthy else 0.0)
+            fams["lag"].add_metric(rid, rep.feed_lag_events)
+        yield from fams.values()

@@ -1,0 +1,61 @@
+"""One frozen settings object for the router process, validated at start."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from router.strategies import RoutingSettings, get_strategy
+from shared.errors import InputError
+
+
+@dataclass(frozen=True, slots=True)
+class RouterSettings:
+    replicas: tuple[str, ...]
+    host: str = "127.0.0.1"
+    port: int = 8000
+    routing: str = "cache_aware"
+    index: str = "memory"  # or redis://host:port/db
+    cluster: str = "default"
+    block_size: int = 16
+    routing_settings: RoutingSettings | None = None
+    health_interval_s: float = 1.0
+    health_timeout_s: float = 1.0
+    unhealthy_after: int = 2  # consecutive failed checks (a refused connection counts at once)
+    poll_interval_s: float = 0.02  # embedded index: how often replicas' event feeds are read
+    index_timeout_s: float = 0.05  # a slower index lookup routes on load alone
+    request_timeout_s: float = 600.0
+    retries: int = 1
+    hotspot_factor: float = 1.5
+    max_body_bytes: int = 8 * 1024 * 1024
+    max_prompt_tokens: int = 1_048_576
+    max_output_tokens: int = 65_536
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.replicas:
+            raise InputError("replicas", "give at least one replica URL")
+        for url in self.replicas:
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.netloc:
+                raise InputError("replicas", f"expected http://host:port, got {url!r}")
+        if len(set(self.replicas)) != len(self.replicas):
+            raise InputError("replicas", "a replica URL is listed twice")
+        get_strategy(self.routing)
+        if not (0 <= self.port <= 65535):
+            raise InputError("port", f"must be 0-65535, got {self.port}")
+        if self.index != "memory" and not self.index.startswith(("redis://", "rediss://", "unix://")):
+            raise InputError("index", f"expected memory or redis://..., got {self.index!r}")
+        for name in ("health_interval_s", "health_timeout_s", "poll_interval_s", "index_timeout_s",
+                     "request_timeout_s", "hotspot_factor"):
+            if not getattr(self, name) > 0:
+                raise InputError(name, f"must be > 0, got {getattr(self, name)}")
+        for name in ("block_size", "unhealthy_after", "max_body_bytes", "max_prompt_tokens", "max_output_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise InputError(name, f"must be a positive integer, got {value!r}")
+        if not 0 <= self.retries <= 5:
+            raise InputError("retries", f"must be 0-5, got {self.retries}")
+
+    def strategy_settings(self) -> RoutingSettings:
+        return self.routing_settings or RoutingSettings(block_size=self.block_size)

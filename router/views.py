@@ -1,0 +1,214 @@
+"""Router handlers: proxy to the chosen replica (streaming passed through), /cluster, /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from router.strategies import NoHealthyReplica, RouteRequest
+from shared import protocol
+from shared.httpkit import BODY_LIMIT, errors_middleware, respond  # noqa: F401  (re-exported for app)
+from shared.index import IndexUnavailable
+
+_FORWARD_HEADERS = ("Content-Type", "Accept", "X-Session-Id", "Authorization")
+
+
+class ReplicaFailed(Exception):
+    """The replica did not answer (connection error, timeout, 5xx before any byte)."""
+
+
+def _state(request):
+    from router.app import ROUTER
+
+    return request.app[ROUTER]
+
+
+def _parse(request: web.Request, raw: bytes, settings) -> protocol.GenerateSpec:
+    obj = protocol.decode_body(raw, request.content_type or "")
+    limits = (settings.max_prompt_tokens, settings.max_output_tokens)
+    session = request.headers.get("X-Session-Id")
+    if request.path == "/generate":
+        return protocol.parse_generate(obj, settings.block_size, limits, session)
+    return protocol.parse_openai(obj, request.path.endswith("/chat/completions"), settings.block_size, limits,
+                                 session)
+
+
+async def _read_raw(request: web.Request) -> bytes:
+    limit = request.app[BODY_LIMIT]
+    if request.content_length is not None and request.content_length > limit:
+        from shared.errors import InputError
+
+        raise InputError("body", f"is {request.content_length} bytes; the limit is {limit}")
+    return await request.read()
+
+
+async def proxy(request: web.Request) -> web.StreamResponse:
+    state = _state(request)
+    raw = await _read_raw(request)
+    spec = _parse(request, raw, state.settings)
+    excluded: set[str] = set()
+    for attempt in range(state.settings.retries + 1):
+        try:
+            decision, rep = await _decide(state, spec, excluded)
+        except NoHealthyReplica:
+            break
+        rep.state.in_flight += 1  # counted at decision time, before the replica sees it
+        rep.state.queued_tokens += spec.prompt_tokens
+        state.routed[rep.replica_id] = state.routed.get(rep.replica_id, 0) + 1
+        try:
+            return await _forward(request, state, rep, raw, decision)
+        except ReplicaFailed as exc:
+            excluded.add(rep.replica_id)
+            await state.cluster.mark_failed(rep, str(exc), immediate=True)
+            if attempt < state.settings.retries:
+                state.metrics.retries += 1
+        finally:
+            rep.state.in_flight -= 1
+            rep.state.queued_tokens -= spec.prompt_tokens
+    state.metrics.requests.labels("unavailable").inc()
+    body = protocol.error_body(503, None, "no healthy replica could take the request; retry shortly")
+    return web.json_response(body, status=503, headers={"Retry-After": "1"})
+
+
+async def _decide(state, spec: protocol.GenerateSpec, excluded: set[str]):
+    overlap: dict[str, int] = {}
+    if state.settings.routing == "cache_aware" and spec.hashes:
+        t0 = time.perf_counter()
+        try:
+            overlap = await asyncio.wait_for(state.index.lookup(spec.hashes), state.settings.index_timeout_s)
+            state.metrics.index_latency.observe(time.perf_counter() - t0)
+        except (IndexUnavailable, asyncio.TimeoutError):
+            state.metrics.index_errors += 1
+            state.metrics.load_only_decisions += 1
+    replicas = [r for r in state.cluster.replicas if r.replica_id not in excluded]
+    decision = state.strategy([r.state for r in replicas],
+                              RouteRequest(spec.session, len(spec.hashes), spec.prompt_tokens), overlap,
+                              state.routing, state.rng, state.memory)
+    state.metrics.decisions.labels(state.settings.routing, decision.reason).inc()
+    rep = next(r for r in replicas if r.replica_id == decision.replica_id)
+    return decision, rep
+
+
+async def _forward(request: web.Request, state, rep, raw: bytes, decision) -> web.StreamResponse:
+    headers = {k: request.headers[k] for k in _FORWARD_HEADERS if k in request.headers}
+    timeout = aiohttp.ClientTimeout(total=state.settings.request_timeout_s)
+    try:
+        upstream = await state.cluster.session.post(rep.url + request.path, data=raw, headers=headers,
+                                                    timeout=timeout)
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        raise ReplicaFailed(f"{type(exc).__name__}: {exc}") from None
+    async with upstream:
+        if upstream.status >= 500:
+            raise ReplicaFailed(f"replica answered {upstream.status}")
+        _record_prediction(state, upstream, decision)
+        out_headers = {"Content-Type": upstream.headers.get("Content-Type", "application/json"),
+                       "X-Kvemu-Replica": rep.replica_id, "X-Kvemu-Route-Reason": decision.reason}
+        if upstream.headers.get("Content-Type", "").startswith("text/event-stream"):
+            return await _pass_stream(request, upstream, out_headers, state)
+        try:
+            body = await upstream.read()
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise ReplicaFailed(f"connection lost: {exc}") from None
+    state.metrics.requests.labels("ok" if upstream.status < 400 else "client_error").inc()
+    return web.Response(body=body, status=upstream.status, headers=out_headers)
+
+
+async def _pass_stream(request, upstream, out_headers: dict, state) -> web.StreamResponse:
+    resp = web.StreamResponse(status=upstream.status, headers={**out_headers, "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    try:
+        async for chunk in upstream.content.iter_any():
+            await resp.write(chunk)
+    except (aiohttp.ClientError, asyncio.TimeoutError):
+        # Too late to retry: tell the client in-band rather than end the stream silently.
+        await resp.write(b'data: {"error": {"message": "replica failed mid-stream", "code": 502}}\n\n')
+        state.metrics.requests.labels("failed_mid_stream").inc()
+        await resp.write_eof()
+        return resp
+    state.metrics.requests.labels("ok").inc()
+    await resp.write_eof()
+    return resp
+
+
+def _record_prediction(state, upstream, decision) -> None:
+    actual = upstream.headers.get("X-Kvemu-Cached-Tokens")
+    if actual is not None and actual.isdigit():
+        state.metrics.record_prediction(decision.predicted_cached_blocks * state.settings.block_size, int(actual))
+
+
+# ---- monitoring ------------------------------------------------------------------------
+async def health(request: web.Request) -> web.Response:
+    state = _state(request)
+    healthy = len(state.cluster.healthy())
+    status = 200 if healthy else 503
+    return web.json_response({"status": "ok" if healthy else "no_healthy_replica", "healthy_replicas": healthy,
+                              "replicas": len(state.cluster.replicas), "routing": state.settings.routing,
+                              "index": "memory" if state.embedded else "redis"}, status=status)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(body=generate_latest(_state(request).metrics.registry),
+                        headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def cluster_view(request: web.Request) -> web.Response:
+    state = _state(request)
+    await _refresh_footprints(state)
+    return respond(request, cluster_summary(state))
+
+
+def cluster_summary(state) -> dict:
+    reps = state.cluster.replicas
+    healthy = [r for r in reps if r.state.healthy]
+    factor = state.settings.hotspot_factor
+
+    def ratio(values):
+        mean = sum(values) / len(values) if values else 0.0
+        return (max(values) / mean if mean else 0.0), mean
+
+    load_ratio, load_mean = ratio([r.state.in_flight for r in healthy])
+    kv_ratio, kv_mean = ratio([r.health.get("kv_usage", 0.0) for r in healthy])
+    routed_ratio, routed_mean = ratio([state.routed.get(r.replica_id, 0) for r in healthy])
+    rows = []
+    for r in reps:
+        # Far above the mean, and by more than noise: a few requests do not make a hotspot.
+        checks = (("in_flight", r.state.in_flight, load_mean, 2), ("kv_usage", r.health.get("kv_usage", 0.0), kv_mean,
+                  0.05), ("routed", state.routed.get(r.replica_id, 0), routed_mean, 20))
+        reasons = [name for name, value, mean, floor in checks
+                   if r.state.healthy and mean and value > factor * mean and value - mean >= floor]
+        rows.append({"replica_id": r.replica_id, "url": r.url, "healthy": r.state.healthy,
+                     "in_flight": r.state.in_flight, "queued_tokens": r.state.queued_tokens,
+                     "kv_usage": r.health.get("kv_usage", 0.0), "running": r.health.get("running", 0),
+                     "waiting": r.health.get("waiting", 0), "routed": state.routed.get(r.replica_id, 0),
+                     "event_lag": r.feed_lag_events, "top_sessions": r.top_sessions,
+                     "hotspot": bool(reasons), "hotspot_reasons": reasons})
+    return {"routing": state.settings.routing, "replicas": rows, "healthy": len(healthy),
+            "imbalance": {"in_flight": load_ratio, "kv_usage": kv_ratio, "routed": routed_ratio},
+            "hotspot_factor": factor, "hotspots": [row["replica_id"] for row in rows if row["hotspot"]]}
+
+
+async def _refresh_footprints(state) -> None:
+    async def one(rep):
+        try:
+            async with state.cluster.session.get(rep.url + "/stats?top=5",
+                                                 timeout=aiohttp.ClientTimeout(total=1.0)) as resp:
+                if resp.status == 200:
+                    st = await resp.json()
+                    rep.top_sessions = st.get("top_sessions", [])
+                    rep.health["kv_usage"] = st.get("usage", rep.health.get("kv_usage", 0.0))
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            pass
+
+    await asyncio.gather(*(one(r) for r in state.cluster.replicas if r.state.healthy))
+
+
+def add_routes(app: web.Application) -> None:
+    for path in ("/v1/completions", "/v1/chat/completions", "/generate"):
+        app.router.add_post(path, proxy)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/cluster", cluster_view)

@@ -1,0 +1,75 @@
+"""HTTP plumbing shared by replica and router: JSON errors naming the field, body
+parsing (JSON or msgpack) under a size limit, msgpack-or-JSON responses, server timing."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import msgpack
+from aiohttp import web
+
+from shared import protocol
+from shared.errors import InputError, KvemuError, UnknownNameError
+
+BODY_LIMIT = web.AppKey("body_limit", int)
+REJECTIONS = web.AppKey("rejections", dict)  # field -> count of 4xx answers naming it
+
+
+# ---- middleware: every error is JSON naming the field; nothing escapes as a crash ------
+@web.middleware
+async def timing_middleware(request: web.Request, handler):
+    """Server-Timing header: wall time spent in the handler (the server-side overhead)."""
+    start = time.perf_counter()
+    resp = await handler(request)
+    if not resp.prepared:  # streamed responses have sent their headers already
+        resp.headers["Server-Timing"] = f"handler;dur={(time.perf_counter() - start) * 1000:.3f}"
+    return resp
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler):
+    try:
+        return await handler(request)
+    except InputError as exc:
+        rejections = request.app.get(REJECTIONS)
+        if rejections is not None:
+            key = exc.field.split("[")[0][:64]
+            if len(rejections) < 256 or key in rejections:  # bounded: field names come from clients
+                rejections[key] = rejections.get(key, 0) + 1
+        status = 413 if exc.field == "body" and "limit" in exc.message else 400
+        return web.json_response(protocol.error_body(status, exc.field, str(exc)), status=status)
+    except UnknownNameError as exc:
+        return web.json_response(protocol.error_body(400, exc.kind, str(exc)), status=400)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        field = "body" if exc.status == 413 else None
+        return web.json_response(protocol.error_body(exc.status, field, exc.reason or str(exc)), status=exc.status,
+                                 headers={k: v for k, v in exc.headers.items() if k.lower() in ("allow",)})
+    except KvemuError as exc:
+        return web.json_response(protocol.error_body(503, None, str(exc)), status=503, headers={"Retry-After": "1"})
+
+
+async def read_body(request: web.Request) -> dict:
+    limit = request.app[BODY_LIMIT]
+    if request.content_length is not None and request.content_length > limit:
+        raise InputError("body", f"is {request.content_length} bytes; the limit is {limit}")
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise InputError("body", f"exceeds the limit of {limit} bytes") from None
+    return protocol.decode_body(raw, request.content_type or "")
+
+
+def wants_msgpack(request: web.Request) -> bool:
+    accept = request.headers.get("Accept", "")
+    return protocol.MSGPACK in accept or (request.content_type == protocol.MSGPACK and "json" not in accept)
+
+
+def respond(request: web.Request, body: dict, status: int = 200) -> web.Response:
+    if wants_msgpack(request):
+        return web.Response(body=msgpack.packb(body), status=status, content_type=protocol.MSGPACK)
+    return web.Response(text=json.dumps(body, separators=(",", ":")), status=status, content_type="application/json")
+
+
