@@ -16,6 +16,9 @@ from shared.errors import KvemuError
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "gen": ("loadgen.gen_cmd", "generate a workload preset into a trace JSONL file"),
     "trace-stats": ("loadgen.stats_cmd", "summarise a trace: requests, blocks, reuse, sessions"),
+    "demo": ("kvemu.demo", "up + replay a short built-in workload + report, then shut down"),
+    "up": ("kvemu.up", "start a router and N replicas as local processes"),
+    "replay": ("loadgen.replay_cmd", "replay a trace or preset against a running cluster"),
     "router": ("router.cmd", "run the cache-aware router in front of replicas"),
     "replica": ("replica.cmd", "run one replica: an emulated GPU serving over HTTP"),
     "sim": ("loadgen.sim_cmd", "virtual-time run of policies x capacities over a trace or preset"),

@@ -130,6 +130,8 @@ class PoolMetrics:
             "tokens_hit": self.tokens_hit,
             "token_hit_ratio": self.tokens_hit / self.tokens_queried if self.tokens_queried else 0.0,
             "csr": self.cost_hit / self.cost_total if self.cost_total else 0.0,
+            "recompute_cost_total_s": self.cost_total,
+            "recompute_cost_saved_s": self.cost_hit,
             "inserted_blocks": self.inserted,
             "evictions": self.evictions,
             "one_hit_blocks": one_hit,

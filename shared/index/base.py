@@ -48,6 +48,8 @@ MAX_ID_LEN = 256
 MAX_WIRE_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_ENTRIES = 4_000_000
 DEFAULT_MAX_REPLICAS = 1024
+# Cluster-wide counters both backends report in stats().
+COUNTERS = ("batches", "applied_events", "duplicate_batches", "gaps", "epoch_changes", "dropped_entries")
 _WIRE_FIELDS = ("replica_id", "epoch", "seq", "events")
 _INT_ONLY = {int}
 
@@ -124,6 +126,11 @@ class EventBatch:
             if key not in obj:
                 raise InputError(key, "missing")
         return cls(obj["replica_id"], obj["epoch"], obj["seq"], obj["events"])
+
+
+def check_positive_int(field: str, value: Any) -> None:
+    if type(value) is not int or value < 1:
+        raise InputError(field, f"must be a positive integer, got {value!r}")
 
 
 def _check_text(field: str, value: Any) -> None:

@@ -14,12 +14,14 @@ from typing import Any, Sequence
 
 from shared.errors import InputError
 from shared.index.base import (
+    COUNTERS,
     DEFAULT_MAX_ENTRIES,
     DEFAULT_MAX_REPLICAS,
     ApplyResult,
     EventBatch,
     IndexEvent,
     ReplicaIndexState,
+    check_positive_int,
 )
 
 
@@ -41,9 +43,10 @@ class _Replica:
 class MemoryIndex:
     backend = "memory"
 
-    def __init__(self, max_entries: int = DEFAULT_MAX_ENTRIES, max_replicas: int = DEFAULT_MAX_REPLICAS) -> None:
-        _check_limit("max_entries", max_entries)
-        _check_limit("max_replicas", max_replicas)
+    def __init__(self, max_entries: int = DEFAULT_MAX_ENTRIES,
+                 max_replicas: int = DEFAULT_MAX_REPLICAS) -> None:
+        check_positive_int("max_entries", max_entries)
+        check_positive_int("max_replicas", max_replicas)
         self.max_entries = max_entries
         self.max_replicas = max_replicas
         self._table: dict[int, int] = {}  # block hash -> bitmask of replica slots
@@ -51,9 +54,7 @@ class MemoryIndex:
         self._names: list[str | None] = []  # slot -> replica id
         self._free: list[int] = []  # heap: reuse low slots so masks stay small ints
         self._entries = 0
-        self._counters = dict.fromkeys(
-            ("batches", "applied_events", "duplicate_batches", "gaps", "epoch_changes", "dropped_entries", "lookups"), 0
-        )
+        self._counters = dict.fromkeys((*COUNTERS, "lookups"), 0)
 
     # ---- async protocol ------------------------------------------------------------
     async def apply(self, batch: EventBatch) -> ApplyResult:
@@ -227,8 +228,3 @@ class MemoryIndex:
         else:
             del table[h]
         self._entries -= 1
-
-
-def _check_limit(field: str, value: Any) -> None:
-    if type(value) is not int or value < 1:
-        raise InputError(field, f"must be a positive integer, got {value!r}")

@@ -23,21 +23,21 @@ from redis.exceptions import RedisError
 from shared.errors import InputError
 from shared.index import scripts
 from shared.index.base import (
+    COUNTERS,
     DEFAULT_MAX_ENTRIES,
     DEFAULT_MAX_REPLICAS,
     ApplyResult,
     EventBatch,
     IndexUnavailable,
     ReplicaIndexState,
+    check_positive_int,
 )
-from shared.index.memory import _check_limit
 
 _CLUSTER_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _KIND_CODE = {"stored": "s", "removed": "r", "cleared": "c"}
-_COUNTERS = ("batches", "applied_events", "duplicate_batches", "gaps", "epoch_changes", "dropped_entries")
-# Unlinking of cleared generations done by each apply even when the index is not full,
-# so garbage drains while traffic flows; clear_replica drains in chunks of _DRAIN_CHUNK.
-_GC_CHUNK = 256
+# Retired entries each apply unlinks even when the index is not full, so garbage drains
+# while traffic flows; clear_replica drains in chunks of _DRAIN_CHUNK.
+GC_CHUNK = 256
 _DRAIN_CHUNK = 4096
 
 
@@ -84,16 +84,17 @@ class RedisIndex:
     backend = "redis"
 
     def __init__(self, url: str, *, cluster: str = "default", max_entries: int = DEFAULT_MAX_ENTRIES,
-                 max_replicas: int = DEFAULT_MAX_REPLICAS, pool_size: int = 16, timeout: float = 5.0) -> None:
+                 max_replicas: int = DEFAULT_MAX_REPLICAS, pool_size: int = 16, timeout: float = 5.0,
+                 gc_chunk: int = GC_CHUNK) -> None:
         if not isinstance(cluster, str) or not _CLUSTER_RE.fullmatch(cluster):
             raise InputError("cluster", f"must be 1-64 of [A-Za-z0-9_.-], got {cluster!r}")
-        _check_limit("max_entries", max_entries)
-        _check_limit("max_replicas", max_replicas)
+        check_positive_int("max_entries", max_entries)
+        check_positive_int("max_replicas", max_replicas)
         if max_replicas > scripts.MAX_SLOTS:
             raise InputError("max_replicas", f"the Redis index supports at most {scripts.MAX_SLOTS}")
-        _check_limit("pool_size", pool_size)
-        if not isinstance(url, str) or urlsplit(url).scheme not in ("redis", "rediss", "unix"):
-            raise InputError("url", f"expected redis://host:port/db, rediss:// or unix://, got {url!r}")
+        check_positive_int("pool_size", pool_size)
+        check_positive_int("gc_chunk", gc_chunk)
+        _check_url(url)
         self.url = url
         self.safe_url = _redact(url)
         self.cluster = cluster
@@ -102,6 +103,7 @@ class RedisIndex:
         self.max_replicas = max_replicas
         self.pool_size = pool_size
         self.timeout = timeout
+        self.gc_chunk = gc_chunk
         self._pool: aioredis.BlockingConnectionPool | None = None
         self._client: aioredis.Redis | None = None
         self._scripts: dict[str, Any] = {}
@@ -109,7 +111,7 @@ class RedisIndex:
 
     # ---- protocol -----------------------------------------------------------------------
     async def apply(self, batch: EventBatch) -> ApplyResult:
-        args: list[Any] = [self.prefix, self.max_entries, _GC_CHUNK, self.max_replicas,
+        args: list[Any] = [self.prefix, self.max_entries, self.gc_chunk, self.max_replicas,
                            batch.replica_id, batch.epoch, batch.seq, len(batch.events)]
         for ev in batch.events:
             args.append(_KIND_CODE[ev.kind])
@@ -169,7 +171,7 @@ class RedisIndex:
                                "replicas": replicas, "entries": int(entries or 0) - garbage,
                                "gc_pending_entries": garbage,
                                "max_entries": self.max_entries, "max_replicas": self.max_replicas}
-        out.update({name: int(counters.get(name, 0)) for name in _COUNTERS})
+        out.update({name: int(counters.get(name, 0)) for name in COUNTERS})
         out["lookups"] = self._lookups  # this process's, not the cluster's
         return out
 
@@ -197,6 +199,17 @@ class RedisIndex:
         # register_script: EVALSHA, with SCRIPT LOAD on NOSCRIPT (e.g. after a restart).
         self._scripts = {name: self._client.register_script(getattr(scripts, name.upper()))
                          for name in ("apply", "lookup", "forget", "collect", "state")}
+
+
+def _check_url(url: Any) -> None:
+    try:
+        parts = urlsplit(url) if isinstance(url, str) else None
+        ok = parts is not None and parts.scheme in ("redis", "rediss", "unix")
+        _ = ok and parts.port  # raises ValueError on a malformed port
+    except ValueError:
+        ok = False
+    if not ok:
+        raise InputError("url", f"expected redis://host:port/db, rediss:// or unix://, got {url!r}")
 
 
 def _hex(hashes) -> str:

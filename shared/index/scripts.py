@@ -2,43 +2,49 @@
 
 Key layout, all under ``P = kvemu:<cluster>:`` (hashes as 16 hex digits):
 
-    P held:<slot>      SET of hashes the replica in that slot holds: the truth
-    P b:<hash>         SET of slot numbers that may hold the block (small integers, so
-                       Redis keeps it a compact intset): a superset of the truth, used
-                       to find candidates; stale members wait for gc()
+    P b:<hash>         STRING bitmap, bit <slot> set if that replica holds the block
+                       (2 bytes for 16 replicas); deleted when no bit is left
+    P held:<slot>      SET of hashes the replica in that slot holds: the ground truth
     P r:<replica_id>   HASH epoch, last_seq, slot, synced and per-replica counters
     P replicas         HASH replica_id -> slot       P slots   HASH slot -> replica_id
     P free             LIST of free slots            P next_slot  counter
     P entries          (hash, replica) pairs stored, garbage included: the bound
     P garbage          how many of those belong to retired held sets
+    P dirty            HASH slot -> retired entries of that slot not yet unlinked
     P gcq              LIST of "slot:n" retired held sets awaiting unlinking
     P gc:<slot>:<n>    a retired held set (n from the P gcseq counter)
     P stats            HASH cluster-wide counters
 
-Lookup: candidates are the slots in ``b:<first hash>``; each candidate's prefix length
-comes from SMISMEMBER on its held set over doubling chunks of the prompt, stopping at
-the first miss.
-So a lookup costs about 2 + candidates commands inside one script, whatever the number
-of replicas, and it reads only ``held:`` sets for its answer, so stale ``b:`` members can
-never produce a false hit.
+Lookup: MGET the prompt's bitmaps (chunks doubling from 8, stopping once no candidate is
+left) and AND them in Lua; a replica's prefix length is where its bit first drops out.
+That is ~3 commands for a 64-block prompt whatever the number of replicas.
 
 Clearing a replica (restart, gap, ``cleared`` event, ``clear_replica``) renames its held
-set onto the GC queue: O(1), atomic, and the replica's view is empty at once.  gc()
-unlinks the retired ``b:`` members a bounded chunk at a time in later calls, so no call
-walks the keyspace or a whole replica.  Keys are built inside the scripts, so this needs
-a standalone Redis (or one Cluster shard), not Redis Cluster.
+set onto the GC queue: O(1) and atomic.  Its bits in ``b:`` keys stay set until gc()
+unlinks them, a bounded chunk at a time in later calls, so no call walks the keyspace or
+a whole replica.  Meanwhile the slot is listed in ``dirty`` and lookup checks a dirty
+slot's answer against its held set, so stale bits never produce a false hit.  Keys are
+built inside the scripts, so this needs a standalone Redis (or one Cluster shard), not
+Redis Cluster.
 """
 
 from __future__ import annotations
 
 MAX_SLOTS = 4096
-LOOKUP_FIRST_CHUNK = 16
+LOOKUP_FIRST_CHUNK = 8
 LOOKUP_MAX_CHUNK = 256
 
 _PRELUDE = """
 local P = ARGV[1]
 -- Lua counts in doubles; %d formatting keeps integers from turning into 1e+15 strings.
 local function fmt(x) return string.format('%d', x) end
+
+-- Clear a slot's bit for a block; drop the bitmap once empty so keys do not pile up.
+local function unset(h, slot)
+  local key = P .. 'b:' .. h
+  redis.call('SETBIT', key, slot, 0)
+  if redis.call('BITCOUNT', key) == 0 then redis.call('DEL', key) end
+end
 
 -- Unlink up to `budget` entries of retired held sets; returns how many.
 local function gc(budget)
@@ -48,11 +54,13 @@ local function gc(budget)
     if not item then break end
     local slot = string.sub(item, 1, string.find(item, ':', 1, true) - 1)
     local gkey, held = P .. 'gc:' .. item, P .. 'held:' .. slot
-    for _, h in ipairs(redis.call('SPOP', gkey, budget - done)) do
-      -- The slot's current occupant may hold the block again: the member is then its own.
-      if redis.call('SISMEMBER', held, h) == 0 then redis.call('SREM', P .. 'b:' .. h, slot) end
-      done = done + 1
+    local hs = redis.call('SPOP', gkey, budget - done)
+    for _, h in ipairs(hs) do
+      -- The slot's current occupant may hold the block again: the bit is then its own.
+      if redis.call('SISMEMBER', held, h) == 0 then unset(h, slot) end
     end
+    done = done + #hs
+    if redis.call('HINCRBY', P .. 'dirty', slot, -#hs) <= 0 then redis.call('HDEL', P .. 'dirty', slot) end
     if redis.call('EXISTS', gkey) == 0 then redis.call('LPOP', q) end
   end
   if done > 0 then redis.call('DECRBY', P .. 'garbage', done) end
@@ -68,6 +76,7 @@ local function retire(slot)
     redis.call('RENAME', held, P .. 'gc:' .. item)
     redis.call('RPUSH', P .. 'gcq', item)
     redis.call('INCRBY', P .. 'garbage', blocks)
+    redis.call('HINCRBY', P .. 'dirty', slot, blocks)
   end
   return blocks
 end
@@ -128,7 +137,7 @@ for e = 1, n do
       local h = string.sub(blob, 16 * j - 15, 16 * j)
       if entries < max_entries then
         if redis.call('SADD', held, h) == 1 then
-          redis.call('SADD', P .. 'b:' .. h, slot)
+          redis.call('SETBIT', P .. 'b:' .. h, slot, 1)
           entries = entries + 1
         end
       elseif redis.call('SISMEMBER', held, h) == 0 then
@@ -139,7 +148,7 @@ for e = 1, n do
     for j = 1, cnt do
       local h = string.sub(blob, 16 * j - 15, 16 * j)
       if redis.call('SREM', held, h) == 1 then
-        redis.call('SREM', P .. 'b:' .. h, slot)
+        unset(h, slot)
         entries = entries - 1
       end
     end
@@ -165,34 +174,76 @@ return {reset, applied, dropped, synced and 1 or 0}
 # Returns {replica_id, prefix_length, ...} for lengths > 0.
 LOOKUP = """
 local P, blob, FIRST, MAXCHUNK = ARGV[1], ARGV[2], %d, %d
+local band = bit.band
 local last = #blob / 16
 if last < 1 then return {} end
 local hs = {}
 for j = 1, last do hs[j] = string.sub(blob, 16 * j - 15, 16 * j) end
-local found, lengths = {}, {}
-for _, slot in ipairs(redis.call('SMEMBERS', P .. 'b:' .. hs[1])) do
-  -- Chunks double from FIRST: a short match costs few checks, a long one few calls.
-  local held, len, pos, chunk = P .. 'held:' .. slot, 0, 1, FIRST
-  while pos <= last do
-    local hit = redis.call('SMISMEMBER', held, unpack(hs, pos, math.min(pos + chunk - 1, last)))
-    local k = 1
-    while hit[k] == 1 do k = k + 1 end
-    len = len + k - 1
-    if k <= #hit then break end
-    pos = pos + chunk
-    chunk = math.min(chunk * 2, MAXCHUNK)
-  end
-  if len > 0 then
-    found[#found + 1] = slot
-    lengths[#lengths + 1] = len
+
+-- cand: byte index -> bits of the slots still matching; SETBIT numbers bits from the MSB.
+local cand, active, found = nil, 0, {}
+local function drop(j, bits, n)
+  for b = 0, 7 do
+    if band(bits, 128 / 2 ^ b) ~= 0 then found[#found + 1] = {(j - 1) * 8 + b, n} end
   end
 end
+local pos, chunk, prev = 1, FIRST, nil
+while pos <= last and (cand == nil or active > 0) do
+  local stop, keys = math.min(pos + chunk - 1, last), {}
+  for k = pos, stop do keys[#keys + 1] = P .. 'b:' .. hs[k] end
+  local vals = redis.call('MGET', unpack(keys))
+  for k = 1, #vals do
+    local v, i = vals[k] or '', pos + k - 1
+    -- Lua strings are interned, so this compare is O(1); consecutive blocks usually
+    -- have the same holders, and then the candidates cannot change.
+    if v == prev then
+    elseif cand == nil then
+      cand = {}
+      for j = 1, #v do
+        local c = string.byte(v, j)
+        if c ~= 0 then cand[j], active = c, active + 1 end
+      end
+      if active == 0 then return {} end
+    else
+      for j, c in pairs(cand) do
+        local nb = band(c, string.byte(v, j) or 0)
+        if nb ~= c then
+          drop(j, c - nb, i - 1)
+          if nb == 0 then cand[j], active = nil, active - 1 else cand[j] = nb end
+        end
+      end
+      if active == 0 then break end
+    end
+    prev = v
+  end
+  pos, chunk = stop + 1, math.min(chunk * 2, MAXCHUNK)
+end
+for j, c in pairs(cand) do drop(j, c, last) end
 if #found == 0 then return {} end
-local names = redis.call('HMGET', P .. 'slots', unpack(found))
+
+local slots = {}
+for k, f in ipairs(found) do slots[k] = string.format('%%d', f[1]) end
+local dirty = redis.call('HMGET', P .. 'dirty', unpack(slots))
+local names = redis.call('HMGET', P .. 'slots', unpack(slots))
 local out = {}
-for k = 1, #found do
-  out[#out + 1] = names[k]
-  out[#out + 1] = lengths[k]
+for k, f in ipairs(found) do
+  local n = f[2]
+  if dirty[k] then
+    -- Retired bits of this slot may linger: count only what its held set confirms.
+    local held, upto = P .. 'held:' .. slots[k], n
+    n = 0
+    while n < upto do
+      local hit = redis.call('SMISMEMBER', held, unpack(hs, n + 1, math.min(n + MAXCHUNK, upto)))
+      local m = 0
+      while hit[m + 1] == 1 do m = m + 1 end
+      n = n + m
+      if m < #hit then break end
+    end
+  end
+  if n > 0 and names[k] then
+    out[#out + 1] = names[k]
+    out[#out + 1] = n
+  end
 end
 return out
 """ % (LOOKUP_FIRST_CHUNK, LOOKUP_MAX_CHUNK)

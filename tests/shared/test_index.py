@@ -46,7 +46,7 @@ def batch(rid: str, seq: int, *events: IndexEvent, epoch: str = "e1") -> EventBa
 def make(request):
     """A factory of fresh indexes of one backend; Redis ones share a per-test cluster."""
     if request.param == "memory":
-        return MemoryIndex
+        return lambda gc_chunk=None, **kw: MemoryIndex(**kw)  # gc_chunk: a Redis-only knob
     server = request.getfixturevalue("redis_server")
     cluster = f"t{uuid.uuid4().hex[:12]}"
     return lambda **kw: RedisIndex(server.url, cluster=cluster, **kw)
@@ -247,18 +247,22 @@ def test_accepts_block_pool_events(make):
     run(make, body)
 
 
-def test_random_event_streams_match_a_reference_model(make):
-    """Random stored/removed/cleared streams, restarts and lost batches: the index must
-    agree with a per-replica set model (each loss clears the replica in both)."""
+@pytest.mark.parametrize("seed", [7, 8])
+def test_random_event_streams_match_a_reference_model(make, seed):
+    """Random stored/removed/cleared streams, restarts, lost batches and forgotten
+    replicas: the index must agree with a per-replica set model (each loss clears the
+    replica in both).  Redis unlinks one retired entry per batch here, so lookups run
+    while stale bits linger."""
+    names = "ABCDEFGHIJKL"  # 12 replicas: bitmaps span two bytes
 
     async def body(idx):
-        rng = random.Random(7)
+        rng = random.Random(seed)
         universe = [rng.getrandbits(64) for _ in range(40)]
-        model: dict[str, set[int]] = {r: set() for r in "ABCD"}
-        seqs = dict.fromkeys("ABCD", 0)
-        epochs = dict.fromkeys("ABCD", 0)
-        for _ in range(300):
-            rid = rng.choice("ABCD")
+        model: dict[str, set[int]] = {r: set() for r in names}
+        seqs = dict.fromkeys(names, 0)
+        epochs = dict.fromkeys(names, 0)
+        for _ in range(400):
+            rid = rng.choice(names)
             roll = rng.random()
             if roll < 0.05:  # restart
                 epochs[rid] += 1
@@ -266,6 +270,9 @@ def test_random_event_streams_match_a_reference_model(make):
                 model[rid] = set()
             elif roll < 0.1:  # a batch is lost
                 seqs[rid] += 1
+                model[rid] = set()
+            elif roll < 0.13:  # the router forgets it; it later reappears mid-stream
+                await idx.clear_replica(rid)
                 model[rid] = set()
             events = []
             for _ in range(rng.randint(0, 3)):
@@ -286,7 +293,7 @@ def test_random_event_streams_match_a_reference_model(make):
         assert {r: s.blocks for r, s in reps.items()} == {r: len(m) for r, m in model.items() if r in reps}
         assert (await idx.stats())["entries"] == sum(len(m) for m in model.values())
 
-    run(make, body)
+    run(make, body, gc_chunk=1)
 
 
 def _expected(model: dict[str, set[int]], prompt: list[int]) -> dict[str, int]:
@@ -472,6 +479,66 @@ def test_redis_unavailable_is_a_clear_error_and_recovers(private_redis):
             await idx.close()
 
     asyncio.run(main())
+
+
+def test_redis_stale_bits_never_answer(redis_server):
+    async def main():
+        idx = RedisIndex(redis_server.url, cluster=f"t{uuid.uuid4().hex[:12]}", gc_chunk=1)
+        try:
+            prompt = [random.getrandbits(64) for _ in range(50)]
+            await idx.apply(batch("A", 0, ev("stored", *prompt)))
+            await idx.apply(batch("B", 0, ev("stored", *prompt[:10])))
+            await idx.apply(batch("A", 1, ev("cleared"), ev("stored", *prompt[:5])))
+            assert (await idx.stats())["gc_pending_entries"] == 50  # A's old bits are all still set
+            assert await idx.lookup(prompt) == {"A": 5, "B": 10}
+            await idx.apply(batch("A", 3, ev("removed", prompt[0])))
+            assert await idx.lookup(prompt) == {"B": 10}
+            assert (await idx.stats())["gc_pending_entries"] == 49
+        finally:
+            await idx.close()
+
+    asyncio.run(main())
+
+
+def test_redis_timeout_is_unavailable_then_recovers(private_redis):
+    async def main():
+        idx = RedisIndex(private_redis.url, cluster="slow", timeout=0.3)
+        admin = redis.Redis.from_url(private_redis.url)
+        try:
+            await idx.apply(batch("A", 0, ev("stored", H1)))
+            admin.execute_command("CLIENT", "PAUSE", 1500, "ALL")  # the real server stops replying
+            with pytest.raises(IndexUnavailable) as e:
+                await idx.lookup([H1])
+            assert "no reply within 0.3s" in str(e.value) and private_redis.url in str(e.value)
+            admin.execute_command("CLIENT", "UNPAUSE")
+            assert await idx.lookup([H1]) == {"A": 1}
+        finally:
+            admin.close()
+            await idx.close()
+
+    asyncio.run(main())
+
+
+def test_redis_concurrent_calls_share_a_small_pool(redis_server):
+    async def main():
+        idx = RedisIndex(redis_server.url, cluster=f"t{uuid.uuid4().hex[:12]}", pool_size=2)
+        try:
+            prompts = [[random.getrandbits(64) for _ in range(8)] for _ in range(32)]
+            await asyncio.gather(*(idx.apply(batch(f"r{i}", 0, ev("stored", *p[: i % 8 + 1])))
+                                   for i, p in enumerate(prompts)))
+            got = await asyncio.gather(*(idx.lookup(p) for p in prompts))
+            assert got == [{f"r{i}": i % 8 + 1} for i in range(32)]
+        finally:
+            await idx.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("url", ["http://x", "redis://h:notaport/0", 5])
+def test_redis_bad_url_is_an_input_error(url):
+    with pytest.raises(InputError) as e:
+        RedisIndex(url)
+    assert e.value.field == "url"
 
 
 def test_redis_url_password_is_not_shown():

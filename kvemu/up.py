@@ -1,0 +1,267 @@
+"""``kvemu up``: a router and N replicas as local processes, stopped together.
+
+Children run in their own process group with PR_SET_PDEATHSIG, so they die with this
+process even if it is killed with SIGKILL; on Ctrl-C or SIGTERM every child gets SIGTERM
+(in-flight requests finish), then SIGKILL after a grace period. No orphans.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+
+from shared.errors import InputError, KvemuError
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:  # not Linux: the parent's signal handlers still stop the children
+        pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Child:
+    name: str
+    args: list[str]
+    url: str = ""
+    proc: subprocess.Popen | None = None
+
+
+@dataclass
+class Cluster:
+    """The running processes; ``stop()`` is idempotent."""
+
+    children: list[Child] = field(default_factory=list)
+    router_url: str = ""
+    replica_urls: list[str] = field(default_factory=list)
+    redis_url: str | None = None
+    tmpdir: str | None = None
+
+    def start(self, child: Child, log_dir: str) -> None:
+        log = open(os.path.join(log_dir, f"{child.name}.log"), "ab")
+        child.proc = subprocess.Popen(child.args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                      preexec_fn=_die_with_parent)
+        self.children.append(child)
+
+    def stop(self, grace: float = 15.0) -> None:
+        alive = [c for c in self.children if c.proc and c.proc.poll() is None]
+        # Router first, so no new requests reach replicas that are draining.
+        for c in sorted(alive, key=lambda c: c.name != "router"):
+            c.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for c in alive:
+            try:
+                c.proc.wait(max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                c.proc.kill()
+                c.proc.wait()
+
+    def dead(self) -> list[Child]:
+        return [c for c in self.children if c.proc and c.proc.poll() is not None]
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=1.0) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+def wait_healthy(cluster: Cluster, urls: list[str], timeout: float, log_dir: str) -> None:
+    deadline = time.monotonic() + timeout
+    pending = list(urls)
+    while pending and time.monotonic() < deadline:
+        for c in cluster.dead():
+            tail = _tail(os.path.join(log_dir, f"{c.name}.log"))
+            raise KvemuError(f"{c.name} exited with code {c.proc.returncode} during start-up:\n{tail}")
+        pending = [u for u in pending if not _healthy(u)]
+        if pending:
+            time.sleep(0.1)
+    if pending:
+        raise KvemuError(f"not healthy after {timeout:.0f} s: {', '.join(pending)} (logs in {log_dir})")
+
+
+def _tail(path: str, lines: int = 12) -> str:
+    try:
+        with open(path, "rb") as fh:
+            return b"\n".join(fh.read().splitlines()[-lines:]).decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def start_redis(log_dir: str) -> tuple[Child, str]:
+    exe = shutil.which("redis-server")
+    if exe is None:
+        raise KvemuError("--index redis needs redis-server on PATH (Debian/Ubuntu: apt-get install redis-server),"
+                         " or pass --index redis://host:port/0 for a Redis you run yourself")
+    port = free_port()
+    child = Child("redis", [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                            "--dir", log_dir])
+    return child, f"redis://127.0.0.1:{port}/0"
+
+
+def replica_args(i: int, port: int, a, index: str | None) -> list[str]:
+    args = [sys.executable, "-m", "replica", "--port", str(port), "--replica-id", f"replica-{i}",
+            "--policy", a.policy, "--model", a.model, "--gpu", a.gpu, "--block-size", str(a.block_size),
+            "--time-scale", str(a.time_scale), "--hit-mode", a.hit_mode]
+    args += ["--capacity-blocks", str(a.capacity_blocks)] if a.capacity_blocks else ["--capacity-gib",
+                                                                                      str(a.capacity_gib)]
+    if index:
+        args += ["--index", index, "--cluster", a.cluster]
+    if a.admin_token:
+        args += ["--admin-token", a.admin_token]
+    return args
+
+
+def bring_up(a, log_dir: str | None = None, quiet: bool = False) -> Cluster:
+    """Start everything and wait for health; on failure stop what started and raise."""
+    log_dir = log_dir or tempfile.mkdtemp(prefix="kvemu-up-")
+    cluster = Cluster(tmpdir=log_dir)
+    try:
+        index = _index_for(a, cluster, log_dir)
+        for i in range(a.replicas):
+            port = a.replica_base_port + i if a.replica_base_port else free_port()
+            url = f"http://127.0.0.1:{port}"
+            cluster.start(Child(f"replica-{i}", replica_args(i, port, a, index if index != "memory" else None),
+                                url), log_dir)
+            cluster.replica_urls.append(url)
+        router_port = a.port or free_port()
+        cluster.router_url = f"http://127.0.0.1:{router_port}"
+        router = [sys.executable, "-m", "router", "--port", str(router_port), "--replicas",
+                  ",".join(cluster.replica_urls), "--routing", a.routing, "--index", index, "--cluster", a.cluster,
+                  "--block-size", str(a.block_size)]
+        for pair in a.set or ():
+            router += ["--set", pair]
+        cluster.start(Child("router", router, cluster.router_url), log_dir)
+        wait_healthy(cluster, cluster.replica_urls + [cluster.router_url], a.start_timeout, log_dir)
+        _wait_router_sees_all(cluster.router_url, a.replicas, a.start_timeout)
+    except BaseException:
+        cluster.stop(grace=3.0)
+        raise
+    return cluster
+
+
+def _index_for(a, cluster: Cluster, log_dir: str) -> str:
+    if a.index == "memory":
+        return "memory"
+    if a.index == "redis":
+        child, url = start_redis(log_dir)
+        cluster.start(child, log_dir)
+        cluster.redis_url = url
+        _wait_port(url)
+        return url
+    if a.index.startswith(("redis://", "rediss://")):
+        return a.index
+    raise InputError("--index", f"expected memory, redis or redis://host:port/db, got {a.index!r}")
+
+
+def _wait_port(url: str, timeout: float = 10.0) -> None:
+    host, port = url.split("//")[1].split("/")[0].split(":")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((host, int(port)), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise KvemuError(f"redis-server did not start on {url}")
+
+
+def _wait_router_sees_all(router_url: str, n: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(router_url + "/health", timeout=1.0) as resp:
+                if json.load(resp).get("healthy_replicas") == n:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+
+
+def add_cluster_args(p: argparse.ArgumentParser, replicas: int = 4) -> None:
+    p.add_argument("--replicas", type=int, default=replicas)
+    p.add_argument("--policy", default="lru")
+    cap = p.add_mutually_exclusive_group()
+    cap.add_argument("--capacity-blocks", type=int, default=None)
+    cap.add_argument("--capacity-gib", type=float, default=None)
+    p.add_argument("--model", default="qwen3-coder-30b-a3b")
+    p.add_argument("--gpu", default="h200")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--hit-mode", default="holes", choices=["prefix", "holes"])
+    p.add_argument("--routing", default="cache_aware")
+    p.add_argument("--index", default="memory", help="memory, redis (a private redis-server) or redis://host:port/db")
+    p.add_argument("--cluster", default="default")
+    p.add_argument("--time-scale", type=float, default=1.0)
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="router routing setting")
+    p.add_argument("--admin-token", default=None)
+    p.add_argument("--start-timeout", type=float, default=30.0)
+    p.add_argument("--replica-base-port", type=int, default=0, help="replica i listens on BASE+i (default: free ports)")
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    add_cluster_args(p)
+    p.add_argument("--port", type=int, default=8000, help="router port")
+
+
+def validate(a) -> None:
+    if a.replicas <= 0 or a.replicas > 64:
+        raise InputError("--replicas", f"must be 1-64, got {a.replicas}")
+    if a.capacity_blocks is None and a.capacity_gib is None:
+        a.capacity_blocks = 20_000
+    from replica.policies import policy_class
+    from router.strategies import get_strategy
+
+    policy_class(a.policy)
+    get_strategy(a.routing)
+
+
+def run(a) -> int:
+    validate(a)
+    stop = {"now": False}
+
+    def on_signal(signum, frame):
+        stop["now"] = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    cluster = bring_up(a)
+    try:
+        print(f"router   {cluster.router_url}")
+        for i, url in enumerate(cluster.replica_urls):
+            print(f"replica-{i} {url}")
+        if cluster.redis_url:
+            print(f"redis    {cluster.redis_url}")
+        print(f"logs     {cluster.tmpdir}")
+        print("press Ctrl-C to stop", flush=True)
+        while not stop["now"]:
+            dead = cluster.dead()
+            if dead:
+                print(f"error: {dead[0].name} exited with code {dead[0].proc.returncode}; stopping", file=sys.stderr)
+                return 1
+            time.sleep(0.2)
+    finally:
+        cluster.stop()
+        print("stopped", file=sys.stderr)
+    return 0

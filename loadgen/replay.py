@@ -1,0 +1,175 @@
+"""Replay a trace against a running cluster: open loop in time, causal within a session.
+
+Turn 0 of a session leaves at its trace time divided by the speed-up; turn j+1 leaves
+only after turn j's answer, plus turn j+1's trace gap divided by the speed-up. Requests
+go to ``/generate`` as msgpack with the trace's block hashes, so the cluster sees exactly
+the trace's blocks. Connections are bounded; every request yields one record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+
+import aiohttp
+import msgpack
+
+from loadgen.trace import Trace, TraceRequest
+from shared.histogram import LogHistogram
+
+
+@dataclass(slots=True)
+class Record:
+    session: str
+    turn: int
+    status: int
+    replica: str
+    prompt_tokens: int
+    cached_tokens: int
+    prompt_blocks: int
+    cached_blocks: int
+    ttft_s: float  # emulated
+    e2e_s: float  # emulated
+    wall_s: float
+    sent_at_s: float
+    error: str = ""
+
+
+class Progress:
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total, self.enabled = total, enabled
+        self.tty = sys.stderr.isatty()  # a live bar on a terminal, a line every 5 s in a log
+        self.done = self.failed = 0
+        self.start = self.last = time.monotonic()
+
+    def tick(self, ok: bool) -> None:
+        self.done += 1
+        self.failed += 0 if ok else 1
+        now = time.monotonic()
+        every = 0.5 if self.tty else 5.0
+        if self.enabled and (now - self.last > every or self.done == self.total):
+            self.last = now
+            width = 30
+            filled = int(width * self.done / self.total) if self.total else width
+            line = (f"replay [{'#' * filled}{'.' * (width - filled)}] {self.done:,}/{self.total:,}"
+                    f" failed {self.failed} {now - self.start:5.1f}s")
+            if self.tty:
+                sys.stderr.write("\r" + line + ("\n" if self.done == self.total else ""))
+            else:
+                sys.stderr.write(line + "\n")
+            sys.stderr.flush()
+
+
+def sessions_of(trace: Trace, max_requests: int | None) -> dict[str, list[TraceRequest]]:
+    chosen = trace.requests[:max_requests] if max_requests else trace.requests
+    by: dict[str, list[TraceRequest]] = defaultdict(list)
+    for r in chosen:
+        by[r.session].append(r)
+    for reqs in by.values():
+        reqs.sort(key=lambda r: (r.turn, r.t))
+    return by
+
+
+class Replayer:
+    def __init__(self, url: str, trace: Trace, speedup: float, max_requests: int | None = None,
+                 connections: int = 256, timeout_s: float = 600.0, progress: bool = True) -> None:
+        self.url = url.rstrip("/")
+        self.trace = trace
+        self.speedup = speedup
+        self.sessions = sessions_of(trace, max_requests)
+        self.total = sum(len(v) for v in self.sessions.values())
+        self.connections = connections
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.records: list[Record] = []
+        self.progress = Progress(self.total, progress)
+        self.t0 = 0.0
+
+    async def run(self) -> list[Record]:
+        conn = aiohttp.TCPConnector(limit=self.connections)
+        async with aiohttp.ClientSession(connector=conn, timeout=self.timeout) as http:
+            self.t0 = time.monotonic()
+            await asyncio.gather(*(self._session(http, reqs) for reqs in self.sessions.values()))
+        return self.records
+
+    async def _session(self, http: aiohttp.ClientSession, reqs: list[TraceRequest]) -> None:
+        first = reqs[0]
+        await self._sleep_until(self.t0 + first.t / self.speedup)
+        prev_t = first.t
+        for r in reqs:
+            if r is not first:
+                await asyncio.sleep(max(r.t - prev_t, 0.0) / self.speedup)
+            prev_t = r.t
+            rec = await self._send(http, r)
+            self.records.append(rec)
+            self.progress.tick(rec.status == 200)
+
+    @staticmethod
+    async def _sleep_until(deadline: float) -> None:
+        delay = deadline - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+    async def _send(self, http: aiohttp.ClientSession, r: TraceRequest) -> Record:
+        bs = self.trace.block_size
+        body = {"block_hashes": r.hash_ids, "input_tokens": max(r.input_tokens, len(r.hash_ids) * bs),
+                "max_tokens": max(r.output_tokens, 1)}
+        headers = {"Content-Type": "application/msgpack", "Accept": "application/msgpack", "X-Session-Id": r.session}
+        sent = time.monotonic()
+        rec = Record(r.session, r.turn, 0, "", body["input_tokens"], 0, len(r.hash_ids), 0, 0.0, 0.0, 0.0,
+                     sent - self.t0)
+        try:
+            async with http.post(self.url + "/generate", data=msgpack.packb(body), headers=headers) as resp:
+                data = await resp.read()
+                rec.status = resp.status
+                rec.replica = resp.headers.get("X-Kvemu-Replica", "")
+                if resp.status == 200:
+                    out = msgpack.unpackb(data)
+                    rec.cached_tokens, rec.cached_blocks = out["cached_tokens"], out["cached_blocks"]
+                    rec.ttft_s, rec.e2e_s = out["ttft_s"], out["e2e_s"]
+                else:
+                    rec.error = data[:200].decode(errors="replace")
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            rec.error = f"{type(exc).__name__}: {exc}"
+        rec.wall_s = time.monotonic() - sent
+        return rec
+
+
+def summarize(records: list[Record]) -> dict:
+    ok = [r for r in records if r.status == 200]
+    ttft, wall = LogHistogram(), LogHistogram()
+    per: dict[str, dict] = defaultdict(lambda: {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0,
+                                                "prompt_blocks": 0, "cached_blocks": 0})
+    for r in ok:
+        ttft.add(r.ttft_s)
+        wall.add(r.wall_s)
+        p = per[r.replica]
+        p["requests"] += 1
+        for key in ("prompt_tokens", "cached_tokens", "prompt_blocks", "cached_blocks"):
+            p[key] += getattr(r, key)
+    for p in per.values():
+        p["token_hit_ratio"] = p["cached_tokens"] / p["prompt_tokens"] if p["prompt_tokens"] else 0.0
+        p["block_hit_ratio"] = p["cached_blocks"] / p["prompt_blocks"] if p["prompt_blocks"] else 0.0
+    loads = [p["requests"] for p in per.values()]
+    mean = sum(loads) / len(loads) if loads else 0.0
+    tokens = sum(r.prompt_tokens for r in ok)
+    blocks = sum(r.prompt_blocks for r in ok)
+    statuses: dict[int, int] = defaultdict(int)
+    for r in records:
+        statuses[r.status] += 1
+    return {
+        "requests": len(records), "ok": len(ok), "failed": len(records) - len(ok),
+        "statuses": {str(k): v for k, v in sorted(statuses.items())},
+        "token_hit_ratio": sum(r.cached_tokens for r in ok) / tokens if tokens else 0.0,
+        "block_hit_ratio": sum(r.cached_blocks for r in ok) / blocks if blocks else 0.0,
+        "ttft_p50_s": ttft.quantile(0.5), "ttft_p99_s": ttft.quantile(0.99),
+        "wall_latency_p50_s": wall.quantile(0.5), "wall_latency_p99_s": wall.quantile(0.99),
+        "load_imbalance": max(loads) / mean if mean else 0.0,
+        "per_replica": dict(sorted(per.items())),
+    }
+
+
+def records_json(records: list[Record]) -> list[dict]:
+    return [asdict(r) for r in records]

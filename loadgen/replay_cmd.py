@@ -1,0 +1,96 @@
+"""``kvemu replay``: drive a running cluster with a trace or a workload preset."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import urllib.request
+
+from loadgen.replay import Replayer, records_json, summarize
+from loadgen.sim_cmd import load_source
+from shared.errors import InputError, KvemuError
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", required=True, help="router (or replica) base URL, e.g. http://127.0.0.1:8000")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--trace", metavar="FILE")
+    src.add_argument("--workload", metavar="NAME")
+    p.add_argument("--format", default="auto")
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
+    p.add_argument("--duration", type=float, default=300.0, help="seconds of workload (with --workload)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--speedup", type=float, default=1.0, help="compress trace time this many times")
+    p.add_argument("--max-requests", type=int, default=None)
+    p.add_argument("--connections", type=int, default=256)
+    p.add_argument("--json", metavar="OUT", help="summary and per-request records")
+    p.add_argument("--plot", metavar="OUT.png", help="per-replica load and TTFT distribution")
+    p.add_argument("--quiet", action="store_true")
+
+
+def fetch_json(url: str, timeout: float = 5.0):
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return json.load(resp)
+    except (OSError, ValueError):
+        return None
+
+
+def cluster_report(url: str) -> dict:
+    """Replica-side metrics (CSR, hit ratio, evictions) and the router's hotspot view."""
+    cluster = fetch_json(url + "/cluster")
+    replicas = {}
+    urls = [row["url"] for row in cluster["replicas"]] if cluster else [url]
+    total_cost = saved = 0.0
+    for u in urls:
+        st = fetch_json(u + "/stats")
+        if not st:
+            continue
+        replicas[st["replica_id"]] = {k: st.get(k) for k in ("policy", "capacity_blocks", "usage", "block_hit_ratio",
+                                                             "token_hit_ratio", "csr", "evictions", "holes")}
+        total_cost += st.get("recompute_cost_total_s", 0.0)
+        saved += st.get("recompute_cost_saved_s", 0.0)
+    return {"csr": saved / total_cost if total_cost else 0.0, "replicas": replicas,
+            "imbalance": cluster["imbalance"] if cluster else None,
+            "hotspots": cluster["hotspots"] if cluster else None}
+
+
+def print_report(summary: dict, report: dict, out=sys.stdout) -> None:
+    out.write(f"requests        {summary['requests']:,} ({summary['ok']:,} ok, {summary['failed']:,} failed)\n")
+    out.write(f"token hit ratio {summary['token_hit_ratio']:.4f}   block hit ratio {summary['block_hit_ratio']:.4f}"
+              f"   CSR {report['csr']:.4f}\n")
+    out.write(f"TTFT (emulated) p50 {summary['ttft_p50_s'] * 1000:.1f} ms   p99 {summary['ttft_p99_s'] * 1000:.1f} ms"
+              f"   wall latency p50 {summary['wall_latency_p50_s'] * 1000:.1f} ms\n")
+    out.write(f"load imbalance (max/mean requests) {summary['load_imbalance']:.2f}")
+    if report.get("hotspots") is not None:
+        out.write(f"   hotspots: {', '.join(report['hotspots']) or 'none'}")
+    out.write("\n\n  replica          requests  tok_hit  blk_hit     CSR  evictions  usage\n")
+    for rid, p in summary["per_replica"].items():
+        st = report["replicas"].get(rid, {})
+        out.write(f"  {rid:<16}{p['requests']:>8,}  {p['token_hit_ratio']:7.4f}  {p['block_hit_ratio']:7.4f}"
+                  f"  {st.get('csr') or 0:6.4f}  {st.get('evictions') or 0:>9,}  {st.get('usage') or 0:5.2f}\n")
+
+
+def run(args) -> int:
+    if args.speedup <= 0:
+        raise InputError("--speedup", f"must be > 0, got {args.speedup}")
+    if fetch_json(args.url.rstrip("/") + "/health") is None:
+        raise KvemuError(f"no kvemu router or replica answers at {args.url} (is `kvemu up` running?)")
+    trace = load_source(args)
+    replayer = Replayer(args.url, trace, args.speedup, args.max_requests, args.connections,
+                        progress=not args.quiet)
+    records = asyncio.run(replayer.run())
+    summary = summarize(records)
+    report = cluster_report(args.url.rstrip("/"))
+    print_report(summary, report)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"summary": summary, "cluster": report, "records": records_json(records)}, fh, indent=1)
+    if args.plot:
+        from loadgen.plots import plot_replay
+
+        plot_replay(summary, records, args.plot)
+        print(f"plot written to {args.plot}", file=sys.stderr)
+    return 0 if summary["failed"] == 0 else 1

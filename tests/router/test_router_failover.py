@@ -1,0 +1,176 @@
+"""Failures under load, all real: a replica SIGKILLed with requests in flight, restarted on
+the same port; a Redis index that goes away and comes back. Nothing may be lost: every
+request is answered 200, or 503 with Retry-After."""
+
+import signal
+import time
+import uuid
+
+import pytest
+
+from shared.hashing import block_hashes
+from tests.conftest import RedisServer
+from tests.support.cluster import (
+    cluster_row,
+    generate,
+    metric,
+    redis_lookup,
+    scrape,
+    start_load,
+    start_router,
+    stop_all,
+    wait_for,
+)
+from tests.support.procs import http_json, start_replica
+
+
+def ok_outcomes(result) -> None:
+    """Every request answered 200 or 503+Retry-After; nothing else, no client-side error."""
+    bad = {k: v for k, v in result.outcomes.items() if k not in ("200", "503+retry-after")}
+    assert not bad, (dict(result.outcomes), result.errors)
+
+
+@pytest.mark.parametrize("index", ["memory", "redis"])
+def test_sigkill_a_replica_under_load_loses_nothing_and_it_rejoins_clean(index, redis_server):
+    cluster = "fo" + uuid.uuid4().hex[:8]
+    ids = ("fA", "fB", "fC")
+    rep_args = ("--index", redis_server.url, "--cluster", cluster) if index == "redis" else ()
+    reps, router = [], None
+    try:
+        for rid in ids:
+            reps.append(start_replica(*rep_args, capacity_blocks=4000, time_scale=1.0, replica_id=rid))
+        router = start_router([r.url for r in reps], index="memory" if index == "memory" else redis_server.url,
+                              *(("--cluster", cluster) if index == "redis" else ()))
+
+        # A marker prompt served (and cached) by the replica we are going to kill.
+        marker = list(range(900_000, 900_000 + 160))  # 10 full blocks
+        marker_hashes = block_hashes(marker)
+        status, headers, _ = generate(router.url, marker)
+        assert status == 200
+        victim_id = headers["X-Kvemu-Replica"]
+        victim = reps[ids.index(victim_id)]
+        if index == "redis":
+            wait_for(lambda: redis_lookup(redis_server.url, cluster, marker_hashes).get(victim_id) == 10,
+                     what="the marker in the Redis index")
+        wait_for(lambda: generate(router.url, marker)[1]["X-Kvemu-Route-Reason"] == "cache_hit", timeout=5,
+                 what="the marker predicted as cached")  # the router's index knows it (every try hits the victim)
+
+        # Load: 72 requests, 12 at a time, each ~25 decode steps (~0.4 s of wall time).
+        bodies = [{"token_ids": list(range(i * 1000, i * 1000 + 64 + 16 * (i % 5))), "max_tokens": 25}
+                  for i in range(1, 73)]
+        m0 = scrape(router.url)
+        thread, result = start_load(router.url, bodies, concurrency=12, timeout=60)
+        # Kill only once the victim has requests in flight, mid-run.
+        wait_for(lambda: result.started >= 24 and cluster_row(router.url, victim_id)["in_flight"] >= 2,
+                 timeout=20, interval=0.02, what="requests in flight on the victim")
+        in_flight_at_kill = cluster_row(router.url, victim_id)["in_flight"]
+        victim.stop(signal.SIGKILL)
+        thread.join(90)
+        assert not thread.is_alive()
+        ok_outcomes(result)
+        assert sum(result.outcomes.values()) == len(bodies)
+        m1 = scrape(router.url)
+        retries = metric(m1, "kvemu_router_retries_total") - metric(m0, "kvemu_router_retries_total")
+        print(f"\n[{index}] outcomes {dict(result.outcomes)}, by replica {dict(result.replicas)}, "
+              f"in flight on {victim_id} at kill: {in_flight_at_kill}, retries: {retries}")
+        assert retries >= 1  # the victim's in-flight requests were answered elsewhere
+        assert metric(m1, "kvemu_router_replica_failures_total") >= 1
+
+        # The router took it out, and forgot what it held.
+        row = cluster_row(router.url, victim_id)
+        assert row["healthy"] is False and row["in_flight"] == 0
+        assert metric(m1, "kvemu_router_replica_healthy", replica_id=victim_id) == 0
+        if index == "redis":
+            assert victim_id not in redis_lookup(redis_server.url, cluster, marker_hashes)
+        status, headers, out = generate(router.url, marker)  # served elsewhere, from scratch
+        assert status == 200 and headers["X-Kvemu-Replica"] != victim_id and out["cached_tokens"] == 0
+        assert headers["X-Kvemu-Route-Reason"] == "cache_miss_balance"
+        survivor = headers["X-Kvemu-Replica"]
+
+        # Restart on the same port with the same id: a new epoch, an empty cache.
+        m2 = scrape(router.url)
+        reps[ids.index(victim_id)] = start_replica(*rep_args, capacity_blocks=4000, time_scale=1.0,
+                                                   replica_id=victim_id, port=victim.port)
+        wait_for(lambda: cluster_row(router.url, victim_id)["healthy"], timeout=10, what="the victim rejoining")
+        if index == "redis":
+            assert victim_id not in redis_lookup(redis_server.url, cluster, marker_hashes)
+        # Nothing predicts the marker on the restarted replica: only the survivor holds it.
+        m3 = scrape(router.url)
+        status, headers, out = generate(router.url, marker)
+        assert status == 200
+        assert (headers["X-Kvemu-Replica"], headers["X-Kvemu-Route-Reason"]) == (survivor, "cache_hit")
+        assert out["cached_tokens"] == 160
+        m4 = scrape(router.url)
+        assert metric(m4, "kvemu_router_predicted_cached_tokens_total") - metric(
+            m3, "kvemu_router_predicted_cached_tokens_total") == 160
+        assert metric(m4, "kvemu_router_prediction_abs_error_tokens_total") == metric(
+            m2, "kvemu_router_prediction_abs_error_tokens_total")
+        # The rejoined replica takes traffic again (a prompt nobody holds, sent until it lands there).
+        for i in range(30):
+            status, headers, out = generate(router.url, list(range(5_000_000 + i * 100, 5_000_000 + i * 100 + 40)))
+            assert status == 200
+            if headers["X-Kvemu-Replica"] == victim_id:
+                assert out["cached_tokens"] == 0
+                break
+        else:
+            raise AssertionError("the restarted replica never got a request")
+        assert http_json("GET", router.url + "/health")[1]["healthy_replicas"] == 3
+    finally:
+        stop_all(router, *reps)
+
+
+def test_redis_outage_routes_on_load_then_cache_aware_resumes():
+    redis = RedisServer()
+    redis.start()
+    cluster = "out" + uuid.uuid4().hex[:8]
+    reps, router = [], None
+    try:
+        for rid in ("oA", "oB"):
+            reps.append(start_replica("--index", redis.url, "--cluster", cluster, capacity_blocks=2000,
+                                      replica_id=rid))
+        router = start_router([r.url for r in reps], "--cluster", cluster, index=redis.url)
+        assert http_json("GET", router.url + "/health")[1]["index"] == "redis"
+
+        prompt = list(range(700_000, 700_000 + 170))  # 10 full blocks
+        hashes = block_hashes(prompt)
+        status, headers, _ = generate(router.url, prompt)
+        holder = headers["X-Kvemu-Replica"]
+        wait_for(lambda: redis_lookup(redis.url, cluster, hashes).get(holder) == 10, what="the prompt indexed")
+        status, headers, out = generate(router.url, prompt)
+        assert (headers["X-Kvemu-Replica"], headers["X-Kvemu-Route-Reason"]) == (holder, "cache_hit")
+        assert out["cached_tokens"] == 160
+
+        m0 = scrape(router.url)
+        redis.stop()
+        served = []
+        for i in range(12):
+            status, headers, out = generate(router.url, prompt if i % 3 == 0 else list(range(i * 500, i * 500 + 60)),
+                                            timeout=10)
+            assert status == 200, out
+            served.append(headers["X-Kvemu-Route-Reason"])
+        m1 = scrape(router.url)
+        load_only = metric(m1, "kvemu_router_load_only_decisions_total") - metric(
+            m0, "kvemu_router_load_only_decisions_total")
+        errors = metric(m1, "kvemu_router_index_errors_total") - metric(m0, "kvemu_router_index_errors_total")
+        print(f"\nduring the outage: reasons {served}, load-only decisions {load_only}, index errors {errors}")
+        assert load_only == 12 and errors >= 12
+        assert "cache_hit" not in served  # no index, no cache-aware claim
+        assert http_json("GET", router.url + "/health")[0] == 200
+
+        redis.start()  # same port, empty: the replicas' resync must rebuild the index
+        wait_for(lambda: redis_lookup(redis.url, cluster, hashes).get(holder) == 10, timeout=20,
+                 what="the replicas' resync after the restart")
+
+        def routed_cache_aware():
+            before = metric(scrape(router.url), "kvemu_router_load_only_decisions_total")
+            generate(router.url, list(range(9_000_000, 9_000_000 + 40)))
+            return metric(scrape(router.url), "kvemu_router_load_only_decisions_total") == before
+
+        wait_for(routed_cache_aware, timeout=10, what="index lookups working again")
+        status, headers, out = generate(router.url, prompt)
+        assert status == 200 and headers["X-Kvemu-Route-Reason"] == "cache_hit"
+        holders = redis_lookup(redis.url, cluster, hashes)
+        assert headers["X-Kvemu-Replica"] in holders and out["cached_tokens"] == 160
+    finally:
+        stop_all(router, *reps)
+        redis.stop()
