@@ -20,7 +20,7 @@ from shared.overrides import parse_pairs
 
 def configure(p: argparse.ArgumentParser) -> None:
     add_cluster_args(p, replicas=4)
-    p.set_defaults(capacity_blocks=8192, time_scale=0.05)  # 8192 blocks = the presets' 128K-token context cap
+    p.set_defaults(time_scale=0.05)
     p.add_argument("--port", type=int, default=0, help="router port (default: a free one)")
     p.add_argument("--workload", default="mix")
     p.add_argument("--workload-set", action="append", default=[], metavar="NAME=VALUE")
@@ -40,9 +40,11 @@ def demo_trace(a) -> Trace:
 
 
 def run(a) -> int:
-    validate(a)
+    if a.capacity_blocks is None and a.capacity_gib is None:  # not a parser default: --capacity-gib must win
+        a.capacity_blocks = 8192  # the presets' 128K-token context cap
     if a.time_scale == 0.05 and a.speedup != 20.0:
         a.time_scale = 1.0 / a.speedup  # keep emulated GPU time in step with compressed trace time
+    validate(a)
     started = time.monotonic()
     trace = demo_trace(a)
     say = (lambda *_: None) if a.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))

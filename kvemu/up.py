@@ -26,11 +26,17 @@ from shared.errors import InputError, KvemuError
 PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:  # not Linux: the parent's signal handlers still stop the children
-        pass
+def _child_setup(parent: int):
+    def setup() -> None:  # runs in the child between fork and exec
+        os.setpgid(0, 0)  # own process group: a terminal's Ctrl-C reaches only `kvemu up`, which stops us in order
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        except OSError:  # not Linux: the parent's signal handlers still stop the children
+            pass
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return setup
 
 
 def free_port() -> int:
@@ -60,7 +66,7 @@ class Cluster:
     def start(self, child: Child, log_dir: str) -> None:
         log = open(os.path.join(log_dir, f"{child.name}.log"), "ab")
         child.proc = subprocess.Popen(child.args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                      preexec_fn=_die_with_parent)
+                                      preexec_fn=_child_setup(os.getpid()))
         self.children.append(child)
 
     def stop(self, grace: float = 15.0) -> None:
@@ -125,8 +131,8 @@ def replica_args(i: int, port: int, a, index: str | None) -> list[str]:
     args = [sys.executable, "-m", "replica", "--port", str(port), "--replica-id", f"replica-{i}",
             "--policy", a.policy, "--model", a.model, "--gpu", a.gpu, "--block-size", str(a.block_size),
             "--time-scale", str(a.time_scale), "--hit-mode", a.hit_mode]
-    args += ["--capacity-blocks", str(a.capacity_blocks)] if a.capacity_blocks else ["--capacity-gib",
-                                                                                      str(a.capacity_gib)]
+    args += ["--capacity-blocks", str(a.capacity_blocks)] if a.capacity_blocks is not None else ["--capacity-gib",
+                                                                                                  str(a.capacity_gib)]
     if index:
         args += ["--index", index, "--cluster", a.cluster]
     if a.admin_token:
@@ -230,11 +236,19 @@ def validate(a) -> None:
         raise InputError("--replicas", f"must be 1-64, got {a.replicas}")
     if a.capacity_blocks is None and a.capacity_gib is None:
         a.capacity_blocks = 20_000
-    from replica.policies import policy_class
-    from router.strategies import get_strategy
+    from replica.settings import ReplicaSettings
+    from router.strategies import RoutingSettings, get_strategy
+    from shared.overrides import apply_overrides, parse_pairs
 
-    policy_class(a.policy)
+    # Everything a child would reject, rejected here in one line before any process starts.
+    try:
+        ReplicaSettings(policy=a.policy, capacity_blocks=a.capacity_blocks, capacity_gib=a.capacity_gib,
+                        model=a.model, gpu=a.gpu, block_size=a.block_size, hit_mode=a.hit_mode,
+                        time_scale=a.time_scale)
+    except InputError as exc:
+        raise InputError(f"--{exc.field.replace('_', '-')}", exc.message) from None
     get_strategy(a.routing)
+    apply_overrides(RoutingSettings(block_size=a.block_size), parse_pairs(a.set))
 
 
 def run(a) -> int:

@@ -73,12 +73,35 @@ def print_report(summary: dict, report: dict, out=sys.stdout) -> None:
                   f"  {st.get('csr') or 0:6.4f}  {st.get('evictions') or 0:>9,}  {st.get('usage') or 0:5.2f}\n")
 
 
+def cluster_block_size(url: str) -> int | None:
+    """Tokens per block of the replicas behind ``url`` (a replica says so in /health)."""
+    health = fetch_json(url + "/health") or {}
+    if "block_size" in health:
+        return health["block_size"]
+    for row in (fetch_json(url + "/cluster") or {}).get("replicas", []):
+        health = fetch_json(row["url"] + "/health") or {}
+        if "block_size" in health:
+            return health["block_size"]
+    return None
+
+
 def run(args) -> int:
-    if args.speedup <= 0:
+    if not args.speedup > 0:
         raise InputError("--speedup", f"must be > 0, got {args.speedup}")
-    if fetch_json(args.url.rstrip("/") + "/health") is None:
+    if args.max_requests is not None and args.max_requests <= 0:
+        raise InputError("--max-requests", f"must be >= 1, got {args.max_requests}")
+    if args.connections <= 0:  # aiohttp reads a limit of 0 as "unbounded"
+        raise InputError("--connections", f"must be >= 1, got {args.connections}")
+    url = args.url.rstrip("/")
+    if fetch_json(url + "/health") is None:
         raise KvemuError(f"no kvemu router or replica answers at {args.url} (is `kvemu up` running?)")
     trace = load_source(args)
+    block_size = cluster_block_size(url)
+    if block_size is not None and block_size != trace.block_size:
+        # The trace's hashes stand for blocks of its own size; on another size every count would be off.
+        raise InputError("--trace" if args.trace else "--workload",
+                         f"has {trace.block_size}-token blocks but the cluster at {args.url} uses {block_size};"
+                         f" start it with `kvemu up --block-size {trace.block_size}`")
     replayer = Replayer(args.url, trace, args.speedup, args.max_requests, args.connections,
                         progress=not args.quiet)
     records = asyncio.run(replayer.run())

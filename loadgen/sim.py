@@ -45,6 +45,9 @@ class SimSettings:
     reuse_distances: bool = True
     policy_params: tuple[tuple[str, object], ...] = ()
     routing_settings: RoutingSettings | None = None
+    # Session causality, as `kvemu replay` sends: turn j+1 arrives when turn j has finished plus
+    # the trace's gap between them (not at its own trace time). Turn 0 keeps its trace time.
+    causal: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) or self.replicas <= 0:
@@ -79,6 +82,42 @@ def next_use_times(trace: Trace) -> list[list[float]]:
     return out
 
 
+class _Arrivals:
+    """Requests in arrival order: trace order, or (causal) each session's turn j+1 released
+    by turn j's completion plus their trace gap."""
+
+    def __init__(self, reqs, causal: bool) -> None:
+        self.reqs, self.causal, self.i = reqs, causal, 0
+        self.heap: list[tuple[float, int]] = []
+        self.next_of: dict[int, int] = {}
+        if causal:
+            by: dict[str, list[int]] = {}
+            for k, r in enumerate(reqs):
+                by.setdefault(r.session, []).append(k)
+            for ks in by.values():
+                ks.sort(key=lambda k: (reqs[k].turn, reqs[k].t))  # as loadgen.replay orders a session
+                self.heap.append((reqs[ks[0]].t, ks[0]))
+                self.next_of.update(zip(ks, ks[1:]))
+            heapq.heapify(self.heap)
+
+    def peek(self) -> float:
+        if self.causal:
+            return self.heap[0][0] if self.heap else INF
+        return self.reqs[self.i].t if self.i < len(self.reqs) else INF
+
+    def pop(self) -> tuple[float, int]:
+        if self.causal:
+            return heapq.heappop(self.heap)
+        k = self.i
+        self.i += 1
+        return self.reqs[k].t, k
+
+    def finished(self, k: int, end: float) -> None:
+        nxt = self.next_of.pop(k, None)
+        if nxt is not None:
+            heapq.heappush(self.heap, (end + max(self.reqs[nxt].t - self.reqs[k].t, 0.0), nxt))
+
+
 def _build_replica(i: int, s: SimSettings, block_size: int, cost: CostModel) -> _Replica:
     metrics = PoolMetrics(
         block_size=block_size,
@@ -92,7 +131,7 @@ def _build_replica(i: int, s: SimSettings, block_size: int, cost: CostModel) -> 
     pool = BlockPool(s.capacity_blocks, policy, block_size=block_size, hit_mode=s.hit_mode, metrics=metrics,
                      emit_events=False)
     sched = Scheduler(pool, cost, SchedulerSettings(token_budget=s.token_budget, max_running=s.max_running))
-    rid = f"r{i}"
+    rid = f"replica-{i}"  # the ids `kvemu up` gives, so session routing hashes the same ring
     return _Replica(rid, pool, sched, ReplicaState(rid, capacity_blocks=s.capacity_blocks))
 
 
@@ -120,28 +159,31 @@ class Simulation:
         oracle = policy_class(self.s.policy).needs_future
         future = next_use_times(self.trace) if oracle else None
         busy: list[tuple[float, int, str]] = []  # (step end, tiebreak, replica id)
+        arrivals = _Arrivals(reqs, self.s.causal)
+        self._arrivals = arrivals
         seq = 0
         t0 = time.perf_counter()
         n = len(reqs)
-        for k in range(n + 1):
-            t_next = reqs[k].t if k < n else INF
+        for i in range(n + 1):
+            t_next = arrivals.peek()
             while busy and busy[0][0] <= t_next:
                 end, _, rid = heapq.heappop(busy)
                 rep = self.by_id[rid]
-                self._complete_step(rep, end)
+                self._complete_step(rep, end)  # may release a session's next turn (causal)
+                t_next = arrivals.peek()
                 seq = self._start_step(rep, end, t_next, busy, seq)
-            if k == n:
+            if i == n or t_next == INF:  # INF: a session waits on a request that can never run
                 break
+            t, k = arrivals.pop()
             r = reqs[k]
             rep = self._route(r)
-            rep.sched.submit(SchedRequest(k, r.hash_ids, r.input_tokens, max(r.output_tokens, 1), r.t, r.session,
+            rep.sched.submit(SchedRequest(k, r.hash_ids, r.input_tokens, max(r.output_tokens, 1), t, r.session,
                                           future[k] if future else None))
             rep.state.queued_tokens = rep.sched.queued_prefill_tokens
             if rep.busy_until == INF:
-                t_after = reqs[k + 1].t if k + 1 < n else INF
-                seq = self._start_step(rep, r.t, t_after, busy, seq)
-            if self.progress and k % 2000 == 0:
-                self.progress(k, n)
+                seq = self._start_step(rep, t, arrivals.peek(), busy, seq)
+            if self.progress and i % 2000 == 0:
+                self.progress(i, n)
         if self.progress:
             self.progress(n, n)
         return self._report(time.perf_counter() - t0)
@@ -180,6 +222,7 @@ class Simulation:
             rep.ttft.add(ttft)
             self.queue.add(r.t_admitted - r.arrival)
         for r in res.finished:
+            self._arrivals.finished(r.rid, r.t_finished)
             self.e2e.add(r.t_finished - r.arrival)
             rep.state.in_flight -= 1
             self.served += 1

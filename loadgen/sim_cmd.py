@@ -11,7 +11,8 @@ from loadgen.sim import SimSettings, simulate, stderr_progress
 from loadgen.trace import Trace
 from shared.costmodel import CostModel
 from shared.errors import InputError
-from shared.overrides import parse_pairs
+from router.strategies import RoutingSettings
+from shared.overrides import apply_overrides, parse_pairs
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -23,6 +24,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=float, default=600.0, help="seconds of workload to generate (with --workload)")
     p.add_argument("--replicas", type=int, default=1)
     p.add_argument("--routing", default="cache_aware")
+    p.add_argument("--routing-set", action="append", default=[], metavar="NAME=VALUE",
+                   help="routing setting, as `kvemu up --set` (e.g. bounded_load_factor=1.5)")
     p.add_argument("--policy", default="lru", help="comma-separated policies, e.g. lru,s3fifo,belady")
     cap = p.add_mutually_exclusive_group(required=True)
     cap.add_argument("--capacity-blocks", metavar="N1,N2,...", help="per-replica capacity in blocks")
@@ -34,6 +37,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="requests running at once per replica (1 = served one at a time)")
     p.add_argument("--token-budget", type=int, default=8192, help="tokens per scheduler step")
     p.add_argument("--no-reuse-distances", action="store_true", help="skip exact reuse-distance tracking (faster)")
+    p.add_argument("--causal", action="store_true",
+                   help="turn j+1 arrives when turn j finished plus their trace gap, as `kvemu replay` sends it"
+                        " (default: every request at its trace time)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="FILE", help="write {\"runs\": [...]} here ('-' for stdout)")
     p.add_argument("--plot", metavar="FILE.png", help="hit ratio and CSR against capacity per policy")
@@ -87,10 +93,12 @@ def run(args) -> int:
     biggest = max(len(r.hash_ids) for r in trace.requests)
     if biggest > min(caps):
         raise InputError("capacity", f"{min(caps)} blocks is smaller than the largest request ({biggest} blocks)")
+    routing = apply_overrides(RoutingSettings(block_size=trace.block_size), parse_pairs(args.routing_set))
     grid = [SimSettings(capacity_blocks=c, policy=pol, replicas=args.replicas, routing=args.routing,
                         hit_mode=args.hit_mode, seed=args.seed, model=args.model, gpu=args.gpu,
                         token_budget=args.token_budget, max_running=args.max_running,
-                        reuse_distances=not args.no_reuse_distances)
+                        reuse_distances=not args.no_reuse_distances, causal=args.causal,
+                        routing_settings=routing)
             for pol in policies for c in caps]  # validates every name before the first run
     runs = []
     for i, settings in enumerate(grid, 1):

@@ -66,6 +66,11 @@ class EventFeed:
         elif self.listener is not None and self.batches:
             self.listener()
 
+    def request_resync(self) -> None:
+        """A consumer lost its view (e.g. a router restarted or cleared us): republish everything."""
+        self._needs_resync = True
+        self.publish([])
+
     def mark_lost(self) -> None:
         """A consumer lost a batch (e.g. Redis refused it): resync on the next publish."""
         self.dropped_batches += 1

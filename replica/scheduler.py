@@ -22,7 +22,7 @@ from typing import Sequence
 
 from replica.pool import Allocation, BlockPool, PoolBusyError
 from shared.costmodel import CostModel
-from shared.errors import InputError
+from shared.errors import InputError, KvemuError
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,9 +72,11 @@ class StepResult:
     decoded: list[tuple[SchedRequest, int]]  # (request, tokens generated in this step(s))
 
 
-class QueueFullError(InputError):
+class QueueFullError(KvemuError):
+    """Overload, not bad input: answered 503 with Retry-After so a router tries elsewhere."""
+
     def __init__(self, limit: int):
-        super().__init__("queue", f"waiting queue is full ({limit} requests)")
+        super().__init__(f"waiting queue is full ({limit} requests)")
 
 
 class Scheduler:

@@ -191,6 +191,15 @@ async def kv_events(request: web.Request) -> web.Response:
                              "batches": [b.to_wire() for b in batches]})
 
 
+async def kv_resync(request: web.Request) -> web.Response:
+    """Republish the whole resident set (``cleared`` + ``stored``). It changes no cache state,
+    so it needs no token: routers call it when they (re)gain sight of this replica."""
+    state = _state(request)
+    state.feed.request_resync()
+    return web.json_response({"epoch": state.feed.epoch, "next_seq": state.feed.next_seq,
+                              "resident_blocks": state.pool.used})
+
+
 # ---- admin ---------------------------------------------------------------------------
 async def admin_policy(request: web.Request) -> web.Response:
     require_admin(request)
@@ -230,5 +239,6 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/stats", stats)
     app.router.add_get("/kv/events", kv_events)
+    app.router.add_post("/kv/resync", kv_resync)
     app.router.add_post("/admin/policy", admin_policy)
     app.router.add_post("/admin/reset", admin_reset)

@@ -92,14 +92,26 @@ class Cluster:
             self.metrics.replica_restarts += 1
         if not rep.known or rid != rep.replica_id:
             rep.state.replica_id = rid
+        rejoined = not rep.state.healthy
         rep.epoch, rep.known, rep.failures = epoch, True, 0
         rep.health, rep.last_check = body, time.monotonic()
         rep.state.kv_usage = float(body.get("kv_usage", 0.0))
         rep.state.capacity_blocks = int(body.get("capacity_blocks", 0))
-        if not rep.state.healthy:
+        if rejoined:
+            # First sight, or back after being taken out (its entries were cleared): the index
+            # may lack blocks it still holds, so ask for a full republish.
+            await self._request_resync(rep)
             log.info("replica %s at %s is healthy", rid, rep.url)
             rep.state.healthy = True
         self._healthy_event.set()
+
+    async def _request_resync(self, rep: ReplicaHandle) -> None:
+        try:
+            async with self.session.post(rep.url + "/kv/resync",
+                                         timeout=aiohttp.ClientTimeout(total=self.settings.health_timeout_s)):
+                pass
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            pass  # the next rejoin tries again; meanwhile the index only under-reports
 
     async def mark_failed(self, rep: ReplicaHandle, reason: str, immediate: bool = False) -> None:
         rep.failures += 1
@@ -143,7 +155,9 @@ class Cluster:
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
             return False
         if feed.get("epoch") != rep.epoch:
-            return False  # the health loop handles restarts; do not mix two incarnations
+            # Restarted between health checks: check now so its stale entries go at once.
+            await self.check(rep)
+            return False
         applied_to = rep.feed_cursor
         for b in feed.get("batches", []):
             batch = EventBatch(rep.replica_id, rep.epoch, b["seq"],

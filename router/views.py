@@ -53,14 +53,14 @@ async def proxy(request: web.Request) -> web.StreamResponse:
     excluded: set[str] = set()
     for attempt in range(state.settings.retries + 1):
         try:
-            decision, rep = await _decide(state, spec, excluded)
+            decision, rep, predicted = await _decide(state, spec, excluded)
         except NoHealthyReplica:
             break
         rep.state.in_flight += 1  # counted at decision time, before the replica sees it
         rep.state.queued_tokens += spec.prompt_tokens
         state.routed[rep.replica_id] = state.routed.get(rep.replica_id, 0) + 1
         try:
-            return await _forward(request, state, rep, raw, decision)
+            return await _forward(request, state, rep, raw, decision, predicted)
         except ReplicaFailed as exc:
             excluded.add(rep.replica_id)
             await state.cluster.mark_failed(rep, str(exc), immediate=True)
@@ -75,12 +75,16 @@ async def proxy(request: web.Request) -> web.StreamResponse:
 
 
 async def _decide(state, spec: protocol.GenerateSpec, excluded: set[str]):
+    """(decision, replica, predicted): ``predicted`` is False when the index was not consulted
+    (a strategy that ignores it, or the index unavailable), so there is no prediction to score."""
     overlap: dict[str, int] = {}
+    predicted = False
     if state.settings.routing == "cache_aware" and spec.hashes:
         t0 = time.perf_counter()
         try:
             overlap = await asyncio.wait_for(state.index.lookup(spec.hashes), state.settings.index_timeout_s)
             state.metrics.index_latency.observe(time.perf_counter() - t0)
+            predicted = True
         except (IndexUnavailable, asyncio.TimeoutError):
             state.metrics.index_errors += 1
             state.metrics.load_only_decisions += 1
@@ -90,10 +94,10 @@ async def _decide(state, spec: protocol.GenerateSpec, excluded: set[str]):
                               state.routing, state.rng, state.memory)
     state.metrics.decisions.labels(state.settings.routing, decision.reason).inc()
     rep = next(r for r in replicas if r.replica_id == decision.replica_id)
-    return decision, rep
+    return decision, rep, predicted
 
 
-async def _forward(request: web.Request, state, rep, raw: bytes, decision) -> web.StreamResponse:
+async def _forward(request: web.Request, state, rep, raw: bytes, decision, predicted: bool) -> web.StreamResponse:
     headers = {k: request.headers[k] for k in _FORWARD_HEADERS if k in request.headers}
     timeout = aiohttp.ClientTimeout(total=state.settings.request_timeout_s)
     try:
@@ -104,7 +108,8 @@ async def _forward(request: web.Request, state, rep, raw: bytes, decision) -> we
     async with upstream:
         if upstream.status >= 500:
             raise ReplicaFailed(f"replica answered {upstream.status}")
-        _record_prediction(state, upstream, decision)
+        if predicted:
+            _record_prediction(state, upstream, decision)
         out_headers = {"Content-Type": upstream.headers.get("Content-Type", "application/json"),
                        "X-Kvemu-Replica": rep.replica_id, "X-Kvemu-Route-Reason": decision.reason}
         if upstream.headers.get("Content-Type", "").startswith("text/event-stream"):

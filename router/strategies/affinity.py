@@ -126,7 +126,9 @@ def session_affinity(
             assigned = r
     if not healthy:
         raise NoHealthyReplica(len(replicas))
-    bound = load_bound(total, healthy, settings.bounded_load_factor)
+    # A floor keeps low load from counting a replica with one request as full (which would
+    # move sessions, and their caches, for nothing); it never lets load exceed the floor.
+    bound = max(load_bound(total, healthy, settings.bounded_load_factor), settings.bounded_load_min)
     if assigned is not None and assigned.healthy and assigned.in_flight < bound:
         memory.sessions.move_to_end(sid)
         return RouteDecision(assigned.replica_id, "session_sticky", cached_blocks(overlap, assigned.replica_id, nb))

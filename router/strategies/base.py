@@ -107,6 +107,8 @@ class RoutingSettings:
     # Mirrokni et al.: a replica may take a session request while in_flight < ceil(c * avg),
     # avg counting the request being placed.  c >= 1 guarantees some replica qualifies.
     bounded_load_factor: float = 1.25
+    # Requests a replica may always hold before the bound applies (affinity wins at low load).
+    bounded_load_min: int = 2
     # Points per replica on the session hash ring; more points, smoother spread.
     virtual_nodes: int = 100
     # Bound on remembered session -> replica assignments (LRU beyond it).
@@ -117,6 +119,7 @@ class RoutingSettings:
         _check_number("overlap_weight", self.overlap_weight, integer=False, minimum=0.0)
         _check_number("in_flight_weight", self.in_flight_weight, integer=False, minimum=0.0)
         _check_number("balance_abs_threshold", self.balance_abs_threshold, integer=True, minimum=0)
+        _check_number("bounded_load_min", self.bounded_load_min, integer=True, minimum=1)
         _check_number("balance_rel_threshold", self.balance_rel_threshold, integer=False, minimum=1.0)
         _check_number("bounded_load_factor", self.bounded_load_factor, integer=False, minimum=1.0)
         _check_number("virtual_nodes", self.virtual_nodes, integer=True, minimum=1, maximum=10_000)

@@ -2,26 +2,30 @@
 the same port; a Redis index that goes away and comes back. Nothing may be lost: every
 request is answered 200, or 503 with Retry-After."""
 
+import json
 import signal
+import threading
 import time
 import uuid
 
 import pytest
 
 from shared.hashing import block_hashes
-from tests.conftest import RedisServer
+from tests.conftest import RedisServer, free_port
 from tests.support.cluster import (
     cluster_row,
     generate,
     metric,
     redis_lookup,
     scrape,
+    sse_events,
     start_load,
     start_router,
     stop_all,
     wait_for,
+    wait_indexed,
 )
-from tests.support.procs import http_json, start_replica
+from tests.support.procs import Proc, http, http_json, start_replica
 
 
 def ok_outcomes(result) -> None:
@@ -52,8 +56,10 @@ def test_sigkill_a_replica_under_load_loses_nothing_and_it_rejoins_clean(index, 
         if index == "redis":
             wait_for(lambda: redis_lookup(redis_server.url, cluster, marker_hashes).get(victim_id) == 10,
                      what="the marker in the Redis index")
-        wait_for(lambda: generate(router.url, marker)[1]["X-Kvemu-Route-Reason"] == "cache_hit", timeout=5,
-                 what="the marker predicted as cached")  # the router's index knows it (every try hits the victim)
+        else:
+            wait_indexed(router.url, [r.url for r in reps])
+        status, headers, _ = generate(router.url, marker)
+        assert (headers["X-Kvemu-Replica"], headers["X-Kvemu-Route-Reason"]) == (victim_id, "cache_hit")
 
         # Load: 72 requests, 12 at a time, each ~25 decode steps (~0.4 s of wall time).
         bodies = [{"token_ids": list(range(i * 1000, i * 1000 + 64 + 16 * (i % 5))), "max_tokens": 25}
@@ -95,7 +101,10 @@ def test_sigkill_a_replica_under_load_loses_nothing_and_it_rejoins_clean(index, 
         if index == "redis":
             assert victim_id not in redis_lookup(redis_server.url, cluster, marker_hashes)
         # Nothing predicts the marker on the restarted replica: only the survivor holds it.
+        wait_for(lambda: cluster_row(router.url, survivor)["event_lag"] == 0, what="the survivor's events applied")
         m3 = scrape(router.url)
+        assert metric(m3, "kvemu_router_replica_restarts_total") - metric(
+            m2, "kvemu_router_replica_restarts_total") == 1  # the new epoch was noticed
         status, headers, out = generate(router.url, marker)
         assert status == 200
         assert (headers["X-Kvemu-Replica"], headers["X-Kvemu-Route-Reason"]) == (survivor, "cache_hit")
@@ -154,6 +163,9 @@ def test_redis_outage_routes_on_load_then_cache_aware_resumes():
         errors = metric(m1, "kvemu_router_index_errors_total") - metric(m0, "kvemu_router_index_errors_total")
         print(f"\nduring the outage: reasons {served}, load-only decisions {load_only}, index errors {errors}")
         assert load_only == 12 and errors >= 12
+        for name in ("kvemu_router_predicted_cached_tokens_total", "kvemu_router_actual_cached_tokens_total",
+                     "kvemu_router_prediction_abs_error_tokens_total"):
+            assert metric(m1, name) == metric(m0, name), name  # no lookup, no prediction to score
         assert "cache_hit" not in served  # no index, no cache-aware claim
         assert http_json("GET", router.url + "/health")[0] == 200
 
@@ -174,3 +186,72 @@ def test_redis_outage_routes_on_load_then_cache_aware_resumes():
     finally:
         stop_all(router, *reps)
         redis.stop()
+
+
+def test_no_healthy_replica_is_a_503_with_retry_after_until_one_comes_up():
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    router_port = free_port()
+    router = Proc(["-m", "router", "--port", str(router_port), "--replicas", url, "--health-interval", "0.2"],
+                  router_port)
+    replica = None
+    try:
+        # The router starts even though its only replica is not up yet; /health says so.
+        wait_for(lambda: http("GET", router.url + "/health", timeout=1)[0] == 503, timeout=20,
+                 what="the router answering /health")
+        status, body = http_json("GET", router.url + "/health")
+        assert status == 503 and body["healthy_replicas"] == 0
+        for path, body in (("/generate", {"token_ids": [1, 2, 3]}), ("/v1/completions", {"prompt": "x"}),
+                           ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "stream": True})):
+            status, headers, data = http("POST", router.url + path, body)
+            assert status == 503 and int(headers["Retry-After"]) >= 1, (path, status, data)
+            assert headers["Content-Type"].startswith("application/json")
+        text = http("GET", router.url + "/metrics")[2].decode()
+        assert 'kvemu_router_requests_total{outcome="unavailable"} 3.0' in text
+
+        replica = start_replica(capacity_blocks=200, port=port, replica_id="late")
+        wait_for(lambda: http_json("GET", router.url + "/health")[0] == 200, timeout=10, what="the replica joining")
+        status, headers, out = generate(router.url, [1, 2, 3])
+        assert status == 200 and headers["X-Kvemu-Replica"] == "late"
+
+        replica.stop(signal.SIGKILL)  # the only replica dies: 503 again, never a hang or a 500
+        status, headers, _ = generate(router.url, [4, 5, 6], timeout=10)
+        assert status == 503 and headers["Retry-After"]
+        wait_for(lambda: not cluster_row(router.url, "late")["healthy"], timeout=5, what="the replica taken out")
+    finally:
+        stop_all(router, replica)
+
+
+def test_a_stream_cut_by_a_dying_replica_ends_with_an_in_band_error():
+    reps = [start_replica(capacity_blocks=500, time_scale=1.0, replica_id=rid) for rid in ("sA", "sB")]
+    router = None
+    try:
+        router = start_router([r.url for r in reps], routing="round_robin")
+        results = {}
+
+        def call(k):
+            results[k] = http("POST", router.url + "/v1/completions",
+                              {"prompt": "stream until the replica dies " * 4, "max_tokens": 80, "stream": True},
+                              timeout=30)
+
+        threads = [threading.Thread(target=call, args=(k,)) for k in range(2)]
+        for t in threads:
+            t.start()
+        wait_for(lambda: all(cluster_row(router.url, rid)["in_flight"] == 1 for rid in ("sA", "sB")), timeout=5,
+                 interval=0.02, what="one stream on each replica")
+        time.sleep(0.2)  # some chunks are out
+        reps[0].stop(signal.SIGKILL)
+        for t in threads:
+            t.join(30)
+        by_replica = {h["X-Kvemu-Replica"]: (s, sse_events(d)) for s, h, d in results.values()}
+        status, events = by_replica["sA"]
+        assert status == 200 and events[-1] != "[DONE]"
+        assert json.loads(events[-1])["error"]["code"] == 502  # the client is told, not left hanging
+        assert len(events) >= 2  # it had streamed some chunks before
+        status, events = by_replica["sB"]
+        assert status == 200 and events[-1] == "[DONE]"
+        assert json.loads(events[-2])["usage"]["completion_tokens"] == 80
+        text = http("GET", router.url + "/metrics")[2].decode()
+        assert 'kvemu_router_requests_total{outcome="failed_mid_stream"} 1.0' in text
+    finally:
+        stop_all(router, *reps)

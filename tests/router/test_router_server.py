@@ -17,7 +17,6 @@ import time
 import msgpack
 import pytest
 
-from shared.hashing import block_hashes
 from tests.support.cluster import (
     generate,
     metric,
@@ -26,6 +25,7 @@ from tests.support.cluster import (
     start_router,
     stop_all,
     wait_for,
+    wait_indexed,
 )
 from tests.support.procs import REPO, http, http_json, start_replica
 
@@ -66,13 +66,6 @@ def replica_totals(replicas) -> tuple[int, dict]:
         for k, v in st["rejected_by_field"].items():
             rejected[k] = rejected.get(k, 0) + v
     return finished, rejected
-
-
-def wait_indexed(router, replicas) -> None:
-    """Until the router's embedded index applied every event the replicas have published."""
-    published = sum(http_json("GET", r.url + "/kv/events?after=0&limit=1")[1]["next_seq"] - 1 for r in replicas)
-    wait_for(lambda: metric(scrape(router.url), "kvemu_router_events_applied_total") >= published, timeout=5.0,
-             what=f"{published} events applied to the embedded index")
 
 
 # ---- proxying --------------------------------------------------------------------------------
@@ -134,12 +127,14 @@ def test_session_affinity_from_header_and_openai_user(replicas):
     try:
         seen: dict[str, set] = {}
         reasons: dict[str, list] = {}
+        history = {s: fresh_tokens(100) for s in range(6)}  # each turn extends the session's prompt
         for turn in range(4):
             for s in range(6):
                 sid = f"hdr-session-{s}"
-                status, headers, _ = generate(router.url, fresh_tokens(40 + turn * 16), max_tokens=1,
-                                              headers={"X-Session-Id": sid})
+                status, headers, out = generate(router.url, history[s][:40 + turn * 16], max_tokens=1,
+                                                headers={"X-Session-Id": sid})
                 assert status == 200
+                assert out["cached_tokens"] == (0 if turn == 0 else (40 + (turn - 1) * 16) // 16 * 16)
                 seen.setdefault(sid, set()).add(headers["X-Kvemu-Replica"])
                 reasons.setdefault(sid, []).append(headers["X-Kvemu-Route-Reason"])
                 user = f"openai-user-{s}"
@@ -165,6 +160,12 @@ def test_session_affinity_from_header_and_openai_user(replicas):
         assert status == 200 and headers["X-Kvemu-Route-Reason"] == "no_session"
         text = http("GET", router.url + "/metrics")[2].decode()
         assert 'kvemu_router_decisions_total{reason="session_sticky",strategy="session"}' in text
+        # The session strategy never consults the index: no prediction is scored (sticky turns
+        # do hit the cache, and used to count as 100% prediction error).
+        m = scrape(router.url)
+        for name in ("kvemu_router_predicted_cached_tokens_total", "kvemu_router_actual_cached_tokens_total",
+                     "kvemu_router_prediction_abs_error_tokens_total", "kvemu_router_index_lookup_seconds_count"):
+            assert metric(m, name) == 0, name
     finally:
         assert router.stop() == 0
 
@@ -229,7 +230,7 @@ def test_cache_aware_sends_a_repeat_and_its_extension_to_the_holder(router, repl
     assert status == 200 and first["cached_tokens"] == 0
     assert headers["X-Kvemu-Route-Reason"] == "cache_miss_balance"
     holder = headers["X-Kvemu-Replica"]
-    wait_indexed(router, replicas)
+    wait_indexed(router.url, [r.url for r in replicas])
 
     m1 = scrape(router.url)
     status, headers, again = generate(router.url, tokens)
@@ -272,7 +273,7 @@ def test_cache_aware_openai_usage_shows_cached_tokens(router, replicas):
     status, headers, data = http("POST", router.url + "/v1/chat/completions", {"messages": msgs, "max_tokens": 1})
     assert status == 200
     holder = headers["X-Kvemu-Replica"]
-    wait_indexed(router, replicas)
+    wait_indexed(router.url, [r.url for r in replicas])
     status, headers, data = http("POST", router.url + "/v1/chat/completions", {"messages": msgs, "max_tokens": 1})
     out = json.loads(data)
     assert (headers["X-Kvemu-Replica"], headers["X-Kvemu-Route-Reason"]) == (holder, "cache_hit")

@@ -234,9 +234,20 @@ def test_bounded_loads_hold_as_many_sessions_arrive():
         reasons[d.reason] += 1
         place(reps, d.replica_id)
         total = sum(r.in_flight for r in reps)
-        assert max(r.in_flight for r in reps) <= math.ceil(1.25 * total / len(reps))
+        # the bound, or the floor (bounded_load_min) under which affinity always wins
+        assert max(r.in_flight for r in reps) <= max(math.ceil(1.25 * total / len(reps)),
+                                                     settings.bounded_load_min)
     assert reasons["session_overflow"] > 0 and reasons["session_sticky"] > 0
     assert set(reasons) <= REASONS
+
+
+def test_low_load_keeps_affinity_under_the_floor():
+    settings = RoutingSettings(bounded_load_factor=1.25, bounded_load_min=2)
+    reps, memory = four(), RouterMemory()
+    first = route("session", reps, RouteRequest("s", 8, 128), settings=settings, memory=memory).replica_id
+    place(reps, first)  # one request in flight: ceil(1.25 * 2 / 4) = 1 would call this replica full
+    again = route("session", reps, RouteRequest("s", 8, 128), settings=settings, memory=memory)
+    assert again.replica_id == first and again.reason == "session_sticky"
 
 
 def test_load_bound_formula():

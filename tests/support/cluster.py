@@ -90,6 +90,13 @@ def sse_events(data: bytes) -> list[str]:
     return [chunk[6:] for chunk in data.decode().split("\n\n") if chunk.startswith("data: ")]
 
 
+def wait_indexed(router_url: str, replica_urls) -> None:
+    """Until a router's embedded index applied every event the replicas have published so far."""
+    published = sum(http_json("GET", u + "/kv/events?after=0&limit=1")[1]["next_seq"] - 1 for u in replica_urls)
+    wait_for(lambda: metric(scrape(router_url), "kvemu_router_events_applied_total") >= published, timeout=5.0,
+             what=f"{published} events applied to the embedded index")
+
+
 def cluster_row(router_url: str, replica_id: str) -> dict:
     view = http_json("GET", router_url + "/cluster", timeout=5.0)[1]
     return next(r for r in view["replicas"] if r["replica_id"] == replica_id)

@@ -1,0 +1,264 @@
+"""Block accesses per second of every eviction policy, side by side on one trace in one run,
+plus the cost of reuse-distance monitoring and the pool's memory against capacity and trace
+length. Prints JSON.
+
+    python bench/bench_policies.py [--quick] [--policies lru,s3fifo,...] [--repeat 1]
+                                   [--capacity 10000] [--min-accesses 5000000] [--profile]
+
+Trace: the ``chat`` preset (16-token blocks, seed 1), its duration grown until it holds at
+least ``--min-accesses`` block accesses (5M; 500K with ``--quick``); generating takes well
+under a second. Every policy serves the whole trace through ``BlockPool.serve`` with the
+basic metrics (``PoolMetrics()`` default, ``emit_events=False``), one request at a time, at
+a capacity where LRU hits about half the accesses (10,000 blocks; chat never sends a request
+above 8,192 blocks). Belady gets each block's next-use time from one backward pass over the
+trace, timed separately. Runs are interleaved (policy A, B, ..., then A, B, ... again with
+``--repeat``) so machine noise hits every policy alike; the best time counts.
+
+Reuse-distance monitoring: LRU with ``PoolMetrics(reuse_tracker=ReuseDistanceTracker(
+max_distance=max(4 * capacity, 65536)))`` (what the simulator uses) and with
+``ShardsTracker(rate=0.01)``, in the same interleaved loop as plain LRU.
+
+Memory: LRU under tracemalloc, the trace allocated before tracing starts, so only what the
+pool, policy and metrics allocate is counted: at two capacities (C and 4C) and two trace
+lengths (the first N requests of the trace and the first 2N). ``retained_bytes`` is what is
+still allocated after serving (the pool's own structures); ``peak_bytes`` adds transient
+per-request lists.
+
+``--profile`` adds cProfile's top functions (by own time) for lru and s3fifo on the trace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import io
+import json
+import os
+import platform
+import pstats
+import resource
+import sys
+import time
+import tracemalloc
+
+from loadgen.sim import next_use_times
+from loadgen.workloads import generate
+from replica.metrics import PoolMetrics
+from replica.policies import make_policy, policy_class, policy_names
+from replica.pool import BlockPool
+from replica.reuse import ReuseDistanceTracker, ShardsTracker
+
+DEFAULT_POLICIES = ("lru", "s3fifo", "arc", "session_lru", "random_compute", "partial_node", "belady")
+PRESET, SEED, BLOCK_SIZE = "chat", 1, 16
+TARGETS = {"lru": 2_000_000, "s3fifo": 1_000_000}  # accesses/s with basic metrics (the issue, 2 cores)
+
+
+def build_trace(min_accesses: int):
+    """The chat preset, duration grown by 1.25x until the trace holds ``min_accesses`` block accesses."""
+    duration = max(200.0, min_accesses / 1000.0)  # chat runs at roughly 1K block accesses per second
+    t0 = time.perf_counter()
+    while True:
+        trace = generate(PRESET, duration, seed=SEED)
+        accesses = sum(len(r.hash_ids) for r in trace.requests)
+        if accesses >= min_accesses:
+            break
+        duration = round(duration * 1.25)
+    gen_s = time.perf_counter() - t0
+    last = time.perf_counter()
+    trace_once = generate(PRESET, duration, seed=SEED)  # the last generation alone, for the report
+    once_s = time.perf_counter() - last
+    del trace_once
+    return trace, duration, accesses, gen_s, once_s
+
+
+def serve_all(pool: BlockPool, reqs, future=None) -> float:
+    """Serve every request in order; returns wall seconds."""
+    serve = pool.serve
+    t0 = time.perf_counter()
+    if future is None:
+        for hashes, session, now in reqs:
+            serve(hashes, session=session, now=now)
+    else:
+        for (hashes, session, now), nu in zip(reqs, future):
+            serve(hashes, session=session, now=now, next_use=nu)
+    return time.perf_counter() - t0
+
+
+def make_pool(variant: str, capacity: int) -> BlockPool:
+    if variant == "lru+exact_reuse":
+        tracker = ReuseDistanceTracker(max_distance=max(4 * capacity, 1 << 16))
+        return BlockPool(capacity, make_policy("lru"), block_size=BLOCK_SIZE,
+                         metrics=PoolMetrics(block_size=BLOCK_SIZE, reuse_tracker=tracker), emit_events=False)
+    if variant == "lru+shards_0.01":
+        return BlockPool(capacity, make_policy("lru"), block_size=BLOCK_SIZE,
+                         metrics=PoolMetrics(block_size=BLOCK_SIZE, reuse_tracker=ShardsTracker(rate=0.01)),
+                         emit_events=False)
+    return BlockPool(capacity, make_policy(variant), block_size=BLOCK_SIZE, emit_events=False)
+
+
+def time_variants(variants, capacity, reqs, future, accesses, repeat):
+    best = {v: float("inf") for v in variants}
+    cpu = {v: float("inf") for v in variants}
+    result = {}
+    for _ in range(repeat):
+        for v in variants:
+            pool = make_pool(v, capacity)
+            oracle = v in policy_names() and policy_class(v).needs_future
+            gc.collect()
+            c0 = time.process_time()
+            dt = serve_all(pool, reqs, future if oracle else None)
+            cpu[v] = min(cpu[v], time.process_time() - c0)
+            best[v] = min(best[v], dt)
+            m = pool.metrics
+            entry = {
+                "seconds": round(best[v], 3),
+                "accesses_per_s": round(accesses / best[v]),
+                "accesses_per_cpu_s": round(accesses / cpu[v]) if cpu[v] > 0 else None,
+                "block_hit_ratio": round(m.block_hits / m.block_accesses, 4),
+                "evictions": m.evictions,
+            }
+            if m.reuse is not None:
+                entry["tracker_lru_hit_ratio_at_capacity"] = round(m.reuse.hit_ratio_at(capacity), 4)
+            result[v] = entry
+            del pool
+            print(f"# {v}: {entry['accesses_per_s']:,} accesses/s, hit ratio {entry['block_hit_ratio']}",
+                  file=sys.stderr, flush=True)
+    return result
+
+
+def memory_runs(reqs, accesses_of, capacities, lengths) -> list[dict]:
+    out = []
+    for cap in capacities:
+        for n in lengths:
+            part = reqs[:n]
+            gc.collect()
+            tracemalloc.start()
+            pool = make_pool("lru", cap)
+            serve_all(pool, part)
+            gc.collect()
+            retained, peak = tracemalloc.get_traced_memory()
+            tracemalloc.stop()
+            out.append({
+                "capacity_blocks": cap,
+                "requests": n,
+                "block_accesses": accesses_of(n),
+                "resident_blocks": pool.used,
+                "pool_full": pool.used == cap,
+                "retained_bytes": retained,
+                "peak_bytes": peak,
+                "retained_bytes_per_resident_block": round(retained / max(pool.used, 1), 1),
+            })
+            del pool, part
+    return out
+
+
+def profile(policy: str, capacity: int, reqs, top: int = 12) -> list[dict]:
+    pool = make_pool(policy, capacity)
+    prof = cProfile.Profile()
+    prof.enable()
+    serve_all(pool, reqs)
+    prof.disable()
+    stats = pstats.Stats(prof, stream=io.StringIO())
+    total = stats.total_tt
+    rows = []
+    for (file, line, func), (cc, nc, tt, ct, _) in stats.stats.items():
+        rows.append((tt, ct, nc, f"{os.path.relpath(file) if file.startswith('/') else file}:{line}({func})"))
+    rows.sort(reverse=True)
+    return [{"function": name, "own_s": round(tt, 3), "own_share": round(tt / total, 3),
+             "cumulative_s": round(ct, 3), "calls": nc} for tt, ct, nc, name in rows[:top]]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="a ~500K-access trace for a fast check")
+    ap.add_argument("--policies", default=",".join(DEFAULT_POLICIES),
+                    help=f"comma-separated (any of {', '.join(policy_names())})")
+    ap.add_argument("--capacity", type=int, default=10_000, help="pool blocks (>= 8192, chat's largest request)")
+    ap.add_argument("--min-accesses", type=int, help="trace size (default 5M, 500K with --quick)")
+    ap.add_argument("--repeat", type=int, default=1, help="interleaved rounds; the best time counts")
+    ap.add_argument("--profile", action="store_true", help="add cProfile top functions of lru and s3fifo")
+    a = ap.parse_args()
+    policies = [p.strip().lower() for p in a.policies.split(",") if p.strip()]
+    for p in policies:
+        policy_class(p)  # unknown names exit with the list of valid ones
+    min_accesses = a.min_accesses or (500_000 if a.quick else 5_000_000)
+    load_before = os.getloadavg()
+    t_start = time.perf_counter()
+
+    trace, duration, accesses, gen_s, once_s = build_trace(min_accesses)
+    reqs = [(r.hash_ids, r.session, r.t) for r in trace.requests]
+    if max(len(h) for h, _, _ in reqs) > a.capacity:
+        sys.exit(f"--capacity {a.capacity} is below the trace's largest request")
+    future = None
+    nu_s = None
+    if any(policy_class(p).needs_future for p in policies):
+        t0 = time.perf_counter()
+        future = next_use_times(trace)
+        nu_s = time.perf_counter() - t0
+
+    variants = list(dict.fromkeys(["lru", *policies, "lru+exact_reuse", "lru+shards_0.01"]))
+    timed = time_variants(variants, a.capacity, reqs, future, accesses, a.repeat)
+    lru_speed = timed["lru"]["accesses_per_s"]
+    per_policy = {}
+    for p in dict.fromkeys(["lru", *policies]):
+        per_policy[p] = dict(timed[p], speed_vs_lru=round(timed[p]["accesses_per_s"] / lru_speed, 3))
+    monitoring = {"lru_plain": {"accesses_per_s": lru_speed}}
+    for v, label in (("lru+exact_reuse", "exact_reuse_distances"), ("lru+shards_0.01", "shards_rate_0.01")):
+        monitoring[label] = dict(timed[v], speed_vs_plain_lru=round(timed[v]["accesses_per_s"] / lru_speed, 3))
+    monitoring["exact_reuse_distances"]["max_distance"] = max(4 * a.capacity, 1 << 16)
+
+    # Memory: prefixes of N and 2N requests, N the first request count reaching 1/5 of the trace's accesses.
+    cum, n_half, seen = [0], None, 0
+    for hashes, _, _ in reqs:
+        seen += len(hashes)
+        cum.append(seen)
+        if n_half is None and seen >= accesses // 5:
+            n_half = len(cum) - 1
+    n_half = min(n_half or len(reqs) // 2, len(reqs) // 2)
+    caps = [a.capacity, 4 * a.capacity]
+    mem = memory_runs(reqs, cum.__getitem__, caps, [n_half, 2 * n_half])
+    by = {(m["capacity_blocks"], m["requests"]): m["retained_bytes"] for m in mem}
+    memory = {
+        "method": "tracemalloc around pool construction + serving (trace allocated before), LRU",
+        "runs": mem,
+        "retained_ratio_2x_trace_same_capacity": {
+            str(c): round(by[(c, 2 * n_half)] / by[(c, n_half)], 3) for c in caps},
+        "retained_ratio_4x_capacity_same_trace": {
+            str(n): round(by[(caps[1], n)] / by[(caps[0], n)], 3) for n in (n_half, 2 * n_half)},
+    }
+
+    result = {
+        "bench": "policies",
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "load_average_before": [round(x, 2) for x in load_before],
+        "quick": a.quick,
+        "trace": {
+            "preset": PRESET, "seed": SEED, "block_size": BLOCK_SIZE, "duration_s": duration,
+            "requests": len(reqs), "block_accesses": accesses,
+            "max_request_blocks": max(len(h) for h, _, _ in reqs),
+            "generate_s": round(once_s, 3), "generate_s_incl_duration_search": round(gen_s, 3),
+        },
+        "capacity_blocks": a.capacity,
+        "repeat": a.repeat,
+        "metrics": "PoolMetrics() default (block_cost 1, no reuse tracker), emit_events=False, hit_mode holes",
+        "next_use_backward_pass_s": round(nu_s, 3) if nu_s is not None else None,
+        "policies": per_policy,
+        "reuse_monitoring": monitoring,
+        "memory": memory,
+        "targets": {
+            p: {"want_accesses_per_s": want, "measured": per_policy[p]["accesses_per_s"],
+                "met": per_policy[p]["accesses_per_s"] >= want}
+            for p, want in TARGETS.items() if p in per_policy
+        },
+    }
+    if a.profile:
+        result["profile"] = {p: profile(p, a.capacity, reqs) for p in ("lru", "s3fifo")}
+    result["process_max_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    result["wall_s"] = round(time.perf_counter() - t_start, 1)
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
