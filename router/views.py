@@ -127,15 +127,25 @@ async def _pass_stream(request, upstream, out_headers: dict, state) -> web.Strea
     await resp.prepare(request)
     try:
         async for chunk in upstream.content.iter_any():
-            await resp.write(chunk)
+            try:
+                await resp.write(chunk)
+            except ConnectionResetError:  # the client hung up: nobody left to tell
+                state.metrics.requests.labels("client_disconnected").inc()
+                return resp
     except (aiohttp.ClientError, asyncio.TimeoutError):
         # Too late to retry: tell the client in-band rather than end the stream silently.
-        await resp.write(b'data: {"error": {"message": "replica failed mid-stream", "code": 502}}\n\n')
         state.metrics.requests.labels("failed_mid_stream").inc()
-        await resp.write_eof()
+        try:
+            await resp.write(b'data: {"error": {"message": "replica failed mid-stream", "code": 502}}\n\n')
+            await resp.write_eof()
+        except ConnectionResetError:
+            pass
         return resp
     state.metrics.requests.labels("ok").inc()
-    await resp.write_eof()
+    try:
+        await resp.write_eof()
+    except ConnectionResetError:
+        pass
     return resp
 
 

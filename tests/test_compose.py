@@ -18,6 +18,7 @@ healthcheck command passes.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import re
@@ -32,7 +33,6 @@ from pathlib import Path
 
 import yaml  # PyYAML, in the dev extra
 
-from kvemu.up import _die_with_parent
 from shared import tokenizer
 from shared.hashing import block_hashes
 from tests.conftest import RedisServer, free_port
@@ -240,6 +240,13 @@ def healthcheck_argv(service: dict, mapping: LocalMapping, name: str) -> list[st
 
 
 # ---------------------------------------------------------------- processes
+
+
+def _die_with_parent() -> None:  # between fork and exec: no orphans even if pytest is SIGKILLed
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
 
 
 class Stack:

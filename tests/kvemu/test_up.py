@@ -1,0 +1,158 @@
+"""`kvemu up` as a real subprocess: URLs printed, all healthy, and no child outlives it —
+after SIGTERM, Ctrl-C (SIGINT) or even SIGKILL of `kvemu up` itself (PR_SET_PDEATHSIG)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import sys
+
+import pytest
+
+from shared.costmodel import CostModel
+from shared.hashing import block_hashes
+from tests.conftest import free_port
+from tests.support.cluster import redis_lookup, wait_for
+from tests.support.kvemu_cli import Up, alive, run_kvemu, wait_dead
+from tests.support.procs import http_json
+
+
+@pytest.fixture
+def up_procs():
+    started: list[Up] = []
+
+    def start(*args: str, env: dict | None = None) -> Up:
+        up = Up(*args, env=env)
+        started.append(up)
+        return up
+
+    yield start
+    for up in started:
+        up.cleanup()
+
+
+def port_open(url: str) -> bool:
+    host, port = url.split("//")[1].split("/")[0].rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+
+def check_healthy(urls: dict[str, str], replicas: int) -> None:
+    for name, url in urls.items():
+        if name.startswith(("router", "replica-")):
+            status, body = http_json("GET", url + "/health", timeout=5.0)
+            assert status == 200, (name, body)
+    status, body = http_json("GET", urls["router"] + "/health", timeout=5.0)
+    assert body["healthy_replicas"] == replicas == body["replicas"]
+
+
+def generate_via(router: str, tokens: list[int], session: str = "s") -> dict:
+    status, body = http_json("POST", router + "/generate", {"token_ids": tokens, "max_tokens": 2},
+                             headers={"X-Session-Id": session}, timeout=30.0)
+    assert status == 200, body
+    return body
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_up_serves_then_stops_every_child_on_signal(up_procs, sig):
+    port = free_port()
+    up = up_procs("--replicas", "2", "--policy", "s3fifo", "--capacity-blocks", "512", "--model", "llama-3-8b",
+                  "--gpu", "h100", "--routing", "session", "--index", "memory", "--time-scale", "0",
+                  "--port", str(port))
+    urls = up.ready()
+    assert urls["router"] == f"http://127.0.0.1:{port}"
+    assert sorted(k for k in urls if k.startswith("replica-")) == ["replica-0", "replica-1"]
+    assert os.path.isdir(urls["logs"])
+    check_healthy(urls, 2)
+    for i in range(2):
+        status, body = http_json("GET", urls[f"replica-{i}"] + "/health")
+        assert (body["replica_id"], body["policy"], body["capacity_blocks"]) == (f"replica-{i}", "s3fifo", 512)
+    # Same session twice: the second turn reuses the first one's full blocks on the same replica.
+    first = generate_via(urls["router"], list(range(100)))
+    second = generate_via(urls["router"], list(range(140)))
+    assert second["replica_id"] == first["replica_id"] and second["cached_tokens"] == 96
+
+    assert len(up.children) == 3, up.children  # router + 2 replicas, nothing else
+    assert all(alive(p, c) for p, c in up.children.items())
+    up.signal(sig)
+    assert up.wait(30) == 0, up.stderr()
+    assert "stopped" in up.stderr() and "Traceback" not in up.stderr()
+    assert wait_dead(up.children, 2.0) == {}, "children outlived kvemu up"
+    assert not any(port_open(u) for k, u in urls.items() if k.startswith(("router", "replica-")))
+
+
+def test_children_die_when_up_is_sigkilled(up_procs):
+    up = up_procs("--replicas", "2", "--capacity-blocks", "256", "--time-scale", "0", "--port", str(free_port()))
+    urls = up.ready()
+    check_healthy(urls, 2)
+    children = dict(up.children)
+    assert len(children) == 3
+    up.signal(signal.SIGKILL)  # no handler runs: only PR_SET_PDEATHSIG can stop the children
+    assert up.wait(10) == -signal.SIGKILL
+    assert wait_dead(children, 5.0) == {}, "orphans left after SIGKILL of kvemu up"
+
+
+def test_private_redis_is_started_used_and_stopped(up_procs):
+    up = up_procs("--replicas", "2", "--capacity-gib", "1", "--model", "llama-3-8b", "--gpu", "h100",
+                  "--index", "redis", "--time-scale", "0", "--port", str(free_port()))
+    urls = up.ready()
+    check_healthy(urls, 2)
+    redis_url = urls["redis"]
+    assert redis_url.startswith("redis://127.0.0.1:") and ":6379/" not in redis_url
+    assert http_json("GET", urls["router"] + "/health")[1]["index"] == "redis"
+    expected_blocks = CostModel.from_names("llama-3-8b", "h100").gib_to_blocks(1, 16)
+    assert http_json("GET", urls["replica-0"] + "/health")[1]["capacity_blocks"] == expected_blocks
+    redis_children = {p: c for p, c in up.children.items() if "redis-server" in c}
+    assert len(redis_children) == 1 and len(up.children) == 4
+    # The replicas publish to the private Redis: the served prompt's blocks appear in its index.
+    tokens = list(range(1000, 1100))
+    body = generate_via(urls["router"], tokens)
+    hashes = block_hashes(tokens, 16)
+    wait_for(lambda: redis_lookup(redis_url, "default", hashes).get(body["replica_id"]) == len(hashes),
+             timeout=10.0, what="the request's blocks in the private Redis index")
+
+    up.signal(signal.SIGTERM)
+    assert up.wait(30) == 0, up.stderr()
+    assert wait_dead(up.children, 2.0) == {}
+    assert not port_open(redis_url)
+
+
+def test_redis_without_redis_server_names_what_to_install(tmp_path):
+    bindir = tmp_path / "bin"  # a PATH with python but no redis-server
+    bindir.mkdir()
+    os.symlink(sys.executable, bindir / "python3")
+    path = f"{bindir}:{os.path.dirname(sys.executable)}"
+    assert shutil.which("redis-server", path=path) is None
+    res = run_kvemu("up", "--replicas", "2", "--index", "redis", "--port", str(free_port()),
+                    env={**os.environ, "PATH": path})
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), res.stderr
+    assert "redis-server" in lines[0] and "install" in lines[0] and "redis://" in lines[0]
+    assert "Traceback" not in res.stderr and "router" not in res.stdout  # nothing was started
+
+
+@pytest.mark.parametrize("flags, field", [
+    (["--policy", "nope"], "policy"),
+    (["--replicas", "0"], "--replicas"),
+    (["--replicas", "65"], "--replicas"),
+    (["--routing", "nope"], "routing"),
+    (["--capacity-blocks", "0"], "--capacity-blocks"),
+    (["--capacity-gib", "-1"], "--capacity-gib"),
+    (["--model", "nope"], "model"),
+    (["--gpu", "nope"], "gpu"),
+    (["--time-scale", "-1"], "--time-scale"),
+    (["--set", "nope=1"], "nope"),
+    (["--index", "mysql://x"], "--index"),
+])
+def test_bad_flags_exit_2_with_one_error_line(flags, field):
+    res = run_kvemu("up", "--port", str(free_port()), *flags)
+    assert res.returncode == 2, (flags, res.stdout, res.stderr)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and field in lines[0], res.stderr
+    assert res.stdout == ""
