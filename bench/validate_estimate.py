@@ -6,7 +6,7 @@ hit ratio, absolute error) and the max / mean absolute error.
 
     python bench/validate_estimate.py [--capacities 2000,2275,4000] [--rates 0.5,1,1.5,2]
                                       [--thinks 15,45,135] [--set prompt_blocks=1 ...]
-                                      [--hours 4] [--seeds 1]
+                                      [--sessions 20000] [--seeds 1]
 
 The simulator's hit ratio is measured on a steady-state window: a generated trace starts
 with an empty cache and no sessions in progress (too few blocks compete: hit ratio too
@@ -53,11 +53,13 @@ def warmup_for(model: ScmModel) -> float:
     return max(600.0, 5.0 * lifetime)
 
 
-def point(base: dict[str, str], capacity: int, rate: float, think: float, hours: float, seed: int) -> dict:
+def point(base: dict[str, str], capacity: int, rate: float, think: float, sessions: int, seed: int) -> dict:
     overrides = {**base, "arrival_rate": str(rate), "think_mean": str(think)}
     model = apply_overrides(ScmModel(), overrides)  # the preset's own names and defaults
     warmup = warmup_for(model)
-    duration = warmup + hours * 3600.0
+    # the simulated hit ratio's noise is set by how many sessions the window holds (long
+    # sessions dominate it), not by its length in seconds: size the window in sessions
+    duration = warmup + sessions / rate
     trace = generate("scm", duration, seed, overrides)
     est = estimate(model.workload(), capacity)
     sim = simulated_hit_ratio(trace, capacity, warmup, duration)
@@ -65,7 +67,7 @@ def point(base: dict[str, str], capacity: int, rate: float, think: float, hours:
             "estimate": round(est.hit_ratio, 5), "sim_steady": round(sim["steady"], 5),
             "sim_whole_trace": round(sim["whole_trace"], 5), "abs_error": round(abs(est.hit_ratio - sim["steady"]), 5),
             "characteristic_time_s": round(est.characteristic_time_s, 3), "h_max": round(est.h_max, 5),
-            "warmup_s": warmup, "window_accesses": sim["window_accesses"]}
+            "warmup_s": warmup, "window_s": round(duration - warmup, 1), "window_accesses": sim["window_accesses"]}
 
 
 def _floats(text: str) -> list[float]:
@@ -79,12 +81,12 @@ def main() -> None:
     ap.add_argument("--thinks", default="15,45,135")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                     help="scm parameters other than arrival_rate/think_mean")
-    ap.add_argument("--hours", type=float, default=3.0, help="steady-state window per point, simulated hours")
+    ap.add_argument("--sessions", type=int, default=20_000, help="sessions arriving in each point's steady window")
     ap.add_argument("--seeds", type=int, default=1)
     args = ap.parse_args()
     base = {"continue_prob": "0.75", "prompt_blocks": "1", "response_blocks": "2", **parse_pairs(args.set)}
     t0 = time.perf_counter()
-    points = [point(base, int(c), r, w, args.hours, s)
+    points = [point(base, int(c), r, w, args.sessions, s)
               for c in _floats(args.capacities) for r in _floats(args.rates) for w in _floats(args.thinks)
               for s in range(args.seeds)]
     errors = [p["abs_error"] for p in points]

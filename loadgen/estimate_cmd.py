@@ -100,7 +100,9 @@ def run(args: argparse.Namespace) -> int:
 
 def format_table(doc: dict) -> str:
     think = doc["think"]
-    shape = f"{think['dist']}, mean {think['mean_s']:.4g} s" + (f", sigma {think['sigma']:g}" if "sigma" in think else "")
+    shape = f"{think['dist']}, mean {think['mean_s']:.4g} s"
+    if "sigma" in think:
+        shape += f", sigma {think['sigma']:g}"
     t_c = doc["characteristic_time_s"]
     reusable = "A_H^hash" if doc["variant"] == "practical" else "A_H"
     lines = [f"mean-field whole-conversation LRU estimate ({doc['variant']} variant), source {doc['source']}"]

@@ -67,6 +67,11 @@ class Engine:
         self._wake = asyncio.Event()
         self._emu_now = 0.0
         self._wall_idle_since = time.monotonic()
+        # Busy periods are paced against one anchor (emulated, wall): each step sleeps until
+        # anchor_wall + (emulated end - anchor_emu) * time_scale, so sleeps too short for the
+        # event loop to honour (uvloop returns at once below ~0.5 ms) do not add up to drift.
+        self._anchor_emu = 0.0
+        self._anchor_wall = time.monotonic()
         self._stopping = False
 
     # ---- clock ------------------------------------------------------------------
@@ -84,6 +89,7 @@ class Engine:
             # Leaving idle: fold the idle wall time into the emulated clock exactly once.
             self._emu_now = self.now()
             self._wall_idle_since = time.monotonic()
+            self._reanchor()
         now = self._emu_now
         req = SchedRequest(next(self._ids), hashes, prompt_tokens, max_tokens, now, session)
         self.sched.submit(req)
@@ -108,18 +114,29 @@ class Engine:
                 await self._wake.wait()
                 self._emu_now = self.now()
                 self._wall_idle_since = time.monotonic()
+                self._reanchor()
                 continue
             now = self._emu_now
             res = self.sched.step(now, now if self.time_scale > 0 else INF)
             self.publish_events()
-            if res.duration > 0 and self.time_scale > 0:
-                await asyncio.sleep(res.duration * self.time_scale)
-            else:
-                await asyncio.sleep(0)  # let handlers run between steps
+            await self._pace(now + res.duration)
             self._emu_now = now + res.duration
             self.counters.steps += res.steps
             self.counters.emulated_busy_s += res.duration
             self._deliver(res)
+
+    def _reanchor(self) -> None:
+        self._anchor_emu = self._emu_now
+        self._anchor_wall = time.monotonic()
+
+    async def _pace(self, emulated_end: float) -> None:
+        if self.time_scale <= 0:
+            await asyncio.sleep(0)  # as fast as possible; still let handlers run between steps
+            return
+        delay = self._anchor_wall + (emulated_end - self._anchor_emu) * self.time_scale - time.monotonic()
+        if delay < -1.0:
+            self._anchor_wall -= delay  # a stall (GC, overload) is forgiven, not repaid in a burst
+        await asyncio.sleep(max(delay, 0.0))
 
     def _deliver(self, res: StepResult) -> None:
         wall = time.monotonic()

@@ -156,3 +156,14 @@ def test_bad_flags_exit_2_with_one_error_line(flags, field):
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and field in lines[0], res.stderr
     assert res.stdout == ""
+
+
+def test_a_dying_child_stops_the_rest_and_exits_1(up_procs):
+    up = up_procs("--replicas", "2", "--capacity-blocks", "256", "--time-scale", "0", "--port", str(free_port()))
+    urls = up.ready()
+    check_healthy(urls, 2)
+    victim = next(p for p, c in up.children.items() if "--replica-id replica-1" in c)
+    os.kill(victim, signal.SIGKILL)
+    assert up.wait(30) == 1
+    assert "replica-1 exited" in up.stderr() and "Traceback" not in up.stderr()
+    assert wait_dead(up.children, 2.0) == {}

@@ -93,8 +93,11 @@ class ChildWatcher:
         self._thread.start()
 
     def _loop(self) -> None:
+        parent = cmdline(self.pid)
         while not self._stop.is_set():
-            self.seen.update(children_of(self.pid))
+            for pid, cmd in children_of(self.pid).items():
+                if cmd and cmd != parent:  # skip a child caught between fork and exec, or exiting
+                    self.seen[pid] = cmd
             self._stop.wait(self.interval)
 
     def stop(self) -> dict[int, str]:
