@@ -54,6 +54,7 @@ from replica.metrics import PoolMetrics
 from replica.policies import make_policy, policy_class, policy_names
 from replica.pool import BlockPool
 from replica.reuse import ReuseDistanceTracker, ShardsTracker
+from shared.errors import KvemuError
 
 DEFAULT_POLICIES = ("lru", "s3fifo", "arc", "session_lru", "random_compute", "partial_node", "belady")
 PRESET, SEED, BLOCK_SIZE = "chat", 1, 16
@@ -174,11 +175,12 @@ def memory_run(reqs, capacity: int, accesses: int, fractions=(0.25, 0.5, 0.75, 1
         seen += len(hashes)
         longest = max(longest, len(hashes))
         while k < len(marks) and seen >= marks[k][1]:
-            current, _ = tracemalloc.get_traced_memory()
+            current, peak_so_far = tracemalloc.get_traced_memory()
             checkpoints.append({"fraction_of_accesses": marks[k][0], "block_accesses": seen,
                                 "resident_blocks": pool.used, "pool_full": pool.used == capacity,
                                 "longest_request_so_far": longest,
                                 "evictions_so_far": pool.metrics.evictions, "allocated_bytes": current,
+                                "peak_bytes_so_far": peak_so_far,
                                 "bytes_per_resident_block": round(current / max(pool.used, 1), 1)})
             k += 1
     _, peak = tracemalloc.get_traced_memory()
@@ -205,19 +207,29 @@ def profile(policy: str, capacity: int, reqs, top: int = 12) -> list[dict]:
              "cumulative_s": round(ct, 3), "calls": nc} for tt, ct, nc, name in rows[:top]]
 
 
+def _target(entry: dict, want: int) -> dict:
+    wall, cpu = entry["accesses_per_s"], entry["accesses_per_cpu_s"] or 0
+    return {"want_accesses_per_s": want, "wall": wall, "met_wall": wall >= want, "cpu": cpu, "met_cpu": cpu >= want}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a ~500K-access trace for a fast check")
     ap.add_argument("--policies", default=",".join(DEFAULT_POLICIES),
-                    help=f"comma-separated (any of {', '.join(policy_names())})")
+                    help=f"comma-separated (any of {', '.join(policy_names())}); lru always runs as the baseline")
     ap.add_argument("--capacity", type=int, help="pool blocks (default: where LRU hits half the accesses)")
     ap.add_argument("--min-accesses", type=int, help="trace size (default 5M, 500K with --quick)")
     ap.add_argument("--repeat", type=int, default=1, help="interleaved rounds; the best time counts")
     ap.add_argument("--profile", action="store_true", help="add cProfile top functions of lru and s3fifo")
     a = ap.parse_args()
+    if a.repeat < 1:
+        sys.exit("--repeat must be >= 1")
     policies = [p.strip().lower() for p in a.policies.split(",") if p.strip()]
     for p in policies:
-        policy_class(p)  # unknown names exit with the list of valid ones
+        try:
+            policy_class(p)
+        except KvemuError as exc:  # an unknown name: exit with the list of valid ones
+            sys.exit(f"--policies: {exc}")
     min_accesses = a.min_accesses or (500_000 if a.quick else 5_000_000)
     load_before = os.getloadavg()
     t_start = time.perf_counter()
@@ -282,12 +294,7 @@ def main() -> None:
         "policies": per_policy,
         "reuse_monitoring": monitoring,
         "memory": memory,
-        "targets": {
-            p: {"want_accesses_per_s": want,
-                "wall": per_policy[p]["accesses_per_s"], "met_wall": per_policy[p]["accesses_per_s"] >= want,
-                "cpu": per_policy[p]["accesses_per_cpu_s"], "met_cpu": (per_policy[p]["accesses_per_cpu_s"] or 0) >= want}
-            for p, want in TARGETS.items() if p in per_policy
-        },
+        "targets": {p: _target(per_policy[p], want) for p, want in TARGETS.items() if p in per_policy},
     }
     if a.profile:
         result["profile"] = {p: profile(p, a.capacity, reqs) for p in ("lru", "s3fifo")}

@@ -47,6 +47,7 @@ import json
 import os
 import platform
 import random
+import re
 import shutil
 import signal
 import socket
@@ -143,6 +144,16 @@ class Procs:
                 p.kill()
                 p.wait(5)
                 self.killed.append(self.name_of(p))
+
+    def log_errors(self, procs: list[subprocess.Popen]) -> dict[str, list[str]]:
+        """Exception lines in the processes' logs (e.g. a traceback's last line), by process."""
+        out = {}
+        for p in procs:
+            lines = [ln.strip() for ln in self.log_tail(p, 200_000).splitlines()]
+            errs = [ln for ln in lines if re.match(r"^[A-Za-z_.]*(Error|Exception)\b", ln)]
+            if errs:
+                out[self.name_of(p)] = sorted(set(e[:200] for e in errs))[:5]
+        return out
 
     def name_of(self, p: subprocess.Popen) -> str:
         return next((name for name, q, _ in self.items if q is p), str(p.pid))
@@ -751,6 +762,45 @@ def profile_top(path: Path, n: int = 20) -> dict:
             "project_cumtime": sorted(own, key=lambda r: r["cumtime_s"], reverse=True)[:n]}
 
 
+class ClusterBroken(Exception):
+    """Too many requests of a segment failed: the cluster is not fit to measure any more."""
+
+    def __init__(self, segment: str, errors: dict) -> None:
+        super().__init__(segment)
+        self.segment, self.errors = segment, errors
+
+
+MAX_ERROR_FRACTION = 0.02
+
+
+def _check(seg: dict, what: str, ok: int) -> None:
+    n_err = sum(seg["errors"].values())
+    if n_err and n_err > MAX_ERROR_FRACTION * (ok + n_err):
+        raise ClusterBroken(what, seg["errors"])
+
+
+async def one_round(cl: Cluster, mode: str, rnd: int, layout: dict, thr_layout: dict, prompts: Prompts, a):
+    """Latency (direct and routed, order alternating per round), then closed loop (reverse order)."""
+    cl.pin(layout)
+    seg, lat = {}, {}
+    targets = ("direct", "router") if rnd % 2 == 0 else ("router", "direct")
+    for target in targets:
+        seg[target], lat[target] = await latency_segment(cl, target, prompts, a)
+        log(f"round {rnd + 1}/{a.rounds} {mode:6} latency {target:6}: p50 {seg[target]['p50_ms']} ms,"
+            f" p99 {seg[target]['p99_ms']} ms, errors {seg[target]['errors'] or 0},"
+            f" other load {seg[target]['foreign_cpu_util']} cores")
+        _check(seg[target], f"latency {target}", seg[target]["n"])
+    cl.pin(thr_layout)
+    thr = {}
+    for target in reversed(targets):
+        thr[target] = await throughput_segment(cl, target, prompts, a)
+        log(f"round {rnd + 1}/{a.rounds} {mode:6} closed loop {target:6}: "
+            f"{thr[target]['requests_per_s']} req/s, errors {thr[target]['errors'] or 0},"
+            f" other load {thr[target]['foreign_cpu_util']} cores")
+        _check(thr[target], f"closed loop {target}", thr[target]["requests"])
+    return seg, lat, thr
+
+
 # ---- main -------------------------------------------------------------------------------
 async def main_async(a, procs: Procs, layout: dict, thr_layout: dict, profile_dir: Path | None) -> dict:
     t_start = time.perf_counter()
@@ -774,37 +824,36 @@ async def main_async(a, procs: Procs, layout: dict, thr_layout: dict, profile_di
     thr_rounds: dict[str, list[dict]] = {m: [] for m in clusters}
     for cl in clusters.values():
         cl.freeze()
+    failed: dict[str, dict] = {}
     for rnd in range(a.rounds):
         order = list(clusters) if rnd % 2 == 0 else list(reversed(clusters))
         for mode in order:
+            if mode in failed:
+                continue
             cl = clusters[mode]
             async with new_session() as s:
                 await cl.thaw(s)
             try:
                 if rnd == 0:
                     idle[mode] = await idle_cpu(cl, a.idle_seconds)
-                cl.pin(layout)
-                seg = {}
-                targets = ("direct", "router") if rnd % 2 == 0 else ("router", "direct")
-                for target in targets:
-                    seg[target], lat = await latency_segment(cl, target, prompts, a)
-                    pooled[mode][target].extend(lat)
-                    log(f"round {rnd + 1}/{a.rounds} {mode:6} latency {target:6}: p50 {seg[target]['p50_ms']} ms,"
-                        f" p99 {seg[target]['p99_ms']} ms, errors {seg[target]['errors'] or 0},"
-                        f" other load {seg[target]['foreign_cpu_util']} cores")
-                lat_rounds[mode].append(seg)
-                cl.pin(thr_layout)
-                thr = {}
-                for target in reversed(targets):
-                    thr[target] = await throughput_segment(cl, target, prompts, a)
-                    log(f"round {rnd + 1}/{a.rounds} {mode:6} closed loop {target:6}: "
-                        f"{thr[target]['requests_per_s']} req/s, errors {thr[target]['errors'] or 0},"
-                        f" other load {thr[target]['foreign_cpu_util']} cores")
+                lat_seg, lat, thr = await one_round(cl, mode, rnd, layout, thr_layout, prompts, a)
+                lat_rounds[mode].append(lat_seg)
+                for target in lat:
+                    pooled[mode][target].extend(lat[target])
                 thr_rounds[mode].append(thr)
                 async with new_session() as s:
                     if rnd == a.rounds - 1:
                         health[mode] = await cl.health_report(s)
                     await cl.quiesce(s)
+            except ClusterBroken as exc:
+                failed[mode] = {"round": rnd + 1, "segment": exc.segment, "errors": exc.errors,
+                                "replica_log_errors": procs.log_errors(cl.replica_procs),
+                                "router_log_errors": procs.log_errors([cl.router_proc])}
+                log(f"{mode} cluster failed in round {rnd + 1} ({exc.segment}): its remaining rounds are skipped;"
+                    f" replica logs say {failed[mode]['replica_log_errors'] or 'nothing'}")
+                with contextlib.suppress(Exception):
+                    async with new_session() as s:
+                        health[mode] = await cl.health_report(s)
             finally:
                 cl.freeze()
     os.kill(redis.proc.pid, signal.SIGCONT)  # the fallback index measurement uses it; clusters stay frozen
@@ -818,10 +867,14 @@ async def main_async(a, procs: Procs, layout: dict, thr_layout: dict, profile_di
             os.kill(cl.router_proc.pid, signal.SIGCONT)
             procs.stop([cl.router_proc], timeout=30)
         profile = {m: profile_top(cl.profile_path) for m, cl in clusters.items()}
-    latency = {m: summarize_latency(lat_rounds[m], pooled[m]) for m in clusters}
-    throughput = {m: summarize_throughput(thr_rounds[m]) for m in clusters}
+    no_data = {"target_p50_met": False, "target_p99_met": False, "target_met": False,
+               "error": "no round completed; see failures"}
+    latency = {m: summarize_latency(lat_rounds[m], pooled[m]) if lat_rounds[m] else dict(no_data)
+               for m in clusters}
+    throughput = {m: summarize_throughput(thr_rounds[m]) if thr_rounds[m] else dict(no_data) for m in clusters}
     for m in clusters:
         latency[m]["rounds"] = lat_rounds[m]
+        latency[m]["complete_rounds"] = len(lat_rounds[m])
         throughput[m]["idle_background_cpu"] = idle.get(m)
     out = {
         "bench": "router",
@@ -839,10 +892,9 @@ async def main_async(a, procs: Procs, layout: dict, thr_layout: dict, profile_di
         "throughput_closed_loop": throughput,
         "index": index,
         "disturbance_counters": health,
-        "noise": {m: {"foreign_cpu_cores_mean": round(sum(seg["foreign_cpu_util"] for x in lat_rounds[m] + thr_rounds[m]
-                                                           for seg in x.values()) /
-                                                       (2 * (len(lat_rounds[m]) + len(thr_rounds[m]))), 3)}
-                  for m in clusters},
+        "failures": failed,
+        "noise": {m: {"foreign_cpu_cores_mean": _mean([seg["foreign_cpu_util"] for x in lat_rounds[m] + thr_rounds[m]
+                                                        for seg in x.values()])} for m in clusters},
         "targets": {
             **{f"added_p50_le_{TARGET_ADDED_P50_MS}ms_{m}": latency[m]["target_p50_met"] for m in clusters},
             **{f"added_p99_le_{TARGET_ADDED_P99_MS}ms_{m}": latency[m]["target_p99_met"] for m in clusters},
@@ -855,10 +907,14 @@ async def main_async(a, procs: Procs, layout: dict, thr_layout: dict, profile_di
     return out
 
 
+def _mean(xs: list[float]) -> float | None:
+    return round(sum(xs) / len(xs), 3) if xs else None
+
+
 def _had_errors(result: dict) -> bool:
     lat = result["latency_at_fixed_rate"].values()
     thr = result["throughput_closed_loop"].values()
-    return any(sum(x["errors"].values()) for x in [*lat, *thr])
+    return bool(result["failures"]) or any(sum(x.get("errors", {}).values()) for x in [*lat, *thr])
 
 
 def main() -> None:

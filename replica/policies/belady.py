@@ -147,7 +147,9 @@ class BeladyComputePolicy(EvictionPolicy):
         def push_top(d: int) -> None:
             entry = self._top(by_depth[d], d, pinned, held)
             if entry is not None:
-                score = (-entry[0] - now) / max(self.pool.block_cost(d), 1e-300)
+                # A next use already past (the replica is behind its arrivals) means "needed
+                # now": clamp so it ranks as the most urgent, never as a negative score.
+                score = max(-entry[0] - now, 1e-9) / max(self.pool.block_cost(d), 1e-300)
                 heappush(tops, (-score, entry[1], d))
 
         while len(out) < need:

@@ -105,7 +105,7 @@ def oracle_reference(trace, capacity, cost, compute):
             return (t, h)
         if t == inf:
             return (1, -cost(d), h)
-        return (0, (t - clock) / cost(d), h)
+        return (0, max(t - clock, 1e-9) / cost(d), h)  # a past next use counts as "needed now"
 
     for (t, req), nu in zip(trace, next_uses(trace)):
         clock = max(clock, t)  # victims are scored at the incoming request's time
