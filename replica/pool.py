@@ -61,8 +61,11 @@ class Allocation:
     @property
     def prefix_blocks(self) -> int:
         """Length of the leading run of reused blocks."""
+        idx = self.hit_idx
+        if not idx or idx[-1] == len(idx) - 1:  # empty, or one leading run (the common case)
+            return len(idx)
         n = 0
-        for i in self.hit_idx:
+        for i in idx:
             if i != n:
                 break
             n += 1
@@ -261,7 +264,7 @@ class BlockPool:
     def _check_evictable(self, touched_hashes, shortfall: int) -> None:
         # Blocks this request reuses will be pinned, so they cannot be victims either.
         refs = self._refs
-        newly_pinned = sum(1 for h in touched_hashes if h not in refs)
+        newly_pinned = sum(1 for h in touched_hashes if h not in refs) if refs else len(touched_hashes)
         if self.evictable - newly_pinned < shortfall:
             raise PoolBusyError(
                 f"need {shortfall} more free blocks, only {self.evictable - newly_pinned} evictable"
