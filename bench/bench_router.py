@@ -22,19 +22,32 @@ rounds alternate between them so drift on a shared machine hits both.
 Where the time goes: every segment records the CPU time (psutil) of the router, the
 replicas, Redis and this client process; ``router_cpu_us_per_req`` is the router's CPU per
 request (background work included) and ``router_capacity_req_per_s_one_core`` the rate a
-router with a core of its own could sustain at that cost.  The router's own /metrics give
-its index lookup latency.  ``--profile-router`` runs the routers under cProfile (numbers of
-that run are inflated; it reports the top functions).
+router with a core of its own could sustain at that cost.  ``foreign_cpu_util`` is the CPU
+the machine spent on anything else (other tenants): ``noise`` and each round's
+``other_load_cores`` say how much to trust a round, ``quietest_round`` is the least
+disturbed one.  The router's /metrics give its index lookup latency (for the memory index
+that histogram times a trip around the event loop, as the lookup runs in a task).
+``--profile-router`` runs the routers under cProfile with a CPU clock (that run's rates are
+deflated; it reports the top functions).  For a low-overhead view, point
+``py-spy record -p <router pid> -f raw`` at a router while the bench runs.
 
-CPU pinning (``--pin auto``, the default, on >= 2 CPUs with ``taskset``): the routers and
-redis-server on the second CPU of this process's affinity set, the replicas and this client
-on the first.  The router thus never competes with the load generator or the replicas it
-proxies to, which keeps its added latency from mixing with theirs; on a 2-core machine the
-first core carries client + 4 replicas and so bounds the closed-loop rates. ``--pin none``
-leaves placement to the OS.
+CPU pinning: in the latency phase (``--pin auto``, the default, on >= 2 CPUs with
+``taskset``) the routers and redis-server run on the second CPU of this process's affinity
+set, the replicas and this client on the first, so the router never competes with the load
+generator or the replicas it proxies to and its added latency does not mix with theirs.
+In the closed-loop phase (``--pin-throughput none``, the default) placement is left to the
+OS: pinned, the first core of a 2-core machine (client + 4 replicas) caps the rate before
+the router does.  Affinities are switched on the running processes between phases.
+
+A cluster whose segment loses more than 2% of its requests is declared failed (its
+remaining rounds are skipped; ``failures`` holds the replicas' scheduler and event-feed
+counters and any exception lines from the logs, which are then kept on disk).  Every
+process is stopped at the end, also on error or SIGTERM; one that ignores SIGTERM for 10 s
+is killed and named in ``killed_after_sigterm_timeout``.  Progress goes to stderr.
 
     python bench/bench_router.py [--quick] [--rate 500] [--rounds 3] [--concurrency 64]
-                                 [--pin auto|none] [--profile-router]
+                                 [--pin auto|none] [--pin-throughput auto|none]
+                                 [--profile-router] [--keep-logs]
 """
 
 from __future__ import annotations
@@ -285,6 +298,21 @@ class Cluster:
 
         return await asyncio.gather(*(one(u) for u in self.replica_urls))
 
+    async def replica_snapshot(self) -> list[dict]:
+        """Each replica's scheduler and event feed, or why it did not answer /stats."""
+        out = []
+        async with new_session() as s:
+            for url in self.replica_urls:
+                try:
+                    async with s.get(url + "/stats?top=1", timeout=aiohttp.ClientTimeout(total=3)) as r:
+                        st = await r.json()
+                    out.append({"url": url, "scheduler": {k: st["scheduler"].get(k) for k in
+                                                          ("running", "waiting", "finished", "steps")},
+                                "events": st.get("events")})
+                except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError) as exc:
+                    out.append({"url": url, "error": f"{type(exc).__name__}: {exc}"[:200]})
+        return out
+
     async def quiesce(self, session: aiohttp.ClientSession, timeout: float = 5.0) -> None:
         """Let event shipping/polling catch up before freezing, so no index call is cut in half."""
         if not self.redis_url:
@@ -337,7 +365,7 @@ class Cluster:
         m = psutil.cpu_times()
         busy = m.user + m.nice + m.system + getattr(m, "irq", 0) + getattr(m, "softirq", 0) + getattr(m, "steal", 0)
         # CPU the machine spent on anything but this bench's processes: other tenants, the kernel
-        ours["foreign"] = busy - sum(ours.values())
+        ours["foreign"] = busy - sum(ours.values())  # per-process and system counters tick apart: clamped later
         return ours
 
     async def router_metrics(self, session: aiohttp.ClientSession) -> dict[str, float]:
@@ -489,7 +517,7 @@ def new_session(limit: int = 0) -> aiohttp.ClientSession:
 
 def cpu_delta(before: dict, after: dict, wall: float, requests: int) -> dict:
     d = {k: after[k] - before[k] for k in before}
-    out = {f"{k}_cpu_util": round(v / wall, 3) for k, v in d.items()}
+    out = {f"{k}_cpu_util": round(max(v, 0.0) / wall, 3) for k, v in d.items()}
     if requests:
         out.update({f"{k}_cpu_us_per_req": round(v / requests * 1e6, 1) for k, v in d.items() if k != "foreign"})
     return out
@@ -565,7 +593,10 @@ def summarize_latency(rounds: list[dict], pooled: dict[str, list[float]]) -> dic
     added50 = diff(r["p50_ms"], d["p50_ms"])
     added99 = diff(r["p99_ms"], d["p99_ms"])
     per_round = [{"added_p50_ms": diff(x["router"]["p50_ms"], x["direct"]["p50_ms"]),
-                  "added_p99_ms": diff(x["router"]["p99_ms"], x["direct"]["p99_ms"])} for x in rounds]
+                  "added_p99_ms": diff(x["router"]["p99_ms"], x["direct"]["p99_ms"]),
+                  "other_load_cores": _mean([x["router"]["foreign_cpu_util"], x["direct"]["foreign_cpu_util"]])}
+                 for x in rounds]
+    quietest = min(per_round, key=lambda x: x["other_load_cores"]) if per_round else {}
     router_segs = [x["router"] for x in rounds]
     direct_segs = [x["direct"] for x in rounds]
 
@@ -580,6 +611,10 @@ def summarize_latency(rounds: list[dict], pooled: dict[str, list[float]]) -> dic
         "router_over_direct_p50": ratio(r["p50_ms"], d["p50_ms"]),
         "router_over_direct_p99": ratio(r["p99_ms"], d["p99_ms"]),
         "added_per_round": per_round,
+        # The round with the least CPU used by other tenants: the closest to a quiet machine.
+        "quietest_round": quietest,
+        "target_met_in_quietest_round": bool(quietest) and quietest["added_p50_ms"] is not None
+        and quietest["added_p50_ms"] <= TARGET_ADDED_P50_MS and quietest["added_p99_ms"] <= TARGET_ADDED_P99_MS,
         "errors": {"direct": sum(sum(s["errors"].values()) for s in direct_segs),
                    "router": sum(sum(s["errors"].values()) for s in router_segs)},
         "launch_lag_ms_p99_worst": max(s["launch_lag_ms_p99"] for s in rounds_segs(rounds)),
@@ -848,7 +883,8 @@ async def main_async(a, procs: Procs, layout: dict, thr_layout: dict, profile_di
             except ClusterBroken as exc:
                 failed[mode] = {"round": rnd + 1, "segment": exc.segment, "errors": exc.errors,
                                 "replica_log_errors": procs.log_errors(cl.replica_procs),
-                                "router_log_errors": procs.log_errors([cl.router_proc])}
+                                "router_log_errors": procs.log_errors([cl.router_proc]),
+                                "replicas_at_failure": await cl.replica_snapshot()}
                 log(f"{mode} cluster failed in round {rnd + 1} ({exc.segment}): its remaining rounds are skipped;"
                     f" replica logs say {failed[mode]['replica_log_errors'] or 'nothing'}")
                 with contextlib.suppress(Exception):

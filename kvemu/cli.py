@@ -22,6 +22,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "router": ("router.cmd", "run the cache-aware router in front of replicas"),
     "replica": ("replica.cmd", "run one replica: an emulated GPU serving over HTTP"),
     "sim": ("loadgen.sim_cmd", "virtual-time run of policies x capacities over a trace or preset"),
+    "sweep": ("loadgen.sweep_cmd", "policies x capacities x routings x replica counts in parallel, resumable"),
     "estimate": ("loadgen.estimate_cmd", "mean-field LRU hit ratio (or capacity for a target) of scm or a trace"),
 }
 

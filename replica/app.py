@@ -45,7 +45,7 @@ class ReplicaState:
         self.scheduler = Scheduler(self.pool, self.cost, SchedulerSettings(
             token_budget=settings.token_budget, max_running=settings.max_running, max_waiting=settings.max_waiting))
         self.feed = EventFeed(settings.replica_id, lambda: list(self.pool.resident), settings.event_batch_max,
-                              settings.feed_max_batches)
+                              settings.feed_max_batches, mode="push" if settings.index else "poll")
         self.registry, self.ttft_hist = make_registry()
         self.engine = Engine(self.pool, self.scheduler, settings.time_scale, on_events=self.feed.publish,
                              on_first_token=self.ttft_hist.observe)
@@ -61,11 +61,7 @@ async def engine_ctx(app: web.Application):
     task = asyncio.create_task(state.engine.run(), name="engine")
     yield
     await state.engine.drain(timeout=30.0)
-    task.cancel()
-    try:
-        await task
-    except asyncio.CancelledError:
-        pass
+    await _stop(task)
 
 
 async def index_ctx(app: web.Application):
@@ -79,13 +75,19 @@ async def index_ctx(app: web.Application):
     app[STATE].shipper = shipper
     task = asyncio.create_task(shipper.run(), name="index-shipper")
     yield
+    shipper.stop()
     await shipper.flush(timeout=5.0)
+    await _stop(task)
+    await shipper.close()
+
+
+async def _stop(task: asyncio.Task, timeout: float = 5.0) -> None:
+    """Cancel a background task and wait for it, but never forever."""
     task.cancel()
     try:
-        await task
+        await asyncio.wait({task}, timeout=timeout)
     except asyncio.CancelledError:
         pass
-    await shipper.close()
 
 
 def make_app(settings: ReplicaSettings) -> web.Application:

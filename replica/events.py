@@ -32,17 +32,27 @@ class FeedBatch:
 
 
 class EventFeed:
+    """Numbered batches under this process's epoch, in a bounded deque.
+
+    Two consumers, two overflow rules. ``poll`` (the embedded index): batches stay after being
+    read, the oldest simply fall off, and a poller whose cursor is older than ``oldest_seq``
+    sees the gap itself and asks for ``/kv/resync``. ``push`` (the Redis shipper pops them):
+    an overflow loses unshipped batches, so the next publish starts with a resync.
+    """
+
     def __init__(self, replica_id: str, resident: Callable[[], Iterable[int]], batch_max: int = 512,
-                 max_batches: int = 4096) -> None:
+                 max_batches: int = 4096, mode: str = "poll") -> None:
         self.replica_id = replica_id
         self.epoch = uuid.uuid4().hex[:16]
         self._resident = resident
         self.batch_max = batch_max
         self.max_batches = max_batches
+        self.mode = mode
         self.batches: deque[FeedBatch] = deque()
         self.next_seq = 1
         self.published_events = 0
-        self.dropped_batches = 0
+        self.dropped_batches = 0  # unshipped batches lost (push mode)
+        self.expired_batches = 0  # read batches aged out of the ring (poll mode)
         self.resyncs = 0
         self._needs_resync = False
         self.listener: Callable[[], None] | None = None  # woken after each publish (the Redis shipper)
@@ -51,23 +61,26 @@ class EventFeed:
         if self._needs_resync:
             self._needs_resync = False
             self.resyncs += 1
+            # The events of this call are already reflected in the resident set.
             events = [KvEvent("cleared", ()), KvEvent("stored", tuple(self._resident()))]
-            # the events that triggered this call are already reflected in the resident set
         for chunk in _chunks(events, self.batch_max):
             self.batches.append(FeedBatch(self.next_seq, chunk))
             self.next_seq += len(chunk)
             self.published_events += len(chunk)
-        while len(self.batches) > self.max_batches:
+        overflow = len(self.batches) - self.max_batches
+        for _ in range(max(overflow, 0)):
             self.batches.popleft()
-            self.dropped_batches += 1
-            self._needs_resync = True
-        if self._needs_resync:
-            self.publish([])
-        elif self.listener is not None and self.batches:
+        if overflow > 0:
+            if self.mode == "push":
+                self.dropped_batches += overflow
+                self._needs_resync = True  # on the next publish: never recursively from here
+            else:
+                self.expired_batches += overflow
+        if self.listener is not None and self.batches:
             self.listener()
 
     def request_resync(self) -> None:
-        """A consumer lost its view (e.g. a router restarted or cleared us): republish everything."""
+        """A consumer lost its view (a router restarted, cleared us, or fell behind): republish."""
         self._needs_resync = True
         self.publish([])
 
@@ -98,8 +111,9 @@ class EventFeed:
         return self.batches[0].seq if self.batches else self.next_seq
 
     def stats(self) -> dict:
-        return {"epoch": self.epoch, "next_seq": self.next_seq, "queued_batches": len(self.batches),
-                "published_events": self.published_events, "dropped_batches": self.dropped_batches,
+        return {"epoch": self.epoch, "mode": self.mode, "next_seq": self.next_seq,
+                "queued_batches": len(self.batches), "published_events": self.published_events,
+                "dropped_batches": self.dropped_batches, "expired_batches": self.expired_batches,
                 "resyncs": self.resyncs}
 
 

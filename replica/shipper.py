@@ -37,13 +37,21 @@ class RedisShipper:
         self.last_error = ""
         self.apply_latency = LogHistogram()
         self._backoff = 0.0
+        self._stopping = False
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
 
     async def run(self) -> None:
         last_beat = 0.0
-        while True:
+        while not self._stopping:
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout=self.heartbeat_s)
-            except asyncio.TimeoutError:
+                # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancel that races
+                # its own timeout, which left replicas hanging on SIGTERM.
+                async with asyncio.timeout(self.heartbeat_s):
+                    await self._wake.wait()
+            except TimeoutError:
                 pass
             self._wake.clear()
             batches = self.feed.pop_ready()
@@ -75,8 +83,8 @@ class RedisShipper:
         self.lost_batches += lost
         self._backoff = min(max(self._backoff * 2, 0.1), 5.0)
         log.warning("index unavailable, %d batch(es) dropped, resync queued: %s", lost, reason)
-        self.feed.mark_lost()
-        self.feed.publish([])  # queue the resync now so it leaves as soon as Redis answers
+        self.feed.dropped_batches += 1
+        self.feed.request_resync()  # queued now, so it leaves as soon as Redis answers
 
     async def flush(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout

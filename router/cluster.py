@@ -34,6 +34,7 @@ class ReplicaHandle:
     top_sessions: list = field(default_factory=list)
     feed_cursor: int = 0  # last event sequence number applied to the embedded index
     feed_lag_events: int = 0
+    resync_asked_at: int = -1  # cursor+1 at which we last asked for a resync (one ask per gap)
     known: bool = False  # answered /health at least once
 
     @property
@@ -159,6 +160,12 @@ class Cluster:
             await self.check(rep)
             return False
         applied_to = rep.feed_cursor
+        if int(feed.get("oldest_seq", 1)) > applied_to + 1 and rep.resync_asked_at < applied_to + 1:
+            # Batches we never read aged out of the replica's ring: the index will see the gap
+            # and clear this replica; a resync then rebuilds it.
+            rep.resync_asked_at = applied_to + 1
+            self.metrics.event_gaps += 1
+            await self._request_resync(rep)
         for b in feed.get("batches", []):
             batch = EventBatch(rep.replica_id, rep.epoch, b["seq"],
                                [IndexEvent(kind, tuple(hashes)) for kind, hashes in b["events"]])

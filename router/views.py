@@ -82,7 +82,10 @@ async def _decide(state, spec: protocol.GenerateSpec, excluded: set[str]):
     if state.settings.routing == "cache_aware" and spec.hashes:
         t0 = time.perf_counter()
         try:
-            overlap = await asyncio.wait_for(state.index.lookup(spec.hashes), state.settings.index_timeout_s)
+            if state.embedded:  # in-process and never blocks: no task, no timer
+                overlap = state.index.lookup_sync(spec.hashes)
+            else:
+                overlap = await asyncio.wait_for(state.index.lookup(spec.hashes), state.settings.index_timeout_s)
             state.metrics.index_latency.observe(time.perf_counter() - t0)
             predicted = True
         except (IndexUnavailable, asyncio.TimeoutError):

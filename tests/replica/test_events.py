@@ -1,0 +1,43 @@
+from replica.events import EventFeed
+from replica.pool import KvEvent
+
+
+def feed(mode, max_batches=4, resident=range(10)):
+    return EventFeed("r", lambda: list(resident), batch_max=4, max_batches=max_batches, mode=mode)
+
+
+def test_batches_are_numbered_per_event_and_split_by_size():
+    f = feed("poll", max_batches=100)
+    f.publish([KvEvent("stored", (1, 2)), KvEvent("removed", (3,))])
+    f.publish([KvEvent("stored", tuple(range(10, 20)))])  # 10 hashes -> 3 batches of at most 4
+    seqs = [(b.seq, len(b.events)) for b in f.batches]
+    assert seqs == [(1, 2), (3, 1), (4, 1), (5, 1)]
+    assert [len(b.events[0].hashes) for b in list(f.batches)[1:]] == [4, 4, 2]
+    assert [b.seq for b in f.since(3)] == [4, 5]
+    assert f.next_seq == 6
+
+
+def test_poll_mode_ages_out_read_batches_without_resync():
+    f = feed("poll")
+    for i in range(20):  # far past the bound: no recursion, no resync storm
+        f.publish([KvEvent("stored", (i,))])
+    assert len(f.batches) == 4 and f.expired_batches == 16
+    assert f.resyncs == 0 and f.dropped_batches == 0
+    assert f.oldest_seq == 17  # a poller at cursor < 16 sees the gap and asks for /kv/resync
+
+
+def test_push_mode_overflow_loses_batches_and_resyncs_once_on_the_next_publish():
+    f = feed("push", resident=(7, 8))
+    for i in range(5):  # the fifth overflows the 4-batch bound
+        f.publish([KvEvent("stored", (i,))])
+    assert f.dropped_batches == 1 and f.resyncs == 0
+    f.publish([KvEvent("stored", (99,))])  # 99 is resident by now, so the resync covers it
+    last = list(f.batches)[-1]
+    assert f.resyncs == 1 and last.events == [KvEvent("cleared", ()), KvEvent("stored", (7, 8))]
+
+
+def test_requested_resync_republishes_the_resident_set():
+    f = feed("poll", max_batches=100, resident=(1, 2, 3))
+    f.request_resync()
+    assert [e.kind for e in f.batches[-1].events] == ["cleared", "stored"]
+    assert f.batches[-1].events[1].hashes == (1, 2, 3)
