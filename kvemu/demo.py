@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import signal
 import sys
 import time
@@ -61,6 +62,8 @@ def run(a) -> int:
         report = cluster_report(cluster.router_url)
     finally:
         cluster.stop()
+    if summary["failed"] == 0 and cluster.tmpdir:
+        shutil.rmtree(cluster.tmpdir, ignore_errors=True)  # logs are kept only when something failed
     print()
     print_report(summary, report)
     print(f"\ndemo finished in {time.monotonic() - started:.1f} s")

@@ -253,14 +253,21 @@ def validate(a) -> None:
 
 def run(a) -> int:
     validate(a)
-    stop = {"now": False}
+    stop = {"now": False, "starting": True}
 
     def on_signal(signum, frame):
         stop["now"] = True
+        if stop["starting"]:  # interrupt start-up at once; bring_up stops what it started
+            raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    cluster = bring_up(a)
+    try:
+        cluster = bring_up(a)
+    except KeyboardInterrupt:
+        print("stopped during start-up", file=sys.stderr)
+        return 130
+    stop["starting"] = False
     try:
         print(f"router   {cluster.router_url}")
         for i, url in enumerate(cluster.replica_urls):

@@ -2,7 +2,8 @@
 
 Panels: (a) block hit ratio against per-replica capacity, one line per policy, one panel per
 (routing, replicas) combination (only the first one when there are more than ``MAX_PANELS``),
-with the LRU miss-ratio curve, the mean-field estimate and the infinite-cache bound overlaid;
+with the LRU miss-ratio curve, the mean-field estimate (one replica, or a routing that keeps
+conversations on one replica) and the infinite-cache bound overlaid;
 (b) CSR against capacity, same panels; (c) requests and block hit ratio per replica for one
 point (the largest-capacity LRU run with the most replicas).
 
@@ -20,6 +21,9 @@ import numpy as np
 from loadgen.plots import _pyplot
 
 MAX_PANELS = 4
+# routings that keep a conversation on one replica, so R replicas of N blocks act like one
+# cache of R·N for the mean-field estimate; with the others a next turn lands anywhere
+AFFINE = ("session", "cache_aware")
 
 
 def require_matplotlib() -> None:
@@ -67,7 +71,7 @@ def _overlays(ax, combo, caps, mrc_rec, mean_field, ceiling) -> None:
         inside = (xs > lo) & (xs < hi)
         grid = np.concatenate(([lo], xs[inside], [hi]))
         ax.plot(grid, np.interp(np.log(grid), np.log(xs), ys), "k--", lw=1.2, label="LRU MRC (reuse distances)")
-    if mean_field is not None:
+    if mean_field is not None and (combo[1] == 1 or combo[0] in AFFINE):
         fn, label = mean_field
         grid = np.geomspace(lo, hi, 48) if hi > lo else np.array([lo])
         ax.plot(grid, [fn(float(c), combo[1]) for c in grid], ":", color="0.35", lw=1.8, label=label)
@@ -118,15 +122,17 @@ def _load_chart(ax, rec: dict) -> None:
 
 
 def _axes(plt, ncombos: int):
-    """(figure, hit-ratio axes, CSR axes, load axis)."""
+    """(figure, hit-ratio axes, CSR axes, load axis, legend axis or None)."""
     if ncombos == 1:
         fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
-        return fig, [axes[0]], [axes[1]], axes[2]
+        return fig, [axes[0]], [axes[1]], axes[2], None
     fig = plt.figure(figsize=(4.6 * ncombos, 10.5))
     gs = fig.add_gridspec(3, ncombos)
     hit = [fig.add_subplot(gs[0, i]) for i in range(ncombos)]
     csr = [fig.add_subplot(gs[1, i]) for i in range(ncombos)]
-    return fig, hit, csr, fig.add_subplot(gs[2, :])
+    legend = fig.add_subplot(gs[2, -1])
+    legend.axis("off")
+    return fig, hit, csr, fig.add_subplot(gs[2, :-1]), legend
 
 
 def plot_sweep(records: list[dict], mrc_records: list[dict], path: str, mean_field=None,
@@ -139,7 +145,7 @@ def plot_sweep(records: list[dict], mrc_records: list[dict], path: str, mean_fie
     mrc_by = {(r["routing"], r["replicas"]): r for r in mrc_records}
     cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     colors = {p: cycle[i % len(cycle)] for i, p in enumerate(dict.fromkeys(r["policy"] for r in records))}
-    fig, hit_axes, csr_axes, load_ax = _axes(plt, len(shown))
+    fig, hit_axes, csr_axes, load_ax, legend_ax = _axes(plt, len(shown))
     for combo, ax_h, ax_c in zip(shown, hit_axes, csr_axes):
         recs = groups[combo]
         caps = sorted({r["capacity_blocks"] for r in recs})
@@ -150,7 +156,10 @@ def plot_sweep(records: list[dict], mrc_records: list[dict], path: str, mean_fie
         _style(ax_c, caps, "CSR", f"compute-savings ratio, {combo[0]} x{combo[1]}")
         ax_h.set_ylim(bottom=0)
         ax_c.set_ylim(bottom=0)
-    hit_axes[0].legend(fontsize=8)
+    if legend_ax is None:
+        hit_axes[0].legend(fontsize=7, framealpha=0.8)
+    else:
+        legend_ax.legend(*hit_axes[0].get_legend_handles_labels(), loc="center", fontsize=9)
     _load_chart(load_ax, load_point(records))
     first = records[0]
     more = ""
@@ -160,7 +169,7 @@ def plot_sweep(records: list[dict], mrc_records: list[dict], path: str, mean_fie
     fig.suptitle(f"{source}: {first['hit_mode']} hits, max_running {first['settings']['max_running']}, "
                  f"{first['model']} on {first['gpu']}{more}", fontsize=11)
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=90, pil_kwargs={"optimize": True})
     plt.close(fig)
 
 

@@ -167,3 +167,21 @@ def test_a_dying_child_stops_the_rest_and_exits_1(up_procs):
     assert up.wait(30) == 1
     assert "replica-1 exited" in up.stderr() and "Traceback" not in up.stderr()
     assert wait_dead(up.children, 2.0) == {}
+
+
+def test_sigterm_during_start_up_stops_everything_at_once(up_procs):
+    import time
+
+    from tests.support.kvemu_cli import ChildWatcher
+
+    up = up_procs("--replicas", "2", "--capacity-blocks", "500", "--time-scale", "0", "--port", str(free_port()))
+    watcher = ChildWatcher(up.proc.pid, interval=0.05)
+    deadline = time.monotonic() + 20
+    while len(watcher.seen) < 2 and time.monotonic() < deadline:  # replicas spawned, not yet healthy
+        time.sleep(0.02)
+    up.signal(signal.SIGTERM)
+    assert up.wait(20) == 130
+    children = watcher.stop()
+    assert children, "no child was seen starting"
+    assert wait_dead(children, timeout=10) == {}
+    assert "stopped during start-up" in up.stderr()
