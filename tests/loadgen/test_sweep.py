@@ -190,8 +190,7 @@ def test_ctrl_c_stops_workers_and_keeps_finished_points(tmp_path):
     path = tmp_path / "big.jsonl"
     write_kvemu(generate("scm", 3600, seed=1), path)
     out = tmp_path / "r.jsonl"
-    exe = Path(sys.executable).parent / "kvemu"
-    proc = subprocess.Popen([str(exe), "sweep", "--trace", str(path), "--policy", "lru,s3fifo,arc,random_compute",
+    proc = subprocess.Popen([sys.executable, "-m", "kvemu", "sweep", "--trace", str(path), "--policy", "lru,s3fifo,arc,random_compute",
                              "--capacity-blocks", "2000,3000,4000,6000,8000", "--max-running", "1", "--jobs", "2",
                              "--out", str(out)], stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.monotonic() + 60
