@@ -85,7 +85,8 @@ async def _decide(state, spec: protocol.GenerateSpec, excluded: set[str]):
             if state.embedded:  # in-process and never blocks: no task, no timer
                 overlap = state.index.lookup_sync(spec.hashes)
             else:
-                overlap = await asyncio.wait_for(state.index.lookup(spec.hashes), state.settings.index_timeout_s)
+                async with asyncio.timeout(state.settings.index_timeout_s):  # no extra task, unlike wait_for
+                    overlap = await state.index.lookup(spec.hashes)
             state.metrics.index_latency.observe(time.perf_counter() - t0)
             predicted = True
         except (IndexUnavailable, asyncio.TimeoutError):
