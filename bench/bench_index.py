@@ -25,6 +25,7 @@ import time
 
 import redis
 
+from op_rates import timed_async, timed_sync
 from shared.index import EventBatch, IndexEvent, MemoryIndex, RedisIndex
 
 BLOCKS = 64
@@ -70,33 +71,6 @@ def workload(replicas: int, n_prompts: int, rng: random.Random):
         held = [h for p in rng.sample(prompts, n_prompts // 2) for h in p[: rng.randint(1, BLOCKS)]]
         batches.append(EventBatch(f"r{r}", "e1", 0, [IndexEvent("stored", tuple(held))]))
     return prompts, batches
-
-
-def timed_sync(fn, items, seconds: float) -> float:
-    n, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        for it in items:
-            fn(it)
-        n += len(items)
-    return n / (time.perf_counter() - t0)
-
-
-async def timed_async(fn, items, seconds: float, concurrency: int) -> float:
-    """Operations per second with ``concurrency`` workers each awaiting one op at a time."""
-    done = 0
-    deadline = time.perf_counter() + seconds
-
-    async def worker(k: int) -> None:
-        nonlocal done
-        i = k
-        while time.perf_counter() < deadline:
-            await fn(items[i % len(items)])
-            i += concurrency
-            done += 1
-
-    t0 = time.perf_counter()
-    await asyncio.gather(*(worker(k) for k in range(concurrency)))
-    return done / (time.perf_counter() - t0)
 
 
 def server_us_per_call(url: str) -> float:

@@ -212,7 +212,8 @@ def _target(entry: dict, want: int) -> dict:
     return {"want_accesses_per_s": want, "wall": wall, "met_wall": wall >= want, "cpu": cpu, "met_cpu": cpu >= want}
 
 
-def main() -> None:
+def parse_args() -> tuple[argparse.Namespace, list[str]]:
+    """The options and the policies to time (exits naming the valid ones on an unknown name)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a ~500K-access trace for a fast check")
     ap.add_argument("--policies", default=",".join(DEFAULT_POLICIES),
@@ -230,30 +231,31 @@ def main() -> None:
             policy_class(p)
         except KvemuError as exc:  # an unknown name: exit with the list of valid ones
             sys.exit(f"--policies: {exc}")
-    min_accesses = a.min_accesses or (500_000 if a.quick else 5_000_000)
-    load_before = os.getloadavg()
-    t_start = time.perf_counter()
+    return a, policies
 
-    trace, duration, accesses, gen_s, once_s = build_trace(min_accesses)
-    reqs = [(r.hash_ids, r.session, r.t) for r in trace.requests]
-    max_request = max(len(h) for h, _, _ in reqs)
-    selection = {"method": "--capacity"}
-    if a.capacity is None:
+
+def choose_capacity(given: int | None, reqs, max_request: int) -> tuple[int, dict]:
+    """``--capacity`` when given (it must hold the largest request), else where LRU hits half."""
+    if given is None:
         cap, hr, mrc_s = pick_capacity(reqs, max_request)
-        a.capacity = cap
-        selection = {"method": f"smallest pool >= largest request with exact-MRC LRU hit ratio >= {TARGET_LRU_HIT}",
+        return cap, {"method": f"smallest pool >= largest request with exact-MRC LRU hit ratio >= {TARGET_LRU_HIT}",
                      "predicted_lru_hit_ratio": round(hr, 4), "mrc_pass_s": round(mrc_s, 3)}
-    elif max_request > a.capacity:
-        sys.exit(f"--capacity {a.capacity} is below the trace's largest request ({max_request} blocks)")
-    future = None
-    nu_s = None
-    if any(policy_class(p).needs_future for p in policies):
-        t0 = time.perf_counter()
-        future = next_use_times(trace)
-        nu_s = time.perf_counter() - t0
+    if max_request > given:
+        sys.exit(f"--capacity {given} is below the trace's largest request ({max_request} blocks)")
+    return given, {"method": "--capacity"}
 
-    variants = list(dict.fromkeys(["lru", *policies, "lru+exact_reuse", "lru+shards_0.01"]))
-    timed = time_variants(variants, a.capacity, reqs, future, accesses, a.repeat)
+
+def next_use_pass(trace, policies: list[str]) -> tuple[list | None, float | None]:
+    """Each block's next-use time for the oracles, and the seconds the backward pass took."""
+    if not any(policy_class(p).needs_future for p in policies):
+        return None, None
+    t0 = time.perf_counter()
+    future = next_use_times(trace)
+    return future, time.perf_counter() - t0
+
+
+def speed_sections(timed: dict, policies: list[str], capacity: int) -> tuple[dict, dict]:
+    """Per policy: its rate against plain LRU; reuse monitoring: each tracker against plain LRU."""
     lru_speed = timed["lru"]["accesses_per_s"]
     per_policy = {}
     for p in dict.fromkeys(["lru", *policies]):
@@ -261,18 +263,37 @@ def main() -> None:
     monitoring = {"lru_plain": {"accesses_per_s": lru_speed}}
     for v, label in (("lru+exact_reuse", "exact_reuse_distances"), ("lru+shards_0.01", "shards_rate_0.01")):
         monitoring[label] = dict(timed[v], speed_vs_plain_lru=round(timed[v]["accesses_per_s"] / lru_speed, 3))
-    monitoring["exact_reuse_distances"]["max_distance"] = max(4 * a.capacity, 1 << 16)
+    monitoring["exact_reuse_distances"]["max_distance"] = max(4 * capacity, 1 << 16)
+    return per_policy, monitoring
 
-    # Memory: LRU at capacity C and 4C, read at access checkpoints of one pass each.
-    caps = [a.capacity, 4 * a.capacity]
-    mem = [memory_run(reqs, c, accesses) for c in caps]
-    memory = {
+
+def memory_section(reqs, capacity: int, accesses: int) -> dict:
+    """LRU at capacity C and 4C, read at access checkpoints of one pass each."""
+    mem = [memory_run(reqs, c, accesses) for c in (capacity, 4 * capacity)]
+    return {
         "method": "tracemalloc, trace allocated before; LRU pool+policy+metrics bytes at access checkpoints",
         "runs": mem,
         "ratio_2x_trace_same_capacity": {str(m["capacity_blocks"]): m["ratio_2x_trace"] for m in mem},
         "ratio_4x_capacity_same_trace": round(mem[1]["checkpoints"][-1]["allocated_bytes"]
                                               / mem[0]["checkpoints"][-1]["allocated_bytes"], 3),
     }
+
+
+def main() -> None:
+    a, policies = parse_args()
+    min_accesses = a.min_accesses or (500_000 if a.quick else 5_000_000)
+    load_before = os.getloadavg()
+    t_start = time.perf_counter()
+
+    trace, duration, accesses, gen_s, once_s = build_trace(min_accesses)
+    reqs = [(r.hash_ids, r.session, r.t) for r in trace.requests]
+    max_request = max(len(h) for h, _, _ in reqs)
+    capacity, selection = choose_capacity(a.capacity, reqs, max_request)
+    future, nu_s = next_use_pass(trace, policies)
+    variants = list(dict.fromkeys(["lru", *policies, "lru+exact_reuse", "lru+shards_0.01"]))
+    timed = time_variants(variants, capacity, reqs, future, accesses, a.repeat)
+    per_policy, monitoring = speed_sections(timed, policies, capacity)
+    memory = memory_section(reqs, capacity, accesses)
 
     result = {
         "bench": "policies",
@@ -286,7 +307,7 @@ def main() -> None:
             "max_request_blocks": max_request,
             "generate_s": round(once_s, 3), "generate_s_incl_duration_search": round(gen_s, 3),
         },
-        "capacity_blocks": a.capacity,
+        "capacity_blocks": capacity,
         "capacity_selection": selection,
         "repeat": a.repeat,
         "metrics": "PoolMetrics() default (block_cost 1, no reuse tracker), emit_events=False, hit_mode holes",
@@ -297,7 +318,7 @@ def main() -> None:
         "targets": {p: _target(per_policy[p], want) for p, want in TARGETS.items() if p in per_policy},
     }
     if a.profile:
-        result["profile"] = {p: profile(p, a.capacity, reqs) for p in ("lru", "s3fifo")}
+        result["profile"] = {p: profile(p, capacity, reqs) for p in ("lru", "s3fifo")}
     result["process_max_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     result["wall_s"] = round(time.perf_counter() - t_start, 1)
     print(json.dumps(result, indent=2))

@@ -14,8 +14,8 @@ replacement from the seeded ``random.Random`` (duplicates cannot change a minimu
 policy exact and deterministic. Blocks of the request being allocated are pinned but
 still in the array (the pool calls ``victims`` before ``on_access``); they are skipped.
 
-``now`` is the latest time seen in ``on_access`` / ``on_release``: the pool does not pass
-the current time to ``victims``, so scores use the previous request's time.
+``now`` is the incoming request's time: the pool sets ``pool.now`` before it asks for
+victims, and ``victims`` reads it (``on_access`` / ``on_release`` also advance it).
 """
 
 from __future__ import annotations

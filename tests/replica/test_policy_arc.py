@@ -3,27 +3,17 @@ import random
 import pytest
 
 from replica.policies import make_policy
-from replica.pool import BlockPool, PoolBusyError
+from replica.pool import BlockPool
 from shared.errors import InputError
+
+from tests.support.policy_checks import checked_victims, run_invariants
+from tests.support.policy_traces import random_session_trace
 
 
 def lists(pool):
     """T1, T2, B1, B2 from LRU to MRU."""
     pol = pool.policy
     return list(pol._t1), list(pol._t2), list(pol._b1), list(pol._b2)
-
-
-def checked_victims(pool):
-    orig = pool.policy.victims
-
-    def victims(need):
-        out = orig(need)
-        assert len(out) >= need
-        assert len(set(out)) == len(out)
-        assert all(h in pool.resident and not pool.is_pinned(h) for h in out)
-        return out
-
-    pool.policy.victims = victims
 
 
 def test_takes_no_parameters():
@@ -133,56 +123,14 @@ def test_ghost_lists_stay_bounded():
         assert 0 <= pol.p <= 16
 
 
-def random_trace(seed, n=2500):
-    rng = random.Random(seed)
-    chains: dict[int, list[int]] = {}
-    fresh = iter(range(100, 10**9))
-    system = [1, 2, 3]
-    out = []
-    for _ in range(n):
-        s = rng.randrange(25)
-        if s == 0:
-            out.append((None, system[: rng.randrange(1, 4)] + [next(fresh) for _ in range(rng.randrange(0, 3))]))
-            continue
-        chain = chains.setdefault(s, list(system[: rng.randrange(0, 4)]))
-        chain.extend(next(fresh) for _ in range(rng.randrange(1, 4)))
-        if len(chain) > 12:
-            chain[:] = chain[:3]
-        out.append((f"s{s}", list(chain)))
-    return out
+def lists_match_residency(pool):
+    """T1 and T2 split the resident blocks between them; the ghosts hold none of them."""
+    t1, t2, b1, b2 = lists(pool)
+    assert set(t1) | set(t2) == set(pool.resident) and not set(t1) & set(t2)
+    assert not (set(b1) | set(b2)) & set(pool.resident)
 
 
 @pytest.mark.parametrize("hit_mode", ["holes", "prefix"])
 def test_random_trace_invariants_with_pinned_requests(hit_mode):
-    rng = random.Random(6)
     pool = BlockPool(30, make_policy("arc"), hit_mode=hit_mode)
-    checked_victims(pool)
-    held = []
-    mirror: set[int] = set()
-    for step, (session, hashes) in enumerate(random_trace(10)):
-        try:
-            if rng.random() < 0.1 and len(held) < 2:
-                held.append(pool.acquire(hashes, session=session, now=step))
-            else:
-                pool.serve(hashes, session=session, now=step)
-        except PoolBusyError:
-            pass
-        if held and rng.random() < 0.25:
-            pool.release(held.pop(rng.randrange(len(held))))
-        if step % 500 == 499:
-            pool.reset()
-        assert pool.used <= pool.capacity
-        for a in held:
-            assert all(h in pool.resident for h in a.hashes)
-        for ev in pool.drain_events():
-            if ev.kind == "stored":
-                mirror.update(ev.hashes)
-            elif ev.kind == "removed":
-                mirror.difference_update(ev.hashes)
-            else:
-                mirror.clear()
-        assert mirror == set(pool.resident)
-        t1, t2, b1, b2 = lists(pool)
-        assert set(t1) | set(t2) == set(pool.resident) and not set(t1) & set(t2)
-        assert not (set(b1) | set(b2)) & set(pool.resident)
-    assert pool.metrics.block_hits > 0
+    run_invariants(pool, random_session_trace(10), random.Random(6), extra_check=lists_match_residency)

@@ -14,9 +14,10 @@ import pytest
 
 from replica.metrics import PoolMetrics
 from replica.policies import ORACLES, make_policy
-from replica.pool import BlockPool, PoolBusyError
+from replica.pool import BlockPool
 
-from tests.replica.test_policy_random_compute import _cost, random_prefix_trace, session_workload
+from tests.support.policy_checks import run_timed_invariants
+from tests.support.policy_traces import block_cost_512, session_workload, timed_prefix_trace
 
 
 def next_uses(trace):
@@ -86,7 +87,7 @@ def test_belady_equals_brute_force_optimum_on_tiny_traces(seed):
 
 @pytest.mark.parametrize("seed, capacity", [(1, 14), (2, 25), (3, 50), (4, 100)])
 def test_belady_at_least_lru_on_random_traces(seed, capacity):
-    trace = random_prefix_trace(seed, n=1500)
+    trace = timed_prefix_trace(seed, n=1500)
     belady, _ = replay("belady", trace, capacity)
     lru, _ = replay("lru", trace, capacity)
     assert belady >= lru
@@ -125,7 +126,7 @@ def test_matches_full_scan_reference(name, seed, capacity):
     table = [rng.uniform(1, 50) for _ in range(64)]
     cost = table.__getitem__
     # integer times with repeats: equal next uses make ties, broken by hash
-    trace = [(float(int(t)), req) for t, req in random_prefix_trace(seed, n=1200)]
+    trace = [(float(int(t)), req) for t, req in timed_prefix_trace(seed, n=1200)]
     pool = BlockPool(capacity, make_policy(name), metrics=PoolMetrics(block_cost=cost))
     expected = oracle_reference(trace, capacity, cost, name == "belady_compute")
     for (t, req), nu, want in zip(trace, next_uses(trace), expected):
@@ -146,8 +147,8 @@ def test_belady_compute_seed002_example():
         (10.0, [A]),
         (11.0, [X, B]),
     ]
-    # at t=2 (now = 1): Belady evicts the farthest, B. BeladyCompute: X (3-1)/1 = 2,
-    # B (11-1)/100 = 0.1, A (10-1)/1 = 9 -> evicts A and keeps B.
+    # at t=2 (now = 2): Belady evicts the farthest, B. BeladyCompute: X (3-2)/1 = 1,
+    # B (11-2)/100 = 0.09, A (10-2)/1 = 8 -> evicts A and keeps B.
     states = {}
     for name in ("belady", "belady_compute"):
         pool = BlockPool(3, make_policy(name), metrics=PoolMetrics(block_cost=cost))
@@ -173,7 +174,7 @@ def test_belady_compute_trades_hits_for_csr_on_sessions():
     res = {}
     for name in ("belady", "belady_compute"):
         pool = BlockPool(300, make_policy(name), block_size=512, emit_events=False,
-                         metrics=PoolMetrics(block_size=512, block_cost=_cost))
+                         metrics=PoolMetrics(block_size=512, block_cost=block_cost_512))
         for (t, req), nu in zip(trace, next_uses(trace)):
             pool.serve(req, now=t, next_use=nu)
         res[name] = pool.stats()
@@ -183,32 +184,9 @@ def test_belady_compute_trades_hits_for_csr_on_sessions():
 
 @pytest.mark.parametrize("name", ["belady", "belady_compute"])
 def test_pinned_never_evicted_and_events_replay(name):
-    rng = random.Random(9)
-    trace = random_prefix_trace(12, n=1500)
-    nus = next_uses(trace)
+    trace = timed_prefix_trace(12, n=1500)
     pool = BlockPool(40, make_policy(name), metrics=PoolMetrics(block_cost=lambda d: 1.0 + d))
-    mirror: set[int] = set()
-    held = []
-    for (t, req), nu in zip(trace, nus):
-        if held and rng.random() < 0.3:
-            pool.release(held.pop(rng.randrange(len(held))), now=t)
-        try:
-            alloc = pool.acquire(req, now=t, next_use=nu)
-        except PoolBusyError:
-            continue
-        assert {h for a in held for h in a.hashes} <= set(pool.resident)
-        if rng.random() < 0.2 and len(held) < 3:
-            held.append(alloc)
-        else:
-            pool.release(alloc, now=t)
-        assert pool.used <= pool.capacity
-        for ev in pool.drain_events():
-            if ev.kind == "stored":
-                mirror.update(ev.hashes)
-            elif ev.kind == "removed":
-                assert set(ev.hashes) <= mirror and len(set(ev.hashes)) == len(ev.hashes)
-                mirror.difference_update(ev.hashes)
-        assert mirror == set(pool.resident)
+    run_timed_invariants(pool, trace, random.Random(9), next_uses=next_uses(trace))
 
 
 @pytest.mark.parametrize("name", ["belady", "belady_compute"])

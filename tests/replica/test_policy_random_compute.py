@@ -6,17 +6,17 @@ the pool asks for victims before it reports the request that needs the space, so
 use ``now`` = the incoming request's time (the pool tells policies before evicting).
 """
 
-import itertools
 import random
-from math import inf
 
 import pytest
 
 from replica.metrics import PoolMetrics
 from replica.policies import make_policy
-from replica.pool import BlockPool, PoolBusyError
-from shared.costmodel import CostModel
+from replica.pool import BlockPool
 from shared.errors import InputError
+
+from tests.support.policy_checks import run_timed_invariants
+from tests.support.policy_traces import block_cost_512, session_workload, timed_prefix_trace
 
 A, B, C, D, E, F, G, H, I, X, Y, Z, P, Q, R = range(1, 16)
 
@@ -35,18 +35,20 @@ def test_random_compute_keeps_the_expensive_deep_block_lru_drops():
         pool.serve([A, B], now=0)  # A d0 c1, B d1 c8, f=1, last 0
         pool.serve([C], now=10)
         pool.serve([D], now=20)
-    # [E] at 30 needs one slot; scores at now=20: cost * f * 2^(-idle/10) / idle
-    #   A: 1 * 0.25 / 20 = 0.0125   B: 8 * 0.25 / 20 = 0.1   C: 1 * 0.5 / 10 = 0.05   D: idle 0 -> huge
+    # [E] at 30 needs one slot; scores at now=30: cost * f * 2^(-idle/10) / idle
+    #   A: 1 * 0.125 / 30 = 0.0042   B: 8 * 0.125 / 30 = 0.033   C: 1 * 0.25 / 20 = 0.0125
+    #   D: 1 * 0.5 / 10 = 0.05 -> evict A
     rc.serve([E], now=30)
     lru.serve([E], now=30)
     assert set(rc.resident) == {B, C, D, E}  # A (cheap) went
     assert set(lru.resident) == {A, C, D, E}  # LRU head was B (the deepest block of [A, B])
-    # [A, B] at 40: B pinned; now=30: C 1*0.25/20=0.0125, D 1*0.5/10=0.05, E huge -> evict C
+    # [A, B] at 40: B pinned; now=40: C 1*0.125/30=0.0042, D 1*0.25/20=0.0125, E 1*0.5/10=0.05 -> evict C
     assert rc.serve([A, B], now=40).hit_idx == [1]
     assert set(rc.resident) == {A, B, D, E}
     assert lru.serve([A, B], now=40).hit_idx == [0]
-    # B: f = 1*2^(-4) + 1 = 1.0625, last 40. [F] at 50, now=40:
-    #   A, B idle 0 -> huge; D 1*0.25/20 = 0.0125; E 1*0.5/10 = 0.05 -> evict D
+    # B: f = 1*2^(-4) + 1 = 1.0625, last 40; A new at 40. [F] at 50, now=50:
+    #   A 1*0.5/10 = 0.05; B 8*1.0625*0.5/10 = 0.425; D 1*0.125/30 = 0.0042; E 1*0.25/20 = 0.0125
+    #   -> evict D
     rc.serve([F], now=50)
     lru.serve([F], now=50)
     assert set(rc.resident) == {A, B, E, F}
@@ -61,9 +63,10 @@ def test_random_compute_frequency_and_its_decay(halflife, evicted):
     pool = pool_with("random_compute", 3, decay_halflife_s=halflife)  # cost 1 everywhere
     for t, req in enumerate([[A], [A], [A], [B], [C]]):
         pool.serve(req, now=t)
-    # [D] at 5, now=4. halflife 10: A f = 1 + 2^-0.1 + 2^-0.2 = 2.8036 at t=2, f_eff(4) = 2.4407,
-    # idle 2 -> 1.2203; B f_eff = 2^-0.1 = 0.9330, idle 1 -> 0.9330: B goes although A is older.
-    # halflife 0.1: A 1.00098 * 2^-20 / 2 = 4.8e-7 < B 2^-10 / 1 = 9.8e-4: A goes.
+    # [D] at 5, now=5. halflife 10: A f = 1 + 2^-0.1 + 2^-0.2 = 2.8036 at t=2, f_eff(5) = 2.2772,
+    # idle 3 -> 0.7591; B f_eff = 2^-0.2 = 0.8706, idle 2 -> 0.4353; C 2^-0.1 / 1 = 0.9330:
+    # B goes although A is older.
+    # halflife 0.1: A 1.00098 * 2^-30 / 3 = 3.1e-10 < B 2^-20 / 2 = 4.8e-7 < C 2^-10 / 1 = 9.8e-4: A goes.
     pool.serve([D], now=5)
     assert set(pool.resident) == {A, B, C, D} - {evicted}
 
@@ -93,26 +96,10 @@ def rc_reference(trace, capacity, cost, halflife, eps=1e-3):
         yield set(meta)
 
 
-def random_prefix_trace(seed, n=600, sessions=25, max_len=12):
-    """Chained prefixes (a block always sits at one depth), distinct times."""
-    rng = random.Random(seed)
-    ids = itertools.count(100)
-    chains: dict[int, list[int]] = {}
-    out, t = [], 0.0
-    for _ in range(n):
-        s = rng.randrange(sessions)
-        chain = chains.setdefault(s, [next(ids)])
-        if len(chain) < max_len:
-            chain.extend(next(ids) for _ in range(rng.randrange(0, 3)))
-        t += rng.expovariate(1.0)
-        out.append((t, list(chain[: rng.randrange(1, len(chain) + 1)]) if rng.random() < 0.3 else list(chain)))
-    return out
-
-
 @pytest.mark.parametrize("seed, capacity", [(1, 15), (2, 30), (3, 60)])
 def test_random_compute_exhaustive_matches_full_scan_reference(seed, capacity):
     cost = lambda d: 1.0 + 0.5 * d ** 1.5
-    trace = random_prefix_trace(seed)
+    trace = timed_prefix_trace(seed)
     pool = pool_with("random_compute", capacity, cost, sample_size=capacity, decay_halflife_s=7.0)
     for (t, req), expect in zip(trace, rc_reference(trace, capacity, cost, 7.0)):
         pool.serve(req, now=t)
@@ -125,13 +112,14 @@ def test_partial_node_evicts_a_chunk_from_the_start_of_the_coldest_node():
     pool.serve([A, B, C, D], now=0)  # node N1 = A..D (depths 0..3)
     pool.serve([E, F], now=10)  # node N2
     pool.serve([G], now=20)  # node N3; 7 used
-    # [H, I] at 30 needs 1 more slot; now=20: N1 idle 20 < N2 idle 10 < N3 idle 0 (mean cost 1 each).
+    # [H, I] at 30 needs 1 more slot; now=30: N1 idle 30 > N2 idle 20 > N3 idle 10 (mean cost 1
+    # each, f 1): N1 scores lowest (2^-0.03 / 30 = 0.033 against 0.049 and 0.099).
     # N1 loses its 2 shallowest blocks (chunk 2), more than the 1 asked for.
     pool.serve([H, I], now=30)
     assert set(pool.resident) == {C, D, E, F, G, H, I}
     assert pool.stats()["evictions"] == 2
     # A and B are recomputed as ONE hole in front of the reused C, D; the new A, B need 1 more slot:
-    # now=30, C and D pinned: N2 (idle 20) loses E, F.
+    # now=40, C and D pinned: N2 (idle 30, against G's 20 and [H, I]'s 10) loses E, F.
     alloc = pool.serve([A, B, C, D], now=40)
     assert alloc.hit_idx == [2, 3] and alloc.holes == 1 and alloc.hole_lengths == [2]
     assert set(pool.resident) == {A, B, C, D, G, H, I}
@@ -181,38 +169,8 @@ POLICIES = [
 
 @pytest.mark.parametrize("name, params", POLICIES)
 def test_random_trace_invariants_and_event_replay(name, params):
-    rng = random.Random(5)
     pool = BlockPool(40, make_policy(name, **params), metrics=PoolMetrics(block_cost=lambda d: 1.0 + d))
-    mirror: set[int] = set()
-    held = []
-    for k, (t, req) in enumerate(random_prefix_trace(11, n=1500)):
-        if held and rng.random() < 0.3:
-            pool.release(held.pop(rng.randrange(len(held))), now=t)
-        try:
-            alloc = pool.acquire(req, now=t)
-        except PoolBusyError:
-            continue
-        pinned = {h for a in held for h in a.hashes}
-        assert pinned <= set(pool.resident)  # pinned blocks are never evicted
-        if rng.random() < 0.2 and len(held) < 3:
-            held.append(alloc)
-        else:
-            pool.release(alloc, now=t)
-        assert pool.used <= pool.capacity
-        for ev in pool.drain_events():
-            if ev.kind == "stored":
-                mirror.update(ev.hashes)
-            elif ev.kind == "removed":
-                assert set(ev.hashes) <= mirror and len(set(ev.hashes)) == len(ev.hashes)
-                mirror.difference_update(ev.hashes)
-            else:
-                mirror.clear()
-        assert mirror == set(pool.resident)
-        if k == 700:
-            pool.reset()
-            mirror.clear()
-            mirror.update(pool.resident)
-            pool.drain_events()
+    run_timed_invariants(pool, timed_prefix_trace(11, n=1500), random.Random(5), reset_at=700)
 
 
 @pytest.mark.parametrize("name", ["random_compute", "partial_node"])
@@ -229,7 +187,7 @@ def test_victims_distinct_resident_unpinned(name):
 
 @pytest.mark.parametrize("name", ["random_compute", "partial_node"])
 def test_same_seed_same_result(name):
-    trace = random_prefix_trace(8, n=800)
+    trace = timed_prefix_trace(8, n=800)
 
     def run(seed):
         pool = BlockPool(30, make_policy(name, sample_size=5, seed=seed), emit_events=False)
@@ -255,40 +213,9 @@ def test_parameters_are_validated_and_described():
 
 
 # ---- seed 002's findings on a synthetic multi-turn workload ---------------------------------
-def session_workload(seed, sessions=300, horizon=1800.0, gap=20.0, sys_blocks=4):
-    """Multi-turn sessions with growing prefixes: a shared system prompt, a first prompt of
-    2-24 blocks, 1-6 new blocks per turn, heavy-tailed turn counts (<= 40), exponential gaps."""
-    rng = random.Random(seed)
-    ids = itertools.count(1000)
-    system = list(range(1, sys_blocks + 1))
-    events = []
-    for s in range(sessions):
-        t = rng.uniform(0, horizon)
-        for _ in range(min(40, 1 + int(rng.paretovariate(0.9)))):
-            events.append((t, s))
-            t += rng.expovariate(1 / gap)
-    events.sort()
-    chains: dict[int, list[int]] = {}
-    out = []
-    for t, s in events:
-        if s not in chains:
-            chains[s] = system + [next(ids) for _ in range(rng.randint(2, 24))]
-        else:
-            chains[s].extend(next(ids) for _ in range(rng.randint(1, 6)))
-        out.append((t, f"s{s}", list(chains[s])))
-    return out
-
-
-_CM = CostModel.from_names("qwen3-coder-30b-a3b", "h200")
-
-
-def _cost(i):  # 512-token blocks: the attention term makes deep blocks several times dearer
-    return _CM.block_cost(i, 512)
-
-
 def run_workload(name, trace, capacity, **params):
     pool = BlockPool(capacity, make_policy(name, **params), block_size=512, emit_events=False,
-                     metrics=PoolMetrics(block_size=512, block_cost=_cost))
+                     metrics=PoolMetrics(block_size=512, block_cost=block_cost_512))
     for t, s, req in trace:
         pool.serve(req, session=s, now=t)
     return pool.stats()
@@ -296,7 +223,7 @@ def run_workload(name, trace, capacity, **params):
 
 @pytest.mark.parametrize("seed, capacity", [(1, 300), (2, 500)])
 def test_seed002_random_compute_beats_lru_on_csr(seed, capacity):
-    assert _cost(100) > 5 * _cost(0)  # miss cost varies strongly with depth
+    assert block_cost_512(100) > 5 * block_cost_512(0)  # miss cost varies strongly with depth
     trace = session_workload(seed)
     lru = run_workload("lru", trace, capacity)
     rc = run_workload("random_compute", trace, capacity)

@@ -4,8 +4,11 @@ from collections import deque
 import pytest
 
 from replica.policies import make_policy
-from replica.pool import BlockPool, PoolBusyError
+from replica.pool import BlockPool
 from shared.errors import InputError
+
+from tests.support.policy_checks import checked_victims, run_invariants
+from tests.support.policy_traces import random_session_trace
 
 
 def s3_pool(capacity, **params):
@@ -16,20 +19,6 @@ def queues(pool):
     """(small, main) from tail to head, and the ghost from oldest to newest."""
     pol = pool.policy
     return list(pol._small), list(pol._main), list(pol._ghost)
-
-
-def checked_victims(pool):
-    """Wrap the policy's victims(): distinct, resident, unpinned, at least `need`."""
-    orig = pool.policy.victims
-
-    def victims(need):
-        out = orig(need)
-        assert len(out) >= need
-        assert len(set(out)) == len(out)
-        assert all(h in pool.resident and not pool.is_pinned(h) for h in out)
-        return out
-
-    pool.policy.victims = victims
 
 
 def test_sizes_and_describe():
@@ -248,54 +237,11 @@ def test_beats_lru_when_one_hit_traffic_dominates_a_tight_cache():
     assert ratios["s3fifo"] > ratios["lru"] + 0.1, ratios
 
 
-def random_trace(seed, n=2500):
-    rng = random.Random(seed)
-    chains: dict[int, list[int]] = {}
-    fresh = iter(range(100, 10**9))
-    system = [1, 2, 3]
-    out = []
-    for _ in range(n):
-        s = rng.randrange(25)
-        if s == 0:
-            out.append((None, system[: rng.randrange(1, 4)] + [next(fresh) for _ in range(rng.randrange(0, 3))]))
-            continue
-        chain = chains.setdefault(s, list(system[: rng.randrange(0, 4)]))
-        chain.extend(next(fresh) for _ in range(rng.randrange(1, 4)))
-        if len(chain) > 12:
-            chain[:] = chain[:3]
-        out.append((f"s{s}", list(chain)))
-    return out
+def freq_tracks_residency(pool):
+    assert set(pool.policy._freq) == set(pool.resident)
 
 
 @pytest.mark.parametrize("params", [{}, {"move_to_main_threshold": 1}, {"small_ratio": 0.3, "ghost_ratio": 2.0}])
 def test_random_trace_invariants_with_pinned_requests(params):
-    rng = random.Random(5)
     pool = BlockPool(30, make_policy("s3fifo", **params))
-    checked_victims(pool)
-    held = []
-    mirror: set[int] = set()
-    for step, (session, hashes) in enumerate(random_trace(9)):
-        try:
-            if rng.random() < 0.1 and len(held) < 2:
-                held.append(pool.acquire(hashes, session=session, now=step))
-            else:
-                pool.serve(hashes, session=session, now=step)
-        except PoolBusyError:
-            pass
-        if held and rng.random() < 0.25:
-            pool.release(held.pop(rng.randrange(len(held))))
-        if step % 500 == 499:
-            pool.reset()  # admin path: on_remove for every unpinned block, clear() if none pinned
-        assert pool.used <= pool.capacity
-        for a in held:
-            assert all(h in pool.resident for h in a.hashes)
-        for ev in pool.drain_events():
-            if ev.kind == "stored":
-                mirror.update(ev.hashes)
-            elif ev.kind == "removed":
-                mirror.difference_update(ev.hashes)
-            else:
-                mirror.clear()
-        assert mirror == set(pool.resident)
-        assert set(pool.policy._freq) == set(pool.resident)
-    assert pool.metrics.block_hits > 0
+    run_invariants(pool, random_session_trace(9), random.Random(5), extra_check=freq_tracks_residency)

@@ -3,8 +3,10 @@ import random
 import pytest
 
 from replica.policies import make_policy
-from replica.pool import BlockPool, PoolBusyError
+from replica.pool import BlockPool
 from shared.errors import InputError
+
+from tests.support.policy_checks import checked_victims, run_invariants
 
 
 def sl_pool(capacity, **kw):
@@ -14,19 +16,6 @@ def sl_pool(capacity, **kw):
 def order(pool):
     """Units from LRU to MRU; anonymous units show as ('anon', n)."""
     return [("anon", k[1]) if isinstance(k, tuple) else k for k in pool.policy._units]
-
-
-def checked_victims(pool):
-    orig = pool.policy.victims
-
-    def victims(need):
-        out = orig(need)
-        assert len(out) >= need
-        assert len(set(out)) == len(out)
-        assert all(h in pool.resident and not pool.is_pinned(h) for h in out)
-        return out
-
-    pool.policy.victims = victims
 
 
 def test_takes_no_parameters():
@@ -168,37 +157,19 @@ def test_no_session_is_ever_partially_resident():
     assert pool.metrics.evictions > 1000 and pool.metrics.block_hits > 1000
 
 
+def with_shared_system_prompt(trace, rng):
+    """One request in five gets a shared system prompt, owned by whoever stored it; read
+    lazily so the draws interleave with run_invariants' own."""
+    system = [10**8, 10**8 + 1]
+    for session, hashes in trace:
+        yield session, (system + hashes[:30] if rng.random() < 0.2 else hashes)
+
+
+def units_track_residency(pool):
+    assert set(pool.policy._unit_of) == set(pool.resident)
+
+
 def test_random_trace_invariants_with_pinned_requests():
     rng = random.Random(8)
-    pool = sl_pool(40)
-    checked_victims(pool)
-    held = []
-    mirror: set[int] = set()
-    system = [10**8, 10**8 + 1]
-    for step, (session, hashes) in enumerate(session_trace(12)):
-        if rng.random() < 0.2:
-            hashes = system + hashes[:30]  # a shared system prompt, owned by whoever stored it
-        try:
-            if rng.random() < 0.1 and len(held) < 2:
-                held.append(pool.acquire(hashes, session=session, now=step))
-            else:
-                pool.serve(hashes, session=session, now=step)
-        except PoolBusyError:
-            pass
-        if held and rng.random() < 0.25:
-            pool.release(held.pop(rng.randrange(len(held))))
-        if step % 700 == 699:
-            pool.reset()
-        assert pool.used <= pool.capacity
-        for a in held:
-            assert all(h in pool.resident for h in a.hashes)
-        for ev in pool.drain_events():
-            if ev.kind == "stored":
-                mirror.update(ev.hashes)
-            elif ev.kind == "removed":
-                mirror.difference_update(ev.hashes)
-            else:
-                mirror.clear()
-        assert mirror == set(pool.resident)
-        assert set(pool.policy._unit_of) == set(pool.resident)
-    assert pool.metrics.block_hits > 0
+    run_invariants(sl_pool(40), with_shared_system_prompt(session_trace(12), rng), rng,
+                   extra_check=units_track_residency, reset_every=700)

@@ -7,6 +7,8 @@ from replica.policies import make_policy
 from replica.pool import BlockPool, KvEvent, PoolBusyError, PoolCapacityError
 from shared.errors import InputError
 
+from tests.support.policy_checks import apply_events
+
 
 def lru_pool(capacity, **kw):
     return BlockPool(capacity, make_policy("lru"), **kw)
@@ -99,13 +101,7 @@ def test_events_replay_to_the_resident_set():
     for _ in range(500):
         base = rng.randrange(30)
         pool.serve([base * 100 + i for i in range(rng.randrange(1, 8))])
-        for ev in pool.drain_events():
-            if ev.kind == "stored":
-                mirror.update(ev.hashes)
-            elif ev.kind == "removed":
-                mirror.difference_update(ev.hashes)
-            else:
-                mirror.clear()
+        apply_events(mirror, pool.drain_events())
         assert mirror == set(pool.resident)
     assert pool.used <= 20
 
