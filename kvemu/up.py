@@ -229,6 +229,7 @@ def add_cluster_args(p: argparse.ArgumentParser, replicas: int = 4) -> None:
 def configure(p: argparse.ArgumentParser) -> None:
     add_cluster_args(p)
     p.add_argument("--port", type=int, default=8000, help="router port")
+    p.add_argument("--keep-logs", action="store_true", help="keep the log directory after a clean stop")
 
 
 def validate(a) -> None:
@@ -285,4 +286,6 @@ def run(a) -> int:
     finally:
         cluster.stop()
         print("stopped", file=sys.stderr)
+    if not a.keep_logs and cluster.tmpdir:
+        shutil.rmtree(cluster.tmpdir, ignore_errors=True)  # a failed run returns above and keeps them
     return 0

@@ -25,13 +25,13 @@ TIME_SCALE = 0.1  # one decode step of the default model (~16 ms emulated) sleep
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def cluster(tmp_path_factory):
     p = argparse.ArgumentParser()
     add_cluster_args(p, replicas=1)
     args = p.parse_args(["--capacity-blocks", "4000", "--time-scale", str(TIME_SCALE), "--routing", "session"])
     args.port = 0
     validate(args)
-    c = bring_up(args)
+    c = bring_up(args, log_dir=str(tmp_path_factory.mktemp("cluster-logs")))
     try:
         yield c
     finally:
