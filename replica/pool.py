@@ -14,7 +14,8 @@ replaces the stale copy under the same hash.
 from __future__ import annotations
 
 import heapq
-from collections import Counter
+from collections import Counter, _count_elements
+from itertools import compress
 from dataclasses import dataclass, field
 from typing import NamedTuple, Sequence
 
@@ -125,13 +126,11 @@ class BlockPool:
 
     def prefix_match(self, hashes: Sequence[int]) -> int:
         """Number of leading blocks resident (what a router's index would report)."""
-        res = self.resident
-        n = 0
-        for h in hashes:
-            if h not in res:
-                break
-            n += 1
-        return n
+        # map + index run in C: several times faster than a Python loop on long prompts.
+        try:
+            return list(map(self.resident.__contains__, hashes)).index(False)
+        except ValueError:
+            return len(hashes)
 
     def cached_blocks(self, hashes: Sequence[int]) -> int:
         """Blocks this pool would reuse for ``hashes`` under its hit mode."""
@@ -157,7 +156,7 @@ class BlockPool:
         if len(set(hashes)) != n:
             raise InputError("block_hashes", "a block hash repeats within one request; chained hashes never do")
         res = self.resident
-        touched = [i for i, h in enumerate(hashes) if h in res]
+        touched = list(compress(range(n), map(res.__contains__, hashes)))
         k = len(touched)
         if k == 0:
             new_idx, new_hashes, touched_hashes = list(range(n)), list(hashes), []
@@ -275,8 +274,7 @@ class BlockPool:
         if not refs:
             refs.update(dict.fromkeys(hashes, 1))
             return
-        for h in hashes:
-            refs[h] = refs.get(h, 0) + 1
+        _count_elements(refs, hashes)  # C-level refs[h] += 1 for each h (what Counter.update uses)
 
     def _insert(self, new_hashes: list[int], session) -> None:
         if not new_hashes:

@@ -207,27 +207,22 @@ class Scheduler:
 
 def _prefill_segments(req: SchedRequest, block_size: int) -> list[list[int]]:
     """Token ranges to compute: missed blocks (holes included) and the partial tail."""
-    alloc = req.alloc
+    hit_idx = req.alloc.hit_idx
     n_blocks = len(req.hashes)
-    hit = set(alloc.hit_idx) if alloc.hit_idx else ()
     segments: list[list[int]] = []
-    for i in range(n_blocks):
-        if i in hit:
-            continue
-        start = i * block_size
-        if segments and segments[-1][0] + segments[-1][1] == start:
-            segments[-1][1] += block_size
-        else:
-            segments.append([start, block_size])
-    tail_start = n_blocks * block_size
-    tail = req.input_tokens - tail_start
-    if tail > 0:
-        if segments and segments[-1][0] + segments[-1][1] == tail_start:
-            segments[-1][1] += tail
-        else:
-            segments.append([tail_start, tail])
+    prev = -1  # gaps between consecutive reused blocks are the holes to recompute
+    if hit_idx and hit_idx[-1] != len(hit_idx) - 1:
+        for i in hit_idx:
+            if i > prev + 1:
+                segments.append([(prev + 1) * block_size, (i - prev - 1) * block_size])
+            prev = i
+    else:
+        prev = len(hit_idx) - 1  # a leading run (or nothing) reused: one range after it
+    end = n_blocks * block_size + max(req.input_tokens - n_blocks * block_size, 0)  # + the partial tail
+    start = (prev + 1) * block_size
+    if end > start:
+        segments.append([start, end - start])
     if not segments:
         # Everything cached: the last prompt token is still run to produce logits (vLLM).
-        last = max(req.input_tokens - 1, 0)
-        segments.append([last, 1])
+        segments.append([max(req.input_tokens - 1, 0), 1])
     return segments
