@@ -79,6 +79,13 @@ class EventFeed:
         if self.listener is not None and self.batches:
             self.listener()
 
+    @property
+    def resync_pending(self) -> bool:
+        """A resync is queued (or scheduled) but not yet taken by a consumer."""
+        if self._needs_resync:
+            return True
+        return any(b.events and b.events[0].kind == "cleared" for b in self.batches)
+
     def request_resync(self) -> None:
         """A consumer lost its view (a router restarted, cleared us, or fell behind): republish."""
         self._needs_resync = True

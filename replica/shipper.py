@@ -34,6 +34,7 @@ class RedisShipper:
         self.shipped_events = 0
         self.failures = 0
         self.lost_batches = 0
+        self.index_resets = 0
         self.last_error = ""
         self.apply_latency = LogHistogram()
         self._backoff = 0.0
@@ -67,10 +68,15 @@ class RedisShipper:
                                [IndexEvent(e.kind, tuple(e.hashes)) for e in b.events])
             t0 = time.perf_counter()
             try:
-                await self.index.apply(batch)
+                result = await self.index.apply(batch)
             except IndexUnavailable as exc:
                 self._failed(str(exc), lost=len(batches) - i)
                 return False
+            if not result.synced and not self.feed.resync_pending:
+                # The index lacks some of our blocks without us having lost a batch: Redis
+                # restarted empty, or it cleared us. Republish everything once.
+                self.index_resets += 1
+                self.feed.request_resync()
             self.apply_latency.add(time.perf_counter() - t0)
             self.shipped_batches += 1
             self.shipped_events += len(b.events)
@@ -97,5 +103,6 @@ class RedisShipper:
 
     def stats(self) -> dict:
         return {"url": self.url, "shipped_batches": self.shipped_batches, "shipped_events": self.shipped_events,
-                "failures": self.failures, "lost_batches": self.lost_batches, "last_error": self.last_error,
+                "failures": self.failures, "lost_batches": self.lost_batches, "index_resets": self.index_resets,
+                "last_error": self.last_error,
                 "apply_latency_s": self.apply_latency.summary()}

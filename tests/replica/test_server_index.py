@@ -56,3 +56,25 @@ def test_events_reach_redis_and_survive_an_outage():
     finally:
         replica.stop()
         redis.stop()
+
+
+def test_an_idle_replica_rebuilds_an_index_that_restarted_empty():
+    """No batch was lost (nothing was sent during the outage), yet Redis forgot everything:
+    the heartbeat tells the replica the index is out of sync, and it resyncs."""
+    redis = RedisServer()
+    redis.start()
+    cluster = "t" + uuid.uuid4().hex[:8]
+    replica = start_replica("--index", redis.url, "--cluster", cluster, capacity_blocks=500, replica_id="rI")
+    try:
+        tokens = list(range(5000, 5160))
+        hashes = block_hashes(tokens)
+        assert http_json("POST", replica.url + "/generate", {"token_ids": tokens, "max_tokens": 1})[0] == 200
+        assert wait_for(lambda: lookup(redis.url, cluster, hashes).get("rI") == 10)
+        redis.stop()
+        redis.start()  # immediately: the replica's shipper never sees a failure
+        assert wait_for(lambda: lookup(redis.url, cluster, hashes).get("rI") == 10, timeout=15)
+        stats = http_json("GET", replica.url + "/stats")[1]["index_shipper"]
+        assert stats["index_resets"] + stats["failures"] >= 1
+    finally:
+        replica.stop()
+        redis.stop()
