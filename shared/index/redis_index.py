@@ -21,7 +21,7 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import RedisError
 
 from shared.errors import InputError
-from shared.index import scripts
+from shared.index import pipelined, scripts
 from shared.index.base import (
     COUNTERS,
     DEFAULT_MAX_ENTRIES,
@@ -107,6 +107,7 @@ class RedisIndex:
         self._pool: aioredis.BlockingConnectionPool | None = None
         self._client: aioredis.Redis | None = None
         self._scripts: dict[str, Any] = {}
+        self._fast: pipelined.PipelinedConnection | None = None  # lookups only (the hot path)
         self._lookups = 0
 
     # ---- protocol -----------------------------------------------------------------------
@@ -132,9 +133,33 @@ class RedisIndex:
             blob = _hex(hashes)
         except (struct.error, TypeError):
             raise InputError("hashes", "must be 64-bit unsigned integers") from None
+        if pipelined.supports(self.url):
+            flat = await self._fast_lookup(blob)
+        else:
+            flat = await self._slow_lookup(blob)
+        return {_text(flat[k]): int(flat[k + 1]) for k in range(0, len(flat), 2)}
+
+    async def _slow_lookup(self, blob: str) -> list:
         async with self._guard():
-            flat = await self._scripts["lookup"](args=[self.prefix, blob])
-        return {flat[k]: int(flat[k + 1]) for k in range(0, len(flat), 2)}
+            return await self._scripts["lookup"](args=[self.prefix, blob])
+
+    async def _fast_lookup(self, blob: str) -> list:
+        """EVALSHA on the shared pipelined connection: the router's per-request round trip."""
+        if self._client is None:
+            self._connect()  # registers the scripts (their SHAs) on the redis-py side
+        if self._fast is None:
+            self._fast = pipelined.PipelinedConnection(self.url, min(self.timeout, 2.0))
+        try:
+            async with asyncio.timeout(self.timeout):
+                return await self._fast.call("EVALSHA", self._scripts["lookup"].sha, 0, self.prefix, blob)
+        except pipelined.ReplyError as e:
+            if "NOSCRIPT" in str(e):  # Redis restarted empty: redis-py's path loads the script
+                return await self._slow_lookup(blob)
+            raise IndexUnavailable(self.safe_url, str(e)) from None
+        except TimeoutError:
+            raise IndexUnavailable(self.safe_url, f"no reply within {self.timeout}s") from None
+        except (OSError, ConnectionError) as e:
+            raise IndexUnavailable(self.safe_url, f"{type(e).__name__}: {e}") from None
 
     async def clear_replica(self, replica_id: str) -> int:
         async with self._guard():
@@ -176,6 +201,9 @@ class RedisIndex:
         return out
 
     async def close(self) -> None:
+        if self._fast is not None:
+            fast, self._fast = self._fast, None
+            await fast.close()
         if self._pool is not None:
             pool, self._pool, self._client = self._pool, None, None
             await POOLS.release(self.url, pool)
@@ -210,6 +238,10 @@ def _check_url(url: Any) -> None:
         ok = False
     if not ok:
         raise InputError("url", f"expected redis://host:port/db, rediss:// or unix://, got {url!r}")
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def _hex(hashes) -> str:

@@ -16,6 +16,8 @@ import uuid
 import msgpack
 import numpy as np
 import pytest
+
+from shared.index import pipelined
 import redis
 import redis.asyncio.connection as aioconn
 
@@ -396,10 +398,15 @@ def test_make_index_rejects_unknown_specs(spec):
 def test_redis_lookup_is_one_round_trip(redis_server, monkeypatch):
     sends = []
     original = aioconn.AbstractConnection.send_packed_command
+    original_pack = pipelined.pack
 
     async def counting(self, command, check_health=True):
         sends.append(command)
         return await original(self, command, check_health)
+
+    def counting_pack(*args):  # the pipelined connection lookups use on redis:// URLs
+        sends.append(args)
+        return original_pack(*args)
 
     async def main():
         idx = RedisIndex(redis_server.url, cluster=f"t{uuid.uuid4().hex[:12]}")
@@ -412,6 +419,7 @@ def test_redis_lookup_is_one_round_trip(redis_server, monkeypatch):
             info = redis.Redis.from_url(redis_server.url)
             before = info.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
             monkeypatch.setattr(aioconn.AbstractConnection, "send_packed_command", counting)
+            monkeypatch.setattr(pipelined, "pack", counting_pack)
             assert await idx.lookup(prompt) == expected
             monkeypatch.undo()
             after = info.info("commandstats")["cmdstat_evalsha"]["calls"]
