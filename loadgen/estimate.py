@@ -37,6 +37,7 @@ also hold a partial tail block per turn.
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from statistics import NormalDist
 
@@ -52,21 +53,21 @@ _STD_NORMAL = NormalDist()
 # ---------------------------------------------------------------- think-time distributions
 
 
-class ThinkTime:
+class ThinkTime(ABC):
     """The prompt interarrival W within a session: CDF, E[min(W, t)] and quantile."""
 
     name = "?"
 
-    def cdf(self, t: float) -> float:
-        raise NotImplementedError
+    @abstractmethod
+    def cdf(self, t: float) -> float: ...
 
+    @abstractmethod
     def mean_min(self, t: float) -> float:
         """E[min(W, t)] = ∫0^t F̄(u)du."""
-        raise NotImplementedError
 
+    @abstractmethod
     def quantile(self, u: float) -> float:
         """Smallest t with F(t) >= u, for 0 < u <= 1 (inf if F never reaches u)."""
-        raise NotImplementedError
 
     def mean(self) -> float:
         return self.mean_min(math.inf)

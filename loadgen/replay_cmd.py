@@ -9,18 +9,13 @@ import sys
 import urllib.request
 
 from loadgen.replay import Replayer, records_json, summarize
-from loadgen.sim_cmd import load_source
+from loadgen.sim_cmd import add_source_args, load_source
 from shared.errors import InputError, KvemuError
 
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", required=True, help="router (or replica) base URL, e.g. http://127.0.0.1:8000")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--trace", metavar="FILE")
-    src.add_argument("--workload", metavar="NAME")
-    p.add_argument("--format", default="auto")
-    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
-    p.add_argument("--duration", type=float, default=300.0, help="seconds of workload (with --workload)")
+    add_source_args(p, duration=300.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--speedup", type=float, default=1.0, help="compress trace time this many times")
     p.add_argument("--max-requests", type=int, default=None)

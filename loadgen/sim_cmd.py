@@ -15,18 +15,18 @@ from router.strategies import RoutingSettings
 from shared.overrides import apply_overrides, parse_pairs
 
 
-def configure(p: argparse.ArgumentParser) -> None:
+def add_source_args(p: argparse.ArgumentParser, duration: float = 600.0) -> None:
+    """Where requests come from: a trace file or a generated preset (sim, sweep, replay)."""
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--workload", metavar="NAME", help="a workload preset (see `kvemu gen --list`)")
     src.add_argument("--trace", metavar="FILE", help="a trace file")
     p.add_argument("--format", default="auto", help="trace format: auto, kvemu, mooncake, bailian")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="preset parameter (repeatable)")
-    p.add_argument("--duration", type=float, default=600.0, help="seconds of workload to generate (with --workload)")
-    p.add_argument("--replicas", type=int, default=1)
-    p.add_argument("--routing", default="cache_aware")
-    p.add_argument("--routing-set", action="append", default=[], metavar="NAME=VALUE",
-                   help="routing setting, as `kvemu up --set` (e.g. bounded_load_factor=1.5)")
-    p.add_argument("--policy", default="lru", help="comma-separated policies, e.g. lru,s3fifo,belady")
+    p.add_argument("--duration", type=float, default=duration, help="seconds of workload to generate (with --workload)")
+
+
+def add_emulation_args(p: argparse.ArgumentParser) -> None:
+    """Capacity, model and replica scheduler settings shared by sim and sweep."""
     cap = p.add_mutually_exclusive_group(required=True)
     cap.add_argument("--capacity-blocks", metavar="N1,N2,...", help="per-replica capacity in blocks")
     cap.add_argument("--capacity-gib", metavar="G1,G2,...", help="per-replica capacity in GiB of KV (uses --model)")
@@ -34,19 +34,29 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", default="h200")
     p.add_argument("--hit-mode", default="holes", choices=["prefix", "holes"])
     p.add_argument("--max-running", type=int, default=256,
-                   help="requests running at once per replica (1 = served one at a time)")
+                   help="requests running at once per replica (1 = the cache sees requests one at a time)")
     p.add_argument("--token-budget", type=int, default=8192, help="tokens per scheduler step")
-    p.add_argument("--no-reuse-distances", action="store_true", help="skip exact reuse-distance tracking (faster)")
     p.add_argument("--causal", action="store_true",
                    help="turn j+1 arrives when turn j finished plus their trace gap, as `kvemu replay` sends it"
                         " (default: every request at its trace time)")
+    p.add_argument("--routing-set", action="append", default=[], metavar="NAME=VALUE",
+                   help="routing setting, as `kvemu up --set` (e.g. bounded_load_factor=1.5)")
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    add_source_args(p)
+    p.add_argument("--replicas", type=int, default=1)
+    p.add_argument("--routing", default="cache_aware")
+    p.add_argument("--policy", default="lru", help="comma-separated policies, e.g. lru,s3fifo,belady")
+    add_emulation_args(p)
+    p.add_argument("--no-reuse-distances", action="store_true", help="skip exact reuse-distance tracking (faster)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="FILE", help="write {\"runs\": [...]} here ('-' for stdout)")
     p.add_argument("--plot", metavar="FILE.png", help="hit ratio and CSR against capacity per policy")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
 
-def _split(text: str, conv, field: str) -> list:
+def split_numbers(text: str, conv, field: str) -> list:
     out = []
     for part in text.split(","):
         part = part.strip()
@@ -76,9 +86,9 @@ def load_source(args) -> Trace:
 
 def capacities(args, block_size: int) -> list[int]:
     if args.capacity_blocks:
-        return _split(args.capacity_blocks, int, "--capacity-blocks")
+        return split_numbers(args.capacity_blocks, int, "--capacity-blocks")
     cost = CostModel.from_names(args.model, args.gpu)
-    blocks = [cost.gib_to_blocks(g, block_size) for g in _split(args.capacity_gib, float, "--capacity-gib")]
+    blocks = [cost.gib_to_blocks(g, block_size) for g in split_numbers(args.capacity_gib, float, "--capacity-gib")]
     if min(blocks) <= 0:
         raise InputError("--capacity-gib", "smaller than one block of this model")
     return blocks

@@ -16,7 +16,7 @@ import sys
 
 from loadgen.formats import detect_format
 from loadgen.sim import SimSettings
-from loadgen.sim_cmd import _split, capacities, load_source
+from loadgen.sim_cmd import add_emulation_args, add_source_args, capacities, load_source, split_numbers
 from loadgen.sweep import (MRC, Progress, file_identity, make_point, mean_field, mrc_sources, read_records,
                            run_points, sort_key, workload_identity, write_csv)
 from replica.policies import policy_class
@@ -26,27 +26,11 @@ from shared.overrides import apply_overrides, parse_pairs
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--workload", metavar="NAME", help="a workload preset (see `kvemu gen --list`)")
-    src.add_argument("--trace", metavar="FILE", help="a trace file")
-    p.add_argument("--format", default="auto", help="trace format: auto, kvemu, mooncake, bailian")
-    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="preset parameter (repeatable)")
-    p.add_argument("--duration", type=float, default=600.0, help="seconds of workload to generate (with --workload)")
+    add_source_args(p)
     p.add_argument("--policy", default="lru", metavar="P1,P2,...", help="eviction policies, e.g. lru,s3fifo,belady")
-    cap = p.add_mutually_exclusive_group(required=True)
-    cap.add_argument("--capacity-blocks", metavar="N1,N2,...", help="per-replica capacities in blocks")
-    cap.add_argument("--capacity-gib", metavar="G1,G2,...", help="per-replica capacities in GiB of KV (uses --model)")
     p.add_argument("--routing", default="cache_aware", metavar="R1,R2,...", help="routing strategies")
     p.add_argument("--replicas", default="1", metavar="K1,K2,...", help="replica counts")
-    p.add_argument("--routing-set", action="append", default=[], metavar="NAME=VALUE",
-                   help="routing setting, as `kvemu sim --routing-set`")
-    p.add_argument("--model", default="qwen3-coder-30b-a3b")
-    p.add_argument("--gpu", default="h200")
-    p.add_argument("--hit-mode", default="holes", choices=["prefix", "holes"])
-    p.add_argument("--max-running", type=int, default=256,
-                   help="requests running at once per replica (1 = the cache sees requests one at a time)")
-    p.add_argument("--token-budget", type=int, default=8192, help="tokens per scheduler step")
-    p.add_argument("--causal", action="store_true", help="session causality, as `kvemu sim --causal`")
+    add_emulation_args(p)
     p.add_argument("--reuse-distances", action="store_true",
                    help="track exact reuse distances in every run (slower; off by default)")
     p.add_argument("--seed", type=int, default=0, help="workload and routing seed")
@@ -118,7 +102,7 @@ def build_grid(args, trace, identity: dict, policies, routings, replicas, caps) 
 def run(args) -> int:
     policies = _names(args.policy, "--policy", policy_class)
     routings = _names(args.routing, "--routing", get_strategy)
-    replicas = list(dict.fromkeys(_split(args.replicas, int, "--replicas")))
+    replicas = list(dict.fromkeys(split_numbers(args.replicas, int, "--replicas")))
     _check_scalars(args)
     _check_paths(args)
     if args.plot:

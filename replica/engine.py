@@ -13,7 +13,7 @@ import asyncio
 import itertools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from replica.pool import BlockPool, KvEvent
 from replica.scheduler import SchedRequest, Scheduler, StepResult
@@ -49,7 +49,6 @@ class EngineCounters:
     steps: int = 0
     finished: int = 0
     emulated_busy_s: float = 0.0
-    ttft_observer: list = field(default_factory=list)
 
 
 class Engine:

@@ -16,12 +16,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from replica.pool import Allocation
 
 
-def log2_bucket(x: int) -> int:
-    """0 -> 0, 1 -> 1, 2..3 -> 2, 4..7 -> 3, ...: bucket k >= 1 holds [2^(k-1), 2^k)."""
-    return x.bit_length()
-
-
 def log2_bucket_label(k: int) -> str:
+    """Label of bucket ``k = x.bit_length()``: 0 holds 0, k >= 1 holds [2^(k-1), 2^k)."""
     if k == 0:
         return "0"
     lo, hi = 1 << (k - 1), (1 << k) - 1
@@ -76,11 +72,9 @@ class PoolMetrics:
 
     # ---- costs ------------------------------------------------------------------
     def _grow_costs(self, n: int) -> None:
-        start = len(self._costs)
-        new = [self._block_cost(i) for i in range(start, n)]
+        new = [self._block_cost(i) for i in range(len(self._costs), n)]
         self._costs.extend(new)
-        self._cum.extend(accumulate(new, initial=self._cum[-1]))
-        del self._cum[start + 1]  # accumulate's initial value duplicates the last entry
+        self._cum.extend(list(accumulate(new, initial=self._cum[-1]))[1:])
 
     def block_cost(self, index: int) -> float:
         """Recompute cost of the block at depth ``index`` (cached table)."""

@@ -132,13 +132,6 @@ class BlockPool:
         except ValueError:
             return len(hashes)
 
-    def cached_blocks(self, hashes: Sequence[int]) -> int:
-        """Blocks this pool would reuse for ``hashes`` under its hit mode."""
-        if self.hit_mode == "prefix":
-            return self.prefix_match(hashes)
-        res = self.resident
-        return sum(1 for h in hashes if h in res)
-
     # ---- request lifecycle --------------------------------------------------------
     def acquire(
         self,
@@ -216,7 +209,7 @@ class BlockPool:
         dropped = [h for h in self.resident if h not in self._refs]
         for h in dropped:
             self.policy.on_remove(h)
-            self._drop(h)
+        self._forget(dropped)
         if not self._refs:
             self.policy.clear()
         if self.emit_events:
@@ -290,10 +283,16 @@ class BlockPool:
 
     def _evict(self, count: int) -> None:
         victims = self.policy.victims(count)
+        self._forget(victims)
+        self.metrics.evictions += len(victims)
+        if self.emit_events and victims:
+            self.events.append(KvEvent("removed", tuple(victims)))
+
+    def _forget(self, hashes: Sequence[int]) -> None:
+        """Drop resident blocks: owners' footprints shrink; never-reused ones count as one-hit."""
         pop = self.resident.pop
-        owners = Counter([pop(h) for h in victims])
         fp = self.footprint
-        for owner, c in owners.items():
+        for owner, c in Counter([pop(h) for h in hashes]).items():
             left = fp[owner] - c
             if left:
                 fp[owner] = left
@@ -301,25 +300,8 @@ class BlockPool:
                 del fp[owner]
         reused = self._reused
         before = len(reused)
-        reused.difference_update(victims)
-        m = self.metrics
-        m.one_hit_evictions += len(victims) - (before - len(reused))
-        m.evictions += len(victims)
-        if self.emit_events and victims:
-            self.events.append(KvEvent("removed", tuple(victims)))
-
-    def _drop(self, h: int) -> None:
-        owner = self.resident.pop(h)
-        fp = self.footprint
-        left = fp[owner] - 1
-        if left:
-            fp[owner] = left
-        else:
-            del fp[owner]
-        if h in self._reused:
-            self._reused.discard(h)
-        else:
-            self.metrics.one_hit_evictions += 1
+        reused.difference_update(hashes)
+        self.metrics.one_hit_evictions += len(hashes) - (before - len(reused))
 
 
 def _leading_run(idx: list[int]) -> list[int]:

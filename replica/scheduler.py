@@ -20,7 +20,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from replica.pool import Allocation, BlockPool, PoolBusyError
+from replica.pool import Allocation, BlockPool, PoolBusyError, PoolCapacityError
 from shared.costmodel import CostModel
 from shared.errors import InputError, KvemuError
 
@@ -93,8 +93,6 @@ class Scheduler:
         if len(self.waiting) >= self.settings.max_waiting:
             raise QueueFullError(self.settings.max_waiting)
         if len(req.hashes) > self.pool.capacity:
-            from replica.pool import PoolCapacityError
-
             raise PoolCapacityError(len(req.hashes), self.pool.capacity)
         self.waiting.append(req)
         self.queued_prefill_tokens += req.input_tokens

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from replica.policies import policy_class
 from shared.costmodel import CostModel
@@ -43,7 +43,6 @@ class ReplicaSettings:
     event_queue_max: int = 1024  # batches waiting to leave; beyond this a batch is dropped
     feed_max_batches: int = 4096  # the embedded feed keeps this many recent batches
     seed: int = 0
-    extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         policy_class(self.policy)

@@ -15,7 +15,7 @@ import logging
 import time
 
 from replica.events import EventFeed, FeedBatch
-from shared.index import EventBatch, IndexEvent, IndexUnavailable, RedisIndex
+from shared.index import EventBatch, IndexUnavailable, RedisIndex
 from shared.histogram import LogHistogram
 
 log = logging.getLogger("kvemu.replica.shipper")
@@ -65,7 +65,7 @@ class RedisShipper:
     async def _ship(self, batches: list[FeedBatch]) -> bool:
         for i, b in enumerate(batches):
             batch = EventBatch(self.replica_id, self.feed.epoch, b.seq,
-                               [IndexEvent(e.kind, tuple(e.hashes)) for e in b.events])
+                               b.events)  # EventBatch validates the (kind, hashes) pairs
             t0 = time.perf_counter()
             try:
                 result = await self.index.apply(batch)

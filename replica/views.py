@@ -31,10 +31,8 @@ def _limits(request) -> tuple[int, int]:
     return s.max_prompt_tokens, s.max_output_tokens
 
 
-async def _run(request: web.Request, spec: protocol.GenerateSpec) -> Handle:
-    state = _state(request)
-    handle = state.engine.submit(spec.hashes, spec.prompt_tokens, spec.max_tokens, spec.session, spec.stream)
-    return handle
+def _submit(request: web.Request, spec: protocol.GenerateSpec) -> Handle:
+    return _state(request).engine.submit(spec.hashes, spec.prompt_tokens, spec.max_tokens, spec.session, spec.stream)
 
 
 def _usage(handle: Handle) -> dict:
@@ -49,7 +47,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     s = _settings(request)
     obj = await read_body(request)
     spec = protocol.parse_generate(obj, s.block_size, _limits(request), request.headers.get("X-Session-Id"))
-    handle = await _run(request, spec)
+    handle = _submit(request, spec)
     await handle.done
     r = handle.req
     body = {"replica_id": s.replica_id, "prompt_tokens": r.input_tokens, "output_tokens": r.output_tokens,
@@ -78,7 +76,7 @@ async def _openai(request: web.Request, chat: bool) -> web.StreamResponse:
     s = _settings(request)
     obj = await read_body(request)
     spec = protocol.parse_openai(obj, chat, s.block_size, _limits(request), request.headers.get("X-Session-Id"))
-    handle = await _run(request, spec)
+    handle = _submit(request, spec)
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     created = int(time.time())
     if spec.stream:

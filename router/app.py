@@ -20,7 +20,7 @@ from router.cluster import Cluster
 from router.metrics import RouterMetrics
 from router.settings import RouterSettings
 from router.strategies import RouterMemory, get_strategy
-from shared.httpkit import BODY_LIMIT
+from shared.httpkit import BODY_LIMIT, errors_middleware
 from shared.index import make_index
 
 SETTINGS = web.AppKey("settings", RouterSettings)
@@ -66,7 +66,7 @@ async def background_ctx(app: web.Application):
 
 
 def make_app(settings: RouterSettings) -> web.Application:
-    app = web.Application(middlewares=[views.errors_middleware], client_max_size=settings.max_body_bytes)
+    app = web.Application(middlewares=[errors_middleware], client_max_size=settings.max_body_bytes)
     app[SETTINGS] = settings
     app[ROUTER] = RouterState(settings)
     app[BODY_LIMIT] = settings.max_body_bytes

@@ -18,7 +18,7 @@ import msgpack
 
 from router.settings import RouterSettings
 from router.strategies import ReplicaState
-from shared.index import EventBatch, IndexEvent, IndexUnavailable, MemoryIndex
+from shared.index import EventBatch, IndexUnavailable
 
 log = logging.getLogger("kvemu.router.cluster")
 
@@ -168,7 +168,7 @@ class Cluster:
             await self._request_resync(rep)
         for b in feed.get("batches", []):
             batch = EventBatch(rep.replica_id, rep.epoch, b["seq"],
-                               [IndexEvent(kind, tuple(hashes)) for kind, hashes in b["events"]])
+                               b["events"])  # validated into IndexEvents
             result = self.index.apply_sync(batch)
             self.metrics.events_applied += result.applied
             self.metrics.event_gaps += int(result.reset == "gap")
@@ -176,7 +176,3 @@ class Cluster:
         rep.feed_cursor = applied_to
         rep.feed_lag_events = max(int(feed.get("next_seq", 1)) - 1 - applied_to, 0)
         return rep.feed_lag_events > 0
-
-
-def make_embedded_index() -> MemoryIndex:
-    return MemoryIndex()

@@ -11,7 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from router.strategies import NoHealthyReplica, RouteRequest
 from shared import protocol
-from shared.httpkit import BODY_LIMIT, errors_middleware, respond  # noqa: F401  (re-exported for app)
+from shared.httpkit import read_raw, respond
 from shared.index import IndexUnavailable
 
 _FORWARD_HEADERS = ("Content-Type", "Accept", "X-Session-Id", "Authorization")
@@ -37,18 +37,9 @@ def _parse(request: web.Request, raw: bytes, settings) -> protocol.GenerateSpec:
                                  session)
 
 
-async def _read_raw(request: web.Request) -> bytes:
-    limit = request.app[BODY_LIMIT]
-    if request.content_length is not None and request.content_length > limit:
-        from shared.errors import InputError
-
-        raise InputError("body", f"is {request.content_length} bytes; the limit is {limit}")
-    return await request.read()
-
-
 async def proxy(request: web.Request) -> web.StreamResponse:
     state = _state(request)
-    raw = await _read_raw(request)
+    raw = await read_raw(request)
     spec = _parse(request, raw, state.settings)
     excluded: set[str] = set()
     for attempt in range(state.settings.retries + 1):

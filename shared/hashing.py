@@ -74,7 +74,3 @@ def content_id(*parts: int | str) -> int:
     """A stable 64-bit id for a named piece of synthetic content (session, block index...)."""
     text = "\x1f".join(str(p) for p in parts).encode()
     return _xxh3(text)
-
-
-def num_full_blocks(num_tokens: int, block_size: int) -> int:
-    return num_tokens // block_size

@@ -51,15 +51,19 @@ async def errors_middleware(request: web.Request, handler):
         return web.json_response(protocol.error_body(503, None, str(exc)), status=503, headers={"Retry-After": "1"})
 
 
-async def read_body(request: web.Request) -> dict:
+async def read_raw(request: web.Request) -> bytes:
+    """The request body under the app's size limit (a router forwards these bytes as they are)."""
     limit = request.app[BODY_LIMIT]
     if request.content_length is not None and request.content_length > limit:
         raise InputError("body", f"is {request.content_length} bytes; the limit is {limit}")
     try:
-        raw = await request.read()
+        return await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise InputError("body", f"exceeds the limit of {limit} bytes") from None
-    return protocol.decode_body(raw, request.content_type or "")
+
+
+async def read_body(request: web.Request) -> dict:
+    return protocol.decode_body(await read_raw(request), request.content_type or "")
 
 
 def wants_msgpack(request: web.Request) -> bool:

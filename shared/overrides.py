@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import types
 import typing
 from collections.abc import Iterable
 
@@ -24,7 +25,7 @@ def parse_pairs(pairs: Iterable[str] | None) -> dict[str, str]:
 
 def _coerce(name: str, raw: str, typ: typing.Any):
     origin = typing.get_origin(typ)
-    if origin is typing.Union or origin is getattr(__import__("types"), "UnionType", None):
+    if origin is typing.Union or origin is types.UnionType:
         args = [a for a in typing.get_args(typ) if a is not type(None)]
         if raw.lower() in ("none", "null", ""):
             return None

@@ -20,8 +20,11 @@ Contract with the pool:
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Sequence
+
+from shared.errors import InputError
 
 if TYPE_CHECKING:  # pragma: no cover
     from replica.pool import BlockPool
@@ -40,34 +43,32 @@ class Access:
     next_use: Sequence[float] | None = None
 
 
-class EvictionPolicy:
+class EvictionPolicy(ABC):
     name: ClassVar[str] = "base"
     # True for offline oracles that need Access.next_use (simulator only).
     needs_future: ClassVar[bool] = False
 
     def __init__(self, **params) -> None:
         if params:
-            from shared.errors import InputError
-
             raise InputError("policy", f"{self.name} takes no parameters, got {sorted(params)}")
 
     def bind(self, pool: "BlockPool") -> None:
         self.pool = pool
 
-    def on_access(self, acc: Access) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def on_access(self, acc: Access) -> None: ...
 
     def on_release(self, hashes: Sequence[int], now: float) -> None:
         """Default: ordering does not change when a request ends."""
 
-    def victims(self, need: int) -> list[int]:
-        raise NotImplementedError
+    @abstractmethod
+    def victims(self, need: int) -> list[int]: ...
 
-    def on_remove(self, h: int) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def on_remove(self, h: int) -> None: ...
 
-    def clear(self) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def clear(self) -> None: ...
 
     def describe(self) -> dict:
         """Policy parameters, for /stats and sim JSON."""

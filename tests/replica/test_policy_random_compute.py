@@ -149,7 +149,7 @@ def test_partial_node_one_node_per_run_of_new_blocks():
     pool = pool_with("partial_node", 10)
     pool.serve([A, B, C, D], now=0)
     pool.policy.on_remove(B)  # admin removal, as the pool's own tests do
-    pool._drop(B)
+    pool._forget([B])
     alloc = pool.serve([A, B, C, D, E], now=1)
     assert alloc.new_idx == [1, 4]
     node_of = pool.policy._node_of

@@ -19,9 +19,9 @@ def test_holes_mode_reuses_deeper_blocks_and_counts_holes():
     pool.serve([1, 2, 3, 4, 5])
     # drop blocks 2 and 4 by hand through the admin path
     pool.policy.on_remove(2)
-    pool._drop(2)
+    pool._forget([2])
     pool.policy.on_remove(4)
-    pool._drop(4)
+    pool._forget([4])
     alloc = pool.serve([1, 2, 3, 4, 5, 6])
     assert alloc.hit_idx == [0, 2, 4]
     assert alloc.new_idx == [1, 3, 5]
@@ -34,7 +34,7 @@ def test_prefix_mode_stops_at_first_miss():
     pool = lru_pool(10, hit_mode="prefix")
     pool.serve([1, 2, 3])
     pool.policy.on_remove(2)
-    pool._drop(2)
+    pool._forget([2])
     alloc = pool.serve([1, 2, 3, 4])
     assert alloc.hit_idx == [0]
     assert alloc.new_idx == [1, 3]  # block 3 is resident: recomputed but not re-allocated
