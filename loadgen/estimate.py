@@ -290,7 +290,8 @@ def capacity_for(w: Workload, target: float, practical: bool = False) -> int:
     d(T) = 1 is linear in N, so N = λ·(E[B]·T* + A·E[min(W, T*)]) at T* = F⁻¹(target / h_max).
     """
     h_max = w.h_max(practical)
-    if not 0 < target < h_max:
+    # A target equal to h_max up to rounding (416/520 is not exactly 0.8 in binary) is unreachable too.
+    if not 0 < target < h_max * (1 - 1e-9):
         raise InputError("target_hit_ratio",
                          f"must be in (0, h_max) = (0, {h_max:.6g}); h_max = A_H/A_R is the most any "
                          f"capacity reaches (only history of continuing turns is reusable), got {target!r}")
