@@ -48,12 +48,12 @@ import sys
 import time
 import tracemalloc
 
-from loadgen.sim import next_use_times
+from sim.simulator import next_use_times
 from loadgen.workloads import generate
-from replica.metrics import PoolMetrics
-from replica.policies import make_policy, policy_class, policy_names
-from replica.pool import BlockPool
-from replica.reuse import ReuseDistanceTracker, ShardsTracker
+from replica.core.metrics import PoolMetrics
+from replica.core.policies import make_policy, policy_class, policy_names
+from replica.core.pool import BlockPool
+from replica.core.reuse import ReuseDistanceTracker, ShardsTracker
 from shared.errors import KvemuError
 
 DEFAULT_POLICIES = ("lru", "s3fifo", "arc", "session_lru", "random_compute", "partial_node", "belady")

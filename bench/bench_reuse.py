@@ -3,7 +3,7 @@ the same trace in one run (runs interleaved, best of --repeat), plus SHARDS' MRC
 Prints JSON.
 
     python bench/bench_reuse.py [--requests 10000] [--rates 0.01,0.1] [--repeat 3]
-                                [--trace ../shared/traces/mooncake_conversation_trace.jsonl]
+                                [--trace mooncake-conversation]
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from replica.reuse import ReuseDistanceTracker, ShardsTracker, log_capacities
+from replica.core.reuse import ReuseDistanceTracker, ShardsTracker, log_capacities
 
 
 def session_trace(n_requests: int, seed: int = 0) -> list[list[int]]:

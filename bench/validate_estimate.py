@@ -24,8 +24,8 @@ import argparse
 import json
 import time
 
-from loadgen.estimate import ScmModel, estimate
-from loadgen.sim import SimSettings, simulate
+from sim.estimate import ScmModel, estimate
+from sim.simulator import SimSettings, simulate
 from loadgen.trace import Trace
 from loadgen.workloads import generate
 from shared.overrides import apply_overrides, parse_pairs

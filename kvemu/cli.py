@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-from shared.errors import KvemuError
+from shared.cli import run_parsed
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -21,9 +21,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("loadgen.replay_cmd", "replay a trace or preset against a running cluster"),
     "router": ("router.cmd", "run the cache-aware router in front of replicas"),
     "replica": ("replica.cmd", "run one replica: an emulated GPU serving over HTTP"),
-    "sim": ("loadgen.sim_cmd", "virtual-time run of policies x capacities over a trace or preset"),
-    "sweep": ("loadgen.sweep_cmd", "policies x capacities x routings x replica counts in parallel, resumable"),
-    "estimate": ("loadgen.estimate_cmd", "mean-field LRU hit ratio (or capacity for a target) of scm or a trace"),
+    "sim": ("sim.sim_cmd", "virtual-time run of policies x capacities over a trace or preset"),
+    "sweep": ("sim.sweep_cmd", "policies x capacities x routings x replica counts in parallel, resumable"),
+    "estimate": ("sim.estimate_cmd", "mean-field LRU hit ratio (or capacity for a target) of scm or a trace"),
 }
 
 
@@ -46,16 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     chosen = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(chosen if chosen in SUBCOMMANDS else None)
     args = parser.parse_args(argv)
-    try:
-        return int(args._run(args) or 0)
-    except KvemuError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except BrokenPipeError:
-        return 0
+    return run_parsed(args._run, args)
 
 
 if __name__ == "__main__":

@@ -15,9 +15,12 @@ Qwen-Bailian (alibaba-edu/qwen-bailian-usagetraces-anon): ``chat_id``, ``parent_
 
 from __future__ import annotations
 
+import gzip
 import json
+import zlib
 from collections import OrderedDict
 from collections.abc import Iterator
+from importlib.resources import files
 from pathlib import Path
 
 from loadgen.trace import Trace, TraceRequest
@@ -31,6 +34,34 @@ FORMATS = ("kvemu", "mooncake", "bailian")
 _KINDS = (None, "single", "multi", "agent")
 _U64 = 2**64
 _BAILIAN_ROOTS = (-1, None, "-1", "")
+
+# Traces shipped inside the package (loadgen/data, see its README for their source and licence),
+# usable by name wherever a trace file is: `kvemu sim --trace mooncake-conversation`.
+BUILTIN_TRACES = {
+    "mooncake-conversation": "mooncake_conversation_trace.jsonl.gz",
+    "mooncake-synthetic": "mooncake_synthetic_trace.jsonl.gz",
+}
+
+
+def resolve_trace(path: str | Path) -> str:
+    """The file behind ``path``: a built-in trace's name maps to its file in the package."""
+    p = str(path)
+    if p in BUILTIN_TRACES and not Path(p).exists():
+        return str(files("loadgen.data").joinpath(BUILTIN_TRACES[p]))
+    return p
+
+
+def open_trace(path: str | Path):
+    """A binary file object over the trace: ``.gz`` files are decompressed on the fly."""
+    p = resolve_trace(path)
+    try:
+        fh = open(p, "rb")
+    except OSError as exc:
+        hint = f" (built-in traces: {', '.join(BUILTIN_TRACES)})" if not Path(p).suffix else ""
+        raise TraceFormatError(p, 0, "file", (exc.strerror or str(exc)) + hint) from None
+    if p.endswith(".gz"):
+        return gzip.GzipFile(fileobj=fh, mode="rb")
+    return fh
 
 
 def _field(path: str, lineno: int, obj: dict, name: str, types: tuple, *, required: bool = True, minimum=None):
@@ -60,26 +91,31 @@ def _hash_list(path: str, lineno: int, obj: dict, name: str) -> list[int]:
 def iter_json_lines(path: str | Path) -> Iterator[tuple[int, dict]]:
     """(line number, object) for each non-blank line; malformed JSON names file and line."""
     p = str(path)
+    lineno = 0
+    # Binary mode: invalid UTF-8 then fails on its own line instead of mid-buffer.
+    with open_trace(p) as fh:
+        try:
+            for lineno, line in enumerate(fh, 1):
+                if line.strip():
+                    yield lineno, _parse_line(p, lineno, line)
+        except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+            raise TraceFormatError(p, lineno + 1, "file", f"corrupt gzip data ({exc})") from None
+
+
+def _parse_line(p: str, lineno: int, line: bytes) -> dict:
     try:
-        # Binary mode: invalid UTF-8 then fails on its own line instead of mid-buffer.
-        fh = open(p, "rb")
-    except OSError as exc:
-        raise TraceFormatError(p, 0, "file", exc.strerror or str(exc)) from None
-    with fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                if lineno == 1 and line.startswith(b"version https://git-lfs"):
-                    raise TraceFormatError(p, 1, "file", "is a Git LFS pointer, not the trace (run `git lfs pull`)") from None
-                raise TraceFormatError(p, lineno, "line", f"malformed JSON ({exc.msg} at column {exc.colno})") from None
-            except ValueError as exc:  # bad UTF-8
-                raise TraceFormatError(p, lineno, "line", f"not UTF-8 text ({exc})") from None
-            if not isinstance(obj, dict):
-                raise TraceFormatError(p, lineno, "line", "expected a JSON object")
-            yield lineno, obj
+        obj = json.loads(line)
+    except json.JSONDecodeError as exc:
+        if lineno == 1 and line.startswith(b"version https://git-lfs"):
+            raise TraceFormatError(p, 1, "file", "is a Git LFS pointer, not the trace (run `git lfs pull`)") from None
+        raise TraceFormatError(p, lineno, "line", f"malformed JSON ({exc.msg} at column {exc.colno})") from None
+    except ValueError as exc:  # bad UTF-8
+        raise TraceFormatError(p, lineno, "line", f"not UTF-8 text ({exc})") from None
+    except RecursionError:
+        raise TraceFormatError(p, lineno, "line", "JSON nested too deeply") from None
+    if not isinstance(obj, dict):
+        raise TraceFormatError(p, lineno, "line", "expected a JSON object")
+    return obj
 
 
 # --------------------------------------------------------------------------- kvemu

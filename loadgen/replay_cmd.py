@@ -9,7 +9,7 @@ import sys
 import urllib.request
 
 from loadgen.replay import Replayer, records_json, summarize
-from loadgen.sim_cmd import add_source_args, load_source
+from loadgen.source import add_source_args, load_source
 from shared.errors import InputError, KvemuError
 
 

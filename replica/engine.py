@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from replica.pool import BlockPool, KvEvent
-from replica.scheduler import SchedRequest, Scheduler, StepResult
+from replica.core.pool import BlockPool, KvEvent
+from replica.core.scheduler import SchedRequest, Scheduler, StepResult
 
 INF = float("inf")
 

@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from replica.pool import KvEvent
+from replica.core.pool import KvEvent
 
 
 @dataclass(slots=True)

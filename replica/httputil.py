@@ -1,4 +1,4 @@
-"""Replica-only HTTP plumbing: app keys and the admin bearer-token check."""
+"""Replica-only HTTP plumbing: the admin bearer-token check."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ import hmac
 
 from aiohttp import web
 
-SETTINGS = web.AppKey("settings", object)
-STATE = web.AppKey("state", object)
+from replica.runtime import SETTINGS
 
 
 def require_admin(request: web.Request) -> None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from replica.policies import policy_class
+from replica.core.build import CoreSettings
+from replica.core.policies import policy_class
 from shared.costmodel import CostModel
 from shared.errors import InputError
 
@@ -40,7 +41,6 @@ class ReplicaSettings:
     shards_rate: float = 0.1  # 0.1 keeps the sampled MRC within 0.02 of the exact one (tests/replica/test_reuse.py)
     shards_max_tracked: int = 1 << 16
     event_batch_max: int = 512
-    event_queue_max: int = 1024  # batches waiting to leave; beyond this a batch is dropped
     feed_max_batches: int = 4096  # the embedded feed keeps this many recent batches
     seed: int = 0
 
@@ -57,7 +57,7 @@ class ReplicaSettings:
         if self.capacity_gib is not None and not self.capacity_gib > 0:
             raise InputError("capacity_gib", f"must be > 0, got {self.capacity_gib}")
         for name in ("block_size", "token_budget", "max_running", "max_waiting", "max_body_bytes",
-                     "max_prompt_tokens", "max_output_tokens", "event_batch_max", "event_queue_max",
+                     "max_prompt_tokens", "max_output_tokens", "event_batch_max",
                      "feed_max_batches", "shards_max_tracked"):
             _positive_int(name, getattr(self, name))
         if self.hit_mode not in ("prefix", "holes"):
@@ -71,6 +71,14 @@ class ReplicaSettings:
         CostModel.from_names(self.model, self.gpu)  # unknown names list the valid ones
         if self.capacity_gib is not None and self.resolved_capacity_blocks() <= 0:
             raise InputError("capacity_gib", "is smaller than one KV block of this model")
+
+    def core_settings(self) -> CoreSettings:
+        """The cache core this replica runs (``replica.core.build``)."""
+        return CoreSettings(
+            capacity_blocks=self.resolved_capacity_blocks(), policy=self.policy, policy_params=self.policy_params,
+            block_size=self.block_size, hit_mode=self.hit_mode, token_budget=self.token_budget,
+            max_running=self.max_running, max_waiting=self.max_waiting, reuse="shards", shards_rate=self.shards_rate,
+            shards_max_tracked=self.shards_max_tracked, seed=self.seed, emit_events=True, oracles=False)
 
     def cost_model(self) -> CostModel:
         return CostModel.from_names(self.model, self.gpu)

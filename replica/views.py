@@ -10,19 +10,21 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from shared import protocol
-from replica.httputil import SETTINGS, STATE, require_admin
+from replica.httputil import require_admin
+from replica.runtime import RUNTIME, SETTINGS, ReplicaRuntime
+from replica.settings import ReplicaSettings
 from shared.httpkit import read_body, respond
 from replica.engine import Handle
 from shared.tokenizer import filler_text
-from replica.policies import make_policy
+from replica.core.policies import make_policy
 from shared.errors import InputError
 
 
-def _state(request):
-    return request.app[STATE]
+def _state(request: web.Request) -> ReplicaRuntime:
+    return request.app[RUNTIME]
 
 
-def _settings(request):
+def _settings(request: web.Request) -> ReplicaSettings:
     return request.app[SETTINGS]
 
 

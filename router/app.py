@@ -10,47 +10,17 @@ the request is retried once elsewhere; if nothing can take it, 503 with Retry-Af
 from __future__ import annotations
 
 import asyncio
-import random
 
 import aiohttp
 from aiohttp import web
 
 from router import views
-from router.cluster import Cluster
-from router.metrics import RouterMetrics
 from router.settings import RouterSettings
-from router.strategies import RouterMemory, get_strategy
+from router.state import ROUTER, SETTINGS, RouterState
 from shared.httpkit import BODY_LIMIT, errors_middleware
-from shared.index import make_index
-
-SETTINGS = web.AppKey("settings", RouterSettings)
-ROUTER = web.AppKey("router", object)
-
-
-class RouterState:
-    def __init__(self, settings: RouterSettings) -> None:
-        self.settings = settings
-        self.metrics = RouterMetrics()
-        self.index = make_index(settings.index if settings.index == "memory"
-                                else _with_cluster(settings.index, settings.cluster))
-        self.embedded = settings.index == "memory"
-        self.cluster = Cluster(settings, self.index, self.metrics)
-        self.metrics.cluster = self.cluster
-        self.strategy = get_strategy(settings.routing)
-        self.routing = settings.strategy_settings()
-        self.memory = RouterMemory()
-        self.rng = random.Random(settings.seed)
-        self.routed: dict[str, int] = {}
-
-
-def _with_cluster(url: str, cluster: str) -> str:
-    if "cluster=" in url:
-        return url
-    return url + ("&" if "?" in url else "?") + f"cluster={cluster}"
-
 
 async def background_ctx(app: web.Application):
-    state: RouterState = app[ROUTER]
+    state = app[ROUTER]
     conn = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30)
     state.cluster.session = aiohttp.ClientSession(connector=conn, auto_decompress=False)
     tasks = [asyncio.create_task(state.cluster.health_loop(), name="health")]

@@ -56,7 +56,10 @@ def run(args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    from kvemu.cli import main as cli_main
+def main(argv: list[str] | None = None) -> int:
+    """``python -m router``: the same program as ``kvemu router``."""
+    import sys as _sys
 
-    return cli_main(["router", *(sys.argv[1:] if argv is None else argv)])
+    from shared.cli import run_module
+
+    return run_module(_sys.modules[__name__], "python -m router", "run the cache-aware router in front of replicas", argv)

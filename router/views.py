@@ -9,6 +9,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from router.state import ROUTER, RouterState
 from router.strategies import NoHealthyReplica, RouteRequest
 from shared import protocol
 from shared.httpkit import read_raw, respond
@@ -21,9 +22,7 @@ class ReplicaFailed(Exception):
     """The replica did not answer (connection error, timeout, 5xx before any byte)."""
 
 
-def _state(request):
-    from router.app import ROUTER
-
+def _state(request: web.Request) -> RouterState:
     return request.app[ROUTER]
 
 

@@ -11,10 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from loadgen.formats import BUILTIN_TRACES, resolve_trace
+
 REPO = Path(__file__).resolve().parent.parent
-SHARED_TRACES = REPO.parent / "shared" / "traces"
-MOONCAKE_CONVERSATION = SHARED_TRACES / "mooncake_conversation_trace.jsonl"
-MOONCAKE_SYNTHETIC = SHARED_TRACES / "mooncake_synthetic_trace.jsonl"
+# The sample traces shipped in the package (loadgen/data), by built-in name.
+SAMPLE_TRACES = {name: Path(resolve_trace(name)) for name in BUILTIN_TRACES}
+MOONCAKE_CONVERSATION = SAMPLE_TRACES["mooncake-conversation"]
+MOONCAKE_SYNTHETIC = SAMPLE_TRACES["mooncake-synthetic"]
 
 
 def free_port() -> int:
@@ -76,8 +79,13 @@ def redis_server():
     shutil.rmtree(server.dir, ignore_errors=True)
 
 
+@pytest.fixture(params=sorted(SAMPLE_TRACES))
+def sample_trace(request) -> Path:
+    """Each shipped sample trace in turn (the one fixture for them; tests needing one name use
+    ``SAMPLE_TRACES[name]`` or ``mooncake_conversation``)."""
+    return SAMPLE_TRACES[request.param]
+
+
 @pytest.fixture
 def mooncake_conversation() -> Path:
-    if not MOONCAKE_CONVERSATION.exists():
-        pytest.skip("shared traces are not beside the repository")
     return MOONCAKE_CONVERSATION

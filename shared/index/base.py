@@ -63,7 +63,7 @@ class IndexUnavailable(KvemuError):
 
 
 class IndexEvent(NamedTuple):
-    """Same shape as ``replica.pool.KvEvent``; any (kind, hashes) pair is accepted."""
+    """Same shape as ``replica.core.pool.KvEvent``; any (kind, hashes) pair is accepted."""
 
     kind: str  # "stored" | "removed" | "cleared"
     hashes: tuple[int, ...]

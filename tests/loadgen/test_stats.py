@@ -11,21 +11,18 @@ from loadgen.formats import read_trace
 from loadgen.stats import Distribution, trace_stats
 from loadgen.trace import Trace, TraceRequest
 
-TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
+from tests.conftest import SAMPLE_TRACES
 
 
 @pytest.mark.parametrize(
     "name, requests, accesses, distinct, hit",
     [
-        ("mooncake_conversation_trace.jsonl", 12_031, 288_500, 182_790, 0.366),
-        ("mooncake_synthetic_trace.jsonl", 3_993, 121_877, 43_924, 0.640),
+        ("mooncake-conversation", 12_031, 288_500, 182_790, 0.366),
+        ("mooncake-synthetic", 3_993, 121_877, 43_924, 0.640),
     ],
 )
 def test_published_mooncake_numbers(name, requests, accesses, distinct, hit):
-    path = TRACES / name
-    if not path.exists():
-        pytest.skip("shared traces are not beside the repository")
-    s = trace_stats(read_trace(path))
+    s = trace_stats(read_trace(name))  # read by built-in name
     assert (s.requests, s.block_accesses, s.distinct_blocks) == (requests, accesses, distinct)
     assert round(s.infinite_cache_block_hit, 3) == hit
     assert s.block_size == 512

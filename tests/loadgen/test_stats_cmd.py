@@ -13,9 +13,8 @@ import pytest
 
 from loadgen import stats_cmd
 
-TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
-SYNTHETIC = TRACES / "mooncake_synthetic_trace.jsonl"
-CONVERSATION = TRACES / "mooncake_conversation_trace.jsonl"
+from tests.conftest import MOONCAKE_CONVERSATION as CONVERSATION
+from tests.conftest import MOONCAKE_SYNTHETIC as SYNTHETIC
 
 
 def kvemu_exe() -> str:
@@ -38,8 +37,7 @@ def run_inprocess(capsys, *argv: str) -> tuple[int, str]:
 
 
 def need(path: Path) -> Path:
-    if not path.exists():
-        pytest.skip("shared traces are not beside the repository")
+    assert path.exists(), f"sample trace {path} is missing from the package"
     return path
 
 

@@ -1,5 +1,5 @@
 from replica.events import EventFeed
-from replica.pool import KvEvent
+from replica.core.pool import KvEvent
 
 
 def feed(mode, max_batches=4, resident=range(10)):

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from loadgen.sim import SimSettings, Simulation
+from sim.simulator import SimSettings, Simulation
 from loadgen.workloads import generate as generate_workload
 from router.strategies import RoutingSettings
 from tests.support.cluster import start_router, stop_all

@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 from typing import Callable, Iterable, Sequence
 
-from replica.pool import BlockPool, KvEvent, PoolBusyError
+from replica.core.pool import BlockPool, KvEvent, PoolBusyError
 
 
 def checked_victims(pool: BlockPool) -> None:

@@ -1,0 +1,81 @@
+"""The one builder of a replica's cache core, for the live replica and the simulator alike."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from replica.core.costs import DepthCosts
+from replica.core.metrics import PoolMetrics
+from replica.core.policies import make_policy
+from replica.core.pool import BlockPool
+from replica.core.reuse import ReuseDistanceTracker, ShardsTracker
+from replica.core.scheduler import Scheduler, SchedulerSettings
+from shared.costmodel import CostModel
+from shared.errors import InputError
+
+REUSE_MODES = ("exact", "shards", "off")
+
+
+@dataclass(frozen=True, slots=True)
+class CoreSettings:
+    """What shapes one replica's core. ``reuse``: exact reuse distances (the simulator), SHARDS
+    sampling at ``shards_rate`` (the live replica, bounded memory) or none. ``oracles``: allow
+    offline policies that need the future (only the simulator can give it)."""
+
+    capacity_blocks: int
+    policy: str = "lru"
+    policy_params: tuple[tuple[str, object], ...] = ()
+    block_size: int = 16
+    hit_mode: str = "holes"
+    token_budget: int = 8192
+    max_running: int = 256
+    max_waiting: int = 100_000
+    reuse: str = "shards"
+    shards_rate: float = 0.1
+    shards_max_tracked: int = 1 << 16
+    seed: int = 0
+    emit_events: bool = True
+    oracles: bool = False
+
+    def __post_init__(self) -> None:
+        if self.reuse not in REUSE_MODES:
+            raise InputError("reuse", f"must be one of {', '.join(REUSE_MODES)}, got {self.reuse!r}")
+
+
+@dataclass(slots=True)
+class ReplicaCore:
+    """A replica's pure core: the pool (with its policy and metrics) and the scheduler over it."""
+
+    pool: BlockPool
+    scheduler: Scheduler
+
+    @property
+    def metrics(self) -> PoolMetrics:
+        return self.pool.metrics
+
+
+def _reuse_tracker(s: CoreSettings) -> ReuseDistanceTracker | ShardsTracker | None:
+    if s.reuse == "exact":
+        return ReuseDistanceTracker(max_distance=max(4 * s.capacity_blocks, 1 << 16))
+    if s.reuse == "shards":
+        return ShardsTracker(rate=s.shards_rate, max_tracked=s.shards_max_tracked, seed=s.seed)
+    return None
+
+
+def build_core(s: CoreSettings, cost: CostModel) -> ReplicaCore:
+    """Metrics, policy, pool and scheduler, wired the same way wherever a replica runs.
+
+    The metrics (CSR) and cost-aware policies share one depth-cost table from the cost model.
+    """
+    policy = make_policy(s.policy, **dict(s.policy_params))
+    if policy.needs_future and not s.oracles:
+        raise InputError("policy", f"{s.policy} is an offline oracle; it runs in `kvemu sim` only")
+    bs = s.block_size
+    costs = DepthCosts(lambda depth: cost.block_cost(depth, bs))
+    metrics = PoolMetrics(block_size=bs, block_cost=costs, bytes_per_block=cost.block_bytes(bs),
+                          reuse_tracker=_reuse_tracker(s))
+    pool = BlockPool(s.capacity_blocks, policy, block_size=bs, hit_mode=s.hit_mode, metrics=metrics,
+                     emit_events=s.emit_events, block_cost=costs)
+    sched = Scheduler(pool, cost, SchedulerSettings(token_budget=s.token_budget, max_running=s.max_running,
+                                                    max_waiting=s.max_waiting))
+    return ReplicaCore(pool, sched)

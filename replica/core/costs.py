@@ -1,0 +1,44 @@
+"""Recompute cost per block depth: one table that the metrics (CSR) and cost-aware policies share."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from itertools import accumulate
+
+
+def unit_cost(depth: int) -> float:
+    """Every block costs the same: CSR then equals the block hit ratio."""
+    return 1.0
+
+
+class DepthCosts:
+    """``cost(depth)`` and prefix sums, grown on demand from a function of depth (cached)."""
+
+    __slots__ = ("_cum", "_fn", "costs")
+
+    def __init__(self, fn: Callable[[int], float] = unit_cost) -> None:
+        self._fn = fn
+        self.costs: list[float] = []
+        self._cum: list[float] = [0.0]
+
+    def grow(self, n: int) -> None:
+        if n > len(self.costs):
+            new = [self._fn(i) for i in range(len(self.costs), n)]
+            self.costs.extend(new)
+            self._cum.extend(list(accumulate(new, initial=self._cum[-1]))[1:])
+
+    def __call__(self, depth: int) -> float:
+        """Recompute cost of the block at ``depth`` (0 = the first block of a prompt)."""
+        if depth >= len(self.costs):
+            self.grow(depth + 1)
+        return self.costs[depth]
+
+    def total(self, n: int) -> float:
+        """Cost of the first ``n`` blocks of a prompt."""
+        if n >= len(self._cum):
+            self.grow(n)
+        return self._cum[n]
+
+    def of_depths(self, depths: Sequence[int]) -> float:
+        """Cost of the blocks at these depths (all below a ``grow``n bound)."""
+        return sum(map(self.costs.__getitem__, depths))

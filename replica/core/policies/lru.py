@@ -1,0 +1,64 @@
+"""Block-level LRU with vLLM V1 free-queue semantics.
+
+Evictable blocks sit in one ordered queue, the head evicted first. A request's blocks
+are pinned while it runs and re-queued at the tail when it finishes, in reverse depth
+order: among the blocks one request frees, the deepest goes first (vLLM frees
+``reversed(blocks)`` so a prompt's tail, the least likely to be shared, is evicted first).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Sequence
+
+from replica.core.policies.base import Access, EvictionPolicy
+
+
+class LRUPolicy(EvictionPolicy):
+    name = "lru"
+
+    def __init__(self) -> None:
+        self._queue: OrderedDict[int, None] = OrderedDict()
+
+    def on_access(self, acc: Access) -> None:
+        # Hits stay queued while pinned; victims() skips pinned entries lazily and
+        # on_release re-queues them, which avoids a removal per hit.
+        pass
+
+    def on_release(self, hashes: Sequence[int], now: float) -> None:
+        queue = self._queue
+        move = queue.move_to_end
+        pinned = self.ctx.pinned
+        if pinned:
+            for h in reversed(hashes):
+                if h in pinned:
+                    continue
+                if h in queue:
+                    move(h)
+                else:
+                    queue[h] = None
+            return
+        for h in reversed(hashes):
+            if h in queue:
+                move(h)
+            else:
+                queue[h] = None
+
+    def victims(self, need: int) -> list[int]:
+        queue = self._queue
+        pinned = self.ctx.pinned
+        pop = queue.popitem
+        out = [pop(False)[0] for _ in range(need)]
+        if pinned:
+            out = [h for h in out if h not in pinned]
+            while len(out) < need:
+                h = pop(False)[0]
+                if h not in pinned:
+                    out.append(h)
+        return out
+
+    def on_remove(self, h: int) -> None:
+        self._queue.pop(h, None)
+
+    def clear(self) -> None:
+        self._queue.clear()

@@ -1,0 +1,323 @@
+"""RandomCompute and PartialNode RandomCompute (seed 002, principles 3 and 4).
+
+Both score with ``cost · f_eff / idle`` and evict the lowest score, where ``cost`` is the
+pool's recompute cost at a block's depth (its index in the request),
+``f_eff = f · 2^(-(now - last) / decay_halflife_s)`` an access count that decays (on each
+access ``f <- f_eff + 1``; new: ``f = 1``), ``idle = max(now - last, min_idle_s)``.
+Scores are compared as ``log2(cost · f) + last/halflife - log2(idle)`` (the common
+``-now/halflife`` term dropped) so a day-long trace never overflows.
+
+Candidates are the unpinned resident blocks, kept in an array plus an index map
+(swap-remove, O(1) per update). A sample is ``sample_size`` uniform draws with
+replacement from the seeded ``random.Random`` (duplicates cannot change a minimum); when
+``sample_size`` >= the number of candidates every candidate is scored, which makes the
+policy exact and deterministic. Blocks of the request being allocated are pinned but
+still in the array (the pool calls ``victims`` before ``on_access``); they are skipped.
+
+``now`` is the incoming request's time: the pool sets ``ctx.now`` before it asks for
+victims, and ``victims`` reads it (``on_access`` / ``on_release`` also advance it).
+"""
+
+from __future__ import annotations
+
+import random
+from array import array
+from math import inf, log2
+from typing import Sequence
+
+import numpy as np
+
+from replica.core.policies.base import Access, EvictionPolicy
+from shared.errors import InputError
+
+
+def _positive(field: str, value, integer: bool = False):
+    ok = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok or not value > 0:
+        raise InputError(field, f"must be a positive {'integer' if integer else 'number'}, got {value!r}")
+    return value
+
+
+class _Sampled(EvictionPolicy):
+    def __init__(self, sample_size: int, decay_halflife_s: float, seed: int, min_idle_s: float) -> None:
+        self.sample_size = _positive("sample_size", sample_size, integer=True)
+        self.halflife = float(_positive("decay_halflife_s", decay_halflife_s))
+        self.min_idle = float(_positive("min_idle_s", min_idle_s))
+        self.seed = seed
+        self._rng = random.Random(seed)
+        self._now = 0.0
+        self.clear()
+
+    def clear(self) -> None:
+        self._cands: list[int] = []
+        self._pos: dict[int, int] = {}
+
+    def _add(self, h: int) -> None:
+        if h not in self._pos:
+            self._pos[h] = len(self._cands)
+            self._cands.append(h)
+
+    def _discard(self, h: int) -> int | None:
+        j = self._pos.pop(h, None)
+        if j is not None:
+            moved = self._cands.pop()
+            if moved != h:
+                self._cands[j] = moved
+                self._pos[moved] = j
+        return j
+
+    def _draw(self, count: int) -> np.ndarray:
+        """``count`` uniform slots in [0, n), with replacement."""
+        u = np.frombuffer(self._rng.randbytes(4 * count), dtype=np.uint32)
+        return (u * (len(self._cands) / 4294967296.0)).astype(np.intp)
+
+    def _clock(self, now: float) -> None:
+        if now > self._now:
+            self._now = now
+
+    def _decayed(self, f: float, last: float, now: float) -> float:
+        return f * 2.0 ** (-max(now - last, 0.0) / self.halflife)
+
+    def describe(self) -> dict:
+        return {"name": self.name, "sample_size": self.sample_size, "decay_halflife_s": self.halflife,
+                "min_idle_s": self.min_idle, "seed": self.seed}
+
+
+class RandomComputePolicy(_Sampled):
+    """Per block: evict the lowest ``cost(depth) · f_eff / idle`` of a fresh k-sample per victim.
+
+    The ``need`` samples of one ``victims`` call are drawn and scored in one numpy batch;
+    a sample whose best is pinned or already taken by an earlier sample of the same call
+    falls back to its next best (re-drawn if none is usable).
+    """
+
+    name = "random_compute"
+
+    def __init__(self, sample_size: int = 128, decay_halflife_s: float = 300.0, seed: int = 0,
+                 min_idle_s: float = 1e-3) -> None:
+        self._meta: dict[int, tuple[float, float, float]] = {}  # block -> (log2 weight, last, f)
+        super().__init__(sample_size, decay_halflife_s, seed, min_idle_s)
+
+    def clear(self) -> None:
+        super().clear()
+        self._meta.clear()
+        self._lw = array("d")  # slot-aligned with _cands: log2(cost·f) + last/halflife
+        self._last = array("d")  # slot-aligned with _cands: last access time
+
+    def _add(self, h: int) -> None:
+        if h not in self._pos:
+            self._pos[h] = len(self._cands)
+            self._cands.append(h)
+            lw, last, _ = self._meta[h]
+            self._lw.append(lw)
+            self._last.append(last)
+
+    def _discard(self, h: int) -> None:
+        j = self._pos.pop(h, None)
+        if j is not None:
+            moved, lw, last = self._cands.pop(), self._lw.pop(), self._last.pop()
+            if moved != h:
+                self._cands[j], self._lw[j], self._last[j] = moved, lw, last
+                self._pos[moved] = j
+
+    def _scores(self, idx) -> np.ndarray:
+        # numpy views of the array buffers: temporaries, gone before the arrays resize
+        idle = np.maximum(self._now - np.frombuffer(self._last)[idx], self.min_idle)
+        return np.frombuffer(self._lw)[idx] - np.log2(idle)
+
+    def _touch(self, old: tuple | None, cost: float, now: float) -> tuple[float, float, float]:
+        f = 1.0 if old is None else 1.0 + self._decayed(old[2], old[1], now)
+        return log2(max(cost, 1e-300) * f) + now / self.halflife, now, f
+
+    def on_access(self, acc: Access) -> None:
+        now = acc.now
+        self._clock(now)
+        meta, hashes, cost = self._meta, acc.hashes, self.ctx.block_cost
+        for i in acc.touched_idx:
+            h = hashes[i]
+            self._discard(h)  # pinned until released
+            meta[h] = self._touch(meta.get(h), cost(i), now)
+        for i in acc.new_idx:
+            meta[hashes[i]] = self._touch(None, cost(i), now)
+
+    def on_release(self, hashes: Sequence[int], now: float) -> None:
+        self._clock(now)
+        pinned, meta = self.ctx.pinned, self._meta
+        for h in hashes:
+            if h not in pinned and h in meta:
+                self._add(h)
+
+    def victims(self, need: int) -> list[int]:
+        self._clock(self.ctx.now)  # score at the incoming request's time
+        cands, pinned, k = self._cands, self.ctx.pinned, self.sample_size
+        chosen: dict[int, None] = {}
+        if k >= len(cands):  # every candidate scored: the exact lowest-score order
+            for j in np.argsort(self._scores(slice(0, len(cands))), kind="stable").tolist():
+                if cands[j] not in pinned:
+                    chosen[cands[j]] = None
+                    if len(chosen) == need:
+                        break
+            if len(chosen) < need:
+                raise RuntimeError(f"{self.name}: asked for {need} victims, only {len(chosen)} evictable")
+        else:
+            idx = self._draw(need * k).reshape(need, k)
+            scores = self._scores(idx)
+            for r, c in enumerate(scores.argmin(axis=1).tolist()):
+                while True:
+                    h = cands[idx[r, c]]
+                    if h not in pinned and h not in chosen:
+                        chosen[h] = None
+                        break
+                    scores[r, c] = inf
+                    c = int(scores[r].argmin())
+                    if scores[r, c] == inf:  # nothing usable in this sample: draw it again
+                        idx[r] = self._draw(k)
+                        scores[r] = self._scores(idx[r])
+                        c = int(scores[r].argmin())
+        for h in chosen:
+            self._discard(h)
+            del self._meta[h]
+        return list(chosen)
+
+    def on_remove(self, h: int) -> None:
+        self._discard(h)
+        self._meta.pop(h, None)
+
+
+class _Node:
+    """A prefix-tree node: the blocks one request inserted at consecutive depths."""
+
+    __slots__ = ("blocks", "head", "live", "cost", "f", "last", "lw")
+
+    def __init__(self, blocks: list[int], cost: float, now: float, halflife: float) -> None:
+        self.blocks = blocks  # depth order; entries whose block left the node are skipped
+        self.head = 0  # every block before head has left the node
+        self.live = len(blocks)
+        self.cost = cost  # recompute cost of the node's resident blocks
+        self.f = 1.0
+        self.last = now
+        self.lw = now / halflife  # log2(f) + last/halflife
+
+
+class PartialNodePolicy(_Sampled):
+    """PartialNode RandomCompute: sample blocks, score their nodes, evict a chunk from a node's start.
+
+    A node is the run of new blocks at consecutive depths that one request inserted (a
+    request with holes inserts one node per run); a block belongs to it until evicted.
+    A node's ``f`` and ``last`` change once per request touching any of its blocks; its
+    score uses the mean recompute cost of its resident blocks. The lowest-scoring node of
+    the sample (sampled blocks map to their nodes) loses its shallowest run: from its
+    first unpinned resident block, consecutive resident unpinned blocks up to
+    ``chunk_blocks`` (blocks already gone are passed over, the hole just grows; a pinned
+    block ends the run). The whole run is returned even when it exceeds ``need``.
+    """
+
+    name = "partial_node"
+
+    def __init__(self, sample_size: int = 128, chunk_blocks: int = 32, decay_halflife_s: float = 300.0,
+                 seed: int = 0, min_idle_s: float = 1e-3) -> None:
+        self.chunk_blocks = _positive("chunk_blocks", chunk_blocks, integer=True)
+        super().__init__(sample_size, decay_halflife_s, seed, min_idle_s)
+
+    def clear(self) -> None:
+        super().clear()
+        self._node_of: dict[int, tuple[_Node, int]] = {}  # block -> (node, depth)
+
+    def _forget(self, h: int) -> None:
+        self._discard(h)
+        entry = self._node_of.pop(h, None)
+        if entry is not None:
+            node, depth = entry
+            node.live -= 1
+            node.cost -= self.ctx.block_cost(depth)
+
+    def on_access(self, acc: Access) -> None:
+        now = acc.now
+        self._clock(now)
+        hashes, node_of, new = acc.hashes, self._node_of, acc.new_idx
+        touched: dict[_Node, None] = {}
+        unknown = []
+        for i in acc.touched_idx:
+            h = hashes[i]
+            self._discard(h)  # pinned until released
+            entry = node_of.get(h)
+            if entry is None:
+                unknown.append(i)  # resident but unseen (e.g. after set_policy): joins a new node
+            else:
+                touched[entry[0]] = None
+        for node in touched:
+            node.f = 1.0 + self._decayed(node.f, node.last, now)
+            node.last = now
+            node.lw = log2(node.f) + now / self.halflife
+        if unknown:
+            new = sorted(new + unknown)
+        cost, start = self.ctx.block_cost, 0
+        for r in range(1, len(new) + 1):
+            if r == len(new) or new[r] != new[r - 1] + 1:  # a run of consecutive depths ends
+                run = new[start:r]
+                node = _Node([hashes[i] for i in run], sum(map(cost, run)), now, self.halflife)
+                for i in run:
+                    node_of[hashes[i]] = (node, i)
+                start = r
+
+    def on_release(self, hashes: Sequence[int], now: float) -> None:
+        self._clock(now)
+        pinned, node_of = self.ctx.pinned, self._node_of
+        for h in hashes:
+            if h not in pinned and h in node_of:
+                self._add(h)
+
+    def victims(self, need: int) -> list[int]:
+        self._clock(self.ctx.now)  # score at the incoming request's time
+        cands, node_of, pinned = self._cands, self._node_of, self.ctx.pinned
+        now, eps, k = self._now, self.min_idle, self.sample_size
+        out: list[int] = []
+        while len(out) < need:
+            sample = cands if k >= len(cands) else [cands[j] for j in self._draw(k).tolist()]
+            best, bnode = inf, None
+            for h in sample:  # a node sampled twice scores the same: no need to dedupe
+                if h in pinned:
+                    continue
+                node = node_of[h][0]
+                idle = now - node.last
+                s = node.lw + log2(max(node.cost, 1e-300) / (node.live * (idle if idle > eps else eps)))
+                if s < best:
+                    best, bnode = s, node
+            if bnode is None:
+                if k >= len(cands):
+                    raise RuntimeError(f"{self.name}: asked for victims but none is evictable")
+                continue
+            run = self._run(bnode, pinned)
+            for h in run:
+                self._forget(h)
+            out.extend(run)
+        return out
+
+    def _run(self, node: _Node, pinned) -> list[int]:
+        blocks, node_of, n = node.blocks, self._node_of, len(node.blocks)
+
+        def mine(h: int) -> bool:
+            entry = node_of.get(h)
+            return entry is not None and entry[0] is node
+
+        i = node.head
+        while i < n and not mine(blocks[i]):
+            i += 1
+        node.head = i
+        while i < n and (blocks[i] in pinned or not mine(blocks[i])):
+            i += 1  # pinned shallow blocks stay; the run starts after them
+        run: list[int] = []
+        while i < n and len(run) < self.chunk_blocks:
+            h = blocks[i]
+            if mine(h):
+                if h in pinned:
+                    break
+                run.append(h)
+            i += 1
+        return run
+
+    def on_remove(self, h: int) -> None:
+        self._forget(h)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "chunk_blocks": self.chunk_blocks}

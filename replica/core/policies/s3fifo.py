@@ -1,0 +1,191 @@
+"""S3-FIFO (Yang et al., SOSP'23) with the semantics of libCacheSim's ``S3FIFO.c``.
+
+Three FIFOs: small (``small_ratio`` of the pool, at least one block), main (the rest) and a
+ghost of ids only (``ghost_ratio`` of the pool; by default as large as main). Each resident
+block has a frequency counter, set to 0 on insertion and incremented on every hit, capped
+at 3 (2 bits).
+
+* Insertion: an id found in ghost leaves it and enters main; otherwise the block enters
+  small -- except that before the first eviction ever, once small is full, new blocks go
+  to main (libCacheSim's ``has_evicted`` rule; it only shapes the warm-up).
+* Eviction, one block at a time: from main if main is over its size or small is empty,
+  else from small. Small: the tail moves to main's head with its counter reset to 0 when
+  ``freq >= move_to_main_threshold`` (libCacheSim compares with ``>=``; its default is 2,
+  i.e. at least two hits while in small), otherwise it is evicted and its id enters the
+  ghost head (the ghost drops its tail when full); repeat until one block is evicted.
+  Main: a tail with ``freq > 0`` is reinserted at the head with ``freq - 1``; one with
+  ``freq == 0`` is evicted.
+
+Adaptations to the pool's protocol: the pool asks ``victims(k)`` before it inserts a
+request's new blocks, so k evictions happen back to back, then the insertions. Blocks
+of one request are inserted deepest first (the shallow, most shareable blocks end up
+newest, as in lru.py). A pinned block at a queue tail that would otherwise be evicted is
+treated as just accessed: it goes back to the head of its queue with its counter
+unchanged (its hit is counted by ``on_access``). A queue whose every block is pinned is
+detected after one full pass and the other queue is used for the rest of that call.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+
+from replica.core.policies.base import Access, EvictionPolicy, PolicyContext
+from shared.errors import InputError
+
+MAX_FREQ = 3
+IN_MAIN = 4  # flag bit stored with the counter: the block sits in main
+
+
+def _check(field: str, value, ok, want: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
+        raise InputError(field, f"must be {want}, got {value!r}")
+
+
+class S3FIFOPolicy(EvictionPolicy):
+    name = "s3fifo"
+
+    def __init__(self, small_ratio: float = 0.1, move_to_main_threshold: int = 2,
+                 ghost_ratio: float | None = None, **params) -> None:
+        super().__init__(**params)
+        _check("small_ratio", small_ratio, lambda v: 0 < v < 1, "a number in (0, 1)")
+        _check("move_to_main_threshold", move_to_main_threshold,
+               lambda v: isinstance(v, int) and 1 <= v <= MAX_FREQ, f"an integer in 1..{MAX_FREQ}")
+        if ghost_ratio is not None:
+            _check("ghost_ratio", ghost_ratio, lambda v: 0 <= v < float("inf"), "a finite number >= 0")
+        self.small_ratio = float(small_ratio)
+        self.threshold = move_to_main_threshold
+        self.ghost_ratio = ghost_ratio
+        self.clear()
+
+    def bind(self, ctx: PolicyContext) -> None:
+        super().bind(ctx)
+        cap = ctx.capacity
+        self.small_size = min(cap, max(1, int(cap * self.small_ratio)))
+        self.main_size = cap - self.small_size
+        self.ghost_size = self.main_size if self.ghost_ratio is None else int(cap * self.ghost_ratio)
+
+    def on_access(self, acc: Access) -> None:
+        if self._dirty:
+            self._purge()
+        hashes = acc.hashes
+        fr = self._freq
+        for i in acc.touched_idx:
+            h = hashes[i]
+            f = fr.get(h)
+            if f is not None and f & MAX_FREQ != MAX_FREQ:
+                fr[h] = f + 1
+        if not acc.new_idx:
+            return
+        ghost, small, main = self._ghost, self._small, self._main
+        if self._evicted:
+            for i in reversed(acc.new_idx):  # deepest first: among these, evicted first
+                h = hashes[i]
+                if h in ghost:
+                    del ghost[h]
+                    fr[h] = IN_MAIN
+                    main.append(h)
+                else:
+                    fr[h] = 0
+                    small.append(h)
+            return
+        small_size = self.small_size
+        for i in reversed(acc.new_idx):  # warm-up, ghost empty: once small is full, to main
+            h = hashes[i]
+            if len(small) < small_size:
+                fr[h] = 0
+                small.append(h)
+            else:
+                fr[h] = IN_MAIN
+                main.append(h)
+
+    def victims(self, need: int) -> list[int]:
+        if self._dirty:
+            self._purge()
+        self._evicted = True
+        fr, small, main, ghost = self._freq, self._small, self._main, self._ghost
+        spop, mpop, gpop = small.popleft, main.popleft, ghost.popitem
+        pinned = self.ctx.pinned
+        thr, main_size, ghost_size = self.threshold, self.main_size, self.ghost_size
+        out: list[int] = []
+        append = out.append
+        small_stuck = main_stuck = False  # every block left in that queue is pinned
+        left = need
+        while left:
+            if (len(main) > main_size or not small or small_stuck) and main and not main_stuck:
+                spins = 0
+                while True:  # main: clock with a 2-bit counter
+                    h = mpop()
+                    f = fr[h]
+                    if f != IN_MAIN:
+                        fr[h] = f - 1
+                        main.append(h)
+                        spins = 0
+                    elif h in pinned:
+                        main.append(h)
+                        spins += 1
+                        if spins >= len(main):
+                            main_stuck = True
+                            break
+                    else:
+                        del fr[h]
+                        append(h)
+                        left -= 1
+                        break
+            elif small and not small_stuck:
+                spins = 0
+                while small:  # small: promote or evict; stay here while main is within size
+                    h = spop()
+                    if fr[h] >= thr:
+                        fr[h] = IN_MAIN
+                        main.append(h)
+                        if h not in pinned:
+                            main_stuck = False
+                    elif h in pinned:
+                        small.append(h)
+                        spins += 1
+                        if spins >= len(small):
+                            small_stuck = True
+                            break
+                    else:
+                        del fr[h]
+                        append(h)
+                        if ghost_size:
+                            ghost[h] = None
+                            if len(ghost) > ghost_size:
+                                gpop(False)
+                        left -= 1
+                        if not left or len(main) > main_size:
+                            break
+                        spins = 0
+            else:
+                raise RuntimeError(f"s3fifo: asked for {need} victims, only {len(out)} unpinned")
+        return out
+
+    def on_remove(self, h: int) -> None:
+        # O(1): forget the counter now, drop the queue entry at the next purge.
+        if self._freq.pop(h, None) is not None:
+            self._dirty = True
+
+    def _purge(self) -> None:
+        fr = self._freq
+        self._small = deque(h for h in self._small if h in fr)
+        self._main = deque(h for h in self._main if h in fr)
+        self._dirty = False
+
+    def clear(self) -> None:
+        # A block's counter and queue: freq (0..3) | IN_MAIN. Queues: left = tail (next out).
+        self._freq: dict[int, int] = {}
+        self._small: deque[int] = deque()
+        self._main: deque[int] = deque()
+        self._ghost: OrderedDict[int, None] = OrderedDict()  # ids only; first = oldest
+        self._dirty = False  # on_remove left entries in a queue
+        self._evicted = False
+
+    def describe(self) -> dict:
+        d = {"name": self.name, "small_ratio": self.small_ratio,
+             "move_to_main_threshold": self.threshold, "ghost_ratio": self.ghost_ratio}
+        if hasattr(self, "ctx"):
+            d.update(small_size=self.small_size, main_size=self.main_size, ghost_size=self.ghost_size)
+            if self.ghost_ratio is None:
+                d["ghost_ratio"] = self.ghost_size / self.ctx.capacity
+        return d

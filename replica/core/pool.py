@@ -1,0 +1,306 @@
+"""The block pool: one emulated GPU's KV blocks.
+
+Pure and synchronous. It owns residency (hash -> owning session), reference counts
+(blocks of running requests are pinned and never evicted), the policy hooks, the
+per-replica metrics and the ``stored`` / ``removed`` / ``cleared`` events that a thin
+async layer ships to the prefix index. The live replica and the simulator both use it.
+
+Hit modes: ``prefix`` reuses blocks up to the first miss; ``holes`` reuses
+every resident block and recomputes the gaps. In ``prefix`` mode resident blocks past the
+first miss are recomputed (not hits) but count as accessed for the policy: the new KV
+replaces the stale copy under the same hash.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter, _count_elements  # type: ignore[attr-defined]  # C helper Counter uses
+from collections.abc import Callable, Sequence
+from itertools import compress
+from types import MappingProxyType
+
+from replica.core.costs import DepthCosts
+from replica.core.metrics import PoolMetrics
+from replica.core.policies.base import EvictionPolicy
+from replica.core.types import Access, Allocation, KvEvent, PolicyContext
+from shared.errors import InputError, KvemuError
+
+__all__ = ["HIT_MODES", "Allocation", "BlockPool", "KvEvent", "PoolBusyError", "PoolCapacityError"]
+
+HIT_MODES = ("prefix", "holes")
+
+
+class PoolCapacityError(InputError):
+    """A request needs more blocks than the whole pool holds."""
+
+    def __init__(self, need: int, capacity: int):
+        super().__init__("prompt", f"needs {need} KV blocks but the pool holds only {capacity}")
+        self.need = need
+
+
+class PoolBusyError(KvemuError):
+    """Not enough unpinned blocks right now; a scheduler should wait and retry."""
+
+
+class BlockPool:
+    def __init__(
+        self,
+        capacity_blocks: int,
+        policy: EvictionPolicy,
+        *,
+        block_size: int = 16,
+        hit_mode: str = "holes",
+        metrics: PoolMetrics | None = None,
+        emit_events: bool = True,
+        block_cost: Callable[[int], float] | None = None,
+    ) -> None:
+        if isinstance(capacity_blocks, bool) or not isinstance(capacity_blocks, int) or capacity_blocks <= 0:
+            raise InputError("capacity_blocks", f"must be a positive integer, got {capacity_blocks!r}")
+        if hit_mode not in HIT_MODES:
+            raise InputError("hit_mode", f"must be one of {', '.join(HIT_MODES)}, got {hit_mode!r}")
+        self.capacity = capacity_blocks
+        self.block_size = block_size
+        self.hit_mode = hit_mode
+        self.resident: dict[int, str | None] = {}
+        self._refs: dict[int, int] = {}
+        self.metrics = metrics if metrics is not None else PoolMetrics(block_size=block_size)
+        self.emit_events = emit_events
+        self.events: list[KvEvent] = []
+        self.footprint: dict[str | None, int] = {}
+        self._reused: set[int] = set()
+        # What cost-aware policies see comes from the cost model (``block_cost``), never from how
+        # the metrics were configured; without one every block costs the same.
+        costs = block_cost if block_cost is not None else DepthCosts()
+        self.policy_context = PolicyContext(capacity_blocks, costs, MappingProxyType(self._refs),
+                                            MappingProxyType(self.resident))
+        self.policy = policy
+        policy.bind(self.policy_context)
+
+    # ---- queries (no side effects) -----------------------------------------------
+    @property
+    def now(self) -> float:
+        """Time of the request being served (the latest seen): cost-aware victims() score at it."""
+        return self.policy_context.now
+
+    @property
+    def pin_counts(self) -> MappingProxyType[int, int]:
+        """Read-only view: pinned hash -> number of running requests that hold it."""
+        return self.policy_context.pinned  # type: ignore[return-value]
+
+    def is_pinned(self, h: int) -> bool:
+        return h in self._refs
+
+    @property
+    def used(self) -> int:
+        return len(self.resident)
+
+    @property
+    def evictable(self) -> int:
+        return len(self.resident) - len(self._refs)
+
+    def usage(self) -> float:
+        return len(self.resident) / self.capacity
+
+    def block_cost(self, index: int) -> float:
+        """Recompute cost of a block at depth ``index``, as cost-aware policies see it."""
+        return self.policy_context.block_cost(index)
+
+    def prefix_match(self, hashes: Sequence[int]) -> int:
+        """Number of leading blocks resident (what a router's index would report)."""
+        # map + index run in C: several times faster than a Python loop on long prompts.
+        try:
+            return list(map(self.resident.__contains__, hashes)).index(False)
+        except ValueError:
+            return len(hashes)
+
+    # ---- request lifecycle --------------------------------------------------------
+    def acquire(
+        self,
+        hashes: Sequence[int],
+        *,
+        session: str | None = None,
+        now: float = 0.0,
+        input_tokens: int | None = None,
+        next_use: Sequence[float] | None = None,
+    ) -> Allocation:
+        """Pin the request's resident blocks, allocate the rest (evicting through the policy)."""
+        n = len(hashes)
+        if n > self.capacity:
+            raise PoolCapacityError(n, self.capacity)
+        if len(set(hashes)) != n:
+            raise InputError("block_hashes", "a block hash repeats within one request; chained hashes never do")
+        res = self.resident
+        touched = list(compress(range(n), map(res.__contains__, hashes)))
+        k = len(touched)
+        if k == 0:
+            new_idx, new_hashes, touched_hashes = list(range(n)), list(hashes), []
+        elif touched[-1] == k - 1:  # the common case: a resident prefix, then new blocks
+            new_idx, new_hashes, touched_hashes = list(range(k, n)), list(hashes[k:]), list(hashes[:k])
+        else:
+            new_idx = [i for i, h in enumerate(hashes) if h not in res]
+            new_hashes = [hashes[i] for i in new_idx]
+            touched_hashes = [hashes[i] for i in touched]
+        ctx = self.policy_context
+        if now > ctx.now:
+            ctx.now = now
+        shortfall = n - k - (self.capacity - len(res))
+        if shortfall > 0:
+            self._check_evictable(touched_hashes, shortfall)
+        self._pin(touched_hashes)
+        if shortfall > 0:
+            self._evict(shortfall)
+        self._insert(new_hashes, session)
+        if self.hit_mode == "holes":
+            hit_idx, hit_hashes = touched, touched_hashes
+        else:
+            hit_idx = _leading_run(touched)
+            hit_hashes = touched_hashes[: len(hit_idx)]
+        alloc = Allocation(hashes, hit_idx, new_idx, touched, session)
+        if hit_idx:
+            self._reused.update(hit_hashes)
+            if self.hit_mode == "holes" and touched[-1] != k - 1:
+                alloc.holes, alloc.hole_lengths = _holes(hit_idx)
+        self.policy.on_access(Access(hashes, touched, new_idx, now, session, next_use))
+        self.metrics.record_request(alloc, n, input_tokens, now)
+        return alloc
+
+    def release(self, alloc: Allocation, now: float = 0.0) -> None:
+        refs = self._refs
+        hashes = alloc.hashes
+        n = len(hashes)
+        if len(refs) == n and sum(refs.values()) == n:
+            refs.clear()  # only this request held pins: the simulator's serial path
+        else:
+            for h in hashes:
+                left = refs[h] - 1
+                if left:
+                    refs[h] = left
+                else:
+                    del refs[h]
+        self.policy.on_release(hashes, now)
+
+    def serve(self, hashes: Sequence[int], **kw) -> Allocation:
+        """Acquire and release at once: a request served alone (the simulator's path)."""
+        alloc = self.acquire(hashes, **kw)
+        self.release(alloc, kw.get("now", 0.0))
+        return alloc
+
+    # ---- administration -----------------------------------------------------------
+    def reset(self) -> int:
+        """Drop every unpinned block (vLLM's reset_prefix_cache); returns how many."""
+        dropped = [h for h in self.resident if h not in self._refs]
+        for h in dropped:
+            self.policy.on_remove(h)
+        self._forget(dropped)
+        if not self._refs:
+            self.policy.clear()
+        if self.emit_events:
+            self.events.append(KvEvent("cleared", ()))
+            if self.resident:
+                self.events.append(KvEvent("stored", tuple(self.resident)))
+        return len(dropped)
+
+    def set_policy(self, policy: EvictionPolicy, now: float = 0.0) -> None:
+        """Switch policy live, keeping resident blocks; the oldest resident block becomes the first victim.
+
+        The new policy sees the resident set as one request listed newest first: policies treat a
+        request's last block as the first to go, so age order carries over.
+        """
+        policy.bind(self.policy_context)
+        newest_first = list(reversed(self.resident))
+        if newest_first:
+            policy.on_access(Access(newest_first, [], list(range(len(newest_first))), now, None, None))
+            policy.on_release([h for h in newest_first if h not in self._refs], now)
+        self.policy = policy
+
+    def top_sessions(self, k: int = 10) -> list[tuple[str | None, int]]:
+        return heapq.nlargest(k, self.footprint.items(), key=lambda kv: kv[1])
+
+    def stats(self, top_k: int = 10) -> dict:
+        out = {
+            "policy": self.policy.describe(),
+            "capacity_blocks": self.capacity,
+            "block_size": self.block_size,
+            "hit_mode": self.hit_mode,
+            "usage": self.usage(),
+            "pinned_blocks": len(self._refs),
+            "sessions_resident": len(self.footprint),
+            "top_sessions": [{"session": s, "blocks": b} for s, b in self.top_sessions(top_k)],
+        }
+        out.update(self.metrics.snapshot(len(self.resident), len(self.resident) - len(self._reused)))
+        return out
+
+    def drain_events(self) -> list[KvEvent]:
+        events, self.events = self.events, []
+        return events
+
+    # ---- internals ----------------------------------------------------------------
+    def _check_evictable(self, touched_hashes, shortfall: int) -> None:
+        # Blocks this request reuses will be pinned, so they cannot be victims either.
+        refs = self._refs
+        newly_pinned = sum(1 for h in touched_hashes if h not in refs) if refs else len(touched_hashes)
+        if self.evictable - newly_pinned < shortfall:
+            raise PoolBusyError(
+                f"need {shortfall} more free blocks, only {self.evictable - newly_pinned} evictable"
+            )
+
+    def _pin(self, hashes) -> None:
+        refs = self._refs
+        if not refs:
+            refs.update(dict.fromkeys(hashes, 1))
+            return
+        _count_elements(refs, hashes)  # C-level refs[h] += 1 for each h (what Counter.update uses)
+
+    def _insert(self, new_hashes: list[int], session) -> None:
+        if not new_hashes:
+            return
+        # New blocks cannot already be pinned, so their reference counts start at 1.
+        self._refs.update(dict.fromkeys(new_hashes, 1))
+        self.resident.update(dict.fromkeys(new_hashes, session))
+        fp = self.footprint
+        fp[session] = fp.get(session, 0) + len(new_hashes)
+        if self.emit_events:
+            self.events.append(KvEvent("stored", tuple(new_hashes)))
+        self.metrics.inserted += len(new_hashes)
+
+    def _evict(self, count: int) -> None:
+        victims = self.policy.victims(count)
+        self._forget(victims)
+        self.metrics.evictions += len(victims)
+        if self.emit_events and victims:
+            self.events.append(KvEvent("removed", tuple(victims)))
+
+    def _forget(self, hashes: Sequence[int]) -> None:
+        """Drop resident blocks: owners' footprints shrink; never-reused ones count as one-hit."""
+        pop = self.resident.pop
+        fp = self.footprint
+        for owner, c in Counter([pop(h) for h in hashes]).items():
+            left = fp[owner] - c
+            if left:
+                fp[owner] = left
+            else:
+                del fp[owner]
+        reused = self._reused
+        before = len(reused)
+        reused.difference_update(hashes)
+        self.metrics.one_hit_evictions += len(hashes) - (before - len(reused))
+
+
+def _leading_run(idx: list[int]) -> list[int]:
+    n = 0
+    for i in idx:
+        if i != n:
+            break
+        n += 1
+    return idx[:n]
+
+
+def _holes(hit_idx: list[int]) -> tuple[int, list[int]]:
+    """Gaps of recomputed blocks that lie before a reused block."""
+    lengths = []
+    prev = -1
+    for i in hit_idx:
+        if i > prev + 1:
+            lengths.append(i - prev - 1)
+        prev = i
+    return len(lengths), lengths

@@ -1,0 +1,226 @@
+"""Continuous-batching scheduler core: pure, synchronous, clock-agnostic.
+
+Each step has a token budget (default 8192): every running request past its prefill
+decodes one token, and the rest of the budget goes to prefill chunks in FCFS order
+(chunked prefill). A waiting request is admitted only when the pool can allocate its
+blocks (evicting unpinned blocks through the policy); its blocks stay pinned until it
+finishes. Step time comes from the cost model. The live replica sleeps each step's time
+(times its time scale); the simulator advances a virtual clock by it. With nothing to
+prefill, ``step`` may fast-forward several decode steps at once up to a horizon (the
+next arrival), which is what lets a day of traffic run in seconds.
+
+Only prompt blocks are cache blocks: the KV of generated tokens is not hashed or kept
+(as on a disaggregated prefill instance, seed 000); the next turn's prompt carries the
+response as new prompt blocks.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from replica.core.pool import Allocation, BlockPool, PoolBusyError, PoolCapacityError
+from shared.costmodel import CostModel
+from shared.errors import InputError, KvemuError
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerSettings:
+    token_budget: int = 8192
+    max_running: int = 256
+    max_waiting: int = 100_000
+
+    def __post_init__(self) -> None:
+        for name in ("token_budget", "max_running", "max_waiting"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise InputError(name, f"must be a positive integer, got {value!r}")
+
+
+@dataclass(slots=True)
+class SchedRequest:
+    rid: int
+    hashes: Sequence[int]
+    input_tokens: int
+    output_tokens: int
+    arrival: float
+    session: str | None = None
+    next_use: Sequence[float] | None = None
+    # filled in by the scheduler
+    alloc: Allocation | None = None
+    segments: list[list[int]] = field(default_factory=list)  # [start_token, tokens] left to prefill
+    cached_tokens: int = 0
+    generated: int = 0
+    t_admitted: float = -1.0
+    t_first_token: float = -1.0
+    t_finished: float = -1.0
+
+    @property
+    def prefilling(self) -> bool:
+        return bool(self.segments)
+
+
+@dataclass(slots=True)
+class StepResult:
+    start: float
+    duration: float
+    steps: int
+    prefill_tokens: int
+    first_tokens: list[SchedRequest]
+    finished: list[SchedRequest]
+    decoded: list[tuple[SchedRequest, int]]  # (request, tokens generated in this step(s))
+
+
+class QueueFullError(KvemuError):
+    """Overload, not bad input: answered 503 with Retry-After so a router tries elsewhere."""
+
+    def __init__(self, limit: int):
+        super().__init__(f"waiting queue is full ({limit} requests)")
+
+
+class Scheduler:
+    def __init__(self, pool: BlockPool, cost: CostModel, settings: SchedulerSettings | None = None) -> None:
+        self.pool = pool
+        self.cost = cost
+        self.settings = settings or SchedulerSettings()
+        self.waiting: deque[SchedRequest] = deque()
+        self.running: list[SchedRequest] = []
+        self.queued_prefill_tokens = 0
+
+    # ---- queue ------------------------------------------------------------------
+    def submit(self, req: SchedRequest) -> None:
+        if len(self.waiting) >= self.settings.max_waiting:
+            raise QueueFullError(self.settings.max_waiting)
+        if len(req.hashes) > self.pool.capacity:
+            raise PoolCapacityError(len(req.hashes), self.pool.capacity)
+        self.waiting.append(req)
+        self.queued_prefill_tokens += req.input_tokens
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    # ---- one step ---------------------------------------------------------------
+    def step(self, now: float, horizon: float = float("inf")) -> StepResult:
+        """Plan and account one step starting at ``now`` (or several decode-only steps
+        ending no later than ``horizon``). The caller waits ``duration`` afterwards."""
+        self._admit(now)
+        decoders = [r for r in self.running if not r.prefilling]
+        budget = self.settings.token_budget - len(decoders)
+        prefill_time, prefill_tokens, completed = self._prefill_chunks(budget)
+        kv_tokens = sum(r.input_tokens + r.generated for r in decoders)
+        steps = 1
+        if prefill_tokens == 0 and decoders:  # nothing admissible until a request finishes
+            steps = self._decode_run_length(decoders, kv_tokens, now, horizon)
+        decode_time = self._decode_time(len(decoders), kv_tokens, steps)
+        duration = prefill_time + decode_time
+        end = now + duration
+        result = StepResult(now, duration, steps, prefill_tokens, [], [], [])
+        for r in decoders:
+            n = min(steps, r.output_tokens - r.generated)
+            r.generated += n
+            result.decoded.append((r, n))
+        for r in completed:
+            r.t_first_token = end
+            r.generated = 1
+            result.first_tokens.append(r)
+        self._finish(result, end)
+        return result
+
+    def _admit(self, now: float) -> None:
+        running = self.running
+        while self.waiting and len(running) < self.settings.max_running:
+            req = self.waiting[0]
+            try:
+                req.alloc = self.pool.acquire(
+                    req.hashes, session=req.session, now=now, input_tokens=req.input_tokens, next_use=req.next_use
+                )
+            except PoolBusyError:
+                break  # FCFS: the head waits for running requests to free blocks
+            self.waiting.popleft()
+            req.t_admitted = now
+            req.cached_tokens = min(len(req.alloc.hit_idx) * self.pool.block_size, req.input_tokens)
+            req.segments = _prefill_segments(req, self.pool.block_size)
+            self.queued_prefill_tokens -= req.input_tokens - sum(s[1] for s in req.segments)
+            running.append(req)
+
+    def _prefill_chunks(self, budget: int) -> tuple[float, int, list[SchedRequest]]:
+        time_s = 0.0
+        used = 0
+        completed = []
+        cost = self.cost
+        for r in self.running:
+            if not r.segments:
+                continue
+            if used >= budget:
+                break
+            while r.segments and used < budget:
+                seg = r.segments[0]
+                take = min(seg[1], budget - used)
+                time_s += cost.prefill_time(take, seg[0])
+                seg[0] += take
+                seg[1] -= take
+                used += take
+                if seg[1] == 0:
+                    r.segments.pop(0)
+            if not r.segments:
+                completed.append(r)
+        self.queued_prefill_tokens -= used
+        return time_s, used, completed
+
+    def _decode_time(self, batch: int, kv_tokens: int, steps: int) -> float:
+        if batch == 0:
+            return 0.0
+        # KV grows by `batch` tokens a step: price the run at its midpoint.
+        mid_kv = kv_tokens + batch * (steps - 1) // 2
+        return steps * self.cost.decode_step_time(batch, mid_kv)
+
+    def _decode_run_length(self, decoders, kv_tokens: int, now: float, horizon: float) -> int:
+        steps = min(r.output_tokens - r.generated for r in decoders)
+        if horizon != float("inf") and steps > 1:
+            one = self.cost.decode_step_time(len(decoders), kv_tokens)
+            if one > 0:
+                steps = max(1, min(steps, int((horizon - now) / one)))
+        return max(1, steps)
+
+    def _finish(self, result: StepResult, end: float) -> None:
+        still = []
+        for r in self.running:
+            if not r.prefilling and r.generated >= r.output_tokens and r.t_first_token >= 0:
+                r.t_finished = end
+                self.pool.release(r.alloc, end)
+                result.finished.append(r)
+            else:
+                still.append(r)
+        self.running = still
+
+
+def _prefill_segments(req: SchedRequest, block_size: int) -> list[list[int]]:
+    """Token ranges to compute: missed blocks (holes included) and the partial tail."""
+    hit_idx = req.alloc.hit_idx
+    n_blocks = len(req.hashes)
+    segments: list[list[int]] = []
+    prev = -1  # gaps between consecutive reused blocks are the holes to recompute
+    if hit_idx and hit_idx[-1] != len(hit_idx) - 1:
+        for i in hit_idx:
+            if i > prev + 1:
+                segments.append([(prev + 1) * block_size, (i - prev - 1) * block_size])
+            prev = i
+    else:
+        prev = len(hit_idx) - 1  # a leading run (or nothing) reused: one range after it
+    end = n_blocks * block_size + max(req.input_tokens - n_blocks * block_size, 0)  # + the partial tail
+    start = (prev + 1) * block_size
+    if end > start:
+        segments.append([start, end - start])
+    if not segments:
+        # Everything cached: the last prompt token is still run to produce logits (vLLM).
+        segments.append([max(req.input_tokens - 1, 0), 1])
+    return segments

@@ -1,0 +1,40 @@
+"""What one router process owns (``RouterState``) and the typed keys its app stores it under."""
+
+from __future__ import annotations
+
+import random
+
+from aiohttp import web
+
+from router.cluster import Cluster
+from router.metrics import RouterMetrics
+from router.settings import RouterSettings
+from router.strategies import RouterMemory, get_strategy
+from shared.index import make_index
+
+
+
+class RouterState:
+    def __init__(self, settings: RouterSettings) -> None:
+        self.settings = settings
+        self.metrics = RouterMetrics()
+        self.index = make_index(settings.index if settings.index == "memory"
+                                else _with_cluster(settings.index, settings.cluster))
+        self.embedded = settings.index == "memory"
+        self.cluster = Cluster(settings, self.index, self.metrics)
+        self.metrics.cluster = self.cluster
+        self.strategy = get_strategy(settings.routing)
+        self.routing = settings.strategy_settings()
+        self.memory = RouterMemory()
+        self.rng = random.Random(settings.seed)
+        self.routed: dict[str, int] = {}
+
+
+def _with_cluster(url: str, cluster: str) -> str:
+    if "cluster=" in url:
+        return url
+    return url + ("&" if "?" in url else "?") + f"cluster={cluster}"
+
+
+SETTINGS = web.AppKey("settings", RouterSettings)
+ROUTER = web.AppKey("router", RouterState)

@@ -1,0 +1,37 @@
+"""Running one command-line tool: user errors print one ``error:`` line and exit 2, never a traceback.
+
+Each subcommand module exposes ``configure(parser)`` and ``run(args) -> int``; the ``kvemu``
+console script and the processes' own ``python -m replica`` / ``python -m router`` entry
+points both run them through here, so the processes never import the CLI package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from types import ModuleType
+
+from shared.errors import KvemuError
+
+
+def run_parsed(run: Callable[[argparse.Namespace], int | None], args: argparse.Namespace) -> int:
+    """Call a subcommand's ``run`` and turn what a user can cause into an exit status."""
+    try:
+        return int(run(args) or 0)
+    except KvemuError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+def run_module(module: ModuleType, prog: str, description: str, argv: list[str] | None = None) -> int:
+    """A subcommand module as a program of its own (``python -m replica ...``)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    module.configure(parser)
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    return run_parsed(module.run, args)

@@ -1,0 +1,278 @@
+"""Sweep engine: a grid of virtual-time runs in worker processes, appended to a JSONL file.
+
+Every grid point is one ``simulate()`` call in a ``ProcessPoolExecutor`` worker. The trace is
+handed to each worker once, by the pool's initializer (inherited on fork, pickled once per
+worker otherwise), never with each task. The parent is the only writer: it appends one JSON
+line per finished point to the results file and flushes it, so a killed sweep loses only the
+points that were running.
+
+A point's id is a hash of the trace's identity (a digest of the file's bytes, its format and
+block size; or the preset, its resolved parameters, duration and seed) and every field of its
+``SimSettings``. Resuming skips ids already in the file; a torn last line (the process was
+killed mid-write) is ignored and recomputed.
+
+Records are the ``simulate()`` run dict plus ``id``, ``kind`` (``grid``, or ``mrc`` for the
+extra LRU run with reuse distances that the capacity plot's miss-ratio curve comes from),
+``trace`` and ``settings``.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import hashlib
+import json
+import os
+import signal
+import sys
+import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Callable
+
+import xxhash
+
+from loadgen.formats import resolve_trace
+from sim.simulator import SimSettings, simulate
+from loadgen.trace import Trace
+from shared.errors import KvemuError
+
+GRID, MRC = "grid", "mrc"
+
+CSV_COLUMNS = ("id", "trace", "policy", "capacity_blocks", "capacity_gib", "routing", "replicas", "hit_mode",
+               "max_running", "block_hit_ratio", "token_hit_ratio", "csr", "holes_mean", "ttft_p50_s",
+               "ttft_p99_s", "load_imbalance", "requests", "served", "evictions", "wall_s")
+
+
+@dataclass(frozen=True)
+class Point:
+    id: str
+    kind: str
+    settings: SimSettings
+
+    def describe(self) -> str:
+        s = self.settings
+        extra = " +reuse" if self.kind == MRC else ""
+        return f"{s.policy} @ {s.capacity_blocks:,} blocks, {s.routing} x{s.replicas}{extra}"
+
+
+# ---------------------------------------------------------------- identities
+
+
+def file_identity(path: str, fmt: str, block_size: int) -> dict:
+    """What makes a trace file the same trace: its bytes, how they are read, the block size."""
+    h = xxhash.xxh3_128()
+    with open(resolve_trace(path), "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return {"digest": h.hexdigest(), "format": fmt, "block_size": block_size}
+
+
+def workload_identity(trace: Trace, duration_s: float) -> dict:
+    """A generated trace is fixed by its preset's resolved parameters, duration and seed."""
+    meta = trace.meta
+    return {"workload": meta.get("workload", trace.source), "params": meta.get("params", {}),
+            "duration_s": float(duration_s), "seed": meta.get("seed"), "block_size": trace.block_size}
+
+
+def settings_dict(s: SimSettings) -> dict:
+    return dataclasses.asdict(s)
+
+
+def point_id(identity: dict, s: SimSettings) -> str:
+    blob = json.dumps({"trace": identity, "settings": settings_dict(s)}, sort_keys=True, default=str,
+                      separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def make_point(identity: dict, s: SimSettings, kind: str = GRID) -> Point:
+    return Point(point_id(identity, s), kind, s)
+
+
+def mrc_sources(identity: dict, grid: list[Point]) -> list[Point]:
+    """Per (routing, replicas), the LRU run with reuse distances at the largest capacity.
+
+    That is the grid's own LRU point when it already tracks reuse distances
+    (``--reuse-distances``), else an extra point of kind ``mrc``.
+    """
+    by_id = {p.id: p for p in grid}
+    top = max(p.settings.capacity_blocks for p in grid)
+    out = []
+    for combo in combinations(grid):
+        base = next(p.settings for p in grid if (p.settings.routing, p.settings.replicas) == combo)
+        s = dataclasses.replace(base, policy="lru", policy_params=(), capacity_blocks=top, reuse_distances=True)
+        point = make_point(identity, s, MRC)
+        out.append(by_id.get(point.id, point))
+    return out
+
+
+def combinations(points: list[Point]) -> list[tuple[str, int]]:
+    """(routing, replicas) pairs in first-seen order."""
+    return list(dict.fromkeys((p.settings.routing, p.settings.replicas) for p in points))
+
+
+# ---------------------------------------------------------------- the results file
+
+
+def read_records(path: str) -> tuple[dict[str, dict], int]:
+    """Records by id (the last line wins) and the number of unreadable lines skipped."""
+    records: dict[str, dict] = {}
+    bad = 0
+    if not os.path.exists(path):
+        return records, bad
+    with open(path) as fh:
+        for line in fh:
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                bad += 1
+                continue
+            if isinstance(rec, dict) and isinstance(rec.get("id"), str):
+                records[rec["id"]] = rec
+            else:
+                bad += 1
+    return records, bad
+
+
+def _open_for_append(path: str):
+    """Append mode; a torn last line (killed mid-write) is ended first so new lines stay whole."""
+    needs_newline = False
+    if os.path.exists(path) and os.path.getsize(path) > 0:
+        with open(path, "rb") as fh:
+            fh.seek(-1, os.SEEK_END)
+            needs_newline = fh.read(1) != b"\n"
+    fh = open(path, "a")
+    if needs_newline:
+        fh.write("\n")
+    return fh
+
+
+def make_record(point: Point, trace_info: dict, run: dict) -> dict:
+    return {"id": point.id, "kind": point.kind, "trace": trace_info, "settings": settings_dict(point.settings), **run}
+
+
+def csv_row(rec: dict) -> dict:
+    row = {k: rec.get(k) for k in CSV_COLUMNS}
+    row["trace"] = rec.get("trace", {}).get("source")
+    row["holes_mean"] = rec.get("holes", {}).get("mean_per_request")
+    row["max_running"] = rec.get("settings", {}).get("max_running")
+    return row
+
+
+def sort_key(rec: dict):
+    return (rec["routing"], rec["replicas"], rec["policy"], rec["capacity_blocks"])
+
+
+def write_csv(records, path: str) -> int:
+    """The main scalar columns of every grid record, one row each; returns the row count."""
+    rows = sorted((r for r in records if r.get("kind") == GRID), key=sort_key)
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=CSV_COLUMNS)
+        w.writeheader()
+        for rec in rows:
+            w.writerow(csv_row(rec))
+    return len(rows)
+
+
+# ---------------------------------------------------------------- workers
+
+_TRACE: Trace | None = None
+
+
+def _init_worker(trace: Trace) -> None:
+    """Runs once per worker: keep the trace; leave Ctrl-C to the parent, which stops us."""
+    global _TRACE
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _TRACE = trace
+
+
+def _run_point(point: Point) -> dict:
+    return simulate(_TRACE, point.settings)
+
+
+def _stop(executor: ProcessPoolExecutor) -> None:
+    """Cancel queued points and end the running ones now (their work is lost, not written)."""
+    procs = list((getattr(executor, "_processes", None) or {}).values())  # shutdown() forgets them
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+    for proc in procs:
+        proc.join(timeout=5)
+    executor.shutdown(wait=True, cancel_futures=True)
+
+
+class Progress:
+    """``sweep: done/total points, elapsed, ETA`` on stderr, one line per finished point."""
+
+    def __init__(self, total: int, quiet: bool = False, out=None) -> None:
+        self.total, self.quiet, self.out = total, quiet, out or sys.stderr
+        self.done = 0
+        self.start = time.monotonic()
+
+    def __call__(self, point: Point, rec: dict) -> None:
+        self.done += 1
+        if self.quiet:
+            return
+        elapsed = time.monotonic() - self.start
+        eta = elapsed / self.done * (self.total - self.done)
+        self.out.write(f"sweep: {self.done}/{self.total} points  {elapsed:7.1f}s elapsed  ETA {eta:6.1f}s  "
+                       f"[{point.describe()}: blk_hit {rec['block_hit_ratio']:.4f}, {rec['wall_s']:.1f}s]\n")
+        self.out.flush()
+
+
+def run_points(trace: Trace, trace_info: dict, points: list[Point], out_path: str, jobs: int,
+               on_done: Callable[[Point, dict], None] | None = None) -> list[dict]:
+    """Run ``points`` over ``jobs`` workers, appending each record to ``out_path`` as it finishes."""
+    if not points:
+        return []
+    records = []
+    executor = ProcessPoolExecutor(max_workers=min(jobs, len(points)), initializer=_init_worker, initargs=(trace,))
+    try:
+        with _open_for_append(out_path) as fh:
+            pending = {executor.submit(_run_point, p): p for p in points}
+            while pending:
+                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in finished:
+                    point = pending.pop(fut)
+                    try:
+                        run = fut.result()
+                    except Exception as exc:
+                        raise KvemuError(f"point {point.id} ({point.describe()}) failed: {exc!r}; "
+                                         "finished points are saved, rerun with --resume") from exc
+                    rec = make_record(point, trace_info, run)
+                    fh.write(json.dumps(rec) + "\n")
+                    fh.flush()
+                    records.append(rec)
+                    if on_done:
+                        on_done(point, rec)
+    except BaseException:
+        _stop(executor)
+        raise
+    executor.shutdown(wait=True)
+    return records
+
+
+# ---------------------------------------------------------------- mean-field overlay
+
+
+def mean_field(trace: Trace, workload: str | None, overrides: dict[str, str]):
+    """``(fn(capacity_per_replica, replicas) -> hit ratio, label)`` from ``sim.estimate``, or None.
+
+    ``scm``: the model with the sweep's ``--set`` parameters; any other source: primitives
+    measured on the trace (None when the estimator cannot take it, e.g. no multi-turn session).
+    R replicas of N blocks count as one cache of R·N: with sessions spread evenly each replica
+    sees λ/R, and d(t) depends on λ/N only.
+    """
+    try:
+        from sim import estimate as est
+        from shared.overrides import apply_overrides
+
+        if workload == "scm":
+            work, label = apply_overrides(est.ScmModel(), overrides).workload(), "mean-field (scm model)"
+        else:
+            work, label = est.workload_from_trace(trace), "mean-field (trace primitives)"
+    except (ImportError, AttributeError, KvemuError, ValueError):
+        return None
+    return (lambda capacity, replicas: est.estimate(work, capacity * replicas).hit_ratio), label

@@ -1,0 +1,174 @@
+"""``kvemu sweep``: policies x capacities x routings x replica counts, in parallel, resumable.
+
+    kvemu sweep --trace mooncake-conversation \\
+        --policy lru,s3fifo,belady --capacity-blocks 2000,8000,32000 --routing cache_aware,session \\
+        --replicas 1,4 --out sweep.jsonl --csv sweep.csv --plot sweep.png [--resume] [--jobs 4]
+
+Every grid point is one ``kvemu sim`` run in a worker process; see ``sim/sweep.py`` for the
+results file and resuming, ``sim/sweep_plots.py`` for the figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from loadgen.formats import detect_format
+from sim.simulator import SimSettings
+from loadgen.source import add_source_args, load_source
+from sim.sim_cmd import add_emulation_args, capacities, split_numbers
+from sim.sweep import (MRC, Progress, file_identity, make_point, mean_field, mrc_sources, read_records,
+                           run_points, sort_key, workload_identity, write_csv)
+from replica.core.policies import policy_class
+from router.strategies import RoutingSettings, get_strategy
+from shared.errors import InputError
+from shared.overrides import apply_overrides, parse_pairs
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    add_source_args(p)
+    p.add_argument("--policy", default="lru", metavar="P1,P2,...", help="eviction policies, e.g. lru,s3fifo,belady")
+    p.add_argument("--routing", default="cache_aware", metavar="R1,R2,...", help="routing strategies")
+    p.add_argument("--replicas", default="1", metavar="K1,K2,...", help="replica counts")
+    add_emulation_args(p)
+    p.add_argument("--reuse-distances", action="store_true",
+                   help="track exact reuse distances in every run (slower; off by default)")
+    p.add_argument("--seed", type=int, default=0, help="workload and routing seed")
+    p.add_argument("--out", required=True, metavar="FILE.jsonl", help="results, one JSON line per point")
+    p.add_argument("--csv", metavar="FILE.csv", help="(re)write the main scalar columns of every result here")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: all cores)")
+    p.add_argument("--plot", metavar="FILE.png", help="capacity curves with MRC and mean-field overlays, load")
+    p.add_argument("--resume", action="store_true", help="skip points already in --out, append the rest")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+
+def _names(text: str, field: str, check) -> list[str]:
+    names = list(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    if not names:
+        raise InputError(field, "is empty")
+    for name in names:
+        check(name)  # unknown names list the valid ones
+    return names
+
+
+def _check_paths(args) -> None:
+    for flag, path in (("--out", args.out), ("--csv", args.csv), ("--plot", args.plot)):
+        if path is None:
+            continue
+        parent = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(parent):
+            raise InputError(flag, f"directory {parent} does not exist")
+        if os.path.isdir(path):
+            raise InputError(flag, f"{path} is a directory")
+    if not args.resume and os.path.exists(args.out) and os.path.getsize(args.out) > 0:
+        raise InputError("--out", f"{args.out} already has results; pass --resume to continue it, or remove it")
+
+
+def _check_scalars(args) -> None:
+    if args.jobs < 1:
+        raise InputError("--jobs", f"must be >= 1, got {args.jobs}")
+    if args.max_running < 1:
+        raise InputError("--max-running", f"must be >= 1, got {args.max_running}")
+    if args.token_budget < 1:
+        raise InputError("--token-budget", f"must be >= 1, got {args.token_budget}")
+
+
+def _identity(args, trace) -> tuple[dict, dict]:
+    """(what the point ids hash, what each record shows as ``trace``)."""
+    if args.trace:
+        fmt = detect_format(args.trace) if args.format == "auto" else args.format
+        ident = file_identity(args.trace, fmt, trace.block_size)
+        return ident, {"source": args.trace, **ident}
+    ident = workload_identity(trace, args.duration)
+    return ident, {"source": args.workload, **ident}
+
+
+def build_grid(args, trace, identity: dict, policies, routings, replicas, caps) -> list:
+    routing = apply_overrides(RoutingSettings(block_size=trace.block_size), parse_pairs(args.routing_set))
+    points = {}
+    for rt in routings:
+        for k in replicas:
+            for pol in policies:
+                for c in caps:
+                    s = SimSettings(capacity_blocks=c, policy=pol, replicas=k, routing=rt, hit_mode=args.hit_mode,
+                                    seed=args.seed, model=args.model, gpu=args.gpu, token_budget=args.token_budget,
+                                    max_running=args.max_running, reuse_distances=args.reuse_distances,
+                                    routing_settings=routing, causal=args.causal)
+                    p = make_point(identity, s)
+                    points.setdefault(p.id, p)
+    return list(points.values())
+
+
+def run(args) -> int:
+    policies = _names(args.policy, "--policy", policy_class)
+    routings = _names(args.routing, "--routing", get_strategy)
+    replicas = list(dict.fromkeys(split_numbers(args.replicas, int, "--replicas")))
+    _check_scalars(args)
+    _check_paths(args)
+    if args.plot:
+        from sim.sweep_plots import require_matplotlib
+
+        require_matplotlib()
+    trace = load_source(args)
+    caps = sorted(set(capacities(args, trace.block_size)))
+    biggest = max(len(r.hash_ids) for r in trace.requests)
+    if biggest > caps[0]:
+        raise InputError("capacity", f"{caps[0]} blocks is smaller than the largest request ({biggest} blocks)")
+    identity, info = _identity(args, trace)
+    grid = build_grid(args, trace, identity, policies, routings, replicas, caps)
+    sources = mrc_sources(identity, grid) if args.plot else []
+    extra = [p for p in sources if p.kind == MRC]
+    have, bad = read_records(args.out) if args.resume else ({}, 0)
+    todo = [p for p in grid + extra if p.id not in have]
+    if not args.quiet:
+        skipped = f", {len(grid) + len(extra) - len(todo)} already in {args.out}" if args.resume else ""
+        torn = f" ({bad} unreadable line(s) ignored)" if bad else ""
+        print(f"sweep: {len(grid)} grid points + {len(extra)} MRC run(s){skipped}{torn}; "
+              f"running {len(todo)} on {min(args.jobs, max(len(todo), 1))} worker(s)", file=sys.stderr)
+    progress = Progress(len(todo), args.quiet)
+    try:
+        run_points(trace, info, todo, args.out, args.jobs, progress)
+    except KeyboardInterrupt:
+        print(f"sweep: stopped after {progress.done}/{len(todo)} points; they are in {args.out}, "
+              "rerun with --resume for the rest", file=sys.stderr)
+        raise
+    _outputs(args, trace, grid, sources)
+    return 0
+
+
+def _outputs(args, trace, grid: list, sources: list) -> None:
+    """The table of this grid's points, the CSV of every point in --out, and the figure."""
+    records, _ = read_records(args.out)
+    mine = [records[p.id] for p in grid]
+    print_table(sorted(mine, key=sort_key), sys.stdout)
+    if args.csv:
+        rows = write_csv(records.values(), args.csv)
+        print(f"csv: {rows} rows written to {args.csv}", file=sys.stderr)
+    if args.plot:
+        from sim.sweep_plots import infinite_cache_hit_ratio, plot_sweep
+
+        plot_sweep(mine, [records[p.id] for p in sources], args.plot,
+                   mean_field(trace, args.workload, parse_pairs(args.set)), infinite_cache_hit_ratio(trace))
+        print(f"plot written to {args.plot}", file=sys.stderr)
+
+
+TABLE = [("policy", "policy", "{}", 14), ("capacity_blocks", "capacity", "{:,}", 9), ("routing", "routing", "{}", 11),
+         ("replicas", "R", "{}", 3), ("block_hit_ratio", "blk_hit", "{:.4f}", 7),
+         ("token_hit_ratio", "tok_hit", "{:.4f}", 7), ("csr", "CSR", "{:.4f}", 7), ("holes", "holes/req", "{:.2f}", 9),
+         ("ttft_p50_s", "ttft_p50", "{:.3f}", 9), ("ttft_p99_s", "ttft_p99", "{:.3f}", 9),
+         ("load_imbalance", "imbal", "{:.2f}", 5), ("wall_s", "wall_s", "{:.1f}", 6)]
+
+
+def print_table(records: list[dict], out) -> None:
+    def cells(values):
+        widths = [w for _, _, _, w in TABLE]
+        return "  ".join(v.ljust(w) if i in (0, 2) else v.rjust(w) for i, (v, w) in enumerate(zip(values, widths)))
+
+    out.write(cells([head for _, head, _, _ in TABLE]) + "\n")
+    for rec in records:
+        values = []
+        for key, _, fmt, _ in TABLE:
+            value = rec["holes"]["mean_per_request"] if key == "holes" else rec[key]
+            values.append(fmt.format(value))
+        out.write(cells(values) + "\n")

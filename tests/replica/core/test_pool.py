@@ -1,0 +1,151 @@
+import random
+
+import pytest
+
+from replica.core.metrics import PoolMetrics
+from replica.core.policies import make_policy
+from replica.core.pool import BlockPool, KvEvent, PoolBusyError, PoolCapacityError
+from shared.errors import InputError
+
+from tests.support.policy_checks import apply_events
+
+
+def lru_pool(capacity, **kw):
+    return BlockPool(capacity, make_policy("lru"), **kw)
+
+
+def test_holes_mode_reuses_deeper_blocks_and_counts_holes():
+    pool = lru_pool(10)
+    pool.serve([1, 2, 3, 4, 5])
+    # drop blocks 2 and 4 by hand through the admin path
+    pool.policy.on_remove(2)
+    pool._forget([2])
+    pool.policy.on_remove(4)
+    pool._forget([4])
+    alloc = pool.serve([1, 2, 3, 4, 5, 6])
+    assert alloc.hit_idx == [0, 2, 4]
+    assert alloc.new_idx == [1, 3, 5]
+    assert (alloc.holes, alloc.hole_lengths) == (2, [1, 1])  # the tail miss (6) is not a hole
+    s = pool.stats()
+    assert s["holes"]["total"] == 2 and s["holes"]["max_per_request"] == 2
+
+
+def test_prefix_mode_stops_at_first_miss():
+    pool = lru_pool(10, hit_mode="prefix")
+    pool.serve([1, 2, 3])
+    pool.policy.on_remove(2)
+    pool._forget([2])
+    alloc = pool.serve([1, 2, 3, 4])
+    assert alloc.hit_idx == [0]
+    assert alloc.new_idx == [1, 3]  # block 3 is resident: recomputed but not re-allocated
+    assert alloc.holes == 0
+    assert pool.stats()["block_hits"] == 1
+
+
+def test_token_and_block_hit_ratios():
+    pool = lru_pool(10, block_size=16)
+    pool.serve([1, 2], input_tokens=40)
+    pool.serve([1, 2, 3], input_tokens=50)
+    s = pool.stats()
+    assert s["block_accesses"] == 5 and s["block_hits"] == 2
+    assert s["block_hit_ratio"] == pytest.approx(0.4)
+    assert s["tokens_queried"] == 90 and s["tokens_hit"] == 32
+    assert s["token_hit_ratio"] == pytest.approx(32 / 90)
+
+
+def test_csr_weights_hits_by_depth_cost():
+    metrics = PoolMetrics(block_size=16, block_cost=lambda i: float(i + 1))
+    pool = BlockPool(10, make_policy("lru"), metrics=metrics)
+    pool.serve([1, 2, 3])  # costs 1+2+3, no hits
+    pool.serve([9, 2])  # block 2 at depth 1 (cost 2) is a hit in holes mode; 9 at depth 0 misses
+    s = pool.stats()
+    assert s["csr"] == pytest.approx(2 / (6 + 3))
+    assert s["block_hit_ratio"] == pytest.approx(1 / 5)
+
+
+def test_request_larger_than_pool_is_a_clear_error():
+    pool = lru_pool(3)
+    with pytest.raises(PoolCapacityError) as err:
+        pool.serve([1, 2, 3, 4])
+    assert err.value.field == "prompt" and "4" in str(err.value)
+    assert pool.used == 0 and pool.stats()["requests"] == 0
+
+
+def test_pinned_blocks_are_never_evicted_and_busy_pool_refuses():
+    pool = lru_pool(4)
+    held = pool.acquire([1, 2, 3])
+    pool.serve([4])
+    with pytest.raises(PoolBusyError):
+        pool.acquire([5, 6])  # only block 4 is evictable
+    assert set(pool.resident) == {1, 2, 3, 4}
+    pool.serve([5])  # evicts 4, never 1-3
+    assert set(pool.resident) == {1, 2, 3, 5}
+    pool.release(held)
+    pool.serve([6, 7, 8])
+    assert 5 not in pool.resident or len(pool.resident) == 4
+
+
+def test_bad_settings_name_the_field():
+    with pytest.raises(InputError) as err:
+        lru_pool(0)
+    assert err.value.field == "capacity_blocks"
+    with pytest.raises(InputError) as err:
+        lru_pool(4, hit_mode="fuzzy")
+    assert err.value.field == "hit_mode"
+
+
+def test_events_replay_to_the_resident_set():
+    rng = random.Random(3)
+    pool = lru_pool(20)
+    mirror: set[int] = set()
+    for _ in range(500):
+        base = rng.randrange(30)
+        pool.serve([base * 100 + i for i in range(rng.randrange(1, 8))])
+        apply_events(mirror, pool.drain_events())
+        assert mirror == set(pool.resident)
+    assert pool.used <= 20
+
+
+def test_reset_drops_unpinned_and_emits_cleared_then_stored():
+    pool = lru_pool(10)
+    held = pool.acquire([1, 2])
+    pool.serve([3, 4])
+    pool.drain_events()
+    assert pool.reset() == 2
+    assert set(pool.resident) == {1, 2}
+    assert pool.drain_events() == [KvEvent("cleared", ()), KvEvent("stored", (1, 2))]
+    pool.release(held)
+
+
+def test_set_policy_keeps_resident_blocks_in_age_order():
+    pool = lru_pool(4)
+    pool.serve([1])
+    pool.serve([2])
+    pool.serve([3])
+    pool.set_policy(make_policy("lru"))
+    assert set(pool.resident) == {1, 2, 3}
+    pool.serve([4, 5])  # needs one eviction: the oldest block, 1
+    assert set(pool.resident) == {2, 3, 4, 5}
+
+
+def test_footprint_and_one_hit_blocks():
+    pool = lru_pool(4)
+    pool.serve([1, 2], session="a")
+    pool.serve([3], session="b")
+    pool.serve([1, 2, 9], session="a")  # block 9 is new for a; 1,2 reused
+    assert dict(pool.top_sessions()) == {"a": 3, "b": 1}
+    pool.serve([7, 8], session="c")  # evicts 2 blocks
+    s = pool.stats()
+    assert s["evictions"] == 2
+    # 3 (never reused) and 9 (never reused) are the LRU victims here
+    assert s["one_hit_blocks"] == 2 + 2  # two evicted one-hit + 7, 8 resident unreused
+
+
+def test_repeated_hash_in_one_request_is_rejected_cleanly():
+    pool = lru_pool(10)
+    with pytest.raises(InputError) as err:
+        pool.serve([1, 2, 1])
+    assert err.value.field == "block_hashes"
+    assert pool.used == 0
+    pool.serve([1, 2])
+    assert pool.used == 2

@@ -1,0 +1,91 @@
+import json
+
+import pytest
+
+from loadgen.formats import read_trace
+from sim.simulator import SimSettings, Simulation, next_use_times, simulate
+from loadgen.trace import Trace, TraceRequest
+from shared.errors import InputError, UnknownNameError
+
+
+@pytest.fixture(scope="module")
+def mooncake(request):
+    return read_trace("mooncake-conversation")
+
+
+def serial(capacity, policy="lru", **kw):
+    return SimSettings(capacity_blocks=capacity, policy=policy, max_running=1, **kw)
+
+
+def test_lru_fidelity_on_mooncake(mooncake):
+    run = simulate(mooncake, serial(18_279, reuse_distances=False))
+    assert run["requests"] == 12_031 and run["block_accesses"] == 288_500
+    assert 0.278 <= run["block_hit_ratio"] <= 0.280
+
+
+def test_mrc_from_reuse_distances_predicts_lru_at_any_capacity(mooncake):
+    sim = Simulation(mooncake, serial(18_279))
+    sim.run()
+    tracker = sim.replicas[0].pool.metrics.reuse
+    for cap in (2_000, 7_500, 18_279, 40_000, 70_000):
+        actual = simulate(mooncake, serial(cap, reuse_distances=False))["block_hit_ratio"]
+        assert tracker.hit_ratio_at(cap) == pytest.approx(actual, abs=0.002), cap
+
+
+def tiny_trace():
+    reqs = []
+    t = 0.0
+    for turn in range(6):
+        for s in range(4):
+            base = (s + 1) * 1000
+            n = 3 + 2 * turn
+            reqs.append(TraceRequest(t, f"s{s}", turn, [base + i for i in range(n)], n * 16 + 5, 20))
+            t += 0.5
+    return Trace(reqs, block_size=16, source="tiny")
+
+
+def test_same_inputs_same_json():
+    a = simulate(tiny_trace(), SimSettings(capacity_blocks=40, replicas=2, routing="random", seed=4))
+    b = simulate(tiny_trace(), SimSettings(capacity_blocks=40, replicas=2, routing="random", seed=4))
+    a.pop("wall_s"), b.pop("wall_s")
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def test_run_reports_contract_fields_and_per_replica_sums():
+    run = simulate(tiny_trace(), SimSettings(capacity_blocks=40, replicas=3, routing="round_robin"))
+    for key in ("policy", "capacity_blocks", "replicas", "routing", "hit_mode", "requests", "block_accesses",
+                "block_hit_ratio", "token_hit_ratio", "csr", "holes", "ttft_p50_s", "ttft_p99_s", "per_replica"):
+        assert key in run
+    assert run["requests"] == 24 and run["served"] == 24
+    assert [p["requests"] for p in run["per_replica"]] == [8, 8, 8]
+    assert sum(p["block_accesses"] for p in run["per_replica"]) == run["block_accesses"]
+    assert "reuse" in run["per_replica"][0]
+    assert 0 < run["ttft_p50_s"] <= run["ttft_p99_s"]
+
+
+def test_session_routing_keeps_history_local_and_beats_round_robin():
+    rr = simulate(tiny_trace(), SimSettings(capacity_blocks=60, replicas=3, routing="round_robin"))
+    sess = simulate(tiny_trace(), SimSettings(capacity_blocks=60, replicas=3, routing="session"))
+    aware = simulate(tiny_trace(), SimSettings(capacity_blocks=60, replicas=3, routing="cache_aware"))
+    # 4 sessions x 6 turns; turn j reuses the 3 + 2(j-1) blocks of turn j-1 when it lands on the same replica
+    reusable = sum(3 + 2 * (j - 1) for j in range(1, 6)) * 4
+    assert sess["block_hit_ratio"] == pytest.approx(reusable / rr["block_accesses"])
+    assert aware["block_hit_ratio"] == pytest.approx(sess["block_hit_ratio"])
+    assert rr["block_hit_ratio"] < sess["block_hit_ratio"]
+
+
+def test_next_use_times():
+    tr = Trace([TraceRequest(0.0, "a", 0, [1, 2], 32, 1), TraceRequest(1.0, "b", 0, [2, 3], 32, 1),
+                TraceRequest(2.5, "a", 1, [1], 16, 1)], block_size=16)
+    assert next_use_times(tr) == [[2.5, 1.0], [float("inf"), float("inf")], [float("inf")]]
+
+
+def test_bad_settings_name_the_field():
+    with pytest.raises(InputError) as err:
+        SimSettings(capacity_blocks=0)
+    assert err.value.field == "capacity_blocks"
+    with pytest.raises(UnknownNameError) as err:
+        SimSettings(capacity_blocks=10, policy="mru")
+    assert "lru" in str(err.value)
+    with pytest.raises(UnknownNameError):
+        SimSettings(capacity_blocks=10, routing="nearest")
