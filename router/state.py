@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import random
-
 from aiohttp import web
 
 from router.cluster import Cluster
 from router.metrics import RouterMetrics
 from router.settings import RouterSettings
-from router.strategies import RouterMemory, get_strategy
+from router.strategies import RoutingStep, strategy_spec
 from shared.index import make_index
 
 
@@ -23,10 +21,7 @@ class RouterState:
         self.embedded = settings.index == "memory"
         self.cluster = Cluster(settings, self.index, self.metrics)
         self.metrics.cluster = self.cluster
-        self.strategy = get_strategy(settings.routing)
-        self.routing = settings.strategy_settings()
-        self.memory = RouterMemory()
-        self.rng = random.Random(settings.seed)
+        self.router = RoutingStep(strategy_spec(settings.routing), settings.strategy_settings(), settings.seed)
         self.routed: dict[str, int] = {}
 
 

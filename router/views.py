@@ -41,13 +41,12 @@ async def proxy(request: web.Request) -> web.StreamResponse:
     raw = await read_raw(request)
     spec = _parse(request, raw, state.settings)
     excluded: set[str] = set()
+    request_view = RouteRequest(spec.session, len(spec.hashes), spec.prompt_tokens)
     for attempt in range(state.settings.retries + 1):
         try:
-            decision, rep, predicted = await _decide(state, spec, excluded)
+            decision, rep, predicted = await _decide(state, spec, request_view, excluded)
         except NoHealthyReplica:
             break
-        rep.state.in_flight += 1  # counted at decision time, before the replica sees it
-        rep.state.queued_tokens += spec.prompt_tokens
         state.routed[rep.replica_id] = state.routed.get(rep.replica_id, 0) + 1
         try:
             return await _forward(request, state, rep, raw, decision, predicted)
@@ -57,19 +56,18 @@ async def proxy(request: web.Request) -> web.StreamResponse:
             if attempt < state.settings.retries:
                 state.metrics.retries += 1
         finally:
-            rep.state.in_flight -= 1
-            rep.state.queued_tokens -= spec.prompt_tokens
+            state.router.done(rep.state, request_view)
     state.metrics.requests.labels("unavailable").inc()
     body = protocol.error_body(503, None, "no healthy replica could take the request; retry shortly")
     return web.json_response(body, status=503, headers={"Retry-After": "1"})
 
 
-async def _decide(state, spec: protocol.GenerateSpec, excluded: set[str]):
+async def _decide(state: RouterState, spec: protocol.GenerateSpec, request_view: RouteRequest, excluded: set[str]):
     """(decision, replica, predicted): ``predicted`` is False when the index was not consulted
     (a strategy that ignores it, or the index unavailable), so there is no prediction to score."""
     overlap: dict[str, int] = {}
     predicted = False
-    if state.settings.routing == "cache_aware" and spec.hashes:
+    if state.router.uses_index and spec.hashes:
         t0 = time.perf_counter()
         try:
             if state.embedded:  # in-process and never blocks: no task, no timer
@@ -83,12 +81,9 @@ async def _decide(state, spec: protocol.GenerateSpec, excluded: set[str]):
             state.metrics.index_errors += 1
             state.metrics.load_only_decisions += 1
     replicas = [r for r in state.cluster.replicas if r.replica_id not in excluded]
-    decision = state.strategy([r.state for r in replicas],
-                              RouteRequest(spec.session, len(spec.hashes), spec.prompt_tokens), overlap,
-                              state.routing, state.rng, state.memory)
+    decision, pos = state.router.route([r.state for r in replicas], request_view, overlap)
     state.metrics.decisions.labels(state.settings.routing, decision.reason).inc()
-    rep = next(r for r in replicas if r.replica_id == decision.replica_id)
-    return decision, rep, predicted
+    return decision, replicas[pos], predicted
 
 
 async def _forward(request: web.Request, state, rep, raw: bytes, decision, predicted: bool) -> web.StreamResponse:

@@ -10,7 +10,6 @@ queued prefill tokens and, for ``cache_aware``, each pool's resident prefix.
 from __future__ import annotations
 
 import heapq
-import random
 import sys
 import time
 from dataclasses import dataclass, field
@@ -21,7 +20,7 @@ from replica.core.build import CoreSettings, build_core
 from replica.core.policies import policy_class
 from replica.core.pool import BlockPool
 from replica.core.scheduler import SchedRequest, Scheduler
-from router.strategies import ReplicaState, RouteRequest, RouterMemory, RoutingSettings, get_strategy
+from router.strategies import ReplicaState, RouteRequest, RoutingSettings, RoutingStep, strategy_spec
 from shared.costmodel import CostModel
 from shared.errors import InputError
 from shared.histogram import LogHistogram
@@ -54,7 +53,7 @@ class SimSettings:
         if isinstance(self.capacity_blocks, bool) or not isinstance(self.capacity_blocks, int) or self.capacity_blocks <= 0:
             raise InputError("capacity_blocks", f"must be a positive integer, got {self.capacity_blocks!r}")
         policy_class(self.policy)  # unknown names list the valid ones
-        get_strategy(self.routing)
+        strategy_spec(self.routing)
 
 
 @dataclass(slots=True)
@@ -134,15 +133,13 @@ class Simulation:
         self.block_size = trace.block_size
         self.replicas = [_build_replica(i, settings, trace.block_size, self.cost) for i in range(settings.replicas)]
         self.by_id = {r.rid: r for r in self.replicas}
-        self.strategy = get_strategy(settings.routing)
-        self.routing = settings.routing_settings or RoutingSettings(block_size=trace.block_size)
-        self.rng = random.Random(settings.seed)
-        self.memory = RouterMemory()
+        self.states = [rep.state for rep in self.replicas]
+        self.router = RoutingStep(strategy_spec(settings.routing),
+                                  settings.routing_settings or RoutingSettings(block_size=trace.block_size), settings.seed)
         self.progress = progress
         self.e2e = LogHistogram()
         self.queue = LogHistogram()
         self.ttft = LogHistogram()
-        self.decisions: dict[str, int] = {}
         self.served = 0
 
     def run(self) -> dict:
@@ -180,16 +177,11 @@ class Simulation:
         return self._report(time.perf_counter() - t0)
 
     def _route(self, r) -> _Replica:
-        states = [rep.state for rep in self.replicas]
         overlap = {}
-        if self.s.routing == "cache_aware":
+        if self.router.uses_index:  # the pools are the index, exact and never behind
             overlap = {rep.rid: rep.pool.prefix_match(r.hash_ids) for rep in self.replicas}
-        decision = self.strategy(states, RouteRequest(r.session, len(r.hash_ids), r.input_tokens), overlap,
-                                 self.routing, self.rng, self.memory)
-        self.decisions[decision.reason] = self.decisions.get(decision.reason, 0) + 1
-        rep = self.by_id[decision.replica_id]
-        rep.state.in_flight += 1  # counted at decision time, before the replica sees it
-        return rep
+        _, pos = self.router.route(self.states, RouteRequest(r.session, len(r.hash_ids), r.input_tokens), overlap)
+        return self.replicas[pos]
 
     def _start_step(self, rep: _Replica, now: float, horizon: float, busy: list, seq: int) -> int:
         if not rep.sched.has_work():
@@ -263,7 +255,7 @@ class Simulation:
             "e2e_p50_s": self.e2e.quantile(0.5),
             "e2e_p99_s": self.e2e.quantile(0.99),
             "load_imbalance": (max(reqs) / mean_load) if mean_load else 0.0,
-            "routing_decisions": dict(sorted(self.decisions.items())),
+            "routing_decisions": dict(sorted(self.router.decisions.items())),
             "per_replica": per,
             "wall_s": round(wall_s, 3),
         }

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from router.strategies import SPECS
 from shared.plotting import pyplot
 
 MAX_PANELS = 4
 # routings that keep a conversation on one replica, so R replicas of N blocks act like one
 # cache of R·N for the mean-field estimate; with the others a next turn lands anywhere
-AFFINE = ("session", "cache_aware")
+AFFINE = tuple(name for name, spec in SPECS.items() if spec.keeps_sessions)
 
 
 def require_matplotlib() -> None:

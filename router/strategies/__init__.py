@@ -33,25 +33,33 @@ from router.strategies.base import (
     least_loaded_pick,
 )
 from router.strategies.prefix import cache_aware, is_imbalanced, replica_cost
+from router.strategies.step import RoutingStep, StrategySpec
 from shared.errors import UnknownNameError
 
-STRATEGIES: Mapping[str, Strategy] = MappingProxyType({
-    "round_robin": round_robin,
-    "random": random_choice,
-    "least_loaded": least_loaded,
-    "session": session_affinity,
-    "cache_aware": cache_aware,
-})
+# Each strategy declares what it needs: callers ask ``uses_index`` instead of testing names.
+SPECS: Mapping[str, StrategySpec] = MappingProxyType({spec.name: spec for spec in (
+    StrategySpec("round_robin", round_robin),
+    StrategySpec("random", random_choice),
+    StrategySpec("least_loaded", least_loaded),
+    StrategySpec("session", session_affinity, keeps_sessions=True),
+    StrategySpec("cache_aware", cache_aware, uses_index=True, keeps_sessions=True),
+)})
+STRATEGIES: Mapping[str, Strategy] = MappingProxyType({name: spec.choose for name, spec in SPECS.items()})
 
 DEFAULT_STRATEGY = "cache_aware"
 
 
-def get_strategy(name: str) -> Strategy:
-    """The strategy registered under ``name``; the error lists the valid names."""
+def strategy_spec(name: str) -> StrategySpec:
+    """The strategy registered under ``name`` with what it needs; the error lists the valid names."""
     try:
-        return STRATEGIES[name]
+        return SPECS[name]
     except (KeyError, TypeError):
-        raise UnknownNameError("routing strategy", str(name), tuple(STRATEGIES)) from None
+        raise UnknownNameError("routing strategy", str(name), tuple(SPECS)) from None
+
+
+def get_strategy(name: str) -> Strategy:
+    """The strategy function registered under ``name``; the error lists the valid names."""
+    return strategy_spec(name).choose
 
 
 __all__ = [
@@ -64,7 +72,10 @@ __all__ = [
     "RouteRequest",
     "RouterMemory",
     "RoutingSettings",
+    "RoutingStep",
+    "SPECS",
     "Strategy",
+    "StrategySpec",
     "cache_aware",
     "get_strategy",
     "is_imbalanced",
@@ -75,4 +86,5 @@ __all__ = [
     "replica_cost",
     "round_robin",
     "session_affinity",
+    "strategy_spec",
 ]
