@@ -140,7 +140,7 @@ def replica_args(i: int, port: int, a, index: str | None) -> list[str]:
     return args
 
 
-def bring_up(a, log_dir: str | None = None, quiet: bool = False) -> Cluster:
+def bring_up(a, log_dir: str | None = None) -> Cluster:
     """Start everything and wait for health; on failure stop what started and raise."""
     log_dir = log_dir or tempfile.mkdtemp(prefix="kvemu-up-")
     cluster = Cluster(tmpdir=log_dir)

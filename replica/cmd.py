@@ -66,10 +66,7 @@ def run(args) -> int:
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     settings = settings_from_args(args)
-    try:
-        app = make_app(settings)
-    except TypeError as exc:
-        raise InputError("policy-param", str(exc)) from None
+    app = make_app(settings)  # make_policy turns a bad --policy-param into an InputError
     try:
         import uvloop
 

@@ -91,11 +91,6 @@ class EventFeed:
         self._needs_resync = True
         self.publish([])
 
-    def mark_lost(self) -> None:
-        """A consumer lost a batch (e.g. Redis refused it): resync on the next publish."""
-        self.dropped_batches += 1
-        self._needs_resync = True
-
     def since(self, after: int, limit: int = 256) -> list[FeedBatch]:
         """Batches whose events come after sequence number ``after`` (oldest first)."""
         out = []

@@ -89,7 +89,7 @@ class RedisShipper:
         self.lost_batches += lost
         self._backoff = min(max(self._backoff * 2, 0.1), 5.0)
         log.warning("index unavailable, %d batch(es) dropped, resync queued: %s", lost, reason)
-        self.feed.dropped_batches += 1
+        self.feed.dropped_batches += lost  # every batch popped and not applied, not one per failure
         self.feed.request_resync()  # queued now, so it leaves as soon as Redis answers
 
     async def flush(self, timeout: float) -> None:

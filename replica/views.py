@@ -210,10 +210,7 @@ async def admin_policy(request: web.Request) -> web.Response:
     params = obj.get("params", {})
     if not isinstance(params, dict):
         raise InputError("params", "expected an object")
-    try:
-        policy = make_policy(name, **params)
-    except TypeError as exc:
-        raise InputError("params", str(exc)) from None
+    policy = make_policy(name, **params)  # a bad parameter is an InputError naming it
     if policy.needs_future:
         raise InputError("policy", f"{name} is an offline oracle; it runs in `kvemu sim` only")
     state = _state(request)

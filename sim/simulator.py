@@ -157,7 +157,7 @@ class Simulation:
             while busy and busy[0][0] <= t_next:
                 end, _, rid = heapq.heappop(busy)
                 rep = self.by_id[rid]
-                self._complete_step(rep, end)  # may release a session's next turn (causal)
+                self._complete_step(rep)  # may release a session's next turn (causal)
                 t_next = arrivals.peek()
                 seq = self._start_step(rep, end, t_next, busy, seq)
             if i == n or t_next == INF:  # INF: a session waits on a request that can never run
@@ -196,7 +196,7 @@ class Simulation:
         heapq.heappush(busy, (rep.busy_until, seq, rep.rid))
         return seq + 1
 
-    def _complete_step(self, rep: _Replica, end: float) -> None:
+    def _complete_step(self, rep: _Replica) -> None:
         res = rep.pending
         rep.pending = None
         for r in res.first_tokens:

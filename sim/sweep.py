@@ -265,14 +265,14 @@ def mean_field(trace: Trace, workload: str | None, overrides: dict[str, str]):
     R replicas of N blocks count as one cache of R·N: with sessions spread evenly each replica
     sees λ/R, and d(t) depends on λ/N only.
     """
-    try:
-        from sim import estimate as est
-        from shared.overrides import apply_overrides
+    from shared.overrides import apply_overrides
+    from sim import estimate as est
 
+    try:
         if workload == "scm":
             work, label = apply_overrides(est.ScmModel(), overrides).workload(), "mean-field (scm model)"
         else:
             work, label = est.workload_from_trace(trace), "mean-field (trace primitives)"
-    except (ImportError, AttributeError, KvemuError, ValueError):
+    except KvemuError:  # the estimator cannot take this source (e.g. no multi-turn session)
         return None
     return (lambda capacity, replicas: est.estimate(work, capacity * replicas).hit_ratio), label

@@ -41,3 +41,30 @@ def test_requested_resync_republishes_the_resident_set():
     f.request_resync()
     assert [e.kind for e in f.batches[-1].events] == ["cleared", "stored"]
     assert f.batches[-1].events[1].hashes == (1, 2, 3)
+
+
+def test_shipper_counts_every_batch_lost_when_redis_is_unreachable():
+    """Three batches popped and refused: three lost, not one per failure, and one resync queued."""
+    import asyncio
+    import types
+
+    from replica.shipper import RedisShipper
+    from tests.conftest import free_port
+
+    f = feed("push", max_batches=100, resident=(5,))
+    for i in range(3):
+        f.publish([KvEvent("stored", (i,))])
+    owner = types.SimpleNamespace(feed=f, settings=types.SimpleNamespace(replica_id="r"))
+    url = f"redis://127.0.0.1:{free_port()}/0?socket_timeout=0.5"  # nothing listens there
+
+    async def go():
+        shipper = RedisShipper(owner, url, "t")
+        try:
+            assert await shipper._ship(f.pop_ready()) is False
+        finally:
+            await shipper.close()
+        return shipper
+
+    shipper = asyncio.run(go())
+    assert shipper.lost_batches == 3 and f.dropped_batches == 3 and shipper.failures == 1
+    assert f.resync_pending

@@ -14,7 +14,7 @@ _REGISTRY: dict[str, str] = {
     "arc": "replica.core.policies.arc:ARCPolicy",
     "session_lru": "replica.core.policies.session_lru:SessionLRUPolicy",
     "random_compute": "replica.core.policies.random_compute:RandomComputePolicy",
-    "partial_node": "replica.core.policies.random_compute:PartialNodePolicy",
+    "partial_node": "replica.core.policies.partial_node:PartialNodePolicy",
     "belady": "replica.core.policies.belady:BeladyPolicy",
     "belady_compute": "replica.core.policies.belady:BeladyComputePolicy",
 }

@@ -1,0 +1,56 @@
+"""One routing step, made the same way by the live router and the simulator.
+
+The caller asks ``uses_index`` whether this strategy reads the prefix index and, if so,
+looks the request up (the live router in its index with a timeout; the simulator in its
+pools). ``route`` then calls the strategy, counts the decision by reason, and counts the
+request in the chosen replica's ``in_flight`` and ``queued_tokens`` at once, before the
+next decision; ``done`` takes it out again when the replica has answered.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from router.strategies.base import ReplicaState, RouteDecision, RouteRequest, RouterMemory, RoutingSettings, Strategy
+
+
+@dataclass(frozen=True, slots=True)
+class StrategySpec:
+    """A registered strategy and what it needs from its caller."""
+
+    name: str
+    choose: Strategy
+    uses_index: bool = False  # reads the prefix index's overlap per replica
+    keeps_sessions: bool = False  # a conversation's turns stay on one replica while it is healthy
+
+
+class RoutingStep:
+    def __init__(self, spec: StrategySpec, settings: RoutingSettings, seed: int | None = 0) -> None:
+        self.spec = spec
+        self.settings = settings
+        self.rng = random.Random(seed)
+        self.memory = RouterMemory()
+        self.decisions: dict[str, int] = {}
+
+    @property
+    def uses_index(self) -> bool:
+        return self.spec.uses_index
+
+    def route(self, replicas: Sequence[ReplicaState], request: RouteRequest,
+              overlap: Mapping[str, int]) -> tuple[RouteDecision, int]:
+        """The decision and the chosen replica's position in ``replicas``, already counted in flight."""
+        decision = self.spec.choose(replicas, request, overlap, self.settings, self.rng, self.memory)
+        self.decisions[decision.reason] = self.decisions.get(decision.reason, 0) + 1
+        pos = next(i for i, r in enumerate(replicas) if r.replica_id == decision.replica_id)
+        state = replicas[pos]
+        state.in_flight += 1  # counted at decision time, before the replica sees it
+        state.queued_tokens += request.input_tokens
+        return decision, pos
+
+    @staticmethod
+    def done(state: ReplicaState, request: RouteRequest) -> None:
+        """The replica answered (or failed): the request no longer counts against it."""
+        state.in_flight -= 1
+        state.queued_tokens -= request.input_tokens
