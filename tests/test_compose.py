@@ -18,6 +18,8 @@ healthcheck command passes.
 
 from __future__ import annotations
 
+import pytest
+
 import ctypes
 import json
 import os
@@ -38,6 +40,9 @@ from shared.hashing import block_hashes
 from tests.conftest import RedisServer, free_port
 from tests.support.cluster import redis_lookup, wait_for
 from tests.support.procs import http, http_json
+
+# Real processes on loopback: an end-to-end test (CI runs it; `-m "not slow"` skips it locally).
+pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 COMPOSE = REPO / "docker-compose.yml"

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import re
 import subprocess
 import time
 
 from tests.support.kvemu_cli import REPO, ChildWatcher, kill_all, kvemu_cmd, wait_dead
+
+# Real processes on loopback: an end-to-end test (CI runs it; `-m "not slow"` skips it locally).
+pytestmark = pytest.mark.slow
 
 BUDGET_S = 60.0
 

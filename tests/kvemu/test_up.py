@@ -18,6 +18,9 @@ from tests.support.cluster import redis_lookup, wait_for
 from tests.support.kvemu_cli import Up, alive, run_kvemu, wait_dead
 from tests.support.procs import http_json
 
+# Real processes on loopback: an end-to-end test (CI runs it; `-m "not slow"` skips it locally).
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def up_procs():

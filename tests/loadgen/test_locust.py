@@ -19,6 +19,9 @@ import pytest
 from kvemu import up
 from tests.support.cluster import metric, scrape
 
+# Real processes on loopback: an end-to-end test (CI runs it; `-m "not slow"` skips it locally).
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 LOCUSTFILE = REPO / "loadgen" / "locustfile.py"
 

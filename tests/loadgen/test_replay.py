@@ -19,6 +19,9 @@ from shared.hashing import chain_ids, content_id
 from tests.conftest import free_port
 from tests.support.kvemu_cli import run_kvemu
 
+# Real processes on loopback: an end-to-end test (CI runs it; `-m "not slow"` skips it locally).
+pytestmark = pytest.mark.slow
+
 BS = 16
 TAIL = 5  # tokens of the partial last block of every prompt (never cached)
 TIME_SCALE = 0.1  # one decode step of the default model (~16 ms emulated) sleeps ~1.6 ms

@@ -10,6 +10,9 @@ import pytest
 
 from tests.support.procs import http, http_json, start_replica
 
+# Real processes on loopback: an end-to-end test (CI runs it; `-m "not slow"` skips it locally).
+pytestmark = pytest.mark.slow
+
 ADMIN = {"Authorization": "Bearer secret"}
 
 

@@ -9,6 +9,9 @@ from hypothesis import strategies as st
 
 from tests.support.procs import http, http_json, start_replica
 
+# Real processes on loopback: an end-to-end test (CI runs it; `-m "not slow"` skips it locally).
+pytestmark = pytest.mark.slow
+
 ENDPOINTS = [("POST", "/generate"), ("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
              ("POST", "/admin/policy"), ("POST", "/admin/reset"), ("GET", "/stats"), ("GET", "/kv/events"),
              ("GET", "/health"), ("GET", "/metrics")]

@@ -1,3 +1,4 @@
+import pytest
 """A replica publishing KV events to a real (private) Redis index; Redis outages lose nothing."""
 
 import asyncio
@@ -8,6 +9,9 @@ from shared.hashing import block_hashes
 from shared.index import RedisIndex
 from tests.conftest import RedisServer
 from tests.support.procs import http_json, start_replica
+
+# Real processes on loopback: an end-to-end test (CI runs it; `-m "not slow"` skips it locally).
+pytestmark = pytest.mark.slow
 
 
 def lookup(url: str, cluster: str, hashes) -> dict:

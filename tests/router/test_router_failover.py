@@ -27,6 +27,9 @@ from tests.support.cluster import (
 )
 from tests.support.procs import Proc, http, http_json, start_replica
 
+# Real processes on loopback: an end-to-end test (CI runs it; `-m "not slow"` skips it locally).
+pytestmark = pytest.mark.slow
+
 
 def ok_outcomes(result) -> None:
     """Every request answered 200 or 503+Retry-After; nothing else, no client-side error."""

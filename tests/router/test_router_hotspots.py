@@ -18,6 +18,9 @@ from router.strategies import RoutingSettings
 from tests.support.cluster import start_router, stop_all
 from tests.support.procs import http, http_json, start_replica
 
+# Real processes on loopback: an end-to-end test (CI runs it; `-m "not slow"` skips it locally).
+pytestmark = pytest.mark.slow
+
 HUGE = 1000.0  # no bound: plain consistent hashing
 BOUNDED = 1.25  # Mirrokni et al.
 

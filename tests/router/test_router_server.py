@@ -29,6 +29,9 @@ from tests.support.cluster import (
 )
 from tests.support.procs import REPO, http, http_json, start_replica
 
+# Real processes on loopback: an end-to-end test (CI runs it; `-m "not slow"` skips it locally).
+pytestmark = pytest.mark.slow
+
 IDS = ("pA", "pB", "pC")
 _bases = itertools.count(1)
 

@@ -12,10 +12,15 @@ not exact (sub-millisecond sleeps return at once under uvloop), so concurrency d
 
 from __future__ import annotations
 
+import pytest
+
 import json
 
 from tests.conftest import free_port
 from tests.support.kvemu_cli import Up, run_kvemu
+
+# Real processes on loopback: an end-to-end test (CI runs it; `-m "not slow"` skips it locally).
+pytestmark = pytest.mark.slow
 
 SPEEDUP = 200.0
 TOL = 0.02

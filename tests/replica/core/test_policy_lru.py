@@ -1,8 +1,12 @@
 import random
+
+import pytest
 from collections import OrderedDict
 
 from replica.core.policies import make_policy
 from replica.core.pool import BlockPool
+from tests.support.policy_checks import run_invariants
+from tests.support.policy_traces import random_session_trace
 
 
 def test_hand_worked_trace_vllm_order():
@@ -62,3 +66,17 @@ def test_matches_independent_ordereddict_replay():
         pool = BlockPool(cap, make_policy("lru"), emit_events=False)
         got = sum(pool.serve(r).hit_blocks for r in trace)
         assert got == reference_lru(trace, cap), cap
+
+
+def queue_matches_residency(pool):
+    """Every resident unpinned block is queued, and only resident blocks are queued (pinned
+    hits may stay queued: victims() skips them and on_release re-queues them)."""
+    queued = set(pool.policy._queue)
+    assert queued <= set(pool.resident)
+    assert {h for h in pool.resident if not pool.is_pinned(h)} <= queued
+
+
+@pytest.mark.parametrize("hit_mode", ["holes", "prefix"])
+def test_random_trace_invariants_with_pinned_requests(hit_mode):
+    pool = BlockPool(30, make_policy("lru"), hit_mode=hit_mode)
+    run_invariants(pool, random_session_trace(8), random.Random(4), extra_check=queue_matches_residency)
