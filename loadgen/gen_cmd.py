@@ -7,7 +7,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+
+from shared.progress import ProgressBar
 
 from loadgen import workloads
 from loadgen.formats import write_kvemu
@@ -40,7 +43,10 @@ def run(args: argparse.Namespace) -> int:
     if not args.output:
         raise InputError("--output", "required: the trace file to write")
     params = workloads.get_preset(args.workload, parse_pairs(args.overrides))
-    progress = None if args.quiet or not sys.stderr.isatty() else _progress
+    folder = os.path.dirname(os.path.abspath(args.output))
+    if not os.path.isdir(folder):  # fail before minutes of generating, not after
+        raise InputError("--output", f"cannot write {args.output}: folder {folder} does not exist")
+    progress = None if args.quiet else ProgressBar("generating sessions", 0, "session")
     trace = workloads.generate_from(params, args.duration, args.seed, progress=progress)
     try:
         write_kvemu(trace, args.output)
@@ -49,8 +55,3 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {len(trace.requests)} requests, {trace.meta['sessions']} sessions of {args.workload} "
           f"(block_size {trace.block_size}, seed {args.seed}) to {args.output}")
     return 0
-
-
-def _progress(done: int, total: int) -> None:
-    end = "\n" if done >= total else ""
-    print(f"\rgenerating sessions: {done}/{total}", end=end, file=sys.stderr, flush=True)

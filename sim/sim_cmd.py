@@ -7,7 +7,8 @@ import json
 import sys
 
 from loadgen.source import add_source_args, load_source
-from sim.simulator import SimSettings, simulate, stderr_progress
+from shared.progress import ProgressBar
+from sim.simulator import SimSettings, simulate
 from loadgen.trace import Trace
 from shared.costmodel import CostModel
 from shared.errors import InputError
@@ -93,7 +94,7 @@ def run(args) -> int:
     runs = []
     for i, settings in enumerate(grid, 1):
         label = f"[{i}/{len(grid)}] {settings.policy} @ {settings.capacity_blocks} blocks"
-        progress = None if args.quiet else stderr_progress(label)
+        progress = None if args.quiet else ProgressBar(label, len(trace.requests), "req")
         runs.append(simulate(trace, settings, progress))
     print_table(runs, sys.stdout)
     if args.json:

@@ -10,7 +10,6 @@ queued prefill tokens and, for ``cache_aware``, each pool's resident prefix.
 from __future__ import annotations
 
 import heapq
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -263,26 +262,3 @@ class Simulation:
 
 def simulate(trace: Trace, settings: SimSettings, progress=None) -> dict:
     return Simulation(trace, settings, progress).run()
-
-
-def stderr_progress(label: str) -> Callable[[int, int], None]:
-    """Progress on stderr: a live line on a terminal, a plain line every 5 s otherwise."""
-    tty = sys.stderr.isatty()
-    every = 0.5 if tty else 5.0
-    start = time.monotonic()
-    last = [start]
-
-    def show(done: int, total: int) -> None:
-        now = time.monotonic()
-        if done < total and now - last[0] < every:
-            return
-        last[0] = now
-        pct = 100.0 * done / total if total else 100.0
-        line = f"{label}: {done:,}/{total:,} requests ({pct:5.1f}%) {now - start:6.1f}s"
-        if tty:
-            sys.stderr.write("\r" + line + ("\n" if done >= total else ""))
-        else:
-            sys.stderr.write(line + "\n")
-        sys.stderr.flush()
-
-    return show

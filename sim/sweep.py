@@ -36,6 +36,7 @@ from loadgen.formats import resolve_trace
 from sim.simulator import SimSettings, simulate
 from loadgen.trace import Trace
 from shared.errors import KvemuError
+from shared.progress import ProgressBar
 
 GRID, MRC = "grid", "mrc"
 
@@ -204,22 +205,18 @@ def _stop(executor: ProcessPoolExecutor) -> None:
 
 
 class Progress:
-    """``sweep: done/total points, elapsed, ETA`` on stderr, one line per finished point."""
+    """``sweep`` progress over points (ETA), with one line per finished point above the bar."""
 
     def __init__(self, total: int, quiet: bool = False, out=None) -> None:
-        self.total, self.quiet, self.out = total, quiet, out or sys.stderr
-        self.done = 0
-        self.start = time.monotonic()
+        self.bar = ProgressBar("sweep", total, "point", enabled=not quiet, out=out, log_every_s=0.0)
+
+    @property
+    def done(self) -> int:
+        return self.bar.done
 
     def __call__(self, point: Point, rec: dict) -> None:
-        self.done += 1
-        if self.quiet:
-            return
-        elapsed = time.monotonic() - self.start
-        eta = elapsed / self.done * (self.total - self.done)
-        self.out.write(f"sweep: {self.done}/{self.total} points  {elapsed:7.1f}s elapsed  ETA {eta:6.1f}s  "
-                       f"[{point.describe()}: blk_hit {rec['block_hit_ratio']:.4f}, {rec['wall_s']:.1f}s]\n")
-        self.out.flush()
+        self.bar.note(f"  {point.describe()}: block hit {rec['block_hit_ratio']:.4f}, {rec['wall_s']:.1f} s")
+        self.bar.update()
 
 
 def run_points(trace: Trace, trace_info: dict, points: list[Point], out_path: str, jobs: int,

@@ -80,7 +80,7 @@ def test_missing_workload_or_output_and_unwritable_output(tmp_path, capsys):
     assert main(["gen", "--workload", "scm"]) == 2
     assert "--output" in capsys.readouterr().err
     assert main(["gen", "--workload", "scm", "--duration", "10", "-o", str(tmp_path / "no" / "x.jsonl")]) == 2
-    assert capsys.readouterr().err.startswith("error: --output:")
+    assert capsys.readouterr().err.startswith("error: --output: cannot write")
 
 
 def test_console_script_bad_preset_exits_2_without_traceback(tmp_path):
