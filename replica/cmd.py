@@ -7,7 +7,6 @@ import asyncio
 import logging
 import sys
 
-from shared.errors import InputError
 from shared.overrides import parse_pairs
 
 

@@ -8,11 +8,9 @@ from replica.core.build import CoreSettings
 from replica.core.policies import policy_class
 from shared.costmodel import CostModel
 from shared.errors import InputError
+from shared.validate import check_positive_int
 
 
-def _positive_int(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise InputError(name, f"must be a positive integer, got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,13 +51,13 @@ class ReplicaSettings:
         if (self.capacity_blocks is None) == (self.capacity_gib is None):
             raise InputError("capacity", "give exactly one of capacity_blocks or capacity_gib")
         if self.capacity_blocks is not None:
-            _positive_int("capacity_blocks", self.capacity_blocks)
+            check_positive_int("capacity_blocks", self.capacity_blocks)
         if self.capacity_gib is not None and not self.capacity_gib > 0:
             raise InputError("capacity_gib", f"must be > 0, got {self.capacity_gib}")
         for name in ("block_size", "token_budget", "max_running", "max_waiting", "max_body_bytes",
                      "max_prompt_tokens", "max_output_tokens", "event_batch_max",
                      "feed_max_batches", "shards_max_tracked"):
-            _positive_int(name, getattr(self, name))
+            check_positive_int(name, getattr(self, name))
         if self.hit_mode not in ("prefix", "holes"):
             raise InputError("hit_mode", f"must be prefix or holes, got {self.hit_mode!r}")
         if not (self.time_scale >= 0):

@@ -7,6 +7,7 @@ from urllib.parse import urlsplit
 
 from router.strategies import RoutingSettings, get_strategy
 from shared.errors import InputError
+from shared.validate import check_positive_int
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,9 +52,7 @@ class RouterSettings:
             if not getattr(self, name) > 0:
                 raise InputError(name, f"must be > 0, got {getattr(self, name)}")
         for name in ("block_size", "unhealthy_after", "max_body_bytes", "max_prompt_tokens", "max_output_tokens"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise InputError(name, f"must be a positive integer, got {value!r}")
+            check_positive_int(name, getattr(self, name))
         if not 0 <= self.retries <= 5:
             raise InputError("retries", f"must be 0-5, got {self.retries}")
 

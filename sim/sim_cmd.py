@@ -9,7 +9,6 @@ import sys
 from loadgen.source import add_source_args, load_source
 from shared.progress import ProgressBar
 from sim.simulator import SimSettings, simulate
-from loadgen.trace import Trace
 from shared.costmodel import CostModel
 from shared.errors import InputError
 from router.strategies import RoutingSettings

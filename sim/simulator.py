@@ -21,7 +21,7 @@ from replica.core.pool import BlockPool
 from replica.core.scheduler import SchedRequest, Scheduler
 from router.strategies import ReplicaState, RouteRequest, RoutingSettings, RoutingStep, strategy_spec
 from shared.costmodel import CostModel
-from shared.errors import InputError
+from shared.validate import check_positive_int
 from shared.histogram import LogHistogram
 
 INF = float("inf")
@@ -47,10 +47,8 @@ class SimSettings:
     causal: bool = False
 
     def __post_init__(self) -> None:
-        if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) or self.replicas <= 0:
-            raise InputError("replicas", f"must be a positive integer, got {self.replicas!r}")
-        if isinstance(self.capacity_blocks, bool) or not isinstance(self.capacity_blocks, int) or self.capacity_blocks <= 0:
-            raise InputError("capacity_blocks", f"must be a positive integer, got {self.capacity_blocks!r}")
+        check_positive_int("replicas", self.replicas)
+        check_positive_int("capacity_blocks", self.capacity_blocks)
         policy_class(self.policy)  # unknown names list the valid ones
         strategy_spec(self.routing)
 

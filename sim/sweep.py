@@ -24,8 +24,6 @@ import hashlib
 import json
 import os
 import signal
-import sys
-import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Callable

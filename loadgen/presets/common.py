@@ -27,43 +27,30 @@ import numpy as np
 from loadgen.trace import TraceRequest
 from shared.errors import InputError
 from shared.hashing import ROOT_HASH, chain_ids, content_id
+from shared.validate import check_int, check_number, check_positive, check_probability
 
 Progress = Callable[[int, int], None]
 
 # ---------------------------------------------------------------- parameter checks
 
 
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def require_positive(obj, *names: str) -> None:
     for name in names:
-        value = getattr(obj, name)
-        if not _is_number(value) or value <= 0:
-            raise InputError(name, f"must be a positive number, got {value!r}")
+        check_positive(name, getattr(obj, name))
 
 
 def require_nonnegative(obj, *names: str) -> None:
     for name in names:
-        value = getattr(obj, name)
-        if not _is_number(value) or value < 0:
-            raise InputError(name, f"must be a number >= 0, got {value!r}")
+        check_number(name, getattr(obj, name), minimum=0)
 
 
 def require_probability(obj, *names: str) -> None:
     for name in names:
-        value = getattr(obj, name)
-        if not _is_number(value) or not 0 <= value <= 1:
-            raise InputError(name, f"must be a probability in [0, 1], got {value!r}")
+        check_probability(name, getattr(obj, name))
 
 
 def require_int(obj, name: str, minimum: int, maximum: int | None = None) -> None:
-    value = getattr(obj, name)
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise InputError(name, f"must be an integer >= {minimum}, got {value!r}")
-    if maximum is not None and value > maximum:
-        raise InputError(name, f"must be an integer <= {maximum}, got {value!r}")
+    check_int(name, getattr(obj, name), minimum, maximum)
 
 
 def require_increasing(obj, *names: str) -> None:

@@ -24,6 +24,7 @@ from replica.core.metrics import PoolMetrics
 from replica.core.policies.base import EvictionPolicy
 from replica.core.types import Access, Allocation, KvEvent, PolicyContext
 from shared.errors import InputError, KvemuError
+from shared.validate import check_positive_int
 
 __all__ = ["HIT_MODES", "Allocation", "BlockPool", "KvEvent", "PoolBusyError", "PoolCapacityError"]
 
@@ -54,8 +55,7 @@ class BlockPool:
         emit_events: bool = True,
         block_cost: Callable[[int], float] | None = None,
     ) -> None:
-        if isinstance(capacity_blocks, bool) or not isinstance(capacity_blocks, int) or capacity_blocks <= 0:
-            raise InputError("capacity_blocks", f"must be a positive integer, got {capacity_blocks!r}")
+        check_positive_int("capacity_blocks", capacity_blocks)
         if hit_mode not in HIT_MODES:
             raise InputError("hit_mode", f"must be one of {', '.join(HIT_MODES)}, got {hit_mode!r}")
         self.capacity = capacity_blocks

@@ -22,7 +22,8 @@ from typing import Sequence
 
 from replica.core.pool import Allocation, BlockPool, PoolBusyError, PoolCapacityError
 from shared.costmodel import CostModel
-from shared.errors import InputError, KvemuError
+from shared.errors import KvemuError
+from shared.validate import check_positive_int
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,9 +34,7 @@ class SchedulerSettings:
 
     def __post_init__(self) -> None:
         for name in ("token_budget", "max_running", "max_waiting"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise InputError(name, f"must be a positive integer, got {value!r}")
+            check_positive_int(name, getattr(self, name))
 
 
 @dataclass(slots=True)

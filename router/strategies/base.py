@@ -14,7 +14,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from shared.errors import InputError, KvemuError
+from shared.errors import KvemuError
+from shared.validate import check_int, check_number
 
 # Every ``RouteDecision.reason`` is one of these, so metrics can use them as labels.
 REASONS: frozenset[str] = frozenset({
@@ -76,13 +77,11 @@ class RouteDecision(NamedTuple):
 
 
 def _check_number(name: str, value, *, integer: bool, minimum: float, maximum: float = math.inf) -> None:
-    # bool is an int subclass; a stray True must not pass as 1.
-    kinds = (int,) if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds):
-        raise InputError(name, f"must be {'an integer' if integer else 'a number'}, got {value!r}")
-    if not math.isfinite(value) or not minimum <= value <= maximum:
-        bound = f">= {minimum}" if maximum == math.inf else f"in [{minimum}, {maximum}]"
-        raise InputError(name, f"must be {bound}, got {value!r}")
+    top = None if maximum == math.inf else maximum
+    if integer:
+        check_int(name, value, int(minimum), None if top is None else int(top))
+    else:
+        check_number(name, value, minimum, top)
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,14 +28,11 @@ from typing import Sequence
 import numpy as np
 
 from replica.core.policies.base import Access, EvictionPolicy
-from shared.errors import InputError
+from shared.validate import check_positive, check_positive_int
 
 
 def positive(field: str, value, integer: bool = False):
-    ok = isinstance(value, int) if integer else isinstance(value, (int, float))
-    if isinstance(value, bool) or not ok or not value > 0:
-        raise InputError(field, f"must be a positive {'integer' if integer else 'number'}, got {value!r}")
-    return value
+    return check_positive_int(field, value) if integer else check_positive(field, value)
 
 
 class SampledPolicy(EvictionPolicy):

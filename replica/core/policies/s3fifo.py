@@ -31,14 +31,10 @@ from collections import OrderedDict, deque
 
 from replica.core.policies.base import Access, EvictionPolicy, PolicyContext
 from shared.errors import InputError
+from shared.validate import check_int, check_number
 
 MAX_FREQ = 3
 IN_MAIN = 4  # flag bit stored with the counter: the block sits in main
-
-
-def _check(field: str, value, ok, want: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
-        raise InputError(field, f"must be {want}, got {value!r}")
 
 
 class S3FIFOPolicy(EvictionPolicy):
@@ -47,11 +43,12 @@ class S3FIFOPolicy(EvictionPolicy):
     def __init__(self, small_ratio: float = 0.1, move_to_main_threshold: int = 2,
                  ghost_ratio: float | None = None, **params) -> None:
         super().__init__(**params)
-        _check("small_ratio", small_ratio, lambda v: 0 < v < 1, "a number in (0, 1)")
-        _check("move_to_main_threshold", move_to_main_threshold,
-               lambda v: isinstance(v, int) and 1 <= v <= MAX_FREQ, f"an integer in 1..{MAX_FREQ}")
+        check_number("small_ratio", small_ratio, above=0, maximum=1)
+        if small_ratio >= 1:
+            raise InputError("small_ratio", f"must be a number in (0, 1), got {small_ratio!r}")
+        check_int("move_to_main_threshold", move_to_main_threshold, 1, MAX_FREQ)
         if ghost_ratio is not None:
-            _check("ghost_ratio", ghost_ratio, lambda v: 0 <= v < float("inf"), "a finite number >= 0")
+            check_number("ghost_ratio", ghost_ratio, minimum=0)
         self.small_ratio = float(small_ratio)
         self.threshold = move_to_main_threshold
         self.ghost_ratio = ghost_ratio
