@@ -19,6 +19,7 @@ import msgpack
 
 from loadgen.trace import Trace, TraceRequest
 from shared.histogram import LogHistogram
+from shared.ratios import ratio
 
 
 @dataclass(slots=True)
@@ -162,8 +163,8 @@ def summarize(records: list[Record]) -> dict:
     return {
         "requests": len(records), "ok": len(ok), "failed": len(records) - len(ok),
         "statuses": {str(k): v for k, v in sorted(statuses.items())},
-        "token_hit_ratio": sum(r.cached_tokens for r in ok) / tokens if tokens else 0.0,
-        "block_hit_ratio": sum(r.cached_blocks for r in ok) / blocks if blocks else 0.0,
+        "token_hit_ratio": ratio(sum(r.cached_tokens for r in ok), tokens),
+        "block_hit_ratio": ratio(sum(r.cached_blocks for r in ok), blocks),
         "ttft_p50_s": ttft.quantile(0.5), "ttft_p99_s": ttft.quantile(0.99),
         "wall_latency_p50_s": wall.quantile(0.5), "wall_latency_p99_s": wall.quantile(0.99),
         "load_imbalance": max(loads) / mean if mean else 0.0,

@@ -11,6 +11,7 @@ import urllib.request
 from loadgen.replay import Replayer, records_json, summarize
 from loadgen.source import add_source_args, load_source
 from shared.errors import InputError, KvemuError
+from shared.ratios import ratio
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -47,7 +48,7 @@ def cluster_report(url: str) -> dict:
                                                              "token_hit_ratio", "csr", "evictions", "holes")}
         total_cost += st.get("recompute_cost_total_s", 0.0)
         saved += st.get("recompute_cost_saved_s", 0.0)
-    return {"csr": saved / total_cost if total_cost else 0.0, "replicas": replicas,
+    return {"csr": ratio(saved, total_cost), "replicas": replicas,
             "imbalance": cluster["imbalance"] if cluster else None,
             "hotspots": cluster["hotspots"] if cluster else None}
 

@@ -51,7 +51,7 @@ class ReplicaCollector:
         yield counter("kvemu_block_accesses", "Prompt blocks looked up.", m.block_accesses)
         yield counter("kvemu_block_hits", "Prompt blocks reused.", m.block_hits)
         yield gauge("kvemu_csr", "Compute-savings ratio: recompute cost of hits / of all accesses.",
-                    m.cost_hit / m.cost_total if m.cost_total else 0.0)
+                    m.counts().csr)
         yield counter("kvemu_holes", "Gaps of recomputed blocks before a reused block.", m.holes_total)
         yield counter("kvemu_evictions", "Blocks evicted.", m.evictions)
         yield counter("kvemu_one_hit_evictions", "Evicted blocks that were never reused.", m.one_hit_evictions)

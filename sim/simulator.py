@@ -23,6 +23,7 @@ from router.strategies import ReplicaState, RouteRequest, RoutingSettings, Routi
 from shared.costmodel import CostModel
 from shared.validate import check_positive_int
 from shared.histogram import LogHistogram
+from shared.ratios import CacheCounts, ratio
 
 INF = float("inf")
 
@@ -211,8 +212,8 @@ class Simulation:
 
     def _report(self, wall_s: float) -> dict:
         per = []
-        tot = {"block_accesses": 0, "block_hits": 0, "tokens_queried": 0, "tokens_hit": 0, "cost_total": 0.0,
-               "cost_hit": 0.0, "holes": 0, "requests": 0, "evictions": 0}
+        counts = CacheCounts()
+        requests = evictions = holes = 0
         for rep in self.replicas:
             st = rep.pool.stats()
             m = rep.pool.metrics
@@ -220,12 +221,8 @@ class Simulation:
             st["ttft_p50_s"] = rep.ttft.quantile(0.5)
             st["ttft_p99_s"] = rep.ttft.quantile(0.99)
             per.append(st)
-            for key in ("block_accesses", "block_hits", "tokens_queried", "tokens_hit", "requests", "evictions"):
-                tot[key] += st[key]
-            tot["cost_total"] += m.cost_total
-            tot["cost_hit"] += m.cost_hit
-            tot["holes"] += m.holes_total
-        acc = tot["block_accesses"]
+            counts += m.counts()
+            requests, evictions, holes = requests + m.requests, evictions + m.evictions, holes + m.holes_total
         reqs = [p["requests"] for p in per]
         mean_load = sum(reqs) / len(reqs) if reqs else 0
         return {
@@ -238,14 +235,12 @@ class Simulation:
             "block_size": self.block_size,
             "model": self.cost.model.name,
             "gpu": self.cost.gpu.name,
-            "requests": tot["requests"],
+            "requests": requests,
             "served": self.served,
-            "block_accesses": acc,
-            "block_hit_ratio": tot["block_hits"] / acc if acc else 0.0,
-            "token_hit_ratio": tot["tokens_hit"] / tot["tokens_queried"] if tot["tokens_queried"] else 0.0,
-            "csr": tot["cost_hit"] / tot["cost_total"] if tot["cost_total"] else 0.0,
-            "holes": {"total": tot["holes"], "mean_per_request": tot["holes"] / tot["requests"] if tot["requests"] else 0.0},
-            "evictions": tot["evictions"],
+            "block_accesses": counts.block_accesses,
+            **counts.ratios(),
+            "holes": {"total": holes, "mean_per_request": ratio(holes, requests)},
+            "evictions": evictions,
             "ttft_p50_s": self.ttft.quantile(0.5),
             "ttft_p99_s": self.ttft.quantile(0.99),
             "queue_p99_s": self.queue.quantile(0.99),

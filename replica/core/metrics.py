@@ -1,8 +1,6 @@
 """Per-replica cache metrics: hit ratios, compute-savings ratio (CSR), holes, one-hit blocks.
 
-CSR (seed 002) = sum over reused blocks of their recompute cost / sum over all accessed
-blocks of their cost, where a block's cost grows with its depth (the cost model's
-``block_cost``). With a constant cost CSR equals the block hit ratio.
+The ratios themselves (hit ratios, CSR) are computed in ``shared.ratios`` only.
 """
 
 from __future__ import annotations
@@ -13,6 +11,7 @@ from typing import Any
 
 from replica.core.costs import DepthCosts
 from replica.core.types import Allocation
+from shared.ratios import CacheCounts, ratio
 
 
 def log2_bucket_label(k: int) -> str:
@@ -99,20 +98,25 @@ class PoolMetrics:
             self.reuse.access(alloc.hashes, now)
 
     # ---- reporting --------------------------------------------------------------
+    def counts(self) -> CacheCounts:
+        return CacheCounts(self.block_accesses, self.block_hits, self.tokens_queried, self.tokens_hit,
+                           self.cost_total, self.cost_hit)
+
     def snapshot(self, resident_blocks: int = 0, resident_not_reused: int = 0) -> dict:
         acc = self.block_accesses
+        counts = self.counts()
         one_hit = self.one_hit_evictions + resident_not_reused
         hist = self.holes_per_request
         out = {
             "requests": self.requests,
             "block_accesses": acc,
             "block_hits": self.block_hits,
-            "block_hit_ratio": self.block_hits / acc if acc else 0.0,
-            "prefix_block_hit_ratio": self.prefix_hit_blocks / acc if acc else 0.0,
+            "block_hit_ratio": counts.block_hit_ratio,
+            "prefix_block_hit_ratio": ratio(self.prefix_hit_blocks, acc),
             "tokens_queried": self.tokens_queried,
             "tokens_hit": self.tokens_hit,
-            "token_hit_ratio": self.tokens_hit / self.tokens_queried if self.tokens_queried else 0.0,
-            "csr": self.cost_hit / self.cost_total if self.cost_total else 0.0,
+            "token_hit_ratio": counts.token_hit_ratio,
+            "csr": counts.csr,
             "recompute_cost_total_s": self.cost_total,
             "recompute_cost_saved_s": self.cost_hit,
             "inserted_blocks": self.inserted,
@@ -122,7 +126,7 @@ class PoolMetrics:
             "resident_blocks": resident_blocks,
             "holes": {
                 "total": self.holes_total,
-                "mean_per_request": self.holes_total / self.requests if self.requests else 0.0,
+                "mean_per_request": ratio(self.holes_total, self.requests),
                 "p99_per_request": quantile_from_counts(hist, 0.99),
                 "max_per_request": max(hist) if hist else 0,
                 "recomputed_blocks": self.hole_blocks,
