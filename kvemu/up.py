@@ -52,6 +52,10 @@ class Child:
     url: str = ""
     proc: subprocess.Popen | None = None
 
+    @property
+    def exit_code(self) -> int | None:
+        return self.proc.returncode if self.proc is not None else None
+
 
 @dataclass
 class Cluster:
@@ -70,17 +74,17 @@ class Cluster:
         self.children.append(child)
 
     def stop(self, grace: float = 15.0) -> None:
-        alive = [c for c in self.children if c.proc and c.proc.poll() is None]
+        alive = [(c.name, c.proc) for c in self.children if c.proc is not None and c.proc.poll() is None]
         # Router first, so no new requests reach replicas that are draining.
-        for c in sorted(alive, key=lambda c: c.name != "router"):
-            c.proc.send_signal(signal.SIGTERM)
+        for _, proc in sorted(alive, key=lambda item: item[0] != "router"):
+            proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + grace
-        for c in alive:
+        for _, proc in alive:
             try:
-                c.proc.wait(max(deadline - time.monotonic(), 0.1))
+                proc.wait(max(deadline - time.monotonic(), 0.1))
             except subprocess.TimeoutExpired:
-                c.proc.kill()
-                c.proc.wait()
+                proc.kill()
+                proc.wait()
 
     def dead(self) -> list[Child]:
         return [c for c in self.children if c.proc and c.proc.poll() is not None]
@@ -100,7 +104,7 @@ def wait_healthy(cluster: Cluster, urls: list[str], timeout: float, log_dir: str
     while pending and time.monotonic() < deadline:
         for c in cluster.dead():
             tail = _tail(os.path.join(log_dir, f"{c.name}.log"))
-            raise KvemuError(f"{c.name} exited with code {c.proc.returncode} during start-up:\n{tail}")
+            raise KvemuError(f"{c.name} exited with code {c.exit_code} during start-up:\n{tail}")
         pending = [u for u in pending if not _healthy(u)]
         if pending:
             time.sleep(0.1)
@@ -280,7 +284,7 @@ def run(a) -> int:
         while not stop["now"]:
             dead = cluster.dead()
             if dead:
-                print(f"error: {dead[0].name} exited with code {dead[0].proc.returncode}; stopping", file=sys.stderr)
+                print(f"error: {dead[0].name} exited with code {dead[0].exit_code}; stopping", file=sys.stderr)
                 return 1
             time.sleep(0.2)
     finally:

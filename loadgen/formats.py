@@ -372,7 +372,7 @@ def read_bailian(path: str | Path, block_size: int | None = None) -> Trace:
     rows.sort(key=lambda r: r.t)
     duplicates = _resolve_bailian(p, rows)
     requests = [
-        TraceRequest(t=r.t, session=r.session, turn=r.turn, hash_ids=r.chained, input_tokens=r.n_in, output_tokens=r.n_out)
+        TraceRequest(t=r.t, session=str(r.session), turn=r.turn, hash_ids=r.chained, input_tokens=r.n_in, output_tokens=r.n_out)
         for r in rows
     ]
     types: dict[str, int] = {}

@@ -115,11 +115,11 @@ class Replayer:
 
     async def _send(self, http: aiohttp.ClientSession, r: TraceRequest) -> Record:
         bs = self.trace.block_size
-        body = {"block_hashes": r.hash_ids, "input_tokens": max(r.input_tokens, len(r.hash_ids) * bs),
-                "max_tokens": max(r.output_tokens, 1)}
+        input_tokens = max(r.input_tokens, len(r.hash_ids) * bs)
+        body = {"block_hashes": r.hash_ids, "input_tokens": input_tokens, "max_tokens": max(r.output_tokens, 1)}
         headers = {"Content-Type": "application/msgpack", "Accept": "application/msgpack", "X-Session-Id": r.session}
         sent = time.monotonic()
-        rec = Record(r.session, r.turn, 0, "", body["input_tokens"], 0, len(r.hash_ids), 0, 0.0, 0.0, 0.0,
+        rec = Record(r.session, r.turn, 0, "", input_tokens, 0, len(r.hash_ids), 0, 0.0, 0.0, 0.0,
                      sent - self.t0)
         try:
             async with http.post(self.url + "/generate", data=msgpack.packb(body), headers=headers) as resp:

@@ -84,4 +84,5 @@ class ReplicaSettings:
     def resolved_capacity_blocks(self) -> int:
         if self.capacity_blocks is not None:
             return self.capacity_blocks
+        assert self.capacity_gib is not None  # exactly one of the two is set (__post_init__)
         return self.cost_model().gib_to_blocks(self.capacity_gib, self.block_size)

@@ -28,9 +28,10 @@ def check_int(field: str, value: Any, minimum: int | None = None, maximum: int |
     """An integer within ``[minimum, maximum]`` (either bound optional)."""
     if isinstance(value, bool) or not isinstance(value, Integral):
         raise InputError(field, f"must be an integer{_suffix(minimum, maximum, None)}, got {value!r:.60}")
-    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+    number = int(value)
+    if (minimum is not None and number < minimum) or (maximum is not None and number > maximum):
         raise InputError(field, f"must be an integer {_bounds(minimum, maximum, None)}, got {value!r}")
-    return int(value)
+    return number
 
 
 def check_number(field: str, value: Any, minimum: float | None = None, maximum: float | None = None, *,
@@ -38,12 +39,13 @@ def check_number(field: str, value: Any, minimum: float | None = None, maximum: 
     """A real number within the bounds (``above``: strictly greater); finite unless ``finite=False``."""
     if isinstance(value, bool) or not isinstance(value, Real) or math.isnan(value):
         raise InputError(field, f"must be a number{_suffix(minimum, maximum, above)}, got {value!r:.60}")
-    if finite and math.isinf(value):
+    number = float(value)
+    if finite and math.isinf(number):
         raise InputError(field, f"must be a finite number, got {value!r}")
-    if ((minimum is not None and value < minimum) or (maximum is not None and value > maximum)
-            or (above is not None and not value > above)):
+    if ((minimum is not None and number < minimum) or (maximum is not None and number > maximum)
+            or (above is not None and not number > above)):
         raise InputError(field, f"must be a number {_bounds(minimum, maximum, above)}, got {value!r}")
-    return float(value)
+    return number
 
 
 def check_positive_int(field: str, value: Any) -> int:

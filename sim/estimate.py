@@ -407,7 +407,9 @@ def workload_from_trace(trace: Trace, physical: bool = False) -> Workload:
     for r in trace.requests:
         sessions.setdefault(r.session, []).append(r)
     bs = trace.block_size
-    starts, gaps, sum_all, sum_hist, last, turns = [], [], 0.0, 0.0, 0.0, 0
+    starts: list[float] = []
+    gaps: list[float] = []
+    sum_all, sum_hist, last, turns = 0.0, 0.0, 0.0, 0
     for reqs in sessions.values():
         reqs.sort(key=lambda r: (r.t, r.turn))
         sizes = [-(-r.input_tokens // bs) if physical else len(r.hash_ids) for r in reqs]

@@ -18,7 +18,7 @@ from loadgen.trace import Trace
 from replica.core.build import CoreSettings, build_core
 from replica.core.policies import policy_class
 from replica.core.pool import BlockPool
-from replica.core.scheduler import SchedRequest, Scheduler
+from replica.core.scheduler import SchedRequest, Scheduler, StepResult
 from router.strategies import ReplicaState, RouteRequest, RoutingSettings, RoutingStep, strategy_spec
 from shared.costmodel import CostModel
 from shared.validate import check_positive_int
@@ -61,7 +61,7 @@ class _Replica:
     sched: Scheduler
     state: ReplicaState
     busy_until: float = INF
-    pending: object = None  # the StepResult whose end is busy_until
+    pending: StepResult | None = None  # the step whose end is busy_until
     ttft: LogHistogram = field(default_factory=LogHistogram)
 
 
@@ -196,6 +196,7 @@ class Simulation:
 
     def _complete_step(self, rep: _Replica) -> None:
         res = rep.pending
+        assert res is not None  # only a started step completes
         rep.pending = None
         for r in res.first_tokens:
             ttft = r.t_first_token - r.arrival

@@ -139,9 +139,9 @@ def _open_for_append(path: str):
     """Append mode; a torn last line (killed mid-write) is ended first so new lines stay whole."""
     needs_newline = False
     if os.path.exists(path) and os.path.getsize(path) > 0:
-        with open(path, "rb") as fh:
-            fh.seek(-1, os.SEEK_END)
-            needs_newline = fh.read(1) != b"\n"
+        with open(path, "rb") as tail:
+            tail.seek(-1, os.SEEK_END)
+            needs_newline = tail.read(1) != b"\n"
     fh = open(path, "a")
     if needs_newline:
         fh.write("\n")
@@ -188,6 +188,7 @@ def _init_worker(trace: Trace) -> None:
 
 
 def _run_point(point: Point) -> dict:
+    assert _TRACE is not None  # _init_worker ran in this worker
     return simulate(_TRACE, point.settings)
 
 

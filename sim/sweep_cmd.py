@@ -18,7 +18,7 @@ from loadgen.formats import detect_format
 from sim.simulator import SimSettings
 from loadgen.source import add_source_args, load_source
 from sim.sim_cmd import add_emulation_args, capacities, split_numbers
-from sim.sweep import (MRC, Progress, file_identity, make_point, mean_field, mrc_sources, read_records,
+from sim.sweep import (MRC, Point, Progress, file_identity, make_point, mean_field, mrc_sources, read_records,
                            run_points, sort_key, workload_identity, write_csv)
 from replica.core.policies import policy_class
 from router.strategies import RoutingSettings, get_strategy
@@ -86,7 +86,7 @@ def _identity(args, trace) -> tuple[dict, dict]:
 
 def build_grid(args, trace, identity: dict, policies, routings, replicas, caps) -> list:
     routing = apply_overrides(RoutingSettings(block_size=trace.block_size), parse_pairs(args.routing_set))
-    points = {}
+    points: dict[str, Point] = {}
     for rt in routings:
         for k in replicas:
             for pol in policies:

@@ -9,6 +9,7 @@ a rounded log-normal given by its median and mean (ShareGPT: median 3, mean 7, s
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -249,7 +250,7 @@ class MixPreset:
 
     def plan(self, rng: np.random.Generator, duration_s: float) -> SessionBatch:
         fracs = self.fractions()
-        profiles = (self.single, self.multi, self.agent)
+        profiles: tuple[Any, ...] = (self.single, self.multi, self.agent)  # each has mean_turns() and sample()
         turns_per_session = sum(f * p.mean_turns() for f, p in zip(fracs, profiles))
         starts = poisson_starts(rng, self.request_rate / turns_per_session, duration_s)
         kinds = rng.choice(len(_MIX_KINDS), size=len(starts), p=fracs)

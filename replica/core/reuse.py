@@ -196,7 +196,7 @@ class ReuseDistanceTracker:
             self._fw.add(idx, delta)
         # b_0 gets the newest timestamp, so it ends on top of the stack.
         self._ts.update(zip(hashes, range(a + m - 1, a - 1, -1)))
-        if now is not None:
+        if now is not None and self._time is not None:
             self._time[a : a + m] = now
         self._next = a + m
 

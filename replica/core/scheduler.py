@@ -195,6 +195,7 @@ class Scheduler:
         for r in self.running:
             if not r.prefilling and r.generated >= r.output_tokens and r.t_first_token >= 0:
                 r.t_finished = end
+                assert r.alloc is not None  # admitted requests hold an allocation
                 self.pool.release(r.alloc, end)
                 result.finished.append(r)
             else:
@@ -204,6 +205,7 @@ class Scheduler:
 
 def _prefill_segments(req: SchedRequest, block_size: int) -> list[list[int]]:
     """Token ranges to compute: missed blocks (holes included) and the partial tail."""
+    assert req.alloc is not None
     hit_idx = req.alloc.hit_idx
     n_blocks = len(req.hashes)
     segments: list[list[int]] = []

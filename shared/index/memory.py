@@ -169,7 +169,7 @@ class MemoryIndex:
         names = self._names
         while mask:
             low = mask & -mask
-            out[names[low.bit_length() - 1]] = length
+            out[names[low.bit_length() - 1]] = length  # type: ignore[index]  # set bits are live slots
             mask ^= low
 
     def _register(self, replica_id: str, epoch: str) -> _Replica:

@@ -57,6 +57,7 @@ class PipelinedConnection:
             await self._connect()
         fut = asyncio.get_running_loop().create_future()
         self._pending.append(fut)
+        assert self._writer is not None  # _connect() set it or raised
         self._writer.write(pack(*args))
         return await fut
 

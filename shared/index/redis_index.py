@@ -151,7 +151,8 @@ class RedisIndex:
             self._fast = pipelined.PipelinedConnection(self.url, min(self.timeout, 2.0))
         try:
             async with asyncio.timeout(self.timeout):
-                return await self._fast.call("EVALSHA", self._scripts["lookup"].sha, 0, self.prefix, blob)
+                reply = await self._fast.call("EVALSHA", self._scripts["lookup"].sha, 0, self.prefix, blob)
+                return reply  # type: ignore[return-value]  # the script returns a RESP array
         except pipelined.ReplyError as e:
             if "NOSCRIPT" in str(e):  # Redis restarted empty: redis-py's path loads the script
                 return await self._slow_lookup(blob)
@@ -186,8 +187,9 @@ class RedisIndex:
     async def stats(self) -> dict[str, Any]:
         p = self.prefix
         async with self._guard():
+            assert self._client is not None  # _guard() connects
             async with self._client.pipeline(transaction=False) as pipe:
-                pipe.hgetall(p + "stats").get(p + "entries").get(p + "garbage").hlen(p + "replicas")
+                pipe.hgetall(p + "stats").get(p + "entries").get(p + "garbage").hlen(p + "replicas")  # type: ignore[union-attr,attr-defined]
                 counters, entries, garbage, replicas = await pipe.execute()
         garbage = int(garbage or 0)
         # The bound counts garbage too (it holds memory until unlinked); "entries" is
@@ -233,7 +235,7 @@ def _check_url(url: Any) -> None:
     try:
         parts = urlsplit(url) if isinstance(url, str) else None
         ok = parts is not None and parts.scheme in ("redis", "rediss", "unix")
-        _ = ok and parts.port  # raises ValueError on a malformed port
+        _ = ok and parts is not None and parts.port  # raises ValueError on a malformed port
     except ValueError:
         ok = False
     if not ok:

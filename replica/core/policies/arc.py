@@ -33,6 +33,7 @@ from replica.core.policies.base import Access, EvictionPolicy
 
 class ARCPolicy(EvictionPolicy):
     name = "arc"
+    p: float  # target size of T1, adapted on ghost hits
 
     def __init__(self, **params) -> None:
         super().__init__(**params)

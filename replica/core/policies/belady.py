@@ -150,6 +150,7 @@ class BeladyComputePolicy(EvictionPolicy):
                 # A next use already past (the replica is behind its arrivals) means "needed
                 # now": clamp so it ranks as the most urgent, never as a negative score.
                 score = max(-entry[0] - now, 1e-9) / max(self.ctx.block_cost(d), 1e-300)
+                assert tops is not None  # push_top runs once the tops are being ranked
                 heappush(tops, (-score, entry[1], d))
 
         while len(out) < need:

@@ -39,6 +39,10 @@ IN_MAIN = 4  # flag bit stored with the counter: the block sits in main
 
 class S3FIFOPolicy(EvictionPolicy):
     name = "s3fifo"
+    _freq: dict[int, int]
+    _small: deque[int]
+    _main: deque[int]
+    _ghost: OrderedDict[int, None]
 
     def __init__(self, small_ratio: float = 0.1, move_to_main_threshold: int = 2,
                  ghost_ratio: float | None = None, **params) -> None:
@@ -171,10 +175,10 @@ class S3FIFOPolicy(EvictionPolicy):
 
     def clear(self) -> None:
         # A block's counter and queue: freq (0..3) | IN_MAIN. Queues: left = tail (next out).
-        self._freq: dict[int, int] = {}
-        self._small: deque[int] = deque()
-        self._main: deque[int] = deque()
-        self._ghost: OrderedDict[int, None] = OrderedDict()  # ids only; first = oldest
+        self._freq = {}
+        self._small = deque()
+        self._main = deque()
+        self._ghost = OrderedDict()  # ids only; first = oldest
         self._dirty = False  # on_remove left entries in a queue
         self._evicted = False
 

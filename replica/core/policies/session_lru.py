@@ -36,12 +36,13 @@ class SessionLRUPolicy(EvictionPolicy):
     def on_access(self, acc: Access) -> None:
         hashes = acc.hashes
         units, unit_of = self._units, self._unit_of
+        key: object  # a session id, or (None, n) for a request without one
         if acc.session is None:
             self._anon += 1
             key = (None, self._anon)  # a tuple never equals a session id (a str)
         else:
             key = acc.session
-        last = key
+        last: object = key
         for i in reversed(acc.touched_idx):
             k = unit_of.get(hashes[i])
             if k is not None and k != last:
