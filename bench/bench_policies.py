@@ -200,7 +200,7 @@ def profile(policy: str, capacity: int, reqs, top: int = 12) -> list[dict]:
     stats = pstats.Stats(prof, stream=io.StringIO())
     total = stats.total_tt
     rows = []
-    for (file, line, func), (cc, nc, tt, ct, _) in stats.stats.items():
+    for (file, line, func), (_cc, nc, tt, ct, _) in stats.stats.items():
         rows.append((tt, ct, nc, f"{os.path.relpath(file) if file.startswith('/') else file}:{line}({func})"))
     rows.sort(reverse=True)
     return [{"function": name, "own_s": round(tt, 3), "own_share": round(tt / total, 3),

@@ -101,7 +101,7 @@ async def main_async(args) -> dict:
         await wait_healthy(url)
         await run_mode(url, "json", min(500, args.requests), args.concurrency, args.blocks)  # warm-up
         results = []
-        for rnd in range(args.rounds):  # alternate modes so drift on a shared machine hits both
+        for _ in range(args.rounds):  # alternate modes so drift on a shared machine hits both
             for mode in ("json", "msgpack"):
                 results.append(await run_mode(url, mode, args.requests, args.concurrency, args.blocks))
     finally:

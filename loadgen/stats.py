@@ -38,7 +38,8 @@ class KindStats:
     input_tokens: int = 0
 
     def to_dict(self) -> dict:
-        return {"requests": self.requests, "sessions": self.sessions, "block_accesses": self.block_accesses, "input_tokens": self.input_tokens}
+        return {"requests": self.requests, "sessions": self.sessions, "block_accesses": self.block_accesses,
+                "input_tokens": self.input_tokens}
 
 
 @dataclass(slots=True)

@@ -50,10 +50,10 @@ class Procs:
         return p
 
     def log_tail(self, p: subprocess.Popen, n: int = 1500) -> str:
-        for _, q, log in self.items:
+        for _, q, log_path in self.items:
             if q is p:
                 with contextlib.suppress(OSError):
-                    return log.read_text(errors="replace")[-n:]
+                    return log_path.read_text(errors="replace")[-n:]
         return ""
 
     def stop(self, procs: list[subprocess.Popen], timeout: float = 10.0) -> None:

@@ -123,7 +123,7 @@ def profile_top(path: Path, n: int = 20) -> dict:
     st = pstats.Stats(str(path))
     total = st.total_tt or 1.0
     rows = []
-    for (file, line, func), (cc, nc, tt, ct, _) in st.stats.items():
+    for (file, line, func), (_cc, nc, tt, ct, _) in st.stats.items():
         rows.append({"function": f"{Path(file).name}:{line}:{func}", "file": file, "calls": nc,
                      "tottime_s": round(tt, 4), "cumtime_s": round(ct, 4), "cum_share": round(ct / total, 3)})
     own = [r for r in rows if any(f"/{pkg}/" in r["file"] for pkg in ("router", "shared"))

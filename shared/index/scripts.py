@@ -246,7 +246,7 @@ for k, f in ipairs(found) do
   end
 end
 return out
-""" % (LOOKUP_FIRST_CHUNK, LOOKUP_MAX_CHUNK)
+""" % (LOOKUP_FIRST_CHUNK, LOOKUP_MAX_CHUNK)  # noqa: UP031  (Lua braces make str.format awkward)
 
 # ARGV: P, replica_id.  Returns the blocks the replica had (0 if unknown).
 FORGET = _PRELUDE + """
@@ -285,4 +285,4 @@ for k = 1, #rows, 2 do
   for j = 1, %d do out[#out + 1] = f[j] or '0' end
 end
 return out
-""" % (", ".join(f"'{f}'" for f in STATE_FIELDS), len(STATE_FIELDS))
+""" % (", ".join(f"'{f}'" for f in STATE_FIELDS), len(STATE_FIELDS))  # noqa: UP031

@@ -61,7 +61,8 @@ def test_small_trace_exact():
     assert s.intra_session_gap_s.count == 3  # a: 4 and 6 s; c: 1 s
     assert (s.intra_session_gap_s.p50, s.intra_session_gap_s.max) == (4.0, 6.0)
     assert s.intra_session_gap_s.mean == pytest.approx(11 / 3)
-    assert s.session_footprint_blocks.to_dict() == {"count": 3, "mean": pytest.approx(8 / 3), "p50": 2.0, "p90": 3.6, "p99": pytest.approx(3.96), "max": 4.0}
+    assert s.session_footprint_blocks.to_dict() == {"count": 3, "mean": pytest.approx(8 / 3), "p50": 2.0, "p90": 3.6,
+                                                    "p99": pytest.approx(3.96), "max": 4.0}
     assert s.input_tokens_per_request.mean == 37.0
     assert {k: (v.requests, v.sessions, v.block_accesses, v.input_tokens) for k, v in s.kinds.items()} == {
         "agent": (2, 1, 3, 48), "multi": (3, 1, 9, 142), "single": (1, 1, 2, 32)}

@@ -1,5 +1,6 @@
-import pytest
 """A replica publishing KV events to a real (private) Redis index; Redis outages lose nothing."""
+
+import pytest
 
 import asyncio
 import time

@@ -46,8 +46,9 @@ def test_sigkill_a_replica_under_load_loses_nothing_and_it_rejoins_clean(index, 
     try:
         for rid in ids:
             reps.append(start_replica(*rep_args, capacity_blocks=4000, time_scale=1.0, replica_id=rid))
-        router = start_router([r.url for r in reps], index="memory" if index == "memory" else redis_server.url,
-                              *(("--cluster", cluster) if index == "redis" else ()))
+        extra = ("--cluster", cluster) if index == "redis" else ()
+        router = start_router([r.url for r in reps], *extra,
+                              index="memory" if index == "memory" else redis_server.url)
 
         # A marker prompt served (and cached) by the replica we are going to kill.
         marker = list(range(900_000, 900_000 + 160))  # 10 full blocks

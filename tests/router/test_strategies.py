@@ -36,8 +36,8 @@ def replicas(*specs):
     return [one(*spec) for spec in specs]
 
 
-def route(name, reps, request=RouteRequest(), overlap=None, settings=DEFAULT, rng=None, memory=None):
-    return get_strategy(name)(reps, request, overlap or {}, settings, rng or random.Random(0), memory or RouterMemory())
+def route(name, reps, request=None, overlap=None, settings=DEFAULT, rng=None, memory=None):
+    return get_strategy(name)(reps, request or RouteRequest(), overlap or {}, settings, rng or random.Random(0), memory or RouterMemory())
 
 
 def place(reps, rid, tokens=0):

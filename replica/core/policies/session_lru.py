@@ -78,7 +78,7 @@ class SessionLRUPolicy(EvictionPolicy):
                 skipped.append((key, blocks))
         for key, blocks in skipped:  # in use: most recent now, in their previous order
             units[key] = blocks
-        for key, blocks in skipped:
+        for _key, blocks in skipped:
             if len(out) >= need:
                 break
             free = [h for h in blocks if h not in pinned]

@@ -138,7 +138,9 @@ def test_matches_full_scan_reference(name, seed, capacity):
 def test_belady_compute_seed002_example():
     # Seed 002: one slot, A reused in 10 s at cost 1, B reused in 11 s at cost 100:
     # Belady evicts B (farther), BeladyCompute keeps it. Costs by depth: depth 1 costs 100.
-    cost = lambda d: 100.0 if d == 1 else 1.0
+    def cost(d):
+        return 100.0 if d == 1 else 1.0
+
     X, B, A, C = 1, 2, 3, 4
     trace = [
         (0.0, [X, B]),  # B at depth 1 (cost 100), next used at 11; X next used at 3

@@ -18,7 +18,7 @@ from shared.errors import InputError
 from tests.support.policy_checks import run_timed_invariants
 from tests.support.policy_traces import block_cost_512, session_workload, timed_prefix_trace
 
-A, B, C, D, E, F, G, H, I, X, Y, Z, P, Q, R = range(1, 16)
+A, B, C, D, E, F, G, H, I, X, Y, Z, P, Q, R = range(1, 16)  # noqa: E741  (block names, as in the seed)
 
 
 def pool_with(name, capacity, cost=None, **params):
@@ -28,7 +28,9 @@ def pool_with(name, capacity, cost=None, **params):
 
 # ---- RandomCompute, hand-worked ------------------------------------------------------------
 def test_random_compute_keeps_the_expensive_deep_block_lru_drops():
-    cube = lambda d: float((d + 1) ** 3)  # depth 0: 1, depth 1: 8
+    def cube(d):  # depth 0: 1, depth 1: 8
+        return float((d + 1) ** 3)
+
     rc = pool_with("random_compute", 4, cube, decay_halflife_s=10)
     lru = pool_with("lru", 4, cube)
     for pool in (rc, lru):
@@ -80,7 +82,7 @@ def rc_reference(trace, capacity, cost, halflife, eps=1e-3):
         new = [h for h in req if h not in meta]
         need = len(new) - (capacity - len(meta))
         if need > 0:
-            def score(h):
+            def score(h, clock=clock):
                 d, f, last = meta[h]
                 idle = clock - last
                 return cost(d) * f * 2.0 ** (-idle / halflife) / max(idle, eps)
@@ -98,7 +100,9 @@ def rc_reference(trace, capacity, cost, halflife, eps=1e-3):
 
 @pytest.mark.parametrize("seed, capacity", [(1, 15), (2, 30), (3, 60)])
 def test_random_compute_exhaustive_matches_full_scan_reference(seed, capacity):
-    cost = lambda d: 1.0 + 0.5 * d ** 1.5
+    def cost(d):
+        return 1.0 + 0.5 * d ** 1.5
+
     trace = timed_prefix_trace(seed)
     pool = pool_with("random_compute", capacity, cost, sample_size=capacity, decay_halflife_s=7.0)
     for (t, req), expect in zip(trace, rc_reference(trace, capacity, cost, 7.0)):
