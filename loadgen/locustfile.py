@@ -51,6 +51,7 @@ import random
 import sys
 import time
 import uuid
+from typing import Any
 
 try:
     import loadgen  # noqa: F401  (installed package)
@@ -231,7 +232,7 @@ class KvemuUser(HttpUser):
         self.model = str(_opt(env, "kvemu_model", "kvemu"))
         self.timeout = float(_opt(env, "kvemu_timeout", 600.0))
         overrides = str(_opt(env, "kvemu_set", ""))
-        self.params = presets(overrides)[self.kind]
+        self.params: Any = presets(overrides)[self.kind]  # the kind's preset dataclass
         self.catalog = catalog(self.kind, overrides, int(_opt(env, "kvemu_catalog_seed", 0)))
         self.rng = np.random.default_rng()  # lengths, turns, gaps: fresh per user
         self.words = random.Random(os.urandom(16))  # message texts

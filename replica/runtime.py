@@ -11,6 +11,7 @@ from replica.engine import Engine
 from replica.events import EventFeed
 from replica.prom import ReplicaCollector, make_registry
 from replica.settings import ReplicaSettings
+from replica.shipper import RedisShipper
 
 
 class ReplicaRuntime:
@@ -30,7 +31,7 @@ class ReplicaRuntime:
         self.registry.register(ReplicaCollector(self))
         self.started = time.time()
         self.rejected: dict[str, int] = {}
-        self.shipper = None  # set when a Redis index is configured
+        self.shipper: RedisShipper | None = None  # set when a Redis index is configured
 
 
 SETTINGS = web.AppKey("settings", ReplicaSettings)

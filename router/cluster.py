@@ -49,7 +49,7 @@ class Cluster:
         self.metrics = metrics
         self.replicas = [ReplicaHandle(url.rstrip("/"), ReplicaState(url.rstrip("/"), healthy=False))
                          for url in settings.replicas]
-        self.session: aiohttp.ClientSession | None = None
+        self.session: aiohttp.ClientSession = None  # type: ignore[assignment]  # opened in the app's cleanup_ctx
         self._healthy_event = asyncio.Event()
 
     def by_id(self, replica_id: str) -> ReplicaHandle | None:

@@ -3,6 +3,8 @@ reuse, event lag and gaps, retries, per-replica load. Prometheus text on /metric
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -30,7 +32,7 @@ class RouterMetrics:
         self.event_gaps = 0
         self.replica_failures = 0
         self.replica_restarts = 0
-        self.cluster = None  # set by the app; read at scrape time
+        self.cluster: Any = None  # the Cluster, set by the app; read at scrape time
         self.registry.register(_Collector(self))
 
     def record_prediction(self, predicted_tokens: int, actual_tokens: int) -> None:

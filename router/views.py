@@ -13,7 +13,7 @@ from router.state import ROUTER, RouterState
 from router.strategies import NoHealthyReplica, RouteRequest
 from shared import protocol
 from shared.httpkit import read_raw, respond
-from shared.index import IndexUnavailable
+from shared.index import IndexUnavailable, MemoryIndex
 
 _FORWARD_HEADERS = ("Content-Type", "Accept", "X-Session-Id", "Authorization")
 
@@ -70,7 +70,7 @@ async def _decide(state: RouterState, spec: protocol.GenerateSpec, request_view:
     if state.router.uses_index and spec.hashes:
         t0 = time.perf_counter()
         try:
-            if state.embedded:  # in-process and never blocks: no task, no timer
+            if isinstance(state.index, MemoryIndex):  # in-process and never blocks: no task, no timer
                 overlap = state.index.lookup_sync(spec.hashes)
             else:
                 async with asyncio.timeout(state.settings.index_timeout_s):  # no extra task, unlike wait_for

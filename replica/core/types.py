@@ -4,14 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
-
-class KvEvent(NamedTuple):
-    """A change of residency for the prefix index: ``stored`` / ``removed`` hashes, or ``cleared``."""
-
-    kind: str
-    hashes: tuple[int, ...]
+from shared.index.base import IndexEvent as KvEvent  # the one event type: the pool emits what the index applies
 
 
 @dataclass(slots=True)
@@ -72,3 +66,5 @@ class PolicyContext:
     pinned: Mapping[int, int]
     owners: Mapping[int, str | None]
     now: float = 0.0
+
+__all__ = ["Access", "Allocation", "KvEvent", "PolicyContext"]

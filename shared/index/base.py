@@ -63,7 +63,8 @@ class IndexUnavailable(KvemuError):
 
 
 class IndexEvent(NamedTuple):
-    """Same shape as ``replica.core.pool.KvEvent``; any (kind, hashes) pair is accepted."""
+    """A change of residency: ``stored`` / ``removed`` hashes, or ``cleared``. Block pools emit it
+    (as ``replica.core.types.KvEvent``) and indexes apply it."""
 
     kind: str  # "stored" | "removed" | "cleared"
     hashes: tuple[int, ...]
