@@ -118,7 +118,8 @@ def _build_replica(i: int, s: SimSettings, block_size: int, cost: CostModel) -> 
     core = build_core(CoreSettings(
         capacity_blocks=s.capacity_blocks, policy=s.policy, policy_params=s.policy_params, block_size=block_size,
         hit_mode=s.hit_mode, token_budget=s.token_budget, max_running=s.max_running,
-        reuse="exact" if s.reuse_distances else "off", seed=s.seed, emit_events=False, oracles=True), cost)
+        reuse="exact" if s.reuse_distances else "off", seed=s.seed, emit_events=False, oracles=True,
+        stream_tokens=False), cost)
     rid = f"replica-{i}"  # the ids `kvemu up` gives, so session routing hashes the same ring
     return _Replica(rid, core.pool, core.scheduler, ReplicaState(rid, capacity_blocks=s.capacity_blocks))
 

@@ -36,6 +36,7 @@ class CoreSettings:
     seed: int = 0
     emit_events: bool = True
     oracles: bool = False
+    stream_tokens: bool = True  # report per-request decoded tokens each step (the live replica streams them)
 
     def __post_init__(self) -> None:
         if self.reuse not in REUSE_MODES:
@@ -77,5 +78,5 @@ def build_core(s: CoreSettings, cost: CostModel) -> ReplicaCore:
     pool = BlockPool(s.capacity_blocks, policy, block_size=bs, hit_mode=s.hit_mode, metrics=metrics,
                      emit_events=s.emit_events, block_cost=costs)
     sched = Scheduler(pool, cost, SchedulerSettings(token_budget=s.token_budget, max_running=s.max_running,
-                                                    max_waiting=s.max_waiting))
+                                                    max_waiting=s.max_waiting), report_decoded=s.stream_tokens)
     return ReplicaCore(pool, sched)

@@ -16,6 +16,7 @@ response as new prompt blocks.
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -50,7 +51,8 @@ class SchedRequest:
     alloc: Allocation | None = None
     segments: list[list[int]] = field(default_factory=list)  # [start_token, tokens] left to prefill
     cached_tokens: int = 0
-    generated: int = 0
+    generated: int = 0  # exact once the request finished; while decoding see Scheduler._tick
+    base: int = 0  # decode tick at which generated would have been 0 (the scheduler's bookkeeping)
     t_admitted: float = -1.0
     t_first_token: float = -1.0
     t_finished: float = -1.0
@@ -79,13 +81,30 @@ class QueueFullError(KvemuError):
 
 
 class Scheduler:
-    def __init__(self, pool: BlockPool, cost: CostModel, settings: SchedulerSettings | None = None) -> None:
+    """Work per step is proportional to what changes (admissions, prefill chunks, finishing
+    requests), not to the number of running requests: decoding requests share one decode
+    counter (``_tick``), and each is kept in a heap by the tick at which it finishes, so a
+    step costs O(changes + log running). ``report_decoded`` (the live replica streams tokens)
+    adds the per-decoder token counts to each step's result, which is O(decoders) by nature.
+    """
+
+    def __init__(self, pool: BlockPool, cost: CostModel, settings: SchedulerSettings | None = None,
+                 *, report_decoded: bool = True) -> None:
         self.pool = pool
         self.cost = cost
         self.settings = settings or SchedulerSettings()
+        self.report_decoded = report_decoded
         self.waiting: deque[SchedRequest] = deque()
-        self.running: list[SchedRequest] = []
+        self.prefilling: deque[SchedRequest] = deque()  # admitted, prefill not done; FCFS
         self.queued_prefill_tokens = 0
+        # Decoders: request r has generated ``_tick - r.base`` tokens; it is done at tick
+        # ``r.base + r.output_tokens``. The aggregates give the batch's KV size in O(1).
+        self._tick = 0
+        self._done_at: list[tuple[int, int, SchedRequest]] = []  # (finish tick, rid order, request)
+        self._decoders: dict[int, SchedRequest] = {}  # id(request) -> request, for report_decoded
+        self._seq = 0
+        self._dec_input = 0  # sum of input_tokens over decoders
+        self._dec_base = 0  # sum of base over decoders
 
     # ---- queue ------------------------------------------------------------------
     def submit(self, req: SchedRequest) -> None:
@@ -97,46 +116,56 @@ class Scheduler:
         self.queued_prefill_tokens += req.input_tokens
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.prefilling or self._done_at)
 
     @property
     def num_running(self) -> int:
-        return len(self.running)
+        return len(self.prefilling) + len(self._done_at)
 
     @property
     def num_waiting(self) -> int:
         return len(self.waiting)
+
+    @property
+    def running(self) -> list[SchedRequest]:
+        """Admitted requests (prefilling first, then decoding), for inspection only."""
+        return [*self.prefilling, *(entry[2] for entry in self._done_at)]
 
     # ---- one step ---------------------------------------------------------------
     def step(self, now: float, horizon: float = float("inf")) -> StepResult:
         """Plan and account one step starting at ``now`` (or several decode-only steps
         ending no later than ``horizon``). The caller waits ``duration`` afterwards."""
         self._admit(now)
-        decoders = [r for r in self.running if not r.prefilling]
-        budget = self.settings.token_budget - len(decoders)
+        n_dec = len(self._done_at)
+        budget = self.settings.token_budget - n_dec
         prefill_time, prefill_tokens, completed = self._prefill_chunks(budget)
-        kv_tokens = sum(r.input_tokens + r.generated for r in decoders)
+        kv_tokens = self._dec_input + n_dec * self._tick - self._dec_base
         steps = 1
-        if prefill_tokens == 0 and decoders:  # nothing admissible until a request finishes
-            steps = self._decode_run_length(decoders, kv_tokens, now, horizon)
-        decode_time = self._decode_time(len(decoders), kv_tokens, steps)
+        if prefill_tokens == 0 and n_dec:  # nothing admissible until a request finishes
+            steps = self._decode_run_length(n_dec, kv_tokens, now, horizon)
+        decode_time = self._decode_time(n_dec, kv_tokens, steps)
         duration = prefill_time + decode_time
         end = now + duration
         result = StepResult(now, duration, steps, prefill_tokens, [], [], [])
-        for r in decoders:
-            n = min(steps, r.output_tokens - r.generated)
-            r.generated += n
-            result.decoded.append((r, n))
+        if n_dec:
+            if self.report_decoded:
+                tick = self._tick
+                result.decoded = [(r, min(steps, r.base + r.output_tokens - tick)) for r in self._decoders.values()]
+            self._tick += steps
+            self._retire(result, end)
         for r in completed:
             r.t_first_token = end
             r.generated = 1
             result.first_tokens.append(r)
-        self._finish(result, end)
+            if r.output_tokens <= 1:
+                self._release(r, result, end)
+            else:
+                self._add_decoder(r)
         return result
 
     def _admit(self, now: float) -> None:
-        running = self.running
-        while self.waiting and len(running) < self.settings.max_running:
+        max_running = self.settings.max_running
+        while self.waiting and self.num_running < max_running:
             req = self.waiting[0]
             try:
                 req.alloc = self.pool.acquire(
@@ -149,31 +178,60 @@ class Scheduler:
             req.cached_tokens = min(len(req.alloc.hit_idx) * self.pool.block_size, req.input_tokens)
             req.segments = _prefill_segments(req, self.pool.block_size)
             self.queued_prefill_tokens -= req.input_tokens - sum(s[1] for s in req.segments)
-            running.append(req)
+            self.prefilling.append(req)
 
     def _prefill_chunks(self, budget: int) -> tuple[float, int, list[SchedRequest]]:
+        """FCFS chunks up to ``budget`` tokens; the requests it completes are a prefix of the queue."""
         time_s = 0.0
         used = 0
         completed = []
-        cost = self.cost
-        for r in self.running:
-            if not r.segments:
-                continue
+        prefill_time = self.cost.prefill_time
+        queue = self.prefilling
+        for r in queue:
             if used >= budget:
                 break
-            while r.segments and used < budget:
-                seg = r.segments[0]
+            segments = r.segments
+            while segments and used < budget:
+                seg = segments[0]
                 take = min(seg[1], budget - used)
-                time_s += cost.prefill_time(take, seg[0])
+                time_s += prefill_time(take, seg[0])
                 seg[0] += take
                 seg[1] -= take
                 used += take
                 if seg[1] == 0:
-                    r.segments.pop(0)
-            if not r.segments:
-                completed.append(r)
+                    segments.pop(0)
+            if segments:
+                break
+            completed.append(r)
+        for _ in completed:
+            queue.popleft()
         self.queued_prefill_tokens -= used
         return time_s, used, completed
+
+    def _add_decoder(self, r: SchedRequest) -> None:
+        r.base = self._tick - r.generated
+        self._seq += 1
+        heapq.heappush(self._done_at, (r.base + r.output_tokens, self._seq, r))
+        self._decoders[id(r)] = r
+        self._dec_input += r.input_tokens
+        self._dec_base += r.base
+
+    def _retire(self, result: StepResult, end: float) -> None:
+        """Decoders whose last token came in this step finish at its end (in admission order)."""
+        done_at, tick = self._done_at, self._tick
+        while done_at and done_at[0][0] <= tick:
+            r = heapq.heappop(done_at)[2]
+            del self._decoders[id(r)]
+            self._dec_input -= r.input_tokens
+            self._dec_base -= r.base
+            r.generated = r.output_tokens
+            self._release(r, result, end)
+
+    def _release(self, r: SchedRequest, result: StepResult, end: float) -> None:
+        r.t_finished = end
+        assert r.alloc is not None  # admitted requests hold an allocation
+        self.pool.release(r.alloc, end)
+        result.finished.append(r)
 
     def _decode_time(self, batch: int, kv_tokens: int, steps: int) -> float:
         if batch == 0:
@@ -182,25 +240,13 @@ class Scheduler:
         mid_kv = kv_tokens + batch * (steps - 1) // 2
         return steps * self.cost.decode_step_time(batch, mid_kv)
 
-    def _decode_run_length(self, decoders, kv_tokens: int, now: float, horizon: float) -> int:
-        steps = min(r.output_tokens - r.generated for r in decoders)
+    def _decode_run_length(self, n_dec: int, kv_tokens: int, now: float, horizon: float) -> int:
+        steps = self._done_at[0][0] - self._tick  # until the first decoder finishes
         if horizon != float("inf") and steps > 1:
-            one = self.cost.decode_step_time(len(decoders), kv_tokens)
+            one = self.cost.decode_step_time(n_dec, kv_tokens)
             if one > 0:
                 steps = max(1, min(steps, int((horizon - now) / one)))
         return max(1, steps)
-
-    def _finish(self, result: StepResult, end: float) -> None:
-        still = []
-        for r in self.running:
-            if not r.prefilling and r.generated >= r.output_tokens and r.t_first_token >= 0:
-                r.t_finished = end
-                assert r.alloc is not None  # admitted requests hold an allocation
-                self.pool.release(r.alloc, end)
-                result.finished.append(r)
-            else:
-                still.append(r)
-        self.running = still
 
 
 def _prefill_segments(req: SchedRequest, block_size: int) -> list[list[int]]:
