@@ -23,6 +23,9 @@ def add_emulation_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="qwen3-coder-30b-a3b")
     p.add_argument("--gpu", default="h200")
     p.add_argument("--hit-mode", default="holes", choices=["prefix", "holes"])
+    p.add_argument("--cache-only", action="store_true",
+                   help="replay requests one at a time in trace order through routing, pool and policy only:"
+                        " no scheduler, no cost-model clock, no latencies (what cache simulators do)")
     p.add_argument("--max-running", type=int, default=256,
                    help="requests running at once per replica (1 = the cache sees requests one at a time)")
     p.add_argument("--token-budget", type=int, default=8192, help="tokens per scheduler step")
@@ -88,7 +91,7 @@ def run(args) -> int:
                         hit_mode=args.hit_mode, seed=args.seed, model=args.model, gpu=args.gpu,
                         token_budget=args.token_budget, max_running=args.max_running,
                         reuse_distances=not args.no_reuse_distances, causal=args.causal,
-                        routing_settings=routing)
+                        routing_settings=routing, cache_only=args.cache_only)
             for pol in policies for c in caps]  # validates every name before the first run
     runs = []
     for i, settings in enumerate(grid, 1):
@@ -122,6 +125,6 @@ def print_table(runs: list[dict], out) -> None:
         cells = []
         for i, (key, fmt, w) in enumerate(cols):
             value = r["holes"]["mean_per_request"] if key == "holes/req" else r[key]
-            text = fmt.format(value)
+            text = "-" if value is None else fmt.format(value)
             cells.append(text.ljust(w) if i == 0 else text.rjust(w))
         out.write("  ".join(cells) + "\n")

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import heapq
 import time
+from itertools import chain
 from dataclasses import dataclass, field
 from typing import Callable
+
+import numpy as np
 
 from loadgen.trace import Trace
 from replica.core.build import CoreSettings, build_core
@@ -46,6 +49,9 @@ class SimSettings:
     # Session causality, as `kvemu replay` sends: turn j+1 arrives when turn j has finished plus
     # the trace's gap between them (not at its own trace time). Turn 0 keeps its trace time.
     causal: bool = False
+    # Cache-only replay: requests one at a time in trace order through routing, pool and policy
+    # only; no scheduler and no cost-model clock (so no queue to overflow), as cache simulators do.
+    cache_only: bool = False
 
     def __post_init__(self) -> None:
         check_positive_int("replicas", self.replicas)
@@ -65,17 +71,32 @@ class _Replica:
     ttft: LogHistogram = field(default_factory=LogHistogram)
 
 
-def next_use_times(trace: Trace) -> list[list[float]]:
-    """For each request and block, the time of that block's next request (inf if none)."""
-    nxt: dict[int, float] = {}
-    out: list[list[float]] = [[]] * len(trace.requests)
-    for k in range(len(trace.requests) - 1, -1, -1):
-        r = trace.requests[k]
-        get = nxt.get
-        out[k] = [get(h, INF) for h in r.hash_ids]
-        for h in r.hash_ids:
-            nxt[h] = r.t
-    return out
+class NextUses:
+    """What the offline oracles are told: for every block access, the position of the next
+    access to the same block in the order the cache sees accesses (request order, then the
+    block's place in its request), ``inf`` when there is none; 8 bytes per block access.
+
+    Positions, not timestamps: requests that share a timestamp keep their order.
+    """
+
+    def __init__(self, trace: Trace) -> None:
+        reqs = trace.requests
+        lengths = np.fromiter((len(r.hash_ids) for r in reqs), dtype=np.int64, count=len(reqs))
+        self.starts = np.zeros(len(reqs) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=self.starts[1:])
+        flat = np.fromiter(chain.from_iterable(r.hash_ids for r in reqs), dtype=np.uint64, count=int(self.starts[-1]))
+        order = np.argsort(flat, kind="stable")  # equal hashes stay in access order
+        same = flat[order[1:]] == flat[order[:-1]]
+        self.next = np.full(len(flat), np.inf)
+        self.next[order[:-1][same]] = order[1:][same]
+
+    def of(self, k: int) -> list[float]:
+        """Request ``k``'s next-use positions, one per block."""
+        return self.next[self.starts[k]:self.starts[k + 1]].tolist()
+
+    def position(self, k: int) -> float:
+        """Where request ``k``'s first block sits in the access order."""
+        return float(self.starts[k])
 
 
 class _Arrivals:
@@ -142,9 +163,10 @@ class Simulation:
         self.served = 0
 
     def run(self) -> dict:
+        future = NextUses(self.trace) if policy_class(self.s.policy).needs_future else None
+        if self.s.cache_only:
+            return self._run_cache_only(future)
         reqs = self.trace.requests
-        oracle = policy_class(self.s.policy).needs_future
-        future = next_use_times(self.trace) if oracle else None
         busy: list[tuple[float, int, str]] = []  # (step end, tiebreak, replica id)
         arrivals = _Arrivals(reqs, self.s.causal)
         self._arrivals = arrivals
@@ -163,9 +185,10 @@ class Simulation:
                 break
             t, k = arrivals.pop()
             r = reqs[k]
-            rep = self._route(r)
+            rep, _ = self._route(r)
             rep.sched.submit(SchedRequest(k, r.hash_ids, r.input_tokens, max(r.output_tokens, 1), t, r.session,
-                                          future[k] if future else None))
+                                          future.of(k) if future else None,
+                                          future.position(k) if future else None))
             rep.state.queued_tokens = rep.sched.queued_prefill_tokens
             if rep.busy_until == INF:
                 seq = self._start_step(rep, t, arrivals.peek(), busy, seq)
@@ -175,12 +198,30 @@ class Simulation:
             self.progress(n, n)
         return self._report(time.perf_counter() - t0)
 
-    def _route(self, r) -> _Replica:
+    def _run_cache_only(self, future: NextUses | None) -> dict:
+        t0 = time.perf_counter()
+        reqs = self.trace.requests
+        n = len(reqs)
+        for k, r in enumerate(reqs):
+            rep, view = self._route(r)
+            rep.pool.serve(r.hash_ids, session=r.session, now=r.t, input_tokens=r.input_tokens,
+                           next_use=future.of(k) if future else None,
+                           position=future.position(k) if future else None)
+            self.router.done(rep.state, view)
+            self.served += 1
+            if self.progress and k % 2000 == 0:
+                self.progress(k, n)
+        if self.progress:
+            self.progress(n, n)
+        return self._report(time.perf_counter() - t0)
+
+    def _route(self, r) -> tuple[_Replica, RouteRequest]:
         overlap = {}
         if self.router.uses_index:  # the pools are the index, exact and never behind
             overlap = {rep.rid: rep.pool.prefix_match(r.hash_ids) for rep in self.replicas}
-        _, pos = self.router.route(self.states, RouteRequest(r.session, len(r.hash_ids), r.input_tokens), overlap)
-        return self.replicas[pos]
+        view = RouteRequest(r.session, len(r.hash_ids), r.input_tokens)
+        _, pos = self.router.route(self.states, view, overlap)
+        return self.replicas[pos], view
 
     def _start_step(self, rep: _Replica, now: float, horizon: float, busy: list, seq: int) -> int:
         if not rep.sched.has_work():
@@ -214,20 +255,22 @@ class Simulation:
 
     def _report(self, wall_s: float) -> dict:
         per = []
+        timed = None if self.s.cache_only else True  # cache-only has no clock: no latencies to report
         counts = CacheCounts()
         requests = evictions = holes = 0
         for rep in self.replicas:
             st = rep.pool.stats()
             m = rep.pool.metrics
             st["replica"] = rep.rid
-            st["ttft_p50_s"] = rep.ttft.quantile(0.5)
-            st["ttft_p99_s"] = rep.ttft.quantile(0.99)
+            st["ttft_p50_s"] = None if timed is None else rep.ttft.quantile(0.5)
+            st["ttft_p99_s"] = None if timed is None else rep.ttft.quantile(0.99)
             per.append(st)
             counts += m.counts()
             requests, evictions, holes = requests + m.requests, evictions + m.evictions, holes + m.holes_total
         reqs = [p["requests"] for p in per]
         mean_load = sum(reqs) / len(reqs) if reqs else 0
         return {
+            "mode": "cache_only" if self.s.cache_only else "batching",
             "policy": self.s.policy,
             "capacity_blocks": self.s.capacity_blocks,
             "capacity_gib": round(self.cost.blocks_to_gib(self.s.capacity_blocks, self.block_size), 3),
@@ -243,16 +286,21 @@ class Simulation:
             **counts.ratios(),
             "holes": {"total": holes, "mean_per_request": ratio(holes, requests)},
             "evictions": evictions,
-            "ttft_p50_s": self.ttft.quantile(0.5),
-            "ttft_p99_s": self.ttft.quantile(0.99),
-            "queue_p99_s": self.queue.quantile(0.99),
-            "e2e_p50_s": self.e2e.quantile(0.5),
-            "e2e_p99_s": self.e2e.quantile(0.99),
+            **self._latencies(timed is not None),
             "load_imbalance": (max(reqs) / mean_load) if mean_load else 0.0,
             "routing_decisions": dict(sorted(self.router.decisions.items())),
             "per_replica": per,
             "wall_s": round(wall_s, 3),
         }
+
+
+    def _latencies(self, timed: bool) -> dict[str, float | None]:
+        hists = {"ttft": self.ttft, "queue": self.queue, "e2e": self.e2e}
+        out: dict[str, float | None] = {}
+        for name, q in (("ttft_p50_s", 0.5), ("ttft_p99_s", 0.99), ("queue_p99_s", 0.99), ("e2e_p50_s", 0.5),
+                        ("e2e_p99_s", 0.99)):
+            out[name] = hists[name.split("_")[0]].quantile(q) if timed else None
+        return out
 
 
 def simulate(trace: Trace, settings: SimSettings, progress=None) -> dict:

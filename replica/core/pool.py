@@ -122,6 +122,7 @@ class BlockPool:
         now: float = 0.0,
         input_tokens: int | None = None,
         next_use: Sequence[float] | None = None,
+        position: float | None = None,
     ) -> Allocation:
         """Pin the request's resident blocks, allocate the rest (evicting through the policy)."""
         n = len(hashes)
@@ -143,6 +144,8 @@ class BlockPool:
         ctx = self.policy_context
         if now > ctx.now:
             ctx.now = now
+        if position is not None:
+            ctx.position = position
         shortfall = n - k - (self.capacity - len(res))
         if shortfall > 0:
             self._check_evictable(touched_hashes, shortfall)

@@ -47,6 +47,7 @@ class SchedRequest:
     arrival: float
     session: str | None = None
     next_use: Sequence[float] | None = None
+    position: float | None = None  # oracles: the request's place in the access order (see next_use)
     # filled in by the scheduler
     alloc: Allocation | None = None
     segments: list[list[int]] = field(default_factory=list)  # [start_token, tokens] left to prefill
@@ -169,8 +170,8 @@ class Scheduler:
             req = self.waiting[0]
             try:
                 req.alloc = self.pool.acquire(
-                    req.hashes, session=req.session, now=now, input_tokens=req.input_tokens, next_use=req.next_use
-                )
+                    req.hashes, session=req.session, now=now, input_tokens=req.input_tokens, next_use=req.next_use,
+                    position=req.position)
             except PoolBusyError:
                 break  # FCFS: the head waits for running requests to free blocks
             self.waiting.popleft()

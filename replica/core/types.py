@@ -66,5 +66,8 @@ class PolicyContext:
     pinned: Mapping[int, int]
     owners: Mapping[int, str | None]
     now: float = 0.0
+    # Oracles only: where the request being served sits in the order the cache sees accesses
+    # (the unit of ``Access.next_use``); the simulator sets it.
+    position: float = 0.0
 
 __all__ = ["Access", "Allocation", "KvEvent", "PolicyContext"]

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from loadgen.formats import read_trace
-from sim.simulator import SimSettings, Simulation, next_use_times, simulate
+from sim.simulator import NextUses, SimSettings, Simulation, simulate
 from loadgen.trace import Trace, TraceRequest
 from shared.errors import InputError, UnknownNameError
 
@@ -74,10 +74,34 @@ def test_session_routing_keeps_history_local_and_beats_round_robin():
     assert rr["block_hit_ratio"] < sess["block_hit_ratio"]
 
 
-def test_next_use_times():
-    tr = Trace([TraceRequest(0.0, "a", 0, [1, 2], 32, 1), TraceRequest(1.0, "b", 0, [2, 3], 32, 1),
+def test_next_uses_are_positions_in_access_order():
+    # accesses: 1@0 2@1 | 2@2 3@3 | 1@4 ; the second request shares the first one's timestamp
+    tr = Trace([TraceRequest(0.0, "a", 0, [1, 2], 32, 1), TraceRequest(0.0, "b", 0, [2, 3], 32, 1),
                 TraceRequest(2.5, "a", 1, [1], 16, 1)], block_size=16)
-    assert next_use_times(tr) == [[2.5, 1.0], [float("inf"), float("inf")], [float("inf")]]
+    nu = NextUses(tr)
+    inf = float("inf")
+    assert [nu.of(k) for k in range(3)] == [[4.0, 2.0], [inf, inf], [inf]]
+    assert [nu.position(k) for k in range(3)] == [0.0, 2.0, 4.0]
+
+
+@pytest.mark.parametrize("policy", ["lru", "s3fifo", "arc", "session_lru", "belady"])
+def test_cache_only_gives_exactly_the_one_at_a_time_hit_ratios(policy):
+    trace = read_trace("mooncake-synthetic")
+    cache_only = simulate(trace, SimSettings(capacity_blocks=2000, policy=policy, cache_only=True))
+    serial = simulate(trace, SimSettings(capacity_blocks=2000, policy=policy, max_running=1))
+    assert cache_only["mode"] == "cache_only" and serial["mode"] == "batching"
+    for key in ("block_hit_ratio", "token_hit_ratio", "csr", "evictions", "block_accesses", "requests"):
+        assert cache_only[key] == serial[key], key
+    assert cache_only["ttft_p50_s"] is None and cache_only["per_replica"][0]["ttft_p99_s"] is None
+    assert serial["ttft_p50_s"] > 0
+
+
+def test_cache_only_never_overflows_a_queue():
+    # 400 requests at one instant: one at a time with a waiting bound of 100_000 would be fine
+    # here, but the point is that cache-only has no scheduler at all, hence no queue.
+    reqs = [TraceRequest(0.0, f"s{i}", 0, [10 * i + j for j in range(4)], 64, 4) for i in range(400)]
+    run = simulate(Trace(reqs, block_size=16), SimSettings(capacity_blocks=64, cache_only=True))
+    assert run["served"] == run["requests"] == 400 and run["block_hit_ratio"] == 0.0
 
 
 def test_bad_settings_name_the_field():

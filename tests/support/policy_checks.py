@@ -73,7 +73,8 @@ def run_invariants(pool: BlockPool, trace: Iterable[tuple[str | None, list[int]]
 
 
 def run_timed_invariants(pool: BlockPool, trace: Sequence[tuple[float, list[int]]], rng: random.Random,
-                         next_uses: Sequence[list[float]] | None = None, reset_at: int | None = None) -> None:
+                         next_uses: Sequence[list[float]] | None = None, reset_at: int | None = None,
+                         positions: Sequence[float] | None = None) -> None:
     """Acquire every request of `trace` ([(t, hashes)]) at its time and check the pool after each.
 
     Before a request, a held one is released with chance 0.3; after it, the request is
@@ -88,7 +89,8 @@ def run_timed_invariants(pool: BlockPool, trace: Sequence[tuple[float, list[int]
         if held and rng.random() < 0.3:
             pool.release(held.pop(rng.randrange(len(held))), now=t)
         try:
-            alloc = pool.acquire(req, now=t, next_use=None if next_uses is None else next_uses[k])
+            alloc = pool.acquire(req, now=t, next_use=None if next_uses is None else next_uses[k],
+                                 position=None if positions is None else positions[k])
         except PoolBusyError:
             continue
         pinned = {h for a in held for h in a.hashes}

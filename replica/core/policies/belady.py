@@ -1,11 +1,18 @@
 """Offline oracles (simulator only, ``needs_future = True``): Belady and BeladyCompute.
 
-The simulator passes ``Access.next_use[i]``: the time of block i's next access after this
-request (``inf`` when never again). A missing ``next_use`` counts as ``inf``. Each policy
-keeps, per known block, its latest next use; heaps hold (key, block) entries and are
-cleaned lazily: an entry is stale when the block's current record differs from it.
-Heaps are rebuilt when stale entries outnumber live ones. Pinned entries met while
-looking for victims are set aside and pushed back afterwards.
+The simulator passes ``Access.next_use[i]``: the position of block i's next access in the
+order the cache sees accesses (request order, then position in the request; ``inf`` when
+never again), and ``ctx.position``, the position of the request being served. Positions,
+not timestamps: requests that share a timestamp would otherwise tie and let the oracle
+evict the wrong block. A missing ``next_use`` counts as ``inf``.
+
+Each policy keeps, per known block, its latest next use. As in vLLM's free queue, a block
+leaves the evictable order while it is pinned: ``on_access`` only records the new next
+use, ``on_release`` pushes the block when its last pin goes. Heaps hold (key, block)
+entries and are cleaned lazily: an entry is stale when the block's current record differs
+from it (or the block is pinned again: it returns on release). Heaps are rebuilt when
+stale entries outnumber live ones. So a victims call never re-pushes pinned entries, which
+under continuous batching (hundreds of requests pinning their blocks) cost minutes.
 
 * Belady: evict the farthest next use (``inf`` first); ties: larger block hash first.
   With equal-size blocks and holes-mode hits this minimises misses.
@@ -16,9 +23,9 @@ looking for victims are set aside and pushed back afterwards.
   use at every ``now``; one max-heap per depth holds the finite blocks. A ``victims``
   call (one ``now``) scores the valid top of every depth heap once, keeps those scores
   in a heap, and after each eviction re-scores only the depth it came from: the exact
-  argmax over all resident unpinned blocks, in O(depths + need · log) per call. ``now`` is the latest request time the policy has seen
-  (the pool calls ``victims`` before ``on_access`` of the request that needs space).
-  Ties: larger block hash first.
+  argmax over all resident unpinned blocks, in O(depths + need · log) per call. ``now`` is
+  ``ctx.position``, the position of the request that needs space (the pool calls ``victims``
+  before that request's ``on_access``). Ties: larger block hash first.
 """
 
 from __future__ import annotations
@@ -45,36 +52,35 @@ class BeladyPolicy(EvictionPolicy):
 
     def clear(self) -> None:
         self._nu: dict[int, float] = {}  # block -> next use
-        self._heap: list[tuple[float, int]] = []  # (-next use, -block): a max-heap
+        self._heap: list[tuple[float, int]] = []  # (-next use, -block) of unpinned blocks: a max-heap
 
     def on_access(self, acc: Access) -> None:
-        nu, heap, hashes = self._nu, self._heap, acc.hashes
+        nu, hashes = self._nu, acc.hashes
         for i, t in _next_uses(acc):
-            h = hashes[i]
-            nu[h] = t
-            heappush(heap, (-t, -h))
+            nu[hashes[i]] = t  # pinned now: enters the heap on release
+
+    def on_release(self, hashes, now: float) -> None:
+        nu, heap, pinned = self._nu, self._heap, self.ctx.pinned
+        for h in hashes:
+            t = nu.get(h)
+            if t is not None and h not in pinned:
+                heappush(heap, (-t, -h))
         if len(heap) > 2 * len(nu) + 1024:
-            self._heap = [(-t, -h) for h, t in nu.items()]
+            self._heap = [(-t, -h) for h, t in nu.items() if h not in pinned]
             heapify(self._heap)
 
     def victims(self, need: int) -> list[int]:
         nu, heap, pinned = self._nu, self._heap, self.ctx.pinned
         out: list[int] = []
-        held = []
         while len(out) < need:
             if not heap:
                 raise RuntimeError(f"{self.name}: asked for {need} victims, only {len(out)} evictable")
             entry = heappop(heap)
             h = -entry[1]
-            if nu.get(h) != -entry[0]:
-                continue  # stale
-            if h in pinned:
-                held.append(entry)
-                continue
+            if nu.get(h) != -entry[0] or h in pinned:
+                continue  # stale, or pinned again since it was pushed (it returns on release)
             del nu[h]
             out.append(h)
-        for entry in held:
-            heappush(heap, entry)
         return out
 
     def on_remove(self, h: int) -> None:
@@ -86,7 +92,6 @@ class BeladyComputePolicy(EvictionPolicy):
     needs_future = True
 
     def __init__(self) -> None:
-        self._now = 0.0
         self.clear()
 
     def clear(self) -> None:
@@ -103,58 +108,53 @@ class BeladyComputePolicy(EvictionPolicy):
         self._entries += 1
 
     def on_access(self, acc: Access) -> None:
-        if acc.now > self._now:
-            self._now = acc.now
         rec, hashes = self._rec, acc.hashes
         for i, t in _next_uses(acc):
-            h = hashes[i]
-            rec[h] = (t, i)
-            self._push(h, t, i)
+            rec[hashes[i]] = (t, i)  # pinned now: enters a heap on release
+
+    def on_release(self, hashes, now: float) -> None:
+        rec, pinned = self._rec, self.ctx.pinned
+        for h in hashes:
+            r = rec.get(h)
+            if r is not None and h not in pinned:
+                self._push(h, r[0], r[1])
         if self._entries > 2 * len(rec) + 1024:
             self._never, self._by_depth, self._entries = [], {}, 0
             for h, (t, d) in rec.items():
-                self._push(h, t, d)
+                if h not in pinned:
+                    self._push(h, t, d)
 
-    def on_release(self, hashes, now: float) -> None:
-        if now > self._now:
-            self._now = now
-
-    def _top(self, heap: list, depth: int | None, pinned, held: list) -> tuple | None:
-        """Clean the heap's top: drop stale entries, set pinned ones aside; the valid top or None."""
-        rec = self._rec
+    def _top(self, heap: list, depth: int | None) -> tuple | None:
+        """Clean the heap's top: drop stale and pinned entries; the valid top or None."""
+        rec, pinned = self._rec, self.ctx.pinned
         while heap:
             entry = heap[0]
             if depth is None:  # the never-again heap
                 h, key = -entry[1], (inf, entry[2])
             else:
                 h, key = -entry[1], (-entry[0], depth)
-            if rec.get(h) != key:
-                heappop(heap)
-            elif h in pinned:
-                held.append((depth, heappop(heap)))
+            if rec.get(h) != key or h in pinned:
+                heappop(heap)  # stale, or pinned again (it returns on release)
             else:
                 return entry
         return None
 
     def victims(self, need: int) -> list[int]:
-        if self.ctx.now > self._now:  # score at the incoming request's time
-            self._now = self.ctx.now
-        rec, pinned, by_depth, now = self._rec, self.ctx.pinned, self._by_depth, self._now
+        rec, by_depth, now = self._rec, self._by_depth, self.ctx.position
         out: list[int] = []
-        held: list = []
         tops: list | None = None  # this call's heap of depth-heap tops: (-score, -block, depth)
 
         def push_top(d: int) -> None:
-            entry = self._top(by_depth[d], d, pinned, held)
+            entry = self._top(by_depth[d], d)
             if entry is not None:
-                # A next use already past (the replica is behind its arrivals) means "needed
-                # now": clamp so it ranks as the most urgent, never as a negative score.
+                # A next use at or before now cannot happen with positions; clamp all the same
+                # so it would rank as the most urgent, never as a negative score.
                 score = max(-entry[0] - now, 1e-9) / max(self.ctx.block_cost(d), 1e-300)
                 assert tops is not None  # push_top runs once the tops are being ranked
                 heappush(tops, (-score, entry[1], d))
 
         while len(out) < need:
-            if self._top(self._never, None, pinned, held) is not None:
+            if self._top(self._never, None) is not None:
                 h = -heappop(self._never)[1]
             else:
                 if tops is None:  # scores are fixed during one call: rank the depth tops once
@@ -170,8 +170,6 @@ class BeladyComputePolicy(EvictionPolicy):
                 push_top(d)
             del rec[h]
             out.append(h)
-        for d, entry in held:
-            heappush(self._never if d is None else by_depth.setdefault(d, []), entry)
         return out
 
     def on_remove(self, h: int) -> None:

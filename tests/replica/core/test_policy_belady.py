@@ -21,14 +21,25 @@ from tests.support.policy_checks import run_timed_invariants
 from tests.support.policy_traces import block_cost_512, session_workload, timed_prefix_trace
 
 
+def positions(trace):
+    """Where each request starts in the order the cache sees block accesses."""
+    out, pos = [], 0
+    for _, req in trace:
+        out.append(pos)
+        pos += len(req)
+    return out
+
+
 def next_uses(trace):
-    """trace: [(t, hashes)] in time order -> per request, each block's next access time."""
+    """trace: [(t, hashes)] -> per request, each block's next access position (inf: never)."""
+    starts = positions(trace)
     nxt: dict[int, float] = {}
     out = []
-    for t, req in reversed(trace):
+    for k in range(len(trace) - 1, -1, -1):
+        req = trace[k][1]
         out.append([nxt.get(h, inf) for h in req])
-        for h in req:
-            nxt[h] = t
+        for i, h in enumerate(req):
+            nxt[h] = starts[k] + i
     return out[::-1]
 
 
@@ -36,8 +47,8 @@ def replay(name, trace, capacity, cost=None, **kw):
     metrics = PoolMetrics(block_cost=cost) if cost else None
     pool = BlockPool(capacity, make_policy(name), metrics=metrics, block_cost=cost, **kw)
     hits = 0
-    for (t, req), nu in zip(trace, next_uses(trace)):
-        hits += pool.serve(req, now=t, next_use=nu).hit_blocks
+    for (t, req), nu, pos in zip(trace, next_uses(trace), positions(trace)):
+        hits += pool.serve(req, now=t, next_use=nu, position=pos).hit_blocks
     return hits, pool
 
 
@@ -97,7 +108,7 @@ def test_belady_at_least_lru_on_random_traces(seed, capacity):
 def oracle_reference(trace, capacity, cost, compute):
     """Full-scan oracle; yields the resident set after each request. Belady: evict the largest
     (next use, hash); BeladyCompute: never-used-again blocks first, cheapest first, then the
-    largest ((next use - now) / cost, hash), now = the incoming request's time."""
+    largest ((next use - now) / cost, hash), now = the incoming request's position."""
     rec: dict[int, tuple[float, int]] = {}  # block -> (next use, depth)
     clock = 0.0
 
@@ -109,8 +120,8 @@ def oracle_reference(trace, capacity, cost, compute):
             return (1, -cost(d), h)
         return (0, max(t - clock, 1e-9) / cost(d), h)  # a past next use counts as "needed now"
 
-    for (t, req), nu in zip(trace, next_uses(trace)):
-        clock = max(clock, t)  # victims are scored at the incoming request's time
+    for req, nu, pos in zip([r for _, r in trace], next_uses(trace), positions(trace)):
+        clock = pos  # victims are scored at the incoming request's position
         need = sum(1 for h in req if h not in rec) - (capacity - len(rec))
         if need > 0:
             for h in sorted((h for h in rec if h not in req), key=key, reverse=True)[:need]:
@@ -130,8 +141,8 @@ def test_matches_full_scan_reference(name, seed, capacity):
     trace = [(float(int(t)), req) for t, req in timed_prefix_trace(seed, n=1200)]
     pool = BlockPool(capacity, make_policy(name), metrics=PoolMetrics(block_cost=cost), block_cost=cost)
     expected = oracle_reference(trace, capacity, cost, name == "belady_compute")
-    for (t, req), nu, want in zip(trace, next_uses(trace), expected):
-        pool.serve(req, now=t, next_use=nu)
+    for (t, req), nu, pos, want in zip(trace, next_uses(trace), positions(trace), expected):
+        pool.serve(req, now=t, next_use=nu, position=pos)
         assert set(pool.resident) == want
 
 
@@ -150,14 +161,15 @@ def test_belady_compute_seed002_example():
         (10.0, [A]),
         (11.0, [X, B]),
     ]
-    # at t=2 (now = 2): Belady evicts the farthest, B. BeladyCompute: X (3-2)/1 = 1,
-    # B (11-2)/100 = 0.09, A (10-2)/1 = 8 -> evicts A and keeps B.
+    # Positions (the access order): X 0, B 1, A 2, C 3, X 4, A 5, X 6, B 7. At C (position 3)
+    # Belady evicts the farthest, B (7). BeladyCompute: X (4-3)/1 = 1, B (7-3)/100 = 0.04,
+    # A (5-3)/1 = 2 -> evicts A and keeps B.
     states = {}
     for name in ("belady", "belady_compute"):
         pool = BlockPool(3, make_policy(name), metrics=PoolMetrics(block_cost=cost), block_cost=cost)
         hits = []
-        for (t, req), nu in zip(trace, next_uses(trace)):
-            hits.append(pool.serve(req, now=t, next_use=nu).hit_idx)
+        for (t, req), nu, pos in zip(trace, next_uses(trace), positions(trace)):
+            hits.append(pool.serve(req, now=t, next_use=nu, position=pos).hit_idx)
             if t == 2.0:
                 states[name] = set(pool.resident)
         states[name, "hits"] = hits
@@ -178,8 +190,8 @@ def test_belady_compute_trades_hits_for_csr_on_sessions():
     for name in ("belady", "belady_compute"):
         pool = BlockPool(300, make_policy(name), block_size=512, emit_events=False,
                          metrics=PoolMetrics(block_size=512, block_cost=block_cost_512), block_cost=block_cost_512)
-        for (t, req), nu in zip(trace, next_uses(trace)):
-            pool.serve(req, now=t, next_use=nu)
+        for (t, req), nu, pos in zip(trace, next_uses(trace), positions(trace)):
+            pool.serve(req, now=t, next_use=nu, position=pos)
         res[name] = pool.stats()
     assert res["belady"]["block_hit_ratio"] > res["belady_compute"]["block_hit_ratio"]  # 0.625 vs 0.613
     assert res["belady_compute"]["csr"] > res["belady"]["csr"] + 0.03  # 0.641 vs 0.576
@@ -189,7 +201,7 @@ def test_belady_compute_trades_hits_for_csr_on_sessions():
 def test_pinned_never_evicted_and_events_replay(name):
     trace = timed_prefix_trace(12, n=1500)
     pool = BlockPool(40, make_policy(name), block_cost=lambda d: 1.0 + d)
-    run_timed_invariants(pool, trace, random.Random(9), next_uses=next_uses(trace))
+    run_timed_invariants(pool, trace, random.Random(9), next_uses=next_uses(trace), positions=positions(trace))
 
 
 @pytest.mark.parametrize("name", ["belady", "belady_compute"])
@@ -217,6 +229,26 @@ def test_mooncake_belady_hit_ratio(mooncake_conversation):
         lines = [json.loads(line) for line in f]
     trace = [(line["timestamp"] / 1000, line["hash_ids"]) for line in lines]
     pool = BlockPool(18279, make_policy("belady"), block_size=512, emit_events=False)
-    for (t, req), nu in zip(trace, next_uses(trace)):
-        pool.serve(req, now=t, next_use=nu)
+    for (t, req), nu, pos in zip(trace, next_uses(trace), positions(trace)):
+        pool.serve(req, now=t, next_use=nu, position=pos)
     assert pool.stats()["block_hit_ratio"] == pytest.approx(0.366, abs=0.002)  # measured 0.3664
+
+
+def test_requests_sharing_a_timestamp_are_ordered_by_position():
+    # Capacity 2, every request at t=0. At [1] the resident blocks are 2 and 3: 3 comes back at
+    # position 3, 2 only at position 4, so the optimum evicts 2 and then hits 3 and 1. Next uses
+    # by timestamp would all read 0 and break the tie on the hash (evicting 3): one hit, not two.
+    requests = [[2], [3], [1], [3], [2], [1], [4]]
+    trace = [(0.0, req) for req in requests]
+    hits, pool = replay("belady", trace, 2)
+    assert hits == 2 == brute_force_hits(requests, 2)
+    assert next_uses(trace)[2] == [5] and next_uses(trace)[0] == [4]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_belady_equals_brute_force_optimum_when_timestamps_collide(seed):
+    rng = random.Random(100 + seed)
+    capacity = rng.choice([2, 3])
+    requests = [rng.sample(range(1, 7), rng.randint(1, 2)) for _ in range(10)]
+    trace = [(float(k // 4), req) for k, req in enumerate(requests)]  # four requests per timestamp
+    assert replay("belady", trace, capacity)[0] == brute_force_hits(requests, capacity)
