@@ -26,6 +26,8 @@ from router.strategies import ReplicaState, RouteRequest, RoutingSettings, Routi
 from shared.costmodel import CostModel
 from shared.validate import check_positive_int
 from shared.histogram import LogHistogram
+from shared.index import EventBatch, MemoryIndex
+from shared.index.base import DEFAULT_MAX_REPLICAS
 from shared.ratios import CacheCounts, ratio
 
 INF = float("inf")
@@ -135,11 +137,33 @@ class _Arrivals:
             heapq.heappush(self.heap, (end + max(self.reqs[nxt].t - self.reqs[k].t, 0.0), nxt))
 
 
-def _build_replica(i: int, s: SimSettings, block_size: int, cost: CostModel) -> _Replica:
+class PoolIndex:
+    """The simulator's prefix index: the pools' own KV events applied to a ``MemoryIndex``, as
+    the live router's embedded index applies the replicas' feeds. A lookup then costs
+    O(prompt) whatever the number of replicas (asking every pool would cost O(replicas x prompt)).
+    """
+
+    def __init__(self, replica_ids: list[str], capacity_blocks: int) -> None:
+        self.index = MemoryIndex(max_entries=capacity_blocks * len(replica_ids) + 1,
+                                 max_replicas=max(len(replica_ids), DEFAULT_MAX_REPLICAS))
+        self._seq = dict.fromkeys(replica_ids, 0)
+
+    def sync(self, rid: str, pool: BlockPool) -> None:
+        """Apply what the pool changed since the last sync (call after anything that allocates)."""
+        if pool.events:
+            events = pool.drain_events()
+            self.index.apply_sync(EventBatch(rid, "sim", self._seq[rid], events))
+            self._seq[rid] += len(events)
+
+    def lookup(self, hashes) -> dict[str, int]:
+        return self.index.lookup_sync(hashes)
+
+
+def _build_replica(i: int, s: SimSettings, block_size: int, cost: CostModel, indexed: bool) -> _Replica:
     core = build_core(CoreSettings(
         capacity_blocks=s.capacity_blocks, policy=s.policy, policy_params=s.policy_params, block_size=block_size,
         hit_mode=s.hit_mode, token_budget=s.token_budget, max_running=s.max_running,
-        reuse="exact" if s.reuse_distances else "off", seed=s.seed, emit_events=False, oracles=True,
+        reuse="exact" if s.reuse_distances else "off", seed=s.seed, emit_events=indexed, oracles=True,
         stream_tokens=False), cost)
     rid = f"replica-{i}"  # the ids `kvemu up` gives, so session routing hashes the same ring
     return _Replica(rid, core.pool, core.scheduler, ReplicaState(rid, capacity_blocks=s.capacity_blocks))
@@ -151,11 +175,15 @@ class Simulation:
         self.s = settings
         self.cost = CostModel.from_names(settings.model, settings.gpu)
         self.block_size = trace.block_size
-        self.replicas = [_build_replica(i, settings, trace.block_size, self.cost) for i in range(settings.replicas)]
+        spec = strategy_spec(settings.routing)
+        indexed = spec.uses_index and settings.replicas > 1  # one replica: its pool is the index
+        self.replicas = [_build_replica(i, settings, trace.block_size, self.cost, indexed)
+                         for i in range(settings.replicas)]
         self.by_id = {r.rid: r for r in self.replicas}
         self.states = [rep.state for rep in self.replicas]
-        self.router = RoutingStep(strategy_spec(settings.routing),
-                                  settings.routing_settings or RoutingSettings(block_size=trace.block_size), settings.seed)
+        self.index = PoolIndex([r.rid for r in self.replicas], settings.capacity_blocks) if indexed else None
+        self.router = RoutingStep(spec, settings.routing_settings or RoutingSettings(block_size=trace.block_size),
+                                  settings.seed)
         self.progress = progress
         self.e2e = LogHistogram()
         self.queue = LogHistogram()
@@ -207,6 +235,8 @@ class Simulation:
             rep.pool.serve(r.hash_ids, session=r.session, now=r.t, input_tokens=r.input_tokens,
                            next_use=future.of(k) if future else None,
                            position=future.position(k) if future else None)
+            if self.index is not None:
+                self.index.sync(rep.rid, rep.pool)
             self.router.done(rep.state, view)
             self.served += 1
             if self.progress and k % 2000 == 0:
@@ -217,7 +247,9 @@ class Simulation:
 
     def _route(self, r) -> tuple[_Replica, RouteRequest]:
         overlap = {}
-        if self.router.uses_index:  # the pools are the index, exact and never behind
+        if self.index is not None:  # exact and never behind: synced after every allocation
+            overlap = self.index.lookup(r.hash_ids)
+        elif self.router.uses_index:
             overlap = {rep.rid: rep.pool.prefix_match(r.hash_ids) for rep in self.replicas}
         view = RouteRequest(r.session, len(r.hash_ids), r.input_tokens)
         _, pos = self.router.route(self.states, view, overlap)
@@ -228,6 +260,8 @@ class Simulation:
             rep.busy_until = INF
             return seq
         res = rep.sched.step(now, horizon)
+        if self.index is not None:
+            self.index.sync(rep.rid, rep.pool)
         if res.duration <= 0 and not res.finished and not res.first_tokens and not res.decoded:
             rep.busy_until = INF  # nothing could run; the next arrival or completion restarts it
             return seq
