@@ -18,12 +18,15 @@ from __future__ import annotations
 import gzip
 import json
 import zlib
+
+import orjson
 from collections import OrderedDict
 from collections.abc import Iterator
 from importlib.resources import files
 from pathlib import Path
 
-from loadgen.trace import Trace, TraceRequest
+from loadgen import trace_cache
+from loadgen.trace import Trace, TraceRequest, gc_paused
 from shared.errors import InputError, TraceFormatError, UnknownNameError
 from shared.hashing import ROOT_HASH, chain_ids
 
@@ -33,6 +36,7 @@ BAILIAN_BLOCK_SIZE = 16
 FORMATS = ("kvemu", "mooncake", "bailian")
 _KINDS = (None, "single", "multi", "agent")
 _U64 = 2**64
+_INT_ONLY = {int}
 _BAILIAN_ROOTS = (-1, None, "-1", "")
 
 # Traces shipped inside the package (loadgen/data, see its README for their source and licence),
@@ -80,7 +84,7 @@ def _field(path: str, lineno: int, obj: dict, name: str, types: tuple, *, requir
 def _hash_list(path: str, lineno: int, obj: dict, name: str) -> list[int]:
     ids = _field(path, lineno, obj, name, (list,))
     # One C-speed pass for the common all-valid case; the slow loop only runs to name the culprit.
-    if all(type(h) is int for h in ids) and (not ids or (min(ids) >= 0 and max(ids) < _U64)):
+    if not ids or (set(map(type, ids)) == _INT_ONLY and min(ids) >= 0 and max(ids) < _U64):
         return ids
     for i, h in enumerate(ids):
         if isinstance(h, bool) or not isinstance(h, int) or h < 0 or h >= _U64:
@@ -104,15 +108,11 @@ def iter_json_lines(path: str | Path) -> Iterator[tuple[int, dict]]:
 
 def _parse_line(p: str, lineno: int, line: bytes) -> dict:
     try:
-        obj = json.loads(line)
-    except json.JSONDecodeError as exc:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
         if lineno == 1 and line.startswith(b"version https://git-lfs"):
             raise TraceFormatError(p, 1, "file", "is a Git LFS pointer, not the trace (run `git lfs pull`)") from None
-        raise TraceFormatError(p, lineno, "line", f"malformed JSON ({exc.msg} at column {exc.colno})") from None
-    except ValueError as exc:  # bad UTF-8
-        raise TraceFormatError(p, lineno, "line", f"not UTF-8 text ({exc})") from None
-    except RecursionError:
-        raise TraceFormatError(p, lineno, "line", "JSON nested too deeply") from None
+        raise TraceFormatError(p, lineno, "line", f"malformed JSON ({exc})") from None
     if not isinstance(obj, dict):
         raise TraceFormatError(p, lineno, "line", "expected a JSON object")
     return obj
@@ -412,7 +412,17 @@ def read_trace(path: str | Path, fmt: str = "auto", block_size: int | None = Non
     if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0):
         raise InputError("block_size", f"must be a positive integer, got {block_size!r}")
     name = detect_format(path) if fmt == "auto" else fmt
-    trace = _READERS[name](path, block_size)
+    key = None
+    if trace_cache.cache_dir() is not None:
+        key = trace_cache.cache_key(resolve_trace(path), name, block_size)
+        cached = trace_cache.load(key)
+        if cached is not None:
+            cached.source = str(path)
+            return cached
+    with gc_paused():
+        trace = _READERS[name](path, block_size)
     if not trace.requests:
         raise TraceFormatError(str(path), 0, "file", "empty trace: no requests")
+    if key is not None:
+        trace_cache.store(key, trace)
     return trace

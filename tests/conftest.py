@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -12,6 +13,9 @@ from pathlib import Path
 import pytest
 
 from loadgen.formats import BUILTIN_TRACES, resolve_trace
+
+# Parsed-trace cache (loadgen/trace_cache.py) of this test run: never the user's ~/.cache.
+os.environ["KVEMU_CACHE_DIR"] = tempfile.mkdtemp(prefix="kvemu-test-cache-")
 
 REPO = Path(__file__).resolve().parent.parent
 # The sample traces shipped in the package (loadgen/data), by built-in name.

@@ -17,14 +17,13 @@ past the end.
 from __future__ import annotations
 
 import functools
-import gc
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from loadgen.trace import TraceRequest
+from loadgen.trace import TraceRequest, gc_paused
 from shared.errors import InputError
 from shared.hashing import ROOT_HASH, chain_ids, content_id
 from shared.validate import check_int, check_number, check_positive, check_probability
@@ -257,15 +256,8 @@ def segmented_cumsum(values: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 def build_requests(batch: SessionBatch, block_size: int, ns: str,
                    progress: Progress | None = None) -> list[TraceRequest]:
     """Requests of all sessions, sorted by arrival time (ties keep session order)."""
-    # Millions of freshly allocated lists would trigger repeated full collections that
-    # find nothing to free; pausing the collector halves generation time.
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with gc_paused():  # halves generation time
         return _build_requests(batch.sorted_by_start(), block_size, ns, progress)
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _build_requests(batch: SessionBatch, block_size: int, ns: str, progress: Progress | None) -> list[TraceRequest]:
