@@ -270,9 +270,9 @@ def mean_field(trace: Trace, workload: str | None, overrides: dict[str, str]):
         from shared.overrides import apply_overrides
 
         if workload == "scm":
-            work, label = apply_overrides(est.ScmModel(), overrides).workload(), "mean-field (scm model)"
+            work, label = apply_overrides(est.ScmModel(), overrides).workload(), "LRU estimate, mean-field (scm model)"
         else:
-            work, label = est.workload_from_trace(trace), "mean-field (trace primitives)"
+            work, label = est.workload_from_trace(trace), "LRU estimate, mean-field (from trace statistics)"
     except (ImportError, AttributeError, KvemuError, ValueError):
         return None
     return (lambda capacity, replicas: est.estimate(work, capacity * replicas).hit_ratio), label
