@@ -40,12 +40,12 @@ def capacity_figure(runs: list[dict], source: str, ceiling: float | None = None)
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3)
     hit_mode_entry(axes[0], first["hit_mode"])
-    axes[0].legend(fontsize=8, loc="lower right")
-    axes[1].legend(fontsize=8, loc="lower right")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 4), fontsize=9, frameon=False)
     policies = ", ".join(by_policy)
     fig.suptitle(f"{source}: {policies} by capacity; {replicas_phrase(first['replicas'], first['routing'])}; "
                  f"{first['model']} on {first['gpu']}", fontsize=11)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.05 + 0.035 * ((len(labels) - 1) // 4), 1, 1))
     thin_overlapping_ticks(fig)
     return fig
 

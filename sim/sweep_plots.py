@@ -183,10 +183,11 @@ def sweep_figure(records: list[dict], mrc_records: list[dict], mean_field=None, 
         _ttft_lines(ax_t, recs, colors)
         _style(ax_t, caps, "TTFT (s, emulated): p50 solid, p99 dashed", f"time to first token, {where}", bs)
     hit_mode_entry(hit_axes[0], first["hit_mode"])
+    handles, labels = hit_axes[0].get_legend_handles_labels()
     if legend_ax is None:
-        hit_axes[0].legend(fontsize=7, framealpha=0.85, loc="lower right")
+        fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 3), fontsize=9, frameon=False)
     else:
-        legend_ax.legend(*hit_axes[0].get_legend_handles_labels(), loc="center", fontsize=9)
+        legend_ax.legend(handles, labels, loc="center", fontsize=9)
     _load_chart(load_ax, load_point(records))
     more = ""
     if len(shown) < len(distinct):
@@ -194,7 +195,8 @@ def sweep_figure(records: list[dict], mrc_records: list[dict], mean_field=None, 
     source = trace_name(first.get("trace", {}).get("source", ""))
     fig.suptitle(f"{source}: {', '.join(policies)} by capacity; {first['model']} on {first['gpu']}, "
                  f"max_running {first['settings']['max_running']}{more}", fontsize=11)
-    fig.tight_layout(rect=(0, 0, 1, 0.97))
+    bottom = 0.03 + 0.022 * ((len(labels) + 2) // 3) if legend_ax is None else 0
+    fig.tight_layout(rect=(0, bottom, 1, 0.97))
     thin_overlapping_ticks(fig)
     return fig
 
