@@ -8,6 +8,7 @@ import json
 import shutil
 import signal
 import subprocess
+import uuid
 
 import pytest
 
@@ -35,11 +36,16 @@ DRAWN_PIXELS_JS = """name => {
 }"""
 
 
-def test_dashboard_data_and_pages_over_http():
-    rep = start_replica(capacity_blocks=500, replica_id="d0")
+@pytest.mark.parametrize("index", ["memory", "redis"])
+def test_dashboard_data_and_pages_over_http(index, redis_server):
+    cluster = "dash" + uuid.uuid4().hex[:8]
+    rep_args = ("--index", redis_server.url, "--cluster", cluster) if index == "redis" else ()
+    rep = start_replica(*rep_args, capacity_blocks=500, replica_id="d0")
     router = None
     try:
-        router = start_router([rep.url], "--dashboard-interval", "0.2")
+        router = start_router([rep.url], "--dashboard-interval", "0.2",
+                              *(("--cluster", cluster) if index == "redis" else ()),
+                              index=redis_server.url if index == "redis" else "memory")
         status, _, page = http("GET", router.url + "/")
         assert status == 200 and b'href="/dashboard"' in page
         status, headers, page = http("GET", router.url + "/dashboard")
@@ -47,16 +53,30 @@ def test_dashboard_data_and_pages_over_http():
         assert b"/static/vendor/uPlot.iife.min.js" in page and b"/static/dashboard.js" in page
         for path in ("/static/vendor/uPlot.iife.min.js", "/static/dashboard.js", "/static/dashboard.css"):
             assert http("GET", router.url + path)[0] == 200, path
+        assert http("GET", router.url + "/static/../dashboard.py")[0] == 404
         for bad in ("0", "601", "x", "-1"):
             status, body = http_json("GET", router.url + "/dashboard/data?points=" + bad)
             assert status == 400 and body["error"]["param"] == "points", (bad, body)
-        wait_for(lambda: len(http_json("GET", router.url + "/dashboard/data")[1]["history"]["t"]) >= 3,
-                 what="3 dashboard samples")
+
+        status, _, _ = http("POST", router.url + "/generate", {"token_ids": list(range(160)), "max_tokens": 1})
+        assert status == 200  # 10 full blocks, now in the index
+
+        def indexed():
+            view = http_json("GET", router.url + "/dashboard/data")[1]
+            return view if view["index"].get("entries") == 10 and len(view["history"]["t"]) >= 3 else None
+
+        wait_for(indexed, timeout=10.0, what="10 index entries and 3 samples on the dashboard")
         status, view = http_json("GET", router.url + "/dashboard/data?points=2")
         assert status == 200 and len(view["history"]["t"]) == 2
+        assert view["index"]["backend"] == index
         assert list(view["history"]["replicas"]) == ["d0"]
-        assert view["replicas"][0]["stats"]["policy"] == "lru"
-        assert view["replicas"][0]["stats"]["capacity_blocks"] == 500
+        row = view["replicas"][0]
+        assert (row["replica_id"], row["healthy"]) == ("d0", True)
+        st = row["stats"]
+        assert (st["policy"], st["capacity_blocks"], st["requests"]) == ("lru", 500, 1)
+        assert st["top_sessions"] == [{"session": None, "blocks": 10}]
+        assert st["ttft"]["requests"] == 1 and st["ttft"]["p50_s"] == st["ttft"]["p99_s"] > 0
+        assert view["decisions"] == {"cache_miss_balance": 1.0}  # an empty index: nothing cached to follow
     finally:
         stop_all(router, rep)
 
