@@ -95,11 +95,11 @@ class Dashboard:
         last = samples[-1] if samples else None
         rids = list(dict.fromkeys(rid for s in samples for rid in s["replicas"]))
         reasons = sorted({r for s in samples for r in s["decisions_per_s"]})
-        hist = {"t": [s["t"] for s in samples],
-                "replicas": {rid: {k: [s["replicas"].get(rid, {}).get(k) for s in samples] for k in REPLICA_SERIES}
-                             for rid in rids},
-                "cluster": {k: [s["cluster"][k] for s in samples] for k in CLUSTER_SERIES},
-                "decisions_per_s": {r: [s["decisions_per_s"].get(r) for s in samples] for r in reasons}}
+        hist = {"t": [round(s["t"], 2) for s in samples],
+                "replicas": {rid: {k: _series(s["replicas"].get(rid, {}).get(k) for s in samples)
+                                   for k in REPLICA_SERIES} for rid in rids},
+                "cluster": {k: _series(s["cluster"][k] for s in samples) for k in CLUSTER_SERIES},
+                "decisions_per_s": {r: _series(s["decisions_per_s"].get(r) for s in samples) for r in reasons}}
         rows = []
         for row in (last["summary"]["replicas"] if last else []):
             rows.append({**row, **_detail(self.latest.get(row["replica_id"]))})
@@ -107,6 +107,11 @@ class Dashboard:
                 "index": last["index"] if last else {}, "decisions": last["decisions"] if last else {},
                 "hotspots": last["summary"]["hotspots"] if last else [],
                 "hotspot_factor": state.settings.hotspot_factor, "replicas": rows, "history": hist}
+
+
+def _series(values) -> list:
+    """Four significant digits are all a 200-pixel chart can show; the JSON is a third the size."""
+    return [float(f"{v:.4g}") if isinstance(v, float) else v for v in values]
 
 
 def _replica_point(row: dict, st: dict | None, cur: dict | None, prev: dict | None, dt: float) -> dict:
@@ -188,7 +193,9 @@ async def data(request: web.Request) -> web.Response:
     if not raw.isdigit() or not 1 <= int(raw) <= HISTORY:
         raise InputError("points", f"expected an integer between 1 and {HISTORY}, got {raw!r:.40}")
     dash = request.app[DASHBOARD]
-    return web.json_response(dash.view(request.app[ROUTER], int(raw)), headers={"Cache-Control": "no-store"})
+    resp = web.json_response(dash.view(request.app[ROUTER], int(raw)), headers={"Cache-Control": "no-store"})
+    resp.enable_compression()  # gzip when the browser accepts it: the history is repetitive numbers
+    return resp
 
 
 async def index(request: web.Request) -> web.FileResponse:
