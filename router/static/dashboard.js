@@ -5,7 +5,9 @@
 const POLL_MS = 1000;
 // Okabe-Ito: distinct for colour-blind readers; replicas past 7 get evenly spaced hues.
 const REPLICA_COLORS = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#000000"];
-const OTHER_COLORS = ["#6a3d9a", "#1b9e77", "#d95f02", "#e7298a", "#66a61e", "#a6761d", "#666666"];
+// cluster-wide series (reasons, imbalance kinds): hues no replica line uses
+const OTHER_COLORS = ["#6a3d9a", "#8c564b", "#444444", "#e7298a", "#a6761d", "#999933", "#17becf"];
+const clock = (unixS) => new Date(unixS * 1000).toLocaleTimeString([], {hour12: false});
 const charts = {};
 const replicaColor = {};
 let lastOk = 0;
@@ -62,7 +64,7 @@ function options(spec, box) {
     axisX.values = (u, ticks) => ticks.map((t) => (Number.isInteger(Math.log10(t)) ? fmt(t) : ""));
   } else {
     axisX.space = 80;
-    axisX.values = (u, ticks) => ticks.map((t) => new Date(t * 1000).toLocaleTimeString([], {hour12: false}));
+    axisX.values = (u, ticks) => ticks.map(clock);
   }
   const series = [{label: xs.label || "time"}].concat(spec.series.map((s) => ({
     label: s.label, stroke: s.color, width: 2, dash: s.dash, spanGaps: !!xs.log,
@@ -218,7 +220,7 @@ function switchesTable(d) {
   for (const r of d.replicas) {
     for (const s of (r.stats && r.stats.policy_switches) || []) {
       const tr = document.createElement("tr");
-      tr.append(cell(new Date(s.at * 1000).toLocaleTimeString(), "text"), cell(r.replica_id, "text"),
+      tr.append(cell(clock(s.at), "text"), cell(r.replica_id, "text"),
         cell(s.from, "text"), cell(s.to, "text"));
       rows.push(tr);
     }
@@ -234,7 +236,7 @@ function header(d) {
   document.getElementById("summary").textContent =
     `${up} of ${d.replicas.length} replicas up, ${d.routing} routing, ${d.index.backend || "?"} index${model}`;
   const upd = document.getElementById("updated");
-  upd.textContent = `updated ${new Date(d.now * 1000).toLocaleTimeString()} (${d.history.t.length} samples every ${d.interval_s} s)`;
+  upd.textContent = `updated ${clock(d.now)} (${d.history.t.length} samples every ${d.interval_s} s)`;
   upd.dataset.samples = String(d.history.t.length);
   upd.dataset.now = String(d.now);
   upd.classList.remove("stale");
@@ -261,7 +263,7 @@ async function tick() {
   }
   if (lastOk && Date.now() - lastOk > 3 * POLL_MS) {
     const upd = document.getElementById("updated");
-    upd.textContent = "router not answering; last data at " + new Date(lastOk).toLocaleTimeString();
+    upd.textContent = "router not answering; last data at " + clock(lastOk / 1000);
     upd.classList.add("stale");
   }
   setTimeout(tick, POLL_MS);
