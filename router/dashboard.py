@@ -11,6 +11,7 @@ counters went down) gets no value for that window rather than a negative one.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from pathlib import Path
@@ -22,6 +23,7 @@ from router.state import ROUTER
 from router.views import cluster_summary
 from shared.errors import InputError
 
+log = logging.getLogger("kvemu.router.dashboard")
 STATIC = Path(__file__).with_name("static")
 HISTORY = 600  # samples kept (10 minutes at the default 1 s)
 TOP_SESSIONS = 5
@@ -48,7 +50,7 @@ class Dashboard:
             try:
                 await self.sample(state)
             except Exception:  # noqa: BLE001 - a bad sample must not stop the page for good
-                pass
+                log.warning("dashboard sample failed", exc_info=True)
             await asyncio.sleep(max(self.interval_s - (time.monotonic() - started), 0.05))
 
     def _baseline(self, now: float) -> dict | None:

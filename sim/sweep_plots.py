@@ -181,7 +181,7 @@ def sweep_figure(records: list[dict], mrc_records: list[dict], mean_field=None, 
         ax_c.set_ylim(0, min(max(max(r["csr"] for r in recs) * 1.12, 0.05), 1.05))
         _style(ax_c, caps, "CSR (prefill compute saved / total)", f"compute-savings ratio, {where}", bs)
         _ttft_lines(ax_t, recs, colors)
-        _style(ax_t, caps, "TTFT (s, emulated): p50 solid, p99 dashed", f"time to first token, {where}", bs)
+        _style(ax_t, caps, "TTFT (s, emulated)", f"time to first token, {where}\np50 solid, p99 dashed", bs)
     hit_mode_entry(hit_axes[0], first["hit_mode"])
     handles, labels = hit_axes[0].get_legend_handles_labels()
     if legend_ax is None:

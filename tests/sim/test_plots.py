@@ -83,8 +83,8 @@ def test_sweep_figure(trace_file, tmp_path):
             assert ceiling_of(hit) == pytest.approx(ceiling)
             assert hit.get_ylabel() == "block hit ratio (fraction of block accesses)"
             assert titled[f"compute-savings ratio, {where}"].get_ylabel() == "CSR (prefill compute saved / total)"
-            ttft = titled[f"time to first token, {where}"]
-            assert ttft.get_ylabel() == "TTFT (s, emulated): p50 solid, p99 dashed"
+            ttft = titled[f"time to first token, {where}\np50 solid, p99 dashed"]
+            assert ttft.get_ylabel() == "TTFT (s, emulated)"
             assert len(ttft.get_lines()) == 4  # p50 and p99 of two policies
         assert len([t for t in titled if t.startswith("block hit ratio")]) == 3
         legend_ax = next(ax for ax in fig.axes if not ax.axison)

@@ -11,10 +11,11 @@ def _boxes_overlap(a, b, pad: float = 1.0) -> bool:
 
 def check_readable(fig) -> None:
     """Every panel titled and labelled on both axes; no two visible x tick labels of an axes
-    overlap; no two panel titles overlap each other or the figure title."""
+    overlap; no two panel titles overlap each other, the figure title or a y label."""
     fig.canvas.draw()
     r = fig.canvas.get_renderer()
     titles = [fig._suptitle.get_window_extent(r)] if fig._suptitle is not None else []
+    ylabels = []
     for ax in fig.axes:
         if not ax.axison:  # a legend-only cell
             continue
@@ -24,6 +25,7 @@ def check_readable(fig) -> None:
             assert ax.get_xlabel(), f"{ax.get_title()!r}: no x label"
             titles.append(ax.title.get_window_extent(r))
         assert ax.get_ylabel(), f"{ax.get_title()!r}: no y label"
+        ylabels.append((ax.get_ylabel(), ax.yaxis.label.get_window_extent(r)))
         labels = [t for t in ax.get_xticklabels() if t.get_visible() and t.get_text()]
         boxes = sorted((t.get_window_extent(r) for t in labels), key=lambda b: b.x0)
         for a, b in zip(boxes, boxes[1:]):
@@ -31,6 +33,8 @@ def check_readable(fig) -> None:
     for i, a in enumerate(titles):
         for b in titles[i + 1:]:
             assert not _boxes_overlap(a, b), "two titles overlap"
+        for text, b in ylabels:
+            assert not _boxes_overlap(a, b), f"the y label {text!r} runs into a title"
 
 
 def legend_labels(ax) -> list[str]:
