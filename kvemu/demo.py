@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shutil
 import signal
 import sys
@@ -16,6 +17,7 @@ from loadgen.replay import Replayer, records_json, summarize
 from loadgen.replay_cmd import cluster_report, print_report
 from loadgen.trace import Trace
 from loadgen.workloads import generate
+from shared.errors import KvemuError
 from shared.overrides import parse_pairs
 
 
@@ -29,7 +31,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speedup", type=float, default=20.0, help="trace time compression (time scale = 1/speedup)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", metavar="OUT")
-    p.add_argument("--plot", metavar="OUT.png")
+    p.add_argument("--plot", metavar="OUT.png", default="kvemu-demo.png",
+                   help="the summary figure (default: kvemu-demo.png in the current directory)")
     p.add_argument("--quiet", action="store_true")
 
 
@@ -70,8 +73,19 @@ def run(a) -> int:
     if a.json:
         with open(a.json, "w") as fh:
             json.dump({"summary": summary, "cluster": report, "records": records_json(records)}, fh, indent=1)
-    if a.plot:
-        from loadgen.plots import plot_replay
-
-        plot_replay(summary, records, a.plot)
+    _summary_png(a, trace, summary, report, records)
     return 0 if summary["failed"] == 0 else 1
+
+
+def _summary_png(a, trace, summary: dict, report: dict, records) -> None:
+    """The one summary figure the demo ends with, and where it is."""
+    try:
+        from loadgen.plots import plot_replay
+        from loadgen.replay_cmd import plot_context
+
+        ctx = plot_context(trace, trace.requests, a.speedup, report, source=f"{a.workload} preset")
+        plot_replay(summary, records, a.plot, ctx)
+    except KvemuError as exc:  # matplotlib missing: the report above stands on its own
+        print(f"\nno summary figure: {exc}")
+        return
+    print(f"\nsummary figure: {os.path.abspath(a.plot)}")

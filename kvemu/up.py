@@ -275,6 +275,7 @@ def run(a) -> int:
     stop["starting"] = False
     try:
         print(f"router   {cluster.router_url}")
+        print(f"dashboard {cluster.router_url}/dashboard")
         for i, url in enumerate(cluster.replica_urls):
             print(f"replica-{i} {url}")
         if cluster.redis_url:

@@ -45,10 +45,12 @@ def cluster_report(url: str) -> dict:
         if not st:
             continue
         replicas[st["replica_id"]] = {k: st.get(k) for k in ("policy", "capacity_blocks", "usage", "block_hit_ratio",
-                                                             "token_hit_ratio", "csr", "evictions", "holes")}
+                                                             "token_hit_ratio", "csr", "evictions", "holes",
+                                                             "model", "gpu")}
         total_cost += st.get("recompute_cost_total_s", 0.0)
         saved += st.get("recompute_cost_saved_s", 0.0)
     return {"csr": ratio(saved, total_cost), "replicas": replicas,
+            "routing": cluster["routing"] if cluster else None,
             "imbalance": cluster["imbalance"] if cluster else None,
             "hotspots": cluster["hotspots"] if cluster else None}
 
@@ -67,6 +69,27 @@ def print_report(summary: dict, report: dict, out=sys.stdout) -> None:
         st = report["replicas"].get(rid, {})
         out.write(f"  {rid:<16}{p['requests']:>8,}  {p['token_hit_ratio']:7.4f}  {p['block_hit_ratio']:7.4f}"
                   f"  {st.get('csr') or 0:6.4f}  {st.get('evictions') or 0:>9,}  {st.get('usage') or 0:5.2f}\n")
+
+
+def plot_context(trace, requests, speedup: float, report: dict, source: str | None = None) -> dict:
+    """What the replay figure's title says: the source, the cluster as the replicas describe
+    themselves, and the infinite-cache ceiling of ``requests`` (the ones replayed)."""
+    from loadgen.plots import infinite_cache_hit_ratio
+    from loadgen.source import trace_name
+
+    reps = list(report["replicas"].values())
+
+    def same(key):  # "lru", or "lru/s3fifo" after a live switch on some replicas
+        values = {str(v.get("name") if isinstance(v, dict) else v) for r in reps if (v := r.get(key)) is not None}
+        return "/".join(sorted(values)) or None
+
+    caps = {r.get("capacity_blocks") for r in reps}
+    times = [r.t for r in requests]
+    return {"source": source or trace_name(trace.source), "speedup": speedup,
+            "duration_s": (max(times) - min(times)) if times else 0.0, "replicas": len(reps),
+            "capacity_blocks": caps.pop() if len(caps) == 1 else None, "policy": same("policy"),
+            "routing": report.get("routing"), "model": same("model"), "gpu": same("gpu"),
+            "ceiling": infinite_cache_hit_ratio(requests)}
 
 
 def cluster_block_size(url: str) -> int | None:
@@ -109,7 +132,9 @@ def run(args) -> int:
             json.dump({"summary": summary, "cluster": report, "records": records_json(records)}, fh, indent=1)
     if args.plot:
         from loadgen.plots import plot_replay
+        from loadgen.replay import sessions_of
 
-        plot_replay(summary, records, args.plot)
+        sent = [r for reqs in sessions_of(trace, args.max_requests).values() for r in reqs]
+        plot_replay(summary, records, args.plot, plot_context(trace, sent, args.speedup, report))
         print(f"plot written to {args.plot}", file=sys.stderr)
     return 0 if summary["failed"] == 0 else 1

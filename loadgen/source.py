@@ -28,3 +28,16 @@ def load_source(args) -> Trace:
     if args.duration <= 0:
         raise InputError("--duration", f"must be positive, got {args.duration}")
     return generate(args.workload, args.duration, args.seed, parse_pairs(args.set))
+
+
+def trace_name(source: str) -> str:
+    """What a figure calls a trace: a built-in name, a file's base name, or '<name> preset'."""
+    from loadgen.formats import BUILTIN_TRACES
+    from loadgen.workloads import PRESETS
+
+    source = str(source)
+    base = source.replace("\\", "/").rsplit("/", 1)[-1]
+    for name, file in BUILTIN_TRACES.items():
+        if base == file:
+            return name
+    return f"{source} preset" if source in PRESETS else base

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import deque
 
 from aiohttp import web
 
@@ -26,12 +27,40 @@ class ReplicaRuntime:
         self.feed = EventFeed(settings.replica_id, lambda: list(self.pool.resident), settings.event_batch_max,
                               settings.feed_max_batches, mode="push" if settings.index else "poll")
         self.registry, self.ttft_hist = make_registry()
+        self.ttft_recent = RecentTtft()
         self.engine = Engine(self.pool, self.scheduler, settings.time_scale, on_events=self.feed.publish,
-                             on_first_token=self.ttft_hist.observe)
+                             on_first_token=self._first_token)
         self.registry.register(ReplicaCollector(self))
         self.started = time.time()
         self.rejected: dict[str, int] = {}
         self.shipper: RedisShipper | None = None  # set when a Redis index is configured
+        self.policy_switches: deque[dict] = deque(maxlen=50)  # live switches by /admin/policy, newest last
+
+    def _first_token(self, ttft_s: float) -> None:
+        self.ttft_hist.observe(ttft_s)
+        self.ttft_recent.add(ttft_s)
+
+
+class RecentTtft:
+    """Emulated TTFTs of the last ``window_s`` seconds of wall time (at most ``maxlen`` of them),
+    for the percentiles the dashboard draws over time (the Prometheus histogram is cumulative)."""
+
+    def __init__(self, window_s: float = 30.0, maxlen: int = 4096) -> None:
+        self.window_s = window_s
+        self._items: deque[tuple[float, float]] = deque(maxlen=maxlen)
+
+    def add(self, ttft_s: float, now: float | None = None) -> None:
+        self._items.append((time.monotonic() if now is None else now, ttft_s))
+
+    def summary(self, now: float | None = None) -> dict:
+        now = time.monotonic() if now is None else now
+        while self._items and self._items[0][0] < now - self.window_s:
+            self._items.popleft()
+        values = sorted(v for _, v in self._items)
+        out: dict = {"window_s": self.window_s, "requests": len(values)}
+        for name, q in (("p50_s", 0.5), ("p90_s", 0.9), ("p99_s", 0.99)):
+            out[name] = values[min(int(q * len(values)), len(values) - 1)] if values else None
+        return out
 
 
 SETTINGS = web.AppKey("settings", ReplicaSettings)

@@ -161,6 +161,7 @@ async def stats(request: web.Request) -> web.Response:
                       "emulated_busy_s": state.engine.counters.emulated_busy_s,
                       "emulated_now_s": state.engine.now()},
         "events": state.feed.stats(), "rejected_by_field": dict(state.rejected),
+        "ttft": state.ttft_recent.summary(), "policy_switches": list(state.policy_switches),
     })
     if state.shipper is not None:
         out["index_shipper"] = state.shipper.stats()
@@ -216,6 +217,7 @@ async def admin_policy(request: web.Request) -> web.Response:
     state = _state(request)
     old = state.pool.policy.name
     state.pool.set_policy(policy, state.engine.now())
+    state.policy_switches.append({"at": time.time(), "from": old, "to": policy.name})
     return web.json_response({"policy": policy.describe(), "previous": old,
                               "resident_blocks": state.pool.used})
 

@@ -14,10 +14,11 @@ import asyncio
 import aiohttp
 from aiohttp import web
 
-from router import views
+from router import dashboard, views
 from router.settings import RouterSettings
 from router.state import ROUTER, SETTINGS, RouterState
 from shared.httpkit import BODY_LIMIT, errors_middleware
+
 
 async def background_ctx(app: web.Application):
     state = app[ROUTER]
@@ -27,6 +28,7 @@ async def background_ctx(app: web.Application):
     if state.embedded:
         tasks.append(asyncio.create_task(state.cluster.feed_loop(), name="feeds"))
     await asyncio.gather(*(state.cluster.check(r) for r in state.cluster.replicas), return_exceptions=True)
+    tasks.append(asyncio.create_task(app[dashboard.DASHBOARD].loop(state), name="dashboard"))
     yield
     for t in tasks:
         t.cancel()
@@ -40,6 +42,8 @@ def make_app(settings: RouterSettings) -> web.Application:
     app[SETTINGS] = settings
     app[ROUTER] = RouterState(settings)
     app[BODY_LIMIT] = settings.max_body_bytes
+    app[dashboard.DASHBOARD] = dashboard.Dashboard(settings.dashboard_interval_s)
     app.cleanup_ctx.append(background_ctx)
     views.add_routes(app)
+    dashboard.add_routes(app)
     return app

@@ -21,6 +21,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="routing setting, e.g. bounded_load_factor=1.25, balance_abs_threshold=64")
     p.add_argument("--health-interval", type=float, default=1.0)
+    p.add_argument("--dashboard-interval", type=float, default=1.0,
+                   help="seconds between the samples /dashboard draws (each reads every replica's /stats)")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--log-level", default="warning")
 
@@ -33,7 +35,8 @@ def settings_from_args(args):
     replicas = tuple(u.strip() for u in args.replicas.split(",") if u.strip())
     return RouterSettings(replicas=replicas, host=args.host, port=args.port, routing=args.routing, index=args.index,
                           cluster=args.cluster, block_size=args.block_size, routing_settings=routing,
-                          health_interval_s=args.health_interval, seed=args.seed)
+                          health_interval_s=args.health_interval, dashboard_interval_s=args.dashboard_interval,
+                          seed=args.seed)
 
 
 def run(args) -> int:

@@ -28,6 +28,7 @@ class RouterSettings:
     request_timeout_s: float = 600.0
     retries: int = 1
     hotspot_factor: float = 1.5
+    dashboard_interval_s: float = 1.0  # how often the dashboard samples the replicas' /stats
     max_body_bytes: int = 8 * 1024 * 1024
     max_prompt_tokens: int = 1_048_576
     max_output_tokens: int = 65_536
@@ -48,7 +49,7 @@ class RouterSettings:
         if self.index != "memory" and not self.index.startswith(("redis://", "rediss://", "unix://")):
             raise InputError("index", f"expected memory or redis://..., got {self.index!r}")
         for name in ("health_interval_s", "health_timeout_s", "poll_interval_s", "index_timeout_s",
-                     "request_timeout_s", "hotspot_factor"):
+                     "request_timeout_s", "hotspot_factor", "dashboard_interval_s"):
             if not getattr(self, name) > 0:
                 raise InputError(name, f"must be > 0, got {getattr(self, name)}")
         for name in ("block_size", "unhealthy_after", "max_body_bytes", "max_prompt_tokens", "max_output_tokens"):

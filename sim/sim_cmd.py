@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from loadgen.source import add_source_args, load_source
+from loadgen.source import add_source_args, load_source, trace_name
 from shared.progress import ProgressBar
 from sim.simulator import SimSettings, simulate
 from shared.costmodel import CostModel
@@ -108,8 +108,9 @@ def run(args) -> int:
                 fh.write(doc)
     if args.plot:
         from sim.plots import plot_capacity_curves
+        from sim.sweep_plots import infinite_cache_hit_ratio
 
-        plot_capacity_curves(runs, args.plot)
+        plot_capacity_curves(runs, args.plot, trace_name(trace.source), infinite_cache_hit_ratio(trace))
         print(f"plot written to {args.plot}", file=sys.stderr)
     return 0
 

@@ -266,9 +266,9 @@ def mean_field(trace: Trace, workload: str | None, overrides: dict[str, str]):
 
     try:
         if workload == "scm":
-            work, label = apply_overrides(est.ScmModel(), overrides).workload(), "mean-field (scm model)"
+            work, label = apply_overrides(est.ScmModel(), overrides).workload(), "LRU estimate, mean-field (scm model)"
         else:
-            work, label = est.workload_from_trace(trace), "mean-field (trace primitives)"
+            work, label = est.workload_from_trace(trace), "LRU estimate, mean-field (from trace statistics)"
     except KvemuError:  # the estimator cannot take this source (e.g. no multi-turn session)
         return None
     return (lambda capacity, replicas: est.estimate(work, capacity * replicas).hit_ratio), label

@@ -4,8 +4,9 @@ Panels: (a) block hit ratio against per-replica capacity, one line per policy, o
 (routing, replicas) combination (only the first one when there are more than ``MAX_PANELS``),
 with the LRU miss-ratio curve, the mean-field estimate (one replica, or a routing that keeps
 conversations on one replica) and the infinite-cache bound overlaid;
-(b) CSR against capacity, same panels; (c) requests and block hit ratio per replica for one
-point (the largest-capacity LRU run with the most replicas).
+(b) CSR against capacity, same panels; (c) TTFT p50 and p99 against capacity, same panels;
+(d) requests and block hit ratio per replica for one point (the largest-capacity LRU run with
+the most replicas).
 
 The miss-ratio curve of a multi-replica run is the access-weighted mean of the replicas' own
 curves, ``H(c) = Σ a_i·h_i(c) / Σ a_i`` (``a_i`` the accesses replica i tracked): each replica
@@ -19,7 +20,18 @@ from __future__ import annotations
 import numpy as np
 
 from router.strategies import SPECS
-from shared.plotting import pyplot
+from loadgen.source import trace_name
+from shared.plotting import (
+    PALETTE,
+    REPLICA_BAR,
+    REPLICA_LINE,
+    capacity_axis,
+    ceiling_line,
+    hit_mode_entry,
+    pyplot,
+    replicas_phrase,
+    thin_overlapping_ticks,
+)
 
 MAX_PANELS = 4
 # routings that keep a conversation on one replica, so R replicas of N blocks act like one
@@ -55,49 +67,35 @@ def _by_combo(records: list[dict]) -> dict[tuple[str, int], list[dict]]:
     return out
 
 
-def _policy_lines(ax, recs: list[dict], key: str, colors: dict) -> None:
+def _policy_lines(ax, recs: list[dict], key: str, colors: dict, **style) -> None:
     by_policy: dict[str, list[dict]] = {}
     for r in recs:
         by_policy.setdefault(r["policy"], []).append(r)
+    label = style.pop("label", None)  # "_..." keeps the lines out of the legend
     for policy in sorted(by_policy, key=list(colors).index):
         rs = sorted(by_policy[policy], key=lambda r: r["capacity_blocks"])
         ax.plot([r["capacity_blocks"] for r in rs], [r[key] for r in rs], marker="o", ms=4, color=colors[policy],
-                label=policy)
+                label=label or policy, **style)
 
 
-def _overlays(ax, combo, caps, mrc_rec, mean_field, ceiling) -> None:
+def _overlays(ax, combo, caps, mrc_rec, mean_field) -> None:
     lo, hi = min(caps), max(caps)
     if mrc_rec is not None and (curve := combined_mrc(mrc_rec)) is not None:
         xs, ys = curve
         inside = (xs > lo) & (xs < hi)
         grid = np.concatenate(([lo], xs[inside], [hi]))
-        ax.plot(grid, np.interp(np.log(grid), np.log(xs), ys), "k--", lw=1.2, label="LRU MRC (reuse distances)")
+        ax.plot(grid, np.interp(np.log(grid), np.log(xs), ys), "k--", lw=1.2, label="LRU, from reuse distances (miss-ratio curve)")
     if mean_field is not None and (combo[1] == 1 or combo[0] in AFFINE):
         fn, label = mean_field
         grid = np.geomspace(lo, hi, 48) if hi > lo else np.array([lo])
         ax.plot(grid, [fn(float(c), combo[1]) for c in grid], ":", color="0.35", lw=1.8, label=label)
-    if ceiling is not None:
-        ax.axhline(ceiling, color="0.6", lw=0.8, label=f"infinite cache ({ceiling:.3f})")
 
 
-def _style(ax, caps, ylabel: str, title: str) -> None:
-    ax.set_xlabel("capacity per replica (blocks)")
+def _style(ax, caps, ylabel: str, title: str, block_size: int | None) -> None:
+    capacity_axis(ax, caps, block_size)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
-    if len(caps) > 2 and max(caps) / min(caps) >= 4:
-        ax.set_xscale("log")
-        ax.minorticks_off()
-    if len(caps) <= 10:  # more would overlap; matplotlib's own ticks then
-        ax.set_xticks(caps, [_short(c) for c in caps])
-
-
-def _short(n: int) -> str:
-    """2000 -> 2K, 18279 -> 18.3K, 1500000 -> 1.5M."""
-    for div, unit in ((1_000_000, "M"), (1_000, "K")):
-        if n >= div:
-            return f"{n / div:.3g}{unit}"
-    return str(n)
 
 
 def load_point(records: list[dict]) -> dict:
@@ -109,69 +107,99 @@ def load_point(records: list[dict]) -> dict:
 def _load_chart(ax, rec: dict) -> None:
     per = rec["per_replica"]
     names = [p.get("replica", str(i)).replace("replica-", "r") for i, p in enumerate(per)]
-    ax.bar(names, [p["requests"] for p in per], color="tab:blue", alpha=0.75, label="requests")
-    ax.set_ylabel("requests")
+    ax.bar(names, [p["requests"] for p in per], color=REPLICA_BAR, label="requests routed (bars, left axis)")
+    ax.set_ylabel("requests routed")
+    ax.set_xlabel("replica")
     ax2 = ax.twinx()
-    ax2.plot(names, [p["block_hit_ratio"] for p in per], "o-", color="tab:orange", label="block hit ratio")
-    ax2.set_ylim(0, 1)
+    ax2.plot(names, [p["block_hit_ratio"] for p in per], "o-", color=REPLICA_LINE,
+             label="block hit ratio (line, right axis)")
+    ax2.set_ylim(0, 1.05)
     ax2.set_ylabel("block hit ratio")
-    ax.set_title(f"per replica: {rec['policy']} @ {rec['capacity_blocks']:,} blocks, {rec['routing']} "
-                 f"x{rec['replicas']} (imbalance {rec['load_imbalance']:.2f})", fontsize=10)
+    ax.set_title(f"per replica: {rec['policy']} at {rec['capacity_blocks']:,} blocks, "
+                 f"{replicas_phrase(rec['replicas'], rec['routing'])} (imbalance {rec['load_imbalance']:.2f})",
+                 fontsize=10)
     lines = ax.get_legend_handles_labels()
     more = ax2.get_legend_handles_labels()
     ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=8, loc="lower right")
 
 
 def _axes(plt, ncombos: int):
-    """(figure, hit-ratio axes, CSR axes, load axis, legend axis or None)."""
+    """(figure, hit-ratio axes, CSR axes, TTFT axes, load axis, legend axis or None)."""
     if ncombos == 1:
-        fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
-        return fig, [axes[0]], [axes[1]], axes[2], None
-    fig = plt.figure(figsize=(4.6 * ncombos, 10.5))
-    gs = fig.add_gridspec(3, ncombos)
-    hit = [fig.add_subplot(gs[0, i]) for i in range(ncombos)]
-    csr = [fig.add_subplot(gs[1, i]) for i in range(ncombos)]
-    legend = fig.add_subplot(gs[2, -1])
+        fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+        return fig, [axes[0, 0]], [axes[0, 1]], [axes[1, 0]], axes[1, 1], None
+    fig = plt.figure(figsize=(max(4.6 * ncombos, 11), 14))
+    gs = fig.add_gridspec(4, ncombos)
+    rows = [[fig.add_subplot(gs[r, i]) for i in range(ncombos)] for r in range(3)]
+    legend = fig.add_subplot(gs[3, -1])
     legend.axis("off")
-    return fig, hit, csr, fig.add_subplot(gs[2, :-1]), legend
+    return fig, rows[0], rows[1], rows[2], fig.add_subplot(gs[3, :-1]), legend
+
+
+def _ttft_lines(ax, recs: list[dict], colors: dict) -> None:
+    import matplotlib.ticker as mticker
+
+    _policy_lines(ax, recs, "ttft_p50_s", colors, label="_p50")
+    _policy_lines(ax, recs, "ttft_p99_s", colors, ls="--", label="_p99")
+    if all(r["ttft_p50_s"] > 0 for r in recs):
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(mticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(mticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(mticker.NullFormatter())
 
 
 def plot_sweep(records: list[dict], mrc_records: list[dict], path: str, mean_field=None,
                ceiling: float | None = None) -> None:
     """Write the sweep figure of grid ``records`` to ``path`` (see the module docstring)."""
     plt = pyplot()
-    groups = _by_combo(records)
-    combos = list(groups)
-    shown = combos if len(combos) <= MAX_PANELS else combos[:1]
-    mrc_by = {(r["routing"], r["replicas"]): r for r in mrc_records}
-    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    colors = {p: cycle[i % len(cycle)] for i, p in enumerate(dict.fromkeys(r["policy"] for r in records))}
-    fig, hit_axes, csr_axes, load_ax, legend_ax = _axes(plt, len(shown))
-    for combo, ax_h, ax_c in zip(shown, hit_axes, csr_axes):
-        recs = groups[combo]
-        caps = sorted({r["capacity_blocks"] for r in recs})
-        _policy_lines(ax_h, recs, "block_hit_ratio", colors)
-        _overlays(ax_h, combo, caps, mrc_by.get(combo), mean_field, ceiling)
-        _style(ax_h, caps, "block hit ratio", f"block hit ratio, {combo[0]} x{combo[1]}")
-        _policy_lines(ax_c, recs, "csr", colors)
-        _style(ax_c, caps, "CSR", f"compute-savings ratio, {combo[0]} x{combo[1]}")
-        ax_h.set_ylim(bottom=0)
-        ax_c.set_ylim(bottom=0)
-    if legend_ax is None:
-        hit_axes[0].legend(fontsize=7, framealpha=0.8)
-    else:
-        legend_ax.legend(*hit_axes[0].get_legend_handles_labels(), loc="center", fontsize=9)
-    _load_chart(load_ax, load_point(records))
-    first = records[0]
-    more = ""
-    if len(shown) < len(combos):
-        more = f"; {len(combos) - 1} more routing x replicas combination(s) in the results only"
-    source = str(first.get("trace", {}).get("source", "")).rsplit("/", 1)[-1]
-    fig.suptitle(f"{source}: {first['hit_mode']} hits, max_running {first['settings']['max_running']}, "
-                 f"{first['model']} on {first['gpu']}{more}", fontsize=11)
-    fig.tight_layout()
+    fig = sweep_figure(records, mrc_records, mean_field, ceiling)
     fig.savefig(path, dpi=90, pil_kwargs={"optimize": True})
     plt.close(fig)
+
+
+def sweep_figure(records: list[dict], mrc_records: list[dict], mean_field=None, ceiling: float | None = None):
+    plt = pyplot()
+    groups = _by_combo(records)
+    combos = list(groups)
+    # one replica is the same under every routing: one panel for it
+    distinct = [c for i, c in enumerate(combos) if c[1] > 1 or not any(o[1] == 1 for o in combos[:i])]
+    shown = distinct if len(distinct) <= MAX_PANELS else distinct[:1]
+    mrc_by = {(r["routing"], r["replicas"]): r for r in mrc_records}
+    policies = list(dict.fromkeys(r["policy"] for r in records))
+    colors = {p: PALETTE[i % len(PALETTE)] for i, p in enumerate(policies)}
+    fig, hit_axes, csr_axes, ttft_axes, load_ax, legend_ax = _axes(plt, len(shown))
+    first = records[0]
+    bs = first.get("block_size")
+    for combo, ax_h, ax_c, ax_t in zip(shown, hit_axes, csr_axes, ttft_axes):
+        recs = groups[combo]
+        caps = sorted({r["capacity_blocks"] for r in recs})
+        where = replicas_phrase(combo[1], combo[0])
+        _policy_lines(ax_h, recs, "block_hit_ratio", colors)
+        _overlays(ax_h, combo, caps, mrc_by.get(combo), mean_field)
+        ceiling_line(ax_h, ceiling, [y for line in ax_h.get_lines() for y in line.get_ydata()])
+        _style(ax_h, caps, "block hit ratio (fraction of block accesses)", f"block hit ratio, {where}", bs)
+        _policy_lines(ax_c, recs, "csr", colors)
+        ax_c.set_ylim(0, min(max(max(r["csr"] for r in recs) * 1.12, 0.05), 1.05))
+        _style(ax_c, caps, "CSR (prefill compute saved / total)", f"compute-savings ratio, {where}", bs)
+        _ttft_lines(ax_t, recs, colors)
+        _style(ax_t, caps, "TTFT (s, emulated)", f"time to first token, {where}\np50 solid, p99 dashed", bs)
+    hit_mode_entry(hit_axes[0], first["hit_mode"])
+    handles, labels = hit_axes[0].get_legend_handles_labels()
+    if legend_ax is None:
+        fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 3), fontsize=9, frameon=False)
+    else:
+        legend_ax.legend(handles, labels, loc="center", fontsize=9)
+    _load_chart(load_ax, load_point(records))
+    more = ""
+    if len(shown) < len(distinct):
+        more = f"; {len(distinct) - 1} more routing x replicas combination(s) in the results only"
+    source = trace_name(first.get("trace", {}).get("source", ""))
+    fig.suptitle(f"{source}: {', '.join(policies)} by capacity; {first['model']} on {first['gpu']}, "
+                 f"max_running {first['settings']['max_running']}{more}", fontsize=11)
+    bottom = 0.03 + 0.022 * ((len(labels) + 2) // 3) if legend_ax is None else 0
+    fig.tight_layout(rect=(0, bottom, 1, 0.97))
+    thin_overlapping_ticks(fig)
+    return fig
 
 
 def infinite_cache_hit_ratio(trace) -> float | None:

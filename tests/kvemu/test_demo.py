@@ -18,9 +18,9 @@ BUDGET_S = 60.0
 
 
 def test_demo_reports_and_shuts_down_within_a_minute(tmp_path):
-    out = tmp_path / "demo.json"
+    out, png = tmp_path / "demo.json", tmp_path / "demo.png"
     started = time.monotonic()
-    proc = subprocess.Popen(kvemu_cmd("demo", "--json", str(out)), cwd=REPO, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(kvemu_cmd("demo", "--json", str(out), "--plot", str(png)), cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     watcher = ChildWatcher(proc.pid)
     try:
@@ -55,6 +55,9 @@ def test_demo_reports_and_shuts_down_within_a_minute(tmp_path):
     assert all(int(r[1].replace(",", "")) > 0 for r in rows), "a replica got no load"
     reported = float(re.search(r"demo finished in ([\d.]+) s", stdout).group(1))
     assert reported <= elapsed
+    # It ends by writing one summary figure and saying where it is.
+    assert stdout.rstrip().splitlines()[-1] == f"summary figure: {png}"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 30_000
 
     doc = json.loads(out.read_text())
     s = doc["summary"]

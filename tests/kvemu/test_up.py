@@ -16,7 +16,7 @@ from shared.hashing import block_hashes
 from tests.conftest import free_port
 from tests.support.cluster import redis_lookup, wait_for
 from tests.support.kvemu_cli import Up, alive, run_kvemu, wait_dead
-from tests.support.procs import http_json
+from tests.support.procs import http, http_json
 
 # Real processes on loopback: an end-to-end test (CI runs it; `-m "not slow"` skips it locally).
 pytestmark = pytest.mark.slow
@@ -69,9 +69,12 @@ def test_up_serves_then_stops_every_child_on_signal(up_procs, sig):
                   "--port", str(port))
     urls = up.ready()
     assert urls["router"] == f"http://127.0.0.1:{port}"
+    assert urls["dashboard"] == f"http://127.0.0.1:{port}/dashboard"
     assert sorted(k for k in urls if k.startswith("replica-")) == ["replica-0", "replica-1"]
     assert os.path.isdir(urls["logs"])
     check_healthy(urls, 2)
+    status, headers, page = http("GET", urls["dashboard"])
+    assert status == 200 and headers["Content-Type"].startswith("text/html") and b"kvemu cluster" in page
     for i in range(2):
         status, body = http_json("GET", urls[f"replica-{i}"] + "/health")
         assert (body["replica_id"], body["policy"], body["capacity_blocks"]) == (f"replica-{i}", "s3fifo", 512)

@@ -1,0 +1,211 @@
+"""The router's live dashboard: ``GET /dashboard`` (a static page from ``router/static``) and
+``GET /dashboard/data`` (what the page polls every second).
+
+A sampler task reads every healthy replica's ``/stats`` once per ``dashboard_interval_s``
+and keeps the last ``HISTORY`` samples, so a page opened late still shows the recent past.
+Rates (evictions/s, decisions/s) and the hit ratio and CSR over time are differences of
+cumulative counters over the last ``RATE_WINDOW_S`` seconds; a replica that restarted (its
+counters went down) gets no value for that window rather than a negative one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+
+from router.state import ROUTER
+from router.views import cluster_summary
+from shared.errors import InputError
+
+log = logging.getLogger("kvemu.router.dashboard")
+STATIC = Path(__file__).with_name("static")
+HISTORY = 600  # samples kept (10 minutes at the default 1 s)
+TOP_SESSIONS = 5
+RATE_WINDOW_S = 5.0  # rates, hit ratio and CSR over time are taken over this window
+COUNTERS = ("requests", "block_accesses", "block_hits", "recompute_cost_total_s", "recompute_cost_saved_s",
+            "evictions")
+# per-replica series drawn over time, each a value per sample (None: no value that interval)
+REPLICA_SERIES = ("kv_usage", "hit_ratio", "csr", "running", "waiting", "ttft_p50_s", "ttft_p99_s",
+                  "evictions_per_s", "event_lag")
+CLUSTER_SERIES = ("imbalance_in_flight", "imbalance_kv_usage", "imbalance_routed", "index_entries", "hotspots")
+
+
+class Dashboard:
+    """Samples of the cluster over time, and the latest detail (MRC, reuse histogram, top sessions)."""
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self.samples: deque[dict] = deque(maxlen=HISTORY)
+        self.latest: dict[str, dict] = {}  # replica_id -> its last /stats
+
+    async def loop(self, state) -> None:
+        while True:
+            started = time.monotonic()
+            try:
+                await self.sample(state)
+            except Exception:  # noqa: BLE001 - a bad sample must not stop the page for good
+                log.warning("dashboard sample failed", exc_info=True)
+            await asyncio.sleep(max(self.interval_s - (time.monotonic() - started), 0.05))
+
+    def _baseline(self, now: float) -> dict | None:
+        """The oldest sample of the last ``RATE_WINDOW_S``: rates and ratios are taken since then."""
+        for old in self.samples:
+            if old["t"] >= now - RATE_WINDOW_S - 1e-3:
+                return old
+        return None
+
+    async def sample(self, state) -> dict:
+        stats = await _fetch_stats(state)
+        now = time.time()
+        base = self._baseline(now)
+        summary = cluster_summary(state)
+        known = {r.replica_id for r in state.cluster.replicas if r.known}  # before /health, ids are URLs
+        replicas, counters = {}, {}
+        for row in summary["replicas"]:
+            rid = row["replica_id"]
+            if rid not in known:
+                continue
+            st = stats.get(rid)
+            if st is not None:
+                self.latest[rid] = st
+                counters[rid] = {k: st.get(k, 0) for k in COUNTERS}
+            prev = base["counters"].get(rid) if base else None
+            replicas[rid] = _replica_point(row, st, counters.get(rid), prev, now - base["t"] if base else 0.0)
+        decisions = _decisions(state)
+        dt = now - base["t"] if base else 0.0
+        rates = {reason: (n - base["decisions"].get(reason, 0.0)) / dt if dt else None
+                 for reason, n in decisions.items()}
+        index = state.index.stats_sync() if state.embedded else await _redis_stats(state)
+        imb = summary["imbalance"]
+        point = {"t": now, "replicas": replicas, "counters": counters, "decisions_per_s": rates,
+                 "decisions": decisions,
+                 "cluster": {"imbalance_in_flight": imb["in_flight"], "imbalance_kv_usage": imb["kv_usage"],
+                             "imbalance_routed": imb["routed"], "index_entries": index.get("entries"),
+                             "hotspots": len(summary["hotspots"])},
+                 "summary": summary, "index": index}
+        self.samples.append(point)
+        return point
+
+    def view(self, state, points: int) -> dict:
+        samples = list(self.samples)[-points:]
+        last = samples[-1] if samples else None
+        rids = list(dict.fromkeys(rid for s in samples for rid in s["replicas"]))
+        reasons = sorted({r for s in samples for r in s["decisions_per_s"]})
+        hist = {"t": [round(s["t"], 2) for s in samples],
+                "replicas": {rid: {k: _series(s["replicas"].get(rid, {}).get(k) for s in samples)
+                                   for k in REPLICA_SERIES} for rid in rids},
+                "cluster": {k: _series(s["cluster"][k] for s in samples) for k in CLUSTER_SERIES},
+                "decisions_per_s": {r: _series(s["decisions_per_s"].get(r) for s in samples) for r in reasons}}
+        rows = []
+        for row in (last["summary"]["replicas"] if last else []):
+            rows.append({**row, **_detail(self.latest.get(row["replica_id"]))})
+        return {"now": time.time(), "interval_s": self.interval_s, "routing": state.settings.routing,
+                "index": last["index"] if last else {}, "decisions": last["decisions"] if last else {},
+                "hotspots": last["summary"]["hotspots"] if last else [],
+                "hotspot_factor": state.settings.hotspot_factor, "replicas": rows, "history": hist}
+
+
+def _series(values) -> list:
+    """Four significant digits are all a 200-pixel chart can show; the JSON is a third the size."""
+    return [float(f"{v:.4g}") if isinstance(v, float) else v for v in values]
+
+
+def _replica_point(row: dict, st: dict | None, cur: dict | None, prev: dict | None, dt: float) -> dict:
+    point = {"kv_usage": row["kv_usage"] if row["healthy"] else None, "running": None, "waiting": None,
+             "event_lag": row["event_lag"] if row["healthy"] else None}
+    if st is None or not row["healthy"]:
+        return point
+    point["kv_usage"] = st.get("usage", row["kv_usage"])
+    sched = st.get("scheduler", {})
+    point["running"], point["waiting"] = sched.get("running"), sched.get("waiting")
+    ttft = st.get("ttft", {})
+    point["ttft_p50_s"], point["ttft_p99_s"] = ttft.get("p50_s"), ttft.get("p99_s")
+    if prev is not None and cur is not None and dt > 0 and cur["requests"] >= prev["requests"]:
+        d = {k: cur[k] - prev[k] for k in COUNTERS}
+        acc, cost = d["block_accesses"], d["recompute_cost_total_s"]
+        point["hit_ratio"] = d["block_hits"] / acc if acc > 0 else None
+        point["csr"] = d["recompute_cost_saved_s"] / cost if cost > 0 else None
+        point["evictions_per_s"] = max(d["evictions"], 0) / dt
+    return point
+
+
+def _detail(st: dict | None) -> dict:
+    """What the page shows of a replica's last /stats besides the series."""
+    if st is None:
+        return {"stats": None}
+    reuse = st.get("reuse") or {}
+    mrc = [p for p in reuse.get("mrc", []) if p[0] >= 1]
+    return {"stats": {
+        "policy": st.get("policy", {}).get("name"), "capacity_blocks": st.get("capacity_blocks"),
+        "capacity_gib": st.get("capacity_gib"), "model": st.get("model"), "gpu": st.get("gpu"),
+        "block_hit_ratio": st.get("block_hit_ratio"), "csr": st.get("csr"), "requests": st.get("requests"),
+        "evictions": st.get("evictions"), "ttft": st.get("ttft"), "top_sessions": st.get("top_sessions", []),
+        "mrc": mrc, "reuse_distance_log2": reuse.get("distance_log2", {}), "reuse_accesses": reuse.get("accesses"),
+        "policy_switches": st.get("policy_switches", []),
+    }}
+
+
+def _decisions(state) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for metric in state.metrics.decisions.collect():
+        for s in metric.samples:
+            if s.name.endswith("_total"):
+                out[s.labels["reason"]] = out.get(s.labels["reason"], 0.0) + s.value
+    return out
+
+
+async def _fetch_stats(state) -> dict[str, dict]:
+    async def one(rep):
+        try:
+            async with state.cluster.session.get(f"{rep.url}/stats?top={TOP_SESSIONS}",
+                                                 timeout=aiohttp.ClientTimeout(total=1.0)) as resp:
+                if resp.status == 200:
+                    return rep.replica_id, await resp.json()
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            pass
+        return rep.replica_id, None
+
+    got = await asyncio.gather(*(one(r) for r in state.cluster.replicas if r.state.healthy))
+    return {rid: st for rid, st in got if st is not None}
+
+
+async def _redis_stats(state) -> dict:
+    try:
+        return await asyncio.wait_for(state.index.stats(), 1.0)
+    except Exception:  # noqa: BLE001 - an unreachable index shows as such, the page keeps going
+        return {"backend": "redis", "error": "index unavailable"}
+
+
+# ---- handlers ----------------------------------------------------------------------------
+DASHBOARD = web.AppKey("dashboard", Dashboard)
+
+
+async def page(request: web.Request) -> web.FileResponse:
+    return web.FileResponse(STATIC / "dashboard.html", headers={"Cache-Control": "no-cache"})
+
+
+async def data(request: web.Request) -> web.Response:
+    raw = request.query.get("points", str(HISTORY))
+    if not raw.isdigit() or not 1 <= int(raw) <= HISTORY:
+        raise InputError("points", f"expected an integer between 1 and {HISTORY}, got {raw!r:.40}")
+    dash = request.app[DASHBOARD]
+    resp = web.json_response(dash.view(request.app[ROUTER], int(raw)), headers={"Cache-Control": "no-store"})
+    resp.enable_compression()  # gzip when the browser accepts it: the history is repetitive numbers
+    return resp
+
+
+async def index(request: web.Request) -> web.FileResponse:
+    return web.FileResponse(STATIC / "index.html")
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/", index)
+    app.router.add_get("/dashboard", page)
+    app.router.add_get("/dashboard/data", data)
+    app.router.add_static("/static/", STATIC, append_version=False)
