@@ -32,7 +32,7 @@ from shared.overrides import apply_overrides, parse_pairs
 
 
 def _hits(trace: Trace, capacity: int) -> tuple[float, int]:
-    run = simulate(trace, SimSettings(capacity_blocks=capacity, policy="session_lru", reuse_distances=False))
+    run = simulate(trace, SimSettings(capacity_blocks=capacity, policy="session_lru", reuse="off"))
     return run["block_hit_ratio"] * run["block_accesses"], run["block_accesses"]
 
 

@@ -42,7 +42,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--routing", default="cache_aware")
     p.add_argument("--policy", default="lru", help="comma-separated policies, e.g. lru,s3fifo,belady")
     add_emulation_args(p)
-    p.add_argument("--no-reuse-distances", action="store_true", help="skip exact reuse-distance tracking (faster)")
+    p.add_argument("--reuse", choices=("sampled", "exact", "off"), default="sampled",
+                   help="reuse distances for the miss-ratio curve: SHARDS-sampled (default, within 0.01 of"
+                        " exact), exact, or off (fastest); the JSON says which")
+    p.add_argument("--no-reuse-distances", action="store_true", help="same as --reuse off")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="FILE", help="write {\"runs\": [...]} here ('-' for stdout)")
     p.add_argument("--plot", metavar="FILE.png", help="hit ratio and CSR against capacity per policy")
@@ -90,7 +93,7 @@ def run(args) -> int:
     grid = [SimSettings(capacity_blocks=c, policy=pol, replicas=args.replicas, routing=args.routing,
                         hit_mode=args.hit_mode, seed=args.seed, model=args.model, gpu=args.gpu,
                         token_budget=args.token_budget, max_running=args.max_running,
-                        reuse_distances=not args.no_reuse_distances, causal=args.causal,
+                        reuse="off" if args.no_reuse_distances else args.reuse, causal=args.causal,
                         routing_settings=routing, cache_only=args.cache_only)
             for pol in policies for c in caps]  # validates every name before the first run
     runs = []

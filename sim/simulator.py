@@ -24,7 +24,8 @@ from replica.core.pool import BlockPool
 from replica.core.scheduler import SchedRequest, Scheduler, StepResult
 from router.strategies import ReplicaState, RouteRequest, RoutingSettings, RoutingStep, strategy_spec
 from shared.costmodel import CostModel
-from shared.validate import check_positive_int
+from shared.errors import InputError
+from shared.validate import check_number, check_positive_int
 from shared.histogram import LogHistogram
 from shared.index import EventBatch, MemoryIndex
 from shared.index.base import DEFAULT_MAX_REPLICAS
@@ -45,7 +46,10 @@ class SimSettings:
     gpu: str = "h200"
     token_budget: int = 8192
     max_running: int = 256
-    reuse_distances: bool = True
+    # Reuse distances for the miss-ratio curve: "sampled" (SHARDS at shards_rate, the default:
+    # within 0.01 of exact on the sample traces at a fraction of the cost), "exact" or "off".
+    reuse: str = "sampled"
+    shards_rate: float = 0.1
     policy_params: tuple[tuple[str, object], ...] = ()
     routing_settings: RoutingSettings | None = None
     # Session causality, as `kvemu replay` sends: turn j+1 arrives when turn j has finished plus
@@ -58,6 +62,9 @@ class SimSettings:
     def __post_init__(self) -> None:
         check_positive_int("replicas", self.replicas)
         check_positive_int("capacity_blocks", self.capacity_blocks)
+        if self.reuse not in ("sampled", "exact", "off"):
+            raise InputError("reuse", f"must be sampled, exact or off, got {self.reuse!r}")
+        check_number("shards_rate", self.shards_rate, above=0, maximum=1)
         policy_class(self.policy)  # unknown names list the valid ones
         strategy_spec(self.routing)
 
@@ -163,7 +170,8 @@ def _build_replica(i: int, s: SimSettings, block_size: int, cost: CostModel, ind
     core = build_core(CoreSettings(
         capacity_blocks=s.capacity_blocks, policy=s.policy, policy_params=s.policy_params, block_size=block_size,
         hit_mode=s.hit_mode, token_budget=s.token_budget, max_running=s.max_running,
-        reuse="exact" if s.reuse_distances else "off", seed=s.seed, emit_events=indexed, oracles=True,
+        reuse="shards" if s.reuse == "sampled" else s.reuse, shards_rate=s.shards_rate,
+        shards_max_tracked=1 << 62, seed=s.seed, emit_events=indexed, oracles=True,
         stream_tokens=False), cost)
     rid = f"replica-{i}"  # the ids `kvemu up` gives, so session routing hashes the same ring
     return _Replica(rid, core.pool, core.scheduler, ReplicaState(rid, capacity_blocks=s.capacity_blocks))
@@ -305,6 +313,7 @@ class Simulation:
         mean_load = sum(reqs) / len(reqs) if reqs else 0
         return {
             "mode": "cache_only" if self.s.cache_only else "batching",
+            "reuse": self.s.reuse if self.s.reuse != "sampled" else f"sampled (SHARDS, rate {self.s.shards_rate:g})",
             "policy": self.s.policy,
             "capacity_blocks": self.s.capacity_blocks,
             "capacity_gib": round(self.cost.blocks_to_gib(self.s.capacity_blocks, self.block_size), 3),

@@ -99,7 +99,7 @@ def mrc_sources(identity: dict, grid: list[Point]) -> list[Point]:
     out = []
     for combo in combinations(grid):
         base = next(p.settings for p in grid if (p.settings.routing, p.settings.replicas) == combo)
-        s = dataclasses.replace(base, policy="lru", policy_params=(), capacity_blocks=top, reuse_distances=True)
+        s = dataclasses.replace(base, policy="lru", policy_params=(), capacity_blocks=top, reuse="exact")
         point = make_point(identity, s, MRC)
         out.append(by_id.get(point.id, point))
     return out

@@ -146,7 +146,7 @@ class SampledSimulation(Simulation):
 
 def sampled(trace, factor: float, replicas: int = 4):
     sim = SampledSimulation(trace, SimSettings(
-        capacity_blocks=60_000, replicas=replicas, routing="session", reuse_distances=False,
+        capacity_blocks=60_000, replicas=replicas, routing="session", reuse="off",
         routing_settings=RoutingSettings(block_size=trace.block_size, bounded_load_factor=factor)))
     run = sim.run()
     loaded = [loads for loads, _ in sim.loads if sum(loads) >= 2 * replicas]

@@ -18,17 +18,17 @@ def serial(capacity, policy="lru", **kw):
 
 
 def test_lru_fidelity_on_mooncake(mooncake):
-    run = simulate(mooncake, serial(18_279, reuse_distances=False))
+    run = simulate(mooncake, serial(18_279, reuse="off"))
     assert run["requests"] == 12_031 and run["block_accesses"] == 288_500
     assert 0.278 <= run["block_hit_ratio"] <= 0.280
 
 
 def test_mrc_from_reuse_distances_predicts_lru_at_any_capacity(mooncake):
-    sim = Simulation(mooncake, serial(18_279))
+    sim = Simulation(mooncake, serial(18_279, reuse="exact"))
     sim.run()
     tracker = sim.replicas[0].pool.metrics.reuse
     for cap in (2_000, 7_500, 18_279, 40_000, 70_000):
-        actual = simulate(mooncake, serial(cap, reuse_distances=False))["block_hit_ratio"]
+        actual = simulate(mooncake, serial(cap, reuse="off"))["block_hit_ratio"]
         assert tracker.hit_ratio_at(cap) == pytest.approx(actual, abs=0.002), cap
 
 
@@ -113,3 +113,14 @@ def test_bad_settings_name_the_field():
     assert "lru" in str(err.value)
     with pytest.raises(UnknownNameError):
         SimSettings(capacity_blocks=10, routing="nearest")
+
+
+def test_sampled_reuse_tracking_is_the_default_and_its_mrc_is_within_001_of_exact(mooncake):
+    sampled = Simulation(mooncake, SimSettings(capacity_blocks=18_279, cache_only=True))
+    run = sampled.run()
+    exact = Simulation(mooncake, SimSettings(capacity_blocks=18_279, cache_only=True, reuse="exact"))
+    exact.run()
+    assert run["reuse"] == "sampled (SHARDS, rate 0.1)" and run["per_replica"][0]["reuse"]["kind"] == "shards"
+    s_tracker, e_tracker = sampled.replicas[0].pool.metrics.reuse, exact.replicas[0].pool.metrics.reuse
+    for cap in (1_000, 2_000, 4_000, 8_000, 18_279, 40_000, 100_000):
+        assert s_tracker.hit_ratio_at(cap) == pytest.approx(e_tracker.hit_ratio_at(cap), abs=0.01), cap

@@ -61,7 +61,7 @@ def test_grid_gives_one_line_per_point_with_the_run_keys(swept):
             assert key in r, key
         assert r["served"] == r["requests"] == 740
         assert len(r["per_replica"]) == r["replicas"]
-        assert r["settings"]["reuse_distances"] is False
+        assert r["settings"]["reuse"] == "off"
         assert r["trace"]["digest"] == file_identity(r["trace"]["source"], "kvemu", 16)["digest"]
 
 
@@ -70,7 +70,7 @@ def test_a_point_equals_simulate_called_directly(swept, trace_file):
                == ("s3fifo", 600, "session", 2))
     trace = read_trace(trace_file)
     direct = simulate(trace, SimSettings(capacity_blocks=600, policy="s3fifo", replicas=2, routing="session",
-                                         reuse_distances=False, routing_settings=RoutingSettings(block_size=16)))
+                                         reuse="off", routing_settings=RoutingSettings(block_size=16)))
     stored = {k: v for k, v in rec.items() if k not in ("id", "kind", "trace", "settings")}
     stored.pop("wall_s"), direct.pop("wall_s")
     assert json.dumps(stored, sort_keys=True) == json.dumps(direct, sort_keys=True)
