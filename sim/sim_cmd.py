@@ -42,9 +42,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--routing", default="cache_aware")
     p.add_argument("--policy", default="lru", help="comma-separated policies, e.g. lru,s3fifo,belady")
     add_emulation_args(p)
-    p.add_argument("--reuse", choices=("sampled", "exact", "off"), default="sampled",
-                   help="reuse distances for the miss-ratio curve: SHARDS-sampled (default, within 0.01 of"
-                        " exact), exact, or off (fastest); the JSON says which")
+    p.add_argument("--reuse", choices=("auto", "sampled", "exact", "off"), default="auto",
+                   help="reuse distances for the miss-ratio curve: SHARDS-sampled (within 0.01 of exact),"
+                        " exact, or off (fastest); auto (default) = sampled, or off with --cache-only;"
+                        " the JSON says which")
     p.add_argument("--no-reuse-distances", action="store_true", help="same as --reuse off")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="FILE", help="write {\"runs\": [...]} here ('-' for stdout)")

@@ -46,9 +46,10 @@ class SimSettings:
     gpu: str = "h200"
     token_budget: int = 8192
     max_running: int = 256
-    # Reuse distances for the miss-ratio curve: "sampled" (SHARDS at shards_rate, the default:
-    # within 0.01 of exact on the sample traces at a fraction of the cost), "exact" or "off".
-    reuse: str = "sampled"
+    # Reuse distances for the miss-ratio curve: "sampled" (SHARDS at shards_rate: within 0.01 of
+    # exact on the sample traces at a fraction of the cost), "exact", "off", or "auto" (the
+    # default: sampled in batching mode; off in cache-only mode, whose point is speed).
+    reuse: str = "auto"
     shards_rate: float = 0.1
     policy_params: tuple[tuple[str, object], ...] = ()
     routing_settings: RoutingSettings | None = None
@@ -62,11 +63,18 @@ class SimSettings:
     def __post_init__(self) -> None:
         check_positive_int("replicas", self.replicas)
         check_positive_int("capacity_blocks", self.capacity_blocks)
-        if self.reuse not in ("sampled", "exact", "off"):
-            raise InputError("reuse", f"must be sampled, exact or off, got {self.reuse!r}")
+        if self.reuse not in ("auto", "sampled", "exact", "off"):
+            raise InputError("reuse", f"must be auto, sampled, exact or off, got {self.reuse!r}")
         check_number("shards_rate", self.shards_rate, above=0, maximum=1)
         policy_class(self.policy)  # unknown names list the valid ones
         strategy_spec(self.routing)
+
+    @property
+    def reuse_mode(self) -> str:
+        """``reuse`` with "auto" resolved."""
+        if self.reuse == "auto":
+            return "off" if self.cache_only else "sampled"
+        return self.reuse
 
 
 @dataclass(slots=True)
@@ -170,7 +178,7 @@ def _build_replica(i: int, s: SimSettings, block_size: int, cost: CostModel, ind
     core = build_core(CoreSettings(
         capacity_blocks=s.capacity_blocks, policy=s.policy, policy_params=s.policy_params, block_size=block_size,
         hit_mode=s.hit_mode, token_budget=s.token_budget, max_running=s.max_running,
-        reuse="shards" if s.reuse == "sampled" else s.reuse, shards_rate=s.shards_rate,
+        reuse={"sampled": "shards", "exact": "exact", "off": "off"}[s.reuse_mode], shards_rate=s.shards_rate,
         shards_max_tracked=1 << 62, seed=s.seed, emit_events=indexed, oracles=True,
         stream_tokens=False), cost)
     rid = f"replica-{i}"  # the ids `kvemu up` gives, so session routing hashes the same ring
@@ -313,7 +321,7 @@ class Simulation:
         mean_load = sum(reqs) / len(reqs) if reqs else 0
         return {
             "mode": "cache_only" if self.s.cache_only else "batching",
-            "reuse": self.s.reuse if self.s.reuse != "sampled" else f"sampled (SHARDS, rate {self.s.shards_rate:g})",
+            "reuse": self.s.reuse_mode if self.s.reuse_mode != "sampled" else f"sampled (SHARDS, rate {self.s.shards_rate:g})",
             "policy": self.s.policy,
             "capacity_blocks": self.s.capacity_blocks,
             "capacity_gib": round(self.cost.blocks_to_gib(self.s.capacity_blocks, self.block_size), 3),

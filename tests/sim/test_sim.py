@@ -116,9 +116,10 @@ def test_bad_settings_name_the_field():
 
 
 def test_sampled_reuse_tracking_is_the_default_and_its_mrc_is_within_001_of_exact(mooncake):
-    sampled = Simulation(mooncake, SimSettings(capacity_blocks=18_279, cache_only=True))
+    sampled = Simulation(mooncake, SimSettings(capacity_blocks=18_279, max_running=1))
     run = sampled.run()
     exact = Simulation(mooncake, SimSettings(capacity_blocks=18_279, cache_only=True, reuse="exact"))
+    assert SimSettings(capacity_blocks=8, cache_only=True).reuse_mode == "off"
     exact.run()
     assert run["reuse"] == "sampled (SHARDS, rate 0.1)" and run["per_replica"][0]["reuse"]["kind"] == "shards"
     s_tracker, e_tracker = sampled.replicas[0].pool.metrics.reuse, exact.replicas[0].pool.metrics.reuse

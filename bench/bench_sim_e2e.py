@@ -1,0 +1,134 @@
+"""kvemu's simulator against libCacheSim, end to end from the trace file to the hit ratio.
+
+Builds the Mooncake conversation trace repeated ``--copies`` times (20 by default: 240,620
+requests, 5.77M block accesses; each copy shifted past the previous one in time), then
+times, alternating and each in a fresh interpreter (imports included):
+
+* ``lcs_lru`` / ``lcs_s3fifo``: libCacheSim's Python package (a bench-only dependency,
+  ``pip install libcachesim``): the JSONL read with the standard ``json`` module, the block
+  ids written as a plain-text trace, simulated in C by ``process_trace``;
+* ``kvemu_cache_only_lru`` / ``_s3fifo``: ``kvemu sim --cache-only`` with its defaults, the
+  trace parsed from JSONL (parsed-trace cache off) and, ``_warm``, read back from that cache;
+* ``kvemu_default_lru``: ``kvemu sim`` with its defaults (continuous batching, cost model,
+  sampled reuse tracking), and ``kvemu_default_belady`` to compare with it.
+
+Prints JSON: best wall time per mode, the hit ratios, and the ratios the targets name.
+
+    python bench/bench_sim_e2e.py [--copies 20] [--capacity 18279] [--repeat 2] [--modes a,b,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SOURCE = REPO / "loadgen" / "data" / "mooncake_conversation_trace.jsonl.gz"
+
+LCS = """
+import json, sys, time
+import libcachesim as lcs
+t0 = time.perf_counter()
+trace, ids, policy, cap = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+with open(trace) as src, open(ids, "w") as out:
+    for line in src:
+        out.write("\\n".join(map(str, json.loads(line)["hash_ids"])) + "\\n")
+cache = {"lru": lcs.LRU, "s3fifo": lcs.S3FIFO}[policy](cache_size=cap)
+miss, _ = cache.process_trace(lcs.TraceReader(ids, lcs.TraceType.PLAIN_TXT_TRACE))
+print(json.dumps({"hit_ratio": 1 - miss, "inner_s": time.perf_counter() - t0}))
+"""
+
+
+def build_trace(path: Path, copies: int) -> dict:
+    rows = [json.loads(line) for line in gzip.open(SOURCE, "rt")]
+    span = max(r["timestamp"] for r in rows) + 1000
+    accesses = 0
+    with open(path, "w") as fh:
+        for c in range(copies):
+            for r in rows:
+                fh.write(json.dumps({**r, "timestamp": r["timestamp"] + c * span}) + "\n")
+                accesses += len(r["hash_ids"])
+    return {"requests": len(rows) * copies, "block_accesses": accesses, "bytes": path.stat().st_size}
+
+
+def kvemu_cmd(trace: Path, policy: str, cap: int, out: Path, cache_only: bool) -> list[str]:
+    cmd = [sys.executable, "-m", "kvemu", "sim", "--trace", str(trace), "--policy", policy,
+           "--capacity-blocks", str(cap), "--quiet", "--json", str(out)]
+    return cmd + (["--cache-only"] if cache_only else [])
+
+
+def run_mode(mode: str, trace: Path, work: Path, cap: int) -> dict:
+    env = dict(os.environ)
+    out = work / f"{mode}.json"
+    if mode.startswith("lcs_"):
+        cmd = [sys.executable, "-c", LCS, str(trace), str(work / "ids.txt"), mode[4:], str(cap)]
+    else:
+        parts = mode.split("_")  # kvemu_<cache_only|default>_<policy>[_warm]
+        warm = parts[-1] == "warm"
+        policy = parts[-2] if warm else parts[-1]
+        env["KVEMU_CACHE_DIR"] = str(work / "cache") if warm else "off"
+        cmd = kvemu_cmd(trace, policy, cap, out, mode.startswith("kvemu_cache_only"))
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"{mode} failed:\n{proc.stderr[-2000:]}")
+    if mode.startswith("lcs_"):
+        return {"wall_s": wall, "hit_ratio": json.loads(proc.stdout)["hit_ratio"]}
+    run = json.loads(out.read_text())["runs"][0]
+    return {"wall_s": wall, "hit_ratio": run["block_hit_ratio"], "sim_s": run["wall_s"]}
+
+
+MODES = ("lcs_lru", "kvemu_cache_only_lru", "kvemu_cache_only_lru_warm", "lcs_s3fifo", "kvemu_cache_only_s3fifo",
+         "kvemu_default_lru", "kvemu_default_belady")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--copies", type=int, default=20)
+    ap.add_argument("--capacity", type=int, default=18279)
+    ap.add_argument("--repeat", type=int, default=2, help="rounds; each round runs every mode once, in turn")
+    ap.add_argument("--modes", default=",".join(MODES))
+    a = ap.parse_args()
+    modes = [m for m in a.modes.split(",") if m]
+    with tempfile.TemporaryDirectory(prefix="kvemu-bench-") as tmp:
+        work = Path(tmp)
+        trace = work / f"mooncake_conversation_x{a.copies}.jsonl"
+        info = build_trace(trace, a.copies)
+        if any(m.endswith("_warm") for m in modes):  # fill the parsed-trace cache once
+            env = {**os.environ, "KVEMU_CACHE_DIR": str(work / "cache")}
+            subprocess.run(kvemu_cmd(trace, "lru", a.capacity, work / "fill.json", True), env=env, check=True,
+                           capture_output=True, cwd=REPO)
+        best: dict[str, dict] = {}
+        for rnd in range(a.repeat):
+            for mode in modes:
+                res = run_mode(mode, trace, work, a.capacity)
+                print(f"round {rnd + 1}/{a.repeat} {mode}: {res['wall_s']:.2f} s, hit {res['hit_ratio']:.4f}",
+                      file=sys.stderr, flush=True)
+                if mode not in best or res["wall_s"] < best[mode]["wall_s"]:
+                    best[mode] = res
+    ratios = {}
+    for name, (num, den) in {
+        "cache_only_lru / lcs_lru": ("kvemu_cache_only_lru", "lcs_lru"),
+        "cache_only_lru_warm / lcs_lru": ("kvemu_cache_only_lru_warm", "lcs_lru"),
+        "cache_only_s3fifo / lcs_s3fifo": ("kvemu_cache_only_s3fifo", "lcs_s3fifo"),
+        "default_lru / lcs_lru": ("kvemu_default_lru", "lcs_lru"),
+        "default_belady / default_lru": ("kvemu_default_belady", "kvemu_default_lru"),
+    }.items():
+        if num in best and den in best:
+            ratios[name] = round(best[num]["wall_s"] / best[den]["wall_s"], 2)
+    print(json.dumps({"trace": {"copies": a.copies, **info}, "capacity_blocks": a.capacity, "repeat": a.repeat,
+                      "best": {m: {k: round(v, 4) for k, v in r.items()} for m, r in best.items()},
+                      "ratios": ratios, "python": platform.python_version(), "cpus": os.cpu_count()}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
