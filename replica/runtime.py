@@ -9,7 +9,7 @@ from aiohttp import web
 from replica.core.build import build_core
 from replica.engine import Engine
 from replica.events import EventFeed
-from replica.prom import ReplicaCollector, make_registry
+from replica.prom import ReplicaCollector, ReplicaMetrics
 from replica.settings import ReplicaSettings
 
 
@@ -24,9 +24,10 @@ class ReplicaRuntime:
         self.scheduler = self.core.scheduler
         self.feed = EventFeed(settings.replica_id, lambda: list(self.pool.resident), settings.event_batch_max,
                               settings.feed_max_batches, mode="push" if settings.index else "poll")
-        self.registry, self.ttft_hist = make_registry()
+        self.prom = ReplicaMetrics(settings.model, settings.replica_id)
+        self.registry = self.prom.registry
         self.engine = Engine(self.pool, self.scheduler, settings.time_scale, on_events=self.feed.publish,
-                             on_first_token=self.ttft_hist.observe)
+                             on_first_token=self.prom.first_token, on_finished=self.prom.finished)
         self.registry.register(ReplicaCollector(self))
         self.started = time.time()
         self.rejected: dict[str, int] = {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 
 from aiohttp import web
 
@@ -28,6 +29,7 @@ class RouterState:
         self.memory = RouterMemory()
         self.rng = random.Random(settings.seed)
         self.routed: dict[str, int] = {}
+        self.started = time.time()
 
 
 def _with_cluster(url: str, cluster: str) -> str:

@@ -425,6 +425,8 @@ def test_compose_stack_runs_locally(tmp_path):
         post_form(master + "/stop", {})
         failures = sum(s["num_failures"] for (m, n), s in rows.items() if n != "Aggregated")
         assert failures == 0, rows
+        aggregated = next(s for (m, n), s in rows.items() if n == "Aggregated")
+        assert aggregated["num_requests"] == posts, rows  # real HTTP requests only, no TTFT samples
 
         # /metrics on every target Prometheus scrapes
         prom = yaml.safe_load(PROMETHEUS.read_text())
