@@ -99,13 +99,14 @@ def wait_healthy(cluster: Cluster, urls: list[str], timeout: float, log_dir: str
     pending = list(urls)
     while pending and time.monotonic() < deadline:
         for c in cluster.dead():
-            tail = _tail(os.path.join(log_dir, f"{c.name}.log"))
-            raise KvemuError(f"{c.name} exited with code {c.proc.returncode} during start-up:\n{tail}")
+            last = _tail(os.path.join(log_dir, f"{c.name}.log"), 1).strip()
+            raise KvemuError(f"{c.name} exited with code {c.proc.returncode} during start-up"
+                             + (f": {last.removeprefix('error: ')}" if last else ""))
         pending = [u for u in pending if not _healthy(u)]
         if pending:
             time.sleep(0.1)
     if pending:
-        raise KvemuError(f"not healthy after {timeout:.0f} s: {', '.join(pending)} (logs in {log_dir})")
+        raise KvemuError(f"not healthy after {timeout:.0f} s: {', '.join(pending)}")
 
 
 def _tail(path: str, lines: int = 12) -> str:
@@ -178,8 +179,33 @@ def _index_for(a, cluster: Cluster, log_dir: str) -> str:
         _wait_port(url)
         return url
     if a.index.startswith(("redis://", "rediss://")):
+        check_redis(a.index)
         return a.index
     raise InputError("--index", f"expected memory, redis or redis://host:port/db, got {a.index!r}")
+
+
+def check_redis(url: str) -> None:
+    """Fail in one line, before any process starts, when the given Redis does not answer."""
+    import redis
+
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=2.0, socket_timeout=2.0)
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except (redis.RedisError, OSError, ValueError) as exc:
+        raise KvemuError(f"cannot reach Redis at {url} ({exc}); start it, or use --index redis (a private"
+                         " redis-server) or --index memory") from None
+
+
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def _wait_port(url: str, timeout: float = 10.0) -> None:
@@ -250,6 +276,12 @@ def validate(a) -> None:
         raise InputError(f"--{exc.field.replace('_', '-')}", exc.message) from None
     get_strategy(a.routing)
     apply_overrides(RoutingSettings(block_size=a.block_size), parse_pairs(a.set))
+    wanted = [("--port", a.port)] if getattr(a, "port", 0) else []
+    if a.replica_base_port:
+        wanted += [("--replica-base-port", a.replica_base_port + i) for i in range(a.replicas)]
+    for flag, port in wanted:
+        if not port_free(port):
+            raise InputError(flag, f"port {port} on 127.0.0.1 is in use; pick another, or stop what listens there")
 
 
 def run(a) -> int:
@@ -263,11 +295,18 @@ def run(a) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    log_dir = tempfile.mkdtemp(prefix="kvemu-up-")
     try:
-        cluster = bring_up(a)
+        cluster = bring_up(a, log_dir)
     except KeyboardInterrupt:
+        shutil.rmtree(log_dir, ignore_errors=True)
         print("stopped during start-up", file=sys.stderr)
         return 130
+    except KvemuError as exc:
+        if not os.listdir(log_dir):  # nothing started: nothing to read
+            shutil.rmtree(log_dir, ignore_errors=True)
+            raise
+        raise KvemuError(f"{exc} (logs kept in {log_dir})") from None
     stop["starting"] = False
     try:
         print(f"router   {cluster.router_url}")

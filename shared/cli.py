@@ -8,6 +8,7 @@ points both run them through here, so the processes never import the CLI package
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 from collections.abc import Callable
 from types import ModuleType
@@ -35,3 +36,16 @@ def run_module(module: ModuleType, prog: str, description: str, argv: list[str] 
     module.configure(parser)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     return run_parsed(module.run, args)
+
+
+def serve(run_app: Callable[[], None], host: str, port: int) -> None:
+    """Run a server; a port in use or an address this host lacks is one line saying what to do."""
+    try:
+        run_app()
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise KvemuError(f"port {port} on {host} is in use; pick another with --port, or stop what"
+                             " listens there") from None
+        if exc.errno in (errno.EADDRNOTAVAIL, errno.EACCES):
+            raise KvemuError(f"cannot listen on {host}:{port} ({exc.strerror}); check --host and --port") from None
+        raise
