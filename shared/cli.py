@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import argparse
 import errno
+import os
 import sys
 from collections.abc import Callable
 from types import ModuleType
 
-from shared.errors import KvemuError
+from shared.errors import InputError, KvemuError
 
 
 def run_parsed(run: Callable[[argparse.Namespace], int | None], args: argparse.Namespace) -> int:
@@ -49,3 +50,18 @@ def serve(run_app: Callable[[], None], host: str, port: int) -> None:
         if exc.errno in (errno.EADDRNOTAVAIL, errno.EACCES):
             raise KvemuError(f"cannot listen on {host}:{port} ({exc.strerror}); check --host and --port") from None
         raise
+
+
+def check_outputs(args, flags=("--json", "--csv", "--plot")) -> None:
+    """Before any work: every output's folder exists, and --plot has matplotlib."""
+    for flag in flags:
+        path = getattr(args, flag.lstrip("-"), None)
+        if not path or path == "-":
+            continue
+        parent = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(parent):
+            raise InputError(flag, f"directory {parent} does not exist")
+    if getattr(args, "plot", None):
+        from shared.plotting import require_matplotlib
+
+        require_matplotlib()

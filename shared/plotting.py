@@ -15,5 +15,14 @@ def pyplot() -> Any:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:  # pragma: no cover - depends on the install
-        raise KvemuError("plots need matplotlib: pip install 'kvemu[plot]'") from None
+        raise KvemuError(MISSING) from None
     return plt
+
+
+MISSING = ("--plot needs matplotlib; from a clone: .venv/bin/pip install -e '.[plot]'"
+           " (from PyPI: pip install 'kvemu[plot]')")
+
+
+def require_matplotlib() -> None:
+    """Called before a long run that ends in a plot, so a missing extra costs nothing."""
+    pyplot()

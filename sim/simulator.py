@@ -66,6 +66,7 @@ class _Replica:
     busy_until: float = INF
     pending: object = None  # the StepResult whose end is busy_until
     ttft: LogHistogram = field(default_factory=LogHistogram)
+    busy_s: float = 0.0  # emulated seconds spent in scheduler steps
 
 
 def next_use_times(trace: Trace) -> list[list[float]]:
@@ -144,6 +145,7 @@ class Simulation:
         self.ttft = LogHistogram()
         self.decisions: dict[str, int] = {}
         self.served = 0
+        self.first_arrival = self.last_arrival = self.last_finish = 0.0
 
     def run(self) -> dict:
         reqs = self.trace.requests
@@ -166,6 +168,9 @@ class Simulation:
             if i == n or t_next == INF:  # INF: a session waits on a request that can never run
                 break
             t, k = arrivals.pop()
+            if i == 0:
+                self.first_arrival = t
+            self.last_arrival = t
             r = reqs[k]
             rep = self._route(r)
             rep.sched.submit(SchedRequest(k, r.hash_ids, r.input_tokens, max(r.output_tokens, 1), t, r.session,
@@ -200,6 +205,7 @@ class Simulation:
             rep.busy_until = INF  # nothing could run; the next arrival or completion restarts it
             return seq
         rep.busy_until = now + res.duration
+        rep.busy_s += res.duration
         rep.pending = res
         heapq.heappush(busy, (rep.busy_until, seq, rep.rid))
         return seq + 1
@@ -215,6 +221,7 @@ class Simulation:
         for r in res.finished:
             self._arrivals.finished(r.rid, r.t_finished)
             self.e2e.add(r.t_finished - r.arrival)
+            self.last_finish = max(self.last_finish, r.t_finished)
             rep.state.in_flight -= 1
             self.served += 1
         rep.state.queued_tokens = rep.sched.queued_prefill_tokens
@@ -230,6 +237,7 @@ class Simulation:
             st["replica"] = rep.rid
             st["ttft_p50_s"] = rep.ttft.quantile(0.5)
             st["ttft_p99_s"] = rep.ttft.quantile(0.99)
+            st["busy_s"] = rep.busy_s
             per.append(st)
             for key in ("block_accesses", "block_hits", "tokens_queried", "tokens_hit", "requests", "evictions"):
                 tot[key] += st[key]
@@ -246,6 +254,7 @@ class Simulation:
             "replicas": self.s.replicas,
             "routing": self.s.routing,
             "hit_mode": self.s.hit_mode,
+            "max_running": self.s.max_running,
             "block_size": self.block_size,
             "model": self.cost.model.name,
             "gpu": self.cost.gpu.name,
@@ -263,10 +272,40 @@ class Simulation:
             "e2e_p50_s": self.e2e.quantile(0.5),
             "e2e_p99_s": self.e2e.quantile(0.99),
             "load_imbalance": (max(reqs) / mean_load) if mean_load else 0.0,
+            "arrival_span_s": self.last_arrival - self.first_arrival,
+            "drain_s": max(self.last_finish - self.last_arrival, 0.0),
+            "saturated": self._saturated(per),
             "routing_decisions": dict(sorted(self.decisions.items())),
             "per_replica": per,
             "wall_s": round(wall_s, 3),
         }
+
+
+    def _saturated(self, per: list[dict]) -> bool:
+        """A replica's queue grew without bound: busy nearly all the time requests arrived, and
+        still working through a backlog long after the last one (a tenth of the trace or more)."""
+        span = self.last_arrival - self.first_arrival
+        drain = self.last_finish - self.last_arrival
+        if span <= 0:
+            return False
+        return drain > max(0.1 * span, 60.0) and max(p["busy_s"] for p in per) > 0.9 * span
+
+
+def saturation_warning(run: dict) -> str | None:
+    """One line for a run whose queues grew without bound; its TTFTs are mostly waiting."""
+    if not run.get("saturated"):
+        return None
+    return (f"warning: {run['policy']} @ {run['capacity_blocks']:,} blocks: the replica queue grew without bound"
+            f" (the last request finished {_duration(run['drain_s'])} after the last arrival, over a"
+            f" {_duration(run['arrival_span_s'])} trace), so its TTFT is mostly queueing; raise --max-running"
+            f" (now {run['max_running']}) or --replicas (now {run['replicas']}), or lower the load")
+
+
+def _duration(seconds: float) -> str:
+    for unit, size in (("h", 3600.0), ("min", 60.0)):
+        if seconds >= size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds:.1f} s"
 
 
 def simulate(trace: Trace, settings: SimSettings, progress=None) -> dict:

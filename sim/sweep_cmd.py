@@ -15,7 +15,7 @@ import os
 import sys
 
 from loadgen.formats import detect_format
-from sim.simulator import SimSettings
+from sim.simulator import SimSettings, saturation_warning
 from loadgen.source import add_source_args, load_source
 from sim.sim_cmd import add_emulation_args, capacities, split_numbers
 from sim.sweep import (MRC, Progress, file_identity, make_point, mean_field, mrc_sources, read_records,
@@ -89,9 +89,11 @@ def build_grid(args, trace, identity: dict, policies, routings, replicas, caps) 
     points = {}
     for rt in routings:
         for k in replicas:
+            # one replica: every routing sends everything to it, so its points run once
+            route = routings[0] if k == 1 else rt
             for pol in policies:
                 for c in caps:
-                    s = SimSettings(capacity_blocks=c, policy=pol, replicas=k, routing=rt, hit_mode=args.hit_mode,
+                    s = SimSettings(capacity_blocks=c, policy=pol, replicas=k, routing=route, hit_mode=args.hit_mode,
                                     seed=args.seed, model=args.model, gpu=args.gpu, token_budget=args.token_budget,
                                     max_running=args.max_running, reuse_distances=args.reuse_distances,
                                     routing_settings=routing, causal=args.causal)
@@ -117,6 +119,9 @@ def run(args) -> int:
         raise InputError("capacity", f"{caps[0]} blocks is smaller than the largest request ({biggest} blocks)")
     identity, info = _identity(args, trace)
     grid = build_grid(args, trace, identity, policies, routings, replicas, caps)
+    if 1 in replicas and len(routings) > 1 and not args.quiet:
+        print(f"sweep: with 1 replica every routing sends everything to it: those points run once, as"
+              f" {routings[0]} ({(len(routings) - 1) * len(policies) * len(caps)} fewer runs)", file=sys.stderr)
     sources = mrc_sources(identity, grid) if args.plot else []
     extra = [p for p in sources if p.kind == MRC]
     have, bad = read_records(args.out) if args.resume else ({}, 0)
@@ -142,6 +147,10 @@ def _outputs(args, trace, grid: list, sources: list) -> None:
     records, _ = read_records(args.out)
     mine = [records[p.id] for p in grid]
     print_table(sorted(mine, key=sort_key), sys.stdout)
+    for rec in sorted(mine, key=sort_key):
+        warning = saturation_warning(rec)
+        if warning:
+            print(warning, file=sys.stderr)
     if args.csv:
         rows = write_csv(records.values(), args.csv)
         print(f"csv: {rows} rows written to {args.csv}", file=sys.stderr)
@@ -156,7 +165,7 @@ def _outputs(args, trace, grid: list, sources: list) -> None:
 TABLE = [("policy", "policy", "{}", 14), ("capacity_blocks", "capacity", "{:,}", 9), ("routing", "routing", "{}", 11),
          ("replicas", "R", "{}", 3), ("block_hit_ratio", "blk_hit", "{:.4f}", 7),
          ("token_hit_ratio", "tok_hit", "{:.4f}", 7), ("csr", "CSR", "{:.4f}", 7), ("holes", "holes/req", "{:.2f}", 9),
-         ("ttft_p50_s", "ttft_p50", "{:.3f}", 9), ("ttft_p99_s", "ttft_p99", "{:.3f}", 9),
+         ("ttft_p50_s", "ttft_p50_ms", "{:,.1f}", 14), ("ttft_p99_s", "ttft_p99_ms", "{:,.1f}", 14),
          ("load_imbalance", "imbal", "{:.2f}", 5), ("wall_s", "wall_s", "{:.1f}", 6)]
 
 
@@ -170,5 +179,5 @@ def print_table(records: list[dict], out) -> None:
         values = []
         for key, _, fmt, _ in TABLE:
             value = rec["holes"]["mean_per_request"] if key == "holes" else rec[key]
-            values.append(fmt.format(value))
+            values.append(fmt.format(value * 1000 if key.startswith("ttft") else value))  # ms, as the header says
         out.write(cells(values) + "\n")
