@@ -21,6 +21,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 
+from shared.config import add_config_arg
 from shared.errors import InputError, KvemuError
 
 PR_SET_PDEATHSIG = 1
@@ -254,6 +255,7 @@ def add_cluster_args(p: argparse.ArgumentParser, replicas: int = 4) -> None:
 
 def configure(p: argparse.ArgumentParser) -> None:
     add_cluster_args(p)
+    add_config_arg(p)
     p.add_argument("--port", type=int, default=8000, help="router port")
     p.add_argument("--keep-logs", action="store_true", help="keep the log directory after a clean stop")
 

@@ -7,13 +7,14 @@ import json
 import sys
 
 from loadgen.source import add_source_args, load_source
-from sim.simulator import SimSettings, saturation_warning, simulate, stderr_progress
 from loadgen.trace import Trace
-from shared.costmodel import CostModel
-from shared.cli import check_outputs
-from shared.errors import InputError
 from router.strategies import RoutingSettings
+from shared.cli import check_outputs
+from shared.config import add_config_arg
+from shared.costmodel import CostModel
+from shared.errors import InputError
 from shared.overrides import apply_overrides, parse_pairs
+from sim.simulator import SimSettings, saturation_warning, simulate, stderr_progress
 
 
 def add_emulation_args(p: argparse.ArgumentParser) -> None:
@@ -36,6 +37,7 @@ def add_emulation_args(p: argparse.ArgumentParser) -> None:
 
 def configure(p: argparse.ArgumentParser) -> None:
     add_source_args(p)
+    add_config_arg(p)
     p.add_argument("--replicas", type=int, default=1)
     p.add_argument("--routing", default="cache_aware")
     p.add_argument("--policy", default="lru", help="comma-separated policies, e.g. lru,s3fifo,belady")

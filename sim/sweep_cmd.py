@@ -15,19 +15,32 @@ import os
 import sys
 
 from loadgen.formats import detect_format
-from sim.simulator import SimSettings, saturation_warning
 from loadgen.source import add_source_args, load_source
-from sim.sim_cmd import add_emulation_args, capacities, split_numbers
-from sim.sweep import (MRC, Progress, file_identity, make_point, mean_field, mrc_sources, read_records,
-                           run_points, sort_key, workload_identity, write_csv)
 from replica.core.policies import policy_class
 from router.strategies import RoutingSettings, get_strategy
+from shared.config import add_config_arg
 from shared.errors import InputError
 from shared.overrides import apply_overrides, parse_pairs
+from sim.sim_cmd import add_emulation_args, capacities, split_numbers
+from sim.simulator import SimSettings, saturation_warning
+from sim.sweep import (
+    MRC,
+    Progress,
+    file_identity,
+    make_point,
+    mean_field,
+    mrc_sources,
+    read_records,
+    run_points,
+    sort_key,
+    workload_identity,
+    write_csv,
+)
 
 
 def configure(p: argparse.ArgumentParser) -> None:
     add_source_args(p)
+    add_config_arg(p)
     p.add_argument("--policy", default="lru", metavar="P1,P2,...", help="eviction policies, e.g. lru,s3fifo,belady")
     p.add_argument("--routing", default="cache_aware", metavar="R1,R2,...", help="routing strategies")
     p.add_argument("--replicas", default="1", metavar="K1,K2,...", help="replica counts")
