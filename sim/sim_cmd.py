@@ -101,10 +101,9 @@ def run(args) -> int:
         progress = None if args.quiet else stderr_progress(label)
         runs.append(simulate(trace, settings, progress))
     print_table(runs, sys.stdout)
-    for r in runs:
-        warning = saturation_warning(r)
-        if warning:
-            print(warning, file=sys.stderr)
+    warning = saturation_warning(runs)
+    if warning:
+        print(warning, file=sys.stderr)
     _write_outputs(args, trace, runs)
     return 0
 

@@ -291,14 +291,18 @@ class Simulation:
         return drain > max(0.1 * span, 60.0) and max(p["busy_s"] for p in per) > 0.9 * span
 
 
-def saturation_warning(run: dict) -> str | None:
-    """One line for a run whose queues grew without bound; its TTFTs are mostly waiting."""
-    if not run.get("saturated"):
+def saturation_warning(runs: list[dict]) -> str | None:
+    """One line for the runs whose replica queue grew without bound (their TTFT is mostly
+    waiting), naming the worst; None when every queue kept up."""
+    bad = [r for r in runs if r.get("saturated")]
+    if not bad:
         return None
-    return (f"warning: {run['policy']} @ {run['capacity_blocks']:,} blocks: the replica queue grew without bound"
-            f" (the last request finished {_duration(run['drain_s'])} after the last arrival, over a"
-            f" {_duration(run['arrival_span_s'])} trace), so its TTFT is mostly queueing; raise --max-running"
-            f" (now {run['max_running']}) or --replicas (now {run['replicas']}), or lower the load")
+    w = max(bad, key=lambda r: r["drain_s"])
+    which = f"{w['policy']} @ {w['capacity_blocks']:,} blocks"
+    head = f"warning: {which}" if len(bad) == 1 else f"warning: {len(bad)} of {len(runs)} runs (worst: {which})"
+    return (f"{head}: the replica queue grew without bound (the last request finished {_duration(w['drain_s'])}"
+            f" after the last arrival, over a {_duration(w['arrival_span_s'])} trace), so TTFT is mostly queueing;"
+            f" raise --max-running (now {w['max_running']}) or --replicas (now {w['replicas']}), or lower the load")
 
 
 def _duration(seconds: float) -> str:

@@ -160,10 +160,9 @@ def _outputs(args, trace, grid: list, sources: list) -> None:
     records, _ = read_records(args.out)
     mine = [records[p.id] for p in grid]
     print_table(sorted(mine, key=sort_key), sys.stdout)
-    for rec in sorted(mine, key=sort_key):
-        warning = saturation_warning(rec)
-        if warning:
-            print(warning, file=sys.stderr)
+    warning = saturation_warning(mine)
+    if warning:
+        print(warning, file=sys.stderr)
     if args.csv:
         rows = write_csv(records.values(), args.csv)
         print(f"csv: {rows} rows written to {args.csv}", file=sys.stderr)

@@ -46,7 +46,7 @@ def test_an_unbounded_queue_is_called_out(capsys):
                  "--no-reuse-distances", "--quiet"]) == 0
     err = capsys.readouterr().err
     assert err == ("warning: lru @ 4,000 blocks: the replica queue grew without bound (the last request finished"
-                   " 19.0 h after the last arrival, over a 58.9 min trace), so its TTFT is mostly queueing; raise"
+                   " 19.0 h after the last arrival, over a 58.9 min trace), so TTFT is mostly queueing; raise"
                    " --max-running (now 1) or --replicas (now 1), or lower the load\n")
 
 
@@ -63,3 +63,10 @@ def test_plot_without_matplotlib_fails_before_running(tmp_path):
         assert proc.returncode == 2, (cmd, proc.stderr)
         assert proc.stdout == "" and proc.stderr == f"error: {MISSING}\n", (cmd, proc.stderr)
     assert os.listdir(tmp_path) == ["shim"]
+
+
+def test_many_saturated_runs_make_one_warning(capsys):
+    assert main(["sim", "--trace", "mooncake-conversation", "--policy", "lru,s3fifo", "--capacity-blocks",
+                 "4000,18279", "--max-running", "1", "--no-reuse-distances", "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("warning: 4 of 4 runs (worst: lru @ 4,000 blocks): the replica")
