@@ -86,6 +86,7 @@ class Replayer:
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.records: list[Record] = []
         self.progress = Progress(self.total, progress)
+        self.slots = asyncio.Semaphore(connections)
         self.t0 = 0.0
 
     async def run(self) -> list[Record]:
@@ -108,10 +109,11 @@ class Replayer:
         for r in reqs:
             if r is not first:
                 await asyncio.sleep(max(r.t - prev_t, 0.0) / self.speedup)
-            else:
-                self.progress.sent(time.monotonic() - due)  # a session's start is open loop: it can be late
+                due = time.monotonic()
             prev_t = r.t
-            rec = await self._send(http, r)
+            async with self.slots:  # a free connection: how late this request leaves is the schedule lag
+                self.progress.sent(time.monotonic() - due)
+                rec = await self._send(http, r)
             self.records.append(rec)
             self.progress.tick(rec.status == 200)
 

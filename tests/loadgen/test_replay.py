@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import re
 import signal
 import subprocess
 import time
@@ -81,7 +82,7 @@ def test_records_and_summary_have_exact_cached_tokens(cluster, tmp_path):
     res = replay(cluster.router_url, write(tmp_path, reqs), "--json", str(out))
     assert res.returncode == 0, res.stderr
     assert "replay: 100%" in res.stderr and "6/6" in res.stderr  # the tqdm bar ends complete
-    assert "failed 0, on schedule" in res.stderr
+    assert "failed 0, on schedule" in res.stderr and re.search(r"\[\d\d:\d\d<\d\d:\d\d", res.stderr)  # ETA
     doc = load(out)
     assert set(doc) == {"summary", "cluster", "records"}
     recs = by_key(doc["records"])
@@ -236,3 +237,13 @@ def test_ctrl_c_stops_cleanly_and_keeps_what_ran(cluster, tmp_path):
     assert f"requests        {done} ({done} ok, 0 failed)   INTERRUPTED: partial run" in stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(rows.read_text().splitlines()) == done + 1
+
+
+def test_progress_says_when_replay_falls_behind_schedule(cluster, tmp_path):
+    """Six sessions due at once through one connection, each decoding 400 tokens (~0.6 s):
+    the last leaves seconds late, and the bar says so."""
+    reqs = [request(0.0, "late", f"L{i}", 0, 1, out=400) for i in range(6)]
+    res = replay(cluster.router_url, write(tmp_path, reqs), "--connections", "1")
+    assert res.returncode == 0, res.stderr
+    late = re.findall(r"behind schedule (\d+\.\d)s", res.stderr)
+    assert late and float(late[-1]) >= 2.0, res.stderr
