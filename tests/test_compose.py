@@ -37,6 +37,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from shared import tokenizer
 from shared.hashing import block_hashes
 from tests.conftest import RedisServer, free_port
+from tests.test_deploy_files import dashboard_metric_names
 from tests.support.cluster import redis_lookup, wait_for
 from tests.support.procs import http, http_json
 
@@ -46,8 +47,6 @@ PROMETHEUS = REPO / "deploy" / "prometheus.yml"
 DOCKERFILE = REPO / "Dockerfile"
 KVEMU_SERVICES = ("router", "replica-0", "replica-1", "replica-2")
 SKIPPED = ("redis", "prometheus", "grafana")
-GRAFANA = REPO / "deploy" / "grafana"
-CHECK_JSONSCHEMA = str(Path(sys.executable).with_name("check-jsonschema"))
 # Variables a user would export before `docker compose up`: a fast emulation for the test.
 COMPOSE_ENV = {"KVEMU_TIME_SCALE": "0.02", "KVEMU_THINK_SCALE": "0.02", "KVEMU_MAX_TOKENS": "8",
                "KVEMU_CAPACITY_BLOCKS": "4000"}
@@ -318,53 +317,6 @@ def get_json(url: str) -> dict:
 
 
 # ---------------------------------------------------------------- tests
-
-
-def validate_compose_schema(path: Path) -> subprocess.CompletedProcess:
-    """check-jsonschema with its vendored compose-spec schema: what `docker compose config` enforces."""
-    return subprocess.run([CHECK_JSONSCHEMA, "--builtin-schema", "vendor.compose-spec", str(path)],
-                          capture_output=True, text=True, timeout=60)
-
-
-def test_compose_file_is_valid_compose_spec(tmp_path):
-    proc = validate_compose_schema(COMPOSE)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    # the validator does catch what Docker Compose rejects: an empty `environment:` (null)
-    broken = tmp_path / "docker-compose.yml"
-    broken.write_text(COMPOSE.read_text().replace('      - "8000:8000"', '      - "8000:8000"\n    environment:', 1))
-    proc = validate_compose_schema(broken)
-    assert proc.returncode == 1 and "$.services.router.environment" in proc.stdout, proc.stdout
-
-
-def dashboard_metric_names() -> set[str]:
-    doc = json.loads((GRAFANA / "dashboards" / "kvemu.json").read_text())
-    exprs = [t["expr"] for panel in doc["panels"] for t in panel["targets"]]
-    assert len(exprs) >= 12
-    return {m for e in exprs for m in re.findall(r"\b(?:vllm:|kvemu_)[a-z0-9_:]+", e)}
-
-
-def test_grafana_profile_provisions_the_dashboard():
-    services = load_compose()["services"]
-    grafana = services["grafana"]
-    assert grafana.get("profiles") == ["monitoring"] and "prometheus" in grafana["depends_on"]
-    mounts = {v.split(":")[0]: v.split(":")[1] for v in grafana["volumes"]}
-    assert mounts == {"./deploy/grafana/provisioning": "/etc/grafana/provisioning",
-                      "./deploy/grafana/dashboards": "/var/lib/grafana/dashboards"}
-    source = yaml.safe_load((GRAFANA / "provisioning" / "datasources" / "prometheus.yml").read_text())["datasources"][0]
-    assert source["url"] == "http://prometheus:9090" and source["uid"] == "kvemu-prometheus"
-    provider = yaml.safe_load((GRAFANA / "provisioning" / "dashboards" / "kvemu.yml").read_text())["providers"][0]
-    assert provider["options"]["path"] == "/var/lib/grafana/dashboards"
-    doc = json.loads((GRAFANA / "dashboards" / "kvemu.json").read_text())
-    uids = {t["datasource"]["uid"] for panel in doc["panels"] for t in panel["targets"]}
-    assert uids == {"kvemu-prometheus"}
-    assert {"vllm:e2e_request_latency_seconds_bucket", "vllm:time_per_output_token_seconds_bucket",
-            "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:num_preemptions_total",
-            "vllm:request_success_total", "vllm:time_to_first_token_seconds_bucket"} <= dashboard_metric_names()
-    # Prometheus keeps one copy of the vLLM series: the router's merged copy is dropped
-    router_job = next(j for j in yaml.safe_load(PROMETHEUS.read_text())["scrape_configs"]
-                      if j["job_name"] == "kvemu-router")
-    assert router_job["metric_relabel_configs"] == [{"source_labels": ["__name__"], "regex": "vllm:.*",
-                                                     "action": "drop"}]
 
 
 def test_compose_file_shape():
