@@ -235,7 +235,9 @@ def _wait_router_sees_all(router_url: str, n: int, timeout: float) -> None:
 
 def add_cluster_args(p: argparse.ArgumentParser, replicas: int = 4) -> None:
     p.add_argument("--replicas", type=int, default=replicas)
-    p.add_argument("--policy", default="lru")
+    from replica.settings import live_policy_names
+
+    p.add_argument("--policy", default="lru", help=f"eviction policy: {', '.join(live_policy_names())}")
     cap = p.add_mutually_exclusive_group()
     cap.add_argument("--capacity-blocks", type=int, default=None)
     cap.add_argument("--capacity-gib", type=float, default=None)
