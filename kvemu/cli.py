@@ -11,6 +11,8 @@ import importlib
 import sys
 
 from shared.cli import run_parsed
+from shared.config import config_argv
+from shared.errors import KvemuError
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -41,11 +43,24 @@ def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The parsed command line, with a ``--config`` file's settings under the flags given."""
     chosen = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(chosen if chosen in SUBCOMMANDS else None)
-    args = parser.parse_args(argv)
+    if chosen in SUBCOMMANDS:
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[chosen]
+        at = argv.index(chosen)
+        argv = argv[:at + 1] + config_argv(sub, argv[at + 1:])
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        args = parse_args(argv)
+    except KvemuError as exc:  # a bad --config file
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return run_parsed(args._run, args)
 
 

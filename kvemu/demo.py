@@ -14,10 +14,11 @@ import time
 
 from kvemu.up import add_cluster_args, bring_up, validate
 from loadgen.replay import Replayer, records_json, summarize
-from loadgen.replay_cmd import cluster_report, print_report
+from loadgen.replay_cmd import cluster_report, print_report, replica_stats
 from loadgen.trace import Trace
 from loadgen.workloads import generate
 from shared.errors import KvemuError
+from shared.cli import check_outputs
 from shared.overrides import parse_pairs
 
 
@@ -49,6 +50,7 @@ def run(a) -> int:
     if a.time_scale == 0.05 and a.speedup != 20.0:
         a.time_scale = 1.0 / a.speedup  # keep emulated GPU time in step with compressed trace time
     validate(a)
+    check_outputs(a, ("--json", "--plot"))
     started = time.monotonic()
     trace = demo_trace(a)
     say = (lambda *_: None) if a.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
@@ -59,10 +61,11 @@ def run(a) -> int:
     cluster = bring_up(a)
     try:
         say(f"demo: cluster up in {time.monotonic() - started:.1f} s, router at {cluster.router_url}")
+        before = replica_stats(cluster.router_url)
         replayer = Replayer(cluster.router_url, trace, a.speedup, progress=not a.quiet)
         records = asyncio.run(replayer.run())
         summary = summarize(records)
-        report = cluster_report(cluster.router_url)
+        report = cluster_report(cluster.router_url, before)
     finally:
         cluster.stop()
     if summary["failed"] == 0 and cluster.tmpdir:

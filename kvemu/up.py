@@ -21,6 +21,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 
+from shared.config import add_config_arg
 from shared.errors import InputError, KvemuError
 
 PR_SET_PDEATHSIG = 1
@@ -103,13 +104,14 @@ def wait_healthy(cluster: Cluster, urls: list[str], timeout: float, log_dir: str
     pending = list(urls)
     while pending and time.monotonic() < deadline:
         for c in cluster.dead():
-            tail = _tail(os.path.join(log_dir, f"{c.name}.log"))
-            raise KvemuError(f"{c.name} exited with code {c.exit_code} during start-up:\n{tail}")
+            last = _tail(os.path.join(log_dir, f"{c.name}.log"), 1).strip()
+            raise KvemuError(f"{c.name} exited with code {c.exit_code} during start-up"
+                             + (f": {last.removeprefix('error: ')}" if last else ""))
         pending = [u for u in pending if not _healthy(u)]
         if pending:
             time.sleep(0.1)
     if pending:
-        raise KvemuError(f"not healthy after {timeout:.0f} s: {', '.join(pending)} (logs in {log_dir})")
+        raise KvemuError(f"not healthy after {timeout:.0f} s: {', '.join(pending)}")
 
 
 def _tail(path: str, lines: int = 12) -> str:
@@ -182,8 +184,33 @@ def _index_for(a, cluster: Cluster, log_dir: str) -> str:
         _wait_port(url)
         return url
     if a.index.startswith(("redis://", "rediss://")):
+        check_redis(a.index)
         return a.index
     raise InputError("--index", f"expected memory, redis or redis://host:port/db, got {a.index!r}")
+
+
+def check_redis(url: str) -> None:
+    """Fail in one line, before any process starts, when the given Redis does not answer."""
+    import redis
+
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=2.0, socket_timeout=2.0)
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except (redis.RedisError, OSError, ValueError) as exc:
+        raise KvemuError(f"cannot reach Redis at {url} ({exc}); start it, or use --index redis (a private"
+                         " redis-server) or --index memory") from None
+
+
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def _wait_port(url: str, timeout: float = 10.0) -> None:
@@ -212,7 +239,9 @@ def _wait_router_sees_all(router_url: str, n: int, timeout: float) -> None:
 
 def add_cluster_args(p: argparse.ArgumentParser, replicas: int = 4) -> None:
     p.add_argument("--replicas", type=int, default=replicas)
-    p.add_argument("--policy", default="lru")
+    from replica.settings import live_policy_names
+
+    p.add_argument("--policy", default="lru", help=f"eviction policy: {', '.join(live_policy_names())}")
     cap = p.add_mutually_exclusive_group()
     cap.add_argument("--capacity-blocks", type=int, default=None)
     cap.add_argument("--capacity-gib", type=float, default=None)
@@ -232,6 +261,7 @@ def add_cluster_args(p: argparse.ArgumentParser, replicas: int = 4) -> None:
 
 def configure(p: argparse.ArgumentParser) -> None:
     add_cluster_args(p)
+    add_config_arg(p)
     p.add_argument("--port", type=int, default=8000, help="router port")
     p.add_argument("--keep-logs", action="store_true", help="keep the log directory after a clean stop")
 
@@ -254,6 +284,12 @@ def validate(a) -> None:
         raise InputError(f"--{exc.field.replace('_', '-')}", exc.message) from None
     get_strategy(a.routing)
     apply_overrides(RoutingSettings(block_size=a.block_size), parse_pairs(a.set))
+    wanted = [("--port", a.port)] if getattr(a, "port", 0) else []
+    if a.replica_base_port:
+        wanted += [("--replica-base-port", a.replica_base_port + i) for i in range(a.replicas)]
+    for flag, port in wanted:
+        if not port_free(port):
+            raise InputError(flag, f"port {port} on 127.0.0.1 is in use; pick another, or stop what listens there")
 
 
 def run(a) -> int:
@@ -267,11 +303,18 @@ def run(a) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    log_dir = tempfile.mkdtemp(prefix="kvemu-up-")
     try:
-        cluster = bring_up(a)
+        cluster = bring_up(a, log_dir)
     except KeyboardInterrupt:
+        shutil.rmtree(log_dir, ignore_errors=True)
         print("stopped during start-up", file=sys.stderr)
         return 130
+    except KvemuError as exc:
+        if not os.listdir(log_dir):  # nothing started: nothing to read
+            shutil.rmtree(log_dir, ignore_errors=True)
+            raise
+        raise KvemuError(f"{exc} (logs kept in {log_dir})") from None
     stop["starting"] = False
     try:
         print(f"router   {cluster.router_url}")

@@ -60,9 +60,11 @@ def open_trace(path: str | Path):
     p = resolve_trace(path)
     try:
         fh = open(p, "rb")
+    except FileNotFoundError:
+        raise InputError("trace", f"no file {p}; give a trace file's path or a built-in trace name"
+                                  f" ({', '.join(BUILTIN_TRACES)})") from None
     except OSError as exc:
-        hint = f" (built-in traces: {', '.join(BUILTIN_TRACES)})" if not Path(p).suffix else ""
-        raise TraceFormatError(p, 0, "file", (exc.strerror or str(exc)) + hint) from None
+        raise InputError("trace", f"cannot read {p}: {exc.strerror or exc}") from None
     if p.endswith(".gz"):
         return gzip.GzipFile(fileobj=fh, mode="rb")
     return fh

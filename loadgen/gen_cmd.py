@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 from shared.progress import ProgressBar
 
@@ -37,9 +36,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not args.workload:
         raise InputError("--workload", f"required; one of {', '.join(workloads.PRESETS)} (or --list)")
-    if args.workload not in workloads.PRESETS:
-        print(workloads.describe_presets(), file=sys.stderr)
-        raise UnknownNameError("workload", args.workload, list(workloads.PRESETS))
+    if args.workload not in workloads.PRESETS:  # one line, and where the parameters are listed
+        raise UnknownNameError("workload", args.workload, list(workloads.PRESETS),
+                               " (`kvemu gen --list` shows their parameters)")
     if not args.output:
         raise InputError("--output", "required: the trace file to write")
     params = workloads.get_preset(args.workload, parse_pairs(args.overrides))

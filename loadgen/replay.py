@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 
 import aiohttp
 import msgpack
+from tqdm import tqdm
 
 from loadgen.trace import Trace, TraceRequest
 from shared.histogram import LogHistogram
@@ -40,28 +41,28 @@ class Record:
 
 
 class Progress:
+    """A tqdm bar over the requests: its rate-based ETA, failures, and how far sending runs
+    behind the trace's schedule (a cluster that cannot keep up makes sessions start late)."""
+
     def __init__(self, total: int, enabled: bool) -> None:
-        self.total, self.enabled = total, enabled
-        self.tty = sys.stderr.isatty()  # a live bar on a terminal, a line every 5 s in a log
         self.done = self.failed = 0
-        self.start = self.last = time.monotonic()
+        self.behind_s = 0.0
+        self.bar = tqdm(total=total, disable=not enabled, desc="replay", unit="req", file=sys.stderr,
+                        mininterval=0.5 if sys.stderr.isatty() else 5.0, dynamic_ncols=True)
+
+    def sent(self, late_s: float) -> None:
+        """A request left ``late_s`` seconds after its scheduled time (trace time / speed-up)."""
+        self.behind_s = max(late_s, 0.0)
 
     def tick(self, ok: bool) -> None:
         self.done += 1
         self.failed += 0 if ok else 1
-        now = time.monotonic()
-        every = 0.5 if self.tty else 5.0
-        if self.enabled and (now - self.last > every or self.done == self.total):
-            self.last = now
-            width = 30
-            filled = int(width * self.done / self.total) if self.total else width
-            line = (f"replay [{'#' * filled}{'.' * (width - filled)}] {self.done:,}/{self.total:,}"
-                    f" failed {self.failed} {now - self.start:5.1f}s")
-            if self.tty:
-                sys.stderr.write("\r" + line + ("\n" if self.done == self.total else ""))
-            else:
-                sys.stderr.write(line + "\n")
-            sys.stderr.flush()
+        schedule = f"behind schedule {self.behind_s:.1f}s" if self.behind_s >= 1.0 else "on schedule"
+        self.bar.set_postfix_str(f"failed {self.failed}, {schedule}", refresh=False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 def sessions_of(trace: Trace, max_requests: int | None) -> dict[str, list[TraceRequest]]:
@@ -86,24 +87,34 @@ class Replayer:
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.records: list[Record] = []
         self.progress = Progress(self.total, progress)
+        self.slots = asyncio.Semaphore(connections)
         self.t0 = 0.0
 
     async def run(self) -> list[Record]:
+        """Every request's record; on cancellation (Ctrl-C) the ones finished so far stay in
+        ``self.records``, and the in-flight ones are dropped."""
         conn = aiohttp.TCPConnector(limit=self.connections)
-        async with aiohttp.ClientSession(connector=conn, timeout=self.timeout) as http:
-            self.t0 = time.monotonic()
-            await asyncio.gather(*(self._session(http, reqs) for reqs in self.sessions.values()))
+        try:
+            async with aiohttp.ClientSession(connector=conn, timeout=self.timeout) as http:
+                self.t0 = time.monotonic()
+                await asyncio.gather(*(self._session(http, reqs) for reqs in self.sessions.values()))
+        finally:
+            self.progress.close()
         return self.records
 
     async def _session(self, http: aiohttp.ClientSession, reqs: list[TraceRequest]) -> None:
         first = reqs[0]
-        await self._sleep_until(self.t0 + first.t / self.speedup)
+        due = self.t0 + first.t / self.speedup
+        await self._sleep_until(due)
         prev_t = first.t
         for r in reqs:
             if r is not first:
                 await asyncio.sleep(max(r.t - prev_t, 0.0) / self.speedup)
+                due = time.monotonic()
             prev_t = r.t
-            rec = await self._send(http, r)
+            async with self.slots:  # a free connection: how late this request leaves is the schedule lag
+                self.progress.sent(time.monotonic() - due)
+                rec = await self._send(http, r)
             self.records.append(rec)
             self.progress.tick(rec.status == 200)
 

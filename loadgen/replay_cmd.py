@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import csv
+import dataclasses
 import json
 import sys
 import urllib.request
 
-from loadgen.replay import Replayer, records_json, summarize
+from loadgen.replay import Record, Replayer, records_json, summarize
 from loadgen.source import add_source_args, load_source
+from shared.cli import check_outputs
 from shared.errors import InputError, KvemuError
 from shared.ratios import ratio
 
@@ -22,6 +25,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-requests", type=int, default=None)
     p.add_argument("--connections", type=int, default=256)
     p.add_argument("--json", metavar="OUT", help="summary and per-request records")
+    p.add_argument("--csv", metavar="OUT.csv", help="the per-request records, one row each")
     p.add_argument("--plot", metavar="OUT.png", help="per-replica load and TTFT distribution")
     p.add_argument("--quiet", action="store_true")
 
@@ -34,29 +38,46 @@ def fetch_json(url: str, timeout: float = 5.0):
         return None
 
 
-def cluster_report(url: str) -> dict:
-    """Replica-side metrics (CSR, hit ratio, evictions) and the router's hotspot view."""
+LIFETIME_KEYS = ("policy", "capacity_blocks", "usage", "block_hit_ratio", "token_hit_ratio", "csr", "evictions",
+                 "recompute_cost_total_s", "recompute_cost_saved_s", "model", "gpu")
+
+
+def replica_stats(url: str) -> dict[str, dict]:
+    """Each replica's lifetime counters (``GET /stats``), by replica id."""
     cluster = fetch_json(url + "/cluster")
-    replicas = {}
     urls = [row["url"] for row in cluster["replicas"]] if cluster else [url]
-    total_cost = saved = 0.0
+    out = {}
     for u in urls:
         st = fetch_json(u + "/stats")
-        if not st:
-            continue
-        replicas[st["replica_id"]] = {k: st.get(k) for k in ("policy", "capacity_blocks", "usage", "block_hit_ratio",
-                                                             "token_hit_ratio", "csr", "evictions", "holes",
-                                                             "model", "gpu")}
-        total_cost += st.get("recompute_cost_total_s", 0.0)
-        saved += st.get("recompute_cost_saved_s", 0.0)
-    return {"csr": ratio(saved, total_cost), "replicas": replicas,
-            "routing": cluster["routing"] if cluster else None,
+        if st:
+            out[st["replica_id"]] = {k: st.get(k) or 0 for k in LIFETIME_KEYS}
+    return out
+
+
+def cluster_report(url: str, before: dict[str, dict]) -> dict:
+    """This run's CSR and evictions (replica counters after minus ``before``), each replica's
+    lifetime counters, and the router's hotspot view."""
+    cluster = fetch_json(url + "/cluster")
+    replicas, total, saved = {}, 0.0, 0.0
+    for rid, life in replica_stats(url).items():
+        was = before.get(rid, {})
+        d_total = life["recompute_cost_total_s"] - was.get("recompute_cost_total_s", 0.0)
+        d_saved = life["recompute_cost_saved_s"] - was.get("recompute_cost_saved_s", 0.0)
+        total, saved = total + d_total, saved + d_saved
+        replicas[rid] = {"run": {"csr": ratio(d_saved, d_total),
+                                 "evictions": life["evictions"] - was.get("evictions", 0)},
+                         "lifetime": life}
+    return {"csr": ratio(saved, total), "replicas": replicas,
             "imbalance": cluster["imbalance"] if cluster else None,
-            "hotspots": cluster["hotspots"] if cluster else None}
+            "hotspots": cluster["hotspots"] if cluster else None,
+            "routing": cluster["routing"] if cluster else None}
 
 
 def print_report(summary: dict, report: dict, out=sys.stdout) -> None:
-    out.write(f"requests        {summary['requests']:,} ({summary['ok']:,} ok, {summary['failed']:,} failed)\n")
+    """This run (its responses, and the replicas' counters' change over it), then each replica's
+    lifetime counters, apart: a cluster that served earlier runs has more behind it."""
+    out.write(f"requests        {summary['requests']:,} ({summary['ok']:,} ok, {summary['failed']:,} failed)"
+              + ("   INTERRUPTED: partial run" if summary.get("interrupted") else "") + "\n")
     out.write(f"token hit ratio {summary['token_hit_ratio']:.4f}   block hit ratio {summary['block_hit_ratio']:.4f}"
               f"   CSR {report['csr']:.4f}\n")
     out.write(f"TTFT (emulated) p50 {summary['ttft_p50_s'] * 1000:.1f} ms   p99 {summary['ttft_p99_s'] * 1000:.1f} ms"
@@ -64,11 +85,16 @@ def print_report(summary: dict, report: dict, out=sys.stdout) -> None:
     out.write(f"load imbalance (max/mean requests) {summary['load_imbalance']:.2f}")
     if report.get("hotspots") is not None:
         out.write(f"   hotspots: {', '.join(report['hotspots']) or 'none'}")
-    out.write("\n\n  replica          requests  tok_hit  blk_hit     CSR  evictions  usage\n")
+    out.write("\n\n  this run         requests  tok_hit  blk_hit     CSR  evictions\n")
     for rid, p in summary["per_replica"].items():
-        st = report["replicas"].get(rid, {})
+        run = report["replicas"].get(rid, {}).get("run", {})
         out.write(f"  {rid:<16}{p['requests']:>8,}  {p['token_hit_ratio']:7.4f}  {p['block_hit_ratio']:7.4f}"
-                  f"  {st.get('csr') or 0:6.4f}  {st.get('evictions') or 0:>9,}  {st.get('usage') or 0:5.2f}\n")
+                  f"  {run.get('csr', 0):6.4f}  {run.get('evictions', 0):>9,}\n")
+    out.write("\n  lifetime         blk_hit     CSR  evictions  usage   (each replica since it started)\n")
+    for rid, rep in report["replicas"].items():
+        life = rep["lifetime"]
+        out.write(f"  {rid:<16}{life['block_hit_ratio']:7.4f}  {life['csr']:6.4f}  {life['evictions']:>9,}"
+                  f"  {life['usage']:5.2f}\n")
 
 
 def plot_context(trace, requests, speedup: float, report: dict, source: str | None = None) -> dict:
@@ -77,7 +103,7 @@ def plot_context(trace, requests, speedup: float, report: dict, source: str | No
     from loadgen.plots import infinite_cache_hit_ratio
     from loadgen.source import trace_name
 
-    reps = list(report["replicas"].values())
+    reps = [r.get("lifetime", r) for r in report["replicas"].values()]
 
     def same(key):  # "lru", or "lru/s3fifo" after a live switch on some replicas
         values = {str(v.get("name") if isinstance(v, dict) else v) for r in reps if (v := r.get(key)) is not None}
@@ -111,6 +137,7 @@ def run(args) -> int:
         raise InputError("--max-requests", f"must be >= 1, got {args.max_requests}")
     if args.connections <= 0:  # aiohttp reads a limit of 0 as "unbounded"
         raise InputError("--connections", f"must be >= 1, got {args.connections}")
+    check_outputs(args)
     url = args.url.rstrip("/")
     if fetch_json(url + "/health") is None:
         raise KvemuError(f"no kvemu router or replica answers at {args.url} (is `kvemu up` running?)")
@@ -121,15 +148,37 @@ def run(args) -> int:
         raise InputError("--trace" if args.trace else "--workload",
                          f"has {trace.block_size}-token blocks but the cluster at {args.url} uses {block_size};"
                          f" start it with `kvemu up --block-size {trace.block_size}`")
+    before = replica_stats(url)
     replayer = Replayer(args.url, trace, args.speedup, args.max_requests, args.connections,
                         progress=not args.quiet)
-    records = asyncio.run(replayer.run())
+    interrupted = False
+    try:
+        records = asyncio.run(replayer.run())
+    except KeyboardInterrupt:  # stop sending; report and save what finished
+        interrupted, records = True, list(replayer.records)
+        print(f"replay: interrupted after {len(records):,} of {replayer.total:,} requests; reporting those",
+              file=sys.stderr)
     summary = summarize(records)
-    report = cluster_report(args.url.rstrip("/"))
+    summary["interrupted"] = interrupted
+    report = cluster_report(url, before)
     print_report(summary, report)
+    write_outputs(args, trace, summary, report, records)
+    if interrupted:
+        return 130
+    return 0 if summary["failed"] == 0 else 1
+
+
+def write_outputs(args, trace, summary: dict, report: dict, records) -> None:
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"summary": summary, "cluster": report, "records": records_json(records)}, fh, indent=1)
+    if args.csv:
+        rows = records_json(records)
+        with open(args.csv, "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=[f.name for f in dataclasses.fields(Record)])
+            w.writeheader()
+            w.writerows(rows)
+        print(f"csv: {len(rows)} rows written to {args.csv}", file=sys.stderr)
     if args.plot:
         from loadgen.plots import plot_replay
         from loadgen.replay import sessions_of
@@ -137,4 +186,3 @@ def run(args) -> int:
         sent = [r for reqs in sessions_of(trace, args.max_requests).values() for r in reqs]
         plot_replay(summary, records, args.plot, plot_context(trace, sent, args.speedup, report))
         print(f"plot written to {args.plot}", file=sys.stderr)
-    return 0 if summary["failed"] == 0 else 1

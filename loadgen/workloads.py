@@ -62,7 +62,7 @@ def get_preset(name: str, overrides: Mapping[str, str] | None = None):
     """The parameters of preset ``name`` with string ``overrides`` applied and validated."""
     cls = PRESETS.get(name)
     if cls is None:
-        raise UnknownNameError("workload", name, list(PRESETS))
+        raise UnknownNameError("workload", name, list(PRESETS), " (`kvemu gen --list` shows their parameters)")
     params = cls()
     valid = parameters(params)
     groups = _groups(params)

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import sys
 
+from shared.cli import serve
 from shared.overrides import parse_pairs
 
 
@@ -72,11 +73,14 @@ def run(args) -> int:
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
         pass
-    print(f"replica {settings.replica_id} ({settings.policy}, {settings.resolved_capacity_blocks()} blocks)"
-          f" on http://{settings.host}:{settings.port}",
-          file=sys.stderr, flush=True)
-    web.run_app(app, host=settings.host, port=settings.port, print=None, shutdown_timeout=30.0,
-                access_log=None, handle_signals=True)
+
+    def started(_message: str) -> None:  # after the socket is bound, not before
+        print(f"replica {settings.replica_id} ({settings.policy}, {settings.resolved_capacity_blocks()} blocks)"
+              f" on http://{settings.host}:{settings.port}",
+              file=sys.stderr, flush=True)
+
+    serve(lambda: web.run_app(app, host=settings.host, port=settings.port, print=started, shutdown_timeout=30.0,
+                              access_log=None, handle_signals=True), settings.host, settings.port)
     return 0
 
 

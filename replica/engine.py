@@ -54,12 +54,14 @@ class EngineCounters:
 class Engine:
     def __init__(self, pool: BlockPool, scheduler: Scheduler, time_scale: float,
                  on_events: Callable[[list[KvEvent]], None] | None = None,
-                 on_first_token: Callable[[float], None] | None = None) -> None:
+                 on_first_token: Callable[[float], None] | None = None,
+                 on_finished: Callable[[SchedRequest], None] | None = None) -> None:
         self.pool = pool
         self.sched = scheduler
         self.time_scale = time_scale
         self.on_events = on_events
         self.on_first_token = on_first_token
+        self.on_finished = on_finished
         self.handles: dict[int, Handle] = {}
         self.counters = EngineCounters()
         self._ids = itertools.count(1)
@@ -157,6 +159,8 @@ class Engine:
         for r in res.finished:
             h = self.handles.pop(r.rid, None)
             self.counters.finished += 1
+            if self.on_finished is not None:
+                self.on_finished(r)
             if h is None:
                 continue
             h.wall_done = wall

@@ -10,7 +10,7 @@ from aiohttp import web
 from replica.core.build import build_core
 from replica.engine import Engine
 from replica.events import EventFeed
-from replica.prom import ReplicaCollector, make_registry
+from replica.prom import ReplicaCollector, ReplicaMetrics
 from replica.settings import ReplicaSettings
 from replica.shipper import RedisShipper
 
@@ -26,10 +26,11 @@ class ReplicaRuntime:
         self.scheduler = self.core.scheduler
         self.feed = EventFeed(settings.replica_id, lambda: list(self.pool.resident), settings.event_batch_max,
                               settings.feed_max_batches, mode="push" if settings.index else "poll")
-        self.registry, self.ttft_hist = make_registry()
+        self.prom = ReplicaMetrics(settings.model, settings.replica_id)
+        self.registry = self.prom.registry
         self.ttft_recent = RecentTtft()
         self.engine = Engine(self.pool, self.scheduler, settings.time_scale, on_events=self.feed.publish,
-                             on_first_token=self._first_token)
+                             on_first_token=self._first_token, on_finished=self.prom.finished)
         self.registry.register(ReplicaCollector(self))
         self.started = time.time()
         self.rejected: dict[str, int] = {}
@@ -37,7 +38,7 @@ class ReplicaRuntime:
         self.policy_switches: deque[dict] = deque(maxlen=50)  # live switches by /admin/policy, newest last
 
     def _first_token(self, ttft_s: float) -> None:
-        self.ttft_hist.observe(ttft_s)
+        self.prom.first_token(ttft_s)
         self.ttft_recent.add(ttft_s)
 
 

@@ -5,10 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from replica.core.build import CoreSettings
-from replica.core.policies import policy_class
+from replica.core.policies import policy_class, policy_names
 from shared.costmodel import CostModel
-from shared.errors import InputError
+from shared.errors import InputError, UnknownNameError
 from shared.validate import check_positive_int
+
+
+def live_policy_names() -> list[str]:
+    """The policies a live replica can run: every one but the offline oracles."""
+    return [n for n in policy_names() if not policy_class(n).needs_future]
 
 
 
@@ -43,7 +48,10 @@ class ReplicaSettings:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        policy_class(self.policy)
+        if self.policy not in live_policy_names():  # an oracle needs the future: `kvemu sim` only
+            oracles = sorted(set(policy_names()) - set(live_policy_names()))
+            raise UnknownNameError("policy", self.policy, live_policy_names(),
+                                   f" ({', '.join(oracles)} need the future and run in `kvemu sim` only)")
         if not self.replica_id or len(self.replica_id) > 128:
             raise InputError("replica_id", "must be 1-128 characters")
         if not (0 <= self.port <= 65535):

@@ -15,7 +15,7 @@ from replica.runtime import RUNTIME, SETTINGS, ReplicaRuntime
 from replica.settings import ReplicaSettings
 from shared.httpkit import read_body, respond
 from replica.engine import Handle
-from shared.tokenizer import filler_text
+from shared.tokenizer import filler_piece, filler_text
 from replica.core.policies import make_policy
 from shared.errors import InputError
 
@@ -84,7 +84,7 @@ async def _openai(request: web.Request, chat: bool) -> web.StreamResponse:
     if spec.stream:
         return await _stream(request, handle, spec, rid, created, chat)
     await handle.done
-    text = filler_text(handle.req.output_tokens, handle.req.rid)
+    text = filler_text(handle.req.output_tokens, _text_seed(handle))
     choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"} if chat
               else {"index": 0, "text": text, "finish_reason": "length", "logprobs": None})
     body = {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
@@ -93,35 +93,38 @@ async def _openai(request: web.Request, chat: bool) -> web.StreamResponse:
     return web.json_response(body, headers=_replica_headers(s.replica_id, handle))
 
 
+def _text_seed(handle: Handle) -> int:
+    """The same prompt gets the same words, streamed or not."""
+    r = handle.req
+    return (r.hashes[-1] if r.hashes else r.input_tokens) % 1_000_003
+
+
 async def _stream(request, handle: Handle, spec, rid: str, created: int, chat: bool) -> web.StreamResponse:
     s = _settings(request)
     await handle.first_token  # headers carry the cached tokens, known once the request is admitted
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                        **_replica_headers(s.replica_id, handle)})
     await resp.prepare(request)
-    kind = "chat.completion.chunk" if chat else "text_completion"
+    head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
+            "model": spec.model}
     sent = 0
-    first = True
     while True:
         n = await handle.tokens.get()
         if n is None:
             break
-        text = filler_text(n, handle.req.rid + sent)
-        sent += n
+        text = filler_piece(_text_seed(handle), sent, n)  # the pieces concatenate to the non-streamed text
         if chat:
-            delta = {"role": "assistant", "content": text} if first else {"content": text}
+            delta = {"role": "assistant", "content": text} if sent == 0 else {"content": text}
             choice = {"index": 0, "delta": delta, "finish_reason": None}
         else:
             choice = {"index": 0, "text": text, "finish_reason": None, "logprobs": None}
-        first = False
-        await resp.write(_sse({"id": rid, "object": kind, "created": created, "model": spec.model,
-                               "choices": [choice]}))
+        sent += n
+        await resp.write(_sse({**head, "choices": [choice]}))
     end = ({"index": 0, "delta": {}, "finish_reason": "length"} if chat
            else {"index": 0, "text": "", "finish_reason": "length", "logprobs": None})
-    final = {"id": rid, "object": kind, "created": created, "model": spec.model, "choices": [end],
-             "kvemu": {"replica_id": s.replica_id, **handle.timings()}}
-    final["usage"] = _usage(handle)
-    await resp.write(_sse(final))
+    await resp.write(_sse({**head, "choices": [end], "kvemu": {"replica_id": s.replica_id, **handle.timings()}}))
+    if spec.include_usage:  # as OpenAI sends it: a last chunk with no choices, only when asked
+        await resp.write(_sse({**head, "choices": [], "usage": _usage(handle)}))
     await resp.write(b"data: [DONE]\n\n")
     await resp.write_eof()
     return resp
@@ -132,11 +135,22 @@ def _sse(obj: dict) -> bytes:
 
 
 # ---- monitoring ----------------------------------------------------------------------
+def models_body(names: list[str], created: int) -> dict:
+    """``GET /v1/models``: what OpenAI clients list (``client.models.list()``)."""
+    return {"object": "list", "data": [{"id": n, "object": "model", "created": created, "owned_by": "kvemu"}
+                                       for n in names]}
+
+
+async def models(request: web.Request) -> web.Response:
+    state = _state(request)
+    return web.json_response(models_body([_settings(request).model], int(state.started)))
+
+
 async def health(request: web.Request) -> web.Response:
     state = _state(request)
     s = _settings(request)
     return web.json_response({"status": "ok", "replica_id": s.replica_id, "epoch": state.feed.epoch,
-                              "policy": state.pool.policy.name, "capacity_blocks": state.pool.capacity,
+                              "policy": state.pool.policy.name, "model": s.model, "capacity_blocks": state.pool.capacity,
                               "block_size": s.block_size, "running": state.scheduler.num_running,
                               "waiting": state.scheduler.num_waiting, "kv_usage": state.pool.usage()})
 
@@ -234,6 +248,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/generate", generate)
+    app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/stats", stats)

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import sys
 
+from shared.cli import serve
 from shared.overrides import apply_overrides, parse_pairs
 
 
@@ -53,9 +54,13 @@ def run(args) -> int:
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     except ImportError:  # pragma: no cover
         pass
-    print(f"router ({settings.routing}, index {settings.index.split('?')[0]}) on http://{settings.host}:{settings.port}"
-          f" -> {len(settings.replicas)} replica(s)", file=sys.stderr, flush=True)
-    web.run_app(app, host=settings.host, port=settings.port, print=None, shutdown_timeout=30.0, access_log=None)
+
+    def started(_message: str) -> None:  # after the socket is bound, not before
+        print(f"router ({settings.routing}, index {settings.index.split('?')[0]}) on http://{settings.host}:{settings.port}"
+              f" -> {len(settings.replicas)} replica(s)", file=sys.stderr, flush=True)
+
+    serve(lambda: web.run_app(app, host=settings.host, port=settings.port, print=started, shutdown_timeout=30.0,
+                              access_log=None), settings.host, settings.port)
     return 0
 
 

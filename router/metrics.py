@@ -3,10 +3,13 @@ reuse, event lag and gaps, retries, per-replica load. Prometheus text on /metric
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+import aiohttp
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.parser import text_string_to_metric_families
 
 disable_created_metrics()  # *_created series only add noise for scrapers
 
@@ -87,3 +90,46 @@ class _Collector:
             fams["healthy"].add_metric(rid, 1.0 if rep.state.healthy else 0.0)
             fams["lag"].add_metric(rid, rep.feed_lag_events)
         yield from fams.values()
+
+
+# ---- the cluster's vLLM series, merged from the replicas at scrape time --------------------
+class _Families:
+    """A one-shot collector over already-built metric families."""
+
+    def __init__(self, families) -> None:
+        self.families = families
+
+    def collect(self):
+        return self.families
+
+
+def merge_vllm(texts: list[str]) -> bytes:
+    """The ``vllm:*`` families of every replica's exposition as one exposition: each series keeps
+    its ``model_name`` and ``replica_id`` labels, so sums over them are cluster totals."""
+    merged: dict[str, object] = {}
+    for text in texts:
+        try:
+            families = list(text_string_to_metric_families(text))
+        except ValueError:  # a replica mid-restart sent a torn page: skip it this scrape
+            continue
+        for fam in families:
+            if not fam.name.startswith("vllm:"):
+                continue
+            if fam.name in merged:
+                merged[fam.name].samples.extend(fam.samples)
+            else:
+                merged[fam.name] = fam
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(list(merged.values())))
+    return generate_latest(registry)
+
+
+async def replica_metrics_texts(session: aiohttp.ClientSession, urls: list[str], timeout_s: float = 2.0) -> list[str]:
+    async def one(url: str) -> str:
+        try:
+            async with session.get(url + "/metrics", timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+                return await resp.text() if resp.status == 200 else ""
+        except (aiohttp.ClientError, asyncio.TimeoutError, UnicodeDecodeError):
+            return ""
+
+    return list(await asyncio.gather(*(one(u) for u in urls)))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from aiohttp import web
 
 from router.cluster import Cluster
@@ -23,6 +25,7 @@ class RouterState:
         self.metrics.cluster = self.cluster
         self.router = RoutingStep(strategy_spec(settings.routing), settings.strategy_settings(), settings.seed)
         self.routed: dict[str, int] = {}
+        self.started = time.time()
 
 
 def _with_cluster(url: str, cluster: str) -> str:

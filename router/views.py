@@ -9,6 +9,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from router.metrics import merge_vllm, replica_metrics_texts
 from router.state import ROUTER, RouterState
 from router.strategies import NoHealthyReplica, RouteRequest
 from shared import protocol
@@ -154,9 +155,24 @@ async def health(request: web.Request) -> web.Response:
                               "index": "memory" if state.embedded else "redis"}, status=status)
 
 
+async def models(request: web.Request) -> web.Response:
+    """The models the replicas serve (each says so on /health), as OpenAI's ``GET /v1/models``."""
+    state = _state(request)
+    names = sorted({r.health["model"] for r in state.cluster.replicas if r.health.get("model")})
+    body = {"object": "list", "data": [{"id": n, "object": "model", "created": int(state.started), "owned_by": "kvemu"}
+                                       for n in names]}
+    return web.json_response(body)
+
+
 async def metrics(request: web.Request) -> web.Response:
-    return web.Response(body=generate_latest(_state(request).metrics.registry),
-                        headers={"Content-Type": CONTENT_TYPE_LATEST})
+    """The router's own ``kvemu_router_*`` series, then the cluster's ``vllm:*`` series (every
+    healthy replica's, labelled by ``replica_id``): a client scraping the URL it sends load to
+    sees the serving metrics it expects."""
+    state = _state(request)
+    urls = [r.url for r in state.cluster.replicas if r.state.healthy]
+    texts = await replica_metrics_texts(state.cluster.session, urls)
+    body = generate_latest(state.metrics.registry) + merge_vllm(texts)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 async def cluster_view(request: web.Request) -> web.Response:
@@ -213,6 +229,7 @@ async def _refresh_footprints(state) -> None:
 def add_routes(app: web.Application) -> None:
     for path in ("/v1/completions", "/v1/chat/completions", "/generate"):
         app.router.add_post(path, proxy)
+    app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/cluster", cluster_view)

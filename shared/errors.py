@@ -19,11 +19,11 @@ class InputError(KvemuError, ValueError):
 class UnknownNameError(KvemuError, KeyError):
     """An unknown preset / policy / model name; the message lists the valid ones."""
 
-    def __init__(self, kind: str, name: str, valid: list[str] | tuple[str, ...]):
+    def __init__(self, kind: str, name: str, valid: list[str] | tuple[str, ...], hint: str = ""):
         self.kind = kind
         self.name = name
         self.valid = sorted(valid)
-        super().__init__(f"unknown {kind} {name!r}; valid: {', '.join(self.valid)}")
+        super().__init__(f"unknown {kind} {name!r}; valid: {', '.join(self.valid)}{hint}")
 
     def __str__(self) -> str:  # KeyError would add quotes around the message
         return self.args[0]

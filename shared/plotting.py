@@ -15,7 +15,7 @@ def pyplot() -> Any:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:  # pragma: no cover - depends on the install
-        raise KvemuError("plots need matplotlib: pip install 'kvemu[plot]'") from None
+        raise KvemuError(MISSING) from None
     return plt
 
 
@@ -92,3 +92,12 @@ def thin_overlapping_ticks(fig) -> None:
                 label.set_visible(False)
             else:
                 kept = box
+
+
+MISSING = ("--plot needs matplotlib; from a clone: .venv/bin/pip install -e '.[plot]'"
+           " (from PyPI: pip install 'kvemu[plot]')")
+
+
+def require_matplotlib() -> None:
+    """Called before a long run that ends in a plot, so a missing extra costs nothing."""
+    pyplot()

@@ -137,8 +137,11 @@ def parse_generate(obj: dict, block_size: int, limits: tuple[int, int], header_s
 def _prompt_tokens(prompt: Any, max_prompt: int) -> list[int]:
     if isinstance(prompt, str):
         tokens = tokenizer.encode(prompt)
-    elif isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        tokens = tokenizer.encode(prompt[0])
+    elif isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        return _prompt_tokens(prompt[0], max_prompt)  # a batch of one is one prompt
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        raise InputError("prompt", f"is a batch of {len(prompt)} prompts; batches are not supported,"
+                                   " send one prompt per request")
     elif isinstance(prompt, list):
         tokens = _token_list(prompt, "prompt", max_prompt)
     else:
@@ -148,6 +151,38 @@ def _prompt_tokens(prompt: Any, max_prompt: int) -> list[int]:
     return tokens
 
 
+def _content(content: Any, where: str) -> str:
+    """A message's content: a string, null (an assistant turn made only of tool calls) or text parts."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    if not isinstance(content, list):
+        raise InputError(where, f"expected a string, a list of content parts or null, got {type(content).__name__}")
+    texts = []
+    for j, part in enumerate(content):
+        if not isinstance(part, dict):
+            raise InputError(f"{where}[{j}]", "expected a content part object")
+        kind = part.get("type", "text")
+        if kind not in ("text", "input_text", "refusal"):
+            raise InputError(f"{where}[{j}].type", f"{kind!r:.40} parts are not emulated; kvemu serves text only")
+        text = part.get("refusal" if kind == "refusal" else "text")
+        if not isinstance(text, str):
+            raise InputError(f"{where}[{j}].text", "expected a string")
+        texts.append(text)
+    return "".join(texts)
+
+
+def _tool_calls(calls: Any, where: str) -> str:
+    """Tool calls an assistant made, rendered as JSON so the same history renders the same text."""
+    if calls is None:
+        return ""
+    if not isinstance(calls, list):
+        raise InputError(where, f"expected a list of tool calls, got {type(calls).__name__}")
+    for j, call in enumerate(calls):
+        if not isinstance(call, dict):
+            raise InputError(f"{where}[{j}]", "expected a tool call object")
+    return "<tool_call>" + json.dumps(calls, sort_keys=True, separators=(",", ":")) + "</tool_call>"
+
+
 def _messages(value: Any) -> list[dict]:
     if not isinstance(value, list) or not value:
         raise InputError("messages", "expected a non-empty list of {role, content} objects")
@@ -155,15 +190,65 @@ def _messages(value: Any) -> list[dict]:
     for i, m in enumerate(value):
         if not isinstance(m, dict):
             raise InputError(f"messages[{i}]", "expected an object")
-        role, content = m.get("role"), m.get("content")
-        if role not in ("system", "user", "assistant", "tool", "developer"):
+        role = m.get("role")
+        if role not in ("system", "user", "assistant", "tool", "developer", "function"):
             raise InputError(f"messages[{i}].role", f"unknown role {role!r:.40}")
-        if isinstance(content, list):  # OpenAI content parts: keep the text ones
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-        if not isinstance(content, str):
-            raise InputError(f"messages[{i}].content", "expected a string")
+        content = _content(m.get("content"), f"messages[{i}].content")
+        if role == "assistant":
+            content += _tool_calls(m.get("tool_calls"), f"messages[{i}].tool_calls")
+        elif role in ("tool", "function"):
+            call_id = m.get("tool_call_id") or m.get("name") or ""
+            content = f"<tool_response id={str(call_id)[:64]}>{content}</tool_response>"
         out.append({"role": role, "content": content})
     return out
+
+
+def _tools(obj: dict) -> str:
+    """Tool definitions are part of the prompt a real server renders; so they are here."""
+    tools = obj.get("tools")
+    if tools is None:
+        return ""
+    if not isinstance(tools, list):
+        raise InputError("tools", f"expected a list of tool definitions, got {type(tools).__name__}")
+    return json.dumps(tools, sort_keys=True, separators=(",", ":"))
+
+
+def _refuse_unemulated(obj: dict, chat: bool) -> None:
+    """Options that would change what comes back, which kvemu does not emulate: refused by name."""
+    n = obj.get("n")
+    if n is not None and n != 1:
+        raise InputError("n", f"only n=1 is emulated, got {n!r:.40}")
+    for name in ("best_of",):
+        if obj.get(name) not in (None, 1):
+            raise InputError(name, "only one candidate is emulated; drop the option or set it to 1")
+    stop = obj.get("stop")
+    if stop not in (None, "", []):
+        raise InputError("stop", "stop sequences are not emulated (outputs always run to max_tokens)")
+    logprobs = obj.get("logprobs")
+    if logprobs not in (None, False) or obj.get("top_logprobs") not in (None, 0):
+        raise InputError("logprobs" if logprobs not in (None, False) else "top_logprobs",
+                         "log probabilities are not emulated")
+    if not chat and obj.get("echo"):
+        raise InputError("echo", "echoing the prompt is not emulated")
+    if not chat and obj.get("suffix"):
+        raise InputError("suffix", "insertion (suffix) is not emulated")
+    fmt = obj.get("response_format")
+    if isinstance(fmt, dict) and fmt.get("type") not in (None, "text"):
+        raise InputError("response_format", f"{fmt.get('type')!r:.40} output is not emulated; only text")
+
+
+def _include_usage(obj: dict, stream: bool) -> bool:
+    opts = obj.get("stream_options")
+    if opts is None:
+        return False
+    if not isinstance(opts, dict):
+        raise InputError("stream_options", "expected an object")
+    if not stream:
+        raise InputError("stream_options", "only allowed when stream is true")
+    value = opts.get("include_usage", False)
+    if not isinstance(value, bool):
+        raise InputError("stream_options.include_usage", f"expected true or false, got {value!r:.40}")
+    return value
 
 
 def parse_openai(obj: dict, chat: bool, block_size: int, limits: tuple[int, int],
@@ -174,12 +259,11 @@ def parse_openai(obj: dict, chat: bool, block_size: int, limits: tuple[int, int]
         max_tokens = _int(obj, "max_tokens", 16, 0, max_out)
     model = _str(obj, "model") or "kvemu"
     stream = _bool(obj, "stream")
-    opts = obj.get("stream_options") or {}
-    if not isinstance(opts, dict):
-        raise InputError("stream_options", "expected an object")
-    include_usage = bool(opts.get("include_usage", False))
+    include_usage = _include_usage(obj, stream)
+    _refuse_unemulated(obj, chat)
     if chat:
-        tokens = tokenizer.encode(tokenizer.chat_template(_messages(obj.get("messages"))))
+        text = tokenizer.chat_template(_messages(obj.get("messages")), _tools(obj))
+        tokens = tokenizer.encode(text)
         if len(tokens) > max_prompt:
             raise InputError("messages", f"render to {len(tokens)} tokens; the limit is {max_prompt}")
     else:

@@ -30,14 +30,27 @@ def encode(text: str) -> list[int]:
     return [_token_id(m) for m in _TOKEN_RE.findall(text)]
 
 
-def chat_template(messages: list[dict]) -> str:
-    """A ChatML-like rendering: the same conversation prefix renders to the same text."""
-    parts = [f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages]
+def chat_template(messages: list[dict], tools: str = "") -> str:
+    """A ChatML-like rendering: the same conversation prefix renders to the same text.
+
+    Tool definitions, when given, open the prompt (as real chat templates put them in the
+    system turn), so a fixed tool set is a shared prefix."""
+    parts = [f"<|im_start|>tools\n{tools}<|im_end|>\n"] if tools else []
+    parts += [f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages]
     parts.append("<|im_start|>assistant\n")
     return "".join(parts)
 
 
+_WORDS = ("the", "cache", "block", "prefix", "token", "replica", "router", "hit", "miss", "session")
+
+
 def filler_text(n_tokens: int, seed: int = 0) -> str:
-    """Deterministic response text of about ``n_tokens`` tokens."""
-    words = ("the", "cache", "block", "prefix", "token", "replica", "router", "hit", "miss", "session")
-    return " ".join(words[(seed + i * 7) % len(words)] for i in range(n_tokens))
+    """Deterministic response text of ``n_tokens`` words (one token each)."""
+    return filler_piece(seed, 0, n_tokens)
+
+
+def filler_piece(seed: int, start: int, n: int) -> str:
+    """Words ``start .. start+n`` of ``filler_text(..., seed)``, with the space that precedes them:
+    streamed pieces concatenate to exactly the non-streamed text."""
+    text = " ".join(_WORDS[(seed + i * 7) % len(_WORDS)] for i in range(start, start + n))
+    return " " + text if start and text else text

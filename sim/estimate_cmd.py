@@ -87,15 +87,21 @@ def run(args: argparse.Namespace) -> int:
         capacity = capacity_for(work, target, args.practical)
     else:
         capacity = _number(args.capacity_blocks, "--capacity-blocks", int)
-    est = estimate(work, capacity, args.practical)
+    doc = estimate_doc(work, inputs, capacity, target, args.practical)
+    print(json.dumps(doc, indent=1) if args.json else format_table(doc))
+    return 0
+
+
+def estimate_doc(work, inputs: dict, capacity: int, target: float | None, practical: bool) -> dict:
+    """The estimate at ``capacity`` as one JSON-ready dict (what ``--json`` prints)."""
+    est = estimate(work, capacity, practical)
     doc = {"variant": est.variant, "capacity_blocks": capacity, "hit_ratio": est.hit_ratio, "h_max": est.h_max,
            "characteristic_time_s": _finite(est.characteristic_time_s)}
     if target is not None:
         doc["target_hit_ratio"] = target
     doc.update(work.describe())
     doc["inputs"] = inputs
-    print(json.dumps(doc, indent=1) if args.json else format_table(doc))
-    return 0
+    return doc
 
 
 def format_table(doc: dict) -> str:

@@ -7,12 +7,15 @@ import json
 import sys
 
 from loadgen.source import add_source_args, load_source, trace_name
+from loadgen.trace import Trace
+from router.strategies import RoutingSettings
+from shared.cli import check_outputs
+from shared.config import add_config_arg
 from shared.progress import ProgressBar
-from sim.simulator import SimSettings, simulate
 from shared.costmodel import CostModel
 from shared.errors import InputError
-from router.strategies import RoutingSettings
 from shared.overrides import apply_overrides, parse_pairs
+from sim.simulator import SimSettings, saturation_warning, simulate
 
 
 def add_emulation_args(p: argparse.ArgumentParser) -> None:
@@ -38,6 +41,7 @@ def add_emulation_args(p: argparse.ArgumentParser) -> None:
 
 def configure(p: argparse.ArgumentParser) -> None:
     add_source_args(p)
+    add_config_arg(p)
     p.add_argument("--replicas", type=int, default=1)
     p.add_argument("--routing", default="cache_aware")
     p.add_argument("--policy", default="lru", help="comma-separated policies, e.g. lru,s3fifo,belady")
@@ -49,6 +53,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-reuse-distances", action="store_true", help="same as --reuse off")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="FILE", help="write {\"runs\": [...]} here ('-' for stdout)")
+    p.add_argument("--csv", metavar="FILE.csv", help="the main scalar columns of every run, one row each")
     p.add_argument("--plot", metavar="FILE.png", help="hit ratio and CSR against capacity per policy")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
@@ -82,6 +87,7 @@ def capacities(args, block_size: int) -> list[int]:
 
 
 def run(args) -> int:
+    check_outputs(args)
     trace = load_source(args)
     if not trace.requests:
         raise InputError("trace", "has no requests")
@@ -103,6 +109,14 @@ def run(args) -> int:
         progress = None if args.quiet else ProgressBar(label, len(trace.requests), "req")
         runs.append(simulate(trace, settings, progress))
     print_table(runs, sys.stdout)
+    warning = saturation_warning(runs)
+    if warning:
+        print(warning, file=sys.stderr)
+    _write_outputs(args, trace, runs)
+    return 0
+
+
+def _write_outputs(args, trace: Trace, runs: list[dict]) -> None:
     if args.json:
         doc = json.dumps({"trace": trace.source, "runs": runs}, indent=1)
         if args.json == "-":
@@ -110,26 +124,32 @@ def run(args) -> int:
         else:
             with open(args.json, "w") as fh:
                 fh.write(doc)
+    if args.csv:
+        from sim.sweep import CSV_COLUMNS, write_rows
+
+        rows = write_rows([{**r, "trace": trace.source} for r in runs], args.csv, CSV_COLUMNS[1:])
+        print(f"csv: {rows} rows written to {args.csv}", file=sys.stderr)
     if args.plot:
         from sim.plots import plot_capacity_curves
         from sim.sweep_plots import infinite_cache_hit_ratio
 
         plot_capacity_curves(runs, args.plot, trace_name(trace.source), infinite_cache_hit_ratio(trace))
         print(f"plot written to {args.plot}", file=sys.stderr)
-    return 0
 
 
 def print_table(runs: list[dict], out) -> None:
+    """Hit ratios, CSR, holes, and TTFT in emulated milliseconds (the JSON keeps seconds)."""
     cols = [("policy", "{}", 14), ("capacity_blocks", "{:,}", 10), ("replicas", "{}", 3),
             ("block_hit_ratio", "{:.4f}", 8), ("token_hit_ratio", "{:.4f}", 8), ("csr", "{:.4f}", 8),
-            ("holes/req", "{:.2f}", 9), ("ttft_p50_s", "{:.3f}", 9), ("ttft_p99_s", "{:.3f}", 9),
+            ("holes/req", "{:.2f}", 9), ("ttft_p50_s", "{:,.1f}", 14), ("ttft_p99_s", "{:,.1f}", 14),
             ("load_imbalance", "{:.2f}", 6)]
-    heads = ["policy", "capacity", "R", "blk_hit", "tok_hit", "CSR", "holes/req", "ttft_p50", "ttft_p99", "imbal"]
+    heads = ["policy", "capacity", "R", "blk_hit", "tok_hit", "CSR", "holes/req", "ttft_p50_ms", "ttft_p99_ms",
+             "imbal"]
     out.write("  ".join(h.rjust(w) if i else h.ljust(w) for i, (h, (_, _, w)) in enumerate(zip(heads, cols))) + "\n")
     for r in runs:
         cells = []
         for i, (key, fmt, w) in enumerate(cols):
             value = r["holes"]["mean_per_request"] if key == "holes/req" else r[key]
-            text = "-" if value is None else fmt.format(value)
+            text = "-" if value is None else fmt.format(value * 1000 if key.startswith("ttft") else value)
             cells.append(text.ljust(w) if i == 0 else text.rjust(w))
         out.write("  ".join(cells) + "\n")

@@ -86,6 +86,7 @@ class _Replica:
     busy_until: float = INF
     pending: StepResult | None = None  # the step whose end is busy_until
     ttft: LogHistogram = field(default_factory=LogHistogram)
+    busy_s: float = 0.0  # emulated seconds spent in scheduler steps
 
 
 class NextUses:
@@ -205,6 +206,7 @@ class Simulation:
         self.queue = LogHistogram()
         self.ttft = LogHistogram()
         self.served = 0
+        self.first_arrival = self.last_arrival = self.last_finish = 0.0
 
     def run(self) -> dict:
         future = NextUses(self.trace) if policy_class(self.s.policy).needs_future else None
@@ -228,6 +230,9 @@ class Simulation:
             if i == n or t_next == INF:  # INF: a session waits on a request that can never run
                 break
             t, k = arrivals.pop()
+            if i == 0:
+                self.first_arrival = t
+            self.last_arrival = t
             r = reqs[k]
             rep, _ = self._route(r)
             rep.sched.submit(SchedRequest(k, r.hash_ids, r.input_tokens, max(r.output_tokens, 1), t, r.session,
@@ -282,6 +287,7 @@ class Simulation:
             rep.busy_until = INF  # nothing could run; the next arrival or completion restarts it
             return seq
         rep.busy_until = now + res.duration
+        rep.busy_s += res.duration
         rep.pending = res
         heapq.heappush(busy, (rep.busy_until, seq, rep.rid))
         return seq + 1
@@ -298,6 +304,7 @@ class Simulation:
         for r in res.finished:
             self._arrivals.finished(r.rid, r.t_finished)
             self.e2e.add(r.t_finished - r.arrival)
+            self.last_finish = max(self.last_finish, r.t_finished)
             rep.state.in_flight -= 1
             self.served += 1
         rep.state.queued_tokens = rep.sched.queued_prefill_tokens
@@ -314,6 +321,7 @@ class Simulation:
             st["replica"] = rep.rid
             st["ttft_p50_s"] = None if timed is None else rep.ttft.quantile(0.5)
             st["ttft_p99_s"] = None if timed is None else rep.ttft.quantile(0.99)
+            st["busy_s"] = rep.busy_s
             per.append(st)
             counts += m.counts()
             requests, evictions, holes = requests + m.requests, evictions + m.evictions, holes + m.holes_total
@@ -328,6 +336,7 @@ class Simulation:
             "replicas": self.s.replicas,
             "routing": self.s.routing,
             "hit_mode": self.s.hit_mode,
+            "max_running": self.s.max_running,
             "block_size": self.block_size,
             "model": self.cost.model.name,
             "gpu": self.cost.gpu.name,
@@ -339,6 +348,9 @@ class Simulation:
             "evictions": evictions,
             **self._latencies(timed is not None),
             "load_imbalance": (max(reqs) / mean_load) if mean_load else 0.0,
+            "arrival_span_s": self.last_arrival - self.first_arrival,
+            "drain_s": max(self.last_finish - self.last_arrival, 0.0),
+            "saturated": self._saturated(per),
             "routing_decisions": dict(sorted(self.router.decisions.items())),
             "per_replica": per,
             "wall_s": round(wall_s, 3),
@@ -352,6 +364,36 @@ class Simulation:
                         ("e2e_p99_s", 0.99)):
             out[name] = hists[name.split("_")[0]].quantile(q) if timed else None
         return out
+
+    def _saturated(self, per: list[dict]) -> bool:
+        """A replica's queue grew without bound: busy nearly all the time requests arrived, and
+        still working through a backlog long after the last one (a tenth of the trace or more)."""
+        span = self.last_arrival - self.first_arrival
+        drain = self.last_finish - self.last_arrival
+        if span <= 0:
+            return False
+        return drain > max(0.1 * span, 60.0) and max(p["busy_s"] for p in per) > 0.9 * span
+
+
+def saturation_warning(runs: list[dict]) -> str | None:
+    """One line for the runs whose replica queue grew without bound (their TTFT is mostly
+    waiting), naming the worst; None when every queue kept up."""
+    bad = [r for r in runs if r.get("saturated")]
+    if not bad:
+        return None
+    w = max(bad, key=lambda r: r["drain_s"])
+    which = f"{w['policy']} @ {w['capacity_blocks']:,} blocks"
+    head = f"warning: {which}" if len(bad) == 1 else f"warning: {len(bad)} of {len(runs)} runs (worst: {which})"
+    return (f"{head}: the replica queue grew without bound (the last request finished {_duration(w['drain_s'])}"
+            f" after the last arrival, over a {_duration(w['arrival_span_s'])} trace), so TTFT is mostly queueing;"
+            f" raise --max-running (now {w['max_running']}) or --replicas (now {w['replicas']}), or lower the load")
+
+
+def _duration(seconds: float) -> str:
+    for unit, size in (("h", 3600.0), ("min", 60.0)):
+        if seconds >= size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds:.1f} s"
 
 
 def simulate(trace: Trace, settings: SimSettings, progress=None) -> dict:

@@ -40,7 +40,7 @@ GRID, MRC = "grid", "mrc"
 
 CSV_COLUMNS = ("id", "trace", "policy", "capacity_blocks", "capacity_gib", "routing", "replicas", "hit_mode",
                "max_running", "block_hit_ratio", "token_hit_ratio", "csr", "holes_mean", "ttft_p50_s",
-               "ttft_p99_s", "load_imbalance", "requests", "served", "evictions", "wall_s")
+               "ttft_p99_s", "load_imbalance", "saturated", "requests", "served", "evictions", "wall_s")
 
 
 @dataclass(frozen=True)
@@ -154,9 +154,10 @@ def make_record(point: Point, trace_info: dict, run: dict) -> dict:
 
 def csv_row(rec: dict) -> dict:
     row = {k: rec.get(k) for k in CSV_COLUMNS}
-    row["trace"] = rec.get("trace", {}).get("source")
+    trace = rec.get("trace")
+    row["trace"] = trace.get("source") if isinstance(trace, dict) else trace
     row["holes_mean"] = rec.get("holes", {}).get("mean_per_request")
-    row["max_running"] = rec.get("settings", {}).get("max_running")
+    row["max_running"] = rec.get("settings", {}).get("max_running", rec.get("max_running"))
     return row
 
 
@@ -166,13 +167,17 @@ def sort_key(rec: dict):
 
 def write_csv(records, path: str) -> int:
     """The main scalar columns of every grid record, one row each; returns the row count."""
-    rows = sorted((r for r in records if r.get("kind") == GRID), key=sort_key)
+    return write_rows(sorted((r for r in records if r.get("kind") == GRID), key=sort_key), path, CSV_COLUMNS)
+
+
+def write_rows(records: list[dict], path: str, columns=CSV_COLUMNS) -> int:
+    """``csv_row`` of each record (a sweep record or a ``simulate()`` run) under ``columns``."""
     with open(path, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=CSV_COLUMNS)
+        w = csv.DictWriter(fh, fieldnames=columns, extrasaction="ignore")
         w.writeheader()
-        for rec in rows:
+        for rec in records:
             w.writerow(csv_row(rec))
-    return len(rows)
+    return len(records)
 
 
 # ---------------------------------------------------------------- workers

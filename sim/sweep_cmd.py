@@ -15,19 +15,33 @@ import os
 import sys
 
 from loadgen.formats import detect_format
-from sim.simulator import SimSettings
 from loadgen.source import add_source_args, load_source
-from sim.sim_cmd import add_emulation_args, capacities, split_numbers
-from sim.sweep import (MRC, Point, Progress, file_identity, make_point, mean_field, mrc_sources, read_records,
-                           run_points, sort_key, workload_identity, write_csv)
 from replica.core.policies import policy_class
 from router.strategies import RoutingSettings, get_strategy
+from shared.config import add_config_arg
 from shared.errors import InputError
 from shared.overrides import apply_overrides, parse_pairs
+from sim.sim_cmd import add_emulation_args, capacities, split_numbers
+from sim.simulator import SimSettings, saturation_warning
+from sim.sweep import (
+    MRC,
+    Point,
+    Progress,
+    file_identity,
+    make_point,
+    mean_field,
+    mrc_sources,
+    read_records,
+    run_points,
+    sort_key,
+    workload_identity,
+    write_csv,
+)
 
 
 def configure(p: argparse.ArgumentParser) -> None:
     add_source_args(p)
+    add_config_arg(p)
     p.add_argument("--policy", default="lru", metavar="P1,P2,...", help="eviction policies, e.g. lru,s3fifo,belady")
     p.add_argument("--routing", default="cache_aware", metavar="R1,R2,...", help="routing strategies")
     p.add_argument("--replicas", default="1", metavar="K1,K2,...", help="replica counts")
@@ -89,9 +103,11 @@ def build_grid(args, trace, identity: dict, policies, routings, replicas, caps) 
     points: dict[str, Point] = {}
     for rt in routings:
         for k in replicas:
+            # one replica: every routing sends everything to it, so its points run once
+            route = routings[0] if k == 1 else rt
             for pol in policies:
                 for c in caps:
-                    s = SimSettings(capacity_blocks=c, policy=pol, replicas=k, routing=rt, hit_mode=args.hit_mode,
+                    s = SimSettings(capacity_blocks=c, policy=pol, replicas=k, routing=route, hit_mode=args.hit_mode,
                                     seed=args.seed, model=args.model, gpu=args.gpu, token_budget=args.token_budget,
                                     max_running=args.max_running, reuse="exact" if args.reuse_distances else "off",
                                     routing_settings=routing, causal=args.causal, cache_only=args.cache_only)
@@ -117,6 +133,9 @@ def run(args) -> int:
         raise InputError("capacity", f"{caps[0]} blocks is smaller than the largest request ({biggest} blocks)")
     identity, info = _identity(args, trace)
     grid = build_grid(args, trace, identity, policies, routings, replicas, caps)
+    if 1 in replicas and len(routings) > 1 and not args.quiet:
+        print(f"sweep: with 1 replica every routing sends everything to it: those points run once, as"
+              f" {routings[0]} ({(len(routings) - 1) * len(policies) * len(caps)} fewer runs)", file=sys.stderr)
     sources = mrc_sources(identity, grid) if args.plot else []
     extra = [p for p in sources if p.kind == MRC]
     have, bad = read_records(args.out) if args.resume else ({}, 0)
@@ -142,6 +161,9 @@ def _outputs(args, trace, grid: list, sources: list) -> None:
     records, _ = read_records(args.out)
     mine = [records[p.id] for p in grid]
     print_table(sorted(mine, key=sort_key), sys.stdout)
+    warning = saturation_warning(mine)
+    if warning:
+        print(warning, file=sys.stderr)
     if args.csv:
         rows = write_csv(records.values(), args.csv)
         print(f"csv: {rows} rows written to {args.csv}", file=sys.stderr)
@@ -156,7 +178,7 @@ def _outputs(args, trace, grid: list, sources: list) -> None:
 TABLE = [("policy", "policy", "{}", 14), ("capacity_blocks", "capacity", "{:,}", 9), ("routing", "routing", "{}", 11),
          ("replicas", "R", "{}", 3), ("block_hit_ratio", "blk_hit", "{:.4f}", 7),
          ("token_hit_ratio", "tok_hit", "{:.4f}", 7), ("csr", "CSR", "{:.4f}", 7), ("holes", "holes/req", "{:.2f}", 9),
-         ("ttft_p50_s", "ttft_p50", "{:.3f}", 9), ("ttft_p99_s", "ttft_p99", "{:.3f}", 9),
+         ("ttft_p50_s", "ttft_p50_ms", "{:,.1f}", 14), ("ttft_p99_s", "ttft_p99_ms", "{:,.1f}", 14),
          ("load_imbalance", "imbal", "{:.2f}", 5), ("wall_s", "wall_s", "{:.1f}", 6)]
 
 
@@ -170,5 +192,5 @@ def print_table(records: list[dict], out) -> None:
         values = []
         for key, _, fmt, _ in TABLE:
             value = rec["holes"]["mean_per_request"] if key == "holes" else rec[key]
-            values.append(fmt.format(value))
+            values.append(fmt.format(value * 1000 if key.startswith("ttft") else value))  # ms, as the header says
         out.write(cells(values) + "\n")

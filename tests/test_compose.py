@@ -34,10 +34,12 @@ import urllib.request
 from pathlib import Path
 
 import yaml  # PyYAML, in the dev extra
+from prometheus_client.parser import text_string_to_metric_families
 
 from shared import tokenizer
 from shared.hashing import block_hashes
 from tests.conftest import RedisServer, free_port
+from tests.test_deploy_files import dashboard_metric_names
 from tests.support.cluster import redis_lookup, wait_for
 from tests.support.procs import http, http_json
 
@@ -49,7 +51,7 @@ COMPOSE = REPO / "docker-compose.yml"
 PROMETHEUS = REPO / "deploy" / "prometheus.yml"
 DOCKERFILE = REPO / "Dockerfile"
 KVEMU_SERVICES = ("router", "replica-0", "replica-1", "replica-2")
-SKIPPED = ("redis", "prometheus")
+SKIPPED = ("redis", "prometheus", "grafana")
 # Variables a user would export before `docker compose up`: a fast emulation for the test.
 COMPOSE_ENV = {"KVEMU_TIME_SCALE": "0.02", "KVEMU_THINK_SCALE": "0.02", "KVEMU_MAX_TOKENS": "8",
                "KVEMU_CAPACITY_BLOCKS": "4000"}
@@ -430,6 +432,8 @@ def test_compose_stack_runs_locally(tmp_path):
         post_form(master + "/stop", {})
         failures = sum(s["num_failures"] for (m, n), s in rows.items() if n != "Aggregated")
         assert failures == 0, rows
+        aggregated = next(s for (m, n), s in rows.items() if n == "Aggregated")
+        assert aggregated["num_requests"] == posts, rows  # real HTTP requests only, no TTFT samples
 
         # /metrics on every target Prometheus scrapes
         prom = yaml.safe_load(PROMETHEUS.read_text())
@@ -444,6 +448,12 @@ def test_compose_stack_runs_locally(tmp_path):
                     assert b"# TYPE" in text, (target, text[:200])
                     scraped.append(target.split(":")[0])
         assert set(scraped) == set(KVEMU_SERVICES), scraped
+        # every series the Grafana dashboard charts exists on the running stack
+        exposed = set()
+        for name in KVEMU_SERVICES:
+            text = http("GET", url[name] + "/metrics")[2].decode()
+            exposed |= {smp.name for fam in text_string_to_metric_families(text) for smp in fam.samples}
+        assert dashboard_metric_names() <= exposed, dashboard_metric_names() - exposed
         status, _, text = http("GET", url["replica-0"] + "/metrics")
         assert b"vllm:prefix_cache_queries" in text
 

@@ -73,6 +73,9 @@ def test_locust_headless_mix_streams_and_reports_ttft(cluster, tmp_path):
         assert int(request["Failure Count"]) == 0, request
     aggregated = stats[("", "Aggregated")]
     assert int(aggregated["Failure Count"]) == 0, (aggregated, Path(f"{out}_failures.csv").read_text())
+    # the Aggregated row counts HTTP requests only, never the TTFT samples
+    posts = sum(int(row["Request Count"]) for (kind, _), row in stats.items() if kind == "POST")
+    assert int(aggregated["Request Count"]) == posts, (aggregated, posts)
     # multi-turn sessions resend their history and share system prompts: the router routed by cache hits
     samples = scrape(cluster.router_url)
     assert metric(samples, "kvemu_router_decisions_total", reason="cache_hit") > 0

@@ -8,7 +8,12 @@ Timing tests check open loop across sessions and causality within one.
 from __future__ import annotations
 
 import argparse
+import csv
 import json
+import re
+import signal
+import subprocess
+import time
 
 import pytest
 
@@ -17,7 +22,7 @@ from loadgen.formats import write_kvemu
 from loadgen.trace import Trace, TraceRequest
 from shared.hashing import chain_ids, content_id
 from tests.conftest import free_port
-from tests.support.kvemu_cli import run_kvemu
+from tests.support.kvemu_cli import REPO, kvemu_cmd, run_kvemu
 
 # Real processes on loopback: an end-to-end test (CI runs it; `-m "not slow"` skips it locally).
 pytestmark = pytest.mark.slow
@@ -79,7 +84,8 @@ def test_records_and_summary_have_exact_cached_tokens(cluster, tmp_path):
     out = tmp_path / "out.json"
     res = replay(cluster.router_url, write(tmp_path, reqs), "--json", str(out))
     assert res.returncode == 0, res.stderr
-    assert "replay [" in res.stderr and "6/6" in res.stderr  # the progress bar ends complete
+    assert "replay: 100%" in res.stderr and "6/6" in res.stderr  # the tqdm bar ends complete
+    assert "failed 0, on schedule" in res.stderr and re.search(r"\[\d\d:\d\d<\d\d:\d\d", res.stderr)  # ETA
     doc = load(out)
     assert set(doc) == {"summary", "cluster", "records"}
     recs = by_key(doc["records"])
@@ -105,8 +111,8 @@ def test_records_and_summary_have_exact_cached_tokens(cluster, tmp_path):
     assert per["block_hit_ratio"] == pytest.approx(cached / prompt_blocks)
     assert s["load_imbalance"] == 1.0 and 0 < s["ttft_p50_s"] <= s["ttft_p99_s"]
     # The cluster part comes from the replicas' /stats and the router's /cluster.
-    assert "replica-0" in doc["cluster"]["replicas"] and doc["cluster"]["hotspots"] == []
-    assert 0 < doc["cluster"]["csr"] <= 1
+    assert set(doc["cluster"]["replicas"]["replica-0"]) == {"run", "lifetime"} and doc["cluster"]["hotspots"] == []
+    assert 0 < doc["cluster"]["csr"] <= 1 and doc["summary"]["interrupted"] is False
     # The printed report carries the same numbers.
     assert f"token hit ratio {s['token_hit_ratio']:.4f}" in res.stdout
     assert "replica-0" in res.stdout and "6 (6 ok, 0 failed)" in res.stdout
@@ -185,3 +191,62 @@ def test_trace_block_size_must_match_the_cluster(cluster, tmp_path):
     res = replay(cluster.router_url, trace)
     assert res.returncode == 2, res.stdout
     assert "32-token blocks" in res.stderr and "uses 16" in res.stderr and "--block-size 32" in res.stderr
+
+
+def test_report_separates_this_run_from_the_replicas_lifetime(cluster, tmp_path):
+    """The same trace twice: the second run hits every full block; the replica's lifetime
+    counters still carry the first run's misses, and the report keeps the two apart."""
+    reqs = [request(0.0, "twice", "T", 0, 2), request(0.1, "twice", "T", 1, 4), request(0.0, "twice", "U", 0, 3)]
+    trace = write(tmp_path, reqs)
+    first = replay(cluster.router_url, trace, "--quiet", speedup=4.0)
+    assert first.returncode == 0, first.stderr
+    out, rows = tmp_path / "second.json", tmp_path / "second.csv"
+    second = replay(cluster.router_url, trace, "--quiet", "--json", str(out), "--csv", str(rows), speedup=4.0)
+    assert second.returncode == 0, second.stderr
+    doc = load(out)
+    assert doc["summary"]["block_hit_ratio"] == 1.0
+    rep = doc["cluster"]["replicas"]["replica-0"]
+    assert doc["cluster"]["csr"] == pytest.approx(1.0) and rep["run"] == {"csr": pytest.approx(1.0), "evictions": 0}
+    assert rep["lifetime"]["block_hit_ratio"] < 1.0  # earlier tests' and the first run's misses
+    lines = second.stdout.splitlines()
+    run_head = lines.index("  this run         requests  tok_hit  blk_hit     CSR  evictions")
+    life_head = next(i for i, ln in enumerate(lines) if ln.startswith("  lifetime         blk_hit"))
+    assert lines[run_head + 1].split()[:2] == ["replica-0", "3"] and lines[run_head + 1].split()[3:5] == [
+        "1.0000", "1.0000"]
+    assert lines[life_head + 1].split()[1] == f"{rep['lifetime']['block_hit_ratio']:.4f}"
+    assert second.stderr == f"csv: 3 rows written to {rows}\n"
+    with open(rows, newline="") as fh:
+        table = list(csv.DictReader(fh))
+    assert sorted((r["session"], int(r["turn"]), int(r["cached_blocks"])) for r in table) == [
+        ("T", 0, 4), ("T", 1, 6), ("U", 0, 5)]
+
+
+def test_ctrl_c_stops_cleanly_and_keeps_what_ran(cluster, tmp_path):
+    reqs = [request(0.5 * i, "ctrlc", f"K{i}", 0, 1) for i in range(40)]  # 20 s of trace time
+    out, png, rows = tmp_path / "partial.json", tmp_path / "partial.png", tmp_path / "partial.csv"
+    proc = subprocess.Popen(kvemu_cmd("replay", "--url", cluster.router_url, "--trace", write(tmp_path, reqs),
+                                      "--json", str(out), "--plot", str(png), "--csv", str(rows)),
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(3.0)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    doc = load(out)
+    done = len(doc["records"])
+    assert 2 <= done < 40 and doc["summary"]["interrupted"] is True
+    assert all(r["status"] == 200 for r in doc["records"])  # in-flight requests are dropped, not failed
+    assert f"replay: interrupted after {done} of 40 requests; reporting those" in stderr
+    assert f"requests        {done} ({done} ok, 0 failed)   INTERRUPTED: partial run" in stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(rows.read_text().splitlines()) == done + 1
+
+
+def test_progress_says_when_replay_falls_behind_schedule(cluster, tmp_path):
+    """Six sessions due at once through one connection, each decoding 400 tokens (~0.6 s):
+    the last leaves seconds late, and the bar says so."""
+    reqs = [request(0.0, "late", f"L{i}", 0, 1, out=400) for i in range(6)]
+    res = replay(cluster.router_url, write(tmp_path, reqs), "--connections", "1")
+    assert res.returncode == 0, res.stderr
+    late = re.findall(r"behind schedule (\d+\.\d)s", res.stderr)
+    assert late and float(late[-1]) >= 2.0, res.stderr

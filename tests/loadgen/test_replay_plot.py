@@ -32,7 +32,7 @@ def replayed(tmp_path_factory):
     try:
         trace = generate("mix", 120, seed=5)
         records = asyncio.run(Replayer(cluster.router_url, trace, SPEEDUP, MAX_REQUESTS, progress=False).run())
-        report = cluster_report(cluster.router_url)
+        report = cluster_report(cluster.router_url, {})
     finally:
         cluster.stop()
     sent = [r for reqs in sessions_of(trace, MAX_REQUESTS).values() for r in reqs]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -11,7 +10,6 @@ from loadgen.formats import read_trace
 from loadgen.stats import Distribution, trace_stats
 from loadgen.trace import Trace, TraceRequest
 
-from tests.conftest import SAMPLE_TRACES
 
 
 @pytest.mark.parametrize(

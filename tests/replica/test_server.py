@@ -63,14 +63,16 @@ def test_openai_completion_and_chat_usage(replica):
 def test_streaming_sends_sse_chunks_and_done(replica):
     status, headers, data = http("POST", replica.url + "/v1/chat/completions",
                                  {"messages": [{"role": "user", "content": "stream please"}], "max_tokens": 5,
-                                  "stream": True})
+                                  "stream": True, "stream_options": {"include_usage": True}})
     assert status == 200 and headers["Content-Type"].startswith("text/event-stream")
     events = [line[6:] for line in data.decode().split("\n\n") if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
-    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
-    assert chunks[-1]["usage"]["completion_tokens"] == 5
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length" and "usage" not in chunks[-2]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 5
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks[:-1])
+    assert len(text.split(" ")) == 5  # pieces carry their spaces: five words, not one run-on
 
 
 @pytest.mark.parametrize("body,field", [

@@ -235,7 +235,8 @@ def test_a_stream_cut_by_a_dying_replica_ends_with_an_in_band_error():
 
         def call(k):
             results[k] = http("POST", router.url + "/v1/completions",
-                              {"prompt": "stream until the replica dies " * 4, "max_tokens": 80, "stream": True},
+                              {"prompt": "stream until the replica dies " * 4, "max_tokens": 80, "stream": True,
+                               "stream_options": {"include_usage": True}},
                               timeout=30)
 
         threads = [threading.Thread(target=call, args=(k,)) for k in range(2)]

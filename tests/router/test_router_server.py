@@ -120,8 +120,7 @@ def test_streaming_is_passed_through_as_sse(router, path, body):
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
     assert len(chunks) >= 2
-    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
-    assert chunks[-1]["usage"]["completion_tokens"] == 5
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length" and "usage" not in chunks[-1]
     assert chunks[-1]["kvemu"]["replica_id"] == headers["X-Kvemu-Replica"]
 
 

@@ -66,7 +66,7 @@ def test_live_hit_ratios_match_the_simulator(tmp_path):
     doc = json.loads(live_json.read_text())
     live = doc["summary"]
     assert live["failed"] == 0 and live["requests"] == open_loop["requests"]
-    assert all(r["evictions"] > 0 for r in doc["cluster"]["replicas"].values())
+    assert all(r["run"]["evictions"] > 0 for r in doc["cluster"]["replicas"].values())
 
     report = (f"\nlive  block {live['block_hit_ratio']:.4f} token {live['token_hit_ratio']:.4f}"
               f" per replica {[(k, v['requests'], round(v['block_hit_ratio'], 4)) for k, v in live['per_replica'].items()]}"

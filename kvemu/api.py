@@ -1,0 +1,77 @@
+"""The Python API, for notebooks and scripts: the same runs as ``kvemu sim`` / ``kvemu estimate``,
+returned as rows (one dict per run) instead of printed. See docs/python-api.md.
+
+    from kvemu import api
+    trace = api.load_trace("mooncake-conversation")
+    rows = api.simulate(trace, policies=["lru", "s3fifo"], capacity_blocks=[4000, 18279])
+    api.estimate(capacity_blocks=2275, arrival_rate=1.5, think_mean=45)["hit_ratio"]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+from loadgen.formats import read_trace
+from loadgen.trace import Trace
+from loadgen.workloads import generate
+from router.strategies import RoutingSettings
+from shared.errors import InputError
+from shared.overrides import apply_overrides
+from sim.simulator import SimSettings
+from sim.simulator import simulate as _simulate
+
+__all__ = ["Trace", "load_trace", "generate_trace", "simulate", "estimate"]
+
+
+def load_trace(path: str, fmt: str = "auto", block_size: int | None = None) -> Trace:
+    """A trace file (kvemu JSONL, Mooncake, Qwen-Bailian; ``.gz`` too) or a built-in trace's name."""
+    return read_trace(path, fmt, block_size)
+
+
+def generate_trace(workload: str, duration_s: float = 600.0, seed: int = 0, **params) -> Trace:
+    """A workload preset (``kvemu gen --list``), its parameters overridden by keyword."""
+    return generate(workload, duration_s, seed, {k: str(v) for k, v in params.items()})
+
+
+def simulate(trace: Trace, policies: Iterable[str] = ("lru",), capacity_blocks: Iterable[int] = (20_000,), *,
+             replicas: int = 1, routing: str = "cache_aware", routing_settings: dict | None = None,
+             **settings) -> list[dict]:
+    """One virtual-time run per (policy, capacity), in that order: the rows of ``kvemu sim --json``.
+
+    ``settings`` are ``SimSettings`` fields (``max_running``, ``token_budget``, ``hit_mode``,
+    ``model``, ``gpu``, ``causal``, ``seed``, ``reuse``, ``cache_only``)."""
+    routing_cfg = apply_overrides(RoutingSettings(block_size=trace.block_size),
+                                  {k: str(v) for k, v in (routing_settings or {}).items()})
+    known = {f.name for f in dataclasses.fields(SimSettings)}
+    for name in settings:
+        if name not in known:
+            raise InputError(name, f"not a simulation setting; valid: {', '.join(sorted(known))}")
+    grid = [SimSettings(capacity_blocks=c, policy=p, replicas=replicas, routing=routing,
+                        routing_settings=routing_cfg, **settings)
+            for p in policies for c in capacity_blocks]  # every name checked before the first run
+    return [_simulate(trace, s) for s in grid]
+
+
+def estimate(trace: Trace | None = None, *, capacity_blocks: int | None = None,
+             target_hit_ratio: float | None = None, practical: bool = False, **scm_params) -> dict:
+    """Seed 000's mean-field LRU estimate: the dict ``kvemu estimate --json`` prints.
+
+    From the ``scm`` model (``scm_params`` are its parameters, plus ``think_dist``, ``turn_dist``,
+    ...) or, with ``trace``, from primitives measured on it. Give ``capacity_blocks`` for the hit
+    ratio, or ``target_hit_ratio`` for the capacity that reaches it."""
+    from sim.estimate import ScmModel, capacity_for, workload_from_trace
+    from sim.estimate_cmd import estimate_doc
+
+    if (capacity_blocks is None) == (target_hit_ratio is None):
+        raise InputError("capacity_blocks", "give exactly one of capacity_blocks or target_hit_ratio")
+    if trace is not None:
+        if scm_params:
+            raise InputError(next(iter(scm_params)), "applies to the scm model; a trace gives every primitive")
+        work = workload_from_trace(trace, physical=practical)
+        inputs = {"trace": trace.source, "block_size": trace.block_size, "requests": len(trace.requests)}
+    else:
+        model = apply_overrides(ScmModel(), {k: str(v) for k, v in scm_params.items()})
+        work, inputs = model.workload(), {"workload": "scm", "params": dataclasses.asdict(model)}
+    capacity = capacity_for(work, target_hit_ratio, practical) if target_hit_ratio is not None else capacity_blocks
+    return estimate_doc(work, inputs, capacity, target_hit_ratio, practical)

@@ -1,0 +1,53 @@
+"""docs/python-api.md's example runs as written, and its rows are the command line's."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from kvemu import api
+from kvemu.cli import main
+from shared.errors import InputError, UnknownNameError
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "python-api.md"
+
+
+def test_the_documented_example_runs_and_matches_the_cli(tmp_path, capsys):
+    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
+    assert len(blocks) == 1
+    ns: dict = {}
+    exec(compile(blocks[0], str(DOC), "exec"), ns)
+    rows = ns["rows"]
+    assert [(r["policy"], r["capacity_blocks"]) for r in rows] == [("lru", 4000), ("lru", 18279),
+                                                                    ("s3fifo", 4000), ("s3fifo", 18279)]
+    assert all(r["replicas"] == 4 and r["routing"] == "session" for r in rows)
+    out = tmp_path / "cli.json"
+    assert main(["sim", "--trace", "mooncake-conversation", "--policy", "lru,s3fifo", "--capacity-blocks",
+                 "4000,18279", "--replicas", "4", "--routing", "session", "--no-reuse-distances", "--quiet",
+                 "--json", str(out)]) == 0
+    cli = json.loads(out.read_text())["runs"]
+    for mine, theirs in zip(rows, cli):
+        mine, theirs = dict(mine), dict(theirs)
+        mine.pop("wall_s"), theirs.pop("wall_s")
+        assert mine == theirs
+    assert ns["best"]["block_hit_ratio"] == max(r["block_hit_ratio"] for r in rows)
+    printed = capsys.readouterr().out
+    assert "lru       4,000 blocks  hit 0." in printed and "mean-field hit ratio at 2,275 blocks" in printed
+
+    # the estimate is `kvemu estimate --json`'s object
+    assert main(["estimate", "--set", "arrival_rate=1.5", "--set", "think_mean=45", "--capacity-blocks", "2275",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(ns["mean_field"]))  # tuples: lists
+    needed = ns["needed"]
+    assert needed["target_hit_ratio"] == 0.3 and needed["hit_ratio"] >= 0.3 - 1e-9
+
+
+def test_bad_input_names_the_field():
+    trace = api.generate_trace("scm", duration_s=60, seed=1)
+    with pytest.raises(InputError, match="^max_runing: not a simulation setting"):
+        api.simulate(trace, ["lru"], [1000], max_runing=1)
+    with pytest.raises(UnknownNameError, match="unknown policy 'lur'"):
+        api.simulate(trace, ["lur"], [1000])
+    with pytest.raises(InputError, match="^capacity_blocks: give exactly one"):
+        api.estimate(arrival_rate=1.0)

@@ -1,0 +1,72 @@
+"""`kvemu sim` from the command line: labelled units, --csv, the unbounded-queue warning, and
+--plot refused before any work when matplotlib is missing."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from kvemu.cli import main
+from shared.plotting import MISSING
+
+REPO = Path(__file__).resolve().parents[2]
+SIM = ["sim", "--workload", "scm", "--duration", "600", "--policy", "lru,s3fifo", "--capacity-blocks", "2000,8000",
+       "--no-reuse-distances", "--quiet"]
+
+
+def test_table_labels_ttft_in_ms_and_csv_matches_json(tmp_path, capsys):
+    out_json, out_csv = tmp_path / "runs.json", tmp_path / "runs.csv"
+    assert main([*SIM, "--json", str(out_json), "--csv", str(out_csv)]) == 0
+    captured = capsys.readouterr()
+    table = captured.out.splitlines()
+    assert table[0].split() == ["policy", "capacity", "R", "blk_hit", "tok_hit", "CSR", "holes/req", "ttft_p50_ms",
+                                "ttft_p99_ms", "imbal"]
+    runs = json.loads(out_json.read_text())["runs"]
+    for line, run in zip(table[1:], runs):
+        cells = line.split()
+        assert cells[7] == f"{run['ttft_p50_s'] * 1000:,.1f}" and cells[8] == f"{run['ttft_p99_s'] * 1000:,.1f}"
+    with open(out_csv, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [(r["policy"], int(r["capacity_blocks"])) for r in rows] == [(r["policy"], r["capacity_blocks"])
+                                                                       for r in runs]
+    for row, run in zip(rows, runs):
+        assert row["trace"] == "scm"
+        assert float(row["block_hit_ratio"]) == run["block_hit_ratio"]
+        assert float(row["ttft_p99_s"]) == run["ttft_p99_s"] and row["max_running"] == "256"
+        assert row["saturated"] == "False"
+    assert "warning" not in captured.err  # one replica keeps up with this load
+    assert captured.err == f"csv: 4 rows written to {out_csv}\n"
+
+
+def test_an_unbounded_queue_is_called_out(capsys):
+    """The README's cache-simulator setting: one request at a time falls behind the trace."""
+    assert main(["sim", "--trace", "mooncake-conversation", "--capacity-blocks", "4000", "--max-running", "1",
+                 "--no-reuse-distances", "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert err == ("warning: lru @ 4,000 blocks: the replica queue grew without bound (the last request finished"
+                   " 19.0 h after the last arrival, over a 58.9 min trace), so TTFT is mostly queueing; raise"
+                   " --max-running (now 1) or --replicas (now 1), or lower the load\n")
+
+
+def test_plot_without_matplotlib_fails_before_running(tmp_path):
+    shim = tmp_path / "shim" / "matplotlib"
+    shim.mkdir(parents=True)
+    (shim / "__init__.py").write_text("raise ImportError('matplotlib is not installed here')\n")
+    env = {**os.environ, "PYTHONPATH": f"{shim.parent}{os.pathsep}{REPO}"}
+    for cmd in ([*SIM, "--csv", str(tmp_path / "x.csv")],
+                ["replay", "--url", "http://127.0.0.1:9", "--workload", "chat", "--csv", str(tmp_path / "x.csv")],
+                ["demo"]):
+        proc = subprocess.run([sys.executable, "-m", "kvemu", *cmd, "--plot", str(tmp_path / "x.png")], cwd=REPO,
+                              env=env, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2, (cmd, proc.stderr)
+        assert proc.stdout == "" and proc.stderr == f"error: {MISSING}\n", (cmd, proc.stderr)
+    assert os.listdir(tmp_path) == ["shim"]
+
+
+def test_many_saturated_runs_make_one_warning(capsys):
+    assert main(["sim", "--trace", "mooncake-conversation", "--policy", "lru,s3fifo", "--capacity-blocks",
+                 "4000,18279", "--max-running", "1", "--no-reuse-distances", "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("warning: 4 of 4 runs (worst: lru @ 4,000 blocks): the replica")
