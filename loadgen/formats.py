@@ -16,7 +16,6 @@ Qwen-Bailian (alibaba-edu/qwen-bailian-usagetraces-anon): ``chat_id``, ``parent_
 from __future__ import annotations
 
 import gzip
-import json
 import zlib
 
 import orjson
@@ -123,16 +122,28 @@ def _parse_line(p: str, lineno: int, line: bytes) -> dict:
 # --------------------------------------------------------------------------- kvemu
 
 
-def parse_kvemu_request(path: str, lineno: int, obj: dict) -> TraceRequest:
+def parse_kvemu_request(path: str, lineno: int, obj: dict, previous: dict[str, list[int]] | None = None) -> TraceRequest:
+    """One request line. Compact lines (format 2) carry ``prefix``: the number of leading
+    hashes shared with the same session's previous request, then only the new ``hash_ids``."""
     kind = obj.get("kind")
     if kind not in _KINDS:
         raise TraceFormatError(path, lineno, "kind", f"expected one of single, multi, agent; got {kind!r:.40}")
-    session = _field(path, lineno, obj, "session", (str, int))
+    session = str(_field(path, lineno, obj, "session", (str, int)))
+    hash_ids = _hash_list(path, lineno, obj, "hash_ids")
+    if "prefix" in obj:
+        shared = _field(path, lineno, obj, "prefix", (int,), minimum=0)
+        before = (previous or {}).get(session, [])
+        if shared > len(before):
+            raise TraceFormatError(path, lineno, "prefix", f"{shared} blocks, but the session's previous request"
+                                                           f" has {len(before)}")
+        hash_ids = before[:shared] + hash_ids  # shares the int objects: 8 bytes per repeated access
+    if previous is not None:
+        previous[session] = hash_ids
     return TraceRequest(
         t=float(_field(path, lineno, obj, "t", (int, float), minimum=0)),
-        session=str(session),
+        session=session,
         turn=_field(path, lineno, obj, "turn", (int,), minimum=0),
-        hash_ids=_hash_list(path, lineno, obj, "hash_ids"),
+        hash_ids=hash_ids,
         input_tokens=_field(path, lineno, obj, "input_tokens", (int,), minimum=0),
         output_tokens=_field(path, lineno, obj, "output_tokens", (int,), minimum=0),
         kind=kind,
@@ -143,32 +154,50 @@ def read_kvemu(path: str | Path, block_size: int | None = None) -> Trace:
     p = str(path)
     requests: list[TraceRequest] = []
     meta: dict = {}
+    previous: dict[str, list[int]] = {}  # session -> its latest request's hashes (compact lines)
     for lineno, obj in iter_json_lines(p):
         if "kvemu_trace" in obj:
             meta = obj
             continue
-        requests.append(parse_kvemu_request(p, lineno, obj))
+        requests.append(parse_kvemu_request(p, lineno, obj, previous))
     bs = block_size or int(meta.get("block_size", KVEMU_DEFAULT_BLOCK_SIZE))
     return Trace(requests=requests, block_size=bs, source=p, meta=meta)
 
 
-def write_kvemu(trace: Trace, path: str | Path) -> None:
+def write_kvemu(trace: Trace, path: str | Path, compact: bool = True) -> None:
+    """kvemu JSONL. ``compact`` (format 2, the default) writes a request as the number of leading
+    hashes it shares with its session's previous request plus its new hashes, so a session's
+    history is not repeated on every turn; readers take both forms. A path ending in ``.gz``
+    is written gzip-compressed."""
     header = {"kvemu_trace": 1, "block_size": trace.block_size, "source": trace.source, **trace.meta}
-    header["kvemu_trace"] = 1
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(json.dumps(header, separators=(",", ":")) + "\n")
+    header["kvemu_trace"] = 2 if compact else 1
+    previous: dict[str, list[int]] = {}
+    opener = gzip.open if str(path).endswith(".gz") else open  # .jsonl.gz: compressed as it is written
+    with opener(path, "wb") as fh:
+        fh.write(orjson.dumps(header, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
         for r in trace.requests:
-            rec = {
-                "t": round(r.t, 6),
-                "session": r.session,
-                "turn": r.turn,
-                "hash_ids": r.hash_ids,
-                "input_tokens": r.input_tokens,
-                "output_tokens": r.output_tokens,
-            }
+            rec: dict = {"t": round(r.t, 6), "session": r.session, "turn": r.turn}
+            ids = r.hash_ids
+            if compact:
+                shared = _shared_prefix(previous.get(r.session, ()), ids)
+                previous[r.session] = ids
+                rec["prefix"], rec["hash_ids"] = shared, ids[shared:]
+            else:
+                rec["hash_ids"] = ids
+            rec["input_tokens"], rec["output_tokens"] = r.input_tokens, r.output_tokens
             if r.kind is not None:
                 rec["kind"] = r.kind
-            fh.write(json.dumps(rec, separators=(",", ":")) + "\n")
+            fh.write(orjson.dumps(rec, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+
+
+def _shared_prefix(a, b) -> int:
+    n = min(len(a), len(b))
+    if list(a[:n]) == list(b[:n]):  # the common case (a next turn extends the previous prompt), in C
+        return n
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
 
 
 # --------------------------------------------------------------------------- Mooncake

@@ -284,3 +284,51 @@ def test_bad_block_size(mooncake_small):
     with pytest.raises(InputError, match="block_size"):
         read_trace(mooncake_small, block_size=0)
     assert read_trace(mooncake_small, block_size=256).block_size == 256
+
+
+def test_compact_kvemu_stores_a_turn_as_its_shared_prefix_plus_new_hashes(tmp_path):
+    reqs = [TraceRequest(0.0, "a", 0, [1, 2], 32, 4), TraceRequest(1.0, "b", 0, [7], 16, 1),
+            TraceRequest(2.0, "a", 1, [1, 2, 3, 4], 64, 2, "multi"), TraceRequest(3.0, "a", 2, [1, 9], 32, 1)]
+    trace = Trace(reqs, block_size=16)
+    compact, full = tmp_path / "c.jsonl", tmp_path / "f.jsonl"
+    write_kvemu(trace, compact)
+    write_kvemu(trace, full, compact=False)
+    lines = [json.loads(x) for x in compact.read_text().splitlines()]
+    assert lines[0]["kvemu_trace"] == 2 and json.loads(full.read_text().splitlines()[0])["kvemu_trace"] == 1
+    assert [(x["prefix"], x["hash_ids"]) for x in lines[1:]] == [(0, [1, 2]), (0, [7]), (2, [3, 4]), (1, [9])]
+    for path in (compact, full):
+        back = read_trace(path)
+        assert [(r.session, r.turn, r.hash_ids, r.kind) for r in back.requests] == \
+            [(r.session, r.turn, r.hash_ids, r.kind) for r in reqs]
+
+
+def test_compact_kvemu_of_a_multi_turn_preset_is_several_times_smaller(tmp_path):
+    from loadgen.workloads import generate
+
+    trace = generate("agent", 300, seed=1)
+    compact, full = tmp_path / "c.jsonl", tmp_path / "f.jsonl"
+    write_kvemu(trace, compact)
+    write_kvemu(trace, full, compact=False)
+    assert compact.stat().st_size * 4 < full.stat().st_size
+    assert [r.hash_ids for r in read_trace(compact).requests] == [r.hash_ids for r in trace.requests]
+
+
+def test_compact_prefix_longer_than_the_previous_request_names_the_line(tmp_path):
+    path = write_lines(tmp_path / "bad.jsonl", [
+        '{"kvemu_trace": 2, "block_size": 16}',
+        '{"t": 0, "session": "a", "turn": 0, "prefix": 0, "hash_ids": [1], "input_tokens": 16, "output_tokens": 1}',
+        '{"t": 1, "session": "a", "turn": 1, "prefix": 3, "hash_ids": [2], "input_tokens": 32, "output_tokens": 1}',
+    ])
+    with pytest.raises(TraceFormatError) as err:
+        read_trace(path)
+    assert err.value.field == "prefix" and err.value.line == 3
+
+
+def test_kvemu_written_to_a_gz_path_is_compressed_and_reads_back(tmp_path):
+    import gzip
+
+    trace = Trace([TraceRequest(0.0, "a", 0, [1, 2], 32, 4), TraceRequest(1.0, "a", 1, [1, 2, 3], 48, 2)], 16)
+    path = tmp_path / "t.jsonl.gz"
+    write_kvemu(trace, path)
+    assert gzip.open(path).readline().startswith(b'{"kvemu_trace":2')
+    assert [r.hash_ids for r in read_trace(path).requests] == [[1, 2], [1, 2, 3]]
