@@ -10,7 +10,7 @@ times, alternating and each in a fresh interpreter (imports included):
 * ``kvemu_cache_only_lru`` / ``_s3fifo``: ``kvemu sim --cache-only`` with its defaults, the
   trace parsed from JSONL (parsed-trace cache off) and, ``_warm``, read back from that cache;
 * ``kvemu_default_lru``: ``kvemu sim`` with its defaults (continuous batching, cost model,
-  sampled reuse tracking), and ``kvemu_default_belady`` to compare with it.
+  sampled reuse tracking), and ``kvemu_default_belady`` / ``_belady_compute`` to compare with it.
 
 Prints JSON: best wall time per mode, the hit ratios, and the ratios the targets name.
 
@@ -71,9 +71,8 @@ def run_mode(mode: str, trace: Path, work: Path, cap: int) -> dict:
     if mode.startswith("lcs_"):
         cmd = [sys.executable, "-c", LCS, str(trace), str(work / "ids.txt"), mode[4:], str(cap)]
     else:
-        parts = mode.split("_")  # kvemu_<cache_only|default>_<policy>[_warm]
-        warm = parts[-1] == "warm"
-        policy = parts[-2] if warm else parts[-1]
+        warm = mode.endswith("_warm")  # kvemu_<cache_only|default>_<policy>[_warm]
+        policy = mode.removesuffix("_warm").removeprefix("kvemu_cache_only_").removeprefix("kvemu_default_")
         env["KVEMU_CACHE_DIR"] = str(work / "cache") if warm else "off"
         cmd = kvemu_cmd(trace, policy, cap, out, mode.startswith("kvemu_cache_only"))
     t0 = time.perf_counter()
@@ -88,7 +87,7 @@ def run_mode(mode: str, trace: Path, work: Path, cap: int) -> dict:
 
 
 MODES = ("lcs_lru", "kvemu_cache_only_lru", "kvemu_cache_only_lru_warm", "lcs_s3fifo", "kvemu_cache_only_s3fifo",
-         "kvemu_default_lru", "kvemu_default_belady")
+         "kvemu_default_lru", "kvemu_default_belady", "kvemu_default_belady_compute")
 
 
 def main() -> None:
@@ -122,6 +121,7 @@ def main() -> None:
         "cache_only_s3fifo / lcs_s3fifo": ("kvemu_cache_only_s3fifo", "lcs_s3fifo"),
         "default_lru / lcs_lru": ("kvemu_default_lru", "lcs_lru"),
         "default_belady / default_lru": ("kvemu_default_belady", "kvemu_default_lru"),
+        "default_belady_compute / default_lru": ("kvemu_default_belady_compute", "kvemu_default_lru"),
     }.items():
         if num in best and den in best:
             ratios[name] = round(best[num]["wall_s"] / best[den]["wall_s"], 2)

@@ -139,9 +139,9 @@ class SampledSimulation(Simulation):
         self.loads: list[tuple[list[int], int]] = []
 
     def _route(self, r):
-        rep = super()._route(r)
+        rep, view = super()._route(r)
         self.loads.append(([x.state.in_flight for x in self.replicas], self.replicas.index(rep)))
-        return rep
+        return rep, view
 
 
 def sampled(trace, factor: float, replicas: int = 4):
