@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from loadgen.source import add_source_args, load_source
-from shared.progress import ProgressBar
-from sim.simulator import SimSettings, simulate
-from shared.costmodel import CostModel
-from shared.errors import InputError
+from loadgen.trace import Trace
 from router.strategies import RoutingSettings
+from shared.costmodel import CostModel
+from shared.errors import InputError, KvemuError
 from shared.overrides import apply_overrides, parse_pairs
+from shared.progress import ProgressBar
+from sim.cells import CellError, LocalPool
+from sim.simulator import SimSettings, simulate
 
 
 def add_emulation_args(p: argparse.ArgumentParser) -> None:
@@ -41,6 +44,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_emulation_args(p)
     p.add_argument("--no-reuse-distances", action="store_true", help="skip exact reuse-distance tracking (faster)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                   help="run the policy x capacity cells in this many processes at once (default: all cores)")
     p.add_argument("--json", metavar="FILE", help="write {\"runs\": [...]} here ('-' for stdout)")
     p.add_argument("--plot", metavar="FILE.png", help="hit ratio and CSR against capacity per policy")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -75,6 +80,8 @@ def capacities(args, block_size: int) -> list[int]:
 
 
 def run(args) -> int:
+    if args.jobs < 1:
+        raise InputError("--jobs", f"must be >= 1, got {args.jobs}")
     trace = load_source(args)
     if not trace.requests:
         raise InputError("trace", "has no requests")
@@ -90,11 +97,8 @@ def run(args) -> int:
                         reuse_distances=not args.no_reuse_distances, causal=args.causal,
                         routing_settings=routing)
             for pol in policies for c in caps]  # validates every name before the first run
-    runs = []
-    for i, settings in enumerate(grid, 1):
-        label = f"[{i}/{len(grid)}] {settings.policy} @ {settings.capacity_blocks} blocks"
-        progress = None if args.quiet else ProgressBar(label, len(trace.requests), "req")
-        runs.append(simulate(trace, settings, progress))
+    runs = run_serial(trace, grid, args.quiet) if args.jobs == 1 or len(grid) == 1 else \
+        run_parallel(trace, grid, args.jobs, args.quiet)
     print_table(runs, sys.stdout)
     if args.json:
         doc = json.dumps({"trace": trace.source, "runs": runs}, indent=1)
@@ -109,6 +113,36 @@ def run(args) -> int:
         plot_capacity_curves(runs, args.plot)
         print(f"plot written to {args.plot}", file=sys.stderr)
     return 0
+
+
+def run_serial(trace: Trace, grid: list[SimSettings], quiet: bool) -> list[dict]:
+    """The cells one after another in this process, with a progress bar over each one's requests."""
+    runs = []
+    for i, settings in enumerate(grid, 1):
+        label = f"[{i}/{len(grid)}] {settings.policy} @ {settings.capacity_blocks} blocks"
+        progress = None if quiet else ProgressBar(label, len(trace.requests), "req")
+        runs.append(simulate(trace, settings, progress))
+    return runs
+
+
+def run_parallel(trace: Trace, grid: list[SimSettings], jobs: int, quiet: bool) -> list[dict]:
+    """The cells on ``jobs`` worker processes, with progress over cells; runs in grid order."""
+    runs: list[dict | None] = [None] * len(grid)
+    pool = LocalPool(jobs)
+    bar = ProgressBar(f"sim on {pool.where(len(grid))}", len(grid), "cell", enabled=not quiet, log_every_s=0.0)
+
+    def finished(index: int, run: dict) -> None:
+        runs[index] = run
+        s = grid[index]
+        bar.note(f"  {s.policy} @ {s.capacity_blocks:,} blocks: block hit {run['block_hit_ratio']:.4f}, {run['wall_s']:.1f} s")
+        bar.update()
+
+    try:
+        pool.run(trace, grid, finished)
+    except CellError as exc:
+        s = grid[exc.index]
+        raise KvemuError(f"{s.policy} @ {s.capacity_blocks} blocks failed: {exc.error!r}") from exc
+    return [r for r in runs if r is not None]
 
 
 def print_table(runs: list[dict], out) -> None:
