@@ -9,8 +9,9 @@ import pytest
 
 from kvemu.cli import main
 from loadgen.formats import read_trace, write_kvemu
+from loadgen.trace import Trace, TraceRequest
 from loadgen.workloads import generate
-from sim.cells import LocalPool
+from sim.cells import CellError, LocalPool
 from sim.simulator import SimSettings, simulate
 
 CELLS = ["--policy", "lru,s3fifo", "--capacity-blocks", "600,1200,2400", "--quiet"]
@@ -84,3 +85,14 @@ def test_an_error_in_the_callback_stops_the_pool_and_propagates(trace_file):
     with pytest.raises(RuntimeError, match="disk full"):
         pool.run(trace, cells, on_done)
     assert len(seen) == 1
+
+
+def test_a_failing_cell_is_a_cell_error_with_its_index():
+    # one request of 10 blocks: a 5-block pool cannot hold it and the simulator raises
+    trace = Trace([TraceRequest(0.0, "s", 0, list(range(10)), 160, 1)], block_size=16)
+    cells = [SimSettings(capacity_blocks=20), SimSettings(capacity_blocks=5), SimSettings(capacity_blocks=30)]
+    with pytest.raises(CellError) as err:
+        LocalPool(2).run(trace, cells, lambda index, run: None)
+    assert err.value.index == 1
+    assert type(err.value.error).__name__ == "PoolCapacityError"
+    assert str(err.value).startswith("cell 1 failed: PoolCapacityError(")

@@ -156,3 +156,22 @@ def test_ctrl_c_cancels_the_cluster_tasks_and_keeps_finished_points(cluster, tra
     assert left == []  # every cell task was cancelled, none waits for a client that is gone
     assert main([*argv[3:], "--resume", "--quiet"]) == 0
     assert len(lines(out)) == 16
+
+
+def test_a_failing_cell_on_a_worker_is_a_cell_error_with_its_index(cluster):
+    from loadgen.trace import Trace, TraceRequest
+    from sim.cells import CellError
+    from sim.dask_cells import DaskRunner
+    from sim.simulator import SimSettings
+
+    # one request of 10 blocks: a 5-block pool cannot hold it and the simulator raises on the worker
+    trace = Trace([TraceRequest(0.0, "s", 0, list(range(10)), 160, 1)], block_size=16)
+    cells = [SimSettings(capacity_blocks=20), SimSettings(capacity_blocks=5)]
+    runner = DaskRunner.connect(cluster.scheduler_address, 10)
+    try:
+        with pytest.raises(CellError) as err:
+            runner.run(trace, cells, lambda index, run: None)
+    finally:
+        runner.close()
+    assert err.value.index == 1
+    assert type(err.value.error).__name__ == "PoolCapacityError"
