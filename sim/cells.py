@@ -4,7 +4,7 @@ A cell is a ``SimSettings``. A runner computes a list of cells and calls ``on_do
 in this process as each one finishes (in completion order), so its caller writes, counts and
 prints results as they arrive. Any exception (a failed cell, Ctrl-C, an error raised by
 ``on_done``) stops the work still queued or running before it propagates; a failed cell
-surfaces as ``CellError`` naming its index.
+surfaces as ``CellError`` naming its index, a lost cluster as ``RunnerLost``.
 
 Two runners share that contract: ``LocalPool`` (a ``ProcessPoolExecutor`` on this machine; the
 trace reaches each worker once, through the pool's initializer) and ``sim.dask_cells.DaskRunner``
@@ -34,6 +34,10 @@ class CellError(KvemuError):
         super().__init__(f"cell {index} failed: {error!r}")
         self.index = index
         self.error = error
+
+
+class RunnerLost(KvemuError):
+    """The runner lost what runs the cells (e.g. the Dask scheduler went away); no cell is to blame."""
 
 
 class Runner(Protocol):

@@ -14,13 +14,14 @@ work, and waits up to its timeout for at least one worker to join.
 from __future__ import annotations
 
 import importlib.metadata
+import logging
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
 from loadgen.trace import Trace
 from shared.errors import InputError
-from sim.cells import CellError, OnDone, run_cell
+from sim.cells import CellError, OnDone, RunnerLost, run_cell
 from sim.simulator import SimSettings
 
 INSTALL = "pip install 'kvemu[dask]'"
@@ -31,6 +32,14 @@ def _kvemu_version() -> str:
         return importlib.metadata.version("kvemu")
     except importlib.metadata.PackageNotFoundError:
         return "not installed"
+
+
+def _quiet_client_log() -> None:
+    """Only critical records from ``distributed`` in this process (its config gives some of its
+    loggers, e.g. ``distributed.client``, levels of their own, so each one is set)."""
+    names = [n for n in logging.root.manager.loggerDict if n == "distributed" or n.startswith("distributed.")]
+    for name in ["distributed", *names]:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 class DaskRunner:
@@ -44,6 +53,9 @@ class DaskRunner:
             from distributed import Client
         except ImportError:
             raise InputError("--dask", f"needs Dask distributed, which is not installed: {INSTALL}") from None
+        # The sweep reports what goes wrong in one line; the client's own log (reconnect attempts
+        # and their tracebacks when the scheduler goes away) would bury it.
+        _quiet_client_log()
         try:
             client = Client(address, timeout=timeout_s, set_as_default=False)
         except (OSError, ValueError) as exc:
@@ -80,6 +92,8 @@ class DaskRunner:
         if not cells:
             return
         from distributed import as_completed
+        from distributed.client import FutureCancelledError
+        from distributed.comm.core import CommClosedError
 
         client = self.client
         tag = uuid.uuid4().hex[:8]
@@ -94,6 +108,9 @@ class DaskRunner:
                 try:
                     result = fut.result()
                 except Exception as exc:
+                    if isinstance(exc, (FutureCancelledError, CommClosedError)) or client.status != "running":
+                        # not the cell's fault: the scheduler went away (or cancelled the cells)
+                        raise RunnerLost(f"lost the Dask scheduler at {self.address} ({exc!r:.200})") from None
                     raise CellError(i, exc) from exc
                 on_done(i, result)
         except BaseException:

@@ -31,7 +31,7 @@ from loadgen.formats import resolve_trace
 from loadgen.trace import Trace
 from shared.errors import KvemuError
 from shared.progress import ProgressBar
-from sim.cells import CellError, Runner
+from sim.cells import CellError, Runner, RunnerLost
 from sim.simulator import SimSettings
 
 GRID, MRC = "grid", "mrc"
@@ -212,6 +212,8 @@ def run_points(trace: Trace, trace_info: dict, points: list[Point], out_path: st
             point = points[exc.index]
             raise KvemuError(f"point {point.id} ({point.describe()}) failed: {exc.error!r}; "
                              "finished points are saved, rerun with --resume") from exc
+        except RunnerLost as exc:
+            raise KvemuError(f"{exc}; finished points are saved, rerun with --resume") from exc
     return records
 
 

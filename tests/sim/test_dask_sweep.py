@@ -175,3 +175,25 @@ def test_a_failing_cell_on_a_worker_is_a_cell_error_with_its_index(cluster):
         runner.close()
     assert err.value.index == 1
     assert type(err.value.error).__name__ == "PoolCapacityError"
+
+
+def test_losing_the_scheduler_mid_sweep_is_one_error_line_and_keeps_finished_points(trace_file, tmp_path):
+    out = tmp_path / "r.jsonl"
+    lost = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                    dashboard_address=":0")
+    address = lost.scheduler_address
+    argv = [sys.executable, "-m", "kvemu", "sweep", "--trace", str(trace_file), *GRID, "--out", str(out),
+            "--dask", address]
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (out.exists() and out.read_text().count("\n") >= 1):
+            time.sleep(0.02)
+    finally:
+        lost.close()
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2, err
+    # the cause depends on which call first saw the scheduler go (a cancelled future or a closed comm)
+    assert err.startswith(f"error: lost the Dask scheduler at {address} (") and err.count("\n") == 1
+    assert err.endswith("); finished points are saved, rerun with --resume\n")
+    assert 1 <= len(lines(out)) < 16
