@@ -13,6 +13,7 @@ work, and waits up to its timeout for at least one worker to join.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import logging
 import uuid
@@ -114,10 +115,17 @@ class DaskRunner:
                     raise CellError(i, exc) from exc
                 on_done(i, result)
         except BaseException:
-            client.cancel(futures, force=True)
+            _forget(client, futures)
             raise
         finally:
-            client.cancel([shared], force=True)  # the workers drop their copy of the trace
+            _forget(client, [shared])  # the workers drop their copy of the trace
 
     def close(self) -> None:
         self.client.close()
+
+
+def _forget(client: Any, futures: list) -> None:
+    """Cancel ``futures`` on the cluster; with the scheduler gone there is nothing to cancel, and
+    the error that brought us here is the one to report."""
+    with contextlib.suppress(Exception):
+        client.cancel(futures, force=True)
