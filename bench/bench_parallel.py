@@ -3,7 +3,7 @@
 ``LocalCluster`` of N single-threaded worker processes. Runs alternate; each command is a
 fresh ``kvemu`` process, timed end to end (trace read included). Prints JSON.
 
-    python bench/bench_parallel.py [--duration 3600] [--jobs 2] [--repeat 2] [--no-dask]
+    python bench/bench_parallel.py [--duration 3600] [--jobs 2] [--repeat 2] [--no-dask] [--no-reuse-distances]
 
 The trace is the ``scm`` preset (seed 1) at ``--duration`` seconds, written once to a temporary
 file. The results of every run are compared (apart from ``wall_s``) and must be identical.
@@ -42,20 +42,20 @@ def strip_wall(runs: list[dict]) -> list[str]:
     return sorted(json.dumps({k: v for k, v in r.items() if k != "wall_s"}, sort_keys=True) for r in runs)
 
 
-def bench_sim(trace: Path, tmp: Path, jobs: int, repeat: int) -> dict:
+def bench_sim(trace: Path, tmp: Path, jobs: int, repeat: int, flags: list[str]) -> dict:
     times: dict[str, list[float]] = {"jobs_1": [], f"jobs_{jobs}": []}
     cpu: dict[str, list[float]] = {"jobs_1": [], f"jobs_{jobs}": []}
     outputs = {}
     for r in range(repeat):
         for n in (1, jobs):
             out = tmp / f"sim-{n}-{r}.json"
-            wall, used = timed(["sim", "--trace", str(trace), *GRID, "--jobs", str(n), "--json", str(out)])
+            wall, used = timed(["sim", "--trace", str(trace), *GRID, *flags, "--jobs", str(n), "--json", str(out)])
             times[f"jobs_{n}"].append(round(wall, 2))
             cpu[f"jobs_{n}"].append(round(used, 2))
             outputs[out] = strip_wall(json.loads(out.read_text())["runs"])
     assert len(set(map(tuple, outputs.values()))) == 1, "parallel sim runs differ from serial ones"
     best = {k: min(v) for k, v in times.items()}
-    return {"cells": 6, "wall_s": times, "cpu_s": cpu, "best_wall_s": best,
+    return {"cells": 6, "flags": flags, "wall_s": times, "cpu_s": cpu, "best_wall_s": best,
             "speedup": round(best["jobs_1"] / best[f"jobs_{jobs}"], 3), "identical": True}
 
 
@@ -83,6 +83,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--no-dask", action="store_true")
+    ap.add_argument("--no-reuse-distances", action="store_true", help="pass it to `kvemu sim` (sweeps never track them)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
@@ -91,7 +92,8 @@ def main() -> None:
         report = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                               "load_avg_1m": round(os.getloadavg()[0], 2)},
                   "trace": {"workload": "scm", "duration_s": args.duration, "seed": 1},
-                  "sim": bench_sim(trace, tmp, args.jobs, args.repeat)}
+                  "sim": bench_sim(trace, tmp, args.jobs, args.repeat,
+                                   ["--no-reuse-distances"] if args.no_reuse_distances else [])}
         if not args.no_dask:
             report["sweep"] = bench_sweep(trace, tmp, args.jobs, args.repeat)
     print(json.dumps(report, indent=1))
