@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from loadgen.source import add_source_args, load_source, trace_name
@@ -11,10 +12,11 @@ from loadgen.trace import Trace
 from router.strategies import RoutingSettings
 from shared.cli import check_outputs
 from shared.config import add_config_arg
-from shared.progress import ProgressBar
 from shared.costmodel import CostModel
-from shared.errors import InputError
+from shared.errors import InputError, KvemuError
 from shared.overrides import apply_overrides, parse_pairs
+from shared.progress import ProgressBar
+from sim.cells import CellError, LocalPool
 from sim.simulator import SimSettings, saturation_warning, simulate
 
 
@@ -52,6 +54,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                         " the JSON says which")
     p.add_argument("--no-reuse-distances", action="store_true", help="same as --reuse off")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                   help="run the policy x capacity cells in this many processes at once (default: all cores)")
     p.add_argument("--json", metavar="FILE", help="write {\"runs\": [...]} here ('-' for stdout)")
     p.add_argument("--csv", metavar="FILE.csv", help="the main scalar columns of every run, one row each")
     p.add_argument("--plot", metavar="FILE.png", help="hit ratio and CSR against capacity per policy")
@@ -88,6 +92,8 @@ def capacities(args, block_size: int) -> list[int]:
 
 def run(args) -> int:
     check_outputs(args)
+    if args.jobs < 1:
+        raise InputError("--jobs", f"must be >= 1, got {args.jobs}")
     trace = load_source(args)
     if not trace.requests:
         raise InputError("trace", "has no requests")
@@ -103,11 +109,8 @@ def run(args) -> int:
                         reuse="off" if args.no_reuse_distances else args.reuse, causal=args.causal,
                         routing_settings=routing, cache_only=args.cache_only)
             for pol in policies for c in caps]  # validates every name before the first run
-    runs = []
-    for i, settings in enumerate(grid, 1):
-        label = f"[{i}/{len(grid)}] {settings.policy} @ {settings.capacity_blocks} blocks"
-        progress = None if args.quiet else ProgressBar(label, len(trace.requests), "req")
-        runs.append(simulate(trace, settings, progress))
+    runs = run_serial(trace, grid, args.quiet) if args.jobs == 1 or len(grid) == 1 else \
+        run_parallel(trace, grid, args.jobs, args.quiet)
     print_table(runs, sys.stdout)
     warning = saturation_warning(runs)
     if warning:
@@ -135,6 +138,36 @@ def _write_outputs(args, trace: Trace, runs: list[dict]) -> None:
 
         plot_capacity_curves(runs, args.plot, trace_name(trace.source), infinite_cache_hit_ratio(trace))
         print(f"plot written to {args.plot}", file=sys.stderr)
+
+
+def run_serial(trace: Trace, grid: list[SimSettings], quiet: bool) -> list[dict]:
+    """The cells one after another in this process, with a progress bar over each one's requests."""
+    runs = []
+    for i, settings in enumerate(grid, 1):
+        label = f"[{i}/{len(grid)}] {settings.policy} @ {settings.capacity_blocks} blocks"
+        progress = None if quiet else ProgressBar(label, len(trace.requests), "req")
+        runs.append(simulate(trace, settings, progress))
+    return runs
+
+
+def run_parallel(trace: Trace, grid: list[SimSettings], jobs: int, quiet: bool) -> list[dict]:
+    """The cells on ``jobs`` worker processes, with progress over cells; runs in grid order."""
+    runs: list[dict | None] = [None] * len(grid)
+    pool = LocalPool(jobs)
+    bar = ProgressBar(f"sim on {pool.where(len(grid))}", len(grid), "cell", enabled=not quiet, log_every_s=0.0)
+
+    def finished(index: int, run: dict) -> None:
+        runs[index] = run
+        s = grid[index]
+        bar.note(f"  {s.policy} @ {s.capacity_blocks:,} blocks: block hit {run['block_hit_ratio']:.4f}, {run['wall_s']:.1f} s")
+        bar.update()
+
+    try:
+        pool.run(trace, grid, finished)
+    except CellError as exc:
+        s = grid[exc.index]
+        raise KvemuError(f"{s.policy} @ {s.capacity_blocks} blocks failed: {exc.error!r}") from exc
+    return [r for r in runs if r is not None]
 
 
 def print_table(runs: list[dict], out) -> None:

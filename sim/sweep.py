@@ -1,10 +1,9 @@
 """Sweep engine: a grid of virtual-time runs in worker processes, appended to a JSONL file.
 
-Every grid point is one ``simulate()`` call in a ``ProcessPoolExecutor`` worker. The trace is
-handed to each worker once, by the pool's initializer (inherited on fork, pickled once per
-worker otherwise), never with each task. The parent is the only writer: it appends one JSON
-line per finished point to the results file and flushes it, so a killed sweep loses only the
-points that were running.
+Every grid point is one ``simulate()`` call on a ``sim.cells`` runner: the local process pool,
+or a Dask cluster (``--dask``). Either way the trace reaches each worker once, never with each
+point. The parent is the only writer: it appends one JSON line per finished point to the
+results file and flushes it, so a killed sweep loses only the points that were running.
 
 A point's id is a hash of the trace's identity (a digest of the file's bytes, its format and
 block size; or the preset, its resolved parameters, duration and seed) and every field of its
@@ -23,18 +22,17 @@ import dataclasses
 import hashlib
 import json
 import os
-import signal
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import xxhash
 
 from loadgen.formats import resolve_trace
-from sim.simulator import SimSettings, simulate
 from loadgen.trace import Trace
 from shared.errors import KvemuError
 from shared.progress import ProgressBar
+from sim.cells import CellError, Runner, RunnerLost
+from sim.simulator import SimSettings
 
 GRID, MRC = "grid", "mrc"
 
@@ -180,32 +178,7 @@ def write_rows(records: list[dict], path: str, columns=CSV_COLUMNS) -> int:
     return len(records)
 
 
-# ---------------------------------------------------------------- workers
-
-_TRACE: Trace | None = None
-
-
-def _init_worker(trace: Trace) -> None:
-    """Runs once per worker: keep the trace; leave Ctrl-C to the parent, which stops us."""
-    global _TRACE
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _TRACE = trace
-
-
-def _run_point(point: Point) -> dict:
-    assert _TRACE is not None  # _init_worker ran in this worker
-    return simulate(_TRACE, point.settings)
-
-
-def _stop(executor: ProcessPoolExecutor) -> None:
-    """Cancel queued points and end the running ones now (their work is lost, not written)."""
-    procs = list((getattr(executor, "_processes", None) or {}).values())  # shutdown() forgets them
-    for proc in procs:
-        if proc.is_alive():
-            proc.terminate()
-    for proc in procs:
-        proc.join(timeout=5)
-    executor.shutdown(wait=True, cancel_futures=True)
+# ---------------------------------------------------------------- running
 
 
 class Progress:
@@ -223,35 +196,29 @@ class Progress:
         self.bar.update()
 
 
-def run_points(trace: Trace, trace_info: dict, points: list[Point], out_path: str, jobs: int,
+def run_points(trace: Trace, trace_info: dict, points: list[Point], out_path: str, runner: Runner,
                on_done: Callable[[Point, dict], None] | None = None) -> list[dict]:
-    """Run ``points`` over ``jobs`` workers, appending each record to ``out_path`` as it finishes."""
+    """Run ``points`` on ``runner``, appending each record to ``out_path`` as it finishes."""
     if not points:
         return []
     records = []
-    executor = ProcessPoolExecutor(max_workers=min(jobs, len(points)), initializer=_init_worker, initargs=(trace,))
-    try:
-        with _open_for_append(out_path) as fh:
-            pending = {executor.submit(_run_point, p): p for p in points}
-            while pending:
-                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-                for fut in finished:
-                    point = pending.pop(fut)
-                    try:
-                        run = fut.result()
-                    except Exception as exc:
-                        raise KvemuError(f"point {point.id} ({point.describe()}) failed: {exc!r}; "
-                                         "finished points are saved, rerun with --resume") from exc
-                    rec = make_record(point, trace_info, run)
-                    fh.write(json.dumps(rec) + "\n")
-                    fh.flush()
-                    records.append(rec)
-                    if on_done:
-                        on_done(point, rec)
-    except BaseException:
-        _stop(executor)
-        raise
-    executor.shutdown(wait=True)
+    with _open_for_append(out_path) as fh:
+        def finished(index: int, run: dict) -> None:
+            rec = make_record(points[index], trace_info, run)
+            fh.write(json.dumps(rec) + "\n")
+            fh.flush()
+            records.append(rec)
+            if on_done:
+                on_done(points[index], rec)
+
+        try:
+            runner.run(trace, [p.settings for p in points], finished)
+        except CellError as exc:
+            point = points[exc.index]
+            raise KvemuError(f"point {point.id} ({point.describe()}) failed: {exc.error!r}; "
+                             "finished points are saved, rerun with --resume") from exc
+        except RunnerLost as exc:
+            raise KvemuError(f"{exc}; finished points are saved, rerun with --resume") from exc
     return records
 
 

@@ -2,9 +2,10 @@
 
     kvemu sweep --trace mooncake-conversation \\
         --policy lru,s3fifo,belady --capacity-blocks 2000,8000,32000 --routing cache_aware,session \\
-        --replicas 1,4 --out sweep.jsonl --csv sweep.csv --plot sweep.png [--resume] [--jobs 4]
+        --replicas 1,4 --out sweep.jsonl --csv sweep.csv --plot sweep.png [--resume] [--jobs 4 | --dask tcp://host:8786]
 
-Every grid point is one ``kvemu sim`` run in a worker process; see ``sim/sweep.py`` for the
+Every grid point is one ``kvemu sim`` run in a local worker process, or a task on a Dask
+cluster with ``--dask``; see ``sim/cells.py`` for the runners, ``sim/sweep.py`` for the
 results file and resuming, ``sim/sweep_plots.py`` for the figure.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from contextlib import closing
 
 from loadgen.formats import detect_format
 from loadgen.source import add_source_args, load_source
@@ -21,6 +23,8 @@ from router.strategies import RoutingSettings, get_strategy
 from shared.config import add_config_arg
 from shared.errors import InputError
 from shared.overrides import apply_overrides, parse_pairs
+from shared.validate import check_positive
+from sim.cells import Runner, open_runner
 from sim.sim_cmd import add_emulation_args, capacities, split_numbers
 from sim.simulator import SimSettings, saturation_warning
 from sim.sweep import (
@@ -52,6 +56,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, metavar="FILE.jsonl", help="results, one JSON line per point")
     p.add_argument("--csv", metavar="FILE.csv", help="(re)write the main scalar columns of every result here")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: all cores)")
+    p.add_argument("--dask", metavar="ADDRESS",
+                   help="run the points on this Dask scheduler's workers (e.g. tcp://host:8786) instead of --jobs"
+                        " local processes; needs pip install 'kvemu[dask]' here and on the workers")
+    p.add_argument("--dask-timeout", type=float, default=10.0, metavar="SECONDS",
+                   help="how long to wait for the Dask scheduler and its first worker (default 10)")
     p.add_argument("--plot", metavar="FILE.png", help="capacity curves with MRC and mean-field overlays, load")
     p.add_argument("--resume", action="store_true", help="skip points already in --out, append the rest")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -86,6 +95,7 @@ def _check_scalars(args) -> None:
         raise InputError("--max-running", f"must be >= 1, got {args.max_running}")
     if args.token_budget < 1:
         raise InputError("--token-budget", f"must be >= 1, got {args.token_budget}")
+    check_positive("--dask-timeout", args.dask_timeout)
 
 
 def _identity(args, trace) -> tuple[dict, dict]:
@@ -126,6 +136,11 @@ def run(args) -> int:
         from sim.sweep_plots import require_matplotlib
 
         require_matplotlib()
+    with closing(open_runner(args.jobs, args.dask, args.dask_timeout)) as runner:  # a bad --dask fails here
+        return _sweep(args, runner, policies, routings, replicas)
+
+
+def _sweep(args, runner: Runner, policies: list[str], routings: list[str], replicas: list[int]) -> int:
     trace = load_source(args)
     caps = sorted(set(capacities(args, trace.block_size)))
     biggest = max(len(r.hash_ids) for r in trace.requests)
@@ -144,10 +159,10 @@ def run(args) -> int:
         skipped = f", {len(grid) + len(extra) - len(todo)} already in {args.out}" if args.resume else ""
         torn = f" ({bad} unreadable line(s) ignored)" if bad else ""
         print(f"sweep: {len(grid)} grid points + {len(extra)} MRC run(s){skipped}{torn}; "
-              f"running {len(todo)} on {min(args.jobs, max(len(todo), 1))} worker(s)", file=sys.stderr)
+              f"running {len(todo)} on {runner.where(len(todo))}", file=sys.stderr)
     progress = Progress(len(todo), args.quiet)
     try:
-        run_points(trace, info, todo, args.out, args.jobs, progress)
+        run_points(trace, info, todo, args.out, runner, progress)
     except KeyboardInterrupt:
         print(f"sweep: stopped after {progress.done}/{len(todo)} points; they are in {args.out}, "
               "rerun with --resume for the rest", file=sys.stderr)
