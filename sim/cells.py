@@ -9,7 +9,7 @@ surfaces as ``CellError`` naming its index, a lost cluster as ``RunnerLost``.
 Two runners share that contract: ``LocalPool`` (a ``ProcessPoolExecutor`` on this machine; the
 trace reaches each worker once, through the pool's initializer) and ``sim.dask_cells.DaskRunner``
 (an existing Dask distributed cluster; the trace is scattered to every worker once).
-``open_runner`` picks one. Cells are independent and deterministic, so every runner gives the
+``sim.dask_cells.open_runner`` picks one. Cells are independent and deterministic, so every runner gives the
 same runs as a serial loop over ``simulate()``, except the measured ``wall_s``.
 """
 
@@ -115,13 +115,3 @@ class LocalPool:
 
     def close(self) -> None:
         pass
-
-
-def open_runner(jobs: int, dask: str | None = None, timeout_s: float = 10.0) -> Runner:
-    """The Dask cluster at ``dask`` when given (connected now, so a bad address fails before any
-    work), else a local pool of ``jobs`` processes. Close it when done."""
-    if dask:
-        from sim.dask_cells import DaskRunner
-
-        return DaskRunner.connect(dask, timeout_s)
-    return LocalPool(jobs)

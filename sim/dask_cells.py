@@ -22,7 +22,7 @@ from typing import Any
 
 from loadgen.trace import Trace
 from shared.errors import InputError
-from sim.cells import CellError, OnDone, RunnerLost, run_cell
+from sim.cells import CellError, LocalPool, OnDone, Runner, RunnerLost, run_cell
 from sim.simulator import SimSettings
 
 INSTALL = "pip install 'kvemu[dask]'"
@@ -129,3 +129,11 @@ def _forget(client: Any, futures: list) -> None:
     the error that brought us here is the one to report."""
     with contextlib.suppress(Exception):
         client.cancel(futures, force=True)
+
+
+def open_runner(jobs: int, dask: str | None = None, timeout_s: float = 10.0) -> Runner:
+    """The Dask cluster at ``dask`` when given (connected now, so a bad address fails before any
+    work), else a local pool of ``jobs`` processes. Close it when done."""
+    if dask:
+        return DaskRunner.connect(dask, timeout_s)
+    return LocalPool(jobs)

@@ -24,7 +24,8 @@ from shared.config import add_config_arg
 from shared.errors import InputError
 from shared.overrides import apply_overrides, parse_pairs
 from shared.validate import check_positive
-from sim.cells import Runner, open_runner
+from sim.cells import Runner
+from sim.dask_cells import open_runner
 from sim.sim_cmd import add_emulation_args, capacities, split_numbers
 from sim.simulator import SimSettings, saturation_warning
 from sim.sweep import (
