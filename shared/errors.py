@@ -6,6 +6,19 @@ from __future__ import annotations
 class KvemuError(Exception):
     """Base for errors shown to a user as one line, never as a traceback."""
 
+    def __reduce__(self):
+        # Subclasses take other constructor arguments than the message they pass up, so the
+        # default pickling (cls(*args)) would fail; rebuild from the message and attributes,
+        # so an error raised in a worker process (parallel sim cells, Dask) arrives intact.
+        return (_rebuild, (type(self), str(self), self.__dict__))
+
+
+def _rebuild(cls: type, message: str, state: dict) -> KvemuError:
+    err = cls.__new__(cls)
+    Exception.__init__(err, message)
+    err.__dict__.update(state)
+    return err
+
 
 class InputError(KvemuError, ValueError):
     """A value a user or client supplied is invalid.  ``field`` names it."""

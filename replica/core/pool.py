@@ -37,6 +37,7 @@ class PoolCapacityError(InputError):
     def __init__(self, need: int, capacity: int):
         super().__init__("prompt", f"needs {need} KV blocks but the pool holds only {capacity}")
         self.need = need
+        self.capacity = capacity
 
 
 class PoolBusyError(KvemuError):

@@ -36,3 +36,15 @@ def test_number_bounds_and_shorthands():
     with pytest.raises(InputError, match=r"p: must be a number >= 0 and <= 1, got 1.5"):
         check_probability("p", 1.5)
     assert check_probability("p", 1) == 1.0
+
+
+def test_user_errors_cross_process_boundaries_intact():
+    import pickle
+
+    from replica.core.pool import PoolCapacityError
+    from shared.errors import TraceFormatError, UnknownNameError
+
+    for err in (InputError("f", "bad"), TraceFormatError("t.jsonl", 3, "hash_ids", "bad"),
+                UnknownNameError("policy", "mru", ["lru"]), PoolCapacityError(10, 5)):
+        back = pickle.loads(pickle.dumps(err))
+        assert type(back) is type(err) and str(back) == str(err) and back.__dict__ == err.__dict__
