@@ -74,4 +74,5 @@ def estimate(trace: Trace | None = None, *, capacity_blocks: int | None = None,
         model = apply_overrides(ScmModel(), {k: str(v) for k, v in scm_params.items()})
         work, inputs = model.workload(), {"workload": "scm", "params": dataclasses.asdict(model)}
     capacity = capacity_for(work, target_hit_ratio, practical) if target_hit_ratio is not None else capacity_blocks
+    assert capacity is not None  # exactly one of the two was given (checked above)
     return estimate_doc(work, inputs, capacity, target_hit_ratio, practical)

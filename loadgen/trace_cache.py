@@ -64,7 +64,7 @@ def store(key: str, trace: Trace) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=folder, suffix=".npz.tmp")
         with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, **_to_columns(trace))
+            np.savez(fh, **_to_columns(trace))  # type: ignore[arg-type]  # numpy stubs: **arrays is fine
         os.replace(tmp, folder / f"{key}.npz")  # atomic: readers never see half a file
     except OSError:
         return

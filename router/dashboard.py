@@ -21,6 +21,7 @@ from aiohttp import web
 
 from router.state import ROUTER
 from router.views import cluster_summary
+from shared.index import MemoryIndex
 from shared.errors import InputError
 
 log = logging.getLogger("kvemu.router.dashboard")
@@ -79,9 +80,9 @@ class Dashboard:
             replicas[rid] = _replica_point(row, st, counters.get(rid), prev, now - base["t"] if base else 0.0)
         decisions = _decisions(state)
         dt = now - base["t"] if base else 0.0
-        rates = {reason: (n - base["decisions"].get(reason, 0.0)) / dt if dt else None
-                 for reason, n in decisions.items()}
-        index = state.index.stats_sync() if state.embedded else await _redis_stats(state)
+        was = base["decisions"] if base else {}
+        rates = {reason: (n - was.get(reason, 0.0)) / dt if dt else None for reason, n in decisions.items()}
+        index = state.index.stats_sync() if isinstance(state.index, MemoryIndex) else await _redis_stats(state)
         imb = summary["imbalance"]
         point = {"t": now, "replicas": replicas, "counters": counters, "decisions_per_s": rates,
                  "decisions": decisions,

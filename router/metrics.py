@@ -106,7 +106,7 @@ class _Families:
 def merge_vllm(texts: list[str]) -> bytes:
     """The ``vllm:*`` families of every replica's exposition as one exposition: each series keeps
     its ``model_name`` and ``replica_id`` labels, so sums over them are cluster totals."""
-    merged: dict[str, object] = {}
+    merged: dict[str, Any] = {}  # name -> prometheus_client Metric family
     for text in texts:
         try:
             families = list(text_string_to_metric_families(text))

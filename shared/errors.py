@@ -13,7 +13,7 @@ class KvemuError(Exception):
         return (_rebuild, (type(self), str(self), self.__dict__))
 
 
-def _rebuild(cls: type, message: str, state: dict) -> KvemuError:
+def _rebuild(cls: type[KvemuError], message: str, state: dict) -> KvemuError:
     err = cls.__new__(cls)
     Exception.__init__(err, message)
     err.__dict__.update(state)
