@@ -44,8 +44,8 @@ class ShadowRecorder:
 
     def record(self, hashes: Sequence[int], evictable: int) -> None:
         if self.rate < 1:
-            thr = self._threshold
-            kept = [h for h in hashes if sampled(h, thr)]
+            thr, mix, mod = self._threshold, _MIX, _MODULUS
+            kept = [h for h in hashes if ((h * mix) >> 16) % mod < thr]  # sampled(), inlined
         else:
             kept = list(hashes)
         if kept:

@@ -13,10 +13,12 @@ replaced only when the winner beats the running one's shadow ratio by more than 
 
 Hand-over at a switch: the new policy is built, bound to the same context and fed the resident
 set as ``BlockPool.set_policy`` does: one access listing every resident block newest first
-(all as new), then a release of the unpinned ones. Age comes from this policy's own recency
-queue (vLLM free-queue order, kept like lru.py: a request's blocks move to the tail on release,
-deepest first). Pinned blocks are released later by their requests. The old instance is
-dropped with all its state: switching to LRU discards S3-FIFO's ghost queue, as in the seed.
+(all as new), then a release of the unpinned ones. Pinned blocks are released later by their
+requests. Age order (vLLM free-queue order: a request's blocks move to the tail on release,
+deepest first) comes from the running policy's ``age_order()`` where it has one (LRU: its queue,
+so no extra bookkeeping while LRU runs); otherwise this policy keeps its own recency queue,
+maintained only while such a policy runs. The old instance is dropped with all its state:
+switching to LRU discards S3-FIFO's ghost queue, as in the seed.
 
 ``adapt_interval``: the interval halves (down to 1/4 of ``interval_s``) when the winner differs
 from the previous interval's, and doubles (up to 4x) when it is the same.
@@ -90,14 +92,16 @@ class AdaptivePolicy(EvictionPolicy):
 
         self.inner = make_policy(self.current)
         self.inner.bind(ctx)
+        self._tracking = not hasattr(self.inner, "age_order")  # keep our own recency queue
 
     # ---- forwarded hooks ------------------------------------------------------------
     def on_access(self, acc: Access) -> None:
         self.inner.on_access(acc)
         hashes = acc.hashes
-        recency = self._recency
-        for i in acc.new_idx:
-            recency[hashes[i]] = None
+        if self._tracking:
+            recency = self._recency
+            for i in acc.new_idx:
+                recency[hashes[i]] = None
         ctx = self.ctx
         pinned = ctx.pinned
         if (not acc.touched_idx and len(hashes) == len(ctx.owners)
@@ -111,16 +115,19 @@ class AdaptivePolicy(EvictionPolicy):
 
     def on_release(self, hashes: Sequence[int], now: float) -> None:
         self.inner.on_release(hashes, now)
-        recency = self._recency
-        for h in reversed(hashes):
-            if h in recency:
-                recency.move_to_end(h)
+        if self._tracking:
+            recency = self._recency
+            move = recency.move_to_end
+            for h in reversed(hashes):
+                if h in recency:
+                    move(h)
 
     def victims(self, need: int) -> list[int]:
         out = self.inner.victims(need)
-        pop = self._recency.pop
-        for h in out:
-            pop(h, None)
+        if self._tracking:
+            pop = self._recency.pop
+            for h in out:
+                pop(h, None)
         return out
 
     def on_remove(self, h: int) -> None:
@@ -156,13 +163,7 @@ class AdaptivePolicy(EvictionPolicy):
         from replica.core.policies import make_policy
 
         ctx = self.ctx
-        owners = ctx.owners
-        recency = self._recency
-        newest_first = [h for h in reversed(recency) if h in owners]
-        if len(newest_first) != len(owners):  # never expected; keeps every block evictable
-            known = set(newest_first)
-            newest_first += [h for h in reversed(list(owners)) if h not in known]
-            self._recency = OrderedDict.fromkeys(reversed(newest_first))
+        newest_first = self._newest_first()
         policy = make_policy(name)
         policy.bind(ctx)
         if newest_first:
@@ -172,6 +173,19 @@ class AdaptivePolicy(EvictionPolicy):
         self.inner = policy
         self.current = name
         self.switches += 1
+        self._tracking = not hasattr(policy, "age_order")
+        self._recency = OrderedDict.fromkeys(reversed(newest_first)) if self._tracking else OrderedDict()
+
+    def _newest_first(self) -> list[int]:
+        """Every resident block once, newest first (O(resident), at a switch only)."""
+        owners = self.ctx.owners
+        if not self._tracking:
+            return list(reversed(self.inner.age_order()))  # type: ignore[attr-defined]
+        newest_first = [h for h in reversed(self._recency) if h in owners]
+        if len(newest_first) != len(owners):  # never expected; keeps every block evictable
+            known = set(newest_first)
+            newest_first += [h for h in reversed(list(owners)) if h not in known]
+        return newest_first
 
     def describe(self) -> dict:
         return {"name": self.name, "candidates": ",".join(self.candidates), "interval_s": self.interval_s,
