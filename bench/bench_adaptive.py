@@ -18,6 +18,7 @@ import statistics
 import sys
 import time
 
+from loadgen.trace import Trace
 from loadgen.workloads import generate
 from sim.simulator import SimSettings, simulate
 
@@ -60,7 +61,11 @@ def main(argv=None) -> int:
     p.add_argument("--belady", action="store_true", help="also the offline optimum (slower)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="mix preset overrides")
+    p.add_argument("--shift", action="store_true",
+                   help="instead: one trace whose mix changes (agentic -> single -> multi), --duration each")
     args = p.parse_args(argv)
+    if args.shift:
+        return shift(args)
     mixes = ([tuple(float(x) for x in m.split(",")) for m in args.mixes] if args.mixes else mix_grid(args.step))
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     extra = dict(kv.split("=", 1) for kv in args.set)
@@ -100,6 +105,35 @@ def main(argv=None) -> int:
                       "seed": args.seed, "overrides": extra, "summary": summary,
                       "wins": {w: sum(r["winner"] == w for r in rows) for w in ("lru", "s3fifo")}, "mixes": rows},
                      indent=1))
+    return 0
+
+
+def shift(args) -> int:
+    """The seed does not run this: the mix changes mid-trace; which policy runs after each change."""
+    phases = [(0.0, 0.0, 1.0), (1.0, 0.0, 0.0), (0.0, 1.0, 0.0)]
+    reqs = []
+    for k, (s, m, a) in enumerate(phases):
+        part = generate("mix", args.duration, seed=args.seed + k,
+                        overrides={"single_frac": repr(s), "multi_frac": repr(m), "agent_frac": repr(a)})
+        for r in part.requests:
+            r.t += k * args.duration
+        reqs += part.requests
+    reqs.sort(key=lambda r: r.t)
+    trace = Trace(reqs, block_size=part.block_size, source="mix-shift")
+    res = {"lru": run_one(trace, args.capacity, "lru"), "s3fifo": run_one(trace, args.capacity, "s3fifo")}
+    runs = {}
+    for v in [v.strip() for v in args.variants.split(",") if v.strip()]:
+        params = (("interval_s", args.interval), *VARIANTS[v])
+        out = simulate(trace, SimSettings(capacity_blocks=args.capacity, policy="adaptive", policy_params=params,
+                                          cache_only=True, reuse="off"))
+        pol = out["per_replica"][0]["policy"]
+        res[f"adaptive_{v}"] = {"hit_ratio": round(out["block_hit_ratio"], 5), "switches": pol["switches"]}
+        runs[f"adaptive_{v}"] = [(round(d["at"]), d["running"]) for d in pol["decisions"]]
+    best = max(res["lru"]["hit_ratio"], res["s3fifo"]["hit_ratio"])
+    for r in res.values():
+        r["regret_points"] = round(100 * (best - r["hit_ratio"]), 3)
+    print(json.dumps({"phases": ["agent", "single", "multi"], "phase_s": args.duration, "capacity_blocks":
+                      args.capacity, "interval_s": args.interval, "policies": res, "running": runs}, indent=1))
     return 0
 
 
