@@ -2,10 +2,12 @@
 wins (seed 004's finding, on small generated traces), follows a mid-trace shift, and its
 decisions reach the sim JSON."""
 
+import json
 import random
 
 import pytest
 
+from kvemu.cli import main
 from loadgen.trace import Trace, TraceRequest
 from sim.simulator import SimSettings, simulate
 
@@ -82,3 +84,14 @@ def test_adaptive_follows_a_mid_trace_shift_within_two_intervals(params):
     for k, (_, winner) in enumerate(phases):
         settled = [d["running"] for d in pol["decisions"] if k * n + 2 * INTERVAL <= d["at"] < (k + 1) * n]
         assert settled and set(settled) == {winner}, (k, settled)
+
+
+def test_kvemu_sim_cli_takes_policy_params_and_writes_decisions(tmp_path):
+    out = tmp_path / "runs.json"
+    assert main(["sim", "--workload", "scm", "--duration", "300", "--policy", "adaptive", "--capacity-blocks", "4000",
+                 "--cache-only", "--no-reuse-distances", "--quiet", "--policy-param", "interval_s=60",
+                 "--policy-param", "candidates=lru,arc", "--json", str(out)]) == 0
+    pol = json.loads(out.read_text())["runs"][0]["per_replica"][0]["policy"]
+    assert pol["name"] == "adaptive" and pol["candidates"] == "lru,arc" and pol["interval_s"] == 60
+    assert pol["decisions"] and set(pol["decisions"][0]["hit_ratio"]) == {"lru", "arc"}
+    assert sum(pol["decision_counts"].values()) == len(pol["decisions"])
