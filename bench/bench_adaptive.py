@@ -22,11 +22,14 @@ from loadgen.trace import Trace
 from loadgen.workloads import generate
 from sim.simulator import SimSettings, simulate
 
+# Every variant spells out margin and estimator, so a change of the policy's defaults
+# never changes what "plain" (the seed's rule) measures.
 VARIANTS: dict[str, tuple[tuple[str, object], ...]] = {
-    "plain": (),
-    "sampled": (("estimator", "sampled"), ("sample_rate", 0.1)),
-    "margin": (("margin", 0.01),),
-    "adapt": (("adapt_interval", True),),
+    "plain": (("margin", 0.0), ("estimator", "full")),
+    "sampled": (("margin", 0.0), ("estimator", "sampled"), ("sample_rate", 0.1)),
+    "margin": (("margin", 0.01), ("estimator", "full")),
+    "adapt": (("margin", 0.0), ("estimator", "full"), ("adapt_interval", True)),
+    "margin_sampled": (("margin", 0.01), ("estimator", "sampled"), ("sample_rate", 0.1)),
 }
 
 
