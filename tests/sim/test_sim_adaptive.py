@@ -69,7 +69,7 @@ def test_adaptive_tracks_s3fifo_where_popular_prefixes_dominate():
 
 # adapt_interval is left out: on this trace its interval grows to 4x before the shift and it
 # stays on LRU through the frequency phase (see docs/choosing_a_policy.md).
-@pytest.mark.parametrize("params", [{}, {"margin": 0.01}, {"estimator": "sampled", "sample_rate": 0.5}])
+@pytest.mark.parametrize("params", [{"margin": 0}, {}, {"estimator": "sampled", "sample_rate": 0.5}])
 def test_adaptive_follows_a_mid_trace_shift_within_two_intervals(params):
     rng = random.Random(1)
     phases = [(agentic, "lru"), (hot_scan, "s3fifo"), (agentic, "lru")]

@@ -8,8 +8,9 @@ evictable blocks (capacity - pinned), and runs the winner for the next interval.
 ``Access.now`` (trace seconds in the simulator, emulated seconds on a live replica).
 
 Rule: the winner is the candidate with the highest shadow hit ratio; the running policy is
-replaced only when the winner beats the running one's shadow ratio by more than ``margin``
-(0: any strict gain; ties keep the running policy).
+replaced only when the winner beats the running one's shadow ratio by more than ``margin``.
+``margin=0`` is the seed's plain rule (any strict gain; ties keep the running policy); the
+default 0.01 won over it in bench/bench_adaptive.py (docs/choosing-a-policy.md).
 
 Hand-over at a switch: the new policy is built, bound to the same context and fed the resident
 set as ``BlockPool.set_policy`` does: one access listing every resident block newest first
@@ -63,7 +64,7 @@ def _candidates(value) -> list[str]:
 class AdaptivePolicy(EvictionPolicy):
     name = "adaptive"
 
-    def __init__(self, candidates="lru,s3fifo", interval_s: float = 900.0, margin: float = 0.0,
+    def __init__(self, candidates="lru,s3fifo", interval_s: float = 900.0, margin: float = 0.01,
                  adapt_interval=False, estimator: str = "full", sample_rate: float = 0.1) -> None:
         self.candidates = _candidates(candidates)
         self.interval_s = check_number("interval_s", interval_s, above=0)

@@ -33,7 +33,7 @@ def test_recorder_capacity_is_mean_evictable():
 
 
 def test_decision_on_a_tiny_trace_switches_to_the_shadow_winner():
-    policy = AdaptivePolicy(interval_s=6)
+    policy = AdaptivePolicy(interval_s=6, margin=0)  # the seed's plain rule
     pool = BlockPool(3, policy, emit_events=False)
     for t, hashes in enumerate(CYCLE):
         pool.serve(hashes, now=t)
@@ -168,6 +168,12 @@ def test_bad_parameters_name_the_field(params, field):
     with pytest.raises(InputError) as err:
         make_policy("adaptive", **params)
     assert err.value.field == field
+
+
+def test_defaults():
+    d = make_policy("adaptive").describe()
+    assert (d["candidates"], d["interval_s"], d["margin"], d["adapt_interval"], d["estimator"]) == \
+        ("lru,s3fifo", 900.0, 0.01, False, "full")
 
 
 def test_flags_from_the_command_line():
