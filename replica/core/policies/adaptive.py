@@ -50,7 +50,10 @@ def _flag(field: str, value) -> bool:
 def _candidates(value) -> list[str]:
     from replica.core.policies import policy_class, policy_names
 
-    names = [n.strip().lower() for n in (value.split(",") if isinstance(value, str) else value)]
+    raw = value.split(",") if isinstance(value, str) else value
+    if not isinstance(raw, (list, tuple)) or not all(isinstance(n, str) for n in raw):
+        raise InputError("candidates", f"expected policy names, e.g. 'lru,s3fifo', got {value!r:.60}")
+    names = [n.strip().lower() for n in raw]
     if not names or not all(names) or len(set(names)) != len(names):
         raise InputError("candidates", f"expected distinct policy names, e.g. 'lru,s3fifo', got {value!r:.60}")
     for n in names:

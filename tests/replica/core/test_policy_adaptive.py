@@ -157,6 +157,8 @@ def test_live_switch_to_adaptive_is_not_recorded_as_traffic():
     ({"candidates": "lru,mru"}, "candidates"),
     ({"candidates": "lru,adaptive"}, "candidates"),
     ({"candidates": ""}, "candidates"),
+    ({"candidates": ["lru", 3]}, "candidates"),
+    ({"candidates": 7}, "candidates"),
     ({"interval_s": 0}, "interval_s"),
     ({"interval_s": "x"}, "interval_s"),
     ({"margin": -0.1}, "margin"),
@@ -179,3 +181,4 @@ def test_defaults():
 def test_flags_from_the_command_line():
     assert make_policy("adaptive", adapt_interval="true").adapt_interval is True
     assert make_policy("adaptive", adapt_interval=0).adapt_interval is False
+    assert make_policy("adaptive", candidates=["ARC", "lru"]).candidates == ["arc", "lru"]
