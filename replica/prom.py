@@ -100,6 +100,22 @@ class ReplicaCollector:
         yield counter("kvemu_event_batches_dropped", "KV event batches lost (each followed by a resync).",
                       st.feed.dropped_batches)
         yield from self._reuse(values)
+        yield from self._adaptive(values)
+
+    def _adaptive(self, values: list[str]):
+        policy = self.state.pool.policy
+        counts = getattr(policy, "decision_counts", None)  # the adaptive policy's decisions
+        if counts is None:
+            return
+        fam = CounterMetricFamily("kvemu_policy_switches", "Adaptive policy: switches of the running policy.",
+                                  labels=LABELS)
+        fam.add_metric(values, policy.switches)
+        yield fam
+        fam = CounterMetricFamily("kvemu_policy_decisions", "Adaptive policy: interval decisions by the policy "
+                                  "run next.", labels=LABELS + ["chosen"])
+        for name in policy.candidates:
+            fam.add_metric([*values, name], counts.get(name, 0))
+        yield fam
 
     def _reuse(self, values: list[str]):
         tracker = self.state.pool.metrics.reuse

@@ -47,6 +47,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replicas", type=int, default=1)
     p.add_argument("--routing", default="cache_aware")
     p.add_argument("--policy", default="lru", help="comma-separated policies, e.g. lru,s3fifo,belady")
+    p.add_argument("--policy-param", action="append", default=[], metavar="NAME=VALUE",
+                   help="a policy parameter, given to every policy of --policy (e.g. interval_s=300 for adaptive)")
     add_emulation_args(p)
     p.add_argument("--reuse", choices=("auto", "sampled", "exact", "off"), default="auto",
                    help="reuse distances for the miss-ratio curve: SHARDS-sampled (within 0.01 of exact),"
@@ -90,6 +92,15 @@ def capacities(args, block_size: int) -> list[int]:
     return blocks
 
 
+def _coerce(value: str):
+    for conv in (int, float):
+        try:
+            return conv(value)
+        except ValueError:
+            pass
+    return value
+
+
 def run(args) -> int:
     check_outputs(args)
     if args.jobs < 1:
@@ -103,7 +114,8 @@ def run(args) -> int:
     if biggest > min(caps):
         raise InputError("capacity", f"{min(caps)} blocks is smaller than the largest request ({biggest} blocks)")
     routing = apply_overrides(RoutingSettings(block_size=trace.block_size), parse_pairs(args.routing_set))
-    grid = [SimSettings(capacity_blocks=c, policy=pol, replicas=args.replicas, routing=args.routing,
+    params = tuple((k, _coerce(v)) for k, v in parse_pairs(args.policy_param).items())
+    grid = [SimSettings(capacity_blocks=c, policy=pol, policy_params=params, replicas=args.replicas, routing=args.routing,
                         hit_mode=args.hit_mode, seed=args.seed, model=args.model, gpu=args.gpu,
                         token_budget=args.token_budget, max_running=args.max_running,
                         reuse="off" if args.no_reuse_distances else args.reuse, causal=args.causal,

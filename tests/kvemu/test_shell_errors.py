@@ -62,7 +62,7 @@ def test_an_unknown_workload_is_one_line_pointing_at_the_list(cmd):
 
 def test_up_lists_only_the_policies_a_live_replica_runs():
     line = one_error_line(run_kvemu("up", "--port", "0", "--policy", "belady"))
-    assert line == ("error: unknown policy 'belady'; valid: arc, lru, partial_node, random_compute, s3fifo,"
+    assert line == ("error: unknown policy 'belady'; valid: adaptive, arc, lru, partial_node, random_compute, s3fifo,"
                     " session_lru (belady, belady_compute need the future and run in `kvemu sim` only)")
 
 

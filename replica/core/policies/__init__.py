@@ -12,6 +12,7 @@ _REGISTRY: dict[str, str] = {
     "lru": "replica.core.policies.lru:LRUPolicy",
     "s3fifo": "replica.core.policies.s3fifo:S3FIFOPolicy",
     "arc": "replica.core.policies.arc:ARCPolicy",
+    "adaptive": "replica.core.policies.adaptive:AdaptivePolicy",
     "session_lru": "replica.core.policies.session_lru:SessionLRUPolicy",
     "random_compute": "replica.core.policies.random_compute:RandomComputePolicy",
     "partial_node": "replica.core.policies.partial_node:PartialNodePolicy",

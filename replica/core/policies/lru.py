@@ -9,7 +9,7 @@ order: among the blocks one request frees, the deepest goes first (vLLM frees
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Sequence
+from collections.abc import Sequence
 
 from replica.core.policies.base import Access, EvictionPolicy
 
@@ -62,3 +62,11 @@ class LRUPolicy(EvictionPolicy):
 
     def clear(self) -> None:
         self._queue.clear()
+
+    def age_order(self) -> list[int]:
+        """Resident blocks, oldest first: the queue, then blocks never released (in use, so newest).
+
+        O(resident); the adaptive policy calls it only when it switches away from LRU.
+        """
+        queue = self._queue
+        return list(queue) + [h for h in self.ctx.owners if h not in queue]
