@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 from aiohttp import web
 
 from replica import views
 from replica.runtime import RUNTIME, SETTINGS, ReplicaRuntime
 from replica.settings import ReplicaSettings
+from shared import serve
+from shared.serve import guard_middleware
 from shared.httpkit import BODY_LIMIT, REJECTIONS, errors_middleware, timing_middleware
 
 
@@ -50,7 +51,9 @@ async def _stop(task: asyncio.Task, timeout: float = 5.0) -> None:
 
 
 def make_app(settings: ReplicaSettings) -> web.Application:
-    app = web.Application(middlewares=[timing_middleware, errors_middleware], client_max_size=settings.max_body_bytes)
+    app = web.Application(middlewares=[guard_middleware, timing_middleware, errors_middleware],
+                          client_max_size=settings.max_body_bytes)
+    serve.install(app, settings.conn_limits())
     app[SETTINGS] = settings
     app[RUNTIME] = ReplicaRuntime(settings)
     app[BODY_LIMIT] = settings.max_body_bytes

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
 
@@ -32,6 +31,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster", default="default", help="namespace of the Redis index keys")
     p.add_argument("--admin-token", default=None, help="bearer token for /admin/* (or KVEMU_ADMIN_TOKEN)")
     p.add_argument("--shards-rate", type=float, default=0.1, help="sampling rate of online reuse distances")
+    p.add_argument("--max-connections", type=int, default=4096, help="open connections beyond which new ones get 503")
+    p.add_argument("--header-timeout", type=float, default=10.0, help="seconds for a request head to arrive")
+    p.add_argument("--body-timeout", type=float, default=30.0, help="seconds for a request body to arrive")
     p.add_argument("--log-level", default="warning")
 
 
@@ -56,12 +58,11 @@ def settings_from_args(args):
         model=args.model, gpu=args.gpu, block_size=args.block_size, hit_mode=args.hit_mode,
         time_scale=args.time_scale, token_budget=args.token_budget, max_running=args.max_running,
         max_waiting=args.max_waiting, index=args.index, cluster=args.cluster,
-        admin_token=args.admin_token or os.environ.get("KVEMU_ADMIN_TOKEN") or None, shards_rate=args.shards_rate)
+        admin_token=args.admin_token or os.environ.get("KVEMU_ADMIN_TOKEN") or None, shards_rate=args.shards_rate,
+        max_connections=args.max_connections, header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout)
 
 
 def run(args) -> int:
-    from aiohttp import web
-
     from replica.app import make_app
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -70,17 +71,12 @@ def run(args) -> int:
         app = make_app(settings)
     except TypeError as exc:
         raise InputError("policy-param", str(exc)) from None
-    try:
-        import uvloop
+    from shared.serve import bind, serve
 
-        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        pass
+    sock = bind(settings.host, settings.port)
     print(f"replica {settings.replica_id} ({settings.policy}, {settings.resolved_capacity_blocks()} blocks)"
-          f" on http://{settings.host}:{settings.port}",
-          file=sys.stderr, flush=True)
-    web.run_app(app, host=settings.host, port=settings.port, print=None, shutdown_timeout=30.0,
-                access_log=None, handle_signals=True)
+          f" on http://{settings.host}:{settings.port}", file=sys.stderr, flush=True)
+    serve(app, sock)
     return 0
 
 

@@ -8,6 +8,7 @@ from replica.core.build import CoreSettings
 from replica.core.policies import policy_class
 from shared.costmodel import CostModel
 from shared.errors import InputError
+from shared.serve import ConnLimits
 
 
 def _positive_int(name: str, value) -> None:
@@ -35,6 +36,9 @@ class ReplicaSettings:
     max_body_bytes: int = 8 * 1024 * 1024
     max_prompt_tokens: int = 1_048_576
     max_output_tokens: int = 65_536
+    max_connections: int = 4096  # beyond it a new connection gets a 503 and is closed
+    header_timeout_s: float = 10.0  # a request head must arrive within this
+    body_timeout_s: float = 30.0  # a request body must arrive within this (408 otherwise)
     index: str | None = None  # redis://... ; None = the embedded feed a router polls
     cluster: str = "default"
     admin_token: str | None = None
@@ -62,6 +66,10 @@ class ReplicaSettings:
             _positive_int(name, getattr(self, name))
         if self.hit_mode not in ("prefix", "holes"):
             raise InputError("hit_mode", f"must be prefix or holes, got {self.hit_mode!r}")
+        for name in ("header_timeout_s", "body_timeout_s"):
+            if not 0 < getattr(self, name) < float("inf"):
+                raise InputError(name, f"must be a positive number of seconds, got {getattr(self, name)}")
+        _positive_int("max_connections", self.max_connections)
         if not (self.time_scale >= 0):
             raise InputError("time_scale", f"must be >= 0, got {self.time_scale}")
         if not (0 < self.shards_rate <= 1):
@@ -71,6 +79,9 @@ class ReplicaSettings:
         CostModel.from_names(self.model, self.gpu)  # unknown names list the valid ones
         if self.capacity_gib is not None and self.resolved_capacity_blocks() <= 0:
             raise InputError("capacity_gib", "is smaller than one KV block of this model")
+
+    def conn_limits(self) -> ConnLimits:
+        return ConnLimits(self.max_connections, self.header_timeout_s, self.body_timeout_s)
 
     def core_settings(self) -> CoreSettings:
         """The cache core this replica runs (``replica.core.build``)."""

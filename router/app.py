@@ -17,6 +17,8 @@ from aiohttp import web
 from router import views
 from router.settings import RouterSettings
 from router.state import ROUTER, SETTINGS, RouterState
+from shared import serve
+from shared.serve import guard_middleware
 from shared.httpkit import BODY_LIMIT, errors_middleware
 
 async def background_ctx(app: web.Application):
@@ -36,7 +38,8 @@ async def background_ctx(app: web.Application):
 
 
 def make_app(settings: RouterSettings) -> web.Application:
-    app = web.Application(middlewares=[errors_middleware], client_max_size=settings.max_body_bytes)
+    app = web.Application(middlewares=[guard_middleware, errors_middleware], client_max_size=settings.max_body_bytes)
+    serve.install(app, settings.conn_limits())
     app[SETTINGS] = settings
     app[ROUTER] = RouterState(settings)
     app[BODY_LIMIT] = settings.max_body_bytes

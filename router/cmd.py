@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
 
+from shared.errors import InputError
 from shared.overrides import apply_overrides, parse_pairs
 
 
@@ -22,6 +22,12 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="routing setting, e.g. bounded_load_factor=1.25, balance_abs_threshold=64")
     p.add_argument("--health-interval", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--max-connections", type=int, default=4096, help="open connections beyond which new ones get 503")
+    p.add_argument("--header-timeout", type=float, default=10.0, help="seconds for a request head to arrive")
+    p.add_argument("--body-timeout", type=float, default=30.0, help="seconds for a request body to arrive")
+    p.add_argument("--workers", type=int, default=1,
+                   help="router processes sharing the port; a supervisor restarts any that dies")
+    p.add_argument("--listen-fd", type=int, default=None, help=argparse.SUPPRESS)  # a worker's inherited socket
     p.add_argument("--log-level", default="warning")
 
 
@@ -33,26 +39,48 @@ def settings_from_args(args):
     replicas = tuple(u.strip() for u in args.replicas.split(",") if u.strip())
     return RouterSettings(replicas=replicas, host=args.host, port=args.port, routing=args.routing, index=args.index,
                           cluster=args.cluster, block_size=args.block_size, routing_settings=routing,
-                          health_interval_s=args.health_interval, seed=args.seed)
+                          health_interval_s=args.health_interval, seed=args.seed,
+                          max_connections=args.max_connections, header_timeout_s=args.header_timeout,
+                          body_timeout_s=args.body_timeout)
+
+
+def worker_args(args) -> list[str]:
+    """The arguments a worker gets: this router's, without ``--workers``."""
+    out = ["--port", str(args.port), "--host", args.host, "--replicas", args.replicas, "--routing", args.routing,
+           "--index", args.index, "--cluster", args.cluster, "--block-size", str(args.block_size),
+           "--health-interval", str(args.health_interval), "--log-level", args.log_level,
+           "--max-connections", str(args.max_connections), "--header-timeout", str(args.header_timeout),
+           "--body-timeout", str(args.body_timeout)]
+    for pair in args.set:
+        out += ["--set", pair]
+    if args.seed is not None:
+        out += ["--seed", str(args.seed)]
+    return out
 
 
 def run(args) -> int:
-    from aiohttp import web
+    import socket
 
     from router.app import make_app
+    from shared.serve import bind, serve
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     settings = settings_from_args(args)
-    app = make_app(settings)
-    try:
-        import uvloop
+    if not 1 <= args.workers <= 64:
+        raise InputError("workers", f"must be 1-64, got {args.workers}")
+    if args.workers > 1:
+        from router.workers import supervise
 
-        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    except ImportError:  # pragma: no cover
-        pass
+        return supervise(worker_args(args), settings.host, settings.port, args.workers)
+    if args.listen_fd is not None:
+        sock = socket.socket(fileno=args.listen_fd)
+        sock.setblocking(False)
+    else:
+        sock = bind(settings.host, settings.port)
+    app = make_app(settings)
     print(f"router ({settings.routing}, index {settings.index.split('?')[0]}) on http://{settings.host}:{settings.port}"
           f" -> {len(settings.replicas)} replica(s)", file=sys.stderr, flush=True)
-    web.run_app(app, host=settings.host, port=settings.port, print=None, shutdown_timeout=30.0, access_log=None)
+    serve(app, sock)
     return 0
 
 

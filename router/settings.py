@@ -7,6 +7,7 @@ from urllib.parse import urlsplit
 
 from router.strategies import RoutingSettings, get_strategy
 from shared.errors import InputError
+from shared.serve import ConnLimits
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +31,9 @@ class RouterSettings:
     max_body_bytes: int = 8 * 1024 * 1024
     max_prompt_tokens: int = 1_048_576
     max_output_tokens: int = 65_536
+    max_connections: int = 4096  # beyond it a new connection gets a 503 and is closed
+    header_timeout_s: float = 10.0  # a request head must arrive within this
+    body_timeout_s: float = 30.0  # a request body must arrive within this (408 otherwise)
     seed: int | None = None
 
     def __post_init__(self) -> None:
@@ -47,15 +51,19 @@ class RouterSettings:
         if self.index != "memory" and not self.index.startswith(("redis://", "rediss://", "unix://")):
             raise InputError("index", f"expected memory or redis://..., got {self.index!r}")
         for name in ("health_interval_s", "health_timeout_s", "poll_interval_s", "index_timeout_s",
-                     "request_timeout_s", "hotspot_factor"):
+                     "request_timeout_s", "hotspot_factor", "header_timeout_s", "body_timeout_s"):
             if not getattr(self, name) > 0:
                 raise InputError(name, f"must be > 0, got {getattr(self, name)}")
-        for name in ("block_size", "unhealthy_after", "max_body_bytes", "max_prompt_tokens", "max_output_tokens"):
+        for name in ("block_size", "unhealthy_after", "max_body_bytes", "max_prompt_tokens", "max_output_tokens",
+                     "max_connections"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise InputError(name, f"must be a positive integer, got {value!r}")
         if not 0 <= self.retries <= 5:
             raise InputError("retries", f"must be 0-5, got {self.retries}")
+
+    def conn_limits(self) -> ConnLimits:
+        return ConnLimits(self.max_connections, self.header_timeout_s, self.body_timeout_s)
 
     def strategy_settings(self) -> RoutingSettings:
         return self.routing_settings or RoutingSettings(block_size=self.block_size)
