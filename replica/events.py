@@ -54,7 +54,9 @@ class EventFeed:
         self.dropped_batches = 0  # unshipped batches lost (push mode)
         self.expired_batches = 0  # read batches aged out of the ring (poll mode)
         self.resyncs = 0
+        self.resync_requests = 0  # asks through /kv/resync (coalesced into ``resyncs``)
         self._needs_resync = False
+        self._resync_end = 0  # next_seq just after the last resync: equal to next_seq = it is still the newest
         self.listener: Callable[[], None] | None = None  # woken after each publish (the Redis shipper)
 
     def publish(self, events: list[KvEvent]) -> None:
@@ -63,10 +65,15 @@ class EventFeed:
             self.resyncs += 1
             # The events of this call are already reflected in the resident set.
             events = [KvEvent("cleared", ()), KvEvent("stored", tuple(self._resident()))]
+            resync = True
+        else:
+            resync = False
         for chunk in _chunks(events, self.batch_max):
             self.batches.append(FeedBatch(self.next_seq, chunk))
             self.next_seq += len(chunk)
             self.published_events += len(chunk)
+        if resync:
+            self._resync_end = self.next_seq
         overflow = len(self.batches) - self.max_batches
         for _ in range(max(overflow, 0)):
             self.batches.popleft()
@@ -87,7 +94,11 @@ class EventFeed:
         return any(b.events and b.events[0].kind == "cleared" for b in self.batches)
 
     def request_resync(self) -> None:
-        """A consumer lost its view (a router restarted, cleared us, or fell behind): republish."""
+        """A consumer lost its view (a router restarted, cleared us, or fell behind): republish,
+        unless the newest batches already are a resync (many asks in a row cost one)."""
+        self.resync_requests += 1
+        if self._resync_end == self.next_seq:
+            return
         self._needs_resync = True
         self.publish([])
 
@@ -121,7 +132,7 @@ class EventFeed:
         return {"epoch": self.epoch, "mode": self.mode, "next_seq": self.next_seq,
                 "queued_batches": len(self.batches), "published_events": self.published_events,
                 "dropped_batches": self.dropped_batches, "expired_batches": self.expired_batches,
-                "resyncs": self.resyncs}
+                "resyncs": self.resyncs, "resync_requests": self.resync_requests}
 
 
 def _chunks(events: list[KvEvent], batch_max: int) -> Iterable[list[KvEvent]]:

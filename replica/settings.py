@@ -58,8 +58,8 @@ class ReplicaSettings:
             raise InputError("capacity", "give exactly one of capacity_blocks or capacity_gib")
         if self.capacity_blocks is not None:
             _positive_int("capacity_blocks", self.capacity_blocks)
-        if self.capacity_gib is not None and not self.capacity_gib > 0:
-            raise InputError("capacity_gib", f"must be > 0, got {self.capacity_gib}")
+        if self.capacity_gib is not None and not 0 < self.capacity_gib < float("inf"):
+            raise InputError("capacity_gib", f"must be a finite number > 0, got {self.capacity_gib}")
         for name in ("block_size", "token_budget", "max_running", "max_waiting", "max_body_bytes",
                      "max_prompt_tokens", "max_output_tokens", "event_batch_max",
                      "feed_max_batches", "shards_max_tracked"):

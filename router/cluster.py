@@ -100,10 +100,11 @@ class Cluster:
         rep.state.capacity_blocks = int(body.get("capacity_blocks", 0))
         if rejoined:
             # First sight, or back after being taken out (its entries were cleared): the index
-            # may lack blocks it still holds, so ask for a full republish.
-            await self._request_resync(rep)
-            log.info("replica %s at %s is healthy", rid, rep.url)
+            # may lack blocks it still holds, so ask for a full republish. Healthy before the
+            # ask, so a check running alongside (start-up, a feed poll) does not ask again.
             rep.state.healthy = True
+            log.info("replica %s at %s is healthy", rid, rep.url)
+            await self._request_resync(rep)
         self._healthy_event.set()
 
     async def _request_resync(self, rep: ReplicaHandle) -> None:

@@ -118,8 +118,8 @@ class CostModel:
         return self.kv_bytes_per_token * block_size
 
     def gib_to_blocks(self, gib: float, block_size: int) -> int:
-        if gib < 0:
-            raise InputError("capacity_gib", f"must be >= 0, got {gib}")
+        if not 0 <= gib < float("inf"):  # also refuses nan
+            raise InputError("capacity_gib", f"must be a finite number >= 0, got {gib}")
         return int(gib * GIB // self.block_bytes(block_size))
 
     def blocks_to_gib(self, blocks: int, block_size: int) -> float:

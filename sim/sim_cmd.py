@@ -8,10 +8,10 @@ import sys
 
 from loadgen.source import add_source_args, load_source
 from sim.simulator import SimSettings, simulate, stderr_progress
-from loadgen.trace import Trace
 from shared.costmodel import CostModel
 from shared.errors import InputError
-from router.strategies import RoutingSettings
+from replica.core.policies import policy_class
+from router.strategies import RoutingSettings, get_strategy
 from shared.overrides import apply_overrides, parse_pairs
 
 
@@ -56,8 +56,8 @@ def split_numbers(text: str, conv, field: str) -> list:
             value = conv(part)
         except ValueError:
             raise InputError(field, f"expected a comma-separated list of numbers, got {part!r}") from None
-        if value <= 0:
-            raise InputError(field, f"must be positive, got {part}")
+        if not 0 < value < float("inf"):  # also refuses nan
+            raise InputError(field, f"must be a finite positive number, got {part}")
         out.append(value)
     if not out:
         raise InputError(field, "is empty")
@@ -74,11 +74,23 @@ def capacities(args, block_size: int) -> list[int]:
     return blocks
 
 
+def validate_names(policies: list[str], replicas: int, routing: str) -> None:
+    """What needs no trace is checked before any trace is read or capacity computed."""
+    if not policies:
+        raise InputError("--policy", "is empty")
+    for name in policies:
+        policy_class(name)
+    if replicas <= 0:
+        raise InputError("--replicas", f"must be a positive integer, got {replicas}")
+    get_strategy(routing)
+
+
 def run(args) -> int:
+    policies = [p.strip() for p in args.policy.split(",") if p.strip()]
+    validate_names(policies, args.replicas, args.routing)
     trace = load_source(args)
     if not trace.requests:
         raise InputError("trace", "has no requests")
-    policies = [p.strip() for p in args.policy.split(",") if p.strip()]
     caps = capacities(args, trace.block_size)
     biggest = max(len(r.hash_ids) for r in trace.requests)
     if biggest > min(caps):

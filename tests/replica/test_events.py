@@ -41,3 +41,13 @@ def test_requested_resync_republishes_the_resident_set():
     f.request_resync()
     assert [e.kind for e in f.batches[-1].events] == ["cleared", "stored"]
     assert f.batches[-1].events[1].hashes == (1, 2, 3)
+
+
+def test_resync_asks_in_a_row_cost_one_resync():
+    f = feed("poll", max_batches=10_000, resident=range(40))
+    for _ in range(200):  # issue 17: 200 asks queued 2,800 batches
+        f.request_resync()
+    assert f.resyncs == 1 and len(f.batches) == 11  # cleared + 40 hashes in batches of 4
+    f.publish([KvEvent("stored", (99,))])
+    f.request_resync()  # something happened since: a new resync
+    assert f.resyncs == 2
