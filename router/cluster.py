@@ -36,6 +36,8 @@ class ReplicaHandle:
     feed_lag_events: int = 0
     resync_asked_at: int = -1  # cursor+1 at which we last asked for a resync (one ask per gap)
     known: bool = False  # answered /health at least once
+    busy_until: float = 0.0  # answered 503 + Retry-After (overloaded): routed around until then
+    busy_strikes: int = 0  # busy answers in a row: the back-off doubles with each
 
     @property
     def replica_id(self) -> str:
@@ -114,6 +116,13 @@ class Cluster:
                 pass
         except (aiohttp.ClientError, asyncio.TimeoutError):
             pass  # the next rejoin tries again; meanwhile the index only under-reports
+
+    def mark_busy(self, rep: ReplicaHandle) -> None:
+        """Overloaded, not failed: keep it in the cluster and its entries in the index, back off."""
+        rep.busy_strikes += 1
+        backoff = min(self.settings.busy_backoff_s * 2 ** (rep.busy_strikes - 1), 2.0)
+        rep.busy_until = time.monotonic() + backoff
+        self.metrics.replica_busy += 1
 
     async def mark_failed(self, rep: ReplicaHandle, reason: str, immediate: bool = False) -> None:
         rep.failures += 1

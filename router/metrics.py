@@ -30,6 +30,7 @@ class RouterMetrics:
         self.event_gaps = 0
         self.replica_failures = 0
         self.replica_restarts = 0
+        self.replica_busy = 0
         self.cluster = None  # set by the app; read at scrape time
         self.registry.register(_Collector(self))
 
@@ -62,6 +63,8 @@ class _Collector:
             ("kvemu_router_event_gaps", "Event sequence gaps detected (replica entries cleared).", m.event_gaps),
             ("kvemu_router_replica_failures", "Replicas taken out by health checks.", m.replica_failures),
             ("kvemu_router_replica_restarts", "Replica restarts detected (new epoch).", m.replica_restarts),
+            ("kvemu_router_replica_busy", "Answers of 503 + Retry-After (overloaded): retried elsewhere.",
+             m.replica_busy),
         ):
             yield CounterMetricFamily(name, doc, value=value)
         if m.cluster is None:

@@ -26,7 +26,8 @@ class RouterSettings:
     poll_interval_s: float = 0.02  # embedded index: how often replicas' event feeds are read
     index_timeout_s: float = 0.05  # a slower index lookup routes on load alone
     request_timeout_s: float = 600.0
-    retries: int = 1
+    retries: int = 1  # failed replicas tried per request beyond the first (busy ones do not count)
+    busy_backoff_s: float = 0.05  # a replica that answered 503 + Retry-After is skipped this long (doubling)
     hotspot_factor: float = 1.5
     max_body_bytes: int = 8 * 1024 * 1024
     max_prompt_tokens: int = 1_048_576
@@ -51,7 +52,7 @@ class RouterSettings:
         if self.index != "memory" and not self.index.startswith(("redis://", "rediss://", "unix://")):
             raise InputError("index", f"expected memory or redis://..., got {self.index!r}")
         for name in ("health_interval_s", "health_timeout_s", "poll_interval_s", "index_timeout_s",
-                     "request_timeout_s", "hotspot_factor", "header_timeout_s", "body_timeout_s"):
+                     "request_timeout_s", "hotspot_factor", "busy_backoff_s", "header_timeout_s", "body_timeout_s"):
             if not getattr(self, name) > 0:
                 raise InputError(name, f"must be > 0, got {getattr(self, name)}")
         for name in ("block_size", "unhealthy_after", "max_body_bytes", "max_prompt_tokens", "max_output_tokens",

@@ -22,6 +22,11 @@ class ReplicaFailed(Exception):
     """The replica did not answer (connection error, timeout, 5xx before any byte)."""
 
 
+class ReplicaBusy(Exception):
+    """The replica answered 503 with Retry-After (its queue or connection cap is full): overload,
+    not failure. Try another, keep its index entries, and leave it alone for a while."""
+
+
 def _state(request: web.Request) -> RouterState:
     return request.app[ROUTER]
 
@@ -41,7 +46,10 @@ async def proxy(request: web.Request) -> web.StreamResponse:
     raw = await read_raw(request)
     spec = _parse(request, raw, state.settings)
     excluded: set[str] = set()
-    for attempt in range(state.settings.retries + 1):
+    failures = busy = 0
+    while failures <= state.settings.retries and busy < len(state.cluster.replicas):
+        if failures or busy:
+            state.metrics.retries += 1
         try:
             decision, rep, predicted = await _decide(state, spec, excluded)
         except NoHealthyReplica:
@@ -50,16 +58,21 @@ async def proxy(request: web.Request) -> web.StreamResponse:
         rep.state.queued_tokens += spec.prompt_tokens
         state.routed[rep.replica_id] = state.routed.get(rep.replica_id, 0) + 1
         try:
-            return await _forward(request, state, rep, raw, decision, predicted)
+            resp = await _forward(request, state, rep, raw, decision, predicted)
+            rep.busy_strikes = 0
+            return resp
+        except ReplicaBusy:
+            excluded.add(rep.replica_id)
+            state.cluster.mark_busy(rep)
+            busy += 1
         except ReplicaFailed as exc:
             excluded.add(rep.replica_id)
             await state.cluster.mark_failed(rep, str(exc), immediate=True)
-            if attempt < state.settings.retries:
-                state.metrics.retries += 1
+            failures += 1
         finally:
             rep.state.in_flight -= 1
             rep.state.queued_tokens -= spec.prompt_tokens
-    state.metrics.requests.labels("unavailable").inc()
+    state.metrics.requests.labels("busy" if busy and not failures else "unavailable").inc()
     body = protocol.error_body(503, None, "no healthy replica could take the request; retry shortly")
     return web.json_response(body, status=503, headers={"Retry-After": "1"})
 
@@ -82,7 +95,10 @@ async def _decide(state, spec: protocol.GenerateSpec, excluded: set[str]):
         except (IndexUnavailable, asyncio.TimeoutError):
             state.metrics.index_errors += 1
             state.metrics.load_only_decisions += 1
-    replicas = [r for r in state.cluster.replicas if r.replica_id not in excluded]
+    now = time.monotonic()
+    replicas = [r for r in state.cluster.replicas if r.replica_id not in excluded and r.busy_until <= now]
+    if not replicas:  # every replica backing off: try them anyway rather than refuse
+        replicas = [r for r in state.cluster.replicas if r.replica_id not in excluded]
     decision = state.strategy([r.state for r in replicas],
                               RouteRequest(spec.session, len(spec.hashes), spec.prompt_tokens), overlap,
                               state.routing, state.rng, state.memory)
@@ -100,6 +116,8 @@ async def _forward(request: web.Request, state, rep, raw: bytes, decision, predi
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
         raise ReplicaFailed(f"{type(exc).__name__}: {exc}") from None
     async with upstream:
+        if upstream.status == 503 and "Retry-After" in upstream.headers:
+            raise ReplicaBusy()
         if upstream.status >= 500:
             raise ReplicaFailed(f"replica answered {upstream.status}")
         if predicted:
