@@ -31,6 +31,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster", default="default", help="namespace of the Redis index keys")
     p.add_argument("--admin-token", default=None, help="bearer token for /admin/* (or KVEMU_ADMIN_TOKEN)")
     p.add_argument("--shards-rate", type=float, default=0.1, help="sampling rate of online reuse distances")
+    p.add_argument("--cluster-token", default=None,
+                   help="shared by the cluster's routers and replicas: guards /kv/* (or KVEMU_CLUSTER_TOKEN);"
+                        " required with a --host beyond loopback")
     p.add_argument("--max-connections", type=int, default=4096, help="open connections beyond which new ones get 503")
     p.add_argument("--header-timeout", type=float, default=10.0, help="seconds for a request head to arrive")
     p.add_argument("--body-timeout", type=float, default=30.0, help="seconds for a request body to arrive")
@@ -59,6 +62,7 @@ def settings_from_args(args):
         time_scale=args.time_scale, token_budget=args.token_budget, max_running=args.max_running,
         max_waiting=args.max_waiting, index=args.index, cluster=args.cluster,
         admin_token=args.admin_token or os.environ.get("KVEMU_ADMIN_TOKEN") or None, shards_rate=args.shards_rate,
+        cluster_token=args.cluster_token or os.environ.get("KVEMU_CLUSTER_TOKEN") or None,
         max_connections=args.max_connections, header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout)
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from replica.core.build import CoreSettings
 from replica.core.policies import policy_class
+from shared.auth import check_bind
 from shared.costmodel import CostModel
 from shared.errors import InputError
 from shared.serve import ConnLimits
@@ -42,6 +43,7 @@ class ReplicaSettings:
     index: str | None = None  # redis://... ; None = the embedded feed a router polls
     cluster: str = "default"
     admin_token: str | None = None
+    cluster_token: str | None = None  # /kv/* and raw session ids; required beyond loopback (shared/auth.py)
     shards_rate: float = 0.1  # 0.1 keeps the sampled MRC within 0.02 of the exact one (tests/replica/test_reuse.py)
     shards_max_tracked: int = 1 << 16
     event_batch_max: int = 512
@@ -76,6 +78,7 @@ class ReplicaSettings:
             raise InputError("shards_rate", f"must be in (0, 1], got {self.shards_rate}")
         if self.index is not None and not self.index.startswith(("redis://", "rediss://", "unix://")):
             raise InputError("index", f"expected a redis:// URL, got {self.index!r}")
+        check_bind(self.host, self.cluster_token)
         CostModel.from_names(self.model, self.gpu)  # unknown names list the valid ones
         if self.capacity_gib is not None and self.resolved_capacity_blocks() <= 0:
             raise InputError("capacity_gib", "is smaller than one KV block of this model")

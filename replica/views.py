@@ -13,6 +13,7 @@ from shared import protocol
 from replica.httputil import require_admin
 from replica.runtime import RUNTIME, SETTINGS, ReplicaRuntime
 from replica.settings import ReplicaSettings
+from shared.auth import require_cluster_token, session_label, wants_raw_sessions
 from shared.httpkit import read_body, respond
 from replica.engine import Handle
 from shared.tokenizer import filler_text
@@ -151,6 +152,9 @@ async def stats(request: web.Request) -> web.Response:
     s = _settings(request)
     top = _query_int(request, "top", 10, 1, 1000)
     out = state.pool.stats(top_k=top)
+    if not wants_raw_sessions(request, s.cluster_token):
+        for row in out["top_sessions"]:
+            row["session"] = session_label(row["session"], s.cluster_token)
     out.update({
         "replica_id": s.replica_id, "model": state.cost.model.name, "gpu": state.cost.gpu.name,
         "capacity_gib": state.cost.blocks_to_gib(state.pool.capacity, s.block_size),
@@ -181,7 +185,8 @@ def _query_int(request, name: str, default: int, lo: int, hi: int) -> int:
 
 
 async def kv_events(request: web.Request) -> web.Response:
-    """The embedded index's feed: batches after sequence number ``after``."""
+    """The embedded index's feed: batches after sequence number ``after`` (cluster token)."""
+    require_cluster_token(request, _settings(request).cluster_token, _settings(request).admin_token)
     state = _state(request)
     after = _query_int(request, "after", 0, 0, 2**62)
     limit = _query_int(request, "limit", 256, 1, 4096)
@@ -192,8 +197,9 @@ async def kv_events(request: web.Request) -> web.Response:
 
 
 async def kv_resync(request: web.Request) -> web.Response:
-    """Republish the whole resident set (``cleared`` + ``stored``). It changes no cache state,
-    so it needs no token: routers call it when they (re)gain sight of this replica."""
+    """Republish the whole resident set (``cleared`` + ``stored``): routers call it when they
+    (re)gain sight of this replica. Cluster token; asks in a row cost one resync."""
+    require_cluster_token(request, _settings(request).cluster_token, _settings(request).admin_token)
     state = _state(request)
     state.feed.request_resync()
     return web.json_response({"epoch": state.feed.epoch, "next_seq": state.feed.next_seq,

@@ -52,6 +52,8 @@ class Cluster:
         self.replicas = [ReplicaHandle(url.rstrip("/"), ReplicaState(url.rstrip("/"), healthy=False))
                          for url in settings.replicas]
         self.session: aiohttp.ClientSession | None = None
+        token = settings.cluster_token
+        self.auth = {"Authorization": f"Bearer {token}"} if token else {}  # for replicas' internal endpoints
         self._healthy_event = asyncio.Event()
 
     def by_id(self, replica_id: str) -> ReplicaHandle | None:
@@ -111,7 +113,7 @@ class Cluster:
 
     async def _request_resync(self, rep: ReplicaHandle) -> None:
         try:
-            async with self.session.post(rep.url + "/kv/resync",
+            async with self.session.post(rep.url + "/kv/resync", headers=self.auth,
                                          timeout=aiohttp.ClientTimeout(total=self.settings.health_timeout_s)):
                 pass
         except (aiohttp.ClientError, asyncio.TimeoutError):
@@ -159,7 +161,8 @@ class Cluster:
         url = f"{rep.url}/kv/events?after={rep.feed_cursor}&limit=512"
         timeout = aiohttp.ClientTimeout(total=2.0)
         try:
-            async with self.session.get(url, headers={"Accept": "application/msgpack"}, timeout=timeout) as resp:
+            async with self.session.get(url, headers={"Accept": "application/msgpack", **self.auth},
+                                        timeout=timeout) as resp:
                 if resp.status != 200:
                     return False
                 feed = msgpack.unpackb(await resp.read(), raw=False)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from shared.errors import InputError
@@ -22,6 +23,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="routing setting, e.g. bounded_load_factor=1.25, balance_abs_threshold=64")
     p.add_argument("--health-interval", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--cluster-token", default=None,
+                   help="shared by the cluster's routers and replicas: guards /kv/* (or KVEMU_CLUSTER_TOKEN);"
+                        " required with a --host beyond loopback")
     p.add_argument("--max-connections", type=int, default=4096, help="open connections beyond which new ones get 503")
     p.add_argument("--header-timeout", type=float, default=10.0, help="seconds for a request head to arrive")
     p.add_argument("--body-timeout", type=float, default=30.0, help="seconds for a request body to arrive")
@@ -40,6 +44,7 @@ def settings_from_args(args):
     return RouterSettings(replicas=replicas, host=args.host, port=args.port, routing=args.routing, index=args.index,
                           cluster=args.cluster, block_size=args.block_size, routing_settings=routing,
                           health_interval_s=args.health_interval, seed=args.seed,
+                          cluster_token=args.cluster_token or os.environ.get("KVEMU_CLUSTER_TOKEN") or None,
                           max_connections=args.max_connections, header_timeout_s=args.header_timeout,
                           body_timeout_s=args.body_timeout)
 
@@ -55,6 +60,8 @@ def worker_args(args) -> list[str]:
         out += ["--set", pair]
     if args.seed is not None:
         out += ["--seed", str(args.seed)]
+    if args.cluster_token:  # through the environment, not the command line other users can read
+        os.environ["KVEMU_CLUSTER_TOKEN"] = args.cluster_token
     return out
 
 

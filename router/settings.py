@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from router.strategies import RoutingSettings, get_strategy
+from shared.auth import check_bind
 from shared.errors import InputError
 from shared.serve import ConnLimits
 
@@ -36,6 +37,7 @@ class RouterSettings:
     header_timeout_s: float = 10.0  # a request head must arrive within this
     body_timeout_s: float = 30.0  # a request body must arrive within this (408 otherwise)
     seed: int | None = None
+    cluster_token: str | None = None  # sent to replicas' internal endpoints; required beyond loopback
 
     def __post_init__(self) -> None:
         if not self.replicas:
@@ -60,6 +62,7 @@ class RouterSettings:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise InputError(name, f"must be a positive integer, got {value!r}")
+        check_bind(self.host, self.cluster_token)
         if not 0 <= self.retries <= 5:
             raise InputError("retries", f"must be 0-5, got {self.retries}")
 

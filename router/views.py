@@ -12,6 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from router.state import ROUTER, RouterState
 from router.strategies import NoHealthyReplica, RouteRequest
 from shared import protocol
+from shared.auth import session_label, wants_raw_sessions
 from shared.httpkit import read_raw, respond
 from shared.index import IndexUnavailable
 
@@ -184,11 +185,12 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def cluster_view(request: web.Request) -> web.Response:
     state = _state(request)
+    raw = wants_raw_sessions(request, state.settings.cluster_token)
     await _refresh_footprints(state)
-    return respond(request, cluster_summary(state))
+    return respond(request, cluster_summary(state, raw))
 
 
-def cluster_summary(state) -> dict:
+def cluster_summary(state, raw_sessions: bool = False) -> dict:
     reps = state.cluster.replicas
     healthy = [r for r in reps if r.state.healthy]
     factor = state.settings.hotspot_factor
@@ -211,17 +213,25 @@ def cluster_summary(state) -> dict:
                      "in_flight": r.state.in_flight, "queued_tokens": r.state.queued_tokens,
                      "kv_usage": r.health.get("kv_usage", 0.0), "running": r.health.get("running", 0),
                      "waiting": r.health.get("waiting", 0), "routed": state.routed.get(r.replica_id, 0),
-                     "event_lag": r.feed_lag_events, "top_sessions": r.top_sessions,
+                     "event_lag": r.feed_lag_events, "top_sessions": _sessions(r.top_sessions, raw_sessions, state),
                      "hotspot": bool(reasons), "hotspot_reasons": reasons})
     return {"routing": state.settings.routing, "replicas": rows, "healthy": len(healthy),
             "imbalance": {"in_flight": load_ratio, "kv_usage": kv_ratio, "routed": routed_ratio},
             "hotspot_factor": factor, "hotspots": [row["replica_id"] for row in rows if row["hotspot"]]}
 
 
+def _sessions(rows: list, raw: bool, state) -> list:
+    """Replicas answer the router with raw ids (it holds the token); others see keyed hashes."""
+    if raw or not state.settings.cluster_token:  # without a token the replicas hashed them already
+        return rows
+    return [{**row, "session": session_label(row.get("session"), state.settings.cluster_token)} for row in rows]
+
+
 async def _refresh_footprints(state) -> None:
     async def one(rep):
         try:
-            async with state.cluster.session.get(rep.url + "/stats?top=5",
+            raw = "&sessions=raw" if state.settings.cluster_token else ""
+            async with state.cluster.session.get(rep.url + "/stats?top=5" + raw, headers=state.cluster.auth,
                                                  timeout=aiohttp.ClientTimeout(total=1.0)) as resp:
                 if resp.status == 200:
                     st = await resp.json()

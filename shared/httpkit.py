@@ -48,7 +48,7 @@ async def errors_middleware(request: web.Request, handler):
             raise
         field = "body" if exc.status in (408, 413) else None
         resp = web.json_response(protocol.error_body(exc.status, field, exc.reason or str(exc)), status=exc.status,
-                                 headers={k: v for k, v in exc.headers.items() if k.lower() in ("allow",)})
+                                 headers={k: v for k, v in exc.headers.items() if k.lower() in ("allow", "www-authenticate")})
         if exc.status == 408:
             resp.force_close()  # the rest of a slow body is not worth waiting for
         return resp

@@ -31,6 +31,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+import pytest
 import yaml  # PyYAML, in the dev extra
 
 from shared import tokenizer
@@ -47,7 +48,7 @@ KVEMU_SERVICES = ("router", "replica-0", "replica-1", "replica-2")
 SKIPPED = ("redis", "prometheus")
 # Variables a user would export before `docker compose up`: a fast emulation for the test.
 COMPOSE_ENV = {"KVEMU_TIME_SCALE": "0.02", "KVEMU_THINK_SCALE": "0.02", "KVEMU_MAX_TOKENS": "8",
-               "KVEMU_CAPACITY_BLOCKS": "4000"}
+               "KVEMU_CAPACITY_BLOCKS": "4000", "KVEMU_CLUSTER_TOKEN": "compose-test-token"}
 OWN_PORT_FLAGS = ("--port", "--web-port", "--master-bind-port")  # ports the service itself listens on
 PEER_PORT_FLAGS = {"--master-port": "--master-host"}  # port flag -> the flag naming its host
 PEER_PORT_ENV = {"LOCUST_MASTER_NODE_PORT": "LOCUST_MASTER_NODE_HOST"}
@@ -318,8 +319,10 @@ def get_json(url: str) -> dict:
 
 
 def test_compose_file_shape():
-    """What a reader of the brief expects, checked statically (defaults, no variables set)."""
-    doc = load_compose()
+    """What a reader of the brief expects, checked statically (defaults, only the required token set)."""
+    with pytest.raises(AssertionError, match="KVEMU_CLUSTER_TOKEN is required"):
+        load_compose()  # 0.0.0.0 inside containers: no start without the cluster token
+    doc = load_compose({"KVEMU_CLUSTER_TOKEN": "t"})
     services = doc["services"]
     assert {"redis", "router", "replica-0", "replica-1", "replica-2", "locust-master", "locust-worker",
             "prometheus"} <= set(services)
@@ -330,6 +333,7 @@ def test_compose_file_shape():
         assert flag_value(args, "--host") == "0.0.0.0", name
         assert flag_value(args, "--index") == "redis://redis:6379/0", name
         assert "/health" in json.dumps(services[name]["healthcheck"]["test"]), name
+        assert services[name]["environment"]["KVEMU_CLUSTER_TOKEN"] == "t", name
     replica_ports = [int(flag_value(as_list(services[f"replica-{i}"]["command"]), "--port")) for i in range(3)]
     assert len(set(replica_ports)) == 3, replica_ports
     ids = [flag_value(as_list(services[f"replica-{i}"]["command"]), "--replica-id") for i in range(3)]
