@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import aiohttp
@@ -175,7 +176,7 @@ async def health(request: web.Request) -> web.Response:
     status = 200 if healthy else 503
     return web.json_response({"status": "ok" if healthy else "no_healthy_replica", "healthy_replicas": healthy,
                               "replicas": len(state.cluster.replicas), "routing": state.settings.routing,
-                              "index": "memory" if state.embedded else "redis"}, status=status)
+                              "index": "memory" if state.embedded else "redis", "pid": os.getpid()}, status=status)
 
 
 async def metrics(request: web.Request) -> web.Response:
