@@ -10,6 +10,7 @@ from replica import views
 from replica.runtime import RUNTIME, SETTINGS, ReplicaRuntime
 from replica.settings import ReplicaSettings
 from shared import serve
+from shared.offload import OFFLOAD, Offloader, offload_ctx
 from shared.serve import guard_middleware
 from shared.httpkit import BODY_LIMIT, REJECTIONS, errors_middleware, timing_middleware
 
@@ -58,6 +59,8 @@ def make_app(settings: ReplicaSettings) -> web.Application:
     app[RUNTIME] = ReplicaRuntime(settings)
     app[BODY_LIMIT] = settings.max_body_bytes
     app[REJECTIONS] = app[RUNTIME].rejected
+    app[OFFLOAD] = Offloader(settings.offload())
+    app.cleanup_ctx.append(offload_ctx)
     app.cleanup_ctx.append(engine_ctx)
     app.cleanup_ctx.append(index_ctx)
     views.add_routes(app)

@@ -34,6 +34,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster-token", default=None,
                    help="shared by the cluster's routers and replicas: guards /kv/* (or KVEMU_CLUSTER_TOKEN);"
                         " required with a --host beyond loopback")
+    p.add_argument("--parse-workers", type=int, default=1,
+                   help="processes that parse bodies of 256 KiB or more off the event loop (0 = inline)")
     p.add_argument("--max-connections", type=int, default=4096, help="open connections beyond which new ones get 503")
     p.add_argument("--header-timeout", type=float, default=10.0, help="seconds for a request head to arrive")
     p.add_argument("--body-timeout", type=float, default=30.0, help="seconds for a request body to arrive")
@@ -63,7 +65,8 @@ def settings_from_args(args):
         max_waiting=args.max_waiting, index=args.index, cluster=args.cluster,
         admin_token=args.admin_token or os.environ.get("KVEMU_ADMIN_TOKEN") or None, shards_rate=args.shards_rate,
         cluster_token=args.cluster_token or os.environ.get("KVEMU_CLUSTER_TOKEN") or None,
-        max_connections=args.max_connections, header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout)
+        max_connections=args.max_connections, parse_workers=args.parse_workers,
+        header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout)
 
 
 def run(args) -> int:

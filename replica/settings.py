@@ -9,6 +9,7 @@ from replica.core.policies import policy_class
 from shared.auth import check_bind
 from shared.costmodel import CostModel
 from shared.errors import InputError
+from shared.offload import OffloadSettings
 from shared.serve import ConnLimits
 
 
@@ -37,6 +38,9 @@ class ReplicaSettings:
     max_body_bytes: int = 8 * 1024 * 1024
     max_prompt_tokens: int = 1_048_576
     max_output_tokens: int = 65_536
+    parse_workers: int = 1  # processes that parse big bodies off the event loop (0 = inline)
+    offload_bytes: int = 256 * 1024  # bodies from this size on are parsed in those processes
+    large_bodies_per_client: int = 2  # big bodies one client address may have being parsed (429 beyond)
     max_connections: int = 4096  # beyond it a new connection gets a 503 and is closed
     header_timeout_s: float = 10.0  # a request head must arrive within this
     body_timeout_s: float = 30.0  # a request body must arrive within this (408 otherwise)
@@ -72,6 +76,10 @@ class ReplicaSettings:
             if not 0 < getattr(self, name) < float("inf"):
                 raise InputError(name, f"must be a positive number of seconds, got {getattr(self, name)}")
         _positive_int("max_connections", self.max_connections)
+        _positive_int("offload_bytes", self.offload_bytes)
+        _positive_int("large_bodies_per_client", self.large_bodies_per_client)
+        if not 0 <= self.parse_workers <= 64:
+            raise InputError("parse_workers", f"must be 0-64, got {self.parse_workers}")
         if not (self.time_scale >= 0):
             raise InputError("time_scale", f"must be >= 0, got {self.time_scale}")
         if not (0 < self.shards_rate <= 1):
@@ -82,6 +90,9 @@ class ReplicaSettings:
         CostModel.from_names(self.model, self.gpu)  # unknown names list the valid ones
         if self.capacity_gib is not None and self.resolved_capacity_blocks() <= 0:
             raise InputError("capacity_gib", "is smaller than one KV block of this model")
+
+    def offload(self) -> OffloadSettings:
+        return OffloadSettings(self.parse_workers, self.offload_bytes, self.large_bodies_per_client)
 
     def conn_limits(self) -> ConnLimits:
         return ConnLimits(self.max_connections, self.header_timeout_s, self.body_timeout_s)

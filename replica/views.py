@@ -14,7 +14,8 @@ from replica.httputil import require_admin
 from replica.runtime import RUNTIME, SETTINGS, ReplicaRuntime
 from replica.settings import ReplicaSettings
 from shared.auth import require_cluster_token, session_label, wants_raw_sessions
-from shared.httpkit import read_body, respond
+from shared.httpkit import read_body, read_raw, respond
+from shared.offload import OFFLOAD
 from replica.engine import Handle
 from shared.tokenizer import filler_text
 from replica.core.policies import make_policy
@@ -34,6 +35,12 @@ def _limits(request) -> tuple[int, int]:
     return s.max_prompt_tokens, s.max_output_tokens
 
 
+async def _parse(request: web.Request) -> protocol.GenerateSpec:
+    """Big bodies are parsed off the event loop (shared/offload.py)."""
+    raw = await read_raw(request)
+    return await request.app[OFFLOAD].parse(request, raw, _settings(request).block_size, _limits(request))
+
+
 def _submit(request: web.Request, spec: protocol.GenerateSpec) -> Handle:
     return _state(request).engine.submit(spec.hashes, spec.prompt_tokens, spec.max_tokens, spec.session, spec.stream)
 
@@ -48,8 +55,7 @@ def _usage(handle: Handle) -> dict:
 # ---- native --------------------------------------------------------------------------
 async def generate(request: web.Request) -> web.StreamResponse:
     s = _settings(request)
-    obj = await read_body(request)
-    spec = protocol.parse_generate(obj, s.block_size, _limits(request), request.headers.get("X-Session-Id"))
+    spec = await _parse(request)
     handle = _submit(request, spec)
     await handle.done
     r = handle.req
@@ -77,8 +83,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def _openai(request: web.Request, chat: bool) -> web.StreamResponse:
     s = _settings(request)
-    obj = await read_body(request)
-    spec = protocol.parse_openai(obj, chat, s.block_size, _limits(request), request.headers.get("X-Session-Id"))
+    spec = await _parse(request)
     handle = _submit(request, spec)
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     created = int(time.time())

@@ -18,6 +18,7 @@ from router import views
 from router.settings import RouterSettings
 from router.state import ROUTER, SETTINGS, RouterState
 from shared import serve
+from shared.offload import OFFLOAD, Offloader, offload_ctx
 from shared.serve import guard_middleware
 from shared.httpkit import BODY_LIMIT, errors_middleware
 
@@ -43,6 +44,8 @@ def make_app(settings: RouterSettings) -> web.Application:
     app[SETTINGS] = settings
     app[ROUTER] = RouterState(settings)
     app[BODY_LIMIT] = settings.max_body_bytes
+    app[OFFLOAD] = Offloader(settings.offload())
+    app.cleanup_ctx.append(offload_ctx)
     app.cleanup_ctx.append(background_ctx)
     views.add_routes(app)
     return app

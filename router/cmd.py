@@ -26,6 +26,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster-token", default=None,
                    help="shared by the cluster's routers and replicas: guards /kv/* (or KVEMU_CLUSTER_TOKEN);"
                         " required with a --host beyond loopback")
+    p.add_argument("--parse-workers", type=int, default=1,
+                   help="processes that parse bodies of 256 KiB or more off the event loop (0 = inline)")
     p.add_argument("--max-connections", type=int, default=4096, help="open connections beyond which new ones get 503")
     p.add_argument("--header-timeout", type=float, default=10.0, help="seconds for a request head to arrive")
     p.add_argument("--body-timeout", type=float, default=30.0, help="seconds for a request body to arrive")
@@ -45,7 +47,8 @@ def settings_from_args(args):
                           cluster=args.cluster, block_size=args.block_size, routing_settings=routing,
                           health_interval_s=args.health_interval, seed=args.seed,
                           cluster_token=args.cluster_token or os.environ.get("KVEMU_CLUSTER_TOKEN") or None,
-                          max_connections=args.max_connections, header_timeout_s=args.header_timeout,
+                          max_connections=args.max_connections, parse_workers=args.parse_workers,
+                          header_timeout_s=args.header_timeout,
                           body_timeout_s=args.body_timeout)
 
 
@@ -55,7 +58,7 @@ def worker_args(args) -> list[str]:
            "--index", args.index, "--cluster", args.cluster, "--block-size", str(args.block_size),
            "--health-interval", str(args.health_interval), "--log-level", args.log_level,
            "--max-connections", str(args.max_connections), "--header-timeout", str(args.header_timeout),
-           "--body-timeout", str(args.body_timeout)]
+           "--body-timeout", str(args.body_timeout), "--parse-workers", str(args.parse_workers)]
     for pair in args.set:
         out += ["--set", pair]
     if args.seed is not None:

@@ -8,6 +8,7 @@ from urllib.parse import urlsplit
 from router.strategies import RoutingSettings, get_strategy
 from shared.auth import check_bind
 from shared.errors import InputError
+from shared.offload import OffloadSettings
 from shared.serve import ConnLimits
 
 
@@ -33,6 +34,9 @@ class RouterSettings:
     max_body_bytes: int = 8 * 1024 * 1024
     max_prompt_tokens: int = 1_048_576
     max_output_tokens: int = 65_536
+    parse_workers: int = 1  # processes that parse big bodies off the event loop (0 = inline)
+    offload_bytes: int = 256 * 1024  # bodies from this size on are parsed in those processes
+    large_bodies_per_client: int = 2  # big bodies one client address may have being parsed (429 beyond)
     max_connections: int = 4096  # beyond it a new connection gets a 503 and is closed
     header_timeout_s: float = 10.0  # a request head must arrive within this
     body_timeout_s: float = 30.0  # a request body must arrive within this (408 otherwise)
@@ -65,6 +69,14 @@ class RouterSettings:
         check_bind(self.host, self.cluster_token)
         if not 0 <= self.retries <= 5:
             raise InputError("retries", f"must be 0-5, got {self.retries}")
+        if not 0 <= self.parse_workers <= 64:
+            raise InputError("parse_workers", f"must be 0-64, got {self.parse_workers}")
+        for name in ("offload_bytes", "large_bodies_per_client"):
+            if not getattr(self, name) > 0:
+                raise InputError(name, f"must be positive, got {getattr(self, name)}")
+
+    def offload(self) -> OffloadSettings:
+        return OffloadSettings(self.parse_workers, self.offload_bytes, self.large_bodies_per_client)
 
     def conn_limits(self) -> ConnLimits:
         return ConnLimits(self.max_connections, self.header_timeout_s, self.body_timeout_s)

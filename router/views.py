@@ -15,6 +15,7 @@ from router.strategies import NoHealthyReplica, RouteRequest
 from shared import protocol
 from shared.auth import session_label, wants_raw_sessions
 from shared.httpkit import read_raw, respond
+from shared.offload import OFFLOAD
 from shared.index import IndexUnavailable
 
 _FORWARD_HEADERS = ("Content-Type", "Accept", "X-Session-Id", "Authorization")
@@ -33,20 +34,11 @@ def _state(request: web.Request) -> RouterState:
     return request.app[ROUTER]
 
 
-def _parse(request: web.Request, raw: bytes, settings) -> protocol.GenerateSpec:
-    obj = protocol.decode_body(raw, request.content_type or "")
-    limits = (settings.max_prompt_tokens, settings.max_output_tokens)
-    session = request.headers.get("X-Session-Id")
-    if request.path == "/generate":
-        return protocol.parse_generate(obj, settings.block_size, limits, session)
-    return protocol.parse_openai(obj, request.path.endswith("/chat/completions"), settings.block_size, limits,
-                                 session)
-
-
 async def proxy(request: web.Request) -> web.StreamResponse:
     state = _state(request)
     raw = await read_raw(request)
-    spec = _parse(request, raw, state.settings)
+    limits = (state.settings.max_prompt_tokens, state.settings.max_output_tokens)
+    spec = await request.app[OFFLOAD].parse(request, raw, state.settings.block_size, limits)
     excluded: set[str] = set()
     failures = busy = 0
     while failures <= state.settings.retries and busy < len(state.cluster.replicas):

@@ -46,9 +46,9 @@ async def errors_middleware(request: web.Request, handler):
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        field = "body" if exc.status in (408, 413) else None
+        field = "body" if exc.status in (408, 413, 429) else None
         resp = web.json_response(protocol.error_body(exc.status, field, exc.reason or str(exc)), status=exc.status,
-                                 headers={k: v for k, v in exc.headers.items() if k.lower() in ("allow", "www-authenticate")})
+                                 headers={k: v for k, v in exc.headers.items() if k.lower() in ("allow", "www-authenticate", "retry-after")})
         if exc.status == 408:
             resp.force_close()  # the rest of a slow body is not worth waiting for
         return resp
