@@ -52,6 +52,7 @@ class ReplicaSettings:
     shards_max_tracked: int = 1 << 16
     event_batch_max: int = 512
     feed_max_batches: int = 4096  # the embedded feed keeps this many recent batches
+    feed_max_hashes: int = 1 << 18  # ... holding at most this many hashes (about 12 MB)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -68,7 +69,7 @@ class ReplicaSettings:
             raise InputError("capacity_gib", f"must be a finite number > 0, got {self.capacity_gib}")
         for name in ("block_size", "token_budget", "max_running", "max_waiting", "max_body_bytes",
                      "max_prompt_tokens", "max_output_tokens", "event_batch_max",
-                     "feed_max_batches", "shards_max_tracked"):
+                     "feed_max_batches", "feed_max_hashes", "shards_max_tracked"):
             _positive_int(name, getattr(self, name))
         if self.hit_mode not in ("prefix", "holes"):
             raise InputError("hit_mode", f"must be prefix or holes, got {self.hit_mode!r}")

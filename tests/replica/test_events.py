@@ -51,3 +51,14 @@ def test_resync_asks_in_a_row_cost_one_resync():
     f.publish([KvEvent("stored", (99,))])
     f.request_resync()  # something happened since: a new resync
     assert f.resyncs == 2
+
+
+def test_the_feed_is_bounded_by_hashes_held_not_only_by_batches():
+    f = EventFeed("r", lambda: [], batch_max=512, max_batches=4096, mode="poll", max_hashes=1000)
+    for i in range(100):  # 100 batches of 100 hashes: 10,100 held without the hash bound
+        f.publish([KvEvent("stored", tuple(range(i * 100, i * 100 + 100)))])
+    assert len(f.batches) == 9 and f.held_hashes == 909
+    assert f.oldest_seq == 92 and f.expired_batches == 91
+    assert [b.seq for b in f.since(95)] == [96, 97, 98, 99, 100]
+    assert [b.seq for b in f.since(0, limit=2)] == [92, 93]
+    assert f.since(100) == []
