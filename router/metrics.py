@@ -31,8 +31,23 @@ class RouterMetrics:
         self.replica_failures = 0
         self.replica_restarts = 0
         self.replica_busy = 0
+        self._decided: dict = {}
+        self._outcomes: dict = {}
         self.cluster = None  # set by the app; read at scrape time
         self.registry.register(_Collector(self))
+
+    def decided(self, strategy: str, reason: str) -> None:
+        """``decisions.labels(...).inc()`` with the labelled child cached (labels() costs a lock and a dict)."""
+        child = self._decided.get((strategy, reason))
+        if child is None:
+            child = self._decided[(strategy, reason)] = self.decisions.labels(strategy, reason)
+        child.inc()
+
+    def outcome(self, outcome: str) -> None:
+        child = self._outcomes.get(outcome)
+        if child is None:
+            child = self._outcomes[outcome] = self.requests.labels(outcome)
+        child.inc()
 
     def record_prediction(self, predicted_tokens: int, actual_tokens: int) -> None:
         self.predictions += 1

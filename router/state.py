@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 
+import aiohttp
+
 from aiohttp import web
 
 from router.cluster import Cluster
@@ -28,6 +30,7 @@ class RouterState:
         self.memory = RouterMemory()
         self.rng = random.Random(settings.seed)
         self.routed: dict[str, int] = {}
+        self.request_timeout = aiohttp.ClientTimeout(total=settings.request_timeout_s)  # one, not one per request
 
 
 def _with_cluster(url: str, cluster: str) -> str:

@@ -66,7 +66,7 @@ async def proxy(request: web.Request) -> web.StreamResponse:
         finally:
             rep.state.in_flight -= 1
             rep.state.queued_tokens -= spec.prompt_tokens
-    state.metrics.requests.labels("busy" if busy and not failures else "unavailable").inc()
+    state.metrics.outcome("busy" if busy and not failures else "unavailable")
     body = protocol.error_body(503, None, "no healthy replica could take the request; retry shortly")
     return web.json_response(body, status=503, headers={"Retry-After": "1"})
 
@@ -96,17 +96,16 @@ async def _decide(state, spec: protocol.GenerateSpec, excluded: set[str]):
     decision = state.strategy([r.state for r in replicas],
                               RouteRequest(spec.session, len(spec.hashes), spec.prompt_tokens), overlap,
                               state.routing, state.rng, state.memory)
-    state.metrics.decisions.labels(state.settings.routing, decision.reason).inc()
+    state.metrics.decided(state.settings.routing, decision.reason)
     rep = next(r for r in replicas if r.replica_id == decision.replica_id)
     return decision, rep, predicted
 
 
 async def _forward(request: web.Request, state, rep, raw: bytes, decision, predicted: bool) -> web.StreamResponse:
     headers = {k: request.headers[k] for k in _FORWARD_HEADERS if k in request.headers}
-    timeout = aiohttp.ClientTimeout(total=state.settings.request_timeout_s)
     try:
         upstream = await state.cluster.session.post(rep.url + request.path, data=raw, headers=headers,
-                                                    timeout=timeout)
+                                                    timeout=state.request_timeout)
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
         raise ReplicaFailed(f"{type(exc).__name__}: {exc}") from None
     async with upstream:
@@ -124,7 +123,7 @@ async def _forward(request: web.Request, state, rep, raw: bytes, decision, predi
             body = await upstream.read()
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise ReplicaFailed(f"connection lost: {exc}") from None
-    state.metrics.requests.labels("ok" if upstream.status < 400 else "client_error").inc()
+    state.metrics.outcome("ok" if upstream.status < 400 else "client_error")
     return web.Response(body=body, status=upstream.status, headers=out_headers)
 
 
@@ -136,18 +135,18 @@ async def _pass_stream(request, upstream, out_headers: dict, state) -> web.Strea
             try:
                 await resp.write(chunk)
             except ConnectionResetError:  # the client hung up: nobody left to tell
-                state.metrics.requests.labels("client_disconnected").inc()
+                state.metrics.outcome("client_disconnected")
                 return resp
     except (aiohttp.ClientError, asyncio.TimeoutError):
         # Too late to retry: tell the client in-band rather than end the stream silently.
-        state.metrics.requests.labels("failed_mid_stream").inc()
+        state.metrics.outcome("failed_mid_stream")
         try:
             await resp.write(b'data: {"error": {"message": "replica failed mid-stream", "code": 502}}\n\n')
             await resp.write_eof()
         except ConnectionResetError:
             pass
         return resp
-    state.metrics.requests.labels("ok").inc()
+    state.metrics.outcome("ok")
     try:
         await resp.write_eof()
     except ConnectionResetError:
