@@ -170,6 +170,8 @@ def big_prompts(rate: float, duration: float, senders: int = 2) -> dict:
                         code = resp.status
                 except urllib.error.HTTPError as err:
                     code = err.code
+                except OSError as err:  # also the teardown cutting a prompt still in flight
+                    code = "during teardown" if stop.is_set() else type(err).__name__
                 codes[code] = codes.get(code, 0) + 1
 
         threads = [threading.Thread(target=sender, daemon=True) for _ in range(senders)]
