@@ -15,7 +15,8 @@ connection per request, 10 s client timeout) and injects one fault:
 For each: requests sent / answered / failed by cause (timeout, reset, refused, http_<code>),
 recovery times (``index_consistent_s``: until the router has taken a dead replica out and
 cleared its entries, or until index lookups succeed again after Redis returns), and the RSS
-of every process at start and end.  ``--short`` is the CI version (about 2 minutes).
+of every process at start and end.  The exit status is 1 when the soak's replica RSS grew
+by more than 10 % over its last half.  ``--short`` is the CI version (about 2 minutes).
 
     .venv/bin/python bench/chaos.py                       # every scenario, 100 req/s, 15 s each
     .venv/bin/python bench/chaos.py --soak-seconds 600 --scenarios soak
@@ -56,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         out["scenarios"][name] = result
         print(f"{name}: sent {result['sent']}, failed {result['failed']}", file=sys.stderr, flush=True)
     print(json.dumps(out, indent=1))
-    return 0
+    soak = out["scenarios"].get("soak")
+    return 1 if soak is not None and not soak["replica_rss_flat"] else 0  # RSS that does not level off fails
 
 
 if __name__ == "__main__":
