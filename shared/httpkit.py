@@ -62,6 +62,8 @@ async def read_raw(request: web.Request) -> bytes:
     if request.content_length is not None and request.content_length > limit:
         raise InputError("body", f"is {request.content_length} bytes; the limit is {limit}")
     guard = request.app.get(GUARD)
+    if request.content.is_eof():  # all of it arrived with the head (most requests): no deadline to arm
+        return await request.read()
     try:
         async with asyncio.timeout(guard.limits.body_timeout_s if guard else None):
             return await request.read()

@@ -90,7 +90,7 @@ def _token_list(value: Any, name: str, max_tokens: int) -> list[int]:
         raise InputError(name, f"expected a list of integers, got {type(value).__name__}")
     if len(value) > max_tokens:
         raise InputError(name, f"has {len(value)} tokens; the limit is {max_tokens}")
-    if all(type(t) is int for t in value) and (not value or (min(value) >= 0 and max(value) < 2**32)):
+    if set(map(type, value)) <= {int} and (not value or (min(value) >= 0 and max(value) < 2**32)):
         return value  # the common case, checked in C; the loop below names the first bad id
     for i, t in enumerate(value):
         if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < 2**32:
