@@ -24,8 +24,8 @@ import tempfile
 import time
 
 import redis
-
 from op_rates import timed_async, timed_sync
+
 from shared.index import EventBatch, IndexEvent, MemoryIndex, RedisIndex
 
 BLOCKS = 64

@@ -48,13 +48,13 @@ import sys
 import time
 import tracemalloc
 
-from sim.simulator import next_use_times
 from loadgen.workloads import generate
 from replica.core.metrics import PoolMetrics
 from replica.core.policies import make_policy, policy_class, policy_names
 from replica.core.pool import BlockPool
 from replica.core.reuse import ReuseDistanceTracker, ShardsTracker
 from shared.errors import KvemuError
+from sim.simulator import next_use_times
 
 DEFAULT_POLICIES = ("lru", "s3fifo", "arc", "session_lru", "random_compute", "partial_node", "belady")
 PRESET, SEED, BLOCK_SIZE = "chat", 1, 16

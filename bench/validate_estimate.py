@@ -24,11 +24,11 @@ import argparse
 import json
 import time
 
-from sim.estimate import ScmModel, estimate
-from sim.simulator import SimSettings, simulate
 from loadgen.trace import Trace
 from loadgen.workloads import generate
 from shared.overrides import apply_overrides, parse_pairs
+from sim.estimate import ScmModel, estimate
+from sim.simulator import SimSettings, simulate
 
 
 def _hits(trace: Trace, capacity: int) -> tuple[float, int]:

@@ -17,8 +17,8 @@ from loadgen.replay import Replayer, records_json, summarize
 from loadgen.replay_cmd import cluster_report, print_report, replica_stats
 from loadgen.trace import Trace
 from loadgen.workloads import generate
-from shared.errors import KvemuError
 from shared.cli import check_outputs
+from shared.errors import KvemuError
 from shared.overrides import parse_pairs
 
 

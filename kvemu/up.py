@@ -11,6 +11,7 @@ import argparse
 import ctypes
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -67,11 +68,13 @@ class Cluster:
     replica_urls: list[str] = field(default_factory=list)
     redis_url: str | None = None
     tmpdir: str | None = None
+    token: str = ""
 
     def start(self, child: Child, log_dir: str) -> None:
         log = open(os.path.join(log_dir, f"{child.name}.log"), "ab")
+        env = {**os.environ, "KVEMU_CLUSTER_TOKEN": self.token} if self.token else None
         child.proc = subprocess.Popen(child.args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                      preexec_fn=_child_setup(os.getpid()))
+                                      preexec_fn=_child_setup(os.getpid()), env=env)
         self.children.append(child)
 
     def stop(self, grace: float = 15.0) -> None:
@@ -150,6 +153,9 @@ def bring_up(a, log_dir: str | None = None) -> Cluster:
     """Start everything and wait for health; on failure stop what started and raise."""
     log_dir = log_dir or tempfile.mkdtemp(prefix="kvemu-up-")
     cluster = Cluster(tmpdir=log_dir)
+    # One token for the whole cluster (replicas' /kv/*), passed through the environment so it
+    # is not on command lines; a fresh random one unless given.
+    cluster.token = getattr(a, "cluster_token", None) or os.environ.get("KVEMU_CLUSTER_TOKEN") or secrets.token_hex(16)
     try:
         index = _index_for(a, cluster, log_dir)
         for i in range(a.replicas):
@@ -162,7 +168,7 @@ def bring_up(a, log_dir: str | None = None) -> Cluster:
         cluster.router_url = f"http://127.0.0.1:{router_port}"
         router = [sys.executable, "-m", "router", "--port", str(router_port), "--replicas",
                   ",".join(cluster.replica_urls), "--routing", a.routing, "--index", index, "--cluster", a.cluster,
-                  "--block-size", str(a.block_size)]
+                  "--block-size", str(a.block_size), "--workers", str(getattr(a, "routers", 1))]
         for pair in a.set or ():
             router += ["--set", pair]
         cluster.start(Child("router", router, cluster.router_url), log_dir)
@@ -255,6 +261,10 @@ def add_cluster_args(p: argparse.ArgumentParser, replicas: int = 4) -> None:
     p.add_argument("--time-scale", type=float, default=1.0)
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="router routing setting")
     p.add_argument("--admin-token", default=None)
+    p.add_argument("--cluster-token", default=None,
+                   help="token the router and replicas share for /kv/* (default: KVEMU_CLUSTER_TOKEN or a random one)")
+    p.add_argument("--routers", type=int, default=1,
+                   help="router processes sharing the router port; a supervisor restarts any that dies")
     p.add_argument("--start-timeout", type=float, default=30.0)
     p.add_argument("--replica-base-port", type=int, default=0, help="replica i listens on BASE+i (default: free ports)")
 
@@ -269,6 +279,8 @@ def configure(p: argparse.ArgumentParser) -> None:
 def validate(a) -> None:
     if a.replicas <= 0 or a.replicas > 64:
         raise InputError("--replicas", f"must be 1-64, got {a.replicas}")
+    if not 1 <= a.routers <= 64:
+        raise InputError("--routers", f"must be 1-64, got {a.routers}")
     if a.capacity_blocks is None and a.capacity_gib is None:
         a.capacity_blocks = 20_000
     from replica.settings import ReplicaSettings

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import gzip
 import zlib
-
-import orjson
 from collections import OrderedDict
 from collections.abc import Iterator
 from importlib.resources import files
 from pathlib import Path
+
+import orjson
 
 from loadgen import trace_cache
 from loadgen.trace import Trace, TraceRequest, gc_paused

@@ -9,12 +9,11 @@ from __future__ import annotations
 import argparse
 import os
 
-from shared.progress import ProgressBar
-
 from loadgen import workloads
 from loadgen.formats import write_kvemu
 from shared.errors import InputError, UnknownNameError
 from shared.overrides import parse_pairs
+from shared.progress import ProgressBar
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -143,7 +143,7 @@ class Replayer:
                     rec.ttft_s, rec.e2e_s = out["ttft_s"], out["e2e_s"]
                 else:
                     rec.error = data[:200].decode(errors="replace")
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             rec.error = f"{type(exc).__name__}: {exc}"
         rec.wall_s = time.monotonic() - sent
         return rec

@@ -9,8 +9,10 @@ from aiohttp import web
 from replica import views
 from replica.runtime import RUNTIME, SETTINGS, ReplicaRuntime
 from replica.settings import ReplicaSettings
+from shared import serve
 from shared.httpkit import BODY_LIMIT, REJECTIONS, errors_middleware, timing_middleware
-
+from shared.offload import OFFLOAD, Offloader, offload_ctx
+from shared.serve import guard_middleware
 
 
 # ---- lifecycle ----------------------------------------------------------------------
@@ -49,11 +51,15 @@ async def _stop(task: asyncio.Task, timeout: float = 5.0) -> None:
 
 
 def make_app(settings: ReplicaSettings) -> web.Application:
-    app = web.Application(middlewares=[timing_middleware, errors_middleware], client_max_size=settings.max_body_bytes)
+    app = web.Application(middlewares=[guard_middleware, timing_middleware, errors_middleware],
+                          client_max_size=settings.max_body_bytes)
+    serve.install(app, settings.conn_limits())
     app[SETTINGS] = settings
     app[RUNTIME] = ReplicaRuntime(settings)
     app[BODY_LIMIT] = settings.max_body_bytes
     app[REJECTIONS] = app[RUNTIME].rejected
+    app[OFFLOAD] = Offloader(settings.offload())
+    app.cleanup_ctx.append(offload_ctx)
     app.cleanup_ctx.append(engine_ctx)
     app.cleanup_ctx.append(index_ctx)
     views.add_routes(app)

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
 
-from shared.cli import serve
 from shared.overrides import parse_pairs
 
 
@@ -32,6 +30,14 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster", default="default", help="namespace of the Redis index keys")
     p.add_argument("--admin-token", default=None, help="bearer token for /admin/* (or KVEMU_ADMIN_TOKEN)")
     p.add_argument("--shards-rate", type=float, default=0.1, help="sampling rate of online reuse distances")
+    p.add_argument("--cluster-token", default=None,
+                   help="shared by the cluster's routers and replicas: guards /kv/* (or KVEMU_CLUSTER_TOKEN);"
+                        " required with a --host beyond loopback")
+    p.add_argument("--parse-workers", type=int, default=1,
+                   help="processes that parse bodies of 256 KiB or more off the event loop (0 = inline)")
+    p.add_argument("--max-connections", type=int, default=4096, help="open connections beyond which new ones get 503")
+    p.add_argument("--header-timeout", type=float, default=10.0, help="seconds for a request head to arrive")
+    p.add_argument("--body-timeout", type=float, default=30.0, help="seconds for a request body to arrive")
     p.add_argument("--log-level", default="warning")
 
 
@@ -56,31 +62,24 @@ def settings_from_args(args):
         model=args.model, gpu=args.gpu, block_size=args.block_size, hit_mode=args.hit_mode,
         time_scale=args.time_scale, token_budget=args.token_budget, max_running=args.max_running,
         max_waiting=args.max_waiting, index=args.index, cluster=args.cluster,
-        admin_token=args.admin_token or os.environ.get("KVEMU_ADMIN_TOKEN") or None, shards_rate=args.shards_rate)
+        admin_token=args.admin_token or os.environ.get("KVEMU_ADMIN_TOKEN") or None, shards_rate=args.shards_rate,
+        cluster_token=args.cluster_token or os.environ.get("KVEMU_CLUSTER_TOKEN") or None,
+        max_connections=args.max_connections, parse_workers=args.parse_workers,
+        header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout)
 
 
 def run(args) -> int:
-    from aiohttp import web
-
     from replica.app import make_app
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     settings = settings_from_args(args)
     app = make_app(settings)  # make_policy turns a bad --policy-param into an InputError
-    try:
-        import uvloop
+    from shared.serve import bind, serve
 
-        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        pass
-
-    def started(_message: str) -> None:  # after the socket is bound, not before
-        print(f"replica {settings.replica_id} ({settings.policy}, {settings.resolved_capacity_blocks()} blocks)"
-              f" on http://{settings.host}:{settings.port}",
-              file=sys.stderr, flush=True)
-
-    serve(lambda: web.run_app(app, host=settings.host, port=settings.port, print=started, shutdown_timeout=30.0,
-                              access_log=None, handle_signals=True), settings.host, settings.port)
+    sock = bind(settings.host, settings.port)
+    print(f"replica {settings.replica_id} ({settings.policy}, {settings.resolved_capacity_blocks()} blocks)"
+          f" on http://{settings.host}:{settings.port}", file=sys.stderr, flush=True)
+    serve(app, sock)
     return 0
 
 

@@ -14,6 +14,7 @@ an index that noticed the sequence gap rebuilds this replica's entries exactly.
 
 from __future__ import annotations
 
+import bisect
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -41,12 +42,16 @@ class EventFeed:
     """
 
     def __init__(self, replica_id: str, resident: Callable[[], Iterable[int]], batch_max: int = 512,
-                 max_batches: int = 4096, mode: str = "poll") -> None:
+                 max_batches: int = 4096, mode: str = "poll", max_hashes: int = 1 << 18) -> None:
         self.replica_id = replica_id
         self.epoch = uuid.uuid4().hex[:16]
         self._resident = resident
         self.batch_max = batch_max
         self.max_batches = max_batches
+        # Memory is bounded by hashes held, not only by batches: under load one batch holds
+        # hundreds of hashes, and 4096 of them grew a replica by ~70 MB (issue 17).
+        self.max_hashes = max_hashes
+        self.held_hashes = 0
         self.mode = mode
         self.batches: deque[FeedBatch] = deque()
         self.next_seq = 1
@@ -54,7 +59,9 @@ class EventFeed:
         self.dropped_batches = 0  # unshipped batches lost (push mode)
         self.expired_batches = 0  # read batches aged out of the ring (poll mode)
         self.resyncs = 0
+        self.resync_requests = 0  # asks through /kv/resync (coalesced into ``resyncs``)
         self._needs_resync = False
+        self._resync_end = 0  # next_seq just after the last resync: equal to next_seq = it is still the newest
         self.listener: Callable[[], None] | None = None  # woken after each publish (the Redis shipper)
 
     def publish(self, events: list[KvEvent]) -> None:
@@ -63,13 +70,20 @@ class EventFeed:
             self.resyncs += 1
             # The events of this call are already reflected in the resident set.
             events = [KvEvent("cleared", ()), KvEvent("stored", tuple(self._resident()))]
+            resync = True
+        else:
+            resync = False
         for chunk in _chunks(events, self.batch_max):
             self.batches.append(FeedBatch(self.next_seq, chunk))
             self.next_seq += len(chunk)
             self.published_events += len(chunk)
-        overflow = len(self.batches) - self.max_batches
-        for _ in range(max(overflow, 0)):
-            self.batches.popleft()
+            self.held_hashes += _hashes_in(chunk)
+        if resync:
+            self._resync_end = self.next_seq
+        overflow = 0
+        while len(self.batches) > 1 and (len(self.batches) > self.max_batches or self.held_hashes > self.max_hashes):
+            self.held_hashes -= _hashes_in(self.batches.popleft().events)
+            overflow += 1
         if overflow > 0:
             if self.mode == "push":
                 self.dropped_batches += overflow
@@ -87,25 +101,26 @@ class EventFeed:
         return any(b.events and b.events[0].kind == "cleared" for b in self.batches)
 
     def request_resync(self) -> None:
-        """A consumer lost its view (a router restarted, cleared us, or fell behind): republish."""
+        """A consumer lost its view (a router restarted, cleared us, or fell behind): republish,
+        unless the newest batches in the ring already are a resync (many asks in a row cost one)."""
+        self.resync_requests += 1
+        if self.mode == "poll" and self._resync_end == self.next_seq:  # push: it may have been lost
+            return
         self._needs_resync = True
         self.publish([])
 
     def since(self, after: int, limit: int = 256) -> list[FeedBatch]:
-        """Batches whose events come after sequence number ``after`` (oldest first)."""
-        out = []
-        for b in self.batches:
-            if b.seq + len(b.events) - 1 <= after:
-                continue
-            out.append(b)
-            if len(out) >= limit:
-                break
-        return out
+        """Batches whose events come after sequence number ``after`` (oldest first); a binary
+        search, not a scan of the ring (pollers ask every 20 ms)."""
+        batches = self.batches
+        first = bisect.bisect_right(batches, after, key=lambda b: b.seq + len(b.events) - 1)
+        return [batches[i] for i in range(first, min(first + limit, len(batches)))]
 
     def pop_ready(self) -> list[FeedBatch]:
         """For a pushing shipper: take every queued batch."""
         out = list(self.batches)
         self.batches.clear()
+        self.held_hashes = 0
         return out
 
     @property
@@ -114,9 +129,14 @@ class EventFeed:
 
     def stats(self) -> dict:
         return {"epoch": self.epoch, "mode": self.mode, "next_seq": self.next_seq,
-                "queued_batches": len(self.batches), "published_events": self.published_events,
+                "queued_batches": len(self.batches), "held_hashes": self.held_hashes,
+                "published_events": self.published_events,
                 "dropped_batches": self.dropped_batches, "expired_batches": self.expired_batches,
-                "resyncs": self.resyncs}
+                "resyncs": self.resyncs, "resync_requests": self.resync_requests}
+
+
+def _hashes_in(events: list[KvEvent]) -> int:
+    return sum(len(e.hashes) for e in events) + len(events)  # an empty ``cleared`` still costs
 
 
 def _chunks(events: list[KvEvent], batch_max: int) -> Iterable[list[KvEvent]]:

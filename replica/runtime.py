@@ -25,7 +25,9 @@ class ReplicaRuntime:
         self.pool = self.core.pool
         self.scheduler = self.core.scheduler
         self.feed = EventFeed(settings.replica_id, lambda: list(self.pool.resident), settings.event_batch_max,
-                              settings.feed_max_batches, mode="push" if settings.index else "poll")
+                              settings.feed_max_batches, mode="push" if settings.index else "poll",
+                              # a resync (every resident block) must always fit, or it would drop itself
+                              max_hashes=max(settings.feed_max_hashes, 2 * self.pool.capacity + 1024))
         self.prom = ReplicaMetrics(settings.model, settings.replica_id)
         self.registry = self.prom.registry
         self.ttft_recent = RecentTtft()

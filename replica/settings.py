@@ -6,8 +6,11 @@ from dataclasses import dataclass
 
 from replica.core.build import CoreSettings
 from replica.core.policies import policy_class, policy_names
+from shared.auth import check_bind
 from shared.costmodel import CostModel
 from shared.errors import InputError, UnknownNameError
+from shared.offload import OffloadSettings
+from shared.serve import ConnLimits
 from shared.validate import check_positive_int
 
 
@@ -38,13 +41,21 @@ class ReplicaSettings:
     max_body_bytes: int = 8 * 1024 * 1024
     max_prompt_tokens: int = 1_048_576
     max_output_tokens: int = 65_536
+    parse_workers: int = 1  # processes that parse big bodies off the event loop (0 = inline)
+    offload_bytes: int = 256 * 1024  # bodies from this size on are parsed in those processes
+    large_bodies_per_client: int = 2  # big bodies one client address may have being parsed (429 beyond)
+    max_connections: int = 4096  # beyond it a new connection gets a 503 and is closed
+    header_timeout_s: float = 10.0  # a request head must arrive within this
+    body_timeout_s: float = 30.0  # a request body must arrive within this (408 otherwise)
     index: str | None = None  # redis://... ; None = the embedded feed a router polls
     cluster: str = "default"
     admin_token: str | None = None
+    cluster_token: str | None = None  # /kv/* and raw session ids; required beyond loopback (shared/auth.py)
     shards_rate: float = 0.1  # 0.1 keeps the sampled MRC within 0.02 of the exact one (tests/replica/test_reuse.py)
     shards_max_tracked: int = 1 << 16
     event_batch_max: int = 512
     feed_max_batches: int = 4096  # the embedded feed keeps this many recent batches
+    feed_max_hashes: int = 1 << 18  # ... holding at most this many hashes (about 12 MB)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -60,23 +71,38 @@ class ReplicaSettings:
             raise InputError("capacity", "give exactly one of capacity_blocks or capacity_gib")
         if self.capacity_blocks is not None:
             check_positive_int("capacity_blocks", self.capacity_blocks)
-        if self.capacity_gib is not None and not self.capacity_gib > 0:
-            raise InputError("capacity_gib", f"must be > 0, got {self.capacity_gib}")
+        if self.capacity_gib is not None and not 0 < self.capacity_gib < float("inf"):
+            raise InputError("capacity_gib", f"must be a finite number > 0, got {self.capacity_gib}")
         for name in ("block_size", "token_budget", "max_running", "max_waiting", "max_body_bytes",
                      "max_prompt_tokens", "max_output_tokens", "event_batch_max",
-                     "feed_max_batches", "shards_max_tracked"):
+                     "feed_max_batches", "feed_max_hashes", "shards_max_tracked"):
             check_positive_int(name, getattr(self, name))
         if self.hit_mode not in ("prefix", "holes"):
             raise InputError("hit_mode", f"must be prefix or holes, got {self.hit_mode!r}")
+        for name in ("header_timeout_s", "body_timeout_s"):
+            if not 0 < getattr(self, name) < float("inf"):
+                raise InputError(name, f"must be a positive number of seconds, got {getattr(self, name)}")
+        check_positive_int("max_connections", self.max_connections)
+        check_positive_int("offload_bytes", self.offload_bytes)
+        check_positive_int("large_bodies_per_client", self.large_bodies_per_client)
+        if not 0 <= self.parse_workers <= 64:
+            raise InputError("parse_workers", f"must be 0-64, got {self.parse_workers}")
         if not (self.time_scale >= 0):
             raise InputError("time_scale", f"must be >= 0, got {self.time_scale}")
         if not (0 < self.shards_rate <= 1):
             raise InputError("shards_rate", f"must be in (0, 1], got {self.shards_rate}")
         if self.index is not None and not self.index.startswith(("redis://", "rediss://", "unix://")):
             raise InputError("index", f"expected a redis:// URL, got {self.index!r}")
+        check_bind(self.host, self.cluster_token)
         CostModel.from_names(self.model, self.gpu)  # unknown names list the valid ones
         if self.capacity_gib is not None and self.resolved_capacity_blocks() <= 0:
             raise InputError("capacity_gib", "is smaller than one KV block of this model")
+
+    def offload(self) -> OffloadSettings:
+        return OffloadSettings(self.parse_workers, self.offload_bytes, self.large_bodies_per_client)
+
+    def conn_limits(self) -> ConnLimits:
+        return ConnLimits(self.max_connections, self.header_timeout_s, self.body_timeout_s)
 
     def core_settings(self) -> CoreSettings:
         """The cache core this replica runs (``replica.core.build``)."""

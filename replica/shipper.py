@@ -15,8 +15,8 @@ import logging
 import time
 
 from replica.events import EventFeed, FeedBatch
-from shared.index import EventBatch, IndexUnavailable, RedisIndex
 from shared.histogram import LogHistogram
+from shared.index import EventBatch, IndexUnavailable, RedisIndex
 
 log = logging.getLogger("kvemu.replica.shipper")
 

@@ -9,15 +9,17 @@ import uuid
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from shared import protocol
+from replica.core.policies import make_policy
+from replica.engine import Handle
 from replica.httputil import require_admin
 from replica.runtime import RUNTIME, SETTINGS, ReplicaRuntime
 from replica.settings import ReplicaSettings
-from shared.httpkit import read_body, respond
-from replica.engine import Handle
-from shared.tokenizer import filler_piece, filler_text
-from replica.core.policies import make_policy
+from shared import protocol
+from shared.auth import require_cluster_token, session_label, wants_raw_sessions
 from shared.errors import InputError
+from shared.httpkit import read_body, read_raw, respond
+from shared.offload import OFFLOAD
+from shared.tokenizer import filler_piece, filler_text
 
 
 def _state(request: web.Request) -> ReplicaRuntime:
@@ -31,6 +33,12 @@ def _settings(request: web.Request) -> ReplicaSettings:
 def _limits(request) -> tuple[int, int]:
     s = _settings(request)
     return s.max_prompt_tokens, s.max_output_tokens
+
+
+async def _parse(request: web.Request) -> protocol.GenerateSpec:
+    """Big bodies are parsed off the event loop (shared/offload.py)."""
+    raw = await read_raw(request)
+    return await request.app[OFFLOAD].parse(request, raw, _settings(request).block_size, _limits(request))
 
 
 def _submit(request: web.Request, spec: protocol.GenerateSpec) -> Handle:
@@ -47,8 +55,7 @@ def _usage(handle: Handle) -> dict:
 # ---- native --------------------------------------------------------------------------
 async def generate(request: web.Request) -> web.StreamResponse:
     s = _settings(request)
-    obj = await read_body(request)
-    spec = protocol.parse_generate(obj, s.block_size, _limits(request), request.headers.get("X-Session-Id"))
+    spec = await _parse(request)
     handle = _submit(request, spec)
     await handle.done
     r = handle.req
@@ -76,8 +83,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def _openai(request: web.Request, chat: bool) -> web.StreamResponse:
     s = _settings(request)
-    obj = await read_body(request)
-    spec = protocol.parse_openai(obj, chat, s.block_size, _limits(request), request.headers.get("X-Session-Id"))
+    spec = await _parse(request)
     handle = _submit(request, spec)
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     created = int(time.time())
@@ -165,6 +171,9 @@ async def stats(request: web.Request) -> web.Response:
     s = _settings(request)
     top = _query_int(request, "top", 10, 1, 1000)
     out = state.pool.stats(top_k=top)
+    if not wants_raw_sessions(request, s.cluster_token):
+        for row in out["top_sessions"]:
+            row["session"] = session_label(row["session"], s.cluster_token)
     out.update({
         "replica_id": s.replica_id, "model": state.cost.model.name, "gpu": state.cost.gpu.name,
         "capacity_gib": state.cost.blocks_to_gib(state.pool.capacity, s.block_size),
@@ -196,7 +205,8 @@ def _query_int(request, name: str, default: int, lo: int, hi: int) -> int:
 
 
 async def kv_events(request: web.Request) -> web.Response:
-    """The embedded index's feed: batches after sequence number ``after``."""
+    """The embedded index's feed: batches after sequence number ``after`` (cluster token)."""
+    require_cluster_token(request, _settings(request).cluster_token, _settings(request).admin_token)
     state = _state(request)
     after = _query_int(request, "after", 0, 0, 2**62)
     limit = _query_int(request, "limit", 256, 1, 4096)
@@ -207,8 +217,9 @@ async def kv_events(request: web.Request) -> web.Response:
 
 
 async def kv_resync(request: web.Request) -> web.Response:
-    """Republish the whole resident set (``cleared`` + ``stored``). It changes no cache state,
-    so it needs no token: routers call it when they (re)gain sight of this replica."""
+    """Republish the whole resident set (``cleared`` + ``stored``): routers call it when they
+    (re)gain sight of this replica. Cluster token; asks in a row cost one resync."""
+    require_cluster_token(request, _settings(request).cluster_token, _settings(request).admin_token)
     state = _state(request)
     state.feed.request_resync()
     return web.json_response({"epoch": state.feed.epoch, "next_seq": state.feed.next_seq,

@@ -17,7 +17,10 @@ from aiohttp import web
 from router import dashboard, views
 from router.settings import RouterSettings
 from router.state import ROUTER, SETTINGS, RouterState
+from shared import serve
 from shared.httpkit import BODY_LIMIT, errors_middleware
+from shared.offload import OFFLOAD, Offloader, offload_ctx
+from shared.serve import guard_middleware
 
 
 async def background_ctx(app: web.Application):
@@ -38,11 +41,14 @@ async def background_ctx(app: web.Application):
 
 
 def make_app(settings: RouterSettings) -> web.Application:
-    app = web.Application(middlewares=[errors_middleware], client_max_size=settings.max_body_bytes)
+    app = web.Application(middlewares=[guard_middleware, errors_middleware], client_max_size=settings.max_body_bytes)
+    serve.install(app, settings.conn_limits())
     app[SETTINGS] = settings
     app[ROUTER] = RouterState(settings)
     app[BODY_LIMIT] = settings.max_body_bytes
     app[dashboard.DASHBOARD] = dashboard.Dashboard(settings.dashboard_interval_s)
+    app[OFFLOAD] = Offloader(settings.offload())
+    app.cleanup_ctx.append(offload_ctx)
     app.cleanup_ctx.append(background_ctx)
     views.add_routes(app)
     dashboard.add_routes(app)

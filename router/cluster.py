@@ -36,6 +36,8 @@ class ReplicaHandle:
     feed_lag_events: int = 0
     resync_asked_at: int = -1  # cursor+1 at which we last asked for a resync (one ask per gap)
     known: bool = False  # answered /health at least once
+    busy_until: float = 0.0  # answered 503 + Retry-After (overloaded): routed around until then
+    busy_strikes: int = 0  # busy answers in a row: the back-off doubles with each
 
     @property
     def replica_id(self) -> str:
@@ -50,6 +52,8 @@ class Cluster:
         self.replicas = [ReplicaHandle(url.rstrip("/"), ReplicaState(url.rstrip("/"), healthy=False))
                          for url in settings.replicas]
         self.session: aiohttp.ClientSession = None  # type: ignore[assignment]  # opened in the app's cleanup_ctx
+        token = settings.cluster_token
+        self.auth = {"Authorization": f"Bearer {token}"} if token else {}  # for replicas' internal endpoints
         self._healthy_event = asyncio.Event()
 
     def by_id(self, replica_id: str) -> ReplicaHandle | None:
@@ -78,7 +82,7 @@ class Cluster:
         except (aiohttp.ClientConnectorError, ConnectionRefusedError):
             await self.mark_failed(rep, "connection refused", immediate=True)
             return
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        except (TimeoutError, aiohttp.ClientError, ValueError):
             body = None
         if not body or body.get("status") != "ok":
             await self.mark_failed(rep, "health check failed")
@@ -100,19 +104,27 @@ class Cluster:
         rep.state.capacity_blocks = int(body.get("capacity_blocks", 0))
         if rejoined:
             # First sight, or back after being taken out (its entries were cleared): the index
-            # may lack blocks it still holds, so ask for a full republish.
-            await self._request_resync(rep)
-            log.info("replica %s at %s is healthy", rid, rep.url)
+            # may lack blocks it still holds, so ask for a full republish. Healthy before the
+            # ask, so a check running alongside (start-up, a feed poll) does not ask again.
             rep.state.healthy = True
+            log.info("replica %s at %s is healthy", rid, rep.url)
+            await self._request_resync(rep)
         self._healthy_event.set()
 
     async def _request_resync(self, rep: ReplicaHandle) -> None:
         try:
-            async with self.session.post(rep.url + "/kv/resync",
+            async with self.session.post(rep.url + "/kv/resync", headers=self.auth,
                                          timeout=aiohttp.ClientTimeout(total=self.settings.health_timeout_s)):
                 pass
-        except (aiohttp.ClientError, asyncio.TimeoutError):
+        except (TimeoutError, aiohttp.ClientError):
             pass  # the next rejoin tries again; meanwhile the index only under-reports
+
+    def mark_busy(self, rep: ReplicaHandle) -> None:
+        """Overloaded, not failed: keep it in the cluster and its entries in the index, back off."""
+        rep.busy_strikes += 1
+        backoff = min(self.settings.busy_backoff_s * 2 ** (rep.busy_strikes - 1), 2.0)
+        rep.busy_until = time.monotonic() + backoff
+        self.metrics.replica_busy += 1
 
     async def mark_failed(self, rep: ReplicaHandle, reason: str, immediate: bool = False) -> None:
         rep.failures += 1
@@ -133,7 +145,7 @@ class Cluster:
         try:
             await asyncio.wait_for(self._healthy_event.wait(), timeout)
             return True
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
 
     # ---- embedded index: poll each replica's event feed -----------------------------------
@@ -149,11 +161,12 @@ class Cluster:
         url = f"{rep.url}/kv/events?after={rep.feed_cursor}&limit=512"
         timeout = aiohttp.ClientTimeout(total=2.0)
         try:
-            async with self.session.get(url, headers={"Accept": "application/msgpack"}, timeout=timeout) as resp:
+            async with self.session.get(url, headers={"Accept": "application/msgpack", **self.auth},
+                                        timeout=timeout) as resp:
                 if resp.status != 200:
                     return False
                 feed = msgpack.unpackb(await resp.read(), raw=False)
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        except (TimeoutError, aiohttp.ClientError, ValueError):
             return False
         if feed.get("epoch") != rep.epoch:
             # Restarted between health checks: check now so its stale entries go at once.

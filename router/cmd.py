@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
+import os
 import sys
 
-from shared.cli import serve
+from shared.errors import InputError
 from shared.overrides import apply_overrides, parse_pairs
 
 
@@ -25,6 +25,17 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dashboard-interval", type=float, default=1.0,
                    help="seconds between the samples /dashboard draws (each reads every replica's /stats)")
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--cluster-token", default=None,
+                   help="shared by the cluster's routers and replicas: guards /kv/* (or KVEMU_CLUSTER_TOKEN);"
+                        " required with a --host beyond loopback")
+    p.add_argument("--parse-workers", type=int, default=1,
+                   help="processes that parse bodies of 256 KiB or more off the event loop (0 = inline)")
+    p.add_argument("--max-connections", type=int, default=4096, help="open connections beyond which new ones get 503")
+    p.add_argument("--header-timeout", type=float, default=10.0, help="seconds for a request head to arrive")
+    p.add_argument("--body-timeout", type=float, default=30.0, help="seconds for a request body to arrive")
+    p.add_argument("--workers", type=int, default=1,
+                   help="router processes sharing the port; a supervisor restarts any that dies")
+    p.add_argument("--listen-fd", type=int, default=None, help=argparse.SUPPRESS)  # a worker's inherited socket
     p.add_argument("--log-level", default="warning")
 
 
@@ -37,30 +48,53 @@ def settings_from_args(args):
     return RouterSettings(replicas=replicas, host=args.host, port=args.port, routing=args.routing, index=args.index,
                           cluster=args.cluster, block_size=args.block_size, routing_settings=routing,
                           health_interval_s=args.health_interval, dashboard_interval_s=args.dashboard_interval,
-                          seed=args.seed)
+                          seed=args.seed,
+                          cluster_token=args.cluster_token or os.environ.get("KVEMU_CLUSTER_TOKEN") or None,
+                          max_connections=args.max_connections, parse_workers=args.parse_workers,
+                          header_timeout_s=args.header_timeout,
+                          body_timeout_s=args.body_timeout)
+
+
+def worker_args(args) -> list[str]:
+    """The arguments a worker gets: this router's, without ``--workers``."""
+    out = ["--port", str(args.port), "--host", args.host, "--replicas", args.replicas, "--routing", args.routing,
+           "--index", args.index, "--cluster", args.cluster, "--block-size", str(args.block_size),
+           "--health-interval", str(args.health_interval), "--dashboard-interval", str(args.dashboard_interval),
+           "--log-level", args.log_level,
+           "--max-connections", str(args.max_connections), "--header-timeout", str(args.header_timeout),
+           "--body-timeout", str(args.body_timeout), "--parse-workers", str(args.parse_workers)]
+    for pair in args.set:
+        out += ["--set", pair]
+    if args.seed is not None:
+        out += ["--seed", str(args.seed)]
+    if args.cluster_token:  # through the environment, not the command line other users can read
+        os.environ["KVEMU_CLUSTER_TOKEN"] = args.cluster_token
+    return out
 
 
 def run(args) -> int:
-    from aiohttp import web
+    import socket
 
     from router.app import make_app
+    from shared.serve import bind, serve
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     settings = settings_from_args(args)
+    if not 1 <= args.workers <= 64:
+        raise InputError("workers", f"must be 1-64, got {args.workers}")
+    if args.workers > 1:
+        from router.workers import supervise
+
+        return supervise(worker_args(args), settings.host, settings.port, args.workers)
+    if args.listen_fd is not None:
+        sock = socket.socket(fileno=args.listen_fd)
+        sock.setblocking(False)
+    else:
+        sock = bind(settings.host, settings.port)
     app = make_app(settings)
-    try:
-        import uvloop
-
-        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    except ImportError:  # pragma: no cover
-        pass
-
-    def started(_message: str) -> None:  # after the socket is bound, not before
-        print(f"router ({settings.routing}, index {settings.index.split('?')[0]}) on http://{settings.host}:{settings.port}"
-              f" -> {len(settings.replicas)} replica(s)", file=sys.stderr, flush=True)
-
-    serve(lambda: web.run_app(app, host=settings.host, port=settings.port, print=started, shutdown_timeout=30.0,
-                              access_log=None), settings.host, settings.port)
+    print(f"router ({settings.routing}, index {settings.index.split('?')[0]}) on http://{settings.host}:{settings.port}"
+          f" -> {len(settings.replicas)} replica(s)", file=sys.stderr, flush=True)
+    serve(app, sock)
     return 0
 
 

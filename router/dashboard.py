@@ -21,8 +21,8 @@ from aiohttp import web
 
 from router.state import ROUTER
 from router.views import cluster_summary
-from shared.index import MemoryIndex
 from shared.errors import InputError
+from shared.index import MemoryIndex
 
 log = logging.getLogger("kvemu.router.dashboard")
 STATIC = Path(__file__).with_name("static")
@@ -168,7 +168,7 @@ async def _fetch_stats(state) -> dict[str, dict]:
                                                  timeout=aiohttp.ClientTimeout(total=1.0)) as resp:
                 if resp.status == 200:
                     return rep.replica_id, await resp.json()
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        except (TimeoutError, aiohttp.ClientError, ValueError):
             pass
         return rep.replica_id, None
 

@@ -35,8 +35,24 @@ class RouterMetrics:
         self.event_gaps = 0
         self.replica_failures = 0
         self.replica_restarts = 0
+        self.replica_busy = 0
+        self._decided: dict = {}
+        self._outcomes: dict = {}
         self.cluster: Any = None  # the Cluster, set by the app; read at scrape time
         self.registry.register(_Collector(self))
+
+    def decided(self, strategy: str, reason: str) -> None:
+        """``decisions.labels(...).inc()`` with the labelled child cached (labels() costs a lock and a dict)."""
+        child = self._decided.get((strategy, reason))
+        if child is None:
+            child = self._decided[(strategy, reason)] = self.decisions.labels(strategy, reason)
+        child.inc()
+
+    def outcome(self, outcome: str) -> None:
+        child = self._outcomes.get(outcome)
+        if child is None:
+            child = self._outcomes[outcome] = self.requests.labels(outcome)
+        child.inc()
 
     def record_prediction(self, predicted_tokens: int, actual_tokens: int) -> None:
         self.predictions += 1
@@ -67,6 +83,8 @@ class _Collector:
             ("kvemu_router_event_gaps", "Event sequence gaps detected (replica entries cleared).", m.event_gaps),
             ("kvemu_router_replica_failures", "Replicas taken out by health checks.", m.replica_failures),
             ("kvemu_router_replica_restarts", "Replica restarts detected (new epoch).", m.replica_restarts),
+            ("kvemu_router_replica_busy", "Answers of 503 + Retry-After (overloaded): retried elsewhere.",
+             m.replica_busy),
         ):
             yield CounterMetricFamily(name, doc, value=value)
         if m.cluster is None:
@@ -129,7 +147,7 @@ async def replica_metrics_texts(session: aiohttp.ClientSession, urls: list[str],
         try:
             async with session.get(url + "/metrics", timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
                 return await resp.text() if resp.status == 200 else ""
-        except (aiohttp.ClientError, asyncio.TimeoutError, UnicodeDecodeError):
+        except (TimeoutError, aiohttp.ClientError, UnicodeDecodeError):
             return ""
 
     return list(await asyncio.gather(*(one(u) for u in urls)))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import aiohttp
 from aiohttp import web
 
 from router.cluster import Cluster
@@ -11,7 +12,6 @@ from router.metrics import RouterMetrics
 from router.settings import RouterSettings
 from router.strategies import RoutingStep, strategy_spec
 from shared.index import make_index
-
 
 
 class RouterState:
@@ -26,6 +26,7 @@ class RouterState:
         self.router = RoutingStep(strategy_spec(settings.routing), settings.strategy_settings(), settings.seed)
         self.routed: dict[str, int] = {}
         self.started = time.time()
+        self.request_timeout = aiohttp.ClientTimeout(total=settings.request_timeout_s)  # one, not one per request
 
 
 def _with_cluster(url: str, cluster: str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import aiohttp
@@ -13,8 +14,10 @@ from router.metrics import merge_vllm, replica_metrics_texts
 from router.state import ROUTER, RouterState
 from router.strategies import NoHealthyReplica, RouteRequest
 from shared import protocol
+from shared.auth import session_label, wants_raw_sessions
 from shared.httpkit import read_raw, respond
 from shared.index import IndexUnavailable, MemoryIndex
+from shared.offload import OFFLOAD
 
 _FORWARD_HEADERS = ("Content-Type", "Accept", "X-Session-Id", "Authorization")
 
@@ -23,42 +26,46 @@ class ReplicaFailed(Exception):
     """The replica did not answer (connection error, timeout, 5xx before any byte)."""
 
 
+class ReplicaBusy(Exception):
+    """The replica answered 503 with Retry-After (its queue or connection cap is full): overload,
+    not failure. Try another, keep its index entries, and leave it alone for a while."""
+
+
 def _state(request: web.Request) -> RouterState:
     return request.app[ROUTER]
-
-
-def _parse(request: web.Request, raw: bytes, settings) -> protocol.GenerateSpec:
-    obj = protocol.decode_body(raw, request.content_type or "")
-    limits = (settings.max_prompt_tokens, settings.max_output_tokens)
-    session = request.headers.get("X-Session-Id")
-    if request.path == "/generate":
-        return protocol.parse_generate(obj, settings.block_size, limits, session)
-    return protocol.parse_openai(obj, request.path.endswith("/chat/completions"), settings.block_size, limits,
-                                 session)
 
 
 async def proxy(request: web.Request) -> web.StreamResponse:
     state = _state(request)
     raw = await read_raw(request)
-    spec = _parse(request, raw, state.settings)
+    limits = (state.settings.max_prompt_tokens, state.settings.max_output_tokens)
+    spec = await request.app[OFFLOAD].parse(request, raw, state.settings.block_size, limits)
     excluded: set[str] = set()
     request_view = RouteRequest(spec.session, len(spec.hashes), spec.prompt_tokens)
-    for attempt in range(state.settings.retries + 1):
+    failures = busy = 0
+    while failures <= state.settings.retries and busy < len(state.cluster.replicas):
+        if failures or busy:
+            state.metrics.retries += 1
         try:
             decision, rep, predicted = await _decide(state, spec, request_view, excluded)
         except NoHealthyReplica:
             break
         state.routed[rep.replica_id] = state.routed.get(rep.replica_id, 0) + 1
         try:
-            return await _forward(request, state, rep, raw, decision, predicted)
+            resp = await _forward(request, state, rep, raw, decision, predicted)
+            rep.busy_strikes = 0
+            return resp
+        except ReplicaBusy:
+            excluded.add(rep.replica_id)
+            state.cluster.mark_busy(rep)
+            busy += 1
         except ReplicaFailed as exc:
             excluded.add(rep.replica_id)
             await state.cluster.mark_failed(rep, str(exc), immediate=True)
-            if attempt < state.settings.retries:
-                state.metrics.retries += 1
+            failures += 1
         finally:
             state.router.done(rep.state, request_view)
-    state.metrics.requests.labels("unavailable").inc()
+    state.metrics.outcome("busy" if busy and not failures else "unavailable")
     body = protocol.error_body(503, None, "no healthy replica could take the request; retry shortly")
     return web.json_response(body, status=503, headers={"Retry-After": "1"})
 
@@ -78,24 +85,28 @@ async def _decide(state: RouterState, spec: protocol.GenerateSpec, request_view:
                     overlap = await state.index.lookup(spec.hashes)
             state.metrics.index_latency.observe(time.perf_counter() - t0)
             predicted = True
-        except (IndexUnavailable, asyncio.TimeoutError):
+        except (TimeoutError, IndexUnavailable):
             state.metrics.index_errors += 1
             state.metrics.load_only_decisions += 1
-    replicas = [r for r in state.cluster.replicas if r.replica_id not in excluded]
+    now = time.monotonic()
+    replicas = [r for r in state.cluster.replicas if r.replica_id not in excluded and r.busy_until <= now]
+    if not replicas:  # every replica backing off: try them anyway rather than refuse
+        replicas = [r for r in state.cluster.replicas if r.replica_id not in excluded]
     decision, pos = state.router.route([r.state for r in replicas], request_view, overlap)
-    state.metrics.decisions.labels(state.settings.routing, decision.reason).inc()
+    state.metrics.decided(state.settings.routing, decision.reason)
     return decision, replicas[pos], predicted
 
 
 async def _forward(request: web.Request, state, rep, raw: bytes, decision, predicted: bool) -> web.StreamResponse:
     headers = {k: request.headers[k] for k in _FORWARD_HEADERS if k in request.headers}
-    timeout = aiohttp.ClientTimeout(total=state.settings.request_timeout_s)
     try:
         upstream = await state.cluster.session.post(rep.url + request.path, data=raw, headers=headers,
-                                                    timeout=timeout)
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                                                    timeout=state.request_timeout)
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
         raise ReplicaFailed(f"{type(exc).__name__}: {exc}") from None
     async with upstream:
+        if upstream.status == 503 and "Retry-After" in upstream.headers:
+            raise ReplicaBusy()
         if upstream.status >= 500:
             raise ReplicaFailed(f"replica answered {upstream.status}")
         if predicted:
@@ -106,9 +117,9 @@ async def _forward(request: web.Request, state, rep, raw: bytes, decision, predi
             return await _pass_stream(request, upstream, out_headers, state)
         try:
             body = await upstream.read()
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             raise ReplicaFailed(f"connection lost: {exc}") from None
-    state.metrics.requests.labels("ok" if upstream.status < 400 else "client_error").inc()
+    state.metrics.outcome("ok" if upstream.status < 400 else "client_error")
     return web.Response(body=body, status=upstream.status, headers=out_headers)
 
 
@@ -120,18 +131,18 @@ async def _pass_stream(request, upstream, out_headers: dict, state) -> web.Strea
             try:
                 await resp.write(chunk)
             except ConnectionResetError:  # the client hung up: nobody left to tell
-                state.metrics.requests.labels("client_disconnected").inc()
+                state.metrics.outcome("client_disconnected")
                 return resp
-    except (aiohttp.ClientError, asyncio.TimeoutError):
+    except (TimeoutError, aiohttp.ClientError):
         # Too late to retry: tell the client in-band rather than end the stream silently.
-        state.metrics.requests.labels("failed_mid_stream").inc()
+        state.metrics.outcome("failed_mid_stream")
         try:
             await resp.write(b'data: {"error": {"message": "replica failed mid-stream", "code": 502}}\n\n')
             await resp.write_eof()
         except ConnectionResetError:
             pass
         return resp
-    state.metrics.requests.labels("ok").inc()
+    state.metrics.outcome("ok")
     try:
         await resp.write_eof()
     except ConnectionResetError:
@@ -152,7 +163,7 @@ async def health(request: web.Request) -> web.Response:
     status = 200 if healthy else 503
     return web.json_response({"status": "ok" if healthy else "no_healthy_replica", "healthy_replicas": healthy,
                               "replicas": len(state.cluster.replicas), "routing": state.settings.routing,
-                              "index": "memory" if state.embedded else "redis"}, status=status)
+                              "index": "memory" if state.embedded else "redis", "pid": os.getpid()}, status=status)
 
 
 async def models(request: web.Request) -> web.Response:
@@ -177,11 +188,12 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def cluster_view(request: web.Request) -> web.Response:
     state = _state(request)
+    raw = wants_raw_sessions(request, state.settings.cluster_token)
     await _refresh_footprints(state)
-    return respond(request, cluster_summary(state))
+    return respond(request, cluster_summary(state, raw))
 
 
-def cluster_summary(state) -> dict:
+def cluster_summary(state, raw_sessions: bool = False) -> dict:
     reps = state.cluster.replicas
     healthy = [r for r in reps if r.state.healthy]
     factor = state.settings.hotspot_factor
@@ -204,23 +216,31 @@ def cluster_summary(state) -> dict:
                      "in_flight": r.state.in_flight, "queued_tokens": r.state.queued_tokens,
                      "kv_usage": r.health.get("kv_usage", 0.0), "running": r.health.get("running", 0),
                      "waiting": r.health.get("waiting", 0), "routed": state.routed.get(r.replica_id, 0),
-                     "event_lag": r.feed_lag_events, "top_sessions": r.top_sessions,
+                     "event_lag": r.feed_lag_events, "top_sessions": _sessions(r.top_sessions, raw_sessions, state),
                      "hotspot": bool(reasons), "hotspot_reasons": reasons})
     return {"routing": state.settings.routing, "replicas": rows, "healthy": len(healthy),
             "imbalance": {"in_flight": load_ratio, "kv_usage": kv_ratio, "routed": routed_ratio},
             "hotspot_factor": factor, "hotspots": [row["replica_id"] for row in rows if row["hotspot"]]}
 
 
+def _sessions(rows: list, raw: bool, state) -> list:
+    """Replicas answer the router with raw ids (it holds the token); others see keyed hashes."""
+    if raw or not state.settings.cluster_token:  # without a token the replicas hashed them already
+        return rows
+    return [{**row, "session": session_label(row.get("session"), state.settings.cluster_token)} for row in rows]
+
+
 async def _refresh_footprints(state) -> None:
     async def one(rep):
         try:
-            async with state.cluster.session.get(rep.url + "/stats?top=5",
+            raw = "&sessions=raw" if state.settings.cluster_token else ""
+            async with state.cluster.session.get(rep.url + "/stats?top=5" + raw, headers=state.cluster.auth,
                                                  timeout=aiohttp.ClientTimeout(total=1.0)) as resp:
                 if resp.status == 200:
                     st = await resp.json()
                     rep.top_sessions = st.get("top_sessions", [])
                     rep.health["kv_usage"] = st.get("usage", rep.health.get("kv_usage", 0.0))
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        except (TimeoutError, aiohttp.ClientError, ValueError):
             pass
 
     await asyncio.gather(*(one(r) for r in state.cluster.replicas if r.state.healthy))

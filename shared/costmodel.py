@@ -106,7 +106,7 @@ class CostModel:
     step_overhead_s: float = 0.0
 
     @classmethod
-    def from_names(cls, model: str = "qwen3-coder-30b-a3b", gpu: str = "h200", **kw) -> "CostModel":
+    def from_names(cls, model: str = "qwen3-coder-30b-a3b", gpu: str = "h200", **kw) -> CostModel:
         return cls(get_model(model), get_gpu(gpu), **kw)
 
     # ---- capacity -------------------------------------------------------------
@@ -118,8 +118,8 @@ class CostModel:
         return self.kv_bytes_per_token * block_size
 
     def gib_to_blocks(self, gib: float, block_size: int) -> int:
-        if gib < 0:
-            raise InputError("capacity_gib", f"must be >= 0, got {gib}")
+        if not 0 <= gib < float("inf"):  # also refuses nan
+            raise InputError("capacity_gib", f"must be a finite number >= 0, got {gib}")
         return int(gib * GIB // self.block_bytes(block_size))
 
     def blocks_to_gib(self, blocks: int, block_size: int) -> float:

@@ -47,7 +47,7 @@ class LogHistogram:
     def mean(self) -> float:
         return self.total / self.n if self.n else 0.0
 
-    def merge(self, other: "LogHistogram") -> None:
+    def merge(self, other: LogHistogram) -> None:
         for k, c in other.counts.items():
             self.counts[k] = self.counts.get(k, 0) + c
         self.n += other.n

@@ -3,6 +3,7 @@ parsing (JSON or msgpack) under a size limit, msgpack-or-JSON responses, server 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
@@ -11,6 +12,7 @@ from aiohttp import web
 
 from shared import protocol
 from shared.errors import InputError, KvemuError, UnknownNameError
+from shared.serve import GUARD
 
 BODY_LIMIT = web.AppKey("body_limit", int)
 REJECTIONS = web.AppKey("rejections", dict)  # field -> count of 4xx answers naming it
@@ -44,9 +46,13 @@ async def errors_middleware(request: web.Request, handler):
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        field = "body" if exc.status == 413 else None
-        return web.json_response(protocol.error_body(exc.status, field, exc.reason or str(exc)), status=exc.status,
-                                 headers={k: v for k, v in exc.headers.items() if k.lower() in ("allow",)})
+        field = "body" if exc.status in (408, 413, 429) else None
+        kept = {k: v for k, v in exc.headers.items() if k.lower() in ("allow", "www-authenticate", "retry-after")}
+        resp = web.json_response(protocol.error_body(exc.status, field, exc.reason or str(exc)), status=exc.status,
+                                 headers=kept)
+        if exc.status == 408:
+            resp.force_close()  # the rest of a slow body is not worth waiting for
+        return resp
     except KvemuError as exc:
         return web.json_response(protocol.error_body(503, None, str(exc)), status=503, headers={"Retry-After": "1"})
 
@@ -56,10 +62,16 @@ async def read_raw(request: web.Request) -> bytes:
     limit = request.app[BODY_LIMIT]
     if request.content_length is not None and request.content_length > limit:
         raise InputError("body", f"is {request.content_length} bytes; the limit is {limit}")
-    try:
+    guard = request.app.get(GUARD)
+    if request.content.is_eof():  # all of it arrived with the head (most requests): no deadline to arm
         return await request.read()
+    try:
+        async with asyncio.timeout(guard.limits.body_timeout_s if guard else None):
+            return await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise InputError("body", f"exceeds the limit of {limit} bytes") from None
+    except TimeoutError:
+        raise web.HTTPRequestTimeout(reason=f"body: not received within {guard.limits.body_timeout_s:g} s") from None
 
 
 async def read_body(request: web.Request) -> dict:

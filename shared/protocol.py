@@ -47,15 +47,17 @@ def decode_body(raw: bytes, content_type: str) -> dict:
             obj = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise InputError("body", f"malformed JSON ({getattr(exc, 'msg', exc)})") from None
+        except RecursionError:
+            raise InputError("body", "nested too deeply") from None
     if not isinstance(obj, dict):
         raise InputError("body", f"expected an object, got {type(obj).__name__}")
     return obj
 
 
 def _int(obj: dict, name: str, default: int | None, lo: int, hi: int) -> int | None:
-    value = obj.get(name, default)
-    if value is None:
-        return None
+    value = obj.get(name)
+    if value is None:  # absent or null (OpenAI's optional fields are nullable): the default
+        return default
     if isinstance(value, bool) or not isinstance(value, int):
         raise InputError(name, f"expected an integer, got {type(value).__name__}")
     if not lo <= value <= hi:
@@ -64,7 +66,9 @@ def _int(obj: dict, name: str, default: int | None, lo: int, hi: int) -> int | N
 
 
 def _bool(obj: dict, name: str) -> bool:
-    value = obj.get(name, False)
+    value = obj.get(name)
+    if value is None:
+        return False
     if not isinstance(value, bool):
         raise InputError(name, f"expected true or false, got {value!r:.40}")
     return value
@@ -86,6 +90,8 @@ def _token_list(value: Any, name: str, max_tokens: int) -> list[int]:
         raise InputError(name, f"expected a list of integers, got {type(value).__name__}")
     if len(value) > max_tokens:
         raise InputError(name, f"has {len(value)} tokens; the limit is {max_tokens}")
+    if set(map(type, value)) <= {int} and (not value or (min(value) >= 0 and max(value) < 2**32)):
+        return value  # the common case, checked in C; the loop below names the first bad id
     for i, t in enumerate(value):
         if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < 2**32:
             raise InputError(f"{name}[{i}]", f"expected a token id in [0, 2**32), got {t!r:.40}")
@@ -115,9 +121,9 @@ def _session(obj: dict, header_session: str | None) -> str | None:
 def parse_generate(obj: dict, block_size: int, limits: tuple[int, int], header_session: str | None) -> GenerateSpec:
     """``POST /generate``: ``token_ids`` or ``block_hashes`` (+ optional ``input_tokens``)."""
     max_prompt, max_out = limits
-    max_tokens = _int(obj, "max_tokens", None, 0, max_out)
+    max_tokens = _int(obj, "max_tokens", None, 1, max_out)
     if max_tokens is None:
-        max_tokens = _int(obj, "output_tokens", 1, 0, max_out)
+        max_tokens = _int(obj, "output_tokens", 1, 1, max_out)
     session = _session(obj, header_session) or _str(obj, "session")
     stream = _bool(obj, "stream")
     has_tokens, has_hashes = "token_ids" in obj, "block_hashes" in obj
@@ -125,13 +131,12 @@ def parse_generate(obj: dict, block_size: int, limits: tuple[int, int], header_s
         raise InputError("token_ids", "give exactly one of token_ids or block_hashes")
     if has_tokens:
         tokens = _token_list(obj["token_ids"], "token_ids", max_prompt)
-        return GenerateSpec(block_hashes(tokens, block_size), len(tokens), max(max_tokens, 1), session, stream,
-                            "generate")
+        return GenerateSpec(block_hashes(tokens, block_size), len(tokens), max_tokens, session, stream, "generate")
     hashes = _hash_list(obj["block_hashes"], "block_hashes", max_prompt // block_size)
     prompt_tokens = _int(obj, "input_tokens", len(hashes) * block_size, 0, max_prompt)
     if prompt_tokens < len(hashes) * block_size:
         raise InputError("input_tokens", f"{prompt_tokens} is fewer than {len(hashes)} full blocks hold")
-    return GenerateSpec(hashes, prompt_tokens, max(max_tokens, 1), session, stream, "generate")
+    return GenerateSpec(hashes, prompt_tokens, max_tokens, session, stream, "generate")
 
 
 def _prompt_tokens(prompt: Any, max_prompt: int) -> list[int]:
@@ -254,9 +259,9 @@ def _include_usage(obj: dict, stream: bool) -> bool:
 def parse_openai(obj: dict, chat: bool, block_size: int, limits: tuple[int, int],
                  header_session: str | None) -> GenerateSpec:
     max_prompt, max_out = limits
-    max_tokens = _int(obj, "max_completion_tokens", None, 0, max_out)
+    max_tokens = _int(obj, "max_completion_tokens", None, 1, max_out)
     if max_tokens is None:
-        max_tokens = _int(obj, "max_tokens", 16, 0, max_out)
+        max_tokens = _int(obj, "max_tokens", 16, 1, max_out)
     model = _str(obj, "model") or "kvemu"
     stream = _bool(obj, "stream")
     include_usage = _include_usage(obj, stream)
@@ -270,7 +275,7 @@ def parse_openai(obj: dict, chat: bool, block_size: int, limits: tuple[int, int]
         if "prompt" not in obj:
             raise InputError("prompt", "missing")
         tokens = _prompt_tokens(obj["prompt"], max_prompt)
-    return GenerateSpec(block_hashes(tokens, block_size), len(tokens), max(max_tokens, 1),
+    return GenerateSpec(block_hashes(tokens, block_size), len(tokens), max_tokens,
                         _session(obj, header_session), stream, "chat" if chat else "completion", model, include_usage)
 
 

@@ -19,11 +19,11 @@ import dataclasses
 import json
 import math
 
-from sim.estimate import ScmModel, capacity_for, estimate, turn_counts, workload_from_trace
 from loadgen.formats import read_trace
 from loadgen.stats import Distribution
 from shared.errors import InputError
 from shared.overrides import apply_overrides, parse_pairs
+from sim.estimate import ScmModel, capacity_for, estimate, turn_counts, workload_from_trace
 
 
 def configure(p: argparse.ArgumentParser) -> None:

@@ -9,7 +9,8 @@ import sys
 
 from loadgen.source import add_source_args, load_source, trace_name
 from loadgen.trace import Trace
-from router.strategies import RoutingSettings
+from replica.core.policies import policy_class
+from router.strategies import RoutingSettings, get_strategy
 from shared.cli import check_outputs
 from shared.config import add_config_arg
 from shared.costmodel import CostModel
@@ -74,8 +75,8 @@ def split_numbers(text: str, conv, field: str) -> list:
             value = conv(part)
         except ValueError:
             raise InputError(field, f"expected a comma-separated list of numbers, got {part!r}") from None
-        if value <= 0:
-            raise InputError(field, f"must be positive, got {part}")
+        if not 0 < value < float("inf"):  # also refuses nan
+            raise InputError(field, f"must be a finite positive number, got {part}")
         out.append(value)
     if not out:
         raise InputError(field, "is empty")
@@ -101,14 +102,26 @@ def _coerce(value: str):
     return value
 
 
+def validate_names(policies: list[str], replicas: int, routing: str) -> None:
+    """What needs no trace is checked before any trace is read or capacity computed."""
+    if not policies:
+        raise InputError("--policy", "is empty")
+    for name in policies:
+        policy_class(name)
+    if replicas <= 0:
+        raise InputError("--replicas", f"must be a positive integer, got {replicas}")
+    get_strategy(routing)
+
+
 def run(args) -> int:
     check_outputs(args)
     if args.jobs < 1:
         raise InputError("--jobs", f"must be >= 1, got {args.jobs}")
+    policies = [p.strip() for p in args.policy.split(",") if p.strip()]
+    validate_names(policies, args.replicas, args.routing)
     trace = load_source(args)
     if not trace.requests:
         raise InputError("trace", "has no requests")
-    policies = [p.strip() for p in args.policy.split(",") if p.strip()]
     caps = capacities(args, trace.block_size)
     biggest = max(len(r.hash_ids) for r in trace.requests)
     if biggest > min(caps):

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import heapq
 import time
-from itertools import chain
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
+from itertools import chain
 
 import numpy as np
 
@@ -25,11 +25,11 @@ from replica.core.scheduler import SchedRequest, Scheduler, StepResult
 from router.strategies import ReplicaState, RouteRequest, RoutingSettings, RoutingStep, strategy_spec
 from shared.costmodel import CostModel
 from shared.errors import InputError
-from shared.validate import check_number, check_positive_int
 from shared.histogram import LogHistogram
 from shared.index import EventBatch, MemoryIndex
 from shared.index.base import DEFAULT_MAX_REPLICAS
 from shared.ratios import CacheCounts, ratio
+from shared.validate import check_number, check_positive_int
 
 INF = float("inf")
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from router.strategies import SPECS
 from loadgen.source import trace_name
+from router.strategies import SPECS
 from shared.plotting import (
     PALETTE,
     REPLICA_BAR,

@@ -18,8 +18,6 @@ healthcheck command passes.
 
 from __future__ import annotations
 
-import pytest
-
 import ctypes
 import json
 import os
@@ -33,15 +31,16 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+import pytest
 import yaml  # PyYAML, in the dev extra
 from prometheus_client.parser import text_string_to_metric_families
 
 from shared import tokenizer
 from shared.hashing import block_hashes
 from tests.conftest import RedisServer, free_port
-from tests.test_deploy_files import dashboard_metric_names
 from tests.support.cluster import redis_lookup, wait_for
 from tests.support.procs import http, http_json
+from tests.test_deploy_files import dashboard_metric_names
 
 # Real processes on loopback: an end-to-end test (CI runs it; `-m "not slow"` skips it locally).
 pytestmark = pytest.mark.slow
@@ -54,7 +53,7 @@ KVEMU_SERVICES = ("router", "replica-0", "replica-1", "replica-2")
 SKIPPED = ("redis", "prometheus", "grafana")
 # Variables a user would export before `docker compose up`: a fast emulation for the test.
 COMPOSE_ENV = {"KVEMU_TIME_SCALE": "0.02", "KVEMU_THINK_SCALE": "0.02", "KVEMU_MAX_TOKENS": "8",
-               "KVEMU_CAPACITY_BLOCKS": "4000"}
+               "KVEMU_CAPACITY_BLOCKS": "4000", "KVEMU_CLUSTER_TOKEN": "compose-test-token"}
 OWN_PORT_FLAGS = ("--port", "--web-port", "--master-bind-port")  # ports the service itself listens on
 PEER_PORT_FLAGS = {"--master-port": "--master-host"}  # port flag -> the flag naming its host
 PEER_PORT_ENV = {"LOCUST_MASTER_NODE_PORT": "LOCUST_MASTER_NODE_HOST"}
@@ -325,8 +324,10 @@ def get_json(url: str) -> dict:
 
 
 def test_compose_file_shape():
-    """What a reader of the brief expects, checked statically (defaults, no variables set)."""
-    doc = load_compose()
+    """What a reader of the brief expects, checked statically (defaults, only the required token set)."""
+    with pytest.raises(AssertionError, match="KVEMU_CLUSTER_TOKEN is required"):
+        load_compose()  # 0.0.0.0 inside containers: no start without the cluster token
+    doc = load_compose({"KVEMU_CLUSTER_TOKEN": "t"})
     services = doc["services"]
     assert {"redis", "router", "replica-0", "replica-1", "replica-2", "locust-master", "locust-worker",
             "prometheus"} <= set(services)
@@ -337,6 +338,7 @@ def test_compose_file_shape():
         assert flag_value(args, "--host") == "0.0.0.0", name
         assert flag_value(args, "--index") == "redis://redis:6379/0", name
         assert "/health" in json.dumps(services[name]["healthcheck"]["test"]), name
+        assert services[name]["environment"]["KVEMU_CLUSTER_TOKEN"] == "t", name
     replica_ports = [int(flag_value(as_list(services[f"replica-{i}"]["command"]), "--port")) for i in range(3)]
     assert len(set(replica_ports)) == 3, replica_ports
     ids = [flag_value(as_list(services[f"replica-{i}"]["command"]), "--replica-id") for i in range(3)]

@@ -33,7 +33,7 @@ async def wait_http_ok(session: aiohttp.ClientSession, url: str, procs: Procs, p
                     body = await r.json()
                     if check is None or check(body):
                         return body
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        except (TimeoutError, aiohttp.ClientError, ValueError):
             pass
         await asyncio.sleep(0.1)
     raise RuntimeError(f"{url} did not become healthy: {procs.log_tail(proc)}")
@@ -139,7 +139,7 @@ class Cluster:
                     out.append({"url": url, "scheduler": {k: st["scheduler"].get(k) for k in
                                                           ("running", "waiting", "finished", "steps")},
                                 "events": st.get("events")})
-                except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError) as exc:
+                except (TimeoutError, aiohttp.ClientError, ValueError, KeyError) as exc:
                     out.append({"url": url, "error": f"{type(exc).__name__}: {exc}"[:200]})
         return out
 

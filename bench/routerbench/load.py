@@ -53,7 +53,7 @@ async def open_loop(session: aiohttp.ClientSession, urls: list[str], prompts: Pr
         t0 = time.perf_counter()
         try:
             status = await post(session, url, data)
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
             return
         if status != 200:
@@ -94,7 +94,7 @@ async def closed_loop(session: aiohttp.ClientSession, urls: list[str], prompts: 
         while time.perf_counter() < deadline:
             try:
                 status = str(await post(session, urls[i % len(urls)], bodies[i % len(bodies)]))
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, aiohttp.ClientError) as exc:
                 status = type(exc).__name__
             if status == "200":
                 done += 1

@@ -8,8 +8,7 @@ import platform
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .settings import (BLOCKS, REPLICAS, SHARED_PREFIX_BLOCKS, TARGET_ADDED_P50_MS, TARGET_ADDED_P99_MS,
-                       TARGET_ROUTED_RPS)
+from .settings import BLOCKS, REPLICAS, SHARED_PREFIX_BLOCKS, TARGET_ADDED_P50_MS, TARGET_ADDED_P99_MS, TARGET_ROUTED_RPS
 
 if TYPE_CHECKING:
     from .phases import Rounds

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from replica.core.pool import Allocation, BlockPool, PoolBusyError, PoolCapacityError
 from shared.costmodel import CostModel

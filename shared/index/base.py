@@ -32,8 +32,9 @@ replica whose batch overflowed, and it is flagged (``synced`` False) so it can r
 from __future__ import annotations
 
 import operator
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol, Sequence, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import msgpack
 import numpy as np

@@ -10,7 +10,8 @@ methods only wrap them, so they never yield and each call is atomic on the event
 from __future__ import annotations
 
 import heapq
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from shared.errors import InputError
 from shared.index.base import (

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
-
 import json
 import re
 import subprocess
 import time
+
+import pytest
 
 from tests.support.kvemu_cli import REPO, ChildWatcher, kill_all, kvemu_cmd, wait_dead
 

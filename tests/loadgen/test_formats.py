@@ -11,7 +11,6 @@ from loadgen.formats import FORMATS, SessionInferrer, detect_format, read_kvemu,
 from loadgen.trace import Trace, TraceRequest
 from shared.errors import InputError, TraceFormatError, UnknownNameError
 from shared.hashing import ROOT_HASH, chain_ids
-
 from tests.conftest import MOONCAKE_CONVERSATION as CONVERSATION
 from tests.conftest import MOONCAKE_SYNTHETIC as SYNTHETIC
 

@@ -11,7 +11,6 @@ from loadgen.stats import Distribution, trace_stats
 from loadgen.trace import Trace, TraceRequest
 
 
-
 @pytest.mark.parametrize(
     "name, requests, accesses, distinct, hit",
     [

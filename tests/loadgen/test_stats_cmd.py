@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from loadgen import stats_cmd
-
 from tests.conftest import MOONCAKE_CONVERSATION as CONVERSATION
 from tests.conftest import MOONCAKE_SYNTHETIC as SYNTHETIC
 

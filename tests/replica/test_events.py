@@ -1,5 +1,5 @@
-from replica.events import EventFeed
 from replica.core.pool import KvEvent
+from replica.events import EventFeed
 
 
 def feed(mode, max_batches=4, resident=range(10)):
@@ -68,3 +68,24 @@ def test_shipper_counts_every_batch_lost_when_redis_is_unreachable():
     shipper = asyncio.run(go())
     assert shipper.lost_batches == 3 and f.dropped_batches == 3 and shipper.failures == 1
     assert f.resync_pending
+
+
+def test_resync_asks_in_a_row_cost_one_resync():
+    f = feed("poll", max_batches=10_000, resident=range(40))
+    for _ in range(200):  # issue 17: 200 asks queued 2,800 batches
+        f.request_resync()
+    assert f.resyncs == 1 and len(f.batches) == 11  # cleared + 40 hashes in batches of 4
+    f.publish([KvEvent("stored", (99,))])
+    f.request_resync()  # something happened since: a new resync
+    assert f.resyncs == 2
+
+
+def test_the_feed_is_bounded_by_hashes_held_not_only_by_batches():
+    f = EventFeed("r", lambda: [], batch_max=512, max_batches=4096, mode="poll", max_hashes=1000)
+    for i in range(100):  # 100 batches of 100 hashes: 10,100 held without the hash bound
+        f.publish([KvEvent("stored", tuple(range(i * 100, i * 100 + 100)))])
+    assert len(f.batches) == 9 and f.held_hashes == 909
+    assert f.oldest_seq == 92 and f.expired_batches == 91
+    assert [b.seq for b in f.since(95)] == [96, 97, 98, 99, 100]
+    assert [b.seq for b in f.since(0, limit=2)] == [92, 93]
+    assert f.since(100) == []

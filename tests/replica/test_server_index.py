@@ -1,10 +1,10 @@
 """A replica publishing KV events to a real (private) Redis index; Redis outages lose nothing."""
 
-import pytest
-
 import asyncio
 import time
 import uuid
+
+import pytest
 
 from shared.hashing import block_hashes
 from shared.index import RedisIndex

@@ -260,3 +260,18 @@ def test_a_stream_cut_by_a_dying_replica_ends_with_an_in_band_error():
         assert 'kvemu_router_requests_total{outcome="failed_mid_stream"} 1.0' in text
     finally:
         stop_all(router, *reps)
+
+
+def test_router_start_asks_each_replica_for_one_resync():
+    """Issue 17: the start-up check and the first health round both saw the replica as new."""
+    rep = start_replica()
+    try:
+        router = start_router([rep.url], health_interval=0.05)
+        try:
+            time.sleep(0.5)  # ten health rounds
+            status, st = http_json("GET", rep.url + "/stats")
+            assert status == 200 and st["events"]["resync_requests"] == 1
+        finally:
+            router.stop()
+    finally:
+        rep.stop()

@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from sim.simulator import SimSettings, Simulation
 from loadgen.workloads import generate as generate_workload
 from router.strategies import RoutingSettings
+from sim.simulator import SimSettings, Simulation
 from tests.support.cluster import start_router, stop_all
 from tests.support.procs import http, http_json, start_replica
 

@@ -16,8 +16,6 @@ import uuid
 import msgpack
 import numpy as np
 import pytest
-
-from shared.index import pipelined
 import redis
 import redis.asyncio.connection as aioconn
 
@@ -30,6 +28,7 @@ from shared.index import (
     PrefixIndex,
     RedisIndex,
     make_index,
+    pipelined,
 )
 from tests.conftest import RedisServer
 

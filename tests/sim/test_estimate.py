@@ -10,6 +10,10 @@ import numpy as np
 import pytest
 
 from kvemu.cli import main
+from loadgen.formats import write_kvemu
+from loadgen.trace import Trace, TraceRequest
+from loadgen.workloads import generate
+from shared.errors import InputError
 from sim.estimate import (
     Deterministic,
     Empirical,
@@ -24,11 +28,7 @@ from sim.estimate import (
     turn_counts,
     workload_from_trace,
 )
-from loadgen.formats import write_kvemu
 from sim.simulator import SimSettings, simulate
-from loadgen.trace import Trace, TraceRequest
-from loadgen.workloads import generate
-from shared.errors import InputError
 
 # k = 1 prompt block and m = 2 response blocks per turn, p = 0.75 (E[M] = 4):
 # E[B] = (k + pm)/q = 10, A_H = p(k + pm)/q² = 30, A_R = (k + pm)/q² = 40

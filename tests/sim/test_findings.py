@@ -23,18 +23,18 @@ from __future__ import annotations
 
 import functools
 
-from sim.simulator import SimSettings, simulate
 from loadgen.workloads import generate
+from sim.simulator import SimSettings, simulate
 
 ONLINE = ("lru", "s3fifo", "arc", "session_lru", "random_compute", "partial_node")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _trace(preset: str, duration_s: float, seed: int, overrides: tuple[tuple[str, str], ...]):
     return generate(preset, duration_s, seed=seed, overrides=dict(overrides))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _run(workload: tuple, capacity: int, policy: str) -> dict:
     """One serial simulation; cached so tests sharing a trace share runs (random_compute is slow)."""
     run = simulate(_trace(*workload), SimSettings(capacity_blocks=capacity, policy=policy, replicas=1,

@@ -12,9 +12,9 @@ not exact (sub-millisecond sleeps return at once under uvloop), so concurrency d
 
 from __future__ import annotations
 
-import pytest
-
 import json
+
+import pytest
 
 from tests.conftest import free_port
 from tests.support.kvemu_cli import Up, run_kvemu

@@ -3,9 +3,9 @@ import json
 import pytest
 
 from loadgen.formats import read_trace
-from sim.simulator import NextUses, SimSettings, Simulation, simulate
 from loadgen.trace import Trace, TraceRequest
 from shared.errors import InputError, UnknownNameError
+from sim.simulator import NextUses, SimSettings, Simulation, simulate
 
 
 @pytest.fixture(scope="module")

@@ -15,12 +15,12 @@ import pytest
 
 from kvemu.cli import main
 from loadgen.formats import read_trace, write_kvemu
-from sim.simulator import SimSettings, simulate
-from sim.sweep import CSV_COLUMNS, file_identity, mean_field, point_id, read_records
-from sim.sweep_plots import combined_mrc
 from loadgen.trace import Trace, TraceRequest
 from loadgen.workloads import generate
 from router.strategies import RoutingSettings
+from sim.simulator import SimSettings, simulate
+from sim.sweep import CSV_COLUMNS, file_identity, mean_field, point_id, read_records
+from sim.sweep_plots import combined_mrc
 
 GRID = ["--policy", "lru,s3fifo", "--capacity-blocks", "600,2000", "--routing", "cache_aware,session",
         "--replicas", "1,2", "--jobs", "2", "--quiet"]

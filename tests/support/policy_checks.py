@@ -5,7 +5,7 @@ evicted; the pool's events replay to its resident set."""
 from __future__ import annotations
 
 import random
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from replica.core.pool import BlockPool, KvEvent, PoolBusyError
 

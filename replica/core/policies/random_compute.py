@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import random
 from array import array
+from collections.abc import Sequence
 from math import inf, log2
-from typing import Sequence
 
 import numpy as np
 

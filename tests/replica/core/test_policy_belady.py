@@ -7,7 +7,7 @@ request, the time of the next request containing it (inf when none).
 import gzip
 import json
 import random
-from functools import lru_cache
+from functools import cache
 from itertools import combinations
 from math import inf
 
@@ -16,7 +16,6 @@ import pytest
 from replica.core.metrics import PoolMetrics
 from replica.core.policies import make_policy, policy_class, policy_names
 from replica.core.pool import BlockPool
-
 from tests.support.policy_checks import run_timed_invariants
 from tests.support.policy_traces import block_cost_512, session_workload, timed_prefix_trace
 
@@ -73,7 +72,7 @@ def brute_force_hits(requests, capacity):
     """Maximum block hits over every eviction choice (holes mode: a request's resident blocks
     all hit; its blocks stay pinned; new blocks are always inserted)."""
 
-    @lru_cache(maxsize=None)
+    @cache
     def best(i, resident):
         if i == len(requests):
             return 0

@@ -1,7 +1,7 @@
 import random
+from collections import OrderedDict
 
 import pytest
-from collections import OrderedDict
 
 from replica.core.policies import make_policy
 from replica.core.pool import BlockPool

@@ -14,7 +14,6 @@ from replica.core.metrics import PoolMetrics
 from replica.core.policies import make_policy
 from replica.core.pool import BlockPool
 from shared.errors import InputError
-
 from tests.support.policy_checks import run_timed_invariants
 from tests.support.policy_traces import block_cost_512, session_workload, timed_prefix_trace
 

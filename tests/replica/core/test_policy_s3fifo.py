@@ -6,7 +6,6 @@ import pytest
 from replica.core.policies import make_policy
 from replica.core.pool import BlockPool
 from shared.errors import InputError
-
 from tests.support.policy_checks import checked_victims, run_invariants
 from tests.support.policy_traces import random_session_trace
 

@@ -6,7 +6,6 @@ from replica.core.metrics import PoolMetrics
 from replica.core.policies import make_policy
 from replica.core.pool import BlockPool, KvEvent, PoolBusyError, PoolCapacityError
 from shared.errors import InputError
-
 from tests.support.policy_checks import apply_events
 
 

@@ -1,0 +1,236 @@
+"""The chaos scenarios: each starts its own cluster, runs the open-loop load, injects one
+fault, and returns what the clients saw plus the recovery times and RSS of every process."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import threading
+import time
+import urllib.request
+
+from .cluster import Cluster, get_json
+from .load import OpenLoop
+
+
+def _with_cluster(cluster: Cluster, fn) -> dict:
+    cluster.start()
+    try:
+        rss0 = cluster.rss()
+        out = fn(cluster)
+        out["rss_mb"] = {"start": rss0, "end": cluster.rss()}
+        return out
+    finally:
+        cluster.stop()
+
+
+def _at(t0: float, offset: float) -> None:
+    time.sleep(max(t0 + offset - time.monotonic(), 0))
+
+
+def replica_kill(index: str, rate: float, duration: float) -> dict:
+    """SIGKILL a replica a third of the way in, start it again at two thirds."""
+    def run(c: Cluster) -> dict:
+        load = OpenLoop(c.url, rate, duration).start()
+        _at(load.t0, duration / 3)
+        c.kill_replica(0)
+        out_s = c.wait(lambda: c.healthy() == len(c.ports) - 1, "router takes the dead replica out")
+        _at(load.t0, 2 * duration / 3)
+        t = time.monotonic()
+        c.start_replica(0)
+        back_s = time.monotonic() - t + c.wait(lambda: c.healthy() == len(c.ports), "the replica rejoins")
+        return {**load.join(), "index_consistent_s": round(out_s, 3), "rejoined_s": round(back_s, 3)}
+
+    return _with_cluster(Cluster(index=index), run)
+
+
+def redis_restart(rate: float, duration: float, outage_s: float = 3.0) -> dict:
+    """Stop redis-server for ``outage_s`` mid-run; count what clients lost and how long until
+    routers use the index again (lookups succeed) after it returns."""
+    def run(c: Cluster) -> dict:
+        load = OpenLoop(c.url, rate, duration).start()
+        _at(load.t0, duration / 3)
+        c.redis.stop()
+        time.sleep(outage_s)
+        c.redis.start()
+        t = time.monotonic()
+        base = _metric(c.url, "kvemu_router_load_only_decisions_total")
+
+        def lookups_back() -> bool:  # two consecutive 0.2 s windows without a load-only decision
+            nonlocal base
+            time.sleep(0.2)
+            now = _metric(c.url, "kvemu_router_load_only_decisions_total")
+            quiet, base = now == base, now
+            return quiet
+        c.wait(lookups_back, "index lookups succeed again")
+        back = time.monotonic() - t - 0.4  # less the two quiet windows that confirmed it
+        return {**load.join(), "outage_s": outage_s, "index_consistent_s": round(max(back, 0.0), 3)}
+
+    return _with_cluster(Cluster(index="redis"), run)
+
+
+def router_kill(rate: float, duration: float, workers: int = 2) -> dict:
+    """SIGKILL one of the router's workers half way; its supervisor starts another."""
+    def run(c: Cluster) -> dict:
+        load = OpenLoop(c.url, rate, duration).start()
+        _at(load.t0, duration / 2)
+        before = set(c.router_workers())
+        victim = min(before)
+        os.kill(victim, signal.SIGKILL)
+        # Until a worker started after the kill answers /health (it has its own pid).
+        replaced = c.wait(lambda: get_json(c.url + "/health", timeout=1.0).get("pid") not in before,
+                          "the supervisor restarts the worker")
+        return {**load.join(), "workers": workers, "replaced_s": round(replaced, 3)}
+
+    return _with_cluster(Cluster(workers=workers), run)
+
+
+def busy_replicas(rate: float, duration: float) -> dict:
+    """Replicas with one running and one waiting slot, at --time-scale 1, under more load than they
+    take: 503 + Retry-After is overload,
+    so the router retries elsewhere and never takes one out."""
+    def run(c: Cluster) -> dict:
+        out = OpenLoop(c.url, rate, duration).start().join()
+        out["router_replica_busy"] = _metric(c.url, "kvemu_router_replica_busy_total")
+        out["router_replica_failures"] = _metric(c.url, "kvemu_router_replica_failures_total")
+        return out
+
+    return _with_cluster(Cluster(time_scale=1.0, replica_args=("--max-running", "1", "--max-waiting", "1")), run)
+
+
+def slow_clients(rate: float, duration: float, n: int = 100) -> dict:
+    """``n`` connections to the router and ``n`` to a replica, each sending its request head a
+    byte every 0.5 s (header timeout 2 s here); the load runs meanwhile."""
+    def run(c: Cluster) -> dict:
+        load = OpenLoop(c.url, rate, duration).start()
+        results = {"router": [], "replica": []}
+        threads = [threading.Thread(target=_slowloris, args=(url, n, results[k]))
+                   for k, url in (("router", c.url), ("replica", c.replica_url(0)))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        out = load.join()
+        for k, held in results.items():
+            out[f"{k}_slow_connections"] = len(held)
+            out[f"{k}_cut_within_s_max"] = round(max(held), 2) if held else None
+        return out
+
+    limits = ("--header-timeout", "2", "--body-timeout", "2")
+    return _with_cluster(Cluster(replica_args=limits, router_args=limits), run)
+
+
+def _slowloris(url: str, n: int, held: list) -> None:
+    host, port = url.removeprefix("http://").split(":")
+    socks = []
+    for _ in range(n):
+        s = socket.create_connection((host, int(port)), timeout=5)
+        s.setblocking(False)
+        socks.append([s, time.monotonic(), None])
+    head = b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" * 4
+    for k in range(len(head)):
+        for entry in socks:
+            s, t0, cut = entry
+            if cut is not None:
+                continue
+            try:
+                s.send(head[k:k + 1])
+                if s.recv(1) == b"":
+                    entry[2] = time.monotonic() - t0
+            except BlockingIOError:
+                pass
+            except OSError:
+                entry[2] = time.monotonic() - t0
+        if all(e[2] is not None for e in socks) or time.monotonic() - socks[0][1] > 30:
+            break
+        time.sleep(0.5)
+    for s, t0, cut in socks:
+        held.append(cut if cut is not None else time.monotonic() - t0)
+        s.close()
+
+
+def big_prompts(rate: float, duration: float, senders: int = 2) -> dict:
+    """``senders`` clients sending ~1M-token prompts back to back during the load; the router's
+    /health latency is sampled every 0.1 s."""
+    huge = json.dumps({"prompt": " ".join(f"w{i % 5000}" for i in range(1_000_000)), "max_tokens": 1}).encode()
+
+    def run(c: Cluster) -> dict:
+        stop = threading.Event()
+        codes: dict[int, int] = {}
+
+        def sender():
+            while not stop.is_set():
+                req = urllib.request.Request(c.url + "/v1/completions", data=huge,
+                                             headers={"Content-Type": "application/json"})
+                try:
+                    with urllib.request.urlopen(req, timeout=60) as resp:
+                        code = resp.status
+                except urllib.error.HTTPError as err:
+                    code = err.code
+                except OSError as err:  # also the teardown cutting a prompt still in flight
+                    code = "during teardown" if stop.is_set() else type(err).__name__
+                codes[code] = codes.get(code, 0) + 1
+
+        threads = [threading.Thread(target=sender, daemon=True) for _ in range(senders)]
+        load = OpenLoop(c.url, rate, duration).start()
+        for t in threads:
+            t.start()
+        health = []
+        while time.monotonic() - load.t0 < duration:
+            t = time.monotonic()
+            get_json(c.url + "/health", timeout=10)
+            health.append(time.monotonic() - t)
+            time.sleep(0.1)
+        stop.set()
+        for t in threads:
+            t.join(2)  # a huge prompt still in flight is not waited for
+        health.sort()
+        return {**load.join(), "huge_prompt_status": codes, "health_ms_p50": round(health[len(health) // 2] * 1000, 1),
+                "health_ms_max": round(health[-1] * 1000, 1)}
+
+    return _with_cluster(Cluster(replica_args=("--capacity-blocks", "70000")), run)
+
+
+def soak(rate: float, duration: float, every: float = 5.0) -> dict:
+    """The load for ``duration`` seconds, RSS of every process sampled every ``every`` s; RSS is
+    flat when the last half grew by at most 10 %."""
+    def run(c: Cluster) -> dict:
+        load = OpenLoop(c.url, rate, duration).start()
+        samples = []
+        while load.thread.is_alive() and time.monotonic() - load.t0 < duration:
+            samples.append((round(time.monotonic() - load.t0, 1), c.rss()))
+            time.sleep(every)
+        out = load.join()
+        samples.append((round(time.monotonic() - load.t0, 1), c.rss()))
+        half = samples[len(samples) // 2][1]
+        end = samples[-1][1]
+        growth = {k: round((end[k] - half[k]) / half[k] * 100, 1) for k in end if k in half}
+        reps = [k for k in growth if k.startswith("replica")]
+        out.update({"rss_mb_samples": samples, "rss_growth_last_half_pct": growth,
+                    "replica_rss_flat": all(growth[k] <= 10.0 for k in reps)})
+        return out
+
+    return _with_cluster(Cluster(), run)
+
+
+def _metric(url: str, name: str) -> float:
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+
+
+SCENARIOS = {
+    "replica_kill_memory": lambda a: replica_kill("memory", a.rate, a.duration),
+    "replica_kill_redis": lambda a: replica_kill("redis", a.rate, a.duration),
+    "redis_restart": lambda a: redis_restart(a.rate, a.duration),
+    "router_kill": lambda a: router_kill(a.rate, a.duration),
+    "busy_replicas": lambda a: busy_replicas(a.rate, a.duration),
+    "slow_clients": lambda a: slow_clients(a.rate, a.duration),
+    "big_prompts": lambda a: big_prompts(a.rate, a.duration, senders=1 if a.short else 2),
+    "soak": lambda a: soak(a.rate, a.soak_seconds),
+}
+
+_ = asyncio  # the load runs its own loop in a thread

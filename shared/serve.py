@@ -1,0 +1,211 @@
+"""Serving an aiohttp app the way both processes need it: a socket bound up front (a port in
+use is one error line, ``SO_REUSEPORT`` lets several router workers share a port), and a
+guard in front of every connection that a slow or greedy client cannot outlast.
+
+The guard wraps aiohttp's protocol: it refuses connections beyond ``max_connections``
+(a 503 written straight to the socket), closes a connection whose request head has not
+arrived within ``header_timeout_s`` of it opening or of its previous response, and its
+middleware counts requests in flight per client address. Bodies get their own deadline
+in ``httpkit.read_raw``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import socket
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from shared.errors import InputError, KvemuError
+
+_REFUSAL_BODY = (b'{"error":{"message":"too many open connections; retry shortly","type":"server_error",'
+                 b'"param":null,"code":503}}')
+_REFUSAL = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+            b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(_REFUSAL_BODY), _REFUSAL_BODY))
+
+
+@dataclass(frozen=True, slots=True)
+class ConnLimits:
+    max_connections: int = 1024
+    header_timeout_s: float = 10.0  # the request head must arrive within this
+    body_timeout_s: float = 30.0  # the whole body must arrive within this (httpkit.read_raw)
+
+
+class _Guarded(asyncio.Protocol):
+    """One connection: delegates to aiohttp's handler, with a deadline for each request head."""
+
+    __slots__ = ("guard", "inner", "transport", "timer", "refused", "idle")
+
+    def __init__(self, guard: ConnGuard, inner) -> None:
+        self.guard, self.inner = guard, inner
+        self.transport = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.refused = False
+        self.idle = False  # between requests: the next byte starts the next head's deadline
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        g = self.guard
+        if len(g.open) >= g.limits.max_connections:
+            self.refused = True
+            g.refused += 1
+            transport.write(_REFUSAL)
+            transport.close()
+            return
+        g.open[transport] = self
+        self.arm()
+        self.inner.connection_made(transport)
+
+    def arm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer = asyncio.get_running_loop().call_later(self.guard.limits.header_timeout_s, self._too_slow)
+
+    def disarm(self, idle: bool = False) -> None:
+        self.idle = idle
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _too_slow(self) -> None:
+        self.guard.timed_out += 1
+        self.transport.abort()
+
+    def data_received(self, data: bytes) -> None:
+        if self.idle:  # an idle keep-alive connection is aiohttp's to close (keepalive_timeout)
+            self.idle = False
+            self.arm()
+        if not self.refused:
+            self.inner.data_received(data)
+
+    def eof_received(self):
+        return None if self.refused else self.inner.eof_received()
+
+    def connection_lost(self, exc) -> None:
+        self.disarm()
+        if self.refused:
+            return
+        self.guard.open.pop(self.transport, None)
+        self.inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        if not self.refused:
+            self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if not self.refused:
+            self.inner.resume_writing()
+
+
+class ConnGuard:
+    """Open connections of one server, and counters a /metrics or a test can read."""
+
+    def __init__(self, limits: ConnLimits) -> None:
+        self.limits = limits
+        self.open: dict = {}  # transport -> _Guarded
+        self.refused = 0
+        self.timed_out = 0
+
+    def factory(self, server):
+        return lambda: _Guarded(self, server())
+
+    def stats(self) -> dict:
+        return {"open": len(self.open), "refused": self.refused, "timed_out": self.timed_out,
+                "max_connections": self.limits.max_connections}
+
+
+GUARD = web.AppKey("conn_guard", ConnGuard)
+
+
+@web.middleware
+async def guard_middleware(request: web.Request, handler):
+    """The request head is in: stop its deadline; start the next one when the answer is out."""
+    conn = request.app[GUARD].open.get(request.transport)
+    if conn is not None:
+        conn.disarm()
+    status = 500
+    try:
+        resp = await handler(request)
+        status = resp.status
+        return resp
+    finally:
+        if conn is not None:
+            conn.disarm(idle=True)
+            if status == 408:  # a body too slow: close once the answer is out, do not linger for the rest
+                asyncio.get_running_loop().call_later(0.1, conn.transport.close)
+
+
+class _GuardedSite(web.BaseSite):
+    def __init__(self, runner: web.AppRunner, sock: socket.socket, guard: ConnGuard) -> None:
+        super().__init__(runner)
+        self._sock, self._guard = sock, guard
+
+    @property
+    def name(self) -> str:
+        host, port = self._sock.getsockname()[:2]
+        return f"http://{host}:{port}"
+
+    async def start(self) -> None:
+        await super().start()
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(self._guard.factory(self._runner.server), sock=self._sock,
+                                                backlog=1024)
+
+
+def bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    """A listening TCP socket; a port in use (without ``reuse_port`` on both sides) is an InputError."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise InputError("host", f"cannot resolve {host!r}: {exc.strerror}") from None
+    family, _, _, _, addr = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind(addr)
+        sock.listen(1024)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise KvemuError(f"port {port} on {host} is in use; pick another with --port, or stop what"
+                             " listens there") from None
+        raise InputError("host", f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock.setblocking(False)
+    return sock
+
+
+def install(app: web.Application, limits: ConnLimits) -> ConnGuard:
+    """Give ``app`` a guard (call before ``serve``; ``make_app`` does it so tests see one too)."""
+    guard = ConnGuard(limits)
+    app[GUARD] = guard
+    return guard
+
+
+def serve(app: web.Application, sock: socket.socket, shutdown_timeout: float = 30.0) -> None:
+    """Run ``app`` on ``sock`` until SIGINT/SIGTERM, then shut down gracefully (as ``web.run_app``)."""
+    try:
+        import uvloop
+
+        loop = uvloop.new_event_loop()
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    runner = web.AppRunner(app, handle_signals=True, access_log=None, shutdown_timeout=shutdown_timeout)
+
+    async def start() -> None:
+        await runner.setup()
+        await _GuardedSite(runner, sock, app[GUARD]).start()
+
+    try:
+        loop.run_until_complete(start())
+        loop.run_forever()
+    except (web.GracefulExit, KeyboardInterrupt):
+        pass
+    finally:
+        loop.run_until_complete(runner.cleanup())
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
