@@ -303,7 +303,7 @@ def read_mooncake(path: str | Path, block_size: int | None = None, inferrer: Ses
 class _BailianRow:
     __slots__ = ("lineno", "t", "chat_id", "parent", "raw", "n_in", "n_out", "type", "session", "turn", "chained")
 
-    def __init__(self, lineno, t, chat_id, parent, raw, n_in, n_out, type_):
+    def __init__(self, lineno: int, t: float, chat_id, parent, raw: list[int], n_in: int, n_out: int, type_) -> None:
         self.lineno, self.t, self.chat_id, self.parent, self.raw = lineno, t, chat_id, parent, raw
         self.n_in, self.n_out, self.type = n_in, n_out, type_
         self.session: str | None = None

@@ -59,6 +59,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     handle = _submit(request, spec)
     await handle.done
     r = handle.req
+    assert r.alloc is not None  # a finished request was admitted
     body = {"replica_id": s.replica_id, "prompt_tokens": r.input_tokens, "output_tokens": r.output_tokens,
             "cached_tokens": r.cached_tokens, "prompt_blocks": len(r.hashes),
             "cached_blocks": len(r.alloc.hit_idx), "holes": r.alloc.holes, **handle.timings()}
@@ -114,6 +115,7 @@ async def _stream(request, handle: Handle, spec, rid: str, created: int, chat: b
     head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
             "model": spec.model}
     sent = 0
+    assert handle.tokens is not None  # a streamed request has a token queue
     while True:
         n = await handle.tokens.get()
         if n is None:

@@ -65,13 +65,14 @@ async def read_raw(request: web.Request) -> bytes:
     guard = request.app.get(GUARD)
     if request.content.is_eof():  # all of it arrived with the head (most requests): no deadline to arm
         return await request.read()
+    deadline = None if guard is None else guard.limits.body_timeout_s
     try:
-        async with asyncio.timeout(guard.limits.body_timeout_s if guard else None):
+        async with asyncio.timeout(deadline):
             return await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise InputError("body", f"exceeds the limit of {limit} bytes") from None
     except TimeoutError:
-        raise web.HTTPRequestTimeout(reason=f"body: not received within {guard.limits.body_timeout_s:g} s") from None
+        raise web.HTTPRequestTimeout(reason=f"body: not received within {deadline:g} s") from None
 
 
 async def read_body(request: web.Request) -> dict:

@@ -124,6 +124,7 @@ def parse_generate(obj: dict, block_size: int, limits: tuple[int, int], header_s
     max_tokens = _int(obj, "max_tokens", None, 1, max_out)
     if max_tokens is None:
         max_tokens = _int(obj, "output_tokens", 1, 1, max_out)
+    assert max_tokens is not None  # a default was given
     session = _session(obj, header_session) or _str(obj, "session")
     stream = _bool(obj, "stream")
     has_tokens, has_hashes = "token_ids" in obj, "block_hashes" in obj
@@ -134,6 +135,7 @@ def parse_generate(obj: dict, block_size: int, limits: tuple[int, int], header_s
         return GenerateSpec(block_hashes(tokens, block_size), len(tokens), max_tokens, session, stream, "generate")
     hashes = _hash_list(obj["block_hashes"], "block_hashes", max_prompt // block_size)
     prompt_tokens = _int(obj, "input_tokens", len(hashes) * block_size, 0, max_prompt)
+    assert prompt_tokens is not None  # a default was given
     if prompt_tokens < len(hashes) * block_size:
         raise InputError("input_tokens", f"{prompt_tokens} is fewer than {len(hashes)} full blocks hold")
     return GenerateSpec(hashes, prompt_tokens, max_tokens, session, stream, "generate")
@@ -262,6 +264,7 @@ def parse_openai(obj: dict, chat: bool, block_size: int, limits: tuple[int, int]
     max_tokens = _int(obj, "max_completion_tokens", None, 1, max_out)
     if max_tokens is None:
         max_tokens = _int(obj, "max_tokens", 16, 1, max_out)
+    assert max_tokens is not None  # a default was given
     model = _str(obj, "model") or "kvemu"
     stream = _bool(obj, "stream")
     include_usage = _include_usage(obj, stream)

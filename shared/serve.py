@@ -71,7 +71,8 @@ class _Guarded(asyncio.Protocol):
 
     def _too_slow(self) -> None:
         self.guard.timed_out += 1
-        self.transport.abort()
+        if self.transport is not None:
+            self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
         if self.idle:  # an idle keep-alive connection is aiohttp's to close (keepalive_timeout)
@@ -190,7 +191,7 @@ def serve(app: web.Application, sock: socket.socket, shutdown_timeout: float = 3
     try:
         import uvloop
 
-        loop = uvloop.new_event_loop()
+        loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
         loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
