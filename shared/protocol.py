@@ -141,12 +141,12 @@ def parse_generate(obj: dict, block_size: int, limits: tuple[int, int], header_s
     return GenerateSpec(hashes, prompt_tokens, max_tokens, session, stream, "generate")
 
 
-def _prompt_tokens(prompt: Any, max_prompt: int) -> list[int]:
+def _prompt_tokens(prompt: Any, max_prompt: int, unwrapped: bool = False) -> list[int]:
     if isinstance(prompt, str):
         tokens = tokenizer.encode(prompt)
-    elif isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        return _prompt_tokens(prompt[0], max_prompt)  # a batch of one is one prompt
-    elif isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+    elif not unwrapped and isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        return _prompt_tokens(prompt[0], max_prompt, True)  # a batch of one is one prompt (one level only)
+    elif not unwrapped and isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
         raise InputError("prompt", f"is a batch of {len(prompt)} prompts; batches are not supported,"
                                    " send one prompt per request")
     elif isinstance(prompt, list):

@@ -68,12 +68,15 @@ def test_non_object_content_part():
     assert _field(protocol.parse_openai, body, True, 16, LIMITS, None) == "messages[0].content[0]"
 
 
-def test_text_parts_are_joined():
-    body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url"},
-                                                      {"type": "text", "text": "b"}]}]}
+def test_text_parts_are_joined_and_other_parts_refused_by_name():
+    body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}
     plain = {"messages": [{"role": "user", "content": "ab"}]}
     assert protocol.parse_openai(body, True, 16, LIMITS, None).hashes == \
         protocol.parse_openai(plain, True, 16, LIMITS, None).hashes
+    body["messages"][0]["content"].insert(1, {"type": "image_url"})
+    with pytest.raises(InputError) as err:
+        protocol.parse_openai(body, True, 16, LIMITS, None)
+    assert err.value.field == "messages[0].content[1].type"
 
 
 def test_deep_values_inside_fields_are_field_errors():
