@@ -6,7 +6,8 @@ import argparse
 import logging
 import sys
 
-from shared.overrides import parse_pairs
+from shared.overrides import coerce, parse_pairs
+from shared.serve import add_server_args
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -30,24 +31,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster", default="default", help="namespace of the Redis index keys")
     p.add_argument("--admin-token", default=None, help="bearer token for /admin/* (or KVEMU_ADMIN_TOKEN)")
     p.add_argument("--shards-rate", type=float, default=0.1, help="sampling rate of online reuse distances")
-    p.add_argument("--cluster-token", default=None,
-                   help="shared by the cluster's routers and replicas: guards /kv/* (or KVEMU_CLUSTER_TOKEN);"
-                        " required with a --host beyond loopback")
-    p.add_argument("--parse-workers", type=int, default=1,
-                   help="processes that parse bodies of 256 KiB or more off the event loop (0 = inline)")
-    p.add_argument("--max-connections", type=int, default=4096, help="open connections beyond which new ones get 503")
-    p.add_argument("--header-timeout", type=float, default=10.0, help="seconds for a request head to arrive")
-    p.add_argument("--body-timeout", type=float, default=30.0, help="seconds for a request body to arrive")
+    add_server_args(p)
     p.add_argument("--log-level", default="warning")
 
 
-def _coerce(value: str):
-    for conv in (int, float):
-        try:
-            return conv(value)
-        except ValueError:
-            pass
-    return value
 
 
 def settings_from_args(args):
@@ -55,7 +42,7 @@ def settings_from_args(args):
 
     from replica.settings import ReplicaSettings
 
-    params = tuple((k, _coerce(v)) for k, v in parse_pairs(args.policy_param).items())
+    params = tuple((k, coerce(v)) for k, v in parse_pairs(args.policy_param).items())
     return ReplicaSettings(
         replica_id=args.replica_id or f"replica-{args.port}", host=args.host, port=args.port, policy=args.policy,
         policy_params=params, capacity_blocks=args.capacity_blocks, capacity_gib=args.capacity_gib,

@@ -9,6 +9,7 @@ import sys
 
 from shared.errors import InputError
 from shared.overrides import apply_overrides, parse_pairs
+from shared.serve import add_server_args
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -25,14 +26,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dashboard-interval", type=float, default=1.0,
                    help="seconds between the samples /dashboard draws (each reads every replica's /stats)")
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--cluster-token", default=None,
-                   help="shared by the cluster's routers and replicas: guards /kv/* (or KVEMU_CLUSTER_TOKEN);"
-                        " required with a --host beyond loopback")
-    p.add_argument("--parse-workers", type=int, default=1,
-                   help="processes that parse bodies of 256 KiB or more off the event loop (0 = inline)")
-    p.add_argument("--max-connections", type=int, default=4096, help="open connections beyond which new ones get 503")
-    p.add_argument("--header-timeout", type=float, default=10.0, help="seconds for a request head to arrive")
-    p.add_argument("--body-timeout", type=float, default=30.0, help="seconds for a request body to arrive")
+    add_server_args(p)
     p.add_argument("--workers", type=int, default=1,
                    help="router processes sharing the port; a supervisor restarts any that dies")
     p.add_argument("--listen-fd", type=int, default=None, help=argparse.SUPPRESS)  # a worker's inherited socket

@@ -69,3 +69,13 @@ def apply_overrides(obj, overrides: dict[str, str]):
             raise InputError(name, f"unknown parameter; valid: {', '.join(sorted(fields))}")
         changes[name] = _coerce(name, raw, hints[name])
     return dataclasses.replace(obj, **changes)
+
+
+def coerce(value: str) -> int | float | str:
+    """A ``NAME=VALUE`` value as given on a command line: an int, else a float, else the text."""
+    for conv in (int, float):
+        try:
+            return conv(value)
+        except ValueError:
+            pass
+    return value

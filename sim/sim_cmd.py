@@ -15,7 +15,7 @@ from shared.cli import check_outputs
 from shared.config import add_config_arg
 from shared.costmodel import CostModel
 from shared.errors import InputError, KvemuError
-from shared.overrides import apply_overrides, parse_pairs
+from shared.overrides import apply_overrides, coerce, parse_pairs
 from shared.progress import ProgressBar
 from sim.cells import CellError, LocalPool
 from sim.simulator import SimSettings, saturation_warning, simulate
@@ -93,13 +93,6 @@ def capacities(args, block_size: int) -> list[int]:
     return blocks
 
 
-def _coerce(value: str):
-    for conv in (int, float):
-        try:
-            return conv(value)
-        except ValueError:
-            pass
-    return value
 
 
 def validate_names(policies: list[str], replicas: int, routing: str) -> None:
@@ -127,7 +120,7 @@ def run(args) -> int:
     if biggest > min(caps):
         raise InputError("capacity", f"{min(caps)} blocks is smaller than the largest request ({biggest} blocks)")
     routing = apply_overrides(RoutingSettings(block_size=trace.block_size), parse_pairs(args.routing_set))
-    params = tuple((k, _coerce(v)) for k, v in parse_pairs(args.policy_param).items())
+    params = tuple((k, coerce(v)) for k, v in parse_pairs(args.policy_param).items())
     grid = [SimSettings(capacity_blocks=c, policy=pol, policy_params=params, replicas=args.replicas, routing=args.routing,
                         hit_mode=args.hit_mode, seed=args.seed, model=args.model, gpu=args.gpu,
                         token_budget=args.token_budget, max_running=args.max_running,
