@@ -9,17 +9,16 @@ the trace's blocks. Connections are bounded; every request yields one record.
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 
 import aiohttp
 import msgpack
-from tqdm import tqdm
 
 from loadgen.trace import Trace, TraceRequest
 from shared.histogram import LogHistogram
+from shared.progress import ProgressBar
 from shared.ratios import ratio
 
 
@@ -41,14 +40,13 @@ class Record:
 
 
 class Progress:
-    """A tqdm bar over the requests: its rate-based ETA, failures, and how far sending runs
-    behind the trace's schedule (a cluster that cannot keep up makes sessions start late)."""
+    """Progress over the requests (the shared reporter: rate-based ETA), with failures and how far
+    sending runs behind the trace's schedule (a cluster that cannot keep up makes sessions start late)."""
 
     def __init__(self, total: int, enabled: bool) -> None:
         self.done = self.failed = 0
         self.behind_s = 0.0
-        self.bar = tqdm(total=total, disable=not enabled, desc="replay", unit="req", file=sys.stderr,
-                        mininterval=0.5 if sys.stderr.isatty() else 5.0, dynamic_ncols=True)
+        self.bar = ProgressBar("replay", total, "req", enabled=enabled)
 
     def sent(self, late_s: float) -> None:
         """A request left ``late_s`` seconds after its scheduled time (trace time / speed-up)."""
@@ -58,8 +56,8 @@ class Progress:
         self.done += 1
         self.failed += 0 if ok else 1
         schedule = f"behind schedule {self.behind_s:.1f}s" if self.behind_s >= 1.0 else "on schedule"
-        self.bar.set_postfix_str(f"failed {self.failed}, {schedule}", refresh=False)
-        self.bar.update(1)
+        self.bar.set_postfix(f"failed {self.failed}, {schedule}")
+        self.bar.update()
 
     def close(self) -> None:
         self.bar.close()
