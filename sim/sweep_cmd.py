@@ -208,5 +208,8 @@ def print_table(records: list[dict], out) -> None:
         values = []
         for key, _, fmt, _ in TABLE:
             value = rec["holes"]["mean_per_request"] if key == "holes" else rec[key]
-            values.append(fmt.format(value * 1000 if key.startswith("ttft") else value))  # ms, as the header says
+            if value is None:  # e.g. no TTFT in a cache-only run: it has no clock
+                values.append("-")
+            else:
+                values.append(fmt.format(value * 1000 if key.startswith("ttft") else value))  # ms, as the header says
         out.write(cells(values) + "\n")

@@ -21,7 +21,7 @@ from types import MappingProxyType
 
 from replica.core.costs import DepthCosts
 from replica.core.metrics import PoolMetrics
-from replica.core.policies.base import EvictionPolicy
+from replica.core.policies.base import EvictionPolicy, hand_over
 from replica.core.types import Access, Allocation, KvEvent, PolicyContext
 from shared.errors import InputError, KvemuError
 from shared.validate import check_positive_int
@@ -169,19 +169,24 @@ class BlockPool:
         return alloc
 
     def release(self, alloc: Allocation, now: float = 0.0) -> None:
+        """Unpin a request's blocks; the policy hears of those no other request still holds."""
         refs = self._refs
         hashes = alloc.hashes
         n = len(hashes)
         if len(refs) == n and sum(refs.values()) == n:
             refs.clear()  # only this request held pins: the simulator's serial path
+            freed: Sequence[int] = hashes
         else:
+            freed = []
             for h in hashes:
                 left = refs[h] - 1
                 if left:
                     refs[h] = left
                 else:
                     del refs[h]
-        self.policy.on_release(hashes, now)
+                    freed.append(h)
+        if freed:
+            self.policy.on_release(freed, now)
 
     def serve(self, hashes: Sequence[int], **kw) -> Allocation:
         """Acquire and release at once: a request served alone (the simulator's path)."""
@@ -210,11 +215,7 @@ class BlockPool:
         The new policy sees the resident set as one request listed newest first: policies treat a
         request's last block as the first to go, so age order carries over.
         """
-        policy.bind(self.policy_context)
-        newest_first = list(reversed(self.resident))
-        if newest_first:
-            policy.on_access(Access(newest_first, [], list(range(len(newest_first))), now, None, None))
-            policy.on_release([h for h in newest_first if h not in self._refs], now)
+        hand_over(policy, self.policy_context, list(reversed(self.resident)), now)
         self.policy = policy
 
     def top_sessions(self, k: int = 10) -> list[tuple[str | None, int]]:
@@ -250,6 +251,9 @@ class BlockPool:
 
     def _pin(self, hashes) -> None:
         refs = self._refs
+        if self.policy.takes_pins and hashes:
+            # before any eviction: such a policy drops them from its order (vLLM's free queue)
+            self.policy.on_pin([h for h in hashes if h not in refs] if refs else hashes)
         if not refs:
             refs.update(dict.fromkeys(hashes, 1))
             return
@@ -268,7 +272,23 @@ class BlockPool:
         self.metrics.inserted += len(new_hashes)
 
     def _evict(self, count: int) -> None:
-        victims = self.policy.victims(count)
+        """Take ``count`` victims from the policy's order: the one place pinned blocks are skipped.
+
+        A policy hands out blocks from its order without looking at pins. A pinned one (in use by
+        a running request) is not evicted: it leaves the order here and comes back through
+        ``on_release`` when its last request ends, as in vLLM's free queue. Each call removes at
+        least one entry from the order and the pool holds ``count`` unpinned blocks (checked before),
+        so the loop ends.
+        """
+        policy, refs = self.policy, self._refs
+        victims = policy.victims(count)
+        if refs:
+            victims = [h for h in victims if h not in refs]
+            while len(victims) < count:
+                more = policy.victims(count - len(victims))
+                if not more:
+                    raise RuntimeError(f"{policy.name}: no victims left for {count - len(victims)} evictable blocks")
+                victims += [h for h in more if h not in refs]
         self._forget(victims)
         self.metrics.evictions += len(victims)
         if self.emit_events and victims:

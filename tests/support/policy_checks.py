@@ -1,6 +1,6 @@
 """The contract every eviction policy keeps inside a real BlockPool, checked the same way
-for each: victims are distinct, resident, unpinned and enough; pinned blocks are never
-evicted; the pool's events replay to its resident set."""
+for each: victims are distinct, resident and enough; the pool never evicts a pinned block
+(it skips those, and they come back on release); the pool's events replay to its resident set."""
 
 from __future__ import annotations
 
@@ -11,17 +11,27 @@ from replica.core.pool import BlockPool, KvEvent, PoolBusyError
 
 
 def checked_victims(pool: BlockPool) -> None:
-    """Wrap the policy's victims(): distinct, resident, unpinned, at least `need`."""
+    """Wrap the policy's victims() (distinct, resident, at least `need`) and the pool's eviction
+    (only unpinned blocks go, exactly as many as asked)."""
     orig = pool.policy.victims
+    evict = pool._evict
 
     def victims(need):
         out = orig(need)
         assert len(out) >= need
         assert len(set(out)) == len(out)
-        assert all(h in pool.resident and not pool.is_pinned(h) for h in out)
+        assert all(h in pool.resident for h in out)
         return out
 
+    def checked_evict(count):
+        pinned = set(pool.pin_counts)
+        before = set(pool.resident)
+        evict(count)
+        gone = before - set(pool.resident)
+        assert len(gone) >= count and not gone & pinned
+
     pool.policy.victims = victims
+    pool._evict = checked_evict
 
 
 def apply_events(mirror: set[int], events: Iterable[KvEvent]) -> None:

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 
-from replica.core.policies.base import Access, EvictionPolicy, PolicyContext
+from replica.core.policies.base import Access, EvictionPolicy, PolicyContext, hand_over
 from replica.core.shadow import ShadowRecorder, estimate
 from shared.errors import InputError
 from shared.validate import check_number
@@ -66,6 +66,7 @@ def _candidates(value) -> list[str]:
 
 class AdaptivePolicy(EvictionPolicy):
     name = "adaptive"
+    takes_pins = True  # forwarded to the running policy when it takes them
 
     def __init__(self, candidates="lru,s3fifo", interval_s: float = 900.0, margin: float = 0.01,
                  adapt_interval=False, estimator: str = "full", sample_rate: float = 0.1) -> None:
@@ -99,6 +100,10 @@ class AdaptivePolicy(EvictionPolicy):
         self._tracking = not hasattr(self.inner, "age_order")  # keep our own recency queue
 
     # ---- forwarded hooks ------------------------------------------------------------
+    def on_pin(self, hashes: Sequence[int]) -> None:
+        if self.inner.takes_pins:
+            self.inner.on_pin(hashes)
+
     def on_access(self, acc: Access) -> None:
         self.inner.on_access(acc)
         hashes = acc.hashes
@@ -125,6 +130,8 @@ class AdaptivePolicy(EvictionPolicy):
             for h in reversed(hashes):
                 if h in recency:
                     move(h)
+                else:
+                    recency[h] = None  # given up as a victim while pinned: back now
 
     def victims(self, need: int) -> list[int]:
         out = self.inner.victims(need)
@@ -169,11 +176,7 @@ class AdaptivePolicy(EvictionPolicy):
         ctx = self.ctx
         newest_first = self._newest_first()
         policy = make_policy(name)
-        policy.bind(ctx)
-        if newest_first:
-            policy.on_access(Access(newest_first, [], list(range(len(newest_first))), now, None, None))
-            pinned = ctx.pinned
-            policy.on_release([h for h in newest_first if h not in pinned], now)
+        hand_over(policy, ctx, newest_first, now)
         self.inner = policy
         self.current = name
         self.switches += 1
@@ -186,7 +189,7 @@ class AdaptivePolicy(EvictionPolicy):
         if not self._tracking:
             return list(reversed(self.inner.age_order()))  # type: ignore[attr-defined]
         newest_first = [h for h in reversed(self._recency) if h in owners]
-        if len(newest_first) != len(owners):  # never expected; keeps every block evictable
+        if len(newest_first) != len(owners):  # blocks set aside while pinned: they go last
             known = set(newest_first)
             newest_first += [h for h in reversed(list(owners)) if h not in known]
         return newest_first

@@ -20,8 +20,9 @@ blocks are known, ``on_access`` after they are inserted. So:
   ghost": it is evicted into B1 and trimmed at once). The adaptation therefore steers the
   evictions made for the next request, not for the one that caused it (a one-request lag).
 * A request's blocks are processed deepest first, so its shallow (most shared) blocks end
-  most recent, as in lru.py. A pinned block found at an LRU end goes back to the MRU end of
-  its own list; a list whose blocks are all pinned is skipped for the rest of the call.
+  most recent, as in lru.py. A block evicted while pinned stays resident (the pool skips
+  it) and returns through ``on_release`` when its request ends: it leaves the ghost that
+  the eviction put it in and enters T2's MRU end (it was used again), without adapting ``p``.
 """
 
 from __future__ import annotations
@@ -69,34 +70,24 @@ class ARCPolicy(EvictionPolicy):
                 if len(t1) + len(t2) + len(b1) + len(b2) > 2 * c:
                     (b2 or b1).popitem(last=False)
 
+    def on_release(self, hashes, now: float) -> None:
+        t1, t2 = self._t1, self._t2
+        for h in reversed(hashes):
+            if h not in t1 and h not in t2:  # given up as a victim while pinned
+                self._b1.pop(h, None)
+                self._b2.pop(h, None)
+                t2[h] = None
+
     def victims(self, need: int) -> list[int]:
         t1, t2, b1, b2 = self._t1, self._t2, self._b1, self._b2
-        pinned = self.ctx.pinned
-        p = self.p
         out: list[int] = []
-        stuck1 = stuck2 = False  # every block left in that list is pinned
-        spins1 = spins2 = 0
         while len(out) < need:
-            if t1 and not stuck1 and (len(t1) > p or not t2 or stuck2):
+            if t1 and (len(t1) > self.p or not t2):
                 h = t1.popitem(last=False)[0]
-                if h in pinned:
-                    t1[h] = None
-                    spins1 += 1
-                    stuck1 = spins1 >= len(t1)
-                    continue
-                spins1 = 0
                 b1[h] = None
-            elif t2 and not stuck2:
-                h = t2.popitem(last=False)[0]
-                if h in pinned:
-                    t2[h] = None
-                    spins2 += 1
-                    stuck2 = spins2 >= len(t2)
-                    continue
-                spins2 = 0
-                b2[h] = None
             else:
-                raise RuntimeError(f"arc: asked for {need} victims, only {len(out)} unpinned")
+                h = t2.popitem(last=False)[0]
+                b2[h] = None
             out.append(h)
         return out
 

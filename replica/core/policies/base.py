@@ -7,13 +7,18 @@ victims. It never does I/O and never scans the whole cache per eviction.
 Contract with the pool:
 * ``on_access(acc)`` after the pool has allocated a request's new blocks. ``acc.touched_idx``
   lists the depths of resident blocks the request touched, ``acc.new_idx`` the
-  indices of blocks just inserted; both ascending.
-* ``on_release(hashes, now)`` when a request finishes: its blocks (ascending depth), which
-  are evictable again unless another request still pins them.
-* ``victims(need)`` returns at least ``need`` distinct resident, unpinned hashes and forgets
-  them (the pool removes them). The pool only asks when that many exist. A policy may
-  keep stale entries (for example pinned blocks it has not been told about) and skip them
-  lazily, checking ``ctx.pinned``.
+  indices of blocks just inserted; both ascending. All of them are pinned now.
+* ``on_release(hashes, now)`` with the blocks (ascending depth) that just became evictable: the
+  last request holding each has ended. It may include blocks the policy gave up as victims
+  while they were pinned (below); the policy puts them back in its order.
+* ``on_pin(hashes)``, only for a policy with ``takes_pins = True``: resident blocks a request
+  just pinned (no other request held them), before any eviction for that request. Such a
+  policy keeps only evictable blocks in its order (vLLM's free queue): they leave it here
+  and come back through ``on_release``. Other policies leave pinned blocks in place.
+* ``victims(need)`` returns at least ``need`` distinct hashes from the policy's order and forgets
+  them; the pool only asks when the order holds that many. Policies never look at pins: the pool
+  (``BlockPool._evict``, the one place) evicts the unpinned ones, and a pinned one leaves the
+  order until ``on_release`` returns it, as blocks leave vLLM's free queue while in use.
 * ``on_remove(h)`` when the pool drops a block for another reason (admin removal);
   ``clear()`` on a reset.
 """
@@ -27,13 +32,15 @@ from typing import ClassVar
 from replica.core.types import Access, PolicyContext
 from shared.errors import InputError
 
-__all__ = ["Access", "EvictionPolicy", "PolicyContext"]
+__all__ = ["Access", "EvictionPolicy", "PolicyContext", "hand_over"]
 
 
 class EvictionPolicy(ABC):
     name: ClassVar[str] = "base"
     # True for offline oracles that need Access.next_use (simulator only).
     needs_future: ClassVar[bool] = False
+    # True for policies whose order holds only evictable blocks: the pool calls on_pin.
+    takes_pins: ClassVar[bool] = False
 
     def __init__(self, **params) -> None:
         if params:
@@ -47,6 +54,9 @@ class EvictionPolicy(ABC):
 
     @abstractmethod
     def on_access(self, acc: Access) -> None: ...
+
+    def on_pin(self, hashes: Sequence[int]) -> None:
+        """Blocks a request just pinned leave the order (called only when ``takes_pins``)."""
 
     def on_release(self, hashes: Sequence[int], now: float) -> None:
         """Default: ordering does not change when a request ends."""
@@ -63,3 +73,17 @@ class EvictionPolicy(ABC):
     def describe(self) -> dict:
         """Policy parameters, for /stats and sim JSON."""
         return {"name": self.name}
+
+
+def hand_over(policy: EvictionPolicy, ctx: PolicyContext, newest_first: Sequence[int], now: float) -> None:
+    """Give a fresh policy the resident blocks, newest first (a live switch).
+
+    It sees them as one request whose last block goes first, so age order carries over; the
+    unpinned ones are released at once, the pinned ones when their requests end.
+    """
+    policy.bind(ctx)
+    if newest_first:
+        policy.on_access(Access(newest_first, [], list(range(len(newest_first))), now, None, None))
+        pinned = ctx.pinned
+        policy.on_release([h for h in newest_first if h not in pinned], now)
+

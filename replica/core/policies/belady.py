@@ -10,7 +10,8 @@ Each policy keeps, per known block, its latest next use. As in vLLM's free queue
 leaves the evictable order while it is pinned: ``on_access`` only records the new next
 use, ``on_release`` pushes the block when its last pin goes. Heaps hold (key, block)
 entries and are cleaned lazily: an entry is stale when the block's current record differs
-from it (or the block is pinned again: it returns on release). Heaps are rebuilt when
+from it: ``on_pin`` (before the pool asks for victims) drops a block's record, so a pinned
+block never has a valid entry; ``on_access`` records its next use. Heaps are rebuilt when
 stale entries outnumber live ones. So a victims call never re-pushes pinned entries, which
 under continuous batching (hundreds of requests pinning their blocks) cost minutes.
 
@@ -46,6 +47,7 @@ def _next_uses(acc: Access):
 class BeladyPolicy(EvictionPolicy):
     name = "belady"
     needs_future = True
+    takes_pins = True
 
     def __init__(self) -> None:
         self.clear()
@@ -54,31 +56,36 @@ class BeladyPolicy(EvictionPolicy):
         self._nu: dict[int, float] = {}  # block -> next use
         self._heap: list[tuple[float, int]] = []  # (-next use, -block) of unpinned blocks: a max-heap
 
+    def on_pin(self, hashes) -> None:
+        pop = self._nu.pop
+        for h in hashes:
+            pop(h, None)  # its heap entries are stale from now on
+
     def on_access(self, acc: Access) -> None:
         nu, hashes = self._nu, acc.hashes
         for i, t in _next_uses(acc):
             nu[hashes[i]] = t  # pinned now: enters the heap on release
 
     def on_release(self, hashes, now: float) -> None:
-        nu, heap, pinned = self._nu, self._heap, self.ctx.pinned
+        nu, heap = self._nu, self._heap
         for h in hashes:
             t = nu.get(h)
-            if t is not None and h not in pinned:
+            if t is not None:
                 heappush(heap, (-t, -h))
         if len(heap) > 2 * len(nu) + 1024:
-            self._heap = [(-t, -h) for h, t in nu.items() if h not in pinned]
+            self._heap = [(-t, -h) for h, t in nu.items() if h not in self.ctx.pinned]
             heapify(self._heap)
 
     def victims(self, need: int) -> list[int]:
-        nu, heap, pinned = self._nu, self._heap, self.ctx.pinned
+        nu, heap = self._nu, self._heap
         out: list[int] = []
         while len(out) < need:
             if not heap:
                 raise RuntimeError(f"{self.name}: asked for {need} victims, only {len(out)} evictable")
             entry = heappop(heap)
             h = -entry[1]
-            if nu.get(h) != -entry[0] or h in pinned:
-                continue  # stale, or pinned again since it was pushed (it returns on release)
+            if nu.get(h) != -entry[0]:
+                continue  # stale: accessed again since it was pushed (it returns on release)
             del nu[h]
             out.append(h)
         return out
@@ -90,6 +97,7 @@ class BeladyPolicy(EvictionPolicy):
 class BeladyComputePolicy(EvictionPolicy):
     name = "belady_compute"
     needs_future = True
+    takes_pins = True
 
     def __init__(self) -> None:
         self.clear()
@@ -107,34 +115,40 @@ class BeladyComputePolicy(EvictionPolicy):
             heappush(self._by_depth.setdefault(d, []), (-t, -h))
         self._entries += 1
 
+    def on_pin(self, hashes) -> None:
+        pop = self._rec.pop
+        for h in hashes:
+            pop(h, None)  # its heap entries are stale from now on
+
     def on_access(self, acc: Access) -> None:
         rec, hashes = self._rec, acc.hashes
         for i, t in _next_uses(acc):
             rec[hashes[i]] = (t, i)  # pinned now: enters a heap on release
 
     def on_release(self, hashes, now: float) -> None:
-        rec, pinned = self._rec, self.ctx.pinned
+        rec = self._rec
         for h in hashes:
             r = rec.get(h)
-            if r is not None and h not in pinned:
+            if r is not None:
                 self._push(h, r[0], r[1])
         if self._entries > 2 * len(rec) + 1024:
+            pinned = self.ctx.pinned  # a rebuild holds only what is evictable now
             self._never, self._by_depth, self._entries = [], {}, 0
             for h, (t, d) in rec.items():
                 if h not in pinned:
                     self._push(h, t, d)
 
     def _top(self, heap: list, depth: int | None) -> tuple | None:
-        """Clean the heap's top: drop stale and pinned entries; the valid top or None."""
-        rec, pinned = self._rec, self.ctx.pinned
+        """Clean the heap's top: drop stale entries; the valid top or None."""
+        rec = self._rec
         while heap:
             entry = heap[0]
             if depth is None:  # the never-again heap
                 h, key = -entry[1], (inf, entry[2])
             else:
                 h, key = -entry[1], (-entry[0], depth)
-            if rec.get(h) != key or h in pinned:
-                heappop(heap)  # stale, or pinned again (it returns on release)
+            if rec.get(h) != key:
+                heappop(heap)  # stale: accessed again since it was pushed (it returns on release)
             else:
                 return entry
         return None

@@ -21,23 +21,13 @@ class LRUPolicy(EvictionPolicy):
         self._queue: OrderedDict[int, None] = OrderedDict()
 
     def on_access(self, acc: Access) -> None:
-        # Hits stay queued while pinned; victims() skips pinned entries lazily and
-        # on_release re-queues them, which avoids a removal per hit.
+        # Hits stay queued while pinned (no removal per hit): the pool skips them if they reach
+        # the head, and on_release re-queues them at the tail.
         pass
 
     def on_release(self, hashes: Sequence[int], now: float) -> None:
         queue = self._queue
         move = queue.move_to_end
-        pinned = self.ctx.pinned
-        if pinned:
-            for h in reversed(hashes):
-                if h in pinned:
-                    continue
-                if h in queue:
-                    move(h)
-                else:
-                    queue[h] = None
-            return
         for h in reversed(hashes):
             if h in queue:
                 move(h)
@@ -45,17 +35,8 @@ class LRUPolicy(EvictionPolicy):
                 queue[h] = None
 
     def victims(self, need: int) -> list[int]:
-        queue = self._queue
-        pinned = self.ctx.pinned
-        pop = queue.popitem
-        out = [pop(False)[0] for _ in range(need)]
-        if pinned:
-            out = [h for h in out if h not in pinned]
-            while len(out) < need:
-                h = pop(False)[0]
-                if h not in pinned:
-                    out.append(h)
-        return out
+        pop = self._queue.popitem
+        return [pop(False)[0] for _ in range(need)]
 
     def on_remove(self, h: int) -> None:
         self._queue.pop(h, None)

@@ -35,9 +35,10 @@ class PartialNodePolicy(SampledPolicy):
     A node's ``f`` and ``last`` change once per request touching any of its blocks; its
     score uses the mean recompute cost of its resident blocks. The lowest-scoring node of
     the sample (sampled blocks map to their nodes) loses its shallowest run: from its
-    first unpinned resident block, consecutive resident unpinned blocks up to
-    ``chunk_blocks`` (blocks already gone are passed over, the hole just grows; a pinned
-    block ends the run). The whole run is returned even when it exceeds ``need``.
+    first candidate (resident, not in use), consecutive candidates up to ``chunk_blocks``
+    (blocks already gone are passed over, the hole just grows; a block in use, which left
+    the candidates when a request touched it, ends the run). The whole run is returned even
+    when it exceeds ``need``.
     """
 
     name = "partial_node"
@@ -66,8 +67,7 @@ class PartialNodePolicy(SampledPolicy):
         touched: dict[_Node, None] = {}
         unknown = []
         for i in acc.touched_idx:
-            h = hashes[i]
-            self._discard(h)  # pinned until released
+            h = hashes[i]  # on_pin took it out of the candidates
             entry = node_of.get(h)
             if entry is None:
                 unknown.append(i)  # resident but unseen (e.g. after set_policy): joins a new node
@@ -90,22 +90,20 @@ class PartialNodePolicy(SampledPolicy):
 
     def on_release(self, hashes: Sequence[int], now: float) -> None:
         self._clock(now)
-        pinned, node_of = self.ctx.pinned, self._node_of
+        node_of = self._node_of
         for h in hashes:
-            if h not in pinned and h in node_of:
+            if h in node_of:
                 self._add(h)
 
     def victims(self, need: int) -> list[int]:
         self._clock(self.ctx.now)  # score at the incoming request's time
-        cands, node_of, pinned = self._cands, self._node_of, self.ctx.pinned
+        cands, node_of = self._cands, self._node_of
         now, eps, k = self._now, self.min_idle, self.sample_size
         out: list[int] = []
         while len(out) < need:
             sample = cands if k >= len(cands) else [cands[j] for j in self._draw(k).tolist()]
             best, bnode = inf, None
             for h in sample:  # a node sampled twice scores the same: no need to dedupe
-                if h in pinned:
-                    continue
                 node = node_of[h][0]
                 idle = now - node.last
                 s = node.lw + log2(max(node.cost, 1e-300) / (node.live * (idle if idle > eps else eps)))
@@ -115,14 +113,15 @@ class PartialNodePolicy(SampledPolicy):
                 if k >= len(cands):
                     raise RuntimeError(f"{self.name}: asked for victims but none is evictable")
                 continue
-            run = self._run(bnode, pinned)
+            run = self._run(bnode)
             for h in run:
                 self._forget(h)
             out.extend(run)
         return out
 
-    def _run(self, node: _Node, pinned) -> list[int]:
-        blocks, node_of, n = node.blocks, self._node_of, len(node.blocks)
+    def _run(self, node: _Node) -> list[int]:
+        """The node's shallowest run of candidates: blocks in use left the candidates and end it."""
+        blocks, node_of, n, free = node.blocks, self._node_of, len(node.blocks), self._pos
 
         def mine(h: int) -> bool:
             entry = node_of.get(h)
@@ -132,13 +131,13 @@ class PartialNodePolicy(SampledPolicy):
         while i < n and not mine(blocks[i]):
             i += 1
         node.head = i
-        while i < n and (blocks[i] in pinned or not mine(blocks[i])):
-            i += 1  # pinned shallow blocks stay; the run starts after them
+        while i < n and (blocks[i] not in free or not mine(blocks[i])):
+            i += 1  # shallow blocks in use stay; the run starts after them
         run: list[int] = []
         while i < n and len(run) < self.chunk_blocks:
             h = blocks[i]
             if mine(h):
-                if h in pinned:
+                if h not in free:
                     break
                 run.append(h)
             i += 1

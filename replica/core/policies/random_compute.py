@@ -8,11 +8,12 @@ Scores are compared as ``log2(cost · f) + last/halflife - log2(idle)`` (the com
 ``-now/halflife`` term dropped) so a day-long trace never overflows.
 
 Candidates are the unpinned resident blocks, kept in an array plus an index map
-(swap-remove, O(1) per update). A sample is ``sample_size`` uniform draws with
+(swap-remove, O(1) per update): a block leaves it when a request pins it and returns
+on release, as in vLLM's free queue. A sample is ``sample_size`` uniform draws with
 replacement from the seeded ``random.Random`` (duplicates cannot change a minimum); when
 ``sample_size`` >= the number of candidates every candidate is scored, which makes the
-policy exact and deterministic. Blocks of the request being allocated are pinned but
-still in the array (the pool calls ``victims`` before ``on_access``); they are skipped.
+policy exact and deterministic. ``on_pin`` takes blocks out of the array when a request
+pins them, before the pool asks for victims, so every candidate is evictable.
 
 ``now`` is the incoming request's time: the pool sets ``ctx.now`` before it asks for
 victims, and ``victims`` reads it (``on_access`` / ``on_release`` also advance it).
@@ -36,6 +37,7 @@ def positive(field: str, value, integer: bool = False):
 
 
 class SampledPolicy(EvictionPolicy):
+    takes_pins = True
     def __init__(self, sample_size: int, decay_halflife_s: float, seed: int, min_idle_s: float) -> None:
         self.sample_size = positive("sample_size", sample_size, integer=True)
         self.halflife = float(positive("decay_halflife_s", decay_halflife_s))
@@ -68,6 +70,10 @@ class SampledPolicy(EvictionPolicy):
         u = np.frombuffer(self._rng.randbytes(4 * count), dtype=np.uint32)
         return (u * (len(self._cands) / 4294967296.0)).astype(np.intp)
 
+    def on_pin(self, hashes: Sequence[int]) -> None:
+        for h in hashes:
+            self._discard(h)  # in use: not a candidate until released
+
     def _clock(self, now: float) -> None:
         if now > self._now:
             self._now = now
@@ -84,8 +90,8 @@ class RandomComputePolicy(SampledPolicy):
     """Per block: evict the lowest ``cost(depth) · f_eff / idle`` of a fresh k-sample per victim.
 
     The ``need`` samples of one ``victims`` call are drawn and scored in one numpy batch;
-    a sample whose best is pinned or already taken by an earlier sample of the same call
-    falls back to its next best (re-drawn if none is usable).
+    a sample whose best is already taken by an earlier sample of the same call falls back
+    to its next best (re-drawn if none is usable).
     """
 
     name = "random_compute"
@@ -130,39 +136,33 @@ class RandomComputePolicy(SampledPolicy):
         now = acc.now
         self._clock(now)
         meta, hashes, cost = self._meta, acc.hashes, self.ctx.block_cost
-        for i in acc.touched_idx:
+        for i in acc.touched_idx:  # on_pin took them out of the candidates
             h = hashes[i]
-            self._discard(h)  # pinned until released
             meta[h] = self._touch(meta.get(h), cost(i), now)
         for i in acc.new_idx:
             meta[hashes[i]] = self._touch(None, cost(i), now)
 
     def on_release(self, hashes: Sequence[int], now: float) -> None:
         self._clock(now)
-        pinned, meta = self.ctx.pinned, self._meta
+        meta = self._meta
         for h in hashes:
-            if h not in pinned and h in meta:
+            if h in meta:
                 self._add(h)
 
     def victims(self, need: int) -> list[int]:
         self._clock(self.ctx.now)  # score at the incoming request's time
-        cands, pinned, k = self._cands, self.ctx.pinned, self.sample_size
+        cands, k = self._cands, self.sample_size
         chosen: dict[int, None] = {}
         if k >= len(cands):  # every candidate scored: the exact lowest-score order
-            for j in np.argsort(self._scores(slice(0, len(cands))), kind="stable").tolist():
-                if cands[j] not in pinned:
-                    chosen[cands[j]] = None
-                    if len(chosen) == need:
-                        break
-            if len(chosen) < need:
-                raise RuntimeError(f"{self.name}: asked for {need} victims, only {len(chosen)} evictable")
+            order = np.argsort(self._scores(slice(0, len(cands))), kind="stable")[:need]
+            chosen = dict.fromkeys(cands[j] for j in order.tolist())
         else:
             idx = self._draw(need * k).reshape(need, k)
             scores = self._scores(idx)
             for r, c in enumerate(scores.argmin(axis=1).tolist()):
                 while True:
                     h = cands[idx[r, c]]
-                    if h not in pinned and h not in chosen:
+                    if h not in chosen:
                         chosen[h] = None
                         break
                     scores[r, c] = inf

@@ -19,10 +19,9 @@ at 3 (2 bits).
 Adaptations to the pool's protocol: the pool asks ``victims(k)`` before it inserts a
 request's new blocks, so k evictions happen back to back, then the insertions. Blocks
 of one request are inserted deepest first (the shallow, most shareable blocks end up
-newest, as in lru.py). A pinned block at a queue tail that would otherwise be evicted is
-treated as just accessed: it goes back to the head of its queue with its counter
-unchanged (its hit is counted by ``on_access``). A queue whose every block is pinned is
-detected after one full pass and the other queue is used for the rest of that call.
+newest, as in lru.py). A block the policy evicts while it is pinned (in use) stays resident
+(the pool skips it) and comes back through ``on_release`` when its request ends; it re-enters
+as an insertion does: from the ghost (where an eviction from small put it) into main.
 """
 
 from __future__ import annotations
@@ -75,12 +74,18 @@ class S3FIFOPolicy(EvictionPolicy):
             f = fr.get(h)
             if f is not None and f & MAX_FREQ != MAX_FREQ:
                 fr[h] = f + 1
-        if not acc.new_idx:
-            return
-        ghost, small, main = self._ghost, self._small, self._main
+        if acc.new_idx:
+            self._insert([hashes[i] for i in reversed(acc.new_idx)])  # deepest first: evicted first
+
+    def on_release(self, hashes, now: float) -> None:
+        fr = self._freq
+        if not all(map(fr.__contains__, hashes)):  # blocks given up as victims while pinned
+            self._insert([h for h in reversed(hashes) if h not in fr])
+
+    def _insert(self, blocks: list[int]) -> None:
+        fr, ghost, small, main = self._freq, self._ghost, self._small, self._main
         if self._evicted:
-            for i in reversed(acc.new_idx):  # deepest first: among these, evicted first
-                h = hashes[i]
+            for h in blocks:
                 if h in ghost:
                     del ghost[h]
                     fr[h] = IN_MAIN
@@ -90,8 +95,7 @@ class S3FIFOPolicy(EvictionPolicy):
                     small.append(h)
             return
         small_size = self.small_size
-        for i in reversed(acc.new_idx):  # warm-up, ghost empty: once small is full, to main
-            h = hashes[i]
+        for h in blocks:  # warm-up, ghost empty: once small is full, to main
             if len(small) < small_size:
                 fr[h] = 0
                 small.append(h)
@@ -103,64 +107,45 @@ class S3FIFOPolicy(EvictionPolicy):
         if self._dirty:
             self._purge()
         self._evicted = True
-        fr, small, main, ghost = self._freq, self._small, self._main, self._ghost
-        spop, mpop, gpop = small.popleft, main.popleft, ghost.popitem
-        pinned = self.ctx.pinned
-        thr, main_size, ghost_size = self.threshold, self.main_size, self.ghost_size
         out: list[int] = []
-        append = out.append
-        small_stuck = main_stuck = False  # every block left in that queue is pinned
-        left = need
-        while left:
-            if (len(main) > main_size or not small or small_stuck) and main and not main_stuck:
-                spins = 0
-                while True:  # main: clock with a 2-bit counter
-                    h = mpop()
-                    f = fr[h]
-                    if f != IN_MAIN:
-                        fr[h] = f - 1
-                        main.append(h)
-                        spins = 0
-                    elif h in pinned:
-                        main.append(h)
-                        spins += 1
-                        if spins >= len(main):
-                            main_stuck = True
-                            break
-                    else:
-                        del fr[h]
-                        append(h)
-                        left -= 1
-                        break
-            elif small and not small_stuck:
-                spins = 0
-                while small:  # small: promote or evict; stay here while main is within size
-                    h = spop()
-                    if fr[h] >= thr:
-                        fr[h] = IN_MAIN
-                        main.append(h)
-                        if h not in pinned:
-                            main_stuck = False
-                    elif h in pinned:
-                        small.append(h)
-                        spins += 1
-                        if spins >= len(small):
-                            small_stuck = True
-                            break
-                    else:
-                        del fr[h]
-                        append(h)
-                        if ghost_size:
-                            ghost[h] = None
-                            if len(ghost) > ghost_size:
-                                gpop(False)
-                        left -= 1
-                        if not left or len(main) > main_size:
-                            break
-                        spins = 0
+        while len(out) < need:
+            if len(self._main) > self.main_size or not self._small:
+                out.append(self._evict_main())
             else:
-                raise RuntimeError(f"s3fifo: asked for {need} victims, only {len(out)} unpinned")
+                self._evict_small(out, need)
         return out
+
+    def _evict_main(self) -> int:
+        """Main is a clock with a 2-bit counter: reinsert while the counter is above 0."""
+        fr, main = self._freq, self._main
+        pop, push = main.popleft, main.append
+        while True:
+            h = pop()
+            f = fr[h]
+            if f == IN_MAIN:
+                del fr[h]
+                return h
+            fr[h] = f - 1
+            push(h)
+
+    def _evict_small(self, out: list[int], need: int) -> None:
+        """Small: promote or evict; stay here while main is within its size."""
+        fr, small, main, ghost = self._freq, self._small, self._main, self._ghost
+        thr, main_size, ghost_size = self.threshold, self.main_size, self.ghost_size
+        while small and len(out) < need:
+            h = small.popleft()
+            if fr[h] >= thr:
+                fr[h] = IN_MAIN
+                main.append(h)
+                continue
+            del fr[h]
+            out.append(h)
+            if ghost_size:
+                ghost[h] = None
+                if len(ghost) > ghost_size:
+                    ghost.popitem(False)
+            if len(main) > main_size:
+                return
 
     def on_remove(self, h: int) -> None:
         # O(1): forget the counter now, drop the queue entry at the next purge.

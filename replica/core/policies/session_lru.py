@@ -10,11 +10,11 @@ blocks. A request without a session is its own anonymous unit (its new blocks).
   recent. New blocks join their owner's unit.
 * ``victims(need)``: whole units are evicted from the LRU end, every block of each, until
   at least ``need`` blocks are out (usually more than ``need``). A unit with a pinned
-  block (its session, or a session whose blocks it shares, has a request running) is
-  skipped and moved to the MRU end. Only if all evictable blocks sit in such units (the
-  pool guarantees ``need`` unpinned blocks exist, so the call cannot fail) are the
-  unpinned blocks of skipped units evicted, least recent unit first, all of a unit's at
-  once: the one case where a session is left partially resident.
+  block (its session, or a session whose blocks it shares, has a request running) counts as
+  in use, hence most recent: it is passed over and moved to the MRU end. Only if every
+  evictable block sits in such units are they handed out whole, least recent first; the pool
+  keeps their pinned blocks (the one case where a session is left partially resident), and
+  ``on_release`` puts those back in their owner's unit.
 * ``pool.set_policy`` hands over resident blocks in an access without a session: they
   are grouped by their owner in ``ctx.owners`` (ownerless ones form one unit).
 """
@@ -63,11 +63,30 @@ class SessionLRUPolicy(EvictionPolicy):
         if key in units:
             units.move_to_end(key)
 
+    def on_release(self, hashes, now: float) -> None:
+        unit_of = self._unit_of
+        if all(map(unit_of.__contains__, hashes)):
+            return
+        owners = self.ctx.owners
+        for h in hashes:  # given up as victims while pinned: back into their owner's unit
+            if h not in unit_of:
+                key = owners.get(h)
+                blocks = self._units.get(key)
+                if blocks is None:
+                    blocks = self._units[key] = {}
+                blocks[h] = None
+                unit_of[h] = key
+
     def victims(self, need: int) -> list[int]:
-        units, unit_of = self._units, self._unit_of
-        pinned = self.ctx.pinned
+        """Whole units, least recent first; a unit in use counts as most recent.
+
+        Being in use is this policy's recency signal, so it reads the pin view; keeping pinned
+        blocks resident is the pool's job: when only units in use are left, they are handed
+        out whole and the pool keeps their pinned blocks.
+        """
+        units, unit_of, pinned = self._units, self._unit_of, self.ctx.pinned
         out: list[int] = []
-        skipped = []
+        in_use = []
         while len(out) < need and units:
             key, blocks = units.popitem(last=False)
             if blocks.keys().isdisjoint(pinned.keys()):  # views: walks the smaller one
@@ -75,19 +94,14 @@ class SessionLRUPolicy(EvictionPolicy):
                 for h in blocks:
                     del unit_of[h]
             else:
-                skipped.append((key, blocks))
-        for key, blocks in skipped:  # in use: most recent now, in their previous order
+                in_use.append((key, blocks))
+        for key, blocks in in_use:  # most recent now, in their previous order
             units[key] = blocks
-        for _key, blocks in skipped:
-            if len(out) >= need:
-                break
-            free = [h for h in blocks if h not in pinned]
-            for h in free:
-                del blocks[h]
+        while len(out) < need:
+            _key, blocks = units.popitem(last=False)
+            out.extend(blocks)
+            for h in blocks:
                 del unit_of[h]
-            out.extend(free)
-        if len(out) < need:
-            raise RuntimeError(f"session_lru: asked for {need} victims, only {len(out)} unpinned")
         return out
 
     def on_remove(self, h: int) -> None:

@@ -118,8 +118,8 @@ def test_invariants_with_pinned_requests_and_switches(params):
     def check(p):
         order = policy._newest_first()
         assert len(order) == len(set(order)) and set(order) == set(p.resident)
-        if policy._tracking:
-            assert set(policy._recency) == set(p.resident)
+        if policy._tracking:  # a pinned block may have left the order until its release
+            assert set(p.resident) - set(p.pin_counts) <= set(policy._recency) <= set(p.resident)
 
     run_invariants(pool, trace(random.Random(5)), random.Random(6), extra_check=check)
     assert len(policy.decisions) > 20

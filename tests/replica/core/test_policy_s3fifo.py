@@ -4,6 +4,7 @@ from collections import deque
 import pytest
 
 from replica.core.policies import make_policy
+from replica.core.policies.s3fifo import IN_MAIN
 from replica.core.pool import BlockPool
 from shared.errors import InputError
 from tests.support.policy_checks import checked_victims, run_invariants
@@ -90,12 +91,13 @@ def test_multi_block_request_evicts_back_to_back_then_inserts_deepest_first():
         pool.serve([h])  # small [1, 2], main [3, 4, 5]
     alloc = pool.serve([1, 6, 7])  # 1 hits; 6, 7 need two victims before they are inserted
     assert alloc.hit_idx == [0] and alloc.new_idx == [1, 2]
-    # victims(2): small tail 1 is pinned by this request -> back to the small head;
-    # 2 (freq 0) -> evicted, ghost [2]; small is now [1] alone and pinned -> stuck, so the
-    # main tail 3 (freq 0) goes. Then 1's hit counts (freq 1) and 7, 6 enter small.
-    assert queues(pool) == ([1, 7, 6], [4, 5], [2])
+    # victims(2) from small: tail 1 (freq 0) and 2 (freq 0), both into the ghost [1, 2]. 1 is
+    # pinned by this request, so the pool keeps it and asks for one more: small is empty, so
+    # the main tail 3 (freq 0) goes. 7, 6 enter small. When the request ends, 1 returns to
+    # the policy as an insertion does: it is in the ghost, so it enters main.
+    assert queues(pool) == ([7, 6], [4, 5, 1], [2])
     assert set(pool.resident) == {1, 4, 5, 6, 7}
-    assert pool.policy._freq[1] == 1
+    assert pool.policy._freq[1] == IN_MAIN
 
 
 @pytest.mark.parametrize("threshold, hits", [(2, 1), (1, 2)])
@@ -134,7 +136,7 @@ def test_pinned_blocks_at_a_tail_are_skipped_and_a_fully_pinned_small_queue_is_d
     assert not {1, 2} & set(pool.resident)
 
 
-def test_fully_pinned_main_queue_is_detected():
+def test_pinned_main_blocks_leave_the_order_and_return_on_release():
     pool = s3_pool(5, small_ratio=0.4)
     checked_victims(pool)
     for h in (1, 2, 3, 4, 5):
@@ -143,16 +145,17 @@ def test_fully_pinned_main_queue_is_detected():
     held = pool.acquire([3, 4, 5, 1])  # all hits, pinned; freq(1) = 2, freq(3, 4, 5) = 1
     pool.serve([6])  # small tail 1 (freq 2) -> main; 2 evicted -> ghost
     assert queues(pool) == ([6], [3, 4, 5, 1], [2])
-    # main (4) is over size: 3, 4, 5 lose their credit, then every main block is pinned
-    # with freq 0 -> main is stuck, so the small tail 6 goes instead
+    # main (4) is over size: 3, 4, 5 lose their credit; 1 (freq 0) is handed out but pinned, so
+    # the pool keeps it (it leaves the order) and asks again: main is at size, small tail 6 goes
     pool.serve([7])
     assert set(pool.resident) == {1, 3, 4, 5, 7}
-    pool.serve([8])  # same again: 7 goes
+    assert queues(pool) == ([7], [3, 4, 5], [2, 6])
+    pool.serve([8])  # main at size: small tail 7 goes
     assert set(pool.resident) == {1, 3, 4, 5, 8}
-    assert queues(pool)[1] == [1, 3, 4, 5]
-    pool.release(held)
-    pool.serve([9])  # main over size, tail 1 (freq 0, unpinned now) is evicted
-    assert set(pool.resident) == {3, 4, 5, 8, 9}
+    pool.release(held)  # 1 comes back as an insertion: not in the ghost, so into small
+    assert queues(pool) == ([8, 1], [3, 4, 5], [2, 6, 7])
+    pool.serve([9])  # small tail 8 (freq 0) goes
+    assert set(pool.resident) == {1, 3, 4, 5, 9}
 
 
 def test_matches_a_per_object_reference_on_single_block_requests():
@@ -237,7 +240,9 @@ def test_beats_lru_when_one_hit_traffic_dominates_a_tight_cache():
 
 
 def freq_tracks_residency(pool):
-    assert set(pool.policy._freq) == set(pool.resident)
+    # every evictable block is in the order; a pinned one may have left it until its release
+    tracked, resident = set(pool.policy._freq), set(pool.resident)
+    assert resident - set(pool.pin_counts) <= tracked <= resident
 
 
 @pytest.mark.parametrize("params", [{}, {"move_to_main_threshold": 1}, {"small_ratio": 0.3, "ghost_ratio": 2.0}])

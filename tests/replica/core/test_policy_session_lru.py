@@ -84,9 +84,9 @@ def test_only_when_every_evictable_block_sits_in_a_pinned_session_is_one_split()
     held = pool.acquire([1], session="x")  # x reuses a's first block and keeps it pinned
     pool.serve([4, 5], session="b")  # 1 block needed; a is the only unit and is pinned
     assert set(pool.resident) == {1, 4, 5}  # a's unpinned blocks 2, 3 went, all of them
-    pool.release(held)
-    pool.serve([6, 7], session="c")  # a (now just block 1) is the LRU unit
-    assert set(pool.resident) == {4, 5, 6, 7}
+    pool.release(held)  # block 1 returns to a's unit, the most recent now
+    pool.serve([6, 7], session="c")  # so b is the LRU unit and goes
+    assert set(pool.resident) == {1, 6, 7}
 
 
 def test_set_policy_groups_resident_blocks_by_owner():
@@ -165,7 +165,9 @@ def with_shared_system_prompt(trace, rng):
 
 
 def units_track_residency(pool):
-    assert set(pool.policy._unit_of) == set(pool.resident)
+    # every evictable block is in a unit; a pinned one may have left until its release
+    tracked, resident = set(pool.policy._unit_of), set(pool.resident)
+    assert resident - set(pool.pin_counts) <= tracked <= resident
 
 
 def test_random_trace_invariants_with_pinned_requests():

@@ -4,6 +4,7 @@ import pytest
 
 from replica.core.metrics import PoolMetrics
 from replica.core.policies import make_policy
+from replica.core.policies.base import EvictionPolicy
 from replica.core.pool import BlockPool, KvEvent, PoolBusyError, PoolCapacityError
 from shared.errors import InputError
 from tests.support.policy_checks import apply_events
@@ -82,6 +83,57 @@ def test_pinned_blocks_are_never_evicted_and_busy_pool_refuses():
     pool.release(held)
     pool.serve([6, 7, 8])
     assert 5 not in pool.resident or len(pool.resident) == 4
+
+
+class FifoIgnoringPins(EvictionPolicy):
+    """A policy that never looks at pins: insertion order, released blocks re-appended."""
+
+    name = "fifo_ignoring_pins"
+
+    def __init__(self):
+        self.order: dict[int, None] = {}
+        self.asked: list[int] = []
+        self.released: list[list[int]] = []
+
+    def on_access(self, acc):
+        self.order.update(dict.fromkeys(acc.hashes[i] for i in acc.new_idx))
+
+    def on_release(self, hashes, now):
+        self.released.append(list(hashes))
+        for h in hashes:
+            self.order.setdefault(h, None)
+
+    def victims(self, need):
+        out = list(self.order)[:need]
+        for h in out:
+            del self.order[h]
+        self.asked.append(need)
+        return out
+
+    def on_remove(self, h):
+        self.order.pop(h, None)
+
+    def clear(self):
+        self.order.clear()
+
+
+def test_the_pool_alone_skips_pinned_victims_and_they_return_on_release():
+    policy = FifoIgnoringPins()
+    pool = BlockPool(4, policy)
+    pool.serve([1, 2])
+    pool.serve([3, 4])
+    held = pool.acquire([1])  # 1 is pinned, still first in the policy's order
+    assert policy.released == [[1, 2], [3, 4]]
+    pool.serve([5, 6])  # victims(2) gives 1, 2: the pool keeps pinned 1, asks for 1 more: 3
+    assert policy.asked == [2, 1]
+    assert set(pool.resident) == {1, 4, 5, 6}
+    assert [e for e in pool.drain_events() if e.kind == "removed"] == [KvEvent("removed", (2, 3))]
+    assert 1 not in policy.order  # it left the order while pinned
+    other = pool.acquire([4])
+    pool.release(held)  # only blocks no request holds any more are handed back
+    assert policy.released[-1] == [1] and list(policy.order) == [4, 5, 6, 1]
+    pool.release(other)
+    assert policy.released[-1] == [4] and list(policy.order) == [4, 5, 6, 1]
 
 
 def test_bad_settings_name_the_field():
