@@ -120,8 +120,9 @@ def build_grid(args, trace, identity: dict, policies, routings, replicas, caps) 
                 for c in caps:
                     s = SimSettings(capacity_blocks=c, policy=pol, replicas=k, routing=route, hit_mode=args.hit_mode,
                                     seed=args.seed, model=args.model, gpu=args.gpu, token_budget=args.token_budget,
-                                    max_running=args.max_running, reuse="exact" if args.reuse_distances else "off",
-                                    routing_settings=routing, causal=args.causal, cache_only=args.cache_only)
+                                    max_running=args.max_running, scheduler=args.scheduler,
+                                    reuse="exact" if args.reuse_distances else "off", routing_settings=routing,
+                                    causal=args.causal, cache_only=args.cache_only)
                     p = make_point(identity, s)
                     points.setdefault(p.id, p)
     return list(points.values())

@@ -9,7 +9,7 @@ from replica.core.metrics import PoolMetrics
 from replica.core.policies import make_policy
 from replica.core.pool import BlockPool
 from replica.core.reuse import ReuseDistanceTracker, ShardsTracker
-from replica.core.scheduler import Scheduler, SchedulerSettings
+from replica.core.scheduler import Scheduler, SchedulerSettings, check_scheduler
 from shared.costmodel import CostModel
 from shared.errors import InputError
 
@@ -30,6 +30,7 @@ class CoreSettings:
     token_budget: int = 8192
     max_running: int = 256
     max_waiting: int = 100_000
+    scheduler: str = "fcfs"  # admission order: fcfs (vLLM) or reorder (seed 001)
     reuse: str = "shards"
     shards_rate: float = 0.1
     shards_max_tracked: int = 1 << 16
@@ -41,6 +42,7 @@ class CoreSettings:
     def __post_init__(self) -> None:
         if self.reuse not in REUSE_MODES:
             raise InputError("reuse", f"must be one of {', '.join(REUSE_MODES)}, got {self.reuse!r}")
+        check_scheduler(self.scheduler)
 
 
 @dataclass(slots=True)
@@ -78,5 +80,6 @@ def build_core(s: CoreSettings, cost: CostModel) -> ReplicaCore:
     pool = BlockPool(s.capacity_blocks, policy, block_size=bs, hit_mode=s.hit_mode, metrics=metrics,
                      emit_events=s.emit_events, block_cost=costs)
     sched = Scheduler(pool, cost, SchedulerSettings(token_budget=s.token_budget, max_running=s.max_running,
-                                                    max_waiting=s.max_waiting), report_decoded=s.stream_tokens)
+                                                    max_waiting=s.max_waiting, policy=s.scheduler),
+                      report_decoded=s.stream_tokens)
     return ReplicaCore(pool, sched)

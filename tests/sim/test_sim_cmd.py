@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from kvemu.cli import main
 from shared.plotting import MISSING
 
@@ -70,3 +72,17 @@ def test_many_saturated_runs_make_one_warning(capsys):
                  "4000,18279", "--max-running", "1", "--no-reuse-distances", "--quiet"]) == 0
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("warning: 4 of 4 runs (worst: lru @ 4,000 blocks): the replica")
+
+
+def test_scheduler_flag_reaches_the_runs(tmp_path, capsys):
+    out_json = tmp_path / "runs.json"
+    args = ["sim", "--workload", "scm", "--duration", "120", "--capacity-blocks", "2000", "--no-reuse-distances",
+            "--quiet", "--jobs", "1", "--json", str(out_json)]
+    assert main([*args, "--scheduler", "reorder"]) == 0
+    run = json.loads(out_json.read_text())["runs"][0]
+    assert run["scheduler"] == "reorder" and run["preemptions"] >= 0
+    assert 0 < run["hbm_utilization"] <= 1 and run["throughput_rps"] > 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        main([*args, "--scheduler", "lifo"])
+    assert exc.value.code == 2 and "argument --scheduler: invalid choice: 'lifo'" in capsys.readouterr().err
