@@ -10,7 +10,7 @@ import sys
 from loadgen.source import add_source_args, load_source, trace_name
 from loadgen.trace import Trace
 from replica.core.policies import policy_class
-from replica.core.scheduler import add_scheduler_arg
+from replica.core.scheduler import add_scheduler_arg, check_scheduler
 from router.strategies import RoutingSettings, get_strategy
 from shared.cli import check_outputs
 from shared.config import add_config_arg
@@ -114,6 +114,7 @@ def run(args) -> int:
         raise InputError("--jobs", f"must be >= 1, got {args.jobs}")
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
     validate_names(policies, args.replicas, args.routing)
+    check_scheduler(args.scheduler, "--scheduler")
     trace = load_source(args)
     if not trace.requests:
         raise InputError("trace", "has no requests")

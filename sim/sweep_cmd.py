@@ -19,6 +19,7 @@ from contextlib import closing
 from loadgen.formats import detect_format
 from loadgen.source import add_source_args, load_source
 from replica.core.policies import policy_class
+from replica.core.scheduler import check_scheduler
 from router.strategies import RoutingSettings, get_strategy
 from shared.config import add_config_arg
 from shared.errors import InputError
@@ -96,6 +97,7 @@ def _check_scalars(args) -> None:
         raise InputError("--max-running", f"must be >= 1, got {args.max_running}")
     if args.token_budget < 1:
         raise InputError("--token-budget", f"must be >= 1, got {args.token_budget}")
+    check_scheduler(args.scheduler, "--scheduler")
     check_positive("--dask-timeout", args.dask_timeout)
 
 

@@ -39,15 +39,15 @@ from shared.validate import check_positive_int
 SCHEDULERS = ("fcfs", "reorder")
 
 
-def check_scheduler(name: str) -> None:
+def check_scheduler(name: str, field: str = "scheduler") -> None:
     if name not in SCHEDULERS:
-        raise InputError("scheduler", f"must be one of {', '.join(SCHEDULERS)}, got {name!r}")
+        raise InputError(field, f"must be one of {', '.join(SCHEDULERS)}, got {name!r}")
 
 
 def add_scheduler_arg(p) -> None:
     """``--scheduler``, the same on sim, sweep, replica and up."""
-    p.add_argument("--scheduler", default="fcfs", choices=SCHEDULERS,
-                   help="admission order: fcfs (vLLM) or reorder (seed 001: requests behind a head that does not"
+    p.add_argument("--scheduler", default="fcfs",
+                   help="admission order: fcfs (vLLM, the default) or reorder (seed 001: requests behind a head that does not"
                         " fit borrow the idle KV memory and are preempted as soon as the head could run)")
 
 
