@@ -173,7 +173,8 @@ class Scheduler:
         req.t_queued = req.arrival
         self.waiting.append(req)
         self.queued_prefill_tokens += req.input_tokens
-        self._dirty = True
+        if len(self.waiting) <= self.settings.reorder_window + 1:  # within reach of _promote
+            self._dirty = True
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.prefilling or self._done_at)
@@ -274,13 +275,19 @@ class Scheduler:
 
     # ---- reorder ------------------------------------------------------------------
     def _promote(self, now: float) -> None:
-        """The head does not fit: admit requests behind it (up to ``reorder_window`` tried) into
-        the memory it leaves idle. They are lent that memory and preempted once the head could run."""
-        waiting, max_running = self.waiting, self.settings.max_running
+        """The head does not fit: admit shorter requests behind it (up to ``reorder_window`` tried)
+        into the memory it leaves idle. They are lent that memory and preempted once the head could run."""
+        waiting, max_running, pool = self.waiting, self.settings.max_running, self.pool
+        head_blocks = len(waiting[0].hashes)
         i, tried = 1, 0
         while i < len(waiting) and tried < self.settings.reorder_window and self.num_running < max_running:
-            tried += 1
+            if len(pool.pin_counts) >= pool.capacity:
+                break  # no idle block left
             r = waiting[i]
+            if len(r.hashes) >= head_blocks:
+                i += 1
+                continue
+            tried += 1
             try:
                 self._acquire(r, now)
             except PoolBusyError:
