@@ -151,6 +151,8 @@ class Scheduler:
         self.promotions = 0  # admissions out of arrival order (reorder)
         self.admissions = 0
         self.queue_wait_s = 0.0  # seconds waited, summed over admissions
+        self.prefill_tokens = 0  # tokens admissions had to prefill (cache misses, holes, tails)
+        self.readmission_prefill_tokens = 0  # ... of them, by re-admissions after a preemption
         self.pinned_block_s = 0.0  # blocks held by running requests x step time: time-averaged HBM use
         self._order = 0
         # reorder: requests admitted ahead of a blocked head (by order), the heap of their orders
@@ -232,6 +234,7 @@ class Scheduler:
         """Counters since start: what /stats, /metrics and the simulator report."""
         return {"policy": self.settings.policy, "admissions": self.admissions, "promotions": self.promotions,
                 "preemptions": self.preemptions, "queue_wait_s_total": self.queue_wait_s,
+                "prefill_tokens": self.prefill_tokens, "readmission_prefill_tokens": self.readmission_prefill_tokens,
                 "pinned_block_s": self.pinned_block_s}
 
     def _admit(self, now: float) -> None:
@@ -269,7 +272,11 @@ class Scheduler:
         self.admissions += 1
         req.cached_tokens = min(len(req.alloc.hit_idx) * self.pool.block_size, req.input_tokens)
         req.segments = _prefill_segments(req, self.pool.block_size, req.generated if req.resumed else 0)
-        self.queued_prefill_tokens -= _prefill_len(req) - sum(s[1] for s in req.segments)
+        todo = sum(s[1] for s in req.segments)
+        self.queued_prefill_tokens -= _prefill_len(req) - todo
+        self.prefill_tokens += todo
+        if req.preemptions:
+            self.readmission_prefill_tokens += todo
         self.prefilling.append(req)
         self._dirty = True
 

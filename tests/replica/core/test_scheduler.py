@@ -170,6 +170,7 @@ def test_reorder_fills_idle_memory_then_preempts_for_the_head():
     assert steps_until(sched, lambda res: s in res.finished, now + res4.duration)[0] == 1  # steps 5, 6
     st = sched.stats()
     assert (st["preemptions"], st["promotions"], st["admissions"]) == (1, 1, 4)
+    assert (st["prefill_tokens"], st["readmission_prefill_tokens"]) == (96 + 64 + 128 + 35, 35)
     assert s.generated == 5 and pool.evictable == 10 and not sched.has_work()
 
 
