@@ -22,6 +22,7 @@ from replica.core.build import CoreSettings, build_core
 from replica.core.policies import policy_class
 from replica.core.pool import BlockPool
 from replica.core.scheduler import SchedRequest, Scheduler, StepResult
+from replica.core.tiers import TierSettings, TierStack
 from router.strategies import ReplicaState, RouteRequest, RoutingSettings, RoutingStep, strategy_spec
 from shared.costmodel import CostModel
 from shared.errors import InputError
@@ -59,6 +60,8 @@ class SimSettings:
     # Cache-only replay: requests one at a time in trace order through routing, pool and policy
     # only; no scheduler and no cost-model clock (so no queue to overflow), as cache simulators do.
     cache_only: bool = False
+    # Host DRAM / SSD tiers below HBM (capacities in blocks); none by default.
+    tiers: TierSettings = TierSettings()
 
     def __post_init__(self) -> None:
         check_positive_int("replicas", self.replicas)
@@ -87,6 +90,7 @@ class _Replica:
     pending: StepResult | None = None  # the step whose end is busy_until
     ttft: LogHistogram = field(default_factory=LogHistogram)
     busy_s: float = 0.0  # emulated seconds spent in scheduler steps
+    tiers: TierStack | None = None  # host / SSD below this replica's HBM
 
 
 class NextUses:
@@ -181,9 +185,10 @@ def _build_replica(i: int, s: SimSettings, block_size: int, cost: CostModel, ind
         hit_mode=s.hit_mode, token_budget=s.token_budget, max_running=s.max_running,
         reuse={"sampled": "shards", "exact": "exact", "off": "off"}[s.reuse_mode], shards_rate=s.shards_rate,
         shards_max_tracked=1 << 62, seed=s.seed, emit_events=indexed, oracles=True,
-        stream_tokens=False), cost)
+        stream_tokens=False, tiers=s.tiers), cost)
     rid = f"replica-{i}"  # the ids `kvemu up` gives, so session routing hashes the same ring
-    return _Replica(rid, core.pool, core.scheduler, ReplicaState(rid, capacity_blocks=s.capacity_blocks))
+    return _Replica(rid, core.pool, core.scheduler, ReplicaState(rid, capacity_blocks=s.capacity_blocks),
+                    tiers=core.tiers)
 
 
 class Simulation:
@@ -253,9 +258,12 @@ class Simulation:
         n = len(reqs)
         for k, r in enumerate(reqs):
             rep, view = self._route(r)
-            rep.pool.serve(r.hash_ids, session=r.session, now=r.t, input_tokens=r.input_tokens,
-                           next_use=future.of(k) if future else None,
-                           position=future.position(k) if future else None)
+            plan = rep.tiers.plan(r.hash_ids, r.t) if rep.tiers is not None else None
+            alloc = rep.pool.serve(r.hash_ids, session=r.session, now=r.t, input_tokens=r.input_tokens,
+                                   next_use=future.of(k) if future else None,
+                                   position=future.position(k) if future else None)
+            if plan is not None and rep.tiers is not None:  # no clock here: transfers only count bytes
+                rep.tiers.complete(plan, alloc.hashes, alloc.hit_idx, alloc.new_idx, r.t)
             if self.index is not None:
                 self.index.sync(rep.rid, rep.pool)
             self.router.done(rep.state, view)
@@ -346,6 +354,7 @@ class Simulation:
             **counts.ratios(),
             "holes": {"total": holes, "mean_per_request": ratio(holes, requests)},
             "evictions": evictions,
+            **self._tier_report(counts),
             **self._latencies(timed is not None),
             "load_imbalance": (max(reqs) / mean_load) if mean_load else 0.0,
             "arrival_span_s": self.last_arrival - self.first_arrival,
@@ -356,6 +365,29 @@ class Simulation:
             "wall_s": round(wall_s, 3),
         }
 
+
+    def _tier_report(self, counts: CacheCounts) -> dict:
+        """Per-tier hit ratios over block accesses (without tiers, HBM's is the block hit ratio)."""
+        stacks = [rep.tiers for rep in self.replicas if rep.tiers is not None]
+        if not stacks:
+            hbm = ratio(counts.block_hits, counts.block_accesses)
+            return {"hbm_block_hit_ratio": hbm, "host_block_hit_ratio": 0.0, "ssd_block_hit_ratio": 0.0,
+                    "fetched_blocks": 0, "recomputed_blocks": counts.block_accesses - counts.block_hits}
+        c = [t.counters for t in stacks]
+        n = sum(x.accessed_blocks for x in c)
+        hbm, host, ssd = (sum(getattr(x, k) for x in c) for k in ("hbm_hits", "host_hits", "ssd_hits"))
+        moved: dict[str, int] = {}
+        for t in stacks:
+            for link, b in t.stats()["bytes_moved"].items():
+                moved[link] = moved.get(link, 0) + b
+        s = stacks[0].settings
+        return {"hbm_block_hit_ratio": ratio(hbm, n), "host_block_hit_ratio": ratio(host, n),
+                "ssd_block_hit_ratio": ratio(ssd, n), "fetched_blocks": host + ssd,
+                "recomputed_blocks": n - hbm - host - ssd, "tiers": {
+                    "mode": s.mode, "fetch": s.fetch, "host_blocks": s.host_blocks, "ssd_blocks": s.ssd_blocks,
+                    "host_policy": s.host_policy, "ssd_policy": s.ssd_policy, "host_link_gbps": s.host_link_gbps,
+                    "bytes_moved": moved, "demoted_blocks": sum(x.demoted for x in c),
+                    "dropped_blocks": sum(x.dropped for x in c)}}
 
     def _latencies(self, timed: bool) -> dict[str, float | None]:
         hists = {"ttft": self.ttft, "queue": self.queue, "e2e": self.e2e}

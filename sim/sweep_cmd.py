@@ -19,8 +19,10 @@ from contextlib import closing
 from loadgen.formats import detect_format
 from loadgen.source import add_source_args, load_source
 from replica.core.policies import policy_class
+from replica.core.tier_args import tier_settings
 from router.strategies import RoutingSettings, get_strategy
 from shared.config import add_config_arg
+from shared.costmodel import CostModel
 from shared.errors import InputError
 from shared.overrides import apply_overrides, parse_pairs
 from shared.validate import check_positive
@@ -111,6 +113,7 @@ def _identity(args, trace) -> tuple[dict, dict]:
 
 def build_grid(args, trace, identity: dict, policies, routings, replicas, caps) -> list:
     routing = apply_overrides(RoutingSettings(block_size=trace.block_size), parse_pairs(args.routing_set))
+    tiers = tier_settings(args, CostModel.from_names(args.model, args.gpu), trace.block_size)
     points: dict[str, Point] = {}
     for rt in routings:
         for k in replicas:
@@ -121,7 +124,8 @@ def build_grid(args, trace, identity: dict, policies, routings, replicas, caps) 
                     s = SimSettings(capacity_blocks=c, policy=pol, replicas=k, routing=route, hit_mode=args.hit_mode,
                                     seed=args.seed, model=args.model, gpu=args.gpu, token_budget=args.token_budget,
                                     max_running=args.max_running, reuse="exact" if args.reuse_distances else "off",
-                                    routing_settings=routing, causal=args.causal, cache_only=args.cache_only)
+                                    routing_settings=routing, causal=args.causal, cache_only=args.cache_only,
+                                    tiers=tiers)
                     p = make_point(identity, s)
                     points.setdefault(p.id, p)
     return list(points.values())

@@ -10,6 +10,7 @@ from replica.core.policies import make_policy
 from replica.core.pool import BlockPool
 from replica.core.reuse import ReuseDistanceTracker, ShardsTracker
 from replica.core.scheduler import Scheduler, SchedulerSettings
+from replica.core.tiers import TierSettings, TierStack
 from shared.costmodel import CostModel
 from shared.errors import InputError
 
@@ -37,6 +38,7 @@ class CoreSettings:
     emit_events: bool = True
     oracles: bool = False
     stream_tokens: bool = True  # report per-request decoded tokens each step (the live replica streams them)
+    tiers: TierSettings = TierSettings()  # host DRAM / SSD below HBM (none by default)
 
     def __post_init__(self) -> None:
         if self.reuse not in REUSE_MODES:
@@ -49,6 +51,7 @@ class ReplicaCore:
 
     pool: BlockPool
     scheduler: Scheduler
+    tiers: TierStack | None = None
 
     @property
     def metrics(self) -> PoolMetrics:
@@ -77,6 +80,8 @@ def build_core(s: CoreSettings, cost: CostModel) -> ReplicaCore:
                           reuse_tracker=_reuse_tracker(s))
     pool = BlockPool(s.capacity_blocks, policy, block_size=bs, hit_mode=s.hit_mode, metrics=metrics,
                      emit_events=s.emit_events, block_cost=costs)
+    tiers = TierStack(s.tiers, pool, cost.block_bytes(bs), costs) if s.tiers.enabled else None
     sched = Scheduler(pool, cost, SchedulerSettings(token_budget=s.token_budget, max_running=s.max_running,
-                                                    max_waiting=s.max_waiting), report_decoded=s.stream_tokens)
-    return ReplicaCore(pool, sched)
+                                                    max_waiting=s.max_waiting), report_decoded=s.stream_tokens,
+                      tiers=tiers)
+    return ReplicaCore(pool, sched, tiers)

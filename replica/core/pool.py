@@ -76,6 +76,8 @@ class BlockPool:
                                             MappingProxyType(self.resident))
         self.policy = policy
         policy.bind(self.policy_context)
+        # Told of every eviction's victims (a lower memory tier demotes them); None: they are gone.
+        self.evicted_sink: Callable[[list[int]], None] | None = None
 
     # ---- queries (no side effects) -----------------------------------------------
     @property
@@ -209,6 +211,15 @@ class BlockPool:
                 self.events.append(KvEvent("stored", tuple(self.resident)))
         return len(dropped)
 
+    def remove(self, hashes: Sequence[int]) -> None:
+        """Drop unpinned resident blocks (a block promoted out of a lower tier); others are ignored."""
+        gone = [h for h in hashes if h in self.resident and h not in self._refs]
+        for h in gone:
+            self.policy.on_remove(h)
+        self._forget(gone)
+        if self.emit_events and gone:
+            self.events.append(KvEvent("removed", tuple(gone)))
+
     def set_policy(self, policy: EvictionPolicy, now: float = 0.0) -> None:
         """Switch policy live, keeping resident blocks; the oldest resident block becomes the first victim.
 
@@ -293,6 +304,8 @@ class BlockPool:
         self.metrics.evictions += len(victims)
         if self.emit_events and victims:
             self.events.append(KvEvent("removed", tuple(victims)))
+        if self.evicted_sink is not None and victims:
+            self.evicted_sink(victims)
 
     def _forget(self, hashes: Sequence[int]) -> None:
         """Drop resident blocks: owners' footprints shrink; never-reused ones count as one-hit."""

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from replica.core.pool import Allocation, BlockPool, PoolBusyError, PoolCapacityError
+from replica.core.tiers import TierStack
 from shared.costmodel import CostModel
 from shared.errors import KvemuError
 from shared.validate import check_positive_int
@@ -54,6 +55,7 @@ class SchedRequest:
     cached_tokens: int = 0
     generated: int = 0  # exact once the request finished; while decoding see Scheduler._tick
     base: int = 0  # decode tick at which generated would have been 0 (the scheduler's bookkeeping)
+    ready_at: float = 0.0  # when its restore from a lower memory tier ends (0: nothing restored)
     t_admitted: float = -1.0
     t_first_token: float = -1.0
     t_finished: float = -1.0
@@ -90,8 +92,9 @@ class Scheduler:
     """
 
     def __init__(self, pool: BlockPool, cost: CostModel, settings: SchedulerSettings | None = None,
-                 *, report_decoded: bool = True) -> None:
+                 *, report_decoded: bool = True, tiers: TierStack | None = None) -> None:
         self.pool = pool
+        self.tiers = tiers
         self.cost = cost
         self.settings = settings or SchedulerSettings()
         self.report_decoded = report_decoded
@@ -139,7 +142,7 @@ class Scheduler:
         self._admit(now)
         n_dec = len(self._done_at)
         budget = self.settings.token_budget - n_dec
-        prefill_time, prefill_tokens, completed = self._prefill_chunks(budget)
+        prefill_time, prefill_tokens, completed = self._prefill_chunks(budget, now)
         kv_tokens = self._dec_input + n_dec * self._tick - self._dec_base
         steps = 1
         if prefill_tokens == 0 and n_dec:  # nothing admissible until a request finishes
@@ -166,23 +169,38 @@ class Scheduler:
 
     def _admit(self, now: float) -> None:
         max_running = self.settings.max_running
+        tiers = self.tiers
         while self.waiting and self.num_running < max_running:
             req = self.waiting[0]
+            plan = tiers.plan(req.hashes, now) if tiers is not None else None
             try:
                 req.alloc = self.pool.acquire(
                     req.hashes, session=req.session, now=now, input_tokens=req.input_tokens, next_use=req.next_use,
                     position=req.position)
             except PoolBusyError:
+                if plan is not None and tiers is not None:
+                    tiers.cancel(plan)
                 break  # FCFS: the head waits for running requests to free blocks
             self.waiting.popleft()
             req.t_admitted = now
-            req.cached_tokens = min(len(req.alloc.hit_idx) * self.pool.block_size, req.input_tokens)
-            req.segments = _prefill_segments(req, self.pool.block_size)
+            reused = req.alloc.hit_idx
+            if plan is not None and tiers is not None:
+                alloc = req.alloc
+                tiers.complete(plan, alloc.hashes, alloc.hit_idx, alloc.new_idx, now)
+                req.ready_at = plan.ready_at
+                if plan.restored_idx:  # restored blocks count as reused: only the rest is computed
+                    reused = sorted(alloc.hit_idx + plan.restored_idx)
+            req.cached_tokens = min(len(reused) * self.pool.block_size, req.input_tokens)
+            req.segments = _prefill_segments(req, reused, self.pool.block_size)
             self.queued_prefill_tokens -= req.input_tokens - sum(s[1] for s in req.segments)
             self.prefilling.append(req)
 
-    def _prefill_chunks(self, budget: int) -> tuple[float, int, list[SchedRequest]]:
-        """FCFS chunks up to ``budget`` tokens; the requests it completes are a prefix of the queue."""
+    def _prefill_chunks(self, budget: int, now: float = 0.0) -> tuple[float, int, list[SchedRequest]]:
+        """FCFS chunks up to ``budget`` tokens; the requests it completes are a prefix of the queue.
+
+        A request restoring blocks from a lower tier overlaps the transfer with its prefill,
+        layer by layer: its chunk takes the larger of its compute and the transfer still due.
+        """
         time_s = 0.0
         used = 0
         completed = []
@@ -192,15 +210,22 @@ class Scheduler:
             if used >= budget:
                 break
             segments = r.segments
+            compute, chunk_start = 0.0, time_s
             while segments and used < budget:
                 seg = segments[0]
                 take = min(seg[1], budget - used)
-                time_s += prefill_time(take, seg[0])
+                if r.ready_at:
+                    compute += prefill_time(take, seg[0])
+                else:
+                    time_s += prefill_time(take, seg[0])
                 seg[0] += take
                 seg[1] -= take
                 used += take
                 if seg[1] == 0:
                     segments.pop(0)
+            if r.ready_at:
+                time_s = chunk_start + max(compute, r.ready_at - now - chunk_start)
+                r.ready_at = 0.0
             if segments:
                 break
             completed.append(r)
@@ -250,10 +275,8 @@ class Scheduler:
         return max(1, steps)
 
 
-def _prefill_segments(req: SchedRequest, block_size: int) -> list[list[int]]:
-    """Token ranges to compute: missed blocks (holes included) and the partial tail."""
-    assert req.alloc is not None
-    hit_idx = req.alloc.hit_idx
+def _prefill_segments(req: SchedRequest, hit_idx: list[int], block_size: int) -> list[list[int]]:
+    """Token ranges to compute: blocks not reused (holes included) and the partial tail."""
     n_blocks = len(req.hashes)
     segments: list[list[int]] = []
     prev = -1  # gaps between consecutive reused blocks are the holes to recompute
