@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 
+from replica.core.tier_args import add_tier_args
 from shared.overrides import coerce, parse_pairs
 from shared.serve import add_server_args
 
@@ -31,6 +32,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster", default="default", help="namespace of the Redis index keys")
     p.add_argument("--admin-token", default=None, help="bearer token for /admin/* (or KVEMU_ADMIN_TOKEN)")
     p.add_argument("--shards-rate", type=float, default=0.1, help="sampling rate of online reuse distances")
+    add_tier_args(p)
     add_server_args(p)
     p.add_argument("--log-level", default="warning")
 
@@ -40,7 +42,9 @@ def configure(p: argparse.ArgumentParser) -> None:
 def settings_from_args(args):
     import os
 
+    from replica.core.tier_args import tier_settings
     from replica.settings import ReplicaSettings
+    from shared.costmodel import CostModel
 
     params = tuple((k, coerce(v)) for k, v in parse_pairs(args.policy_param).items())
     return ReplicaSettings(
@@ -52,7 +56,8 @@ def settings_from_args(args):
         admin_token=args.admin_token or os.environ.get("KVEMU_ADMIN_TOKEN") or None, shards_rate=args.shards_rate,
         cluster_token=args.cluster_token or os.environ.get("KVEMU_CLUSTER_TOKEN") or None,
         max_connections=args.max_connections, parse_workers=args.parse_workers,
-        header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout)
+        header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
+        tiers=tier_settings(args, CostModel.from_names(args.model, args.gpu), args.block_size))
 
 
 def run(args) -> int:

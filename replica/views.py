@@ -190,6 +190,8 @@ async def stats(request: web.Request) -> web.Response:
     })
     if state.shipper is not None:
         out["index_shipper"] = state.shipper.stats()
+    if state.core.tiers is not None:
+        out["tiers"] = state.core.tiers.stats()
     return respond(request, out)
 
 

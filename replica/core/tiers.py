@@ -279,7 +279,7 @@ class TierStack:
         c = self.counters
         n = c.accessed_blocks or 1
         out = {
-            "mode": self.settings.mode, "fetch": self.settings.fetch,
+            "mode": self.settings.mode, "fetch": self.settings.fetch, "accessed_blocks": c.accessed_blocks,
             "hbm_block_hit_ratio": c.hbm_hits / n, "host_block_hit_ratio": c.host_hits / n,
             "ssd_block_hit_ratio": c.ssd_hits / n, "fetched_blocks": c.host_hits + c.ssd_hits,
             "recomputed_from_tier_blocks": c.recomputed, "demoted_blocks": c.demoted, "dropped_blocks": c.dropped,
