@@ -122,11 +122,11 @@ class ReplicaCollector:
         for link in (tiers.h2d, tiers.d2h, tiers.ssd_link):
             fam.add_metric([*values, link.name], link.bytes_moved)
         yield fam
-        fam = GaugeMetricFamily("kvemu_tier_used_blocks", "Blocks held per lower tier.", labels=LABELS + ["tier"])
+        used = GaugeMetricFamily("kvemu_tier_used_blocks", "Blocks held per lower tier.", labels=LABELS + ["tier"])
         for name, tier in (("host", tiers.host), ("ssd", tiers.ssd)):
             if tier is not None:
-                fam.add_metric([*values, name], tier.used)
-        yield fam
+                used.add_metric([*values, name], tier.used)
+        yield used
 
     def _adaptive(self, values: list[str]):
         policy = self.state.pool.policy
