@@ -202,6 +202,7 @@ class Simulation:
         self.replicas = [_build_replica(i, settings, trace.block_size, self.cost, indexed)
                          for i in range(settings.replicas)]
         self.by_id = {r.rid: r for r in self.replicas}
+        self.tiered = any(rep.tiers is not None for rep in self.replicas)
         self.states = [rep.state for rep in self.replicas]
         self.index = PoolIndex([r.rid for r in self.replicas], settings.capacity_blocks) if indexed else None
         self.router = RoutingStep(spec, settings.routing_settings or RoutingSettings(block_size=trace.block_size),
@@ -280,6 +281,10 @@ class Simulation:
             overlap = self.index.lookup(r.hash_ids)
         elif self.router.uses_index:
             overlap = {rep.rid: rep.pool.prefix_match(r.hash_ids) for rep in self.replicas}
+        if self.router.uses_index and self.tiered:
+            for rep in self.replicas:
+                if rep.tiers is not None:
+                    overlap.update(rep.tiers.lower_overlap(rep.rid, r.hash_ids, overlap.get(rep.rid, 0)))
         view = RouteRequest(r.session, len(r.hash_ids), r.input_tokens)
         _, pos = self.router.route(self.states, view, overlap)
         return self.replicas[pos], view

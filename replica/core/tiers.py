@@ -274,6 +274,20 @@ class TierStack:
             return fetch == "always"
         return self.transfer_seconds(tier, len(idx)) < sum(self.recompute_cost(i) for i in idx)
 
+    def lower_overlap(self, replica_id: str, hashes: Sequence[int], hbm_prefix: int) -> dict[str, int]:
+        """For a router: the run of blocks after the HBM prefix that host / SSD hold, per tier."""
+        host = self.host.resident if self.host is not None else {}
+        ssd = self.ssd.resident if self.ssd is not None else {}
+        n_host = n_ssd = 0
+        for h in hashes[hbm_prefix:]:
+            if h in host:
+                n_host += 1
+            elif h in ssd:
+                n_ssd += 1
+            else:
+                break
+        return {replica_id + "#host": n_host, replica_id + "#ssd": n_ssd}
+
     # ---- reporting ------------------------------------------------------------------
     def stats(self) -> dict:
         c = self.counters

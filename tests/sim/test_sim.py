@@ -125,3 +125,33 @@ def test_sampled_reuse_tracking_is_the_default_and_its_mrc_is_within_001_of_exac
     s_tracker, e_tracker = sampled.replicas[0].pool.metrics.reuse, exact.replicas[0].pool.metrics.reuse
     for cap in (1_000, 2_000, 4_000, 8_000, 18_279, 40_000, 100_000):
         assert s_tracker.hit_ratio_at(cap) == pytest.approx(e_tracker.hit_ratio_at(cap), abs=0.01), cap
+
+
+@pytest.mark.parametrize("cache_only", [False, True])
+def test_tiers_split_every_block_access_between_hbm_host_ssd_and_recompute(cache_only):
+    from replica.core.tiers import TierSettings
+
+    tiers = TierSettings(host_blocks=12, ssd_blocks=30, fetch="always")
+    base = SimSettings(capacity_blocks=20, replicas=1, cache_only=cache_only)
+    plain = simulate(tiny_trace(), base)
+    run = simulate(tiny_trace(), SimSettings(capacity_blocks=20, replicas=1, cache_only=cache_only, tiers=tiers))
+    assert run["hbm_block_hit_ratio"] == plain["block_hit_ratio"] == run["block_hit_ratio"]  # HBM unchanged
+    assert plain["host_block_hit_ratio"] == plain["ssd_block_hit_ratio"] == 0
+    assert run["host_block_hit_ratio"] > 0 and run["ssd_block_hit_ratio"] > 0  # history came back from below
+    n = run["block_accesses"]
+    found = round((run["hbm_block_hit_ratio"] + run["host_block_hit_ratio"] + run["ssd_block_hit_ratio"]) * n)
+    assert found + run["recomputed_blocks"] == n and run["fetched_blocks"] == found - round(run["hbm_block_hit_ratio"] * n)
+    assert run["tiers"]["host_blocks"] == 12 and run["tiers"]["mode"] == "exclusive"
+    if not cache_only:  # restored blocks are not prefilled: first tokens come sooner
+        assert run["ttft_p50_s"] < plain["ttft_p50_s"]
+
+
+def test_two_replicas_with_host_tiers_and_cache_aware_routing_recover_more_history():
+    from replica.core.tiers import TierSettings
+
+    settings = dict(capacity_blocks=20, replicas=2, routing="cache_aware", cache_only=True)
+    run = simulate(tiny_trace(), SimSettings(**settings, tiers=TierSettings(host_blocks=60, fetch="always")))
+    plain = simulate(tiny_trace(), SimSettings(**settings))
+    assert run["host_block_hit_ratio"] > 0
+    total = run["hbm_block_hit_ratio"] + run["host_block_hit_ratio"]
+    assert total > plain["block_hit_ratio"]
