@@ -79,7 +79,7 @@ def cache_aware(
         f = r.in_flight
         ov = get(r.replica_id, 0)
         ov = 0 if ov <= 0 else (ov if ov < nb else nb)
-        todo = nb - ov
+        todo: float = nb - ov
         if tiered:
             rid = r.replica_id
             todo -= save_host * get(rid + "#host", 0) + save_ssd * get(rid + "#ssd", 0)
