@@ -17,7 +17,7 @@ from itertools import chain
 
 import numpy as np
 
-from loadgen.trace import Trace
+from loadgen.trace import Trace, response_hashes
 from replica.core.build import CoreSettings, build_core
 from replica.core.policies import policy_class
 from replica.core.pool import BlockPool
@@ -62,10 +62,15 @@ class SimSettings:
     cache_only: bool = False
     # Host DRAM / SSD tiers below HBM (capacities in blocks); none by default.
     tiers: TierSettings = TierSettings()
+    # "keep": a finished request's response blocks are cached, as a colocated vLLM does (the next
+    # turn hits them); "drop": they are not (a disaggregated prefill instance). See replica.core.
+    response_kv: str = "drop"
 
     def __post_init__(self) -> None:
         check_positive_int("replicas", self.replicas)
         check_positive_int("capacity_blocks", self.capacity_blocks)
+        if self.response_kv not in ("keep", "drop"):
+            raise InputError("response_kv", f"must be keep or drop, got {self.response_kv!r}")
         if self.reuse not in ("auto", "sampled", "exact", "off"):
             raise InputError("reuse", f"must be auto, sampled, exact or off, got {self.reuse!r}")
         check_number("shards_rate", self.shards_rate, above=0, maximum=1)
@@ -185,7 +190,7 @@ def _build_replica(i: int, s: SimSettings, block_size: int, cost: CostModel, ind
         hit_mode=s.hit_mode, token_budget=s.token_budget, max_running=s.max_running,
         reuse={"sampled": "shards", "exact": "exact", "off": "off"}[s.reuse_mode], shards_rate=s.shards_rate,
         shards_max_tracked=1 << 62, seed=s.seed, emit_events=indexed, oracles=True,
-        stream_tokens=False, tiers=s.tiers), cost)
+        stream_tokens=False, tiers=s.tiers, response_kv=s.response_kv), cost)
     rid = f"replica-{i}"  # the ids `kvemu up` gives, so session routing hashes the same ring
     return _Replica(rid, core.pool, core.scheduler, ReplicaState(rid, capacity_blocks=s.capacity_blocks),
                     tiers=core.tiers)
@@ -203,6 +208,7 @@ class Simulation:
                          for i in range(settings.replicas)]
         self.by_id = {r.rid: r for r in self.replicas}
         self.tiered = any(rep.tiers is not None for rep in self.replicas)
+        self.responses = response_hashes(trace) if settings.response_kv == "keep" else None
         self.states = [rep.state for rep in self.replicas]
         self.index = PoolIndex([r.rid for r in self.replicas], settings.capacity_blocks) if indexed else None
         self.router = RoutingStep(spec, settings.routing_settings or RoutingSettings(block_size=trace.block_size),
@@ -241,9 +247,11 @@ class Simulation:
             self.last_arrival = t
             r = reqs[k]
             rep, _ = self._route(r)
-            rep.sched.submit(SchedRequest(k, r.hash_ids, r.input_tokens, max(r.output_tokens, 1), t, r.session,
-                                          future.of(k) if future else None,
-                                          future.position(k) if future else None))
+            req = SchedRequest(k, r.hash_ids, r.input_tokens, max(r.output_tokens, 1), t, r.session,
+                               future.of(k) if future else None, future.position(k) if future else None)
+            if self.responses is not None:
+                req.response_hashes = self.responses[k]
+            rep.sched.submit(req)
             rep.state.queued_tokens = rep.sched.queued_prefill_tokens
             if rep.busy_until == INF:
                 seq = self._start_step(rep, t, arrivals.peek(), busy, seq)
@@ -265,6 +273,10 @@ class Simulation:
                                    position=future.position(k) if future else None)
             if plan is not None and rep.tiers is not None:  # no clock here: transfers only count bytes
                 rep.tiers.complete(plan, alloc.hashes, alloc.hit_idx, alloc.new_idx, r.t)
+            if self.responses is not None and self.responses[k]:
+                stored = rep.pool.store(self.responses[k], r.session, r.t)
+                if rep.tiers is not None:
+                    rep.tiers.produced(stored, r.t)
             if self.index is not None:
                 self.index.sync(rep.rid, rep.pool)
             self.router.done(rep.state, view)
@@ -349,6 +361,7 @@ class Simulation:
             "replicas": self.s.replicas,
             "routing": self.s.routing,
             "hit_mode": self.s.hit_mode,
+            "response_kv": self.s.response_kv,
             "max_running": self.s.max_running,
             "block_size": self.block_size,
             "model": self.cost.model.name,

@@ -125,6 +125,7 @@ def build_grid(args, trace, identity: dict, policies, routings, replicas, caps) 
                                     seed=args.seed, model=args.model, gpu=args.gpu, token_budget=args.token_budget,
                                     max_running=args.max_running, reuse="exact" if args.reuse_distances else "off",
                                     routing_settings=routing, causal=args.causal, cache_only=args.cache_only,
+                                    response_kv=args.response_kv,
                                     tiers=tiers)
                     p = make_point(identity, s)
                     points.setdefault(p.id, p)

@@ -15,6 +15,7 @@ from shared.costmodel import CostModel
 from shared.errors import InputError
 
 REUSE_MODES = ("exact", "shards", "off")
+RESPONSE_KV = ("keep", "drop")
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,8 +40,13 @@ class CoreSettings:
     oracles: bool = False
     stream_tokens: bool = True  # report per-request decoded tokens each step (the live replica streams them)
     tiers: TierSettings = TierSettings()  # host DRAM / SSD below HBM (none by default)
+    # "keep": a finished request's response blocks are cached (a colocated vLLM); "drop": they are
+    # not (a disaggregated prefill instance, the estimator's theoretical variant)
+    response_kv: str = "drop"
 
     def __post_init__(self) -> None:
+        if self.response_kv not in RESPONSE_KV:
+            raise InputError("response_kv", f"must be keep or drop, got {self.response_kv!r}")
         if self.reuse not in REUSE_MODES:
             raise InputError("reuse", f"must be one of {', '.join(REUSE_MODES)}, got {self.reuse!r}")
 
@@ -83,5 +89,5 @@ def build_core(s: CoreSettings, cost: CostModel) -> ReplicaCore:
     tiers = TierStack(s.tiers, pool, cost.block_bytes(bs), costs) if s.tiers.enabled else None
     sched = Scheduler(pool, cost, SchedulerSettings(token_budget=s.token_budget, max_running=s.max_running,
                                                     max_waiting=s.max_waiting), report_decoded=s.stream_tokens,
-                      tiers=tiers)
+                      tiers=tiers, keep_response_kv=s.response_kv == "keep")
     return ReplicaCore(pool, sched, tiers)

@@ -190,6 +190,27 @@ class BlockPool:
         if freed:
             self.policy.on_release(freed, now)
 
+    def store(self, hashes: Sequence[int], session: str | None = None, now: float = 0.0) -> list[int]:
+        """Cache blocks a request produced beyond its prompt (its response's KV, vLLM colocated).
+
+        Not a lookup: no hit metrics. Blocks already resident are left as they are; the others are
+        inserted (evicting through the policy) while evictable room lasts, shallowest first, and
+        released at once. Returns the hashes inserted.
+        """
+        res = self.resident
+        new = [h for h in dict.fromkeys(hashes) if h not in res]
+        room = self.capacity - len(self._refs)  # pinned blocks stay; everything else may go
+        new = new[:max(room, 0)]
+        if not new:
+            return []
+        shortfall = len(new) - (self.capacity - len(res))
+        if shortfall > 0:
+            self._evict(shortfall)
+        self._insert(new, session)
+        self.policy.on_access(Access(new, [], list(range(len(new))), now, session, None))
+        self.release(Allocation(new, [], list(range(len(new))), [], session), now)
+        return new
+
     def serve(self, hashes: Sequence[int], **kw) -> Allocation:
         """Acquire and release at once: a request served alone (the simulator's path)."""
         alloc = self.acquire(hashes, **kw)

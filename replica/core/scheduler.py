@@ -9,9 +9,11 @@ finishes. Step time comes from the cost model. The live replica sleeps each step
 prefill, ``step`` may fast-forward several decode steps at once up to a horizon (the
 next arrival), which is what lets a day of traffic run in seconds.
 
-Only prompt blocks are cache blocks: the KV of generated tokens is not hashed or kept
-(as on a disaggregated prefill instance, seed 000); the next turn's prompt carries the
-response as new prompt blocks.
+Where generated KV lives: with ``keep_response_kv`` (a colocated vLLM) a finished request's
+full response blocks (``SchedRequest.response_hashes``, chained after its prompt) are cached,
+so the next turn's prompt hits them; without it (a disaggregated prefill instance, seed 000)
+they are dropped and the next turn recomputes the response as new prompt blocks. Decode KV is
+not counted against the pool while a request runs.
 """
 
 from __future__ import annotations
@@ -56,6 +58,9 @@ class SchedRequest:
     generated: int = 0  # exact once the request finished; while decoding see Scheduler._tick
     base: int = 0  # decode tick at which generated would have been 0 (the scheduler's bookkeeping)
     ready_at: float = 0.0  # when its restore from a lower memory tier ends (0: nothing restored)
+    # Hashes of the full blocks its response completes (chained after the prompt's): cached when
+    # it finishes if the core keeps response KV (``keep_response_kv``); empty: nothing to keep.
+    response_hashes: Sequence[int] = ()
     t_admitted: float = -1.0
     t_first_token: float = -1.0
     t_finished: float = -1.0
@@ -92,8 +97,10 @@ class Scheduler:
     """
 
     def __init__(self, pool: BlockPool, cost: CostModel, settings: SchedulerSettings | None = None,
-                 *, report_decoded: bool = True, tiers: TierStack | None = None) -> None:
+                 *, report_decoded: bool = True, tiers: TierStack | None = None,
+                 keep_response_kv: bool = False) -> None:
         self.pool = pool
+        self.keep_response_kv = keep_response_kv
         self.tiers = tiers
         self.cost = cost
         self.settings = settings or SchedulerSettings()
@@ -257,6 +264,10 @@ class Scheduler:
         r.t_finished = end
         assert r.alloc is not None  # admitted requests hold an allocation
         self.pool.release(r.alloc, end)
+        if self.keep_response_kv and r.response_hashes:  # colocated vLLM: the response's KV stays cached
+            stored = self.pool.store(r.response_hashes, r.session, end)
+            if self.tiers is not None:
+                self.tiers.produced(stored, end)
         result.finished.append(r)
 
     def _decode_time(self, batch: int, kv_tokens: int, steps: int) -> float:

@@ -155,3 +155,27 @@ def test_two_replicas_with_host_tiers_and_cache_aware_routing_recover_more_histo
     assert run["host_block_hit_ratio"] > 0
     total = run["hbm_block_hit_ratio"] + run["host_block_hit_ratio"]
     assert total > plain["block_hit_ratio"]
+
+
+def two_turns(second_extends_first=True):
+    # turn 0: 3 prompt blocks (52 tokens) + 40 output tokens -> (52 + 40) // 16 - 3 = 2 response blocks
+    first = TraceRequest(0.0, "s", 0, [1, 2, 3], 52, 40)
+    nxt = [1, 2, 3, 4, 5, 6, 7] if second_extends_first else [9, 2, 3, 4, 5, 6, 7]
+    return Trace([first, TraceRequest(100.0, "s", 1, nxt, 7 * 16 + 3, 5)], block_size=16, source="two")
+
+
+def test_response_hashes_are_the_next_turns_blocks_or_their_own():
+    from loadgen.trace import response_hashes
+    from shared.hashing import chain_ids, content_id
+
+    assert response_hashes(two_turns()) == [[4, 5], []]  # the last turn's response completes no block
+    own = response_hashes(two_turns(second_extends_first=False))[0]
+    assert own == chain_ids([content_id("response", "s", 0, 0), content_id("response", "s", 0, 1)], 3)
+
+
+@pytest.mark.parametrize("cache_only", [False, True])
+@pytest.mark.parametrize("response_kv, hits", [("drop", 3), ("keep", 5)])
+def test_keep_caches_the_response_so_the_next_turn_hits_it(response_kv, hits, cache_only):
+    run = simulate(two_turns(), SimSettings(capacity_blocks=100, response_kv=response_kv, cache_only=cache_only))
+    assert run["response_kv"] == response_kv
+    assert run["per_replica"][0]["block_hits"] == hits  # turn 1 reuses its 3 prompt blocks (+ 2 of response)
