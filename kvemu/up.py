@@ -154,7 +154,7 @@ def replica_args(i: int, port: int, a, index: str | None) -> list[str]:
 
 def tier_flags(a) -> list[str]:
     """The memory-tier flags of `up`, passed on to every replica."""
-    out = ["--host-cache-gib", repr(a.host_cache_gib), "--ssd-cache-gib", repr(a.ssd_cache_gib),
+    out = ["--response-kv", a.response_kv, "--host-cache-gib", repr(a.host_cache_gib), "--ssd-cache-gib", repr(a.ssd_cache_gib),
            "--tier-mode", a.tier_mode, "--fetch", a.fetch]
     if a.tier_policy:
         out += ["--tier-policy", a.tier_policy]
@@ -281,6 +281,9 @@ def add_cluster_args(p: argparse.ArgumentParser, replicas: int = 4) -> None:
                    help="router processes sharing the router port; a supervisor restarts any that dies")
     p.add_argument("--start-timeout", type=float, default=30.0)
     p.add_argument("--replica-base-port", type=int, default=0, help="replica i listens on BASE+i (default: free ports)")
+    p.add_argument("--response-kv", choices=("keep", "drop"), default="keep",
+                   help="keep (default): replicas cache each response's full blocks (colocated vLLM); drop: they"
+                        " do not (disaggregated prefill)")
     add_tier_args(p)
 
 

@@ -59,6 +59,7 @@ class ReplicaSettings:
     feed_max_hashes: int = 1 << 18  # ... holding at most this many hashes (about 12 MB)
     seed: int = 0
     tiers: TierSettings = TierSettings()  # host DRAM / SSD below HBM (replica.core.tiers)
+    response_kv: str = "keep"  # keep: cache each response's full blocks (colocated vLLM); drop: do not
 
     def __post_init__(self) -> None:
         if self.policy not in live_policy_names():  # an oracle needs the future: `kvemu sim` only
@@ -113,7 +114,7 @@ class ReplicaSettings:
             block_size=self.block_size, hit_mode=self.hit_mode, token_budget=self.token_budget,
             max_running=self.max_running, max_waiting=self.max_waiting, reuse="shards", shards_rate=self.shards_rate,
             shards_max_tracked=self.shards_max_tracked, seed=self.seed, emit_events=True, oracles=False,
-            tiers=self.tiers)
+            tiers=self.tiers, response_kv=self.response_kv)
 
     def cost_model(self) -> CostModel:
         return CostModel.from_names(self.model, self.gpu)

@@ -24,7 +24,8 @@ pytestmark = pytest.mark.slow
 
 SPEEDUP = 200.0
 TOL = 0.02
-CONFIG = {"replicas": "2", "policy": "lru", "capacity-blocks": "1500", "routing": "session", "hit-mode": "holes"}
+CONFIG = {"replicas": "2", "policy": "lru", "capacity-blocks": "1500", "routing": "session", "hit-mode": "holes",
+          "response-kv": "keep"}
 ROUTING = ["bounded_load_factor=1000"]
 
 
