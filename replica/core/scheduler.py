@@ -179,7 +179,7 @@ class Scheduler:
         tiers = self.tiers
         while self.waiting and self.num_running < max_running:
             req = self.waiting[0]
-            plan = tiers.plan(req.hashes, now) if tiers is not None else None
+            plan = tiers.plan(req.hashes, now, req.arrival) if tiers is not None else None
             try:
                 req.alloc = self.pool.acquire(
                     req.hashes, session=req.session, now=now, input_tokens=req.input_tokens, next_use=req.next_use,

@@ -104,6 +104,8 @@ class FetchPlan:
     restored_idx: list[int] = field(default_factory=list)  # depths fetched (ascending)
     ready_at: float = 0.0  # when the last restore transfer ends (0: nothing to wait for)
     recomputed: int = 0  # blocks a tier holds that are cheaper to recompute
+    arrival: float = 0.0  # when the request arrived: SSD staging starts then
+    links: list[tuple[Link, float, int]] = field(default_factory=list)  # (link, busy_until, bytes) before it
     pins: list[tuple[BlockPool, Allocation]] = field(default_factory=list)  # held in their tier until complete
 
 
@@ -195,28 +197,36 @@ class TierStack:
                 self.counters.dropped += len(new) - room
 
     # ---- flows up -----------------------------------------------------------------
-    def plan(self, hashes: Sequence[int], now: float) -> FetchPlan:
+    def plan(self, hashes: Sequence[int], now: float, arrival: float | None = None) -> FetchPlan:
         """Before HBM allocates a request: which of its blocks missing from HBM to restore.
 
         Those blocks are pinned in their tier until ``complete`` (or ``cancel``), so the
-        demotions the allocation causes cannot push them out first.
+        demotions the allocation causes cannot push them out first. SSD blocks are pre-staged
+        while the request waits (from ``arrival``): only the part of their read that the wait
+        did not hide counts against fetching them.
         """
         self._now = max(self._now, now)
         resident = self.hbm.resident
-        plan = FetchPlan()
+        plan = FetchPlan(arrival=now if arrival is None else min(arrival, now))
+        waited = now - plan.arrival
+        plan.links = [(link, link.busy_until, link.bytes_moved) for link in (self.h2d, self.ssd_link)]
         for tier, idx in self._runs(hashes, [i for i, h in enumerate(hashes) if h not in resident]):
-            if self._worth_fetching(tier, idx):
+            if self._worth_fetching(tier, idx, waited):
                 plan.restored_idx.extend(idx)
                 plan.pins.append((tier, tier.acquire([hashes[i] for i in idx], now=now)))
+                # reads are queued now, ahead of the write-back the allocation will cause
+                plan.ready_at = max(plan.ready_at, self._transfer_up(tier, len(idx), plan.arrival))
             else:
                 plan.recomputed += len(idx)
         plan.restored_idx.sort()
         return plan
 
     def cancel(self, plan: FetchPlan) -> None:
-        """The allocation failed (HBM busy): unpin, the request will plan again."""
+        """The allocation failed (HBM busy, nothing evicted): unpin and unqueue; it will plan again."""
         for tier, alloc in plan.pins:
             tier.release(alloc, self._now)
+        for link, busy_until, moved in plan.links:
+            link.busy_until, link.bytes_moved = busy_until, moved
         plan.pins.clear()
 
     def complete(self, plan: FetchPlan, hashes: Sequence[int], hit_idx: Sequence[int],
@@ -228,7 +238,6 @@ class TierStack:
         c.recomputed += plan.recomputed
         for tier, alloc in plan.pins:
             blocks = list(alloc.hashes)
-            plan.ready_at = max(plan.ready_at, self._transfer_up(tier, len(blocks)))
             if tier is self.host:
                 c.host_hits += len(blocks)
             else:
@@ -240,12 +249,12 @@ class TierStack:
         restored = set(plan.restored_idx)
         self.produced([hashes[i] for i in new_idx if i not in restored], now)
 
-    def _transfer_up(self, tier: BlockPool, blocks: int) -> float:
+    def _transfer_up(self, tier: BlockPool, blocks: int, arrival: float) -> float:
         nbytes = blocks * self.block_bytes
         if tier is self.host:
             return self.h2d.reserve(self._now, nbytes)
-        # SSD -> host -> HBM, pipelined: the slower link sets the pace
-        return max(self.ssd_link.reserve(self._now, nbytes), self.h2d.reserve(self._now, nbytes))
+        # SSD -> host staged from the request's arrival (while it waited), then host -> HBM
+        return max(self.ssd_link.reserve(arrival, nbytes), self.h2d.reserve(self._now, nbytes))
 
     def _runs(self, hashes: Sequence[int], new_idx: Sequence[int]) -> list[tuple[BlockPool, list[int]]]:
         """Runs of consecutive missing depths held by one lower tier (host looked up first)."""
@@ -262,17 +271,19 @@ class TierStack:
                 runs.append((tier, [i]))
         return runs
 
-    def transfer_seconds(self, tier: BlockPool, blocks: int) -> float:
+    def transfer_seconds(self, tier: BlockPool, blocks: int, waited: float = 0.0) -> float:
+        """Time a restore of ``blocks`` adds once the request is admitted (links idle)."""
         nbytes = blocks * self.block_bytes
+        host = nbytes / self.h2d.bandwidth
         if tier is self.host:
-            return nbytes / self.h2d.bandwidth
-        return max(nbytes / self.ssd_link.bandwidth, nbytes / self.h2d.bandwidth)  # staged via host, pipelined
+            return host
+        return max(nbytes / self.ssd_link.bandwidth - waited, host)  # the wait hid part of the SSD read
 
-    def _worth_fetching(self, tier: BlockPool, idx: list[int]) -> bool:
+    def _worth_fetching(self, tier: BlockPool, idx: list[int], waited: float) -> bool:
         fetch = self.settings.fetch
         if fetch != "auto":
             return fetch == "always"
-        return self.transfer_seconds(tier, len(idx)) < sum(self.recompute_cost(i) for i in idx)
+        return self.transfer_seconds(tier, len(idx), waited) < sum(self.recompute_cost(i) for i in idx)
 
     def lower_overlap(self, replica_id: str, hashes: Sequence[int], hbm_prefix: int) -> dict[str, int]:
         """For a router: the run of blocks after the HBM prefix that host / SSD hold, per tier."""

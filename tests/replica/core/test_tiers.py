@@ -138,3 +138,33 @@ def test_tier_flags_become_validated_settings():
         with pytest.raises(InputError) as err:
             tier_settings(p.parse_args(argv), COST, 16)
         assert err.value.field == field
+
+
+def test_ssd_blocks_are_pre_staged_while_the_request_waits():
+    # 1 GB blocks, SSD at 1 GB/s, host link at 10 GB/s, no host tier; recomputing a block costs 1.5 s
+    settings = TierSettings(host_link_gbps=10.0, ssd_read_gbps=1.0, ssd_write_gbps=1.0, ssd_blocks=8, fetch="auto")
+    hbm = BlockPool(2, make_policy("lru"), emit_events=False)
+    tiers = TierStack(settings, hbm, 10**9, lambda depth: 1.5)
+    for h in (1, 2, 3, 4):
+        serve(hbm, tiers, [h], now=float(h))  # 1, 2 end up on SSD
+    assert sorted(tiers.ssd.resident) == [1, 2]
+    assert tiers.transfer_seconds(tiers.ssd, 2, waited=0.0) == 2.0
+    assert tiers.transfer_seconds(tiers.ssd, 2, waited=1.9) == pytest.approx(0.2)  # the host link's 0.2 s
+    plan = tiers.plan([1, 2], now=100.0, arrival=99.0)  # waited 1 s: 1 s of the 2 s read left < 3 s
+    assert plan.restored_idx == [0, 1]
+    tiers.cancel(plan)
+    # a drive at 0.5 GB/s: 4 s of read for 3 s of recompute
+    tiers2_settings = TierSettings(host_link_gbps=10.0, ssd_read_gbps=0.5, ssd_write_gbps=1.0, ssd_blocks=8,
+                                   fetch="auto")
+    hbm2 = BlockPool(2, make_policy("lru"), emit_events=False)
+    slow = TierStack(tiers2_settings, hbm2, 10**9, lambda depth: 1.5)
+    for h in (1, 2, 3, 4):
+        serve(hbm2, slow, [h], now=float(h))
+    # 4 s of SSD read for 3 s of recompute: recompute unless the request waited more than 1 s
+    assert slow.plan([1, 2], now=100.0, arrival=100.0).restored_idx == []
+    waited = slow.plan([1, 2], now=100.0, arrival=98.5)
+    assert waited.restored_idx == [0, 1]
+    serve_alloc = hbm2.serve([1, 2], now=100.0)
+    slow.complete(waited, serve_alloc.hashes, serve_alloc.hit_idx, serve_alloc.new_idx, 100.0)
+    # the SSD read started at arrival (98.5) on an idle drive: 4 s -> ends at 102.5
+    assert waited.ready_at == pytest.approx(102.5)
