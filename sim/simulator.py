@@ -410,8 +410,8 @@ class Simulation:
     def _latencies(self, timed: bool) -> dict[str, float | None]:
         hists = {"ttft": self.ttft, "queue": self.queue, "e2e": self.e2e}
         out: dict[str, float | None] = {}
-        for name, q in (("ttft_p50_s", 0.5), ("ttft_p99_s", 0.99), ("queue_p99_s", 0.99), ("e2e_p50_s", 0.5),
-                        ("e2e_p99_s", 0.99)):
+        for name, q in (("ttft_p50_s", 0.5), ("ttft_p95_s", 0.95), ("ttft_p99_s", 0.99), ("queue_p99_s", 0.99),
+                        ("e2e_p50_s", 0.5), ("e2e_p99_s", 0.99)):
             out[name] = hists[name.split("_")[0]].quantile(q) if timed else None
         return out
 
