@@ -160,6 +160,8 @@ def tier_flags(a) -> list[str]:
         out += ["--tier-policy", a.tier_policy]
     if a.host_link_gbps is not None:
         out += ["--host-link-gbps", repr(a.host_link_gbps)]
+    if a.no_hbm_caching:
+        out.append("--no-hbm-caching")
     return out
 
 

@@ -273,10 +273,10 @@ class Simulation:
                                    position=future.position(k) if future else None)
             if plan is not None and rep.tiers is not None:  # no clock here: transfers only count bytes
                 rep.tiers.complete(plan, alloc.hashes, alloc.hit_idx, alloc.new_idx, r.t)
-            if self.responses is not None and self.responses[k]:
-                stored = rep.pool.store(self.responses[k], r.session, r.t)
-                if rep.tiers is not None:
-                    rep.tiers.produced(stored, r.t)
+            stored = rep.pool.store(self.responses[k], r.session, r.t) if self.responses is not None else []
+            if rep.tiers is not None:
+                rep.tiers.produced(stored, r.t)
+                rep.tiers.released([*alloc.hashes, *stored], r.t)
             if self.index is not None:
                 self.index.sync(rep.rid, rep.pool)
             self.router.done(rep.state, view)

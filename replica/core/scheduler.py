@@ -264,10 +264,12 @@ class Scheduler:
         r.t_finished = end
         assert r.alloc is not None  # admitted requests hold an allocation
         self.pool.release(r.alloc, end)
+        stored: list[int] = []
         if self.keep_response_kv and r.response_hashes:  # colocated vLLM: the response's KV stays cached
             stored = self.pool.store(r.response_hashes, r.session, end)
-            if self.tiers is not None:
-                self.tiers.produced(stored, end)
+        if self.tiers is not None:
+            self.tiers.produced(stored, end)
+            self.tiers.released([*r.alloc.hashes, *stored], end)
         result.finished.append(r)
 
     def _decode_time(self, batch: int, kv_tokens: int, steps: int) -> float:

@@ -24,6 +24,8 @@ def add_tier_args(p: argparse.ArgumentParser) -> None:
                    help="restore blocks a lower tier holds: always, never, or auto (when faster than recomputing)")
     g.add_argument("--host-link-gbps", type=float, default=None, metavar="GB/S",
                    help="host<->GPU bandwidth per direction (default: the GPU preset's)")
+    g.add_argument("--no-hbm-caching", action="store_true",
+                   help="HBM keeps no KV between requests: each finished request moves down (CachedAttention)")
 
 
 def tier_settings(args: argparse.Namespace, cost: CostModel, block_size: int) -> TierSettings:
@@ -41,4 +43,4 @@ def tier_settings(args: argparse.Namespace, cost: CostModel, block_size: int) ->
     return TierSettings(host_blocks=cost.gib_to_blocks(args.host_cache_gib, block_size),
                         ssd_blocks=cost.gib_to_blocks(args.ssd_cache_gib, block_size),
                         host_policy=policies["host"], ssd_policy=policies["ssd"], mode=args.tier_mode,
-                        fetch=args.fetch, host_link_gbps=link)
+                        fetch=args.fetch, host_link_gbps=link, hbm_caching=not args.no_hbm_caching)

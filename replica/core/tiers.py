@@ -58,6 +58,9 @@ class TierSettings:
     host_link_gbps: float = 55.0
     ssd_read_gbps: float = SSD_READ_GBPS
     ssd_write_gbps: float = SSD_WRITE_GBPS
+    # False (CachedAttention): HBM keeps no KV between requests; a finished request's blocks
+    # move down at once and the next turn restores them. True: HBM is the first cache level.
+    hbm_caching: bool = True
 
     def __post_init__(self) -> None:
         for name in ("host_blocks", "ssd_blocks"):
@@ -173,6 +176,18 @@ class TierStack:
             self.counters.dropped += len(victims)
             return
         self._store(self.ssd, victims)
+
+    def released(self, hashes: Sequence[int], now: float) -> None:
+        """A request finished. Without HBM caching its blocks no other request holds leave HBM
+        for the tiers below (written down first in exclusive mode)."""
+        if self.settings.hbm_caching:
+            return
+        self._now = max(self._now, now)
+        hbm = self.hbm
+        gone = [h for h in hashes if h in hbm.resident and not hbm.is_pinned(h)]
+        if self.settings.mode == "exclusive":
+            self._hbm_evicted(gone)
+        hbm.remove(gone)
 
     def _ssd_evicted(self, victims: Sequence[int]) -> None:
         self.counters.dropped += len(victims)  # the last tier: they leave the hierarchy

@@ -168,3 +168,13 @@ def test_ssd_blocks_are_pre_staged_while_the_request_waits():
     slow.complete(waited, serve_alloc.hashes, serve_alloc.hit_idx, serve_alloc.new_idx, 100.0)
     # the SSD read started at arrival (98.5) on an idle drive: 4 s -> ends at 102.5
     assert waited.ready_at == pytest.approx(102.5)
+
+
+def test_without_hbm_caching_a_finished_request_moves_down_and_the_next_turn_restores_it():
+    core = build_core(CoreSettings(capacity_blocks=16, reuse="off", tiers=TierSettings(
+        host_blocks=16, fetch="always", hbm_caching=False)), COST)
+    run_request(core, 1, [1, 2, 3], 0.0)
+    assert core.pool.used == 0 and sorted(core.tiers.host.resident) == [1, 2, 3]
+    run_request(core, 2, [1, 2, 3, 4], 1.0)  # all three from host, one computed
+    c = core.tiers.counters
+    assert (c.hbm_hits, c.host_hits) == (0, 3) and sorted(core.tiers.host.resident) == [1, 2, 3, 4]
