@@ -141,7 +141,7 @@ def start_redis(log_dir: str) -> tuple[Child, str]:
 def replica_args(i: int, port: int, a, index: str | None) -> list[str]:
     args = [sys.executable, "-m", "replica", "--port", str(port), "--replica-id", f"replica-{i}",
             "--policy", a.policy, "--model", a.model, "--gpu", a.gpu, "--block-size", str(a.block_size),
-            "--time-scale", str(a.time_scale), "--hit-mode", a.hit_mode]
+            "--time-scale", str(a.time_scale), "--hit-mode", a.hit_mode, "--scheduler", a.scheduler]
     args += ["--capacity-blocks", str(a.capacity_blocks)] if a.capacity_blocks is not None else ["--capacity-gib",
                                                                                                   str(a.capacity_gib)]
     args += tier_flags(a)
@@ -271,6 +271,9 @@ def add_cluster_args(p: argparse.ArgumentParser, replicas: int = 4) -> None:
     p.add_argument("--gpu", default="h200")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--hit-mode", default="holes", choices=["prefix", "holes"])
+    from replica.core.scheduler import add_scheduler_arg
+
+    add_scheduler_arg(p)
     p.add_argument("--routing", default="cache_aware")
     p.add_argument("--index", default="memory", help="memory, redis (a private redis-server) or redis://host:port/db")
     p.add_argument("--cluster", default="default")
@@ -311,7 +314,7 @@ def validate(a) -> None:
     try:
         ReplicaSettings(policy=a.policy, capacity_blocks=a.capacity_blocks, capacity_gib=a.capacity_gib,
                         model=a.model, gpu=a.gpu, block_size=a.block_size, hit_mode=a.hit_mode,
-                        time_scale=a.time_scale)
+                        time_scale=a.time_scale, scheduler=a.scheduler)
     except InputError as exc:
         raise InputError(f"--{exc.field.replace('_', '-')}", exc.message) from None
     tier_settings(a, CostModel.from_names(a.model, a.gpu), a.block_size)  # the replicas' tier flags, checked here

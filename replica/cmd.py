@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 
+from replica.core.scheduler import add_scheduler_arg
 from replica.core.tier_args import add_tier_args
 from shared.overrides import coerce, parse_pairs
 from shared.serve import add_server_args
@@ -28,6 +29,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--token-budget", type=int, default=8192)
     p.add_argument("--max-running", type=int, default=256)
     p.add_argument("--max-waiting", type=int, default=10_000)
+    add_scheduler_arg(p)
     p.add_argument("--index", default=None, help="redis://host:port/db to publish KV events to a shared index")
     p.add_argument("--cluster", default="default", help="namespace of the Redis index keys")
     p.add_argument("--admin-token", default=None, help="bearer token for /admin/* (or KVEMU_ADMIN_TOKEN)")
@@ -55,7 +57,7 @@ def settings_from_args(args):
         policy_params=params, capacity_blocks=args.capacity_blocks, capacity_gib=args.capacity_gib,
         model=args.model, gpu=args.gpu, block_size=args.block_size, hit_mode=args.hit_mode,
         time_scale=args.time_scale, token_budget=args.token_budget, max_running=args.max_running,
-        max_waiting=args.max_waiting, index=args.index, cluster=args.cluster,
+        max_waiting=args.max_waiting, scheduler=args.scheduler, index=args.index, cluster=args.cluster,
         admin_token=args.admin_token or os.environ.get("KVEMU_ADMIN_TOKEN") or None, shards_rate=args.shards_rate,
         cluster_token=args.cluster_token or os.environ.get("KVEMU_CLUSTER_TOKEN") or None,
         max_connections=args.max_connections, parse_workers=args.parse_workers,

@@ -44,10 +44,9 @@ class ReplicaMetrics:
         # Outputs always run to max_tokens: every success finishes by length.
         self.success = Counter("vllm:request_success", "Finished requests by finish reason.",
                                LABELS + ["finished_reason"], registry=reg).labels(*labels, "length")
-        # The scheduler admits a request only once its blocks are allocated, so it never preempts;
-        # the counter exists (at 0) because dashboards chart it.
-        self.preemptions = Counter("vllm:num_preemptions", "Requests preempted (kvemu never preempts).", LABELS,
-                                   registry=reg).labels(*labels)
+        self.queue_time = Histogram("vllm:request_queue_time_seconds",
+                                    "Emulated seconds finished requests spent waiting (every admission).", LABELS,
+                                    buckets=TTFT_BUCKETS, registry=reg).labels(*labels)
 
     def first_token(self, ttft_s: float) -> None:
         self.ttft.observe(ttft_s)
@@ -56,6 +55,7 @@ class ReplicaMetrics:
         self.e2e.observe(r.t_finished - r.arrival)
         if r.output_tokens > 1:
             self.tpot.observe((r.t_finished - r.t_first_token) / (r.output_tokens - 1))
+        self.queue_time.observe(r.waited)
         self.prompt_tokens.inc(r.input_tokens)
         self.generation_tokens.inc(r.output_tokens)
         self.success.inc()
@@ -88,6 +88,14 @@ class ReplicaCollector:
         yield gauge("vllm:kv_cache_usage_perc", "Fraction of KV blocks in use (0-1).", st.pool.usage())
         yield gauge("vllm:num_requests_running", "Requests running.", st.scheduler.num_running)
         yield gauge("vllm:num_requests_waiting", "Requests waiting.", st.scheduler.num_waiting)
+        sched = st.scheduler
+        # fcfs admits a request only once all its blocks are allocated: it never preempts (0).
+        yield counter("vllm:num_preemptions", "Requests preempted (reorder scheduler: lent memory taken back).",
+                      sched.preemptions)
+        yield counter("kvemu_scheduler_promotions", "Requests admitted ahead of a head that did not fit (reorder).",
+                      sched.promotions)
+        yield counter("kvemu_pinned_block_seconds", "KV blocks held by running requests x emulated seconds"
+                      " (rate / kvemu_capacity_blocks = time-averaged HBM use).", sched.pinned_block_s)
         yield counter("kvemu_block_accesses", "Prompt blocks looked up.", m.block_accesses)
         yield counter("kvemu_block_hits", "Prompt blocks reused.", m.block_hits)
         yield gauge("kvemu_csr", "Compute-savings ratio: recompute cost of hits / of all accesses.",

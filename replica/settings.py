@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from replica.core.build import CoreSettings
 from replica.core.policies import policy_class, policy_names
+from replica.core.scheduler import check_scheduler
 from replica.core.tiers import TierSettings
 from shared.auth import check_bind
 from shared.costmodel import CostModel
@@ -39,6 +40,7 @@ class ReplicaSettings:
     token_budget: int = 8192
     max_running: int = 256
     max_waiting: int = 10_000
+    scheduler: str = "fcfs"  # admission order: fcfs (vLLM) or reorder (seed 001)
     max_body_bytes: int = 8 * 1024 * 1024
     max_prompt_tokens: int = 1_048_576
     max_output_tokens: int = 65_536
@@ -80,6 +82,7 @@ class ReplicaSettings:
                      "max_prompt_tokens", "max_output_tokens", "event_batch_max",
                      "feed_max_batches", "feed_max_hashes", "shards_max_tracked"):
             check_positive_int(name, getattr(self, name))
+        check_scheduler(self.scheduler)
         if self.hit_mode not in ("prefix", "holes"):
             raise InputError("hit_mode", f"must be prefix or holes, got {self.hit_mode!r}")
         for name in ("header_timeout_s", "body_timeout_s"):
@@ -112,9 +115,9 @@ class ReplicaSettings:
         return CoreSettings(
             capacity_blocks=self.resolved_capacity_blocks(), policy=self.policy, policy_params=self.policy_params,
             block_size=self.block_size, hit_mode=self.hit_mode, token_budget=self.token_budget,
-            max_running=self.max_running, max_waiting=self.max_waiting, reuse="shards", shards_rate=self.shards_rate,
-            shards_max_tracked=self.shards_max_tracked, seed=self.seed, emit_events=True, oracles=False,
-            tiers=self.tiers, response_kv=self.response_kv)
+            max_running=self.max_running, max_waiting=self.max_waiting, scheduler=self.scheduler, reuse="shards",
+            shards_rate=self.shards_rate, shards_max_tracked=self.shards_max_tracked, seed=self.seed, emit_events=True,
+            oracles=False, tiers=self.tiers, response_kv=self.response_kv)
 
     def cost_model(self) -> CostModel:
         return CostModel.from_names(self.model, self.gpu)

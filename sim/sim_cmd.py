@@ -10,6 +10,7 @@ import sys
 from loadgen.source import add_source_args, load_source, trace_name
 from loadgen.trace import Trace
 from replica.core.policies import policy_class
+from replica.core.scheduler import add_scheduler_arg, check_scheduler
 from replica.core.tier_args import add_tier_args, tier_settings
 from router.strategies import RoutingSettings, get_strategy
 from shared.cli import check_outputs
@@ -36,6 +37,7 @@ def add_emulation_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-running", type=int, default=256,
                    help="requests running at once per replica (1 = the cache sees requests one at a time)")
     p.add_argument("--token-budget", type=int, default=8192, help="tokens per scheduler step")
+    add_scheduler_arg(p)
     p.add_argument("--causal", action="store_true",
                    help="turn j+1 arrives when turn j finished plus their trace gap, as `kvemu replay` sends it"
                         " (default: every request at its trace time)")
@@ -117,6 +119,7 @@ def run(args) -> int:
         raise InputError("--jobs", f"must be >= 1, got {args.jobs}")
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
     validate_names(policies, args.replicas, args.routing)
+    check_scheduler(args.scheduler, "--scheduler")
     trace = load_source(args)
     if not trace.requests:
         raise InputError("trace", "has no requests")
@@ -128,7 +131,7 @@ def run(args) -> int:
     params = tuple((k, coerce(v)) for k, v in parse_pairs(args.policy_param).items())
     grid = [SimSettings(capacity_blocks=c, policy=pol, policy_params=params, replicas=args.replicas, routing=args.routing,
                         hit_mode=args.hit_mode, seed=args.seed, model=args.model, gpu=args.gpu,
-                        token_budget=args.token_budget, max_running=args.max_running,
+                        token_budget=args.token_budget, max_running=args.max_running, scheduler=args.scheduler,
                         reuse="off" if args.no_reuse_distances else args.reuse, causal=args.causal,
                         routing_settings=routing, cache_only=args.cache_only, response_kv=args.response_kv,
                         tiers=tier_settings(args, CostModel.from_names(args.model, args.gpu), trace.block_size))

@@ -21,7 +21,7 @@ from loadgen.trace import Trace, response_hashes
 from replica.core.build import CoreSettings, build_core
 from replica.core.policies import policy_class
 from replica.core.pool import BlockPool
-from replica.core.scheduler import SchedRequest, Scheduler, StepResult
+from replica.core.scheduler import SchedRequest, Scheduler, StepResult, check_scheduler
 from replica.core.tiers import TierSettings, TierStack
 from router.strategies import ReplicaState, RouteRequest, RoutingSettings, RoutingStep, strategy_spec
 from shared.costmodel import CostModel
@@ -47,6 +47,7 @@ class SimSettings:
     gpu: str = "h200"
     token_budget: int = 8192
     max_running: int = 256
+    scheduler: str = "fcfs"  # admission order: fcfs (vLLM) or reorder (seed 001, FlashGen)
     # Reuse distances for the miss-ratio curve: "sampled" (SHARDS at shards_rate: within 0.01 of
     # exact on the sample traces at a fraction of the cost), "exact", "off", or "auto" (the
     # default: sampled in batching mode; off in cache-only mode, whose point is speed).
@@ -75,6 +76,7 @@ class SimSettings:
             raise InputError("reuse", f"must be auto, sampled, exact or off, got {self.reuse!r}")
         check_number("shards_rate", self.shards_rate, above=0, maximum=1)
         policy_class(self.policy)  # unknown names list the valid ones
+        check_scheduler(self.scheduler)
         strategy_spec(self.routing)
 
     @property
@@ -187,7 +189,7 @@ class PoolIndex:
 def _build_replica(i: int, s: SimSettings, block_size: int, cost: CostModel, indexed: bool) -> _Replica:
     core = build_core(CoreSettings(
         capacity_blocks=s.capacity_blocks, policy=s.policy, policy_params=s.policy_params, block_size=block_size,
-        hit_mode=s.hit_mode, token_budget=s.token_budget, max_running=s.max_running,
+        hit_mode=s.hit_mode, token_budget=s.token_budget, max_running=s.max_running, scheduler=s.scheduler,
         reuse={"sampled": "shards", "exact": "exact", "off": "off"}[s.reuse_mode], shards_rate=s.shards_rate,
         shards_max_tracked=1 << 62, seed=s.seed, emit_events=indexed, oracles=True,
         stream_tokens=False, tiers=s.tiers, response_kv=s.response_kv), cost)
@@ -325,7 +327,7 @@ class Simulation:
             ttft = r.t_first_token - r.arrival
             self.ttft.add(ttft)
             rep.ttft.add(ttft)
-            self.queue.add(r.t_admitted - r.arrival)
+            self.queue.add(r.waited)  # admission - arrival, unless preempted before its first token
         for r in res.finished:
             self._arrivals.finished(r.rid, r.t_finished)
             self.e2e.add(r.t_finished - r.arrival)
@@ -339,11 +341,13 @@ class Simulation:
         per = []
         timed = None if self.s.cache_only else True  # cache-only has no clock: no latencies to report
         counts = CacheCounts()
-        requests = evictions = holes = 0
+        requests = evictions = holes = preemptions = 0
         for rep in self.replicas:
             st = rep.pool.stats()
             m = rep.pool.metrics
             st["replica"] = rep.rid
+            st["scheduler"] = rep.sched.stats()
+            preemptions += rep.sched.preemptions
             st["ttft_p50_s"] = None if timed is None else rep.ttft.quantile(0.5)
             st["ttft_p99_s"] = None if timed is None else rep.ttft.quantile(0.99)
             st["busy_s"] = rep.busy_s
@@ -363,6 +367,7 @@ class Simulation:
             "hit_mode": self.s.hit_mode,
             "response_kv": self.s.response_kv,
             "max_running": self.s.max_running,
+            "scheduler": None if self.s.cache_only else self.s.scheduler,
             "block_size": self.block_size,
             "model": self.cost.model.name,
             "gpu": self.cost.gpu.name,
@@ -374,6 +379,7 @@ class Simulation:
             "evictions": evictions,
             **self._tier_report(counts),
             **self._latencies(timed is not None),
+            **self._throughput(timed is not None, preemptions),
             "load_imbalance": (max(reqs) / mean_load) if mean_load else 0.0,
             "arrival_span_s": self.last_arrival - self.first_arrival,
             "drain_s": max(self.last_finish - self.last_arrival, 0.0),
@@ -414,6 +420,17 @@ class Simulation:
                         ("e2e_p50_s", 0.5), ("e2e_p99_s", 0.99)):
             out[name] = hists[name.split("_")[0]].quantile(q) if timed else None
         return out
+
+    def _throughput(self, timed: bool, preemptions: int) -> dict[str, float | int | None]:
+        """Requests finished per second from the first arrival to the last finish; the fraction of
+        HBM blocks held by running requests, averaged over that span (idle time counts as empty);
+        requests preempted (reorder). Cache-only runs have no clock: None."""
+        span = self.last_finish - self.first_arrival
+        if not timed:
+            return {"preemptions": None, "throughput_rps": None, "hbm_utilization": None}
+        held = sum(rep.sched.pinned_block_s for rep in self.replicas)
+        return {"preemptions": preemptions, "throughput_rps": ratio(self.served, span),
+                "hbm_utilization": ratio(held, span * self.s.capacity_blocks * len(self.replicas))}
 
     def _saturated(self, per: list[dict]) -> bool:
         """A replica's queue grew without bound: busy nearly all the time requests arrived, and

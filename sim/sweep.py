@@ -72,8 +72,17 @@ def workload_identity(trace: Trace, duration_s: float) -> dict:
             "duration_s": float(duration_s), "seed": meta.get("seed"), "block_size": trace.block_size}
 
 
+# Settings added after sweeps were first written: left out of a point's identity at their
+# default, so results written before them keep their ids and `--resume` still finds them.
+LATER_DEFAULTS = {"scheduler": "fcfs"}
+
+
 def settings_dict(s: SimSettings) -> dict:
-    return dataclasses.asdict(s)
+    out = dataclasses.asdict(s)
+    for name, default in LATER_DEFAULTS.items():
+        if out.get(name) == default:
+            del out[name]
+    return out
 
 
 def point_id(identity: dict, s: SimSettings) -> str:

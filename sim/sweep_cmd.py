@@ -19,6 +19,7 @@ from contextlib import closing
 from loadgen.formats import detect_format
 from loadgen.source import add_source_args, load_source
 from replica.core.policies import policy_class
+from replica.core.scheduler import check_scheduler
 from replica.core.tier_args import tier_settings
 from router.strategies import RoutingSettings, get_strategy
 from shared.config import add_config_arg
@@ -98,6 +99,7 @@ def _check_scalars(args) -> None:
         raise InputError("--max-running", f"must be >= 1, got {args.max_running}")
     if args.token_budget < 1:
         raise InputError("--token-budget", f"must be >= 1, got {args.token_budget}")
+    check_scheduler(args.scheduler, "--scheduler")
     check_positive("--dask-timeout", args.dask_timeout)
 
 
@@ -123,9 +125,9 @@ def build_grid(args, trace, identity: dict, policies, routings, replicas, caps) 
                 for c in caps:
                     s = SimSettings(capacity_blocks=c, policy=pol, replicas=k, routing=route, hit_mode=args.hit_mode,
                                     seed=args.seed, model=args.model, gpu=args.gpu, token_budget=args.token_budget,
-                                    max_running=args.max_running, reuse="exact" if args.reuse_distances else "off",
-                                    routing_settings=routing, causal=args.causal, cache_only=args.cache_only,
-                                    response_kv=args.response_kv,
+                                    max_running=args.max_running, scheduler=args.scheduler,
+                                    reuse="exact" if args.reuse_distances else "off", routing_settings=routing,
+                                    causal=args.causal, cache_only=args.cache_only, response_kv=args.response_kv,
                                     tiers=tiers)
                     p = make_point(identity, s)
                     points.setdefault(p.id, p)

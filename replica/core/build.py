@@ -9,7 +9,7 @@ from replica.core.metrics import PoolMetrics
 from replica.core.policies import make_policy
 from replica.core.pool import BlockPool
 from replica.core.reuse import ReuseDistanceTracker, ShardsTracker
-from replica.core.scheduler import Scheduler, SchedulerSettings
+from replica.core.scheduler import Scheduler, SchedulerSettings, check_scheduler
 from replica.core.tiers import TierSettings, TierStack
 from shared.costmodel import CostModel
 from shared.errors import InputError
@@ -32,6 +32,7 @@ class CoreSettings:
     token_budget: int = 8192
     max_running: int = 256
     max_waiting: int = 100_000
+    scheduler: str = "fcfs"  # admission order: fcfs (vLLM) or reorder (seed 001)
     reuse: str = "shards"
     shards_rate: float = 0.1
     shards_max_tracked: int = 1 << 16
@@ -49,6 +50,7 @@ class CoreSettings:
             raise InputError("response_kv", f"must be keep or drop, got {self.response_kv!r}")
         if self.reuse not in REUSE_MODES:
             raise InputError("reuse", f"must be one of {', '.join(REUSE_MODES)}, got {self.reuse!r}")
+        check_scheduler(self.scheduler)
 
 
 @dataclass(slots=True)
@@ -88,6 +90,6 @@ def build_core(s: CoreSettings, cost: CostModel) -> ReplicaCore:
                      emit_events=s.emit_events, block_cost=costs)
     tiers = TierStack(s.tiers, pool, cost.block_bytes(bs), costs) if s.tiers.enabled else None
     sched = Scheduler(pool, cost, SchedulerSettings(token_budget=s.token_budget, max_running=s.max_running,
-                                                    max_waiting=s.max_waiting), report_decoded=s.stream_tokens,
-                      tiers=tiers, keep_response_kv=s.response_kv == "keep")
+                                                    max_waiting=s.max_waiting, policy=s.scheduler),
+                      report_decoded=s.stream_tokens, tiers=tiers, keep_response_kv=s.response_kv == "keep")
     return ReplicaCore(pool, sched, tiers)

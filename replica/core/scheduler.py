@@ -9,25 +9,53 @@ finishes. Step time comes from the cost model. The live replica sleeps each step
 prefill, ``step`` may fast-forward several decode steps at once up to a horizon (the
 next arrival), which is what lets a day of traffic run in seconds.
 
+Two admission orders (``SchedulerSettings.policy``, ``--scheduler``): ``fcfs`` (vLLM)
+admits strictly in arrival order, so a head that does not fit blocks the queue;
+``reorder`` (seed 001, FlashGen) then admits smaller requests behind it into the memory
+that would sit idle, counts their blocks as reclaimable, and preempts them (recompute:
+their blocks are released, they keep the tokens they generated and wait again in arrival
+order) as soon as that lets the head run. A head waits only for the requests admitted in
+order before it (the bound is in ``_reclaim_for``).
+
 Where generated KV lives: with ``keep_response_kv`` (a colocated vLLM) a finished request's
 full response blocks (``SchedRequest.response_hashes``, chained after its prompt) are cached,
 so the next turn's prompt hits them; without it (a disaggregated prefill instance, seed 000)
 they are dropped and the next turn recomputes the response as new prompt blocks. Decode KV is
-not counted against the pool while a request runs.
+not counted against the pool while a request runs, so a request admitted with its prompt's
+blocks never runs out of memory: ``fcfs`` never preempts (vLLM's recompute preemption when
+decode runs out of blocks has nothing to act on).
+
+With memory tiers (``tiers``), every acquisition is wrapped: ``TierStack.plan`` before it (what
+host / SSD restore), ``complete`` after it (transfers queued; restored blocks count as reused),
+``cancel`` when it fails; a restore overlaps the request's prefill layer by layer.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections import deque
-from collections.abc import Sequence
+from collections import _count_elements, deque  # type: ignore[attr-defined]  # C helper Counter uses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from replica.core.pool import Allocation, BlockPool, PoolBusyError, PoolCapacityError
-from replica.core.tiers import TierStack
+from replica.core.tiers import FetchPlan, TierStack
 from shared.costmodel import CostModel
-from shared.errors import KvemuError
+from shared.errors import InputError, KvemuError
 from shared.validate import check_positive_int
+
+SCHEDULERS = ("fcfs", "reorder")
+
+
+def check_scheduler(name: str, field: str = "scheduler") -> None:
+    if name not in SCHEDULERS:
+        raise InputError(field, f"must be one of {', '.join(SCHEDULERS)}, got {name!r}")
+
+
+def add_scheduler_arg(p) -> None:
+    """``--scheduler``, the same on sim, sweep, replica and up."""
+    p.add_argument("--scheduler", default="fcfs",
+                   help="admission order: fcfs (vLLM, the default) or reorder (seed 001: requests behind a head that does not"
+                        " fit borrow the idle KV memory and are preempted as soon as the head could run)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,10 +63,13 @@ class SchedulerSettings:
     token_budget: int = 8192
     max_running: int = 256
     max_waiting: int = 100_000
+    policy: str = "fcfs"  # admission order: fcfs or reorder (SCHEDULERS)
+    reorder_window: int = 32  # reorder: requests behind a blocked head tried for admission
 
     def __post_init__(self) -> None:
-        for name in ("token_budget", "max_running", "max_waiting"):
+        for name in ("token_budget", "max_running", "max_waiting", "reorder_window"):
             check_positive_int(name, getattr(self, name))
+        check_scheduler(self.policy)
 
 
 @dataclass(slots=True)
@@ -61,9 +92,19 @@ class SchedRequest:
     # Hashes of the full blocks its response completes (chained after the prompt's): cached when
     # it finishes if the core keeps response KV (``keep_response_kv``); empty: nothing to keep.
     response_hashes: Sequence[int] = ()
+    plan: FetchPlan | None = None  # tiers: what its current acquisition restores
     t_admitted: float = -1.0
     t_first_token: float = -1.0
     t_finished: float = -1.0
+    order: int = 0  # place in arrival order (submit); the waiting queue is kept sorted by it
+    t_queued: float = -1.0  # when it last entered the waiting queue
+    waited: float = 0.0  # seconds spent waiting, over every admission
+    preemptions: int = 0
+
+    @property
+    def resumed(self) -> bool:
+        """Preempted after its first token: re-admission recomputes its prompt and generated tokens."""
+        return self.t_first_token >= 0
 
     @property
     def prefilling(self) -> bool:
@@ -94,14 +135,18 @@ class Scheduler:
     counter (``_tick``), and each is kept in a heap by the tick at which it finishes, so a
     step costs O(changes + log running). ``report_decoded`` (the live replica streams tokens)
     adds the per-decoder token counts to each step's result, which is O(decoders) by nature.
+
+    ``reorder`` keeps that: a blocked head's reclaim check and the scan for requests to admit
+    behind it run only after something changed (a release, an admission, an arrival), and cost
+    O(lent blocks + window x prompt); a preemption costs O(running) (it leaves the decode heap).
     """
 
     def __init__(self, pool: BlockPool, cost: CostModel, settings: SchedulerSettings | None = None,
                  *, report_decoded: bool = True, tiers: TierStack | None = None,
                  keep_response_kv: bool = False) -> None:
         self.pool = pool
-        self.keep_response_kv = keep_response_kv
         self.tiers = tiers
+        self.keep_response_kv = keep_response_kv
         self.cost = cost
         self.settings = settings or SchedulerSettings()
         self.report_decoded = report_decoded
@@ -116,6 +161,21 @@ class Scheduler:
         self._seq = 0
         self._dec_input = 0  # sum of input_tokens over decoders
         self._dec_base = 0  # sum of base over decoders
+        # Statistics (``stats``).
+        self.preemptions = 0
+        self.promotions = 0  # admissions out of arrival order (reorder)
+        self.admissions = 0
+        self.queue_wait_s = 0.0  # seconds waited, summed over admissions
+        self.pinned_block_s = 0.0  # blocks held by running requests x step time: time-averaged HBM use
+        self._order = 0
+        # reorder: requests admitted ahead of a blocked head (by order), the heap of their orders
+        # (lazy: stale entries are skipped) and how many of them pin each block.
+        self._promoted: dict[int, SchedRequest] = {}
+        self._promoted_orders: list[int] = []
+        self._lent: dict[int, int] = {}
+        self._dirty = True  # something changed since a blocked head was last looked at
+        # Called after a request is preempted (its blocks released): a host tier can keep its KV.
+        self.on_preempt: Callable[[SchedRequest, float], None] | None = None
 
     # ---- queue ------------------------------------------------------------------
     def submit(self, req: SchedRequest) -> None:
@@ -123,8 +183,12 @@ class Scheduler:
             raise QueueFullError(self.settings.max_waiting)
         if len(req.hashes) > self.pool.capacity:
             raise PoolCapacityError(len(req.hashes), self.pool.capacity)
+        self._order += 1
+        req.order = self._order
+        req.t_queued = req.arrival
         self.waiting.append(req)
         self.queued_prefill_tokens += req.input_tokens
+        self._dirty = True
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.prefilling or self._done_at)
@@ -156,6 +220,7 @@ class Scheduler:
             steps = self._decode_run_length(n_dec, kv_tokens, now, horizon)
         decode_time = self._decode_time(n_dec, kv_tokens, steps)
         duration = prefill_time + decode_time
+        self.pinned_block_s += len(self.pool.pin_counts) * duration
         end = now + duration
         result = StepResult(now, duration, steps, prefill_tokens, [], [], [])
         if n_dec:
@@ -165,6 +230,9 @@ class Scheduler:
             self._tick += steps
             self._retire(result, end)
         for r in completed:
+            if r.resumed:  # recomputed after a preemption: decoding goes on, no second first token
+                self._add_decoder(r)
+                continue
             r.t_first_token = end
             r.generated = 1
             result.first_tokens.append(r)
@@ -174,33 +242,172 @@ class Scheduler:
                 self._add_decoder(r)
         return result
 
+    def stats(self) -> dict:
+        """Counters since start: what /stats, /metrics and the simulator report."""
+        return {"policy": self.settings.policy, "admissions": self.admissions, "promotions": self.promotions,
+                "preemptions": self.preemptions, "queue_wait_s_total": self.queue_wait_s,
+                "pinned_block_s": self.pinned_block_s}
+
     def _admit(self, now: float) -> None:
         max_running = self.settings.max_running
-        tiers = self.tiers
+        reorder = self.settings.policy == "reorder"
         while self.waiting and self.num_running < max_running:
             req = self.waiting[0]
-            plan = tiers.plan(req.hashes, now, req.arrival) if tiers is not None else None
             try:
-                req.alloc = self.pool.acquire(
-                    req.hashes, session=req.session, now=now, input_tokens=req.input_tokens, next_use=req.next_use,
-                    position=req.position)
+                self._acquire(req, now)
             except PoolBusyError:
-                if plan is not None and tiers is not None:
-                    tiers.cancel(plan)
-                break  # FCFS: the head waits for running requests to free blocks
+                # FCFS: the head waits for running requests to free blocks. Reorder: take back
+                # lent memory if that lets it run, else lend what is idle to requests behind it.
+                if reorder and self._dirty:
+                    self._dirty = False
+                    if self._reclaim_for(req, now):
+                        continue
+                    self._promote(now)
+                break
             self.waiting.popleft()
-            req.t_admitted = now
-            reused = req.alloc.hit_idx
-            if plan is not None and tiers is not None:
-                alloc = req.alloc
-                tiers.complete(plan, alloc.hashes, alloc.hit_idx, alloc.new_idx, now)
-                req.ready_at = plan.ready_at
-                if plan.restored_idx:  # restored blocks count as reused: only the rest is computed
-                    reused = sorted(alloc.hit_idx + plan.restored_idx)
-            req.cached_tokens = min(len(reused) * self.pool.block_size, req.input_tokens)
-            req.segments = _prefill_segments(req, reused, self.pool.block_size)
-            self.queued_prefill_tokens -= req.input_tokens - sum(s[1] for s in req.segments)
-            self.prefilling.append(req)
+            self._start(req, now)
+            if self._promoted:
+                self._catch_up()
+
+    def _acquire(self, req: SchedRequest, now: float) -> None:
+        tiers = self.tiers
+        req.plan = tiers.plan(req.hashes, now, req.arrival) if tiers is not None else None
+        try:
+            req.alloc = self.pool.acquire(req.hashes, session=req.session, now=now, input_tokens=req.input_tokens,
+                                          next_use=req.next_use, position=req.position)
+        except PoolBusyError:
+            if req.plan is not None and tiers is not None:
+                tiers.cancel(req.plan)
+                req.plan = None
+            raise
+
+    def _start(self, req: SchedRequest, now: float) -> None:
+        """An admitted request (its blocks acquired) joins the prefill queue."""
+        assert req.alloc is not None
+        req.t_admitted = now
+        wait = now - req.t_queued
+        req.waited += wait
+        self.queue_wait_s += wait
+        self.admissions += 1
+        reused = req.alloc.hit_idx
+        plan, tiers = req.plan, self.tiers
+        if plan is not None and tiers is not None:
+            alloc = req.alloc
+            tiers.complete(plan, alloc.hashes, alloc.hit_idx, alloc.new_idx, now)
+            req.ready_at = plan.ready_at
+            if plan.restored_idx:  # restored blocks count as reused: only the rest is computed
+                reused = sorted(alloc.hit_idx + plan.restored_idx)
+            req.plan = None
+        req.cached_tokens = min(len(reused) * self.pool.block_size, req.input_tokens)
+        req.segments = _prefill_segments(req, reused, self.pool.block_size, req.generated if req.resumed else 0)
+        self.queued_prefill_tokens -= _prefill_len(req) - sum(s[1] for s in req.segments)
+        self.prefilling.append(req)
+        self._dirty = True
+
+    # ---- reorder ------------------------------------------------------------------
+    def _promote(self, now: float) -> None:
+        """The head does not fit: admit requests behind it (up to ``reorder_window`` tried) into
+        the memory it leaves idle. They are lent that memory and preempted once the head could run."""
+        waiting, max_running = self.waiting, self.settings.max_running
+        i, tried = 1, 0
+        while i < len(waiting) and tried < self.settings.reorder_window and self.num_running < max_running:
+            tried += 1
+            r = waiting[i]
+            try:
+                self._acquire(r, now)
+            except PoolBusyError:
+                i += 1
+                continue
+            del waiting[i]
+            self._start(r, now)
+            self.promotions += 1
+            self._promoted[r.order] = r
+            heapq.heappush(self._promoted_orders, r.order)
+            assert r.alloc is not None
+            _count_elements(self._lent, r.alloc.hashes)
+        self._dirty = False  # admissions here change nothing the head waits for
+
+    def _unlend(self, r: SchedRequest) -> None:
+        """``r`` is no longer preemptible (finished, preempted, or its turn came)."""
+        if self._promoted.pop(r.order, None) is None:
+            return
+        lent = self._lent
+        assert r.alloc is not None
+        for h in r.alloc.hashes:
+            left = lent[h] - 1
+            if left:
+                lent[h] = left
+            else:
+                del lent[h]
+
+    def _catch_up(self) -> None:
+        """After an admission in order: requests lent memory that arrived before the new head
+        would have run before it under FCFS, so they keep their memory (no longer reclaimable)."""
+        head = self.waiting[0].order if self.waiting else float("inf")
+        orders = self._promoted_orders
+        while orders and orders[0] < head:
+            r = self._promoted.get(heapq.heappop(orders))
+            if r is not None:
+                self._unlend(r)
+
+    def _reclaim_for(self, head: SchedRequest, now: float) -> bool:
+        """Preempt lent requests, youngest first, if taking all of them back lets ``head`` run.
+
+        Only requests admitted in arrival order (before ``head``) then hold memory the head cannot
+        take: once they have finished it runs, whatever arrives behind it. The head's wait is thus
+        bounded by the time its predecessors take (the bound the starvation test checks).
+        """
+        if not self._promoted:
+            return False
+        refs, lent = self.pool.pin_counts, self._lent
+        reclaimable = sum(1 for h, c in lent.items() if refs[h] == c)  # pinned by lent requests only
+        if not reclaimable:
+            return False
+        kept = len(refs) - reclaimable
+        overlap = sum(1 for h in head.hashes if refs.get(h, 0) > lent.get(h, 0))
+        if kept + len(head.hashes) - overlap > self.pool.capacity:
+            return False
+        for order in sorted(self._promoted, reverse=True):
+            self._preempt(self._promoted[order], now)
+            if self._fits(head.hashes):
+                break
+        return True
+
+    def _fits(self, hashes: Sequence[int]) -> bool:
+        refs = self.pool.pin_counts
+        return len(refs) + len(hashes) - sum(map(refs.__contains__, hashes)) <= self.pool.capacity
+
+    def _preempt(self, r: SchedRequest, now: float) -> None:
+        """Recompute preemption (vLLM): release the request's blocks, keep the tokens it
+        generated, and queue it again in arrival order; re-admission prefills its prompt (what
+        is still cached is a hit) and its generated tokens, then decoding goes on."""
+        if r.segments:
+            self.prefilling = deque(x for x in self.prefilling if x is not r)
+            self.queued_prefill_tokens -= sum(s[1] for s in r.segments)
+            r.segments = []
+        else:
+            self._done_at = [e for e in self._done_at if e[2] is not r]
+            heapq.heapify(self._done_at)
+            del self._decoders[id(r)]
+            self._dec_input -= r.input_tokens
+            self._dec_base -= r.base
+            r.generated = self._tick - r.base
+        self._unlend(r)
+        assert r.alloc is not None
+        self.pool.release(r.alloc, now)
+        r.alloc = None
+        r.preemptions += 1
+        self.preemptions += 1
+        r.t_queued = now
+        self.queued_prefill_tokens += _prefill_len(r)
+        waiting = self.waiting
+        i = 0
+        while i < len(waiting) and waiting[i].order < r.order:
+            i += 1
+        waiting.insert(i, r)
+        self._dirty = True
+        if self.on_preempt is not None:
+            self.on_preempt(r, now)
 
     def _prefill_chunks(self, budget: int, now: float = 0.0) -> tuple[float, int, list[SchedRequest]]:
         """FCFS chunks up to ``budget`` tokens; the requests it completes are a prefix of the queue.
@@ -263,6 +470,8 @@ class Scheduler:
     def _release(self, r: SchedRequest, result: StepResult, end: float) -> None:
         r.t_finished = end
         assert r.alloc is not None  # admitted requests hold an allocation
+        if self._promoted:
+            self._unlend(r)
         self.pool.release(r.alloc, end)
         stored: list[int] = []
         if self.keep_response_kv and r.response_hashes:  # colocated vLLM: the response's KV stays cached
@@ -271,6 +480,7 @@ class Scheduler:
             self.tiers.produced(stored, end)
             self.tiers.released([*r.alloc.hashes, *stored], end)
         result.finished.append(r)
+        self._dirty = True
 
     def _decode_time(self, batch: int, kv_tokens: int, steps: int) -> float:
         if batch == 0:
@@ -288,8 +498,15 @@ class Scheduler:
         return max(1, steps)
 
 
-def _prefill_segments(req: SchedRequest, hit_idx: list[int], block_size: int) -> list[list[int]]:
-    """Token ranges to compute: blocks not reused (holes included) and the partial tail."""
+def _prefill_len(req: SchedRequest) -> int:
+    """Tokens an admission prefills before any cache hit: the prompt, and the generated tokens
+    of a request preempted after its first token."""
+    return req.input_tokens + (req.generated if req.resumed else 0)
+
+
+def _prefill_segments(req: SchedRequest, hit_idx: list[int], block_size: int, extra: int = 0) -> list[list[int]]:
+    """Token ranges to compute: blocks not reused (holes included), the partial tail, and ``extra``
+    tokens after the prompt (a preempted request's generated tokens)."""
     n_blocks = len(req.hashes)
     segments: list[list[int]] = []
     prev = -1  # gaps between consecutive reused blocks are the holes to recompute
@@ -300,7 +517,7 @@ def _prefill_segments(req: SchedRequest, hit_idx: list[int], block_size: int) ->
             prev = i
     else:
         prev = len(hit_idx) - 1  # a leading run (or nothing) reused: one range after it
-    end = n_blocks * block_size + max(req.input_tokens - n_blocks * block_size, 0)  # + the partial tail
+    end = n_blocks * block_size + max(req.input_tokens - n_blocks * block_size, 0) + extra  # + the partial tail
     start = (prev + 1) * block_size
     if end > start:
         segments.append([start, end - start])

@@ -155,6 +155,7 @@ def test_redis_without_redis_server_names_what_to_install(tmp_path):
     (["--time-scale", "-1"], "--time-scale"),
     (["--set", "nope=1"], "nope"),
     (["--index", "mysql://x"], "--index"),
+    (["--scheduler", "lifo"], "--scheduler"),
 ])
 def test_bad_flags_exit_2_with_one_error_line(flags, field):
     res = run_kvemu("up", "--port", str(free_port()), *flags)

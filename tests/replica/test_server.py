@@ -170,3 +170,36 @@ def test_bad_command_line_exits_2_with_a_clear_error():
     res = subprocess.run([sys.executable, "-m", "replica", "--capacity-blocks", "10", "--policy", "nope"],
                          capture_output=True, text=True, timeout=30)
     assert res.returncode == 2 and "unknown policy 'nope'" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_reorder_scheduler_lends_idle_memory_and_preempts_for_the_head():
+    # 10 blocks: A (6 blocks, 30 tokens out, about 0.5 emulated s) runs; H (8 blocks) does not fit
+    # beside it; S (4 blocks, 60 tokens) behind H borrows the idle blocks and is preempted when A
+    # ends, since only S then stands between H and the memory it needs.
+    proc = start_replica("--scheduler", "reorder", capacity_blocks=10, time_scale=1.0)
+    try:
+        bodies = [{"token_ids": list(range(96)), "max_tokens": 30},
+                  {"token_ids": list(range(1000, 1128)), "max_tokens": 1},
+                  {"token_ids": list(range(2000, 2064)), "max_tokens": 60}]
+        out: dict[int, tuple] = {}
+
+        def send(i):
+            out[i] = http_json("POST", proc.url + "/generate", bodies[i])
+
+        threads = []
+        for i in range(3):
+            threads.append(threading.Thread(target=send, args=(i,)))
+            threads[-1].start()
+            time.sleep(0.1)
+        for t in threads:
+            t.join(30)
+        assert [out[i][0] for i in range(3)] == [200, 200, 200]
+        assert out[1][1]["e2e_s"] < out[2][1]["e2e_s"]  # S ends after H: preempted, recomputed, resumed
+        _, st = http_json("GET", proc.url + "/stats")
+        sched = st["scheduler"]
+        assert (sched["policy"], sched["promotions"], sched["preemptions"]) == ("reorder", 1, 1)
+        _, _, data = http("GET", proc.url + "/metrics")
+        line = next(x for x in data.decode().splitlines() if x.startswith("vllm:num_preemptions_total"))
+        assert line.endswith(" 1.0")
+    finally:
+        assert proc.stop() == 0

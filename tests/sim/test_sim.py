@@ -179,3 +179,32 @@ def test_keep_caches_the_response_so_the_next_turn_hits_it(response_kv, hits, ca
     run = simulate(two_turns(), SimSettings(capacity_blocks=100, response_kv=response_kv, cache_only=cache_only))
     assert run["response_kv"] == response_kv
     assert run["per_replica"][0]["block_hits"] == hits  # turn 1 reuses its 3 prompt blocks (+ 2 of response)
+
+
+def test_throughput_and_time_averaged_hbm_use_of_one_request():
+    # One request of 10 blocks alone on a 40-block replica: it holds 10 blocks from arrival to
+    # finish, the whole span, so HBM is a quarter used on average; 1 request over that span.
+    trace = Trace([TraceRequest(2.0, "s", 0, list(range(10)), 160, 4)], block_size=16, source="one")
+    run = simulate(trace, SimSettings(capacity_blocks=40))
+    span = run["e2e_p50_s"]
+    assert run["scheduler"] == "fcfs" and run["preemptions"] == 0
+    assert run["hbm_utilization"] == pytest.approx(0.25)
+    assert run["throughput_rps"] == pytest.approx(1 / span, rel=0.01)  # e2e p50 is a histogram quantile
+
+
+def test_reorder_runs_report_their_scheduler_and_preemptions():
+    # 12 blocks: a 7-block head arrives while a 6-block request runs; 3-block requests behind it
+    # borrow the idle blocks and one is preempted when the first request ends.
+    reqs = [TraceRequest(0.0, "a", 0, list(range(6)), 96, 30), TraceRequest(0.001, "h", 0, list(range(100, 107)), 112, 2)]
+    reqs += [TraceRequest(0.002 + k * 0.001, f"s{k}", 0, list(range(1000 * (k + 1), 1000 * (k + 1) + 3)), 48, 60)
+             for k in range(2)]
+    trace = Trace(reqs, block_size=16, source="hol")
+    fcfs = simulate(trace, SimSettings(capacity_blocks=12))
+    reorder = simulate(trace, SimSettings(capacity_blocks=12, scheduler="reorder"))
+    assert (fcfs["scheduler"], fcfs["preemptions"]) == ("fcfs", 0)
+    assert (reorder["scheduler"], reorder["preemptions"]) == ("reorder", 1)
+    assert reorder["served"] == fcfs["served"] == 4
+    assert reorder["hbm_utilization"] > fcfs["hbm_utilization"]
+    with pytest.raises(InputError) as err:
+        SimSettings(capacity_blocks=12, scheduler="sjf")
+    assert err.value.field == "scheduler"

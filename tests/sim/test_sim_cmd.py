@@ -70,3 +70,16 @@ def test_many_saturated_runs_make_one_warning(capsys):
                  "4000,18279", "--max-running", "1", "--no-reuse-distances", "--quiet"]) == 0
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("warning: 4 of 4 runs (worst: lru @ 4,000 blocks): the replica")
+
+
+def test_scheduler_flag_reaches_the_runs(tmp_path, capsys):
+    out_json = tmp_path / "runs.json"
+    args = ["sim", "--workload", "scm", "--duration", "120", "--capacity-blocks", "2000", "--no-reuse-distances",
+            "--quiet", "--jobs", "1", "--json", str(out_json)]
+    assert main([*args, "--scheduler", "reorder"]) == 0
+    run = json.loads(out_json.read_text())["runs"][0]
+    assert run["scheduler"] == "reorder" and run["preemptions"] >= 0
+    assert 0 < run["hbm_utilization"] <= 1 and run["throughput_rps"] > 0
+    capsys.readouterr()
+    assert main([*args, "--scheduler", "lifo"]) == 2
+    assert capsys.readouterr().err == "error: --scheduler: must be one of fcfs, reorder, got 'lifo'\n"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
+import hashlib
 import json
 import os
 import signal
@@ -216,3 +218,13 @@ def test_cache_only_table_shows_no_ttft_as_a_dash(trace_file, tmp_path, capsys):
     row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("lru ")]
     assert len(row) == 1 and row[0].split()[8:10] == ["-", "-"]  # ttft p50 / p99: no clock
     assert lines(out)[0]["ttft_p50_s"] is None
+
+
+def test_point_ids_of_default_settings_predate_the_scheduler_setting(trace_file):
+    ident = file_identity(str(trace_file), "kvemu", 16)
+    fcfs = SimSettings(capacity_blocks=600)
+    blob = json.dumps({"trace": ident, "settings": {k: v for k, v in dataclasses.asdict(fcfs).items()
+                                                    if k != "scheduler"}},
+                      sort_keys=True, default=str, separators=(",", ":"))
+    assert point_id(ident, fcfs) == hashlib.sha256(blob.encode()).hexdigest()[:16]  # as before `scheduler`
+    assert point_id(ident, SimSettings(capacity_blocks=600, scheduler="reorder")) != point_id(ident, fcfs)
