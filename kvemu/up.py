@@ -22,7 +22,9 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 
+from replica.core.tier_args import add_tier_args, tier_settings
 from shared.config import add_config_arg
+from shared.costmodel import CostModel
 from shared.errors import InputError, KvemuError
 
 PR_SET_PDEATHSIG = 1
@@ -142,11 +144,25 @@ def replica_args(i: int, port: int, a, index: str | None) -> list[str]:
             "--time-scale", str(a.time_scale), "--hit-mode", a.hit_mode, "--scheduler", a.scheduler]
     args += ["--capacity-blocks", str(a.capacity_blocks)] if a.capacity_blocks is not None else ["--capacity-gib",
                                                                                                   str(a.capacity_gib)]
+    args += tier_flags(a)
     if index:
         args += ["--index", index, "--cluster", a.cluster]
     if a.admin_token:
         args += ["--admin-token", a.admin_token]
     return args
+
+
+def tier_flags(a) -> list[str]:
+    """The memory-tier flags of `up`, passed on to every replica."""
+    out = ["--response-kv", a.response_kv, "--host-cache-gib", repr(a.host_cache_gib), "--ssd-cache-gib", repr(a.ssd_cache_gib),
+           "--tier-mode", a.tier_mode, "--fetch", a.fetch]
+    if a.tier_policy:
+        out += ["--tier-policy", a.tier_policy]
+    if a.host_link_gbps is not None:
+        out += ["--host-link-gbps", repr(a.host_link_gbps)]
+    if a.no_hbm_caching:
+        out.append("--no-hbm-caching")
+    return out
 
 
 def bring_up(a, log_dir: str | None = None) -> Cluster:
@@ -270,6 +286,10 @@ def add_cluster_args(p: argparse.ArgumentParser, replicas: int = 4) -> None:
                    help="router processes sharing the router port; a supervisor restarts any that dies")
     p.add_argument("--start-timeout", type=float, default=30.0)
     p.add_argument("--replica-base-port", type=int, default=0, help="replica i listens on BASE+i (default: free ports)")
+    p.add_argument("--response-kv", choices=("keep", "drop"), default="keep",
+                   help="keep (default): replicas cache each response's full blocks (colocated vLLM); drop: they"
+                        " do not (disaggregated prefill)")
+    add_tier_args(p)
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -297,6 +317,7 @@ def validate(a) -> None:
                         time_scale=a.time_scale, scheduler=a.scheduler)
     except InputError as exc:
         raise InputError(f"--{exc.field.replace('_', '-')}", exc.message) from None
+    tier_settings(a, CostModel.from_names(a.model, a.gpu), a.block_size)  # the replicas' tier flags, checked here
     get_strategy(a.routing)
     apply_overrides(RoutingSettings(block_size=a.block_size), parse_pairs(a.set))
     wanted = [("--port", a.port)] if getattr(a, "port", 0) else []

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 import aiohttp
 import msgpack
 
-from loadgen.trace import Trace, TraceRequest
+from loadgen.trace import Trace, TraceRequest, response_hashes
 from shared.histogram import LogHistogram
 from shared.progress import ProgressBar
 from shared.ratios import ratio
@@ -80,6 +80,7 @@ class Replayer:
         self.trace = trace
         self.speedup = speedup
         self.sessions = sessions_of(trace, max_requests)
+        self.responses = {id(r): h for r, h in zip(trace.requests, response_hashes(trace))}
         self.total = sum(len(v) for v in self.sessions.values())
         self.connections = connections
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
@@ -126,6 +127,9 @@ class Replayer:
         bs = self.trace.block_size
         input_tokens = max(r.input_tokens, len(r.hash_ids) * bs)
         body = {"block_hashes": r.hash_ids, "input_tokens": input_tokens, "max_tokens": max(r.output_tokens, 1)}
+        response = self.responses.get(id(r))
+        if response:  # what the response's blocks hash to: a replica that keeps response KV caches them
+            body["response_block_hashes"] = response
         headers = {"Content-Type": "application/msgpack", "Accept": "application/msgpack", "X-Session-Id": r.session}
         sent = time.monotonic()
         rec = Record(r.session, r.turn, 0, "", input_tokens, 0, len(r.hash_ids), 0, 0.0, 0.0, 0.0,

@@ -38,3 +38,40 @@ class Trace:
     block_size: int
     source: str = ""  # file path or workload name
     meta: dict = field(default_factory=dict)
+
+
+def response_hashes(trace: Trace) -> list[list[int]]:
+    """Per request: the hashes of the full blocks its response completes, chained after its prompt.
+
+    A colocated server caches them (``--response-kv keep``). The response is where the session's
+    next turn continues the conversation, so when that turn's prompt extends this one, its
+    blocks at those depths are the response's. Otherwise (the last turn, or a next prompt that
+    does not extend this one) they get hashes of their own, chained after the prompt, that no
+    later prompt shares. A request whose response completes no block gets none.
+    """
+    from shared.hashing import chain_ids, content_id
+
+    reqs = trace.requests
+    bs = trace.block_size
+    nxt: dict[int, int] = {}
+    last_of: dict[str, int] = {}
+    for k in sorted(range(len(reqs)), key=lambda k: (reqs[k].session, reqs[k].turn, reqs[k].t)):
+        prev = last_of.get(reqs[k].session)
+        if prev is not None:
+            nxt[prev] = k
+        last_of[reqs[k].session] = k
+    out: list[list[int]] = []
+    for k, r in enumerate(reqs):
+        own = r.hash_ids
+        m = (r.input_tokens + r.output_tokens) // bs - len(own)
+        if m <= 0:
+            out.append([])
+            continue
+        j = nxt.get(k)
+        later = reqs[j].hash_ids if j is not None else None
+        if later is not None and len(later) > len(own) and later[:len(own)] == own:
+            out.append(later[len(own):len(own) + m])
+        else:
+            parent = own[-1] if own else 0
+            out.append(chain_ids((content_id("response", r.session, r.turn, i) for i in range(m)), parent))
+    return out

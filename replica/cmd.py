@@ -7,6 +7,7 @@ import logging
 import sys
 
 from replica.core.scheduler import add_scheduler_arg
+from replica.core.tier_args import add_tier_args
 from shared.overrides import coerce, parse_pairs
 from shared.serve import add_server_args
 
@@ -33,6 +34,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster", default="default", help="namespace of the Redis index keys")
     p.add_argument("--admin-token", default=None, help="bearer token for /admin/* (or KVEMU_ADMIN_TOKEN)")
     p.add_argument("--shards-rate", type=float, default=0.1, help="sampling rate of online reuse distances")
+    p.add_argument("--response-kv", choices=("keep", "drop"), default="keep",
+                   help="keep (default): cache each response's full blocks so the next turn hits them, as a"
+                        " colocated vLLM does; drop: do not (a disaggregated prefill instance)")
+    add_tier_args(p)
     add_server_args(p)
     p.add_argument("--log-level", default="warning")
 
@@ -42,7 +47,9 @@ def configure(p: argparse.ArgumentParser) -> None:
 def settings_from_args(args):
     import os
 
+    from replica.core.tier_args import tier_settings
     from replica.settings import ReplicaSettings
+    from shared.costmodel import CostModel
 
     params = tuple((k, coerce(v)) for k, v in parse_pairs(args.policy_param).items())
     return ReplicaSettings(
@@ -54,7 +61,9 @@ def settings_from_args(args):
         admin_token=args.admin_token or os.environ.get("KVEMU_ADMIN_TOKEN") or None, shards_rate=args.shards_rate,
         cluster_token=args.cluster_token or os.environ.get("KVEMU_CLUSTER_TOKEN") or None,
         max_connections=args.max_connections, parse_workers=args.parse_workers,
-        header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout)
+        header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
+        tiers=tier_settings(args, CostModel.from_names(args.model, args.gpu), args.block_size),
+        response_kv=args.response_kv)
 
 
 def run(args) -> int:

@@ -83,7 +83,8 @@ class Engine:
         return self._emu_now
 
     # ---- requests ---------------------------------------------------------------
-    def submit(self, hashes, prompt_tokens: int, max_tokens: int, session: str | None, stream: bool) -> Handle:
+    def submit(self, hashes, prompt_tokens: int, max_tokens: int, session: str | None, stream: bool,
+               response_hashes=None) -> Handle:
         """Queue a request; raises InputError subclasses (pool too small, queue full)."""
         loop = asyncio.get_running_loop()
         if not self.sched.has_work():
@@ -93,6 +94,8 @@ class Engine:
             self._reanchor()
         now = self._emu_now
         req = SchedRequest(next(self._ids), hashes, prompt_tokens, max_tokens, now, session)
+        if response_hashes:
+            req.response_hashes = response_hashes
         self.sched.submit(req)
         handle = Handle(req, time.monotonic(), loop.create_future(), loop.create_future(),
                         asyncio.Queue() if stream else None)

@@ -109,6 +109,32 @@ class ReplicaCollector:
                       st.feed.dropped_batches)
         yield from self._reuse(values)
         yield from self._adaptive(values)
+        yield from self._tiers(values)
+
+    def _tiers(self, values: list[str]):
+        tiers = self.state.core.tiers
+        if tiers is None:
+            return
+        c = tiers.counters
+        fam = CounterMetricFamily("kvemu_tier_block_hits", "Prompt blocks found per memory tier (hbm: reused in "
+                                  "place; host, ssd: restored from there).", labels=LABELS + ["tier"])
+        for tier, hits in (("hbm", c.hbm_hits), ("host", c.host_hits), ("ssd", c.ssd_hits)):
+            fam.add_metric([*values, tier], hits)
+        yield fam
+        fam = CounterMetricFamily("kvemu_tier_recomputed_blocks", "Blocks a lower tier held but were recomputed "
+                                  "(the fetch decision).", labels=LABELS)
+        fam.add_metric(values, c.recomputed)
+        yield fam
+        fam = CounterMetricFamily("kvemu_tier_bytes_moved", "Bytes moved per link direction.",
+                                  labels=LABELS + ["link"])
+        for link in (tiers.h2d, tiers.d2h, tiers.ssd_link):
+            fam.add_metric([*values, link.name], link.bytes_moved)
+        yield fam
+        used = GaugeMetricFamily("kvemu_tier_used_blocks", "Blocks held per lower tier.", labels=LABELS + ["tier"])
+        for name, tier in (("host", tiers.host), ("ssd", tiers.ssd)):
+            if tier is not None:
+                used.add_metric([*values, name], tier.used)
+        yield used
 
     def _adaptive(self, values: list[str]):
         policy = self.state.pool.policy

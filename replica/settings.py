@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from replica.core.build import CoreSettings
 from replica.core.policies import policy_class, policy_names
 from replica.core.scheduler import check_scheduler
+from replica.core.tiers import TierSettings
 from shared.auth import check_bind
 from shared.costmodel import CostModel
 from shared.errors import InputError, UnknownNameError
@@ -59,6 +60,8 @@ class ReplicaSettings:
     feed_max_batches: int = 4096  # the embedded feed keeps this many recent batches
     feed_max_hashes: int = 1 << 18  # ... holding at most this many hashes (about 12 MB)
     seed: int = 0
+    tiers: TierSettings = TierSettings()  # host DRAM / SSD below HBM (replica.core.tiers)
+    response_kv: str = "keep"  # keep: cache each response's full blocks (colocated vLLM); drop: do not
 
     def __post_init__(self) -> None:
         if self.policy not in live_policy_names():  # an oracle needs the future: `kvemu sim` only
@@ -113,8 +116,8 @@ class ReplicaSettings:
             capacity_blocks=self.resolved_capacity_blocks(), policy=self.policy, policy_params=self.policy_params,
             block_size=self.block_size, hit_mode=self.hit_mode, token_budget=self.token_budget,
             max_running=self.max_running, max_waiting=self.max_waiting, scheduler=self.scheduler, reuse="shards",
-            shards_rate=self.shards_rate,
-            shards_max_tracked=self.shards_max_tracked, seed=self.seed, emit_events=True, oracles=False)
+            shards_rate=self.shards_rate, shards_max_tracked=self.shards_max_tracked, seed=self.seed, emit_events=True,
+            oracles=False, tiers=self.tiers, response_kv=self.response_kv)
 
     def cost_model(self) -> CostModel:
         return CostModel.from_names(self.model, self.gpu)

@@ -42,7 +42,9 @@ async def _parse(request: web.Request) -> protocol.GenerateSpec:
 
 
 def _submit(request: web.Request, spec: protocol.GenerateSpec) -> Handle:
-    return _state(request).engine.submit(spec.hashes, spec.prompt_tokens, spec.max_tokens, spec.session, spec.stream)
+    keep = _settings(request).response_kv == "keep"
+    return _state(request).engine.submit(spec.hashes, spec.prompt_tokens, spec.max_tokens, spec.session, spec.stream,
+                                         spec.response_hashes if keep else None)
 
 
 def _usage(handle: Handle) -> dict:
@@ -103,7 +105,7 @@ async def _openai(request: web.Request, chat: bool) -> web.StreamResponse:
 def _text_seed(handle: Handle) -> int:
     """The same prompt gets the same words, streamed or not."""
     r = handle.req
-    return (r.hashes[-1] if r.hashes else r.input_tokens) % 1_000_003
+    return protocol.response_seed(list(r.hashes[-1:]), r.input_tokens)
 
 
 async def _stream(request, handle: Handle, spec, rid: str, created: int, chat: bool) -> web.StreamResponse:
@@ -191,6 +193,8 @@ async def stats(request: web.Request) -> web.Response:
     })
     if state.shipper is not None:
         out["index_shipper"] = state.shipper.stats()
+    if state.core.tiers is not None:
+        out["tiers"] = state.core.tiers.stats()
     return respond(request, out)
 
 

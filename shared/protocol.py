@@ -14,7 +14,7 @@ import msgpack
 
 from shared import tokenizer
 from shared.errors import InputError
-from shared.hashing import block_hashes
+from shared.hashing import ROOT_HASH, block_hashes
 
 MSGPACK = "application/msgpack"
 MAX_U64 = 2**64 - 1
@@ -32,6 +32,9 @@ class GenerateSpec:
     kind: str  # "generate" | "completion" | "chat"
     model: str = "kvemu"
     include_usage: bool = False
+    # Hashes of the full blocks the response completes, chained after the prompt, when they can
+    # be known: what a replica that keeps response KV caches (None: it cannot keep them).
+    response_hashes: list[int] | None = None
 
 
 def decode_body(raw: bytes, content_type: str) -> dict:
@@ -138,7 +141,10 @@ def parse_generate(obj: dict, block_size: int, limits: tuple[int, int], header_s
     assert prompt_tokens is not None  # a default was given
     if prompt_tokens < len(hashes) * block_size:
         raise InputError("input_tokens", f"{prompt_tokens} is fewer than {len(hashes)} full blocks hold")
-    return GenerateSpec(hashes, prompt_tokens, max_tokens, session, stream, "generate")
+    response = None  # a trace-driven client may say what the response's blocks hash to (its next turn)
+    if obj.get("response_block_hashes") is not None:
+        response = _hash_list(obj["response_block_hashes"], "response_block_hashes", max_out // block_size + 1)
+    return GenerateSpec(hashes, prompt_tokens, max_tokens, session, stream, "generate", response_hashes=response)
 
 
 def _prompt_tokens(prompt: Any, max_prompt: int, unwrapped: bool = False) -> list[int]:
@@ -278,8 +284,28 @@ def parse_openai(obj: dict, chat: bool, block_size: int, limits: tuple[int, int]
         if "prompt" not in obj:
             raise InputError("prompt", "missing")
         tokens = _prompt_tokens(obj["prompt"], max_prompt)
-    return GenerateSpec(block_hashes(tokens, block_size), len(tokens), max_tokens,
-                        _session(obj, header_session), stream, "chat" if chat else "completion", model, include_usage)
+    hashes = block_hashes(tokens, block_size)
+    return GenerateSpec(hashes, len(tokens), max_tokens, _session(obj, header_session), stream,
+                        "chat" if chat else "completion", model, include_usage,
+                        _response_hashes(tokens, hashes, max_tokens, block_size, chat))
+
+
+def response_seed(hashes: list[int], prompt_tokens: int) -> int:
+    """The seed of a prompt's emulated response words: the same prompt gets the same words."""
+    return (hashes[-1] if hashes else prompt_tokens) % 1_000_003
+
+
+def _response_hashes(tokens: list[int], hashes: list[int], max_tokens: int, block_size: int,
+                     chat: bool) -> list[int]:
+    """The blocks a client continuing the conversation will send: the prompt, the response, and
+    (chat) the end of the assistant turn, as the chat template renders the next turn."""
+    text = tokenizer.filler_text(max_tokens, response_seed(hashes, len(tokens)))
+    # The template ends "assistant\n", and the tokenizer glues leading whitespace to the next
+    # word, so the continuation's tokens are the prompt's followed by these.
+    more = tokenizer.encode("\n" + text + "<|im_end|>\n") if chat else tokenizer.encode(text)
+    done = len(hashes) * block_size
+    tail = tokens[done:] + more
+    return block_hashes(tail, block_size, hashes[-1] if hashes else ROOT_HASH)
 
 
 def error_body(status: int, field: str | None, message: str) -> dict:

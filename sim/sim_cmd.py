@@ -11,6 +11,7 @@ from loadgen.source import add_source_args, load_source, trace_name
 from loadgen.trace import Trace
 from replica.core.policies import policy_class
 from replica.core.scheduler import add_scheduler_arg, check_scheduler
+from replica.core.tier_args import add_tier_args, tier_settings
 from router.strategies import RoutingSettings, get_strategy
 from shared.cli import check_outputs
 from shared.config import add_config_arg
@@ -42,6 +43,10 @@ def add_emulation_args(p: argparse.ArgumentParser) -> None:
                         " (default: every request at its trace time)")
     p.add_argument("--routing-set", action="append", default=[], metavar="NAME=VALUE",
                    help="routing setting, as `kvemu up --set` (e.g. bounded_load_factor=1.5)")
+    p.add_argument("--response-kv", choices=("keep", "drop"), default="drop",
+                   help="keep: cache each response's full blocks, so the next turn hits them (colocated vLLM);"
+                        " drop (default): the next turn recomputes them (disaggregated prefill)")
+    add_tier_args(p)
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -128,7 +133,8 @@ def run(args) -> int:
                         hit_mode=args.hit_mode, seed=args.seed, model=args.model, gpu=args.gpu,
                         token_budget=args.token_budget, max_running=args.max_running, scheduler=args.scheduler,
                         reuse="off" if args.no_reuse_distances else args.reuse, causal=args.causal,
-                        routing_settings=routing, cache_only=args.cache_only)
+                        routing_settings=routing, cache_only=args.cache_only, response_kv=args.response_kv,
+                        tiers=tier_settings(args, CostModel.from_names(args.model, args.gpu), trace.block_size))
             for pol in policies for c in caps]  # validates every name before the first run
     runs = run_serial(trace, grid, args.quiet) if args.jobs == 1 or len(grid) == 1 else \
         run_parallel(trace, grid, args.jobs, args.quiet)

@@ -17,11 +17,12 @@ from itertools import chain
 
 import numpy as np
 
-from loadgen.trace import Trace
+from loadgen.trace import Trace, response_hashes
 from replica.core.build import CoreSettings, build_core
 from replica.core.policies import policy_class
 from replica.core.pool import BlockPool
 from replica.core.scheduler import SchedRequest, Scheduler, StepResult, check_scheduler
+from replica.core.tiers import TierSettings, TierStack
 from router.strategies import ReplicaState, RouteRequest, RoutingSettings, RoutingStep, strategy_spec
 from shared.costmodel import CostModel
 from shared.errors import InputError
@@ -60,10 +61,17 @@ class SimSettings:
     # Cache-only replay: requests one at a time in trace order through routing, pool and policy
     # only; no scheduler and no cost-model clock (so no queue to overflow), as cache simulators do.
     cache_only: bool = False
+    # Host DRAM / SSD tiers below HBM (capacities in blocks); none by default.
+    tiers: TierSettings = TierSettings()
+    # "keep": a finished request's response blocks are cached, as a colocated vLLM does (the next
+    # turn hits them); "drop": they are not (a disaggregated prefill instance). See replica.core.
+    response_kv: str = "drop"
 
     def __post_init__(self) -> None:
         check_positive_int("replicas", self.replicas)
         check_positive_int("capacity_blocks", self.capacity_blocks)
+        if self.response_kv not in ("keep", "drop"):
+            raise InputError("response_kv", f"must be keep or drop, got {self.response_kv!r}")
         if self.reuse not in ("auto", "sampled", "exact", "off"):
             raise InputError("reuse", f"must be auto, sampled, exact or off, got {self.reuse!r}")
         check_number("shards_rate", self.shards_rate, above=0, maximum=1)
@@ -89,6 +97,7 @@ class _Replica:
     pending: StepResult | None = None  # the step whose end is busy_until
     ttft: LogHistogram = field(default_factory=LogHistogram)
     busy_s: float = 0.0  # emulated seconds spent in scheduler steps
+    tiers: TierStack | None = None  # host / SSD below this replica's HBM
 
 
 class NextUses:
@@ -183,9 +192,10 @@ def _build_replica(i: int, s: SimSettings, block_size: int, cost: CostModel, ind
         hit_mode=s.hit_mode, token_budget=s.token_budget, max_running=s.max_running, scheduler=s.scheduler,
         reuse={"sampled": "shards", "exact": "exact", "off": "off"}[s.reuse_mode], shards_rate=s.shards_rate,
         shards_max_tracked=1 << 62, seed=s.seed, emit_events=indexed, oracles=True,
-        stream_tokens=False), cost)
+        stream_tokens=False, tiers=s.tiers, response_kv=s.response_kv), cost)
     rid = f"replica-{i}"  # the ids `kvemu up` gives, so session routing hashes the same ring
-    return _Replica(rid, core.pool, core.scheduler, ReplicaState(rid, capacity_blocks=s.capacity_blocks))
+    return _Replica(rid, core.pool, core.scheduler, ReplicaState(rid, capacity_blocks=s.capacity_blocks),
+                    tiers=core.tiers)
 
 
 class Simulation:
@@ -199,6 +209,8 @@ class Simulation:
         self.replicas = [_build_replica(i, settings, trace.block_size, self.cost, indexed)
                          for i in range(settings.replicas)]
         self.by_id = {r.rid: r for r in self.replicas}
+        self.tiered = any(rep.tiers is not None for rep in self.replicas)
+        self.responses = response_hashes(trace) if settings.response_kv == "keep" else None
         self.states = [rep.state for rep in self.replicas]
         self.index = PoolIndex([r.rid for r in self.replicas], settings.capacity_blocks) if indexed else None
         self.router = RoutingStep(spec, settings.routing_settings or RoutingSettings(block_size=trace.block_size),
@@ -237,9 +249,11 @@ class Simulation:
             self.last_arrival = t
             r = reqs[k]
             rep, _ = self._route(r)
-            rep.sched.submit(SchedRequest(k, r.hash_ids, r.input_tokens, max(r.output_tokens, 1), t, r.session,
-                                          future.of(k) if future else None,
-                                          future.position(k) if future else None))
+            req = SchedRequest(k, r.hash_ids, r.input_tokens, max(r.output_tokens, 1), t, r.session,
+                               future.of(k) if future else None, future.position(k) if future else None)
+            if self.responses is not None:
+                req.response_hashes = self.responses[k]
+            rep.sched.submit(req)
             rep.state.queued_tokens = rep.sched.queued_prefill_tokens
             if rep.busy_until == INF:
                 seq = self._start_step(rep, t, arrivals.peek(), busy, seq)
@@ -255,9 +269,16 @@ class Simulation:
         n = len(reqs)
         for k, r in enumerate(reqs):
             rep, view = self._route(r)
-            rep.pool.serve(r.hash_ids, session=r.session, now=r.t, input_tokens=r.input_tokens,
-                           next_use=future.of(k) if future else None,
-                           position=future.position(k) if future else None)
+            plan = rep.tiers.plan(r.hash_ids, r.t) if rep.tiers is not None else None
+            alloc = rep.pool.serve(r.hash_ids, session=r.session, now=r.t, input_tokens=r.input_tokens,
+                                   next_use=future.of(k) if future else None,
+                                   position=future.position(k) if future else None)
+            if plan is not None and rep.tiers is not None:  # no clock here: transfers only count bytes
+                rep.tiers.complete(plan, alloc.hashes, alloc.hit_idx, alloc.new_idx, r.t)
+            stored = rep.pool.store(self.responses[k], r.session, r.t) if self.responses is not None else []
+            if rep.tiers is not None:
+                rep.tiers.produced(stored, r.t)
+                rep.tiers.released([*alloc.hashes, *stored], r.t)
             if self.index is not None:
                 self.index.sync(rep.rid, rep.pool)
             self.router.done(rep.state, view)
@@ -274,6 +295,10 @@ class Simulation:
             overlap = self.index.lookup(r.hash_ids)
         elif self.router.uses_index:
             overlap = {rep.rid: rep.pool.prefix_match(r.hash_ids) for rep in self.replicas}
+        if self.router.uses_index and self.tiered:
+            for rep in self.replicas:
+                if rep.tiers is not None:
+                    overlap.update(rep.tiers.lower_overlap(rep.rid, r.hash_ids, overlap.get(rep.rid, 0)))
         view = RouteRequest(r.session, len(r.hash_ids), r.input_tokens)
         _, pos = self.router.route(self.states, view, overlap)
         return self.replicas[pos], view
@@ -340,6 +365,7 @@ class Simulation:
             "replicas": self.s.replicas,
             "routing": self.s.routing,
             "hit_mode": self.s.hit_mode,
+            "response_kv": self.s.response_kv,
             "max_running": self.s.max_running,
             "scheduler": None if self.s.cache_only else self.s.scheduler,
             "block_size": self.block_size,
@@ -351,6 +377,7 @@ class Simulation:
             **counts.ratios(),
             "holes": {"total": holes, "mean_per_request": ratio(holes, requests)},
             "evictions": evictions,
+            **self._tier_report(counts),
             **self._latencies(timed is not None),
             **self._throughput(timed is not None, preemptions),
             "load_imbalance": (max(reqs) / mean_load) if mean_load else 0.0,
@@ -363,11 +390,34 @@ class Simulation:
         }
 
 
+    def _tier_report(self, counts: CacheCounts) -> dict:
+        """Per-tier hit ratios over block accesses (without tiers, HBM's is the block hit ratio)."""
+        stacks = [rep.tiers for rep in self.replicas if rep.tiers is not None]
+        if not stacks:
+            hbm = ratio(counts.block_hits, counts.block_accesses)
+            return {"hbm_block_hit_ratio": hbm, "host_block_hit_ratio": 0.0, "ssd_block_hit_ratio": 0.0,
+                    "fetched_blocks": 0, "recomputed_blocks": counts.block_accesses - counts.block_hits}
+        c = [t.counters for t in stacks]
+        n = sum(x.accessed_blocks for x in c)
+        hbm, host, ssd = (sum(getattr(x, k) for x in c) for k in ("hbm_hits", "host_hits", "ssd_hits"))
+        moved: dict[str, int] = {}
+        for t in stacks:
+            for link, b in t.stats()["bytes_moved"].items():
+                moved[link] = moved.get(link, 0) + b
+        s = stacks[0].settings
+        return {"hbm_block_hit_ratio": ratio(hbm, n), "host_block_hit_ratio": ratio(host, n),
+                "ssd_block_hit_ratio": ratio(ssd, n), "fetched_blocks": host + ssd,
+                "recomputed_blocks": n - hbm - host - ssd, "tiers": {
+                    "mode": s.mode, "fetch": s.fetch, "host_blocks": s.host_blocks, "ssd_blocks": s.ssd_blocks,
+                    "host_policy": s.host_policy, "ssd_policy": s.ssd_policy, "host_link_gbps": s.host_link_gbps,
+                    "bytes_moved": moved, "demoted_blocks": sum(x.demoted for x in c),
+                    "dropped_blocks": sum(x.dropped for x in c)}}
+
     def _latencies(self, timed: bool) -> dict[str, float | None]:
         hists = {"ttft": self.ttft, "queue": self.queue, "e2e": self.e2e}
         out: dict[str, float | None] = {}
-        for name, q in (("ttft_p50_s", 0.5), ("ttft_p99_s", 0.99), ("queue_p99_s", 0.99), ("e2e_p50_s", 0.5),
-                        ("e2e_p99_s", 0.99)):
+        for name, q in (("ttft_p50_s", 0.5), ("ttft_p95_s", 0.95), ("ttft_p99_s", 0.99), ("queue_p99_s", 0.99),
+                        ("e2e_p50_s", 0.5), ("e2e_p99_s", 0.99)):
             out[name] = hists[name.split("_")[0]].quantile(q) if timed else None
         return out
 

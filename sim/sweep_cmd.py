@@ -20,8 +20,10 @@ from loadgen.formats import detect_format
 from loadgen.source import add_source_args, load_source
 from replica.core.policies import policy_class
 from replica.core.scheduler import check_scheduler
+from replica.core.tier_args import tier_settings
 from router.strategies import RoutingSettings, get_strategy
 from shared.config import add_config_arg
+from shared.costmodel import CostModel
 from shared.errors import InputError
 from shared.overrides import apply_overrides, parse_pairs
 from shared.validate import check_positive
@@ -113,6 +115,7 @@ def _identity(args, trace) -> tuple[dict, dict]:
 
 def build_grid(args, trace, identity: dict, policies, routings, replicas, caps) -> list:
     routing = apply_overrides(RoutingSettings(block_size=trace.block_size), parse_pairs(args.routing_set))
+    tiers = tier_settings(args, CostModel.from_names(args.model, args.gpu), trace.block_size)
     points: dict[str, Point] = {}
     for rt in routings:
         for k in replicas:
@@ -124,7 +127,8 @@ def build_grid(args, trace, identity: dict, policies, routings, replicas, caps) 
                                     seed=args.seed, model=args.model, gpu=args.gpu, token_budget=args.token_budget,
                                     max_running=args.max_running, scheduler=args.scheduler,
                                     reuse="exact" if args.reuse_distances else "off", routing_settings=routing,
-                                    causal=args.causal, cache_only=args.cache_only)
+                                    causal=args.causal, cache_only=args.cache_only, response_kv=args.response_kv,
+                                    tiers=tiers)
                     p = make_point(identity, s)
                     points.setdefault(p.id, p)
     return list(points.values())

@@ -139,6 +139,10 @@ def _axes(plt, ncombos: int):
 def _ttft_lines(ax, recs: list[dict], colors: dict) -> None:
     import matplotlib.ticker as mticker
 
+    if any(r["ttft_p50_s"] is None for r in recs):  # cache-only replay: no clock, so no latency
+        ax.text(0.5, 0.5, "cache-only replay:\nno clock, no TTFT", ha="center", va="center",
+                transform=ax.transAxes, fontsize=10, color="0.4")
+        return
     _policy_lines(ax, recs, "ttft_p50_s", colors, label="_p50")
     _policy_lines(ax, recs, "ttft_p99_s", colors, ls="--", label="_p99")
     if all(r["ttft_p50_s"] > 0 for r in recs):
@@ -194,8 +198,9 @@ def sweep_figure(records: list[dict], mrc_records: list[dict], mean_field=None, 
     if len(shown) < len(distinct):
         more = f"; {len(distinct) - 1} more routing x replicas combination(s) in the results only"
     source = trace_name(first.get("trace", {}).get("source", ""))
+    mode = "cache-only" if first.get("mode") == "cache_only" else f"max_running {first['settings']['max_running']}"
     fig.suptitle(f"{source}: {', '.join(policies)} by capacity; {first['model']} on {first['gpu']}, "
-                 f"max_running {first['settings']['max_running']}{more}", fontsize=11)
+                 f"{mode}{more}", fontsize=11)
     bottom = 0.03 + 0.022 * ((len(labels) + 2) // 3) if legend_ax is None else 0
     fig.tight_layout(rect=(0, bottom, 1, 0.97))
     thin_overlapping_ticks(fig)

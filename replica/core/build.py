@@ -10,10 +10,12 @@ from replica.core.policies import make_policy
 from replica.core.pool import BlockPool
 from replica.core.reuse import ReuseDistanceTracker, ShardsTracker
 from replica.core.scheduler import Scheduler, SchedulerSettings, check_scheduler
+from replica.core.tiers import TierSettings, TierStack
 from shared.costmodel import CostModel
 from shared.errors import InputError
 
 REUSE_MODES = ("exact", "shards", "off")
+RESPONSE_KV = ("keep", "drop")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,8 +40,14 @@ class CoreSettings:
     emit_events: bool = True
     oracles: bool = False
     stream_tokens: bool = True  # report per-request decoded tokens each step (the live replica streams them)
+    tiers: TierSettings = TierSettings()  # host DRAM / SSD below HBM (none by default)
+    # "keep": a finished request's response blocks are cached (a colocated vLLM); "drop": they are
+    # not (a disaggregated prefill instance, the estimator's theoretical variant)
+    response_kv: str = "drop"
 
     def __post_init__(self) -> None:
+        if self.response_kv not in RESPONSE_KV:
+            raise InputError("response_kv", f"must be keep or drop, got {self.response_kv!r}")
         if self.reuse not in REUSE_MODES:
             raise InputError("reuse", f"must be one of {', '.join(REUSE_MODES)}, got {self.reuse!r}")
         check_scheduler(self.scheduler)
@@ -51,6 +59,7 @@ class ReplicaCore:
 
     pool: BlockPool
     scheduler: Scheduler
+    tiers: TierStack | None = None
 
     @property
     def metrics(self) -> PoolMetrics:
@@ -79,7 +88,8 @@ def build_core(s: CoreSettings, cost: CostModel) -> ReplicaCore:
                           reuse_tracker=_reuse_tracker(s))
     pool = BlockPool(s.capacity_blocks, policy, block_size=bs, hit_mode=s.hit_mode, metrics=metrics,
                      emit_events=s.emit_events, block_cost=costs)
+    tiers = TierStack(s.tiers, pool, cost.block_bytes(bs), costs) if s.tiers.enabled else None
     sched = Scheduler(pool, cost, SchedulerSettings(token_budget=s.token_budget, max_running=s.max_running,
                                                     max_waiting=s.max_waiting, policy=s.scheduler),
-                      report_decoded=s.stream_tokens)
-    return ReplicaCore(pool, sched)
+                      report_decoded=s.stream_tokens, tiers=tiers, keep_response_kv=s.response_kv == "keep")
+    return ReplicaCore(pool, sched, tiers)

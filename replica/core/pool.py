@@ -76,6 +76,8 @@ class BlockPool:
                                             MappingProxyType(self.resident))
         self.policy = policy
         policy.bind(self.policy_context)
+        # Told of every eviction's victims (a lower memory tier demotes them); None: they are gone.
+        self.evicted_sink: Callable[[list[int]], None] | None = None
 
     # ---- queries (no side effects) -----------------------------------------------
     @property
@@ -188,6 +190,27 @@ class BlockPool:
         if freed:
             self.policy.on_release(freed, now)
 
+    def store(self, hashes: Sequence[int], session: str | None = None, now: float = 0.0) -> list[int]:
+        """Cache blocks a request produced beyond its prompt (its response's KV, vLLM colocated).
+
+        Not a lookup: no hit metrics. Blocks already resident are left as they are; the others are
+        inserted (evicting through the policy) while evictable room lasts, shallowest first, and
+        released at once. Returns the hashes inserted.
+        """
+        res = self.resident
+        new = [h for h in dict.fromkeys(hashes) if h not in res]
+        room = self.capacity - len(self._refs)  # pinned blocks stay; everything else may go
+        new = new[:max(room, 0)]
+        if not new:
+            return []
+        shortfall = len(new) - (self.capacity - len(res))
+        if shortfall > 0:
+            self._evict(shortfall)
+        self._insert(new, session)
+        self.policy.on_access(Access(new, [], list(range(len(new))), now, session, None))
+        self.release(Allocation(new, [], list(range(len(new))), [], session), now)
+        return new
+
     def serve(self, hashes: Sequence[int], **kw) -> Allocation:
         """Acquire and release at once: a request served alone (the simulator's path)."""
         alloc = self.acquire(hashes, **kw)
@@ -208,6 +231,15 @@ class BlockPool:
             if self.resident:
                 self.events.append(KvEvent("stored", tuple(self.resident)))
         return len(dropped)
+
+    def remove(self, hashes: Sequence[int]) -> None:
+        """Drop unpinned resident blocks (a block promoted out of a lower tier); others are ignored."""
+        gone = [h for h in hashes if h in self.resident and h not in self._refs]
+        for h in gone:
+            self.policy.on_remove(h)
+        self._forget(gone)
+        if self.emit_events and gone:
+            self.events.append(KvEvent("removed", tuple(gone)))
 
     def set_policy(self, policy: EvictionPolicy, now: float = 0.0) -> None:
         """Switch policy live, keeping resident blocks; the oldest resident block becomes the first victim.
@@ -293,6 +325,8 @@ class BlockPool:
         self.metrics.evictions += len(victims)
         if self.emit_events and victims:
             self.events.append(KvEvent("removed", tuple(victims)))
+        if self.evicted_sink is not None and victims:
+            self.evicted_sink(victims)
 
     def _forget(self, hashes: Sequence[int]) -> None:
         """Drop resident blocks: owners' footprints shrink; never-reused ones count as one-hit."""

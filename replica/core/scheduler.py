@@ -17,11 +17,17 @@ their blocks are released, they keep the tokens they generated and wait again in
 order) as soon as that lets the head run. A head waits only for the requests admitted in
 order before it (the bound is in ``_reclaim_for``).
 
-Only prompt blocks are cache blocks: the KV of generated tokens is not hashed or kept
-(as on a disaggregated prefill instance, seed 000); the next turn's prompt carries the
-response as new prompt blocks. Nor does it take blocks while decoding, so a request
-admitted with its prompt's blocks never runs out of memory: ``fcfs`` never preempts
-(vLLM's recompute preemption when decode runs out of blocks has nothing to act on).
+Where generated KV lives: with ``keep_response_kv`` (a colocated vLLM) a finished request's
+full response blocks (``SchedRequest.response_hashes``, chained after its prompt) are cached,
+so the next turn's prompt hits them; without it (a disaggregated prefill instance, seed 000)
+they are dropped and the next turn recomputes the response as new prompt blocks. Decode KV is
+not counted against the pool while a request runs, so a request admitted with its prompt's
+blocks never runs out of memory: ``fcfs`` never preempts (vLLM's recompute preemption when
+decode runs out of blocks has nothing to act on).
+
+With memory tiers (``tiers``), every acquisition is wrapped: ``TierStack.plan`` before it (what
+host / SSD restore), ``complete`` after it (transfers queued; restored blocks count as reused),
+``cancel`` when it fails; a restore overlaps the request's prefill layer by layer.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from replica.core.pool import Allocation, BlockPool, PoolBusyError, PoolCapacityError
+from replica.core.tiers import FetchPlan, TierStack
 from shared.costmodel import CostModel
 from shared.errors import InputError, KvemuError
 from shared.validate import check_positive_int
@@ -81,6 +88,11 @@ class SchedRequest:
     cached_tokens: int = 0
     generated: int = 0  # exact once the request finished; while decoding see Scheduler._tick
     base: int = 0  # decode tick at which generated would have been 0 (the scheduler's bookkeeping)
+    ready_at: float = 0.0  # when its restore from a lower memory tier ends (0: nothing restored)
+    # Hashes of the full blocks its response completes (chained after the prompt's): cached when
+    # it finishes if the core keeps response KV (``keep_response_kv``); empty: nothing to keep.
+    response_hashes: Sequence[int] = ()
+    plan: FetchPlan | None = None  # tiers: what its current acquisition restores
     t_admitted: float = -1.0
     t_first_token: float = -1.0
     t_finished: float = -1.0
@@ -130,8 +142,11 @@ class Scheduler:
     """
 
     def __init__(self, pool: BlockPool, cost: CostModel, settings: SchedulerSettings | None = None,
-                 *, report_decoded: bool = True) -> None:
+                 *, report_decoded: bool = True, tiers: TierStack | None = None,
+                 keep_response_kv: bool = False) -> None:
         self.pool = pool
+        self.tiers = tiers
+        self.keep_response_kv = keep_response_kv
         self.cost = cost
         self.settings = settings or SchedulerSettings()
         self.report_decoded = report_decoded
@@ -201,7 +216,7 @@ class Scheduler:
         self._admit(now)
         n_dec = len(self._done_at)
         budget = self.settings.token_budget - n_dec
-        prefill_time, prefill_tokens, completed = self._prefill_chunks(budget)
+        prefill_time, prefill_tokens, completed = self._prefill_chunks(budget, now)
         kv_tokens = self._dec_input + n_dec * self._tick - self._dec_base
         steps = 1
         if prefill_tokens == 0 and n_dec:  # nothing admissible until a request finishes
@@ -259,8 +274,16 @@ class Scheduler:
                 self._catch_up()
 
     def _acquire(self, req: SchedRequest, now: float) -> None:
-        req.alloc = self.pool.acquire(req.hashes, session=req.session, now=now, input_tokens=req.input_tokens,
-                                      next_use=req.next_use, position=req.position)
+        tiers = self.tiers
+        req.plan = tiers.plan(req.hashes, now, req.arrival) if tiers is not None else None
+        try:
+            req.alloc = self.pool.acquire(req.hashes, session=req.session, now=now, input_tokens=req.input_tokens,
+                                          next_use=req.next_use, position=req.position)
+        except PoolBusyError:
+            if req.plan is not None and tiers is not None:
+                tiers.cancel(req.plan)
+                req.plan = None
+            raise
 
     def _start(self, req: SchedRequest, now: float) -> None:
         """An admitted request (its blocks acquired) joins the prefill queue."""
@@ -270,8 +293,17 @@ class Scheduler:
         req.waited += wait
         self.queue_wait_s += wait
         self.admissions += 1
-        req.cached_tokens = min(len(req.alloc.hit_idx) * self.pool.block_size, req.input_tokens)
-        req.segments = _prefill_segments(req, self.pool.block_size, req.generated if req.resumed else 0)
+        reused = req.alloc.hit_idx
+        plan, tiers = req.plan, self.tiers
+        if plan is not None and tiers is not None:
+            alloc = req.alloc
+            tiers.complete(plan, alloc.hashes, alloc.hit_idx, alloc.new_idx, now)
+            req.ready_at = plan.ready_at
+            if plan.restored_idx:  # restored blocks count as reused: only the rest is computed
+                reused = sorted(alloc.hit_idx + plan.restored_idx)
+            req.plan = None
+        req.cached_tokens = min(len(reused) * self.pool.block_size, req.input_tokens)
+        req.segments = _prefill_segments(req, reused, self.pool.block_size, req.generated if req.resumed else 0)
         todo = sum(s[1] for s in req.segments)
         self.queued_prefill_tokens -= _prefill_len(req) - todo
         self.prefill_tokens += todo
@@ -391,8 +423,12 @@ class Scheduler:
         if self.on_preempt is not None:
             self.on_preempt(r, now)
 
-    def _prefill_chunks(self, budget: int) -> tuple[float, int, list[SchedRequest]]:
-        """FCFS chunks up to ``budget`` tokens; the requests it completes are a prefix of the queue."""
+    def _prefill_chunks(self, budget: int, now: float = 0.0) -> tuple[float, int, list[SchedRequest]]:
+        """FCFS chunks up to ``budget`` tokens; the requests it completes are a prefix of the queue.
+
+        A request restoring blocks from a lower tier overlaps the transfer with its prefill,
+        layer by layer: its chunk takes the larger of its compute and the transfer still due.
+        """
         time_s = 0.0
         used = 0
         completed = []
@@ -402,15 +438,22 @@ class Scheduler:
             if used >= budget:
                 break
             segments = r.segments
+            compute, chunk_start = 0.0, time_s
             while segments and used < budget:
                 seg = segments[0]
                 take = min(seg[1], budget - used)
-                time_s += prefill_time(take, seg[0])
+                if r.ready_at:
+                    compute += prefill_time(take, seg[0])
+                else:
+                    time_s += prefill_time(take, seg[0])
                 seg[0] += take
                 seg[1] -= take
                 used += take
                 if seg[1] == 0:
                     segments.pop(0)
+            if r.ready_at:
+                time_s = chunk_start + max(compute, r.ready_at - now - chunk_start)
+                r.ready_at = 0.0
             if segments:
                 break
             completed.append(r)
@@ -444,6 +487,12 @@ class Scheduler:
         if self._promoted:
             self._unlend(r)
         self.pool.release(r.alloc, end)
+        stored: list[int] = []
+        if self.keep_response_kv and r.response_hashes:  # colocated vLLM: the response's KV stays cached
+            stored = self.pool.store(r.response_hashes, r.session, end)
+        if self.tiers is not None:
+            self.tiers.produced(stored, end)
+            self.tiers.released([*r.alloc.hashes, *stored], end)
         result.finished.append(r)
         self._dirty = True
 
@@ -469,11 +518,9 @@ def _prefill_len(req: SchedRequest) -> int:
     return req.input_tokens + (req.generated if req.resumed else 0)
 
 
-def _prefill_segments(req: SchedRequest, block_size: int, extra: int = 0) -> list[list[int]]:
-    """Token ranges to compute: missed blocks (holes included), the partial tail, and ``extra``
+def _prefill_segments(req: SchedRequest, hit_idx: list[int], block_size: int, extra: int = 0) -> list[list[int]]:
+    """Token ranges to compute: blocks not reused (holes included), the partial tail, and ``extra``
     tokens after the prompt (a preempted request's generated tokens)."""
-    assert req.alloc is not None
-    hit_idx = req.alloc.hit_idx
     n_blocks = len(req.hashes)
     segments: list[list[int]] = []
     prev = -1  # gaps between consecutive reused blocks are the holes to recompute

@@ -112,6 +112,11 @@ class RoutingSettings:
     virtual_nodes: int = 100
     # Bound on remembered session -> replica assignments (LRU beyond it).
     max_sessions: int = 100_000
+    # A prefix block a replica holds in host DRAM / on SSD costs this fraction of computing it
+    # (its fetch time over its recompute time; 0 = free like an HBM hit, 1 = as a miss). The
+    # overlap map reports such blocks under "<replica id>#host" / "#ssd" (see TIER_SUFFIXES).
+    host_hit_cost: float = 0.1
+    ssd_hit_cost: float = 0.5
 
     def __post_init__(self) -> None:
         _check_number("block_size", self.block_size, integer=True, minimum=1)
@@ -123,6 +128,8 @@ class RoutingSettings:
         _check_number("bounded_load_factor", self.bounded_load_factor, integer=False, minimum=1.0)
         _check_number("virtual_nodes", self.virtual_nodes, integer=True, minimum=1, maximum=10_000)
         _check_number("max_sessions", self.max_sessions, integer=True, minimum=1)
+        _check_number("host_hit_cost", self.host_hit_cost, integer=False, minimum=0.0, maximum=1.0)
+        _check_number("ssd_hit_cost", self.ssd_hit_cost, integer=False, minimum=0.0, maximum=1.0)
 
 
 @dataclass(slots=True)

@@ -4,6 +4,11 @@ Cost of sending the request to healthy replica r, in **blocks of prefill work**:
 
     cost(r) = overlap_weight * blocks_to_prefill(r) + load(r)
     blocks_to_prefill(r) = num_blocks - overlap[r]          (overlap clamped to [0, num_blocks])
+                           - (1 - host_hit_cost) * host[r] - (1 - ssd_hit_cost) * ssd[r]
+
+``host[r]`` / ``ssd[r]`` (the overlap map's ``"<id>#host"`` / ``"<id>#ssd"`` entries, present
+only for replicas with memory tiers) count the prompt's blocks after the HBM prefix that r
+can restore from host DRAM or SSD: such a hit is priced by its fetch time, not as free.
     load(r) = in_flight_weight * in_flight(r) + queued_tokens(r) / block_size
 
 Read it as a rough time-to-first-token on r: the prefill work already queued ahead of
@@ -61,6 +66,8 @@ def cache_aware(
     per_req = settings.in_flight_weight
     inv_bs = 1.0 / settings.block_size
     get = overlap.get
+    tiered = len(overlap) > 0 and any("#" in k for k in overlap)
+    save_host, save_ssd = 1.0 - settings.host_hit_cost, 1.0 - settings.ssd_hit_cost
     # One pass: cost argmin (reservoir tie-break), in-flight spread, longest overlap.
     best = None
     best_cost = 0.0
@@ -72,7 +79,11 @@ def cache_aware(
         f = r.in_flight
         ov = get(r.replica_id, 0)
         ov = 0 if ov <= 0 else (ov if ov < nb else nb)
-        cost = w * (nb - ov) + per_req * f + r.queued_tokens * inv_bs
+        todo: float = nb - ov
+        if tiered:
+            rid = r.replica_id
+            todo -= save_host * get(rid + "#host", 0) + save_ssd * get(rid + "#ssd", 0)
+        cost = w * todo + per_req * f + r.queued_tokens * inv_bs
         if best is None:
             lo = hi = f
         elif f < lo:

@@ -381,3 +381,17 @@ def test_settings_accept_cli_overrides():
     with pytest.raises(InputError) as err:
         apply_overrides(RoutingSettings(), {"balance_rel_threshold": "0.5"})
     assert err.value.field == "balance_rel_threshold"
+
+
+@pytest.mark.parametrize("host_cost, ssd_cost, winner", [(0.1, 0.5, "b"), (1.0, 1.0, "a"), (0.1, 0.0, "c")])
+def test_cache_aware_prices_a_host_or_ssd_hit_by_its_fetch_cost(host_cost, ssd_cost, winner):
+    # 10 blocks. a: 4 in HBM -> 6 to compute. b: 2 in HBM + 6 in host -> 8 - 6 * (1 - host_cost).
+    # c: 1 in HBM + 9 on SSD -> 9 - 9 * (1 - ssd_cost).
+    reps = replicas(("a", 0), ("b", 0), ("c", 0))
+    overlap = {"a": 4, "b": 2, "b#host": 6, "c": 1, "c#ssd": 9}
+    settings = RoutingSettings(host_hit_cost=host_cost, ssd_hit_cost=ssd_cost)
+    # costs, in blocks: (0.1, 0.5): a 6, b 2.6, c 4.5; (1.0, 1.0): a 6, b 8, c 9; (0.1, 0.0): c 0
+    d = route("cache_aware", reps, RouteRequest(num_blocks=10), overlap, settings)
+    expected = {"a": 6.0, "b": 8 - 6 * (1 - host_cost), "c": 9 - 9 * (1 - ssd_cost)}
+    assert d.replica_id == min(expected, key=expected.get) == winner
+    assert d.predicted_cached_blocks == overlap[winner]  # HBM blocks only: the others are fetched

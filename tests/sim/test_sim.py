@@ -127,6 +127,60 @@ def test_sampled_reuse_tracking_is_the_default_and_its_mrc_is_within_001_of_exac
         assert s_tracker.hit_ratio_at(cap) == pytest.approx(e_tracker.hit_ratio_at(cap), abs=0.01), cap
 
 
+@pytest.mark.parametrize("cache_only", [False, True])
+def test_tiers_split_every_block_access_between_hbm_host_ssd_and_recompute(cache_only):
+    from replica.core.tiers import TierSettings
+
+    tiers = TierSettings(host_blocks=12, ssd_blocks=30, fetch="always")
+    base = SimSettings(capacity_blocks=20, replicas=1, cache_only=cache_only)
+    plain = simulate(tiny_trace(), base)
+    run = simulate(tiny_trace(), SimSettings(capacity_blocks=20, replicas=1, cache_only=cache_only, tiers=tiers))
+    assert run["hbm_block_hit_ratio"] == plain["block_hit_ratio"] == run["block_hit_ratio"]  # HBM unchanged
+    assert plain["host_block_hit_ratio"] == plain["ssd_block_hit_ratio"] == 0
+    assert run["host_block_hit_ratio"] > 0 and run["ssd_block_hit_ratio"] > 0  # history came back from below
+    n = run["block_accesses"]
+    found = round((run["hbm_block_hit_ratio"] + run["host_block_hit_ratio"] + run["ssd_block_hit_ratio"]) * n)
+    assert found + run["recomputed_blocks"] == n and run["fetched_blocks"] == found - round(run["hbm_block_hit_ratio"] * n)
+    assert run["tiers"]["host_blocks"] == 12 and run["tiers"]["mode"] == "exclusive"
+    if not cache_only:  # restored blocks are not prefilled: first tokens come sooner
+        assert run["ttft_p50_s"] < plain["ttft_p50_s"]
+
+
+def test_two_replicas_with_host_tiers_and_cache_aware_routing_recover_more_history():
+    from replica.core.tiers import TierSettings
+
+    settings = dict(capacity_blocks=20, replicas=2, routing="cache_aware", cache_only=True)
+    run = simulate(tiny_trace(), SimSettings(**settings, tiers=TierSettings(host_blocks=60, fetch="always")))
+    plain = simulate(tiny_trace(), SimSettings(**settings))
+    assert run["host_block_hit_ratio"] > 0
+    total = run["hbm_block_hit_ratio"] + run["host_block_hit_ratio"]
+    assert total > plain["block_hit_ratio"]
+
+
+def two_turns(second_extends_first=True):
+    # turn 0: 3 prompt blocks (52 tokens) + 40 output tokens -> (52 + 40) // 16 - 3 = 2 response blocks
+    first = TraceRequest(0.0, "s", 0, [1, 2, 3], 52, 40)
+    nxt = [1, 2, 3, 4, 5, 6, 7] if second_extends_first else [9, 2, 3, 4, 5, 6, 7]
+    return Trace([first, TraceRequest(100.0, "s", 1, nxt, 7 * 16 + 3, 5)], block_size=16, source="two")
+
+
+def test_response_hashes_are_the_next_turns_blocks_or_their_own():
+    from loadgen.trace import response_hashes
+    from shared.hashing import chain_ids, content_id
+
+    assert response_hashes(two_turns()) == [[4, 5], []]  # the last turn's response completes no block
+    own = response_hashes(two_turns(second_extends_first=False))[0]
+    assert own == chain_ids([content_id("response", "s", 0, 0), content_id("response", "s", 0, 1)], 3)
+
+
+@pytest.mark.parametrize("cache_only", [False, True])
+@pytest.mark.parametrize("response_kv, hits", [("drop", 3), ("keep", 5)])
+def test_keep_caches_the_response_so_the_next_turn_hits_it(response_kv, hits, cache_only):
+    run = simulate(two_turns(), SimSettings(capacity_blocks=100, response_kv=response_kv, cache_only=cache_only))
+    assert run["response_kv"] == response_kv
+    assert run["per_replica"][0]["block_hits"] == hits  # turn 1 reuses its 3 prompt blocks (+ 2 of response)
+
+
 def test_throughput_and_time_averaged_hbm_use_of_one_request():
     # One request of 10 blocks alone on a 40-block replica: it holds 10 blocks from arrival to
     # finish, the whole span, so HBM is a quarter used on average; 1 request over that span.
