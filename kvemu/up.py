@@ -23,6 +23,7 @@ import urllib.request
 from dataclasses import dataclass, field
 
 from shared.config import add_config_arg
+from shared.devprofile import add_gpu_args, gpu_setting
 from shared.errors import InputError, KvemuError
 
 PR_SET_PDEATHSIG = 1
@@ -252,7 +253,7 @@ def add_cluster_args(p: argparse.ArgumentParser, replicas: int = 4) -> None:
     cap.add_argument("--capacity-blocks", type=int, default=None)
     cap.add_argument("--capacity-gib", type=float, default=None)
     p.add_argument("--model", default="qwen3-coder-30b-a3b")
-    p.add_argument("--gpu", default="h200")
+    add_gpu_args(p)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--hit-mode", default="holes", choices=["prefix", "holes"])
     p.add_argument("--routing", default="cache_aware")
@@ -277,6 +278,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def validate(a) -> None:
+    a.gpu, a.tp = gpu_setting(a), 1  # replicas get the combined setting through --gpu
     if a.replicas <= 0 or a.replicas > 64:
         raise InputError("--replicas", f"must be 1-64, got {a.replicas}")
     if not 1 <= a.routers <= 64:

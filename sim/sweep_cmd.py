@@ -21,6 +21,7 @@ from loadgen.source import add_source_args, load_source
 from replica.core.policies import policy_class
 from router.strategies import RoutingSettings, get_strategy
 from shared.config import add_config_arg
+from shared.devprofile import gpu_setting
 from shared.errors import InputError
 from shared.overrides import apply_overrides, parse_pairs
 from shared.validate import check_positive
@@ -128,6 +129,7 @@ def build_grid(args, trace, identity: dict, policies, routings, replicas, caps) 
 
 
 def run(args) -> int:
+    args.gpu = gpu_setting(args)
     policies = _names(args.policy, "--policy", policy_class)
     routings = _names(args.routing, "--routing", get_strategy)
     replicas = list(dict.fromkeys(split_numbers(args.replicas, int, "--replicas")))
