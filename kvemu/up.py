@@ -23,8 +23,8 @@ import urllib.request
 from dataclasses import dataclass, field
 
 from shared.config import add_config_arg
-from shared.devprofile import add_gpu_args, gpu_setting
 from shared.errors import InputError, KvemuError
+from shared.gpuargs import add_gpu_args, gpu_setting
 
 PR_SET_PDEATHSIG = 1
 

@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 
+from shared.gpuargs import add_gpu_args, gpu_setting
 from shared.overrides import coerce, parse_pairs
 from shared.serve import add_server_args
 
@@ -20,7 +21,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     cap.add_argument("--capacity-blocks", type=int)
     cap.add_argument("--capacity-gib", type=float)
     p.add_argument("--model", default="qwen3-coder-30b-a3b")
-    p.add_argument("--gpu", default="h200")
+    add_gpu_args(p)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--hit-mode", default="holes", choices=["prefix", "holes"])
     p.add_argument("--time-scale", type=float, default=1.0, help="wall seconds per emulated second (0 = no sleeping)")
@@ -31,6 +32,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster", default="default", help="namespace of the Redis index keys")
     p.add_argument("--admin-token", default=None, help="bearer token for /admin/* (or KVEMU_ADMIN_TOKEN)")
     p.add_argument("--shards-rate", type=float, default=0.1, help="sampling rate of online reuse distances")
+    p.add_argument("--backend", default="emulated", choices=["emulated", "torch"],
+                   help="emulated: step times from the cost model; torch: the model's real layers (random weights) "
+                        "over a real paged KV tensor, timed on --device (pip install 'kvemu[torch]')")
+    p.add_argument("--device", default="cpu", help="torch backend: cpu, cuda, cuda:N")
+    p.add_argument("--layers", type=int, default=None, help="torch backend: run this many of the model's layers")
     add_server_args(p)
     p.add_argument("--log-level", default="warning")
 
@@ -46,13 +52,14 @@ def settings_from_args(args):
     return ReplicaSettings(
         replica_id=args.replica_id or f"replica-{args.port}", host=args.host, port=args.port, policy=args.policy,
         policy_params=params, capacity_blocks=args.capacity_blocks, capacity_gib=args.capacity_gib,
-        model=args.model, gpu=args.gpu, block_size=args.block_size, hit_mode=args.hit_mode,
+        model=args.model, gpu=gpu_setting(args), block_size=args.block_size, hit_mode=args.hit_mode,
         time_scale=args.time_scale, token_budget=args.token_budget, max_running=args.max_running,
         max_waiting=args.max_waiting, index=args.index, cluster=args.cluster,
         admin_token=args.admin_token or os.environ.get("KVEMU_ADMIN_TOKEN") or None, shards_rate=args.shards_rate,
         cluster_token=args.cluster_token or os.environ.get("KVEMU_CLUSTER_TOKEN") or None,
         max_connections=args.max_connections, parse_workers=args.parse_workers,
-        header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout)
+        header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout, backend=args.backend,
+        device=args.device, layers=args.layers)
 
 
 def run(args) -> int:

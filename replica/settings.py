@@ -57,6 +57,9 @@ class ReplicaSettings:
     feed_max_batches: int = 4096  # the embedded feed keeps this many recent batches
     feed_max_hashes: int = 1 << 18  # ... holding at most this many hashes (about 12 MB)
     seed: int = 0
+    backend: str = "emulated"  # or "torch": real kernels over a real paged KV tensor (replica/backends/)
+    device: str = "cpu"  # the torch backend's device
+    layers: int | None = None  # the torch backend runs this many of the model's layers (None: all)
 
     def __post_init__(self) -> None:
         if self.policy not in live_policy_names():  # an oracle needs the future: `kvemu sim` only
@@ -94,6 +97,7 @@ class ReplicaSettings:
         if self.index is not None and not self.index.startswith(("redis://", "rediss://", "unix://")):
             raise InputError("index", f"expected a redis:// URL, got {self.index!r}")
         check_bind(self.host, self.cluster_token)
+        check_backend(self.backend, self.layers)
         CostModel.from_names(self.model, self.gpu)  # unknown names list the valid ones
         if self.capacity_gib is not None and self.resolved_capacity_blocks() <= 0:
             raise InputError("capacity_gib", "is smaller than one KV block of this model")
@@ -120,3 +124,15 @@ class ReplicaSettings:
             return self.capacity_blocks
         assert self.capacity_gib is not None  # exactly one of the two is set (__post_init__)
         return self.cost_model().gib_to_blocks(self.capacity_gib, self.block_size)
+
+
+def check_backend(backend: str, layers: int | None) -> None:
+    if backend not in ("emulated", "torch"):
+        raise InputError("backend", f"must be emulated or torch, got {backend!r}")
+    if layers is not None:
+        check_positive_int("layers", layers)
+    if backend == "torch":
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            raise InputError("backend", "torch is not installed: pip install 'kvemu[torch]'") from None

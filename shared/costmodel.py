@@ -29,31 +29,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from shared.devprofile import is_profile_path, load_profile
+from shared.devspecs import Efficiency, GpuSpec
 from shared.errors import InputError, UnknownNameError
 
+__all__ = ["Efficiency", "GpuSpec", "ModelSpec", "CostModel", "MODELS", "GPUS", "get_model", "get_gpu"]
+
 GIB = 1024**3
-
-
-@dataclass(frozen=True, slots=True)
-class Efficiency:
-    """Fractions of the device's peak rates that each part of the work reaches."""
-
-    linear: float = 0.64  # projection and MLP matrix products, of peak FLOP/s
-    attention: float = 0.34  # attention (QK^T and AV), of peak FLOP/s
-    kv_read: float = 0.22  # reading the cached prefix's K/V, of HBM bandwidth
-    memory: float = 0.80  # weights and decode KV reads, of HBM bandwidth
-    overhead_s: float = 0.0  # per layer per prefill call
-    decode_overhead_s: float = 0.0  # per layer per decode step
-    source: str = ""  # what these were fitted on
-
-    def __post_init__(self) -> None:
-        for name in ("linear", "attention", "kv_read", "memory"):
-            value = getattr(self, name)
-            if not 0 < value < float("inf"):
-                raise InputError(name, f"efficiency must be a finite number > 0, got {value}")
-        for name in ("overhead_s", "decode_overhead_s"):
-            if not 0 <= getattr(self, name) < float("inf"):
-                raise InputError(name, f"must be a finite number >= 0, got {getattr(self, name)}")
 
 
 # Fitted on the dense decoder layer stack of llama-3-8b on one H200 (7 prefill points, PyTorch
@@ -131,21 +113,6 @@ class ModelSpec:
     @property
     def weight_bytes(self) -> float:
         return self.total_params * self.dtype_bytes
-
-
-@dataclass(frozen=True, slots=True)
-class GpuSpec:
-    name: str
-    peak_flops: float  # dense bf16/fp16 FLOP/s
-    hbm_bandwidth: float  # bytes/s
-    memory_bytes: float
-    link_bandwidth: float = 450e9  # GPU-GPU bytes/s per direction (NVLink), for --tp all-reduces
-
-    def __post_init__(self) -> None:
-        for name in ("peak_flops", "hbm_bandwidth", "memory_bytes", "link_bandwidth"):
-            value = getattr(self, name)
-            if not isinstance(value, int | float) or not 0 < value < float("inf"):
-                raise InputError(name, f"must be a finite number > 0, got {value!r}")
 
 
 _DENSE = {"llama-3-8b": (32, 32, 8, 128, 4096, 14336, 128256), "llama-3-70b": (80, 64, 8, 128, 8192, 28672, 128256),
@@ -238,8 +205,6 @@ class CostModel:
     def from_names(cls, model: str = "qwen3-coder-30b-a3b", gpu: str = "h200", **kw) -> CostModel:
         """``gpu`` is a preset name or a device profile file from ``kvemu calibrate`` (JSON),
         optionally with ``@tpN``."""
-        from shared.devprofile import is_profile_path, load_profile
-
         gpu, tp = split_tp(gpu)
         kw.setdefault("tp", tp)
         m = get_model(model)

@@ -14,8 +14,8 @@ from router.strategies import RoutingSettings, get_strategy
 from shared.cli import check_outputs
 from shared.config import add_config_arg
 from shared.costmodel import CostModel
-from shared.devprofile import add_gpu_args, gpu_setting
 from shared.errors import InputError, KvemuError
+from shared.gpuargs import add_gpu_args, gpu_setting
 from shared.overrides import apply_overrides, coerce, parse_pairs
 from shared.progress import ProgressBar
 from sim.cells import CellError, LocalPool

@@ -21,8 +21,8 @@ from loadgen.source import add_source_args, load_source
 from replica.core.policies import policy_class
 from router.strategies import RoutingSettings, get_strategy
 from shared.config import add_config_arg
-from shared.devprofile import gpu_setting
 from shared.errors import InputError
+from shared.gpuargs import gpu_setting
 from shared.overrides import apply_overrides, parse_pairs
 from shared.validate import check_positive
 from sim.cells import Runner

@@ -20,6 +20,7 @@ import heapq
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from replica.core.pool import Allocation, BlockPool, PoolBusyError, PoolCapacityError
 from shared.costmodel import CostModel
@@ -74,6 +75,14 @@ class StepResult:
     decoded: list[tuple[SchedRequest, int]]  # (request, tokens generated in this step(s))
 
 
+class StepTimer(Protocol):
+    """A compute backend that runs a step's work for real and says how long it took (the torch
+    backend, replica/backends/); without one the step costs what the cost model says."""
+
+    def step_time(self, chunks: list[tuple[SchedRequest, int, int]], decoders: list[SchedRequest], steps: int,
+                  modelled: float) -> float: ...
+
+
 class QueueFullError(KvemuError):
     """Overload, not bad input: answered 503 with Retry-After so a router tries elsewhere."""
 
@@ -106,6 +115,8 @@ class Scheduler:
         self._seq = 0
         self._dec_input = 0  # sum of input_tokens over decoders
         self._dec_base = 0  # sum of base over decoders
+        self.timer: StepTimer | None = None  # a real backend times the steps (see StepTimer)
+        self._chunks: list[tuple[SchedRequest, int, int]] = []  # (request, start, tokens) of this step, for it
 
     # ---- queue ------------------------------------------------------------------
     def submit(self, req: SchedRequest) -> None:
@@ -146,6 +157,9 @@ class Scheduler:
             steps = self._decode_run_length(n_dec, kv_tokens, now, horizon)
         decode_time = self._decode_time(n_dec, kv_tokens, steps)
         duration = prefill_time + decode_time
+        if self.timer is not None:
+            duration = self.timer.step_time(self._chunks, list(self._decoders.values()), steps, duration)
+            self._chunks = []
         end = now + duration
         result = StepResult(now, duration, steps, prefill_tokens, [], [], [])
         if n_dec:
@@ -196,6 +210,8 @@ class Scheduler:
                 seg = segments[0]
                 take = min(seg[1], budget - used)
                 time_s += prefill_time(take, seg[0])
+                if self.timer is not None:
+                    self._chunks.append((r, seg[0], take))
                 seg[0] += take
                 seg[1] -= take
                 used += take

@@ -1,0 +1,50 @@
+"""`kvemu calibrate --device cpu` on the tiny model: the fit, the profile, and loading it back."""
+
+import json
+
+import pytest
+
+from kvemu.cli import main
+from shared.costmodel import CostModel
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture
+def one_thread():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_cpu_calibration_fits_the_tiny_model_and_the_profile_reproduces_it(tmp_path, capsys, one_thread):
+    out = tmp_path / "cpu.json"
+    assert main(["calibrate", "--device", "cpu", "--model", "tiny", "--threads", "1", "--new-tokens", "32,128",
+                 "--cached-depths", "0,512", "--batches", "1,8", "--contexts", "256", "--rounds", "3",
+                 "--min-time", "0.02", "--out", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "prefill new" in printed and f"wrote {out}" in printed
+    profile = json.loads(out.read_text())
+    assert profile["kvemu_profile"] == 1 and profile["models"]["tiny"]["linear"] > 0
+    points = profile["points"]["tiny"]
+    assert [(p["new_tokens"], p["cached_depth"]) for p in points["prefill"]] == [(32, 0), (32, 512), (128, 0), (128, 512)]
+    assert [(p["batch"], p["kv_tokens"]) for p in points["decode"]] == [(1, 256), (8, 2048)]
+    # The fit is within 10% at every prefill point ...
+    fit = profile["fit_errors"]["tiny"]
+    assert fit["prefill"]["max_abs"] <= 0.10, fit
+    # ... and the profile, loaded as --gpu-file is, gives back those times.
+    cost = CostModel.from_names("tiny", str(out))
+    for p, err in zip(points["prefill"], fit["prefill"]["per_point"]):
+        predicted = cost.prefill_time(p["new_tokens"], p["cached_depth"])
+        assert predicted == pytest.approx(p["seconds"], rel=0.10)
+        assert predicted / p["seconds"] - 1 == pytest.approx(err, abs=1e-4)
+    for p, err in zip(points["decode"], fit["decode"]["per_point"]):
+        assert cost.decode_step_time(p["batch"], p["kv_tokens"]) / p["seconds"] - 1 == pytest.approx(err, abs=1e-4)
+
+
+def test_calibrate_errors_are_one_line(capsys):
+    assert main(["calibrate", "--device", "cpu", "--new-tokens", "a,b"]) == 2
+    assert capsys.readouterr().err == "error: --new-tokens: expected comma-separated integers, got 'a,b'\n"
+    if not torch.cuda.is_available():
+        assert main(["calibrate", "--device", "cuda"]) == 2
+        assert capsys.readouterr().err == "error: --device: cuda: no CUDA device here (use --device cpu)\n"
