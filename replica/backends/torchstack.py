@@ -6,7 +6,7 @@ Each layer: RMSNorm, fused QKV projection, rotary positions, grouped-query atten
 projection, RMSNorm, SwiGLU MLP, or for an MoE model a router and the top-k experts, of which
 only the experts some token routes to are computed. Weights come from a seeded generator, so
 two stacks built with the same seed compute the same values: K/V are a deterministic function
-of the token chain.
+of the token chain (on one device: a GPU's generator draws other numbers than the CPU's).
 """
 
 from __future__ import annotations
@@ -47,14 +47,14 @@ class TorchStack:
         self.spec, self.device = spec, torch.device(device)
         self.dtype = dtype or pick_dtype(device)
         self.n_layers = layers or spec.layers
-        gen = torch.Generator().manual_seed(seed)
+        gen = torch.Generator(device=self.device).manual_seed(seed)  # on the device: 8B weights in seconds
         self.embed = self._rand(gen, (spec.vocab, spec.hidden), 1.0)
         self.layers = [self._layer(gen) for _ in range(self.n_layers)]
         half = spec.head_dim // 2
         self.inv_freq = (1.0 / (10000.0 ** (torch.arange(half, dtype=torch.float32) / half))).to(self.device)
 
     def _rand(self, gen: torch.Generator, shape: tuple[int, ...], scale: float) -> torch.Tensor:
-        return (torch.randn(shape, generator=gen) * scale).to(device=self.device, dtype=self.dtype)
+        return (torch.randn(shape, generator=gen, device=self.device) * scale).to(self.dtype)
 
     def _layer(self, gen: torch.Generator) -> LayerWeights:
         s = self.spec
