@@ -27,7 +27,7 @@ listed in docs/calibration.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from shared.devprofile import is_profile_path, load_profile
 from shared.devspecs import Efficiency, GpuSpec
@@ -196,10 +196,20 @@ class CostModel:
     gpu: GpuSpec
     eff: Efficiency | None = None  # None: the model's own, else the dense H200 fit
     tp: int = 1
+    # prefill_parts' terms per unit (per token, per attention pair, ...), for the fast path
+    _unit: tuple[float, ...] = field(init=False, repr=False, compare=False)
+    _decode_unit: tuple[float, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.tp, int) or self.tp < 1:
             raise InputError("tp", f"must be an integer >= 1, got {self.tp!r}")
+        one = self.prefill_parts(1, 1)  # linear, attention and prefix read are linear in n, pairs, c
+        m = self.model
+        bw = self.gpu.hbm_bandwidth * self.tp * self.efficiency.memory
+        base = m.layers * m.layer_params(0 if m.moe else None) * m.dtype_bytes / bw  # all but the experts
+        per_expert = m.layers * m.expert_params * m.dtype_bytes / bw if m.moe else 0.0
+        object.__setattr__(self, "_unit", (one.linear, one.attention, one.kv_read, one.comm, one.overhead, base, per_expert))
+        object.__setattr__(self, "_decode_unit", self._decode_units())
 
     @classmethod
     def from_names(cls, model: str = "qwen3-coder-30b-a3b", gpu: str = "h200", **kw) -> CostModel:
@@ -271,9 +281,15 @@ class CostModel:
             comm=comm, overhead=L * e.overhead_s)
 
     def prefill_time(self, new_tokens: int, cached_depth: int = 0) -> float:
-        if new_tokens == 0:
-            return 0.0
-        return self.prefill_parts(new_tokens, cached_depth).total
+        """``prefill_parts(...).total``, without building the parts (the simulator's hot path)."""
+        if new_tokens <= 0 or cached_depth < 0:
+            if new_tokens == 0:
+                return 0.0
+            raise InputError("new_tokens", "token counts must be >= 0")
+        n, c = new_tokens, cached_depth
+        lin, att, kv, comm, overhead, base, per_expert = self._unit
+        weights = base + per_expert * self.model.touched_experts(n) if per_expert else base
+        return max(n * lin, weights) + (n * c + n * (n - 1) / 2) * att + c * kv + n * comm + overhead
 
     def block_cost(self, block_index: int, block_size: int) -> float:
         """Emulated seconds to recompute block ``block_index`` (depth = index * block_size):
@@ -287,15 +303,17 @@ class CostModel:
         """One decode step for ``batch_size`` sequences holding ``kv_tokens`` tokens in all."""
         if batch_size <= 0:
             return 0.0
+        weights, per_expert, kv, lin, att, comm, overhead = self._decode_unit
+        if per_expert:  # MoE: experts no sequence in the batch routes to are not read
+            weights -= (self.model.experts - self.model.touched_experts(batch_size)) * per_expert
+        return max(weights + kv_tokens * kv, batch_size * lin + kv_tokens * att) + batch_size * comm + overhead
+
+    def _decode_units(self) -> tuple[float, ...]:
+        """Seconds of a decode step per unit: (all weights, one expert's weights, per KV token
+        read, per sequence's products, per KV token attended, per sequence's all-reduces, overhead)."""
         m, e, g, tp = self.model, self.efficiency, self.gpu, self.tp
-        weights = m.weight_bytes
-        if m.moe:  # experts no sequence in the batch routes to are not read
-            weights -= m.layers * (m.experts - m.touched_experts(batch_size)) * m.expert_params * m.dtype_bytes
-        mem_time = (weights + kv_tokens * self.kv_bytes_per_token) / (g.hbm_bandwidth * tp * e.memory)
-        linear, _ = self.prefill_flops(batch_size, 0)
-        attn = 4.0 * m.q_heads * m.head_dim * m.layers * kv_tokens
-        compute_time = (linear / e.linear + attn / e.attention) / (g.peak_flops * tp)
-        comm = 0.0
-        if tp > 1:
-            comm = m.layers * 2 * 2 * (tp - 1) / tp * batch_size * m.hidden * m.dtype_bytes / g.link_bandwidth
-        return max(mem_time, compute_time) + comm + m.layers * e.decode_overhead_s
+        bw, peak = g.hbm_bandwidth * tp * e.memory, g.peak_flops * tp
+        comm = m.layers * 2 * 2 * (tp - 1) / tp * m.hidden * m.dtype_bytes / g.link_bandwidth if tp > 1 else 0.0
+        return (m.weight_bytes / bw, m.layers * m.expert_params * m.dtype_bytes / bw if m.moe else 0.0,
+                self.kv_bytes_per_token / bw, self.prefill_flops(1, 0)[0] / (peak * e.linear),
+                4.0 * m.q_heads * m.head_dim * m.layers / (peak * e.attention), comm, m.layers * e.decode_overhead_s)

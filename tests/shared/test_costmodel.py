@@ -128,3 +128,15 @@ def test_unknown_names_list_valid_ones():
         get_gpu("tpu")
     assert "h200" in str(err.value)
     assert get_gpu("H200").name == "h200"  # case-insensitive
+
+
+@pytest.mark.parametrize("model", ["llama-3-8b", "qwen3-coder-30b-a3b"])
+@pytest.mark.parametrize("gpu", ["h200", "a100@tp4"])
+def test_the_fast_prefill_time_equals_the_sum_of_its_parts(model, gpu):
+    cm = CostModel.from_names(model, gpu)
+    for n, c in ((1, 0), (3, 70), (16, 4096), (512, 65536), (8192, 0)):
+        assert cm.prefill_time(n, c) == pytest.approx(cm.prefill_parts(n, c).total, rel=1e-12)
+    assert cm.prefill_time(0, 100) == 0.0
+    with pytest.raises(InputError):
+        cm.prefill_time(-1, 0)
+
