@@ -96,7 +96,7 @@ def run(args) -> int:
     total = 2 + len(new_tokens) * len(depths) + len(batches) * len(contexts) + (1 if kind == "cuda" else 0)
     bar = ProgressBar(f"calibrate {spec.name} x{layers} layers on {bench.device_name}", total, "point",
                       enabled=not args.quiet)
-    gpu = GpuSpec(f"{kind}:{bench.device_name}", bench.matmul_rate(), bench.memory_bandwidth(),
+    gpu = GpuSpec(bench.device_name, bench.matmul_rate(), bench.memory_bandwidth(),
                   bench.memory_bytes(), 450e9)
     bar.update(2)
     grid_p = [(n, c) for n in new_tokens for c in depths]

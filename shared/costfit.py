@@ -71,16 +71,27 @@ def prefill_features(cost: CostModel, points: Sequence[PrefillPoint]) -> np.ndar
     return np.array(rows, dtype=float)
 
 
-def fit_prefill(cost: CostModel, points: Sequence[PrefillPoint], source: str = "") -> Efficiency:
-    """``cost``'s efficiency with the prefill terms fitted to ``points``."""
-    x = prefill_features(cost, points)
-    coef = nnls_relative(x, np.array([p.seconds for p in points]))
-    prior = cost.efficiency
-    seen = np.any(x > 0, axis=0)
-    return replace(prior, linear=_inverse(coef[0], seen[0], prior.linear),
-                   attention=_inverse(coef[1], seen[1], prior.attention),
-                   kv_read=_inverse(coef[2], seen[2], prior.kv_read),
-                   overhead_s=float(coef[3]), source=source or prior.source)
+def fit_prefill(cost: CostModel, points: Sequence[PrefillPoint], source: str = "", rounds: int = 4) -> Efficiency:
+    """``cost``'s efficiency with the prefill terms fitted to ``points``. A point whose weight
+    read (at ``cost``'s ``memory`` efficiency, fitted on decode steps) outlasts its products is
+    on the memory side of the roofline: its weight read is taken as known and its products
+    drop out of the fit. Which side a point is on depends on the fit: a few rounds settle it."""
+    x_all = prefill_features(cost, points)
+    seconds = np.array([p.seconds for p in points])
+    weights = np.array([cost.prefill_parts(p.new_tokens, p.cached_depth).weights for p in points])
+    prior = eff = cost.efficiency
+    seen = np.any(x_all > 0, axis=0)
+    for _ in range(rounds):
+        memory_side = weights > x_all[:, 0] / eff.linear
+        x = x_all.copy()
+        x[memory_side, 0] = 0.0
+        rest = np.where(memory_side, np.maximum(seconds - weights, seconds * 1e-3), seconds)
+        coef = nnls_relative(x, rest)
+        eff = replace(prior, linear=_inverse(coef[0], seen[0], prior.linear),
+                      attention=_inverse(coef[1], seen[1], prior.attention),
+                      kv_read=_inverse(coef[2], seen[2], prior.kv_read),
+                      overhead_s=float(coef[3]), source=source or prior.source)
+    return eff
 
 
 def fit_decode(cost: CostModel, points: Sequence[DecodePoint]) -> Efficiency:
