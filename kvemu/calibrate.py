@@ -106,6 +106,8 @@ def run(args) -> int:
     prefill = [PrefillPoint(n, c, s) for (n, c), s in zip(grid_p, secs)]
     decode = [DecodePoint(b, b * t, s) for (b, t), s in zip(grid_d, secs[len(grid_p):])]
     link = bench.host_link(args.block_size) if kind == "cuda" else {}
+    if link:
+        gpu = with_host_link(gpu, link)
     bar.update_to(total)
     cost = CostModel(replace(spec, layers=layers), gpu)
     source = f"kvemu calibrate on {bench.device_name}, {layers} of {spec.layers} layers, torch {torch.__version__}"
@@ -125,6 +127,16 @@ def run(args) -> int:
     save_profile(DeviceProfile(gpu, {spec.name: eff}, extra), out)
     print(f"wrote {out}: use it as --gpu-file {out} (with --model {spec.name})")
     return 0
+
+
+def with_host_link(gpu: GpuSpec, link: dict) -> GpuSpec:
+    """The link's two coefficients: bandwidth from the whole copy, the cost of a copy call
+    from how much longer the same bytes took in one call per block."""
+    total = link["blocks"] * link["block_bytes"]
+    whole_s = total / (link["h2d_whole_GBps"] * 1e9)
+    scattered_s = total / (link["h2d_scattered_GBps"] * 1e9)
+    return replace(gpu, host_bandwidth=link["h2d_whole_GBps"] * 1e9,
+                   host_copy_overhead_s=max(scattered_s - whole_s, 0.0) / link["blocks"])
 
 
 def _time_grid(bench, calls: list, rounds: int, bar: ProgressBar) -> list[float]:

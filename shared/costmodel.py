@@ -132,10 +132,10 @@ MODELS: dict[str, ModelSpec] = {
 GPUS: dict[str, GpuSpec] = {
     g.name: g
     for g in (
-        GpuSpec("a100-80gb", 312e12, 2.039e12, 80e9, 300e9),
+        GpuSpec("a100-80gb", 312e12, 2.039e12, 80e9, 300e9, 25e9),  # PCIe 4: about half the H200's link
         GpuSpec("h100", 989e12, 3.35e12, 80e9),
         GpuSpec("h200", 989e12, 4.8e12, 141e9),
-        GpuSpec("ascend-910b2", 376e12, 1.6e12, 64e9, 196e9),
+        GpuSpec("ascend-910b2", 376e12, 1.6e12, 64e9, 196e9, 25e9),
     )
 }
 
@@ -297,6 +297,14 @@ class CostModel:
         the block's own tokens and the prefix before it), without per-call costs."""
         p = self.prefill_parts(block_size, block_index * block_size)
         return p.linear + p.attention
+
+    # ---- host <-> device -----------------------------------------------------------
+    def host_copy_time(self, blocks: int, block_size: int, copies: int | None = None) -> float:
+        """Seconds to copy ``blocks`` KV blocks between pinned host memory and the device (one
+        direction) in ``copies`` copy calls (default: one per block, as scattered blocks are)."""
+        g = self.gpu
+        calls = blocks if copies is None else copies
+        return blocks * self.block_bytes(block_size) / (g.host_bandwidth * self.tp) + calls * g.host_copy_overhead_s
 
     # ---- decode ---------------------------------------------------------------
     def decode_step_time(self, batch_size: int, kv_tokens: int) -> float:

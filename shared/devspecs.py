@@ -37,9 +37,17 @@ class GpuSpec:
     hbm_bandwidth: float  # bytes/s
     memory_bytes: float
     link_bandwidth: float = 450e9  # GPU-GPU bytes/s per direction (NVLink), for --tp all-reduces
+    # Host <-> device copies from pinned memory: bytes/s per direction of one large copy, and
+    # the cost of each copy call (what makes small KV blocks slow). Defaults: one H200 measured,
+    # docs/calibration/h200-llama-3-8b.json (55.5 GB/s; 512 x 2 MiB copies 51.1 GB/s, 4096 x
+    # 64 KiB copies 10.3 GB/s: this model gives 49.0 and 10.6).
+    host_bandwidth: float = 55.5e9
+    host_copy_overhead_s: float = 5e-6
 
     def __post_init__(self) -> None:
-        for name in ("peak_flops", "hbm_bandwidth", "memory_bytes", "link_bandwidth"):
+        if not isinstance(self.host_copy_overhead_s, int | float) or not 0 <= self.host_copy_overhead_s < float("inf"):
+            raise InputError("host_copy_overhead_s", f"must be a finite number >= 0, got {self.host_copy_overhead_s!r}")
+        for name in ("peak_flops", "hbm_bandwidth", "memory_bytes", "link_bandwidth", "host_bandwidth"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or not 0 < value < float("inf"):
                 raise InputError(name, f"must be a finite number > 0, got {value!r}")

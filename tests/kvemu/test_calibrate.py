@@ -4,8 +4,9 @@ import json
 
 import pytest
 
+from kvemu.calibrate import with_host_link
 from kvemu.cli import main
-from shared.costmodel import CostModel
+from shared.costmodel import CostModel, get_gpu
 
 torch = pytest.importorskip("torch")
 
@@ -48,3 +49,13 @@ def test_calibrate_errors_are_one_line(capsys):
     if not torch.cuda.is_available():
         assert main(["calibrate", "--device", "cuda"]) == 2
         assert capsys.readouterr().err == "error: --device: cuda: no CUDA device here (use --device cpu)\n"
+
+
+def test_the_host_link_coefficients_come_from_whole_and_scattered_copies():
+    # the H200 figures: 512 blocks of 2 MiB, 55.5 GB/s in one copy, 51.1 GB/s in one copy per block
+    link = {"blocks": 512, "block_bytes": 2 << 20, "h2d_whole_GBps": 55.5, "h2d_scattered_GBps": 51.1}
+    gpu = with_host_link(get_gpu("h200"), link)
+    assert gpu.host_bandwidth == 55.5e9
+    per_call = (512 * (2 << 20) / 51.1e9 - 512 * (2 << 20) / 55.5e9) / 512  # 3.25 us
+    assert gpu.host_copy_overhead_s == pytest.approx(per_call) and 3.2e-6 < per_call < 3.3e-6
+

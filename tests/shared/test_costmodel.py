@@ -140,3 +140,17 @@ def test_the_fast_prefill_time_equals_the_sum_of_its_parts(model, gpu):
     with pytest.raises(InputError):
         cm.prefill_time(-1, 0)
 
+
+def test_host_copies_match_the_h200_link_measurements():
+    """docs/calibration/h200-llama-3-8b.json: 55.5 GB/s whole, 51.1 GB/s in 512 copies of 2 MiB
+    (a 16-token block of llama-3-8b), 10.3 GB/s in 4096 copies of 64 KiB."""
+    cm = CostModel.from_names("llama-3-8b", "h200")
+    assert cm.block_bytes(16) == 2 * 1024 * 1024
+    rate = 512 * 2 * 1024 * 1024 / cm.host_copy_time(512, 16)
+    assert rate == pytest.approx(51.1e9, rel=0.05)
+    whole = 512 * 2 * 1024 * 1024 / cm.host_copy_time(512, 16, copies=1)
+    assert whole == pytest.approx(55.5e9, rel=0.01)
+    gpu = cm.gpu
+    t64k = 4096 * 65536 / gpu.host_bandwidth + 4096 * gpu.host_copy_overhead_s
+    assert 4096 * 65536 / t64k == pytest.approx(10.3e9, rel=0.05)
+

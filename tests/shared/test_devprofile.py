@@ -5,7 +5,7 @@ import pytest
 from kvemu.cli import main
 from shared.costmodel import CostModel, Efficiency, get_gpu
 from shared.devprofile import DeviceProfile, load_profile, save_profile
-from shared.errors import InputError
+from shared.errors import InputError, UnknownNameError
 
 
 def _profile(tmp_path, linear=0.5):
@@ -59,3 +59,18 @@ def test_sim_prices_time_with_the_profile(tmp_path, capsys):
     assert main(["sim", "--workload", "chat", "--duration", "5", "--capacity-blocks", "400",
                  "--gpu-file", str(tmp_path / "nope.json")]) == 2
     assert "--gpu-file: no device profile" in capsys.readouterr().err
+
+
+def test_the_gpu_setting_carries_the_profile_path_and_tp(tmp_path, monkeypatch):
+    import argparse
+
+    from shared.gpuargs import gpu_setting
+
+    path = _profile(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert gpu_setting(argparse.Namespace(gpu="dev.json", tp=2)) == f"{path}@tp2"  # absolute, for other processes
+    assert gpu_setting(argparse.Namespace(gpu="h200", tp=1)) == "h200"
+    # what `up` hands a replica comes back unchanged
+    assert gpu_setting(argparse.Namespace(gpu=f"{path}@tp2", tp=1)) == f"{path}@tp2"
+    with pytest.raises(UnknownNameError, match="unknown gpu 'h300'; valid: a100-80gb"):
+        gpu_setting(argparse.Namespace(gpu="h300", tp=1))
