@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import asdict, replace
 
 from shared.costfit import DecodePoint, PrefillPoint, errors, fit_decode, fit_prefill
 from shared.costmodel import CostModel, GpuSpec, get_model
-from shared.devprofile import DeviceProfile, save_profile
+from shared.devprofile import DeviceProfile, load_profile, save_profile
 from shared.errors import InputError
 from shared.progress import ProgressBar
 from shared.validate import check_positive_int
@@ -80,27 +81,16 @@ def run(args) -> int:
         torch.set_num_threads(check_positive_int("--threads", args.threads))
     spec = get_model(args.model or ("tiny" if kind == "cpu" else "llama-3-8b"))
     layers = check_positive_int("--layers", args.layers if args.layers is not None else spec.layers)
-    if args.rounds is not None:
-        check_positive_int("--rounds", args.rounds)
-    for name in ("block_size", "repeats"):
-        check_positive_int(f"--{name.replace('_', '-')}", getattr(args, name))
-    grid = GRIDS[kind]
-    new_tokens = [n for n in _ints(args.new_tokens or grid[0], "--new-tokens") if n > 0]
-    depths = _ints(args.cached_depths or grid[1], "--cached-depths")
-    batches = [b for b in _ints(args.batches or grid[2], "--batches") if b > 0]
-    contexts = _ints(args.contexts or grid[3], "--contexts")
+    grid_p, grid_d = _grids(args, kind)
     min_time = args.min_time if args.min_time is not None else (0.05 if kind == "cpu" else 0.0)
     if not 0 <= min_time < float("inf"):
         raise InputError("--min-time", f"must be a number of seconds >= 0, got {min_time}")
     bench = cal.Calibrator(spec, args.device, layers, args.seed, args.repeats, min_time)
-    total = 2 + len(new_tokens) * len(depths) + len(batches) * len(contexts) + (1 if kind == "cuda" else 0)
+    total = 2 + len(grid_p) + len(grid_d) + (1 if kind == "cuda" else 0)
     bar = ProgressBar(f"calibrate {spec.name} x{layers} layers on {bench.device_name}", total, "point",
                       enabled=not args.quiet)
-    gpu = GpuSpec(bench.device_name, bench.matmul_rate(), bench.memory_bandwidth(),
-                  bench.memory_bytes(), 450e9)
+    gpu = GpuSpec(bench.device_name, bench.matmul_rate(), bench.memory_bandwidth(), bench.memory_bytes(), 450e9)
     bar.update(2)
-    grid_p = [(n, c) for n in new_tokens for c in depths]
-    grid_d = [(b, t) for b in batches for t in contexts]
     secs = _time_grid(bench, [bench.prefill_fn(n, c) for n, c in grid_p] + [bench.decode_fn(b, t) for b, t in grid_d],
                       args.rounds or (5 if kind == "cpu" else 1), bar)
     prefill = [PrefillPoint(n, c, s) for (n, c), s in zip(grid_p, secs)]
@@ -124,9 +114,37 @@ def run(args) -> int:
              "host_link": link, "points": {spec.name: {"prefill": [asdict(p) for p in prefill],
                                                        "decode": [asdict(p) for p in decode]}},
              "fit_errors": {spec.name: fit}}
-    save_profile(DeviceProfile(gpu, {spec.name: eff}, extra), out)
+    save_profile(_merged(out, DeviceProfile(gpu, {spec.name: eff}, extra)), out)
     print(f"wrote {out}: use it as --gpu-file {out} (with --model {spec.name})")
     return 0
+
+
+def _grids(args, kind: str) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """(new tokens, cached depth) and (batch, context per sequence) points to time."""
+    if args.rounds is not None:
+        check_positive_int("--rounds", args.rounds)
+    for name in ("block_size", "repeats"):
+        check_positive_int(f"--{name.replace('_', '-')}", getattr(args, name))
+    grid = GRIDS[kind]
+    new_tokens = [n for n in _ints(args.new_tokens or grid[0], "--new-tokens") if n > 0]
+    depths = _ints(args.cached_depths or grid[1], "--cached-depths")
+    batches = [b for b in _ints(args.batches or grid[2], "--batches") if b > 0]
+    contexts = _ints(args.contexts or grid[3], "--contexts")
+    return [(n, c) for n in new_tokens for c in depths], [(b, t) for b in batches for t in contexts]
+
+
+def _merged(path: str, new: DeviceProfile) -> DeviceProfile:
+    """A profile already at ``path`` for the same device keeps its other models: one file can
+    hold every model calibrated on a GPU (the device's rates are the latest run's)."""
+    if not os.path.exists(path):
+        return new
+    old = load_profile(path)
+    if old.extra.get("device") != new.extra.get("device"):
+        return new
+    extra = dict(new.extra)
+    for key in ("calibrated", "points", "fit_errors"):
+        extra[key] = {**old.extra.get(key, {}), **new.extra.get(key, {})}
+    return DeviceProfile(new.gpu, {**old.models, **new.models}, extra)
 
 
 def with_host_link(gpu: GpuSpec, link: dict) -> GpuSpec:

@@ -41,6 +41,13 @@ def test_cpu_calibration_fits_the_tiny_model_and_the_profile_reproduces_it(tmp_p
         assert predicted / p["seconds"] - 1 == pytest.approx(err, abs=1e-4)
     for p, err in zip(points["decode"], fit["decode"]["per_point"]):
         assert cost.decode_step_time(p["batch"], p["kv_tokens"]) / p["seconds"] - 1 == pytest.approx(err, abs=1e-4)
+    # A second model calibrated into the same file joins the first.
+    assert main(["calibrate", "--device", "cpu", "--model", "tiny-moe", "--layers", "1", "--threads", "1",
+                 "--new-tokens", "32", "--cached-depths", "0", "--batches", "1", "--contexts", "64", "--rounds", "1",
+                 "--out", str(out), "--quiet"]) == 0
+    both = json.loads(out.read_text())
+    assert sorted(both["models"]) == ["tiny", "tiny-moe"] and sorted(both["points"]) == ["tiny", "tiny-moe"]
+    assert both["calibrated"]["tiny-moe"]["layers_run"] == 1 and both["calibrated"]["tiny"]["layers_run"] == 4
 
 
 def test_calibrate_errors_are_one_line(capsys):
