@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 
+from replica.backends import add_backend_args
 from shared.gpuargs import add_gpu_args, gpu_setting
 from shared.overrides import coerce, parse_pairs
 from shared.serve import add_server_args
@@ -32,11 +33,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster", default="default", help="namespace of the Redis index keys")
     p.add_argument("--admin-token", default=None, help="bearer token for /admin/* (or KVEMU_ADMIN_TOKEN)")
     p.add_argument("--shards-rate", type=float, default=0.1, help="sampling rate of online reuse distances")
-    p.add_argument("--backend", default="emulated", choices=["emulated", "torch"],
-                   help="emulated: step times from the cost model; torch: the model's real layers (random weights) "
-                        "over a real paged KV tensor, timed on --device (pip install 'kvemu[torch]')")
-    p.add_argument("--device", default="cpu", help="torch backend: cpu, cuda, cuda:N")
-    p.add_argument("--layers", type=int, default=None, help="torch backend: run this many of the model's layers")
+    add_backend_args(p)
     add_server_args(p)
     p.add_argument("--log-level", default="warning")
 

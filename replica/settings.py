@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from replica.backends import check_backend
 from replica.core.build import CoreSettings
 from replica.core.policies import policy_class, policy_names
 from shared.auth import check_bind
@@ -125,14 +126,3 @@ class ReplicaSettings:
         assert self.capacity_gib is not None  # exactly one of the two is set (__post_init__)
         return self.cost_model().gib_to_blocks(self.capacity_gib, self.block_size)
 
-
-def check_backend(backend: str, layers: int | None) -> None:
-    if backend not in ("emulated", "torch"):
-        raise InputError("backend", f"must be emulated or torch, got {backend!r}")
-    if layers is not None:
-        check_positive_int("layers", layers)
-    if backend == "torch":
-        try:
-            import torch  # noqa: F401
-        except ImportError:
-            raise InputError("backend", "torch is not installed: pip install 'kvemu[torch]'") from None

@@ -13,7 +13,8 @@ def test_without_torch_the_torch_backend_says_how_to_install_it(tmp_path):
     shim.mkdir(parents=True)
     (shim / "__init__.py").write_text("raise ImportError('no torch here')\n")
     env = {**os.environ, "PYTHONPATH": f"{shim.parent}{os.pathsep}{REPO}"}
-    proc = subprocess.run([sys.executable, "-m", "replica", "--capacity-blocks", "10", "--backend", "torch"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2
-    assert proc.stderr == "error: backend: torch is not installed: pip install 'kvemu[torch]'\n"
+    for cmd in (["-m", "replica"], ["-m", "kvemu", "up"]):  # up says it once, before starting anything
+        proc = subprocess.run([sys.executable, *cmd, "--capacity-blocks", "10", "--backend", "torch"],
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2, (cmd, proc.stderr)
+        assert proc.stderr == "error: backend: torch is not installed: pip install 'kvemu[torch]'\n", cmd
