@@ -71,8 +71,17 @@ class Calibrator:
         s = self.spec
         x = self._rand(batch, s.hidden)
         pos = torch.full((batch,), context, device=self.device)
-        past_k = [self._rand(batch, s.kv_heads, context + 1, s.head_dim) for _ in self.stack.layers]
-        past_v = [self._rand(batch, s.kv_heads, context + 1, s.head_dim) for _ in self.stack.layers]
+        shape = (batch, s.kv_heads, context + 1, s.head_dim)
+        # One K and one V per layer, unless a layer's KV is well beyond the caches (64 MiB): then
+        # the layers share one pair (the same bytes cross the memory bus; 128 x 8K tokens of
+        # llama-3-8b would otherwise need 137 GB).
+        shared = 2 * batch * (context + 1) * s.kv_heads * s.head_dim * self.stack.embed.element_size() > 64 << 20
+        if shared:
+            past_k = [self._rand(*shape)] * len(self.stack.layers)
+            past_v = [self._rand(*shape)] * len(self.stack.layers)
+        else:
+            past_k = [self._rand(*shape) for _ in self.stack.layers]
+            past_v = [self._rand(*shape) for _ in self.stack.layers]
         with torch.inference_mode():
             return self._graphed(lambda: self.stack.decode(x, pos, past_k, past_v))
 
