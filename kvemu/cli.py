@@ -26,6 +26,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("sim.sim_cmd", "virtual-time run of policies x capacities over a trace or preset"),
     "sweep": ("sim.sweep_cmd", "policies x capacities x routings x replica counts in parallel, resumable"),
     "estimate": ("sim.estimate_cmd", "mean-field LRU hit ratio (or capacity for a target) of scm or a trace"),
+    "calibrate": ("kvemu.calibrate", "time a model's layers on this device (torch) and fit the cost model: a device profile"),
 }
 
 

@@ -22,10 +22,12 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 
+from replica.backends import add_backend_args, backend_argv, check_backend
 from replica.core.tier_args import add_tier_args, tier_settings
 from shared.config import add_config_arg
 from shared.costmodel import CostModel
 from shared.errors import InputError, KvemuError
+from shared.gpuargs import add_gpu_args, gpu_setting
 
 PR_SET_PDEATHSIG = 1
 
@@ -145,6 +147,7 @@ def replica_args(i: int, port: int, a, index: str | None) -> list[str]:
     args += ["--capacity-blocks", str(a.capacity_blocks)] if a.capacity_blocks is not None else ["--capacity-gib",
                                                                                                   str(a.capacity_gib)]
     args += tier_flags(a)
+    args += backend_argv(a)
     if index:
         args += ["--index", index, "--cluster", a.cluster]
     if a.admin_token:
@@ -268,12 +271,13 @@ def add_cluster_args(p: argparse.ArgumentParser, replicas: int = 4) -> None:
     cap.add_argument("--capacity-blocks", type=int, default=None)
     cap.add_argument("--capacity-gib", type=float, default=None)
     p.add_argument("--model", default="qwen3-coder-30b-a3b")
-    p.add_argument("--gpu", default="h200")
+    add_gpu_args(p)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--hit-mode", default="holes", choices=["prefix", "holes"])
     from replica.core.scheduler import add_scheduler_arg
 
     add_scheduler_arg(p)
+    add_backend_args(p)
     p.add_argument("--routing", default="cache_aware")
     p.add_argument("--index", default="memory", help="memory, redis (a private redis-server) or redis://host:port/db")
     p.add_argument("--cluster", default="default")
@@ -300,6 +304,8 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def validate(a) -> None:
+    a.gpu, a.tp = gpu_setting(a), 1  # replicas get the combined setting through --gpu
+    check_backend(a.backend, a.layers)  # no torch: one line here, not one per replica
     if a.replicas <= 0 or a.replicas > 64:
         raise InputError("--replicas", f"must be 1-64, got {a.replicas}")
     if not 1 <= a.routers <= 64:

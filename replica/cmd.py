@@ -6,8 +6,10 @@ import argparse
 import logging
 import sys
 
+from replica.backends import add_backend_args
 from replica.core.scheduler import add_scheduler_arg
 from replica.core.tier_args import add_tier_args
+from shared.gpuargs import add_gpu_args, gpu_setting
 from shared.overrides import coerce, parse_pairs
 from shared.serve import add_server_args
 
@@ -22,7 +24,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     cap.add_argument("--capacity-blocks", type=int)
     cap.add_argument("--capacity-gib", type=float)
     p.add_argument("--model", default="qwen3-coder-30b-a3b")
-    p.add_argument("--gpu", default="h200")
+    add_gpu_args(p)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--hit-mode", default="holes", choices=["prefix", "holes"])
     p.add_argument("--time-scale", type=float, default=1.0, help="wall seconds per emulated second (0 = no sleeping)")
@@ -38,6 +40,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="keep (default): cache each response's full blocks so the next turn hits them, as a"
                         " colocated vLLM does; drop: do not (a disaggregated prefill instance)")
     add_tier_args(p)
+    add_backend_args(p)
     add_server_args(p)
     p.add_argument("--log-level", default="warning")
 
@@ -55,13 +58,14 @@ def settings_from_args(args):
     return ReplicaSettings(
         replica_id=args.replica_id or f"replica-{args.port}", host=args.host, port=args.port, policy=args.policy,
         policy_params=params, capacity_blocks=args.capacity_blocks, capacity_gib=args.capacity_gib,
-        model=args.model, gpu=args.gpu, block_size=args.block_size, hit_mode=args.hit_mode,
+        model=args.model, gpu=gpu_setting(args), block_size=args.block_size, hit_mode=args.hit_mode,
         time_scale=args.time_scale, token_budget=args.token_budget, max_running=args.max_running,
         max_waiting=args.max_waiting, scheduler=args.scheduler, index=args.index, cluster=args.cluster,
         admin_token=args.admin_token or os.environ.get("KVEMU_ADMIN_TOKEN") or None, shards_rate=args.shards_rate,
         cluster_token=args.cluster_token or os.environ.get("KVEMU_CLUSTER_TOKEN") or None,
         max_connections=args.max_connections, parse_workers=args.parse_workers,
-        header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
+        header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout, backend=args.backend,
+        device=args.device, layers=args.layers,
         tiers=tier_settings(args, CostModel.from_names(args.model, args.gpu), args.block_size),
         response_kv=args.response_kv)
 

@@ -24,6 +24,12 @@ class ReplicaRuntime:
         self.core = build_core(settings.core_settings(), self.cost)
         self.pool = self.core.pool
         self.scheduler = self.core.scheduler
+        self.backend = None
+        if settings.backend == "torch":  # real kernels time the steps (replica/backends/torch_backend.py)
+            from replica.backends.torch_backend import TorchBackend
+
+            self.backend = TorchBackend(self.cost.model, self.pool, settings.device, settings.layers,
+                                        settings.seed).attach(self.scheduler)
         self.feed = EventFeed(settings.replica_id, lambda: list(self.pool.resident), settings.event_batch_max,
                               settings.feed_max_batches, mode="push" if settings.index else "poll",
                               # a resync (every resident block) must always fit, or it would drop itself

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from replica.backends import check_backend
 from replica.core.build import CoreSettings
 from replica.core.policies import policy_class, policy_names
 from replica.core.scheduler import check_scheduler
@@ -62,6 +63,9 @@ class ReplicaSettings:
     seed: int = 0
     tiers: TierSettings = TierSettings()  # host DRAM / SSD below HBM (replica.core.tiers)
     response_kv: str = "keep"  # keep: cache each response's full blocks (colocated vLLM); drop: do not
+    backend: str = "emulated"  # or "torch": real kernels over a real paged KV tensor (replica/backends/)
+    device: str = "cpu"  # the torch backend's device
+    layers: int | None = None  # the torch backend runs this many of the model's layers (None: all)
 
     def __post_init__(self) -> None:
         if self.policy not in live_policy_names():  # an oracle needs the future: `kvemu sim` only
@@ -100,6 +104,10 @@ class ReplicaSettings:
         if self.index is not None and not self.index.startswith(("redis://", "rediss://", "unix://")):
             raise InputError("index", f"expected a redis:// URL, got {self.index!r}")
         check_bind(self.host, self.cluster_token)
+        check_backend(self.backend, self.layers)
+        if self.backend != "emulated" and self.tiers.enabled:
+            raise InputError("host_cache_gib", "memory tiers run on the emulated backend only (the torch backend"
+                                               " keeps its KV in one device tensor)")
         CostModel.from_names(self.model, self.gpu)  # unknown names list the valid ones
         if self.capacity_gib is not None and self.resolved_capacity_blocks() <= 0:
             raise InputError("capacity_gib", "is smaller than one KV block of this model")
@@ -117,7 +125,9 @@ class ReplicaSettings:
             block_size=self.block_size, hit_mode=self.hit_mode, token_budget=self.token_budget,
             max_running=self.max_running, max_waiting=self.max_waiting, scheduler=self.scheduler, reuse="shards",
             shards_rate=self.shards_rate, shards_max_tracked=self.shards_max_tracked, seed=self.seed, emit_events=True,
-            oracles=False, tiers=self.tiers, response_kv=self.response_kv)
+            oracles=False, tiers=self.tiers,
+            # the torch backend computes K/V for prompt blocks only: a response block would have none
+            response_kv=self.response_kv if self.backend == "emulated" else "drop")
 
     def cost_model(self) -> CostModel:
         return CostModel.from_names(self.model, self.gpu)
@@ -127,3 +137,4 @@ class ReplicaSettings:
             return self.capacity_blocks
         assert self.capacity_gib is not None  # exactly one of the two is set (__post_init__)
         return self.cost_model().gib_to_blocks(self.capacity_gib, self.block_size)
+

@@ -191,6 +191,8 @@ async def stats(request: web.Request) -> web.Response:
         "events": state.feed.stats(), "rejected_by_field": dict(state.rejected),
         "ttft": state.ttft_recent.summary(), "policy_switches": list(state.policy_switches),
     })
+    if state.backend is not None:  # --backend torch: what the real kernels did
+        out["backend"] = {"name": s.backend, "device": s.device, **state.backend.counters}
     if state.shipper is not None:
         out["index_shipper"] = state.shipper.stats()
     if state.core.tiers is not None:

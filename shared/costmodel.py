@@ -1,21 +1,53 @@
 """Cost model: KV bytes, capacity in blocks, emulated prefill and decode time.
 
-Prefill FLOPs of a token at depth ``p`` = linear part ``2 * active_params`` (projections,
-MLP, independent of p) + attention ``4 * q_heads * head_dim * layers * p`` (QK^T and AV,
-multiply-add counted as 2).  Time = linear FLOPs / (peak * mfu_linear) + attention FLOPs /
-(peak * mfu_attention).  The two efficiencies are calibrated on seed 002's measurement
-(Qwen3-Coder-30B-A3B, one H200: 8K new tokens from scratch 166 ms, the same 8K after a
-64K cached prefix 966 ms).  Decode is memory-bound: weights + KV read per step over HBM
-bandwidth, or compute-bound for large batches, whichever is slower.
+Shapes. A model is its layer shapes (hidden size, query / KV heads, head size, MLP width,
+experts); parameter counts follow from them. An MoE layer computes only its active experts.
+
+Prefill of ``n`` new tokens after ``c`` cached ones, per layer, per GPU (``tp`` splits heads,
+MLP and weights; two all-reduces of the activations per layer cross the GPU link):
+
+* linear: ``2 n (attention projections + active MLP)`` FLOPs at ``linear`` x peak, against
+  reading the layer's weights (the experts ``n`` tokens touch) at ``memory`` x HBM
+  bandwidth: a roofline, whichever is slower;
+* attention: ``4 q_heads head_dim (n c + n(n-1)/2)`` FLOPs (every new token over the
+  cached prefix and the new tokens before it) at ``attention`` x peak;
+* reading the cached prefix's K/V, ``c x 2 q_heads head_dim dtype`` bytes (one copy per
+  query head, as attention kernels without GQA sharing read it) at ``kv_read`` x HBM
+  bandwidth. Measured on an H200 this read does not overlap the attention's compute, so it
+  is added, not maxed: without it a few new tokens over a long prefix come out ~25% fast;
+* ``overhead_s`` per layer (launches); decode steps have their own ``decode_overhead_s``.
+
+Decode is memory-bound: weights (the experts the batch touches) + KV read per step at
+``memory`` x HBM bandwidth, or compute-bound for large batches, whichever is slower.
+
+The efficiencies are per model (``Efficiency``; a preset carries its own, a device profile
+from ``kvemu calibrate`` replaces them): what each preset was fitted on is its ``source``,
+listed in docs/calibration.md.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
+from shared.devprofile import is_profile_path, load_profile
+from shared.devspecs import Efficiency, GpuSpec
 from shared.errors import InputError, UnknownNameError
 
+__all__ = ["Efficiency", "GpuSpec", "ModelSpec", "CostModel", "MODELS", "GPUS", "get_model", "get_gpu"]
+
 GIB = 1024**3
+
+
+# Fitted on the dense decoder layer stack of llama-3-8b on one H200 (7 prefill points, PyTorch
+# SDPA, bf16; docs/calibration.md): mean error 1.2%, max 2.8% on those points; fitted on all
+# but one, the left-out point within 3.5% on average, 10.8% at worst (bench/bench_costmodel_fit.py).
+DENSE_H200 = Efficiency(0.6432, 0.3415, 0.2162, 0.80, 5.09e-5, 0.0,
+                        "llama-3-8b layer stack, 1x H200, PyTorch SDPA (docs/calibration.md)")
+# Seed 002 (Qwen3-Coder-30B-A3B on one H200: 8K tokens from scratch 166 ms, after a 64K
+# cached prefix 966 ms), measured on a serving stack whose attention reads the prefix at HBM
+# speed (kv_read 0.8). Two points, two unknowns (linear, attention): exact on both.
+MOE_SEED_002 = Efficiency(0.3871, 0.5427, 0.80, 0.80, 0.0, 0.0,
+                          "seed 002: Qwen3-Coder-30B-A3B, 1x H200, 8K prefill at depth 0 and 64K")
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,9 +57,54 @@ class ModelSpec:
     q_heads: int
     kv_heads: int
     head_dim: int
-    dtype_bytes: int
-    active_params: float  # parameters touched per token (MoE: active experts only)
-    total_params: float  # parameters resident in HBM (read once per decode step)
+    hidden: int
+    intermediate: int  # MLP width (MoE: of one expert)
+    vocab: int
+    experts: int = 0  # 0: dense
+    active_experts: int = 0
+    dtype_bytes: int = 2
+    efficiency: Efficiency | None = None  # None: the dense H200 fit
+
+    @property
+    def moe(self) -> bool:
+        return self.experts > 0
+
+    @property
+    def attn_params(self) -> int:
+        """Per layer: fused QKV and output projections."""
+        return self.hidden * (self.q_heads + 2 * self.kv_heads) * self.head_dim + self.q_heads * self.head_dim * self.hidden
+
+    @property
+    def expert_params(self) -> int:
+        """One SwiGLU MLP (gate, up, down); the dense MLP when not MoE."""
+        return 3 * self.hidden * self.intermediate
+
+    @property
+    def router_params(self) -> int:
+        return self.hidden * self.experts
+
+    def layer_params(self, experts: float | None = None) -> float:
+        """Per layer with ``experts`` experts (default: all of them; dense: the MLP)."""
+        if not self.moe:
+            return self.attn_params + self.expert_params
+        n = self.experts if experts is None else experts
+        return self.attn_params + self.router_params + n * self.expert_params
+
+    @property
+    def active_params(self) -> float:
+        """Parameters touched per token: layers with the active experts, plus the LM head."""
+        return self.layers * self.layer_params(self.active_experts or None) + self.vocab * self.hidden
+
+    @property
+    def total_params(self) -> float:
+        """Resident parameters: every layer and expert, embedding and LM head (untied)."""
+        return self.layers * self.layer_params() + 2 * self.vocab * self.hidden
+
+    def touched_experts(self, tokens: int) -> float:
+        """Expected distinct experts ``tokens`` tokens route to (uniform routing)."""
+        if not self.moe:
+            return 0.0
+        return self.experts * (1.0 - (1.0 - self.active_experts / self.experts) ** max(tokens, 0))
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -38,31 +115,27 @@ class ModelSpec:
         return self.total_params * self.dtype_bytes
 
 
-@dataclass(frozen=True, slots=True)
-class GpuSpec:
-    name: str
-    peak_flops: float  # dense bf16/fp16 FLOP/s
-    hbm_bandwidth: float  # bytes/s
-    memory_bytes: float
-
+_DENSE = {"llama-3-8b": (32, 32, 8, 128, 4096, 14336, 128256), "llama-3-70b": (80, 64, 8, 128, 8192, 28672, 128256),
+          "qwen3-8b": (36, 32, 8, 128, 4096, 12288, 151936)}
 
 MODELS: dict[str, ModelSpec] = {
     m.name: m
     for m in (
-        ModelSpec("llama-3-8b", 32, 32, 8, 128, 2, 8.03e9, 8.03e9),
-        ModelSpec("llama-3-70b", 80, 64, 8, 128, 2, 70.6e9, 70.6e9),
-        ModelSpec("qwen3-8b", 36, 32, 8, 128, 2, 8.19e9, 8.19e9),
-        ModelSpec("qwen3-coder-30b-a3b", 48, 32, 4, 128, 2, 3.3e9, 30.5e9),
+        *(ModelSpec(name, *shape, efficiency=DENSE_H200) for name, shape in _DENSE.items()),
+        ModelSpec("qwen3-coder-30b-a3b", 48, 32, 4, 128, 2048, 768, 151936, 128, 8, efficiency=MOE_SEED_002),
+        # Tiny shapes for CPU tests and `kvemu calibrate --device cpu` (not real models).
+        ModelSpec("tiny", 4, 4, 2, 32, 256, 512, 1024),
+        ModelSpec("tiny-moe", 4, 4, 2, 32, 256, 256, 1024, 8, 2),
     )
 }
 
 GPUS: dict[str, GpuSpec] = {
     g.name: g
     for g in (
-        GpuSpec("a100-80gb", 312e12, 2.039e12, 80e9),
+        GpuSpec("a100-80gb", 312e12, 2.039e12, 80e9, 300e9, 25e9),  # PCIe 4: about half the H200's link
         GpuSpec("h100", 989e12, 3.35e12, 80e9),
         GpuSpec("h200", 989e12, 4.8e12, 141e9),
-        GpuSpec("ascend-910b2", 376e12, 1.6e12, 64e9),
+        GpuSpec("ascend-910b2", 376e12, 1.6e12, 64e9, 196e9, 25e9),
     )
 }
 
@@ -91,23 +164,76 @@ def get_gpu(name: str) -> GpuSpec:
     return _lookup(GPUS, "gpu", name)
 
 
-def _attention_depth_sum(start: int, count: int) -> float:
-    """Sum of depths p over positions start .. start+count-1 (each attends to p keys)."""
-    return count * start + count * (count - 1) / 2
+def split_tp(spec: str) -> tuple[str, int]:
+    """``"h200@tp2"`` -> ("h200", 2): how ``--tp`` travels inside the gpu setting."""
+    base, sep, tp = spec.rpartition("@tp")
+    if not sep:
+        return spec, 1
+    if not tp.isdigit() or int(tp) < 1:
+        raise InputError("tp", f"must be an integer >= 1, got {tp!r}")
+    return base, int(tp)
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillParts:
+    """Seconds of one prefill call, summed over the layers (see the module docstring)."""
+
+    linear: float
+    weights: float
+    attention: float
+    kv_read: float
+    comm: float
+    overhead: float
+
+    @property
+    def total(self) -> float:
+        return max(self.linear, self.weights) + self.attention + self.kv_read + self.comm + self.overhead
 
 
 @dataclass(frozen=True, slots=True)
 class CostModel:
     model: ModelSpec
     gpu: GpuSpec
-    mfu_linear: float = 0.47
-    mfu_attention: float = 0.53
-    mbu_decode: float = 0.80
-    step_overhead_s: float = 0.0
+    eff: Efficiency | None = None  # None: the model's own, else the dense H200 fit
+    tp: int = 1
+    # prefill_parts' terms per unit (per token, per attention pair, ...), for the fast path
+    _unit: tuple[float, ...] = field(init=False, repr=False, compare=False)
+    _decode_unit: tuple[float, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tp, int) or self.tp < 1:
+            raise InputError("tp", f"must be an integer >= 1, got {self.tp!r}")
+        one = self.prefill_parts(1, 1)  # linear, attention and prefix read are linear in n, pairs, c
+        m = self.model
+        bw = self.gpu.hbm_bandwidth * self.tp * self.efficiency.memory
+        base = m.layers * m.layer_params(0 if m.moe else None) * m.dtype_bytes / bw  # all but the experts
+        per_expert = m.layers * m.expert_params * m.dtype_bytes / bw if m.moe else 0.0
+        object.__setattr__(self, "_unit", (one.linear, one.attention, one.kv_read, one.comm, one.overhead, base, per_expert))
+        object.__setattr__(self, "_decode_unit", self._decode_units())
 
     @classmethod
     def from_names(cls, model: str = "qwen3-coder-30b-a3b", gpu: str = "h200", **kw) -> CostModel:
-        return cls(get_model(model), get_gpu(gpu), **kw)
+        """``gpu`` is a preset name or a device profile file from ``kvemu calibrate`` (JSON),
+        optionally with ``@tpN``."""
+        gpu, tp = split_tp(gpu)
+        kw.setdefault("tp", tp)
+        m = get_model(model)
+        if is_profile_path(gpu):
+            profile = load_profile(gpu)
+            kw.setdefault("eff", profile.efficiency_for(m.name))
+            return cls(m, profile.gpu, **kw)
+        return cls(m, get_gpu(gpu), **kw)
+
+    @property
+    def efficiency(self) -> Efficiency:
+        return self.eff or self.model.efficiency or DENSE_H200
+
+    def with_efficiency(self, eff: Efficiency) -> CostModel:
+        return replace(self, eff=eff)
+
+    @property
+    def mbu_decode(self) -> float:
+        return self.efficiency.memory
 
     # ---- capacity -------------------------------------------------------------
     @property
@@ -127,37 +253,75 @@ class CostModel:
 
     # ---- prefill --------------------------------------------------------------
     def prefill_flops(self, new_tokens: int, cached_depth: int = 0) -> tuple[float, float]:
-        """(linear, attention) FLOPs to prefill ``new_tokens`` after ``cached_depth`` tokens."""
+        """(linear, attention) FLOPs over all layers (all GPUs) to prefill ``new_tokens``
+        after ``cached_depth`` tokens."""
         if new_tokens < 0 or cached_depth < 0:
             raise InputError("new_tokens", "token counts must be >= 0")
         m = self.model
-        linear = 2.0 * m.active_params * new_tokens
-        attn = 4.0 * m.q_heads * m.head_dim * m.layers * _attention_depth_sum(cached_depth, new_tokens)
-        return linear, attn
+        linear = 2.0 * new_tokens * m.layer_params(m.active_experts or None) * m.layers
+        pairs = new_tokens * cached_depth + new_tokens * (new_tokens - 1) / 2
+        return linear, 4.0 * m.q_heads * m.head_dim * m.layers * pairs
+
+    def prefill_parts(self, new_tokens: int, cached_depth: int = 0) -> PrefillParts:
+        if new_tokens < 0 or cached_depth < 0:
+            raise InputError("new_tokens", "token counts must be >= 0")
+        m, e, g, tp = self.model, self.efficiency, self.gpu, self.tp
+        n, c, L = new_tokens, cached_depth, m.layers
+        peak, bw = g.peak_flops * tp, g.hbm_bandwidth * tp  # the work splits over tp GPUs
+        attn_unit = 4.0 * m.q_heads * m.head_dim * L
+        weights = L * m.layer_params(m.touched_experts(n) if m.moe else None) * m.dtype_bytes
+        comm = 0.0
+        if tp > 1:  # two ring all-reduces of the activations per layer
+            comm = L * 2 * 2 * (tp - 1) / tp * n * m.hidden * m.dtype_bytes / g.link_bandwidth
+        return PrefillParts(
+            linear=2.0 * n * L * m.layer_params(m.active_experts or None) / (peak * e.linear),
+            weights=weights / (bw * e.memory),
+            attention=attn_unit * (n * c + n * (n - 1) / 2) / (peak * e.attention),
+            kv_read=L * c * 2 * m.q_heads * m.head_dim * m.dtype_bytes / (bw * e.kv_read),
+            comm=comm, overhead=L * e.overhead_s)
 
     def prefill_time(self, new_tokens: int, cached_depth: int = 0) -> float:
-        if new_tokens == 0:
-            return 0.0
-        linear, attn = self.prefill_flops(new_tokens, cached_depth)
-        peak = self.gpu.peak_flops
-        return linear / (peak * self.mfu_linear) + attn / (peak * self.mfu_attention) + self.step_overhead_s
+        """``prefill_parts(...).total``, without building the parts (the simulator's hot path)."""
+        if new_tokens <= 0 or cached_depth < 0:
+            if new_tokens == 0:
+                return 0.0
+            raise InputError("new_tokens", "token counts must be >= 0")
+        n, c = new_tokens, cached_depth
+        lin, att, kv, comm, overhead, base, per_expert = self._unit
+        weights = base + per_expert * self.model.touched_experts(n) if per_expert else base
+        return max(n * lin, weights) + (n * c + n * (n - 1) / 2) * att + c * kv + n * comm + overhead
 
     def block_cost(self, block_index: int, block_size: int) -> float:
-        """Emulated seconds to recompute block ``block_index`` (depth = index * block_size)."""
-        linear, attn = self.prefill_flops(block_size, block_index * block_size)
-        peak = self.gpu.peak_flops
-        return linear / (peak * self.mfu_linear) + attn / (peak * self.mfu_attention)
+        """Emulated seconds to recompute block ``block_index`` (depth = index * block_size):
+        its share of a long prefill's compute (linear part compute-bound, attention over
+        the block's own tokens and the prefix before it), without per-call costs."""
+        p = self.prefill_parts(block_size, block_index * block_size)
+        return p.linear + p.attention
+
+    # ---- host <-> device -----------------------------------------------------------
+    def host_copy_time(self, blocks: int, block_size: int, copies: int | None = None) -> float:
+        """Seconds to copy ``blocks`` KV blocks between pinned host memory and the device (one
+        direction) in ``copies`` copy calls (default: one per block, as scattered blocks are)."""
+        g = self.gpu
+        calls = blocks if copies is None else copies
+        return blocks * self.block_bytes(block_size) / (g.host_bandwidth * self.tp) + calls * g.host_copy_overhead_s
 
     # ---- decode ---------------------------------------------------------------
     def decode_step_time(self, batch_size: int, kv_tokens: int) -> float:
         """One decode step for ``batch_size`` sequences holding ``kv_tokens`` tokens in all."""
         if batch_size <= 0:
             return 0.0
-        bytes_read = self.model.weight_bytes + kv_tokens * self.kv_bytes_per_token
-        mem_time = bytes_read / (self.gpu.hbm_bandwidth * self.mbu_decode)
-        linear, attn = self.prefill_flops(batch_size, 0)
-        attn = 4.0 * self.model.q_heads * self.model.head_dim * self.model.layers * kv_tokens
-        compute_time = linear / (self.gpu.peak_flops * self.mfu_linear) + attn / (
-            self.gpu.peak_flops * self.mfu_attention
-        )
-        return max(mem_time, compute_time) + self.step_overhead_s
+        weights, per_expert, kv, lin, att, comm, overhead = self._decode_unit
+        if per_expert:  # MoE: experts no sequence in the batch routes to are not read
+            weights -= (self.model.experts - self.model.touched_experts(batch_size)) * per_expert
+        return max(weights + kv_tokens * kv, batch_size * lin + kv_tokens * att) + batch_size * comm + overhead
+
+    def _decode_units(self) -> tuple[float, ...]:
+        """Seconds of a decode step per unit: (all weights, one expert's weights, per KV token
+        read, per sequence's products, per KV token attended, per sequence's all-reduces, overhead)."""
+        m, e, g, tp = self.model, self.efficiency, self.gpu, self.tp
+        bw, peak = g.hbm_bandwidth * tp * e.memory, g.peak_flops * tp
+        comm = m.layers * 2 * 2 * (tp - 1) / tp * m.hidden * m.dtype_bytes / g.link_bandwidth if tp > 1 else 0.0
+        return (m.weight_bytes / bw, m.layers * m.expert_params * m.dtype_bytes / bw if m.moe else 0.0,
+                self.kv_bytes_per_token / bw, self.prefill_flops(1, 0)[0] / (peak * e.linear),
+                4.0 * m.q_heads * m.head_dim * m.layers / (peak * e.attention), comm, m.layers * e.decode_overhead_s)

@@ -17,6 +17,7 @@ from shared.cli import check_outputs
 from shared.config import add_config_arg
 from shared.costmodel import CostModel
 from shared.errors import InputError, KvemuError
+from shared.gpuargs import add_gpu_args, gpu_setting
 from shared.overrides import apply_overrides, coerce, parse_pairs
 from shared.progress import ProgressBar
 from sim.cells import CellError, LocalPool
@@ -29,7 +30,7 @@ def add_emulation_args(p: argparse.ArgumentParser) -> None:
     cap.add_argument("--capacity-blocks", metavar="N1,N2,...", help="per-replica capacity in blocks")
     cap.add_argument("--capacity-gib", metavar="G1,G2,...", help="per-replica capacity in GiB of KV (uses --model)")
     p.add_argument("--model", default="qwen3-coder-30b-a3b")
-    p.add_argument("--gpu", default="h200")
+    add_gpu_args(p)
     p.add_argument("--hit-mode", default="holes", choices=["prefix", "holes"])
     p.add_argument("--cache-only", action="store_true",
                    help="replay requests one at a time in trace order through routing, pool and policy only:"
@@ -114,6 +115,7 @@ def validate_names(policies: list[str], replicas: int, routing: str) -> None:
 
 
 def run(args) -> int:
+    args.gpu = gpu_setting(args)
     check_outputs(args)
     if args.jobs < 1:
         raise InputError("--jobs", f"must be >= 1, got {args.jobs}")

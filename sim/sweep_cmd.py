@@ -25,6 +25,7 @@ from router.strategies import RoutingSettings, get_strategy
 from shared.config import add_config_arg
 from shared.costmodel import CostModel
 from shared.errors import InputError
+from shared.gpuargs import gpu_setting
 from shared.overrides import apply_overrides, parse_pairs
 from shared.validate import check_positive
 from sim.cells import Runner
@@ -135,6 +136,7 @@ def build_grid(args, trace, identity: dict, policies, routings, replicas, caps) 
 
 
 def run(args) -> int:
+    args.gpu = gpu_setting(args)
     policies = _names(args.policy, "--policy", policy_class)
     routings = _names(args.routing, "--routing", get_strategy)
     replicas = list(dict.fromkeys(split_numbers(args.replicas, int, "--replicas")))

@@ -36,6 +36,7 @@ import heapq
 from collections import _count_elements, deque  # type: ignore[attr-defined]  # C helper Counter uses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from replica.core.pool import Allocation, BlockPool, PoolBusyError, PoolCapacityError
 from replica.core.tiers import FetchPlan, TierStack
@@ -122,6 +123,14 @@ class StepResult:
     decoded: list[tuple[SchedRequest, int]]  # (request, tokens generated in this step(s))
 
 
+class StepTimer(Protocol):
+    """A compute backend that runs a step's work for real and says how long it took (the torch
+    backend, replica/backends/); without one the step costs what the cost model says."""
+
+    def step_time(self, chunks: list[tuple[SchedRequest, int, int]], decoders: list[SchedRequest], steps: int,
+                  modelled: float) -> float: ...
+
+
 class QueueFullError(KvemuError):
     """Overload, not bad input: answered 503 with Retry-After so a router tries elsewhere."""
 
@@ -178,6 +187,8 @@ class Scheduler:
         self._dirty = True  # something changed since a blocked head was last looked at
         # Called after a request is preempted (its blocks released): a host tier can keep its KV.
         self.on_preempt: Callable[[SchedRequest, float], None] | None = None
+        self.timer: StepTimer | None = None  # a real backend times the steps (see StepTimer)
+        self._chunks: list[tuple[SchedRequest, int, int]] = []  # (request, start, tokens) of this step, for it
 
     # ---- queue ------------------------------------------------------------------
     def submit(self, req: SchedRequest) -> None:
@@ -224,6 +235,9 @@ class Scheduler:
         decode_time = self._decode_time(n_dec, kv_tokens, steps)
         duration = prefill_time + decode_time
         self.pinned_block_s += len(self.pool.pin_counts) * duration
+        if self.timer is not None:
+            duration = self.timer.step_time(self._chunks, list(self._decoders.values()), steps, duration)
+            self._chunks = []
         end = now + duration
         result = StepResult(now, duration, steps, prefill_tokens, [], [], [])
         if n_dec:
@@ -446,6 +460,8 @@ class Scheduler:
                     compute += prefill_time(take, seg[0])
                 else:
                     time_s += prefill_time(take, seg[0])
+                if self.timer is not None:
+                    self._chunks.append((r, seg[0], take))
                 seg[0] += take
                 seg[1] -= take
                 used += take

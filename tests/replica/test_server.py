@@ -173,14 +173,14 @@ def test_bad_command_line_exits_2_with_a_clear_error():
 
 
 def test_reorder_scheduler_lends_idle_memory_and_preempts_for_the_head():
-    # 10 blocks: A (6 blocks, 30 tokens out, about 0.5 emulated s) runs; H (8 blocks) does not fit
-    # beside it; S (4 blocks, 60 tokens) behind H borrows the idle blocks and is preempted when A
+    # 10 blocks: A (6 blocks, 600 tokens out, about 1 emulated s) runs; H (8 blocks) does not fit
+    # beside it; S (4 blocks, 2000 tokens) behind H borrows the idle blocks and is preempted when A
     # ends, since only S then stands between H and the memory it needs.
     proc = start_replica("--scheduler", "reorder", capacity_blocks=10, time_scale=1.0)
     try:
-        bodies = [{"token_ids": list(range(96)), "max_tokens": 30},
+        bodies = [{"token_ids": list(range(96)), "max_tokens": 600},
                   {"token_ids": list(range(1000, 1128)), "max_tokens": 1},
-                  {"token_ids": list(range(2000, 2064)), "max_tokens": 60}]
+                  {"token_ids": list(range(2000, 2064)), "max_tokens": 2000}]
         out: dict[int, tuple] = {}
 
         def send(i):

@@ -1,6 +1,9 @@
+import json
+from pathlib import Path
+
 import pytest
 
-from shared.costmodel import GPUS, MODELS, CostModel, get_gpu, get_model
+from shared.costmodel import GPUS, MODELS, CostModel, Efficiency, get_gpu, get_model
 from shared.errors import InputError, UnknownNameError
 
 
@@ -37,11 +40,15 @@ def test_gib_blocks_round_trip():
         cm.gib_to_blocks(-1, 16)
 
 
-def test_block_cost_grows_with_depth_and_sums_to_prefill():
+def test_block_cost_grows_with_depth_and_sums_to_a_long_prefill():
     cm = CostModel.from_names("qwen3-coder-30b-a3b", "h200")
-    costs = [cm.block_cost(i, 16) for i in range(8)]
+    costs = [cm.block_cost(i, 16) for i in range(512)]
     assert all(b > a for a, b in zip(costs, costs[1:]))
-    assert sum(costs) == pytest.approx(cm.prefill_time(128, 0))
+    # A block's cost is its share of the compute: 512 blocks are the 8K prefill minus its
+    # per-call costs (no cached prefix, compute-bound: no weight-read or prefix-read term).
+    parts = cm.prefill_parts(8192, 0)
+    assert parts.linear > parts.weights and parts.kv_read == 0.0
+    assert sum(costs) == pytest.approx(parts.linear + parts.attention)
 
 
 def test_decode_step_is_memory_bound_for_small_batches():
@@ -53,6 +60,66 @@ def test_decode_step_is_memory_bound_for_small_batches():
     assert cm.decode_step_time(0, 0) == 0.0
 
 
+def test_preset_shapes_give_the_published_parameter_counts():
+    assert get_model("llama-3-8b").total_params == pytest.approx(8.03e9, rel=0.01)
+    assert get_model("llama-3-70b").total_params == pytest.approx(70.6e9, rel=0.01)
+    assert get_model("qwen3-8b").total_params == pytest.approx(8.19e9, rel=0.01)
+    moe = get_model("qwen3-coder-30b-a3b")
+    assert moe.total_params == pytest.approx(30.5e9, rel=0.01)
+    assert moe.active_params == pytest.approx(3.3e9, rel=0.1)
+    # 8 of 128 experts a token: one token touches 8, 8K tokens touch (nearly) all 128
+    assert moe.touched_experts(1) == pytest.approx(8.0)
+    assert moe.touched_experts(8192) == pytest.approx(128.0)
+
+
+def test_moe_decode_reads_only_the_experts_the_batch_touches():
+    cm = CostModel.from_names("qwen3-coder-30b-a3b", "h200")
+    m = cm.model
+    # batch 1: every non-expert weight, 8 experts per layer, no KV
+    expected = (m.weight_bytes - m.layers * 120 * m.expert_params * 2) / (4.8e12 * cm.mbu_decode)
+    assert cm.decode_step_time(1, 0) == pytest.approx(expected)
+
+
+def test_prefill_roofline_hand_worked_llama_3_8b():
+    """512 new tokens after 64K cached, llama-3-8b on an H200 with efficiencies of 1/2."""
+    cm = CostModel(get_model("llama-3-8b"), get_gpu("h200"), Efficiency(0.5, 0.5, 0.5, 0.5, 1e-5, 0.0))
+    layer_params = 4096 * 48 * 128 + 32 * 128 * 4096 + 3 * 4096 * 14336  # 218,103,808
+    p = cm.prefill_parts(512, 65536)
+    assert p.linear == pytest.approx(2 * 512 * 32 * layer_params / (989e12 / 2))
+    assert p.weights == pytest.approx(32 * layer_params * 2 / (4.8e12 / 2))
+    assert p.attention == pytest.approx(4 * 32 * 128 * 32 * (512 * 65536 + 512 * 511 / 2) / (989e12 / 2))
+    assert p.kv_read == pytest.approx(32 * 65536 * 2 * 32 * 128 * 2 / (4.8e12 / 2))
+    assert cm.prefill_time(512, 65536) == pytest.approx(p.linear + p.attention + p.kv_read + 32e-5)
+    # 4 tokens: the weights take longer to read than the products take to compute
+    small = cm.prefill_parts(4, 0)
+    assert small.weights > small.linear
+    assert cm.prefill_time(4, 0) == pytest.approx(small.weights + small.attention + 32e-5)
+
+
+def test_tensor_parallel_splits_the_work_and_adds_the_all_reduces():
+    one = CostModel.from_names("llama-3-70b", "h200")
+    two = CostModel.from_names("llama-3-70b", "h200@tp2")
+    assert two.tp == 2
+    p1, p2 = one.prefill_parts(8192, 0), two.prefill_parts(8192, 0)
+    assert p2.linear == pytest.approx(p1.linear / 2)
+    assert p2.attention == pytest.approx(p1.attention / 2)
+    # 80 layers x 2 all-reduces x 2(tp-1)/tp x 8192 x 8192 x 2 bytes over 450 GB/s
+    assert p2.comm == pytest.approx(80 * 2 * 1 * 8192 * 8192 * 2 / 450e9)
+    assert one.prefill_time(8192) / 2 < two.prefill_time(8192) < one.prefill_time(8192)
+    with pytest.raises(InputError, match="tp"):
+        CostModel.from_names("llama-3-70b", "h200@tp0")
+
+
+def test_dense_preset_within_15_percent_of_the_h200_measurements():
+    """The shipped dense efficiencies against the measured llama-3-8b layer stack (docs/calibration/)."""
+    raw = json.loads((Path(__file__).resolve().parents[2] / "docs" / "calibration" / "h200-llama-3-8b.json").read_text())
+    cm = CostModel.from_names("llama-3-8b", "h200")
+    errs = [abs(cm.prefill_time(p["new_tokens"], p["cached_depth"]) / p["seconds"] - 1) for p in raw["prefill"]]
+    assert len(errs) == 7
+    assert sum(errs) / len(errs) < 0.02
+    assert max(errs) < 0.04
+
+
 def test_unknown_names_list_valid_ones():
     with pytest.raises(UnknownNameError) as err:
         get_model("gpt-9")
@@ -61,3 +128,29 @@ def test_unknown_names_list_valid_ones():
         get_gpu("tpu")
     assert "h200" in str(err.value)
     assert get_gpu("H200").name == "h200"  # case-insensitive
+
+
+@pytest.mark.parametrize("model", ["llama-3-8b", "qwen3-coder-30b-a3b"])
+@pytest.mark.parametrize("gpu", ["h200", "a100@tp4"])
+def test_the_fast_prefill_time_equals_the_sum_of_its_parts(model, gpu):
+    cm = CostModel.from_names(model, gpu)
+    for n, c in ((1, 0), (3, 70), (16, 4096), (512, 65536), (8192, 0)):
+        assert cm.prefill_time(n, c) == pytest.approx(cm.prefill_parts(n, c).total, rel=1e-12)
+    assert cm.prefill_time(0, 100) == 0.0
+    with pytest.raises(InputError):
+        cm.prefill_time(-1, 0)
+
+
+def test_host_copies_match_the_h200_link_measurements():
+    """docs/calibration/h200-llama-3-8b.json: 55.5 GB/s whole, 51.1 GB/s in 512 copies of 2 MiB
+    (a 16-token block of llama-3-8b), 10.3 GB/s in 4096 copies of 64 KiB."""
+    cm = CostModel.from_names("llama-3-8b", "h200")
+    assert cm.block_bytes(16) == 2 * 1024 * 1024
+    rate = 512 * 2 * 1024 * 1024 / cm.host_copy_time(512, 16)
+    assert rate == pytest.approx(51.1e9, rel=0.05)
+    whole = 512 * 2 * 1024 * 1024 / cm.host_copy_time(512, 16, copies=1)
+    assert whole == pytest.approx(55.5e9, rel=0.01)
+    gpu = cm.gpu
+    t64k = 4096 * 65536 / gpu.host_bandwidth + 4096 * gpu.host_copy_overhead_s
+    assert 4096 * 65536 / t64k == pytest.approx(10.3e9, rel=0.05)
+

@@ -100,8 +100,8 @@ def test_transfers_queue_on_their_link():
     assert link.bytes_moved == 4 * 10**9
 
 
-def core_with_tiers(**tier):
-    s = CoreSettings(capacity_blocks=4, reuse="off", tiers=TierSettings(host_link_gbps=55.0, **tier))
+def core_with_tiers(link_gbps=55.0, **tier):
+    s = CoreSettings(capacity_blocks=4, reuse="off", tiers=TierSettings(host_link_gbps=link_gbps, **tier))
     return build_core(s, COST)
 
 
@@ -115,14 +115,15 @@ def run_request(core, rid, hashes, now):
 
 
 def test_a_restore_overlaps_prefill_compute_layer_by_layer():
-    core = core_with_tiers(host_blocks=8, fetch="always")
-    run_request(core, 1, [1, 2, 3], 0.0)
-    run_request(core, 2, [4, 5, 6], 1.0)  # demotes 3 and 2 to host
-    step = run_request(core, 3, [1, 2, 3], 2.0)  # 1 hit; 2, 3 restored; the last token recomputed
-    transfer = 2 * BLOCK / 55e9
-    compute = COST.prefill_time(1, 47)
-    assert transfer > compute
-    assert step.duration == pytest.approx(max(transfer, compute))  # the larger, not the sum
+    for gbps in (0.1, 55.0):  # a slow link: the transfer dominates; a fast one: the compute does
+        core = core_with_tiers(gbps, host_blocks=8, fetch="always")
+        run_request(core, 1, [1, 2, 3], 0.0)
+        run_request(core, 2, [4, 5, 6], 1.0)  # demotes 3 and 2 to host
+        step = run_request(core, 3, [1, 2, 3], 2.0)  # 1 hit; 2, 3 restored; the last token recomputed
+        transfer = 2 * BLOCK / (gbps * 1e9)
+        compute = COST.prefill_time(1, 47)
+        assert (transfer > compute) == (gbps == 0.1)
+        assert step.duration == pytest.approx(max(transfer, compute))  # the larger, not the sum
     assert core.tiers.counters.host_hits == 2
 
 

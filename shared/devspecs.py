@@ -1,0 +1,53 @@
+"""The device side of the cost model: a GPU's peak rates and the efficiencies a model reaches
+on it (shared by ``shared.costmodel`` and the device profiles of ``shared.devprofile``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shared.errors import InputError
+
+
+@dataclass(frozen=True, slots=True)
+class Efficiency:
+    """Fractions of the device's peak rates that each part of the work reaches."""
+
+    linear: float = 0.64  # projection and MLP matrix products, of peak FLOP/s
+    attention: float = 0.34  # attention (QK^T and AV), of peak FLOP/s
+    kv_read: float = 0.22  # reading the cached prefix's K/V, of HBM bandwidth
+    memory: float = 0.80  # weights and decode KV reads, of HBM bandwidth
+    overhead_s: float = 0.0  # per layer per prefill call
+    decode_overhead_s: float = 0.0  # per layer per decode step
+    source: str = ""  # what these were fitted on
+
+    def __post_init__(self) -> None:
+        for name in ("linear", "attention", "kv_read", "memory"):
+            value = getattr(self, name)
+            if not 0 < value < float("inf"):
+                raise InputError(name, f"efficiency must be a finite number > 0, got {value}")
+        for name in ("overhead_s", "decode_overhead_s"):
+            if not 0 <= getattr(self, name) < float("inf"):
+                raise InputError(name, f"must be a finite number >= 0, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSpec:
+    name: str
+    peak_flops: float  # dense bf16/fp16 FLOP/s
+    hbm_bandwidth: float  # bytes/s
+    memory_bytes: float
+    link_bandwidth: float = 450e9  # GPU-GPU bytes/s per direction (NVLink), for --tp all-reduces
+    # Host <-> device copies from pinned memory: bytes/s per direction of one large copy, and
+    # the cost of each copy call (what makes small KV blocks slow). Defaults: one H200 measured,
+    # docs/calibration/h200-llama-3-8b.json (55.5 GB/s; 512 x 2 MiB copies 51.1 GB/s, 4096 x
+    # 64 KiB copies 10.3 GB/s: this model gives 49.0 and 10.6).
+    host_bandwidth: float = 55.5e9
+    host_copy_overhead_s: float = 5e-6
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.host_copy_overhead_s, int | float) or not 0 <= self.host_copy_overhead_s < float("inf"):
+            raise InputError("host_copy_overhead_s", f"must be a finite number >= 0, got {self.host_copy_overhead_s!r}")
+        for name in ("peak_flops", "hbm_bandwidth", "memory_bytes", "link_bandwidth", "host_bandwidth"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not 0 < value < float("inf"):
+                raise InputError(name, f"must be a finite number > 0, got {value!r}")

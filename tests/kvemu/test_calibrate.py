@@ -1,0 +1,68 @@
+"""`kvemu calibrate --device cpu` on the tiny model: the fit, the profile, and loading it back."""
+
+import json
+
+import pytest
+
+from kvemu.calibrate import with_host_link
+from kvemu.cli import main
+from shared.costmodel import CostModel, get_gpu
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture
+def one_thread():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_cpu_calibration_fits_the_tiny_model_and_the_profile_reproduces_it(tmp_path, capsys, one_thread):
+    out = tmp_path / "cpu.json"
+    assert main(["calibrate", "--device", "cpu", "--model", "tiny", "--threads", "1", "--new-tokens", "32,128",
+                 "--cached-depths", "0,512", "--batches", "1,8", "--contexts", "256", "--rounds", "3",
+                 "--min-time", "0.02", "--out", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "prefill new" in printed and f"wrote {out}" in printed
+    profile = json.loads(out.read_text())
+    assert profile["kvemu_profile"] == 1 and profile["models"]["tiny"]["linear"] > 0
+    points = profile["points"]["tiny"]
+    assert [(p["new_tokens"], p["cached_depth"]) for p in points["prefill"]] == [(32, 0), (32, 512), (128, 0), (128, 512)]
+    assert [(p["batch"], p["kv_tokens"]) for p in points["decode"]] == [(1, 256), (8, 2048)]
+    # The fit is within 10% at every prefill point ...
+    fit = profile["fit_errors"]["tiny"]
+    assert fit["prefill"]["max_abs"] <= 0.10, fit
+    # ... and the profile, loaded as --gpu-file is, gives back those times.
+    cost = CostModel.from_names("tiny", str(out))
+    for p, err in zip(points["prefill"], fit["prefill"]["per_point"]):
+        predicted = cost.prefill_time(p["new_tokens"], p["cached_depth"])
+        assert predicted == pytest.approx(p["seconds"], rel=0.10)
+        assert predicted / p["seconds"] - 1 == pytest.approx(err, abs=1e-4)
+    for p, err in zip(points["decode"], fit["decode"]["per_point"]):
+        assert cost.decode_step_time(p["batch"], p["kv_tokens"]) / p["seconds"] - 1 == pytest.approx(err, abs=1e-4)
+    # A second model calibrated into the same file joins the first.
+    assert main(["calibrate", "--device", "cpu", "--model", "tiny-moe", "--layers", "1", "--threads", "1",
+                 "--new-tokens", "32", "--cached-depths", "0", "--batches", "1", "--contexts", "64", "--rounds", "1",
+                 "--out", str(out), "--quiet"]) == 0
+    both = json.loads(out.read_text())
+    assert sorted(both["models"]) == ["tiny", "tiny-moe"] and sorted(both["points"]) == ["tiny", "tiny-moe"]
+    assert both["calibrated"]["tiny-moe"]["layers_run"] == 1 and both["calibrated"]["tiny"]["layers_run"] == 4
+
+
+def test_calibrate_errors_are_one_line(capsys):
+    assert main(["calibrate", "--device", "cpu", "--new-tokens", "a,b"]) == 2
+    assert capsys.readouterr().err == "error: --new-tokens: expected comma-separated integers, got 'a,b'\n"
+    if not torch.cuda.is_available():
+        assert main(["calibrate", "--device", "cuda"]) == 2
+        assert capsys.readouterr().err == "error: --device: cuda: no CUDA device here (use --device cpu)\n"
+
+
+def test_the_host_link_coefficients_come_from_whole_and_scattered_copies():
+    # the H200 figures: 512 blocks of 2 MiB, 55.5 GB/s in one copy, 51.1 GB/s in one copy per block
+    link = {"blocks": 512, "block_bytes": 2 << 20, "h2d_whole_GBps": 55.5, "h2d_scattered_GBps": 51.1}
+    gpu = with_host_link(get_gpu("h200"), link)
+    assert gpu.host_bandwidth == 55.5e9
+    per_call = (512 * (2 << 20) / 51.1e9 - 512 * (2 << 20) / 55.5e9) / 512  # 3.25 us
+    assert gpu.host_copy_overhead_s == pytest.approx(per_call) and 3.2e-6 < per_call < 3.3e-6
+
