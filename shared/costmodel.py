@@ -17,8 +17,8 @@ MLP and weights; two all-reduces of the activations per layer cross the GPU link
   is added, not maxed: without it a few new tokens over a long prefix come out ~25% fast;
 * ``overhead_s`` per layer (launches); decode steps have their own ``decode_overhead_s``.
 
-Decode is memory-bound: every resident weight + the batch's KV read per step at ``memory`` x
-HBM bandwidth, or compute-bound for large batches, whichever is slower (as before issue 14).
+Decode is memory-bound: weights (the experts the batch touches) + KV read per step at
+``memory`` x HBM bandwidth, or compute-bound for large batches, whichever is slower.
 
 The efficiencies are per model (``Efficiency``; a preset carries its own, a device profile
 from ``kvemu calibrate`` replaces them): what each preset was fitted on is its ``source``,
@@ -311,18 +311,17 @@ class CostModel:
         """One decode step for ``batch_size`` sequences holding ``kv_tokens`` tokens in all."""
         if batch_size <= 0:
             return 0.0
-        weights, kv, lin, att, comm, overhead = self._decode_unit
+        weights, per_expert, kv, lin, att, comm, overhead = self._decode_unit
+        if per_expert:  # MoE: experts no sequence in the batch routes to are not read
+            weights -= (self.model.experts - self.model.touched_experts(batch_size)) * per_expert
         return max(weights + kv_tokens * kv, batch_size * lin + kv_tokens * att) + batch_size * comm + overhead
 
     def _decode_units(self) -> tuple[float, ...]:
-        """Seconds of a decode step per unit: (all weights, per KV token read, per sequence's
-        products, per KV token attended, per sequence's all-reduces, overhead). Every resident
-        weight is read each step, MoE experts included, as before issue 14: it held within 6% on
-        dense models; for MoE at small batches it overstates the read (a batch of one touches 8
-        of 128 experts) but real small-batch MoE steps carry overheads the form lacks, and no
-        MoE decode step has been measured here, so it is left as it was."""
+        """Seconds of a decode step per unit: (all weights, one expert's weights, per KV token
+        read, per sequence's products, per KV token attended, per sequence's all-reduces, overhead)."""
         m, e, g, tp = self.model, self.efficiency, self.gpu, self.tp
         bw, peak = g.hbm_bandwidth * tp * e.memory, g.peak_flops * tp
         comm = m.layers * 2 * 2 * (tp - 1) / tp * m.hidden * m.dtype_bytes / g.link_bandwidth if tp > 1 else 0.0
-        return (m.weight_bytes / bw, self.kv_bytes_per_token / bw, self.prefill_flops(1, 0)[0] / (peak * e.linear),
+        return (m.weight_bytes / bw, m.layers * m.expert_params * m.dtype_bytes / bw if m.moe else 0.0,
+                self.kv_bytes_per_token / bw, self.prefill_flops(1, 0)[0] / (peak * e.linear),
                 4.0 * m.q_heads * m.head_dim * m.layers / (peak * e.attention), comm, m.layers * e.decode_overhead_s)

@@ -72,6 +72,14 @@ def test_preset_shapes_give_the_published_parameter_counts():
     assert moe.touched_experts(8192) == pytest.approx(128.0)
 
 
+def test_moe_decode_reads_only_the_experts_the_batch_touches():
+    cm = CostModel.from_names("qwen3-coder-30b-a3b", "h200")
+    m = cm.model
+    # batch 1: every non-expert weight, 8 experts per layer, no KV
+    expected = (m.weight_bytes - m.layers * 120 * m.expert_params * 2) / (4.8e12 * cm.mbu_decode)
+    assert cm.decode_step_time(1, 0) == pytest.approx(expected)
+
+
 def test_prefill_roofline_hand_worked_llama_3_8b():
     """512 new tokens after 64K cached, llama-3-8b on an H200 with efficiencies of 1/2."""
     cm = CostModel(get_model("llama-3-8b"), get_gpu("h200"), Efficiency(0.5, 0.5, 0.5, 0.5, 1e-5, 0.0))
