@@ -29,7 +29,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import replace
 
 from loadgen.workloads import generate
-from replica.core.tiers import HOST_LINK_GBPS, TierSettings
+from replica.core.tiers import TierSettings
 from shared.costmodel import CostModel
 from shared.progress import ProgressBar
 from sim.simulator import SimSettings, simulate
@@ -46,9 +46,10 @@ def hbm_kv_gib(cost: CostModel, tp: int, utilization: float) -> float:
 
 def settings_for(config: str, base: SimSettings, cost: CostModel, block_size: int, host_gib: float,
                  ssd_gib: float, gpu_name: str) -> SimSettings:
-    link = HOST_LINK_GBPS.get(gpu_name, 25.0)
     tiers = TierSettings(host_blocks=cost.gib_to_blocks(host_gib, block_size),
-                         ssd_blocks=cost.gib_to_blocks(ssd_gib, block_size), host_link_gbps=link)
+                         ssd_blocks=cost.gib_to_blocks(ssd_gib, block_size),
+                         host_link_gbps=cost.gpu.host_bandwidth * cost.tp / 1e9,
+                         host_copy_overhead_s=cost.gpu.host_copy_overhead_s)
     if config == "vllm":
         return replace(base, response_kv="keep", scheduler="fcfs")
     if config == "cachedattn":  # KV saved below after every turn and loaded back: no GPU caching
