@@ -116,7 +116,12 @@ class ModelSpec:
 
 
 _DENSE = {"llama-3-8b": (32, 32, 8, 128, 4096, 14336, 128256), "llama-3-70b": (80, 64, 8, 128, 8192, 28672, 128256),
-          "qwen3-8b": (36, 32, 8, 128, 4096, 12288, 151936)}
+          "qwen3-8b": (36, 32, 8, 128, 4096, 12288, 151936),
+          # The models of seed 001 (FlashGen). Llama 2: published shapes (13B multi-head, 70B GQA).
+          "llama-2-13b": (40, 40, 40, 128, 5120, 13824, 32000), "llama-2-70b": (80, 64, 8, 128, 8192, 28672, 32000),
+          # OPT: multi-head attention and a two-matrix MLP of width 4 x hidden; given here as the
+          # SwiGLU width with the same parameters (2/3 of it), which is all the cost model counts.
+          "opt-13b": (40, 40, 40, 128, 5120, 13653, 50272), "opt-30b": (48, 56, 56, 128, 7168, 19115, 50272)}
 
 MODELS: dict[str, ModelSpec] = {
     m.name: m

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from replica.core.tiers import FETCH_MODES, HOST_LINK_GBPS, TIER_MODES, TierSettings
+from replica.core.tiers import FETCH_MODES, TIER_MODES, TierSettings
 from shared.costmodel import CostModel
 from shared.errors import InputError
 
@@ -39,8 +39,11 @@ def tier_settings(args: argparse.Namespace, cost: CostModel, block_size: int) ->
     for flag, gib in (("--host-cache-gib", args.host_cache_gib), ("--ssd-cache-gib", args.ssd_cache_gib)):
         if not (isinstance(gib, float) and math.isfinite(gib) and gib >= 0):
             raise InputError(flag, f"must be a finite number >= 0, got {gib}")
-    link = args.host_link_gbps if args.host_link_gbps is not None else HOST_LINK_GBPS.get(cost.gpu.name, 25.0)
+    # the GPU preset's host link (per direction, each of --tp GPUs has its own) unless given
+    preset = cost.gpu.host_bandwidth * cost.tp / 1e9
+    link = args.host_link_gbps if args.host_link_gbps is not None else preset
     return TierSettings(host_blocks=cost.gib_to_blocks(args.host_cache_gib, block_size),
                         ssd_blocks=cost.gib_to_blocks(args.ssd_cache_gib, block_size),
                         host_policy=policies["host"], ssd_policy=policies["ssd"], mode=args.tier_mode,
-                        fetch=args.fetch, host_link_gbps=link, hbm_caching=not args.no_hbm_caching)
+                        fetch=args.fetch, host_link_gbps=link, host_copy_overhead_s=cost.gpu.host_copy_overhead_s,
+                        hbm_caching=not args.no_hbm_caching)

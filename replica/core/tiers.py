@@ -37,10 +37,8 @@ TIER_MODES = ("inclusive", "exclusive")
 FETCH_MODES = ("always", "never", "auto")
 GB = 1e9
 
-# Per-direction host link bandwidth by GPU (bytes/s). h200: 55 GB/s measured for large pinned
-# copies on an H200 (NVLink-C2C class host link); a100-80gb: PCIe 4.0 x16 (~25 GB/s usable);
-# h100: PCIe 5.0 x16 (~50 GB/s usable). Override with ``host_link_gbps``.
-HOST_LINK_GBPS = {"h200": 55.0, "h100": 50.0, "a100-80gb": 25.0, "ascend-910b2": 25.0}
+# The host link's bandwidth and per-copy cost come from the GPU preset (shared.costmodel:
+# ``GpuSpec.host_bandwidth``, ``host_copy_overhead_s``, measured on an H200); tier_args passes them.
 SSD_READ_GBPS = 7.0  # one PCIe 4.0 NVMe drive, sequential read
 SSD_WRITE_GBPS = 5.0
 
@@ -55,7 +53,8 @@ class TierSettings:
     ssd_policy: str = "lru"
     mode: str = "exclusive"
     fetch: str = "auto"
-    host_link_gbps: float = 55.0
+    host_link_gbps: float = 55.5  # per direction; tier_args takes the GPU preset's
+    host_copy_overhead_s: float = 0.0  # per block copied over the host link
     ssd_read_gbps: float = SSD_READ_GBPS
     ssd_write_gbps: float = SSD_WRITE_GBPS
     # False (CachedAttention): HBM keeps no KV between requests; a finished request's blocks
@@ -88,14 +87,15 @@ class Link:
 
     name: str
     bandwidth: float  # bytes/s
+    per_copy_s: float = 0.0  # each copy call's fixed cost (a block is one call: blocks are scattered)
     busy_until: float = 0.0
     bytes_moved: int = 0
 
-    def reserve(self, now: float, nbytes: int, bandwidth: float | None = None) -> float:
-        """Queue a transfer of ``nbytes`` at ``now`` (at ``bandwidth`` if this one differs,
-        e.g. an SSD write); returns the time it ends."""
+    def reserve(self, now: float, nbytes: int, bandwidth: float | None = None, copies: int = 0) -> float:
+        """Queue a transfer of ``nbytes`` in ``copies`` calls at ``now`` (at ``bandwidth`` if this one
+        differs, e.g. an SSD write); returns the time it ends."""
         start = max(now, self.busy_until)
-        self.busy_until = start + nbytes / (bandwidth or self.bandwidth)
+        self.busy_until = start + nbytes / (bandwidth or self.bandwidth) + copies * self.per_copy_s
         self.bytes_moved += nbytes
         return self.busy_until
 
@@ -135,9 +135,9 @@ class TierStack:
         self.counters = TierCounters()
         self.host = self._tier(settings.host_blocks, settings.host_policy)
         self.ssd = self._tier(settings.ssd_blocks, settings.ssd_policy)
-        gbps = settings.host_link_gbps * GB
-        self.h2d = Link("host_to_device", gbps)
-        self.d2h = Link("device_to_host", gbps)
+        gbps, per_copy = settings.host_link_gbps * GB, settings.host_copy_overhead_s
+        self.h2d = Link("host_to_device", gbps, per_copy)
+        self.d2h = Link("device_to_host", gbps, per_copy)
         self.ssd_link = Link("ssd", settings.ssd_read_gbps * GB)  # one drive: writes compete with reads
         self._ssd_write_bw = settings.ssd_write_gbps * GB
         self._now = 0.0
@@ -199,7 +199,7 @@ class TierStack:
             return
         nbytes = len(new) * self.block_bytes
         if tier is self.host or self.host is None:
-            self.d2h.reserve(self._now, nbytes)  # from HBM (to SSD through host when there is no host tier)
+            self.d2h.reserve(self._now, nbytes, copies=len(new))  # from HBM (to SSD through host when there is no host tier)
         if tier is self.ssd:
             self.ssd_link.reserve(self._now, nbytes, self._ssd_write_bw)
         room = tier.capacity - len(tier.pin_counts)  # blocks held for a pending fetch stay
@@ -267,9 +267,9 @@ class TierStack:
     def _transfer_up(self, tier: BlockPool, blocks: int, arrival: float) -> float:
         nbytes = blocks * self.block_bytes
         if tier is self.host:
-            return self.h2d.reserve(self._now, nbytes)
+            return self.h2d.reserve(self._now, nbytes, copies=blocks)
         # SSD -> host staged from the request's arrival (while it waited), then host -> HBM
-        return max(self.ssd_link.reserve(arrival, nbytes), self.h2d.reserve(self._now, nbytes))
+        return max(self.ssd_link.reserve(arrival, nbytes), self.h2d.reserve(self._now, nbytes, copies=blocks))
 
     def _runs(self, hashes: Sequence[int], new_idx: Sequence[int]) -> list[tuple[BlockPool, list[int]]]:
         """Runs of consecutive missing depths held by one lower tier (host looked up first)."""
@@ -289,7 +289,7 @@ class TierStack:
     def transfer_seconds(self, tier: BlockPool, blocks: int, waited: float = 0.0) -> float:
         """Time a restore of ``blocks`` adds once the request is admitted (links idle)."""
         nbytes = blocks * self.block_bytes
-        host = nbytes / self.h2d.bandwidth
+        host = nbytes / self.h2d.bandwidth + blocks * self.h2d.per_copy_s
         if tier is self.host:
             return host
         return max(nbytes / self.ssd_link.bandwidth - waited, host)  # the wait hid part of the SSD read

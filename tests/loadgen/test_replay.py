@@ -29,7 +29,8 @@ pytestmark = pytest.mark.slow
 
 BS = 16
 TAIL = 5  # tokens of the partial last block of every prompt (never cached)
-TIME_SCALE = 0.1  # one decode step of the default model (~16 ms emulated) sleeps ~1.6 ms
+TIME_SCALE = 0.1  # one decode step of the default model at batch 1 (~1.7 ms emulated: 8 of 128 experts read) sleeps ~0.17 ms
+LONG_OUT = 3600  # tokens that decode in ~0.6 s of wall at this time scale
 
 
 @pytest.fixture(scope="module")
@@ -120,8 +121,8 @@ def test_records_and_summary_have_exact_cached_tokens(cluster, tmp_path):
 
 def test_open_loop_across_sessions_causal_within_one(cluster, tmp_path):
     speedup = 2.0
-    # C's turn 0 decodes 400 tokens (~0.6 s of wall at this time scale), far longer than any jitter.
-    reqs = [request(0.0, "timing", "C", 0, 1, out=400), request(1.0, "timing", "C", 1, 3),
+    # C's turn 0 decodes LONG_OUT tokens (~0.6 s of wall at this time scale), far longer than any jitter.
+    reqs = [request(0.0, "timing", "C", 0, 1, out=LONG_OUT), request(1.0, "timing", "C", 1, 3),
             request(1.2, "timing", "D", 0, 1), request(4.0, "timing", "D", 1, 2)]
     out = tmp_path / "out.json"
     res = replay(cluster.router_url, write(tmp_path, reqs), "--json", str(out), "--quiet", speedup=speedup)
@@ -243,9 +244,9 @@ def test_ctrl_c_stops_cleanly_and_keeps_what_ran(cluster, tmp_path):
 
 
 def test_progress_says_when_replay_falls_behind_schedule(cluster, tmp_path):
-    """Six sessions due at once through one connection, each decoding 400 tokens (~0.6 s):
+    """Six sessions due at once through one connection, each decoding LONG_OUT tokens (~0.6 s):
     the last leaves seconds late, and the bar says so."""
-    reqs = [request(0.0, "late", f"L{i}", 0, 1, out=400) for i in range(6)]
+    reqs = [request(0.0, "late", f"L{i}", 0, 1, out=LONG_OUT) for i in range(6)]
     res = replay(cluster.router_url, write(tmp_path, reqs), "--connections", "1")
     assert res.returncode == 0, res.stderr
     late = re.findall(r"behind schedule (\d+\.\d)s", res.stderr)

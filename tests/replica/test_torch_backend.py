@@ -122,11 +122,14 @@ def test_hit_ratios_equal_the_emulated_backends():
 
 @pytest.mark.slow
 def test_a_live_replica_serves_from_the_paged_tensor():
-    from tests.support.procs import http_json, start_replica
+    from tests.conftest import free_port
+    from tests.support.procs import Proc, http_json
 
-    replica = start_replica("--backend", "torch", "--device", "cpu", "--model", "tiny", "--layers", "2",
-                            capacity_blocks=64)
+    port = free_port()
+    replica = Proc(["-m", "replica", "--port", str(port), "--capacity-blocks", "64", "--time-scale", "0",
+                    "--backend", "torch", "--device", "cpu", "--model", "tiny", "--layers", "2"], port)
     try:
+        replica.wait_healthy(timeout=90.0)  # importing torch on a busy 2-core machine takes a while
         body = {"token_ids": list(range(100)), "max_tokens": 3}
         status, first = http_json("POST", replica.url + "/generate", body)
         assert status == 200 and first["cached_tokens"] == 0

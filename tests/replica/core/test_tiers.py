@@ -133,7 +133,7 @@ def test_tier_flags_become_validated_settings():
     s = tier_settings(p.parse_args(["--host-cache-gib", "1", "--tier-policy", "host=s3fifo", "--tier-mode",
                                     "inclusive"]), COST, 16)
     assert (s.host_blocks, s.ssd_blocks, s.host_policy, s.ssd_policy, s.mode) == (512, 0, "s3fifo", "lru", "inclusive")
-    assert s.host_link_gbps == 55.0  # the h200 preset's host link
+    assert (s.host_link_gbps, s.host_copy_overhead_s) == (55.5, 5e-6)  # the h200 preset's host link
     for argv, field in ((["--tier-policy", "gpu=lru"], "--tier-policy"), (["--host-cache-gib", "nan"], "--host-cache-gib"),
                         (["--tier-policy", "host=belady"], "tier_policy")):
         with pytest.raises(InputError) as err:
