@@ -36,7 +36,7 @@ class Handle:
     def timings(self) -> dict:
         r = self.req
         return {
-            "queue_time_s": max(r.t_admitted - r.arrival, 0.0),
+            "queue_time_s": max(r.waited, 0.0),  # every wait, if it was preempted and queued again
             "ttft_s": r.t_first_token - r.arrival,
             "e2e_s": r.t_finished - r.arrival,
             "wall_ttft_s": self.wall_first_token - self.wall_submitted,

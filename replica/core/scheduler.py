@@ -175,6 +175,8 @@ class Scheduler:
         self.promotions = 0  # admissions out of arrival order (reorder)
         self.admissions = 0
         self.queue_wait_s = 0.0  # seconds waited, summed over admissions
+        self.prefill_tokens = 0  # tokens admissions had to prefill (cache misses, holes, tails)
+        self.readmission_prefill_tokens = 0  # ... of them, by re-admissions after a preemption
         self.pinned_block_s = 0.0  # blocks held by running requests x step time: time-averaged HBM use
         self._order = 0
         # reorder: requests admitted ahead of a blocked head (by order), the heap of their orders
@@ -199,7 +201,8 @@ class Scheduler:
         req.t_queued = req.arrival
         self.waiting.append(req)
         self.queued_prefill_tokens += req.input_tokens
-        self._dirty = True
+        if len(self.waiting) <= self.settings.reorder_window + 1:  # within reach of _promote
+            self._dirty = True
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.prefilling or self._done_at)
@@ -260,6 +263,7 @@ class Scheduler:
         """Counters since start: what /stats, /metrics and the simulator report."""
         return {"policy": self.settings.policy, "admissions": self.admissions, "promotions": self.promotions,
                 "preemptions": self.preemptions, "queue_wait_s_total": self.queue_wait_s,
+                "prefill_tokens": self.prefill_tokens, "readmission_prefill_tokens": self.readmission_prefill_tokens,
                 "pinned_block_s": self.pinned_block_s}
 
     def _admit(self, now: float) -> None:
@@ -314,19 +318,29 @@ class Scheduler:
             req.plan = None
         req.cached_tokens = min(len(reused) * self.pool.block_size, req.input_tokens)
         req.segments = _prefill_segments(req, reused, self.pool.block_size, req.generated if req.resumed else 0)
-        self.queued_prefill_tokens -= _prefill_len(req) - sum(s[1] for s in req.segments)
+        todo = sum(s[1] for s in req.segments)
+        self.queued_prefill_tokens -= _prefill_len(req) - todo
+        self.prefill_tokens += todo
+        if req.preemptions:
+            self.readmission_prefill_tokens += todo
         self.prefilling.append(req)
         self._dirty = True
 
     # ---- reorder ------------------------------------------------------------------
     def _promote(self, now: float) -> None:
-        """The head does not fit: admit requests behind it (up to ``reorder_window`` tried) into
-        the memory it leaves idle. They are lent that memory and preempted once the head could run."""
-        waiting, max_running = self.waiting, self.settings.max_running
+        """The head does not fit: admit shorter requests behind it (up to ``reorder_window`` tried)
+        into the memory it leaves idle. They are lent that memory and preempted once the head could run."""
+        waiting, max_running, pool = self.waiting, self.settings.max_running, self.pool
+        head_blocks = len(waiting[0].hashes)
         i, tried = 1, 0
         while i < len(waiting) and tried < self.settings.reorder_window and self.num_running < max_running:
-            tried += 1
+            if len(pool.pin_counts) >= pool.capacity:
+                break  # no idle block left
             r = waiting[i]
+            if len(r.hashes) >= head_blocks:
+                i += 1
+                continue
+            tried += 1
             try:
                 self._acquire(r, now)
             except PoolBusyError:

@@ -192,3 +192,15 @@ def test_sigterm_during_start_up_stops_everything_at_once(up_procs):
     assert children, "no child was seen starting"
     assert wait_dead(children, timeout=10) == {}
     assert "stopped during start-up" in up.stderr()
+
+
+def test_replicas_get_the_scheduler_up_was_given():
+    import argparse
+
+    from kvemu.up import add_cluster_args, replica_args
+
+    p = argparse.ArgumentParser()
+    add_cluster_args(p)
+    for flags, want in (([], "fcfs"), (["--scheduler", "reorder"], "reorder")):
+        args = replica_args(0, 8100, p.parse_args(["--capacity-blocks", "64", *flags]), None)
+        assert args[args.index("--scheduler") + 1] == want

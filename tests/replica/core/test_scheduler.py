@@ -1,4 +1,5 @@
 import math
+import random
 
 import pytest
 
@@ -149,6 +150,8 @@ def test_fcfs_head_of_line_blocking():
 
 def test_reorder_fills_idle_memory_then_preempts_for_the_head():
     pool, sched, r, h, s = head_of_line("reorder")
+    told = []
+    sched.on_preempt = lambda x, now: told.append((x.rid, x.alloc))  # where a host tier would keep its KV
     res0 = sched.step(0.0, 0.0)
     # S is admitted behind the blocked head into the 4 idle blocks and prefills with R.
     assert res0.prefill_tokens == 96 + 64 and res0.first_tokens == [r, s] and sched.num_waiting == 1
@@ -158,6 +161,7 @@ def test_reorder_fills_idle_memory_then_preempts_for_the_head():
     k, now = steps_until(sched, lambda res: h in res.finished, res0.duration)
     assert k == 2  # steps 1, 2, 3
     assert s.preemptions == 1 and s.generated == 3 and sched.num_waiting == 1
+    assert told == [(3, None)]  # told after its blocks were released
     # H evicted R's 6 blocks and S's 2 last ones (LRU: a request's last block goes first).
     # Step 4: S re-admitted hits its 2 first blocks and recomputes 2 blocks + its 3 tokens;
     # no second first token; steps 5-6 decode tokens 4 and 5: S is done 2 steps before fcfs.
@@ -166,6 +170,7 @@ def test_reorder_fills_idle_memory_then_preempts_for_the_head():
     assert steps_until(sched, lambda res: s in res.finished, now + res4.duration)[0] == 1  # steps 5, 6
     st = sched.stats()
     assert (st["preemptions"], st["promotions"], st["admissions"]) == (1, 1, 4)
+    assert (st["prefill_tokens"], st["readmission_prefill_tokens"]) == (96 + 64 + 128 + 35, 35)
     assert s.generated == 5 and pool.evictable == 10 and not sched.has_work()
 
 
@@ -228,3 +233,29 @@ def test_reorder_is_starvation_free_under_adversarial_arrivals():
     # Without taking lent memory back, small requests refill every block Ra and Rb free: H starves.
     _, never = adversarial(NaiveReorder, 120)
     assert never is None
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_reorder_bookkeeping_survives_random_traffic(seed):
+    """Random sizes and arrivals on a tight pool: every request runs to its last token, once;
+    nothing stays pinned or queued; the decode aggregates return to zero."""
+    rng = random.Random(seed)
+    pool, sched = make(capacity=40, token_budget=64, max_running=6, policy="reorder")
+    reqs, now = [], 0.0
+    for k in range(120):
+        if rng.random() < 0.6:
+            r = req(k, rng.randint(1, 30), tail=rng.randint(0, 15), out=rng.randint(1, 12),
+                    base=rng.choice([0, 1000 * (k + 1)]), t=now)  # base 0: shares a prefix with others
+            reqs.append(r)
+            sched.submit(r)
+        res = sched.step(now, now)
+        now += res.duration
+    while sched.has_work():
+        now += sched.step(now, now).duration
+    # t_admitted is the last admission: after the first token for a request preempted while decoding
+    assert all(r.t_finished >= max(r.t_first_token, r.t_admitted) >= r.arrival for r in reqs)
+    assert all(r.t_first_token >= r.t_admitted or r.preemptions for r in reqs)
+    assert all(r.generated == r.output_tokens for r in reqs)
+    assert sched.stats()["preemptions"] == sum(r.preemptions for r in reqs) > 0
+    assert len(pool.pin_counts) == 0 and sched.queued_prefill_tokens == 0 and not sched._lent
+    assert (sched._dec_input, sched._dec_base, len(sched._decoders)) == (0, 0, 0)
