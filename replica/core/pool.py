@@ -126,6 +126,7 @@ class BlockPool:
         input_tokens: int | None = None,
         next_use: Sequence[float] | None = None,
         position: float | None = None,
+        record: bool = True,
     ) -> Allocation:
         """Pin the request's resident blocks, allocate the rest (evicting through the policy)."""
         n = len(hashes)
@@ -167,7 +168,8 @@ class BlockPool:
             if self.hit_mode == "holes" and touched[-1] != k - 1:
                 alloc.holes, alloc.hole_lengths = _holes(hit_idx)
         self.policy.on_access(Access(hashes, touched, new_idx, now, session, next_use))
-        self.metrics.record_request(alloc, n, input_tokens, now)
+        if record:  # a preempted request's re-admission is not another request for the hit ratios
+            self.metrics.record_request(alloc, n, input_tokens, now)
         return alloc
 
     def release(self, alloc: Allocation, now: float = 0.0) -> None:

@@ -292,7 +292,7 @@ class Scheduler:
         req.plan = tiers.plan(req.hashes, now, req.arrival) if tiers is not None else None
         try:
             req.alloc = self.pool.acquire(req.hashes, session=req.session, now=now, input_tokens=req.input_tokens,
-                                          next_use=req.next_use, position=req.position)
+                                          next_use=req.next_use, position=req.position, record=not req.preemptions)
         except PoolBusyError:
             if req.plan is not None and tiers is not None:
                 tiers.cancel(req.plan)
@@ -311,7 +311,7 @@ class Scheduler:
         plan, tiers = req.plan, self.tiers
         if plan is not None and tiers is not None:
             alloc = req.alloc
-            tiers.complete(plan, alloc.hashes, alloc.hit_idx, alloc.new_idx, now)
+            tiers.complete(plan, alloc.hashes, alloc.hit_idx, alloc.new_idx, now, record=not req.preemptions)
             req.ready_at = plan.ready_at
             if plan.restored_idx:  # restored blocks count as reused: only the rest is computed
                 reused = sorted(alloc.hit_idx + plan.restored_idx)

@@ -245,9 +245,10 @@ class TierStack:
         plan.pins.clear()
 
     def complete(self, plan: FetchPlan, hashes: Sequence[int], hit_idx: Sequence[int],
-                 new_idx: Sequence[int], now: float) -> None:
-        """After HBM allocated the request: transfers, counters, copies down."""
-        c = self.counters
+                 new_idx: Sequence[int], now: float, record: bool = True) -> None:
+        """After HBM allocated the request: transfers, counters (unless ``record`` is False: a
+        preempted request's re-admission), copies down."""
+        c = self.counters if record else TierCounters()
         c.accessed_blocks += len(hashes)
         c.hbm_hits += len(hit_idx)
         c.recomputed += plan.recomputed

@@ -208,3 +208,12 @@ def test_reorder_runs_report_their_scheduler_and_preemptions():
     with pytest.raises(InputError) as err:
         SimSettings(capacity_blocks=12, scheduler="sjf")
     assert err.value.field == "scheduler"
+
+
+def test_a_preempted_requests_readmission_is_not_counted_again():
+    reqs = [TraceRequest(0.0, "a", 0, list(range(6)), 96, 30), TraceRequest(0.001, "h", 0, list(range(100, 107)), 112, 2)]
+    reqs += [TraceRequest(0.002 + k * 0.001, f"s{k}", 0, list(range(1000 * (k + 1), 1000 * (k + 1) + 3)), 48, 60)
+             for k in range(2)]
+    run = simulate(Trace(reqs, block_size=16, source="hol"), SimSettings(capacity_blocks=12, scheduler="reorder"))
+    assert run["preemptions"] == 1 and run["requests"] == run["served"] == 4
+    assert run["block_accesses"] == 6 + 7 + 3 + 3
