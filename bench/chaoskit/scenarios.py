@@ -98,7 +98,10 @@ def busy_replicas(rate: float, duration: float) -> dict:
         out["router_replica_failures"] = _metric(c.url, "kvemu_router_replica_failures_total")
         return out
 
-    return _with_cluster(Cluster(time_scale=1.0, replica_args=("--max-running", "1", "--max-waiting", "1")), run)
+    # a dense 70B model: each request holds its slot for a few hundred ms of decode (the default
+    # MoE preset decodes a dozen tokens in ~20 ms, too fast to keep a slot busy)
+    return _with_cluster(Cluster(time_scale=1.0, replica_args=("--max-running", "1", "--max-waiting", "1",
+                                                               "--model", "llama-3-70b")), run)
 
 
 def slow_clients(rate: float, duration: float, n: int = 100) -> dict:

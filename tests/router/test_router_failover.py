@@ -227,7 +227,10 @@ def test_no_healthy_replica_is_a_503_with_retry_after_until_one_comes_up():
 
 
 def test_a_stream_cut_by_a_dying_replica_ends_with_an_in_band_error():
-    reps = [start_replica(capacity_blocks=500, time_scale=1.0, replica_id=rid) for rid in ("sA", "sB")]
+    # a dense 70B model decodes ~30 ms a token on an H200: 80 tokens take ~2.4 s, so the kill
+    # lands mid-stream (the default MoE preset would finish them in ~0.15 s)
+    reps = [start_replica("--model", "llama-3-70b", capacity_blocks=500, time_scale=1.0, replica_id=rid)
+            for rid in ("sA", "sB")]
     router = None
     try:
         router = start_router([r.url for r in reps], routing="round_robin")
