@@ -27,6 +27,7 @@ import numpy as np
 import xxhash
 
 from replica.core.lru_stack import INF, LruStack
+from shared.hashing import xxh3_u64
 
 # Reuse-time buckets: bucket k holds [2**k, 2**(k+1)) seconds; shorter times fold into
 # the first bucket, longer ones into the last.
@@ -36,6 +37,9 @@ _MASK64 = (1 << 64) - 1
 _RANGE_MARK_MIN = 32  # requests longer than this mark their new timestamps as one range
 _PACK_U64 = struct.Struct("<Q").pack
 _xxh3 = xxhash.xxh3_64_intdigest
+
+
+_VECTOR_MIN = 48  # requests at least this long are sampled with numpy, shorter ones in Python
 
 
 def _as_list(hashes: Sequence[int] | np.ndarray) -> Sequence[int]:
@@ -375,12 +379,11 @@ class ShardsTracker:
         """Account one request; the unscaled distances of its sampled blocks (``INF`` if cold)."""
         hashes = _as_list(hashes)
         self.accesses += len(hashes)
-        t, seed, pk, mod = self.threshold, self.seed, _PACK_U64, self.P
-        picked = [h for h in hashes if _xxh3(pk(h & _MASK64), seed) % mod < t]
+        picked = self._picked(hashes)
         if not picked:
             return []
         dist, dts = self._inner.step(picked, now)
-        w = mod / t  # 1/R at the time of this access
+        w = self.P / self.threshold  # 1/R at the time of this access
         if w != self._pend_w:
             self._flush()
             self._pend_w = w
@@ -399,6 +402,20 @@ class ShardsTracker:
         if self._inner.tracked > self.max_tracked:
             self._shrink()
         return dist
+
+    def _picked(self, hashes: Sequence[int]) -> list[int]:
+        """The sampled blocks, in order."""
+        t, seed, mod = self.threshold, self.seed, self.P
+        if len(hashes) >= _VECTOR_MIN:
+            try:
+                blocks = np.array(hashes, dtype=np.uint64)
+            except OverflowError:  # a negative or too-wide id: masked one at a time below
+                pass
+            else:
+                keep = np.flatnonzero(xxh3_u64(blocks, seed) % np.uint64(mod) < np.uint64(t))
+                return [hashes[i] for i in keep.tolist()]
+        pk = _PACK_U64
+        return [h for h in hashes if _xxh3(pk(h & _MASK64), seed) % mod < t]
 
     def _flush(self) -> None:
         """Weight each pending sample 1/R of its own time into the histograms."""
