@@ -10,7 +10,8 @@ times, alternating and each in a fresh interpreter (imports included):
 * ``kvemu_cache_only_lru`` / ``_s3fifo``: ``kvemu sim --cache-only`` with its defaults, the
   trace parsed from JSONL (parsed-trace cache off) and, ``_warm``, read back from that cache;
 * ``kvemu_default_lru``: ``kvemu sim`` with its defaults (continuous batching, cost model,
-  sampled reuse tracking), and ``kvemu_default_belady`` / ``_belady_compute`` to compare with it.
+  sampled reuse tracking), ``kvemu_default_lru_noreuse`` the same with ``--reuse off`` (what reuse
+  tracking costs), and ``kvemu_default_belady`` / ``_belady_compute`` to compare with it.
 
 Prints JSON: best wall time per mode, the hit ratios, and the ratios the targets name.
 
@@ -59,10 +60,10 @@ def build_trace(path: Path, copies: int) -> dict:
     return {"requests": len(rows) * copies, "block_accesses": accesses, "bytes": path.stat().st_size}
 
 
-def kvemu_cmd(trace: Path, policy: str, cap: int, out: Path, cache_only: bool) -> list[str]:
+def kvemu_cmd(trace: Path, policy: str, cap: int, out: Path, cache_only: bool, reuse: bool = True) -> list[str]:
     cmd = [sys.executable, "-m", "kvemu", "sim", "--trace", str(trace), "--policy", policy,
            "--capacity-blocks", str(cap), "--quiet", "--json", str(out)]
-    return cmd + (["--cache-only"] if cache_only else [])
+    return cmd + (["--cache-only"] if cache_only else []) + ([] if reuse else ["--reuse", "off"])
 
 
 def run_mode(mode: str, trace: Path, work: Path, cap: int) -> dict:
@@ -71,10 +72,12 @@ def run_mode(mode: str, trace: Path, work: Path, cap: int) -> dict:
     if mode.startswith("lcs_"):
         cmd = [sys.executable, "-c", LCS, str(trace), str(work / "ids.txt"), mode[4:], str(cap)]
     else:
-        warm = mode.endswith("_warm")  # kvemu_<cache_only|default>_<policy>[_warm]
-        policy = mode.removesuffix("_warm").removeprefix("kvemu_cache_only_").removeprefix("kvemu_default_")
+        warm = mode.endswith("_warm")  # kvemu_<cache_only|default>_<policy>[_warm|_noreuse]
+        reuse = not mode.endswith("_noreuse")
+        policy = (mode.removesuffix("_warm").removesuffix("_noreuse").removeprefix("kvemu_cache_only_")
+                  .removeprefix("kvemu_default_"))
         env["KVEMU_CACHE_DIR"] = str(work / "cache") if warm else "off"
-        cmd = kvemu_cmd(trace, policy, cap, out, mode.startswith("kvemu_cache_only"))
+        cmd = kvemu_cmd(trace, policy, cap, out, mode.startswith("kvemu_cache_only"), reuse)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
     wall = time.perf_counter() - t0
@@ -87,7 +90,7 @@ def run_mode(mode: str, trace: Path, work: Path, cap: int) -> dict:
 
 
 MODES = ("lcs_lru", "kvemu_cache_only_lru", "kvemu_cache_only_lru_warm", "lcs_s3fifo", "kvemu_cache_only_s3fifo",
-         "kvemu_default_lru", "kvemu_default_belady", "kvemu_default_belady_compute")
+         "kvemu_default_lru", "kvemu_default_lru_noreuse", "kvemu_default_belady", "kvemu_default_belady_compute")
 
 
 def main() -> None:
@@ -120,6 +123,8 @@ def main() -> None:
         "cache_only_lru_warm / lcs_lru": ("kvemu_cache_only_lru_warm", "lcs_lru"),
         "cache_only_s3fifo / lcs_s3fifo": ("kvemu_cache_only_s3fifo", "lcs_s3fifo"),
         "default_lru / lcs_lru": ("kvemu_default_lru", "lcs_lru"),
+        "default_lru_noreuse / lcs_lru": ("kvemu_default_lru_noreuse", "lcs_lru"),
+        "default_lru / default_lru_noreuse": ("kvemu_default_lru", "kvemu_default_lru_noreuse"),
         "default_belady / default_lru": ("kvemu_default_belady", "kvemu_default_lru"),
         "default_belady_compute / default_lru": ("kvemu_default_belady_compute", "kvemu_default_lru"),
     }.items():

@@ -25,7 +25,7 @@ from pathlib import Path
 import orjson
 
 from loadgen import trace_cache
-from loadgen.trace import Trace, TraceRequest, gc_paused
+from loadgen.trace import Trace, TraceRequest, gc_paused, shared_prefix
 from shared.errors import InputError, TraceFormatError, UnknownNameError
 from shared.hashing import ROOT_HASH, chain_ids
 
@@ -179,7 +179,7 @@ def write_kvemu(trace: Trace, path: str | Path, compact: bool = True) -> None:
             rec: dict = {"t": round(r.t, 6), "session": r.session, "turn": r.turn}
             ids = r.hash_ids
             if compact:
-                shared = _shared_prefix(previous.get(r.session, ()), ids)
+                shared = shared_prefix(previous.get(r.session, ()), ids)
                 previous[r.session] = ids
                 rec["prefix"], rec["hash_ids"] = shared, ids[shared:]
             else:
@@ -188,16 +188,6 @@ def write_kvemu(trace: Trace, path: str | Path, compact: bool = True) -> None:
             if r.kind is not None:
                 rec["kind"] = r.kind
             fh.write(orjson.dumps(rec, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
-
-
-def _shared_prefix(a, b) -> int:
-    n = min(len(a), len(b))
-    if list(a[:n]) == list(b[:n]):  # the common case (a next turn extends the previous prompt), in C
-        return n
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 # --------------------------------------------------------------------------- Mooncake

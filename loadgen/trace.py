@@ -40,6 +40,17 @@ class Trace:
     meta: dict = field(default_factory=dict)
 
 
+def shared_prefix(a, b) -> int:
+    """How many leading hashes ``a`` and ``b`` share (a session's turn and the one before)."""
+    n = min(len(a), len(b))
+    if list(a[:n]) == list(b[:n]):  # the common case (a next turn extends the previous prompt), in C
+        return n
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
 def response_hashes(trace: Trace) -> list[list[int]]:
     """Per request: the hashes of the full blocks its response completes, chained after its prompt.
 

@@ -2,8 +2,11 @@
 
 Parsing a large JSONL trace (and inferring Mooncake sessions) costs seconds; loading its
 columns back costs a fraction of that. The cache holds, per (file bytes, format, block
-size, cache version), one ``.npz`` of columns: times, turns, token counts, request offsets
-into one ``uint64`` array of every block hash, and session / kind tables. It lives in
+size, cache version), one ``.npz`` of columns: times, turns, token counts, session / kind
+tables and, per request, how many leading hashes it shares with its session's previous
+request (``prefix``) and offsets into one ``uint64`` array of the rest. As kvemu's compact
+JSONL, a read rebuilds a turn from its predecessor's list, so the repeated hashes share
+their int objects (8 bytes per repeated access, not a new 32-byte int each). It lives in
 ``$KVEMU_CACHE_DIR`` (default ``$XDG_CACHE_HOME/kvemu`` or ``~/.cache/kvemu``) under
 ``traces/``; ``KVEMU_CACHE_DIR=off`` disables it. A cache that cannot be written or read
 is skipped, never an error: the trace is parsed instead.
@@ -19,9 +22,9 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
-from loadgen.trace import Trace, TraceRequest, gc_paused
+from loadgen.trace import Trace, TraceRequest, gc_paused, shared_prefix
 
-CACHE_VERSION = 1  # bump when a reader's output for the same bytes changes
+CACHE_VERSION = 2  # bump when a reader's output for the same bytes changes
 
 
 def cache_dir() -> Path | None:
@@ -74,10 +77,15 @@ def _to_columns(trace: Trace) -> dict[str, np.ndarray]:
     reqs = trace.requests
     sessions: dict[str, int] = {}
     kinds: dict[str | None, int] = {}
-    lengths = np.fromiter((len(r.hash_ids) for r in reqs), dtype=np.int64, count=len(reqs))
-    starts = np.zeros(len(reqs) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=starts[1:])
-    hashes = np.fromiter((h for r in reqs for h in r.hash_ids), dtype=np.uint64, count=int(starts[-1]))
+    prefix = np.zeros(len(reqs), dtype=np.int64)
+    previous: dict[str, list[int]] = {}
+    new: list[int] = []
+    starts = [0]
+    for k, r in enumerate(reqs):
+        shared = prefix[k] = shared_prefix(previous.get(r.session, ()), r.hash_ids)
+        new += r.hash_ids[shared:]
+        starts.append(len(new))
+        previous[r.session] = r.hash_ids
     return {
         "t": np.fromiter((r.t for r in reqs), dtype=np.float64, count=len(reqs)),
         "session": np.fromiter((sessions.setdefault(r.session, len(sessions)) for r in reqs), dtype=np.int64),
@@ -85,8 +93,9 @@ def _to_columns(trace: Trace) -> dict[str, np.ndarray]:
         "input_tokens": np.fromiter((r.input_tokens for r in reqs), dtype=np.int64, count=len(reqs)),
         "output_tokens": np.fromiter((r.output_tokens for r in reqs), dtype=np.int64, count=len(reqs)),
         "kind": np.fromiter((kinds.setdefault(r.kind, len(kinds)) for r in reqs), dtype=np.int64),
-        "starts": starts,
-        "hashes": hashes,
+        "prefix": prefix,
+        "starts": np.array(starts, dtype=np.int64),
+        "hashes": np.array(new, dtype=np.uint64),
         "session_names": np.array(list(sessions), dtype=np.str_),
         "kind_names": np.array(json.dumps(list(kinds))),
         "header": np.array(json.dumps({"block_size": trace.block_size, "source": trace.source,
@@ -98,17 +107,19 @@ def _from_columns(c: dict[str, np.ndarray]) -> Trace:
     header = json.loads(str(c["header"]))
     names = c["session_names"].tolist()
     kinds = json.loads(str(c["kind_names"]))
-    flat = c["hashes"].tolist()
-    starts = c["starts"].tolist()
     with gc_paused():
-        requests = _requests(c, names, kinds, flat, starts)
+        requests = _requests(c, names, kinds, c["hashes"].tolist(), c["starts"].tolist())
     return Trace(requests, header["block_size"], header["source"], header["meta"])
 
 
 def _requests(c: dict[str, np.ndarray], names: list, kinds: list, flat: list, starts: list) -> list[TraceRequest]:
-    return [
-        TraceRequest(t, names[s], turn, flat[starts[k]:starts[k + 1]], n_in, n_out, kinds[kind])
-        for k, (t, s, turn, n_in, n_out, kind) in enumerate(zip(
+    previous: dict[int, list[int]] = {}  # session index -> its latest request's hashes
+    out = []
+    for k, (t, s, turn, n_in, n_out, kind, shared) in enumerate(zip(
             c["t"].tolist(), c["session"].tolist(), c["turn"].tolist(), c["input_tokens"].tolist(),
-            c["output_tokens"].tolist(), c["kind"].tolist()))
-    ]
+            c["output_tokens"].tolist(), c["kind"].tolist(), c["prefix"].tolist())):
+        new = flat[starts[k]:starts[k + 1]]
+        hashes = previous[s][:shared] + new if shared else new
+        previous[s] = hashes
+        out.append(TraceRequest(t, names[s], turn, hashes, n_in, n_out, kinds[kind]))
+    return out

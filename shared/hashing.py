@@ -82,3 +82,23 @@ def content_id(*parts: int | str) -> int:
     """A stable 64-bit id for a named piece of synthetic content (session, block index...)."""
     text = "\x1f".join(str(p) for p in parts).encode()
     return _xxh3(text)
+
+
+# XXH3-64 of one little-endian u64 (its 4-to-8-byte path with the default secret), vectorised.
+_XXH3_BITFLIP = 0x1CAD21F72C81017C ^ 0xDB979083E96DD4DE  # default secret bytes 8..15 ^ 16..23
+_XXH3_PRIME = np.uint64(0x9FB21C651E98DF25)
+_MASK64 = (1 << 64) - 1
+
+
+def xxh3_u64(values: np.ndarray, seed: int = 0) -> np.ndarray:
+    """``xxh3_64_intdigest(struct.pack("<Q", v), seed)`` for every ``v`` of a uint64 array, in numpy."""
+    seed &= _MASK64
+    seed ^= int.from_bytes((seed & 0xFFFFFFFF).to_bytes(4, "little"), "big") << 32
+    h = (values >> np.uint64(32)) | (values << np.uint64(32))  # the two 32-bit halves swapped
+    h ^= np.uint64((_XXH3_BITFLIP - seed) & _MASK64)
+    h ^= ((h << np.uint64(49)) | (h >> np.uint64(15))) ^ ((h << np.uint64(24)) | (h >> np.uint64(40)))
+    h *= _XXH3_PRIME
+    h ^= (h >> np.uint64(35)) + np.uint64(8)
+    h *= _XXH3_PRIME
+    h ^= h >> np.uint64(28)
+    return h

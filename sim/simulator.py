@@ -218,7 +218,6 @@ class Simulation:
         self.progress = progress
         self.e2e = LogHistogram()
         self.queue = LogHistogram()
-        self.ttft = LogHistogram()
         self.served = 0
         self.first_arrival = self.last_arrival = self.last_finish = 0.0
 
@@ -323,10 +322,8 @@ class Simulation:
         res = rep.pending
         assert res is not None  # only a started step completes
         rep.pending = None
-        for r in res.first_tokens:
-            ttft = r.t_first_token - r.arrival
-            self.ttft.add(ttft)
-            rep.ttft.add(ttft)
+        for r in res.first_tokens:  # the cluster's TTFT is the replicas' merged at the end
+            rep.ttft.add(r.t_first_token - r.arrival)
             self.queue.add(r.waited)  # admission - arrival, unless preempted before its first token
         for r in res.finished:
             self._arrivals.finished(r.rid, r.t_finished)
@@ -414,7 +411,10 @@ class Simulation:
                     "dropped_blocks": sum(x.dropped for x in c)}}
 
     def _latencies(self, timed: bool) -> dict[str, float | None]:
-        hists = {"ttft": self.ttft, "queue": self.queue, "e2e": self.e2e}
+        ttft = LogHistogram()
+        for rep in self.replicas:  # the same counts, minimum and maximum as one cluster-wide histogram
+            ttft.merge(rep.ttft)
+        hists = {"ttft": ttft, "queue": self.queue, "e2e": self.e2e}
         out: dict[str, float | None] = {}
         for name, q in (("ttft_p50_s", 0.5), ("ttft_p95_s", 0.95), ("ttft_p99_s", 0.99), ("queue_p99_s", 0.99),
                         ("e2e_p50_s", 0.5), ("e2e_p99_s", 0.99)):

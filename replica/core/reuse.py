@@ -26,7 +26,9 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import xxhash
 
-INF = (1 << 63) - 1
+from replica.core.lru_stack import INF, LruStack
+from shared.hashing import xxh3_u64
+
 # Reuse-time buckets: bucket k holds [2**k, 2**(k+1)) seconds; shorter times fold into
 # the first bucket, longer ones into the last.
 RT_MIN_EXP, RT_MAX_EXP = -10, 30
@@ -35,6 +37,9 @@ _MASK64 = (1 << 64) - 1
 _RANGE_MARK_MIN = 32  # requests longer than this mark their new timestamps as one range
 _PACK_U64 = struct.Struct("<Q").pack
 _xxh3 = xxhash.xxh3_64_intdigest
+
+
+_VECTOR_MIN = 48  # requests at least this long are sampled with numpy, shorter ones in Python
 
 
 def _as_list(hashes: Sequence[int] | np.ndarray) -> Sequence[int]:
@@ -154,6 +159,8 @@ class ReuseDistanceTracker:
         dist, cold, dt = self._step(hashes, now)
         self._account(dist, cold, dt)
         return dist.tolist()
+
+    record = access  # what the pool's metrics call, as ShardsTracker.record
 
     def _step(self, hashes: Sequence[int], now: float | None):
         """Core of ``access`` without accounting: (distances, cold mask, reuse times or None)."""
@@ -331,10 +338,15 @@ class ShardsTracker:
         self.max_tracked = max_tracked
         self.seed = seed & _MASK64
         self.adjust = adjust
-        self._inner = ReuseDistanceTracker()
+        self._inner = LruStack()
         self._heap: list[tuple[int, int]] = []  # (-sample hash, block) of tracked blocks
         self._hist = np.zeros(len(self._EDGES))  # weighted counts per scaled-distance bin
         self._rt_hist = np.zeros(RT_MAX_EXP - RT_MIN_EXP + 1)
+        # Distances and reuse times not yet in the histograms, all sampled at weight _pend_w:
+        # accounted in bulk (numpy per access costs more than the access).
+        self._pend_d: list[int] = []
+        self._pend_t: list[float] = []
+        self._pend_w = 0.0
         self.accesses = 0  # every access offered, sampled or not
         self.sampled = 0
         self._w_total = 0.0  # sum of 1/R over sampled accesses: estimates `accesses`
@@ -350,7 +362,7 @@ class ShardsTracker:
 
     def footprint(self) -> dict:
         return {"tracked_blocks": self._inner.tracked, "heap": len(self._heap),
-                "timestamp_slots": self._inner._fw.size, "histogram_bins": len(self._hist)}
+                "timestamp_slots": self._inner.size, "histogram_bins": len(self._hist)}
 
     def sample_hash(self, block: int) -> int:
         """The value compared with ``threshold``: the block is sampled iff it is lower."""
@@ -358,36 +370,64 @@ class ShardsTracker:
 
     def access(self, hashes: Sequence[int], now: float | None = None) -> list[int]:
         """Scaled distances (``floor(d/R)``, or ``INF``) of the sampled blocks only, in order."""
+        w = self.P / self.threshold
+        dist = self.record(hashes, now)
+        # floor keeps the hit test exact: floor(d/R) < C iff d/R < C for integer C.
+        return [d if d == INF else int(d * w // 1) for d in dist]
+
+    def record(self, hashes: Sequence[int], now: float | None = None) -> list[int]:
+        """Account one request; the unscaled distances of its sampled blocks (``INF`` if cold)."""
         hashes = _as_list(hashes)
         self.accesses += len(hashes)
-        t, seed, pk = self.threshold, self.seed, _PACK_U64
-        hv = [_xxh3(pk(h & _MASK64), seed) % self.P for h in hashes]
-        picked = [i for i, v in enumerate(hv) if v < t]
+        picked = self._picked(hashes)
         if not picked:
             return []
-        blocks = [hashes[i] for i in picked]
-        dist, cold, dt = self._inner._step(blocks, now)
-        w = self.P / t  # 1/R at the time of this access
-        self._account(dist, cold, dt, w)
-        for i in np.flatnonzero(cold).tolist():
-            heapq.heappush(self._heap, (-hv[picked[i]], blocks[i]))
+        dist, dts = self._inner.step(picked, now)
+        w = self.P / self.threshold  # 1/R at the time of this access
+        if w != self._pend_w:
+            self._flush()
+            self._pend_w = w
+        n, n_cold = len(dist), dist.count(INF)  # the inner stack never forgets on its own: INF is cold
+        self.sampled += n
+        self._w_total += w * n
+        self._w_cold += w * n_cold
+        self._pend_d += dist
+        self._pend_t += dts
+        if n_cold:
+            for h, d in zip(picked, dist):
+                if d == INF:
+                    heapq.heappush(self._heap, (-self.sample_hash(h), h))
+        if len(self._pend_d) > 1 << 16:
+            self._flush()
         if self._inner.tracked > self.max_tracked:
             self._shrink()
-        return dist.tolist()
+        return dist
 
-    def _account(self, dist, cold, dt, w: float) -> None:
-        """Weight each sample 1/R; rewrites ``dist`` in place to the scaled distances."""
-        n_cold = int(np.count_nonzero(cold))  # the inner tracker never forgets on its own
-        self.sampled += dist.size
-        self._w_total += w * dist.size
-        self._w_cold += w * n_cold
-        if n_cold < dist.size:
-            # floor keeps the hit test exact: floor(d/R) < C iff d/R < C for integer C.
-            scaled = (dist if n_cold == 0 else dist[~cold]) * w // 1
+    def _picked(self, hashes: Sequence[int]) -> list[int]:
+        """The sampled blocks, in order."""
+        t, seed, mod = self.threshold, self.seed, self.P
+        if len(hashes) >= _VECTOR_MIN:
+            try:
+                blocks = np.array(hashes, dtype=np.uint64)
+            except OverflowError:  # a negative or too-wide id: masked one at a time below
+                pass
+            else:
+                keep = np.flatnonzero(xxh3_u64(blocks, seed) % np.uint64(mod) < np.uint64(t))
+                return [hashes[i] for i in keep.tolist()]
+        pk = _PACK_U64
+        return [h for h in hashes if _xxh3(pk(h & _MASK64), seed) % mod < t]
+
+    def _flush(self) -> None:
+        """Weight each pending sample 1/R of its own time into the histograms."""
+        w = self._pend_w
+        if self._pend_d:
+            d = np.array(self._pend_d, dtype=np.int64)
+            scaled = d[d != INF] * w // 1
             np.add.at(self._hist, self._bin(scaled), w)
-            dist[~cold] = scaled
-        if dt is not None and dt.size:
-            np.add.at(self._rt_hist, _rt_index(dt), w)
+            self._pend_d = []
+        if self._pend_t:
+            np.add.at(self._rt_hist, _rt_index(np.array(self._pend_t)), w)
+            self._pend_t = []
 
     def _bin(self, scaled) -> np.ndarray:
         return np.searchsorted(self._EDGES, scaled, side="right") - 1
@@ -409,11 +449,13 @@ class ShardsTracker:
         """Weighted sampled accesses with scaled distance < capacity (bin interpolated)."""
         if capacity <= 0:
             return 0.0
+        self._flush()
         j = int(self._bin(capacity))
-        if j >= len(self._hist) - 1:
-            return float(self._hist.sum())
+        h = self._hist
+        if j >= len(h) - 1:
+            return float(h.sum())
         lo, hi = self._EDGES[j], self._EDGES[j + 1]
-        return float(self._hist[:j].sum() + self._hist[j] * (capacity - lo) / (hi - lo))
+        return float(h[:j].sum() + h[j] * (capacity - lo) / (hi - lo))
 
     def hit_ratio_at(self, capacity: int) -> float:
         if self.accesses == 0 or capacity <= 0:
@@ -425,6 +467,7 @@ class ShardsTracker:
 
     def miss_ratio_curve(self, capacities: Iterable[int] | None = None) -> list[tuple[int, float]]:
         """``(capacity, estimated hit_ratio)`` pairs."""
+        self._flush()
         if capacities is None:
             nz = np.flatnonzero(self._hist)
             top = int(self._EDGES[min(nz[-1] + 1, len(self._EDGES) - 1)]) if nz.size else 1
@@ -432,6 +475,7 @@ class ShardsTracker:
         return [(int(c), self.hit_ratio_at(c)) for c in capacities]
 
     def to_dict(self) -> dict:
+        self._flush()
         e, h = self._EDGES, self._hist
         b = np.bincount(_log2_index(e), weights=h, minlength=_LOG2_BUCKETS + 1)
         return {

@@ -33,6 +33,7 @@ class RoutingStep:
         self.rng = random.Random(seed)
         self.memory = RouterMemory()
         self.decisions: dict[str, int] = {}
+        self._pos: dict[str, int] = {}  # replica id -> its latest position in ``replicas`` (checked on use)
 
     @property
     def uses_index(self) -> bool:
@@ -43,7 +44,10 @@ class RoutingStep:
         """The decision and the chosen replica's position in ``replicas``, already counted in flight."""
         decision = self.spec.choose(replicas, request, overlap, self.settings, self.rng, self.memory)
         self.decisions[decision.reason] = self.decisions.get(decision.reason, 0) + 1
-        pos = next(i for i, r in enumerate(replicas) if r.replica_id == decision.replica_id)
+        rid = decision.replica_id
+        pos = self._pos.get(rid, -1)
+        if not 0 <= pos < len(replicas) or replicas[pos].replica_id != rid:  # O(1) unless the list changed
+            pos = self._pos[rid] = next(i for i, r in enumerate(replicas) if r.replica_id == rid)
         state = replicas[pos]
         state.in_flight += 1  # counted at decision time, before the replica sees it
         state.queued_tokens += request.input_tokens

@@ -61,3 +61,17 @@ def test_columns_round_trip_kinds_sessions_and_meta(cache):
                   block_size=16, source="x", meta={"workload": "mix", "params": {"a": 1}})
     trace_cache.store("k", trace)
     assert trace_cache.load("k") == trace
+
+
+def test_a_turn_shares_its_predecessors_hash_objects(cache):
+    big = [2**63 + i for i in range(4)]  # ints that Python never caches
+    trace = Trace([TraceRequest(0.0, "a", 0, big[:2], 32, 1), TraceRequest(1.0, "b", 0, [big[0], 5], 32, 1),
+                   TraceRequest(2.0, "a", 1, big[:3], 48, 1), TraceRequest(3.0, "a", 2, [big[0], big[3]], 32, 1)],
+                  block_size=16, source="x")
+    trace_cache.store("k", trace)
+    back = trace_cache.load("k")
+    assert back == trace
+    a0, b0, a1, a2 = (r.hash_ids for r in back.requests)
+    assert a1[0] is a0[0] and a1[1] is a0[1]  # the extended turn reuses the objects
+    assert a2[0] is a1[0]  # a turn that diverges after one block shares that block
+    assert b0[0] is not a0[0]  # another session: its own objects, as the JSONL readers give

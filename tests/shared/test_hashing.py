@@ -1,12 +1,15 @@
 import os
+import random
+import struct
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+import xxhash
 
 from shared.errors import InputError
-from shared.hashing import ROOT_HASH, block_hashes, chain_ids, content_id
+from shared.hashing import ROOT_HASH, block_hashes, chain_ids, content_id, xxh3_u64
 
 SCRIPT = (
     "from shared.hashing import block_hashes, chain_ids;"
@@ -86,3 +89,11 @@ def test_deterministic_across_processes_with_different_hash_seeds():
     assert len(outputs) == 1
     # and equal to this process's own result
     assert outputs.pop() == f"{block_hashes(list(range(1000)), 16)[-1]} {chain_ids([5, 7, 9])[-1]}"
+
+
+def test_xxh3_u64_equals_xxhash_on_packed_u64():
+    rng = random.Random(3)
+    values = [0, 1, 255, 2**32 - 1, 2**32, 2**63, 2**64 - 1] + [rng.getrandbits(64) for _ in range(2000)]
+    for seed in (0, 1, 0xDEADBEEF, 2**63 + 5, 2**64 - 1):
+        want = [xxhash.xxh3_64_intdigest(struct.pack("<Q", v), seed) for v in values]
+        assert xxh3_u64(np.array(values, dtype=np.uint64), seed).tolist() == want

@@ -251,3 +251,48 @@ def test_belady_equals_brute_force_optimum_when_timestamps_collide(seed):
     requests = [rng.sample(range(1, 7), rng.randint(1, 2)) for _ in range(10)]
     trace = [(float(k // 4), req) for k, req in enumerate(requests)]  # four requests per timestamp
     assert replay("belady", trace, capacity)[0] == brute_force_hits(requests, capacity)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_belady_compute_victims_are_the_full_scan_argmax_under_batching(seed):
+    # Up to 6 requests hold pins at once (as under continuous batching), positions sometimes step
+    # back (causal arrivals), and victims calls come one after another at one position: each call
+    # must return the full scan's order over resident unpinned blocks (never-again ones first,
+    # cheapest first, then the largest (next use - now) / cost, ties on the larger hash).
+    rng = random.Random(seed)
+    table = [rng.uniform(1, 50) for _ in range(64)]
+    cost = table.__getitem__
+    trace = timed_prefix_trace(seed, n=800)
+    nus, pos = next_uses(trace), positions(trace)
+    pool = BlockPool(60, make_policy("belady_compute"), block_cost=cost)
+    rec: dict[int, tuple[float, int]] = {}
+    policy = pool.policy
+    real_victims = policy.victims
+
+    def checked_victims(need):
+        now = pool.policy_context.position
+
+        def key(h):
+            t, d = rec[h]
+            return (1, -cost(d), h) if t == inf else (0, max(t - now, 1e-9) / cost(d), h)
+
+        free = [h for h in pool.resident if not pool.is_pinned(h)]
+        want = sorted(free, key=key, reverse=True)[:need]
+        got = real_victims(need)
+        assert got == want
+        return got
+
+    policy.victims = checked_victims
+    held: list = []
+    for k, ((t, req), nu) in enumerate(zip(trace, nus)):
+        while held and (len(held) >= 6 or rng.random() < 0.3):
+            pool.release(held.pop(rng.randrange(len(held))), now=t)
+        p = pos[k] - (rng.randrange(40) if rng.random() < 0.05 else 0)
+        try:
+            alloc = pool.acquire(req, now=t, next_use=nu, position=p)
+        except Exception:  # too many pins for the pool right now: free them all, then retry
+            while held:
+                pool.release(held.pop(), now=t)
+            alloc = pool.acquire(req, now=t, next_use=nu, position=p)
+        rec.update((h, (nu[i], i)) for i, h in enumerate(req))
+        held.append(alloc)
