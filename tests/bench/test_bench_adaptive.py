@@ -58,3 +58,12 @@ def test_a_capacity_below_the_longest_request_is_a_one_line_error():
     with pytest.raises(SystemExit) as err:
         ba.main(["--parts", "mixes", "--mixes", "1,0,0", "--duration", "30", "--capacity", "10", "--jobs", "1"])
     assert str(err.value).startswith("error: prompt: needs ") and "the pool holds only 10" in str(err.value)
+
+
+def test_follow_delays_by_hand():
+    phases = [{"starts_s": 0, "winner_alone": "lru"}, {"starts_s": 3600, "winner_alone": "s3fifo"},
+              {"starts_s": 7200, "winner_alone": "s3fifo"}]
+    running = [(900, "lru"), (1800, "s3fifo"), (2700, "lru"), (3604, "lru"), (4505, "lru"), (5407, "s3fifo"),
+               (6307, "s3fifo")]
+    assert ba.follow_delays(running, phases) == [0.0, 1807.0, 0.0]  # starts on LRU; already S3-FIFO at 7200
+    assert ba.follow_delays([(900, "lru")], phases[1:2]) == [None]  # never within the phase
