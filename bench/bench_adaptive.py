@@ -214,9 +214,9 @@ def report_mixes(results, mixes: list[Mix], names: list[str]) -> dict:
     return {"summary": summary, "wins": wins, "mixes": rows}
 
 
-def report_ablations(results, names: list[str]) -> list[dict]:
+def report_ablations(results, mixes: list[Mix], names: list[str]) -> list[dict]:
     rows = []
-    for mix in ABLATION_MIXES:
+    for mix in mixes:
         for ab in ABLATIONS:
             res = {n: results[("ablations", f"{mix_key(mix)} {ab}")][n] for n in names}
             rows.append({"mix": mix_label(mix), "ablation": ab, **score(res), "policies": res})
@@ -282,7 +282,7 @@ def plan(args, names: list[str], online: list[str]) -> list[Cell]:
         for mix in args.mixes:
             out += cells("mixes", mix_key(mix), TraceSpec((mix,), args.duration, args.seed, over), names)
     if "ablations" in parts:
-        for mix in ABLATION_MIXES:
+        for mix in args.ablation_mixes:
             for ab, extra in ABLATIONS.items():
                 spec = TraceSpec((mix,), args.duration, args.seed, tuple(sorted({**dict(over), **extra}.items())))
                 out += cells("ablations", f"{mix_key(mix)} {ab}", spec, online[:3])  # statics, adaptive
@@ -304,6 +304,8 @@ def main(argv=None) -> int:
                    help="prefix: vLLM's prefix cache, as the seed measures")
     p.add_argument("--mixes", nargs="*", type=parse_mix, default=SEED_MIXES, metavar="S,M,A",
                    help="explicit mixes instead of the seed's 20")
+    p.add_argument("--ablation-mixes", nargs="*", type=parse_mix, default=ABLATION_MIXES, metavar="S,M,A",
+                   help="mixes the ablations run at (the seed's 33/33/33 and 0/50/50)")
     p.add_argument("--variants", default="adaptive,adaptive_plain,adaptive_sampled",
                    help=f"adaptive variants, any of {', '.join(VARIANTS)}")
     p.add_argument("--no-belady", action="store_true", help="skip the offline optimum")
@@ -331,7 +333,7 @@ def main(argv=None) -> int:
     if "mixes" in parts:
         doc["mixes"] = report_mixes(results, args.mixes, names)
     if "ablations" in parts:
-        doc["ablations"] = report_ablations(results, online[:3])
+        doc["ablations"] = report_ablations(results, args.ablation_mixes, online[:3])
     if "shift" in parts:
         doc["shift"] = report_shift(results, online, args.duration, args.interval)
     doc["wall_s"] = round(time.perf_counter() - t0, 1)
