@@ -35,7 +35,7 @@ def plot(doc: dict, path: str) -> None:
     top.set_ylabel("block hit ratio (prefix cache)")
     top.set_title(f"Hit ratio per mix: {doc['duration_s'] / 60:g} min of traffic each, "
                   f"{doc['capacity_blocks']:,} blocks, decision interval {doc['interval_s']:.0f} s")
-    top.legend(fontsize=8, ncol=3, loc="center right")
+    top.legend(fontsize=8, ncol=3, loc="center right", framealpha=1)
     top.grid(axis="y", alpha=0.3)
     width = 0.8 / len(online)
     for k, name in enumerate(online):
