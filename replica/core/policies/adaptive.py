@@ -27,6 +27,7 @@ from the previous interval's, and doubles (up to 4x) when it is the same.
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 
@@ -83,6 +84,7 @@ class AdaptivePolicy(EvictionPolicy):
         self.decision_counts: dict[str, int] = {}
         self.switches = 0
         self.shadow_blocks = 0  # block accesses replayed per candidate, all intervals (cost)
+        self.shadow_cpu_s = 0.0  # CPU seconds spent replaying shadows, all intervals (cost)
         self._interval = self.interval_s
         self._start: float | None = None
         self._recency: OrderedDict[int, None] = OrderedDict()
@@ -152,7 +154,9 @@ class AdaptivePolicy(EvictionPolicy):
     # ---- decisions -----------------------------------------------------------------
     def _decide(self, now: float) -> None:
         rec = self._recorder
+        t0 = time.process_time()
         cap, ratios = estimate(rec, self.candidates)
+        self.shadow_cpu_s += time.process_time() - t0
         self.shadow_blocks += rec.blocks
         best = max(self.candidates, key=lambda n: (ratios[n], n == self.current))
         switch = best != self.current and ratios[best] - ratios[self.current] > self.margin
@@ -199,4 +203,5 @@ class AdaptivePolicy(EvictionPolicy):
                 "margin": self.margin, "adapt_interval": self.adapt_interval, "estimator": self.estimator,
                 "sample_rate": self.sample_rate, "current": self.current, "current_interval_s": self._interval,
                 "switches": self.switches, "decision_counts": dict(self.decision_counts),
-                "shadow_blocks": self.shadow_blocks, "decisions": list(self.decisions)}
+                "shadow_blocks": self.shadow_blocks, "shadow_cpu_s": round(self.shadow_cpu_s, 4),
+                "decisions": list(self.decisions)}

@@ -47,6 +47,7 @@ def test_decision_on_a_tiny_trace_switches_to_the_shadow_winner():
     assert policy.current == "s3fifo" and policy.inner.name == "s3fifo"
     d = pool.stats()["policy"]
     assert d["switches"] == 1 and d["decision_counts"] == {"s3fifo": 1} and d["decisions"][0]["winner"] == "s3fifo"
+    assert d["shadow_blocks"] == 6 and d["shadow_cpu_s"] >= 0  # cost: 6 block accesses replayed per candidate
     assert policy._recorder.blocks == 1  # the access at t=6 opens the next interval
 
 
