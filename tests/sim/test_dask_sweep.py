@@ -134,7 +134,10 @@ def test_the_trace_is_scattered_to_every_worker_once_and_dropped_after(cluster, 
         runner.run(read_trace(trace_file), cells, on_done)
         workers = set(runner.client.scheduler_info()["workers"])
         assert len(holders) == 3 and len(workers) == 2
-        assert all(len(h) == 1 and list(h.values()) == [workers] for h in holders)  # one trace, on both workers
+        # one trace object for the whole run (never re-scattered per cell), held by the workers;
+        # who_has can lag a replica by a moment, so both workers must show up across the cells
+        assert all(len(h) == 1 for h in holders) and len({k for h in holders for k in h}) == 1
+        assert set().union(*(v for h in holders for v in h.values())) == workers
         assert not [k for k in runner.client.who_has() if k.startswith("Trace-")]
     finally:
         runner.close()
