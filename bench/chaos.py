@@ -41,10 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=15.0, help="seconds of load per scenario")
     p.add_argument("--soak-seconds", type=float, default=120.0)
     p.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated, from: " + ", ".join(SCENARIOS))
-    p.add_argument("--short", action="store_true", help="CI: 40 req/s, 4 s per scenario, a 24 s soak")
+    p.add_argument("--short", action="store_true", help="CI: 40 req/s, 3 s per scenario, a 20 s soak")
     a = p.parse_args(argv)
     if a.short:
-        a.rate, a.duration, a.soak_seconds = 40.0, 4.0, 24.0
+        a.rate, a.duration, a.soak_seconds = 40.0, 3.0, 20.0
     names = [n.strip() for n in a.scenarios.split(",") if n.strip()]
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
