@@ -29,7 +29,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import replace
 
 from loadgen.workloads import generate
-from replica.core.tiers import TierSettings
+from replica.core.tier_args import tiers_on
 from shared.costmodel import CostModel
 from shared.progress import ProgressBar
 from sim.simulator import SimSettings, simulate
@@ -45,11 +45,8 @@ def hbm_kv_gib(cost: CostModel, tp: int, utilization: float) -> float:
 
 
 def settings_for(config: str, base: SimSettings, cost: CostModel, block_size: int, host_gib: float,
-                 ssd_gib: float, gpu_name: str) -> SimSettings:
-    tiers = TierSettings(host_blocks=cost.gib_to_blocks(host_gib, block_size),
-                         ssd_blocks=cost.gib_to_blocks(ssd_gib, block_size),
-                         host_link_gbps=cost.gpu.host_bandwidth * cost.tp / 1e9,
-                         host_copy_overhead_s=cost.gpu.host_copy_overhead_s)
+                 ssd_gib: float) -> SimSettings:
+    tiers = tiers_on(cost, block_size, host_gib, ssd_gib)
     if config == "vllm":
         return replace(base, response_kv="keep", scheduler="fcfs")
     if config == "cachedattn":  # KV saved below after every turn and loaded back: no GPU caching
@@ -67,7 +64,7 @@ def run_point(args: tuple) -> dict:
     cap = cost.gib_to_blocks(opts["hbm_gib"], trace.block_size)
     base = SimSettings(capacity_blocks=cap, model=opts["model"], gpu=opts["gpu"], max_running=opts["max_running"],
                        reuse="off")
-    s = settings_for(config, base, cost, trace.block_size, opts["host_gib"], opts["ssd_gib"], opts["gpu_name"])
+    s = settings_for(config, base, cost, trace.block_size, opts["host_gib"], opts["ssd_gib"])
     t0 = time.perf_counter()
     run = simulate(trace, s)
     keys = ("requests", "block_hit_ratio", "hbm_block_hit_ratio", "host_block_hit_ratio", "ssd_block_hit_ratio",
@@ -151,7 +148,7 @@ def main(argv=None) -> int:
         print(f"error: {a.model} does not fit on {a.tp} x {a.gpu}", file=sys.stderr)
         return 2
     window = a.max_context or (2048 if a.model.startswith("opt") else 4096 if a.model.startswith("llama-2") else 131072)
-    opts = {"max_context": window, "duration": a.duration, "seed": a.seed, "model": a.model, "gpu": gpu, "gpu_name": a.gpu,
+    opts = {"max_context": window, "duration": a.duration, "seed": a.seed, "model": a.model, "gpu": gpu,
             "hbm_gib": hbm_gib, "host_gib": a.host_gib, "ssd_gib": a.ssd_gib, "max_running": a.max_running}
     rates = [float(x) for x in a.rates.split(",")]
     jobs = [(c, r, opts) for c in CONFIGS for r in rates]

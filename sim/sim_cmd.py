@@ -131,12 +131,13 @@ def run(args) -> int:
         raise InputError("capacity", f"{min(caps)} blocks is smaller than the largest request ({biggest} blocks)")
     routing = apply_overrides(RoutingSettings(block_size=trace.block_size), parse_pairs(args.routing_set))
     params = tuple((k, coerce(v)) for k, v in parse_pairs(args.policy_param).items())
+    tiers = tier_settings(args, CostModel.from_names(args.model, args.gpu), trace.block_size)
     grid = [SimSettings(capacity_blocks=c, policy=pol, policy_params=params, replicas=args.replicas, routing=args.routing,
                         hit_mode=args.hit_mode, seed=args.seed, model=args.model, gpu=args.gpu,
                         token_budget=args.token_budget, max_running=args.max_running, scheduler=args.scheduler,
                         reuse="off" if args.no_reuse_distances else args.reuse, causal=args.causal,
                         routing_settings=routing, cache_only=args.cache_only, response_kv=args.response_kv,
-                        tiers=tier_settings(args, CostModel.from_names(args.model, args.gpu), trace.block_size))
+                        tiers=tiers)
             for pol in policies for c in caps]  # validates every name before the first run
     runs = run_serial(trace, grid, args.quiet) if args.jobs == 1 or len(grid) == 1 else \
         run_parallel(trace, grid, args.jobs, args.quiet)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import math
 
 from replica.core.tiers import FETCH_MODES, TIER_MODES, TierSettings
 from shared.costmodel import CostModel
 from shared.errors import InputError
+from shared.validate import check_number
 
 
 def add_tier_args(p: argparse.ArgumentParser) -> None:
@@ -36,14 +36,18 @@ def tier_settings(args: argparse.Namespace, cost: CostModel, block_size: int) ->
         if not sep or tier.strip() not in policies or not policy.strip():
             raise InputError("--tier-policy", f"expected host=POLICY or ssd=POLICY, got {pair!r}")
         policies[tier.strip()] = policy.strip()
-    for flag, gib in (("--host-cache-gib", args.host_cache_gib), ("--ssd-cache-gib", args.ssd_cache_gib)):
-        if not (isinstance(gib, float) and math.isfinite(gib) and gib >= 0):
-            raise InputError(flag, f"must be a finite number >= 0, got {gib}")
-    # the GPU preset's host link (per direction, each of --tp GPUs has its own) unless given
-    preset = cost.gpu.host_bandwidth * cost.tp / 1e9
-    link = args.host_link_gbps if args.host_link_gbps is not None else preset
-    return TierSettings(host_blocks=cost.gib_to_blocks(args.host_cache_gib, block_size),
-                        ssd_blocks=cost.gib_to_blocks(args.ssd_cache_gib, block_size),
-                        host_policy=policies["host"], ssd_policy=policies["ssd"], mode=args.tier_mode,
-                        fetch=args.fetch, host_link_gbps=link, host_copy_overhead_s=cost.gpu.host_copy_overhead_s,
-                        hbm_caching=not args.no_hbm_caching)
+    check_number("--host-cache-gib", args.host_cache_gib, minimum=0)
+    check_number("--ssd-cache-gib", args.ssd_cache_gib, minimum=0)
+    extra = {} if args.host_link_gbps is None else {"host_link_gbps": args.host_link_gbps}
+    return tiers_on(cost, block_size, args.host_cache_gib, args.ssd_cache_gib, host_policy=policies["host"],
+                    ssd_policy=policies["ssd"], mode=args.tier_mode, fetch=args.fetch,
+                    hbm_caching=not args.no_hbm_caching, **extra)
+
+
+def tiers_on(cost: CostModel, block_size: int, host_gib: float, ssd_gib: float, **settings) -> TierSettings:
+    """Tiers of ``host_gib`` / ``ssd_gib`` under the cost model's GPU: its host link (per direction,
+    each of ``tp`` GPUs has its own) and per-copy cost unless ``settings`` say otherwise."""
+    settings.setdefault("host_link_gbps", cost.gpu.host_bandwidth * cost.tp / 1e9)
+    settings.setdefault("host_copy_overhead_s", cost.gpu.host_copy_overhead_s)
+    return TierSettings(host_blocks=cost.gib_to_blocks(host_gib, block_size),
+                        ssd_blocks=cost.gib_to_blocks(ssd_gib, block_size), **settings)
