@@ -52,7 +52,8 @@ from loadgen.workloads import generate
 from replica.core.metrics import PoolMetrics
 from replica.core.policies import make_policy, policy_class, policy_names
 from replica.core.pool import BlockPool
-from replica.core.reuse import ReuseDistanceTracker, ShardsTracker
+from replica.core.reuse import ReuseDistanceTracker
+from replica.core.shards import ShardsTracker
 from shared.errors import KvemuError
 from sim.simulator import next_use_times
 

@@ -16,7 +16,8 @@ import time
 
 import numpy as np
 
-from replica.core.reuse import ReuseDistanceTracker, ShardsTracker, log_capacities
+from replica.core.reuse import ReuseDistanceTracker, log_capacities
+from replica.core.shards import ShardsTracker
 
 
 def session_trace(n_requests: int, seed: int = 0) -> list[list[int]]:

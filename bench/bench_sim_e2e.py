@@ -9,6 +9,8 @@ times, alternating and each in a fresh interpreter (imports included):
   ids written as a plain-text trace, simulated in C by ``process_trace``;
 * ``kvemu_cache_only_lru`` / ``_s3fifo``: ``kvemu sim --cache-only`` with its defaults, the
   trace parsed from JSONL (parsed-trace cache off) and, ``_warm``, read back from that cache;
+* ``python_floor_lru``: the same JSONL read with kvemu's reader, then a bare ``OrderedDict`` LRU in
+  Python with the pool's semantics and nothing else: the floor of a pure-Python design;
 * ``kvemu_default_lru``: ``kvemu sim`` with its defaults (continuous batching, cost model,
   sampled reuse tracking), ``kvemu_default_lru_noreuse`` the same with ``--reuse off`` (what reuse
   tracking costs), and ``kvemu_default_belady`` / ``_belady_compute`` to compare with it.
@@ -47,6 +49,31 @@ miss, _ = cache.process_trace(lcs.TraceReader(ids, lcs.TraceType.PLAIN_TXT_TRACE
 print(json.dumps({"hit_ratio": 1 - miss, "inner_s": time.perf_counter() - t0}))
 """
 
+# The floor of a pure-Python design: the same trace reader, then a bare OrderedDict LRU with the
+# pool's semantics (a request's blocks are looked up, evicted around, and re-queued deepest first)
+# and nothing else: no pins, events, footprints or metrics. Its hit ratio equals kvemu's exactly.
+FLOOR = """
+import json, os, sys, time
+from collections import OrderedDict, deque
+from itertools import islice, repeat
+sys.path.insert(0, os.getcwd())
+from loadgen.formats import read_trace
+reqs = read_trace(sys.argv[1]).requests
+cap, queue, hits, accesses = int(sys.argv[2]), OrderedDict(), 0, 0
+for r in reqs:
+    hs = r.hash_ids
+    k = sum(map(queue.__contains__, hs))
+    hits, accesses = hits + k, accesses + len(hs)
+    need = len(queue) - k + len(hs) - cap
+    if need > 0:
+        own = set(hs)
+        victims = [h for h in islice(queue, need + k) if h not in own][:need]
+        deque(map(queue.__delitem__, victims), 0)
+    deque(map(queue.pop, hs, repeat(None)), 0)
+    queue.update(zip(reversed(hs), repeat(None)))
+print(json.dumps({"hit_ratio": hits / accesses}))
+"""
+
 
 def build_trace(path: Path, copies: int) -> dict:
     rows = [json.loads(line) for line in gzip.open(SOURCE, "rt")]
@@ -71,6 +98,9 @@ def run_mode(mode: str, trace: Path, work: Path, cap: int) -> dict:
     out = work / f"{mode}.json"
     if mode.startswith("lcs_"):
         cmd = [sys.executable, "-c", LCS, str(trace), str(work / "ids.txt"), mode[4:], str(cap)]
+    elif mode == "python_floor_lru":
+        env["KVEMU_CACHE_DIR"] = "off"
+        cmd = [sys.executable, "-c", FLOOR, str(trace), str(cap)]
     else:
         warm = mode.endswith("_warm")  # kvemu_<cache_only|default>_<policy>[_warm|_noreuse]
         reuse = not mode.endswith("_noreuse")
@@ -83,13 +113,13 @@ def run_mode(mode: str, trace: Path, work: Path, cap: int) -> dict:
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"{mode} failed:\n{proc.stderr[-2000:]}")
-    if mode.startswith("lcs_"):
+    if mode.startswith("lcs_") or mode == "python_floor_lru":
         return {"wall_s": wall, "hit_ratio": json.loads(proc.stdout)["hit_ratio"]}
     run = json.loads(out.read_text())["runs"][0]
     return {"wall_s": wall, "hit_ratio": run["block_hit_ratio"], "sim_s": run["wall_s"]}
 
 
-MODES = ("lcs_lru", "kvemu_cache_only_lru", "kvemu_cache_only_lru_warm", "lcs_s3fifo", "kvemu_cache_only_s3fifo",
+MODES = ("lcs_lru", "python_floor_lru", "kvemu_cache_only_lru", "kvemu_cache_only_lru_warm", "lcs_s3fifo", "kvemu_cache_only_s3fifo",
          "kvemu_default_lru", "kvemu_default_lru_noreuse", "kvemu_default_belady", "kvemu_default_belady_compute")
 
 
@@ -121,6 +151,8 @@ def main() -> None:
     for name, (num, den) in {
         "cache_only_lru / lcs_lru": ("kvemu_cache_only_lru", "lcs_lru"),
         "cache_only_lru_warm / lcs_lru": ("kvemu_cache_only_lru_warm", "lcs_lru"),
+        "python_floor_lru / lcs_lru": ("python_floor_lru", "lcs_lru"),
+        "cache_only_lru / python_floor_lru": ("kvemu_cache_only_lru", "python_floor_lru"),
         "cache_only_s3fifo / lcs_s3fifo": ("kvemu_cache_only_s3fifo", "lcs_s3fifo"),
         "default_lru / lcs_lru": ("kvemu_default_lru", "lcs_lru"),
         "default_lru_noreuse / lcs_lru": ("kvemu_default_lru_noreuse", "lcs_lru"),

@@ -289,6 +289,10 @@ class Simulation:
         return self._report(time.perf_counter() - t0)
 
     def _route(self, r) -> tuple[_Replica, RouteRequest]:
+        if len(self.replicas) == 1:  # nothing to choose: no lookup, no strategy (a cache study's hot path)
+            view = RouteRequest(r.session, len(r.hash_ids), r.input_tokens)
+            self.router.only(self.states[0], view)
+            return self.replicas[0], view
         overlap = {}
         if self.index is not None:  # exact and never behind: synced after every allocation
             overlap = self.index.lookup(r.hash_ids)

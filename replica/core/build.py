@@ -8,8 +8,9 @@ from replica.core.costs import DepthCosts
 from replica.core.metrics import PoolMetrics
 from replica.core.policies import make_policy
 from replica.core.pool import BlockPool
-from replica.core.reuse import ReuseDistanceTracker, ShardsTracker
+from replica.core.reuse import ReuseDistanceTracker
 from replica.core.scheduler import Scheduler, SchedulerSettings, check_scheduler
+from replica.core.shards import ShardsTracker
 from replica.core.tiers import TierSettings, TierStack
 from shared.costmodel import CostModel
 from shared.errors import InputError

@@ -40,5 +40,7 @@ class DepthCosts:
         return self._cum[n]
 
     def of_depths(self, depths: Sequence[int]) -> float:
-        """Cost of the blocks at these depths (all below a ``grow``n bound)."""
+        """Cost of the blocks at these depths (ascending, all below a ``grow``n bound)."""
+        if depths and depths[-1] == len(depths) - 1:  # a leading run (the common case): one prefix sum
+            return self._cum[len(depths)]
         return sum(map(self.costs.__getitem__, depths))

@@ -95,7 +95,7 @@ class PoolMetrics:
                 self.hole_length_log2[length.bit_length()] += 1
                 self.hole_blocks += length
         if self.reuse is not None:
-            self.reuse.record(alloc.hashes, now)
+            self.reuse.defer(alloc.hashes, now)
 
     # ---- reporting --------------------------------------------------------------
     def counts(self) -> CacheCounts:

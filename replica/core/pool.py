@@ -14,9 +14,10 @@ replaces the stale copy under the same hash.
 from __future__ import annotations
 
 import heapq
-from collections import Counter, _count_elements  # type: ignore[attr-defined]  # C helper Counter uses
+from collections import _count_elements, deque  # type: ignore[attr-defined]  # C helper Counter uses
 from collections.abc import Callable, Sequence
-from itertools import compress
+from itertools import compress, filterfalse, repeat
+from operator import not_, sub
 from types import MappingProxyType
 
 from replica.core.costs import DepthCosts
@@ -64,6 +65,7 @@ class BlockPool:
         self.hit_mode = hit_mode
         self.resident: dict[int, str | None] = {}
         self._refs: dict[int, int] = {}
+        self._pins = 0  # sum of the reference counts: release's one-request test without a pass over them
         self.metrics = metrics if metrics is not None else PoolMetrics(block_size=block_size)
         self.emit_events = emit_events
         self.events: list[KvEvent] = []
@@ -129,10 +131,17 @@ class BlockPool:
         record: bool = True,
     ) -> Allocation:
         """Pin the request's resident blocks, allocate the rest (evicting through the policy)."""
+        return self._allocate(hashes, session, now, input_tokens, next_use, position, record, hold=True)
+
+    def _allocate(self, hashes: Sequence[int], session: str | None, now: float, input_tokens: int | None,
+                  next_use: Sequence[float] | None, position: float | None, record: bool, hold: bool) -> Allocation:
+        """``hold``: pin the blocks until ``release``; otherwise (``serve`` with nothing pinned) they are
+        only kept out of this request's own evictions."""
         n = len(hashes)
         if n > self.capacity:
             raise PoolCapacityError(n, self.capacity)
-        if len(set(hashes)) != n:
+        own = set(hashes)
+        if len(own) != n:
             raise InputError("block_hashes", "a block hash repeats within one request; chained hashes never do")
         res = self.resident
         touched = list(compress(range(n), map(res.__contains__, hashes)))
@@ -151,12 +160,22 @@ class BlockPool:
         if position is not None:
             ctx.position = position
         shortfall = n - k - (self.capacity - len(res))
-        if shortfall > 0:
-            self._check_evictable(touched_hashes, shortfall)
-        self._pin(touched_hashes)
-        if shortfall > 0:
-            self._evict(shortfall)
-        self._insert(new_hashes, session)
+        if hold:
+            if shortfall > 0:
+                self._check_evictable(touched_hashes, shortfall)
+            self._pin(touched_hashes)
+        if shortfall > 0:  # unpinned: nothing else is pinned, so n <= capacity leaves enough to evict
+            self._evict(shortfall, self._refs.__contains__ if hold else own.__contains__)
+        self._insert(new_hashes, session, hold)
+        alloc = self._allocation(hashes, touched, touched_hashes, new_idx, session)
+        self.policy.on_access(Access(hashes, touched, new_idx, now, session, next_use))
+        if record:  # a preempted request's re-admission is not another request for the hit ratios
+            self.metrics.record_request(alloc, n, input_tokens, now)
+        return alloc
+
+    def _allocation(self, hashes: Sequence[int], touched: list[int], touched_hashes: list[int], new_idx: list[int],
+                    session: str | None) -> Allocation:
+        """What the request got, after the hit-mode rules; its hits count as reused blocks."""
         if self.hit_mode == "holes":
             hit_idx, hit_hashes = touched, touched_hashes
         else:
@@ -165,11 +184,8 @@ class BlockPool:
         alloc = Allocation(hashes, hit_idx, new_idx, touched, session)
         if hit_idx:
             self._reused.update(hit_hashes)
-            if self.hit_mode == "holes" and touched[-1] != k - 1:
+            if self.hit_mode == "holes" and touched[-1] != len(touched) - 1:
                 alloc.holes, alloc.hole_lengths = _holes(hit_idx)
-        self.policy.on_access(Access(hashes, touched, new_idx, now, session, next_use))
-        if record:  # a preempted request's re-admission is not another request for the hit ratios
-            self.metrics.record_request(alloc, n, input_tokens, now)
         return alloc
 
     def release(self, alloc: Allocation, now: float = 0.0) -> None:
@@ -177,18 +193,20 @@ class BlockPool:
         refs = self._refs
         hashes = alloc.hashes
         n = len(hashes)
-        if len(refs) == n and sum(refs.values()) == n:
+        self._pins -= n
+        if not self._pins:
             refs.clear()  # only this request held pins: the simulator's serial path
             freed: Sequence[int] = hashes
         else:
-            freed = []
-            for h in hashes:
-                left = refs[h] - 1
-                if left:
-                    refs[h] = left
-                else:
-                    del refs[h]
-                    freed.append(h)
+            counts = list(map(refs.__getitem__, hashes))
+            if max(counts, default=0) == 1:  # no other request holds any of them (the usual case)
+                freed = hashes
+                deque(map(refs.__delitem__, hashes), maxlen=0)
+            else:  # one pass each in C: decrement, pick the blocks left at zero, drop them
+                left = list(map(sub, counts, repeat(1)))
+                refs.update(zip(hashes, left))
+                freed = list(compress(hashes, map(not_, left)))
+                deque(map(refs.__delitem__, freed), maxlen=0)
         if freed:
             self.policy.on_release(freed, now)
 
@@ -213,10 +231,22 @@ class BlockPool:
         self.release(Allocation(new, [], list(range(len(new))), [], session), now)
         return new
 
-    def serve(self, hashes: Sequence[int], **kw) -> Allocation:
-        """Acquire and release at once: a request served alone (the simulator's path)."""
-        alloc = self.acquire(hashes, **kw)
-        self.release(alloc, kw.get("now", 0.0))
+    def serve(self, hashes: Sequence[int], *, session: str | None = None, now: float = 0.0,
+              input_tokens: int | None = None, next_use: Sequence[float] | None = None,
+              position: float | None = None) -> Allocation:
+        """Acquire and release at once: a request served alone (the simulator's cache-only path).
+
+        With nothing pinned and a policy that neither follows nor reads pins, the blocks are never
+        pinned: the same allocation, without two passes over the request's hashes.
+        """
+        policy = self.policy
+        if self._refs or policy.takes_pins or policy.reads_pins:
+            alloc = self.acquire(hashes, session=session, now=now, input_tokens=input_tokens,
+                                 next_use=next_use, position=position)
+            self.release(alloc, now)
+            return alloc
+        alloc = self._allocate(hashes, session, now, input_tokens, next_use, position, True, hold=False)
+        policy.on_release(hashes, now)
         return alloc
 
     # ---- administration -----------------------------------------------------------
@@ -288,16 +318,18 @@ class BlockPool:
         if self.policy.takes_pins and hashes:
             # before any eviction: such a policy drops them from its order (vLLM's free queue)
             self.policy.on_pin([h for h in hashes if h not in refs] if refs else hashes)
+        self._pins += len(hashes)
         if not refs:
             refs.update(dict.fromkeys(hashes, 1))
             return
         _count_elements(refs, hashes)  # C-level refs[h] += 1 for each h (what Counter.update uses)
 
-    def _insert(self, new_hashes: list[int], session) -> None:
+    def _insert(self, new_hashes: list[int], session, pin: bool = True) -> None:
         if not new_hashes:
             return
-        # New blocks cannot already be pinned, so their reference counts start at 1.
-        self._refs.update(dict.fromkeys(new_hashes, 1))
+        if pin:  # new blocks cannot already be pinned, so their reference counts start at 1
+            self._refs.update(dict.fromkeys(new_hashes, 1))
+            self._pins += len(new_hashes)
         self.resident.update(dict.fromkeys(new_hashes, session))
         fp = self.footprint
         fp[session] = fp.get(session, 0) + len(new_hashes)
@@ -305,24 +337,27 @@ class BlockPool:
             self.events.append(KvEvent("stored", tuple(new_hashes)))
         self.metrics.inserted += len(new_hashes)
 
-    def _evict(self, count: int) -> None:
+    def _evict(self, count: int, pinned: Callable[[int], bool] | None = None) -> None:
         """Take ``count`` victims from the policy's order: the one place pinned blocks are skipped.
 
         A policy hands out blocks from its order without looking at pins. A pinned one (in use by
         a running request) is not evicted: it leaves the order here and comes back through
         ``on_release`` when its last request ends, as in vLLM's free queue. Each call removes at
         least one entry from the order and the pool holds ``count`` unpinned blocks (checked before),
-        so the loop ends.
+        so the loop ends. ``pinned`` says which blocks to skip: by default those with a reference count;
+        ``serve`` passes the request's own blocks instead of pinning them.
         """
         policy, refs = self.policy, self._refs
         victims = policy.victims(count)
-        if refs:
-            victims = [h for h in victims if h not in refs]
+        if pinned is None and refs:
+            pinned = refs.__contains__
+        if pinned is not None:
+            victims = list(filterfalse(pinned, victims))
             while len(victims) < count:
                 more = policy.victims(count - len(victims))
                 if not more:
                     raise RuntimeError(f"{policy.name}: no victims left for {count - len(victims)} evictable blocks")
-                victims += [h for h in more if h not in refs]
+                victims += filterfalse(pinned, more)
         self._forget(victims)
         self.metrics.evictions += len(victims)
         if self.emit_events and victims:
@@ -332,9 +367,10 @@ class BlockPool:
 
     def _forget(self, hashes: Sequence[int]) -> None:
         """Drop resident blocks: owners' footprints shrink; never-reused ones count as one-hit."""
-        pop = self.resident.pop
         fp = self.footprint
-        for owner, c in Counter([pop(h) for h in hashes]).items():
+        owners: dict[str | None, int] = {}
+        _count_elements(owners, map(self.resident.pop, hashes))  # C-level: owner -> blocks dropped
+        for owner, c in owners.items():
             left = fp[owner] - c
             if left:
                 fp[owner] = left

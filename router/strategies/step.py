@@ -53,6 +53,12 @@ class RoutingStep:
         state.queued_tokens += request.input_tokens
         return decision, pos
 
+    def only(self, state: ReplicaState, request: RouteRequest) -> None:
+        """One replica, nothing to choose: count the request on it without asking the strategy."""
+        self.decisions["only_replica"] = self.decisions.get("only_replica", 0) + 1
+        state.in_flight += 1
+        state.queued_tokens += request.input_tokens
+
     @staticmethod
     def done(state: ReplicaState, request: RouteRequest) -> None:
         """The replica answered (or failed): the request no longer counts against it."""

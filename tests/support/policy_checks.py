@@ -23,12 +23,13 @@ def checked_victims(pool: BlockPool) -> None:
         assert all(h in pool.resident for h in out)
         return out
 
-    def checked_evict(count):
+    def checked_evict(count, skip=None):
         pinned = set(pool.pin_counts)
         before = set(pool.resident)
-        evict(count)
+        evict(count, skip)
         gone = before - set(pool.resident)
         assert len(gone) >= count and not gone & pinned
+        assert skip is None or not any(map(skip, gone))  # serve's own blocks stay too
 
     pool.policy.victims = victims
     pool._evict = checked_evict

@@ -41,6 +41,9 @@ class EvictionPolicy(ABC):
     needs_future: ClassVar[bool] = False
     # True for policies whose order holds only evictable blocks: the pool calls on_pin.
     takes_pins: ClassVar[bool] = False
+    # True for policies that read ``ctx.pinned``: the pool then pins the blocks of a request served
+    # alone too (``BlockPool.serve`` otherwise only keeps them out of that request's own evictions).
+    reads_pins: ClassVar[bool] = False
 
     def __init__(self, **params) -> None:
         if params:

@@ -8,8 +8,9 @@ order: among the blocks one request frees, the deepest goes first (vLLM frees
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
+from itertools import islice, repeat
 
 from replica.core.policies.base import Access, EvictionPolicy
 
@@ -26,17 +27,17 @@ class LRUPolicy(EvictionPolicy):
         pass
 
     def on_release(self, hashes: Sequence[int], now: float) -> None:
+        # Both steps run in C (no Python loop per block): drop the released blocks wherever they
+        # sit in the order, then append them at the tail, deepest first.
         queue = self._queue
-        move = queue.move_to_end
-        for h in reversed(hashes):
-            if h in queue:
-                move(h)
-            else:
-                queue[h] = None
+        _consume(map(queue.pop, hashes, repeat(None)))
+        queue.update(zip(reversed(hashes), repeat(None)))
 
     def victims(self, need: int) -> list[int]:
-        pop = self._queue.popitem
-        return [pop(False)[0] for _ in range(need)]
+        queue = self._queue
+        out = list(islice(queue, need))
+        _consume(map(queue.__delitem__, out))
+        return out
 
     def on_remove(self, h: int) -> None:
         self._queue.pop(h, None)
@@ -51,3 +52,7 @@ class LRUPolicy(EvictionPolicy):
         """
         queue = self._queue
         return list(queue) + [h for h in self.ctx.owners if h not in queue]
+
+
+def _consume(it) -> None:
+    deque(it, maxlen=0)

@@ -28,6 +28,7 @@ from replica.core.policies.base import Access, EvictionPolicy
 
 class SessionLRUPolicy(EvictionPolicy):
     name = "session_lru"
+    reads_pins = True  # a unit with a pinned block counts as in use
 
     def __init__(self, **params) -> None:
         super().__init__(**params)

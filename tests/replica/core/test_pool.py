@@ -200,3 +200,22 @@ def test_repeated_hash_in_one_request_is_rejected_cleanly():
     assert pool.used == 0
     pool.serve([1, 2])
     assert pool.used == 2
+
+
+@pytest.mark.parametrize("policy", ["lru", "s3fifo", "arc", "session_lru", "random_compute"])
+def test_serve_without_pins_equals_acquire_then_release(policy):
+    """serve() skips pinning when nothing else is pinned; every observable stays the same."""
+    rng = random.Random(7)
+    served = BlockPool(40, make_policy(policy))
+    pinned = BlockPool(40, make_policy(policy))
+    for step in range(400):
+        start, n = rng.randrange(60), rng.randrange(1, 12)
+        hashes = [(start + i) * 7919 % 1000 for i in range(n)]  # overlapping prefixes and tails
+        a = served.serve(hashes, session=f"s{start % 5}", now=step)
+        b = pinned.acquire(hashes, session=f"s{start % 5}", now=step)
+        pinned.release(b, step)
+        assert (a.hit_idx, a.new_idx, a.holes) == (b.hit_idx, b.new_idx, b.holes)
+        assert list(served.resident) == list(pinned.resident)
+        assert served.drain_events() == pinned.drain_events()
+    assert served.stats() == pinned.stats()
+    assert not served.pin_counts and not pinned.pin_counts

@@ -9,7 +9,8 @@ from collections import OrderedDict
 import numpy as np
 import pytest
 
-from replica.core.reuse import INF, ReuseDistanceTracker, ShardsTracker, _Fenwick, log_capacities
+from replica.core.reuse import INF, ReuseDistanceTracker, _Fenwick, log_capacities
+from replica.core.shards import ShardsTracker
 
 A, B, C, D = 101, 202, 303, 404
 
