@@ -105,9 +105,6 @@ class ReplicaSettings:
             raise InputError("index", f"expected a redis:// URL, got {self.index!r}")
         check_bind(self.host, self.cluster_token)
         check_backend(self.backend, self.layers)
-        if self.backend != "emulated" and self.tiers.enabled:
-            raise InputError("host_cache_gib", "memory tiers run on the emulated backend only (the torch backend"
-                                               " keeps its KV in one device tensor)")
         CostModel.from_names(self.model, self.gpu)  # unknown names list the valid ones
         if self.capacity_gib is not None and self.resolved_capacity_blocks() <= 0:
             raise InputError("capacity_gib", "is smaller than one KV block of this model")

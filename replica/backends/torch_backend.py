@@ -17,8 +17,11 @@ model's real layer stack (random weights), and step time read from the device.
 * **Decode** runs one real step over the batch's prompt blocks (padded, masked); generated
   tokens' K/V are not kept (as in the emulated backend: only prompt blocks are cache
   blocks). A fast-forwarded run of ``steps`` decode steps is timed as ``steps`` x one step.
-* **Time** is the measured wall time of that work (device-synchronised), replacing the cost
-  model's figure for the step.
+* **Tiers** (``--host-cache-gib`` / ``--ssd-cache-gib``): the tier stack decides what moves
+  where, ``torch_tiers.TierMover`` copies the blocks (a host tensor, a memory-mapped SSD file);
+  a block restored from a tier is read by the prefill, not computed.
+* **Time** is the measured wall time of that work (device-synchronised), tier copies
+  included, replacing the cost model's figure for the step.
 """
 
 from __future__ import annotations
@@ -27,9 +30,11 @@ import time
 
 import torch
 
+from replica.backends.torch_tiers import TierMover
 from replica.backends.torchstack import TorchStack, host_clock, synchronize
 from replica.core.pool import BlockPool
 from replica.core.scheduler import SchedRequest, Scheduler
+from replica.core.tiers import TierStack
 from shared.costmodel import ModelSpec
 from shared.errors import KvemuError
 
@@ -56,7 +61,7 @@ class TorchBackend:
     """Attach to a scheduler with ``attach``; it then times every step (``StepTimer``)."""
 
     def __init__(self, spec: ModelSpec, pool: BlockPool, device: str = "cpu", layers: int | None = None,
-                 seed: int = 0) -> None:
+                 seed: int = 0, tiers: TierStack | None = None) -> None:
         self.spec, self.pool, self.bs = spec, pool, pool.block_size
         self.stack = TorchStack(spec, device, layers, seed)
         self.device = self.stack.device
@@ -67,7 +72,9 @@ class TorchBackend:
         self.free = list(range(pool.capacity - 1, -1, -1))
         self._progress: dict[int, int] = {}  # rid -> blocks computed or read so far (prefill in flight)
         self.counters = {"blocks_computed": 0, "blocks_read": 0, "hits_not_in_slots": 0, "decode_steps": 0,
-                         "device_busy_s": 0.0}
+                         "blocks_fetched": 0, "device_busy_s": 0.0}
+        self.mover = None if tiers is None else TierMover(tiers, self.device, tuple(self.kv.shape[1:]), self.kv.dtype,
+                                                          self.block_kv, self._write_slot)
 
     def attach(self, scheduler: Scheduler) -> TorchBackend:
         scheduler.timer = self
@@ -88,6 +95,9 @@ class TorchBackend:
         slot = self.free.pop()
         self.slot_of[block_hash] = slot
         return slot
+
+    def _write_slot(self, block_hash: int, kv: torch.Tensor) -> None:
+        self.kv[self._slot_for(block_hash)].copy_(kv)
 
     def block_kv(self, block_hash: int) -> torch.Tensor | None:
         """The cached K/V of a block ([layers, 2, block, kv heads, head dim]), or None."""
@@ -123,9 +133,13 @@ class TorchBackend:
         full = min(end_token // bs, len(hashes))
         hits = set(r.alloc.hit_idx) if r.alloc is not None else set()
         slots: list[int] = []
+        restored = self.mover.restored if self.mover is not None else set()
         for i in range(full):
             slot = self.slot_of.get(hashes[i])
-            if i < done or i in hits:
+            if i >= done and i not in hits and hashes[i] in restored and slot is not None:
+                restored.discard(hashes[i])  # fetched from a tier: read, not computed
+                self.counters["blocks_fetched"] += 1
+            elif i < done or i in hits:
                 if slot is None:  # should not happen: a hit whose K/V was never computed
                     self.counters["hits_not_in_slots"] += 1
                     slot = self._fresh(hashes, i, slots)
@@ -145,6 +159,8 @@ class TorchBackend:
         slot = self._slot_for(hashes[index])
         self._compute(hashes, index, self.bs, hashes[index], slots, slot)
         self.counters["blocks_computed"] += 1
+        if self.mover is not None:
+            self.mover.computed(hashes[index], self.kv[slot])
         return slot
 
     # ---- decode -------------------------------------------------------------------
@@ -189,6 +205,6 @@ class TorchBackend:
                 self.decode(decoders)
                 synchronize(self.device)
                 decode_s = clock() - t1
-        busy = prefill_s + steps * decode_s
+        busy = prefill_s + steps * decode_s + (self.mover.take_pending() if self.mover is not None else 0.0)
         self.counters["device_busy_s"] += busy
         return busy
