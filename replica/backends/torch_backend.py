@@ -72,7 +72,8 @@ class TorchBackend:
         self.free = list(range(pool.capacity - 1, -1, -1))
         self._progress: dict[int, int] = {}  # rid -> blocks computed or read so far (prefill in flight)
         self.counters = {"blocks_computed": 0, "blocks_read": 0, "hits_not_in_slots": 0, "decode_steps": 0,
-                         "blocks_fetched": 0, "device_busy_s": 0.0}
+                         "blocks_fetched": 0, "response_blocks_computed": 0, "response_blocks_dropped": 0,
+                         "device_busy_s": 0.0}
         self.mover = None if tiers is None else TierMover(tiers, self.device, tuple(self.kv.shape[1:]), self.kv.dtype,
                                                           self.block_kv, self._write_slot)
 
@@ -115,15 +116,44 @@ class TorchBackend:
 
     def _compute(self, hashes, index: int, count: int, ids_from: int, slots: list[int], keep_slot: int | None) -> None:
         """Run ``count`` tokens at block ``index`` over the blocks in ``slots``; keep K/V in ``keep_slot``."""
-        tokens = torch.tensor(block_token_ids(ids_from, count, self.spec.vocab), device=self.device)
-        x = self.stack.embed_tokens(tokens)
+        kv = self._run(index, count, ids_from, self._past(slots))
+        if keep_slot is not None:
+            self.kv[keep_slot] = kv
+
+    def _run(self, index: int, count: int, ids_from: int, past) -> torch.Tensor:
+        """K/V [layers, 2, count, kv heads, head dim] of ``count`` tokens at block ``index`` over ``past``."""
+        s = self.spec
+        tokens = torch.tensor(block_token_ids(ids_from, count, s.vocab), device=self.device)
+        out = torch.empty((self.stack.n_layers, 2, count, s.kv_heads, s.head_dim), dtype=self.kv.dtype, device=self.device)
 
         def keep(layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-            if keep_slot is not None:
-                self.kv[keep_slot, layer, 0] = k
-                self.kv[keep_slot, layer, 1] = v
+            out[layer, 0], out[layer, 1] = k, v
 
-        self.stack.prefill(x, index * self.bs, self._past(slots), keep)
+        self.stack.prefill(self.stack.embed_tokens(tokens), index * self.bs, past, keep)
+        return out
+
+    def stored(self, r: SchedRequest, hashes: list[int]) -> None:
+        """A finished request's response blocks were cached (``--response-kv keep``): compute
+        their K/V block by block after its prompt's, as a recompute of the next turn would. Not
+        timed: the decode steps that produced those tokens were. The past is kept in local
+        tensors, so taking slots for the new blocks cannot reclaim a prompt block it reads."""
+        slots = [self.slot_of.get(h) for h in r.hashes]
+        if any(slot is None for slot in slots):  # cannot happen for a finished prompt; do not cache garbage
+            self.pool.remove(hashes)
+            self.counters["response_blocks_dropped"] += len(hashes)
+            return
+        past = self._past([slot for slot in slots if slot is not None])
+        wanted = set(hashes)
+        with torch.inference_mode():
+            for j, h in enumerate(r.response_hashes):
+                kv = self._run(len(r.hashes) + j, self.bs, h, past)
+                past = [(torch.cat((k, kv[i, 0])), torch.cat((v, kv[i, 1]))) for i, (k, v) in enumerate(past or [])] \
+                    if past else [(kv[i, 0], kv[i, 1]) for i in range(self.stack.n_layers)]
+                if h in wanted and h in self.pool.resident:
+                    self.kv[self._slot_for(h)] = kv
+                    self.counters["response_blocks_computed"] += 1
+                if self.mover is not None:
+                    self.mover.computed(h, kv)
 
     def prefill_request(self, r: SchedRequest, end_token: int) -> None:
         """Bring request ``r``'s K/V up to ``end_token``: full blocks (hits read, misses computed)

@@ -3,8 +3,10 @@
 import pytest
 
 from replica.core.build import CoreSettings, build_core
+from replica.core.scheduler import SchedRequest
 from replica.core.tiers import TierSettings
 from shared.costmodel import CostModel
+from shared.hashing import chain_ids
 
 torch = pytest.importorskip("torch")
 
@@ -92,3 +94,41 @@ def test_tier_hit_ratios_equal_the_emulated_backends():
                                          "fetched_blocks", "demoted_blocks", "dropped_blocks")})
     assert stats[0] == stats[1]
     assert stats[0]["host_block_hit_ratio"] > 0 and stats[0]["ssd_block_hit_ratio"] > 0
+
+
+def _turns_with_responses():
+    """Three sessions of four turns; each turn's response is the next turn's two new blocks
+    (chained after its prompt), as `--response-kv keep` caches them."""
+    out = []
+    for turn in range(4):
+        for session in range(3):
+            ids = [1000 + session % 2] * 3 + [session * 100 + t for t in range(2 * turn + 2)]
+            following = ids + [session * 100 + t for t in range(2 * turn + 2, 2 * turn + 4)]
+            out.append((chain_ids(ids), len(ids) * BS + 2, chain_ids(following)[len(ids):]))
+    return out
+
+
+def test_response_blocks_kept_and_moved_equal_a_recompute_bit_for_bit():
+    """Response KV kept: a finished turn's response blocks get the K/V the next turn's recompute
+    would give them, in HBM and after demotion to host / SSD; the next turn reads them."""
+    cost = CostModel.from_names("tiny", "h200")
+    tiers = TierSettings(host_blocks=10, ssd_blocks=12, mode="exclusive", fetch="always")
+    core = build_core(CoreSettings(capacity_blocks=24, block_size=BS, token_budget=6, reuse="off", tiers=tiers,
+                                   response_kv="keep"), cost)
+    tb = TorchBackend(cost.model, core.pool, "cpu", layers=2, seed=7, tiers=core.tiers).attach(core.scheduler)
+    ref = TorchStack(tb.spec, "cpu", 2, seed=7)
+    expected: dict = {}
+    now, checked = 0.0, 0
+    for rid, (hashes, tokens, response) in enumerate(_turns_with_responses()):
+        chain = [*hashes, *response]
+        if chain[-1] not in expected:
+            expected.update(zip(chain, _reference(ref, chain)))
+        core.scheduler.submit(SchedRequest(rid, hashes, tokens, 2, now, response_hashes=response))
+        while core.scheduler.has_work():
+            now += core.scheduler.step(now).duration
+        now += 1.0
+        checked += _check_every_tier(core, tb, expected)
+    c = tb.counters
+    assert c["response_blocks_computed"] > 12 and c["response_blocks_dropped"] == 0 and c["hits_not_in_slots"] == 0
+    # turns 2-4 start with the previous turn's response: read from HBM or fetched, not computed
+    assert c["blocks_computed"] < 12 * 2 + 3 * 2 + 3 and checked > 200
