@@ -19,9 +19,10 @@ MLP and weights; two all-reduces of the activations per layer cross the GPU link
 
 Decode is memory-bound: weights (the experts the batch touches) at ``memory`` x HBM
 bandwidth + the batch's KV at ``decode_kv`` x HBM bandwidth (``memory``'s unless fitted),
-or compute-bound for large batches, whichever is slower; plus per layer ``decode_overhead_s``
-and ``decode_seq_s`` per sequence (both 0 on the GPU presets: on an H200 the roofline alone
-held within 6%; a CPU step costs per sequence and reads KV much slower than its weights).
+or compute-bound (products at ``decode_linear``, ``linear``'s unless fitted) for large
+batches, whichever is slower; plus per layer ``decode_overhead_s`` and ``decode_seq_s`` per
+sequence (both 0 on the GPU presets: on an H200 the roofline alone held within 6%; a CPU step
+pays its products per sequence and reads KV much slower than its weights).
 
 The efficiencies are per model (``Efficiency``; a preset carries its own, a device profile
 from ``kvemu calibrate`` replaces them): what each preset was fitted on is its ``source``,
