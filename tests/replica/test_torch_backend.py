@@ -76,6 +76,20 @@ def _reference(stack: TorchStack, hashes: list[int]) -> list[torch.Tensor]:
     return out
 
 
+def replay_checked(core, tb: TorchBackend, check) -> tuple[dict[int, torch.Tensor], int]:
+    """Serve the trace; after each request ``check(core, tb, expected)`` the blocks (returns how
+    many it checked). ``expected``: each block recomputed once, from its whole chain."""
+    ref = TorchStack(tb.spec, "cpu", 2, seed=7)
+    expected: dict[int, torch.Tensor] = {}
+    now, checked = 0.0, 0
+    for rid, (hashes, tokens) in enumerate(_requests()):
+        if hashes[-1] not in expected:
+            expected.update(zip(hashes, _reference(ref, hashes)))
+        now = _serve_one(core, rid, hashes, tokens, now)
+        checked += check(core, tb, expected)
+    return expected, checked
+
+
 def _check_resident(core, tb: TorchBackend, expected: dict[int, torch.Tensor]) -> int:
     for h in core.pool.resident:
         assert torch.equal(tb.block_kv(h), expected[h]), f"block {h:#x} differs from its recompute"
@@ -85,14 +99,7 @@ def _check_resident(core, tb: TorchBackend, expected: dict[int, torch.Tensor]) -
 @pytest.mark.parametrize("model", ["tiny", "tiny-moe"])
 def test_blocks_served_from_cache_equal_a_recompute_bit_for_bit(model):
     core, tb = _core(True, model)
-    ref = TorchStack(tb.spec, "cpu", 2, seed=7)
-    expected: dict[int, torch.Tensor] = {}  # each block recomputed once, from its whole chain
-    now, checked = 0.0, 0
-    for rid, (hashes, tokens) in enumerate(_requests()):
-        if hashes[-1] not in expected:
-            expected.update(zip(hashes, _reference(ref, hashes)))
-        now = _serve_one(core, rid, hashes, tokens, now)
-        checked += _check_resident(core, tb, expected)
+    expected, checked = replay_checked(core, tb, _check_resident)
     c = tb.counters
     assert c["blocks_read"] > 20 and c["blocks_computed"] > 24  # hits were read, and the pool evicted
     assert c["hits_not_in_slots"] == 0 and c["decode_steps"] > 0

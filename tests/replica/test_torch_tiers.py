@@ -12,15 +12,9 @@ torch = pytest.importorskip("torch")
 
 from replica.backends.torch_backend import TorchBackend  # noqa: E402
 from replica.backends.torchstack import TorchStack  # noqa: E402
-from tests.replica.test_torch_backend import BS, _reference, _requests, _serve_one  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# one_thread: the autouse fixture (one torch thread), applied here too
+from tests.replica.test_torch_backend import BS, _reference, _requests, _serve_one, one_thread, replay_checked  # noqa: E402, F401
 
 
 def _core(backend: bool, mode: str):
@@ -51,14 +45,7 @@ def _check_every_tier(core, tb: TorchBackend, expected: dict) -> int:
 @pytest.mark.parametrize("mode", ["exclusive", "inclusive"])
 def test_blocks_moved_through_host_and_ssd_equal_a_recompute_bit_for_bit(mode):
     core, tb = _core(True, mode)
-    ref = TorchStack(tb.spec, "cpu", 2, seed=7)
-    expected: dict = {}
-    now, checked = 0.0, 0
-    for rid, (hashes, tokens) in enumerate(_requests()):
-        if hashes[-1] not in expected:
-            expected.update(zip(hashes, _reference(ref, hashes)))
-        now = _serve_one(core, rid, hashes, tokens, now)
-        checked += _check_every_tier(core, tb, expected)
+    expected, checked = replay_checked(core, tb, _check_every_tier)
     moves, stats = tb.mover.counters, core.tiers.stats()
     # restored blocks were copied up from both tiers and read by the prefill, not computed
     assert moves["host>hbm"] > 0 and moves["ssd>hbm"] > 0 and moves["host>ssd"] > 0 and moves["restored_without_kv"] == 0
