@@ -1,10 +1,10 @@
-"""The shipped presets' prefill model against this device's measurements of the same shapes.
+"""The shipped presets' prefill and decode model against this device's measurements of the same shapes.
 
 Runs `kvemu calibrate` for each model (a subset of layers for the big ones) into one profile,
-then prints JSON: per model, each measured prefill point with the shipped preset's time for
-the layers run (its own efficiencies on the preset GPU's rates) and the fresh fit's, and both
-errors (predicted / measured - 1). On an H200 this is the check of docs/calibration.md's
-table; on other GPUs pass the closest preset with --gpu.
+then prints JSON: per model, each measured prefill point and decode step with the shipped
+preset's time for the layers run (its own efficiencies on the preset GPU's rates) and the
+fresh fit's, and both errors (predicted / measured - 1). On an H200 this is the check of
+docs/calibration.md's table; on other GPUs pass the closest preset with --gpu.
 
     .venv/bin/python bench/presets_vs_device.py --device cuda --gpu h200 --out h200-presets.json
     .venv/bin/python bench/presets_vs_device.py --device cpu --models tiny --gpu h200   # a smoke run
@@ -49,6 +49,9 @@ def main() -> None:
         fitted = CostModel(spec, profile.gpu, profile.models[name])
         measured = [pt["seconds"] for pt in points]
         shapes = [(pt["new_tokens"], pt["cached_depth"]) for pt in points]
+        steps = profile.extra["points"][name]["decode"]
+        step_shapes = [(pt["batch"], pt["kv_tokens"]) for pt in steps]
+        step_measured = [pt["seconds"] for pt in steps]
         report[name] = {
             "layers_run": layers,
             "points": [{"new_tokens": n, "cached_depth": c, "measured_s": m,
@@ -56,6 +59,12 @@ def main() -> None:
                        for (n, c), m in zip(shapes, measured)],
             "preset_error": errors([preset.prefill_time(n, c) for n, c in shapes], measured),
             "fit_error": errors([fitted.prefill_time(n, c) for n, c in shapes], measured),
+            "decode_points": [{"batch": b, "kv_tokens": kv, "measured_s": m,
+                               "preset_s": round(preset.decode_step_time(b, kv), 6),
+                               "fit_s": round(fitted.decode_step_time(b, kv), 6)}
+                              for (b, kv), m in zip(step_shapes, step_measured)],
+            "decode_preset_error": errors([preset.decode_step_time(b, kv) for b, kv in step_shapes], step_measured),
+            "decode_fit_error": errors([fitted.decode_step_time(b, kv) for b, kv in step_shapes], step_measured),
         }
     print(json.dumps({"device": profile.extra.get("device"), "preset_gpu": args.gpu, "models": report}, indent=1))
 

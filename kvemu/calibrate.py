@@ -14,10 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import sys
 from dataclasses import asdict, replace
 
-from shared.costfit import DecodePoint, PrefillPoint, errors, fit_decode, fit_prefill
+from shared.costfit import DecodePoint, PrefillPoint, errors, fit
 from shared.costmodel import CostModel, GpuSpec, get_model
 from shared.devprofile import DeviceProfile, load_profile, save_profile
 from shared.errors import InputError
@@ -92,7 +93,7 @@ def run(args) -> int:
     gpu = GpuSpec(bench.device_name, bench.matmul_rate(), bench.memory_bandwidth(), bench.memory_bytes(), 450e9)
     bar.update(2)
     secs = _time_grid(bench, [bench.prefill_fn(n, c) for n, c in grid_p] + [bench.decode_fn(b, t) for b, t in grid_d],
-                      args.rounds or (5 if kind == "cpu" else 1), bar)
+                      args.rounds or (5 if kind == "cpu" else 1), bar, args.seed)
     prefill = [PrefillPoint(n, c, s) for (n, c), s in zip(grid_p, secs)]
     decode = [DecodePoint(b, b * t, s) for (b, t), s in zip(grid_d, secs[len(grid_p):])]
     link = bench.host_link(args.block_size) if kind == "cuda" else {}
@@ -101,19 +102,19 @@ def run(args) -> int:
     bar.update_to(total)
     cost = CostModel(replace(spec, layers=layers), gpu)
     source = f"kvemu calibrate on {bench.device_name}, {layers} of {spec.layers} layers, torch {torch.__version__}"
-    eff = fit_decode(cost, decode) if decode else cost.efficiency
-    eff = fit_prefill(cost.with_efficiency(eff), prefill, source) if prefill else eff
+    eff = fit(cost, prefill, decode, source)
     fitted = cost.with_efficiency(eff)
-    fit = {"prefill": errors([fitted.prefill_time(p.new_tokens, p.cached_depth) for p in prefill],
-                             [p.seconds for p in prefill]),
-           "decode": errors([fitted.decode_step_time(p.batch, p.kv_tokens) for p in decode], [p.seconds for p in decode])}
-    _print_table(fitted, prefill, decode, fit)
+    fit_errors = {"prefill": errors([fitted.prefill_time(p.new_tokens, p.cached_depth) for p in prefill],
+                                    [p.seconds for p in prefill]),
+                  "decode": errors([fitted.decode_step_time(p.batch, p.kv_tokens) for p in decode],
+                                   [p.seconds for p in decode])}
+    _print_table(fitted, prefill, decode, fit_errors)
     out = args.out or f"profile-{kind}-{spec.name}.json"
     extra = {"device": bench.device_name, "torch": torch.__version__, "method": cal.METHOD,
              "calibrated": {spec.name: {"layers_run": layers, "dtype": str(bench.stack.dtype)}},
              "host_link": link, "points": {spec.name: {"prefill": [asdict(p) for p in prefill],
                                                        "decode": [asdict(p) for p in decode]}},
-             "fit_errors": {spec.name: fit}}
+             "fit_errors": {spec.name: fit_errors}}
     save_profile(_merged(out, DeviceProfile(gpu, {spec.name: eff}, extra)), out)
     print(f"wrote {out}: use it as --gpu-file {out} (with --model {spec.name})")
     return 0
@@ -157,13 +158,17 @@ def with_host_link(gpu: GpuSpec, link: dict) -> GpuSpec:
                    host_copy_overhead_s=max(scattered_s - whole_s, 0.0) / link["blocks"])
 
 
-def _time_grid(bench, calls: list, rounds: int, bar: ProgressBar) -> list[float]:
-    """Each call's minimum time over ``rounds`` passes over the whole grid: on a shared machine
-    every point then sees the same spread of conditions, not one moment each."""
+def _time_grid(bench, calls: list, rounds: int, bar: ProgressBar, seed: int = 0) -> list[float]:
+    """Each call's minimum time over ``rounds`` passes over the whole grid, each pass in its own
+    shuffled order: on a shared machine every point then sees the same spread of conditions,
+    and a load burst or a drift during a pass does not land on the same corner of the grid."""
     best = [float("inf")] * len(calls)
+    order = list(range(len(calls)))
+    shuffle = random.Random(seed).shuffle
     for r in range(rounds):
-        for i, fn in enumerate(calls):
-            best[i] = min(best[i], bench.time(fn))
+        shuffle(order)
+        for i in order:
+            best[i] = min(best[i], bench.time(calls[i]))
             if r == rounds - 1:
                 bar.update()
     return best
@@ -183,4 +188,6 @@ def _print_table(cost: CostModel, prefill: list[PrefillPoint], decode: list[Deco
     out.write(json.dumps({"fit_errors": {k: {"mean_abs": v["mean_abs"], "max_abs": v["max_abs"]} for k, v in fit.items()},
                           "efficiency": {"linear": round(e.linear, 4), "attention": round(e.attention, 4),
                                          "kv_read": round(e.kv_read, 4), "memory": round(e.memory, 4),
-                                         "overhead_s": e.overhead_s, "decode_overhead_s": e.decode_overhead_s}}) + "\n")
+                                         "overhead_s": e.overhead_s, "decode_overhead_s": e.decode_overhead_s,
+                                         "decode_seq_s": e.decode_seq_s, "decode_kv": e.decode_kv,
+                                         "decode_linear": e.decode_linear}}) + "\n")

@@ -29,7 +29,7 @@ class ReplicaRuntime:
             from replica.backends.torch_backend import TorchBackend
 
             self.backend = TorchBackend(self.cost.model, self.pool, settings.device, settings.layers,
-                                        settings.seed).attach(self.scheduler)
+                                        settings.seed, self.core.tiers).attach(self.scheduler)
         self.feed = EventFeed(settings.replica_id, lambda: list(self.pool.resident), settings.event_batch_max,
                               settings.feed_max_batches, mode="push" if settings.index else "poll",
                               # a resync (every resident block) must always fit, or it would drop itself

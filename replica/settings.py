@@ -105,9 +105,6 @@ class ReplicaSettings:
             raise InputError("index", f"expected a redis:// URL, got {self.index!r}")
         check_bind(self.host, self.cluster_token)
         check_backend(self.backend, self.layers)
-        if self.backend != "emulated" and self.tiers.enabled:
-            raise InputError("host_cache_gib", "memory tiers run on the emulated backend only (the torch backend"
-                                               " keeps its KV in one device tensor)")
         CostModel.from_names(self.model, self.gpu)  # unknown names list the valid ones
         if self.capacity_gib is not None and self.resolved_capacity_blocks() <= 0:
             raise InputError("capacity_gib", "is smaller than one KV block of this model")
@@ -125,9 +122,7 @@ class ReplicaSettings:
             block_size=self.block_size, hit_mode=self.hit_mode, token_budget=self.token_budget,
             max_running=self.max_running, max_waiting=self.max_waiting, scheduler=self.scheduler, reuse="shards",
             shards_rate=self.shards_rate, shards_max_tracked=self.shards_max_tracked, seed=self.seed, emit_events=True,
-            oracles=False, tiers=self.tiers,
-            # the torch backend computes K/V for prompt blocks only: a response block would have none
-            response_kv=self.response_kv if self.backend == "emulated" else "drop")
+            oracles=False, tiers=self.tiers, response_kv=self.response_kv)
 
     def cost_model(self) -> CostModel:
         return CostModel.from_names(self.model, self.gpu)

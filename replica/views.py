@@ -193,6 +193,8 @@ async def stats(request: web.Request) -> web.Response:
     })
     if state.backend is not None:  # --backend torch: what the real kernels did
         out["backend"] = {"name": s.backend, "device": s.device, **state.backend.counters}
+        if state.backend.mover is not None:  # the tier copies it made
+            out["backend"]["tier_copies"] = dict(state.backend.mover.counters)
     if state.shipper is not None:
         out["index_shipper"] = state.shipper.stats()
     if state.core.tiers is not None:

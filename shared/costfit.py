@@ -6,8 +6,9 @@ overhead``. The fit minimises the squared *relative* error over non-negative coe
 (exact non-negative least squares by trying every subset of the terms: there are four). A
 term the points cannot see (e.g. no point with a cached prefix) keeps its prior efficiency;
 a term the fit sets to zero gets efficiency ``CAP`` (it costs nothing measurable).
-Decode steps fit ``memory`` and ``decode_overhead_s`` the same way from their memory-bound
-time (weights + KV over HBM bandwidth).
+Decode steps fit ``memory`` (weights), ``decode_kv`` (KV reads), ``decode_seq_s`` and
+``decode_overhead_s`` the same way, with the compute side of their roofline held at the
+prefill efficiencies (``fit`` alternates the two fits).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def nnls_relative(features: np.ndarray, seconds: np.ndarray) -> np.ndarray:
 def _inverse(coef: float, seen: bool, prior: float) -> float:
     if not seen:
         return prior
-    return CAP if coef <= 1.0 / CAP else 1.0 / coef
+    return CAP if coef <= 1.0 / CAP else float(1.0 / coef)
 
 
 def prefill_features(cost: CostModel, points: Sequence[PrefillPoint]) -> np.ndarray:
@@ -94,13 +95,59 @@ def fit_prefill(cost: CostModel, points: Sequence[PrefillPoint], source: str = "
     return eff
 
 
-def fit_decode(cost: CostModel, points: Sequence[DecodePoint]) -> Efficiency:
-    """``cost``'s efficiency with ``memory`` and ``decode_overhead_s`` fitted to ``points``."""
-    unit = cost.with_efficiency(_UNIT)
-    x = np.array([[unit.decode_step_time(p.batch, p.kv_tokens), cost.model.layers] for p in points], dtype=float)
-    coef = nnls_relative(x, np.array([p.seconds for p in points]))
+def decode_features(cost: CostModel, points: Sequence[DecodePoint]) -> np.ndarray:
+    """Per point, at efficiency 1: the memory side's weight and KV reads, then the terms outside
+    the roofline (sequences x layers, layers)."""
+    unit, m = cost.with_efficiency(_UNIT), cost.model
+    kv_unit = cost.kv_bytes_per_token / (cost.gpu.hbm_bandwidth * cost.tp)
+    return np.array([[unit.decode_weights_time(p.batch), p.kv_tokens * kv_unit, p.batch * m.layers, m.layers]
+                     for p in points], dtype=float)
+
+
+def fit_decode(cost: CostModel, points: Sequence[DecodePoint], rounds: int = 4) -> Efficiency:
+    """``cost``'s efficiency with the decode terms fitted to ``points``: ``memory`` (weights),
+    ``decode_kv`` (KV reads), ``decode_seq_s``, ``decode_overhead_s``, and whether the products
+    overlap the reads (the roofline's compute side at the prefill efficiencies, as on a GPU)
+    or are paid per sequence on top of them (``decode_linear`` at the cap, as on a CPU).
+    A point whose products outlast its reads drops its reads from the fit; a few rounds
+    settle which side each point is on; the fit with the least squared relative error wins."""
+    x_all = decode_features(cost, points)
+    seconds = np.array([p.seconds for p in points])
     prior = cost.efficiency
-    return replace(prior, memory=_inverse(coef[0], True, prior.memory), decode_overhead_s=float(coef[1]))
+    seen_kv = bool(np.any(x_all[:, 1] > 0))
+    if np.ptp(x_all[:, 0]) <= 1e-9 * np.max(x_all[:, 0]):
+        # A dense model reads the same weights every step: the points cannot tell that read from
+        # a per-layer overhead, so the read takes it all (the GPU form: no decode overhead).
+        x_all[:, 3] = 0.0
+    best, best_err = prior, float("inf")
+    for products in (None, CAP):  # products at the prefill's `linear`, or paid per sequence
+        eff = replace(prior, decode_linear=products)
+        for _ in range(rounds):
+            compute = np.array([cost.with_efficiency(eff).decode_compute_time(p.batch, p.kv_tokens) for p in points])
+            compute_side = compute > x_all[:, 0] / eff.memory + x_all[:, 1] / eff.decode_kv_eff
+            x = x_all.copy()
+            x[compute_side, :2] = 0.0
+            coef = nnls_relative(x, np.where(compute_side, np.maximum(seconds - compute, seconds * 1e-3), seconds))
+            eff = replace(eff, memory=_inverse(coef[0], True, prior.memory),
+                          decode_kv=_inverse(coef[1], seen_kv, prior.decode_kv_eff),
+                          decode_seq_s=float(coef[2]), decode_overhead_s=float(coef[3]))
+            fitted = cost.with_efficiency(eff)
+            err = sum((fitted.decode_step_time(p.batch, p.kv_tokens) / p.seconds - 1) ** 2 for p in points)
+            if err < best_err:
+                best, best_err = eff, err
+    return best
+
+
+def fit(cost: CostModel, prefill: Sequence[PrefillPoint], decode: Sequence[DecodePoint], source: str = "",
+        passes: int = 2) -> Efficiency:
+    """Decode and prefill terms fitted together: each fit holds the other's terms (prefill's
+    weight read uses ``memory``; decode's compute side uses ``linear`` and ``attention``), so
+    they alternate."""
+    eff = cost.efficiency
+    for _ in range(passes):
+        eff = fit_decode(cost.with_efficiency(eff), decode) if decode else eff
+        eff = fit_prefill(cost.with_efficiency(eff), prefill, source) if prefill else eff
+    return eff
 
 
 def errors(predicted: Sequence[float], measured: Sequence[float]) -> dict:

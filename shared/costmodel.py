@@ -17,8 +17,12 @@ MLP and weights; two all-reduces of the activations per layer cross the GPU link
   is added, not maxed: without it a few new tokens over a long prefix come out ~25% fast;
 * ``overhead_s`` per layer (launches); decode steps have their own ``decode_overhead_s``.
 
-Decode is memory-bound: weights (the experts the batch touches) + KV read per step at
-``memory`` x HBM bandwidth, or compute-bound for large batches, whichever is slower.
+Decode is memory-bound: weights (the experts the batch touches) at ``memory`` x HBM
+bandwidth + the batch's KV at ``decode_kv`` x HBM bandwidth (``memory``'s unless fitted),
+or compute-bound (products at ``decode_linear``, ``linear``'s unless fitted) for large
+batches, whichever is slower; plus per layer ``decode_overhead_s`` and ``decode_seq_s`` per
+sequence (both 0 on the GPU presets: on an H200 the roofline alone held within 6%; a CPU step
+pays its products per sequence and reads KV much slower than its weights).
 
 The efficiencies are per model (``Efficiency``; a preset carries its own, a device profile
 from ``kvemu calibrate`` replaces them): what each preset was fitted on is its ``source``,
@@ -316,17 +320,31 @@ class CostModel:
         """One decode step for ``batch_size`` sequences holding ``kv_tokens`` tokens in all."""
         if batch_size <= 0:
             return 0.0
-        weights, per_expert, kv, lin, att, comm, overhead = self._decode_unit
+        weights, per_expert, kv, lin, att, per_seq, overhead = self._decode_unit
         if per_expert:  # MoE: experts no sequence in the batch routes to are not read
             weights -= (self.model.experts - self.model.touched_experts(batch_size)) * per_expert
-        return max(weights + kv_tokens * kv, batch_size * lin + kv_tokens * att) + batch_size * comm + overhead
+        return max(weights + kv_tokens * kv, batch_size * lin + kv_tokens * att) + batch_size * per_seq + overhead
+
+    def decode_compute_time(self, batch_size: int, kv_tokens: int) -> float:
+        """The compute side of a decode step's roofline: products and attention."""
+        lin, att = self._decode_unit[3:5]
+        return batch_size * lin + kv_tokens * att
+
+    def decode_weights_time(self, batch_size: int) -> float:
+        """The weight read of one decode step (the experts ``batch_size`` sequences touch)."""
+        weights, per_expert = self._decode_unit[:2]
+        if per_expert:
+            weights -= (self.model.experts - self.model.touched_experts(batch_size)) * per_expert
+        return weights
 
     def _decode_units(self) -> tuple[float, ...]:
         """Seconds of a decode step per unit: (all weights, one expert's weights, per KV token
-        read, per sequence's products, per KV token attended, per sequence's all-reduces, overhead)."""
+        read, per sequence's products, per KV token attended, per sequence's all-reduces and
+        fixed costs, overhead)."""
         m, e, g, tp = self.model, self.efficiency, self.gpu, self.tp
         bw, peak = g.hbm_bandwidth * tp * e.memory, g.peak_flops * tp
         comm = m.layers * 2 * 2 * (tp - 1) / tp * m.hidden * m.dtype_bytes / g.link_bandwidth if tp > 1 else 0.0
         return (m.weight_bytes / bw, m.layers * m.expert_params * m.dtype_bytes / bw if m.moe else 0.0,
-                self.kv_bytes_per_token / bw, self.prefill_flops(1, 0)[0] / (peak * e.linear),
-                4.0 * m.q_heads * m.head_dim * m.layers / (peak * e.attention), comm, m.layers * e.decode_overhead_s)
+                self.kv_bytes_per_token / (g.hbm_bandwidth * tp * e.decode_kv_eff),
+                self.prefill_flops(1, 0)[0] / (peak * e.decode_linear_eff), 4.0 * m.q_heads * m.head_dim * m.layers / (peak * e.attention),
+                comm + m.layers * e.decode_seq_s, m.layers * e.decode_overhead_s)

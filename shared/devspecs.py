@@ -19,13 +19,33 @@ class Efficiency:
     overhead_s: float = 0.0  # per layer per prefill call
     decode_overhead_s: float = 0.0  # per layer per decode step
     source: str = ""  # what these were fitted on
+    # Decode steps beyond the H200 roofline (0 / None on the presets, which is that form): the
+    # cost per sequence (per layer) outside the roofline, the fraction of memory bandwidth the
+    # KV reads reach (None: ``memory``'s) and of peak FLOP/s the products reach (None:
+    # ``linear``'s). A CPU step pays its products per sequence, on top of its reads, and reads
+    # KV far slower than weights: there ``decode_seq_s`` > 0 and ``decode_linear`` is the cap.
+    decode_seq_s: float = 0.0
+    decode_kv: float | None = None
+    decode_linear: float | None = None
+
+    @property
+    def decode_kv_eff(self) -> float:
+        return self.memory if self.decode_kv is None else self.decode_kv
+
+    @property
+    def decode_linear_eff(self) -> float:
+        return self.linear if self.decode_linear is None else self.decode_linear
 
     def __post_init__(self) -> None:
         for name in ("linear", "attention", "kv_read", "memory"):
             value = getattr(self, name)
             if not 0 < value < float("inf"):
                 raise InputError(name, f"efficiency must be a finite number > 0, got {value}")
-        for name in ("overhead_s", "decode_overhead_s"):
+        for name in ("decode_kv", "decode_linear"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int | float) and 0 < value < float("inf")):
+                raise InputError(name, f"efficiency must be a finite number > 0 or null, got {value!r}")
+        for name in ("overhead_s", "decode_overhead_s", "decode_seq_s"):
             if not 0 <= getattr(self, name) < float("inf"):
                 raise InputError(name, f"must be a finite number >= 0, got {getattr(self, name)}")
 

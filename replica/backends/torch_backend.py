@@ -17,8 +17,11 @@ model's real layer stack (random weights), and step time read from the device.
 * **Decode** runs one real step over the batch's prompt blocks (padded, masked); generated
   tokens' K/V are not kept (as in the emulated backend: only prompt blocks are cache
   blocks). A fast-forwarded run of ``steps`` decode steps is timed as ``steps`` x one step.
-* **Time** is the measured wall time of that work (device-synchronised), replacing the cost
-  model's figure for the step.
+* **Tiers** (``--host-cache-gib`` / ``--ssd-cache-gib``): the tier stack decides what moves
+  where, ``torch_tiers.TierMover`` copies the blocks (a host tensor, a memory-mapped SSD file);
+  a block restored from a tier is read by the prefill, not computed.
+* **Time** is the measured wall time of that work (device-synchronised), tier copies
+  included, replacing the cost model's figure for the step.
 """
 
 from __future__ import annotations
@@ -27,9 +30,11 @@ import time
 
 import torch
 
+from replica.backends.torch_tiers import TierMover
 from replica.backends.torchstack import TorchStack, host_clock, synchronize
 from replica.core.pool import BlockPool
 from replica.core.scheduler import SchedRequest, Scheduler
+from replica.core.tiers import TierStack
 from shared.costmodel import ModelSpec
 from shared.errors import KvemuError
 
@@ -56,7 +61,7 @@ class TorchBackend:
     """Attach to a scheduler with ``attach``; it then times every step (``StepTimer``)."""
 
     def __init__(self, spec: ModelSpec, pool: BlockPool, device: str = "cpu", layers: int | None = None,
-                 seed: int = 0) -> None:
+                 seed: int = 0, tiers: TierStack | None = None) -> None:
         self.spec, self.pool, self.bs = spec, pool, pool.block_size
         self.stack = TorchStack(spec, device, layers, seed)
         self.device = self.stack.device
@@ -67,7 +72,10 @@ class TorchBackend:
         self.free = list(range(pool.capacity - 1, -1, -1))
         self._progress: dict[int, int] = {}  # rid -> blocks computed or read so far (prefill in flight)
         self.counters = {"blocks_computed": 0, "blocks_read": 0, "hits_not_in_slots": 0, "decode_steps": 0,
+                         "blocks_fetched": 0, "response_blocks_computed": 0, "response_blocks_dropped": 0,
                          "device_busy_s": 0.0}
+        self.mover = None if tiers is None else TierMover(tiers, self.device, tuple(self.kv.shape[1:]), self.kv.dtype,
+                                                          self.block_kv, self._write_slot)
 
     def attach(self, scheduler: Scheduler) -> TorchBackend:
         scheduler.timer = self
@@ -89,6 +97,9 @@ class TorchBackend:
         self.slot_of[block_hash] = slot
         return slot
 
+    def _write_slot(self, block_hash: int, kv: torch.Tensor) -> None:
+        self.kv[self._slot_for(block_hash)].copy_(kv)
+
     def block_kv(self, block_hash: int) -> torch.Tensor | None:
         """The cached K/V of a block ([layers, 2, block, kv heads, head dim]), or None."""
         slot = self.slot_of.get(block_hash)
@@ -105,15 +116,44 @@ class TorchBackend:
 
     def _compute(self, hashes, index: int, count: int, ids_from: int, slots: list[int], keep_slot: int | None) -> None:
         """Run ``count`` tokens at block ``index`` over the blocks in ``slots``; keep K/V in ``keep_slot``."""
-        tokens = torch.tensor(block_token_ids(ids_from, count, self.spec.vocab), device=self.device)
-        x = self.stack.embed_tokens(tokens)
+        kv = self._run(index, count, ids_from, self._past(slots))
+        if keep_slot is not None:
+            self.kv[keep_slot] = kv
+
+    def _run(self, index: int, count: int, ids_from: int, past) -> torch.Tensor:
+        """K/V [layers, 2, count, kv heads, head dim] of ``count`` tokens at block ``index`` over ``past``."""
+        s = self.spec
+        tokens = torch.tensor(block_token_ids(ids_from, count, s.vocab), device=self.device)
+        out = torch.empty((self.stack.n_layers, 2, count, s.kv_heads, s.head_dim), dtype=self.kv.dtype, device=self.device)
 
         def keep(layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-            if keep_slot is not None:
-                self.kv[keep_slot, layer, 0] = k
-                self.kv[keep_slot, layer, 1] = v
+            out[layer, 0], out[layer, 1] = k, v
 
-        self.stack.prefill(x, index * self.bs, self._past(slots), keep)
+        self.stack.prefill(self.stack.embed_tokens(tokens), index * self.bs, past, keep)
+        return out
+
+    def stored(self, r: SchedRequest, hashes: list[int]) -> None:
+        """A finished request's response blocks were cached (``--response-kv keep``): compute
+        their K/V block by block after its prompt's, as a recompute of the next turn would. Not
+        timed: the decode steps that produced those tokens were. The past is kept in local
+        tensors, so taking slots for the new blocks cannot reclaim a prompt block it reads."""
+        slots = [self.slot_of.get(h) for h in r.hashes]
+        if any(slot is None for slot in slots):  # cannot happen for a finished prompt; do not cache garbage
+            self.pool.remove(hashes)
+            self.counters["response_blocks_dropped"] += len(hashes)
+            return
+        past = self._past([slot for slot in slots if slot is not None])
+        wanted = set(hashes)
+        with torch.inference_mode():
+            for j, h in enumerate(r.response_hashes):
+                kv = self._run(len(r.hashes) + j, self.bs, h, past)
+                past = [(torch.cat((k, kv[i, 0])), torch.cat((v, kv[i, 1]))) for i, (k, v) in enumerate(past or [])] \
+                    if past else [(kv[i, 0], kv[i, 1]) for i in range(self.stack.n_layers)]
+                if h in wanted and h in self.pool.resident:
+                    self.kv[self._slot_for(h)] = kv
+                    self.counters["response_blocks_computed"] += 1
+                if self.mover is not None:
+                    self.mover.computed(h, kv)
 
     def prefill_request(self, r: SchedRequest, end_token: int) -> None:
         """Bring request ``r``'s K/V up to ``end_token``: full blocks (hits read, misses computed)
@@ -123,9 +163,13 @@ class TorchBackend:
         full = min(end_token // bs, len(hashes))
         hits = set(r.alloc.hit_idx) if r.alloc is not None else set()
         slots: list[int] = []
+        restored = self.mover.restored if self.mover is not None else set()
         for i in range(full):
             slot = self.slot_of.get(hashes[i])
-            if i < done or i in hits:
+            if i >= done and i not in hits and hashes[i] in restored and slot is not None:
+                restored.discard(hashes[i])  # fetched from a tier: read, not computed
+                self.counters["blocks_fetched"] += 1
+            elif i < done or i in hits:
                 if slot is None:  # should not happen: a hit whose K/V was never computed
                     self.counters["hits_not_in_slots"] += 1
                     slot = self._fresh(hashes, i, slots)
@@ -145,6 +189,8 @@ class TorchBackend:
         slot = self._slot_for(hashes[index])
         self._compute(hashes, index, self.bs, hashes[index], slots, slot)
         self.counters["blocks_computed"] += 1
+        if self.mover is not None:
+            self.mover.computed(hashes[index], self.kv[slot])
         return slot
 
     # ---- decode -------------------------------------------------------------------
@@ -189,6 +235,6 @@ class TorchBackend:
                 self.decode(decoders)
                 synchronize(self.device)
                 decode_s = clock() - t1
-        busy = prefill_s + steps * decode_s
+        busy = prefill_s + steps * decode_s + (self.mover.take_pending() if self.mover is not None else 0.0)
         self.counters["device_busy_s"] += busy
         return busy

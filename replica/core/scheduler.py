@@ -130,6 +130,9 @@ class StepTimer(Protocol):
     def step_time(self, chunks: list[tuple[SchedRequest, int, int]], decoders: list[SchedRequest], steps: int,
                   modelled: float) -> float: ...
 
+    def stored(self, r: SchedRequest, hashes: list[int]) -> None:
+        """``r`` finished and its response blocks ``hashes`` were cached: give them their K/V."""
+
 
 class QueueFullError(KvemuError):
     """Overload, not bad input: answered 503 with Retry-After so a router tries elsewhere."""
@@ -506,6 +509,8 @@ class Scheduler:
         stored: list[int] = []
         if self.keep_response_kv and r.response_hashes:  # colocated vLLM: the response's KV stays cached
             stored = self.pool.store(r.response_hashes, r.session, end)
+            if stored and self.timer is not None:
+                self.timer.stored(r, stored)
         if self.tiers is not None:
             self.tiers.produced(stored, end)
             self.tiers.released([*r.alloc.hashes, *stored], end)

@@ -21,12 +21,18 @@ Transfers queue on their link (``Link``: busy until the last reserved transfer e
 fetches share its bandwidth and write-back to SSD competes with SSD reads. A restore is
 pipelined layer by layer with the request's prefill compute: the scheduler charges the larger
 of the two, not their sum.
+
+A backend that holds real K/V (``replica --backend torch``) sets ``copies``: the stack tells it
+every block it moves (``TierCopies.copy(src, dst, hashes)``, tiers named ``hbm``, ``host``,
+``ssd``) at the moment it decides, after the evictions that make room for them, so the backend
+executes the same moves in the same order; the decisions stay here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from replica.core.policies import make_policy, policy_class
 from replica.core.pool import Allocation, BlockPool
@@ -79,6 +85,12 @@ class TierSettings:
     @property
     def enabled(self) -> bool:
         return self.host_blocks > 0 or self.ssd_blocks > 0
+
+
+class TierCopies(Protocol):
+    """Executes the stack's moves on real K/V (``replica/backends/torch_tiers.py``)."""
+
+    def copy(self, src: str, dst: str, hashes: Sequence[int]) -> None: ...
 
 
 @dataclass(slots=True)
@@ -141,6 +153,7 @@ class TierStack:
         self.ssd_link = Link("ssd", settings.ssd_read_gbps * GB)  # one drive: writes compete with reads
         self._ssd_write_bw = settings.ssd_write_gbps * GB
         self._now = 0.0
+        self.copies: TierCopies | None = None  # a backend with real K/V executes the moves
         hbm.evicted_sink = self._hbm_evicted
         if self.host is not None:
             self.host.evicted_sink = self._host_evicted
@@ -160,7 +173,7 @@ class TierStack:
         if self.settings.mode == "inclusive" and hashes:
             target = self.host if self.host is not None else self.ssd
             if target is not None:
-                self._store(target, hashes)
+                self._store(target, hashes, "hbm")
 
     def _hbm_evicted(self, victims: Sequence[int]) -> None:
         if self.settings.mode == "exclusive" and victims:
@@ -169,13 +182,13 @@ class TierStack:
                 self.counters.dropped += len(victims)
                 return
             self.counters.demoted += len(victims)
-            self._store(target, victims)
+            self._store(target, victims, "hbm")
 
     def _host_evicted(self, victims: Sequence[int]) -> None:
         if self.ssd is None:
             self.counters.dropped += len(victims)
             return
-        self._store(self.ssd, victims)
+        self._store(self.ssd, victims, "host")
 
     def released(self, hashes: Sequence[int], now: float) -> None:
         """A request finished. Without HBM caching its blocks no other request holds leave HBM
@@ -192,8 +205,11 @@ class TierStack:
     def _ssd_evicted(self, victims: Sequence[int]) -> None:
         self.counters.dropped += len(victims)  # the last tier: they leave the hierarchy
 
-    def _store(self, tier: BlockPool, hashes: Sequence[int]) -> None:
-        """Copy blocks into a tier (those it holds already just count as used)."""
+    def _name(self, tier: BlockPool) -> str:
+        return "host" if tier is self.host else "ssd"
+
+    def _store(self, tier: BlockPool, hashes: Sequence[int], src: str) -> None:
+        """Copy blocks from tier ``src`` into a tier (those it holds already just count as used)."""
         new = [h for h in hashes if h not in tier.resident]
         if not new:
             return
@@ -203,11 +219,13 @@ class TierStack:
         if tier is self.ssd:
             self.ssd_link.reserve(self._now, nbytes, self._ssd_write_bw)
         room = tier.capacity - len(tier.pin_counts)  # blocks held for a pending fetch stay
-        for start in range(0, min(len(new), room), max(room, 1)):
-            tier.serve(new[start:start + room], now=self._now)
+        if room > 0:
+            tier.serve(new[:room], now=self._now)  # its evictions move down first (their copies too)
+            if self.copies is not None:
+                self.copies.copy(src, self._name(tier), [h for h in new[:room] if h in tier.resident])
         if len(new) > room:  # no room even after evicting: on to the next tier, or gone
             if tier is self.host and self.ssd is not None:
-                self._store(self.ssd, new[room:])
+                self._store(self.ssd, new[room:], src)
             else:
                 self.counters.dropped += len(new) - room
 
@@ -254,6 +272,8 @@ class TierStack:
         c.recomputed += plan.recomputed
         for tier, alloc in plan.pins:
             blocks = list(alloc.hashes)
+            if self.copies is not None:  # into the HBM blocks the allocation gave them
+                self.copies.copy(self._name(tier), "hbm", blocks)
             if tier is self.host:
                 c.host_hits += len(blocks)
             else:

@@ -18,21 +18,34 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def test_cpu_calibration_fits_the_tiny_model_and_the_profile_reproduces_it(tmp_path, capsys, one_thread):
-    out = tmp_path / "cpu.json"
+def _calibrate_tiny(out, capsys) -> tuple[dict, dict]:
     assert main(["calibrate", "--device", "cpu", "--model", "tiny", "--threads", "1", "--new-tokens", "32,128",
-                 "--cached-depths", "0,512", "--batches", "1,8", "--contexts", "256", "--rounds", "3",
+                 "--cached-depths", "0,256,1024", "--batches", "1,4,16", "--contexts", "64,256", "--rounds", "3",
                  "--min-time", "0.02", "--out", str(out), "--quiet"]) == 0
     printed = capsys.readouterr().out
-    assert "prefill new" in printed and f"wrote {out}" in printed
+    assert "prefill new" in printed and "decode batch" in printed and f"wrote {out}" in printed
     profile = json.loads(out.read_text())
+    return profile, profile["fit_errors"]["tiny"]
+
+
+def test_cpu_calibration_fits_the_tiny_model_and_the_profile_reproduces_it(tmp_path, capsys, one_thread):
+    """The issue's done-when: within 10% at every grid point, prefill (6 points, 4 terms) and
+    decode (6 points, 3 terms). Each point is already the minimum over 3 shuffled passes of
+    calls timed for 20 ms; on this shared 2-core machine a load burst can still outlast a whole
+    run, so a run that misses is retried once (a wrong model form misses both times)."""
+    out = tmp_path / "cpu.json"
+    profile, fit = _calibrate_tiny(out, capsys)
+    if max(fit["prefill"]["max_abs"], fit["decode"]["max_abs"]) > 0.10:
+        out.unlink()
+        profile, fit = _calibrate_tiny(out, capsys)
     assert profile["kvemu_profile"] == 1 and profile["models"]["tiny"]["linear"] > 0
     points = profile["points"]["tiny"]
-    assert [(p["new_tokens"], p["cached_depth"]) for p in points["prefill"]] == [(32, 0), (32, 512), (128, 0), (128, 512)]
-    assert [(p["batch"], p["kv_tokens"]) for p in points["decode"]] == [(1, 256), (8, 2048)]
-    # The fit is within 10% at every prefill point ...
-    fit = profile["fit_errors"]["tiny"]
-    assert fit["prefill"]["max_abs"] <= 0.10, fit
+    assert [(p["new_tokens"], p["cached_depth"]) for p in points["prefill"]] == [
+        (32, 0), (32, 256), (32, 1024), (128, 0), (128, 256), (128, 1024)]
+    assert [(p["batch"], p["kv_tokens"]) for p in points["decode"]] == [
+        (1, 64), (1, 256), (4, 256), (4, 1024), (16, 1024), (16, 4096)]
+    # The fit is within 10% at every prefill and every decode point ...
+    assert fit["prefill"]["max_abs"] <= 0.10 and fit["decode"]["max_abs"] <= 0.10, fit
     # ... and the profile, loaded as --gpu-file is, gives back those times.
     cost = CostModel.from_names("tiny", str(out))
     for p, err in zip(points["prefill"], fit["prefill"]["per_point"]):
@@ -40,7 +53,9 @@ def test_cpu_calibration_fits_the_tiny_model_and_the_profile_reproduces_it(tmp_p
         assert predicted == pytest.approx(p["seconds"], rel=0.10)
         assert predicted / p["seconds"] - 1 == pytest.approx(err, abs=1e-4)
     for p, err in zip(points["decode"], fit["decode"]["per_point"]):
-        assert cost.decode_step_time(p["batch"], p["kv_tokens"]) / p["seconds"] - 1 == pytest.approx(err, abs=1e-4)
+        predicted = cost.decode_step_time(p["batch"], p["kv_tokens"])
+        assert predicted == pytest.approx(p["seconds"], rel=0.10)
+        assert predicted / p["seconds"] - 1 == pytest.approx(err, abs=1e-4)
     # A second model calibrated into the same file joins the first.
     assert main(["calibrate", "--device", "cpu", "--model", "tiny-moe", "--layers", "1", "--threads", "1",
                  "--new-tokens", "32", "--cached-depths", "0", "--batches", "1", "--contexts", "64", "--rounds", "1",

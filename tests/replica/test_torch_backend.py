@@ -76,6 +76,20 @@ def _reference(stack: TorchStack, hashes: list[int]) -> list[torch.Tensor]:
     return out
 
 
+def replay_checked(core, tb: TorchBackend, check) -> tuple[dict[int, torch.Tensor], int]:
+    """Serve the trace; after each request ``check(core, tb, expected)`` the blocks (returns how
+    many it checked). ``expected``: each block recomputed once, from its whole chain."""
+    ref = TorchStack(tb.spec, "cpu", 2, seed=7)
+    expected: dict[int, torch.Tensor] = {}
+    now, checked = 0.0, 0
+    for rid, (hashes, tokens) in enumerate(_requests()):
+        if hashes[-1] not in expected:
+            expected.update(zip(hashes, _reference(ref, hashes)))
+        now = _serve_one(core, rid, hashes, tokens, now)
+        checked += check(core, tb, expected)
+    return expected, checked
+
+
 def _check_resident(core, tb: TorchBackend, expected: dict[int, torch.Tensor]) -> int:
     for h in core.pool.resident:
         assert torch.equal(tb.block_kv(h), expected[h]), f"block {h:#x} differs from its recompute"
@@ -85,14 +99,7 @@ def _check_resident(core, tb: TorchBackend, expected: dict[int, torch.Tensor]) -
 @pytest.mark.parametrize("model", ["tiny", "tiny-moe"])
 def test_blocks_served_from_cache_equal_a_recompute_bit_for_bit(model):
     core, tb = _core(True, model)
-    ref = TorchStack(tb.spec, "cpu", 2, seed=7)
-    expected: dict[int, torch.Tensor] = {}  # each block recomputed once, from its whole chain
-    now, checked = 0.0, 0
-    for rid, (hashes, tokens) in enumerate(_requests()):
-        if hashes[-1] not in expected:
-            expected.update(zip(hashes, _reference(ref, hashes)))
-        now = _serve_one(core, rid, hashes, tokens, now)
-        checked += _check_resident(core, tb, expected)
+    expected, checked = replay_checked(core, tb, _check_resident)
     c = tb.counters
     assert c["blocks_read"] > 20 and c["blocks_computed"] > 24  # hits were read, and the pool evicted
     assert c["hits_not_in_slots"] == 0 and c["decode_steps"] > 0
@@ -121,23 +128,32 @@ def test_hit_ratios_equal_the_emulated_backends():
 
 
 @pytest.mark.slow
-def test_a_live_replica_serves_from_the_paged_tensor():
+def test_a_live_replica_serves_from_the_paged_tensor_and_its_host_tier():
     from tests.conftest import free_port
     from tests.support.procs import Proc, http_json
 
     port = free_port()
-    replica = Proc(["-m", "replica", "--port", str(port), "--capacity-blocks", "64", "--time-scale", "0",
-                    "--backend", "torch", "--device", "cpu", "--model", "tiny", "--layers", "2"], port)
+    # 8 HBM blocks of 16 tokens; a host tier of 0.001 GiB (65 blocks of tiny's 16 KiB)
+    replica = Proc(["-m", "replica", "--port", str(port), "--capacity-blocks", "8", "--time-scale", "0",
+                    "--backend", "torch", "--device", "cpu", "--model", "tiny", "--layers", "2",
+                    "--host-cache-gib", "0.001", "--fetch", "always"], port)
     try:
         replica.wait_healthy(timeout=90.0)  # importing torch on a busy 2-core machine takes a while
         body = {"token_ids": list(range(100)), "max_tokens": 3}
         status, first = http_json("POST", replica.url + "/generate", body)
         assert status == 200 and first["cached_tokens"] == 0
         status, again = http_json("POST", replica.url + "/generate", body)
-        assert again["cached_tokens"] == 96
+        assert again["cached_tokens"] == 96  # 6 blocks read from the paged tensor
+        other = {"token_ids": list(range(1000, 1100)), "max_tokens": 3}
+        status, _ = http_json("POST", replica.url + "/generate", other)  # its 6 blocks evict 4 of the first's
+        status, restored = http_json("POST", replica.url + "/generate", body)
+        assert status == 200 and restored["cached_tokens"] == 96  # 4 blocks from the host tensor, 2 in HBM
         status, stats = http_json("GET", replica.url + "/stats")
-        backend = stats["backend"]
-        assert backend["name"] == "torch" and backend["blocks_computed"] == 6 and backend["blocks_read"] == 6
-        assert backend["decode_steps"] >= 2 and backend["device_busy_s"] > 0
+        backend, moves = stats["backend"], stats["backend"]["tier_copies"]
+        assert backend["name"] == "torch" and backend["blocks_computed"] == 12 and backend["blocks_read"] == 6 + 2
+        assert backend["blocks_fetched"] == moves["host>hbm"] == stats["tiers"]["fetched_blocks"] == 4
+        # down: the first request's 4 blocks, then 4 of the second's to make room for the restore
+        assert moves["hbm>host"] == stats["tiers"]["demoted_blocks"] == 8
+        assert backend["decode_steps"] >= 4 and backend["device_busy_s"] > 0
     finally:
         assert replica.stop() == 0

@@ -1,0 +1,61 @@
+"""The decode fit: it recovers the GPU form it was given, and a CPU's additive step."""
+
+import pytest
+
+from shared.costfit import CAP, DecodePoint, fit_decode
+from shared.costmodel import CostModel, Efficiency, GpuSpec, get_gpu, get_model
+
+GPU_GRID = [(b, b * t) for b in (1, 8, 32, 128) for t in (1024, 8192)]
+
+
+def test_the_fit_recovers_the_h200_decode_form():
+    """Steps priced by the shipped llama-3-8b preset on an H200 (weights + KV at 80% of HBM
+    bandwidth, nothing else) fit back exactly, with no per-sequence or KV term of their own."""
+    preset = CostModel.from_names("llama-3-8b", "h200")
+    points = [DecodePoint(b, kv, preset.decode_step_time(b, kv)) for b, kv in GPU_GRID]
+    start = preset.with_efficiency(Efficiency(memory=0.5, decode_overhead_s=1e-4))  # a wrong prior
+    eff = fit_decode(start, points)
+    assert eff.memory == pytest.approx(0.80) and eff.decode_kv == pytest.approx(0.80)
+    assert eff.decode_seq_s == pytest.approx(0.0, abs=1e-12) and eff.decode_overhead_s == pytest.approx(0.0, abs=1e-12)
+    assert eff.decode_linear is None  # the products stay on the roofline's compute side
+    fitted = start.with_efficiency(eff)
+    for p in points:
+        assert fitted.decode_step_time(p.batch, p.kv_tokens) == pytest.approx(p.seconds, rel=1e-9)
+
+
+def test_the_fit_takes_a_cpu_step_as_reads_plus_a_cost_per_sequence():
+    """Hand-worked CPU-like steps of `tiny` (4 layers, 1,024 KV bytes a token, 4,980,736 weight
+    bytes) on a device of 10 GB/s: 200 us + 25 us a sequence + 0.2 us a KV token."""
+    gpu = GpuSpec("cpu", 100e9, 10e9, 1e9)
+    cost = CostModel(get_model("tiny"), gpu)
+    assert cost.model.kv_bytes_per_token == 1024 and cost.model.weight_bytes == 4_980_736
+    grid = [(b, b * t) for b in (1, 4, 16) for t in (128, 512)]
+    points = [DecodePoint(b, kv, 200e-6 + 25e-6 * b + 0.2e-6 * kv) for b, kv in grid]
+    eff = fit_decode(cost, points)
+    # the constant is the weight read (a dense model reads the same weights every step): 498.07 us
+    # at efficiency 1 -> 2.49; KV 102.4 ns a token at efficiency 1 -> 0.512; 25 us over 4 layers
+    assert eff.memory == pytest.approx(4_980_736 / 10e9 / 200e-6)
+    assert eff.decode_kv == pytest.approx(0.512)
+    assert eff.decode_seq_s == pytest.approx(6.25e-6) and eff.decode_overhead_s == 0.0
+    # the products are paid per sequence, not overlapped with the reads (at the prefill's 0.64
+    # they would outlast the reads at batch 16 and price the step too high)
+    assert eff.decode_linear == CAP
+    fitted = cost.with_efficiency(eff)
+    for p in points:
+        assert fitted.decode_step_time(p.batch, p.kv_tokens) == pytest.approx(p.seconds, rel=1e-9)
+
+
+def test_decode_terms_beyond_the_roofline_hand_worked():
+    """llama-3-8b on an H200, batch 4 holding 8,192 KV tokens of 131,072 bytes each."""
+    m, g = get_model("llama-3-8b"), get_gpu("h200")
+    base = CostModel(m, g)
+    eff = Efficiency(memory=0.8, decode_kv=0.4, decode_seq_s=1e-6, decode_overhead_s=2e-6)
+    cm = CostModel(m, g, eff)
+    weights = m.weight_bytes / (4.8e12 * 0.8)
+    kv = 8192 * 131_072 / (4.8e12 * 0.4)
+    assert m.kv_bytes_per_token == 131_072
+    assert cm.decode_step_time(4, 8192) == pytest.approx(weights + kv + 4 * 32 * 1e-6 + 32 * 2e-6)
+    # the defaults (None, 0) are the H200 form: weights and KV both at `memory`
+    assert base.decode_step_time(4, 8192) == pytest.approx(weights + 8192 * 131_072 / (4.8e12 * 0.8))
+    with pytest.raises(ValueError, match="decode_kv"):
+        Efficiency(decode_kv=0.0)
