@@ -186,10 +186,14 @@ class PoolIndex:
         return self.index.lookup_sync(hashes)
 
 
-def _build_replica(i: int, s: SimSettings, block_size: int, cost: CostModel, indexed: bool) -> _Replica:
+def _build_replica(i: int, s: SimSettings, block_size: int, cost: CostModel, indexed: bool,
+                   requests: int) -> _Replica:
+    # Virtual time refuses nothing: the waiting queue can hold every request of the trace (a live
+    # replica's bound answers overload with 503; here it would only abort a long backlogged run).
     core = build_core(CoreSettings(
         capacity_blocks=s.capacity_blocks, policy=s.policy, policy_params=s.policy_params, block_size=block_size,
         hit_mode=s.hit_mode, token_budget=s.token_budget, max_running=s.max_running, scheduler=s.scheduler,
+        max_waiting=max(requests, 1),
         reuse={"sampled": "shards", "exact": "exact", "off": "off"}[s.reuse_mode], shards_rate=s.shards_rate,
         shards_max_tracked=1 << 62, seed=s.seed, emit_events=indexed, oracles=True,
         stream_tokens=False, tiers=s.tiers, response_kv=s.response_kv), cost)
@@ -206,7 +210,7 @@ class Simulation:
         self.block_size = trace.block_size
         spec = strategy_spec(settings.routing)
         indexed = spec.uses_index and settings.replicas > 1  # one replica: its pool is the index
-        self.replicas = [_build_replica(i, settings, trace.block_size, self.cost, indexed)
+        self.replicas = [_build_replica(i, settings, trace.block_size, self.cost, indexed, len(trace.requests))
                          for i in range(settings.replicas)]
         self.by_id = {r.rid: r for r in self.replicas}
         self.tiered = any(rep.tiers is not None for rep in self.replicas)

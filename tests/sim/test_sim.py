@@ -217,3 +217,12 @@ def test_a_preempted_requests_readmission_is_not_counted_again():
     run = simulate(Trace(reqs, block_size=16, source="hol"), SimSettings(capacity_blocks=12, scheduler="reorder"))
     assert run["preemptions"] == 1 and run["requests"] == run["served"] == 4
     assert run["block_accesses"] == 6 + 7 + 3 + 3
+
+
+def test_a_backlog_longer_than_any_live_queue_bound_still_finishes():
+    # 100,500 requests at one instant: more than the scheduler's default waiting bound (100,000),
+    # which once aborted a long backlogged run ("waiting queue is full"). Virtual time refuses nothing.
+    n = 100_500
+    reqs = [TraceRequest(0.0, "s", 0, [i], 16, 1) for i in range(n)]
+    run = simulate(Trace(reqs, block_size=16), SimSettings(capacity_blocks=64, reuse="off"))
+    assert run["served"] == run["requests"] == n
