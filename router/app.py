@@ -26,7 +26,9 @@ from shared.serve import guard_middleware
 async def background_ctx(app: web.Application):
     state = app[ROUTER]
     conn = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30)
-    state.cluster.session = aiohttp.ClientSession(connector=conn, auto_decompress=False)
+    # No cookie jar: replicas set none, and one client's cookie must never ride along on another's request.
+    state.cluster.session = aiohttp.ClientSession(connector=conn, auto_decompress=False,
+                                                  cookie_jar=aiohttp.DummyCookieJar())
     tasks = [asyncio.create_task(state.cluster.health_loop(), name="health")]
     if state.embedded:
         tasks.append(asyncio.create_task(state.cluster.feed_loop(), name="feeds"))
