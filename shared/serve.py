@@ -4,9 +4,13 @@ guard in front of every connection that a slow or greedy client cannot outlast.
 
 The guard wraps aiohttp's protocol: it refuses connections beyond ``max_connections``
 (a 503 written straight to the socket), closes a connection whose request head has not
-arrived within ``header_timeout_s`` of it opening or of its previous response, and its
-middleware counts requests in flight per client address. Bodies get their own deadline
-in ``httpkit.read_raw``.
+arrived within ``header_timeout_s`` of it opening or of its previous response, and cuts
+one whose client stops reading: when the transport's buffer has stayed above its
+high-water mark (the transport paused the writer) for ``write_timeout_s``, the
+connection is aborted, so the handler's pending write fails and its coroutine ends
+instead of waiting forever (a stream stuck behind a client that does not read holds its
+replica's stream and memory). Costs nothing while clients read: the timer is armed only
+while writing is paused. Bodies get their own deadline in ``httpkit.read_raw``.
 """
 
 from __future__ import annotations
@@ -32,12 +36,13 @@ class ConnLimits:
     max_connections: int = 1024
     header_timeout_s: float = 10.0  # the request head must arrive within this
     body_timeout_s: float = 30.0  # the whole body must arrive within this (httpkit.read_raw)
+    write_timeout_s: float = 30.0  # a client that reads nothing of a response for this long is cut off
 
 
 class _Guarded(asyncio.Protocol):
     """One connection: delegates to aiohttp's handler, with a deadline for each request head."""
 
-    __slots__ = ("guard", "inner", "transport", "timer", "refused", "idle")
+    __slots__ = ("guard", "inner", "transport", "timer", "refused", "idle", "write_timer")
 
     def __init__(self, guard: ConnGuard, inner) -> None:
         self.guard, self.inner = guard, inner
@@ -45,6 +50,7 @@ class _Guarded(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None
         self.refused = False
         self.idle = False  # between requests: the next byte starts the next head's deadline
+        self.write_timer: asyncio.TimerHandle | None = None  # armed while the transport has paused writing
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -87,18 +93,36 @@ class _Guarded(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self.disarm()
+        self._stop_write_timer()
         if self.refused:
             return
         self.guard.open.pop(self.transport, None)
         self.inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
-        if not self.refused:
-            self.inner.pause_writing()
+        if self.refused:
+            return
+        if self.write_timer is None:
+            loop = asyncio.get_running_loop()
+            self.write_timer = loop.call_later(self.guard.limits.write_timeout_s, self._reads_too_slowly)
+        self.inner.pause_writing()
 
     def resume_writing(self) -> None:
-        if not self.refused:
-            self.inner.resume_writing()
+        if self.refused:
+            return
+        self._stop_write_timer()
+        self.inner.resume_writing()
+
+    def _stop_write_timer(self) -> None:
+        if self.write_timer is not None:
+            self.write_timer.cancel()
+            self.write_timer = None
+
+    def _reads_too_slowly(self) -> None:
+        self.write_timer = None
+        self.guard.write_timed_out += 1
+        if self.transport is not None:
+            self.transport.abort()  # the handler's pending write raises; nothing else waits on it
 
 
 class ConnGuard:
@@ -109,13 +133,14 @@ class ConnGuard:
         self.open: dict = {}  # transport -> _Guarded
         self.refused = 0
         self.timed_out = 0
+        self.write_timed_out = 0
 
     def factory(self, server):
         return lambda: _Guarded(self, server())
 
     def stats(self) -> dict:
         return {"open": len(self.open), "refused": self.refused, "timed_out": self.timed_out,
-                "max_connections": self.limits.max_connections}
+                "write_timed_out": self.write_timed_out, "max_connections": self.limits.max_connections}
 
 
 GUARD = web.AppKey("conn_guard", ConnGuard)
@@ -234,3 +259,5 @@ def add_server_args(p) -> None:
     p.add_argument("--max-connections", type=int, default=4096, help="open connections beyond which new ones get 503")
     p.add_argument("--header-timeout", type=float, default=10.0, help="seconds for a request head to arrive")
     p.add_argument("--body-timeout", type=float, default=30.0, help="seconds for a request body to arrive")
+    p.add_argument("--write-timeout", type=float, default=30.0,
+                   help="seconds a client may read nothing of a response (a stream) before it is cut off")
