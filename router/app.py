@@ -44,9 +44,10 @@ async def background_ctx(app: web.Application):
 
 def make_app(settings: RouterSettings) -> web.Application:
     app = web.Application(middlewares=[guard_middleware, errors_middleware], client_max_size=settings.max_body_bytes)
-    serve.install(app, settings.conn_limits())
+    guard = serve.install(app, settings.conn_limits())
     app[SETTINGS] = settings
     app[ROUTER] = RouterState(settings)
+    app[ROUTER].metrics.registry.register(serve.GuardCollector(guard, "kvemu_router_"))
     app[BODY_LIMIT] = settings.max_body_bytes
     app[dashboard.DASHBOARD] = dashboard.Dashboard(settings.dashboard_interval_s)
     app[OFFLOAD] = Offloader(settings.offload())

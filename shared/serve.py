@@ -22,6 +22,7 @@ import socket
 from dataclasses import dataclass
 
 from aiohttp import web
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from shared.errors import InputError, KvemuError
 
@@ -141,6 +142,26 @@ class ConnGuard:
     def stats(self) -> dict:
         return {"open": len(self.open), "refused": self.refused, "timed_out": self.timed_out,
                 "write_timed_out": self.write_timed_out, "max_connections": self.limits.max_connections}
+
+
+class GuardCollector:
+    """A guard's counts on a Prometheus registry: connections cut, by reason, and those open."""
+
+    def __init__(self, guard: ConnGuard, prefix: str) -> None:
+        self.guard, self.prefix = guard, prefix
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        g = self.guard
+        cut = CounterMetricFamily(f"{self.prefix}connections_cut", "Client connections the server cut: request head"
+                                  " too slow, client not reading its response, or over the connection cap.",
+                                  labels=["reason"])
+        for reason, n in (("head_timeout", g.timed_out), ("write_timeout", g.write_timed_out), ("over_cap", g.refused)):
+            cut.add_metric([reason], n)
+        yield cut
+        yield GaugeMetricFamily(f"{self.prefix}open_connections", "Open client connections.", value=len(g.open))
 
 
 GUARD = web.AppKey("conn_guard", ConnGuard)

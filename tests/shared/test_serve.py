@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.support.cluster import start_router, stop_all
+from tests.support.cluster import metric, scrape, start_router, stop_all
 from tests.support.procs import REPO, http_json, start_replica
 
 LIMITS = ("--header-timeout", "0.5", "--body-timeout", "0.5", "--write-timeout", "0.5", "--max-connections", "8")
@@ -91,6 +91,8 @@ def test_a_client_that_stops_reading_streams_is_cut_off_and_nothing_else_waits(s
     assert got.startswith(b"HTTP/1.1 200") and b"data: " in got
     assert got.count(b"data: [DONE]") < 16  # cut off (with --write-timeout 1000 all 16 arrive, 6.4 MB)
     assert waited < 5.0  # closed, not left open
+    name = "kvemu_router_connections_cut_total" if which == "router" else "kvemu_connections_cut_total"
+    assert metric(scrape(url), name, reason="write_timeout") >= 1
 
 
 @pytest.mark.parametrize("which", ["replica", "router"])
