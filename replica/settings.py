@@ -51,7 +51,7 @@ class ReplicaSettings:
     max_connections: int = 4096  # beyond it a new connection gets a 503 and is closed
     header_timeout_s: float = 10.0  # a request head must arrive within this
     body_timeout_s: float = 30.0  # a request body must arrive within this (408 otherwise)
-    write_timeout_s: float = 30.0  # a client that reads nothing of a response this long is cut off
+    write_timeout_s: float = 30.0  # a client that keeps the send buffer full (reads nothing) this long is cut off
     index: str | None = None  # redis://... ; None = the embedded feed a router polls
     cluster: str = "default"
     admin_token: str | None = None

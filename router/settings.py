@@ -43,7 +43,7 @@ class RouterSettings:
     max_connections: int = 4096  # beyond it a new connection gets a 503 and is closed
     header_timeout_s: float = 10.0  # a request head must arrive within this
     body_timeout_s: float = 30.0  # a request body must arrive within this (408 otherwise)
-    write_timeout_s: float = 30.0  # a client that reads nothing of a response this long is cut off
+    write_timeout_s: float = 30.0  # a client that keeps the send buffer full (reads nothing) this long is cut off
     client_max_in_flight: int = 0  # routed requests one client address may have at once (429 beyond); 0 = no limit
     client_rate: float = 0.0  # requests/s one client address may send (token bucket, 429 beyond); 0 = no limit
     client_burst: int = 0  # the bucket's size; 0 = the rate rounded up

@@ -37,7 +37,7 @@ class ConnLimits:
     max_connections: int = 1024
     header_timeout_s: float = 10.0  # the request head must arrive within this
     body_timeout_s: float = 30.0  # the whole body must arrive within this (httpkit.read_raw)
-    write_timeout_s: float = 30.0  # a client that reads nothing of a response for this long is cut off
+    write_timeout_s: float = 30.0  # a client that keeps the send buffer full (reads nothing) this long is cut off
 
 
 class _Guarded(asyncio.Protocol):
@@ -281,4 +281,5 @@ def add_server_args(p) -> None:
     p.add_argument("--header-timeout", type=float, default=10.0, help="seconds for a request head to arrive")
     p.add_argument("--body-timeout", type=float, default=30.0, help="seconds for a request body to arrive")
     p.add_argument("--write-timeout", type=float, default=30.0,
-                   help="seconds a client may read nothing of a response (a stream) before it is cut off")
+                   help="seconds the server may be blocked on a client that reads nothing of its response (the"
+                        " send buffer full) before the connection is cut")
