@@ -9,6 +9,7 @@ connection per request, 10 s client timeout) and injects one fault:
   router_kill                                two router workers; SIGKILL one half way
   busy_replicas                              replicas with 2 running / 2 waiting slots
   slow_clients                               100 + 100 connections sending a head byte by byte
+                                             and 4 + 4 reading nothing of long streams
   big_prompts                                two clients sending 1M-token prompts back to back
   soak                                       --soak-seconds of load, RSS sampled every 5 s
 

@@ -301,6 +301,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_config_arg(p)
     p.add_argument("--port", type=int, default=8000, help="router port")
     p.add_argument("--keep-logs", action="store_true", help="keep the log directory after a clean stop")
+    p.add_argument("--token-file", default=None, metavar="PATH",
+                   help="where to write the cluster token up generates (mode 0600; default: cluster-token in the"
+                        " log directory, printed at start); not written when the token was given")
 
 
 def validate(a) -> None:
@@ -334,6 +337,22 @@ def validate(a) -> None:
             raise InputError(flag, f"port {port} on 127.0.0.1 is in use; pick another, or stop what listens there")
 
 
+def write_token(cluster: Cluster, a) -> str | None:
+    """The token up generated, in a file only its owner can read (an operator needs it for the
+    guarded endpoints: /kv/*, ?sessions=raw); None when the token was given (the operator has it)."""
+    if getattr(a, "cluster_token", None) or os.environ.get("KVEMU_CLUSTER_TOKEN"):
+        return None
+    path = a.token_file or os.path.join(cluster.tmpdir or ".", "cluster-token")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        raise InputError("--token-file", f"cannot write {path}: {exc.strerror}") from None
+    with os.fdopen(fd, "w") as fh:
+        os.fchmod(fd, 0o600)  # a file that was there keeps its old mode through O_CREAT
+        fh.write(cluster.token + "\n")
+    return path
+
+
 def run(a) -> int:
     validate(a)
     stop = {"now": False, "starting": True}
@@ -359,6 +378,7 @@ def run(a) -> int:
         raise KvemuError(f"{exc} (logs kept in {log_dir})") from None
     stop["starting"] = False
     try:
+        token_file = write_token(cluster, a)
         print(f"router   {cluster.router_url}")
         print(f"dashboard {cluster.router_url}/dashboard")
         for i, url in enumerate(cluster.replica_urls):
@@ -366,6 +386,8 @@ def run(a) -> int:
         if cluster.redis_url:
             print(f"redis    {cluster.redis_url}")
         print(f"logs     {cluster.tmpdir}")
+        if token_file:
+            print(f"token    {token_file}")
         print("press Ctrl-C to stop", flush=True)
         while not stop["now"]:
             dead = cluster.dead()

@@ -53,9 +53,10 @@ async def _stop(task: asyncio.Task, timeout: float = 5.0) -> None:
 def make_app(settings: ReplicaSettings) -> web.Application:
     app = web.Application(middlewares=[guard_middleware, timing_middleware, errors_middleware],
                           client_max_size=settings.max_body_bytes)
-    serve.install(app, settings.conn_limits())
+    guard = serve.install(app, settings.conn_limits())
     app[SETTINGS] = settings
     app[RUNTIME] = ReplicaRuntime(settings)
+    app[RUNTIME].registry.register(serve.GuardCollector(guard, "kvemu_"))
     app[BODY_LIMIT] = settings.max_body_bytes
     app[REJECTIONS] = app[RUNTIME].rejected
     app[OFFLOAD] = Offloader(settings.offload())

@@ -64,7 +64,8 @@ def settings_from_args(args):
         admin_token=args.admin_token or os.environ.get("KVEMU_ADMIN_TOKEN") or None, shards_rate=args.shards_rate,
         cluster_token=args.cluster_token or os.environ.get("KVEMU_CLUSTER_TOKEN") or None,
         max_connections=args.max_connections, parse_workers=args.parse_workers,
-        header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout, backend=args.backend,
+        header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
+        write_timeout_s=args.write_timeout, backend=args.backend,
         device=args.device, layers=args.layers,
         tiers=tier_settings(args, CostModel.from_names(args.model, args.gpu), args.block_size),
         response_kv=args.response_kv)

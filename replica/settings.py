@@ -51,6 +51,7 @@ class ReplicaSettings:
     max_connections: int = 4096  # beyond it a new connection gets a 503 and is closed
     header_timeout_s: float = 10.0  # a request head must arrive within this
     body_timeout_s: float = 30.0  # a request body must arrive within this (408 otherwise)
+    write_timeout_s: float = 30.0  # a client that keeps the send buffer full (reads nothing) this long is cut off
     index: str | None = None  # redis://... ; None = the embedded feed a router polls
     cluster: str = "default"
     admin_token: str | None = None
@@ -89,7 +90,7 @@ class ReplicaSettings:
         check_scheduler(self.scheduler)
         if self.hit_mode not in ("prefix", "holes"):
             raise InputError("hit_mode", f"must be prefix or holes, got {self.hit_mode!r}")
-        for name in ("header_timeout_s", "body_timeout_s"):
+        for name in ("header_timeout_s", "body_timeout_s", "write_timeout_s"):
             if not 0 < getattr(self, name) < float("inf"):
                 raise InputError(name, f"must be a positive number of seconds, got {getattr(self, name)}")
         check_positive_int("max_connections", self.max_connections)
@@ -113,7 +114,7 @@ class ReplicaSettings:
         return OffloadSettings(self.parse_workers, self.offload_bytes, self.large_bodies_per_client)
 
     def conn_limits(self) -> ConnLimits:
-        return ConnLimits(self.max_connections, self.header_timeout_s, self.body_timeout_s)
+        return ConnLimits(self.max_connections, self.header_timeout_s, self.body_timeout_s, self.write_timeout_s)
 
     def core_settings(self) -> CoreSettings:
         """The cache core this replica runs (``replica.core.build``)."""

@@ -116,6 +116,15 @@ async def _stream(request, handle: Handle, spec, rid: str, created: int, chat: b
     await resp.prepare(request)
     head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
             "model": spec.model}
+    try:
+        await _write_events(resp, handle, spec, head, chat, s.replica_id)
+    except ConnectionResetError:  # the client left, or was cut off for not reading (shared/serve.py)
+        pass
+    return resp
+
+
+async def _write_events(resp: web.StreamResponse, handle: Handle, spec, head: dict, chat: bool,
+                        replica_id: str) -> None:
     sent = 0
     assert handle.tokens is not None  # a streamed request has a token queue
     while True:
@@ -132,12 +141,11 @@ async def _stream(request, handle: Handle, spec, rid: str, created: int, chat: b
         await resp.write(_sse({**head, "choices": [choice]}))
     end = ({"index": 0, "delta": {}, "finish_reason": "length"} if chat
            else {"index": 0, "text": "", "finish_reason": "length", "logprobs": None})
-    await resp.write(_sse({**head, "choices": [end], "kvemu": {"replica_id": s.replica_id, **handle.timings()}}))
+    await resp.write(_sse({**head, "choices": [end], "kvemu": {"replica_id": replica_id, **handle.timings()}}))
     if spec.include_usage:  # as OpenAI sends it: a last chunk with no choices, only when asked
         await resp.write(_sse({**head, "choices": [], "usage": _usage(handle)}))
     await resp.write(b"data: [DONE]\n\n")
     await resp.write_eof()
-    return resp
 
 
 def _sse(obj: dict) -> bytes:

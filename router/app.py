@@ -26,7 +26,9 @@ from shared.serve import guard_middleware
 async def background_ctx(app: web.Application):
     state = app[ROUTER]
     conn = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30)
-    state.cluster.session = aiohttp.ClientSession(connector=conn, auto_decompress=False)
+    # No cookie jar: replicas set none, and one client's cookie must never ride along on another's request.
+    state.cluster.session = aiohttp.ClientSession(connector=conn, auto_decompress=False,
+                                                  cookie_jar=aiohttp.DummyCookieJar())
     tasks = [asyncio.create_task(state.cluster.health_loop(), name="health")]
     if state.embedded:
         tasks.append(asyncio.create_task(state.cluster.feed_loop(), name="feeds"))
@@ -42,9 +44,10 @@ async def background_ctx(app: web.Application):
 
 def make_app(settings: RouterSettings) -> web.Application:
     app = web.Application(middlewares=[guard_middleware, errors_middleware], client_max_size=settings.max_body_bytes)
-    serve.install(app, settings.conn_limits())
+    guard = serve.install(app, settings.conn_limits())
     app[SETTINGS] = settings
     app[ROUTER] = RouterState(settings)
+    app[ROUTER].metrics.registry.register(serve.GuardCollector(guard, "kvemu_router_"))
     app[BODY_LIMIT] = settings.max_body_bytes
     app[dashboard.DASHBOARD] = dashboard.Dashboard(settings.dashboard_interval_s)
     app[OFFLOAD] = Offloader(settings.offload())

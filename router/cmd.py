@@ -27,6 +27,12 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="seconds between the samples /dashboard draws (each reads every replica's /stats)")
     p.add_argument("--seed", type=int, default=None)
     add_server_args(p)
+    p.add_argument("--client-max-in-flight", type=int, default=0,
+                   help="routed requests one client address may have at once; 429 beyond (default 0: no limit)")
+    p.add_argument("--client-rate", type=float, default=0.0,
+                   help="requests/s one client address may send on average; 429 beyond (default 0: no limit)")
+    p.add_argument("--client-burst", type=int, default=0,
+                   help="requests one client may send at once under --client-rate (default: the rate rounded up)")
     p.add_argument("--workers", type=int, default=1,
                    help="router processes sharing the port; a supervisor restarts any that dies")
     p.add_argument("--listen-fd", type=int, default=None, help=argparse.SUPPRESS)  # a worker's inherited socket
@@ -46,7 +52,9 @@ def settings_from_args(args):
                           cluster_token=args.cluster_token or os.environ.get("KVEMU_CLUSTER_TOKEN") or None,
                           max_connections=args.max_connections, parse_workers=args.parse_workers,
                           header_timeout_s=args.header_timeout,
-                          body_timeout_s=args.body_timeout)
+                          body_timeout_s=args.body_timeout, write_timeout_s=args.write_timeout,
+                          client_max_in_flight=args.client_max_in_flight, client_rate=args.client_rate,
+                          client_burst=args.client_burst)
 
 
 def worker_args(args) -> list[str]:
@@ -56,7 +64,9 @@ def worker_args(args) -> list[str]:
            "--health-interval", str(args.health_interval), "--dashboard-interval", str(args.dashboard_interval),
            "--log-level", args.log_level,
            "--max-connections", str(args.max_connections), "--header-timeout", str(args.header_timeout),
-           "--body-timeout", str(args.body_timeout), "--parse-workers", str(args.parse_workers)]
+           "--body-timeout", str(args.body_timeout), "--write-timeout", str(args.write_timeout),
+           "--parse-workers", str(args.parse_workers), "--client-max-in-flight", str(args.client_max_in_flight),
+           "--client-rate", repr(args.client_rate), "--client-burst", str(args.client_burst)]
     for pair in args.set:
         out += ["--set", pair]
     if args.seed is not None:

@@ -78,7 +78,7 @@ class Dashboard:
                 counters[rid] = {k: st.get(k, 0) for k in COUNTERS}
             prev = base["counters"].get(rid) if base else None
             replicas[rid] = _replica_point(row, st, counters.get(rid), prev, now - base["t"] if base else 0.0)
-        decisions = _decisions(state)
+        decisions = state.metrics.decisions_by_reason()
         dt = now - base["t"] if base else 0.0
         was = base["decisions"] if base else {}
         rates = {reason: (n - was.get(reason, 0.0)) / dt if dt else None for reason, n in decisions.items()}
@@ -152,13 +152,6 @@ def _detail(st: dict | None) -> dict:
     }}
 
 
-def _decisions(state) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for metric in state.metrics.decisions.collect():
-        for s in metric.samples:
-            if s.name.endswith("_total"):
-                out[s.labels["reason"]] = out.get(s.labels["reason"], 0.0) + s.value
-    return out
 
 
 async def _fetch_stats(state) -> dict[str, dict]:

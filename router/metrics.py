@@ -1,29 +1,54 @@
 """Router metrics: decisions by strategy and reason, index latency, predicted vs actual
-reuse, event lag and gaps, retries, per-replica load. Prometheus text on /metrics."""
+reuse, event lag and gaps, retries, per-replica load. Prometheus text on /metrics.
+
+The per-request counters are plain ints and lists read at scrape time (the router is one
+thread): prometheus_client's own take a lock and cost about a microsecond each."""
 
 from __future__ import annotations
 
 import asyncio
+import math
+from bisect import bisect_left
+from itertools import accumulate
 from typing import Any
 
 import aiohttp
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client import CollectorRegistry, disable_created_metrics, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.utils import floatToGoString
 
 disable_created_metrics()  # *_created series only add noise for scrapers
 
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
 
 
+class Buckets:
+    """A Prometheus histogram's counts (``le`` buckets and a sum), without its lock."""
+
+    __slots__ = ("bounds", "counts", "total")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last one is +Inf
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.total += value
+
+    def family(self, name: str, doc: str) -> HistogramMetricFamily:
+        edges = [floatToGoString(b) for b in (*self.bounds, math.inf)]
+        return HistogramMetricFamily(name, doc, buckets=list(zip(edges, accumulate(self.counts))),
+                                     sum_value=self.total)
+
+
 class RouterMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.decisions = Counter("kvemu_router_decisions", "Routing decisions.", ["strategy", "reason"],
-                                 registry=self.registry)
-        self.index_latency = Histogram("kvemu_router_index_lookup_seconds", "Prefix index lookup latency.",
-                                       buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.requests = Counter("kvemu_router_requests", "Requests by outcome.", ["outcome"], registry=self.registry)
+        self.index_latency = Buckets(LATENCY_BUCKETS)
+        self.decisions: dict[tuple[str, str], int] = {}  # (strategy, reason) -> routing decisions
+        self.requests: dict[str, int] = {}  # outcome -> requests
         self.predicted_cached_tokens = 0
         self.actual_cached_tokens = 0
         self.prediction_abs_error_tokens = 0
@@ -36,23 +61,21 @@ class RouterMetrics:
         self.replica_failures = 0
         self.replica_restarts = 0
         self.replica_busy = 0
-        self._decided: dict = {}
-        self._outcomes: dict = {}
         self.cluster: Any = None  # the Cluster, set by the app; read at scrape time
         self.registry.register(_Collector(self))
 
     def decided(self, strategy: str, reason: str) -> None:
-        """``decisions.labels(...).inc()`` with the labelled child cached (labels() costs a lock and a dict)."""
-        child = self._decided.get((strategy, reason))
-        if child is None:
-            child = self._decided[(strategy, reason)] = self.decisions.labels(strategy, reason)
-        child.inc()
+        key = (strategy, reason)
+        self.decisions[key] = self.decisions.get(key, 0) + 1
 
     def outcome(self, outcome: str) -> None:
-        child = self._outcomes.get(outcome)
-        if child is None:
-            child = self._outcomes[outcome] = self.requests.labels(outcome)
-        child.inc()
+        self.requests[outcome] = self.requests.get(outcome, 0) + 1
+
+    def decisions_by_reason(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for (_, reason), n in self.decisions.items():
+            out[reason] = out.get(reason, 0.0) + n
+        return out
 
     def record_prediction(self, predicted_tokens: int, actual_tokens: int) -> None:
         self.predictions += 1
@@ -70,6 +93,15 @@ class _Collector:
 
     def collect(self):
         m = self.m
+        decisions = CounterMetricFamily("kvemu_router_decisions", "Routing decisions.", labels=["strategy", "reason"])
+        for labels, n in sorted(m.decisions.items()):
+            decisions.add_metric(labels, n)
+        yield decisions
+        yield m.index_latency.family("kvemu_router_index_lookup_seconds", "Prefix index lookup latency.")
+        requests = CounterMetricFamily("kvemu_router_requests", "Requests by outcome.", labels=["outcome"])
+        for outcome, n in sorted(m.requests.items()):
+            requests.add_metric([outcome], n)
+        yield requests
         for name, doc, value in (
             ("kvemu_router_predicted_cached_tokens", "Cached tokens the index predicted.", m.predicted_cached_tokens),
             ("kvemu_router_actual_cached_tokens", "Cached tokens replicas reported.", m.actual_cached_tokens),

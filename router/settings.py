@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from router.limits import ClientLimits
 from router.strategies import RoutingSettings, get_strategy
 from shared.auth import check_bind
 from shared.errors import InputError
@@ -42,6 +43,10 @@ class RouterSettings:
     max_connections: int = 4096  # beyond it a new connection gets a 503 and is closed
     header_timeout_s: float = 10.0  # a request head must arrive within this
     body_timeout_s: float = 30.0  # a request body must arrive within this (408 otherwise)
+    write_timeout_s: float = 30.0  # a client that keeps the send buffer full (reads nothing) this long is cut off
+    client_max_in_flight: int = 0  # routed requests one client address may have at once (429 beyond); 0 = no limit
+    client_rate: float = 0.0  # requests/s one client address may send (token bucket, 429 beyond); 0 = no limit
+    client_burst: int = 0  # the bucket's size; 0 = the rate rounded up
     seed: int | None = None
     cluster_token: str | None = None  # sent to replicas' internal endpoints; required beyond loopback
 
@@ -60,7 +65,8 @@ class RouterSettings:
         if self.index != "memory" and not self.index.startswith(("redis://", "rediss://", "unix://")):
             raise InputError("index", f"expected memory or redis://..., got {self.index!r}")
         for name in ("health_interval_s", "health_timeout_s", "poll_interval_s", "index_timeout_s",
-                     "request_timeout_s", "hotspot_factor", "dashboard_interval_s", "busy_backoff_s", "header_timeout_s", "body_timeout_s"):
+                     "request_timeout_s", "hotspot_factor", "dashboard_interval_s", "busy_backoff_s",
+                     "header_timeout_s", "body_timeout_s", "write_timeout_s"):
             if not getattr(self, name) > 0:
                 raise InputError(name, f"must be > 0, got {getattr(self, name)}")
         for name in ("block_size", "unhealthy_after", "max_body_bytes", "max_prompt_tokens", "max_output_tokens",
@@ -74,12 +80,16 @@ class RouterSettings:
         for name in ("offload_bytes", "large_bodies_per_client"):
             if not getattr(self, name) > 0:
                 raise InputError(name, f"must be positive, got {getattr(self, name)}")
+        self.client_limits()  # checks the client_* fields
+
+    def client_limits(self) -> ClientLimits:
+        return ClientLimits(self.client_max_in_flight, self.client_rate, self.client_burst)
 
     def offload(self) -> OffloadSettings:
         return OffloadSettings(self.parse_workers, self.offload_bytes, self.large_bodies_per_client)
 
     def conn_limits(self) -> ConnLimits:
-        return ConnLimits(self.max_connections, self.header_timeout_s, self.body_timeout_s)
+        return ConnLimits(self.max_connections, self.header_timeout_s, self.body_timeout_s, self.write_timeout_s)
 
     def strategy_settings(self) -> RoutingSettings:
         return self.routing_settings or RoutingSettings(block_size=self.block_size)

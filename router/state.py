@@ -8,6 +8,7 @@ import aiohttp
 from aiohttp import web
 
 from router.cluster import Cluster
+from router.limits import ClientLimiter
 from router.metrics import RouterMetrics
 from router.settings import RouterSettings
 from router.strategies import RoutingStep, strategy_spec
@@ -27,6 +28,8 @@ class RouterState:
         self.routed: dict[str, int] = {}
         self.started = time.time()
         self.request_timeout = aiohttp.ClientTimeout(total=settings.request_timeout_s)  # one, not one per request
+        limits = settings.client_limits()
+        self.limiter = ClientLimiter(limits) if limits.enabled else None  # None: no per-client limit, no cost
 
 
 def _with_cluster(url: str, cluster: str) -> str:

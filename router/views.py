@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import time
 
@@ -37,6 +38,23 @@ def _state(request: web.Request) -> RouterState:
 
 async def proxy(request: web.Request) -> web.StreamResponse:
     state = _state(request)
+    limiter = state.limiter
+    if limiter is None:
+        return await _route(request, state)
+    client = request.remote or "?"
+    refusal = limiter.admit(client)
+    if refusal is not None:
+        state.metrics.outcome(refusal.field)  # kvemu_router_requests_total{outcome="client_rate"}
+        retry = str(max(1, math.ceil(refusal.retry_after_s)))
+        return web.json_response(protocol.error_body(429, refusal.field, refusal.message), status=429,
+                                 headers={"Retry-After": retry})
+    try:
+        return await _route(request, state)
+    finally:
+        limiter.release(client)
+
+
+async def _route(request: web.Request, state: RouterState) -> web.StreamResponse:
     raw = await read_raw(request)
     limits = (state.settings.max_prompt_tokens, state.settings.max_output_tokens)
     spec = await request.app[OFFLOAD].parse(request, raw, state.settings.block_size, limits)

@@ -7,10 +7,12 @@ becomes an ``InputError`` naming the field, which the app answers with a 4xx JSO
 from __future__ import annotations
 
 import json
+from array import array
 from dataclasses import dataclass
 from typing import Any
 
 import msgpack
+import orjson
 
 from shared import tokenizer
 from shared.errors import InputError
@@ -18,6 +20,7 @@ from shared.hashing import ROOT_HASH, block_hashes
 
 MSGPACK = "application/msgpack"
 MAX_U64 = 2**64 - 1
+_U32 = next(code for code in "IL" if array(code).itemsize == 4)  # an array of unsigned 32-bit ints
 
 
 @dataclass(slots=True)
@@ -47,14 +50,23 @@ def decode_body(raw: bytes, content_type: str) -> dict:
             raise InputError("body", f"malformed msgpack ({type(exc).__name__})") from None
     else:
         try:
-            obj = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise InputError("body", f"malformed JSON ({getattr(exc, 'msg', exc)})") from None
-        except RecursionError:
-            raise InputError("body", "nested too deeply") from None
+            obj = orjson.loads(raw)  # 2-3x the standard decoder; what it refuses gets the exact answer below
+        except orjson.JSONDecodeError:
+            obj = _decode_json_exactly(raw)
     if not isinstance(obj, dict):
         raise InputError("body", f"expected an object, got {type(obj).__name__}")
     return obj
+
+
+def _decode_json_exactly(raw: bytes) -> Any:
+    """The standard decoder, for what orjson refuses but JSON allows (integers beyond 64 bits,
+    NaN, lone surrogates), and for the error message that names the problem."""
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError("body", f"malformed JSON ({getattr(exc, 'msg', exc)})") from None
+    except RecursionError:
+        raise InputError("body", "nested too deeply") from None
 
 
 def _int(obj: dict, name: str, default: int | None, lo: int, hi: int) -> int | None:
@@ -93,8 +105,12 @@ def _token_list(value: Any, name: str, max_tokens: int) -> list[int]:
         raise InputError(name, f"expected a list of integers, got {type(value).__name__}")
     if len(value) > max_tokens:
         raise InputError(name, f"has {len(value)} tokens; the limit is {max_tokens}")
-    if set(map(type, value)) <= {int} and (not value or (min(value) >= 0 and max(value) < 2**32)):
-        return value  # the common case, checked in C; the loop below names the first bad id
+    if set(map(type, value)) <= {int}:
+        try:
+            array(_U32, value)  # the range check, in C (half the time of min and max)
+            return value  # the common case; the loop below names the first bad id
+        except OverflowError:
+            pass
     for i, t in enumerate(value):
         if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < 2**32:
             raise InputError(f"{name}[{i}]", f"expected a token id in [0, 2**32), got {t!r:.40}")

@@ -104,26 +104,56 @@ def busy_replicas(rate: float, duration: float) -> dict:
                                                                "--model", "llama-3-70b")), run)
 
 
-def slow_clients(rate: float, duration: float, n: int = 100) -> dict:
+def slow_clients(rate: float, duration: float, n: int = 100, readers: int = 4) -> dict:
     """``n`` connections to the router and ``n`` to a replica, each sending its request head a
-    byte every 0.5 s (header timeout 2 s here); the load runs meanwhile."""
+    byte every 0.5 s (header timeout 2 s here), and ``readers`` + ``readers`` that ask for 16
+    long streams and read nothing (write timeout 2 s, counted from when the server's buffers
+    for them are full); the load runs meanwhile."""
     def run(c: Cluster) -> dict:
         load = OpenLoop(c.url, rate, duration).start()
-        results = {"router": [], "replica": []}
-        threads = [threading.Thread(target=_slowloris, args=(url, n, results[k]))
-                   for k, url in (("router", c.url), ("replica", c.replica_url(0)))]
+        results: dict[str, list] = {"router": [], "replica": [], "router_reader": [], "replica_reader": []}
+        targets = {"router": (c.url, "kvemu_router_connections_cut_total"),
+                   "replica": (c.replica_url(0), "kvemu_connections_cut_total")}
+        threads = [threading.Thread(target=_slowloris, args=(url, n, results[k])) for k, (url, _) in targets.items()]
+        threads += [threading.Thread(target=_slow_readers, args=(url, readers, results[f"{k}_reader"], name))
+                    for k, (url, name) in targets.items()]
         for t in threads:
             t.start()
         for t in threads:
             t.join(60)
         out = load.join()
-        for k, held in results.items():
-            out[f"{k}_slow_connections"] = len(held)
+        for k, held in results.items():  # router_slow_connections, router_cut_within_s_max, router_readers, ...
+            out[f"{k}_slow_connections" if "_reader" not in k else f"{k}s"] = n if "_reader" not in k else readers
             out[f"{k}_cut_within_s_max"] = round(max(held), 2) if held else None
         return out
 
-    limits = ("--header-timeout", "2", "--body-timeout", "2")
-    return _with_cluster(Cluster(replica_args=limits, router_args=limits), run)
+    limits = ("--header-timeout", "2", "--body-timeout", "2", "--write-timeout", "2")
+    # --time-scale 0: the streams come as fast as they are read, so an unread one fills the
+    # socket buffers (4 MB on loopback) within a second and the write deadline starts
+    return _with_cluster(Cluster(time_scale=0.0, replica_args=limits, router_args=limits), run)
+
+
+def _slow_readers(url: str, n: int, held: list, metric: str) -> None:
+    """``n`` connections that pipeline 16 streamed completions each (6.4 MB) and read nothing;
+    ``held`` gets the seconds until the server counted ``n`` of its connections cut for not
+    reading (a client with a zero window may not see the reset until it reads)."""
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps({"prompt": "tell me everything", "max_tokens": 65536, "stream": True}).encode()
+    ask = 16 * (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    cut_before = _metric(url, metric + '{reason="write_timeout"}')
+    t0, socks = time.monotonic(), []
+    for _ in range(n):
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect((host, int(port)))
+        s.sendall(ask)
+        socks.append(s)
+    while time.monotonic() - t0 < 30 and _metric(url, metric + '{reason="write_timeout"}') - cut_before < n:
+        time.sleep(0.1)
+    held.append(time.monotonic() - t0)
+    for s in socks:
+        s.close()
 
 
 def _slowloris(url: str, n: int, held: list) -> None:
@@ -231,7 +261,7 @@ SCENARIOS = {
     "redis_restart": lambda a: redis_restart(a.rate, a.duration),
     "router_kill": lambda a: router_kill(a.rate, a.duration),
     "busy_replicas": lambda a: busy_replicas(a.rate, a.duration),
-    "slow_clients": lambda a: slow_clients(a.rate, a.duration),
+    "slow_clients": lambda a: slow_clients(a.rate, a.duration, readers=2 if a.short else 4),
     "big_prompts": lambda a: big_prompts(a.rate, a.duration, senders=1 if a.short else 2),
     "soak": lambda a: soak(a.rate, a.soak_seconds),
 }

@@ -1,7 +1,7 @@
 """The short resilience suite (``bench/chaos.py --short``) with what kvemu promises under each
 fault (docs/reliability.md): nothing lost on a replica SIGKILL or a Redis restart, at most
 the in-flight requests on a router worker kill, overload answered 503 + Retry-After without
-taking replicas out, slow clients cut at the deadline, huge prompts not stalling /health,
+taking replicas out, slow clients (senders and readers) cut at the deadline, huge prompts not stalling /health,
 and replica RSS flat over the soak's last half."""
 
 import json
@@ -29,5 +29,7 @@ def test_short_chaos_suite_keeps_the_promises():
     assert set(busy["failed_by_cause"]) <= {"http_503"}
     assert s["slow_clients"]["router_slow_connections"] == 100
     assert s["slow_clients"]["router_cut_within_s_max"] < 4.0 and s["slow_clients"]["replica_cut_within_s_max"] < 4.0
+    # readers of long streams that read nothing: cut once the buffers are full and 2 s have passed (30 s: never)
+    assert s["slow_clients"]["router_reader_cut_within_s_max"] < 20 and s["slow_clients"]["replica_reader_cut_within_s_max"] < 20
     assert s["big_prompts"]["health_ms_max"] < 300
     assert s["soak"]["failed"] == 0 and s["soak"]["replica_rss_flat"]

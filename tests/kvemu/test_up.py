@@ -7,6 +7,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import sys
 
 import pytest
@@ -204,3 +205,35 @@ def test_replicas_get_the_scheduler_up_was_given():
     for flags, want in (([], "fcfs"), (["--scheduler", "reorder"], "reorder")):
         args = replica_args(0, 8100, p.parse_args(["--capacity-blocks", "64", *flags]), None)
         assert args[args.index("--scheduler") + 1] == want
+
+
+def test_up_writes_the_token_it_made_to_an_owner_only_file_that_opens_the_guarded_endpoints(up_procs, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "KVEMU_CLUSTER_TOKEN"}
+    token_file = tmp_path / "token"
+    up = up_procs("--replicas", "1", "--capacity-blocks", "256", "--time-scale", "0", "--port", str(free_port()),
+                  "--token-file", str(token_file), env=env)
+    urls = up.ready()
+    assert urls["token"] == str(token_file)
+    assert stat.S_IMODE(os.stat(token_file).st_mode) == 0o600
+    token = token_file.read_text().strip()
+    events = urls["replica-0"] + "/kv/events?after=0"
+    assert http("GET", events)[0] == 401
+    assert http("GET", events, headers={"Authorization": f"Bearer {token}"})[0] == 200
+
+
+def test_token_file_defaults_to_the_log_directory_and_is_not_written_for_a_given_token(tmp_path, monkeypatch):
+    import argparse
+
+    from kvemu.up import Cluster, write_token
+
+    monkeypatch.delenv("KVEMU_CLUSTER_TOKEN", raising=False)
+    cluster = Cluster(tmpdir=str(tmp_path), token="0123abcd")
+    (tmp_path / "cluster-token").write_text("old")
+    os.chmod(tmp_path / "cluster-token", 0o644)  # one left there: rewritten, and owner-only again
+    path = write_token(cluster, argparse.Namespace(token_file=None, cluster_token=None))
+    assert path == str(tmp_path / "cluster-token")
+    assert (tmp_path / "cluster-token").read_text() == "0123abcd\n"
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert write_token(cluster, argparse.Namespace(token_file=None, cluster_token="given")) is None
+    monkeypatch.setenv("KVEMU_CLUSTER_TOKEN", "from-env")
+    assert write_token(cluster, argparse.Namespace(token_file=None, cluster_token=None)) is None

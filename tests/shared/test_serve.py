@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from tests.support.cluster import start_router, stop_all
+from tests.support.cluster import metric, scrape, start_router, stop_all
 from tests.support.procs import REPO, http_json, start_replica
 
-LIMITS = ("--header-timeout", "0.5", "--body-timeout", "0.5", "--max-connections", "8")
+LIMITS = ("--header-timeout", "0.5", "--body-timeout", "0.5", "--write-timeout", "0.5", "--max-connections", "8")
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +68,31 @@ def test_a_body_sent_slowly_gets_408_naming_the_body(servers, which):
     assert status_line == b"HTTP/1.1 408 Request Timeout"
     body = json.loads(rest.split(b"\r\n\r\n", 1)[1])
     assert body["error"]["param"] == "body" and body["error"]["code"] == 408
+
+
+@pytest.mark.parametrize("which", ["replica", "router"])
+def test_a_client_that_stops_reading_streams_is_cut_off_and_nothing_else_waits(servers, which):
+    url = servers[which].url
+    host, port = url.removeprefix("http://").split(":")
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window, so the server's buffers fill
+    s.connect((host, int(port)))
+    body = json.dumps({"prompt": "tell me everything", "max_tokens": 65536, "stream": True}).encode()
+    # 16 streams of 400 KB pipelined on one connection: 6.4 MB, more than loopback's socket buffers hold.
+    s.sendall(16 * (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: %d\r\n\r\n%s" % (len(body), body)))
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 1.5:  # read nothing for 1.5 s (the write deadline is 0.5 s) ...
+        status, _ = http_json("GET", url + "/health", timeout=2.0)
+        assert status in (200, 503)  # ... while everyone else is answered
+        time.sleep(0.25)
+    waited, got = _closed_after(s, 10.0)  # then read what was buffered, up to the cut
+    s.close()
+    assert got.startswith(b"HTTP/1.1 200") and b"data: " in got
+    assert got.count(b"data: [DONE]") < 16  # cut off (with --write-timeout 1000 all 16 arrive, 6.4 MB)
+    assert waited < 5.0  # closed, not left open
+    name = "kvemu_router_connections_cut_total" if which == "router" else "kvemu_connections_cut_total"
+    assert metric(scrape(url), name, reason="write_timeout") >= 1
 
 
 @pytest.mark.parametrize("which", ["replica", "router"])
