@@ -125,7 +125,7 @@ class ReplicaSettings:
             block_size=self.block_size, hit_mode=self.hit_mode, token_budget=self.token_budget,
             max_running=self.max_running, max_waiting=self.max_waiting, scheduler=self.scheduler, reuse="shards",
             shards_rate=self.shards_rate, shards_max_tracked=self.shards_max_tracked, seed=self.seed, emit_events=True,
-            oracles=False, tiers=self.tiers,
+            tier_events=True, oracles=False, tiers=self.tiers,
             # the torch backend computes K/V for prompt blocks only: a response block would have none
             response_kv=self.response_kv if self.backend == "emulated" else "drop")
 
