@@ -66,6 +66,9 @@ class SimSettings:
     # "keep": a finished request's response blocks are cached, as a colocated vLLM does (the next
     # turn hits them); "drop": they are not (a disaggregated prefill instance). See replica.core.
     response_kv: str = "drop"
+    # Decode KV takes blocks as it fills them, and preempts when none is left (vLLM); False: only
+    # prompt blocks count (a one-at-a-time run then equals the cache-only replay exactly).
+    decode_kv: bool = True
 
     def __post_init__(self) -> None:
         check_positive_int("replicas", self.replicas)
@@ -192,7 +195,7 @@ def _build_replica(i: int, s: SimSettings, block_size: int, cost: CostModel, ind
         hit_mode=s.hit_mode, token_budget=s.token_budget, max_running=s.max_running, scheduler=s.scheduler,
         reuse={"sampled": "shards", "exact": "exact", "off": "off"}[s.reuse_mode], shards_rate=s.shards_rate,
         shards_max_tracked=1 << 62, seed=s.seed, emit_events=indexed, oracles=True,
-        stream_tokens=False, tiers=s.tiers, response_kv=s.response_kv), cost)
+        stream_tokens=False, tiers=s.tiers, response_kv=s.response_kv, decode_kv=s.decode_kv), cost)
     rid = f"replica-{i}"  # the ids `kvemu up` gives, so session routing hashes the same ring
     return _Replica(rid, core.pool, core.scheduler, ReplicaState(rid, capacity_blocks=s.capacity_blocks),
                     tiers=core.tiers)

@@ -33,6 +33,7 @@ class CoreSettings:
     max_running: int = 256
     max_waiting: int = 100_000
     scheduler: str = "fcfs"  # admission order: fcfs (vLLM) or reorder (seed 001)
+    decode_kv: bool = True  # decode KV takes blocks (vLLM); False: prompt blocks only (SchedulerSettings)
     reuse: str = "shards"
     shards_rate: float = 0.1
     shards_max_tracked: int = 1 << 16
@@ -116,6 +117,7 @@ def build_core(s: CoreSettings, cost: CostModel) -> ReplicaCore:
                      emit_events=s.emit_events, block_cost=costs)
     tiers = TierStack(s.tiers, pool, cost.block_bytes(bs), costs, s.tier_events) if s.tiers.enabled else None
     sched = Scheduler(pool, cost, SchedulerSettings(token_budget=s.token_budget, max_running=s.max_running,
-                                                    max_waiting=s.max_waiting, policy=s.scheduler),
+                                                    max_waiting=s.max_waiting, policy=s.scheduler,
+                                                    decode_kv=s.decode_kv),
                       report_decoded=s.stream_tokens, tiers=tiers, keep_response_kv=s.response_kv == "keep")
     return ReplicaCore(pool, sched, tiers)

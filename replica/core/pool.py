@@ -32,10 +32,10 @@ HIT_MODES = ("prefix", "holes")
 
 
 class PoolCapacityError(InputError):
-    """A request needs more blocks than the whole pool holds."""
+    """A request needs more blocks than the whole pool holds (``max_tokens``: once its output is in)."""
 
-    def __init__(self, need: int, capacity: int):
-        super().__init__("prompt", f"needs {need} KV blocks but the pool holds only {capacity}")
+    def __init__(self, need: int, capacity: int, field: str = "prompt"):
+        super().__init__(field, f"needs {need} KV blocks but the pool holds only {capacity}")
         self.need = need
         self.capacity = capacity
 
@@ -67,6 +67,9 @@ class BlockPool:
         self.metrics = metrics if metrics is not None else PoolMetrics(block_size=block_size)
         self.emit_events = emit_events
         self.events: list[KvEvent] = []
+        # Blocks running requests hold outside the hash map: a prompt's partial last block and the
+        # KV of generated tokens (vLLM allocates them as decoding fills blocks). They take room.
+        self.private = 0
         self.footprint: dict[str | None, int] = {}
         self._reused: set[int] = set()
         # What cost-aware policies see comes from the cost model (``block_cost``), never from how
@@ -102,7 +105,24 @@ class BlockPool:
         return len(self.resident) - len(self._refs)
 
     def usage(self) -> float:
-        return len(self.resident) / self.capacity
+        return (len(self.resident) + self.private) / self.capacity
+
+    @property
+    def room(self) -> int:
+        """Blocks a new allocation could get: free ones and evictable (unpinned) cached ones."""
+        return self.capacity - len(self._refs) - self.private
+
+    def take_private(self, n: int) -> None:
+        """Allocate ``n`` unhashed blocks (evicting cached ones through the policy); PoolBusyError if
+        fewer than ``n`` are free or evictable."""
+        shortfall = n - (self.capacity - len(self.resident) - self.private)
+        if shortfall > 0:
+            self._check_evictable((), shortfall)
+            self._evict(shortfall)
+        self.private += n
+
+    def free_private(self, n: int) -> None:
+        self.private -= n
 
     def block_cost(self, index: int) -> float:
         """Recompute cost of a block at depth ``index``, as cost-aware policies see it."""
@@ -127,8 +147,10 @@ class BlockPool:
         next_use: Sequence[float] | None = None,
         position: float | None = None,
         record: bool = True,
+        extra: int = 0,
     ) -> Allocation:
-        """Pin the request's resident blocks, allocate the rest (evicting through the policy)."""
+        """Pin the request's resident blocks, allocate the rest (evicting through the policy), and
+        ``extra`` unhashed blocks (``take_private``) with them."""
         n = len(hashes)
         if n > self.capacity:
             raise PoolCapacityError(n, self.capacity)
@@ -150,13 +172,14 @@ class BlockPool:
             ctx.now = now
         if position is not None:
             ctx.position = position
-        shortfall = n - k - (self.capacity - len(res))
+        shortfall = n - k + extra - (self.capacity - len(res) - self.private)
         if shortfall > 0:
             self._check_evictable(touched_hashes, shortfall)
         self._pin(touched_hashes)
         if shortfall > 0:
             self._evict(shortfall)
         self._insert(new_hashes, session)
+        self.private += extra
         if self.hit_mode == "holes":
             hit_idx, hit_hashes = touched, touched_hashes
         else:
@@ -201,11 +224,10 @@ class BlockPool:
         """
         res = self.resident
         new = [h for h in dict.fromkeys(hashes) if h not in res]
-        room = self.capacity - len(self._refs)  # pinned blocks stay; everything else may go
-        new = new[:max(room, 0)]
+        new = new[:max(self.room, 0)]  # pinned and private blocks stay; everything else may go
         if not new:
             return []
-        shortfall = len(new) - (self.capacity - len(res))
+        shortfall = len(new) - (self.capacity - len(res) - self.private)
         if shortfall > 0:
             self._evict(shortfall)
         self._insert(new, session)
