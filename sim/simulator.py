@@ -368,6 +368,7 @@ class Simulation:
             "response_kv": self.s.response_kv,
             "max_running": self.s.max_running,
             "scheduler": None if self.s.cache_only else self.s.scheduler,
+            "decode_kv": None if self.s.cache_only else self.s.decode_kv,
             "block_size": self.block_size,
             "model": self.cost.model.name,
             "gpu": self.cost.gpu.name,

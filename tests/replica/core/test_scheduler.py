@@ -320,3 +320,30 @@ def test_bookkeeping_survives_random_traffic(seed, policy):
     assert len(pool.pin_counts) == 0 and sched.queued_prefill_tokens == 0 and not sched._lent
     assert pool.private == 0 and all(r.extra_blocks == 0 for r in reqs)
     assert (sched._dec_input, sched._dec_base, len(sched._decoders)) == (0, 0, 0)
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "reorder"])
+@pytest.mark.parametrize("seed", range(2))
+def test_decode_blocks_follow_the_tokens_at_every_step(seed, policy):
+    """Random traffic with random horizons (so decode runs are fast-forwarded and their blocks
+    handed out ahead): after every step each request holds exactly the blocks its KV fills, as
+    vLLM allocates them: a prefilling one its prompt (and, re-admitted, its generated tokens); a
+    decoding one, with g tokens generated, prompt + g - 1 tokens (the next step writes token g's
+    KV), or + g right after a re-admission's prefill wrote it; the pool's private count is their sum."""
+    rng = random.Random(seed)
+    pool, sched = make(capacity=60, token_budget=64, max_running=8, policy=policy)
+    need, now = sched.decode_kv.need, 0.0
+    for k in range(300):
+        if rng.random() < 0.5:
+            sched.submit(req(k, rng.randint(1, 20), tail=rng.randint(0, 15), out=rng.randint(1, 200),
+                             base=rng.choice([0, 1000 * (k + 1)]), t=now))
+        now += sched.step(now, now + rng.random() * 0.05).duration
+        for r in sched.running:
+            if r.segments:
+                assert r.extra_blocks == need(r, r.generated if r.resumed else 0)
+            else:
+                g = sched._tick - r.base
+                assert r.extra_blocks == need(r, g - 1) or (r.preemptions and r.extra_blocks == need(r, g))
+        assert sum(r.extra_blocks for r in sched.running) == pool.private
+        assert len(pool.pin_counts) + pool.private <= pool.capacity
+    assert sched.preemptions > 0
