@@ -255,7 +255,7 @@ class Simulation:
                                future.of(k) if future else None, future.position(k) if future else None)
             if self.responses is not None:
                 req.response_hashes = self.responses[k]
-            rep.sched.submit(req)
+            rep.sched.submit(req, truncate=True)  # the trace's output where the pool could hold it
             rep.state.queued_tokens = rep.sched.queued_prefill_tokens
             if rep.busy_until == INF:
                 seq = self._start_step(rep, t, arrivals.peek(), busy, seq)

@@ -97,6 +97,7 @@ class Scheduler:
         self._admitted = 0  # admissions so far: each request's admit_seq
         # Statistics (``stats``).
         self.preemptions = 0
+        self.truncated = 0  # outputs cut where the pool is full (submit's truncate)
         self.promotions = 0  # admissions out of arrival order (reorder)
         self.admissions = 0
         self.queue_wait_s = 0.0  # seconds waited, summed over admissions
@@ -116,13 +117,20 @@ class Scheduler:
         self._chunks: list[tuple[SchedRequest, int, int]] = []  # (request, start, tokens) of this step, for it
 
     # ---- queue ------------------------------------------------------------------
-    def submit(self, req: SchedRequest) -> None:
+    def submit(self, req: SchedRequest, truncate: bool = False) -> None:
+        """Queue a request. One whose prompt and output could never fit the pool is refused (vLLM:
+        over ``max_model_len``), or with ``truncate`` (a trace replayed on a smaller pool) its output
+        stops where the pool is full, as vLLM stops a sequence at ``max_model_len``."""
         if len(self.waiting) >= self.settings.max_waiting:
             raise QueueFullError(self.settings.max_waiting)
         if len(req.hashes) > self.pool.capacity:
             raise PoolCapacityError(len(req.hashes), self.pool.capacity)
-        if (most := self.decode_kv.most(req)) > self.pool.capacity:  # vLLM: over max_model_len
-            raise PoolCapacityError(most, self.pool.capacity, "max_tokens")
+        if (most := self.decode_kv.most(req)) > self.pool.capacity:
+            fits = self.pool.capacity * self.pool.block_size - req.input_tokens + 1
+            if not truncate or fits < 1:
+                raise PoolCapacityError(most, self.pool.capacity, "max_tokens")
+            req.output_tokens = fits
+            self.truncated += 1
         self._order += 1
         req.order = self._order
         req.t_queued = req.arrival
@@ -192,7 +200,8 @@ class Scheduler:
     def stats(self) -> dict:
         """Counters since start: what /stats, /metrics and the simulator report."""
         return {"policy": self.settings.policy, "admissions": self.admissions, "promotions": self.promotions,
-                "preemptions": self.preemptions, "queue_wait_s_total": self.queue_wait_s,
+                "preemptions": self.preemptions, "truncated_outputs": self.truncated,
+                "queue_wait_s_total": self.queue_wait_s,
                 "prefill_tokens": self.prefill_tokens, "readmission_prefill_tokens": self.readmission_prefill_tokens,
                 "pinned_block_s": self.pinned_block_s}
 

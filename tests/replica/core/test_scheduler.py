@@ -169,6 +169,13 @@ def test_a_request_whose_output_could_never_fit_is_refused():
     with pytest.raises(PoolCapacityError) as err:
         sched.submit(req(2, 8, out=34))  # 161 tokens: 11 blocks
     assert (err.value.field, err.value.need) == ("max_tokens", 11)
+    drain(sched)
+    # a replayed trace (the simulator): the output stops where the pool is full, as vLLM stops at max_model_len
+    long = req(3, 8, tail=3, out=100)
+    sched.submit(long, truncate=True)
+    assert long.output_tokens == 160 - 131 + 1 and sched.stats()["truncated_outputs"] == 1
+    drain(sched)
+    assert long.generated == 30 and sched.preemptions == 0 and pool.private == 0
 
 
 # ---- reorder (seed 001, FlashGen) ----------------------------------------------------
