@@ -49,7 +49,7 @@ def run_one(trace, capacity: int, scheduler: str, host_blocks: int = 0) -> dict:
         res = plain_step(now, horizon)
         if busy:
             backlog["s"] += res.duration
-            backlog["held_block_s"] += len(sched.pool.pin_counts) * res.duration
+            backlog["held_block_s"] += (len(sched.pool.pin_counts) + sched.pool.private) * res.duration
         return res
 
     sched.step = step  # type: ignore[method-assign]  # measuring only; the run is the same
@@ -58,6 +58,7 @@ def run_one(trace, capacity: int, scheduler: str, host_blocks: int = 0) -> dict:
     row = {k: round(out[k], 5) if isinstance(out[k], float) else out[k] for k in KEYS}
     st = sched.stats()
     row.update(prefill_tokens=st["prefill_tokens"], readmission_prefill_tokens=st["readmission_prefill_tokens"],
+               truncated_outputs=st["truncated_outputs"],
                backlog_s=round(backlog["s"], 1),
                backlog_held_fraction=round(backlog["held_block_s"] / (backlog["s"] * capacity), 4)
                if backlog["s"] else None,

@@ -15,8 +15,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from replica.core.pool import BlockPool, KvEvent
-from replica.core.scheduler import SchedRequest, Scheduler, StepResult
+from replica.core.build import ReplicaCore
+from replica.core.pool import KvEvent
+from replica.core.scheduler import SchedRequest, StepResult
 
 INF = float("inf")
 
@@ -52,12 +53,13 @@ class EngineCounters:
 
 
 class Engine:
-    def __init__(self, pool: BlockPool, scheduler: Scheduler, time_scale: float,
+    def __init__(self, core: ReplicaCore, time_scale: float,
                  on_events: Callable[[list[KvEvent]], None] | None = None,
                  on_first_token: Callable[[float], None] | None = None,
                  on_finished: Callable[[SchedRequest], None] | None = None) -> None:
-        self.pool = pool
-        self.sched = scheduler
+        self.core = core
+        self.pool = core.pool
+        self.sched = core.scheduler
         self.time_scale = time_scale
         self.on_events = on_events
         self.on_first_token = on_first_token
@@ -104,8 +106,11 @@ class Engine:
         return handle
 
     def publish_events(self) -> None:
-        if self.pool.events and self.on_events is not None:
-            self.on_events(self.pool.drain_events())
+        """Hand every tier's events since the last call to ``on_events`` (the feed)."""
+        if self.on_events is not None:
+            events = self.core.drain_events()
+            if events:
+                self.on_events(events)
 
     # ---- loop -------------------------------------------------------------------
     async def run(self) -> None:

@@ -8,8 +8,9 @@ sequence numbers under this process's epoch, and kept in a bounded feed:
 * Redis index: a background task ships batches to Redis (``shipper``).
 
 When the feed overflows, or Redis refuses a batch, the lost batch is counted and the
-next batch is a resync: ``cleared`` followed by ``stored`` for every resident block, so
-an index that noticed the sequence gap rebuilds this replica's entries exactly.
+next batch is a resync: ``cleared`` followed by ``stored`` for every resident block (per
+memory tier: host and SSD blocks as tier-tagged ``stored`` events), so an index that noticed
+the sequence gap rebuilds this replica's entries exactly.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from replica.core.pool import KvEvent
+from shared.index.base import event_to_wire
 
 
 @dataclass(slots=True)
@@ -29,7 +31,7 @@ class FeedBatch:
     events: list[KvEvent]
 
     def to_wire(self) -> dict:
-        return {"seq": self.seq, "events": [[e.kind, list(e.hashes)] for e in self.events]}
+        return {"seq": self.seq, "events": [event_to_wire(e) for e in self.events]}
 
 
 class EventFeed:
@@ -41,11 +43,11 @@ class EventFeed:
     an overflow loses unshipped batches, so the next publish starts with a resync.
     """
 
-    def __init__(self, replica_id: str, resident: Callable[[], Iterable[int]], batch_max: int = 512,
+    def __init__(self, replica_id: str, snapshot: Callable[[], list[KvEvent]], batch_max: int = 512,
                  max_batches: int = 4096, mode: str = "poll", max_hashes: int = 1 << 18) -> None:
         self.replica_id = replica_id
         self.epoch = uuid.uuid4().hex[:16]
-        self._resident = resident
+        self._snapshot = snapshot  # ``stored`` events of every block held (ReplicaCore.snapshot_events)
         self.batch_max = batch_max
         self.max_batches = max_batches
         # Memory is bounded by hashes held, not only by batches: under load one batch holds
@@ -69,7 +71,7 @@ class EventFeed:
             self._needs_resync = False
             self.resyncs += 1
             # The events of this call are already reflected in the resident set.
-            events = [KvEvent("cleared", ()), KvEvent("stored", tuple(self._resident()))]
+            events = [KvEvent("cleared", ()), *self._snapshot()]
             resync = True
         else:
             resync = False
@@ -150,7 +152,7 @@ def _chunks(events: list[KvEvent], batch_max: int) -> Iterable[list[KvEvent]]:
                 if batch:
                     yield batch
                     batch, size = [], 0
-                yield [KvEvent(ev.kind, hashes[i : i + batch_max])]
+                yield [KvEvent(ev.kind, hashes[i : i + batch_max], ev.tier)]
             continue
         if size + len(hashes) > batch_max and batch:
             yield batch

@@ -30,14 +30,14 @@ class ReplicaRuntime:
 
             self.backend = TorchBackend(self.cost.model, self.pool, settings.device, settings.layers,
                                         settings.seed, self.core.tiers).attach(self.scheduler)
-        self.feed = EventFeed(settings.replica_id, lambda: list(self.pool.resident), settings.event_batch_max,
+        self.feed = EventFeed(settings.replica_id, self.core.snapshot_events, settings.event_batch_max,
                               settings.feed_max_batches, mode="push" if settings.index else "poll",
-                              # a resync (every resident block) must always fit, or it would drop itself
-                              max_hashes=max(settings.feed_max_hashes, 2 * self.pool.capacity + 1024))
+                              # a resync (every block held, in every tier) must always fit, or it would drop itself
+                              max_hashes=max(settings.feed_max_hashes, 2 * self.core.capacity_with_tiers + 1024))
         self.prom = ReplicaMetrics(settings.model, settings.replica_id)
         self.registry = self.prom.registry
         self.ttft_recent = RecentTtft()
-        self.engine = Engine(self.pool, self.scheduler, settings.time_scale, on_events=self.feed.publish,
+        self.engine = Engine(self.core, settings.time_scale, on_events=self.feed.publish,
                              on_first_token=self._first_token, on_finished=self.prom.finished)
         self.registry.register(ReplicaCollector(self))
         self.started = time.time()

@@ -123,7 +123,7 @@ class ReplicaSettings:
             block_size=self.block_size, hit_mode=self.hit_mode, token_budget=self.token_budget,
             max_running=self.max_running, max_waiting=self.max_waiting, scheduler=self.scheduler, reuse="shards",
             shards_rate=self.shards_rate, shards_max_tracked=self.shards_max_tracked, seed=self.seed, emit_events=True,
-            oracles=False, tiers=self.tiers, response_kv=self.response_kv)
+            tier_events=True, oracles=False, tiers=self.tiers, response_kv=self.response_kv)
 
     def cost_model(self) -> CostModel:
         return CostModel.from_names(self.model, self.gpu)

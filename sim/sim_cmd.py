@@ -39,6 +39,10 @@ def add_emulation_args(p: argparse.ArgumentParser) -> None:
                    help="requests running at once per replica (1 = the cache sees requests one at a time)")
     p.add_argument("--token-budget", type=int, default=8192, help="tokens per scheduler step")
     add_scheduler_arg(p)
+    p.add_argument("--no-decode-kv", action="store_true",
+                   help="count prompt blocks only, as cache simulators do (default: the KV of generated tokens takes"
+                        " blocks as it fills them and the latest admitted request is preempted when none is left, as"
+                        " in vLLM)")
     p.add_argument("--causal", action="store_true",
                    help="turn j+1 arrives when turn j finished plus their trace gap, as `kvemu replay` sends it"
                         " (default: every request at its trace time)")
@@ -137,7 +141,7 @@ def run(args) -> int:
                         token_budget=args.token_budget, max_running=args.max_running, scheduler=args.scheduler,
                         reuse="off" if args.no_reuse_distances else args.reuse, causal=args.causal,
                         routing_settings=routing, cache_only=args.cache_only, response_kv=args.response_kv,
-                        tiers=tiers)
+                        tiers=tiers, decode_kv=not args.no_decode_kv)
             for pol in policies for c in caps]  # validates every name before the first run
     runs = run_serial(trace, grid, args.quiet) if args.jobs == 1 or len(grid) == 1 else \
         run_parallel(trace, grid, args.jobs, args.quiet)

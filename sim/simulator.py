@@ -66,6 +66,9 @@ class SimSettings:
     # "keep": a finished request's response blocks are cached, as a colocated vLLM does (the next
     # turn hits them); "drop": they are not (a disaggregated prefill instance). See replica.core.
     response_kv: str = "drop"
+    # Decode KV takes blocks as it fills them, and preempts when none is left (vLLM); False: only
+    # prompt blocks count (a one-at-a-time run then equals the cache-only replay exactly).
+    decode_kv: bool = True
 
     def __post_init__(self) -> None:
         check_positive_int("replicas", self.replicas)
@@ -196,7 +199,7 @@ def _build_replica(i: int, s: SimSettings, block_size: int, cost: CostModel, ind
         max_waiting=max(requests, 1),
         reuse={"sampled": "shards", "exact": "exact", "off": "off"}[s.reuse_mode], shards_rate=s.shards_rate,
         shards_max_tracked=1 << 62, seed=s.seed, emit_events=indexed, oracles=True,
-        stream_tokens=False, tiers=s.tiers, response_kv=s.response_kv), cost)
+        stream_tokens=False, tiers=s.tiers, response_kv=s.response_kv, decode_kv=s.decode_kv), cost)
     rid = f"replica-{i}"  # the ids `kvemu up` gives, so session routing hashes the same ring
     return _Replica(rid, core.pool, core.scheduler, ReplicaState(rid, capacity_blocks=s.capacity_blocks),
                     tiers=core.tiers)
@@ -256,7 +259,7 @@ class Simulation:
                                future.of(k) if future else None, future.position(k) if future else None)
             if self.responses is not None:
                 req.response_hashes = self.responses[k]
-            rep.sched.submit(req)
+            rep.sched.submit(req, truncate=True)  # the trace's output where the pool could hold it
             rep.state.queued_tokens = rep.sched.queued_prefill_tokens
             if rep.busy_until == INF:
                 seq = self._start_step(rep, t, arrivals.peek(), busy, seq)
@@ -373,6 +376,7 @@ class Simulation:
             "response_kv": self.s.response_kv,
             "max_running": self.s.max_running,
             "scheduler": None if self.s.cache_only else self.s.scheduler,
+            "decode_kv": None if self.s.cache_only else self.s.decode_kv,
             "block_size": self.block_size,
             "model": self.cost.model.name,
             "gpu": self.cost.gpu.name,

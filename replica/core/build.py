@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from replica.core.costs import DepthCosts
 from replica.core.metrics import PoolMetrics
 from replica.core.policies import make_policy
-from replica.core.pool import BlockPool
+from replica.core.pool import BlockPool, KvEvent
 from replica.core.reuse import ReuseDistanceTracker
 from replica.core.scheduler import Scheduler, SchedulerSettings, check_scheduler
 from replica.core.shards import ShardsTracker
@@ -34,11 +34,13 @@ class CoreSettings:
     max_running: int = 256
     max_waiting: int = 100_000
     scheduler: str = "fcfs"  # admission order: fcfs (vLLM) or reorder (seed 001)
+    decode_kv: bool = True  # decode KV takes blocks (vLLM); False: prompt blocks only (SchedulerSettings)
     reuse: str = "shards"
     shards_rate: float = 0.1
     shards_max_tracked: int = 1 << 16
     seed: int = 0
     emit_events: bool = True
+    tier_events: bool = False  # the host / SSD tiers emit events too (a live replica: its router's index)
     oracles: bool = False
     stream_tokens: bool = True  # report per-request decoded tokens each step (the live replica streams them)
     tiers: TierSettings = TierSettings()  # host DRAM / SSD below HBM (none by default)
@@ -66,6 +68,31 @@ class ReplicaCore:
     def metrics(self) -> PoolMetrics:
         return self.pool.metrics
 
+    def drain_events(self) -> list[KvEvent]:
+        """Every tier's events since the last drain: HBM's untagged, then host's and SSD's tagged.
+
+        An HBM ``cleared`` (an admin reset) clears every tier in an index, so the lower tiers then
+        follow with what they hold now instead of their changes."""
+        events = self.pool.drain_events()
+        tiers = self.tiers
+        if tiers is None or not tiers.emit_events:
+            return events
+        if any(e.kind == "cleared" for e in events):
+            return events + tiers.snapshot_events()
+        return events + tiers.drain_events()
+
+    def snapshot_events(self) -> list[KvEvent]:
+        """``stored`` of every block held, per tier: what follows ``cleared`` in a resync."""
+        events = [KvEvent("stored", tuple(self.pool.resident))] if self.pool.resident else []
+        if self.tiers is not None and self.tiers.emit_events:
+            events += self.tiers.snapshot_events()
+        return events
+
+    @property
+    def capacity_with_tiers(self) -> int:
+        """Blocks this replica holds at most, HBM and lower tiers together."""
+        return self.pool.capacity + (self.tiers.capacity if self.tiers is not None else 0)
+
 
 def _reuse_tracker(s: CoreSettings) -> ReuseDistanceTracker | ShardsTracker | None:
     if s.reuse == "exact":
@@ -89,8 +116,9 @@ def build_core(s: CoreSettings, cost: CostModel) -> ReplicaCore:
                           reuse_tracker=_reuse_tracker(s))
     pool = BlockPool(s.capacity_blocks, policy, block_size=bs, hit_mode=s.hit_mode, metrics=metrics,
                      emit_events=s.emit_events, block_cost=costs)
-    tiers = TierStack(s.tiers, pool, cost.block_bytes(bs), costs) if s.tiers.enabled else None
+    tiers = TierStack(s.tiers, pool, cost.block_bytes(bs), costs, s.tier_events) if s.tiers.enabled else None
     sched = Scheduler(pool, cost, SchedulerSettings(token_budget=s.token_budget, max_running=s.max_running,
-                                                    max_waiting=s.max_waiting, policy=s.scheduler),
+                                                    max_waiting=s.max_waiting, policy=s.scheduler,
+                                                    decode_kv=s.decode_kv),
                       report_decoded=s.stream_tokens, tiers=tiers, keep_response_kv=s.response_kv == "keep")
     return ReplicaCore(pool, sched, tiers)

@@ -33,10 +33,10 @@ HIT_MODES = ("prefix", "holes")
 
 
 class PoolCapacityError(InputError):
-    """A request needs more blocks than the whole pool holds."""
+    """A request needs more blocks than the whole pool holds (``max_tokens``: once its output is in)."""
 
-    def __init__(self, need: int, capacity: int):
-        super().__init__("prompt", f"needs {need} KV blocks but the pool holds only {capacity}")
+    def __init__(self, need: int, capacity: int, field: str = "prompt"):
+        super().__init__(field, f"needs {need} KV blocks but the pool holds only {capacity}")
         self.need = need
         self.capacity = capacity
 
@@ -69,6 +69,9 @@ class BlockPool:
         self.metrics = metrics if metrics is not None else PoolMetrics(block_size=block_size)
         self.emit_events = emit_events
         self.events: list[KvEvent] = []
+        # Blocks running requests hold outside the hash map: a prompt's partial last block and the
+        # KV of generated tokens (vLLM allocates them as decoding fills blocks). They take room.
+        self.private = 0
         self.footprint: dict[str | None, int] = {}
         self._reused: set[int] = set()
         # What cost-aware policies see comes from the cost model (``block_cost``), never from how
@@ -104,7 +107,24 @@ class BlockPool:
         return len(self.resident) - len(self._refs)
 
     def usage(self) -> float:
-        return len(self.resident) / self.capacity
+        return (len(self.resident) + self.private) / self.capacity
+
+    @property
+    def room(self) -> int:
+        """Blocks a new allocation could get: free ones and evictable (unpinned) cached ones."""
+        return self.capacity - len(self._refs) - self.private
+
+    def take_private(self, n: int) -> None:
+        """Allocate ``n`` unhashed blocks (evicting cached ones through the policy); PoolBusyError if
+        fewer than ``n`` are free or evictable."""
+        shortfall = n - (self.capacity - len(self.resident) - self.private)
+        if shortfall > 0:
+            self._check_evictable((), shortfall)
+            self._evict(shortfall)
+        self.private += n
+
+    def free_private(self, n: int) -> None:
+        self.private -= n
 
     def block_cost(self, index: int) -> float:
         """Recompute cost of a block at depth ``index``, as cost-aware policies see it."""
@@ -129,14 +149,17 @@ class BlockPool:
         next_use: Sequence[float] | None = None,
         position: float | None = None,
         record: bool = True,
+        extra: int = 0,
     ) -> Allocation:
-        """Pin the request's resident blocks, allocate the rest (evicting through the policy)."""
-        return self._allocate(hashes, session, now, input_tokens, next_use, position, record, hold=True)
+        """Pin the request's resident blocks, allocate the rest (evicting through the policy), and
+        ``extra`` unhashed blocks (``take_private``) with them."""
+        return self._allocate(hashes, session, now, input_tokens, next_use, position, record, hold=True, extra=extra)
 
     def _allocate(self, hashes: Sequence[int], session: str | None, now: float, input_tokens: int | None,
-                  next_use: Sequence[float] | None, position: float | None, record: bool, hold: bool) -> Allocation:
-        """``hold``: pin the blocks until ``release``; otherwise (``serve`` with nothing pinned) they are
-        only kept out of this request's own evictions."""
+                  next_use: Sequence[float] | None, position: float | None, record: bool, hold: bool,
+                  extra: int = 0) -> Allocation:
+        """``hold``: pin the blocks until ``release``; otherwise (``serve`` with nothing pinned or
+        private) they are only kept out of this request's own evictions."""
         n = len(hashes)
         if n > self.capacity:
             raise PoolCapacityError(n, self.capacity)
@@ -159,14 +182,15 @@ class BlockPool:
             ctx.now = now
         if position is not None:
             ctx.position = position
-        shortfall = n - k - (self.capacity - len(res))
+        shortfall = n - k + extra - (self.capacity - len(res) - self.private)
         if hold:
             if shortfall > 0:
                 self._check_evictable(touched_hashes, shortfall)
             self._pin(touched_hashes)
-        if shortfall > 0:  # unpinned: nothing else is pinned, so n <= capacity leaves enough to evict
+        if shortfall > 0:  # unpinned: nothing else is pinned or private, so n <= capacity leaves enough
             self._evict(shortfall, self._refs.__contains__ if hold else own.__contains__)
         self._insert(new_hashes, session, hold)
+        self.private += extra
         alloc = self._allocation(hashes, touched, touched_hashes, new_idx, session)
         self.policy.on_access(Access(hashes, touched, new_idx, now, session, next_use))
         if record:  # a preempted request's re-admission is not another request for the hit ratios
@@ -219,11 +243,10 @@ class BlockPool:
         """
         res = self.resident
         new = [h for h in dict.fromkeys(hashes) if h not in res]
-        room = self.capacity - len(self._refs)  # pinned blocks stay; everything else may go
-        new = new[:max(room, 0)]
+        new = new[:max(self.room, 0)]  # pinned and private blocks stay; everything else may go
         if not new:
             return []
-        shortfall = len(new) - (self.capacity - len(res))
+        shortfall = len(new) - (self.capacity - len(res) - self.private)
         if shortfall > 0:
             self._evict(shortfall)
         self._insert(new, session)
@@ -240,7 +263,7 @@ class BlockPool:
         pinned: the same allocation, without two passes over the request's hashes.
         """
         policy = self.policy
-        if self._refs or policy.takes_pins or policy.reads_pins:
+        if self._refs or self.private or policy.takes_pins or policy.reads_pins:
             alloc = self.acquire(hashes, session=session, now=now, input_tokens=input_tokens,
                                  next_use=next_use, position=position)
             self.release(alloc, now)

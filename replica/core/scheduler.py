@@ -20,10 +20,15 @@ order before it (the bound is in ``_reclaim_for``).
 Where generated KV lives: with ``keep_response_kv`` (a colocated vLLM) a finished request's
 full response blocks (``SchedRequest.response_hashes``, chained after its prompt) are cached,
 so the next turn's prompt hits them; without it (a disaggregated prefill instance, seed 000)
-they are dropped and the next turn recomputes the response as new prompt blocks. Decode KV is
-not counted against the pool while a request runs, so a request admitted with its prompt's
-blocks never runs out of memory: ``fcfs`` never preempts (vLLM's recompute preemption when
-decode runs out of blocks has nothing to act on).
+they are dropped and the next turn recomputes the response as new prompt blocks.
+
+Decode KV takes blocks, as in vLLM (``decode_kv.DecodeBlocks``): a request is admitted with the
+blocks its prompt fills (its partial last block too), and each decode step that crosses a block
+boundary takes one more. Before a step, every decoding request gets the block it needs, oldest
+admission first; when none is free or evictable, the most recently admitted running request is
+preempted (recompute, as below; it may be the one that needed the block) until it fits, and no
+request is admitted in that step (vLLM's recompute preemption, under ``fcfs`` and ``reorder``
+alike). A request whose prompt and output could never fit the pool is refused at ``submit``.
 
 With memory tiers (``tiers``), every acquisition is wrapped: ``TierStack.plan`` before it (what
 host / SSD restore), ``complete`` after it (transfers queued; restored blocks count as reused),
@@ -34,112 +39,27 @@ from __future__ import annotations
 
 import heapq
 from collections import _count_elements, deque  # type: ignore[attr-defined]  # C helper Counter uses
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
+from collections.abc import Callable
 
-from replica.core.pool import Allocation, BlockPool, PoolBusyError, PoolCapacityError
-from replica.core.tiers import FetchPlan, TierStack
+from replica.core.decode_kv import DecodeBlocks
+from replica.core.pool import BlockPool, PoolBusyError, PoolCapacityError
+from replica.core.sched_types import (
+    SCHEDULERS,
+    QueueFullError,
+    SchedRequest,
+    SchedulerSettings,
+    StepResult,
+    StepTimer,
+    add_scheduler_arg,
+    check_scheduler,
+    prefill_len,
+    prefill_segments,
+)
+from replica.core.tiers import TierStack
 from shared.costmodel import CostModel
-from shared.errors import InputError, KvemuError
-from shared.validate import check_positive_int
 
-SCHEDULERS = ("fcfs", "reorder")
-
-
-def check_scheduler(name: str, field: str = "scheduler") -> None:
-    if name not in SCHEDULERS:
-        raise InputError(field, f"must be one of {', '.join(SCHEDULERS)}, got {name!r}")
-
-
-def add_scheduler_arg(p) -> None:
-    """``--scheduler``, the same on sim, sweep, replica and up."""
-    p.add_argument("--scheduler", default="fcfs",
-                   help="admission order: fcfs (vLLM, the default) or reorder (seed 001: requests behind a head that does not"
-                        " fit borrow the idle KV memory and are preempted as soon as the head could run)")
-
-
-@dataclass(frozen=True, slots=True)
-class SchedulerSettings:
-    token_budget: int = 8192
-    max_running: int = 256
-    max_waiting: int = 100_000
-    policy: str = "fcfs"  # admission order: fcfs or reorder (SCHEDULERS)
-    reorder_window: int = 32  # reorder: requests behind a blocked head tried for admission
-
-    def __post_init__(self) -> None:
-        for name in ("token_budget", "max_running", "max_waiting", "reorder_window"):
-            check_positive_int(name, getattr(self, name))
-        check_scheduler(self.policy)
-
-
-@dataclass(slots=True)
-class SchedRequest:
-    rid: int
-    hashes: Sequence[int]
-    input_tokens: int
-    output_tokens: int
-    arrival: float
-    session: str | None = None
-    next_use: Sequence[float] | None = None
-    position: float | None = None  # oracles: the request's place in the access order (see next_use)
-    # filled in by the scheduler
-    alloc: Allocation | None = None
-    segments: list[list[int]] = field(default_factory=list)  # [start_token, tokens] left to prefill
-    cached_tokens: int = 0
-    generated: int = 0  # exact once the request finished; while decoding see Scheduler._tick
-    base: int = 0  # decode tick at which generated would have been 0 (the scheduler's bookkeeping)
-    ready_at: float = 0.0  # when its restore from a lower memory tier ends (0: nothing restored)
-    # Hashes of the full blocks its response completes (chained after the prompt's): cached when
-    # it finishes if the core keeps response KV (``keep_response_kv``); empty: nothing to keep.
-    response_hashes: Sequence[int] = ()
-    plan: FetchPlan | None = None  # tiers: what its current acquisition restores
-    t_admitted: float = -1.0
-    t_first_token: float = -1.0
-    t_finished: float = -1.0
-    order: int = 0  # place in arrival order (submit); the waiting queue is kept sorted by it
-    t_queued: float = -1.0  # when it last entered the waiting queue
-    waited: float = 0.0  # seconds spent waiting, over every admission
-    preemptions: int = 0
-
-    @property
-    def resumed(self) -> bool:
-        """Preempted after its first token: re-admission recomputes its prompt and generated tokens."""
-        return self.t_first_token >= 0
-
-    @property
-    def prefilling(self) -> bool:
-        return bool(self.segments)
-
-
-@dataclass(slots=True)
-class StepResult:
-    start: float
-    duration: float
-    steps: int
-    prefill_tokens: int
-    first_tokens: list[SchedRequest]
-    finished: list[SchedRequest]
-    decoded: list[tuple[SchedRequest, int]]  # (request, tokens generated in this step(s))
-
-
-class StepTimer(Protocol):
-    """A compute backend that runs a step's work for real and says how long it took (the torch
-    backend, replica/backends/); without one the step costs what the cost model says."""
-
-    def step_time(self, chunks: list[tuple[SchedRequest, int, int]], decoders: list[SchedRequest], steps: int,
-                  modelled: float) -> float: ...
-
-    def stored(self, r: SchedRequest, hashes: list[int]) -> None:
-        """``r`` finished and its response blocks ``hashes`` were cached: give them their K/V."""
-
-
-class QueueFullError(KvemuError):
-    """Overload, not bad input: answered 503 with Retry-After so a router tries elsewhere."""
-
-    def __init__(self, limit: int):
-        super().__init__(f"waiting queue is full ({limit} requests)")
-
+__all__ = ["SCHEDULERS", "QueueFullError", "SchedRequest", "Scheduler", "SchedulerSettings", "StepResult",
+           "StepTimer", "add_scheduler_arg", "check_scheduler"]
 
 class Scheduler:
     """Work per step is proportional to what changes (admissions, prefill chunks, finishing
@@ -173,8 +93,11 @@ class Scheduler:
         self._seq = 0
         self._dec_input = 0  # sum of input_tokens over decoders
         self._dec_base = 0  # sum of base over decoders
+        self.decode_kv = DecodeBlocks(pool, self.settings.decode_kv)
+        self._admitted = 0  # admissions so far: each request's admit_seq
         # Statistics (``stats``).
         self.preemptions = 0
+        self.truncated = 0  # outputs cut where the pool is full (submit's truncate)
         self.promotions = 0  # admissions out of arrival order (reorder)
         self.admissions = 0
         self.queue_wait_s = 0.0  # seconds waited, summed over admissions
@@ -194,11 +117,20 @@ class Scheduler:
         self._chunks: list[tuple[SchedRequest, int, int]] = []  # (request, start, tokens) of this step, for it
 
     # ---- queue ------------------------------------------------------------------
-    def submit(self, req: SchedRequest) -> None:
+    def submit(self, req: SchedRequest, truncate: bool = False) -> None:
+        """Queue a request. One whose prompt and output could never fit the pool is refused (vLLM:
+        over ``max_model_len``), or with ``truncate`` (a trace replayed on a smaller pool) its output
+        stops where the pool is full, as vLLM stops a sequence at ``max_model_len``."""
         if len(self.waiting) >= self.settings.max_waiting:
             raise QueueFullError(self.settings.max_waiting)
         if len(req.hashes) > self.pool.capacity:
             raise PoolCapacityError(len(req.hashes), self.pool.capacity)
+        if (most := self.decode_kv.most(req)) > self.pool.capacity:
+            fits = self.pool.capacity * self.pool.block_size - req.input_tokens + 1
+            if not truncate or fits < 1:
+                raise PoolCapacityError(most, self.pool.capacity, "max_tokens")
+            req.output_tokens = fits
+            self.truncated += 1
         self._order += 1
         req.order = self._order
         req.t_queued = req.arrival
@@ -227,7 +159,8 @@ class Scheduler:
     def step(self, now: float, horizon: float = float("inf")) -> StepResult:
         """Plan and account one step starting at ``now`` (or several decode-only steps
         ending no later than ``horizon``). The caller waits ``duration`` afterwards."""
-        self._admit(now)
+        if not self._grow_now(now):  # vLLM admits nothing in a step that preempted
+            self._admit(now)
         n_dec = len(self._done_at)
         budget = self.settings.token_budget - n_dec
         prefill_time, prefill_tokens, completed = self._prefill_chunks(budget, now)
@@ -235,9 +168,11 @@ class Scheduler:
         steps = 1
         if prefill_tokens == 0 and n_dec:  # nothing admissible until a request finishes
             steps = self._decode_run_length(n_dec, kv_tokens, now, horizon)
+            if steps > 1:
+                steps = self.decode_kv.ahead(self._tick, steps)
         decode_time = self._decode_time(n_dec, kv_tokens, steps)
         duration = prefill_time + decode_time
-        self.pinned_block_s += len(self.pool.pin_counts) * duration
+        self.pinned_block_s += (len(self.pool.pin_counts) + self.pool.private) * duration
         if self.timer is not None:
             duration = self.timer.step_time(self._chunks, list(self._decoders.values()), steps, duration)
             self._chunks = []
@@ -265,9 +200,24 @@ class Scheduler:
     def stats(self) -> dict:
         """Counters since start: what /stats, /metrics and the simulator report."""
         return {"policy": self.settings.policy, "admissions": self.admissions, "promotions": self.promotions,
-                "preemptions": self.preemptions, "queue_wait_s_total": self.queue_wait_s,
+                "preemptions": self.preemptions, "truncated_outputs": self.truncated,
+                "queue_wait_s_total": self.queue_wait_s,
                 "prefill_tokens": self.prefill_tokens, "readmission_prefill_tokens": self.readmission_prefill_tokens,
                 "pinned_block_s": self.pinned_block_s}
+
+    def _grow_now(self, now: float) -> bool:
+        """Each decoding request that needs a block in this step gets one, oldest admission first;
+        when none is free or evictable the most recently admitted running request is preempted
+        until it fits (or it was the one preempted). Returns whether anything was preempted."""
+        decode_kv, preempted = self.decode_kv, False
+        while (r := decode_kv.due(self._tick)) is not None:
+            while not decode_kv.grant(r):
+                victim = max(self.running, key=_admit_seq)
+                self._preempt(victim, now)
+                preempted = True
+                if victim is r:
+                    break
+        return preempted
 
     def _admit(self, now: float) -> None:
         max_running = self.settings.max_running
@@ -293,19 +243,24 @@ class Scheduler:
     def _acquire(self, req: SchedRequest, now: float) -> None:
         tiers = self.tiers
         req.plan = tiers.plan(req.hashes, now, req.arrival) if tiers is not None else None
+        extra = self.decode_kv.need(req, req.generated if req.resumed else 0)
         try:
             req.alloc = self.pool.acquire(req.hashes, session=req.session, now=now, input_tokens=req.input_tokens,
-                                          next_use=req.next_use, position=req.position, record=not req.preemptions)
+                                          next_use=req.next_use, position=req.position, record=not req.preemptions,
+                                          extra=extra)
         except PoolBusyError:
             if req.plan is not None and tiers is not None:
                 tiers.cancel(req.plan)
                 req.plan = None
             raise
+        req.extra_blocks = extra
 
     def _start(self, req: SchedRequest, now: float) -> None:
         """An admitted request (its blocks acquired) joins the prefill queue."""
         assert req.alloc is not None
         req.t_admitted = now
+        self._admitted += 1
+        req.admit_seq = self._admitted
         wait = now - req.t_queued
         req.waited += wait
         self.queue_wait_s += wait
@@ -320,9 +275,9 @@ class Scheduler:
                 reused = sorted(alloc.hit_idx + plan.restored_idx)
             req.plan = None
         req.cached_tokens = min(len(reused) * self.pool.block_size, req.input_tokens)
-        req.segments = _prefill_segments(req, reused, self.pool.block_size, req.generated if req.resumed else 0)
+        req.segments = prefill_segments(req, reused, self.pool.block_size, req.generated if req.resumed else 0)
         todo = sum(s[1] for s in req.segments)
-        self.queued_prefill_tokens -= _prefill_len(req) - todo
+        self.queued_prefill_tokens -= prefill_len(req) - todo
         self.prefill_tokens += todo
         if req.preemptions:
             self.readmission_prefill_tokens += todo
@@ -337,7 +292,7 @@ class Scheduler:
         head_blocks = len(waiting[0].hashes)
         i, tried = 1, 0
         while i < len(waiting) and tried < self.settings.reorder_window and self.num_running < max_running:
-            if len(pool.pin_counts) >= pool.capacity:
+            if pool.room <= 0:
                 break  # no idle block left
             r = waiting[i]
             if len(r.hashes) >= head_blocks:
@@ -390,23 +345,29 @@ class Scheduler:
         """
         if not self._promoted:
             return False
-        refs, lent = self.pool.pin_counts, self._lent
-        reclaimable = sum(1 for h, c in lent.items() if refs[h] == c)  # pinned by lent requests only
+        refs, lent, pool = self.pool.pin_counts, self._lent, self.pool
+        # pinned by lent requests only, and the blocks they hold beyond their hashed ones
+        reclaimable = sum(1 for h, c in lent.items() if refs[h] == c) + sum(
+            r.extra_blocks for r in self._promoted.values())
         if not reclaimable:
             return False
-        kept = len(refs) - reclaimable
+        kept = len(refs) + pool.private - reclaimable
         overlap = sum(1 for h in head.hashes if refs.get(h, 0) > lent.get(h, 0))
-        if kept + len(head.hashes) - overlap > self.pool.capacity:
+        if kept + len(head.hashes) - overlap + self._extra_at_admission(head) > pool.capacity:
             return False
         for order in sorted(self._promoted, reverse=True):
             self._preempt(self._promoted[order], now)
-            if self._fits(head.hashes):
+            if self._fits(head):
                 break
         return True
 
-    def _fits(self, hashes: Sequence[int]) -> bool:
-        refs = self.pool.pin_counts
-        return len(refs) + len(hashes) - sum(map(refs.__contains__, hashes)) <= self.pool.capacity
+    def _extra_at_admission(self, req: SchedRequest) -> int:
+        return self.decode_kv.need(req, req.generated if req.resumed else 0)
+
+    def _fits(self, req: SchedRequest) -> bool:
+        refs, hashes = self.pool.pin_counts, req.hashes
+        held = len(refs) + self.pool.private + self._extra_at_admission(req)
+        return held + len(hashes) - sum(map(refs.__contains__, hashes)) <= self.pool.capacity
 
     def _preempt(self, r: SchedRequest, now: float) -> None:
         """Recompute preemption (vLLM): release the request's blocks, keep the tokens it
@@ -426,11 +387,12 @@ class Scheduler:
         self._unlend(r)
         assert r.alloc is not None
         self.pool.release(r.alloc, now)
+        self.decode_kv.forget(r)
         r.alloc = None
         r.preemptions += 1
         self.preemptions += 1
         r.t_queued = now
-        self.queued_prefill_tokens += _prefill_len(r)
+        self.queued_prefill_tokens += prefill_len(r)
         waiting = self.waiting
         i = 0
         while i < len(waiting) and waiting[i].order < r.order:
@@ -488,6 +450,7 @@ class Scheduler:
         self._decoders[id(r)] = r
         self._dec_input += r.input_tokens
         self._dec_base += r.base
+        self.decode_kv.track(r)
 
     def _retire(self, result: StepResult, end: float) -> None:
         """Decoders whose last token came in this step finish at its end (in admission order)."""
@@ -506,6 +469,7 @@ class Scheduler:
         if self._promoted:
             self._unlend(r)
         self.pool.release(r.alloc, end)
+        self.decode_kv.forget(r)
         stored: list[int] = []
         if self.keep_response_kv and r.response_hashes:  # colocated vLLM: the response's KV stays cached
             stored = self.pool.store(r.response_hashes, r.session, end)
@@ -533,30 +497,5 @@ class Scheduler:
         return max(1, steps)
 
 
-def _prefill_len(req: SchedRequest) -> int:
-    """Tokens an admission prefills before any cache hit: the prompt, and the generated tokens
-    of a request preempted after its first token."""
-    return req.input_tokens + (req.generated if req.resumed else 0)
-
-
-def _prefill_segments(req: SchedRequest, hit_idx: list[int], block_size: int, extra: int = 0) -> list[list[int]]:
-    """Token ranges to compute: blocks not reused (holes included), the partial tail, and ``extra``
-    tokens after the prompt (a preempted request's generated tokens)."""
-    n_blocks = len(req.hashes)
-    segments: list[list[int]] = []
-    prev = -1  # gaps between consecutive reused blocks are the holes to recompute
-    if hit_idx and hit_idx[-1] != len(hit_idx) - 1:
-        for i in hit_idx:
-            if i > prev + 1:
-                segments.append([(prev + 1) * block_size, (i - prev - 1) * block_size])
-            prev = i
-    else:
-        prev = len(hit_idx) - 1  # a leading run (or nothing) reused: one range after it
-    end = n_blocks * block_size + max(req.input_tokens - n_blocks * block_size, 0) + extra  # + the partial tail
-    start = (prev + 1) * block_size
-    if end > start:
-        segments.append([start, end - start])
-    if not segments:
-        # Everything cached: the last prompt token is still run to produce logits (vLLM).
-        segments.append([max(req.input_tokens - 1, 0), 1])
-    return segments
+def _admit_seq(r: SchedRequest) -> int:
+    return r.admit_seq

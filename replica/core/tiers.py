@@ -35,8 +35,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from replica.core.policies import make_policy, policy_class
-from replica.core.pool import Allocation, BlockPool
+from replica.core.pool import Allocation, BlockPool, KvEvent
 from shared.errors import InputError
+from shared.index.base import lower_overlap
 from shared.validate import check_number
 
 TIER_MODES = ("inclusive", "exclusive")
@@ -139,14 +140,15 @@ class TierStack:
     """Host and SSD tiers under one HBM pool; see the module docstring."""
 
     def __init__(self, settings: TierSettings, hbm: BlockPool, block_bytes: int,
-                 recompute_cost: Callable[[int], float]) -> None:
+                 recompute_cost: Callable[[int], float], emit_events: bool = False) -> None:
         self.settings = settings
+        self.emit_events = emit_events  # the tier pools' stored / removed events, for a router's index
         self.hbm = hbm
         self.block_bytes = block_bytes
         self.recompute_cost = recompute_cost
         self.counters = TierCounters()
-        self.host = self._tier(settings.host_blocks, settings.host_policy)
-        self.ssd = self._tier(settings.ssd_blocks, settings.ssd_policy)
+        self.host = self._tier(settings.host_blocks, settings.host_policy, emit_events)
+        self.ssd = self._tier(settings.ssd_blocks, settings.ssd_policy, emit_events)
         gbps, per_copy = settings.host_link_gbps * GB, settings.host_copy_overhead_s
         self.h2d = Link("host_to_device", gbps, per_copy)
         self.d2h = Link("device_to_host", gbps, per_copy)
@@ -161,10 +163,32 @@ class TierStack:
             self.ssd.evicted_sink = self._ssd_evicted
 
     @staticmethod
-    def _tier(blocks: int, policy: str) -> BlockPool | None:
+    def _tier(blocks: int, policy: str, emit_events: bool) -> BlockPool | None:
         if blocks <= 0:
             return None
-        return BlockPool(blocks, make_policy(policy), emit_events=False)
+        return BlockPool(blocks, make_policy(policy), emit_events=emit_events)
+
+    def _named(self) -> list[tuple[str, BlockPool]]:
+        return [(name, tier) for name, tier in (("host", self.host), ("ssd", self.ssd)) if tier is not None]
+
+    # ---- events (a router's index learns what each tier holds) ----------------------
+    def drain_events(self) -> list[KvEvent]:
+        """The tier pools' ``stored`` / ``removed`` events since the last drain, tagged with their tier."""
+        return [KvEvent(e.kind, e.hashes, name) for name, tier in self._named() for e in tier.drain_events()]
+
+    def snapshot_events(self) -> list[KvEvent]:
+        """``stored`` of every block each tier holds (a resync), dropping the events not yet drained."""
+        out = []
+        for name, tier in self._named():
+            tier.drain_events()
+            if tier.resident:
+                out.append(KvEvent("stored", tuple(tier.resident), name))
+        return out
+
+    @property
+    def capacity(self) -> int:
+        """Blocks the lower tiers hold at most."""
+        return sum(tier.capacity for _, tier in self._named())
 
     # ---- flows down ---------------------------------------------------------------
     def produced(self, hashes: Sequence[int], now: float) -> None:
@@ -322,18 +346,11 @@ class TierStack:
         return self.transfer_seconds(tier, len(idx), waited) < sum(self.recompute_cost(i) for i in idx)
 
     def lower_overlap(self, replica_id: str, hashes: Sequence[int], hbm_prefix: int) -> dict[str, int]:
-        """For a router: the run of blocks after the HBM prefix that host / SSD hold, per tier."""
+        """For a router: the run of blocks after the HBM prefix that host / SSD hold, per tier
+        (what an index fed this replica's tier events answers; zero counts omitted)."""
         host = self.host.resident if self.host is not None else {}
         ssd = self.ssd.resident if self.ssd is not None else {}
-        n_host = n_ssd = 0
-        for h in hashes[hbm_prefix:]:
-            if h in host:
-                n_host += 1
-            elif h in ssd:
-                n_ssd += 1
-            else:
-                break
-        return {replica_id + "#host": n_host, replica_id + "#ssd": n_ssd}
+        return lower_overlap(replica_id, hashes, hbm_prefix, host, ssd)
 
     # ---- reporting ------------------------------------------------------------------
     def stats(self) -> dict:
@@ -346,9 +363,8 @@ class TierStack:
             "recomputed_from_tier_blocks": c.recomputed, "demoted_blocks": c.demoted, "dropped_blocks": c.dropped,
             "bytes_moved": {link.name: link.bytes_moved for link in (self.h2d, self.d2h, self.ssd_link)},
         }
-        for name, tier in (("host", self.host), ("ssd", self.ssd)):
-            if tier is not None:
-                out[f"{name}_blocks"] = tier.capacity
-                out[f"{name}_used_blocks"] = tier.used
-                out[f"{name}_policy"] = tier.policy.name
+        for name, tier in self._named():
+            out[f"{name}_blocks"] = tier.capacity
+            out[f"{name}_used_blocks"] = tier.used
+            out[f"{name}_policy"] = tier.policy.name
         return out

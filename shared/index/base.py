@@ -22,6 +22,16 @@ full); the replica's next ``cleared`` event (followed by ``stored`` of what it h
 makes it True again.  Missing entries only under-report: the index never claims a block
 that a replica evicted, because every path that loses information clears first.
 
+Memory tiers: a replica with host DRAM / SSD below HBM also ships ``stored`` / ``removed``
+events tagged with the tier (``IndexEvent.tier``, ``"host"`` or ``"ssd"``; untagged events are
+HBM, so the wire form of a replica without tiers is unchanged). The index keeps each tier's
+blocks per replica under the same epoch / sequence / gap rules; ``cleared`` (never tagged)
+clears every tier of the replica, so a resync (``cleared``, then ``stored`` per tier) rebuilds
+all of it. A lookup reports, besides each replica's HBM prefix, the run of blocks right after
+it that the replica's lower tiers hold (host looked up first), as ``"<id>#host"`` /
+``"<id>#ssd"``: what the simulator's ``TierStack.lower_overlap`` gives and what
+``cache_aware`` prices by its fetch cost.
+
 Bound: at most ``max_entries`` (block hash, replica) pairs and ``max_replicas`` replicas.
 When full, the index refuses new entries for the replica being applied and counts them
 as ``dropped_entries`` rather than evicting other replicas' entries: evicting would
@@ -32,7 +42,7 @@ replica whose batch overflowed, and it is flagged (``synced`` False) so it can r
 from __future__ import annotations
 
 import operator
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
@@ -42,6 +52,8 @@ import numpy as np
 from shared.errors import InputError, KvemuError
 
 KINDS = ("stored", "removed", "cleared")
+# Lower memory tiers an event may name; an untagged event is HBM.
+TIERS = ("host", "ssd")
 MAX_HASH = 2**64 - 1
 # Lua (Redis backend) counts in doubles, exact only below 2**53.
 MAX_SEQ = 2**53 - 1
@@ -69,6 +81,7 @@ class IndexEvent(NamedTuple):
 
     kind: str  # "stored" | "removed" | "cleared"
     hashes: tuple[int, ...]
+    tier: str = ""  # "" (HBM) | "host" | "ssd"; on the wire a third element, only when not HBM
 
 
 @dataclass(slots=True)
@@ -104,7 +117,7 @@ class EventBatch:
                 "replica_id": self.replica_id,
                 "epoch": self.epoch,
                 "seq": self.seq,
-                "events": [[ev.kind, ev.hashes] for ev in self.events],
+                "events": [event_to_wire(ev) for ev in self.events],
             },
             use_bin_type=True,
         )
@@ -130,6 +143,38 @@ class EventBatch:
         return cls(obj["replica_id"], obj["epoch"], obj["seq"], obj["events"])
 
 
+def event_to_wire(ev: IndexEvent) -> list:
+    """``[kind, hashes]``, plus the tier for a lower-tier event (HBM events keep the old form)."""
+    return [ev.kind, ev.hashes, ev.tier] if ev.tier else [ev.kind, ev.hashes]
+
+
+def tier_key(replica_id: str, tier: str) -> str:
+    """The overlap map's key for a replica's lower tier: ``"<id>#host"`` / ``"<id>#ssd"``."""
+    return f"{replica_id}#{tier}"
+
+
+def lower_overlap(replica_id: str, hashes: Sequence[int], start: int, host: Container[int],
+                  ssd: Container[int]) -> dict[str, int]:
+    """The run of ``hashes`` from ``start`` (the HBM prefix) that host or SSD holds, host looked up
+    first, counted per tier under ``"<id>#host"`` / ``"<id>#ssd"`` (zero counts omitted). The one
+    definition: the simulator asks its tier pools, the indexes their tier sets."""
+    n_host = n_ssd = 0
+    for i in range(start, len(hashes)):
+        h = hashes[i]
+        if h in host:
+            n_host += 1
+        elif h in ssd:
+            n_ssd += 1
+        else:
+            break
+    out = {}
+    if n_host:
+        out[tier_key(replica_id, "host")] = n_host
+    if n_ssd:
+        out[tier_key(replica_id, "ssd")] = n_ssd
+    return out
+
+
 def check_positive_int(field: str, value: Any) -> None:
     if type(value) is not int or value < 1:
         raise InputError(field, f"must be a positive integer, got {value!r}")
@@ -144,11 +189,15 @@ def _check_text(field: str, value: Any) -> None:
 
 def _check_event(i: int, ev: Any) -> IndexEvent:
     where = f"events[{i}]"
-    if not isinstance(ev, (list, tuple)) or len(ev) != 2:
-        raise InputError(where, "must be a [kind, hashes] pair")
-    kind, hashes = ev
+    if not isinstance(ev, (list, tuple)) or not 2 <= len(ev) <= 3:
+        raise InputError(where, "must be a [kind, hashes] pair or a [kind, hashes, tier] triple")
+    kind, hashes = ev[0], ev[1]
     if kind not in KINDS:
         raise InputError(f"{where}.kind", f"must be one of {', '.join(KINDS)}, got {kind!r}")
+    tier = ev[2] if len(ev) == 3 else ""
+    if tier and (tier not in TIERS or kind == "cleared"):
+        raise InputError(f"{where}.tier", f"must be one of {', '.join(TIERS)} on a stored or removed event "
+                                          f"(cleared clears every tier), got {tier!r}")
     if isinstance(hashes, np.ndarray):  # hashes straight from a trace or hashing.block_hashes
         hashes = hashes.tolist()
     if not isinstance(hashes, (list, tuple)):
@@ -156,11 +205,11 @@ def _check_event(i: int, ev: Any) -> IndexEvent:
     if kind == "cleared" and hashes:
         raise InputError(f"{where}.hashes", "a cleared event carries no hashes")
     if not hashes:
-        return IndexEvent(kind, ())
+        return IndexEvent(kind, (), tier)
     # Fast path: plain ints in range, checked with C-level loops (this runs per batch).
     if set(map(type, hashes)) == _INT_ONLY and min(hashes) >= 0 and max(hashes) <= MAX_HASH:
-        return IndexEvent(kind, tuple(hashes))
-    return IndexEvent(kind, tuple(_check_hash(f"{where}.hashes[{j}]", h) for j, h in enumerate(hashes)))
+        return IndexEvent(kind, tuple(hashes), tier)
+    return IndexEvent(kind, tuple(_check_hash(f"{where}.hashes[{j}]", h) for j, h in enumerate(hashes)), tier)
 
 
 def _check_hash(field: str, h: Any) -> int:
@@ -195,6 +244,8 @@ class ReplicaIndexState:
     duplicate_batches: int
     dropped_entries: int
     applied_events: int
+    host_blocks: int = 0  # blocks its lower tiers hold (``blocks`` counts HBM)
+    ssd_blocks: int = 0
 
 
 @runtime_checkable
@@ -208,7 +259,10 @@ class PrefixIndex(Protocol):
 
     async def lookup(self, hashes: Sequence[int]) -> dict[str, int]:
         """Per replica, the length of the longest consecutive prefix of ``hashes`` it
-        holds; replicas holding none of it are omitted."""
+        holds in HBM; replicas holding none of it are omitted. For a replica with lower
+        tiers, ``"<id>#host"`` / ``"<id>#ssd"`` count the blocks of the run right after
+        that prefix which host / SSD hold (host first; the run ends at a block neither
+        holds); zero counts are omitted."""
         ...
 
     async def clear_replica(self, replica_id: str) -> int:

@@ -2,7 +2,9 @@
 
 Block hashes are chained, so a hash already names its whole prefix and a flat map is
 enough (no radix tree).  A lookup walks the prompt's hashes once, AND-ing the candidate
-mask; a replica's prefix length is the position where its bit first drops out.  Every
+mask; a replica's prefix length is the position where its bit first drops out.  Lower
+memory tiers (host / SSD) are plain per-replica sets: after the HBM walk, each replica that
+has any walks on from its HBM prefix, as the simulator's ``TierStack.lower_overlap`` does.  Every
 method is synchronous underneath (``*_sync``, for the virtual-time simulator); the async
 methods only wrap them, so they never yield and each call is atomic on the event loop.
 """
@@ -18,24 +20,28 @@ from shared.index.base import (
     COUNTERS,
     DEFAULT_MAX_ENTRIES,
     DEFAULT_MAX_REPLICAS,
+    TIERS,
     ApplyResult,
     EventBatch,
     IndexEvent,
     ReplicaIndexState,
     check_positive_int,
+    lower_overlap,
 )
 
 
 class _Replica:
-    __slots__ = ("slot", "bit", "epoch", "last_seq", "held", "synced",
+    __slots__ = ("rid", "slot", "bit", "epoch", "last_seq", "held", "lower", "synced",
                  "gaps", "epoch_changes", "duplicate_batches", "dropped_entries", "applied_events")
 
-    def __init__(self, slot: int, epoch: str) -> None:
+    def __init__(self, rid: str, slot: int, epoch: str) -> None:
+        self.rid = rid
         self.slot = slot
         self.bit = 1 << slot
         self.epoch = epoch
         self.last_seq = -1
         self.held: set[int] = set()
+        self.lower: dict[str, set[int]] = {tier: set() for tier in TIERS}  # host / SSD blocks
         self.synced = True
         self.gaps = self.epoch_changes = self.duplicate_batches = 0
         self.dropped_entries = self.applied_events = 0
@@ -54,6 +60,7 @@ class MemoryIndex:
         self._reps: dict[str, _Replica] = {}
         self._names: list[str | None] = []  # slot -> replica id
         self._free: list[int] = []  # heap: reuse low slots so masks stay small ints
+        self._tiered: dict[str, _Replica] = {}  # replicas holding blocks in a lower tier
         self._entries = 0
         self._counters = dict.fromkeys((*COUNTERS, "lookups"), 0)
 
@@ -122,11 +129,18 @@ class MemoryIndex:
         self._counters["lookups"] += 1
         if len(hashes) == 0:
             return {}
+        out = self._hbm_prefixes(hashes)
+        if self._tiered:
+            for rid, rep in self._tiered.items():
+                out.update(lower_overlap(rid, hashes, out.get(rid, 0), rep.lower["host"], rep.lower["ssd"]))
+        return out
+
+    def _hbm_prefixes(self, hashes: Sequence[int]) -> dict[str, int]:
         get = self._table.get
         cand = get(hashes[0], 0)
-        if not cand:
-            return {}
         out: dict[str, int] = {}
+        if not cand:
+            return out
         for i in range(1, len(hashes)):
             m = cand & get(hashes[i], 0)
             if m != cand:
@@ -150,7 +164,8 @@ class MemoryIndex:
     def replicas_sync(self) -> dict[str, ReplicaIndexState]:
         return {
             rid: ReplicaIndexState(r.epoch, r.last_seq, len(r.held), r.synced, r.gaps, r.epoch_changes,
-                                   r.duplicate_batches, r.dropped_entries, r.applied_events)
+                                   r.duplicate_batches, r.dropped_entries, r.applied_events,
+                                   len(r.lower["host"]), len(r.lower["ssd"]))
             for rid, r in self._reps.items()
         }
 
@@ -183,25 +198,19 @@ class MemoryIndex:
         else:
             slot = len(self._names)
             self._names.append(replica_id)
-        rep = self._reps[replica_id] = _Replica(slot, epoch)
+        rep = self._reps[replica_id] = _Replica(replica_id, slot, epoch)
         return rep
 
     def _apply_event(self, rep: _Replica, ev: IndexEvent) -> int:
         """Apply one event; returns how many new entries were refused for lack of room."""
+        if ev.tier:
+            return self._apply_lower(rep, ev)
         table = self._table
         if ev.kind == "stored":
-            held = rep.held
-            new = [h for h in dict.fromkeys(ev.hashes) if h not in held]
-            room = self.max_entries - self._entries
-            dropped = max(0, len(new) - room)
-            if dropped:
-                del new[room:]
-                rep.synced = False
+            new, dropped = self._admit(rep, rep.held, ev.hashes)
             bit = rep.bit
             for h in new:
                 table[h] = table.get(h, 0) | bit
-            held.update(new)
-            self._entries += len(new)
             return dropped
         if ev.kind == "removed":
             held = rep.held
@@ -215,12 +224,43 @@ class MemoryIndex:
         rep.synced = True
         return 0
 
+    def _apply_lower(self, rep: _Replica, ev: IndexEvent) -> int:
+        """A host / SSD event: the tier's set only (lookups walk it after the HBM prefix)."""
+        held = rep.lower[ev.tier]
+        if ev.kind == "removed":
+            before = len(held)
+            held.difference_update(ev.hashes)
+            self._entries -= before - len(held)
+            if not any(rep.lower.values()):
+                self._tiered.pop(rep.rid, None)
+            return 0
+        _, dropped = self._admit(rep, held, ev.hashes)
+        if held:
+            self._tiered[rep.rid] = rep
+        return dropped
+
+    def _admit(self, rep: _Replica, held: set[int], hashes: tuple[int, ...]) -> tuple[list[int], int]:
+        """Add the hashes ``held`` lacks while the bound allows: (those added, how many refused)."""
+        new = [h for h in dict.fromkeys(hashes) if h not in held]
+        room = self.max_entries - self._entries
+        dropped = max(0, len(new) - room)
+        if dropped:
+            del new[room:]
+            rep.synced = False
+        held.update(new)
+        self._entries += len(new)
+        return new, dropped
+
     def _drop_entries(self, rep: _Replica) -> None:
         table = self._table
         keep = ~rep.bit
         for h in rep.held:
             self._unset(table, h, keep)
         rep.held = set()
+        for tier, held in rep.lower.items():
+            self._entries -= len(held)
+            rep.lower[tier] = set()
+        self._tiered.pop(rep.rid, None)
 
     def _unset(self, table: dict[int, int], h: int, keep: int) -> None:
         m = table[h] & keep
@@ -229,3 +269,4 @@ class MemoryIndex:
         else:
             del table[h]
         self._entries -= 1
+

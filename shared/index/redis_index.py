@@ -116,7 +116,7 @@ class RedisIndex:
         args: list[Any] = [self.prefix, self.max_entries, self.gc_chunk, self.max_replicas,
                            batch.replica_id, batch.epoch, batch.seq, len(batch.events)]
         for ev in batch.events:
-            args.append(_KIND_CODE[ev.kind])
+            args.append(_KIND_CODE[ev.kind] + (":" + ev.tier if ev.tier else ""))
             args.append(_hex(ev.hashes))
         async with self._guard():
             status, applied, dropped, synced = await self._scripts["apply"](args=args)
@@ -178,11 +178,13 @@ class RedisIndex:
     async def replicas(self) -> dict[str, ReplicaIndexState]:
         async with self._guard():
             flat = await self._scripts["state"](args=[self.prefix])
-        width = 2 + len(scripts.STATE_FIELDS)
+        width = 4 + len(scripts.STATE_FIELDS)
         out = {}
         for k in range(0, len(flat), width):
-            rid, blocks, epoch, last_seq, synced, *counters = flat[k:k + width]
-            out[rid] = ReplicaIndexState(epoch, int(last_seq), int(blocks), synced == "1", *map(int, counters))
+            rid, blocks, host, ssd, epoch, last_seq, synced, *counters = flat[k:k + width]
+            out[rid] = ReplicaIndexState(epoch=epoch, last_seq=int(last_seq), blocks=int(blocks), synced=synced == "1",
+                                         host_blocks=int(host), ssd_blocks=int(ssd),
+                                         **dict(zip(scripts.STATE_FIELDS[3:], map(int, counters), strict=True)))
         return out
 
     async def stats(self) -> dict[str, Any]:

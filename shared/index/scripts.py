@@ -5,6 +5,8 @@ Key layout, all under ``P = kvemu:<cluster>:`` (hashes as 16 hex digits):
     P b:<hash>         STRING bitmap, bit <slot> set if that replica holds the block
                        (2 bytes for 16 replicas); deleted when no bit is left
     P held:<slot>      SET of hashes the replica in that slot holds: the ground truth
+    P lo:<slot>:<tier> SET of hashes its host / SSD tier holds (tier events; no bitmaps)
+    P tiered           SET of slots that hold blocks in a lower tier
     P r:<replica_id>   HASH epoch, last_seq, slot, synced and per-replica counters
     P replicas         HASH replica_id -> slot       P slots   HASH slot -> replica_id
     P free             LIST of free slots            P next_slot  counter
@@ -17,10 +19,13 @@ Key layout, all under ``P = kvemu:<cluster>:`` (hashes as 16 hex digits):
 
 Lookup: MGET the prompt's bitmaps (chunks doubling from 8, stopping once no candidate is
 left) and AND them in Lua; a replica's prefix length is where its bit first drops out.
-That is ~3 commands for a 64-block prompt whatever the number of replicas.
+That is ~3 commands for a 64-block prompt whatever the number of replicas. Then each slot in
+``tiered`` walks its host and SSD sets from its HBM prefix (SMISMEMBER in doubling chunks)
+for the run of blocks they hold, reported as ``<id>#host`` / ``<id>#ssd``.
 
 Clearing a replica (restart, gap, ``cleared`` event, ``clear_replica``) renames its held
-set onto the GC queue: O(1) and atomic.  Its bits in ``b:`` keys stay set until gc()
+set onto the GC queue: O(1) and atomic; its lower-tier sets are UNLINKed (they carry no
+bitmaps, and UNLINK frees a big set off the main thread).  Its bits in ``b:`` keys stay set until gc()
 unlinks them, a bounded chunk at a time in later calls, so no call walks the keyspace or
 a whole replica.  Meanwhile the slot is listed in ``dirty`` and lookup checks a dirty
 slot's answer against its held set, so stale bits never produce a false hit.  Keys are
@@ -80,10 +85,19 @@ local function retire(slot)
   end
   return blocks
 end
+
+-- Drop a slot's lower-tier sets; returns how many entries they held (the caller counts them off).
+local function drop_lower(slot)
+  local hk, sk = P .. 'lo:' .. slot .. ':host', P .. 'lo:' .. slot .. ':ssd'
+  local n = redis.call('SCARD', hk) + redis.call('SCARD', sk)
+  redis.call('UNLINK', hk, sk)
+  redis.call('SREM', P .. 'tiered', slot)
+  return n
+end
 """
 
 # ARGV: P, max_entries, gc_chunk, max_replicas, replica_id, epoch, seq, n_events,
-#       then per event: kind ('s' | 'r' | 'c'), its hashes as one string of 16-hex-digit
+#       then per event: kind ('s' | 'r' | 'c', then ':host' / ':ssd' for a lower tier), its hashes as one string of 16-hex-digit
 #       fields (one argument instead of one per hash: far cheaper to pack and to pass).
 # Returns {status, applied, dropped, synced}; status '' | 'epoch' | 'gap' | 'duplicate' | 'full'.
 APPLY = _PRELUDE + """
@@ -93,7 +107,7 @@ local batch_last = seq + n - 1
 local meta, stats = P .. 'r:' .. rid, P .. 'stats'
 redis.call('HINCRBY', stats, 'batches', 1)
 local cur = redis.call('HMGET', meta, 'epoch', 'last_seq', 'slot', 'synced')
-local slot, reset, skip, synced = cur[3], '', 0, cur[4] == '1'
+local slot, reset, skip, synced, lower_gone = cur[3], '', 0, cur[4] == '1', 0
 if not slot then
   if redis.call('HLEN', P .. 'replicas') >= max_replicas then return {'full', 0, 0, 0} end
   slot = redis.call('LPOP', P .. 'free') or fmt(redis.call('INCR', P .. 'next_slot') - 1)
@@ -103,6 +117,7 @@ if not slot then
   synced = seq == 0
 elseif cur[1] ~= epoch then
   retire(slot)
+  lower_gone = drop_lower(slot)
   reset, synced = 'epoch', seq == 0
   redis.call('HINCRBY', meta, 'epoch_changes', 1)
   redis.call('HINCRBY', stats, 'epoch_changes', 1)
@@ -110,6 +125,7 @@ else
   local last = tonumber(cur[2])
   if seq > last + 1 then
     retire(slot)
+    lower_gone = drop_lower(slot)
     reset, synced = 'gap', false
     redis.call('HINCRBY', meta, 'gaps', 1)
     redis.call('HINCRBY', stats, 'gaps', 1)
@@ -122,12 +138,34 @@ else
   end
 end
 local held = P .. 'held:' .. slot
-local entries = tonumber(redis.call('GET', P .. 'entries') or '0') - gc(gc_chunk)
+local entries = tonumber(redis.call('GET', P .. 'entries') or '0') - gc(gc_chunk) - lower_gone
 local dropped = 0
 for e = 1, n do
-  local kind, blob = ARGV[7 + 2 * e], ARGV[8 + 2 * e]
-  local cnt = #blob / 16
+  local code, blob = ARGV[7 + 2 * e], ARGV[8 + 2 * e]
+  local kind, tier, cnt = string.sub(code, 1, 1), string.sub(code, 3), #blob / 16
   if e <= skip then
+  elseif tier ~= '' then
+    local lkey = P .. 'lo:' .. slot .. ':' .. tier
+    if kind == 's' then
+      local need = entries + cnt - max_entries
+      if need > 0 then entries = entries - gc(need) end
+      for j = 1, cnt do
+        local h = string.sub(blob, 16 * j - 15, 16 * j)
+        if entries < max_entries then
+          if redis.call('SADD', lkey, h) == 1 then entries = entries + 1 end
+        elseif redis.call('SISMEMBER', lkey, h) == 0 then
+          dropped = dropped + 1
+        end
+      end
+      if redis.call('EXISTS', lkey) == 1 then redis.call('SADD', P .. 'tiered', slot) end
+    else
+      for j = 1, cnt do
+        if redis.call('SREM', lkey, string.sub(blob, 16 * j - 15, 16 * j)) == 1 then entries = entries - 1 end
+      end
+      if redis.call('EXISTS', P .. 'lo:' .. slot .. ':host', P .. 'lo:' .. slot .. ':ssd') == 0 then
+        redis.call('SREM', P .. 'tiered', slot)
+      end
+    end
   elseif kind == 's' then
     -- Reclaim garbage on demand, never more than this event adds, so a call stays
     -- proportional to its batch.
@@ -154,6 +192,7 @@ for e = 1, n do
     end
   else
     retire(slot)
+    entries = entries - drop_lower(slot)
     synced = true
   end
 end
@@ -171,7 +210,7 @@ return {reset, applied, dropped, synced and 1 or 0}
 """
 
 # ARGV: P, the prompt's hashes as one string of 16-hex-digit fields.
-# Returns {replica_id, prefix_length, ...} for lengths > 0.
+# Returns {replica_id, prefix_length, ...} for lengths > 0, then {"<id>#host" | "<id>#ssd", run, ...}.
 LOOKUP = """
 local P, blob, FIRST, MAXCHUNK = ARGV[1], ARGV[2], %d, %d
 local band = bit.band
@@ -180,70 +219,94 @@ if last < 1 then return {} end
 local hs = {}
 for j = 1, last do hs[j] = string.sub(blob, 16 * j - 15, 16 * j) end
 
--- cand: byte index -> bits of the slots still matching; SETBIT numbers bits from the MSB.
-local cand, active, found = nil, 0, {}
-local function drop(j, bits, n)
-  for b = 0, 7 do
-    if band(bits, 128 / 2 ^ b) ~= 0 then found[#found + 1] = {(j - 1) * 8 + b, n} end
+-- HBM: {slot, prefix length} per slot whose bit the prompt's first block has.
+local function walk()
+  -- cand: byte index -> bits of the slots still matching; SETBIT numbers bits from the MSB.
+  local cand, active, found = nil, 0, {}
+  local function drop(j, bits, n)
+    for b = 0, 7 do
+      if band(bits, 128 / 2 ^ b) ~= 0 then found[#found + 1] = {(j - 1) * 8 + b, n} end
+    end
   end
-end
-local pos, chunk, prev = 1, FIRST, nil
-while pos <= last and (cand == nil or active > 0) do
-  local stop, keys = math.min(pos + chunk - 1, last), {}
-  for k = pos, stop do keys[#keys + 1] = P .. 'b:' .. hs[k] end
-  local vals = redis.call('MGET', unpack(keys))
-  for k = 1, #vals do
-    local v, i = vals[k] or '', pos + k - 1
-    -- Lua strings are interned, so this compare is O(1); consecutive blocks usually
-    -- have the same holders, and then the candidates cannot change.
-    if v == prev then
-    elseif cand == nil then
-      cand = {}
-      for j = 1, #v do
-        local c = string.byte(v, j)
-        if c ~= 0 then cand[j], active = c, active + 1 end
-      end
-      if active == 0 then return {} end
-    else
-      for j, c in pairs(cand) do
-        local nb = band(c, string.byte(v, j) or 0)
-        if nb ~= c then
-          drop(j, c - nb, i - 1)
-          if nb == 0 then cand[j], active = nil, active - 1 else cand[j] = nb end
+  local pos, chunk, prev = 1, FIRST, nil
+  while pos <= last and (cand == nil or active > 0) do
+    local stop, keys = math.min(pos + chunk - 1, last), {}
+    for k = pos, stop do keys[#keys + 1] = P .. 'b:' .. hs[k] end
+    local vals = redis.call('MGET', unpack(keys))
+    for k = 1, #vals do
+      local v, i = vals[k] or '', pos + k - 1
+      -- Lua strings are interned, so this compare is O(1); consecutive blocks usually
+      -- have the same holders, and then the candidates cannot change.
+      if v == prev then
+      elseif cand == nil then
+        cand = {}
+        for j = 1, #v do
+          local c = string.byte(v, j)
+          if c ~= 0 then cand[j], active = c, active + 1 end
         end
+        if active == 0 then return found end
+      else
+        for j, c in pairs(cand) do
+          local nb = band(c, string.byte(v, j) or 0)
+          if nb ~= c then
+            drop(j, c - nb, i - 1)
+            if nb == 0 then cand[j], active = nil, active - 1 else cand[j] = nb end
+          end
+        end
+        if active == 0 then return found end
       end
-      if active == 0 then break end
+      prev = v
     end
-    prev = v
+    pos, chunk = stop + 1, math.min(chunk * 2, MAXCHUNK)
   end
-  pos, chunk = stop + 1, math.min(chunk * 2, MAXCHUNK)
+  for j, c in pairs(cand) do drop(j, c, last) end
+  return found
 end
-for j, c in pairs(cand) do drop(j, c, last) end
-if #found == 0 then return {} end
 
-local slots = {}
-for k, f in ipairs(found) do slots[k] = string.format('%%d', f[1]) end
-local dirty = redis.call('HMGET', P .. 'dirty', unpack(slots))
-local names = redis.call('HMGET', P .. 'slots', unpack(slots))
-local out = {}
-for k, f in ipairs(found) do
-  local n = f[2]
-  if dirty[k] then
-    -- Retired bits of this slot may linger: count only what its held set confirms.
-    local held, upto = P .. 'held:' .. slots[k], n
-    n = 0
-    while n < upto do
-      local hit = redis.call('SMISMEMBER', held, unpack(hs, n + 1, math.min(n + MAXCHUNK, upto)))
-      local m = 0
-      while hit[m + 1] == 1 do m = m + 1 end
-      n = n + m
-      if m < #hit then break end
+local found, out, prefix = walk(), {}, {}
+if #found > 0 then
+  local slots = {}
+  for k, f in ipairs(found) do slots[k] = string.format('%%d', f[1]) end
+  local dirty = redis.call('HMGET', P .. 'dirty', unpack(slots))
+  local names = redis.call('HMGET', P .. 'slots', unpack(slots))
+  for k, f in ipairs(found) do
+    local n = f[2]
+    if dirty[k] then
+      -- Retired bits of this slot may linger: count only what its held set confirms.
+      local held, upto = P .. 'held:' .. slots[k], n
+      n = 0
+      while n < upto do
+        local hit = redis.call('SMISMEMBER', held, unpack(hs, n + 1, math.min(n + MAXCHUNK, upto)))
+        local m = 0
+        while hit[m + 1] == 1 do m = m + 1 end
+        n = n + m
+        if m < #hit then break end
+      end
+    end
+    if n > 0 and names[k] then
+      out[#out + 1] = names[k]
+      out[#out + 1] = n
+      prefix[slots[k]] = n
     end
   end
-  if n > 0 and names[k] then
-    out[#out + 1] = names[k]
-    out[#out + 1] = n
+end
+
+-- Lower tiers: from each tiered slot's HBM prefix, the run its host or SSD set holds (host first).
+for _, slot in ipairs(redis.call('SMEMBERS', P .. 'tiered')) do
+  local name = redis.call('HGET', P .. 'slots', slot)
+  local hk, sk = P .. 'lo:' .. slot .. ':host', P .. 'lo:' .. slot .. ':ssd'
+  local nh, ns, i, chunk, going = 0, 0, (prefix[slot] or 0) + 1, FIRST, name ~= false
+  while going and i <= last do
+    local stop = math.min(i + chunk - 1, last)
+    local inh = redis.call('SMISMEMBER', hk, unpack(hs, i, stop))
+    local ins = redis.call('SMISMEMBER', sk, unpack(hs, i, stop))
+    for k = 1, #inh do
+      if inh[k] == 1 then nh = nh + 1 elseif ins[k] == 1 then ns = ns + 1 else going = false break end
+    end
+    i, chunk = stop + 1, math.min(chunk * 2, MAXCHUNK)
   end
+  if nh > 0 then out[#out + 1] = name .. '#host'; out[#out + 1] = nh end
+  if ns > 0 then out[#out + 1] = name .. '#ssd'; out[#out + 1] = ns end
 end
 return out
 """ % (LOOKUP_FIRST_CHUNK, LOOKUP_MAX_CHUNK)  # noqa: UP031  (Lua braces make str.format awkward)
@@ -255,6 +318,7 @@ local meta = P .. 'r:' .. rid
 local slot = redis.call('HGET', meta, 'slot')
 if not slot then return 0 end
 local blocks = retire(slot)
+redis.call('DECRBY', P .. 'entries', drop_lower(slot))
 redis.call('DEL', meta)
 redis.call('HDEL', P .. 'replicas', rid)
 redis.call('HDEL', P .. 'slots', slot)
@@ -272,7 +336,7 @@ return {done, redis.call('LLEN', P .. 'gcq')}
 STATE_FIELDS = ("epoch", "last_seq", "synced", "gaps", "epoch_changes", "duplicate_batches",
                 "dropped_entries", "applied_events")
 
-# ARGV: P.  Returns per replica: id, blocks, then STATE_FIELDS in order.
+# ARGV: P.  Returns per replica: id, blocks, host blocks, SSD blocks, then STATE_FIELDS in order.
 STATE = """
 local P = ARGV[1]
 local rows = redis.call('HGETALL', P .. 'replicas')
@@ -281,6 +345,8 @@ for k = 1, #rows, 2 do
   local rid, slot = rows[k], rows[k + 1]
   out[#out + 1] = rid
   out[#out + 1] = redis.call('SCARD', P .. 'held:' .. slot)
+  out[#out + 1] = redis.call('SCARD', P .. 'lo:' .. slot .. ':host')
+  out[#out + 1] = redis.call('SCARD', P .. 'lo:' .. slot .. ':ssd')
   local f = redis.call('HMGET', P .. 'r:' .. rid, %s)
   for j = 1, %d do out[#out + 1] = f[j] or '0' end
 end

@@ -3,7 +3,8 @@ from replica.events import EventFeed
 
 
 def feed(mode, max_batches=4, resident=range(10)):
-    return EventFeed("r", lambda: list(resident), batch_max=4, max_batches=max_batches, mode=mode)
+    return EventFeed("r", lambda: [KvEvent("stored", tuple(resident))], batch_max=4, max_batches=max_batches,
+                     mode=mode)
 
 
 def test_batches_are_numbered_per_event_and_split_by_size():
@@ -89,3 +90,13 @@ def test_the_feed_is_bounded_by_hashes_held_not_only_by_batches():
     assert [b.seq for b in f.since(95)] == [96, 97, 98, 99, 100]
     assert [b.seq for b in f.since(0, limit=2)] == [92, 93]
     assert f.since(100) == []
+
+
+def test_tier_events_keep_their_tier_through_batches_resyncs_and_the_wire():
+    f = EventFeed("r", lambda: [KvEvent("stored", (1,)), KvEvent("stored", (2, 3), "host")], batch_max=4,
+                  max_batches=100, mode="poll")
+    f.publish([KvEvent("stored", tuple(range(10, 16)), "ssd"), KvEvent("removed", (4,), "host")])
+    assert [b.to_wire()["events"] for b in f.batches] == [
+        [["stored", (10, 11, 12, 13), "ssd"]], [["stored", (14, 15), "ssd"]], [["removed", (4,), "host"]]]
+    f.request_resync()
+    assert f.batches[-1].events == [KvEvent("cleared", ()), KvEvent("stored", (1,)), KvEvent("stored", (2, 3), "host")]

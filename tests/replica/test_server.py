@@ -173,14 +173,15 @@ def test_bad_command_line_exits_2_with_a_clear_error():
 
 
 def test_reorder_scheduler_lends_idle_memory_and_preempts_for_the_head():
-    # 10 blocks: A (6 blocks, 600 tokens out, about 1 emulated s) runs; H (8 blocks) does not fit
-    # beside it; S (4 blocks, 2000 tokens) behind H borrows the idle blocks and is preempted when A
+    # 100 blocks: A (6 blocks, 600 tokens out, about 1 emulated s; its KV grows to 44 blocks) runs;
+    # H (92 blocks) does not fit beside it; S (4 blocks, 1200 tokens out) behind H borrows the
+    # idle blocks (A and S's decode KV stay under 80 of them while A runs) and is preempted when A
     # ends, since only S then stands between H and the memory it needs.
-    proc = start_replica("--scheduler", "reorder", capacity_blocks=10, time_scale=1.0)
+    proc = start_replica("--scheduler", "reorder", capacity_blocks=100, time_scale=1.0)
     try:
         bodies = [{"token_ids": list(range(96)), "max_tokens": 600},
-                  {"token_ids": list(range(1000, 1128)), "max_tokens": 1},
-                  {"token_ids": list(range(2000, 2064)), "max_tokens": 2000}]
+                  {"token_ids": list(range(1000, 1000 + 92 * 16)), "max_tokens": 1},
+                  {"token_ids": list(range(5000, 5064)), "max_tokens": 1200}]
         out: dict[int, tuple] = {}
 
         def send(i):
@@ -201,5 +202,10 @@ def test_reorder_scheduler_lends_idle_memory_and_preempts_for_the_head():
         _, _, data = http("GET", proc.url + "/metrics")
         line = next(x for x in data.decode().splitlines() if x.startswith("vllm:num_preemptions_total"))
         assert line.endswith(" 1.0")
+        # 1584 + 16 tokens fill exactly 100 blocks; one more could never fit (vLLM's max_model_len)
+        prompt = list(range(9000, 9000 + 99 * 16))
+        assert http_json("POST", proc.url + "/generate", {"token_ids": prompt, "max_tokens": 17})[0] == 200
+        status, err = http_json("POST", proc.url + "/generate", {"token_ids": prompt, "max_tokens": 18})
+        assert status == 400 and "max_tokens" in str(err) and "101 KV blocks" in str(err), err
     finally:
         assert proc.stop() == 0

@@ -145,15 +145,16 @@ def test_a_live_replica_serves_from_the_paged_tensor_and_its_host_tier():
         status, again = http_json("POST", replica.url + "/generate", body)
         assert again["cached_tokens"] == 96  # 6 blocks read from the paged tensor
         other = {"token_ids": list(range(1000, 1100)), "max_tokens": 3}
-        status, _ = http_json("POST", replica.url + "/generate", other)  # its 6 blocks evict 4 of the first's
+        # Decode KV takes blocks too: 6 full blocks + 1 (the 4-token tail and 3 generated tokens)
+        status, _ = http_json("POST", replica.url + "/generate", other)  # its 6 + 1 blocks evict 5 of the first's
         status, restored = http_json("POST", replica.url + "/generate", body)
-        assert status == 200 and restored["cached_tokens"] == 96  # 4 blocks from the host tensor, 2 in HBM
+        assert status == 200 and restored["cached_tokens"] == 96  # 5 blocks from the host tensor, 1 in HBM
         status, stats = http_json("GET", replica.url + "/stats")
         backend, moves = stats["backend"], stats["backend"]["tier_copies"]
-        assert backend["name"] == "torch" and backend["blocks_computed"] == 12 and backend["blocks_read"] == 6 + 2
-        assert backend["blocks_fetched"] == moves["host>hbm"] == stats["tiers"]["fetched_blocks"] == 4
-        # down: the first request's 4 blocks, then 4 of the second's to make room for the restore
-        assert moves["hbm>host"] == stats["tiers"]["demoted_blocks"] == 8
+        assert backend["name"] == "torch" and backend["blocks_computed"] == 12 and backend["blocks_read"] == 6 + 1
+        assert backend["blocks_fetched"] == moves["host>hbm"] == stats["tiers"]["fetched_blocks"] == 5
+        # down: the first request's 5 blocks, then 5 of the second's to make room for the restore (+ 1 tail)
+        assert moves["hbm>host"] == stats["tiers"]["demoted_blocks"] == 10
         assert backend["decode_steps"] >= 4 and backend["device_busy_s"] > 0
     finally:
         assert replica.stop() == 0

@@ -53,8 +53,9 @@ def test_blocks_moved_through_host_and_ssd_equal_a_recompute_bit_for_bit(mode):
     assert moves["copy_s"] > 0 and stats["dropped_blocks"] > 0 and not tb.mover.owed
     if mode == "exclusive":  # each HBM eviction was demoted: one copy down per demoted block
         assert moves["hbm>host"] + moves["hbm>ssd"] == stats["demoted_blocks"]
-    else:  # each block was copied to host once it was computed (owed at admission)
-        assert moves["owed"] > 0 and moves["hbm>host"] == moves["owed"]
+    else:  # each block was copied to host once it was computed (owed at admission); a block that comes
+        # back into HBM while its old slot still holds its K/V (slots are freed lazily) is copied at once
+        assert moves["owed"] > 0 and moves["hbm>host"] >= moves["owed"]
     assert checked > 200
     # The check can fail: two host slots swapped (a wrong slot) and a stale SSD slot are caught.
     host = tb.mover.stores["host"]

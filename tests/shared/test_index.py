@@ -31,37 +31,7 @@ from shared.index import (
     pipelined,
 )
 from tests.conftest import RedisServer
-
-H1, H2, H3, H4, H5, H6 = 0, 17, 2**63, 2**64 - 1, 123456789, 42  # extremes of the uint64 range
-
-
-def ev(kind: str, *hashes: int) -> IndexEvent:
-    return IndexEvent(kind, tuple(hashes))
-
-
-def batch(rid: str, seq: int, *events: IndexEvent, epoch: str = "e1") -> EventBatch:
-    return EventBatch(rid, epoch, seq, list(events))
-
-
-@pytest.fixture(params=["memory", "redis"])
-def make(request):
-    """A factory of fresh indexes of one backend; Redis ones share a per-test cluster."""
-    if request.param == "memory":
-        return lambda gc_chunk=None, **kw: MemoryIndex(**kw)  # gc_chunk: a Redis-only knob
-    server = request.getfixturevalue("redis_server")
-    cluster = f"t{uuid.uuid4().hex[:12]}"
-    return lambda **kw: RedisIndex(server.url, cluster=cluster, **kw)
-
-
-def run(make, body, **kw) -> None:
-    async def main():
-        idx = make(**kw)
-        try:
-            await body(idx)
-        finally:
-            await idx.close()
-
-    asyncio.run(main())
+from tests.support.index_cases import H1, H2, H3, H4, H5, H6, batch, ev, run
 
 
 @pytest.fixture
@@ -313,7 +283,7 @@ def test_wire_round_trip():
     b = batch("replica-0", 41, ev("stored", H1, H2, H3, H4), ev("removed", H2), ev("cleared"), epoch="boot-7")
     back = EventBatch.from_wire(b.to_wire())
     assert back == b
-    assert back.events[0] == ("stored", (H1, H2, H3, H4))
+    assert back.events[0] == ev("stored", H1, H2, H3, H4)
     assert isinstance(back.events[0].hashes, tuple)
     assert back.last_seq == 43
     assert EventBatch.from_wire(bytearray(batch("r", 0).to_wire())).events == []

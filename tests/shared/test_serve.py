@@ -17,7 +17,7 @@ LIMITS = ("--header-timeout", "0.5", "--body-timeout", "0.5", "--write-timeout",
 
 @pytest.fixture(scope="module")
 def servers():
-    rep = start_replica(*LIMITS)
+    rep = start_replica(*LIMITS, "--capacity-blocks", "8192")  # a 65,536-token output's decode KV fits
     router = start_router([rep.url], *LIMITS)
     yield {"replica": rep, "router": router}
     stop_all(router, rep)

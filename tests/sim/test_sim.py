@@ -86,9 +86,10 @@ def test_next_uses_are_positions_in_access_order():
 
 @pytest.mark.parametrize("policy", ["lru", "s3fifo", "arc", "session_lru", "belady"])
 def test_cache_only_gives_exactly_the_one_at_a_time_hit_ratios(policy):
+    # cache simulators count prompt blocks only: so does a one-at-a-time run without decode KV
     trace = read_trace("mooncake-synthetic")
     cache_only = simulate(trace, SimSettings(capacity_blocks=2000, policy=policy, cache_only=True))
-    serial = simulate(trace, SimSettings(capacity_blocks=2000, policy=policy, max_running=1))
+    serial = simulate(trace, SimSettings(capacity_blocks=2000, policy=policy, max_running=1, decode_kv=False))
     assert cache_only["mode"] == "cache_only" and serial["mode"] == "batching"
     for key in ("block_hit_ratio", "token_hit_ratio", "csr", "evictions", "block_accesses", "requests"):
         assert cache_only[key] == serial[key], key
@@ -182,40 +183,53 @@ def test_keep_caches_the_response_so_the_next_turn_hits_it(response_kv, hits, ca
 
 
 def test_throughput_and_time_averaged_hbm_use_of_one_request():
-    # One request of 10 blocks alone on a 40-block replica: it holds 10 blocks from arrival to
-    # finish, the whole span, so HBM is a quarter used on average; 1 request over that span.
+    # One request of 10 blocks alone on a 40-block replica: it holds 10 blocks while it prefills
+    # and 11 while it decodes (tokens 161-163 fill an 11th), arrival to finish being the whole
+    # span; 1 request over that span. Without decode KV, 10 blocks throughout: a quarter.
+    from shared.costmodel import CostModel
+
     trace = Trace([TraceRequest(2.0, "s", 0, list(range(10)), 160, 4)], block_size=16, source="one")
     run = simulate(trace, SimSettings(capacity_blocks=40))
     span = run["e2e_p50_s"]
     assert run["scheduler"] == "fcfs" and run["preemptions"] == 0
-    assert run["hbm_utilization"] == pytest.approx(0.25)
+    cost = CostModel.from_names("qwen3-coder-30b-a3b", "h200")
+    prefill, decode = cost.prefill_time(160, 0), 3 * cost.decode_step_time(1, 162)  # one run of 3 steps
+    assert run["hbm_utilization"] == pytest.approx((10 * prefill + 11 * decode) / (40 * (prefill + decode)))
+    assert simulate(trace, SimSettings(capacity_blocks=40, decode_kv=False))["hbm_utilization"] == pytest.approx(0.25)
     assert run["throughput_rps"] == pytest.approx(1 / span, rel=0.01)  # e2e p50 is a histogram quantile
 
 
-def test_reorder_runs_report_their_scheduler_and_preemptions():
-    # 12 blocks: a 7-block head arrives while a 6-block request runs; 3-block requests behind it
-    # borrow the idle blocks and one is preempted when the first request ends.
+def hol_trace() -> Trace:
     reqs = [TraceRequest(0.0, "a", 0, list(range(6)), 96, 30), TraceRequest(0.001, "h", 0, list(range(100, 107)), 112, 2)]
     reqs += [TraceRequest(0.002 + k * 0.001, f"s{k}", 0, list(range(1000 * (k + 1), 1000 * (k + 1) + 3)), 48, 60)
              for k in range(2)]
-    trace = Trace(reqs, block_size=16, source="hol")
-    fcfs = simulate(trace, SimSettings(capacity_blocks=12))
-    reorder = simulate(trace, SimSettings(capacity_blocks=12, scheduler="reorder"))
+    return Trace(reqs, block_size=16, source="hol")
+
+
+def test_reorder_runs_report_their_scheduler_and_preemptions():
+    # 12 blocks, prompt blocks only: a 7-block head arrives while a 6-block request runs; 3-block
+    # requests behind it borrow the idle blocks and one is preempted when the first request ends.
+    trace = hol_trace()
+    fcfs = simulate(trace, SimSettings(capacity_blocks=12, decode_kv=False))
+    reorder = simulate(trace, SimSettings(capacity_blocks=12, scheduler="reorder", decode_kv=False))
     assert (fcfs["scheduler"], fcfs["preemptions"]) == ("fcfs", 0)
     assert (reorder["scheduler"], reorder["preemptions"]) == ("reorder", 1)
     assert reorder["served"] == fcfs["served"] == 4
     assert reorder["hbm_utilization"] > fcfs["hbm_utilization"]
+    # With decode KV, fcfs preempts too: s0 and s1 run together once h is done, each growing to
+    # 7 blocks of KV (48 + 59 tokens); s1, admitted last, is preempted when they fill the 12.
+    fcfs = simulate(trace, SimSettings(capacity_blocks=12))
+    assert (fcfs["preemptions"], fcfs["served"]) == (1, 4)
     with pytest.raises(InputError) as err:
         SimSettings(capacity_blocks=12, scheduler="sjf")
     assert err.value.field == "scheduler"
 
 
 def test_a_preempted_requests_readmission_is_not_counted_again():
-    reqs = [TraceRequest(0.0, "a", 0, list(range(6)), 96, 30), TraceRequest(0.001, "h", 0, list(range(100, 107)), 112, 2)]
-    reqs += [TraceRequest(0.002 + k * 0.001, f"s{k}", 0, list(range(1000 * (k + 1), 1000 * (k + 1) + 3)), 48, 60)
-             for k in range(2)]
-    run = simulate(Trace(reqs, block_size=16, source="hol"), SimSettings(capacity_blocks=12, scheduler="reorder"))
-    assert run["preemptions"] == 1 and run["requests"] == run["served"] == 4
+    # reorder with decode KV: s0 (lent a's idle blocks) is preempted twice and s1 once as decode KV
+    # fills the 12 blocks; each of them is still one request of 3 block accesses
+    run = simulate(hol_trace(), SimSettings(capacity_blocks=12, scheduler="reorder"))
+    assert run["preemptions"] == 3 and run["requests"] == run["served"] == 4
     assert run["block_accesses"] == 6 + 7 + 3 + 3
 
 

@@ -78,8 +78,21 @@ def test_scheduler_flag_reaches_the_runs(tmp_path, capsys):
             "--quiet", "--jobs", "1", "--json", str(out_json)]
     assert main([*args, "--scheduler", "reorder"]) == 0
     run = json.loads(out_json.read_text())["runs"][0]
-    assert run["scheduler"] == "reorder" and run["preemptions"] >= 0
+    assert run["scheduler"] == "reorder" and run["preemptions"] >= 0 and run["decode_kv"] is True
     assert 0 < run["hbm_utilization"] <= 1 and run["throughput_rps"] > 0
     capsys.readouterr()
     assert main([*args, "--scheduler", "lifo"]) == 2
     assert capsys.readouterr().err == "error: --scheduler: must be one of fcfs, reorder, got 'lifo'\n"
+
+
+def test_no_decode_kv_gives_the_cache_only_hit_ratios_one_at_a_time(tmp_path, capsys):
+    out = tmp_path / "runs.json"
+    base = ["sim", "--trace", "mooncake-synthetic", "--capacity-blocks", "2000", "--no-reuse-distances", "--quiet",
+            "--json", str(out)]
+    ratios = {}
+    for extra in (["--cache-only"], ["--max-running", "1", "--no-decode-kv"], ["--max-running", "1"]):
+        assert main([*base, *extra]) == 0
+        run = json.loads(out.read_text())["runs"][0]
+        ratios[extra[-1]] = (run["block_hit_ratio"], run["decode_kv"])
+    assert ratios["--no-decode-kv"] == (ratios["--cache-only"][0], False) and ratios["--cache-only"][1] is None
+    assert ratios["1"][0] < ratios["--cache-only"][0] and ratios["1"][1] is True  # decode KV evicts a few blocks

@@ -10,8 +10,10 @@ Each policy keeps, per known block, its latest next use. As in vLLM's free queue
 leaves the evictable order while it is pinned: ``on_access`` only records the new next
 use, ``on_release`` pushes the block when its last pin goes. Heaps hold (key, block)
 entries and are cleaned lazily: an entry is stale when the block's current record differs
-from it: ``on_pin`` (before the pool asks for victims) drops a block's record, so a pinned
-block never has a valid entry; ``on_access`` records its next use. Heaps are rebuilt when
+from it or the block is pinned: ``on_pin`` (before the pool asks for victims) drops a block's
+record and ``on_access`` records its next use again, which can equal an old entry's (a
+preempted request re-admitted has the same next uses), so a pinned block's entries are
+skipped by the pin itself; it is pushed anew on release. Heaps are rebuilt when
 stale entries outnumber live ones. So a victims call never re-pushes pinned entries, which
 under continuous batching (hundreds of requests pinning their blocks) cost minutes.
 
@@ -91,14 +93,14 @@ class BeladyPolicy(EvictionPolicy):
             heapify(self._heap)
 
     def victims(self, need: int) -> list[int]:
-        nu, heap = self._nu, self._heap
+        nu, heap, pinned = self._nu, self._heap, self.ctx.pinned
         out: list[int] = []
         while len(out) < need:
             if not heap:
                 raise RuntimeError(f"{self.name}: asked for {need} victims, only {len(out)} evictable")
             entry = heappop(heap)
             h = -entry[1]
-            if nu.get(h) != -entry[0]:
+            if nu.get(h) != -entry[0] or h in pinned:
                 continue  # stale: accessed again since it was pushed (it returns on release)
             del nu[h]
             out.append(h)
@@ -190,24 +192,24 @@ class BeladyComputePolicy(EvictionPolicy):
 
     def _top(self, d: int) -> tuple | None:
         """Clean depth ``d``'s heap top: drop stale entries (``on_pin`` made a pinned block's stale)."""
-        rec, heap = self._rec, self._heaps[d]
+        rec, heap, pinned = self._rec, self._heaps[d], self.ctx.pinned
         while heap:
             entry = heap[0]
             h = -entry[1]
             r = rec.get(h)
-            if r is None or r[0] != -entry[0] or r[1] != d:
+            if r is None or r[0] != -entry[0] or r[1] != d or h in pinned:
                 heappop(heap)  # stale: touched again since it was pushed (it returns on release)
             else:
                 return entry
         return None
 
     def _never_top(self) -> bool:
-        rec, heap = self._rec, self._never
+        rec, heap, pinned = self._rec, self._never, self.ctx.pinned
         while heap:
             cost, nh, d = heap[0]
             h = -nh
             r = rec.get(h)
-            if r is None or r[0] != inf or r[1] != d:
+            if r is None or r[0] != inf or r[1] != d or h in pinned:
                 heappop(heap)
             else:
                 return True

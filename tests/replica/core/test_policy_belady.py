@@ -296,3 +296,23 @@ def test_belady_compute_victims_are_the_full_scan_argmax_under_batching(seed):
             alloc = pool.acquire(req, now=t, next_use=nu, position=p)
         rec.update((h, (nu[i], i)) for i, h in enumerate(req))
         held.append(alloc)
+
+
+@pytest.mark.parametrize("name", ["belady", "belady_compute"])
+def test_a_block_pinned_again_with_the_same_next_use_is_never_a_victim_and_comes_back(name):
+    """A preempted request re-admitted re-records the very next uses its released blocks were
+    pushed with: those heap entries must still count as stale while the blocks are pinned, or
+    the pool skips them as victims and the oracle forgets them for good."""
+    pool = BlockPool(4, make_policy(name))
+    nu = [50.0, 60.0] if name == "belady" else [inf, inf]
+    a = pool.acquire([1, 2], now=0, position=0, next_use=nu)
+    pool.release(a, 1)  # 1 and 2 pushed with their next uses
+    a = pool.acquire([1, 2], now=2, position=0, next_use=nu)  # re-admitted: pinned, same next uses
+    pool.serve([3, 4], now=3, position=1, next_use=[5.0, 6.0])
+    pool.serve([5, 6], now=4, position=2, next_use=[7.0, 8.0])  # needs 2 victims: only 3 and 4 qualify
+    assert sorted(pool.resident) == [1, 2, 5, 6]
+    pool.release(a, 5)
+    pool.serve([7, 8], now=6, position=3, next_use=[9.0, 10.0])  # 1 and 2 are evictable again
+    assert len(pool.resident) == 4 and 7 in pool.resident
+    pool.serve([9, 10, 11, 12], now=7, position=4, next_use=[inf] * 4)  # every block is evictable
+    assert sorted(pool.resident) == [9, 10, 11, 12]

@@ -219,3 +219,25 @@ def test_serve_without_pins_equals_acquire_then_release(policy):
         assert served.drain_events() == pinned.drain_events()
     assert served.stats() == pinned.stats()
     assert not served.pin_counts and not pinned.pin_counts
+
+
+def test_private_blocks_take_room_evicting_cached_blocks_and_are_never_indexed():
+    """Blocks outside the hash map (a prompt's partial tail, decode KV): capacity 5."""
+    pool = lru_pool(5)
+    pool.serve([1, 2, 3])  # cached, unpinned
+    pool.drain_events()
+    pool.take_private(3)  # 2 free + 1 evicted (LRU: the request's last block first)
+    assert (sorted(pool.resident), pool.private, pool.room, pool.usage()) == ([1, 2], 3, 2, 1.0)
+    assert pool.drain_events() == [KvEvent("removed", (3,))]  # no event for the private blocks
+    with pytest.raises(PoolBusyError):  # 1 new + 1 private, and only block 2 could go (1 is the hit)
+        pool.acquire([1, 4], extra=1)
+    pool.free_private(1)
+    alloc = pool.acquire([1, 4], extra=1)  # the freed block and block 2, evicted
+    assert (sorted(pool.resident), pool.private, pool.room) == ([1, 4], 3, 0)
+    with pytest.raises(PoolBusyError):
+        pool.take_private(1)
+    with pytest.raises(PoolBusyError):
+        pool.acquire([9])
+    pool.release(alloc)
+    pool.free_private(3)
+    assert (pool.private, pool.room, pool.store([7, 8, 9, 10])) == (0, 5, [7, 8, 9, 10])

@@ -117,6 +117,67 @@ def test_bad_input_and_limits():
     assert err.value.field == "scheduler"
 
 
+# ---- decode KV takes blocks; vLLM's recompute preemption ---------------------------------
+
+def test_decode_fills_blocks_and_the_latest_admitted_is_preempted_when_none_is_left():
+    """Capacity 10 blocks of 16 tokens. A and B (4 blocks = 64 tokens each, 20 tokens out) are
+    admitted together in step 0 and prefill (8 blocks held, first tokens). Each decode step writes
+    one token's KV: token 1 (65 tokens) needs a 5th block each (step 1 takes the last 2 free
+    blocks), token 17 (81 tokens) a 6th: none is left, so the run of step 1 stops after 16 decode
+    steps (tick 16). Step 2: A (admitted first) needs its block, B (admitted last) is preempted
+    with 17 tokens generated, A gets the block, nothing is admitted, and A decodes its last 3
+    tokens and finishes. Step 3: B is re-admitted (its 4 prompt blocks are still cached), takes
+    2 blocks for its 81 tokens and recomputes its 17 generated tokens; 3 decode steps finish it."""
+    pool, sched = make(capacity=10)
+    a, b = req(1, 4, out=20, base=0), req(2, 4, out=20, base=100)
+    sched.submit(a)
+    sched.submit(b)
+    res = [sched.step(0.0)]
+    assert res[0].first_tokens == [a, b] and pool.private == 0
+    res.append(sched.step(res[0].duration))
+    assert res[1].steps == 16 and pool.private == 2 and pool.room == 0
+    res.append(sched.step(sum(r.duration for r in res)))
+    assert (b.preemptions, b.generated, [x.rid for x in sched.waiting]) == (1, 17, [2])
+    assert a.preemptions == 0 and res[2].steps == 3 and res[2].finished == [a] and a.generated == 20
+    res.append(sched.step(sum(r.duration for r in res)))
+    assert b.cached_tokens == 64 and b.extra_blocks == 2 and res[3].prefill_tokens == 17
+    assert res[3].first_tokens == []  # no second first token
+    now = sum(r.duration for r in res)
+    while sched.has_work():
+        step = sched.step(now)
+        now += step.duration
+        res.append(step)
+    assert res[-1].finished == [b] and b.generated == 20 and sum(r.steps for r in res[4:]) == 3
+    assert sched.stats()["preemptions"] == 1 and sched.stats()["admissions"] == 3
+    assert pool.private == 0 and not pool.pin_counts
+
+
+def test_decode_blocks_evict_cached_ones_before_anyone_is_preempted():
+    pool, sched = make(capacity=7)
+    sched.submit(req(1, 3, out=1, base=500))  # leaves 3 cached blocks behind
+    drain(sched)
+    r = req(2, 4, tail=5, out=30)  # 69 tokens: 4 hashed blocks + the partial 5th, then 99 tokens: 7 blocks
+    sched.submit(r)
+    results, _ = drain(sched)
+    assert sched.stats()["preemptions"] == 0 and r.generated == 30
+    assert pool.metrics.evictions == 3 and pool.used == 4 and pool.private == 0  # all 3 cached blocks went
+
+
+def test_a_request_whose_output_could_never_fit_is_refused():
+    pool, sched = make(capacity=10)
+    sched.submit(req(1, 8, out=33))  # 128 + 32 tokens: exactly 10 blocks
+    with pytest.raises(PoolCapacityError) as err:
+        sched.submit(req(2, 8, out=34))  # 161 tokens: 11 blocks
+    assert (err.value.field, err.value.need) == ("max_tokens", 11)
+    drain(sched)
+    # a replayed trace (the simulator): the output stops where the pool is full, as vLLM stops at max_model_len
+    long = req(3, 8, tail=3, out=100)
+    sched.submit(long, truncate=True)
+    assert long.output_tokens == 160 - 131 + 1 and sched.stats()["truncated_outputs"] == 1
+    drain(sched)
+    assert long.generated == 30 and sched.preemptions == 0 and pool.private == 0
+
+
 # ---- reorder (seed 001, FlashGen) ----------------------------------------------------
 
 def steps_until(sched, done, now=0.0, limit=100):
@@ -131,10 +192,11 @@ def steps_until(sched, done, now=0.0, limit=100):
 
 
 def head_of_line(policy):
-    """Capacity 10 blocks. R (6 blocks, 3 tokens out) runs; the head H (8 blocks, 1 token) does
-    not fit in the 4 free blocks; S (4 blocks, 5 tokens) behind it would."""
-    pool, sched = make(capacity=10, policy=policy)
-    r, h, s = req(1, 6, out=3, base=0), req(2, 8, out=1, base=100), req(3, 4, out=5, base=200)
+    """Capacity 12 blocks. R (6 blocks + 5 tokens: 7 blocks, and its 3 tokens out fit in the 7th)
+    runs; the head H (8 blocks, 1 token) does not fit in the 5 free blocks; S (4 blocks + 5 tokens:
+    5 blocks, its 5 tokens out fit in the 5th) behind it would."""
+    pool, sched = make(capacity=12, policy=policy)
+    r, h, s = req(1, 6, tail=5, out=3, base=0), req(2, 8, out=1, base=100), req(3, 4, tail=5, out=5, base=200)
     for x in (r, h, s):
         sched.submit(x)
     return pool, sched, r, h, s
@@ -154,24 +216,25 @@ def test_reorder_fills_idle_memory_then_preempts_for_the_head():
     sched.on_preempt = lambda x, now: told.append((x.rid, x.alloc))  # where a host tier would keep its KV
     res0 = sched.step(0.0, 0.0)
     # S is admitted behind the blocked head into the 4 idle blocks and prefills with R.
-    assert res0.prefill_tokens == 96 + 64 and res0.first_tokens == [r, s] and sched.num_waiting == 1
-    # Steps 1-2 decode both; R ends with step 2. Step 3: after R, only S (4 lent blocks) stands
-    # between H (8) and 10 blocks: S is preempted with 3 tokens generated, H runs in step 3 as
+    assert res0.prefill_tokens == 101 + 69 and res0.first_tokens == [r, s] and sched.num_waiting == 1
+    # Steps 1-2 decode both; R ends with step 2. Step 3: after R, only S (5 lent blocks) stands
+    # between H (8) and 12 blocks: S is preempted with 3 tokens generated, H runs in step 3 as
     # under fcfs (no later), and S waits again behind it.
     k, now = steps_until(sched, lambda res: h in res.finished, res0.duration)
     assert k == 2  # steps 1, 2, 3
     assert s.preemptions == 1 and s.generated == 3 and sched.num_waiting == 1
     assert told == [(3, None)]  # told after its blocks were released
-    # H evicted R's 6 blocks and S's 2 last ones (LRU: a request's last block goes first).
-    # Step 4: S re-admitted hits its 2 first blocks and recomputes 2 blocks + its 3 tokens;
-    # no second first token; steps 5-6 decode tokens 4 and 5: S is done 2 steps before fcfs.
+    # H evicted R's 6 blocks (LRU: released before S's). Step 4: S re-admitted hits its 4
+    # blocks and recomputes its 5-token tail and its 3 tokens; no second first token; steps 5-6
+    # decode tokens 4 and 5: S is done 2 steps before fcfs.
     res4 = sched.step(now, now)
-    assert s.cached_tokens == 32 and res4.prefill_tokens == 32 + 3 and res4.first_tokens == []
+    assert s.cached_tokens == 64 and res4.prefill_tokens == 5 + 3 and res4.first_tokens == []
     assert steps_until(sched, lambda res: s in res.finished, now + res4.duration)[0] == 1  # steps 5, 6
     st = sched.stats()
     assert (st["preemptions"], st["promotions"], st["admissions"]) == (1, 1, 4)
-    assert (st["prefill_tokens"], st["readmission_prefill_tokens"]) == (96 + 64 + 128 + 35, 35)
-    assert s.generated == 5 and pool.evictable == 10 and not sched.has_work()
+    assert (st["prefill_tokens"], st["readmission_prefill_tokens"]) == (101 + 69 + 128 + 8, 8)
+    # S's partial 5th block took one of H's cached blocks: 11 resident, none pinned
+    assert s.generated == 5 and pool.evictable == pool.used == 11 and pool.private == 0 and not sched.has_work()
 
 
 def test_reorder_preempts_a_prefilling_request_and_requeues_it_in_arrival_order():
@@ -207,14 +270,14 @@ def adversarial(cls, steps):
     ra, rb, head = req(1, 30, out=10, base=1000), req(2, 30, out=40, base=2000), req(3, 60, out=2, base=3000)
     for x in (ra, rb, head):
         sched.submit(x)
-    now, admitted = 0.0, None
+    now, admitted, preempted = 0.0, None, 0
     for k in range(steps):
         sched.submit(req(100 + k, 10, out=30, base=10_000 * (k + 1), t=now))
         res = sched.step(now, now)
         now += res.duration
         if admitted is None and head.t_admitted >= 0:
-            admitted = k
-    return sched, admitted
+            admitted, preempted = k, sched.preemptions
+    return sched, admitted, preempted
 
 
 def test_reorder_is_starvation_free_under_adversarial_arrivals():
@@ -224,27 +287,31 @@ def test_reorder_is_starvation_free_under_adversarial_arrivals():
     # within ceil(Q0 / (B - M)) steps (Q0 = 960 prompt tokens left at s0) and finish within
     # max output (40) more: H is admitted by step s0 + ceil(960 / 240) + 40 = 44, whatever arrives.
     bound = math.ceil((480 + 480) / (256 - 16)) + 40
-    sched, admitted = adversarial(Scheduler, 120)
-    # Hand-worked: Ra prefills in steps 0-1, decodes 9 more tokens in steps 2-10 and ends; the
-    # 4 small requests lent the 40 idle blocks hold what H needs beyond Rb's 30: 3 are preempted
-    # and H is admitted in step 11.
-    assert admitted == 11 <= bound
-    assert sched.stats()["preemptions"] == 3
+    sched, admitted, preempted = adversarial(Scheduler, 120)
+    # Hand-worked: Ra prefills in steps 0-1, decodes 9 more tokens in steps 2-10 (its 31st block
+    # for them) and ends; the small requests lent the idle blocks hold what H needs beyond Rb's
+    # 31: 3 are preempted and H is admitted in step 11.
+    assert admitted == 11 <= bound and preempted == 3
+    # Later, overloaded (a request arrives every step), running requests' decode KV runs out of
+    # blocks now and then: the latest admitted is preempted (vLLM's recompute preemption).
+    assert sched.stats()["preemptions"] > 3
     # Without taking lent memory back, small requests refill every block Ra and Rb free: H starves.
-    _, never = adversarial(NaiveReorder, 120)
+    _, never, _ = adversarial(NaiveReorder, 120)
     assert never is None
 
 
+@pytest.mark.parametrize("policy", ["reorder", "fcfs"])
 @pytest.mark.parametrize("seed", range(4))
-def test_reorder_bookkeeping_survives_random_traffic(seed):
-    """Random sizes and arrivals on a tight pool: every request runs to its last token, once;
-    nothing stays pinned or queued; the decode aggregates return to zero."""
+def test_bookkeeping_survives_random_traffic(seed, policy):
+    """Random sizes and arrivals on a tight pool (decode KV runs out of blocks, reorder lends and
+    takes back): every request runs to its last token, once; nothing stays pinned, held or
+    queued; the decode aggregates return to zero."""
     rng = random.Random(seed)
-    pool, sched = make(capacity=40, token_budget=64, max_running=6, policy="reorder")
+    pool, sched = make(capacity=40, token_budget=64, max_running=6, policy=policy)
     reqs, now = [], 0.0
     for k in range(120):
         if rng.random() < 0.6:
-            r = req(k, rng.randint(1, 30), tail=rng.randint(0, 15), out=rng.randint(1, 12),
+            r = req(k, rng.randint(1, 30), tail=rng.randint(0, 15), out=rng.randint(1, 40),
                     base=rng.choice([0, 1000 * (k + 1)]), t=now)  # base 0: shares a prefix with others
             reqs.append(r)
             sched.submit(r)
@@ -258,4 +325,32 @@ def test_reorder_bookkeeping_survives_random_traffic(seed):
     assert all(r.generated == r.output_tokens for r in reqs)
     assert sched.stats()["preemptions"] == sum(r.preemptions for r in reqs) > 0
     assert len(pool.pin_counts) == 0 and sched.queued_prefill_tokens == 0 and not sched._lent
+    assert pool.private == 0 and all(r.extra_blocks == 0 for r in reqs)
     assert (sched._dec_input, sched._dec_base, len(sched._decoders)) == (0, 0, 0)
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "reorder"])
+@pytest.mark.parametrize("seed", range(2))
+def test_decode_blocks_follow_the_tokens_at_every_step(seed, policy):
+    """Random traffic with random horizons (so decode runs are fast-forwarded and their blocks
+    handed out ahead): after every step each request holds exactly the blocks its KV fills, as
+    vLLM allocates them: a prefilling one its prompt (and, re-admitted, its generated tokens); a
+    decoding one, with g tokens generated, prompt + g - 1 tokens (the next step writes token g's
+    KV), or + g right after a re-admission's prefill wrote it; the pool's private count is their sum."""
+    rng = random.Random(seed)
+    pool, sched = make(capacity=60, token_budget=64, max_running=8, policy=policy)
+    need, now = sched.decode_kv.need, 0.0
+    for k in range(300):
+        if rng.random() < 0.5:
+            sched.submit(req(k, rng.randint(1, 20), tail=rng.randint(0, 15), out=rng.randint(1, 200),
+                             base=rng.choice([0, 1000 * (k + 1)]), t=now))
+        now += sched.step(now, now + rng.random() * 0.05).duration
+        for r in sched.running:
+            if r.segments:
+                assert r.extra_blocks == need(r, r.generated if r.resumed else 0)
+            else:
+                g = sched._tick - r.base
+                assert r.extra_blocks == need(r, g - 1) or (r.preemptions and r.extra_blocks == need(r, g))
+        assert sum(r.extra_blocks for r in sched.running) == pool.private
+        assert len(pool.pin_counts) + pool.private <= pool.capacity
+    assert sched.preemptions > 0
