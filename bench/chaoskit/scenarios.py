@@ -130,7 +130,9 @@ def slow_clients(rate: float, duration: float, n: int = 100, readers: int = 4) -
     limits = ("--header-timeout", "2", "--body-timeout", "2", "--write-timeout", "2")
     # --time-scale 0: the streams come as fast as they are read, so an unread one fills the
     # socket buffers (4 MB on loopback) within a second and the write deadline starts
-    return _with_cluster(Cluster(time_scale=0.0, replica_args=limits, router_args=limits), run)
+    # 8,192 blocks: a 65,536-token stream's decode KV (4,097 blocks of 16) must fit, or it is refused
+    return _with_cluster(Cluster(time_scale=0.0, replica_args=(*limits, "--capacity-blocks", "8192"),
+                                 router_args=limits), run)
 
 
 def _slow_readers(url: str, n: int, held: list, metric: str) -> None:
