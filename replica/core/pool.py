@@ -330,7 +330,7 @@ class BlockPool:
     def _check_evictable(self, touched_hashes, shortfall: int) -> None:
         # Blocks this request reuses will be pinned, so they cannot be victims either.
         refs = self._refs
-        newly_pinned = sum(1 for h in touched_hashes if h not in refs) if refs else len(touched_hashes)
+        newly_pinned = len(touched_hashes) - (sum(map(refs.__contains__, touched_hashes)) if refs else 0)
         if self.evictable - newly_pinned < shortfall:
             raise PoolBusyError(
                 f"need {shortfall} more free blocks, only {self.evictable - newly_pinned} evictable"
