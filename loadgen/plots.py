@@ -7,7 +7,6 @@ of the requests replayed.
 
 from __future__ import annotations
 
-from loadgen.trace import TraceRequest
 from shared.plotting import (
     CEILING,
     PALETTE,
@@ -18,16 +17,6 @@ from shared.plotting import (
     pyplot,
     thin_overlapping_ticks,
 )
-
-
-def infinite_cache_hit_ratio(requests: list[TraceRequest]) -> float | None:
-    """1 - distinct blocks / block accesses of these requests: no cache does better."""
-    seen: set[int] = set()
-    accesses = 0
-    for r in requests:
-        seen.update(r.hash_ids)
-        accesses += len(r.hash_ids)
-    return 1.0 - len(seen) / accesses if accesses else None
 
 
 def context_line(ctx: dict) -> str:

@@ -100,8 +100,8 @@ def print_report(summary: dict, report: dict, out=sys.stdout) -> None:
 def plot_context(trace, requests, speedup: float, report: dict, source: str | None = None) -> dict:
     """What the replay figure's title says: the source, the cluster as the replicas describe
     themselves, and the infinite-cache ceiling of ``requests`` (the ones replayed)."""
-    from loadgen.plots import infinite_cache_hit_ratio
     from loadgen.source import trace_name
+    from loadgen.trace import infinite_cache_hit_ratio, response_hashes
 
     reps = [r.get("lifetime", r) for r in report["replicas"].values()]
 
@@ -110,12 +110,14 @@ def plot_context(trace, requests, speedup: float, report: dict, source: str | No
         return "/".join(sorted(values)) or None
 
     caps = {r.get("capacity_blocks") for r in reps}
+    sent = {id(r): h for r, h in zip(trace.requests, response_hashes(trace))}
     times = [r.t for r in requests]
     return {"source": source or trace_name(trace.source), "speedup": speedup,
             "duration_s": (max(times) - min(times)) if times else 0.0, "replicas": len(reps),
             "capacity_blocks": caps.pop() if len(caps) == 1 else None, "policy": same("policy"),
             "routing": report.get("routing"), "model": same("model"), "gpu": same("gpu"),
-            "ceiling": infinite_cache_hit_ratio(requests)}
+            # the replay sends each request's response blocks (replicas keep them by default)
+            "ceiling": infinite_cache_hit_ratio(requests, [sent[id(r)] for r in requests])}
 
 
 def cluster_block_size(url: str) -> int | None:

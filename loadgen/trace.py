@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -86,3 +86,20 @@ def response_hashes(trace: Trace) -> list[list[int]]:
             parent = own[-1] if own else 0
             out.append(chain_ids((content_id("response", r.session, r.turn, i) for i in range(m)), parent))
     return out
+
+
+def infinite_cache_hit_ratio(requests: Sequence[TraceRequest],
+                             responses: Sequence[Sequence[int]] | None = None) -> float | None:
+    """1 - first accesses / block accesses of ``requests`` (in order): no capacity, policy or replica
+    count does better. ``responses[k]``: the blocks request k's response puts in the cache (response
+    KV kept, see ``response_hashes``); a later prompt that reaches them can hit them."""
+    seen: set[int] = set()
+    accesses = first = 0
+    for k, r in enumerate(requests):
+        hashes = r.hash_ids
+        accesses += len(hashes)
+        first += len(hashes) - sum(map(seen.__contains__, hashes))
+        seen.update(hashes)
+        if responses is not None:
+            seen.update(responses[k])
+    return 1.0 - first / accesses if accesses else None

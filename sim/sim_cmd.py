@@ -168,9 +168,8 @@ def _write_outputs(args, trace: Trace, runs: list[dict]) -> None:
         print(f"csv: {rows} rows written to {args.csv}", file=sys.stderr)
     if args.plot:
         from sim.plots import plot_capacity_curves
-        from sim.sweep_plots import infinite_cache_hit_ratio
-
-        plot_capacity_curves(runs, args.plot, trace_name(trace.source), infinite_cache_hit_ratio(trace))
+        from sim.sweep_plots import ceiling
+        plot_capacity_curves(runs, args.plot, trace_name(trace.source), ceiling(trace, args.response_kv))
         print(f"plot written to {args.plot}", file=sys.stderr)
 
 

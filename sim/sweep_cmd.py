@@ -193,10 +193,10 @@ def _outputs(args, trace, grid: list, sources: list) -> None:
         rows = write_csv(records.values(), args.csv)
         print(f"csv: {rows} rows written to {args.csv}", file=sys.stderr)
     if args.plot:
-        from sim.sweep_plots import infinite_cache_hit_ratio, plot_sweep
+        from sim.sweep_plots import ceiling, plot_sweep
 
         plot_sweep(mine, [records[p.id] for p in sources], args.plot,
-                   mean_field(trace, args.workload, parse_pairs(args.set)), infinite_cache_hit_ratio(trace))
+                   mean_field(trace, args.workload, parse_pairs(args.set)), ceiling(trace, args.response_kv))
         print(f"plot written to {args.plot}", file=sys.stderr)
 
 

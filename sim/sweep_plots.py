@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from loadgen.source import trace_name
+from loadgen.trace import infinite_cache_hit_ratio, response_hashes
 from router.strategies import SPECS
 from shared.plotting import (
     PALETTE,
@@ -207,11 +208,7 @@ def sweep_figure(records: list[dict], mrc_records: list[dict], mean_field=None, 
     return fig
 
 
-def infinite_cache_hit_ratio(trace) -> float | None:
-    """1 - distinct blocks / block accesses: no capacity, policy or replica count does better."""
-    seen: set[int] = set()
-    accesses = 0
-    for r in trace.requests:
-        seen.update(r.hash_ids)
-        accesses += len(r.hash_ids)
-    return 1.0 - len(seen) / accesses if accesses else None
+def ceiling(trace, response_kv: str) -> float | None:
+    """The infinite-cache hit ratio a figure draws: with response KV kept, a later prompt can hit
+    the blocks of the responses before it too."""
+    return infinite_cache_hit_ratio(trace.requests, response_hashes(trace) if response_kv == "keep" else None)

@@ -12,12 +12,13 @@ from matplotlib.colors import to_hex
 from kvemu.cli import main
 from loadgen.formats import read_trace, write_kvemu
 from loadgen.source import trace_name
+from loadgen.trace import infinite_cache_hit_ratio
 from loadgen.workloads import generate
 from shared.plotting import PALETTE, REPLICA_BAR, REPLICA_LINE, pyplot
 from sim.plots import capacity_figure
 from sim.simulator import SimSettings, simulate
 from sim.sweep import mean_field, read_records
-from sim.sweep_plots import infinite_cache_hit_ratio, sweep_figure
+from sim.sweep_plots import sweep_figure
 from tests.support.plots import ceiling_of, check_readable, legend_labels, line_colors
 
 HOLES = "hits: a cached block is a hit wherever it sits in the prompt (holes mode)"
@@ -37,7 +38,7 @@ def test_sim_figure(trace_file, tmp_path, replicas, routing, where):
     trace = read_trace(trace_file)
     runs = [simulate(trace, SimSettings(capacity_blocks=c, policy=p, replicas=replicas, routing=routing))
             for p in ("lru", "s3fifo") for c in CAPS]
-    ceiling = infinite_cache_hit_ratio(trace)
+    ceiling = infinite_cache_hit_ratio(trace.requests)
     fig = capacity_figure(runs, trace_name(trace.source), ceiling)
     try:
         check_readable(fig)
@@ -70,7 +71,7 @@ def test_sweep_figure(trace_file, tmp_path):
                   key=lambda r: (r["replicas"], r["routing"], r["policy"], r["capacity_blocks"]))
     mrc = [r for r in records.values() if r["kind"] != "grid"]
     trace = read_trace(trace_file)
-    ceiling = infinite_cache_hit_ratio(trace)
+    ceiling = infinite_cache_hit_ratio(trace.requests)
     fig = sweep_figure(grid, mrc, mean_field(trace, None, {}), ceiling)
     try:
         check_readable(fig)
