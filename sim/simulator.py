@@ -296,8 +296,8 @@ class Simulation:
         return self._report(time.perf_counter() - t0)
 
     def _route(self, r) -> tuple[_Replica, RouteRequest]:
+        view = RouteRequest(r.session, len(r.hash_ids), r.input_tokens)
         if len(self.replicas) == 1:  # nothing to choose: no lookup, no strategy (a cache study's hot path)
-            view = RouteRequest(r.session, len(r.hash_ids), r.input_tokens)
             self.router.only(self.states[0], view)
             return self.replicas[0], view
         overlap = {}
@@ -309,7 +309,6 @@ class Simulation:
             for rep in self.replicas:
                 if rep.tiers is not None:
                     overlap.update(rep.tiers.lower_overlap(rep.rid, r.hash_ids, overlap.get(rep.rid, 0)))
-        view = RouteRequest(r.session, len(r.hash_ids), r.input_tokens)
         _, pos = self.router.route(self.states, view, overlap)
         return self.replicas[pos], view
 

@@ -110,6 +110,11 @@ class BlockPool:
         return (len(self.resident) + self.private) / self.capacity
 
     @property
+    def free(self) -> int:
+        """Blocks neither cached nor held: what an allocation gets without evicting."""
+        return self.capacity - len(self.resident) - self.private
+
+    @property
     def room(self) -> int:
         """Blocks a new allocation could get: free ones and evictable (unpinned) cached ones."""
         return self.capacity - len(self._refs) - self.private
@@ -117,7 +122,7 @@ class BlockPool:
     def take_private(self, n: int) -> None:
         """Allocate ``n`` unhashed blocks (evicting cached ones through the policy); PoolBusyError if
         fewer than ``n`` are free or evictable."""
-        shortfall = n - (self.capacity - len(self.resident) - self.private)
+        shortfall = n - self.free
         if shortfall > 0:
             self._check_evictable((), shortfall)
             self._evict(shortfall)
@@ -182,13 +187,13 @@ class BlockPool:
             ctx.now = now
         if position is not None:
             ctx.position = position
-        shortfall = n - k + extra - (self.capacity - len(res) - self.private)
+        shortfall = n - k + extra - self.free
         if hold:
             if shortfall > 0:
                 self._check_evictable(touched_hashes, shortfall)
             self._pin(touched_hashes)
         if shortfall > 0:  # unpinned: nothing else is pinned or private, so n <= capacity leaves enough
-            self._evict(shortfall, self._refs.__contains__ if hold else own.__contains__)
+            self._evict(shortfall, None if hold else own.__contains__)
         self._insert(new_hashes, session, hold)
         self.private += extra
         alloc = self._allocation(hashes, touched, touched_hashes, new_idx, session)
@@ -246,7 +251,7 @@ class BlockPool:
         new = new[:max(self.room, 0)]  # pinned and private blocks stay; everything else may go
         if not new:
             return []
-        shortfall = len(new) - (self.capacity - len(res) - self.private)
+        shortfall = len(new) - self.free
         if shortfall > 0:
             self._evict(shortfall)
         self._insert(new, session)

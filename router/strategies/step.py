@@ -43,20 +43,20 @@ class RoutingStep:
               overlap: Mapping[str, int]) -> tuple[RouteDecision, int]:
         """The decision and the chosen replica's position in ``replicas``, already counted in flight."""
         decision = self.spec.choose(replicas, request, overlap, self.settings, self.rng, self.memory)
-        self.decisions[decision.reason] = self.decisions.get(decision.reason, 0) + 1
         rid = decision.replica_id
         pos = self._pos.get(rid, -1)
         if not 0 <= pos < len(replicas) or replicas[pos].replica_id != rid:  # O(1) unless the list changed
             pos = self._pos[rid] = next(i for i, r in enumerate(replicas) if r.replica_id == rid)
-        state = replicas[pos]
-        state.in_flight += 1  # counted at decision time, before the replica sees it
-        state.queued_tokens += request.input_tokens
+        self._count(decision.reason, replicas[pos], request)
         return decision, pos
 
     def only(self, state: ReplicaState, request: RouteRequest) -> None:
         """One replica, nothing to choose: count the request on it without asking the strategy."""
-        self.decisions["only_replica"] = self.decisions.get("only_replica", 0) + 1
-        state.in_flight += 1
+        self._count("only_replica", state, request)
+
+    def _count(self, reason: str, state: ReplicaState, request: RouteRequest) -> None:
+        self.decisions[reason] = self.decisions.get(reason, 0) + 1
+        state.in_flight += 1  # counted at decision time, before the replica sees it
         state.queued_tokens += request.input_tokens
 
     @staticmethod
