@@ -35,6 +35,9 @@ def add_emulation_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-only", action="store_true",
                    help="replay requests one at a time in trace order through routing, pool and policy only:"
                         " no scheduler, no cost-model clock, no latencies (what cache simulators do)")
+    p.add_argument("--python-core", action="store_true",
+                   help="with --cache-only: replay through the Python pool even where the compiled kernel could"
+                        " (the same results, several times slower; the JSON's engine says which ran)")
     p.add_argument("--max-running", type=int, default=256,
                    help="requests running at once per replica (1 = the cache sees requests one at a time)")
     p.add_argument("--token-budget", type=int, default=8192, help="tokens per scheduler step")
@@ -141,7 +144,8 @@ def run(args) -> int:
                         token_budget=args.token_budget, max_running=args.max_running, scheduler=args.scheduler,
                         reuse="off" if args.no_reuse_distances else args.reuse, causal=args.causal,
                         routing_settings=routing, cache_only=args.cache_only, response_kv=args.response_kv,
-                        tiers=tiers, decode_kv=not args.no_decode_kv)
+                        tiers=tiers, decode_kv=not args.no_decode_kv,
+                        compiled=not args.python_core)
             for pol in policies for c in caps]  # validates every name before the first run
     runs = run_serial(trace, grid, args.quiet) if args.jobs == 1 or len(grid) == 1 else \
         run_parallel(trace, grid, args.jobs, args.quiet)

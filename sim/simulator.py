@@ -18,6 +18,7 @@ from itertools import chain
 import numpy as np
 
 from loadgen.trace import Trace, response_hashes
+from replica.core import replay
 from replica.core.build import CoreSettings, build_core
 from replica.core.policies import policy_class
 from replica.core.pool import BlockPool
@@ -69,6 +70,9 @@ class SimSettings:
     # Decode KV takes blocks as it fills them, and preempts when none is left (vLLM); False: only
     # prompt blocks count (a one-at-a-time run then equals the cache-only replay exactly).
     decode_kv: bool = True
+    # Cache-only replay through the compiled kernel where it gives the same pool (replica.core.replay:
+    # one replica, LRU or S3-FIFO, no tiers, response KV or reuse tracking); False: the Python pool.
+    compiled: bool = True
 
     def __post_init__(self) -> None:
         check_positive_int("replicas", self.replicas)
@@ -226,6 +230,7 @@ class Simulation:
         self.e2e = LogHistogram()
         self.queue = LogHistogram()
         self.served = 0
+        self.compiled_requests = 0  # served by the compiled cache-only kernel (replica.core.replay)
         self.first_arrival = self.last_arrival = self.last_finish = 0.0
 
     def run(self) -> dict:
@@ -273,7 +278,9 @@ class Simulation:
         t0 = time.perf_counter()
         reqs = self.trace.requests
         n = len(reqs)
-        for k, r in enumerate(reqs):
+        start = self._run_compiled() if self.s.compiled and future is None else 0
+        for k in range(start, n):
+            r = reqs[k]
             rep, view = self._route(r)
             plan = rep.tiers.plan(r.hash_ids, r.t) if rep.tiers is not None else None
             alloc = rep.pool.serve(r.hash_ids, session=r.session, now=r.t, input_tokens=r.input_tokens,
@@ -294,6 +301,21 @@ class Simulation:
         if self.progress:
             self.progress(n, n)
         return self._report(time.perf_counter() - t0)
+
+    def _run_compiled(self) -> int:
+        """Serve the trace through the compiled kernel where it gives the same pool; returns how
+        many requests it served (the Python loop serves the rest)."""
+        rep = self.replicas[0]
+        if len(self.replicas) > 1 or rep.tiers is not None or self.responses is not None \
+                or replay.why_not(rep.pool) is not None:
+            return 0
+        progress = self.progress
+        done = replay.serve_requests(rep.pool, self.trace.requests,
+                                     (lambda k: progress(k, len(self.trace.requests))) if progress else None)
+        self.router.count_only(done)
+        self.served += done
+        self.compiled_requests = done
+        return done
 
     def _route(self, r) -> tuple[_Replica, RouteRequest]:
         view = RouteRequest(r.session, len(r.hash_ids), r.input_tokens)
@@ -376,6 +398,8 @@ class Simulation:
             "max_running": self.s.max_running,
             "scheduler": None if self.s.cache_only else self.s.scheduler,
             "decode_kv": None if self.s.cache_only else self.s.decode_kv,
+            # cache-only: "compiled" when the compiled kernel served every request (same results)
+            "engine": "compiled" if self.compiled_requests and self.compiled_requests == self.served else "python",
             "block_size": self.block_size,
             "model": self.cost.model.name,
             "gpu": self.cost.gpu.name,

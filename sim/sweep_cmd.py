@@ -129,7 +129,8 @@ def build_grid(args, trace, identity: dict, policies, routings, replicas, caps) 
                                     max_running=args.max_running, scheduler=args.scheduler,
                                     reuse="exact" if args.reuse_distances else "off", routing_settings=routing,
                                     causal=args.causal, cache_only=args.cache_only, response_kv=args.response_kv,
-                                    tiers=tiers, decode_kv=not args.no_decode_kv)
+                                    tiers=tiers, decode_kv=not args.no_decode_kv,
+                                    compiled=not args.python_core)
                     p = make_point(identity, s)
                     points.setdefault(p.id, p)
     return list(points.values())

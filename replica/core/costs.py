@@ -41,6 +41,23 @@ class DepthCosts:
 
     def of_depths(self, depths: Sequence[int]) -> float:
         """Cost of the blocks at these depths (ascending, all below a ``grow``n bound)."""
+        cum = self._cum
         if depths and depths[-1] == len(depths) - 1:  # a leading run (the common case): one prefix sum
-            return self._cum[len(depths)]
-        return sum(map(self.costs.__getitem__, depths))
+            return cum[len(depths)]
+        # A difference of prefix sums per run, added in order: the compiled replay adds the same
+        # terms in the same order, so both give the same float to the last bit.
+        total, start, prev = 0.0, -1, -2
+        for d in depths:
+            if d != prev + 1:
+                if start >= 0:
+                    total += cum[prev + 1] - cum[start]
+                start = d
+            prev = d
+        if start >= 0:
+            total += cum[prev + 1] - cum[start]
+        return total
+
+    def prefix_sums(self, n: int) -> list[float]:
+        """``total(0) .. total(n)``: the table the compiled replay reads."""
+        self.grow(n)
+        return self._cum[: n + 1]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import heapq
 from collections import _count_elements, deque  # type: ignore[attr-defined]  # C helper Counter uses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import compress, filterfalse, repeat
 from operator import not_, sub
 from types import MappingProxyType
@@ -276,6 +276,14 @@ class BlockPool:
         alloc = self._allocate(hashes, session, now, input_tokens, next_use, position, True, hold=False)
         policy.on_release(hashes, now)
         return alloc
+
+    def load_replayed(self, resident: Iterable[tuple[int, str | None]], footprint: Iterable[tuple[str | None, int]],
+                      reused: Iterable[int]) -> None:
+        """Take the blocks (oldest inserted first, with owners), footprints and reused blocks the
+        compiled replay reached from this pool empty (``replica.core.replay``)."""
+        self.resident.update(resident)
+        self.footprint.update(footprint)
+        self._reused.update(reused)
 
     # ---- administration -----------------------------------------------------------
     def reset(self) -> int:

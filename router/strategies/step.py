@@ -54,6 +54,11 @@ class RoutingStep:
         """One replica, nothing to choose: count the request on it without asking the strategy."""
         self._count("only_replica", state, request)
 
+    def count_only(self, requests: int) -> None:
+        """``requests`` served one after another by one replica (each ``only``, then ``done``)."""
+        if requests:
+            self.decisions["only_replica"] = self.decisions.get("only_replica", 0) + requests
+
     def _count(self, reason: str, state: ReplicaState, request: RouteRequest) -> None:
         self.decisions[reason] = self.decisions.get(reason, 0) + 1
         state.in_flight += 1  # counted at decision time, before the replica sees it

@@ -4,6 +4,7 @@ import pytest
 
 from loadgen.formats import read_trace
 from loadgen.trace import Trace, TraceRequest
+from replica.core import replay
 from shared.errors import InputError, UnknownNameError
 from sim.simulator import NextUses, SimSettings, Simulation, simulate
 
@@ -95,6 +96,27 @@ def test_cache_only_gives_exactly_the_one_at_a_time_hit_ratios(policy):
         assert cache_only[key] == serial[key], key
     assert cache_only["ttft_p50_s"] is None and cache_only["per_replica"][0]["ttft_p99_s"] is None
     assert serial["ttft_p50_s"] > 0
+
+
+@pytest.mark.skipif(not replay.compiled(), reason="the compiled kernel is not built (no C compiler)")
+@pytest.mark.parametrize("policy", ["lru", "s3fifo"])
+@pytest.mark.parametrize("hit_mode", ["holes", "prefix"])
+@pytest.mark.parametrize("name,capacity", [("mooncake-synthetic", 878), ("mooncake-conversation", 4000)])
+def test_the_compiled_cache_only_replay_reports_what_the_python_pool_reports(policy, hit_mode, name, capacity):
+    trace = read_trace(name)
+    runs = [simulate(trace, SimSettings(capacity_blocks=capacity, policy=policy, hit_mode=hit_mode, cache_only=True,
+                                        compiled=compiled)) for compiled in (True, False)]
+    assert [r["engine"] for r in runs] == ["compiled", "python"]
+    for r in runs:
+        del r["engine"], r["wall_s"]
+    assert runs[0] == runs[1]  # every field, per replica too: hits, CSR, holes, footprints, evictions
+
+
+def test_the_compiled_replay_is_not_used_where_it_would_differ():
+    # events for a shared index, response KV and oracles keep the Python pool
+    trace = read_trace("mooncake-synthetic")
+    for kw in ({"replicas": 2}, {"response_kv": "keep"}, {"policy": "belady"}, {"policy": "arc"}):
+        assert simulate(trace, SimSettings(capacity_blocks=878, cache_only=True, **kw))["engine"] == "python", kw
 
 
 def test_cache_only_never_overflows_a_queue():

@@ -27,6 +27,7 @@ as an insertion does: from the ghost (where an eviction from small put it) into 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from itertools import repeat
 
 from replica.core.policies.base import Access, EvictionPolicy, PolicyContext
 from shared.errors import InputError
@@ -166,6 +167,22 @@ class S3FIFOPolicy(EvictionPolicy):
         self._ghost = OrderedDict()  # ids only; first = oldest
         self._dirty = False  # on_remove left entries in a queue
         self._evicted = False
+
+    # ---- the compiled cache-only replay (replica.core.replay) runs this policy from empty ----
+    def replay_params(self) -> dict | None:
+        """The kernel's settings, or None unless fresh (the kernel starts with empty queues)."""
+        if self._freq or self._ghost or self._evicted or self.ghost_size > 8 * self.ctx.capacity:
+            return None
+        return {"kind": 1, "small_size": self.small_size, "main_size": self.main_size,
+                "ghost_size": self.ghost_size, "threshold": self.threshold}
+
+    def load_replayed(self, state: dict) -> None:
+        """Take the queues, counters and ghost the kernel reached (each head first)."""
+        self._freq.update(state["freq"])
+        self._small.extend(state["order"])
+        self._main.extend(state["main"])
+        self._ghost.update(zip(state["ghost"], repeat(None)))
+        self._evicted = bool(state["evicted"])
 
     def describe(self) -> dict:
         d = {"name": self.name, "small_ratio": self.small_ratio,
