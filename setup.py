@@ -1,8 +1,8 @@
-"""The one compiled part of kvemu: the cache-only replay's kernel (replica/core/_replay.c).
+"""The one compiled part of kvemu: the block pool with LRU or S3-FIFO, compiled for the simulator (replica/core/_pool.c).
 
 It is optional: where no C compiler is found the build goes on without it and the simulator
-replays through the Python pool, which gives the same results (the kernel is tested against it).
-The kernel carries the SHA-256 of the source it was built from, so a checkout whose _replay.c has
+uses the Python pool, which gives the same results (the kernel is tested against it).
+The kernel carries the SHA-256 of the source it was built from, so a checkout whose _pool.c has
 changed since the last install falls back to the Python pool instead of running a stale kernel.
 Everything else is in pyproject.toml.
 """
@@ -12,8 +12,8 @@ from pathlib import Path
 
 from setuptools import Extension, setup
 
-SOURCE = "replica/core/_replay.c"
-DIGEST = hashlib.sha256(Path(__file__).with_name("replica").joinpath("core", "_replay.c").read_bytes()).hexdigest()
+SOURCE = "replica/core/_pool.c"
+DIGEST = hashlib.sha256(Path(__file__).with_name("replica").joinpath("core", "_pool.c").read_bytes()).hexdigest()
 
-setup(ext_modules=[Extension("replica.core._replay", [SOURCE], optional=True, extra_compile_args=["-O2"],
-                             define_macros=[("REPLAY_SOURCE_SHA256", f'"{DIGEST}"')])])
+setup(ext_modules=[Extension("replica.core._pool", [SOURCE], optional=True, extra_compile_args=["-O2"],
+                             define_macros=[("POOL_SOURCE_SHA256", f'"{DIGEST}"')])])

@@ -18,8 +18,8 @@ from itertools import chain
 import numpy as np
 
 from loadgen.trace import Trace, response_hashes
-from replica.core import replay
 from replica.core.build import CoreSettings, build_core
+from replica.core.compiled_pool import CompiledPool, fits_uint64
 from replica.core.policies import policy_class
 from replica.core.pool import BlockPool
 from replica.core.scheduler import SchedRequest, Scheduler, StepResult, check_scheduler
@@ -70,7 +70,7 @@ class SimSettings:
     # Decode KV takes blocks as it fills them, and preempts when none is left (vLLM); False: only
     # prompt blocks count (a one-at-a-time run then equals the cache-only replay exactly).
     decode_kv: bool = True
-    # Cache-only replay through the compiled kernel where it gives the same pool (replica.core.replay:
+    # The compiled pool where it is the Python pool's exact twin (replica.core.compiled_pool:
     # one replica, LRU or S3-FIFO, no tiers, response KV or reuse tracking); False: the Python pool.
     compiled: bool = True
 
@@ -105,6 +105,12 @@ class _Replica:
     ttft: LogHistogram = field(default_factory=LogHistogram)
     busy_s: float = 0.0  # emulated seconds spent in scheduler steps
     tiers: TierStack | None = None  # host / SSD below this replica's HBM
+    compiled: CompiledPool | None = None  # the scheduler's pool when compiled (pool is current after settle)
+
+    @property
+    def live_pool(self) -> BlockPool | CompiledPool:
+        """The pool requests go to: the compiled one where there is one."""
+        return self.compiled if self.compiled is not None else self.pool
 
 
 class NextUses:
@@ -194,7 +200,7 @@ class PoolIndex:
 
 
 def _build_replica(i: int, s: SimSettings, block_size: int, cost: CostModel, indexed: bool,
-                   requests: int) -> _Replica:
+                   requests: int, compiled: bool) -> _Replica:
     # Virtual time refuses nothing: the waiting queue can hold every request of the trace (a live
     # replica's bound answers overload with 503; here it would only abort a long backlogged run).
     core = build_core(CoreSettings(
@@ -203,10 +209,11 @@ def _build_replica(i: int, s: SimSettings, block_size: int, cost: CostModel, ind
         max_waiting=max(requests, 1),
         reuse={"sampled": "shards", "exact": "exact", "off": "off"}[s.reuse_mode], shards_rate=s.shards_rate,
         shards_max_tracked=1 << 62, seed=s.seed, emit_events=indexed, oracles=True,
-        stream_tokens=False, tiers=s.tiers, response_kv=s.response_kv, decode_kv=s.decode_kv), cost)
+        stream_tokens=False, tiers=s.tiers, response_kv=s.response_kv, decode_kv=s.decode_kv,
+        compiled=compiled), cost)
     rid = f"replica-{i}"  # the ids `kvemu up` gives, so session routing hashes the same ring
     return _Replica(rid, core.pool, core.scheduler, ReplicaState(rid, capacity_blocks=s.capacity_blocks),
-                    tiers=core.tiers)
+                    tiers=core.tiers, compiled=core.compiled)
 
 
 class Simulation:
@@ -217,7 +224,9 @@ class Simulation:
         self.block_size = trace.block_size
         spec = strategy_spec(settings.routing)
         indexed = spec.uses_index and settings.replicas > 1  # one replica: its pool is the index
-        self.replicas = [_build_replica(i, settings, trace.block_size, self.cost, indexed, len(trace.requests))
+        # the compiled pool keys on 64-bit unsigned hashes: a trace with others runs the Python pool
+        compiled = settings.compiled and fits_uint64([r.hash_ids for r in trace.requests])
+        self.replicas = [_build_replica(i, settings, trace.block_size, self.cost, indexed, len(trace.requests), compiled)
                          for i in range(settings.replicas)]
         self.by_id = {r.rid: r for r in self.replicas}
         self.tiered = any(rep.tiers is not None for rep in self.replicas)
@@ -230,7 +239,6 @@ class Simulation:
         self.e2e = LogHistogram()
         self.queue = LogHistogram()
         self.served = 0
-        self.compiled_requests = 0  # served by the compiled cache-only kernel (replica.core.replay)
         self.first_arrival = self.last_arrival = self.last_finish = 0.0
 
     def run(self) -> dict:
@@ -278,12 +286,12 @@ class Simulation:
         t0 = time.perf_counter()
         reqs = self.trace.requests
         n = len(reqs)
-        start = self._run_compiled() if self.s.compiled and future is None else 0
+        start = self._run_compiled()
         for k in range(start, n):
             r = reqs[k]
             rep, view = self._route(r)
             plan = rep.tiers.plan(r.hash_ids, r.t) if rep.tiers is not None else None
-            alloc = rep.pool.serve(r.hash_ids, session=r.session, now=r.t, input_tokens=r.input_tokens,
+            alloc = rep.live_pool.serve(r.hash_ids, session=r.session, now=r.t, input_tokens=r.input_tokens,
                                    next_use=future.of(k) if future else None,
                                    position=future.position(k) if future else None)
             if plan is not None and rep.tiers is not None:  # no clock here: transfers only count bytes
@@ -306,15 +314,13 @@ class Simulation:
         """Serve the trace through the compiled kernel where it gives the same pool; returns how
         many requests it served (the Python loop serves the rest)."""
         rep = self.replicas[0]
-        if len(self.replicas) > 1 or rep.tiers is not None or self.responses is not None \
-                or replay.why_not(rep.pool) is not None:
+        if len(self.replicas) > 1 or rep.compiled is None:
             return 0
         progress = self.progress
-        done = replay.serve_requests(rep.pool, self.trace.requests,
-                                     (lambda k: progress(k, len(self.trace.requests))) if progress else None)
+        done = rep.compiled.serve_requests(self.trace.requests,
+                                           (lambda k: progress(k, len(self.trace.requests))) if progress else None)
         self.router.count_only(done)
         self.served += done
-        self.compiled_requests = done
         return done
 
     def _route(self, r) -> tuple[_Replica, RouteRequest]:
@@ -364,7 +370,7 @@ class Simulation:
             rep.state.in_flight -= 1
             self.served += 1
         rep.state.queued_tokens = rep.sched.queued_prefill_tokens
-        rep.state.kv_usage = rep.pool.usage()
+        rep.state.kv_usage = rep.live_pool.usage()
 
     def _report(self, wall_s: float) -> dict:
         per = []
@@ -372,6 +378,8 @@ class Simulation:
         counts = CacheCounts()
         requests = evictions = holes = preemptions = 0
         for rep in self.replicas:
+            if rep.compiled is not None:
+                rep.compiled.settle()
             st = rep.pool.stats()
             m = rep.pool.metrics
             st["replica"] = rep.rid
@@ -398,8 +406,8 @@ class Simulation:
             "max_running": self.s.max_running,
             "scheduler": None if self.s.cache_only else self.s.scheduler,
             "decode_kv": None if self.s.cache_only else self.s.decode_kv,
-            # cache-only: "compiled" when the compiled kernel served every request (same results)
-            "engine": "compiled" if self.compiled_requests and self.compiled_requests == self.served else "python",
+            # the pool that served: compiled (replica.core.compiled_pool, the same results) or python
+            "engine": "compiled" if all(rep.compiled is not None for rep in self.replicas) else "python",
             "block_size": self.block_size,
             "model": self.cost.model.name,
             "gpu": self.cost.gpu.name,

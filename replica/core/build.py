@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from replica.core.compiled_pool import CompiledPool, why_not
 from replica.core.costs import DepthCosts
 from replica.core.metrics import PoolMetrics
 from replica.core.policies import make_policy
@@ -47,6 +48,9 @@ class CoreSettings:
     # "keep": a finished request's response blocks are cached (a colocated vLLM); "drop": they are
     # not (a disaggregated prefill instance, the estimator's theoretical variant)
     response_kv: str = "drop"
+    # The scheduler drives the compiled twin of the pool where it is this pool's exact twin
+    # (replica.core.compiled_pool: LRU / S3-FIFO, no events, no tiers, response KV dropped, fcfs).
+    compiled: bool = False
 
     def __post_init__(self) -> None:
         if self.response_kv not in RESPONSE_KV:
@@ -63,6 +67,8 @@ class ReplicaCore:
     pool: BlockPool
     scheduler: Scheduler
     tiers: TierStack | None = None
+    # The scheduler's pool when it is compiled: ``pool`` is then current only after ``compiled.settle()``.
+    compiled: CompiledPool | None = None
 
     @property
     def metrics(self) -> PoolMetrics:
@@ -117,8 +123,10 @@ def build_core(s: CoreSettings, cost: CostModel) -> ReplicaCore:
     pool = BlockPool(s.capacity_blocks, policy, block_size=bs, hit_mode=s.hit_mode, metrics=metrics,
                      emit_events=s.emit_events, block_cost=costs)
     tiers = TierStack(s.tiers, pool, cost.block_bytes(bs), costs, s.tier_events) if s.tiers.enabled else None
-    sched = Scheduler(pool, cost, SchedulerSettings(token_budget=s.token_budget, max_running=s.max_running,
+    fast = CompiledPool(pool) if s.compiled and tiers is None and s.response_kv == "drop" and s.scheduler == "fcfs" \
+        and why_not(pool) is None else None
+    sched = Scheduler(fast or pool, cost, SchedulerSettings(token_budget=s.token_budget, max_running=s.max_running,
                                                     max_waiting=s.max_waiting, policy=s.scheduler,
                                                     decode_kv=s.decode_kv),
                       report_decoded=s.stream_tokens, tiers=tiers, keep_response_kv=s.response_kv == "keep")
-    return ReplicaCore(pool, sched, tiers)
+    return ReplicaCore(pool, sched, tiers, fast)

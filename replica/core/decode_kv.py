@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import heapq
 
-from replica.core.pool import BlockPool
 from replica.core.sched_types import SchedRequest
+from replica.core.types import SchedulerPool
 
 
 class DecodeBlocks:
-    def __init__(self, pool: BlockPool, enabled: bool = True) -> None:
+    def __init__(self, pool: SchedulerPool, enabled: bool = True) -> None:
         self.pool = pool
         self.enabled = enabled  # False: no request ever holds a block beyond its hashed ones
         self.block_size = pool.block_size

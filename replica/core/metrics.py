@@ -7,33 +7,11 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
-
-import numpy as np
 
 from replica.core.costs import DepthCosts
 from replica.core.types import Allocation
 from shared.ratios import CacheCounts, ratio
-
-
-@dataclass(slots=True)
-class ReplayedRequests:
-    """What the compiled replay reports of the requests it served: per request (arrays in serving
-    order) and in total. ``input_tokens`` is -1 where a request gave none."""
-
-    blocks: np.ndarray
-    hits: np.ndarray
-    prefix: np.ndarray  # leading run of hits
-    holes: np.ndarray
-    input_tokens: np.ndarray
-    cost_total: float
-    cost_hit: float
-    hole_length_log2: list[int]
-    hole_blocks: int
-    inserted: int
-    evictions: int
-    one_hit_evictions: int
 
 
 def log2_bucket_label(k: int) -> str:
@@ -119,27 +97,12 @@ class PoolMetrics:
         if self.reuse is not None:
             self.reuse.defer(alloc.hashes, now)
 
-    def record_replayed(self, served: ReplayedRequests) -> None:
-        """Many requests served at once by the compiled replay (``replica.core.replay``): the same
-        totals ``record_request`` reaches one request at a time."""
-        blocks, hits = served.blocks, served.hits
-        queried = np.where(served.input_tokens < 0, blocks * self.block_size, served.input_tokens)
-        self.requests += len(blocks)
-        self.block_accesses += int(blocks.sum())
-        self.block_hits += int(hits.sum())
-        self.prefix_hit_blocks += int(served.prefix.sum())
-        self.tokens_queried += int(queried.sum())
-        self.tokens_hit += int(np.minimum(hits.astype(np.int64) * self.block_size, queried).sum())
-        self.cost_total += served.cost_total
-        self.cost_hit += served.cost_hit
-        values, counts = np.unique(served.holes, return_counts=True)
-        self.holes_per_request.update(dict(zip(values.tolist(), counts.tolist())))
-        self.holes_total += int(served.holes.sum())
-        self.hole_length_log2.update({k: c for k, c in enumerate(served.hole_length_log2) if c})
-        self.hole_blocks += served.hole_blocks
-        self.inserted += served.inserted
-        self.evictions += served.evictions
-        self.one_hit_evictions += served.one_hit_evictions
+    def load_counts(self, counts: dict) -> None:
+        """Become the counters the compiled pool reached (``replica.core.compiled_pool``) from these
+        metrics fresh: every field ``record_request`` and the pool keep (the reuse tracker is fed
+        directly)."""
+        for name, value in counts.items():
+            setattr(self, name, Counter(value) if isinstance(value, dict) else value)
 
     # ---- reporting --------------------------------------------------------------
     def counts(self) -> CacheCounts:

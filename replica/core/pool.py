@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import heapq
 from collections import _count_elements, deque  # type: ignore[attr-defined]  # C helper Counter uses
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import compress, filterfalse, repeat
 from operator import not_, sub
 from types import MappingProxyType
@@ -97,6 +97,11 @@ class BlockPool:
 
     def is_pinned(self, h: int) -> bool:
         return h in self._refs
+
+    @property
+    def pinned(self) -> int:
+        """Blocks held by running requests."""
+        return len(self._refs)
 
     @property
     def used(self) -> int:
@@ -277,13 +282,21 @@ class BlockPool:
         policy.on_release(hashes, now)
         return alloc
 
-    def load_replayed(self, resident: Iterable[tuple[int, str | None]], footprint: Iterable[tuple[str | None, int]],
-                      reused: Iterable[int]) -> None:
-        """Take the blocks (oldest inserted first, with owners), footprints and reused blocks the
-        compiled replay reached from this pool empty (``replica.core.replay``)."""
+    def load_state(self, resident: Iterable[tuple[int, str | None]], footprint: Iterable[tuple[str | None, int]],
+                   reused: Iterable[int], refs: Mapping[int, int], private: int) -> None:
+        """Become what the compiled pool reached (``replica.core.compiled_pool``): the blocks, oldest
+        inserted first, with their owners; footprints in the order a session last entered; the
+        blocks reused since inserted; pins; unhashed blocks held."""
+        self.resident.clear()
         self.resident.update(resident)
+        self.footprint.clear()
         self.footprint.update(footprint)
+        self._reused.clear()
         self._reused.update(reused)
+        self._refs.clear()
+        self._refs.update(refs)
+        self._pins = sum(refs.values())
+        self.private = private
 
     # ---- administration -----------------------------------------------------------
     def reset(self) -> int:

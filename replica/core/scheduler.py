@@ -42,7 +42,7 @@ from collections import _count_elements, deque  # type: ignore[attr-defined]  # 
 from collections.abc import Callable
 
 from replica.core.decode_kv import DecodeBlocks
-from replica.core.pool import BlockPool, PoolBusyError, PoolCapacityError
+from replica.core.pool import PoolBusyError, PoolCapacityError
 from replica.core.sched_types import (
     SCHEDULERS,
     QueueFullError,
@@ -56,6 +56,7 @@ from replica.core.sched_types import (
     prefill_segments,
 )
 from replica.core.tiers import TierStack
+from replica.core.types import SchedulerPool
 from shared.costmodel import CostModel
 
 __all__ = ["SCHEDULERS", "QueueFullError", "SchedRequest", "Scheduler", "SchedulerSettings", "StepResult",
@@ -73,7 +74,7 @@ class Scheduler:
     O(lent blocks + window x prompt); a preemption costs O(running) (it leaves the decode heap).
     """
 
-    def __init__(self, pool: BlockPool, cost: CostModel, settings: SchedulerSettings | None = None,
+    def __init__(self, pool: SchedulerPool, cost: CostModel, settings: SchedulerSettings | None = None,
                  *, report_decoded: bool = True, tiers: TierStack | None = None,
                  keep_response_kv: bool = False) -> None:
         self.pool = pool
@@ -172,7 +173,7 @@ class Scheduler:
                 steps = self.decode_kv.ahead(self._tick, steps)
         decode_time = self._decode_time(n_dec, kv_tokens, steps)
         duration = prefill_time + decode_time
-        self.pinned_block_s += (len(self.pool.pin_counts) + self.pool.private) * duration
+        self.pinned_block_s += (self.pool.pinned + self.pool.private) * duration
         if self.timer is not None:
             duration = self.timer.step_time(self._chunks, list(self._decoders.values()), steps, duration)
             self._chunks = []

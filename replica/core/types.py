@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from shared.index.base import IndexEvent as KvEvent  # the one event type: the pool emits what the index applies
 
@@ -70,4 +71,29 @@ class PolicyContext:
     # (the unit of ``Access.next_use``); the simulator sets it.
     position: float = 0.0
 
-__all__ = ["Access", "Allocation", "KvEvent", "PolicyContext"]
+class SchedulerPool(Protocol):
+    """What a scheduler uses of its pool: a ``BlockPool``, or its compiled twin in the simulator
+    (``replica.core.compiled_pool.CompiledPool``)."""
+
+    capacity: int
+    block_size: int
+
+    @property
+    def private(self) -> int: ...
+    @property
+    def pinned(self) -> int: ...
+    @property
+    def room(self) -> int: ...
+    @property
+    def pin_counts(self) -> Mapping[int, int]: ...
+
+    def acquire(self, hashes: Sequence[int], *, session: str | None = None, now: float = 0.0,
+                input_tokens: int | None = None, next_use: Sequence[float] | None = None,
+                position: float | None = None, record: bool = True, extra: int = 0) -> Allocation: ...
+    def release(self, alloc: Allocation, now: float = 0.0) -> None: ...
+    def take_private(self, n: int) -> None: ...
+    def free_private(self, n: int) -> None: ...
+    def store(self, hashes: Sequence[int], session: str | None = None, now: float = 0.0) -> list[int]: ...
+
+
+__all__ = ["Access", "Allocation", "KvEvent", "PolicyContext", "SchedulerPool"]

@@ -4,7 +4,8 @@ import pytest
 
 from loadgen.formats import read_trace
 from loadgen.trace import Trace, TraceRequest
-from replica.core import replay
+from replica.core import compiled_pool
+from replica.core.tiers import TierSettings
 from shared.errors import InputError, UnknownNameError
 from sim.simulator import NextUses, SimSettings, Simulation, simulate
 
@@ -98,14 +99,16 @@ def test_cache_only_gives_exactly_the_one_at_a_time_hit_ratios(policy):
     assert serial["ttft_p50_s"] > 0
 
 
-@pytest.mark.skipif(not replay.compiled(), reason="the compiled kernel is not built (no C compiler)")
+@pytest.mark.skipif(not compiled_pool.compiled(), reason="the compiled pool is not built (no C compiler)")
 @pytest.mark.parametrize("policy", ["lru", "s3fifo"])
 @pytest.mark.parametrize("hit_mode", ["holes", "prefix"])
 @pytest.mark.parametrize("name,capacity", [("mooncake-synthetic", 878), ("mooncake-conversation", 4000)])
-def test_the_compiled_cache_only_replay_reports_what_the_python_pool_reports(policy, hit_mode, name, capacity):
+@pytest.mark.parametrize("mode", [{"cache_only": True}, {}, {"reuse": "exact", "decode_kv": False, "max_running": 8}],
+                         ids=["cache_only", "batching", "batching_exact_reuse"])
+def test_the_compiled_pool_reports_what_the_python_pool_reports(policy, hit_mode, name, capacity, mode):
     trace = read_trace(name)
-    runs = [simulate(trace, SimSettings(capacity_blocks=capacity, policy=policy, hit_mode=hit_mode, cache_only=True,
-                                        compiled=compiled)) for compiled in (True, False)]
+    runs = [simulate(trace, SimSettings(capacity_blocks=capacity, policy=policy, hit_mode=hit_mode, compiled=compiled,
+                                        **mode)) for compiled in (True, False)]
     assert [r["engine"] for r in runs] == ["compiled", "python"]
     for r in runs:
         del r["engine"], r["wall_s"]
@@ -113,10 +116,28 @@ def test_the_compiled_cache_only_replay_reports_what_the_python_pool_reports(pol
 
 
 def test_the_compiled_replay_is_not_used_where_it_would_differ():
-    # events for a shared index, response KV and oracles keep the Python pool
+    # events for a shared index, response KV, oracles, tiers and the reorder scheduler keep the Python pool
     trace = read_trace("mooncake-synthetic")
-    for kw in ({"replicas": 2}, {"response_kv": "keep"}, {"policy": "belady"}, {"policy": "arc"}):
-        assert simulate(trace, SimSettings(capacity_blocks=878, cache_only=True, **kw))["engine"] == "python", kw
+    for kw in ({"replicas": 2}, {"response_kv": "keep"}, {"policy": "belady"}, {"policy": "arc"},
+               {"scheduler": "reorder"}, {"tiers": TierSettings(host_blocks=500)}):
+        assert simulate(trace, SimSettings(capacity_blocks=878, **kw))["engine"] == "python", kw
+    # a hash that is not a 64-bit unsigned integer too, in either mode
+    odd = Trace([TraceRequest(0.0, "s", 0, [1 << 70, 2], 32, 4), TraceRequest(1.0, "s", 1, [1 << 70, 2, 3], 48, 4)], 16)
+    for cache_only in (True, False):
+        run = simulate(odd, SimSettings(capacity_blocks=8, cache_only=cache_only))
+        assert (run["engine"], run["block_hits"] if "block_hits" in run else run["per_replica"][0]["block_hits"]) == \
+            ("python", 2)
+
+
+@pytest.mark.skipif(not compiled_pool.compiled(), reason="the compiled pool is not built (no C compiler)")
+def test_several_replicas_without_an_index_each_get_a_compiled_pool():
+    trace = read_trace("mooncake-synthetic")
+    runs = [simulate(trace, SimSettings(capacity_blocks=500, replicas=3, routing="round_robin", compiled=c))
+            for c in (True, False)]
+    assert [r["engine"] for r in runs] == ["compiled", "python"]
+    for r in runs:
+        del r["engine"], r["wall_s"]
+    assert runs[0] == runs[1]
 
 
 def test_cache_only_never_overflows_a_queue():

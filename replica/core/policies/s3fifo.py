@@ -168,16 +168,17 @@ class S3FIFOPolicy(EvictionPolicy):
         self._dirty = False  # on_remove left entries in a queue
         self._evicted = False
 
-    # ---- the compiled cache-only replay (replica.core.replay) runs this policy from empty ----
-    def replay_params(self) -> dict | None:
+    # ---- the compiled pool (replica.core.compiled_pool) runs this policy from empty ----
+    def compiled_params(self) -> dict | None:
         """The kernel's settings, or None unless fresh (the kernel starts with empty queues)."""
         if self._freq or self._ghost or self._evicted or self.ghost_size > 8 * self.ctx.capacity:
             return None
         return {"kind": 1, "small_size": self.small_size, "main_size": self.main_size,
                 "ghost_size": self.ghost_size, "threshold": self.threshold}
 
-    def load_replayed(self, state: dict) -> None:
-        """Take the queues, counters and ghost the kernel reached (each head first)."""
+    def load_compiled(self, state: dict) -> None:
+        """Become the queues, counters and ghost the compiled pool reached (each head first)."""
+        self.clear()
         self._freq.update(state["freq"])
         self._small.extend(state["order"])
         self._main.extend(state["main"])

@@ -1,4 +1,4 @@
-"""The compiled cache-only replay leaves exactly the pool the Python loop of ``BlockPool.serve`` leaves."""
+"""The compiled pool leaves exactly the pool the same calls on the Python ``BlockPool`` leave."""
 
 import os
 import random
@@ -6,11 +6,11 @@ from dataclasses import dataclass
 
 import pytest
 
-from loadgen.trace import TraceRequest
-from replica.core import replay
+from replica.core import compiled_pool as replay
+from replica.core.compiled_pool import CompiledPool
 from replica.core.metrics import PoolMetrics
 from replica.core.policies import make_policy
-from replica.core.pool import BlockPool
+from replica.core.pool import BlockPool, PoolBusyError
 from shared.errors import InputError
 
 needs_kernel = pytest.mark.skipif(not replay.compiled(), reason="the compiled kernel is not built (no C compiler)")
@@ -47,11 +47,14 @@ def random_trace(seed: int, n: int = 600, universe: int = 400) -> list[Req]:
     return out
 
 
-def state(pool: BlockPool) -> dict:
+def state(pool) -> dict:
     """Everything of a pool that a later request or a report can see."""
+    if isinstance(pool, CompiledPool):
+        pool = pool.settle()
     p = pool.policy
     out = {"resident": list(pool.resident.items()), "footprint": list(pool.footprint.items()),
-           "reused": pool._reused, "now": pool.now, "stats": pool.stats(top_k=50),
+           "reused": pool._reused, "now": pool.now, "stats": pool.stats(top_k=50), "refs": dict(pool._refs),
+           "pins": pool._pins, "private": pool.private,
            "metrics": {k: v for k, v in vars(pool.metrics).items() if k not in ("costs", "reuse")}}
     if p.name == "lru":
         out["order"] = list(p._queue)
@@ -68,11 +71,12 @@ def python_pool(policy: str, capacity: int, hit_mode: str, params: dict, trace) 
     return pool
 
 
-def compiled_pool(policy: str, capacity: int, hit_mode: str, params: dict, trace) -> tuple[BlockPool, int]:
+def compiled_pool(policy: str, capacity: int, hit_mode: str, params: dict, trace) -> tuple[CompiledPool, int]:
     pool = BlockPool(capacity, make_policy(policy, **params), hit_mode=hit_mode, emit_events=False,
                      metrics=PoolMetrics(block_size=16, block_cost=lambda d: 1.0 / (d + 3) + 0.1 * d))
     assert replay.why_not(pool) is None
-    return pool, replay.serve_requests(pool, trace)
+    fast = CompiledPool(pool)
+    return fast, fast.serve_requests(trace)
 
 
 CASES = [("lru", {}), ("s3fifo", {}), ("s3fifo", {"move_to_main_threshold": 1, "small_ratio": 0.3}),
@@ -94,7 +98,7 @@ def test_the_compiled_replay_leaves_the_pool_the_python_loop_leaves(policy, para
         assert got.metrics.cost_hit.hex() == expected.metrics.cost_hit.hex()
         # and the Python pool goes on from there exactly as it would have
         more = random_trace(seed + 99, n=150)
-        for pool in (expected, got):
+        for pool in (expected, got):  # one request at a time now: acquire and release
             for r in more:
                 pool.serve(r.hash_ids, session=r.session, now=r.t, input_tokens=r.input_tokens)
         assert state(got) == state(expected)
@@ -108,6 +112,7 @@ def test_a_hand_worked_lru_replay():
     assert served == 3
     # after r1: order 3,2,1; r2 hits 1,2, inserts 4 (free slot): order 3,4,2,1;
     # r3 needs 2 blocks, none free: evicts 3 (never reused: one-hit) and 4 (one-hit), order 2,1,6,5
+    pool = pool.settle()
     assert list(pool.resident.items()) == [(1, "a"), (2, "a"), (5, "c"), (6, "c")]
     assert list(pool.policy._queue) == [2, 1, 6, 5]
     assert pool.footprint == {"a": 2, "c": 2}
@@ -117,40 +122,117 @@ def test_a_hand_worked_lru_replay():
 
 
 @needs_kernel
-@pytest.mark.parametrize("bad", ["repeat", "too_long", "negative", "huge"])
-def test_a_request_the_kernel_cannot_serve_stops_it_and_the_python_pool_raises(bad):
+@pytest.mark.parametrize("bad", ["repeat", "too_long"])
+def test_a_request_the_replay_cannot_serve_stops_it_and_serve_raises_the_pools_error(bad):
     trace = random_trace(5, n=200)
     cut = 120
-    if bad == "repeat":
-        trace[cut].hash_ids = [7, 8, 7]
-    elif bad == "too_long":
-        trace[cut].hash_ids = list(range(1000, 1100))
+    trace[cut].hash_ids = [7, 8, 7] if bad == "repeat" else list(range(1000, 1100))
     served_python = python_pool("lru", 60, "holes", {}, trace[:cut])
-    pool, served = compiled_pool("lru", 60, "holes", {}, trace) if bad in ("repeat", "too_long") else (None, None)
-    if bad in ("negative", "huge"):  # not a 64-bit unsigned hash: the kernel serves none, Python all
-        trace[cut].hash_ids = [-5] if bad == "negative" else [1 << 70]
-        pool, served = compiled_pool("lru", 60, "holes", {}, trace)
-        assert served == 0 and not pool.resident
-        return
+    pool, served = compiled_pool("lru", 60, "holes", {}, trace)
     assert served == cut
     assert state(pool) == state(served_python)
-    with pytest.raises(InputError):
-        r = trace[cut]
+    r = trace[cut]
+    with pytest.raises(InputError, match="block_hashes" if bad == "repeat" else "prompt"):
         pool.serve(r.hash_ids, session=r.session, now=r.t, input_tokens=r.input_tokens)
+    assert state(pool) == state(served_python)  # nothing changed
 
 
-def test_why_not_names_what_keeps_the_kernel_out():
+def test_hashes_that_are_not_64_bit_unsigned_keep_the_python_pool():
+    assert replay.fits_uint64([[1, 2], [(1 << 64) - 1]])
+    assert not replay.fits_uint64([[1, 2], [-5]])
+    assert not replay.fits_uint64([[1 << 64]])
+
+
+def random_calls(seed: int, capacity: int, n: int = 700):
+    """What a batching scheduler does to its pool: requests admitted (some refused for room), held
+    while others come, decode KV taken and given back, released in another order; a re-admission
+    that is not recorded."""
+    rng = random.Random(seed)
+    trace = random_trace(seed, n=n, universe=capacity * 3)
+    calls, held = [], []
+    for r in trace:
+        if len(r.hash_ids) > capacity // 3:
+            r.hash_ids = r.hash_ids[: capacity // 3]
+        calls.append(("acquire", r, rng.choice([0, 0, 1, 2]), rng.random() > 0.1))
+        held.append(len(calls) - 1)
+        while held and (len(held) > rng.randint(1, 12)):
+            calls.append(("release", held.pop(rng.randrange(len(held)))))
+        if rng.random() < 0.3:
+            calls.append(("take_private", rng.randint(1, capacity // 4)))
+    return calls + [("release", i) for i in held]
+
+
+def run_calls(pool, calls) -> list:
+    """Apply ``calls``; returns what each gave (an allocation's fields, or the error it raised)."""
+    out, allocs, private = [], {}, 0
+    for i, call in enumerate(calls):
+        try:
+            if call[0] == "acquire":
+                _, r, extra, record = call
+                a = pool.acquire(r.hash_ids, session=r.session, now=r.t, input_tokens=r.input_tokens,
+                                 record=record, extra=extra)
+                allocs[i], private = (a, extra), private + extra
+                out.append((a.hit_idx, a.new_idx, a.touched_idx, a.holes, a.hole_lengths))
+            elif call[0] == "release":
+                if call[1] in allocs:
+                    a, extra = allocs.pop(call[1])
+                    pool.release(a, 0.0)
+                    pool.free_private(extra)
+                    private -= extra
+                out.append(None)
+            else:
+                pool.take_private(call[1])
+                pool.free_private(call[1])
+                out.append(None)
+        except (PoolBusyError, InputError) as e:
+            out.append((type(e).__name__, str(e)))
+    return out
+
+
+@needs_kernel
+@pytest.mark.parametrize("policy,params", CASES, ids=lambda c: str(c))
+@pytest.mark.parametrize("hit_mode", ["holes", "prefix"])
+def test_acquire_release_and_private_blocks_as_a_scheduler_calls_them_give_the_same_pool(policy, params, hit_mode):
+    for seed, capacity in ((1, 30), (2, 64), (3, 150)):
+        calls = random_calls(seed, capacity)
+        def make(capacity=capacity):
+            return BlockPool(capacity, make_policy(policy, **params), hit_mode=hit_mode, emit_events=False,
+                             metrics=PoolMetrics(block_size=16, block_cost=lambda d: 1.0 + d % 3))
+
+        expected, got = make(), CompiledPool(make())
+        results = run_calls(expected, calls)
+        assert run_calls(got, calls) == results
+        assert any(isinstance(x, tuple) and x[0] == "PoolBusyError" for x in results)  # the calls run out of room
+        assert state(got) == state(expected)
+        assert (got.room, got.free, got.pinned, got.private, got.usage()) == \
+               (expected.room, expected.free, expected.pinned, expected.private, expected.usage())
+
+
+@needs_kernel
+def test_a_settled_pool_reads_the_same_midway_and_the_compiled_pool_goes_on():
+    calls = random_calls(9, 40)
+    expected, got = (BlockPool(40, make_policy("s3fifo"), emit_events=False) for _ in range(2))
+    fast = CompiledPool(got)
+    half = len(calls) // 2
+    run_calls(expected, calls[:half]), run_calls(fast, calls[:half])
+    assert state(fast) == state(expected)
+    assert dict(fast.pin_counts) == dict(expected.pin_counts)
+    run_calls(expected, calls[half:]), run_calls(fast, calls[half:])
+    assert state(fast) == state(expected)
+
+
+def test_why_not_names_what_keeps_the_compiled_pool_out():
     pool = BlockPool(10, make_policy("arc"), emit_events=False)
     if replay.compiled():
         assert "policy arc" in replay.why_not(pool)
-        lru = BlockPool(10, make_policy("lru"), emit_events=True)
-        assert "events" in replay.why_not(lru)
+        assert "events" in replay.why_not(BlockPool(10, make_policy("lru"), emit_events=True))
         busy = BlockPool(10, make_policy("lru"), emit_events=False)
         busy.serve([1, 2])
-        assert "not empty" in replay.why_not(busy) or "not compiled or not fresh" in replay.why_not(busy)
+        assert replay.why_not(busy) is not None
+        with pytest.raises(ValueError, match="no compiled pool"):
+            CompiledPool(busy)
     else:
         assert "not built" in replay.why_not(pool)
-    assert replay.serve_requests(pool, [TraceRequest(0.0, "s", 0, [1], 16, 1)]) == 0
 
 
 @pytest.mark.skipif(not os.environ.get("KVEMU_REQUIRE_COMPILED"), reason="no C compiler was found by scripts/test")
