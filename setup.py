@@ -1,10 +1,11 @@
-"""The one compiled part of kvemu: the block pool with LRU or S3-FIFO, compiled for the simulator (replica/core/_pool.c).
+"""The compiled parts of kvemu: the simulator's block pool with LRU or S3-FIFO
+(replica/core/_pool.c) and SHARDS's exact LRU stack (replica/core/_lru_stack.c).
 
-It is optional: where no C compiler is found the build goes on without it and the simulator
-uses the Python pool, which gives the same results (the kernel is tested against it).
-The kernel carries the SHA-256 of the source it was built from, so a checkout whose _pool.c has
-changed since the last install falls back to the Python pool instead of running a stale kernel.
-Everything else is in pyproject.toml.
+Both are optional: where no C compiler is found the build goes on without them and the
+simulator uses their Python definitions, which give the same results (the compiled parts are
+tested against them). Each carries the SHA-256 of the source it was built from, so a checkout
+whose C source changed since the last install uses the Python definition instead of a stale
+build (replica/core/native.py). Everything else is in pyproject.toml.
 """
 
 import hashlib
@@ -12,8 +13,14 @@ from pathlib import Path
 
 from setuptools import Extension, setup
 
-SOURCE = "replica/core/_pool.c"
-DIGEST = hashlib.sha256(Path(__file__).with_name("replica").joinpath("core", "_pool.c").read_bytes()).hexdigest()
+HERE = Path(__file__).parent
 
-setup(ext_modules=[Extension("replica.core._pool", [SOURCE], optional=True, extra_compile_args=["-O2"],
-                             define_macros=[("POOL_SOURCE_SHA256", f'"{DIGEST}"')])])
+
+def extension(name: str) -> Extension:
+    source = f"replica/core/{name}.c"
+    digest = hashlib.sha256((HERE / source).read_bytes()).hexdigest()
+    return Extension(f"replica.core.{name}", [source], optional=True, extra_compile_args=["-O2"],
+                     define_macros=[("SOURCE_SHA256", f'"{digest}"')])
+
+
+setup(ext_modules=[extension("_pool"), extension("_lru_stack")])

@@ -760,8 +760,8 @@ static PyTypeObject PoolType = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_pool", "The block pool with LRU or S3-FIFO, compiled.", -1,
                                     NULL};
 
-#ifndef POOL_SOURCE_SHA256
-#define POOL_SOURCE_SHA256 ""
+#ifndef SOURCE_SHA256
+#define SOURCE_SHA256 ""
 #endif
 
 PyMODINIT_FUNC PyInit__pool(void) {
@@ -772,7 +772,7 @@ PyMODINIT_FUNC PyInit__pool(void) {
     Py_INCREF(&PoolType);
     if (!Refused || PyModule_AddObject(m, "Pool", (PyObject *)&PoolType) < 0
         || PyModule_AddObject(m, "Refused", Refused) < 0
-        || PyModule_AddStringConstant(m, "SOURCE_SHA256", POOL_SOURCE_SHA256) < 0) {
+        || PyModule_AddStringConstant(m, "SOURCE_SHA256", SOURCE_SHA256) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -19,28 +19,18 @@ simulator reports which ran (``engine`` in its JSON); ``--python-core`` asks for
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from itertools import chain
-from pathlib import Path
 
 import numpy as np
 
+from replica.core.native import load
 from replica.core.pool import BlockPool, PoolBusyError, PoolCapacityError
 from replica.core.types import Allocation
 from shared.errors import InputError
 
-try:
-    from replica.core import _pool  # type: ignore[attr-defined]
-    _MISSING = ""
-except ImportError:  # built without a C compiler: the Python pool runs instead
-    _pool = None
-    _MISSING = "the compiled pool is not built (no C compiler at install)"
-else:  # a source checkout whose pool source changed since it was built: never run the old one
-    _source = Path(__file__).with_name("_pool.c")
-    if _source.exists() and hashlib.sha256(_source.read_bytes()).hexdigest() != _pool.SOURCE_SHA256:
-        _pool = None
-        _MISSING = "the compiled pool is older than _pool.c (run `pip install -e .` again)"
+_pool, _MISSING = load("_pool")
+_Refused = _pool.Refused if _pool is not None else RuntimeError  # what the compiled calls raise when they cannot
 
 __all__ = ["CompiledPool", "compiled", "why_not"]
 
@@ -95,6 +85,7 @@ class CompiledPool:
         self._cost_len = 64
         self._codes: dict[str | None, int] = {}
         self._now = pool.now
+        assert _pool is not None  # why_not said so
         self._kernel = _pool.Pool(capacity=pool.capacity, block_size=pool.metrics.block_size,
                                   prefix_mode=pool.hit_mode == "prefix", cum=self._cum(self._cost_len),
                                   **pool.policy.compiled_params())  # type: ignore[attr-defined]
@@ -139,7 +130,7 @@ class CompiledPool:
         try:
             hit, new, touched, holes = self._kernel.acquire(hashes, code, -1 if input_tokens is None else input_tokens,
                                                             record, extra)
-        except _pool.Refused as refused:
+        except _Refused as refused:
             if refused.args[0] == _BUSY and now > self._now:  # the pool's clock moved before it looked for room
                 self._now = now
             raise self._error(n, *refused.args) from None
@@ -164,7 +155,7 @@ class CompiledPool:
     def take_private(self, n: int) -> None:
         try:
             self._kernel.take_private(n)
-        except _pool.Refused as refused:
+        except _Refused as refused:
             raise self._error(n, *refused.args) from None
         self._settled = False
 

@@ -12,6 +12,9 @@ last seen at ``t`` is the number of live timestamps after ``t``: all of them, le
 ones. A Fenwick tree counts only the dead, so marking a new timestamp costs nothing, and
 when no timestamp has died since the last renumbering a distance is one subtraction.
 
+``make_lru_stack`` returns the compiled twin (``_lru_stack.c``, the same state and answers) where
+it is built, this class otherwise. Blocks are keyed mod 2^64.
+
 Pure and synchronous; no I/O.
 """
 
@@ -19,7 +22,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+import numpy as np
+
+from replica.core.native import load
+
 INF = (1 << 63) - 1
+_MASK64 = (1 << 64) - 1  # blocks are keyed mod 2^64, as the compiled stack keys them
 
 
 class LruStack:
@@ -41,6 +49,7 @@ class LruStack:
         n = len(blocks)
         if self._next + n > self.size + 1:
             self._make_room(n)
+        blocks = [b & _MASK64 for b in blocks]
         get, dead, size = self._ts.get, self._dead, self.size
         a = self._next
         olds = [get(b, 0) for b in blocks]
@@ -80,6 +89,24 @@ class LruStack:
         self._next = a + m
         return dists, dts
 
+    def step_many(self, blocks: np.ndarray, offsets: np.ndarray, times: np.ndarray | None,
+                  dists: np.ndarray, dts: np.ndarray) -> int:
+        """``step`` each request ``blocks[offsets[k]:offsets[k+1]]`` (at ``times[k]``; no times: None)
+        in order, writing their distances into ``dists`` (aligned with ``blocks``) and their reuse
+        times, in order, into ``dts``; returns how many reuse times were written."""
+        blocks_list, bounds = blocks.tolist(), offsets.tolist()
+        when = times.tolist() if times is not None else None
+        written = 0
+        for k in range(len(bounds) - 1):
+            lo, hi = bounds[k], bounds[k + 1]
+            if lo == hi:
+                continue
+            d, t = self.step(blocks_list[lo:hi], when[k] if when is not None else None)
+            dists[lo:hi] = d
+            dts[written:written + len(t)] = t
+            written += len(t)
+        return written
+
     def _make_room(self, n: int) -> None:
         """Renumber live timestamps to 1..k (oldest first), none dead; grow so half the slots stay free."""
         live = len(self._ts)
@@ -99,10 +126,18 @@ class LruStack:
     def forget(self, blocks: Iterable[int]) -> int:
         """Stop tracking these blocks (their next access is cold); returns how many were tracked."""
         pop, dead, size = self._ts.pop, self._dead, self.size
-        gone = {t for t in (pop(b, 0) for b in blocks) if t}
+        gone = {t for t in (pop(b & _MASK64, 0) for b in blocks) if t}
         for i in gone:
             while i <= size:
                 dead[i] += 1
                 i += i & -i
         self._ndead += len(gone)
         return len(gone)
+
+
+_compiled, _ = load("_lru_stack")
+
+
+def make_lru_stack() -> LruStack:
+    """The compiled stack where it is built, else the Python one (the same answers)."""
+    return _compiled.LruStack() if _compiled is not None else LruStack()  # type: ignore[no-any-return]

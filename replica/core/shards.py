@@ -19,7 +19,7 @@ from itertools import chain
 import numpy as np
 import xxhash
 
-from replica.core.lru_stack import INF, LruStack
+from replica.core.lru_stack import INF, make_lru_stack
 from replica.core.reuse import (
     _LOG2_BUCKETS,
     _MASK64,
@@ -78,7 +78,7 @@ class ShardsTracker:
         self.max_tracked = max_tracked
         self.seed = seed & _MASK64
         self.adjust = adjust
-        self._inner = LruStack()
+        self._inner = make_lru_stack()
         self._heap: list[tuple[int, int]] = []  # (-sample hash, block) of tracked blocks
         self._hist = np.zeros(len(self._EDGES))  # weighted counts per scaled-distance bin
         self._rt_hist = np.zeros(RT_MAX_EXP - RT_MIN_EXP + 1)
@@ -141,6 +141,10 @@ class ShardsTracker:
         t = self.threshold
         keep = np.flatnonzero(sample < np.uint64(t))
         ends = np.cumsum([len(h) for h, _ in queue])
+        if self._inner.tracked + len(keep) <= self.max_tracked:  # no shrink can happen: one call for all
+            self._account_many(queue, np.array(flat, dtype=np.uint64)[keep], sample[keep],
+                               np.searchsorted(keep, ends))
+            return
         cuts = np.searchsorted(keep, ends).tolist()  # keep[cuts[i-1]:cuts[i]]: request i's sampled blocks
         kept = keep.tolist()
         start = 0
@@ -181,6 +185,46 @@ class ShardsTracker:
         if self._inner.tracked > self.max_tracked:
             self._shrink()
         return dist
+
+    def _account_many(self, queue: list, picked: np.ndarray, hashes: np.ndarray, cuts: np.ndarray) -> None:
+        """``_account`` every deferred request at once (no shrink can happen: the threshold, and so
+        the weight, stay): ``picked`` their sampled blocks, ``hashes`` the blocks' sample hashes,
+        ``picked[cuts[i-1]:cuts[i]]`` request i's. The sums run per request, in order, as there."""
+        offsets = np.zeros(len(queue) + 1, dtype=np.int64)
+        offsets[1:] = cuts
+        timed = [now for _, now in queue]
+        if any(now is None for now in timed) and not all(now is None for now in timed):
+            for (blocks, now), lo, hi in zip(queue, offsets[:-1].tolist(), offsets[1:].tolist()):
+                self._account(blocks, picked[lo:hi].tolist(), now)  # mixed: one at a time
+            return
+        self.accesses += sum(len(blocks) for blocks, _ in queue)
+        if not len(picked):
+            return
+        dist = np.empty(len(picked), dtype=np.int64)
+        dts = np.empty(len(picked), dtype=np.float64)
+        times = None if timed[0] is None else np.array(timed, dtype=np.float64)
+        written = self._inner.step_many(picked, offsets, times, dist, dts)
+        w = self.P / self.threshold
+        if w != self._pend_w:
+            self._flush()
+            self._pend_w = w
+        cold = dist == INF
+        per_request = np.diff(offsets)
+        cold_before = np.zeros(len(cold) + 1, dtype=np.int64)
+        np.cumsum(cold, out=cold_before[1:])
+        cold_per_request = cold_before[offsets[1:]] - cold_before[offsets[:-1]]
+        some = per_request > 0
+        for n, n_cold in zip(per_request[some].tolist(), cold_per_request[some].tolist()):
+            self._w_total += w * n
+            self._w_cold += w * n_cold
+        self.sampled += len(picked)
+        self._pend_d += dist.tolist()
+        self._pend_t += dts[:written].tolist()
+        heap = self._heap
+        for h, b in zip(hashes[cold].tolist(), picked[cold].tolist()):
+            heapq.heappush(heap, (-h, b))
+        if len(self._pend_d) > 1 << 16:
+            self._flush()
 
     def _picked(self, hashes: Sequence[int]) -> list[int]:
         """The sampled blocks, in order."""

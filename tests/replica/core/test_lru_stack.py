@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import random
 
-from replica.core.lru_stack import INF, LruStack
+import numpy as np
+import pytest
+
+from replica.core.lru_stack import INF, LruStack, make_lru_stack
+from replica.core.native import load
 from replica.core.reuse import ReuseDistanceTracker
 
 A, B, C, D = 101, 202, 303, 404
@@ -37,3 +41,33 @@ def test_matches_the_batched_tracker_across_renumbering():
             gone = [rng.randrange(1500) for _ in range(20)]
             assert s.forget(gone) == ref.forget(gone)
     assert s.size > 1024 and s.tracked == ref.tracked  # renumbered and grown on the way
+
+
+_compiled, _why = load("_lru_stack")
+
+
+@pytest.mark.skipif(_compiled is None, reason=_why)
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_compiled_stack_answers_as_the_python_one(seed):
+    rng = random.Random(seed)
+    py, c = LruStack(), _compiled.LruStack()
+    assert type(make_lru_stack()) is _compiled.LruStack
+    universe = [rng.randrange(1 << 64) for _ in range(900)] + [-3, 1 << 70]  # keyed mod 2^64
+    for k in range(4000):
+        req = [rng.choice(universe) for _ in range(rng.randint(1, 12))]  # repeats too
+        now = None if k % 7 == 0 else float(k) / 3
+        assert c.step(req, now) == py.step(req, now)
+        if k % 53 == 0:
+            gone = [rng.choice(universe) for _ in range(15)]
+            assert c.forget(gone) == py.forget(gone)
+        if k % 400 == 0:  # many requests at once, as SHARDS drains them
+            reqs = [[rng.randrange(1 << 64) for _ in range(rng.randint(0, 6))] for _ in range(50)]
+            flat = np.array([b for r in reqs for b in r], dtype=np.uint64)
+            offsets = np.cumsum([0] + [len(r) for r in reqs]).astype(np.int64)
+            times = None if k % 800 == 0 else np.arange(50, dtype=np.float64) + k
+            out = [(np.zeros(len(flat), dtype=np.int64), np.zeros(len(flat))) for _ in range(2)]
+            written = [s.step_many(flat, offsets, times, d, t) for s, (d, t) in zip((c, py), out)]
+            assert written[0] == written[1]
+            assert out[0][0].tolist() == out[1][0].tolist() and out[0][1][:written[0]].tolist() == out[1][1][:written[0]].tolist()
+        assert (c.tracked, c.size) == (py.tracked, py.size)
+    assert c.size > 1024  # renumbered and grown on the way

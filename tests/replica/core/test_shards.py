@@ -1,5 +1,7 @@
 import random
 
+import pytest
+
 from replica.core.shards import _DRAIN_AT, ShardsTracker
 
 
@@ -30,3 +32,17 @@ def test_defer_drains_on_its_own_and_before_every_read_out():
     for i in range(_DRAIN_AT):
         s.defer([10**6 + i], 2.0)
     assert not s._deferred  # a full queue drains without a read-out
+
+
+@pytest.mark.parametrize("times", ["seconds", "none", "mixed"])
+def test_a_drain_that_cannot_shrink_accounts_all_its_requests_in_one_call_exactly(times):
+    # max_tracked far above what is tracked: the whole queue goes to the stack at once
+    one, batched = ShardsTracker(rate=0.3, seed=5, max_tracked=1 << 40), ShardsTracker(rate=0.3, seed=5, max_tracked=1 << 40)
+    for k, (hashes, now) in enumerate(_requests(2, 4000)):
+        when = {"seconds": now, "none": None, "mixed": None if k % 3 else now}[times]
+        one.record(hashes, when)
+        batched.defer(hashes, when)
+        if k == 1500:
+            assert batched.to_dict() == one.to_dict()  # a read-out in the middle drains too
+    assert batched.to_dict() == one.to_dict()
+    assert batched._heap == one._heap  # the cold blocks a shrink would forget, in heap order

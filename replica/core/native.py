@@ -1,0 +1,29 @@
+"""The compiled parts of the cache core, loaded where they were built and match their source.
+
+Two C extensions (``setup.py``, built at install when a C compiler is present) speed up the
+simulator: ``_pool`` (the block pool with LRU or S3-FIFO, ``compiled_pool``) and ``_lru_stack``
+(SHARDS's exact LRU stack, ``lru_stack``). Each has a Python definition it is tested against, used
+wherever the extension is missing. A module carries the SHA-256 of the source it was built from: in
+a checkout whose source changed since the last install, the stale build is not used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+from pathlib import Path
+from types import ModuleType
+
+__all__ = ["load"]
+
+
+def load(name: str) -> tuple[ModuleType | None, str]:
+    """``replica.core.<name>`` and "", or None and why it is not used."""
+    try:
+        module = importlib.import_module(f"replica.core.{name}")
+    except ImportError:
+        return None, f"replica.core.{name} is not built (no C compiler at install)"
+    source = Path(__file__).with_name(f"{name}.c")
+    if source.exists() and hashlib.sha256(source.read_bytes()).hexdigest() != module.SOURCE_SHA256:
+        return None, f"replica.core.{name} is older than {name}.c (run `pip install -e .` again)"
+    return module, ""
