@@ -286,7 +286,7 @@ class Simulation:
         t0 = time.perf_counter()
         reqs = self.trace.requests
         n = len(reqs)
-        start = self._run_compiled()
+        start = self._run_compiled(future)
         for k in range(start, n):
             r = reqs[k]
             rep, view = self._route(r)
@@ -310,7 +310,7 @@ class Simulation:
             self.progress(n, n)
         return self._report(time.perf_counter() - t0)
 
-    def _run_compiled(self) -> int:
+    def _run_compiled(self, future: NextUses | None) -> int:
         """Serve the trace through the compiled kernel where it gives the same pool; returns how
         many requests it served (the Python loop serves the rest)."""
         rep = self.replicas[0]
@@ -318,7 +318,8 @@ class Simulation:
             return 0
         progress = self.progress
         done = rep.compiled.serve_requests(self.trace.requests,
-                                           (lambda k: progress(k, len(self.trace.requests))) if progress else None)
+                                           (lambda k: progress(k, len(self.trace.requests))) if progress else None,
+                                           future.next if future is not None else None)
         self.router.count_only(done)
         self.served += done
         return done

@@ -21,6 +21,7 @@
 #define NIL (-1)
 #define KIND_LRU 0
 #define KIND_S3FIFO 1
+#define KIND_BELADY 2
 #define MAX_FREQ 3
 #define IN_MAIN 4
 #define NOT_TRACKED (-1) /* S3-FIFO: resident but given up as a victim while the request held it */
@@ -147,6 +148,13 @@ typedef struct {
     uint32_t cur_stamp;
     uint64_t next_seq;
     int32_t pinned, private_blocks;
+    double *nu;              /* Belady: the block's recorded next use (has_rec) */
+    uint8_t *has_rec;
+    int32_t records;
+    double *heap_t;          /* Belady: max-heap of (next use, block) entries, stale ones dropped lazily */
+    uint64_t *heap_k;
+    Py_ssize_t heap_len, heap_cap;
+    const double *next_use;  /* the request being acquired: its blocks' next uses (NULL: none known) */
     List order;              /* LRU: head = next victim. S3-FIFO: small */
     List main;
     Table ghost;             /* S3-FIFO ids only; its list is the ghost FIFO */
@@ -157,6 +165,7 @@ typedef struct {
     Py_ssize_t ncum;
     /* a request's scratch */
     uint64_t *keys;
+    double *uses;            /* a request's next uses, read from Python */
     int32_t *slot_of, *touched, *fresh, *freed, *hole_len;
     int32_t ntouched, nfresh, nhits, lead, holes;
     Table scratch;           /* new hashes of one request: the repeat check */
@@ -198,6 +207,7 @@ static void Pool_dealloc(Pool *k) {
     free(k->owner); free(k->refs); free(k->reused); free(k->freq); free(k->queue); free(k->seq); free(k->stamp);
     free(k->cum); free(k->keys); free(k->slot_of); free(k->touched); free(k->fresh); free(k->freed);
     free(k->hole_len); free(k->fp_count); free(k->fp_entry); free(k->holes_hist);
+    free(k->nu); free(k->has_rec); free(k->heap_t); free(k->heap_k); free(k->uses);
     Py_TYPE(k)->tp_free((PyObject *)k);
 }
 
@@ -210,7 +220,10 @@ static int Pool_init(Pool *k, PyObject *args, PyObject *kw) {
     if (!PyArg_ParseTupleAndKeywords(args, kw, "iiipO|iiii", names, &kind, &capacity, &block_size, &prefix_mode,
                                      &cum_obj, &small_size, &main_size, &ghost_size, &threshold))
         return -1;
-    if (kind != KIND_LRU && kind != KIND_S3FIFO) { PyErr_SetString(PyExc_ValueError, "kind: 0 (lru) or 1 (s3fifo)"); return -1; }
+    if (kind != KIND_LRU && kind != KIND_S3FIFO && kind != KIND_BELADY) {
+        PyErr_SetString(PyExc_ValueError, "kind: 0 (lru), 1 (s3fifo) or 2 (belady)");
+        return -1;
+    }
     if (capacity < 1 || capacity > (1 << 29) || ghost_size < 0 || ghost_size > (1 << 29) || block_size < 1) {
         PyErr_SetString(PyExc_ValueError, "capacity, block_size or ghost_size out of range");
         return -1;
@@ -225,15 +238,17 @@ static int Pool_init(Pool *k, PyObject *args, PyObject *kw) {
         goto nomem;
     k->owner = calloc(c, sizeof(int32_t)); k->refs = calloc(c, sizeof(int32_t)); k->reused = calloc(c, 1);
     k->freq = calloc(c, 1); k->queue = calloc(c, 1); k->seq = calloc(c, sizeof(uint64_t));
-    k->stamp = calloc(c, sizeof(uint32_t)); k->keys = malloc(c * sizeof(uint64_t));
+    k->stamp = calloc(c, sizeof(uint32_t)); k->keys = malloc(c * sizeof(uint64_t)); k->uses = malloc(c * sizeof(double));
     k->slot_of = malloc(c * sizeof(int32_t)); k->touched = malloc(c * sizeof(int32_t));
     k->fresh = malloc(c * sizeof(int32_t)); k->freed = malloc(c * sizeof(int32_t));
     k->hole_len = malloc(c * sizeof(int32_t)); k->holes_hist = calloc(c + 1, sizeof(long long));
+    k->nu = calloc(c, sizeof(double)); k->has_rec = calloc(c, 1);
+    k->heap_cap = 1024; k->heap_t = malloc(1024 * sizeof(double)); k->heap_k = malloc(1024 * sizeof(uint64_t));
     k->fp_size = 1024;
     k->fp_count = calloc((size_t)k->fp_size, sizeof(int64_t)); k->fp_entry = calloc((size_t)k->fp_size, sizeof(uint64_t));
     if (!k->owner || !k->refs || !k->reused || !k->freq || !k->queue || !k->seq || !k->stamp || !k->keys
         || !k->slot_of || !k->touched || !k->fresh || !k->freed || !k->hole_len || !k->holes_hist || !k->fp_count
-        || !k->fp_entry)
+        || !k->fp_entry || !k->nu || !k->has_rec || !k->heap_t || !k->heap_k || !k->uses)
         goto nomem;
     return 0;
 nomem:
@@ -284,9 +299,73 @@ static void s3_insert(Pool *k, int32_t s) {  /* S3FIFOPolicy._insert, one block 
     }
 }
 
+/* Belady (policies/belady.py): entries (next use, block), the farthest next use first, ties the
+ * larger block first; an entry is live while its block's record equals it and the block is unpinned. */
+static inline int heap_before(const Pool *k, Py_ssize_t a, Py_ssize_t b) {
+    double ta = k->heap_t[a], tb = k->heap_t[b];
+    return ta > tb || (ta == tb && k->heap_k[a] > k->heap_k[b]);
+}
+
+static inline void heap_swap(Pool *k, Py_ssize_t a, Py_ssize_t b) {
+    double t = k->heap_t[a]; k->heap_t[a] = k->heap_t[b]; k->heap_t[b] = t;
+    uint64_t x = k->heap_k[a]; k->heap_k[a] = k->heap_k[b]; k->heap_k[b] = x;
+}
+
+static void heap_down(Pool *k, Py_ssize_t i) {
+    for (;;) {
+        Py_ssize_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < k->heap_len && heap_before(k, l, m)) m = l;
+        if (r < k->heap_len && heap_before(k, r, m)) m = r;
+        if (m == i) return;
+        heap_swap(k, i, m);
+        i = m;
+    }
+}
+
+static int heap_push(Pool *k, double t, uint64_t key) {
+    if (k->heap_len == k->heap_cap) {
+        Py_ssize_t cap = k->heap_cap * 2;
+        double *ht = realloc(k->heap_t, (size_t)cap * sizeof(double));
+        if (ht) k->heap_t = ht;
+        uint64_t *hk = ht ? realloc(k->heap_k, (size_t)cap * sizeof(uint64_t)) : NULL;
+        if (hk) k->heap_k = hk;
+        if (!ht || !hk) return -1;
+        k->heap_cap = cap;
+    }
+    Py_ssize_t i = k->heap_len++;
+    k->heap_t[i] = t; k->heap_k[i] = key;
+    while (i && heap_before(k, i, (i - 1) / 2)) { heap_swap(k, i, (i - 1) / 2); i = (i - 1) / 2; }
+    return 0;
+}
+
+static void heap_rebuild(Pool *k) {  /* every unpinned block's record: no stale entry left */
+    Table *t = &k->res;
+    k->heap_len = 0;
+    for (int32_t s = 0; s < t->slots; s++)
+        if (k->has_rec[s] && !k->refs[s] && table_find(t, t->key[s]) == s) {
+            k->heap_t[k->heap_len] = k->nu[s]; k->heap_k[k->heap_len] = t->key[s]; k->heap_len++;
+        }
+    for (Py_ssize_t i = k->heap_len / 2; i-- > 0;) heap_down(k, i);
+}
+
+static int32_t belady_victim(Pool *k) {
+    for (;;) {
+        double t = k->heap_t[0];
+        uint64_t key = k->heap_k[0];
+        k->heap_len--;
+        if (k->heap_len) { k->heap_t[0] = k->heap_t[k->heap_len]; k->heap_k[0] = k->heap_k[k->heap_len]; heap_down(k, 0); }
+        int32_t s = table_find(&k->res, key);
+        if (s == NIL || !k->has_rec[s] || k->nu[s] != t || k->refs[s]) continue;  /* stale */
+        k->has_rec[s] = 0;
+        k->records--;
+        return s;
+    }
+}
+
 /* The next block the policy gives up: it leaves the policy's order (S3-FIFO: its counter too). */
 static int32_t next_victim(Pool *k) {
     Table *t = &k->res;
+    if (k->kind == KIND_BELADY) return belady_victim(k);
     if (k->kind == KIND_LRU) {
         int32_t s = k->order.head;
         list_unlink(t, &k->order, s);
@@ -367,7 +446,10 @@ static int acquire_one(Pool *k, Py_ssize_t n, int32_t session, long long tokens,
     }
     for (int32_t j = 0; j < nt; j++) {  /* pin what is resident, then evict around it */
         int32_t s = k->slot_of[k->touched[j]];
-        if (k->refs[s]++ == 0) k->pinned++;
+        if (k->refs[s]++ == 0) {
+            k->pinned++;
+            if (k->kind == KIND_BELADY && k->has_rec[s]) { k->has_rec[s] = 0; k->records--; }  /* on_pin */
+        }
     }
     if (shortfall > 0) evict(k, shortfall);
     if (nf) {  /* insert the new blocks, shallowest first (the resident map's order), pinned */
@@ -381,7 +463,7 @@ static int acquire_one(Pool *k, Py_ssize_t n, int32_t session, long long tokens,
         int32_t i = k->fresh[j];
         int32_t s = table_add(t, h[i]);
         k->slot_of[i] = s; k->owner[s] = session; k->reused[s] = 0; k->seq[s] = k->next_seq++;
-        k->refs[s] = 1; k->queue[s] = Q_NONE; k->freq[s] = NOT_TRACKED;
+        k->refs[s] = 1; k->queue[s] = Q_NONE; k->freq[s] = NOT_TRACKED; k->has_rec[s] = 0;
     }
     k->private_blocks += extra;
     /* hits after the hit-mode rule; holes (gaps before a reused block) in holes mode */
@@ -423,6 +505,14 @@ static int acquire_one(Pool *k, Py_ssize_t n, int32_t session, long long tokens,
             k->hole_blocks += k->hole_len[j];
         }
     }
+    if (k->kind == KIND_BELADY) {  /* on_access: every block's next use (infinite: never again, or unknown) */
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int32_t s = k->slot_of[i];
+            if (!k->has_rec[s]) k->records++;
+            k->has_rec[s] = 1;
+            k->nu[s] = k->next_use ? k->next_use[i] : INFINITY;
+        }
+    }
     if (k->kind == KIND_S3FIFO) {  /* on_access: counters of touched blocks it tracks, then the new ones */
         for (int32_t j = 0; j < nt; j++) {
             int32_t s = k->slot_of[k->touched[j]];
@@ -436,7 +526,7 @@ static int acquire_one(Pool *k, Py_ssize_t n, int32_t session, long long tokens,
 
 /* BlockPool.release of the blocks in slots[0..n) (in depth order): unpin; the policy hears of
  * those no request holds any more. */
-static void release_slots(Pool *k, const int32_t *slots, Py_ssize_t n) {
+static int release_slots(Pool *k, const int32_t *slots, Py_ssize_t n) {
     int32_t nfreed = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         int32_t s = slots[i];
@@ -445,7 +535,9 @@ static void release_slots(Pool *k, const int32_t *slots, Py_ssize_t n) {
     Table *t = &k->res;
     for (int32_t j = nfreed - 1; j >= 0; j--) {  /* deepest first */
         int32_t s = k->freed[j];
-        if (k->kind == KIND_LRU) {
+        if (k->kind == KIND_BELADY) {
+            (void)0;
+        } else if (k->kind == KIND_LRU) {
             if (k->queue[s] != Q_NONE) list_unlink(t, &k->order, s);
             k->queue[s] = Q_SMALL;
             list_push(t, &k->order, s);
@@ -453,6 +545,14 @@ static void release_slots(Pool *k, const int32_t *slots, Py_ssize_t n) {
             s3_insert(k, s);
         }
     }
+    if (k->kind == KIND_BELADY) {  /* on_release: the freed blocks with a record enter the heap */
+        for (int32_t j = 0; j < nfreed; j++) {
+            int32_t s = k->freed[j];
+            if (k->has_rec[s] && heap_push(k, k->nu[s], t->key[s]) < 0) return -1;
+        }
+        if (k->heap_len > 2 * (Py_ssize_t)k->records + 1024) heap_rebuild(k);
+    }
+    return 0;
 }
 
 static int read_keys(Pool *k, PyObject *hashes, Py_ssize_t *n) {  /* a list of ints into keys[] */
@@ -485,19 +585,38 @@ static PyObject *int_list(const int32_t *v, Py_ssize_t n, const int32_t *index) 
     return out;
 }
 
-/* acquire(hashes, session_code, input_tokens (-1: none), record, extra)
+static int read_uses(Pool *k, PyObject *uses, Py_ssize_t n) {  /* next uses, one per block */
+    PyObject *seq = PySequence_Fast(uses, "next_use must be a sequence of floats");
+    if (!seq) return -1;
+    if (PySequence_Fast_GET_SIZE(seq) != n) {
+        Py_DECREF(seq);
+        PyErr_SetString(PyExc_ValueError, "next_use: one per block");
+        return -1;
+    }
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        k->uses[i] = PyFloat_AsDouble(items[i]);
+        if (k->uses[i] == -1.0 && PyErr_Occurred()) { Py_DECREF(seq); return -1; }
+    }
+    Py_DECREF(seq);
+    return 0;
+}
+
+/* acquire(hashes, session_code, input_tokens (-1: none), record, extra, next_use=None)
  * -> (hit_idx, new_idx, touched_idx, hole_lengths); Refused(code, shortfall, available) when it cannot. */
 static PyObject *Pool_acquire(Pool *k, PyObject *args) {
-    PyObject *hashes;
+    PyObject *hashes, *uses = Py_None;
     int32_t session, extra;
     long long tokens;
     int record;
-    if (!PyArg_ParseTuple(args, "OiLpi", &hashes, &session, &tokens, &record, &extra)) return NULL;
+    if (!PyArg_ParseTuple(args, "OiLpi|O", &hashes, &session, &tokens, &record, &extra, &uses)) return NULL;
     if (session < 0 || extra < 0) { PyErr_SetString(PyExc_ValueError, "session and extra must be >= 0"); return NULL; }
     Py_ssize_t n;
     int r = read_keys(k, hashes, &n);
     if (r < 0) return NULL;
     if (r > 0) return refuse(TOO_LONG, (long)n, k->capacity);
+    if (uses != Py_None && read_uses(k, uses, n) < 0) return NULL;
+    k->next_use = uses != Py_None ? k->uses : NULL;
     int32_t out[2] = {0, 0};
     int code = acquire_one(k, n, session, tokens, record, extra, out);
     if (code < 0) return NULL;
@@ -523,7 +642,7 @@ static PyObject *Pool_release(Pool *k, PyObject *hashes) {
         }
         k->slot_of[i] = s;
     }
-    release_slots(k, k->slot_of, n);
+    if (release_slots(k, k->slot_of, n) < 0) return PyErr_NoMemory();
     Py_RETURN_NONE;
 }
 
@@ -564,25 +683,29 @@ static int get_buffer(PyObject *o, Py_buffer *b, const char *what, Py_ssize_t it
     return 0;
 }
 
-/* serve(hashes u64, offsets i64, sessions i32, input_tokens i64 (-1: none), start, stop): requests
- * [start, stop) one at a time, each acquired then released (BlockPool.serve); returns the index of
- * the first one not served (stop when all were): the wrapper serves that one in Python. */
+/* serve(hashes u64, offsets i64, sessions i32, input_tokens i64 (-1: none), next uses f64 or None,
+ * start, stop): requests [start, stop) one at a time, each acquired then released (BlockPool.serve);
+ * returns the index of the first one not served (stop when all were): the wrapper serves that one. */
 static PyObject *Pool_serve(Pool *k, PyObject *args) {
-    PyObject *o[4];
+    PyObject *o[5];
     Py_ssize_t start, stop;
-    if (!PyArg_ParseTuple(args, "OOOOnn", &o[0], &o[1], &o[2], &o[3], &start, &stop)) return NULL;
-    static const char *what[4] = {"hashes", "offsets", "sessions", "input_tokens"};
-    static const Py_ssize_t size[4] = {8, 8, 4, 8};
-    Py_buffer b[4];
-    int got = 0;
+    if (!PyArg_ParseTuple(args, "OOOOOnn", &o[0], &o[1], &o[2], &o[3], &o[4], &start, &stop)) return NULL;
+    static const char *what[5] = {"hashes", "offsets", "sessions", "input_tokens", "next_use"};
+    static const Py_ssize_t size[5] = {8, 8, 4, 8, 8};
+    Py_buffer b[5];
+    int got = 0, nomem = 0;
     PyObject *result = NULL;
-    for (; got < 4; got++)
+    for (; got < 5; got++) {
+        if (got == 4 && o[4] == Py_None) break;
         if (get_buffer(o[got], &b[got], what[got], size[got]) < 0) goto done;
+    }
     const uint64_t *hashes = b[0].buf;
     const int64_t *off = b[1].buf, *tokens = b[3].buf;
     const int32_t *sess = b[2].buf;
     Py_ssize_t nreq = b[1].len / 8 - 1;
-    if (start < 0 || stop > nreq || start > stop || b[2].len / 4 < nreq || b[3].len / 8 < nreq) {
+    const double *uses = got == 5 ? b[4].buf : NULL;
+    if (start < 0 || stop > nreq || start > stop || b[2].len / 4 < nreq || b[3].len / 8 < nreq
+        || (uses && b[4].len < b[0].len)) {
         PyErr_SetString(PyExc_ValueError, "serve: start/stop or array lengths do not match");
         goto done;
     }
@@ -597,11 +720,12 @@ static PyObject *Pool_serve(Pool *k, PyObject *args) {
         if (n < 0 || n > k->capacity || n >= k->ncum || off[r + 1] * 8 > b[0].len || sess[r] < 0 || k->pinned || k->private_blocks)
             break;
         memcpy(k->keys, hashes + off[r], (size_t)n * sizeof(uint64_t));
+        k->next_use = uses ? uses + off[r] : NULL;
         if (acquire_one(k, n, sess[r], tokens[r], 1, 0, out) != OK) break;
-        release_slots(k, k->slot_of, n);
+        if (release_slots(k, k->slot_of, n) < 0) { nomem = 1; r++; break; }
     }
     Py_END_ALLOW_THREADS
-    result = PyLong_FromSsize_t(r);
+    result = nomem ? PyErr_NoMemory() : PyLong_FromSsize_t(r);
 done:
     for (int i = 0; i < got; i++) PyBuffer_Release(&b[i]);
     return result;
@@ -652,6 +776,11 @@ static PyObject *blocks_state(Pool *k) {
         if (k->reused[s] && PyList_Append(reused, key) < 0) goto fail;
         if (k->refs[s] && set_int(refs, key, k->refs[s]) < 0) goto fail;
         if (k->kind == KIND_S3FIFO && k->freq[s] != NOT_TRACKED && set_int(freq, key, k->freq[s]) < 0) goto fail;
+        if (k->kind == KIND_BELADY && k->has_rec[s]) {  /* its next use, in "freq" */
+            PyObject *t = PyFloat_FromDouble(k->nu[s]);
+            if (!t || PyDict_SetItem(freq, key, t) < 0) { Py_XDECREF(t); goto fail; }
+            Py_DECREF(t);
+        }
     }
     out = Py_BuildValue("{sOsOsOsOsO}", "keys", keys, "owners", owners, "reused", reused, "refs", refs, "freq", freq);
 fail:

@@ -12,7 +12,7 @@ leave (``tests/replica/core/test_compiled_pool.py`` drives both with random call
 their whole state). The Python pool stays the definition and what everything else reads.
 
 It is made only where it gives that same pool (``why_not``): an empty pool and a fresh policy of
-exactly ``LRUPolicy`` or ``S3FIFOPolicy``, fresh metrics, no events to ship (one replica) and no
+exactly ``LRUPolicy``, ``S3FIFOPolicy`` or ``BeladyPolicy``, fresh metrics, no events to ship (one replica) and no
 lower tier; block hashes must be 64-bit unsigned integers (a trace's are checked first). The
 simulator reports which ran (``engine`` in its JSON); ``--python-core`` asks for the Python pool.
 """
@@ -129,7 +129,7 @@ class CompiledPool:
             code = self._codes[session] = len(self._codes)
         try:
             hit, new, touched, holes = self._kernel.acquire(hashes, code, -1 if input_tokens is None else input_tokens,
-                                                            record, extra)
+                                                            record, extra, next_use)
         except _Refused as refused:
             if refused.args[0] == _BUSY and now > self._now:  # the pool's clock moved before it looked for room
                 self._now = now
@@ -148,7 +148,7 @@ class CompiledPool:
     def serve(self, hashes: Sequence[int], *, session: str | None = None, now: float = 0.0,
               input_tokens: int | None = None, next_use: Sequence[float] | None = None,
               position: float | None = None) -> Allocation:
-        alloc = self.acquire(hashes, session=session, now=now, input_tokens=input_tokens)
+        alloc = self.acquire(hashes, session=session, now=now, input_tokens=input_tokens, next_use=next_use)
         self.release(alloc, now)
         return alloc
 
@@ -167,10 +167,12 @@ class CompiledPool:
         raise NotImplementedError("response KV is kept only with the Python pool (build_core does not compile it)")
 
     # ---- the cache-only replay: a trace in one call --------------------------------
-    def serve_requests(self, requests: Sequence, progress: Callable[[int], None] | None = None) -> int:
+    def serve_requests(self, requests: Sequence, progress: Callable[[int], None] | None = None,
+                       next_use: np.ndarray | None = None) -> int:
         """``serve`` each of ``requests`` (``hash_ids``, ``session``, ``input_tokens``, ``t``) in
         order; returns how many were served: all, unless one could not be (the caller serves it
-        through ``serve``, which raises the pool's error)."""
+        through ``serve``, which raises the pool's error). ``next_use``: every block access's next
+        use, in order (the oracles')."""
         if not requests or self.pinned or self.private:
             return 0
         lengths = np.fromiter(map(len, (r.hash_ids for r in requests)), dtype=np.int64, count=len(requests))
@@ -186,7 +188,7 @@ class CompiledPool:
         done = 0
         while done < len(requests):
             stop = min(done + CHUNK, len(requests))
-            reached = self._kernel.serve(hashes, offsets, sessions, tokens, done, stop)
+            reached = self._kernel.serve(hashes, offsets, sessions, tokens, next_use, done, stop)
             if self._reuse is not None:
                 for r in requests[done:reached]:
                     self._reuse.defer(r.hash_ids, r.t)

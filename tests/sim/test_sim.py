@@ -100,7 +100,7 @@ def test_cache_only_gives_exactly_the_one_at_a_time_hit_ratios(policy):
 
 
 @pytest.mark.skipif(not compiled_pool.compiled(), reason="the compiled pool is not built (no C compiler)")
-@pytest.mark.parametrize("policy", ["lru", "s3fifo"])
+@pytest.mark.parametrize("policy", ["lru", "s3fifo", "belady"])
 @pytest.mark.parametrize("hit_mode", ["holes", "prefix"])
 @pytest.mark.parametrize("name,capacity", [("mooncake-synthetic", 878), ("mooncake-conversation", 4000)])
 @pytest.mark.parametrize("mode", [{"cache_only": True}, {}, {"reuse": "exact", "decode_kv": False, "max_running": 8}],
@@ -118,7 +118,7 @@ def test_the_compiled_pool_reports_what_the_python_pool_reports(policy, hit_mode
 def test_the_compiled_replay_is_not_used_where_it_would_differ():
     # events for a shared index, response KV, oracles, tiers and the reorder scheduler keep the Python pool
     trace = read_trace("mooncake-synthetic")
-    for kw in ({"replicas": 2}, {"response_kv": "keep"}, {"policy": "belady"}, {"policy": "arc"},
+    for kw in ({"replicas": 2}, {"response_kv": "keep"}, {"policy": "belady_compute"}, {"policy": "arc"},
                {"scheduler": "reorder"}, {"tiers": TierSettings(host_blocks=500)}):
         assert simulate(trace, SimSettings(capacity_blocks=878, **kw))["engine"] == "python", kw
     # a hash that is not a 64-bit unsigned integer too, in either mode

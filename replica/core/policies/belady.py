@@ -109,6 +109,18 @@ class BeladyPolicy(EvictionPolicy):
     def on_remove(self, h: int) -> None:
         self._nu.pop(h, None)
 
+    # ---- the compiled pool (replica.core.compiled_pool) runs this policy from empty ----
+    def compiled_params(self) -> dict | None:
+        return None if self._nu or self._heap else {"kind": 2}
+
+    def load_compiled(self, state: dict) -> None:
+        """Become the next uses the compiled pool recorded; the heap holds the unpinned ones."""
+        self.clear()
+        self._nu.update(state["freq"])
+        pinned = self.ctx.pinned
+        self._heap = [(-t, -h) for h, t in self._nu.items() if h not in pinned]
+        heapify(self._heap)
+
 
 class BeladyComputePolicy(EvictionPolicy):
     name = "belady_compute"

@@ -1,8 +1,12 @@
 """The compiled pool leaves exactly the pool the same calls on the Python ``BlockPool`` leave."""
 
+import math
 import os
 import random
 from dataclasses import dataclass
+from types import SimpleNamespace
+
+import numpy as np
 
 import pytest
 
@@ -12,6 +16,7 @@ from replica.core.metrics import PoolMetrics
 from replica.core.policies import make_policy
 from replica.core.pool import BlockPool, PoolBusyError
 from shared.errors import InputError
+from sim.simulator import NextUses
 
 needs_kernel = pytest.mark.skipif(not replay.compiled(), reason="the compiled kernel is not built (no C compiler)")
 
@@ -22,6 +27,14 @@ class Req:
     session: str
     input_tokens: int | None
     t: float
+    next_use: list | None = None  # the oracle's: position of each block's next access
+
+
+def with_next_uses(trace: list[Req]) -> list[Req]:
+    future = NextUses(SimpleNamespace(requests=trace))
+    for k, r in enumerate(trace):
+        r.next_use = future.of(k)
+    return trace
 
 
 def random_trace(seed: int, n: int = 600, universe: int = 400) -> list[Req]:
@@ -58,6 +71,9 @@ def state(pool) -> dict:
            "metrics": {k: v for k, v in vars(pool.metrics).items() if k not in ("costs", "reuse")}}
     if p.name == "lru":
         out["order"] = list(p._queue)
+    elif p.name == "belady":  # the heap's layout is its own: what it would hand out is the live entries
+        out["next_uses"] = p._nu
+        out["live"] = {e for e in p._heap if p._nu.get(-e[1]) == -e[0] and -e[1] not in pool._refs}  # a block may repeat
     else:
         out.update(freq=p._freq, small=list(p._small), main=list(p._main), ghost=list(p._ghost), evicted=p._evicted)
     return out
@@ -67,7 +83,7 @@ def python_pool(policy: str, capacity: int, hit_mode: str, params: dict, trace) 
     pool = BlockPool(capacity, make_policy(policy, **params), hit_mode=hit_mode, emit_events=False,
                      metrics=PoolMetrics(block_size=16, block_cost=lambda d: 1.0 / (d + 3) + 0.1 * d))
     for r in trace:
-        pool.serve(r.hash_ids, session=r.session, now=r.t, input_tokens=r.input_tokens)
+        pool.serve(r.hash_ids, session=r.session, now=r.t, input_tokens=r.input_tokens, next_use=r.next_use)
     return pool
 
 
@@ -76,10 +92,11 @@ def compiled_pool(policy: str, capacity: int, hit_mode: str, params: dict, trace
                      metrics=PoolMetrics(block_size=16, block_cost=lambda d: 1.0 / (d + 3) + 0.1 * d))
     assert replay.why_not(pool) is None
     fast = CompiledPool(pool)
-    return fast, fast.serve_requests(trace)
+    future = np.array([u for r in trace for u in r.next_use]) if trace and trace[0].next_use is not None else None
+    return fast, fast.serve_requests(trace, next_use=future)
 
 
-CASES = [("lru", {}), ("s3fifo", {}), ("s3fifo", {"move_to_main_threshold": 1, "small_ratio": 0.3}),
+CASES = [("lru", {}), ("belady", {}), ("s3fifo", {}), ("s3fifo", {"move_to_main_threshold": 1, "small_ratio": 0.3}),
          ("s3fifo", {"ghost_ratio": 0.0}), ("s3fifo", {"move_to_main_threshold": 3, "ghost_ratio": 2.5})]
 
 
@@ -89,7 +106,7 @@ CASES = [("lru", {}), ("s3fifo", {}), ("s3fifo", {"move_to_main_threshold": 1, "
 @pytest.mark.parametrize("capacity", [40, 97, 300])
 def test_the_compiled_replay_leaves_the_pool_the_python_loop_leaves(policy, params, hit_mode, capacity):
     for seed in range(3):
-        trace = random_trace(seed * 7 + capacity)
+        trace = with_next_uses(random_trace(seed * 7 + capacity))
         expected = python_pool(policy, capacity, hit_mode, params, trace)
         got, served = compiled_pool(policy, capacity, hit_mode, params, trace)
         assert served == len(trace)
@@ -97,10 +114,10 @@ def test_the_compiled_replay_leaves_the_pool_the_python_loop_leaves(policy, para
         # the costs are floats: equal to the last bit, not approximately
         assert got.metrics.cost_hit.hex() == expected.metrics.cost_hit.hex()
         # and the Python pool goes on from there exactly as it would have
-        more = random_trace(seed + 99, n=150)
+        more = with_next_uses(random_trace(seed + 99, n=150))
         for pool in (expected, got):  # one request at a time now: acquire and release
             for r in more:
-                pool.serve(r.hash_ids, session=r.session, now=r.t, input_tokens=r.input_tokens)
+                pool.serve(r.hash_ids, session=r.session, now=r.t, input_tokens=r.input_tokens, next_use=r.next_use)
         assert state(got) == state(expected)
 
 
@@ -153,6 +170,7 @@ def random_calls(seed: int, capacity: int, n: int = 700):
     for r in trace:
         if len(r.hash_ids) > capacity // 3:
             r.hash_ids = r.hash_ids[: capacity // 3]
+        r.next_use = [rng.choice([float(rng.randrange(50)), math.inf]) for _ in r.hash_ids]  # ties too
         calls.append(("acquire", r, rng.choice([0, 0, 1, 2]), rng.random() > 0.1))
         held.append(len(calls) - 1)
         while held and (len(held) > rng.randint(1, 12)):
@@ -162,7 +180,7 @@ def random_calls(seed: int, capacity: int, n: int = 700):
     return calls + [("release", i) for i in held]
 
 
-def run_calls(pool, calls) -> list:
+def run_calls(pool, calls, random_uses: bool = True) -> list:
     """Apply ``calls``; returns what each gave (an allocation's fields, or the error it raised)."""
     out, allocs, private = [], {}, 0
     for i, call in enumerate(calls):
@@ -170,7 +188,7 @@ def run_calls(pool, calls) -> list:
             if call[0] == "acquire":
                 _, r, extra, record = call
                 a = pool.acquire(r.hash_ids, session=r.session, now=r.t, input_tokens=r.input_tokens,
-                                 record=record, extra=extra)
+                                 record=record, extra=extra, next_use=r.next_use if random_uses else None)
                 allocs[i], private = (a, extra), private + extra
                 out.append((a.hit_idx, a.new_idx, a.touched_idx, a.holes, a.hole_lengths))
             elif call[0] == "release":
