@@ -7,10 +7,9 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 import numpy as np
-
 import pytest
 
-from replica.core import compiled_pool as replay
+from replica.core import compiled_pool
 from replica.core.compiled_pool import CompiledPool
 from replica.core.metrics import PoolMetrics
 from replica.core.policies import make_policy
@@ -18,7 +17,7 @@ from replica.core.pool import BlockPool, PoolBusyError
 from shared.errors import InputError
 from sim.simulator import NextUses
 
-needs_kernel = pytest.mark.skipif(not replay.compiled(), reason="the compiled kernel is not built (no C compiler)")
+needs_compiled = pytest.mark.skipif(not compiled_pool.compiled(), reason="the compiled pool is not built (no C compiler)")
 
 
 @dataclass
@@ -90,7 +89,7 @@ def python_pool(policy: str, capacity: int, hit_mode: str, params: dict, trace) 
 def compiled_pool(policy: str, capacity: int, hit_mode: str, params: dict, trace) -> tuple[CompiledPool, int]:
     pool = BlockPool(capacity, make_policy(policy, **params), hit_mode=hit_mode, emit_events=False,
                      metrics=PoolMetrics(block_size=16, block_cost=lambda d: 1.0 / (d + 3) + 0.1 * d))
-    assert replay.why_not(pool) is None
+    assert compiled_pool.why_not(pool) is None
     fast = CompiledPool(pool)
     future = np.array([u for r in trace for u in r.next_use]) if trace and trace[0].next_use is not None else None
     return fast, fast.serve_requests(trace, next_use=future)
@@ -100,7 +99,7 @@ CASES = [("lru", {}), ("belady", {}), ("s3fifo", {}), ("s3fifo", {"move_to_main_
          ("s3fifo", {"ghost_ratio": 0.0}), ("s3fifo", {"move_to_main_threshold": 3, "ghost_ratio": 2.5})]
 
 
-@needs_kernel
+@needs_compiled
 @pytest.mark.parametrize("policy,params", CASES, ids=lambda c: str(c))
 @pytest.mark.parametrize("hit_mode", ["holes", "prefix"])
 @pytest.mark.parametrize("capacity", [40, 97, 300])
@@ -121,7 +120,7 @@ def test_the_compiled_replay_leaves_the_pool_the_python_loop_leaves(policy, para
         assert state(got) == state(expected)
 
 
-@needs_kernel
+@needs_compiled
 def test_a_hand_worked_lru_replay():
     # capacity 4; each request's blocks go to the tail deepest first, so block 0 is the newest.
     trace = [Req([1, 2, 3], "a", 48, 0.0), Req([1, 2, 4], "b", 40, 1.0), Req([5, 6], "c", None, 2.0)]
@@ -138,7 +137,7 @@ def test_a_hand_worked_lru_replay():
     assert (s["tokens_queried"], s["tokens_hit"]) == (48 + 40 + 32, 32)
 
 
-@needs_kernel
+@needs_compiled
 @pytest.mark.parametrize("bad", ["repeat", "too_long"])
 def test_a_request_the_replay_cannot_serve_stops_it_and_serve_raises_the_pools_error(bad):
     trace = random_trace(5, n=200)
@@ -155,9 +154,9 @@ def test_a_request_the_replay_cannot_serve_stops_it_and_serve_raises_the_pools_e
 
 
 def test_hashes_that_are_not_64_bit_unsigned_keep_the_python_pool():
-    assert replay.fits_uint64([[1, 2], [(1 << 64) - 1]])
-    assert not replay.fits_uint64([[1, 2], [-5]])
-    assert not replay.fits_uint64([[1 << 64]])
+    assert compiled_pool.fits_uint64([[1, 2], [(1 << 64) - 1]])
+    assert not compiled_pool.fits_uint64([[1, 2], [-5]])
+    assert not compiled_pool.fits_uint64([[1 << 64]])
 
 
 def random_calls(seed: int, capacity: int, n: int = 700):
@@ -207,7 +206,7 @@ def run_calls(pool, calls, random_uses: bool = True) -> list:
     return out
 
 
-@needs_kernel
+@needs_compiled
 @pytest.mark.parametrize("policy,params", CASES, ids=lambda c: str(c))
 @pytest.mark.parametrize("hit_mode", ["holes", "prefix"])
 def test_acquire_release_and_private_blocks_as_a_scheduler_calls_them_give_the_same_pool(policy, params, hit_mode):
@@ -226,7 +225,7 @@ def test_acquire_release_and_private_blocks_as_a_scheduler_calls_them_give_the_s
                (expected.room, expected.free, expected.pinned, expected.private, expected.usage())
 
 
-@needs_kernel
+@needs_compiled
 def test_a_settled_pool_reads_the_same_midway_and_the_compiled_pool_goes_on():
     calls = random_calls(9, 40)
     expected, got = (BlockPool(40, make_policy("s3fifo"), emit_events=False) for _ in range(2))
@@ -241,18 +240,18 @@ def test_a_settled_pool_reads_the_same_midway_and_the_compiled_pool_goes_on():
 
 def test_why_not_names_what_keeps_the_compiled_pool_out():
     pool = BlockPool(10, make_policy("arc"), emit_events=False)
-    if replay.compiled():
-        assert "policy arc" in replay.why_not(pool)
-        assert "events" in replay.why_not(BlockPool(10, make_policy("lru"), emit_events=True))
+    if compiled_pool.compiled():
+        assert "policy arc" in compiled_pool.why_not(pool)
+        assert "events" in compiled_pool.why_not(BlockPool(10, make_policy("lru"), emit_events=True))
         busy = BlockPool(10, make_policy("lru"), emit_events=False)
         busy.serve([1, 2])
-        assert replay.why_not(busy) is not None
+        assert compiled_pool.why_not(busy) is not None
         with pytest.raises(ValueError, match="no compiled pool"):
             CompiledPool(busy)
     else:
-        assert "not built" in replay.why_not(pool)
+        assert "not built" in compiled_pool.why_not(pool)
 
 
 @pytest.mark.skipif(not os.environ.get("KVEMU_REQUIRE_COMPILED"), reason="no C compiler was found by scripts/test")
 def test_the_kernel_is_built_and_current_where_a_compiler_is():
-    assert replay.compiled(), replay.why_not(BlockPool(1, make_policy("lru"), emit_events=False))
+    assert compiled_pool.compiled(), compiled_pool.why_not(BlockPool(1, make_policy("lru"), emit_events=False))
