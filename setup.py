@@ -8,18 +8,23 @@ whose C source changed since the last install uses the Python definition instead
 build (replica/core/native.py). Everything else is in pyproject.toml.
 """
 
-import hashlib
+import importlib.util
 from pathlib import Path
 
 from setuptools import Extension, setup
 
 HERE = Path(__file__).parent
+# replica/core/native.py lists each module's sources and digests them; it needs only the stdlib
+_spec = importlib.util.spec_from_file_location("native", HERE / "replica" / "core" / "native.py")
+native = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(native)
 
 
 def extension(name: str) -> Extension:
-    source = f"replica/core/{name}.c"
-    digest = hashlib.sha256((HERE / source).read_bytes()).hexdigest()
-    return Extension(f"replica.core.{name}", [source], optional=True, extra_compile_args=["-O2"],
+    sources = [f"replica/core/{file}" for file in native.SOURCES[name] if file.endswith(".c")]
+    digest = native.source_digest(HERE / "replica" / "core", name)
+    return Extension(f"replica.core.{name}", sources, optional=True, extra_compile_args=["-O2"],
+                     depends=[f"replica/core/{file}" for file in native.SOURCES[name]],
                      define_macros=[("SOURCE_SHA256", f'"{digest}"')])
 
 

@@ -9,11 +9,13 @@ times, alternating and each in a fresh interpreter (imports included):
   ids written as a plain-text trace, simulated in C by ``process_trace``;
 * ``kvemu_cache_only_lru`` / ``_s3fifo``: ``kvemu sim --cache-only`` with its defaults, the
   trace parsed from JSONL (parsed-trace cache off) and, ``_warm``, read back from that cache;
+  ``_pycore``: with ``--python-core`` (the Python pool instead of the compiled one, same results);
 * ``python_floor_lru``: the same JSONL read with kvemu's reader, then a bare ``OrderedDict`` LRU in
   Python with the pool's semantics and nothing else: the floor of a pure-Python design;
 * ``kvemu_default_lru``: ``kvemu sim`` with its defaults (continuous batching, cost model,
   sampled reuse tracking), ``kvemu_default_lru_noreuse`` the same with ``--reuse off`` (what reuse
-  tracking costs), and ``kvemu_default_belady`` / ``_belady_compute`` to compare with it.
+  tracking costs), ``kvemu_default_lru_pycore`` with the Python pool, and ``kvemu_default_belady``
+  / ``_belady_compute`` to compare with it.
 
 Prints JSON: best wall time per mode, the hit ratios, and the ratios the targets name.
 
@@ -87,10 +89,12 @@ def build_trace(path: Path, copies: int) -> dict:
     return {"requests": len(rows) * copies, "block_accesses": accesses, "bytes": path.stat().st_size}
 
 
-def kvemu_cmd(trace: Path, policy: str, cap: int, out: Path, cache_only: bool, reuse: bool = True) -> list[str]:
+def kvemu_cmd(trace: Path, policy: str, cap: int, out: Path, cache_only: bool, reuse: bool = True,
+              pycore: bool = False) -> list[str]:
     cmd = [sys.executable, "-m", "kvemu", "sim", "--trace", str(trace), "--policy", policy,
            "--capacity-blocks", str(cap), "--quiet", "--json", str(out)]
-    return cmd + (["--cache-only"] if cache_only else []) + ([] if reuse else ["--reuse", "off"])
+    return (cmd + (["--cache-only"] if cache_only else []) + ([] if reuse else ["--reuse", "off"])
+            + (["--python-core"] if pycore else []))
 
 
 def run_mode(mode: str, trace: Path, work: Path, cap: int) -> dict:
@@ -102,12 +106,12 @@ def run_mode(mode: str, trace: Path, work: Path, cap: int) -> dict:
         env["KVEMU_CACHE_DIR"] = "off"
         cmd = [sys.executable, "-c", FLOOR, str(trace), str(cap)]
     else:
-        warm = mode.endswith("_warm")  # kvemu_<cache_only|default>_<policy>[_warm|_noreuse]
+        warm = mode.endswith("_warm")  # kvemu_<cache_only|default>_<policy>[_warm|_noreuse|_pycore]
         reuse = not mode.endswith("_noreuse")
-        policy = (mode.removesuffix("_warm").removesuffix("_noreuse").removeprefix("kvemu_cache_only_")
-                  .removeprefix("kvemu_default_"))
+        policy = (mode.removesuffix("_warm").removesuffix("_noreuse").removesuffix("_pycore")
+                  .removeprefix("kvemu_cache_only_").removeprefix("kvemu_default_"))
         env["KVEMU_CACHE_DIR"] = str(work / "cache") if warm else "off"
-        cmd = kvemu_cmd(trace, policy, cap, out, mode.startswith("kvemu_cache_only"), reuse)
+        cmd = kvemu_cmd(trace, policy, cap, out, mode.startswith("kvemu_cache_only"), reuse, mode.endswith("_pycore"))
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
     wall = time.perf_counter() - t0
@@ -116,11 +120,12 @@ def run_mode(mode: str, trace: Path, work: Path, cap: int) -> dict:
     if mode.startswith("lcs_") or mode == "python_floor_lru":
         return {"wall_s": wall, "hit_ratio": json.loads(proc.stdout)["hit_ratio"]}
     run = json.loads(out.read_text())["runs"][0]
-    return {"wall_s": wall, "hit_ratio": run["block_hit_ratio"], "sim_s": run["wall_s"]}
+    return {"wall_s": wall, "hit_ratio": run["block_hit_ratio"], "sim_s": run["wall_s"], "engine": run["engine"]}
 
 
-MODES = ("lcs_lru", "python_floor_lru", "kvemu_cache_only_lru", "kvemu_cache_only_lru_warm", "lcs_s3fifo", "kvemu_cache_only_s3fifo",
-         "kvemu_default_lru", "kvemu_default_lru_noreuse", "kvemu_default_belady", "kvemu_default_belady_compute")
+MODES = ("lcs_lru", "python_floor_lru", "kvemu_cache_only_lru", "kvemu_cache_only_lru_warm", "kvemu_cache_only_lru_pycore",
+         "lcs_s3fifo", "kvemu_cache_only_s3fifo", "kvemu_default_lru", "kvemu_default_lru_noreuse",
+         "kvemu_default_lru_pycore", "kvemu_default_belady", "kvemu_default_belady_compute")
 
 
 def main() -> None:
@@ -153,6 +158,9 @@ def main() -> None:
         "cache_only_lru_warm / lcs_lru": ("kvemu_cache_only_lru_warm", "lcs_lru"),
         "python_floor_lru / lcs_lru": ("python_floor_lru", "lcs_lru"),
         "cache_only_lru / python_floor_lru": ("kvemu_cache_only_lru", "python_floor_lru"),
+        "cache_only_lru_pycore / lcs_lru": ("kvemu_cache_only_lru_pycore", "lcs_lru"),
+        "cache_only_lru_pycore / cache_only_lru": ("kvemu_cache_only_lru_pycore", "kvemu_cache_only_lru"),
+        "default_lru_pycore / default_lru": ("kvemu_default_lru_pycore", "kvemu_default_lru"),
         "cache_only_s3fifo / lcs_s3fifo": ("kvemu_cache_only_s3fifo", "lcs_s3fifo"),
         "default_lru / lcs_lru": ("kvemu_default_lru", "lcs_lru"),
         "default_lru_noreuse / lcs_lru": ("kvemu_default_lru_noreuse", "lcs_lru"),
@@ -163,7 +171,8 @@ def main() -> None:
         if num in best and den in best:
             ratios[name] = round(best[num]["wall_s"] / best[den]["wall_s"], 2)
     print(json.dumps({"trace": {"copies": a.copies, **info}, "capacity_blocks": a.capacity, "repeat": a.repeat,
-                      "best": {m: {k: round(v, 4) for k, v in r.items()} for m, r in best.items()},
+                      "best": {m: {k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}
+                               for m, r in best.items()},
                       "ratios": ratios, "python": platform.python_version(), "cpus": os.cpu_count()}, indent=1))
 
 

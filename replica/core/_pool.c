@@ -22,6 +22,7 @@
 #define KIND_LRU 0
 #define KIND_S3FIFO 1
 #define KIND_BELADY 2
+#define KIND_BELADY_COMPUTE 3
 #define MAX_FREQ 3
 #define IN_MAIN 4
 #define NOT_TRACKED (-1) /* S3-FIFO: resident but given up as a victim while the request held it */
@@ -154,6 +155,11 @@ typedef struct {
     double *heap_t;          /* Belady: max-heap of (next use, block) entries, stale ones dropped lazily */
     uint64_t *heap_k;
     Py_ssize_t heap_len, heap_cap;
+    struct BeladyCompute *bc; /* BeladyCompute's heaps (_belady_compute.h) */
+    int32_t *depth;          /* BeladyCompute: the block's recorded depth */
+    double position;         /* the oracles' now: where the request being served starts */
+    double next_position;    /* acquire's, set once its request passed the checks (as BlockPool does) */
+    int has_position;
     const double *next_use;  /* the request being acquired: its blocks' next uses (NULL: none known) */
     List order;              /* LRU: head = next victim. S3-FIFO: small */
     List main;
@@ -202,12 +208,15 @@ static int load_costs(Pool *k, PyObject *cum_obj) {
     return 0;
 }
 
+#include "_belady_compute.h"  /* BeladyCompute: its heaps and victims, over the struct above */
+
 static void Pool_dealloc(Pool *k) {
     table_free(&k->res); table_free(&k->ghost); table_free(&k->scratch);
     free(k->owner); free(k->refs); free(k->reused); free(k->freq); free(k->queue); free(k->seq); free(k->stamp);
     free(k->cum); free(k->keys); free(k->slot_of); free(k->touched); free(k->fresh); free(k->freed);
     free(k->hole_len); free(k->fp_count); free(k->fp_entry); free(k->holes_hist);
-    free(k->nu); free(k->has_rec); free(k->heap_t); free(k->heap_k); free(k->uses);
+    free(k->nu); free(k->has_rec); free(k->heap_t); free(k->heap_k); free(k->uses); free(k->depth);
+    bc_free(k);
     Py_TYPE(k)->tp_free((PyObject *)k);
 }
 
@@ -220,8 +229,8 @@ static int Pool_init(Pool *k, PyObject *args, PyObject *kw) {
     if (!PyArg_ParseTupleAndKeywords(args, kw, "iiipO|iiii", names, &kind, &capacity, &block_size, &prefix_mode,
                                      &cum_obj, &small_size, &main_size, &ghost_size, &threshold))
         return -1;
-    if (kind != KIND_LRU && kind != KIND_S3FIFO && kind != KIND_BELADY) {
-        PyErr_SetString(PyExc_ValueError, "kind: 0 (lru), 1 (s3fifo) or 2 (belady)");
+    if (kind < KIND_LRU || kind > KIND_BELADY_COMPUTE) {
+        PyErr_SetString(PyExc_ValueError, "kind: 0 (lru), 1 (s3fifo), 2 (belady) or 3 (belady_compute)");
         return -1;
     }
     if (capacity < 1 || capacity > (1 << 29) || ghost_size < 0 || ghost_size > (1 << 29) || block_size < 1) {
@@ -242,13 +251,14 @@ static int Pool_init(Pool *k, PyObject *args, PyObject *kw) {
     k->slot_of = malloc(c * sizeof(int32_t)); k->touched = malloc(c * sizeof(int32_t));
     k->fresh = malloc(c * sizeof(int32_t)); k->freed = malloc(c * sizeof(int32_t));
     k->hole_len = malloc(c * sizeof(int32_t)); k->holes_hist = calloc(c + 1, sizeof(long long));
-    k->nu = calloc(c, sizeof(double)); k->has_rec = calloc(c, 1);
+    k->nu = calloc(c, sizeof(double)); k->has_rec = calloc(c, 1); k->depth = calloc(c, sizeof(int32_t));
+    if (kind == KIND_BELADY_COMPUTE && bc_init(k) < 0) goto nomem;
     k->heap_cap = 1024; k->heap_t = malloc(1024 * sizeof(double)); k->heap_k = malloc(1024 * sizeof(uint64_t));
     k->fp_size = 1024;
     k->fp_count = calloc((size_t)k->fp_size, sizeof(int64_t)); k->fp_entry = calloc((size_t)k->fp_size, sizeof(uint64_t));
     if (!k->owner || !k->refs || !k->reused || !k->freq || !k->queue || !k->seq || !k->stamp || !k->keys
         || !k->slot_of || !k->touched || !k->fresh || !k->freed || !k->hole_len || !k->holes_hist || !k->fp_count
-        || !k->fp_entry || !k->nu || !k->has_rec || !k->heap_t || !k->heap_k || !k->uses)
+        || !k->fp_entry || !k->nu || !k->has_rec || !k->heap_t || !k->heap_k || !k->uses || !k->depth)
         goto nomem;
     return 0;
 nomem:
@@ -366,6 +376,7 @@ static int32_t belady_victim(Pool *k) {
 static int32_t next_victim(Pool *k) {
     Table *t = &k->res;
     if (k->kind == KIND_BELADY) return belady_victim(k);
+    if (k->kind == KIND_BELADY_COMPUTE) return bc_victim(k);
     if (k->kind == KIND_LRU) {
         int32_t s = k->order.head;
         list_unlink(t, &k->order, s);
@@ -439,6 +450,7 @@ static int acquire_one(Pool *k, Py_ssize_t n, int32_t session, long long tokens,
     }
     for (int32_t j = 0; j < nf; j++) table_del(&k->scratch, table_find(&k->scratch, h[k->fresh[j]]));
     if (repeats) return REPEATS;
+    if (k->has_position) k->position = k->next_position;
     int32_t shortfall = nf + extra - (k->capacity - t->used - k->private_blocks);
     if (shortfall > 0) {
         int32_t available = t->used - k->pinned - newly_pinned;
@@ -448,7 +460,7 @@ static int acquire_one(Pool *k, Py_ssize_t n, int32_t session, long long tokens,
         int32_t s = k->slot_of[k->touched[j]];
         if (k->refs[s]++ == 0) {
             k->pinned++;
-            if (k->kind == KIND_BELADY && k->has_rec[s]) { k->has_rec[s] = 0; k->records--; }  /* on_pin */
+            if (k->kind >= KIND_BELADY && k->has_rec[s]) { k->has_rec[s] = 0; k->records--; }  /* on_pin */
         }
     }
     if (shortfall > 0) evict(k, shortfall);
@@ -505,12 +517,13 @@ static int acquire_one(Pool *k, Py_ssize_t n, int32_t session, long long tokens,
             k->hole_blocks += k->hole_len[j];
         }
     }
-    if (k->kind == KIND_BELADY) {  /* on_access: every block's next use (infinite: never again, or unknown) */
+    if (k->kind >= KIND_BELADY) {  /* on_access: every block's next use (infinite: never again, or unknown) */
         for (Py_ssize_t i = 0; i < n; i++) {
             int32_t s = k->slot_of[i];
             if (!k->has_rec[s]) k->records++;
             k->has_rec[s] = 1;
             k->nu[s] = k->next_use ? k->next_use[i] : INFINITY;
+            k->depth[s] = (int32_t)i;
         }
     }
     if (k->kind == KIND_S3FIFO) {  /* on_access: counters of touched blocks it tracks, then the new ones */
@@ -535,7 +548,7 @@ static int release_slots(Pool *k, const int32_t *slots, Py_ssize_t n) {
     Table *t = &k->res;
     for (int32_t j = nfreed - 1; j >= 0; j--) {  /* deepest first */
         int32_t s = k->freed[j];
-        if (k->kind == KIND_BELADY) {
+        if (k->kind >= KIND_BELADY) {
             (void)0;
         } else if (k->kind == KIND_LRU) {
             if (k->queue[s] != Q_NONE) list_unlink(t, &k->order, s);
@@ -552,6 +565,7 @@ static int release_slots(Pool *k, const int32_t *slots, Py_ssize_t n) {
         }
         if (k->heap_len > 2 * (Py_ssize_t)k->records + 1024) heap_rebuild(k);
     }
+    if (k->kind == KIND_BELADY_COMPUTE && bc_release(k, k->freed, nfreed) < 0) return -1;
     return 0;
 }
 
@@ -602,14 +616,15 @@ static int read_uses(Pool *k, PyObject *uses, Py_ssize_t n) {  /* next uses, one
     return 0;
 }
 
-/* acquire(hashes, session_code, input_tokens (-1: none), record, extra, next_use=None)
+/* acquire(hashes, session_code, input_tokens (-1: none), record, extra, next_use=None, position=None)
  * -> (hit_idx, new_idx, touched_idx, hole_lengths); Refused(code, shortfall, available) when it cannot. */
 static PyObject *Pool_acquire(Pool *k, PyObject *args) {
-    PyObject *hashes, *uses = Py_None;
+    PyObject *hashes, *uses = Py_None, *position = Py_None;
     int32_t session, extra;
     long long tokens;
     int record;
-    if (!PyArg_ParseTuple(args, "OiLpi|O", &hashes, &session, &tokens, &record, &extra, &uses)) return NULL;
+    if (!PyArg_ParseTuple(args, "OiLpi|OO", &hashes, &session, &tokens, &record, &extra, &uses, &position))
+        return NULL;
     if (session < 0 || extra < 0) { PyErr_SetString(PyExc_ValueError, "session and extra must be >= 0"); return NULL; }
     Py_ssize_t n;
     int r = read_keys(k, hashes, &n);
@@ -617,6 +632,10 @@ static PyObject *Pool_acquire(Pool *k, PyObject *args) {
     if (r > 0) return refuse(TOO_LONG, (long)n, k->capacity);
     if (uses != Py_None && read_uses(k, uses, n) < 0) return NULL;
     k->next_use = uses != Py_None ? k->uses : NULL;
+    double where = position != Py_None ? PyFloat_AsDouble(position) : 0.0;
+    if (where == -1.0 && PyErr_Occurred()) return NULL;
+    k->has_position = position != Py_None;
+    k->next_position = where;
     int32_t out[2] = {0, 0};
     int code = acquire_one(k, n, session, tokens, record, extra, out);
     if (code < 0) return NULL;
@@ -665,6 +684,20 @@ static PyObject *Pool_free_private(Pool *k, PyObject *arg) {
     if (n == -1 && PyErr_Occurred()) return NULL;
     if (n < 0 || n > k->private_blocks) { PyErr_SetString(PyExc_ValueError, "free_private: more than are held"); return NULL; }
     k->private_blocks -= (int32_t)n;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Pool_set_policy_costs(Pool *k, PyObject *costs) {  /* BeladyCompute's cost per depth */
+    if (!k->bc) Py_RETURN_NONE;
+    Py_buffer cb;
+    if (PyObject_GetBuffer(costs, &cb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
+    double *c = cb.itemsize == 8 ? malloc((size_t)cb.len + 8) : NULL;
+    if (!c) { PyBuffer_Release(&cb); return cb.itemsize == 8 ? PyErr_NoMemory() : (PyErr_SetString(PyExc_TypeError, "float64 expected"), NULL); }
+    memcpy(c, cb.buf, (size_t)cb.len);
+    free(k->bc->policy_cost);
+    k->bc->policy_cost = c;
+    k->bc->npolicy_cost = cb.len / 8;
+    PyBuffer_Release(&cb);
     Py_RETURN_NONE;
 }
 
@@ -721,6 +754,8 @@ static PyObject *Pool_serve(Pool *k, PyObject *args) {
             break;
         memcpy(k->keys, hashes + off[r], (size_t)n * sizeof(uint64_t));
         k->next_use = uses ? uses + off[r] : NULL;
+        k->has_position = uses != NULL;  /* NextUses.position: where the request starts */
+        k->next_position = (double)off[r];
         if (acquire_one(k, n, sess[r], tokens[r], 1, 0, out) != OK) break;
         if (release_slots(k, k->slot_of, n) < 0) { nomem = 1; r++; break; }
     }
@@ -776,8 +811,9 @@ static PyObject *blocks_state(Pool *k) {
         if (k->reused[s] && PyList_Append(reused, key) < 0) goto fail;
         if (k->refs[s] && set_int(refs, key, k->refs[s]) < 0) goto fail;
         if (k->kind == KIND_S3FIFO && k->freq[s] != NOT_TRACKED && set_int(freq, key, k->freq[s]) < 0) goto fail;
-        if (k->kind == KIND_BELADY && k->has_rec[s]) {  /* its next use, in "freq" */
-            PyObject *t = PyFloat_FromDouble(k->nu[s]);
+        if (k->kind >= KIND_BELADY && k->has_rec[s]) {  /* its next use (and depth), in "freq" */
+            PyObject *t = k->kind == KIND_BELADY ? PyFloat_FromDouble(k->nu[s])
+                                                 : Py_BuildValue("(di)", k->nu[s], k->depth[s]);
             if (!t || PyDict_SetItem(freq, key, t) < 0) { Py_XDECREF(t); goto fail; }
             Py_DECREF(t);
         }
@@ -867,6 +903,7 @@ static PyMethodDef Pool_methods[] = {
     {"release", (PyCFunction)Pool_release, METH_O, "BlockPool.release of these hashes."},
     {"take_private", (PyCFunction)Pool_take_private, METH_O, "BlockPool.take_private."},
     {"free_private", (PyCFunction)Pool_free_private, METH_O, "BlockPool.free_private."},
+    {"set_policy_costs", (PyCFunction)Pool_set_policy_costs, METH_O, "BeladyCompute's recompute cost per depth (float64)."},
     {"set_costs", (PyCFunction)Pool_set_costs, METH_O, "Recompute costs of the first d blocks, d = 0, 1, ... (float64)."},
     {"serve", (PyCFunction)Pool_serve, METH_VARARGS, "BlockPool.serve of requests [start, stop); the first not served."},
     {"state", (PyCFunction)Pool_state, METH_NOARGS, "The pool's, policy's and metrics' state, for the write-back."},

@@ -12,7 +12,7 @@ leave (``tests/replica/core/test_compiled_pool.py`` drives both with random call
 their whole state). The Python pool stays the definition and what everything else reads.
 
 It is made only where it gives that same pool (``why_not``): an empty pool and a fresh policy of
-exactly ``LRUPolicy``, ``S3FIFOPolicy`` or ``BeladyPolicy``, fresh metrics, no events to ship (one replica) and no
+exactly ``LRUPolicy``, ``S3FIFOPolicy``, ``BeladyPolicy`` or ``BeladyComputePolicy``, fresh metrics, no events to ship (one replica) and no
 lower tier; block hashes must be 64-bit unsigned integers (a trace's are checked first). The
 simulator reports which ran (``engine`` in its JSON); ``--python-core`` asks for the Python pool.
 """
@@ -86,9 +86,13 @@ class CompiledPool:
         self._codes: dict[str | None, int] = {}
         self._now = pool.now
         assert _pool is not None  # why_not said so
+        params = pool.policy.compiled_params()  # type: ignore[attr-defined]
         self._kernel = _pool.Pool(capacity=pool.capacity, block_size=pool.metrics.block_size,
                                   prefix_mode=pool.hit_mode == "prefix", cum=self._cum(self._cost_len),
-                                  **pool.policy.compiled_params())  # type: ignore[attr-defined]
+                                  **params)
+        self._cost_aware = params["kind"] == 3  # BeladyCompute reads the policy's cost per depth
+        if self._cost_aware:
+            self._kernel.set_policy_costs(self._policy_costs(self._cost_len))
         self._settled = True
 
     # ---- what a scheduler asks (BlockPool's names and meanings) -------------------
@@ -129,7 +133,7 @@ class CompiledPool:
             code = self._codes[session] = len(self._codes)
         try:
             hit, new, touched, holes = self._kernel.acquire(hashes, code, -1 if input_tokens is None else input_tokens,
-                                                            record, extra, next_use)
+                                                            record, extra, next_use, position)
         except _Refused as refused:
             if refused.args[0] == _BUSY and now > self._now:  # the pool's clock moved before it looked for room
                 self._now = now
@@ -148,7 +152,8 @@ class CompiledPool:
     def serve(self, hashes: Sequence[int], *, session: str | None = None, now: float = 0.0,
               input_tokens: int | None = None, next_use: Sequence[float] | None = None,
               position: float | None = None) -> Allocation:
-        alloc = self.acquire(hashes, session=session, now=now, input_tokens=input_tokens, next_use=next_use)
+        alloc = self.acquire(hashes, session=session, now=now, input_tokens=input_tokens, next_use=next_use,
+                             position=position)
         self.release(alloc, now)
         return alloc
 
@@ -228,6 +233,10 @@ class CompiledPool:
         return self.settle().stats(top_k)
 
     # ---- internals ----------------------------------------------------------------
+    def _policy_costs(self, n: int) -> np.ndarray:
+        """What cost-aware policies see per depth (the pool's ``block_cost``), depths 0..n."""
+        return np.array([self.pool.block_cost(d) for d in range(n + 1)], dtype=np.float64)
+
     def _cum(self, n: int) -> np.ndarray:
         return np.array(self._costs.prefix_sums(n), dtype=np.float64)
 
@@ -238,6 +247,8 @@ class CompiledPool:
         while self._cost_len <= n:
             self._cost_len *= 2
         self._kernel.set_costs(self._cum(self._cost_len))
+        if self._cost_aware:
+            self._kernel.set_policy_costs(self._policy_costs(self._cost_len))
 
     def _error(self, n: int, code: int, shortfall: int, available: int) -> Exception:
         if code == _TOO_LONG:

@@ -17,13 +17,25 @@ from types import ModuleType
 __all__ = ["load"]
 
 
+# Each compiled module's source files: what its SHA-256 covers (setup.py reads this table too).
+SOURCES = {"_pool": ("_pool.c", "_belady_compute.h"), "_lru_stack": ("_lru_stack.c",)}
+
+
+def source_digest(folder: Path, name: str) -> str:
+    """SHA-256 over the module's source files, in order."""
+    h = hashlib.sha256()
+    for file in SOURCES[name]:
+        h.update((folder / file).read_bytes())
+    return h.hexdigest()
+
+
 def load(name: str) -> tuple[ModuleType | None, str]:
     """``replica.core.<name>`` and "", or None and why it is not used."""
     try:
         module = importlib.import_module(f"replica.core.{name}")
     except ImportError:
         return None, f"replica.core.{name} is not built (no C compiler at install)"
-    source = Path(__file__).with_name(f"{name}.c")
-    if source.exists() and hashlib.sha256(source.read_bytes()).hexdigest() != module.SOURCE_SHA256:
-        return None, f"replica.core.{name} is older than {name}.c (run `pip install -e .` again)"
+    here = Path(__file__).parent
+    if (here / SOURCES[name][0]).exists() and source_digest(here, name) != module.SOURCE_SHA256:
+        return None, f"replica.core.{name} is older than its C source (run `pip install -e .` again)"
     return module, ""

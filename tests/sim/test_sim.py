@@ -100,15 +100,19 @@ def test_cache_only_gives_exactly_the_one_at_a_time_hit_ratios(policy):
 
 
 @pytest.mark.skipif(not compiled_pool.compiled(), reason="the compiled pool is not built (no C compiler)")
-@pytest.mark.parametrize("policy", ["lru", "s3fifo", "belady"])
-@pytest.mark.parametrize("hit_mode", ["holes", "prefix"])
-@pytest.mark.parametrize("name,capacity", [("mooncake-synthetic", 878), ("mooncake-conversation", 4000)])
-@pytest.mark.parametrize("mode", [{"cache_only": True}, {}, {"reuse": "exact", "decode_kv": False, "max_running": 8}],
-                         ids=["cache_only", "batching", "batching_exact_reuse"])
-def test_the_compiled_pool_reports_what_the_python_pool_reports(policy, hit_mode, name, capacity, mode):
+@pytest.mark.parametrize("policy", ["lru", "s3fifo", "belady", "belady_compute"])
+@pytest.mark.parametrize("name,capacity,kw", [
+    ("mooncake-synthetic", 878, {"cache_only": True}),
+    ("mooncake-synthetic", 878, {"cache_only": True, "hit_mode": "prefix"}),
+    ("mooncake-conversation", 4000, {"cache_only": True}),
+    ("mooncake-conversation", 4000, {}),  # batching: decode KV, preemptions, SHARDS
+    ("mooncake-synthetic", 878, {"hit_mode": "prefix", "reuse": "exact", "decode_kv": False, "max_running": 8}),
+], ids=["synthetic-cache_only", "synthetic-cache_only-prefix", "conversation-cache_only", "conversation-batching",
+        "synthetic-batching-prefix-exact"])
+def test_the_compiled_pool_reports_what_the_python_pool_reports(policy, name, capacity, kw):
     trace = read_trace(name)
-    runs = [simulate(trace, SimSettings(capacity_blocks=capacity, policy=policy, hit_mode=hit_mode, compiled=compiled,
-                                        **mode)) for compiled in (True, False)]
+    runs = [simulate(trace, SimSettings(capacity_blocks=capacity, policy=policy, compiled=compiled, **kw))
+            for compiled in (True, False)]
     assert [r["engine"] for r in runs] == ["compiled", "python"]
     for r in runs:
         del r["engine"], r["wall_s"]
@@ -118,7 +122,7 @@ def test_the_compiled_pool_reports_what_the_python_pool_reports(policy, hit_mode
 def test_the_compiled_replay_is_not_used_where_it_would_differ():
     # events for a shared index, response KV, oracles, tiers and the reorder scheduler keep the Python pool
     trace = read_trace("mooncake-synthetic")
-    for kw in ({"replicas": 2}, {"response_kv": "keep"}, {"policy": "belady_compute"}, {"policy": "arc"},
+    for kw in ({"replicas": 2}, {"response_kv": "keep"}, {"policy": "session_lru"}, {"policy": "arc"},
                {"scheduler": "reorder"}, {"tiers": TierSettings(host_blocks=500)}):
         assert simulate(trace, SimSettings(capacity_blocks=878, **kw))["engine"] == "python", kw
     # a hash that is not a 64-bit unsigned integer too, in either mode

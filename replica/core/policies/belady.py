@@ -305,3 +305,15 @@ class BeladyComputePolicy(EvictionPolicy):
 
     def on_remove(self, h: int) -> None:
         self._rec.pop(h, None)
+
+    # ---- the compiled pool (replica.core.compiled_pool) runs this policy from empty ----
+    def compiled_params(self) -> dict | None:
+        return None if self._rec or self._entries else {"kind": 3}
+
+    def load_compiled(self, state: dict) -> None:
+        """Become the records the compiled pool reached; heaps rebuilt from them (as ``_rebuild``)."""
+        self.clear()
+        self._rec.update(state["freq"])
+        if self._rec:
+            self._grow(max(d for _, d in self._rec.values()))
+        self._rebuild()

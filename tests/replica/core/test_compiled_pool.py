@@ -27,12 +27,13 @@ class Req:
     input_tokens: int | None
     t: float
     next_use: list | None = None  # the oracle's: position of each block's next access
+    position: float | None = None  # the oracle's now: where the request starts in the access order
 
 
 def with_next_uses(trace: list[Req]) -> list[Req]:
     future = NextUses(SimpleNamespace(requests=trace))
     for k, r in enumerate(trace):
-        r.next_use = future.of(k)
+        r.next_use, r.position = future.of(k), future.position(k)
     return trace
 
 
@@ -70,6 +71,8 @@ def state(pool) -> dict:
            "metrics": {k: v for k, v in vars(pool.metrics).items() if k not in ("costs", "reuse")}}
     if p.name == "lru":
         out["order"] = list(p._queue)
+    elif p.name == "belady_compute":  # its heaps are rebuilt from the records on a write-back
+        out["records"] = p._rec
     elif p.name == "belady":  # the heap's layout is its own: what it would hand out is the live entries
         out["next_uses"] = p._nu
         out["live"] = {e for e in p._heap if p._nu.get(-e[1]) == -e[0] and -e[1] not in pool._refs}  # a block may repeat
@@ -78,24 +81,29 @@ def state(pool) -> dict:
     return out
 
 
+def depth_cost(d: int) -> float:
+    return 1.0 / (d + 3) + 0.1 * d
+
+
 def python_pool(policy: str, capacity: int, hit_mode: str, params: dict, trace) -> BlockPool:
     pool = BlockPool(capacity, make_policy(policy, **params), hit_mode=hit_mode, emit_events=False,
-                     metrics=PoolMetrics(block_size=16, block_cost=lambda d: 1.0 / (d + 3) + 0.1 * d))
+                     metrics=PoolMetrics(block_size=16, block_cost=depth_cost), block_cost=depth_cost)
     for r in trace:
-        pool.serve(r.hash_ids, session=r.session, now=r.t, input_tokens=r.input_tokens, next_use=r.next_use)
+        pool.serve(r.hash_ids, session=r.session, now=r.t, input_tokens=r.input_tokens, next_use=r.next_use,
+                   position=r.position)
     return pool
 
 
-def compiled_pool(policy: str, capacity: int, hit_mode: str, params: dict, trace) -> tuple[CompiledPool, int]:
+def compiled_replay(policy: str, capacity: int, hit_mode: str, params: dict, trace) -> tuple[CompiledPool, int]:
     pool = BlockPool(capacity, make_policy(policy, **params), hit_mode=hit_mode, emit_events=False,
-                     metrics=PoolMetrics(block_size=16, block_cost=lambda d: 1.0 / (d + 3) + 0.1 * d))
+                     metrics=PoolMetrics(block_size=16, block_cost=depth_cost), block_cost=depth_cost)
     assert compiled_pool.why_not(pool) is None
     fast = CompiledPool(pool)
     future = np.array([u for r in trace for u in r.next_use]) if trace and trace[0].next_use is not None else None
     return fast, fast.serve_requests(trace, next_use=future)
 
 
-CASES = [("lru", {}), ("belady", {}), ("s3fifo", {}), ("s3fifo", {"move_to_main_threshold": 1, "small_ratio": 0.3}),
+CASES = [("lru", {}), ("belady", {}), ("belady_compute", {}), ("s3fifo", {}), ("s3fifo", {"move_to_main_threshold": 1, "small_ratio": 0.3}),
          ("s3fifo", {"ghost_ratio": 0.0}), ("s3fifo", {"move_to_main_threshold": 3, "ghost_ratio": 2.5})]
 
 
@@ -107,7 +115,7 @@ def test_the_compiled_replay_leaves_the_pool_the_python_loop_leaves(policy, para
     for seed in range(3):
         trace = with_next_uses(random_trace(seed * 7 + capacity))
         expected = python_pool(policy, capacity, hit_mode, params, trace)
-        got, served = compiled_pool(policy, capacity, hit_mode, params, trace)
+        got, served = compiled_replay(policy, capacity, hit_mode, params, trace)
         assert served == len(trace)
         assert state(got) == state(expected)
         # the costs are floats: equal to the last bit, not approximately
@@ -116,7 +124,8 @@ def test_the_compiled_replay_leaves_the_pool_the_python_loop_leaves(policy, para
         more = with_next_uses(random_trace(seed + 99, n=150))
         for pool in (expected, got):  # one request at a time now: acquire and release
             for r in more:
-                pool.serve(r.hash_ids, session=r.session, now=r.t, input_tokens=r.input_tokens, next_use=r.next_use)
+                pool.serve(r.hash_ids, session=r.session, now=r.t, input_tokens=r.input_tokens, next_use=r.next_use,
+                           position=r.position)
         assert state(got) == state(expected)
 
 
@@ -124,7 +133,7 @@ def test_the_compiled_replay_leaves_the_pool_the_python_loop_leaves(policy, para
 def test_a_hand_worked_lru_replay():
     # capacity 4; each request's blocks go to the tail deepest first, so block 0 is the newest.
     trace = [Req([1, 2, 3], "a", 48, 0.0), Req([1, 2, 4], "b", 40, 1.0), Req([5, 6], "c", None, 2.0)]
-    pool, served = compiled_pool("lru", 4, "holes", {}, trace)
+    pool, served = compiled_replay("lru", 4, "holes", {}, trace)
     assert served == 3
     # after r1: order 3,2,1; r2 hits 1,2, inserts 4 (free slot): order 3,4,2,1;
     # r3 needs 2 blocks, none free: evicts 3 (never reused: one-hit) and 4 (one-hit), order 2,1,6,5
@@ -144,7 +153,7 @@ def test_a_request_the_replay_cannot_serve_stops_it_and_serve_raises_the_pools_e
     cut = 120
     trace[cut].hash_ids = [7, 8, 7] if bad == "repeat" else list(range(1000, 1100))
     served_python = python_pool("lru", 60, "holes", {}, trace[:cut])
-    pool, served = compiled_pool("lru", 60, "holes", {}, trace)
+    pool, served = compiled_replay("lru", 60, "holes", {}, trace)
     assert served == cut
     assert state(pool) == state(served_python)
     r = trace[cut]
@@ -187,7 +196,8 @@ def run_calls(pool, calls, random_uses: bool = True) -> list:
             if call[0] == "acquire":
                 _, r, extra, record = call
                 a = pool.acquire(r.hash_ids, session=r.session, now=r.t, input_tokens=r.input_tokens,
-                                 record=record, extra=extra, next_use=r.next_use if random_uses else None)
+                                 record=record, extra=extra, next_use=r.next_use if random_uses else None,
+                                 position=float(i // 3))  # repeats: several requests at one now
                 allocs[i], private = (a, extra), private + extra
                 out.append((a.hit_idx, a.new_idx, a.touched_idx, a.holes, a.hole_lengths))
             elif call[0] == "release":
@@ -214,7 +224,8 @@ def test_acquire_release_and_private_blocks_as_a_scheduler_calls_them_give_the_s
         calls = random_calls(seed, capacity)
         def make(capacity=capacity):
             return BlockPool(capacity, make_policy(policy, **params), hit_mode=hit_mode, emit_events=False,
-                             metrics=PoolMetrics(block_size=16, block_cost=lambda d: 1.0 + d % 3))
+                             metrics=PoolMetrics(block_size=16, block_cost=lambda d: 1.0 + d % 3),
+                             block_cost=lambda d: 1.0 + d % 3)  # equal scores at many depths: ties
 
         expected, got = make(), CompiledPool(make())
         results = run_calls(expected, calls)
