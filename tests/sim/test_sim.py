@@ -123,8 +123,9 @@ def test_the_compiled_replay_is_not_used_where_it_would_differ():
     # events for a shared index, response KV, oracles, tiers and the reorder scheduler keep the Python pool
     trace = read_trace("mooncake-synthetic")
     for kw in ({"replicas": 2}, {"response_kv": "keep"}, {"policy": "session_lru"}, {"policy": "arc"},
-               {"scheduler": "reorder"}, {"tiers": TierSettings(host_blocks=500)}):
-        assert simulate(trace, SimSettings(capacity_blocks=878, **kw))["engine"] == "python", kw
+               {"tiers": TierSettings(host_blocks=500)}):
+        assert simulate(trace, SimSettings(capacity_blocks=878, cache_only=True, **kw))["engine"] == "python", kw
+    assert simulate(trace, SimSettings(capacity_blocks=878, scheduler="reorder"))["engine"] == "python"
     # a hash that is not a 64-bit unsigned integer too, in either mode
     odd = Trace([TraceRequest(0.0, "s", 0, [1 << 70, 2], 32, 4), TraceRequest(1.0, "s", 1, [1 << 70, 2, 3], 48, 4)], 16)
     for cache_only in (True, False):
