@@ -208,6 +208,9 @@ class CostModel:
     # prefill_parts' terms per unit (per token, per attention pair, ...), for the fast path
     _unit: tuple[float, ...] = field(init=False, repr=False, compare=False)
     _decode_unit: tuple[float, ...] = field(init=False, repr=False, compare=False)
+    # MoE: expected distinct experts per token count, a power per call otherwise (the simulator
+    # prices hundreds of thousands of steps over a few thousand distinct counts)
+    _experts: dict[int, float] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.tp, int) or self.tp < 1:
@@ -219,6 +222,7 @@ class CostModel:
         per_expert = m.layers * m.expert_params * m.dtype_bytes / bw if m.moe else 0.0
         object.__setattr__(self, "_unit", (one.linear, one.attention, one.kv_read, one.comm, one.overhead, base, per_expert))
         object.__setattr__(self, "_decode_unit", self._decode_units())
+        object.__setattr__(self, "_experts", {})
 
     @classmethod
     def from_names(cls, model: str = "qwen3-coder-30b-a3b", gpu: str = "h200", **kw) -> CostModel:
@@ -297,8 +301,18 @@ class CostModel:
             raise InputError("new_tokens", "token counts must be >= 0")
         n, c = new_tokens, cached_depth
         lin, att, kv, comm, overhead, base, per_expert = self._unit
-        weights = base + per_expert * self.model.touched_experts(n) if per_expert else base
+        weights = base + per_expert * self._touched_experts(n) if per_expert else base
         return max(n * lin, weights) + (n * c + n * (n - 1) / 2) * att + c * kv + n * comm + overhead
+
+    def _touched_experts(self, tokens: int) -> float:
+        """``model.touched_experts``, remembered per token count (bounded)."""
+        known = self._experts
+        e = known.get(tokens)
+        if e is None:
+            if len(known) >= 1 << 16:
+                known.clear()
+            e = known[tokens] = self.model.touched_experts(tokens)
+        return e
 
     def block_cost(self, block_index: int, block_size: int) -> float:
         """Emulated seconds to recompute block ``block_index`` (depth = index * block_size):
@@ -322,7 +336,7 @@ class CostModel:
             return 0.0
         weights, per_expert, kv, lin, att, per_seq, overhead = self._decode_unit
         if per_expert:  # MoE: experts no sequence in the batch routes to are not read
-            weights -= (self.model.experts - self.model.touched_experts(batch_size)) * per_expert
+            weights -= (self.model.experts - self._touched_experts(batch_size)) * per_expert
         return max(weights + kv_tokens * kv, batch_size * lin + kv_tokens * att) + batch_size * per_seq + overhead
 
     def decode_compute_time(self, batch_size: int, kv_tokens: int) -> float:
@@ -334,7 +348,7 @@ class CostModel:
         """The weight read of one decode step (the experts ``batch_size`` sequences touch)."""
         weights, per_expert = self._decode_unit[:2]
         if per_expert:
-            weights -= (self.model.experts - self.model.touched_experts(batch_size)) * per_expert
+            weights -= (self.model.experts - self._touched_experts(batch_size)) * per_expert
         return weights
 
     def _decode_units(self) -> tuple[float, ...]:
