@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import gc
 import socket
 from dataclasses import dataclass
 
@@ -25,6 +24,7 @@ from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from shared.errors import InputError, KvemuError
+from shared.gc_tuning import settle_gc
 
 _REFUSAL_BODY = (b'{"error":{"message":"too many open connections; retry shortly","type":"server_error",'
                  b'"param":null,"code":503}}')
@@ -231,16 +231,6 @@ def install(app: web.Application, limits: ConnLimits) -> ConnGuard:
     guard = ConnGuard(limits)
     app[GUARD] = guard
     return guard
-
-
-def settle_gc() -> None:
-    """Once started: what start-up built (modules, app, settings) is never collected again
-    (``gc.freeze``), and the youngest generation is collected every 10,000 allocations, not
-    700. Serving makes short-lived objects by the hundred per request; this cut the router's
-    collector time from about 14 to 4 us per routed request (bench/bench_router_cpu.py)."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(10_000, 10, 10)
 
 
 def serve(app: web.Application, sock: socket.socket, shutdown_timeout: float = 30.0) -> None:

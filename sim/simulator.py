@@ -27,6 +27,7 @@ from replica.core.tiers import TierSettings, TierStack
 from router.strategies import ReplicaState, RouteRequest, RoutingSettings, RoutingStep, strategy_spec
 from shared.costmodel import CostModel
 from shared.errors import InputError
+from shared.gc_tuning import gc_settled
 from shared.histogram import LogHistogram
 from shared.index import EventBatch, MemoryIndex
 from shared.index.base import DEFAULT_MAX_REPLICAS
@@ -508,4 +509,5 @@ def _duration(seconds: float) -> str:
 
 
 def simulate(trace: Trace, settings: SimSettings, progress=None) -> dict:
-    return Simulation(trace, settings, progress).run()
+    with gc_settled():  # the trace is built: the collector has nothing to find in it
+        return Simulation(trace, settings, progress).run()

@@ -133,16 +133,17 @@ class ShardsTracker:
         queue, self._deferred, self._deferred_blocks = self._deferred, [], 0
         flat = list(chain.from_iterable(h for h, _ in queue))
         try:
-            sample = xxh3_u64(np.array(flat, dtype=np.uint64), self.seed) % np.uint64(self.P)
+            blocks = np.array(flat, dtype=np.uint64)
         except OverflowError:  # a negative or too-wide id: one request at a time masks it
             for hashes, now in queue:
                 self._account(hashes, self._picked(hashes), now)
             return
+        sample = xxh3_u64(blocks, self.seed) % np.uint64(self.P)
         t = self.threshold
         keep = np.flatnonzero(sample < np.uint64(t))
         ends = np.cumsum([len(h) for h, _ in queue])
         if self._inner.tracked + len(keep) <= self.max_tracked:  # no shrink can happen: one call for all
-            self._account_many(queue, np.array(flat, dtype=np.uint64)[keep], sample[keep],
+            self._account_many(queue, blocks[keep], sample[keep],
                                np.searchsorted(keep, ends))
             return
         cuts = np.searchsorted(keep, ends).tolist()  # keep[cuts[i-1]:cuts[i]]: request i's sampled blocks
