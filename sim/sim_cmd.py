@@ -36,8 +36,8 @@ def add_emulation_args(p: argparse.ArgumentParser) -> None:
                    help="replay requests one at a time in trace order through routing, pool and policy only:"
                         " no scheduler, no cost-model clock, no latencies (what cache simulators do)")
     p.add_argument("--python-core", action="store_true",
-                   help="with --cache-only: replay through the Python pool even where the compiled kernel could"
-                        " (the same results, several times slower; the JSON's engine says which ran)")
+                   help="run the Python pool even where the compiled one could (LRU, S3-FIFO, Belady, BeladyCompute:"
+                        " the same results, 1.7-2.5x slower); the JSON's engine says which ran")
     p.add_argument("--max-running", type=int, default=256,
                    help="requests running at once per replica (1 = the cache sees requests one at a time)")
     p.add_argument("--token-budget", type=int, default=8192, help="tokens per scheduler step")
@@ -149,7 +149,7 @@ def run(args) -> int:
             for pol in policies for c in caps]  # validates every name before the first run
     runs = run_serial(trace, grid, args.quiet) if args.jobs == 1 or len(grid) == 1 else \
         run_parallel(trace, grid, args.jobs, args.quiet)
-    print_table(runs, sys.stdout)
+    print_table(runs, sys.stderr if args.json == "-" else sys.stdout)  # stdout carries only the JSON then
     warning = saturation_warning(runs)
     if warning:
         print(warning, file=sys.stderr)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from kvemu.cli import main
+from replica.core import compiled_pool
 from shared.plotting import MISSING
 
 REPO = Path(__file__).resolve().parents[2]
@@ -96,3 +97,12 @@ def test_no_decode_kv_gives_the_cache_only_hit_ratios_one_at_a_time(tmp_path, ca
         ratios[extra[-1]] = (run["block_hit_ratio"], run["decode_kv"])
     assert ratios["--no-decode-kv"] == (ratios["--cache-only"][0], False) and ratios["--cache-only"][1] is None
     assert ratios["1"][0] < ratios["--cache-only"][0] and ratios["1"][1] is True  # decode KV evicts a few blocks
+
+
+def test_json_to_stdout_is_the_only_thing_on_stdout(capsys):
+    # `kvemu sim ... --json - | jq` must parse: the table goes to stderr then
+    assert main([*SIM, "--json", "-"]) == 0
+    captured = capsys.readouterr()
+    runs = json.loads(captured.out)["runs"]
+    assert {r["engine"] for r in runs} == {"compiled" if compiled_pool.compiled() else "python"}
+    assert captured.err.splitlines()[0].split()[:2] == ["policy", "capacity"]
