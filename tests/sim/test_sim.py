@@ -104,11 +104,9 @@ def test_cache_only_gives_exactly_the_one_at_a_time_hit_ratios(policy):
 @pytest.mark.parametrize("name,capacity,kw", [
     ("mooncake-synthetic", 878, {"cache_only": True}),
     ("mooncake-synthetic", 878, {"cache_only": True, "hit_mode": "prefix"}),
-    ("mooncake-conversation", 4000, {"cache_only": True}),
     ("mooncake-conversation", 4000, {}),  # batching: decode KV, preemptions, SHARDS
     ("mooncake-synthetic", 878, {"hit_mode": "prefix", "reuse": "exact", "decode_kv": False, "max_running": 8}),
-], ids=["synthetic-cache_only", "synthetic-cache_only-prefix", "conversation-cache_only", "conversation-batching",
-        "synthetic-batching-prefix-exact"])
+], ids=["synthetic-cache_only", "synthetic-cache_only-prefix", "conversation-batching", "synthetic-batching-prefix-exact"])
 def test_the_compiled_pool_reports_what_the_python_pool_reports(policy, name, capacity, kw):
     trace = read_trace(name)
     runs = [simulate(trace, SimSettings(capacity_blocks=capacity, policy=policy, compiled=compiled, **kw))
