@@ -35,6 +35,7 @@ _Refused = _pool.Refused if _pool is not None else RuntimeError  # what the comp
 __all__ = ["CompiledPool", "compiled", "why_not"]
 
 CHUNK = 8192  # requests per call of the cache-only replay: progress between calls
+MAX_BLOCKS = 1 << 23  # larger pools run the Python one, whose memory grows with what is cached
 _TOO_LONG, _REPEATS, _BUSY = 1, 2, 3
 
 
@@ -56,8 +57,8 @@ def why_not(pool: BlockPool) -> str | None:
         return "its metrics are not fresh"
     if pool.emit_events or pool.evicted_sink is not None:
         return "the pool ships events or feeds a lower tier"
-    if pool.capacity > 1 << 29:
-        return "the pool is larger than 2^29 blocks"
+    if pool.capacity > MAX_BLOCKS:  # its arrays are allocated up front: ~60 bytes a block
+        return f"the pool is larger than {MAX_BLOCKS:,} blocks (the compiled pool allocates them up front)"
     return None
 
 

@@ -259,6 +259,8 @@ def test_why_not_names_what_keeps_the_compiled_pool_out():
         assert compiled_pool.why_not(busy) is not None
         with pytest.raises(ValueError, match="no compiled pool"):
             CompiledPool(busy)
+        huge = BlockPool(compiled_pool.MAX_BLOCKS + 1, make_policy("lru"), emit_events=False)
+        assert "larger than" in compiled_pool.why_not(huge)
     else:
         assert "not built" in compiled_pool.why_not(pool)
 
