@@ -139,6 +139,9 @@ class CompiledPool:
             if refused.args[0] == _BUSY and now > self._now:  # the pool's clock moved before it looked for room
                 self._now = now
             raise self._error(n, *refused.args) from None
+        except (OverflowError, TypeError):
+            raise InputError("block_hashes", "the compiled pool keys on 64-bit unsigned integers"
+                             " (the simulator checks a trace's first: fits_uint64)") from None
         self._settled = False
         if now > self._now:
             self._now = now
@@ -184,7 +187,11 @@ class CompiledPool:
         lengths = np.fromiter(map(len, (r.hash_ids for r in requests)), dtype=np.int64, count=len(requests))
         offsets = np.zeros(len(requests) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
-        hashes = np.fromiter(chain.from_iterable(r.hash_ids for r in requests), dtype=np.uint64, count=int(offsets[-1]))
+        try:
+            hashes = np.fromiter(chain.from_iterable(r.hash_ids for r in requests), dtype=np.uint64,
+                                 count=int(offsets[-1]))
+        except (OverflowError, TypeError, ValueError):
+            return 0  # not all 64-bit unsigned: served one by one, where serve names the problem
         codes, setdefault = self._codes, self._codes.setdefault
         sessions = np.fromiter((setdefault(r.session, len(codes)) for r in requests), dtype=np.int32,
                                count=len(requests))

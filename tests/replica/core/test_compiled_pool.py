@@ -168,6 +168,17 @@ def test_hashes_that_are_not_64_bit_unsigned_keep_the_python_pool():
     assert not compiled_pool.fits_uint64([[1 << 64]])
 
 
+@needs_compiled
+def test_a_hash_the_compiled_pool_cannot_key_is_a_clear_error_and_changes_nothing():
+    fast = CompiledPool(BlockPool(8, make_policy("lru"), emit_events=False))
+    fast.serve([1, 2], session="a")
+    before = state(fast)
+    with pytest.raises(InputError, match="block_hashes.*64-bit"):
+        fast.serve([3, -1], session="a")
+    assert fast.serve_requests([Req([1 << 70], "a", None, 0.0)]) == 0
+    assert state(fast) == before
+
+
 def random_calls(seed: int, capacity: int, n: int = 700):
     """What a batching scheduler does to its pool: requests admitted (some refused for room), held
     while others come, decode KV taken and given back, released in another order; a re-admission
