@@ -19,7 +19,7 @@ import numpy as np
 
 from loadgen.trace import Trace, response_hashes
 from replica.core.build import CoreSettings, build_core
-from replica.core.compiled_pool import CompiledPool, fits_uint64
+from replica.core.compiled_pool import CompiledPool, compiles, hashes_u64
 from replica.core.policies import policy_class
 from replica.core.pool import BlockPool
 from replica.core.scheduler import SchedRequest, Scheduler, StepResult, check_scheduler
@@ -226,7 +226,10 @@ class Simulation:
         spec = strategy_spec(settings.routing)
         indexed = spec.uses_index and settings.replicas > 1  # one replica: its pool is the index
         # the compiled pool keys on 64-bit unsigned hashes: a trace with others runs the Python pool
-        compiled = settings.compiled and fits_uint64([r.hash_ids for r in trace.requests])
+        flat = hashes_u64([r.hash_ids for r in trace.requests]) \
+            if settings.compiled and compiles(settings.policy) else None
+        compiled = flat is not None
+        self._flat_hashes = flat if settings.cache_only else None  # the cache-only replay reads them
         self.replicas = [_build_replica(i, settings, trace.block_size, self.cost, indexed, len(trace.requests), compiled)
                          for i in range(settings.replicas)]
         self.by_id = {r.rid: r for r in self.replicas}
@@ -320,7 +323,7 @@ class Simulation:
         progress = self.progress
         done = rep.compiled.serve_requests(self.trace.requests,
                                            (lambda k: progress(k, len(self.trace.requests))) if progress else None,
-                                           future.next if future is not None else None)
+                                           future.next if future is not None else None, self._flat_hashes)
         self.router.count_only(done)
         self.served += done
         return done

@@ -25,6 +25,7 @@ from itertools import chain
 import numpy as np
 
 from replica.core.native import load
+from replica.core.policies import policy_class
 from replica.core.pool import BlockPool, PoolBusyError, PoolCapacityError
 from replica.core.types import Allocation
 from shared.errors import InputError
@@ -32,7 +33,7 @@ from shared.errors import InputError
 _pool, _MISSING = load("_pool")
 _Refused = _pool.Refused if _pool is not None else RuntimeError  # what the compiled calls raise when they cannot
 
-__all__ = ["CompiledPool", "compiled", "why_not"]
+__all__ = ["CompiledPool", "compiled", "compiles", "fits_uint64", "hashes_u64", "why_not"]
 
 CHUNK = 8192  # requests per call of the cache-only replay: progress between calls
 MAX_BLOCKS = 1 << 23  # larger pools run the Python one, whose memory grows with what is cached
@@ -62,13 +63,22 @@ def why_not(pool: BlockPool) -> str | None:
     return None
 
 
-def fits_uint64(hash_lists: Sequence[Sequence[int]]) -> bool:
-    """Whether every hash is a 64-bit unsigned integer (what the compiled pool keys on)."""
+def compiles(policy: str) -> bool:
+    """Whether the compiled pool has this policy (by its registered name)."""
+    return _pool is not None and hasattr(policy_class(policy), "compiled_params")
+
+
+def hashes_u64(hash_lists: Sequence[Sequence[int]]) -> np.ndarray | None:
+    """Every hash in order as ``uint64`` (what the compiled pool keys on), or None if one is not."""
     try:
-        np.fromiter(chain.from_iterable(hash_lists), dtype=np.uint64)
+        return np.fromiter(chain.from_iterable(hash_lists), dtype=np.uint64)
     except (OverflowError, TypeError, ValueError):
-        return False
-    return True
+        return None
+
+
+def fits_uint64(hash_lists: Sequence[Sequence[int]]) -> bool:
+    """Whether every hash is a 64-bit unsigned integer."""
+    return hashes_u64(hash_lists) is not None
 
 
 class CompiledPool:
@@ -172,25 +182,21 @@ class CompiledPool:
         self._kernel.free_private(n)
         self._settled = False
 
-    def store(self, hashes: Sequence[int], session: str | None = None, now: float = 0.0) -> list[int]:
-        raise NotImplementedError("response KV is kept only with the Python pool (build_core does not compile it)")
-
     # ---- the cache-only replay: a trace in one call --------------------------------
     def serve_requests(self, requests: Sequence, progress: Callable[[int], None] | None = None,
-                       next_use: np.ndarray | None = None) -> int:
+                       next_use: np.ndarray | None = None, hashes: np.ndarray | None = None) -> int:
         """``serve`` each of ``requests`` (``hash_ids``, ``session``, ``input_tokens``, ``t``) in
         order; returns how many were served: all, unless one could not be (the caller serves it
         through ``serve``, which raises the pool's error). ``next_use``: every block access's next
-        use, in order (the oracles')."""
+        use, in order (the oracles'); ``hashes``: ``hashes_u64`` of the requests, if made already."""
         if not requests or self.pinned or self.private:
             return 0
         lengths = np.fromiter(map(len, (r.hash_ids for r in requests)), dtype=np.int64, count=len(requests))
         offsets = np.zeros(len(requests) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
-        try:
-            hashes = np.fromiter(chain.from_iterable(r.hash_ids for r in requests), dtype=np.uint64,
-                                 count=int(offsets[-1]))
-        except (OverflowError, TypeError, ValueError):
+        if hashes is None:
+            hashes = hashes_u64([r.hash_ids for r in requests])
+        if hashes is None:
             return 0  # not all 64-bit unsigned: served one by one, where serve names the problem
         codes, setdefault = self._codes, self._codes.setdefault
         sessions = np.fromiter((setdefault(r.session, len(codes)) for r in requests), dtype=np.int32,

@@ -42,7 +42,7 @@ from collections import _count_elements, deque  # type: ignore[attr-defined]  # 
 from collections.abc import Callable
 
 from replica.core.decode_kv import DecodeBlocks
-from replica.core.pool import PoolBusyError, PoolCapacityError
+from replica.core.pool import BlockPool, PoolBusyError, PoolCapacityError
 from replica.core.sched_types import (
     SCHEDULERS,
     QueueFullError,
@@ -473,7 +473,9 @@ class Scheduler:
         self.decode_kv.forget(r)
         stored: list[int] = []
         if self.keep_response_kv and r.response_hashes:  # colocated vLLM: the response's KV stays cached
-            stored = self.pool.store(r.response_hashes, r.session, end)
+            pool = self.pool
+            assert isinstance(pool, BlockPool)  # build_core compiles no pool that keeps response KV
+            stored = pool.store(r.response_hashes, r.session, end)
             if stored and self.timer is not None:
                 self.timer.stored(r, stored)
         if self.tiers is not None:
