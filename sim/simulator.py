@@ -71,8 +71,9 @@ class SimSettings:
     # Decode KV takes blocks as it fills them, and preempts when none is left (vLLM); False: only
     # prompt blocks count (a one-at-a-time run then equals the cache-only replay exactly).
     decode_kv: bool = True
-    # The compiled pool where it is the Python pool's exact twin (replica.core.compiled_pool:
-    # one replica, LRU or S3-FIFO, no tiers, response KV or reuse tracking); False: the Python pool.
+    # The compiled pool where it is the Python pool's exact twin (replica.core.compiled_pool.why_not:
+    # LRU, S3-FIFO, Belady or BeladyCompute; no index, tiers, kept response KV or reorder); False: the
+    # Python pool everywhere.
     compiled: bool = True
 
     def __post_init__(self) -> None:

@@ -43,15 +43,19 @@ struct BeladyCompute {
             i = m;                                                                                   \
         }                                                                                            \
     }                                                                                                \
-    static int NAME##_push(T **a, Py_ssize_t *n, Py_ssize_t *cap, T v) {                             \
+    static int NAME##_append(T **a, Py_ssize_t *n, Py_ssize_t *cap, T v) { /* no sift: heapify after */ \
         if (*n == *cap) {                                                                            \
             Py_ssize_t c = *cap ? *cap * 2 : 16;                                                     \
             T *b = realloc(*a, (size_t)c * sizeof(T));                                               \
             if (!b) return -1;                                                                       \
             *a = b; *cap = c;                                                                        \
         }                                                                                            \
-        Py_ssize_t i = (*n)++;                                                                       \
-        (*a)[i] = v;                                                                                 \
+        (*a)[(*n)++] = v;                                                                            \
+        return 0;                                                                                    \
+    }                                                                                                \
+    static int NAME##_push(T **a, Py_ssize_t *n, Py_ssize_t *cap, T v) {                             \
+        if (NAME##_append(a, n, cap, v) < 0) return -1;                                              \
+        Py_ssize_t i = *n - 1;                                                                       \
         while (i && BEFORE(&(*a)[i], &(*a)[(i - 1) / 2])) {                                          \
             T x = (*a)[i]; (*a)[i] = (*a)[(i - 1) / 2]; (*a)[(i - 1) / 2] = x;                       \
             i = (i - 1) / 2;                                                                         \
@@ -230,16 +234,20 @@ static void bc_rebuild(Pool *k) {  /* _rebuild: every unpinned record, heapified
     for (int32_t s = 0; s < t->slots; s++) {
         if (!k->has_rec[s] || k->refs[s] || table_find(t, t->key[s]) != s) continue;
         int32_t d = k->depth[s];
-        if (isinf(k->nu[s])) {
+        if (isinf(k->nu[s])) {  /* no room to grow (out of memory) only leaves the block out of the heaps */
             NEntry e = {b->cost[d], t->key[s], d};
-            nheap_push(&b->never, &b->never_len, &b->never_cap, e);
+            nheap_append(&b->never, &b->never_len, &b->never_cap, e);
         } else {
             DEntry e = {k->nu[s], t->key[s]};
             DHeap *h = &b->heaps[d];
-            dheap_push(&h->a, &h->len, &h->cap, e);
+            dheap_append(&h->a, &h->len, &h->cap, e);
         }
     }
-    for (int32_t d = 0; d < b->ndepths; d++) if (b->heaps[d].len) bc_mark(b, d);
+    nheap_heapify(b->never, b->never_len);
+    for (int32_t d = 0; d < b->ndepths; d++) {
+        dheap_heapify(b->heaps[d].a, b->heaps[d].len);
+        if (b->heaps[d].len) bc_mark(b, d);
+    }
     b->entries = k->records;
     b->ranked_len = 0;
 }

@@ -546,11 +546,9 @@ static int release_slots(Pool *k, const int32_t *slots, Py_ssize_t n) {
         if (--k->refs[s] == 0) { k->pinned--; k->freed[nfreed++] = s; }
     }
     Table *t = &k->res;
-    for (int32_t j = nfreed - 1; j >= 0; j--) {  /* deepest first */
+    for (int32_t j = nfreed - 1; k->kind <= KIND_S3FIFO && j >= 0; j--) {  /* deepest first */
         int32_t s = k->freed[j];
-        if (k->kind >= KIND_BELADY) {
-            (void)0;
-        } else if (k->kind == KIND_LRU) {
+        if (k->kind == KIND_LRU) {
             if (k->queue[s] != Q_NONE) list_unlink(t, &k->order, s);
             k->queue[s] = Q_SMALL;
             list_push(t, &k->order, s);

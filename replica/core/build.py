@@ -48,8 +48,8 @@ class CoreSettings:
     # "keep": a finished request's response blocks are cached (a colocated vLLM); "drop": they are
     # not (a disaggregated prefill instance, the estimator's theoretical variant)
     response_kv: str = "drop"
-    # The scheduler drives the compiled twin of the pool where it is this pool's exact twin
-    # (replica.core.compiled_pool: LRU / S3-FIFO, no events, no tiers, response KV dropped, fcfs).
+    # The scheduler drives the pool's compiled twin where it is exact (replica.core.compiled_pool:
+    # LRU / S3-FIFO / Belady / BeladyCompute, no events, no tiers, response KV dropped, fcfs).
     compiled: bool = False
 
     def __post_init__(self) -> None:

@@ -89,8 +89,13 @@ class BeladyPolicy(EvictionPolicy):
             if t is not None:
                 heappush(heap, (-t, -h))
         if len(heap) > 2 * len(nu) + 1024:
-            self._heap = [(-t, -h) for h, t in nu.items() if h not in self.ctx.pinned]
-            heapify(self._heap)
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        """The heap of every unpinned block's current next use: no stale entry left."""
+        pinned = self.ctx.pinned
+        self._heap = [(-t, -h) for h, t in self._nu.items() if h not in pinned]
+        heapify(self._heap)
 
     def victims(self, need: int) -> list[int]:
         nu, heap, pinned = self._nu, self._heap, self.ctx.pinned
@@ -117,9 +122,7 @@ class BeladyPolicy(EvictionPolicy):
         """Become the next uses the compiled pool recorded; the heap holds the unpinned ones."""
         self.clear()
         self._nu.update(state["freq"])
-        pinned = self.ctx.pinned
-        self._heap = [(-t, -h) for h, t in self._nu.items() if h not in pinned]
-        heapify(self._heap)
+        self._rebuild()
 
 
 class BeladyComputePolicy(EvictionPolicy):
