@@ -2,23 +2,25 @@
 
 Builds the stack in torch (replica/backends/torchstack.py: random weights, the model's exact
 shapes, ``--layers K`` of them), measures the device's matrix-product rate and memory
-bandwidth, times prefill over a grid of (new tokens, cached depth) and decode steps over
-(batch, context per sequence) (CUDA graphs where they capture), and on a GPU the host<->device
+bandwidth, times prefill over a grid of (new tokens, cached depth), decode steps over
+(batch, context per sequence) (CUDA graphs where they capture) and mixed steps (prefill chunks
+and decoders in one packed forward, ``--mixed``), and on a GPU the host<->device
 copies of KV blocks (pinned; one whole copy and one copy per block, scattered). It fits the
-cost model's efficiencies (shared/costfit.py), prints each point's fit error, and writes a
+step form of the cost model (one forward per step) to all of them (shared/costfit.py), prints each point's fit error, and writes a
 device profile that ``--gpu FILE`` / ``--gpu-file FILE`` loads in sim, sweep, replica and up.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
 import sys
 from dataclasses import asdict, replace
 
-from shared.costfit import DecodePoint, PrefillPoint, errors, fit
+from shared.costfit import DecodePoint, PrefillPoint, StepPoint, errors, fit
 from shared.costmodel import CostModel, GpuSpec, get_model
 from shared.devprofile import DeviceProfile, load_profile, save_profile
 from shared.errors import InputError
@@ -26,10 +28,13 @@ from shared.progress import ProgressBar
 from shared.validate import check_positive_int
 
 INSTALL = "torch is not installed: pip install 'kvemu[torch]' (CPU or CUDA build from pytorch.org)"
-GRIDS = {  # (new tokens, cached depths, batches, contexts per sequence)
-    "cpu": ("64,128,256", "0,256,1024", "1,4,16", "128,512"),
-    "cuda": ("512,1024,4096,8192", "0,16384,65536", "1,8,32,128", "1024,8192"),
+GRIDS = {  # (new tokens, cached depths, batches, contexts per sequence, mixed steps)
+    "cpu": ("64,128,256", "0,256,1024", "1,4,16", "128,512", "4x64@0;2x128@256+4d@256;1x64@0+8d@512"),
+    "cuda": ("512,1024,4096,8192", "0,16384,65536", "1,8,32,128", "1024,8192",
+             "16x64@0;4x256@0;1x512@0+64d@1024;1x512@0+64d@8192;2x1024@8192+32d@4096"),
 }
+MIXED_HELP = ("mixed steps, one forward each, separated by ';': each a '+' of KxN@C (K prefill chunks of N new "
+              "tokens after C cached) and Bd@T (B decoders of T context tokens each)")
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -41,6 +46,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cached-depths", default=None, metavar="C1,C2,...", help="prefill grid: cached prefix tokens")
     p.add_argument("--batches", default=None, metavar="B1,B2,...", help="decode grid: sequences per step")
     p.add_argument("--contexts", default=None, metavar="T1,T2,...", help="decode grid: context tokens per sequence")
+    p.add_argument("--mixed", default=None, metavar="STEPS", help=MIXED_HELP + "; '' for none")
     p.add_argument("--block-size", type=int, default=16, help="KV block size for the host link copies")
     p.add_argument("--repeats", type=int, default=3, help="timings per point, at least (the minimum counts)")
     p.add_argument("--min-time", type=float, default=None, metavar="SECONDS",
@@ -63,6 +69,33 @@ def _ints(text: str, field: str) -> list[int]:
     return values
 
 
+def parse_mixed(text: str) -> list[tuple[tuple[tuple[int, int], ...], tuple[int, ...]]]:
+    """``"16x64@0;1x512@0+64d@1024"`` -> [(16 chunks of (64, 0), no decoders), ((512, 0), 64 x 1024)]."""
+    steps = []
+    for step in (s.strip() for s in text.split(";")):
+        if not step:
+            continue
+        chunks: list[tuple[int, int]] = []
+        contexts: list[int] = []
+        for part in step.split("+"):
+            count, sep, rest = part.strip().partition("x")
+            if not sep:
+                count, sep, rest = part.strip().partition("d")
+            size, at, depth = rest.partition("@")
+            try:
+                k, n, c = int(count), int(size or 0), int(depth)
+            except ValueError:
+                raise InputError("--mixed", f"{part!r} is neither KxN@C nor Bd@T ({MIXED_HELP})") from None
+            if not at or k < 1 or c < 0 or (sep == "x" and n < 1) or (sep == "d" and size):
+                raise InputError("--mixed", f"{part!r}: counts must be >= 1, depths >= 0 ({MIXED_HELP})")
+            if sep == "x":
+                chunks += [(n, c)] * k
+            else:
+                contexts += [c] * k
+        steps.append((tuple(chunks), tuple(contexts)))
+    return steps
+
+
 def _torch():
     try:
         import torch
@@ -83,37 +116,46 @@ def run(args) -> int:
     spec = get_model(args.model or ("tiny" if kind == "cpu" else "llama-3-8b"))
     layers = check_positive_int("--layers", args.layers if args.layers is not None else spec.layers)
     grid_p, grid_d = _grids(args, kind)
+    grid_m = parse_mixed(GRIDS[kind][4] if args.mixed is None else args.mixed)
     min_time = args.min_time if args.min_time is not None else (0.05 if kind == "cpu" else 0.0)
     if not 0 <= min_time < float("inf"):
         raise InputError("--min-time", f"must be a number of seconds >= 0, got {min_time}")
     bench = cal.Calibrator(spec, args.device, layers, args.seed, args.repeats, min_time)
-    total = 2 + len(grid_p) + len(grid_d) + (1 if kind == "cuda" else 0)
+    total = 2 + len(grid_p) + len(grid_d) + len(grid_m) + (1 if kind == "cuda" else 0)
     bar = ProgressBar(f"calibrate {spec.name} x{layers} layers on {bench.device_name}", total, "point",
                       enabled=not args.quiet)
     gpu = GpuSpec(bench.device_name, bench.matmul_rate(), bench.memory_bandwidth(), bench.memory_bytes(), 450e9)
     bar.update(2)
-    secs = _time_grid(bench, [bench.prefill_fn(n, c) for n, c in grid_p] + [bench.decode_fn(b, t) for b, t in grid_d],
-                      args.rounds or (5 if kind == "cpu" else 1), bar, args.seed)
+    calls = ([bench.prefill_fn(n, c) for n, c in grid_p] + [bench.decode_fn(b, t) for b, t in grid_d]
+             + [bench.step_fn(list(c), list(d)) for c, d in grid_m])
+    secs = _time_grid(bench, calls, args.rounds or (5 if kind == "cpu" else 1), bar, args.seed)
     prefill = [PrefillPoint(n, c, s) for (n, c), s in zip(grid_p, secs)]
     decode = [DecodePoint(b, b * t, s) for (b, t), s in zip(grid_d, secs[len(grid_p):])]
+    mixed = [StepPoint(c, d, s) for (c, d), s in zip(grid_m, secs[len(grid_p) + len(grid_d):])]
     link = bench.host_link(args.block_size) if kind == "cuda" else {}
     if link:
         gpu = with_host_link(gpu, link)
     bar.update_to(total)
-    cost = CostModel(replace(spec, layers=layers), gpu)
+    # the decode steps replay a CUDA graph where one captures (dense models on a GPU): steps up
+    # to the largest such batch pay a graph's fixed cost, the rest (prefills, mixed) run eagerly
+    graphed = max((b for b, _ in grid_d), default=0) if kind == "cuda" and not spec.moe else 0
+    prior = CostModel(spec, gpu).efficiency
+    cost = CostModel(replace(spec, layers=layers), gpu, replace(prior, graph_tokens=graphed))
     source = f"kvemu calibrate on {bench.device_name}, {layers} of {spec.layers} layers, torch {torch.__version__}"
-    eff = fit(cost, prefill, decode, source)
+    eff = fit(cost, [*prefill, *decode, *mixed], source)
     fitted = cost.with_efficiency(eff)
     fit_errors = {"prefill": errors([fitted.prefill_time(p.new_tokens, p.cached_depth) for p in prefill],
                                     [p.seconds for p in prefill]),
                   "decode": errors([fitted.decode_step_time(p.batch, p.kv_tokens) for p in decode],
-                                   [p.seconds for p in decode])}
-    _print_table(fitted, prefill, decode, fit_errors)
+                                   [p.seconds for p in decode]),
+                  "mixed": errors([fitted.step_time(p.work) for p in mixed], [p.seconds for p in mixed])}
+    _print_table(fitted, prefill, decode, mixed, fit_errors)
     out = args.out or f"profile-{kind}-{spec.name}.json"
     extra = {"device": bench.device_name, "torch": torch.__version__, "method": cal.METHOD,
              "calibrated": {spec.name: {"layers_run": layers, "dtype": str(bench.stack.dtype)}},
              "host_link": link, "points": {spec.name: {"prefill": [asdict(p) for p in prefill],
-                                                       "decode": [asdict(p) for p in decode]}},
+                                                       "decode": [asdict(p) for p in decode],
+                                                       "mixed": [asdict(p) for p in mixed]}},
              "fit_errors": {spec.name: fit_errors}}
     save_profile(_merged(out, DeviceProfile(gpu, {spec.name: eff}, extra)), out)
     print(f"wrote {out}: use it as --gpu-file {out} (with --model {spec.name})")
@@ -174,7 +216,8 @@ def _time_grid(bench, calls: list, rounds: int, bar: ProgressBar, seed: int = 0)
     return best
 
 
-def _print_table(cost: CostModel, prefill: list[PrefillPoint], decode: list[DecodePoint], fit: dict) -> None:
+def _print_table(cost: CostModel, prefill: list[PrefillPoint], decode: list[DecodePoint], mixed: list[StepPoint],
+                 fit: dict) -> None:
     out = sys.stdout
     out.write(f"{'prefill new':>12} {'cached':>8} {'measured_ms':>12} {'model_ms':>10} {'error':>8}\n")
     for p, e in zip(prefill, fit["prefill"]["per_point"]):
@@ -184,10 +227,21 @@ def _print_table(cost: CostModel, prefill: list[PrefillPoint], decode: list[Deco
     for d, e in zip(decode, fit["decode"]["per_point"]):
         model = cost.decode_step_time(d.batch, d.kv_tokens)
         out.write(f"{d.batch:>12} {d.kv_tokens:>8} {d.seconds * 1e3:>12.3f} {model * 1e3:>10.3f} {e:>+8.1%}\n")
+    if mixed:
+        out.write(f"{'mixed step':>40} {'measured_ms':>12} {'model_ms':>10} {'error':>8}\n")
+    for m, e in zip(mixed, fit["mixed"]["per_point"]):
+        out.write(f"{describe_step(m):>40} {m.seconds * 1e3:>12.3f} {cost.step_time(m.work) * 1e3:>10.3f} {e:>+8.1%}\n")
     e = cost.efficiency
     out.write(json.dumps({"fit_errors": {k: {"mean_abs": v["mean_abs"], "max_abs": v["max_abs"]} for k, v in fit.items()},
                           "efficiency": {"linear": round(e.linear, 4), "attention": round(e.attention, 4),
                                          "kv_read": round(e.kv_read, 4), "memory": round(e.memory, 4),
                                          "overhead_s": e.overhead_s, "decode_overhead_s": e.decode_overhead_s,
                                          "decode_seq_s": e.decode_seq_s, "decode_kv": e.decode_kv,
-                                         "decode_linear": e.decode_linear}}) + "\n")
+                                         "decode_linear": e.decode_linear, "graph_tokens": e.graph_tokens}}) + "\n")
+
+
+def describe_step(p: StepPoint) -> str:
+    """A step in ``--mixed`` syntax: runs of equal chunks and of equal decoders."""
+    parts = [f"{len(list(g))}x{n}@{c}" for (n, c), g in itertools.groupby(p.chunks)]
+    parts += [f"{len(list(g))}d@{t}" for t, g in itertools.groupby(p.contexts)]
+    return "+".join(parts)

@@ -1,14 +1,20 @@
-"""Fitting the cost model's efficiencies to measured times (``kvemu calibrate``, bench/).
+"""Fitting the cost model's efficiencies to measured steps (``kvemu calibrate``, bench/).
 
-Each prefill time is linear in the inverse efficiencies once the parts are computed at
-efficiency 1: ``t = linear/e_lin + attention/e_att + kv_read/e_kv + layers *
-overhead``. The fit minimises the squared *relative* error over non-negative coefficients
-(exact non-negative least squares by trying every subset of the terms: there are four). A
-term the points cannot see (e.g. no point with a cached prefix) keeps its prior efficiency;
-a term the fit sets to zero gets efficiency ``CAP`` (it costs nothing measurable).
-Decode steps fit ``memory`` (weights), ``decode_kv`` (KV reads), ``decode_seq_s`` and
-``decode_overhead_s`` the same way, with the compute side of their roofline held at the
-prefill efficiencies (``fit`` alternates the two fits).
+A measured step is its prefill chunks and decoders (``StepPoint``; one prefill alone and one
+decode-only step are the two ends). Once the side of the roofline each step is on is known, its
+time is linear in the inverse efficiencies and the fixed costs (``step_features``): products
+over ``linear`` and ``decode_linear``, attention over ``attention``, the chunks' prefix read
+over ``kv_read``, the weights and decoders' KV over ``memory`` and ``decode_kv``, and
+``decode_seq_s`` a decoder, ``overhead_s`` an eager step, ``decode_overhead_s`` a graphed one.
+The fit minimises the squared *relative* error over non-negative coefficients (exact
+non-negative least squares, every subset of the terms tried); which side each step is on
+depends on the fit, so a few rounds settle it. A term no point can see keeps its prior
+efficiency; a term the fit sets to zero gets efficiency ``CAP`` (it costs nothing measurable).
+Two forms of the decoders' products are tried, the better kept: on the roofline's compute
+side at the prefill's ``linear`` (a GPU), or paid per sequence on top of the reads
+(``decode_linear`` at the cap, the cost in ``decode_seq_s``: a CPU). A dense model reads the
+same weights every step, so graphed steps cannot tell that read from their fixed cost: the read
+takes it all (``decode_overhead_s`` 0).
 """
 
 from __future__ import annotations
@@ -19,10 +25,25 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from shared.costmodel import CostModel, Efficiency
+from shared.costmodel import CostModel, Efficiency, StepWork
 
 CAP = 100.0  # efficiency given to a term the fit found to cost nothing
-_UNIT = Efficiency(1.0, 1.0, 1.0, 1.0, 0.0, 0.0)
+# (linear, decode_linear, attention, kv_read, memory, decode_kv, decode_seq_s, overhead_s, decode_overhead_s)
+TERMS = ("linear", "decode_linear", "attention", "kv_read", "memory", "decode_kv", "decode_seq_s", "overhead_s",
+         "decode_overhead_s")
+
+
+@dataclass(frozen=True, slots=True)
+class StepPoint:
+    """One measured step: prefill chunks (new tokens, cached depth) and decoders (KV tokens each)."""
+
+    chunks: tuple[tuple[int, int], ...]
+    contexts: tuple[int, ...]  # per decoder, the KV tokens it attends
+    seconds: float
+
+    @property
+    def work(self) -> StepWork:
+        return StepWork.of(self.chunks, len(self.contexts), sum(self.contexts))
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,12 +52,25 @@ class PrefillPoint:
     cached_depth: int
     seconds: float
 
+    @property
+    def step(self) -> StepPoint:
+        return StepPoint(((self.new_tokens, self.cached_depth),), (), self.seconds)
+
 
 @dataclass(frozen=True, slots=True)
 class DecodePoint:
     batch: int
     kv_tokens: int  # in all sequences together
     seconds: float
+
+    @property
+    def step(self) -> StepPoint:
+        per, extra = divmod(self.kv_tokens, self.batch)
+        return StepPoint((), tuple(per + (i < extra) for i in range(self.batch)), self.seconds)
+
+
+def as_steps(points: Sequence[StepPoint | PrefillPoint | DecodePoint]) -> list[StepPoint]:
+    return [p if isinstance(p, StepPoint) else p.step for p in points]
 
 
 def nnls_relative(features: np.ndarray, seconds: np.ndarray) -> np.ndarray:
@@ -63,91 +97,79 @@ def _inverse(coef: float, seen: bool, prior: float) -> float:
     return CAP if coef <= 1.0 / CAP else float(1.0 / coef)
 
 
-def prefill_features(cost: CostModel, points: Sequence[PrefillPoint]) -> np.ndarray:
-    unit = cost.with_efficiency(_UNIT)
-    rows = []
-    for p in points:
-        parts = unit.prefill_parts(p.new_tokens, p.cached_depth)
-        rows.append([parts.linear, parts.attention, parts.kv_read, cost.model.layers])
-    return np.array(rows, dtype=float)
+_UNIT = Efficiency(1.0, 1.0, 1.0, 1.0, 0.0, 0.0)
 
 
-def fit_prefill(cost: CostModel, points: Sequence[PrefillPoint], source: str = "", rounds: int = 4) -> Efficiency:
-    """``cost``'s efficiency with the prefill terms fitted to ``points``. A point whose weight
-    read (at ``cost``'s ``memory`` efficiency, fitted on decode steps) outlasts its products is
-    on the memory side of the roofline: its weight read is taken as known and its products
-    drop out of the fit. Which side a point is on depends on the fit: a few rounds settle it."""
-    x_all = prefill_features(cost, points)
-    seconds = np.array([p.seconds for p in points])
-    weights = np.array([cost.prefill_parts(p.new_tokens, p.cached_depth).weights for p in points])
-    prior = eff = cost.efficiency
-    seen = np.any(x_all > 0, axis=0)
-    for _ in range(rounds):
-        memory_side = weights > x_all[:, 0] / eff.linear
-        x = x_all.copy()
-        x[memory_side, 0] = 0.0
-        rest = np.where(memory_side, np.maximum(seconds - weights, seconds * 1e-3), seconds)
-        coef = nnls_relative(x, rest)
-        eff = replace(prior, linear=_inverse(coef[0], seen[0], prior.linear),
-                      attention=_inverse(coef[1], seen[1], prior.attention),
-                      kv_read=_inverse(coef[2], seen[2], prior.kv_read),
-                      overhead_s=float(coef[3]), source=source or prior.source)
-    return eff
+def step_features(cost: CostModel, steps: Sequence[StepPoint]) -> tuple[np.ndarray, np.ndarray]:
+    """Per step, at efficiency 1: its terms in ``TERMS`` order (both sides of the roofline),
+    then the decoders' attention (on the compute side) and the prefill chunks; and each step's known seconds (the
+    all-reduces, priced from the link, not fitted)."""
+    unit = cost.with_efficiency(replace(_UNIT, graph_tokens=cost.efficiency.graph_tokens))
+    layers, graph_tokens = cost.model.layers, cost.efficiency.graph_tokens
+    rows, known = [], []
+    for s in steps:
+        w = s.work
+        p = unit.step_parts(w)
+        decode_lin = p.linear * w.decoders / w.tokens  # at efficiency 1 a decode token's products are a prefill token's
+        graphed = w.tokens <= graph_tokens
+        rows.append([p.linear - decode_lin + p.head, decode_lin, p.attention, p.kv_read, p.weights, p.decode_kv,
+                     w.decoders * layers, 0.0 if graphed else layers, layers if graphed else 0.0, p.decode_attention,
+                     w.prefill_seqs])
+        known.append(p.comm)
+    return np.array(rows, dtype=float), np.array(known, dtype=float)
 
 
-def decode_features(cost: CostModel, points: Sequence[DecodePoint]) -> np.ndarray:
-    """Per point, at efficiency 1: the memory side's weight and KV reads, then the terms outside
-    the roofline (sequences x layers, layers)."""
-    unit, m = cost.with_efficiency(_UNIT), cost.model
-    kv_unit = cost.kv_bytes_per_token / (cost.gpu.hbm_bandwidth * cost.tp)
-    return np.array([[unit.decode_weights_time(p.batch), p.kv_tokens * kv_unit, p.batch * m.layers, m.layers]
-                     for p in points], dtype=float)
+def _fit_round(x_all: np.ndarray, seconds: np.ndarray, eff: Efficiency,
+               products_per_seq: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Each step on the side of the roofline ``eff`` puts it on: the coefficients, and which
+    terms some step could see. A decode-only step on the compute side prices its products and
+    attention at ``eff`` (known): the products' rates are fitted on steps that prefill."""
+    memory = x_all[:, 4] / eff.memory + x_all[:, 5] / eff.decode_kv_eff
+    compute = x_all[:, 0] / eff.linear + x_all[:, 1] / eff.decode_linear_eff + x_all[:, 9] / eff.attention
+    memory_side = memory >= compute
+    x = x_all[:, :9].copy()
+    x[memory_side, 0:2] = 0.0  # the products hide under the reads
+    x[~memory_side, 4:6] = 0.0  # the reads hide under the products
+    x[~memory_side, 2] += x_all[~memory_side, 9]  # decode attention counts on the compute side
+    held = ~memory_side & (x_all[:, 10] == 0)
+    rest = seconds.copy()
+    rest[held] = np.maximum(seconds[held] - compute[held], seconds[held] * 1e-3)
+    x[held, 0:3] = 0.0
+    if products_per_seq:
+        x[:, 1] = 0.0  # at the cap: the decoders' products cost what decode_seq_s says
+    else:
+        x[:, 0] += x[:, 1]  # decode products at the prefill's `linear`
+        x[:, 1] = 0.0
+    return nnls_relative(x, rest), np.any(x > 0, axis=0)
 
 
-def fit_decode(cost: CostModel, points: Sequence[DecodePoint], rounds: int = 4) -> Efficiency:
-    """``cost``'s efficiency with the decode terms fitted to ``points``: ``memory`` (weights),
-    ``decode_kv`` (KV reads), ``decode_seq_s``, ``decode_overhead_s``, and whether the products
-    overlap the reads (the roofline's compute side at the prefill efficiencies, as on a GPU)
-    or are paid per sequence on top of them (``decode_linear`` at the cap, as on a CPU).
-    A point whose products outlast its reads drops its reads from the fit; a few rounds
-    settle which side each point is on; the fit with the least squared relative error wins."""
-    x_all = decode_features(cost, points)
-    seconds = np.array([p.seconds for p in points])
+def fit(cost: CostModel, points: Sequence[StepPoint | PrefillPoint | DecodePoint], source: str = "",
+        rounds: int = 6, decode: Sequence[DecodePoint] = ()) -> Efficiency:
+    """``cost``'s efficiency with every term of the step form fitted to ``points`` (and ``decode``,
+    kept for callers that pass prefill and decode points apart)."""
+    steps = as_steps([*points, *decode])
+    x_all, known = step_features(cost, steps)
+    seconds = np.maximum(np.array([s.seconds for s in steps]) - known, 1e-12)
     prior = cost.efficiency
-    seen_kv = bool(np.any(x_all[:, 1] > 0))
-    if np.ptp(x_all[:, 0]) <= 1e-9 * np.max(x_all[:, 0]):
-        # A dense model reads the same weights every step: the points cannot tell that read from
-        # a per-layer overhead, so the read takes it all (the GPU form: no decode overhead).
-        x_all[:, 3] = 0.0
+    if not cost.model.moe:
+        x_all[:, 8] = 0.0  # a dense model's graphed steps: the weight read takes the fixed cost
     best, best_err = prior, float("inf")
-    for products in (None, CAP):  # products at the prefill's `linear`, or paid per sequence
-        eff = replace(prior, decode_linear=products)
+    for per_seq in (False, True):
+        eff = replace(prior, decode_linear=CAP if per_seq else None)
         for _ in range(rounds):
-            compute = np.array([cost.with_efficiency(eff).decode_compute_time(p.batch, p.kv_tokens) for p in points])
-            compute_side = compute > x_all[:, 0] / eff.memory + x_all[:, 1] / eff.decode_kv_eff
-            x = x_all.copy()
-            x[compute_side, :2] = 0.0
-            coef = nnls_relative(x, np.where(compute_side, np.maximum(seconds - compute, seconds * 1e-3), seconds))
-            eff = replace(eff, memory=_inverse(coef[0], True, prior.memory),
-                          decode_kv=_inverse(coef[1], seen_kv, prior.decode_kv_eff),
-                          decode_seq_s=float(coef[2]), decode_overhead_s=float(coef[3]))
+            coef, seen = _fit_round(x_all, seconds, eff, per_seq)
+            eff = replace(eff, linear=_inverse(coef[0], seen[0], prior.linear),
+                          attention=_inverse(coef[2], seen[2], prior.attention),
+                          kv_read=_inverse(coef[3], seen[3], prior.kv_read),
+                          memory=_inverse(coef[4], seen[4], prior.memory),
+                          decode_kv=_inverse(coef[5], seen[5], prior.decode_kv_eff) if seen[5] else prior.decode_kv,
+                          decode_seq_s=float(coef[6]), overhead_s=float(coef[7]) if seen[7] else prior.overhead_s,
+                          decode_overhead_s=float(coef[8]), source=source or prior.source)
             fitted = cost.with_efficiency(eff)
-            err = sum((fitted.decode_step_time(p.batch, p.kv_tokens) / p.seconds - 1) ** 2 for p in points)
+            err = sum((fitted.step_time(s.work) / s.seconds - 1) ** 2 for s in steps)
             if err < best_err:
                 best, best_err = eff, err
     return best
-
-
-def fit(cost: CostModel, prefill: Sequence[PrefillPoint], decode: Sequence[DecodePoint], source: str = "",
-        passes: int = 2) -> Efficiency:
-    """Decode and prefill terms fitted together: each fit holds the other's terms (prefill's
-    weight read uses ``memory``; decode's compute side uses ``linear`` and ``attention``), so
-    they alternate."""
-    eff = cost.efficiency
-    for _ in range(passes):
-        eff = fit_decode(cost.with_efficiency(eff), decode) if decode else eff
-        eff = fit_prefill(cost.with_efficiency(eff), prefill, source) if prefill else eff
-    return eff
 
 
 def errors(predicted: Sequence[float], measured: Sequence[float]) -> dict:

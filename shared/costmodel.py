@@ -1,28 +1,32 @@
-"""Cost model: KV bytes, capacity in blocks, emulated prefill and decode time.
+"""Cost model: KV bytes, capacity in blocks, and the GPU time of one scheduler step.
 
-Shapes. A model is its layer shapes (hidden size, query / KV heads, head size, MLP width,
-experts); parameter counts follow from them. An MoE layer computes only its active experts.
+A step is ONE forward over every token it schedules (vLLM v1: chunked prefill and decode in
+one batch). Its inputs (``StepWork``) are its prefill chunks (``n_i`` new tokens after ``c_i``
+cached ones) and its decoders (``B`` sequences attending ``K`` KV tokens in all); ``T = sum n_i
++ B`` tokens. Over the layers, per GPU (``tp`` splits heads, MLP and weights):
 
-Prefill of ``n`` new tokens after ``c`` cached ones, per layer, per GPU (``tp`` splits heads,
-MLP and weights; two all-reduces of the activations per layer cross the GPU link):
+* weights, read once: every layer's (for MoE the experts the union of the step's ``T`` tokens
+  routes to) and the LM head, at ``memory`` x HBM bandwidth; plus the decoders' KV,
+  ``K x kv_bytes_per_token`` at ``decode_kv`` x HBM bandwidth;
+* products over all ``T`` tokens: ``2 x (attention projections + active MLP)`` FLOPs a token
+  (prefill tokens at ``linear`` x peak, decode tokens at ``decode_linear``), the LM head once
+  a sequence, and the decoders' attention ``4 q_heads head_dim K`` FLOPs at ``attention`` x
+  peak. The step takes whichever of the two is slower (a roofline);
+* per prefill sequence, outside the roofline: its attention ``4 q_heads head_dim (n c +
+  n(n-1)/2)`` FLOPs at ``attention`` x peak, and its cached prefix's K/V read, ``c x 2 q_heads
+  head_dim dtype`` bytes (one copy per query head, as attention kernels without GQA sharing
+  read it) at ``kv_read`` x HBM bandwidth (on an H200 this read did not overlap the
+  attention's compute: without it a few new tokens over a long prefix come out ~25% fast);
+* tensor parallelism: two ring all-reduces of every token's activations per layer;
+* fixed costs once per step: ``overhead_s`` per layer when the step runs eagerly,
+  ``decode_overhead_s`` when it replays a captured CUDA graph (at most ``graph_tokens``
+  tokens); ``decode_seq_s`` per layer and decoder (a CPU pays products per sequence).
 
-* linear: ``2 n (attention projections + active MLP)`` FLOPs at ``linear`` x peak, against
-  reading the layer's weights (the experts ``n`` tokens touch) at ``memory`` x HBM
-  bandwidth: a roofline, whichever is slower;
-* attention: ``4 q_heads head_dim (n c + n(n-1)/2)`` FLOPs (every new token over the
-  cached prefix and the new tokens before it) at ``attention`` x peak;
-* reading the cached prefix's K/V, ``c x 2 q_heads head_dim dtype`` bytes (one copy per
-  query head, as attention kernels without GQA sharing read it) at ``kv_read`` x HBM
-  bandwidth. Measured on an H200 this read does not overlap the attention's compute, so it
-  is added, not maxed: without it a few new tokens over a long prefix come out ~25% fast;
-* ``overhead_s`` per layer (launches); decode steps have their own ``decode_overhead_s``.
-
-Decode is memory-bound: weights (the experts the batch touches) at ``memory`` x HBM
-bandwidth + the batch's KV at ``decode_kv`` x HBM bandwidth (``memory``'s unless fitted),
-or compute-bound (products at ``decode_linear``, ``linear``'s unless fitted) for large
-batches, whichever is slower; plus per layer ``decode_overhead_s`` and ``decode_seq_s`` per
-sequence (both 0 on the GPU presets: on an H200 the roofline alone held within 6%; a CPU step
-pays its products per sequence and reads KV much slower than its weights).
+One prefill alone is this step with one chunk; a decode step, the step with no chunk: the two
+forms fitted on measurements (docs/calibration.md) are the two ends of this one. The H200
+prefill points are all compute-bound (1,024 tokens and more) and no decode or mixed step has
+been measured on a GPU here, so nothing measured shows the corner between weight-bound and
+compute-bound to be soft: it stays the roofline's ``max``.
 
 The efficiencies are per model (``Efficiency``; a preset carries its own, a device profile
 from ``kvemu calibrate`` replaces them): what each preset was fitted on is its ``source``,
@@ -31,13 +35,15 @@ listed in docs/calibration.md.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from shared.devprofile import is_profile_path, load_profile
 from shared.devspecs import Efficiency, GpuSpec
 from shared.errors import InputError, UnknownNameError
 
-__all__ = ["Efficiency", "GpuSpec", "ModelSpec", "CostModel", "MODELS", "GPUS", "get_model", "get_gpu"]
+__all__ = ["Efficiency", "GpuSpec", "ModelSpec", "CostModel", "StepWork", "StepParts", "layered_finish", "MODELS", "GPUS", "get_model", "get_gpu"]
 
 GIB = 1024**3
 
@@ -54,6 +60,9 @@ MOE_SEED_002 = Efficiency(0.3871, 0.5427, 0.80, 0.80, 0.0, 0.0,
                           "seed 002: Qwen3-Coder-30B-A3B, 1x H200, 8K prefill at depth 0 and 64K")
 
 
+MIB = 1024**2
+
+
 @dataclass(frozen=True, slots=True)
 class ModelSpec:
     name: str
@@ -68,6 +77,8 @@ class ModelSpec:
     active_experts: int = 0
     dtype_bytes: int = 2
     efficiency: Efficiency | None = None  # None: the dense H200 fit
+    mlp_matrices: int = 3  # 3: SwiGLU (gate, up, down); 2: fc1 -> activation -> fc2 (OPT)
+    tied_embeddings: bool = False  # the LM head is the input embedding (one matrix resident)
 
     @property
     def moe(self) -> bool:
@@ -80,12 +91,17 @@ class ModelSpec:
 
     @property
     def expert_params(self) -> int:
-        """One SwiGLU MLP (gate, up, down); the dense MLP when not MoE."""
-        return 3 * self.hidden * self.intermediate
+        """One MLP (SwiGLU: gate, up, down; OPT: fc1, fc2); the dense MLP when not MoE."""
+        return self.mlp_matrices * self.hidden * self.intermediate
 
     @property
     def router_params(self) -> int:
         return self.hidden * self.experts
+
+    @property
+    def head_params(self) -> int:
+        """The LM head (hidden -> vocab), read by every step that samples a token."""
+        return self.vocab * self.hidden
 
     def layer_params(self, experts: float | None = None) -> float:
         """Per layer with ``experts`` experts (default: all of them; dense: the MLP)."""
@@ -97,12 +113,13 @@ class ModelSpec:
     @property
     def active_params(self) -> float:
         """Parameters touched per token: layers with the active experts, plus the LM head."""
-        return self.layers * self.layer_params(self.active_experts or None) + self.vocab * self.hidden
+        return self.layers * self.layer_params(self.active_experts or None) + self.head_params
 
     @property
     def total_params(self) -> float:
-        """Resident parameters: every layer and expert, embedding and LM head (untied)."""
-        return self.layers * self.layer_params() + 2 * self.vocab * self.hidden
+        """Resident parameters: every layer and expert, the input embedding and the LM head (one
+        matrix when they are tied). Norms, biases and learned positions are left out (<0.1%)."""
+        return self.layers * self.layer_params() + (1 if self.tied_embeddings else 2) * self.head_params
 
     def touched_experts(self, tokens: int) -> float:
         """Expected distinct experts ``tokens`` tokens route to (uniform routing)."""
@@ -119,18 +136,33 @@ class ModelSpec:
         return self.total_params * self.dtype_bytes
 
 
-_DENSE = {"llama-3-8b": (32, 32, 8, 128, 4096, 14336, 128256), "llama-3-70b": (80, 64, 8, 128, 8192, 28672, 128256),
-          "qwen3-8b": (36, 32, 8, 128, 4096, 12288, 151936),
-          # The models of seed 001 (FlashGen). Llama 2: published shapes (13B multi-head, 70B GQA).
-          "llama-2-13b": (40, 40, 40, 128, 5120, 13824, 32000), "llama-2-70b": (80, 64, 8, 128, 8192, 28672, 32000),
-          # OPT: multi-head attention and a two-matrix MLP of width 4 x hidden; given here as the
-          # SwiGLU width with the same parameters (2/3 of it), which is all the cost model counts.
-          "opt-13b": (40, 40, 40, 128, 5120, 13653, 50272), "opt-30b": (48, 56, 56, 128, 7168, 19115, 50272)}
+# Each shape is its published Hugging Face config.json (num_hidden_layers, num_attention_heads,
+# num_key_value_heads, head_dim, hidden_size, intermediate_size / ffn_dim, vocab_size,
+# tie_word_embeddings); tests/shared/test_costmodel.py checks each against the published
+# parameter count.
+_DENSE = {
+    # meta-llama/Meta-Llama-3-8B, untied
+    "llama-3-8b": (32, 32, 8, 128, 4096, 14336, 128256),
+    # meta-llama/Meta-Llama-3-70B, untied
+    "llama-3-70b": (80, 64, 8, 128, 8192, 28672, 128256),
+    # Qwen/Qwen3-8B: head_dim 128 set explicitly, tie_word_embeddings false
+    "qwen3-8b": (36, 32, 8, 128, 4096, 12288, 151936),
+    # The models of FlashGen. meta-llama/Llama-2-13b-hf (multi-head), Llama-2-70b-hf (GQA), untied.
+    "llama-2-13b": (40, 40, 40, 128, 5120, 13824, 32000),
+    "llama-2-70b": (80, 64, 8, 128, 8192, 28672, 32000),
+}
+# facebook/opt-13b and facebook/opt-30b: multi-head attention, a two-matrix ReLU MLP of
+# ffn_dim = 4 x hidden, the LM head tied to the input embedding.
+_OPT = {"opt-13b": (40, 40, 40, 128, 5120, 20480, 50272), "opt-30b": (48, 56, 56, 128, 7168, 28672, 50272)}
 
 MODELS: dict[str, ModelSpec] = {
     m.name: m
     for m in (
         *(ModelSpec(name, *shape, efficiency=DENSE_H200) for name, shape in _DENSE.items()),
+        *(ModelSpec(name, *shape, efficiency=DENSE_H200, mlp_matrices=2, tied_embeddings=True)
+          for name, shape in _OPT.items()),
+        # Qwen/Qwen3-Coder-30B-A3B-Instruct: every layer MoE, 128 experts of moe_intermediate_size
+        # 768, 8 a token, 4 KV heads, untied
         ModelSpec("qwen3-coder-30b-a3b", 48, 32, 4, 128, 2048, 768, 151936, 128, 8, efficiency=MOE_SEED_002),
         # Tiny shapes for CPU tests and `kvemu calibrate --device cpu` (not real models).
         ModelSpec("tiny", 4, 4, 2, 32, 256, 512, 1024),
@@ -138,13 +170,15 @@ MODELS: dict[str, ModelSpec] = {
     )
 }
 
+# Device memory as the device reports it (nvidia-smi / npu-smi, MiB), not the marketing GB.
 GPUS: dict[str, GpuSpec] = {
     g.name: g
     for g in (
-        GpuSpec("a100-80gb", 312e12, 2.039e12, 80e9, 300e9, 25e9),  # PCIe 4: about half the H200's link
-        GpuSpec("h100", 989e12, 3.35e12, 80e9),
-        GpuSpec("h200", 989e12, 4.8e12, 141e9),
-        GpuSpec("ascend-910b2", 376e12, 1.6e12, 64e9, 196e9, 25e9),
+        # A100 80GB SXM: 81,920 MiB. PCIe 4 host link: about half the H200's.
+        GpuSpec("a100-80gb", 312e12, 2.039e12, 81920 * MIB, 300e9, 25e9),
+        GpuSpec("h100", 989e12, 3.35e12, 81559 * MIB),  # H100 SXM 80GB HBM3: 81,559 MiB
+        GpuSpec("h200", 989e12, 4.8e12, 143771 * MIB),  # H200 SXM 141GB HBM3e: 143,771 MiB
+        GpuSpec("ascend-910b2", 376e12, 1.6e12, 65536 * MIB, 196e9, 25e9),  # 910B2: 65,536 MB HBM
     )
 }
 
@@ -183,20 +217,82 @@ def split_tp(spec: str) -> tuple[str, int]:
     return base, int(tp)
 
 
-@dataclass(frozen=True, slots=True)
-class PrefillParts:
-    """Seconds of one prefill call, summed over the layers (see the module docstring)."""
+class StepWork(NamedTuple):
+    """What one step computes, summed over its sequences (``of`` builds it from the chunks)."""
 
-    linear: float
-    weights: float
-    attention: float
-    kv_read: float
+    prefill_tokens: int = 0  # new tokens of the prefill chunks, sum n_i
+    prefill_seqs: int = 0  # prefill chunks (one per sequence)
+    attn_pairs: float = 0.0  # sum n_i c_i + n_i (n_i - 1) / 2: query-key pairs of the chunks
+    cached_tokens: int = 0  # sum c_i: prefix tokens the chunks read
+    decoders: int = 0  # sequences decoding one token
+    decode_kv: int = 0  # KV tokens the decoders attend, in all
+
+    @classmethod
+    def of(cls, chunks: Iterable[tuple[int, int]] = (), decoders: int = 0, decode_kv: int = 0) -> StepWork:
+        """``chunks``: (new tokens, cached depth) per prefill sequence."""
+        tokens = seqs = cached = 0
+        pairs = 0.0
+        for n, c in chunks:
+            if n < 0 or c < 0:
+                raise InputError("new_tokens", "token counts must be >= 0")
+            if n:
+                tokens += n
+                seqs += 1
+                cached += c
+                pairs += n * c + n * (n - 1) / 2
+        if decoders < 0 or decode_kv < 0:
+            raise InputError("decoders", "decoders and their KV tokens must be >= 0")
+        return cls(tokens, seqs, pairs, cached, decoders, decode_kv)
+
+    @property
+    def tokens(self) -> int:
+        return self.prefill_tokens + self.decoders
+
+
+@dataclass(frozen=True, slots=True)
+class StepParts:
+    """Seconds of one step by term, summed over the layers (see the module docstring)."""
+
+    weights: float  # layer weights (touched experts) and LM head
+    decode_kv: float  # decoders' KV read
+    linear: float  # products over the step's tokens (layers only)
+    head: float  # the LM head's products, once a sequence
+    decode_attention: float
+    attention: float  # the prefill chunks' attention
+    kv_read: float  # the prefill chunks' cached prefix read
     comm: float
-    overhead: float
+    overhead: float  # fixed costs of the step and per decoder
+
+    @property
+    def memory_side(self) -> float:
+        return self.weights + self.decode_kv
+
+    @property
+    def compute_side(self) -> float:
+        return self.linear + self.head + self.decode_attention
 
     @property
     def total(self) -> float:
-        return max(self.linear, self.weights) + self.attention + self.kv_read + self.comm + self.overhead
+        return max(self.memory_side, self.compute_side) + self.attention + self.kv_read + self.comm + self.overhead
+
+
+class _Units(NamedTuple):
+    """Seconds per unit of each term (per token, pair, ...), for the hot path."""
+
+    prefill_linear: float  # per prefill token
+    decode_linear: float  # per decode token
+    head_read: float  # LM head, once per step
+    head_linear: float  # LM head products, per sequence
+    base_weights: float  # layer weights but the experts (dense: all of them)
+    per_expert: float  # one expert over all layers (0: dense)
+    decode_kv: float  # per decode KV token read
+    attention: float  # per query-key pair
+    kv_read: float  # per cached prefix token
+    comm: float  # per token
+    per_decoder: float  # decode_seq_s over the layers
+    eager: float  # fixed, eager step
+    graphed: float  # fixed, graph replay
+    graph_tokens: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,9 +301,7 @@ class CostModel:
     gpu: GpuSpec
     eff: Efficiency | None = None  # None: the model's own, else the dense H200 fit
     tp: int = 1
-    # prefill_parts' terms per unit (per token, per attention pair, ...), for the fast path
-    _unit: tuple[float, ...] = field(init=False, repr=False, compare=False)
-    _decode_unit: tuple[float, ...] = field(init=False, repr=False, compare=False)
+    _u: _Units = field(init=False, repr=False, compare=False)
     # MoE: expected distinct experts per token count, a power per call otherwise (the simulator
     # prices hundreds of thousands of steps over a few thousand distinct counts)
     _experts: dict[int, float] = field(init=False, repr=False, compare=False)
@@ -215,13 +309,7 @@ class CostModel:
     def __post_init__(self) -> None:
         if not isinstance(self.tp, int) or self.tp < 1:
             raise InputError("tp", f"must be an integer >= 1, got {self.tp!r}")
-        one = self.prefill_parts(1, 1)  # linear, attention and prefix read are linear in n, pairs, c
-        m = self.model
-        bw = self.gpu.hbm_bandwidth * self.tp * self.efficiency.memory
-        base = m.layers * m.layer_params(0 if m.moe else None) * m.dtype_bytes / bw  # all but the experts
-        per_expert = m.layers * m.expert_params * m.dtype_bytes / bw if m.moe else 0.0
-        object.__setattr__(self, "_unit", (one.linear, one.attention, one.kv_read, one.comm, one.overhead, base, per_expert))
-        object.__setattr__(self, "_decode_unit", self._decode_units())
+        object.__setattr__(self, "_u", self._units())
         object.__setattr__(self, "_experts", {})
 
     @classmethod
@@ -264,45 +352,55 @@ class CostModel:
     def blocks_to_gib(self, blocks: int, block_size: int) -> float:
         return blocks * self.block_bytes(block_size) / GIB
 
-    # ---- prefill --------------------------------------------------------------
-    def prefill_flops(self, new_tokens: int, cached_depth: int = 0) -> tuple[float, float]:
-        """(linear, attention) FLOPs over all layers (all GPUs) to prefill ``new_tokens``
-        after ``cached_depth`` tokens."""
-        if new_tokens < 0 or cached_depth < 0:
-            raise InputError("new_tokens", "token counts must be >= 0")
-        m = self.model
-        linear = 2.0 * new_tokens * m.layer_params(m.active_experts or None) * m.layers
-        pairs = new_tokens * cached_depth + new_tokens * (new_tokens - 1) / 2
-        return linear, 4.0 * m.q_heads * m.head_dim * m.layers * pairs
-
-    def prefill_parts(self, new_tokens: int, cached_depth: int = 0) -> PrefillParts:
-        if new_tokens < 0 or cached_depth < 0:
-            raise InputError("new_tokens", "token counts must be >= 0")
+    # ---- one step ---------------------------------------------------------------
+    def _units(self) -> _Units:
         m, e, g, tp = self.model, self.efficiency, self.gpu, self.tp
-        n, c, L = new_tokens, cached_depth, m.layers
-        peak, bw = g.peak_flops * tp, g.hbm_bandwidth * tp  # the work splits over tp GPUs
-        attn_unit = 4.0 * m.q_heads * m.head_dim * L
-        weights = L * m.layer_params(m.touched_experts(n) if m.moe else None) * m.dtype_bytes
-        comm = 0.0
-        if tp > 1:  # two ring all-reduces of the activations per layer
-            comm = L * 2 * 2 * (tp - 1) / tp * n * m.hidden * m.dtype_bytes / g.link_bandwidth
-        return PrefillParts(
-            linear=2.0 * n * L * m.layer_params(m.active_experts or None) / (peak * e.linear),
-            weights=weights / (bw * e.memory),
-            attention=attn_unit * (n * c + n * (n - 1) / 2) / (peak * e.attention),
-            kv_read=L * c * 2 * m.q_heads * m.head_dim * m.dtype_bytes / (bw * e.kv_read),
-            comm=comm, overhead=L * e.overhead_s)
+        L, peak, hbm = m.layers, g.peak_flops * tp, g.hbm_bandwidth * tp  # the work splits over tp GPUs
+        bw = hbm * e.memory
+        token_flops = 2.0 * L * m.layer_params(m.active_experts or None)
+        comm = L * 2 * 2 * (tp - 1) / tp * m.hidden * m.dtype_bytes / g.link_bandwidth if tp > 1 else 0.0
+        return _Units(
+            prefill_linear=token_flops / (peak * e.linear), decode_linear=token_flops / (peak * e.decode_linear_eff),
+            head_read=m.head_params * m.dtype_bytes / bw, head_linear=2.0 * m.head_params / (peak * e.linear),
+            base_weights=L * m.layer_params(0 if m.moe else None) * m.dtype_bytes / bw,
+            per_expert=L * m.expert_params * m.dtype_bytes / bw if m.moe else 0.0,
+            decode_kv=self.kv_bytes_per_token / (hbm * e.decode_kv_eff),
+            attention=4.0 * m.q_heads * m.head_dim * L / (peak * e.attention),
+            kv_read=L * 2 * m.q_heads * m.head_dim * m.dtype_bytes / (hbm * e.kv_read),
+            comm=comm, per_decoder=L * e.decode_seq_s, eager=L * e.overhead_s, graphed=L * e.decode_overhead_s,
+            graph_tokens=e.graph_tokens)
 
-    def prefill_time(self, new_tokens: int, cached_depth: int = 0) -> float:
-        """``prefill_parts(...).total``, without building the parts (the simulator's hot path)."""
-        if new_tokens <= 0 or cached_depth < 0:
-            if new_tokens == 0:
-                return 0.0
-            raise InputError("new_tokens", "token counts must be >= 0")
-        n, c = new_tokens, cached_depth
-        lin, att, kv, comm, overhead, base, per_expert = self._unit
-        weights = base + per_expert * self._touched_experts(n) if per_expert else base
-        return max(n * lin, weights) + (n * c + n * (n - 1) / 2) * att + c * kv + n * comm + overhead
+    def step_parts(self, work: StepWork) -> StepParts:
+        """The step's seconds by term; all zero for a step with no tokens."""
+        t = work.tokens
+        if t <= 0:
+            return StepParts(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+        u = self._u
+        weights = u.base_weights + u.head_read
+        if u.per_expert:  # the experts the union of the step's tokens routes to
+            weights += u.per_expert * self._touched_experts(t)
+        fixed = u.graphed if t <= u.graph_tokens else u.eager
+        return StepParts(
+            weights=weights, decode_kv=work.decode_kv * u.decode_kv,
+            linear=work.prefill_tokens * u.prefill_linear + work.decoders * u.decode_linear,
+            head=(work.prefill_seqs + work.decoders) * u.head_linear, decode_attention=work.decode_kv * u.attention,
+            attention=work.attn_pairs * u.attention, kv_read=work.cached_tokens * u.kv_read, comm=t * u.comm,
+            overhead=fixed + work.decoders * u.per_decoder)
+
+    def step_time(self, work: StepWork) -> float:
+        """Seconds of one step: ``step_parts(work).total`` without building the parts (the hot path)."""
+        t = work.prefill_tokens + work.decoders
+        if t <= 0:
+            return 0.0
+        u = self._u
+        weights = u.base_weights + u.head_read + work.decode_kv * u.decode_kv
+        if u.per_expert:
+            weights += u.per_expert * self._touched_experts(t)
+        compute = (work.prefill_tokens * u.prefill_linear + work.decoders * u.decode_linear
+                   + (work.prefill_seqs + work.decoders) * u.head_linear + work.decode_kv * u.attention)
+        fixed = u.graphed if t <= u.graph_tokens else u.eager
+        return (max(weights, compute) + work.attn_pairs * u.attention + work.cached_tokens * u.kv_read
+                + t * u.comm + fixed + work.decoders * u.per_decoder)
 
     def _touched_experts(self, tokens: int) -> float:
         """``model.touched_experts``, remembered per token count (bounded)."""
@@ -314,10 +412,32 @@ class CostModel:
             e = known[tokens] = self.model.touched_experts(tokens)
         return e
 
+    # ---- one request's prefill, one decode step: the step with one chunk / no chunk ----------
+    def prefill_flops(self, new_tokens: int, cached_depth: int = 0) -> tuple[float, float]:
+        """(linear, attention) FLOPs over all layers (all GPUs) to prefill ``new_tokens``
+        after ``cached_depth`` tokens."""
+        if new_tokens < 0 or cached_depth < 0:
+            raise InputError("new_tokens", "token counts must be >= 0")
+        m = self.model
+        linear = 2.0 * new_tokens * m.layer_params(m.active_experts or None) * m.layers
+        pairs = new_tokens * cached_depth + new_tokens * (new_tokens - 1) / 2
+        return linear, 4.0 * m.q_heads * m.head_dim * m.layers * pairs
+
+    def prefill_parts(self, new_tokens: int, cached_depth: int = 0) -> StepParts:
+        return self.step_parts(StepWork.of([(new_tokens, cached_depth)]))
+
+    def prefill_time(self, new_tokens: int, cached_depth: int = 0) -> float:
+        """One request's prefill as a step of its own."""
+        return self.step_time(StepWork.of([(new_tokens, cached_depth)]))
+
+    def decode_step_time(self, batch_size: int, kv_tokens: int) -> float:
+        """One decode-only step for ``batch_size`` sequences holding ``kv_tokens`` tokens in all."""
+        return self.step_time(StepWork(decoders=batch_size, decode_kv=kv_tokens)) if batch_size > 0 else 0.0
+
     def block_cost(self, block_index: int, block_size: int) -> float:
         """Emulated seconds to recompute block ``block_index`` (depth = index * block_size):
-        its share of a long prefill's compute (linear part compute-bound, attention over
-        the block's own tokens and the prefix before it), without per-call costs."""
+        its share of a long prefill's compute (products compute-bound, attention over
+        the block's own tokens and the prefix before it), without per-step costs."""
         p = self.prefill_parts(block_size, block_index * block_size)
         return p.linear + p.attention
 
@@ -329,36 +449,19 @@ class CostModel:
         calls = blocks if copies is None else copies
         return blocks * self.block_bytes(block_size) / (g.host_bandwidth * self.tp) + calls * g.host_copy_overhead_s
 
-    # ---- decode ---------------------------------------------------------------
-    def decode_step_time(self, batch_size: int, kv_tokens: int) -> float:
-        """One decode step for ``batch_size`` sequences holding ``kv_tokens`` tokens in all."""
-        if batch_size <= 0:
-            return 0.0
-        weights, per_expert, kv, lin, att, per_seq, overhead = self._decode_unit
-        if per_expert:  # MoE: experts no sequence in the batch routes to are not read
-            weights -= (self.model.experts - self._touched_experts(batch_size)) * per_expert
-        return max(weights + kv_tokens * kv, batch_size * lin + kv_tokens * att) + batch_size * per_seq + overhead
 
-    def decode_compute_time(self, batch_size: int, kv_tokens: int) -> float:
-        """The compute side of a decode step's roofline: products and attention."""
-        lin, att = self._decode_unit[3:5]
-        return batch_size * lin + kv_tokens * att
-
-    def decode_weights_time(self, batch_size: int) -> float:
-        """The weight read of one decode step (the experts ``batch_size`` sequences touch)."""
-        weights, per_expert = self._decode_unit[:2]
-        if per_expert:
-            weights -= (self.model.experts - self._touched_experts(batch_size)) * per_expert
-        return weights
-
-    def _decode_units(self) -> tuple[float, ...]:
-        """Seconds of a decode step per unit: (all weights, one expert's weights, per KV token
-        read, per sequence's products, per KV token attended, per sequence's all-reduces and
-        fixed costs, overhead)."""
-        m, e, g, tp = self.model, self.efficiency, self.gpu, self.tp
-        bw, peak = g.hbm_bandwidth * tp * e.memory, g.peak_flops * tp
-        comm = m.layers * 2 * 2 * (tp - 1) / tp * m.hidden * m.dtype_bytes / g.link_bandwidth if tp > 1 else 0.0
-        return (m.weight_bytes / bw, m.layers * m.expert_params * m.dtype_bytes / bw if m.moe else 0.0,
-                self.kv_bytes_per_token / (g.hbm_bandwidth * tp * e.decode_kv_eff),
-                self.prefill_flops(1, 0)[0] / (peak * e.decode_linear_eff), 4.0 * m.q_heads * m.head_dim * m.layers / (peak * e.attention),
-                comm + m.layers * e.decode_seq_s, m.layers * e.decode_overhead_s)
+def layered_finish(compute: float, restores: Iterable[tuple[float, float]], layers: int) -> float:
+    """Seconds from the step's start until a forward of ``compute`` seconds ends when some of its
+    sequences' KV still arrives from a lower tier, layer by layer (each transfer ``(start,
+    ready)``, seconds from the step's start, delivers its layers evenly over that span). Layer
+    ``l`` of the forward waits for layer ``l`` of every transfer; with layers of equal cost the
+    latest start is that of the first layer or the last: ``max(compute, start + (ready - start)
+    / L + compute, ready + compute / L)``. A transfer whose first layer is in before the step and
+    whose last is in with a layer of compute to spare adds nothing."""
+    finish = compute
+    per_layer = compute / layers
+    for start, ready in restores:
+        if ready <= 0.0:
+            continue
+        finish = max(finish, start + (ready - start) / layers + compute, ready + per_layer)
+    return finish

@@ -16,8 +16,8 @@ class Efficiency:
     attention: float = 0.34  # attention (QK^T and AV), of peak FLOP/s
     kv_read: float = 0.22  # reading the cached prefix's K/V, of HBM bandwidth
     memory: float = 0.80  # weights and decode KV reads, of HBM bandwidth
-    overhead_s: float = 0.0  # per layer per prefill call
-    decode_overhead_s: float = 0.0  # per layer per decode step
+    overhead_s: float = 0.0  # per layer per step run eagerly (kernel launches)
+    decode_overhead_s: float = 0.0  # per layer per step replayed from a captured CUDA graph
     source: str = ""  # what these were fitted on
     # Decode steps beyond the H200 roofline (0 / None on the presets, which is that form): the
     # cost per sequence (per layer) outside the roofline, the fraction of memory bandwidth the
@@ -27,6 +27,11 @@ class Efficiency:
     decode_seq_s: float = 0.0
     decode_kv: float | None = None
     decode_linear: float | None = None
+    # Steps of at most this many tokens replay a captured CUDA graph and pay ``decode_overhead_s``
+    # per layer, longer ones run eagerly and pay ``overhead_s``: vLLM captures steps up to 512
+    # tokens (its default largest capture size; mixed steps piecewise, attention outside the
+    # graph). A calibrated profile: the largest decode batch it timed through a graph (0 on a CPU).
+    graph_tokens: int = 512
 
     @property
     def decode_kv_eff(self) -> float:
@@ -45,6 +50,8 @@ class Efficiency:
             value = getattr(self, name)
             if value is not None and not (isinstance(value, int | float) and 0 < value < float("inf")):
                 raise InputError(name, f"efficiency must be a finite number > 0 or null, got {value!r}")
+        if not isinstance(self.graph_tokens, int) or isinstance(self.graph_tokens, bool) or self.graph_tokens < 0:
+            raise InputError("graph_tokens", f"must be an integer >= 0, got {self.graph_tokens!r}")
         for name in ("overhead_s", "decode_overhead_s", "decode_seq_s"):
             if not 0 <= getattr(self, name) < float("inf"):
                 raise InputError(name, f"must be a finite number >= 0, got {getattr(self, name)}")

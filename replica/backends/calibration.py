@@ -1,17 +1,24 @@
-"""The measurements behind ``kvemu calibrate``: one torch layer stack timed on one device."""
+"""The measurements behind ``kvemu calibrate``: one torch layer stack timed on one device.
+
+``prefill_fn`` (one sequence's chunk over a cached prefix), ``decode_fn`` (a batch of decode
+tokens) and ``step_fn`` (a mixed step: prefill chunks and decoders packed into one forward,
+as the torch backend runs every step) return calls to time; cached K/V are random tensors on
+the device, shared between the points that need the same shapes."""
 
 from __future__ import annotations
 
 import torch
 
-from replica.backends.torchstack import TorchStack, synchronize, time_call
+from replica.backends.torchstack import KV, DecodeGroup, PackedSeq, TorchStack, synchronize, time_call
 from shared.costmodel import ModelSpec
 
 METHOD = ("the model's layer stack (RMSNorm, fused QKV, rotary, GQA attention through torch "
-          "scaled_dot_product_attention with a lower-right causal mask over the cached prefix, SwiGLU MLP or "
-          "routed experts computing only the active ones), random weights, bf16 on a GPU and float32 on the CPU; "
-          "cached K/V random tensors on the device; time = minimum of --repeats timings after one warm-up "
-          "(CUDA events on a GPU); decode steps through a CUDA graph where it captures")
+          "scaled_dot_product_attention with a lower-right causal mask over the cached prefix, SwiGLU MLP, or "
+          "fc1-ReLU-fc2 for a two-matrix MLP, or routed experts computing only the active ones), random weights, "
+          "bf16 on a GPU and float32 on the CPU; one forward per point over its packed tokens (linear layers once "
+          "over all rows, attention per sequence; decoders in one padded masked call); cached K/V random "
+          "tensors on the device; time = minimum of --repeats timings after one warm-up (CUDA events on a GPU); "
+          "decode-only steps through a CUDA graph where it captures, prefill and mixed steps eager")
 
 
 class Calibrator:
@@ -22,7 +29,8 @@ class Calibrator:
         self.device = self.stack.device
         self.dtype = self.stack.dtype
         self.gen = torch.Generator(device=self.device).manual_seed(seed + 1)
-        self._past: dict[int, list | None] = {}
+        self._past: dict[int, list[KV] | None] = {}
+        self._decode_pasts: dict[tuple[int, int], tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
         if self.device.type == "cuda":
             self.device_name = torch.cuda.get_device_name(self.device)
         else:
@@ -55,35 +63,72 @@ class Calibrator:
         with torch.inference_mode():
             return time_call(fn, self.device, self.repeats, min_time_s=self.min_time_s)
 
-    def prefill_fn(self, new_tokens: int, cached_depth: int):
-        """A call that prefills ``new_tokens`` over a cached prefix of ``cached_depth`` (random K/V)."""
+    def _prefix(self, depth: int) -> list[KV] | None:
+        """Random K/V of a cached prefix of ``depth`` tokens per layer: one per depth, shared by
+        the points at that depth (None: no prefix)."""
         s = self.spec
-        x = self._rand(new_tokens, s.hidden)
-        if cached_depth not in self._past:  # one prefix per depth, shared by the points at that depth
-            self._past[cached_depth] = [(self._rand(cached_depth, s.kv_heads, s.head_dim),
-                                         self._rand(cached_depth, s.kv_heads, s.head_dim))
-                                        for _ in self.stack.layers] if cached_depth else None
-        past = self._past[cached_depth]
-        return lambda: self.stack.prefill(x, cached_depth, past)
+        if depth not in self._past:
+            self._past[depth] = [(self._rand(depth, s.kv_heads, s.head_dim), self._rand(depth, s.kv_heads, s.head_dim))
+                                 for _ in self.stack.layers] if depth else None
+        return self._past[depth]
 
-    def decode_fn(self, batch: int, context: int):
-        """A call that runs one decode step of ``batch`` sequences of ``context`` tokens each."""
+    def _decode_past(self, batch: int, context: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Per layer K and V [batch, kv heads, context + 1, head dim] (a free last position)."""
         s = self.spec
-        x = self._rand(batch, s.hidden)
-        pos = torch.full((batch,), context, device=self.device)
         shape = (batch, s.kv_heads, context + 1, s.head_dim)
         # One K and one V per layer, unless a layer's KV is well beyond the caches (64 MiB): then
         # the layers share one pair (the same bytes cross the memory bus; 128 x 8K tokens of
         # llama-3-8b would otherwise need 137 GB).
         shared = 2 * batch * (context + 1) * s.kv_heads * s.head_dim * self.stack.embed.element_size() > 64 << 20
         if shared:
-            past_k = [self._rand(*shape)] * len(self.stack.layers)
-            past_v = [self._rand(*shape)] * len(self.stack.layers)
-        else:
-            past_k = [self._rand(*shape) for _ in self.stack.layers]
-            past_v = [self._rand(*shape) for _ in self.stack.layers]
+            return [self._rand(*shape)] * len(self.stack.layers), [self._rand(*shape)] * len(self.stack.layers)
+        return [self._rand(*shape) for _ in self.stack.layers], [self._rand(*shape) for _ in self.stack.layers]
+
+    def prefill_fn(self, new_tokens: int, cached_depth: int):
+        """A call that prefills ``new_tokens`` over a cached prefix of ``cached_depth`` (random K/V)."""
+        x = self._rand(new_tokens, self.spec.hidden)
+        past = self._prefix(cached_depth)
+        return lambda: self.stack.prefill(x, cached_depth, past)
+
+    def decode_fn(self, batch: int, context: int):
+        """A call that runs one decode step of ``batch`` sequences of ``context`` tokens each."""
+        x = self._rand(batch, self.spec.hidden)
+        pos = torch.full((batch,), context, device=self.device)
+        past_k, past_v = self._decode_past(batch, context)
         with torch.inference_mode():
             return self._graphed(lambda: self.stack.decode(x, pos, past_k, past_v))
+
+    def step_fn(self, chunks: list[tuple[int, int]], decoders: list[int]):
+        """A call that runs one packed forward of a mixed step: prefill ``chunks`` of (new tokens,
+        cached depth) and ``decoders`` each with its context length (padded to the longest in
+        one masked attention call, as the torch backend runs them)."""
+        seqs: list[PackedSeq | DecodeGroup] = []
+        positions: list[torch.Tensor] = []
+        rows = 0
+        for new, depth in chunks:
+            past = self._prefix(depth)
+            seqs.append(PackedSeq(slice(rows, rows + new), depth, None if past is None else past.__getitem__))
+            positions.append(torch.arange(depth, depth + new))
+            rows += new
+        if decoders:
+            width = max(decoders)
+            key = (len(decoders), width)
+            if key not in self._decode_pasts:  # shared by the step points with these decoder shapes
+                self._decode_pasts[key] = self._decode_past(*key)
+            past_k, past_v = self._decode_pasts[key]
+            valid = torch.zeros((len(decoders), width + 1), dtype=torch.bool)
+            for i, ctx in enumerate(decoders):
+                valid[i, :ctx] = True
+            valid[:, -1] = True  # the new token itself
+            mask = None if min(decoders) == width else valid[:, None, None, :].to(self.device)
+            seqs.append(DecodeGroup(slice(rows, rows + len(decoders)), past_k, past_v, mask))
+            positions.append(torch.tensor(decoders))
+            rows += len(decoders)
+        if not rows:
+            raise ValueError("step_fn: a step needs a prefill chunk or a decoder")
+        x = self._rand(rows, self.spec.hidden)
+        pos = torch.cat(positions).to(self.device)
+        return lambda: self.stack.forward_packed(x, pos, seqs)
 
     def _graphed(self, fn):
         """``fn`` replayed through a CUDA graph when one captures (not the MoE path: its

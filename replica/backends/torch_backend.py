@@ -5,33 +5,45 @@ model's real layer stack (random weights), and step time read from the device.
   pool block (the pool's capacity). A block's slot is found by its hash; a slot whose hash
   the pool no longer holds is reclaimed when a free one is needed.
 * **Tokens.** Requests carry block hashes, not text; a block's token ids are derived from
-  its chained hash (splitmix64 of hash and offset), so a block's K/V is a deterministic
-  function of the whole token chain before it. The partial tail of a prompt (no hash) gets
-  ids from the last block's hash; it is computed but not cached.
-* **Prefill** runs block by block: each missed block attends over the K/V of the blocks
-  before it, read from their slots (the hits' slots included: a hit is read, not recomputed).
-  Computing a block as one unit is what makes its K/V independent of how the scheduler
-  chunked the prompt, so a block served from cache equals the same block recomputed, bit
-  for bit (tests/replica/test_torch_backend.py). A chunk that ends inside a block leaves
-  that block to the next chunk.
-* **Decode** runs one real step over the batch's prompt blocks (padded, masked); generated
-  tokens' K/V are not kept (as in the emulated backend: only prompt blocks are cache
-  blocks). A fast-forwarded run of ``steps`` decode steps is timed as ``steps`` x one step.
+  its chained hash (splitmix64 of hash and offset), so a block's K/V is a function of the
+  whole token chain before it. The partial tail of a prompt (no hash) gets ids from the last
+  block's hash; it is computed but not cached.
+* **One forward per step**, as a chunked-prefill GPU step (vLLM v1): the step's prefill chunks
+  and one token per decoder are packed into one batch and run through
+  ``TorchStack.forward_packed`` once. A chunk computes the missed full blocks up to its end
+  (holes included) and, once the prompt's end is reached, its partial tail; hits and blocks
+  restored from a tier are read from their slots, not computed; a chunk that ends inside a
+  block leaves that block to the next chunk. Each run of consecutive computed blocks is one
+  sequence attending over the blocks before it, read from the paged tensor when the layer
+  attends, after the layer's new K/V were written into their slots (so a sequence after a
+  hit reads the blocks before the hit that the same forward computes, and a block another
+  request computes in the same step is read as written). Decoders attend in one padded call
+  over their prompt blocks; generated tokens' K/V are not kept (as in the emulated backend:
+  only prompt blocks are cache blocks).
+* **Integrity.** A block's K/V agree with a from-scratch recompute to float rounding, not bit
+  for bit: the rounding of a row of the packed products depends on how many rows the step
+  packs (the GEMM kernel and its reduction order depend on the batch shape), and attention
+  over a longer run of queries rounds differently per query (tests/replica/test_torch_backend.py
+  compares with a float32 tolerance of 1e-5).
 * **Tiers** (``--host-cache-gib`` / ``--ssd-cache-gib``): the tier stack decides what moves
   where, ``torch_tiers.TierMover`` copies the blocks (a host tensor, a memory-mapped SSD file);
   a block restored from a tier is read by the prefill, not computed.
-* **Time** is the measured wall time of that work (device-synchronised), tier copies
-  included, replacing the cost model's figure for the step.
+* **Time** is the measured time of that one forward (device-synchronised; the paged reads and
+  writes included, the host-side planning of the batch not), plus the tier copies since the
+  last step, replacing the cost model's figure for the step. A fast-forwarded run of ``steps``
+  decode steps (no prefill) is timed as ``steps`` x one step.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
 from replica.backends.torch_tiers import TierMover
-from replica.backends.torchstack import TorchStack, host_clock, synchronize
+from replica.backends.torchstack import KV, DecodeGroup, Keep, PackedSeq, TorchStack, host_clock, synchronize
 from replica.core.pool import BlockPool
 from replica.core.scheduler import SchedRequest, Scheduler
 from replica.core.tiers import TierStack
@@ -57,6 +69,28 @@ class SlotsExhaustedError(KvemuError):
         super().__init__(f"torch backend: all {capacity} KV slots hold blocks the pool still keeps")
 
 
+@dataclass(slots=True)
+class StepBatch:
+    """A step's packed batch as planned on the host: token ids and positions of every row,
+    the prefill sequences ``runs`` (first row, end row, start position, the slots of the blocks
+    before it), and the computed full blocks (``keep_*``: their first rows, slots, hashes)."""
+
+    tokens: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    runs: list[tuple[int, int, int, list[int]]] = field(default_factory=list)
+    keep_rows: list[int] = field(default_factory=list)
+    keep_slots: list[int] = field(default_factory=list)
+    keep_hashes: list[int] = field(default_factory=list)
+    computing: set[int] = field(default_factory=set)  # hashes this forward computes
+
+    def add(self, tokens: list[int], start: int) -> int:
+        """Append rows for ``tokens`` at positions start...; returns the first row."""
+        row = len(self.tokens)
+        self.tokens.extend(tokens)
+        self.positions.extend(range(start, start + len(tokens)))
+        return row
+
+
 class TorchBackend:
     """Attach to a scheduler with ``attach``; it then times every step (``StepTimer``)."""
 
@@ -73,7 +107,10 @@ class TorchBackend:
         self._progress: dict[int, int] = {}  # rid -> blocks computed or read so far (prefill in flight)
         self.counters = {"blocks_computed": 0, "blocks_read": 0, "hits_not_in_slots": 0, "decode_steps": 0,
                          "blocks_fetched": 0, "response_blocks_computed": 0, "response_blocks_dropped": 0,
-                         "device_busy_s": 0.0}
+                         "forwards": 0, "forward_tokens": 0, "device_busy_s": 0.0}
+        # forwards: the steps' forwards run (one per step with work; ``stored``'s untimed one is not
+        # counted); forward_tokens: the rows they packed; decode_steps: the decode steps timed (a
+        # fast-forwarded run of n steps runs one forward and counts n)
         self.mover = None if tiers is None else TierMover(tiers, self.device, tuple(self.kv.shape[1:]), self.kv.dtype,
                                                           self.block_kv, self._write_slot)
 
@@ -105,136 +142,187 @@ class TorchBackend:
         slot = self.slot_of.get(block_hash)
         return None if slot is None else self.kv[slot]
 
-    # ---- prefill -------------------------------------------------------------------
-    def _past(self, slots: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
-        if not slots:
+    # ---- planning a step's packed batch (host side, not timed) -------------------------
+    def _plan_prefill(self, batch: StepBatch, r: SchedRequest, end_token: int) -> None:
+        """Add what request ``r`` computes to bring its K/V up to ``end_token``: the missed full
+        blocks (hits and restored blocks are read), and once the prompt's end is reached its
+        partial tail. Each run of consecutive computed blocks is one sequence."""
+        hashes, bs, vocab = r.hashes, self.bs, self.spec.vocab
+        done = self._progress.get(r.rid, 0)
+        full = min(end_token // bs, len(hashes))
+        hits = set(r.alloc.hit_idx) if r.alloc is not None else set()
+        slots: list[int] = []
+        runs: list[list[int]] = []
+        for i in range(full):
+            slot = self._read_slot(batch, hashes[i], i < done or i in hits, i >= done)
+            if slot is None:
+                slot = self._slot_for(hashes[i])
+                batch.computing.add(hashes[i])
+                self.counters["blocks_computed"] += 1
+                if runs and runs[-1][-1] == i - 1:
+                    runs[-1].append(i)
+                else:
+                    runs.append([i])
+            slots.append(slot)
+        self._progress[r.rid] = full
+        tail = 0
+        if end_token >= r.input_tokens:
+            self._progress.pop(r.rid, None)
+            tail = r.input_tokens - len(hashes) * bs
+        for run in runs:
+            row0 = len(batch.tokens)
+            for i in run:
+                batch.keep_rows.append(batch.add(block_token_ids(hashes[i], bs, vocab), i * bs))
+                batch.keep_slots.append(slots[i])
+                batch.keep_hashes.append(hashes[i])
+            if tail > 0 and run[-1] == len(hashes) - 1:  # the tail right after the run: the same sequence
+                batch.add(block_token_ids(hashes[-1], tail, vocab), len(hashes) * bs)
+                tail = 0
+            batch.runs.append((row0, len(batch.tokens), run[0] * bs, slots[:run[0]]))
+        if tail > 0:  # a tail after blocks read (or a prompt shorter than a block)
+            row0 = batch.add(block_token_ids(hashes[-1] if hashes else r.rid, tail, vocab), len(hashes) * bs)
+            batch.runs.append((row0, len(batch.tokens), len(hashes) * bs, slots))
+
+    def _read_slot(self, batch: StepBatch, block_hash: int, hit: bool, new: bool) -> int | None:
+        """The slot to read a block from (``hit``: a cache hit, or a block of this prefill done in
+        an earlier step; ``new``: first seen by this prefill), or None: compute it."""
+        slot = self.slot_of.get(block_hash)
+        if slot is None:
+            if hit:  # should not happen: a hit whose K/V was never computed
+                self.counters["hits_not_in_slots"] += 1
             return None
-        gathered = self.kv[torch.tensor(slots, device=self.device)]  # the paged read
-        s = self.spec
-        return [(gathered[:, i, 0].reshape(-1, s.kv_heads, s.head_dim), gathered[:, i, 1].reshape(-1, s.kv_heads, s.head_dim))
-                for i in range(self.stack.n_layers)]
+        if hit:
+            if new:
+                self.counters["blocks_read"] += 1
+            return slot
+        restored = self.mover.restored if self.mover is not None else set()
+        if block_hash in restored:  # fetched from a tier: read, not computed
+            restored.discard(block_hash)
+            self.counters["blocks_fetched"] += 1
+            return slot
+        # a block another request computes in this forward is read as written (once per forward)
+        return slot if block_hash in batch.computing else None
 
-    def _compute(self, hashes, index: int, count: int, ids_from: int, slots: list[int], keep_slot: int | None) -> None:
-        """Run ``count`` tokens at block ``index`` over the blocks in ``slots``; keep K/V in ``keep_slot``."""
-        kv = self._run(index, count, ids_from, self._past(slots))
-        if keep_slot is not None:
-            self.kv[keep_slot] = kv
+    # ---- the forward (timed) ----------------------------------------------------------
+    def _past_reader(self, slots: list[int]) -> Callable[[int], KV]:
+        """Reads the K/V of the blocks in ``slots`` for a layer from the paged tensor, when the
+        layer attends (after it wrote the blocks this forward computes)."""
+        idx = torch.tensor(slots, device=self.device)
+        shape = (len(slots) * self.bs, self.spec.kv_heads, self.spec.head_dim)
 
-    def _run(self, index: int, count: int, ids_from: int, past) -> torch.Tensor:
-        """K/V [layers, 2, count, kv heads, head dim] of ``count`` tokens at block ``index`` over ``past``."""
-        s = self.spec
-        tokens = torch.tensor(block_token_ids(ids_from, count, s.vocab), device=self.device)
-        out = torch.empty((self.stack.n_layers, 2, count, s.kv_heads, s.head_dim), dtype=self.kv.dtype, device=self.device)
+        def past(layer: int) -> KV:
+            gathered = self.kv[idx, layer]  # [blocks, 2, block, kv heads, head dim]: the paged read
+            return gathered[:, 0].reshape(shape), gathered[:, 1].reshape(shape)
+
+        return past
+
+    def _keeper(self, batch: StepBatch) -> Keep | None:
+        """Writes each layer's new K/V of the computed full blocks into their slots."""
+        if not batch.keep_slots:
+            return None
+        bs, s = self.bs, self.spec
+        rows = torch.tensor([row + j for row in batch.keep_rows for j in range(bs)], device=self.device)
+        slots = torch.tensor(batch.keep_slots, device=self.device)
+        shape = (len(batch.keep_slots), bs, s.kv_heads, s.head_dim)
 
         def keep(layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-            out[layer, 0], out[layer, 1] = k, v
+            self.kv[slots, layer, 0] = k[rows].view(shape)
+            self.kv[slots, layer, 1] = v[rows].view(shape)
 
-        self.stack.prefill(self.stack.embed_tokens(tokens), index * self.bs, past, keep)
-        return out
+        return keep
+
+    def _decode_group(self, decoders: list[SchedRequest], rows: slice) -> DecodeGroup:
+        """The decoders' attention: one padded, masked call over each one's prompt blocks."""
+        s, bs, n_layers = self.spec, self.bs, self.stack.n_layers
+        blocks = [[self.slot_of[h] for h in r.hashes if h in self.slot_of] for r in decoders]
+        width = max(len(b) for b in blocks)
+        b, ctx = len(decoders), width * bs
+        valid = torch.zeros((b, ctx + 1), dtype=torch.bool, device=self.device)
+        for i, row in enumerate(blocks):
+            valid[i, : len(row) * bs] = True
+        valid[:, -1] = True  # the new token itself
+        past = torch.empty((n_layers, 2, b, s.kv_heads, ctx + 1, s.head_dim), dtype=self.kv.dtype,
+                           device=self.device)  # + one free position for the new token
+        if width:
+            idx = torch.tensor([row + [row[0] if row else 0] * (width - len(row)) for row in blocks], device=self.device)
+            gathered = self.kv[idx]  # [b, width, layers, 2, bs, kvh, hd]: the paged read
+            for i in range(n_layers):
+                for j in (0, 1):
+                    past[i, j, :, :, :ctx] = gathered[:, :, i, j].reshape(b, ctx, s.kv_heads, s.head_dim).transpose(1, 2)
+        return DecodeGroup(rows, list(past[:, 0]), list(past[:, 1]), valid[:, None, None, :])
+
+    def _forward(self, batch: StepBatch, decoders: list[SchedRequest]) -> None:
+        """The step's one forward over every row of ``batch`` (the decoders' rows last)."""
+        seqs: list[PackedSeq | DecodeGroup] = [
+            PackedSeq(slice(a, b), start, self._past_reader(slots) if slots else None) for a, b, start, slots in batch.runs]
+        if decoders:
+            seqs.append(self._decode_group(decoders, slice(len(batch.tokens) - len(decoders), len(batch.tokens))))
+        tokens = torch.tensor(batch.tokens, device=self.device)
+        positions = torch.tensor(batch.positions, device=self.device)
+        self.stack.forward_packed(self.stack.embed_tokens(tokens), positions, seqs, self._keeper(batch))
+
+    # ---- the scheduler's hooks --------------------------------------------------------
+    def step_time(self, chunks: list[tuple[SchedRequest, int, int]], decoders: list[SchedRequest], steps: int,
+                  modelled: float) -> float:
+        batch = StepBatch()
+        ends: dict[int, tuple[SchedRequest, int]] = {}
+        for r, start, take in chunks:  # a request's chunks in one step (segments around hits) end at the last one's end
+            ends[id(r)] = (r, max(start + take, ends[id(r)][1] if id(r) in ends else 0))
+        for r, end in ends.values():
+            self._plan_prefill(batch, r, end)
+        for r in decoders:
+            batch.add(block_token_ids(r.rid, 1, self.spec.vocab), r.input_tokens + r.generated)
+        forward_s = 0.0
+        if batch.tokens:
+            clock = time.perf_counter if self.device.type == "cuda" else host_clock()
+            with torch.inference_mode():
+                t0 = clock()
+                self._forward(batch, decoders)
+                synchronize(self.device)
+                forward_s = clock() - t0
+            self.counters["forwards"] += 1
+            self.counters["forward_tokens"] += len(batch.tokens)
+        if decoders:
+            self.counters["decode_steps"] += steps
+        if self.mover is not None:
+            for h, slot in zip(batch.keep_hashes, batch.keep_slots):
+                self.mover.computed(h, self.kv[slot])
+        # steps > 1 only for a run of decode-only steps: each costs what the one run did
+        busy = forward_s * (1 if chunks else steps) + (self.mover.take_pending() if self.mover is not None else 0.0)
+        self.counters["device_busy_s"] += busy
+        return busy
 
     def stored(self, r: SchedRequest, hashes: list[int]) -> None:
         """A finished request's response blocks were cached (``--response-kv keep``): compute
-        their K/V block by block after its prompt's, as a recompute of the next turn would. Not
-        timed: the decode steps that produced those tokens were. The past is kept in local
-        tensors, so taking slots for the new blocks cannot reclaim a prompt block it reads."""
+        their K/V after its prompt's, in one sequence as a recompute of the next turn would
+        (its response blocks are one run of misses after its prompt's hits). Not timed: the
+        decode steps that produced those tokens were. The prompt's K/V is read before any new
+        block takes a slot, so a slot taken cannot be one a prompt block it reads was in."""
         slots = [self.slot_of.get(h) for h in r.hashes]
         if any(slot is None for slot in slots):  # cannot happen for a finished prompt; do not cache garbage
             self.pool.remove(hashes)
             self.counters["response_blocks_dropped"] += len(hashes)
             return
-        past = self._past([slot for slot in slots if slot is not None])
-        wanted = set(hashes)
+        if not r.response_hashes:
+            return
+        s, bs = self.spec, self.bs
         with torch.inference_mode():
+            read = self._past_reader([slot for slot in slots if slot is not None]) if slots else None
+            past = [read(i) for i in range(self.stack.n_layers)] if read is not None else None
+            tokens = [t for h in r.response_hashes for t in block_token_ids(h, bs, s.vocab)]
+            out = torch.empty((self.stack.n_layers, 2, len(tokens), s.kv_heads, s.head_dim), dtype=self.kv.dtype,
+                              device=self.device)
+
+            def keep(layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+                out[layer, 0], out[layer, 1] = k, v
+
+            x = self.stack.embed_tokens(torch.tensor(tokens, device=self.device))
+            self.stack.prefill(x, len(r.hashes) * bs, past, keep)
+            wanted = set(hashes)
             for j, h in enumerate(r.response_hashes):
-                kv = self._run(len(r.hashes) + j, self.bs, h, past)
-                past = [(torch.cat((k, kv[i, 0])), torch.cat((v, kv[i, 1]))) for i, (k, v) in enumerate(past or [])] \
-                    if past else [(kv[i, 0], kv[i, 1]) for i in range(self.stack.n_layers)]
+                kv = out[:, :, j * bs:(j + 1) * bs]
                 if h in wanted and h in self.pool.resident:
                     self.kv[self._slot_for(h)] = kv
                     self.counters["response_blocks_computed"] += 1
                 if self.mover is not None:
                     self.mover.computed(h, kv)
-
-    def prefill_request(self, r: SchedRequest, end_token: int) -> None:
-        """Bring request ``r``'s K/V up to ``end_token``: full blocks (hits read, misses computed)
-        and, once the prompt's end is reached, its partial tail."""
-        hashes, bs = r.hashes, self.bs
-        done = self._progress.get(r.rid, 0)
-        full = min(end_token // bs, len(hashes))
-        hits = set(r.alloc.hit_idx) if r.alloc is not None else set()
-        slots: list[int] = []
-        restored = self.mover.restored if self.mover is not None else set()
-        for i in range(full):
-            slot = self.slot_of.get(hashes[i])
-            if i >= done and i not in hits and hashes[i] in restored and slot is not None:
-                restored.discard(hashes[i])  # fetched from a tier: read, not computed
-                self.counters["blocks_fetched"] += 1
-            elif i < done or i in hits:
-                if slot is None:  # should not happen: a hit whose K/V was never computed
-                    self.counters["hits_not_in_slots"] += 1
-                    slot = self._fresh(hashes, i, slots)
-                elif i >= done:
-                    self.counters["blocks_read"] += 1
-            else:
-                slot = self._fresh(hashes, i, slots)
-            slots.append(slot)
-        self._progress[r.rid] = full
-        tail = r.input_tokens - len(hashes) * bs
-        if end_token >= r.input_tokens and tail > 0:
-            self._compute(hashes, len(hashes), tail, hashes[-1] if hashes else r.rid, slots, None)
-        if end_token >= r.input_tokens:
-            self._progress.pop(r.rid, None)
-
-    def _fresh(self, hashes, index: int, slots: list[int]) -> int:
-        slot = self._slot_for(hashes[index])
-        self._compute(hashes, index, self.bs, hashes[index], slots, slot)
-        self.counters["blocks_computed"] += 1
-        if self.mover is not None:
-            self.mover.computed(hashes[index], self.kv[slot])
-        return slot
-
-    # ---- decode -------------------------------------------------------------------
-    def decode(self, decoders: list[SchedRequest]) -> None:
-        s = self.spec
-        blocks = [[self.slot_of[h] for h in r.hashes if h in self.slot_of] for r in decoders]
-        width = max((len(b) for b in blocks), default=0)
-        if width == 0:
-            return
-        b = len(decoders)
-        idx = torch.tensor([row + [row[0] if row else 0] * (width - len(row)) for row in blocks], device=self.device)
-        valid = torch.zeros((b, width * self.bs + 1), dtype=torch.bool, device=self.device)
-        for i, row in enumerate(blocks):
-            valid[i, : len(row) * self.bs] = True
-        valid[:, -1] = True  # the new token itself
-        gathered = self.kv[idx]  # [b, width, layers, 2, bs, kvh, hd]: the paged read
-        ctx = width * self.bs
-        past = torch.empty((self.stack.n_layers, 2, b, s.kv_heads, ctx + 1, s.head_dim), dtype=self.kv.dtype,
-                           device=self.device)  # + one free position for the new token
-        for i in range(self.stack.n_layers):
-            for j in (0, 1):
-                past[i, j, :, :, :ctx] = gathered[:, :, i, j].reshape(b, ctx, s.kv_heads, s.head_dim).transpose(1, 2)
-        past_k, past_v = list(past[:, 0]), list(past[:, 1])
-        tokens = torch.tensor([block_token_ids(r.rid, 1, s.vocab)[0] for r in decoders], device=self.device)
-        positions = torch.tensor([r.input_tokens + r.generated for r in decoders], device=self.device)
-        self.stack.decode(self.stack.embed_tokens(tokens), positions, past_k, past_v, valid[:, None, None, :])
-        self.counters["decode_steps"] += 1
-
-    # ---- the scheduler's hook -----------------------------------------------------------
-    def step_time(self, chunks: list[tuple[SchedRequest, int, int]], decoders: list[SchedRequest], steps: int,
-                  modelled: float) -> float:
-        clock = time.perf_counter if self.device.type == "cuda" else host_clock()
-        t0 = clock()
-        with torch.inference_mode():
-            for r, start, take in chunks:
-                self.prefill_request(r, start + take)
-            synchronize(self.device)
-            prefill_s = clock() - t0
-            decode_s = 0.0
-            if decoders:
-                t1 = clock()
-                self.decode(decoders)
-                synchronize(self.device)
-                decode_s = clock() - t1
-        busy = prefill_s + steps * decode_s + (self.mover.take_pending() if self.mover is not None else 0.0)
-        self.counters["device_busy_s"] += busy
-        return busy

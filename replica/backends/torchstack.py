@@ -1,12 +1,29 @@
 """A model's decoder layer stack in torch, with random weights: what `kvemu calibrate` times
 and what `replica --backend torch` runs.
 
+**One forward per step.** ``TorchStack.forward_packed`` runs the tokens of every sequence in a
+step packed into one ``[T, hidden]`` tensor, as a chunked-prefill GPU step does (vLLM v1):
+the linear layers (fused QKV, output projection, MLP / experts, norms) run once over all T
+rows, and only attention is per sequence. A sequence (``PackedSeq``) is a run of new tokens
+after a cached prefix: they attend over the prefix's K/V (``past(layer)``, read when the
+layer attends, so a prefix the same forward writes into a paged tensor is read as written)
+and causally over each other (a lower-right causal mask). Decoders can share one padded
+attention call (``DecodeGroup``: one new token each over a padded, masked context).
+``prefill`` (one sequence) and ``decode`` (one decode group) are that forward too.
+
 Each layer: RMSNorm, fused QKV projection, rotary positions, grouped-query attention through
-``scaled_dot_product_attention`` (a lower-right causal mask over the cached prefix), output
-projection, RMSNorm, SwiGLU MLP, or for an MoE model a router and the top-k experts, of which
-only the experts some token routes to are computed. Weights come from a seeded generator, so
-two stacks built with the same seed compute the same values: K/V are a deterministic function
-of the token chain (on one device: a GPU's generator draws other numbers than the CPU's).
+``scaled_dot_product_attention``, output projection, RMSNorm, then the MLP: SwiGLU (gate, up,
+down), or with ``spec.mlp_matrices == 2`` OPT's fc1 -> ReLU -> fc2 (the norms, rotary and
+bias-free projections stay the Llama ones: what is timed is the same products); for an MoE
+model a router and the top-k experts, of which only the experts some token routes to are
+computed. Weights come from a seeded generator, so two stacks built with the same seed
+compute the same values: K/V are a deterministic function of the token chain (on one device:
+a GPU's generator draws other numbers than the CPU's) up to rounding. Rounding depends on
+the shape of the products: a row of a matrix product over T rows need not equal, bit for
+bit, the same row in a product over other rows (the GEMM kernel and its reduction order
+depend on the batch shape), nor is attention over a longer run of queries bitwise the same
+per query. So the K/V of a block computed in a packed step agree with a recompute to float
+rounding (float32: ~1e-6), not bit for bit.
 """
 
 from __future__ import annotations
@@ -22,6 +39,9 @@ from torch.nn.attention.bias import causal_lower_right
 
 from shared.costmodel import ModelSpec
 
+KV = tuple[torch.Tensor, torch.Tensor]
+Keep = Callable[[int, torch.Tensor, torch.Tensor], None]
+
 
 def pick_dtype(device: str) -> torch.dtype:
     """bf16 on a GPU (what serving runs); float32 on the CPU (its bf16 products are slow)."""
@@ -34,9 +54,56 @@ class LayerWeights:
     wqkv: torch.Tensor  # [hidden, (q + 2 kv) head_dim]
     wo: torch.Tensor  # [q head_dim, hidden]
     norm2: torch.Tensor
-    gate_up: torch.Tensor  # dense [hidden, 2 inter]; MoE [experts, hidden, 2 inter]
-    down: torch.Tensor  # dense [inter, hidden]; MoE [experts, inter, hidden]
+    # SwiGLU: [hidden, 2 inter] (gate | up); 2-matrix MLP: [hidden, inter] (fc1); MoE: [experts, ...]
+    gate_up: torch.Tensor
+    down: torch.Tensor  # dense [inter, hidden] (down / fc2); MoE [experts, inter, hidden]
     router: torch.Tensor | None  # MoE [hidden, experts]
+
+
+@dataclass(slots=True)
+class PackedSeq:
+    """Rows ``rows`` of a packed batch: one sequence's new tokens at positions ``start``,
+    ``start`` + 1, ... after a cached prefix of ``start`` tokens. ``past(layer)`` gives the
+    prefix's (K, V), each [start, kv heads, head dim]; it is called when that layer attends,
+    after ``keep`` has seen the layer's new K/V (None or start 0: no prefix)."""
+
+    rows: slice
+    start: int
+    past: Callable[[int], KV] | None = None
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """[n, q heads x head dim] attention of the rows' q/k/v ([n, heads, head dim])."""
+        n = q.shape[0]
+        mask = None
+        if self.past is not None and self.start:
+            pk, pv = self.past(layer)
+            k, v = torch.cat((pk, k)), torch.cat((pv, v))
+            mask = causal_lower_right(n, self.start + n)
+        attn = F.scaled_dot_product_attention(
+            q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+            attn_mask=mask, is_causal=mask is None, enable_gqa=True)
+        return attn[0].transpose(0, 1).reshape(n, -1)
+
+
+@dataclass(slots=True)
+class DecodeGroup:
+    """Rows ``rows``: one new token each of B decoding sequences, attended in one call.
+    ``past_k[layer]`` / ``past_v[layer]`` [B, kv heads, ctx + 1, head dim] hold each sequence's
+    context (padded to one length) and a free last position, where the new token's K/V is
+    written in place (no copy of the cache: what lets a CUDA graph replay it); ``mask``
+    [B, 1, 1, ctx + 1] says which keys are real (None: all)."""
+
+    rows: slice
+    past_k: Sequence[torch.Tensor]
+    past_v: Sequence[torch.Tensor]
+    mask: torch.Tensor | None = None
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        self.past_k[layer][:, :, -1] = k
+        self.past_v[layer][:, :, -1] = v
+        attn = F.scaled_dot_product_attention(q[:, :, None, :], self.past_k[layer], self.past_v[layer],
+                                              attn_mask=self.mask, enable_gqa=True)
+        return attn.reshape(q.shape[0], -1)
 
 
 class TorchStack:
@@ -47,6 +114,10 @@ class TorchStack:
         self.spec, self.device = spec, torch.device(device)
         self.dtype = dtype or pick_dtype(device)
         self.n_layers = layers or spec.layers
+        # getattr: specs built before ModelSpec had the field are SwiGLU
+        self.mlp_matrices = getattr(spec, "mlp_matrices", 3)
+        if self.mlp_matrices not in (2, 3):
+            raise ValueError(f"{spec.name}: mlp_matrices must be 2 or 3, got {self.mlp_matrices}")
         gen = torch.Generator(device=self.device).manual_seed(seed)  # on the device: 8B weights in seconds
         self.embed = self._rand(gen, (spec.vocab, spec.hidden), 1.0)
         self.layers = [self._layer(gen) for _ in range(self.n_layers)]
@@ -58,12 +129,13 @@ class TorchStack:
 
     def _layer(self, gen: torch.Generator) -> LayerWeights:
         s = self.spec
-        h, qkv = s.hidden, (s.q_heads + 2 * s.kv_heads) * s.head_dim
+        h, qkv, q_width = s.hidden, (s.q_heads + 2 * s.kv_heads) * s.head_dim, s.q_heads * s.head_dim
         experts = (s.experts,) if s.moe else ()
         ones = torch.ones(h, device=self.device, dtype=self.dtype)
+        mlp_in = (2 if self.mlp_matrices == 3 else 1) * s.intermediate  # SwiGLU's gate and up are one product
         return LayerWeights(
-            ones, self._rand(gen, (h, qkv), h ** -0.5), self._rand(gen, (s.q_heads * s.head_dim, h), (s.q_heads * s.head_dim) ** -0.5),
-            ones.clone(), self._rand(gen, (*experts, h, 2 * s.intermediate), h ** -0.5),
+            ones, self._rand(gen, (h, qkv), h ** -0.5), self._rand(gen, (q_width, h), q_width ** -0.5),
+            ones.clone(), self._rand(gen, (*experts, h, mlp_in), h ** -0.5),
             self._rand(gen, (*experts, s.intermediate, h), s.intermediate ** -0.5),
             self._rand(gen, (h, s.experts), h ** -0.5) if s.moe else None)
 
@@ -78,10 +150,16 @@ class TorchStack:
         a, b = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
         return torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)
 
+    def _ffn(self, x: torch.Tensor, w_in: torch.Tensor, w_out: torch.Tensor) -> torch.Tensor:
+        """One MLP: SwiGLU, or fc1 -> ReLU -> fc2."""
+        if self.mlp_matrices == 2:
+            return F.relu(x @ w_in) @ w_out
+        gate, up = (x @ w_in).chunk(2, dim=-1)
+        return (F.silu(gate) * up) @ w_out
+
     def _mlp(self, w: LayerWeights, x: torch.Tensor) -> torch.Tensor:
         if w.router is None:
-            gate, up = (x @ w.gate_up).chunk(2, dim=-1)
-            return (F.silu(gate) * up) @ w.down
+            return self._ffn(x, w.gate_up, w.down)
         k = self.spec.active_experts
         weights, chosen = torch.topk(torch.softmax((x @ w.router).float(), dim=-1), k, dim=-1)
         weights = (weights / weights.sum(-1, keepdim=True)).to(x.dtype)
@@ -95,8 +173,7 @@ class TorchStack:
             if count == 0:
                 continue
             idx = token_of[start:start + count]
-            gate, up = (x[idx] @ w.gate_up[e]).chunk(2, dim=-1)
-            y = (F.silu(gate) * up) @ w.down[e]
+            y = self._ffn(x[idx], w.gate_up[e], w.down[e])
             out.index_add_(0, idx, y * weights.flatten()[order[start:start + count]][:, None])
             start += count
         return out
@@ -110,47 +187,41 @@ class TorchStack:
         k = self._rope(k.view(n, s.kv_heads, s.head_dim), positions)
         return q, k, v.view(n, s.kv_heads, s.head_dim)
 
-    # ---- prefill ----------------------------------------------------------------
-    def prefill(self, x: torch.Tensor, start: int, past: Sequence[tuple[torch.Tensor, torch.Tensor]] | None,
-                keep: Callable[[int, torch.Tensor, torch.Tensor], None] | None = None) -> torch.Tensor:
-        """Run ``x`` [n, hidden] (tokens at positions start..start+n-1) through the stack.
-        ``past[layer]`` = (K, V) [start, kv_heads, head_dim] of the cached prefix (None: no
-        prefix); ``keep(layer, k, v)`` receives the new tokens' K/V of each layer."""
+    # ---- the packed forward --------------------------------------------------------
+    def forward_packed(self, x: torch.Tensor, positions: torch.Tensor, seqs: Sequence[PackedSeq | DecodeGroup],
+                       keep: Keep | None = None) -> torch.Tensor:
+        """Run the packed tokens ``x`` [T, hidden] at ``positions`` [T] through the stack; ``seqs``
+        cover the rows (each row in exactly one). ``keep(layer, k, v)`` receives every row's new
+        K/V [T, kv heads, head dim] of each layer before any sequence attends in that layer."""
         s = self.spec
-        n = x.shape[0]
-        positions = torch.arange(start, start + n, device=self.device)
-        mask = causal_lower_right(n, start + n) if start else None
+        whole = len(seqs) == 1 and seqs[0].rows == slice(0, x.shape[0])
         for i, w in enumerate(self.layers):
             q, k, v = self._qkv(w, x, positions)
             if keep is not None:
                 keep(i, k, v)
-            if past is not None and start:
-                k = torch.cat((past[i][0], k))
-                v = torch.cat((past[i][1], v))
-            attn = F.scaled_dot_product_attention(
-                q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-                attn_mask=mask, is_causal=mask is None, enable_gqa=True)
-            x = x + attn[0].transpose(0, 1).reshape(n, s.q_heads * s.head_dim) @ w.wo
+            if whole:  # one sequence: no scatter of its rows
+                attn = seqs[0].attend(i, q, k, v)
+            else:
+                attn = q.new_empty((x.shape[0], s.q_heads * s.head_dim))
+                for seq in seqs:
+                    attn[seq.rows] = seq.attend(i, q[seq.rows], k[seq.rows], v[seq.rows])
+            x = x + attn @ w.wo
             x = x + self._mlp(w, F.rms_norm(x, (s.hidden,), w.norm2))
         return x
 
-    # ---- decode -----------------------------------------------------------------
-    def decode(self, x: torch.Tensor, positions: torch.Tensor, past_k: list[torch.Tensor],
-               past_v: list[torch.Tensor], mask: torch.Tensor | None = None) -> torch.Tensor:
-        """One decode step for a batch: ``x`` [B, hidden]; ``past_k[layer]`` [B, kv_heads, ctx + 1,
-        head_dim] holds each sequence's context (padded to one length) and a free last
-        position, where the new token's K/V is written in place (no copy of the cache);
-        ``mask`` [B, 1, 1, ctx + 1] says which keys are real (None: all)."""
-        s = self.spec
-        b = x.shape[0]
-        for i, w in enumerate(self.layers):
-            q, k, v = self._qkv(w, x, positions)
-            past_k[i][:, :, -1] = k
-            past_v[i][:, :, -1] = v
-            attn = F.scaled_dot_product_attention(q[:, :, None, :], past_k[i], past_v[i], attn_mask=mask, enable_gqa=True)
-            x = x + attn.reshape(b, s.q_heads * s.head_dim) @ w.wo
-            x = x + self._mlp(w, F.rms_norm(x, (s.hidden,), w.norm2))
-        return x
+    def prefill(self, x: torch.Tensor, start: int, past: Sequence[KV] | None, keep: Keep | None = None) -> torch.Tensor:
+        """Run ``x`` [n, hidden] (one sequence's tokens at positions start..start+n-1) through the
+        stack. ``past[layer]`` = (K, V) [start, kv_heads, head_dim] of the cached prefix (None: no
+        prefix); ``keep(layer, k, v)`` receives the new tokens' K/V of each layer."""
+        n = x.shape[0]
+        positions = torch.arange(start, start + n, device=self.device)
+        seq = PackedSeq(slice(0, n), start, None if past is None else past.__getitem__)
+        return self.forward_packed(x, positions, [seq], keep)
+
+    def decode(self, x: torch.Tensor, positions: torch.Tensor, past_k: Sequence[torch.Tensor],
+               past_v: Sequence[torch.Tensor], mask: torch.Tensor | None = None) -> torch.Tensor:
+        """One decode step for a batch ``x`` [B, hidden]: one ``DecodeGroup`` (see there)."""
+        return self.forward_packed(x, positions, [DecodeGroup(slice(0, x.shape[0]), past_k, past_v, mask)])
 
 
 def synchronize(device: torch.device) -> None:

@@ -61,6 +61,7 @@ class SchedRequest:
     generated: int = 0  # exact once the request finished; while decoding see Scheduler._tick
     base: int = 0  # decode tick at which generated would have been 0 (the scheduler's bookkeeping)
     ready_at: float = 0.0  # when its restore from a lower memory tier ends (0: nothing restored)
+    restore_start: float = 0.0  # when that restore's first copy into HBM starts
     # Hashes of the full blocks its response completes (chained after the prompt's): cached when
     # it finishes if the core keeps response KV (``keep_response_kv``); empty: nothing to keep.
     response_hashes: Sequence[int] = ()

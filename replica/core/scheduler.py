@@ -4,7 +4,9 @@ Each step has a token budget (default 8192): every running request past its pref
 decodes one token, and the rest of the budget goes to prefill chunks in FCFS order
 (chunked prefill). A waiting request is admitted only when the pool can allocate its
 blocks (evicting unpinned blocks through the policy); its blocks stay pinned until it
-finishes. Step time comes from the cost model. The live replica sleeps each step's time
+finishes. A step is one forward over every token it schedules (vLLM v1): the cost model prices
+its prefill chunks and its decoders together (``CostModel.step_time``: weights read once, the
+fixed costs once, attention per sequence). The live replica sleeps each step's time
 (times its time scale); the simulator advances a virtual clock by it. With nothing to
 prefill, ``step`` may fast-forward several decode steps at once up to a horizon (the
 next arrival), which is what lets a day of traffic run in seconds.
@@ -32,7 +34,8 @@ alike). A request whose prompt and output could never fit the pool is refused at
 
 With memory tiers (``tiers``), every acquisition is wrapped: ``TierStack.plan`` before it (what
 host / SSD restore), ``complete`` after it (transfers queued; restored blocks count as reused),
-``cancel`` when it fails; a restore overlaps the request's prefill layer by layer.
+``cancel`` when it fails; a restore overlaps the step that prefills the request, layer by layer
+(``costmodel.layered_finish``: the step takes the larger of its compute and the transfers it waits on).
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ from replica.core.sched_types import (
 )
 from replica.core.tiers import TierStack
 from replica.core.types import SchedulerPool
-from shared.costmodel import CostModel
+from shared.costmodel import CostModel, StepWork, layered_finish
 
 __all__ = ["SCHEDULERS", "QueueFullError", "SchedRequest", "Scheduler", "SchedulerSettings", "StepResult",
            "StepTimer", "add_scheduler_arg", "check_scheduler"]
@@ -164,15 +167,21 @@ class Scheduler:
             self._admit(now)
         n_dec = len(self._done_at)
         budget = self.settings.token_budget - n_dec
-        prefill_time, prefill_tokens, completed = self._prefill_chunks(budget, now)
         kv_tokens = self._dec_input + n_dec * self._tick - self._dec_base
+        chunks, restores, completed = self._prefill_chunks(budget, now)
+        prefill_tokens = chunks.prefill_tokens
         steps = 1
         if prefill_tokens == 0 and n_dec:  # nothing admissible until a request finishes
             steps = self._decode_run_length(n_dec, kv_tokens, now, horizon)
             if steps > 1:
                 steps = self.decode_kv.ahead(self._tick, steps)
-        decode_time = self._decode_time(n_dec, kv_tokens, steps)
-        duration = prefill_time + decode_time
+        if prefill_tokens:  # one forward over the chunks and the decode tokens
+            work = chunks._replace(decoders=n_dec, decode_kv=kv_tokens)
+            duration = self.cost.step_time(work)
+            if restores:
+                duration = layered_finish(duration, restores, self.cost.model.layers)
+        else:
+            duration = self._decode_time(n_dec, kv_tokens, steps)
         self.pinned_block_s += (self.pool.pinned + self.pool.private) * duration
         if self.timer is not None:
             duration = self.timer.step_time(self._chunks, list(self._decoders.values()), steps, duration)
@@ -271,7 +280,7 @@ class Scheduler:
         if plan is not None and tiers is not None:
             alloc = req.alloc
             tiers.complete(plan, alloc.hashes, alloc.hit_idx, alloc.new_idx, now, record=not req.preemptions)
-            req.ready_at = plan.ready_at
+            req.ready_at, req.restore_start = plan.ready_at, plan.started_at
             if plan.restored_idx:  # restored blocks count as reused: only the rest is computed
                 reused = sorted(alloc.hit_idx + plan.restored_idx)
             req.plan = None
@@ -403,46 +412,46 @@ class Scheduler:
         if self.on_preempt is not None:
             self.on_preempt(r, now)
 
-    def _prefill_chunks(self, budget: int, now: float = 0.0) -> tuple[float, int, list[SchedRequest]]:
-        """FCFS chunks up to ``budget`` tokens; the requests it completes are a prefix of the queue.
-
-        A request restoring blocks from a lower tier overlaps the transfer with its prefill,
-        layer by layer: its chunk takes the larger of its compute and the transfer still due.
-        """
-        time_s = 0.0
-        used = 0
+    def _prefill_chunks(self, budget: int, now: float = 0.0) -> tuple[StepWork, list[tuple[float, float]], list[SchedRequest]]:
+        """FCFS chunks up to ``budget`` tokens: what they compute (``StepWork``, no decoders yet),
+        the restores from lower tiers they wait on ((start, ready) from ``now``: the step
+        overlaps them layer by layer), and the requests they complete (a prefix of the queue)."""
+        tokens = seqs = cached = 0
+        pairs = 0.0
+        restores: list[tuple[float, float]] = []
         completed = []
-        prefill_time = self.cost.prefill_time
         queue = self.prefilling
+        timed = self.timer is not None
         for r in queue:
-            if used >= budget:
+            if tokens >= budget:
                 break
             segments = r.segments
-            compute, chunk_start = 0.0, time_s
-            while segments and used < budget:
+            seqs += 1  # one sequence of the forward, whatever holes its chunk spans
+            while segments and tokens < budget:
                 seg = segments[0]
-                take = min(seg[1], budget - used)
-                if r.ready_at:
-                    compute += prefill_time(take, seg[0])
-                else:
-                    time_s += prefill_time(take, seg[0])
-                if self.timer is not None:
-                    self._chunks.append((r, seg[0], take))
+                c = seg[0]
+                take = min(seg[1], budget - tokens)
+                # each range's queries attend over everything before it (holes: the hits around them)
+                tokens += take
+                cached += c
+                pairs += take * c + take * (take - 1) / 2
+                if timed:
+                    self._chunks.append((r, c, take))
                 seg[0] += take
                 seg[1] -= take
-                used += take
                 if seg[1] == 0:
                     segments.pop(0)
             if r.ready_at:
-                time_s = chunk_start + max(compute, r.ready_at - now - chunk_start)
+                if r.ready_at > now:
+                    restores.append((r.restore_start - now, r.ready_at - now))
                 r.ready_at = 0.0
             if segments:
                 break
             completed.append(r)
         for _ in completed:
             queue.popleft()
-        self.queued_prefill_tokens -= used
-        return time_s, used, completed
+        self.queued_prefill_tokens -= tokens
+        return StepWork(tokens, seqs, pairs, cached), restores, completed
 
     def _add_decoder(self, r: SchedRequest) -> None:
         r.base = self._tick - r.generated
@@ -489,7 +498,7 @@ class Scheduler:
             return 0.0
         # KV grows by `batch` tokens a step: price the run at its midpoint.
         mid_kv = kv_tokens + batch * (steps - 1) // 2
-        return steps * self.cost.decode_step_time(batch, mid_kv)
+        return steps * self.cost.step_time(StepWork(decoders=batch, decode_kv=mid_kv))
 
     def _decode_run_length(self, n_dec: int, kv_tokens: int, now: float, horizon: float) -> int:
         steps = self._done_at[0][0] - self._tick  # until the first decoder finishes

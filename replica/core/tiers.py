@@ -119,6 +119,7 @@ class FetchPlan:
 
     restored_idx: list[int] = field(default_factory=list)  # depths fetched (ascending)
     ready_at: float = 0.0  # when the last restore transfer ends (0: nothing to wait for)
+    started_at: float = 0.0  # when the first copy into HBM starts (its layers arrive from then to ready_at)
     recomputed: int = 0  # blocks a tier holds that are cheaper to recompute
     arrival: float = 0.0  # when the request arrived: SSD staging starts then
     links: list[tuple[Link, float, int]] = field(default_factory=list)  # (link, busy_until, bytes) before it
@@ -272,6 +273,8 @@ class TierStack:
                 plan.restored_idx.extend(idx)
                 plan.pins.append((tier, tier.acquire([hashes[i] for i in idx], now=now)))
                 # reads are queued now, ahead of the write-back the allocation will cause
+                start = max(self._now, self.h2d.busy_until)
+                plan.started_at = min(plan.started_at, start) if plan.ready_at else start
                 plan.ready_at = max(plan.ready_at, self._transfer_up(tier, len(idx), plan.arrival))
             else:
                 plan.recomputed += len(idx)

@@ -1,4 +1,14 @@
-"""The torch backend: real K/V in a paged tensor, bit-exact against a recompute, same hits as emulated."""
+"""The torch backend: real K/V in a paged tensor, equal to a from-scratch recompute (to float32
+rounding), one forward per step, same hits as emulated.
+
+Not bit for bit: a step runs one forward over the packed tokens of all its sequences, and
+the rounding of a row of a matrix product depends on how many rows the product has (the
+GEMM kernel and its reduction order follow the batch shape; one row may take a gemv path),
+as attention over a longer run of queries rounds each query differently. So a block's K/V
+depend, in the last bits, on what else its step packed: float32 differences are ~1e-6. The
+check compares with rtol = atol = 1e-5 (``same_kv``); a wrong or stale block differs by
+whole units (the swapped-slot and stale-SSD cases below and in test_torch_tiers.py).
+"""
 
 import pytest
 
@@ -42,6 +52,14 @@ def _serve_one(core, rid: int, hashes: list[int], tokens: int, now: float) -> fl
     while core.scheduler.has_work():
         now += core.scheduler.step(now).duration
     return now + 1.0
+
+
+RTOL = ATOL = 1e-5  # float32 rounding of differently shaped products (see the module docstring)
+
+
+def same_kv(a: torch.Tensor | None, b: torch.Tensor) -> bool:
+    """Equal K/V up to the rounding of the products' shapes."""
+    return a is not None and torch.allclose(a, b, rtol=RTOL, atol=ATOL)
 
 
 @pytest.fixture(autouse=True)
@@ -92,12 +110,12 @@ def replay_checked(core, tb: TorchBackend, check) -> tuple[dict[int, torch.Tenso
 
 def _check_resident(core, tb: TorchBackend, expected: dict[int, torch.Tensor]) -> int:
     for h in core.pool.resident:
-        assert torch.equal(tb.block_kv(h), expected[h]), f"block {h:#x} differs from its recompute"
+        assert same_kv(tb.block_kv(h), expected[h]), f"block {h:#x} differs from its recompute"
     return len(core.pool.resident)
 
 
 @pytest.mark.parametrize("model", ["tiny", "tiny-moe"])
-def test_blocks_served_from_cache_equal_a_recompute_bit_for_bit(model):
+def test_blocks_served_from_cache_equal_a_recompute(model):
     core, tb = _core(True, model)
     expected, checked = replay_checked(core, tb, _check_resident)
     c = tb.counters

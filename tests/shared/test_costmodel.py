@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.costmodel import GPUS, MODELS, CostModel, Efficiency, get_gpu, get_model
+from shared.costmodel import GPUS, MODELS, CostModel, Efficiency, StepWork, get_gpu, get_model
 from shared.errors import InputError, UnknownNameError
 
 
@@ -54,7 +54,10 @@ def test_block_cost_grows_with_depth_and_sums_to_a_long_prefill():
 def test_decode_step_is_memory_bound_for_small_batches():
     cm = CostModel.from_names("llama-3-8b", "h100")
     t1 = cm.decode_step_time(1, 1000)
-    weights_only = get_model("llama-3-8b").weight_bytes / (get_gpu("h100").hbm_bandwidth * cm.mbu_decode)
+    m = get_model("llama-3-8b")
+    # every layer and the LM head, not the input embedding (a step gathers one row of it a token)
+    layers_and_head = (m.layers * m.layer_params() + m.vocab * m.hidden) * 2
+    weights_only = layers_and_head / (get_gpu("h100").hbm_bandwidth * cm.mbu_decode)
     assert t1 == pytest.approx(weights_only, rel=0.05)
     assert cm.decode_step_time(8, 100_000) > t1
     assert cm.decode_step_time(0, 0) == 0.0
@@ -64,6 +67,15 @@ def test_preset_shapes_give_the_published_parameter_counts():
     assert get_model("llama-3-8b").total_params == pytest.approx(8.03e9, rel=0.01)
     assert get_model("llama-3-70b").total_params == pytest.approx(70.6e9, rel=0.01)
     assert get_model("qwen3-8b").total_params == pytest.approx(8.19e9, rel=0.01)
+    assert get_model("llama-2-13b").total_params == pytest.approx(13.0e9, rel=0.01)
+    assert get_model("llama-2-70b").total_params == pytest.approx(69.0e9, rel=0.01)
+    # OPT: a two-matrix MLP of 4 x hidden, the LM head tied to the embedding (counted once);
+    # the published 12.85B / 29.97B also hold biases, norms and 2,050 learned positions (<0.1%)
+    opt13, opt30 = get_model("opt-13b"), get_model("opt-30b")
+    assert opt13.tied_embeddings and opt13.mlp_matrices == 2 and opt13.intermediate == 4 * opt13.hidden
+    assert opt13.total_params == pytest.approx(12.85e9, rel=0.005)
+    assert opt30.total_params == pytest.approx(29.97e9, rel=0.005)
+    assert opt13.total_params == 40 * (4 * 5120 * 5120 + 2 * 5120 * 20480) + 50272 * 5120
     moe = get_model("qwen3-coder-30b-a3b")
     assert moe.total_params == pytest.approx(30.5e9, rel=0.01)
     assert moe.active_params == pytest.approx(3.3e9, rel=0.1)
@@ -72,28 +84,43 @@ def test_preset_shapes_give_the_published_parameter_counts():
     assert moe.touched_experts(8192) == pytest.approx(128.0)
 
 
+def test_gpu_memory_is_what_the_device_reports():
+    mib = 1024**2
+    assert get_gpu("a100-80gb").memory_bytes == 81920 * mib
+    assert get_gpu("h100").memory_bytes == 81559 * mib
+    assert get_gpu("h200").memory_bytes == 143771 * mib
+    assert get_gpu("ascend-910b2").memory_bytes == 65536 * mib
+
+
 def test_moe_decode_reads_only_the_experts_the_batch_touches():
     cm = CostModel.from_names("qwen3-coder-30b-a3b", "h200")
     m = cm.model
-    # batch 1: every non-expert weight, 8 experts per layer, no KV
-    expected = (m.weight_bytes - m.layers * 120 * m.expert_params * 2) / (4.8e12 * cm.mbu_decode)
+    # batch 1: every non-expert weight and the LM head, 8 experts per layer, no KV
+    expected = (m.weight_bytes - m.vocab * m.hidden * 2 - m.layers * 120 * m.expert_params * 2) / (4.8e12 * cm.mbu_decode)
     assert cm.decode_step_time(1, 0) == pytest.approx(expected)
 
 
 def test_prefill_roofline_hand_worked_llama_3_8b():
     """512 new tokens after 64K cached, llama-3-8b on an H200 with efficiencies of 1/2."""
-    cm = CostModel(get_model("llama-3-8b"), get_gpu("h200"), Efficiency(0.5, 0.5, 0.5, 0.5, 1e-5, 0.0))
+    cm = CostModel(get_model("llama-3-8b"), get_gpu("h200"), Efficiency(0.5, 0.5, 0.5, 0.5, 1e-5, 0.0, graph_tokens=0))
     layer_params = 4096 * 48 * 128 + 32 * 128 * 4096 + 3 * 4096 * 14336  # 218,103,808
+    head = 128256 * 4096
     p = cm.prefill_parts(512, 65536)
     assert p.linear == pytest.approx(2 * 512 * 32 * layer_params / (989e12 / 2))
-    assert p.weights == pytest.approx(32 * layer_params * 2 / (4.8e12 / 2))
+    assert p.head == pytest.approx(2 * head / (989e12 / 2))  # the LM head, for the one sequence
+    assert p.weights == pytest.approx((32 * layer_params + head) * 2 / (4.8e12 / 2))
     assert p.attention == pytest.approx(4 * 32 * 128 * 32 * (512 * 65536 + 512 * 511 / 2) / (989e12 / 2))
     assert p.kv_read == pytest.approx(32 * 65536 * 2 * 32 * 128 * 2 / (4.8e12 / 2))
-    assert cm.prefill_time(512, 65536) == pytest.approx(p.linear + p.attention + p.kv_read + 32e-5)
+    assert cm.prefill_time(512, 65536) == pytest.approx(p.linear + p.head + p.attention + p.kv_read + 32e-5)
     # 4 tokens: the weights take longer to read than the products take to compute
     small = cm.prefill_parts(4, 0)
     assert small.weights > small.linear
     assert cm.prefill_time(4, 0) == pytest.approx(small.weights + small.attention + 32e-5)
+    # a step of at most graph_tokens tokens replays a CUDA graph: decode_overhead_s, not overhead_s
+    graphed = cm.with_efficiency(Efficiency(0.5, 0.5, 0.5, 0.5, 1e-5, 2e-6, graph_tokens=4))
+    assert graphed.prefill_time(4, 0) == pytest.approx(small.weights + small.attention + 32 * 2e-6)
+    assert graphed.prefill_time(5, 0) == pytest.approx(graphed.prefill_parts(5, 0).weights
+                                                        + graphed.prefill_parts(5, 0).attention + 32e-5)
 
 
 def test_tensor_parallel_splits_the_work_and_adds_the_all_reduces():
@@ -102,6 +129,9 @@ def test_tensor_parallel_splits_the_work_and_adds_the_all_reduces():
     assert two.tp == 2
     p1, p2 = one.prefill_parts(8192, 0), two.prefill_parts(8192, 0)
     assert p2.linear == pytest.approx(p1.linear / 2)
+    # two prompts of 4096 in one step: the all-reduces are over all 8192 tokens, as one of 8192
+    two_chunks = two.step_parts(StepWork.of([(4096, 0), (4096, 0)]))
+    assert two_chunks.comm == pytest.approx(p2.comm)
     assert p2.attention == pytest.approx(p1.attention / 2)
     # 80 layers x 2 all-reduces x 2(tp-1)/tp x 8192 x 8192 x 2 bytes over 450 GB/s
     assert p2.comm == pytest.approx(80 * 2 * 1 * 8192 * 8192 * 2 / 450e9)
@@ -117,6 +147,7 @@ def test_dense_preset_within_15_percent_of_the_h200_measurements():
     errs = [abs(cm.prefill_time(p["new_tokens"], p["cached_depth"]) / p["seconds"] - 1) for p in raw["prefill"]]
     assert len(errs) == 7
     assert sum(errs) / len(errs) < 0.02
+    assert max(errs) == pytest.approx(0.0278, abs=1e-4)  # 8192 over 16K cached
     assert max(errs) < 0.04
 
 
