@@ -3,7 +3,7 @@
 Reads docs/calibration/h200-llama-3-8b.json (llama-3-8b's layer stack on one H200, see
 docs/calibration.md) and prints JSON: per point the measured seconds, the old model's (one
 linear and one attention efficiency, calibrated on seed 002's MoE, no prefix-read term), the
-shipped preset's (the new form with the dense H200 efficiencies), a fresh fit on all points,
+shipped preset's (the step form with the dense H200 efficiencies; a prefill alone is a step of one chunk), a fresh fit on all points,
 and a leave-one-out fit (each point predicted by a fit on the others: the honest figure
 for how the form carries to points it was not fitted on). Errors are predicted / measured - 1.
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from shared.costfit import PrefillPoint, errors, fit_prefill
+from shared.costfit import PrefillPoint, errors, fit
 from shared.costmodel import CostModel
 
 DATA = Path(__file__).resolve().parent.parent / "docs" / "calibration" / "h200-llama-3-8b.json"
@@ -34,11 +34,11 @@ def main() -> None:
     points = [PrefillPoint(p["new_tokens"], p["cached_depth"], p["seconds"]) for p in raw["prefill"]]
     measured = [p.seconds for p in points]
     cost = CostModel.from_names(raw["model"], "h200")
-    fitted = cost.with_efficiency(fit_prefill(cost, points))
+    fitted = cost.with_efficiency(fit(cost, points))
     loo = []
     for i, p in enumerate(points):
         rest = points[:i] + points[i + 1:]
-        loo.append(cost.with_efficiency(fit_prefill(cost, rest)).prefill_time(p.new_tokens, p.cached_depth))
+        loo.append(cost.with_efficiency(fit(cost, rest)).prefill_time(p.new_tokens, p.cached_depth))
     forms = {
         "old": [old_model(cost, p.new_tokens, p.cached_depth) for p in points],
         "new_preset": [cost.prefill_time(p.new_tokens, p.cached_depth) for p in points],

@@ -43,7 +43,8 @@ from shared.devprofile import is_profile_path, load_profile
 from shared.devspecs import Efficiency, GpuSpec
 from shared.errors import InputError, UnknownNameError
 
-__all__ = ["Efficiency", "GpuSpec", "ModelSpec", "CostModel", "StepWork", "StepParts", "layered_finish", "MODELS", "GPUS", "get_model", "get_gpu"]
+__all__ = ["Efficiency", "GpuSpec", "ModelSpec", "CostModel", "StepWork", "StepParts", "layered_finish", "MODELS", "GPUS",
+           "get_model", "get_gpu"]
 
 GIB = 1024**3
 

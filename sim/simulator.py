@@ -255,6 +255,7 @@ class Simulation:
         arrivals = _Arrivals(reqs, self.s.causal)
         self._arrivals = arrivals
         seq = 0
+        idle: list = []  # idle replicas given a request at the current arrival time, not started yet
         t0 = time.perf_counter()
         n = len(reqs)
         for i in range(n + 1):
@@ -279,8 +280,12 @@ class Simulation:
                 req.response_hashes = self.responses[k]
             rep.sched.submit(req, truncate=True)  # the trace's output where the pool could hold it
             rep.state.queued_tokens = rep.sched.queued_prefill_tokens
-            if rep.busy_until == INF:
-                seq = self._start_step(rep, t, arrivals.peek(), busy, seq)
+            if rep.busy_until == INF and rep not in idle:
+                idle.append(rep)
+            if idle and arrivals.peek() > t:  # every request arriving at t is queued: one step takes them all
+                for rep in idle:
+                    seq = self._start_step(rep, t, arrivals.peek(), busy, seq)
+                idle.clear()
             if self.progress and i % 2000 == 0:
                 self.progress(i, n)
         if self.progress:

@@ -135,7 +135,11 @@ def prefill_segments(req: SchedRequest, hit_idx: list[int], block_size: int, ext
             prev = i
     else:
         prev = len(hit_idx) - 1  # a leading run (or nothing) reused: one range after it
-    end = n_blocks * block_size + max(req.input_tokens - n_blocks * block_size, 0) + extra  # + the partial tail
+    full = n_blocks * block_size
+    # The prompt ends at input_tokens: after its blocks (an unhashed partial tail), or inside its
+    # last block when that block's id covers a partial block (Mooncake's last hash id). Only a
+    # trace with more ids than tokens would end before its last block: its blocks count then.
+    end = (req.input_tokens if req.input_tokens > full - block_size else full) + extra
     start = (prev + 1) * block_size
     if end > start:
         segments.append([start, end - start])

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from kvemu.cli import main
 from replica.core import compiled_pool
 from shared.plotting import MISSING
@@ -106,3 +108,26 @@ def test_json_to_stdout_is_the_only_thing_on_stdout(capsys):
     runs = json.loads(captured.out)["runs"]
     assert {r["engine"] for r in runs} == {"compiled" if compiled_pool.compiled() else "python"}
     assert captured.err.splitlines()[0].split()[:2] == ["policy", "capacity"]
+
+
+def _one_request_per_session(path: Path, prompts: list[int]) -> None:
+    lines = [json.dumps({"kvemu_trace": 1, "block_size": 16})]
+    for i, tokens in enumerate(prompts):
+        lines.append(json.dumps({"t": 0.0, "session": f"s{i}", "turn": 0, "input_tokens": tokens, "output_tokens": 1,
+                                 "hash_ids": [i * 10_000 + j for j in range(tokens // 16)]}))
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_sixteen_simultaneous_short_prompts_cost_one_forward(tmp_path, capsys):
+    """16 prompts of 64 tokens arriving together are one step of 1,024 tokens: at most 1.3x the
+    TTFT of one 1,024-token prompt (it was 3.4x when each chunk was priced as its own forward)."""
+    ttft = {}
+    for name, prompts in (("burst", [64] * 16), ("one", [1024])):
+        _one_request_per_session(tmp_path / f"{name}.jsonl", prompts)
+        assert main(["sim", "--trace", str(tmp_path / f"{name}.jsonl"), "--model", "llama-3-8b", "--gpu", "h200",
+                     "--capacity-blocks", "4000", "--json", "-", "--quiet"]) == 0
+        run = json.loads(capsys.readouterr().out)["runs"][0]
+        ttft[name] = run["ttft_p99_s"]
+        assert run["ttft_p50_s"] == run["ttft_p99_s"]  # every request of the burst in the same step
+    assert ttft["burst"] <= 1.3 * ttft["one"]
+    assert ttft["burst"] == pytest.approx(0.02418, rel=1e-3) and ttft["one"] == pytest.approx(0.02491, rel=1e-3)

@@ -6,7 +6,7 @@ import pytest
 from replica.core.policies import make_policy
 from replica.core.pool import BlockPool, PoolCapacityError
 from replica.core.scheduler import QueueFullError, SchedRequest, Scheduler, SchedulerSettings
-from shared.costmodel import CostModel
+from shared.costmodel import CostModel, StepWork
 from shared.errors import InputError
 
 COST = CostModel.from_names("llama-3-8b", "h100")
@@ -354,3 +354,47 @@ def test_decode_blocks_follow_the_tokens_at_every_step(seed, policy):
         assert sum(r.extra_blocks for r in sched.running) == pool.private
         assert len(pool.pin_counts) + pool.private <= pool.capacity
     assert sched.preemptions > 0
+
+
+def test_a_step_is_one_forward_over_its_chunks_and_decoders():
+    """Two decoding requests and a new 64-token prompt in one step: priced as one forward."""
+    pool, sched = make()
+    a, b = req(1, 4, out=10), req(2, 4, out=10, base=100)
+    sched.submit(a)
+    sched.submit(b)
+    first = sched.step(0.0, horizon=0.0)  # both prompts in one forward: 128 tokens
+    assert first.duration == pytest.approx(COST.step_time(StepWork.of([(64, 0), (64, 0)])))
+    c = req(3, 4, out=2, base=200)
+    sched.submit(c)
+    mixed = sched.step(first.duration, horizon=0.0)
+    # a and b decode their second token (65 KV tokens each: prompt and first token), c prefills
+    assert mixed.prefill_tokens == 64 and mixed.duration == pytest.approx(
+        COST.step_time(StepWork.of([(64, 0)], decoders=2, decode_kv=2 * 65)))
+    assert mixed.duration < COST.prefill_time(64) + COST.decode_step_time(2, 130)  # not two forwards
+
+
+def test_sixteen_simultaneous_short_prompts_take_about_one_long_prompts_time():
+    _, one = make()
+    long = req(1, 64, out=1)
+    one.submit(long)
+    drain(one)
+    _, many = make()
+    short = [req(i, 4, out=1, base=1000 * i) for i in range(16)]
+    for r in short:
+        many.submit(r)
+    drain(many)
+    assert max(r.t_first_token for r in short) <= long.t_first_token  # one forward, less attention
+
+
+def test_a_partial_last_block_is_priced_by_its_tokens():
+    """Mooncake: 600 tokens in two 512-token ids, the second covering 88 tokens."""
+    pool = BlockPool(100, make_policy("lru"), block_size=512, emit_events=False)
+    sched = Scheduler(pool, COST, SchedulerSettings())
+    r = SchedRequest(1, [7, 8], 600, 1, 0.0)
+    sched.submit(r)
+    res = sched.step(0.0)
+    assert res.prefill_tokens == 600 and res.duration == pytest.approx(COST.prefill_time(600, 0))
+    again = SchedRequest(2, [7, 9], 600, 1, res.duration)  # the first block cached: 88 new tokens
+    sched.submit(again)
+    assert sched.step(res.duration).prefill_tokens == 88
+    assert again.cached_tokens == 512
