@@ -5,7 +5,8 @@ decode-only step are the two ends). Once the side of the roofline each step is o
 time is linear in the inverse efficiencies and the fixed costs (``step_features``): products
 over ``linear`` and ``decode_linear``, attention over ``attention``, the chunks' prefix read
 over ``kv_read``, the weights and decoders' KV over ``memory`` and ``decode_kv``, and
-``decode_seq_s`` a decoder, ``overhead_s`` an eager step, ``decode_overhead_s`` a graphed one.
+``decode_seq_s`` a decoder, ``overhead_s`` an eager step, ``decode_overhead_s`` a graphed or
+decode-only one.
 The fit minimises the squared *relative* error over non-negative coefficients (exact
 non-negative least squares, every subset of the terms tried); which side each step is on
 depends on the fit, so a few rounds settle it. A term no point can see keeps its prior
@@ -111,7 +112,7 @@ def step_features(cost: CostModel, steps: Sequence[StepPoint]) -> tuple[np.ndarr
         w = s.work
         p = unit.step_parts(w)
         decode_lin = p.linear * w.decoders / w.tokens  # at efficiency 1 a decode token's products are a prefill token's
-        graphed = w.tokens <= graph_tokens
+        graphed = w.tokens <= graph_tokens or not w.prefill_seqs  # the form's rule (CostModel.step_parts)
         rows.append([p.linear - decode_lin + p.head, decode_lin, p.attention, p.kv_read, p.weights, p.decode_kv,
                      w.decoders * layers, 0.0 if graphed else layers, layers if graphed else 0.0, p.decode_attention,
                      w.prefill_seqs])

@@ -19,8 +19,9 @@ cached ones) and its decoders (``B`` sequences attending ``K`` KV tokens in all)
   attention's compute: without it a few new tokens over a long prefix come out ~25% fast);
 * tensor parallelism: two ring all-reduces of every token's activations per layer;
 * fixed costs once per step: ``overhead_s`` per layer when the step runs eagerly,
-  ``decode_overhead_s`` when it replays a captured CUDA graph (at most ``graph_tokens``
-  tokens); ``decode_seq_s`` per layer and decoder (a CPU pays products per sequence).
+  ``decode_overhead_s`` when it replays a captured CUDA graph (a decode-only step, or any step
+  of at most ``graph_tokens`` tokens); ``decode_seq_s`` per layer and decoder (a CPU pays
+  products per sequence).
 
 One prefill alone is this step with one chunk; a decode step, the step with no chunk: the two
 forms fitted on measurements (docs/calibration.md) are the two ends of this one. The H200
@@ -380,7 +381,7 @@ class CostModel:
         weights = u.base_weights + u.head_read
         if u.per_expert:  # the experts the union of the step's tokens routes to
             weights += u.per_expert * self._touched_experts(t)
-        fixed = u.graphed if t <= u.graph_tokens else u.eager
+        fixed = u.graphed if t <= u.graph_tokens or not work.prefill_seqs else u.eager
         return StepParts(
             weights=weights, decode_kv=work.decode_kv * u.decode_kv,
             linear=work.prefill_tokens * u.prefill_linear + work.decoders * u.decode_linear,
@@ -399,7 +400,7 @@ class CostModel:
             weights += u.per_expert * self._touched_experts(t)
         compute = (work.prefill_tokens * u.prefill_linear + work.decoders * u.decode_linear
                    + (work.prefill_seqs + work.decoders) * u.head_linear + work.decode_kv * u.attention)
-        fixed = u.graphed if t <= u.graph_tokens else u.eager
+        fixed = u.graphed if t <= u.graph_tokens or not work.prefill_seqs else u.eager
         return (max(weights, compute) + work.attn_pairs * u.attention + work.cached_tokens * u.kv_read
                 + t * u.comm + fixed + work.decoders * u.per_decoder)
 

@@ -17,7 +17,7 @@ class Efficiency:
     kv_read: float = 0.22  # reading the cached prefix's K/V, of HBM bandwidth
     memory: float = 0.80  # weights and decode KV reads, of HBM bandwidth
     overhead_s: float = 0.0  # per layer per step run eagerly (kernel launches)
-    decode_overhead_s: float = 0.0  # per layer per step replayed from a captured CUDA graph
+    decode_overhead_s: float = 0.0  # per layer per decode-only step, or any step replayed from a CUDA graph
     source: str = ""  # what these were fitted on
     # Decode steps beyond the H200 roofline (0 / None on the presets, which is that form): the
     # cost per sequence (per layer) outside the roofline, the fraction of memory bandwidth the
