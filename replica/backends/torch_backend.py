@@ -15,11 +15,12 @@ model's real layer stack (random weights), and step time read from the device.
   restored from a tier are read from their slots, not computed; a chunk that ends inside a
   block leaves that block to the next chunk. Each run of consecutive computed blocks is one
   sequence attending over the blocks before it, read from the paged tensor when the layer
-  attends, after the layer's new K/V were written into their slots (so a sequence after a
-  hit reads the blocks before the hit that the same forward computes, and a block another
-  request computes in the same step is read as written). Decoders attend in one padded call
-  over their prompt blocks; generated tokens' K/V are not kept (as in the emulated backend:
-  only prompt blocks are cache blocks).
+  attends, after the layer's new K/V were written into their slots (as a paged-attention
+  step writes the cache before attending): so a run after a hit reads the blocks before the
+  hit that the same forward computes, and a request hitting blocks that another request
+  computes in the same step reads them as written. Decoders attend in one padded call over
+  their prompt blocks; generated tokens' K/V are not kept (as in the emulated backend: only
+  prompt blocks are cache blocks).
 * **Integrity.** A block's K/V agree with a from-scratch recompute to float rounding, not bit
   for bit: the rounding of a row of the packed products depends on how many rows the step
   packs (the GEMM kernel and its reduction order depend on the batch shape), and attention
@@ -81,7 +82,7 @@ class StepBatch:
     keep_rows: list[int] = field(default_factory=list)
     keep_slots: list[int] = field(default_factory=list)
     keep_hashes: list[int] = field(default_factory=list)
-    computing: set[int] = field(default_factory=set)  # hashes this forward computes
+    computing: set[int] = field(default_factory=set)  # hashes this forward computes and writes
 
     def add(self, tokens: list[int], start: int) -> int:
         """Append rows for ``tokens`` at positions start...; returns the first row."""
@@ -154,10 +155,9 @@ class TorchBackend:
         slots: list[int] = []
         runs: list[list[int]] = []
         for i in range(full):
-            slot = self._read_slot(batch, hashes[i], i < done or i in hits, i >= done)
-            if slot is None:
+            slot = self._read_slot(hashes[i], i < done or i in hits, i >= done)
+            if slot is None:  # computed in this forward
                 slot = self._slot_for(hashes[i])
-                batch.computing.add(hashes[i])
                 self.counters["blocks_computed"] += 1
                 if runs and runs[-1][-1] == i - 1:
                     runs[-1].append(i)
@@ -172,9 +172,14 @@ class TorchBackend:
         for run in runs:
             row0 = len(batch.tokens)
             for i in run:
-                batch.keep_rows.append(batch.add(block_token_ids(hashes[i], bs, vocab), i * bs))
-                batch.keep_slots.append(slots[i])
-                batch.keep_hashes.append(hashes[i])
+                row = batch.add(block_token_ids(hashes[i], bs, vocab), i * bs)
+                # A block another sequence of this forward also computes (a miss for both: the
+                # scheduler charged both) is written once, by the first.
+                if hashes[i] not in batch.computing:
+                    batch.computing.add(hashes[i])
+                    batch.keep_rows.append(row)
+                    batch.keep_slots.append(slots[i])
+                    batch.keep_hashes.append(hashes[i])
             if tail > 0 and run[-1] == len(hashes) - 1:  # the tail right after the run: the same sequence
                 batch.add(block_token_ids(hashes[-1], tail, vocab), len(hashes) * bs)
                 tail = 0
@@ -183,9 +188,10 @@ class TorchBackend:
             row0 = batch.add(block_token_ids(hashes[-1] if hashes else r.rid, tail, vocab), len(hashes) * bs)
             batch.runs.append((row0, len(batch.tokens), len(hashes) * bs, slots))
 
-    def _read_slot(self, batch: StepBatch, block_hash: int, hit: bool, new: bool) -> int | None:
+    def _read_slot(self, block_hash: int, hit: bool, new: bool) -> int | None:
         """The slot to read a block from (``hit``: a cache hit, or a block of this prefill done in
-        an earlier step; ``new``: first seen by this prefill), or None: compute it."""
+        an earlier step; ``new``: first seen by this prefill), or None: compute it. A hit on a
+        block another request computes in this forward is read as that forward writes it."""
         slot = self.slot_of.get(block_hash)
         if slot is None:
             if hit:  # should not happen: a hit whose K/V was never computed
@@ -200,8 +206,7 @@ class TorchBackend:
             restored.discard(block_hash)
             self.counters["blocks_fetched"] += 1
             return slot
-        # a block another request computes in this forward is read as written (once per forward)
-        return slot if block_hash in batch.computing else None
+        return None  # a miss: computed, even if its slot still holds it (the scheduler charged it)
 
     # ---- the forward (timed) ----------------------------------------------------------
     def _past_reader(self, slots: list[int]) -> Callable[[int], KV]:
@@ -265,8 +270,10 @@ class TorchBackend:
     def step_time(self, chunks: list[tuple[SchedRequest, int, int]], decoders: list[SchedRequest], steps: int,
                   modelled: float) -> float:
         batch = StepBatch()
+        # A request can have several chunks in a step (its segments around hits): its prefill goes
+        # up to the last one's end.
         ends: dict[int, tuple[SchedRequest, int]] = {}
-        for r, start, take in chunks:  # a request's chunks in one step (segments around hits) end at the last one's end
+        for r, start, take in chunks:
             ends[id(r)] = (r, max(start + take, ends[id(r)][1] if id(r) in ends else 0))
         for r, end in ends.values():
             self._plan_prefill(batch, r, end)
@@ -307,8 +314,10 @@ class TorchBackend:
             return
         s, bs = self.spec, self.bs
         with torch.inference_mode():
-            read = self._past_reader([slot for slot in slots if slot is not None]) if slots else None
-            past = [read(i) for i in range(self.stack.n_layers)] if read is not None else None
+            past = None
+            if slots:  # copied out of the paged tensor now (see above)
+                read = self._past_reader([slot for slot in slots if slot is not None])
+                past = [read(i) for i in range(self.stack.n_layers)]
             tokens = [t for h in r.response_hashes for t in block_token_ids(h, bs, s.vocab)]
             out = torch.empty((self.stack.n_layers, 2, len(tokens), s.kv_heads, s.head_dim), dtype=self.kv.dtype,
                               device=self.device)

@@ -13,17 +13,18 @@ attention call (``DecodeGroup``: one new token each over a padded, masked contex
 
 Each layer: RMSNorm, fused QKV projection, rotary positions, grouped-query attention through
 ``scaled_dot_product_attention``, output projection, RMSNorm, then the MLP: SwiGLU (gate, up,
-down), or with ``spec.mlp_matrices == 2`` OPT's fc1 -> ReLU -> fc2 (the norms, rotary and
-bias-free projections stay the Llama ones: what is timed is the same products); for an MoE
-model a router and the top-k experts, of which only the experts some token routes to are
-computed. Weights come from a seeded generator, so two stacks built with the same seed
-compute the same values: K/V are a deterministic function of the token chain (on one device:
-a GPU's generator draws other numbers than the CPU's) up to rounding. Rounding depends on
-the shape of the products: a row of a matrix product over T rows need not equal, bit for
-bit, the same row in a product over other rows (the GEMM kernel and its reduction order
-depend on the batch shape), nor is attention over a longer run of queries bitwise the same
-per query. So the K/V of a block computed in a packed step agree with a recompute to float
-rounding (float32: ~1e-6), not bit for bit.
+down), or with ``spec.mlp_matrices == 2`` OPT's fc1 -> ReLU -> fc2 (norms, rotary positions
+and bias-free projections stay the Llama ones: OPT's LayerNorm, learned positions and biases
+are a sliver of the work); for an MoE model a router and the top-k experts, of which only
+the experts some token routes to are computed. Weights come from a seeded generator, so two
+stacks built with the same seed compute the same values (on one device: a GPU's generator
+draws other numbers than the CPU's), and a block's K/V are a function of its token chain,
+up to rounding. Rounding depends on the shape of the products: a row of a matrix product
+over T rows need not equal, bit for bit, the same row in a product over other rows (the
+GEMM kernel and its reduction order follow the batch shape; one row may take a gemv path),
+nor does attention over a longer run of queries round each query the same. So the K/V of
+a block computed in a packed step agree with a recompute to float rounding (float32: ~1e-6),
+not bit for bit.
 """
 
 from __future__ import annotations
