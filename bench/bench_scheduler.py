@@ -49,7 +49,7 @@ def run_one(trace, capacity: int, scheduler: str, host_blocks: int = 0) -> dict:
         res = plain_step(now, horizon)
         if busy:
             backlog["s"] += res.duration
-            backlog["held_block_s"] += (len(sched.pool.pin_counts) + sched.pool.private) * res.duration
+            backlog["held_block_s"] += (sched.pool.pinned + sched.pool.private) * res.duration
         return res
 
     sched.step = step  # type: ignore[method-assign]  # measuring only; the run is the same
