@@ -7,7 +7,7 @@ import logging
 import sys
 
 from replica.backends import add_backend_args
-from replica.core.scheduler import add_scheduler_arg
+from replica.core.sched.scheduler import add_scheduler_arg
 from replica.core.tier_args import add_tier_args
 from shared.gpuargs import add_gpu_args, gpu_setting
 from shared.overrides import coerce, parse_pairs

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from replica.core.build import ReplicaCore
-from replica.core.pool import KvEvent
-from replica.core.scheduler import SchedRequest, StepResult
+from replica.core.cache.pool import KvEvent
+from replica.core.sched.scheduler import SchedRequest, StepResult
 
 INF = float("inf")
 

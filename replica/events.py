@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from replica.core.pool import KvEvent
+from replica.core.cache.pool import KvEvent
 from shared.index.base import event_to_wire
 
 

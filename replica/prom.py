@@ -11,7 +11,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from replica.core.scheduler import SchedRequest
+from replica.core.sched.scheduler import SchedRequest
 
 disable_created_metrics()  # *_created series only add noise for scrapers
 

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 from replica.backends import check_backend
 from replica.core.build import CoreSettings
-from replica.core.policies import policy_class, policy_names
-from replica.core.scheduler import check_scheduler
-from replica.core.tiers import TierSettings
+from replica.core.cache.policies import policy_class, policy_names
+from replica.core.sched.scheduler import check_scheduler
+from replica.core.tiers.stack import TierSettings
 from shared.auth import check_bind
 from shared.costmodel import CostModel
 from shared.errors import InputError, UnknownNameError
@@ -62,7 +62,7 @@ class ReplicaSettings:
     feed_max_batches: int = 4096  # the embedded feed keeps this many recent batches
     feed_max_hashes: int = 1 << 18  # ... holding at most this many hashes (about 12 MB)
     seed: int = 0
-    tiers: TierSettings = TierSettings()  # host DRAM / SSD below HBM (replica.core.tiers)
+    tiers: TierSettings = TierSettings()  # host DRAM / SSD below HBM (replica.core.tiers.stack)
     response_kv: str = "keep"  # keep: cache each response's full blocks (colocated vLLM); drop: do not
     backend: str = "emulated"  # or "torch": real kernels over a real paged KV tensor (replica/backends/)
     device: str = "cpu"  # the torch backend's device

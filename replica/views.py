@@ -9,7 +9,7 @@ import uuid
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from replica.core.policies import make_policy
+from replica.core.cache.policies import make_policy
 from replica.engine import Handle
 from replica.httputil import require_admin
 from replica.runtime import RUNTIME, SETTINGS, ReplicaRuntime

@@ -45,9 +45,9 @@ import torch
 
 from replica.backends.torch_tiers import TierMover
 from replica.backends.torchstack import KV, DecodeGroup, Keep, PackedSeq, TorchStack, host_clock, synchronize
-from replica.core.pool import BlockPool
-from replica.core.scheduler import SchedRequest, Scheduler
-from replica.core.tiers import TierStack
+from replica.core.cache.pool import BlockPool
+from replica.core.sched.scheduler import SchedRequest, Scheduler
+from replica.core.tiers.stack import TierStack
 from shared.costmodel import ModelSpec
 from shared.errors import KvemuError
 

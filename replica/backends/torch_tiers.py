@@ -1,6 +1,6 @@
 """Real copies for the memory tiers under ``replica --backend torch``.
 
-The tier stack (replica/core/tiers.py) decides what moves where; ``TierMover`` executes each
+The tier stack (replica/core/tiers/stack.py) decides what moves where; ``TierMover`` executes each
 move on real K/V the moment the stack decides it, so the data follows the decisions in the
 same order:
 
@@ -27,7 +27,7 @@ from collections.abc import Callable, Collection, Sequence
 import torch
 
 from replica.backends.torchstack import host_clock, synchronize
-from replica.core.tiers import TierStack
+from replica.core.tiers.stack import TierStack
 from shared.errors import KvemuError
 
 

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from replica.core.compiled_pool import CompiledPool, why_not
-from replica.core.costs import DepthCosts
-from replica.core.metrics import PoolMetrics
-from replica.core.policies import make_policy
-from replica.core.pool import BlockPool, KvEvent
-from replica.core.reuse import ReuseDistanceTracker
-from replica.core.scheduler import Scheduler, SchedulerSettings, check_scheduler
-from replica.core.shards import ShardsTracker
-from replica.core.tiers import TierSettings, TierStack
+from replica.core.analysis.reuse import ReuseDistanceTracker
+from replica.core.analysis.shards import ShardsTracker
+from replica.core.cache.costs import DepthCosts
+from replica.core.cache.metrics import PoolMetrics
+from replica.core.cache.policies import make_policy
+from replica.core.cache.pool import BlockPool, KvEvent
+from replica.core.compiled.pool import CompiledPool, why_not
+from replica.core.sched.scheduler import Scheduler, SchedulerSettings, check_scheduler
+from replica.core.tiers.stack import TierSettings, TierStack
 from shared.costmodel import CostModel
 from shared.errors import InputError
 
@@ -48,7 +48,7 @@ class CoreSettings:
     # "keep": a finished request's response blocks are cached (a colocated vLLM); "drop": they are
     # not (a disaggregated prefill instance, the estimator's theoretical variant)
     response_kv: str = "drop"
-    # The scheduler drives the pool's compiled twin where it is exact (replica.core.compiled_pool:
+    # The scheduler drives the pool's compiled twin where it is exact (replica.core.compiled.pool:
     # LRU / S3-FIFO / Belady / BeladyCompute, no events, no tiers, response KV dropped, fcfs).
     compiled: bool = False
 

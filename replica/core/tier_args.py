@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from replica.core.tiers import FETCH_MODES, TIER_MODES, TierSettings
+from replica.core.tiers.stack import FETCH_MODES, TIER_MODES, TierSettings
 from shared.costmodel import CostModel
 from shared.errors import InputError
 from shared.validate import check_number

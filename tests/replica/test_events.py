@@ -1,4 +1,4 @@
-from replica.core.pool import KvEvent
+from replica.core.cache.pool import KvEvent
 from replica.events import EventFeed
 
 

@@ -13,7 +13,7 @@ whole units (the swapped-slot and stale-SSD cases below and in test_torch_tiers.
 import pytest
 
 from replica.core.build import CoreSettings, build_core
-from replica.core.scheduler import SchedRequest
+from replica.core.sched.scheduler import SchedRequest
 from shared.costmodel import CostModel
 from shared.hashing import chain_ids
 

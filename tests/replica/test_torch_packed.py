@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from replica.core.build import CoreSettings, build_core
-from replica.core.scheduler import SchedRequest
+from replica.core.sched.scheduler import SchedRequest
 from shared.costmodel import CostModel, get_model
 from shared.hashing import chain_ids
 

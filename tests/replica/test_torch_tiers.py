@@ -4,8 +4,8 @@ recompute (to float32 rounding: see test_torch_backend.same_kv)."""
 import pytest
 
 from replica.core.build import CoreSettings, build_core
-from replica.core.scheduler import SchedRequest
-from replica.core.tiers import TierSettings
+from replica.core.sched.scheduler import SchedRequest
+from replica.core.tiers.stack import TierSettings
 from shared.costmodel import CostModel
 from shared.hashing import chain_ids
 

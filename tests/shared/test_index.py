@@ -209,7 +209,7 @@ def test_clear_replica_forgets_it(make):
 
 
 def test_accepts_block_pool_events(make):
-    from replica.core.pool import KvEvent
+    from replica.core.cache.pool import KvEvent
 
     async def body(idx):
         await idx.apply(EventBatch("A", "e1", 0, [KvEvent("stored", (H1, H2)), KvEvent("removed", (H2,))]))

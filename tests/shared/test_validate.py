@@ -41,7 +41,7 @@ def test_number_bounds_and_shorthands():
 def test_user_errors_cross_process_boundaries_intact():
     import pickle
 
-    from replica.core.pool import PoolCapacityError
+    from replica.core.cache.pool import PoolCapacityError
     from shared.errors import TraceFormatError, UnknownNameError
 
     for err in (InputError("f", "bad"), TraceFormatError("t.jsonl", 3, "hash_ids", "bad"),

@@ -4,8 +4,8 @@ import pytest
 
 from loadgen.formats import read_trace
 from loadgen.trace import Trace, TraceRequest
-from replica.core import compiled_pool
-from replica.core.tiers import TierSettings
+from replica.core.compiled import pool as compiled_pool
+from replica.core.tiers.stack import TierSettings
 from shared.errors import InputError, UnknownNameError
 from sim.simulator import NextUses, SimSettings, Simulation, simulate
 
@@ -176,7 +176,7 @@ def test_sampled_reuse_tracking_is_the_default_and_its_mrc_is_within_001_of_exac
 
 @pytest.mark.parametrize("cache_only", [False, True])
 def test_tiers_split_every_block_access_between_hbm_host_ssd_and_recompute(cache_only):
-    from replica.core.tiers import TierSettings
+    from replica.core.tiers.stack import TierSettings
 
     tiers = TierSettings(host_blocks=12, ssd_blocks=30, fetch="always")
     base = SimSettings(capacity_blocks=20, replicas=1, cache_only=cache_only)
@@ -194,7 +194,7 @@ def test_tiers_split_every_block_access_between_hbm_host_ssd_and_recompute(cache
 
 
 def test_two_replicas_with_host_tiers_and_cache_aware_routing_recover_more_history():
-    from replica.core.tiers import TierSettings
+    from replica.core.tiers.stack import TierSettings
 
     settings = dict(capacity_blocks=20, replicas=2, routing="cache_aware", cache_only=True)
     run = simulate(tiny_trace(), SimSettings(**settings, tiers=TierSettings(host_blocks=60, fetch="always")))

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kvemu.cli import main
-from replica.core import compiled_pool
+from replica.core.compiled import pool as compiled_pool
 from shared.plotting import MISSING
 
 REPO = Path(__file__).resolve().parents[2]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterable, Sequence
 
-from replica.core.pool import BlockPool, KvEvent, PoolBusyError
+from replica.core.cache.pool import BlockPool, KvEvent, PoolBusyError
 
 
 def checked_victims(pool: BlockPool) -> None:

@@ -3,9 +3,9 @@
 import pytest
 
 from replica.core.build import CoreSettings, build_core
-from replica.core.metrics import PoolMetrics
-from replica.core.policies import make_policy
-from replica.core.pool import BlockPool
+from replica.core.cache.metrics import PoolMetrics
+from replica.core.cache.policies import make_policy
+from replica.core.cache.pool import BlockPool
 from shared.costmodel import CostModel
 from shared.errors import InputError
 

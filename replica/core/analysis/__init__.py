@@ -1,0 +1,1 @@
+"""What the cache saw: reuse distances, SHARDS, the LRU stack, shadow replays."""

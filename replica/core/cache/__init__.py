@@ -1,0 +1,1 @@
+"""The block pool, its eviction policies, and the metrics and costs they share."""

@@ -1,0 +1,98 @@
+"""Values that cross the cache core's module boundaries: what a request got, what a policy sees."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from shared.index.base import IndexEvent as KvEvent  # the one event type: the pool emits what the index applies
+
+
+@dataclass(slots=True)
+class Allocation:
+    """What one request got from the pool; pass it back to ``release``."""
+
+    hashes: Sequence[int]
+    hit_idx: list[int]  # depths of reused blocks (after the hit-mode rules)
+    new_idx: list[int]  # depths of blocks inserted for this request
+    touched_idx: list[int]  # depths of resident blocks this request pinned (a superset of hit_idx)
+    session: str | None
+    holes: int = 0
+    hole_lengths: list[int] = field(default_factory=list)
+
+    @property
+    def hit_blocks(self) -> int:
+        return len(self.hit_idx)
+
+    @property
+    def prefix_blocks(self) -> int:
+        """Length of the leading run of reused blocks."""
+        idx = self.hit_idx
+        if not idx or idx[-1] == len(idx) - 1:  # empty, or one leading run (the common case)
+            return len(idx)
+        n = 0
+        for i in idx:
+            if i != n:
+                break
+            n += 1
+        return n
+
+
+@dataclass(slots=True)
+class Access:
+    """One request's view of the cache, as policies see it (depths ascending)."""
+
+    hashes: Sequence[int]
+    touched_idx: list[int]  # depths of blocks that were resident (hits, and in prefix mode recomputed ones)
+    new_idx: list[int]  # depths of blocks just inserted
+    now: float
+    session: str | None = None
+    # Oracles only (simulator): time of each block's next access, inf when never again.
+    next_use: Sequence[float] | None = None
+
+
+@dataclass(slots=True)
+class PolicyContext:
+    """All a policy may read of its pool: no back-reference, nothing it could change.
+
+    ``pinned`` and ``owners`` are read-only live views (hash -> pin count, hash -> owning
+    session); ``now`` is the time of the request being served, which cost-aware victims
+    score at; ``block_cost`` is the cost model's recompute cost of a block at a depth,
+    the same whatever the metrics were told.
+    """
+
+    capacity: int
+    block_cost: Callable[[int], float]
+    pinned: Mapping[int, int]
+    owners: Mapping[int, str | None]
+    now: float = 0.0
+    # Oracles only: where the request being served sits in the order the cache sees accesses
+    # (the unit of ``Access.next_use``); the simulator sets it.
+    position: float = 0.0
+
+class SchedulerPool(Protocol):
+    """What a scheduler uses of its pool: a ``BlockPool``, or its compiled twin in the simulator
+    (``replica.core.compiled.pool.CompiledPool``)."""
+
+    capacity: int
+    block_size: int
+
+    @property
+    def private(self) -> int: ...
+    @property
+    def pinned(self) -> int: ...
+    @property
+    def room(self) -> int: ...
+    @property
+    def pin_counts(self) -> Mapping[int, int]: ...
+
+    def acquire(self, hashes: Sequence[int], *, session: str | None = None, now: float = 0.0,
+                input_tokens: int | None = None, next_use: Sequence[float] | None = None,
+                position: float | None = None, record: bool = True, extra: int = 0) -> Allocation: ...
+    def release(self, alloc: Allocation, now: float = 0.0) -> None: ...
+    def take_private(self, n: int) -> None: ...
+    def free_private(self, n: int) -> None: ...
+
+
+__all__ = ["Access", "Allocation", "KvEvent", "PolicyContext", "SchedulerPool"]

@@ -1,0 +1,944 @@
+/* The block pool with LRU or S3-FIFO, compiled: the simulator's fast path for one replica.
+ *
+ * What it computes is defined by the Python pool (replica/core/cache/pool.py: acquire, release,
+ * take_private, free_private, serve) and the policies replica/core/cache/policies/lru.py and s3fifo.py:
+ * every hit, victim, pin, residency order, footprint and metric comes out identical
+ * (tests/replica/core/test_compiled_pool.py drives both with the same random operations and
+ * compares their whole state). replica/core/compiled/pool.py wraps it and writes its state back
+ * into the Python pool; see there for when the simulator uses it.
+ *
+ * Layout: blocks live in node slots (key, owner, reference count, flags, prev/next links of one
+ * intrusive list); a table of 2^k int32 entries maps a key to its slot (linear probing, deletion
+ * by backward shift, so no tombstones). LRU keeps one list, its order; S3-FIFO keeps small and
+ * main as two lists over the same links and its ghost as a second keys-only table with its own list.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NIL (-1)
+#define KIND_LRU 0
+#define KIND_S3FIFO 1
+#define KIND_BELADY 2
+#define KIND_BELADY_COMPUTE 3
+#define MAX_FREQ 3
+#define IN_MAIN 4
+#define NOT_TRACKED (-1) /* S3-FIFO: resident but given up as a victim while the request held it */
+#define Q_NONE 0
+#define Q_SMALL 1
+#define Q_MAIN 2
+
+/* ---- a keyed set of slots with one intrusive list ----------------------------------------- */
+typedef struct {
+    int32_t *index;  /* 2^bits entries: slot or NIL */
+    uint64_t mask;
+    uint64_t *key;
+    int32_t *prev, *next;
+    int32_t *free_next;
+    int32_t free_head;
+    int32_t slots;
+    int32_t used;
+} Table;
+
+typedef struct { int32_t head, tail, len; } List;
+
+static inline uint64_t mix(uint64_t x) {  /* splitmix64's finaliser: trace ids are often dense */
+    x ^= x >> 30; x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27; x *= 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+static int table_init(Table *t, int32_t slots) {
+    uint64_t size = 16;
+    while (size < (uint64_t)slots * 2) size <<= 1;
+    t->mask = size - 1;
+    t->slots = slots;
+    t->used = 0;
+    t->index = malloc(size * sizeof(int32_t));
+    t->key = malloc((size_t)slots * sizeof(uint64_t));
+    t->prev = malloc((size_t)slots * sizeof(int32_t));
+    t->next = malloc((size_t)slots * sizeof(int32_t));
+    t->free_next = malloc((size_t)slots * sizeof(int32_t));
+    if (!t->index || !t->key || !t->prev || !t->next || !t->free_next) return -1;
+    memset(t->index, 0xff, size * sizeof(int32_t));
+    for (int32_t i = 0; i < slots; i++) t->free_next[i] = i + 1 < slots ? i + 1 : NIL;
+    t->free_head = slots ? 0 : NIL;
+    return 0;
+}
+
+static void table_free(Table *t) {
+    free(t->index); free(t->key); free(t->prev); free(t->next); free(t->free_next);
+    memset(t, 0, sizeof(*t));
+}
+
+static inline int32_t table_find(const Table *t, uint64_t k) {
+    uint64_t i = mix(k) & t->mask;
+    for (;;) {
+        int32_t s = t->index[i];
+        if (s == NIL) return NIL;
+        if (t->key[s] == k) return s;
+        i = (i + 1) & t->mask;
+    }
+}
+
+static inline int32_t table_add(Table *t, uint64_t k) {  /* k must be absent; a free slot must exist */
+    int32_t s = t->free_head;
+    t->free_head = t->free_next[s];
+    t->key[s] = k;
+    t->prev[s] = t->next[s] = NIL;
+    uint64_t i = mix(k) & t->mask;
+    while (t->index[i] != NIL) i = (i + 1) & t->mask;
+    t->index[i] = s;
+    t->used++;
+    return s;
+}
+
+static void table_del(Table *t, int32_t s) {
+    uint64_t i = mix(t->key[s]) & t->mask;
+    while (t->index[i] != s) i = (i + 1) & t->mask;
+    uint64_t j = i;
+    for (;;) {  /* backward shift: move later entries of the probe run into the hole */
+        j = (j + 1) & t->mask;
+        int32_t o = t->index[j];
+        if (o == NIL) break;
+        uint64_t home = mix(t->key[o]) & t->mask;
+        if (((j - home) & t->mask) >= ((j - i) & t->mask)) {
+            t->index[i] = o;
+            i = j;
+        }
+    }
+    t->index[i] = NIL;
+    t->free_next[s] = t->free_head;
+    t->free_head = s;
+    t->used--;
+}
+
+static inline void list_push(Table *t, List *l, int32_t s) {  /* at the tail */
+    t->prev[s] = l->tail;
+    t->next[s] = NIL;
+    if (l->tail != NIL) t->next[l->tail] = s; else l->head = s;
+    l->tail = s;
+    l->len++;
+}
+
+static inline void list_unlink(Table *t, List *l, int32_t s) {
+    int32_t p = t->prev[s], n = t->next[s];
+    if (p != NIL) t->next[p] = n; else l->head = n;
+    if (n != NIL) t->prev[n] = p; else l->tail = p;
+    t->prev[s] = t->next[s] = NIL;
+    l->len--;
+}
+
+/* ---- the pool ------------------------------------------------------------------------------ */
+enum { OK = 0, TOO_LONG = 1, REPEATS = 2, BUSY = 3 };
+
+typedef struct {
+    PyObject_HEAD
+    int kind, prefix_mode;
+    int32_t capacity, block_size;
+    Table res;               /* resident blocks */
+    int32_t *owner;          /* session code per slot */
+    int32_t *refs;           /* running requests holding the block (pins) */
+    uint8_t *reused;         /* hit at least once since it was inserted */
+    int8_t *freq;            /* S3-FIFO: counter | IN_MAIN, or NOT_TRACKED */
+    uint8_t *queue;          /* which list holds the slot (Q_NONE: none) */
+    uint64_t *seq;           /* insertion order, for the resident map written back */
+    uint32_t *stamp;         /* == cur_stamp: seen in the request being looked up */
+    uint32_t cur_stamp;
+    uint64_t next_seq;
+    int32_t pinned, private_blocks;
+    double *nu;              /* Belady: the block's recorded next use (has_rec) */
+    uint8_t *has_rec;
+    int32_t records;
+    double *heap_t;          /* Belady: max-heap of (next use, block) entries, stale ones dropped lazily */
+    uint64_t *heap_k;
+    Py_ssize_t heap_len, heap_cap;
+    struct BeladyCompute *bc; /* BeladyCompute's heaps (_belady_compute.h) */
+    int32_t *depth;          /* BeladyCompute: the block's recorded depth */
+    double position;         /* the oracles' now: where the request being served starts */
+    double next_position;    /* acquire's, set once its request passed the checks (as BlockPool does) */
+    int has_position;
+    const double *next_use;  /* the request being acquired: its blocks' next uses (NULL: none known) */
+    List order;              /* LRU: head = next victim. S3-FIFO: small */
+    List main;
+    Table ghost;             /* S3-FIFO ids only; its list is the ghost FIFO */
+    List ghost_fifo;
+    int32_t small_size, main_size, ghost_size, threshold;
+    int evicted;
+    double *cum;             /* recompute cost of the first d blocks, d = 0..ncum-1 (set_costs) */
+    Py_ssize_t ncum;
+    /* a request's scratch */
+    uint64_t *keys;
+    double *uses;            /* a request's next uses, read from Python */
+    int32_t *slot_of, *touched, *fresh, *freed, *hole_len;
+    int32_t ntouched, nfresh, nhits, lead, holes;
+    Table scratch;           /* new hashes of one request: the repeat check */
+    /* footprints: per session code, resident blocks and when it (re)entered the dict */
+    int64_t *fp_count;
+    uint64_t *fp_entry;
+    Py_ssize_t fp_size;
+    uint64_t next_entry;
+    /* metrics (PoolMetrics' counters) */
+    long long requests, block_accesses, block_hits, prefix_hit_blocks, tokens_queried, tokens_hit;
+    long long inserted, evictions, one_hit, holes_total, hole_blocks;
+    long long hole_len_log2[65];
+    long long *holes_hist;   /* requests per number of holes, 0..capacity */
+    double cost_total, cost_hit;
+} Pool;
+
+static PyObject *Refused;  /* (code, shortfall, available): the wrapper raises the pool's own errors */
+
+static int load_costs(Pool *k, PyObject *cum_obj) {
+    Py_buffer cb;
+    if (PyObject_GetBuffer(cum_obj, &cb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
+    if (cb.itemsize != 8 || cb.len < 8) {
+        PyBuffer_Release(&cb);
+        PyErr_SetString(PyExc_ValueError, "cum: float64 prefix sums expected");
+        return -1;
+    }
+    double *cum = malloc((size_t)cb.len);
+    if (!cum) { PyBuffer_Release(&cb); PyErr_NoMemory(); return -1; }
+    memcpy(cum, cb.buf, (size_t)cb.len);
+    free(k->cum);
+    k->cum = cum;
+    k->ncum = cb.len / 8;
+    PyBuffer_Release(&cb);
+    return 0;
+}
+
+#include "_belady_compute.h"  /* BeladyCompute: its heaps and victims, over the struct above */
+
+static void Pool_dealloc(Pool *k) {
+    table_free(&k->res); table_free(&k->ghost); table_free(&k->scratch);
+    free(k->owner); free(k->refs); free(k->reused); free(k->freq); free(k->queue); free(k->seq); free(k->stamp);
+    free(k->cum); free(k->keys); free(k->slot_of); free(k->touched); free(k->fresh); free(k->freed);
+    free(k->hole_len); free(k->fp_count); free(k->fp_entry); free(k->holes_hist);
+    free(k->nu); free(k->has_rec); free(k->heap_t); free(k->heap_k); free(k->uses); free(k->depth);
+    bc_free(k);
+    Py_TYPE(k)->tp_free((PyObject *)k);
+}
+
+static int Pool_init(Pool *k, PyObject *args, PyObject *kw) {
+    static char *names[] = {"kind", "capacity", "block_size", "prefix_mode", "cum", "small_size", "main_size",
+                            "ghost_size", "threshold", NULL};
+    int kind, prefix_mode;
+    int32_t capacity, block_size, small_size = 0, main_size = 0, ghost_size = 0, threshold = 2;
+    PyObject *cum_obj;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iiipO|iiii", names, &kind, &capacity, &block_size, &prefix_mode,
+                                     &cum_obj, &small_size, &main_size, &ghost_size, &threshold))
+        return -1;
+    if (kind < KIND_LRU || kind > KIND_BELADY_COMPUTE) {
+        PyErr_SetString(PyExc_ValueError, "kind: 0 (lru), 1 (s3fifo), 2 (belady) or 3 (belady_compute)");
+        return -1;
+    }
+    if (capacity < 1 || capacity > (1 << 29) || ghost_size < 0 || ghost_size > (1 << 29) || block_size < 1) {
+        PyErr_SetString(PyExc_ValueError, "capacity, block_size or ghost_size out of range");
+        return -1;
+    }
+    if (load_costs(k, cum_obj) < 0) return -1;
+    size_t c = (size_t)capacity;
+    k->kind = kind; k->prefix_mode = prefix_mode; k->capacity = capacity; k->block_size = block_size;
+    k->small_size = small_size; k->main_size = main_size; k->ghost_size = ghost_size; k->threshold = threshold;
+    k->order.head = k->order.tail = k->main.head = k->main.tail = k->ghost_fifo.head = k->ghost_fifo.tail = NIL;
+    if (table_init(&k->res, capacity) || table_init(&k->ghost, ghost_size + 1)
+        || table_init(&k->scratch, capacity))
+        goto nomem;
+    k->owner = calloc(c, sizeof(int32_t)); k->refs = calloc(c, sizeof(int32_t)); k->reused = calloc(c, 1);
+    k->freq = calloc(c, 1); k->queue = calloc(c, 1); k->seq = calloc(c, sizeof(uint64_t));
+    k->stamp = calloc(c, sizeof(uint32_t)); k->keys = malloc(c * sizeof(uint64_t)); k->uses = malloc(c * sizeof(double));
+    k->slot_of = malloc(c * sizeof(int32_t)); k->touched = malloc(c * sizeof(int32_t));
+    k->fresh = malloc(c * sizeof(int32_t)); k->freed = malloc(c * sizeof(int32_t));
+    k->hole_len = malloc(c * sizeof(int32_t)); k->holes_hist = calloc(c + 1, sizeof(long long));
+    k->nu = calloc(c, sizeof(double)); k->has_rec = calloc(c, 1); k->depth = calloc(c, sizeof(int32_t));
+    if (kind == KIND_BELADY_COMPUTE && bc_init(k) < 0) goto nomem;
+    k->heap_cap = 1024; k->heap_t = malloc(1024 * sizeof(double)); k->heap_k = malloc(1024 * sizeof(uint64_t));
+    k->fp_size = 1024;
+    k->fp_count = calloc((size_t)k->fp_size, sizeof(int64_t)); k->fp_entry = calloc((size_t)k->fp_size, sizeof(uint64_t));
+    if (!k->owner || !k->refs || !k->reused || !k->freq || !k->queue || !k->seq || !k->stamp || !k->keys
+        || !k->slot_of || !k->touched || !k->fresh || !k->freed || !k->hole_len || !k->holes_hist || !k->fp_count
+        || !k->fp_entry || !k->nu || !k->has_rec || !k->heap_t || !k->heap_k || !k->uses || !k->depth)
+        goto nomem;
+    return 0;
+nomem:
+    PyErr_NoMemory();
+    return -1;
+}
+
+static int grow_sessions(Pool *k, int32_t code) {
+    if (code < k->fp_size) return 0;
+    Py_ssize_t size = k->fp_size;
+    while (size <= code) size *= 2;
+    int64_t *c = realloc(k->fp_count, (size_t)size * sizeof(int64_t));
+    if (c) k->fp_count = c;
+    uint64_t *e = realloc(k->fp_entry, (size_t)size * sizeof(uint64_t));
+    if (e) k->fp_entry = e;
+    if (!c || !e) { PyErr_NoMemory(); return -1; }
+    memset(k->fp_count + k->fp_size, 0, (size_t)(size - k->fp_size) * sizeof(int64_t));
+    memset(k->fp_entry + k->fp_size, 0, (size_t)(size - k->fp_size) * sizeof(uint64_t));
+    k->fp_size = size;
+    return 0;
+}
+
+/* -- the policy's part -- */
+static void ghost_add(Pool *k, uint64_t key) {
+    if (!k->ghost_size || table_find(&k->ghost, key) != NIL) return;  /* an OrderedDict keeps its place */
+    list_push(&k->ghost, &k->ghost_fifo, table_add(&k->ghost, key));
+    if (k->ghost_fifo.len > k->ghost_size) {
+        int32_t old = k->ghost_fifo.head;
+        list_unlink(&k->ghost, &k->ghost_fifo, old);
+        table_del(&k->ghost, old);
+    }
+}
+
+static void s3_insert(Pool *k, int32_t s) {  /* S3FIFOPolicy._insert, one block */
+    if (k->evicted) {
+        int32_t g = table_find(&k->ghost, k->res.key[s]);
+        if (g != NIL) {
+            list_unlink(&k->ghost, &k->ghost_fifo, g);
+            table_del(&k->ghost, g);
+            k->freq[s] = IN_MAIN; k->queue[s] = Q_MAIN; list_push(&k->res, &k->main, s);
+        } else {
+            k->freq[s] = 0; k->queue[s] = Q_SMALL; list_push(&k->res, &k->order, s);
+        }
+    } else if (k->order.len < k->small_size) {
+        k->freq[s] = 0; k->queue[s] = Q_SMALL; list_push(&k->res, &k->order, s);
+    } else {
+        k->freq[s] = IN_MAIN; k->queue[s] = Q_MAIN; list_push(&k->res, &k->main, s);
+    }
+}
+
+/* Belady (policies/belady.py): entries (next use, block), the farthest next use first, ties the
+ * larger block first; an entry is live while its block's record equals it and the block is unpinned. */
+static inline int heap_before(const Pool *k, Py_ssize_t a, Py_ssize_t b) {
+    double ta = k->heap_t[a], tb = k->heap_t[b];
+    return ta > tb || (ta == tb && k->heap_k[a] > k->heap_k[b]);
+}
+
+static inline void heap_swap(Pool *k, Py_ssize_t a, Py_ssize_t b) {
+    double t = k->heap_t[a]; k->heap_t[a] = k->heap_t[b]; k->heap_t[b] = t;
+    uint64_t x = k->heap_k[a]; k->heap_k[a] = k->heap_k[b]; k->heap_k[b] = x;
+}
+
+static void heap_down(Pool *k, Py_ssize_t i) {
+    for (;;) {
+        Py_ssize_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < k->heap_len && heap_before(k, l, m)) m = l;
+        if (r < k->heap_len && heap_before(k, r, m)) m = r;
+        if (m == i) return;
+        heap_swap(k, i, m);
+        i = m;
+    }
+}
+
+static int heap_push(Pool *k, double t, uint64_t key) {
+    if (k->heap_len == k->heap_cap) {
+        Py_ssize_t cap = k->heap_cap * 2;
+        double *ht = realloc(k->heap_t, (size_t)cap * sizeof(double));
+        if (ht) k->heap_t = ht;
+        uint64_t *hk = ht ? realloc(k->heap_k, (size_t)cap * sizeof(uint64_t)) : NULL;
+        if (hk) k->heap_k = hk;
+        if (!ht || !hk) return -1;
+        k->heap_cap = cap;
+    }
+    Py_ssize_t i = k->heap_len++;
+    k->heap_t[i] = t; k->heap_k[i] = key;
+    while (i && heap_before(k, i, (i - 1) / 2)) { heap_swap(k, i, (i - 1) / 2); i = (i - 1) / 2; }
+    return 0;
+}
+
+static void heap_rebuild(Pool *k) {  /* every unpinned block's record: no stale entry left */
+    Table *t = &k->res;
+    k->heap_len = 0;
+    for (int32_t s = 0; s < t->slots; s++)
+        if (k->has_rec[s] && !k->refs[s] && table_find(t, t->key[s]) == s) {
+            k->heap_t[k->heap_len] = k->nu[s]; k->heap_k[k->heap_len] = t->key[s]; k->heap_len++;
+        }
+    for (Py_ssize_t i = k->heap_len / 2; i-- > 0;) heap_down(k, i);
+}
+
+static int32_t belady_victim(Pool *k) {
+    for (;;) {
+        double t = k->heap_t[0];
+        uint64_t key = k->heap_k[0];
+        k->heap_len--;
+        if (k->heap_len) { k->heap_t[0] = k->heap_t[k->heap_len]; k->heap_k[0] = k->heap_k[k->heap_len]; heap_down(k, 0); }
+        int32_t s = table_find(&k->res, key);
+        if (s == NIL || !k->has_rec[s] || k->nu[s] != t || k->refs[s]) continue;  /* stale */
+        k->has_rec[s] = 0;
+        k->records--;
+        return s;
+    }
+}
+
+/* The next block the policy gives up: it leaves the policy's order (S3-FIFO: its counter too). */
+static int32_t next_victim(Pool *k) {
+    Table *t = &k->res;
+    if (k->kind == KIND_BELADY) return belady_victim(k);
+    if (k->kind == KIND_BELADY_COMPUTE) return bc_victim(k);
+    if (k->kind == KIND_LRU) {
+        int32_t s = k->order.head;
+        list_unlink(t, &k->order, s);
+        k->queue[s] = Q_NONE;
+        return s;
+    }
+    if (!(k->main.len > k->main_size || k->order.len == 0)) {
+        while (k->order.len) {  /* small: promote while the counter says so, else evict to the ghost */
+            int32_t s = k->order.head;
+            list_unlink(t, &k->order, s);
+            if (k->freq[s] >= k->threshold) {
+                k->freq[s] = IN_MAIN; k->queue[s] = Q_MAIN; list_push(t, &k->main, s);
+                continue;
+            }
+            k->freq[s] = NOT_TRACKED; k->queue[s] = Q_NONE;
+            ghost_add(k, t->key[s]);
+            return s;
+        }
+    }
+    for (;;) {  /* main: a clock with a 2-bit counter */
+        int32_t s = k->main.head;
+        list_unlink(t, &k->main, s);
+        if (k->freq[s] == IN_MAIN) { k->freq[s] = NOT_TRACKED; k->queue[s] = Q_NONE; return s; }
+        k->freq[s]--;
+        list_push(t, &k->main, s);
+    }
+}
+
+/* -- the pool's part -- */
+static void evict(Pool *k, int32_t count) {  /* BlockPool._evict: pinned victims only leave the order */
+    k->evicted = 1;
+    while (count > 0) {
+        int32_t s = next_victim(k);
+        if (k->refs[s]) continue;
+        int32_t o = k->owner[s];
+        k->fp_count[o]--;
+        if (!k->reused[s]) k->one_hit++;
+        k->evictions++;
+        table_del(&k->res, s);
+        count--;
+    }
+}
+
+static inline int bit_length(long long x) { int b = 0; while (x) { b++; x >>= 1; } return b; }
+
+/* BlockPool.acquire of keys[0..n): OK, or why not (nothing changed then; busy fills out[]). */
+static int acquire_one(Pool *k, Py_ssize_t n, int32_t session, long long tokens, int record, int32_t extra,
+                       int32_t out[2]) {
+    Table *t = &k->res;
+    const uint64_t *h = k->keys;
+    if (n > k->capacity) return TOO_LONG;
+    if (n >= k->ncum) { PyErr_SetString(PyExc_ValueError, "cost table shorter than the request (set_costs)"); return -1; }
+    if (++k->cur_stamp == 0) { memset(k->stamp, 0, (size_t)k->capacity * sizeof(uint32_t)); k->cur_stamp = 1; }
+    uint32_t cur = k->cur_stamp;
+    int32_t nt = 0, nf = 0, newly_pinned = 0;
+    int repeats = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int32_t s = table_find(t, h[i]);
+        k->slot_of[i] = s;
+        if (s != NIL) {
+            if (k->stamp[s] == cur) repeats = 1;
+            k->stamp[s] = cur;
+            newly_pinned += k->refs[s] == 0;
+            k->touched[nt++] = (int32_t)i;
+        } else if (table_find(&k->scratch, h[i]) != NIL) {
+            repeats = 1;
+        } else {
+            table_add(&k->scratch, h[i]);
+            k->fresh[nf++] = (int32_t)i;
+        }
+    }
+    for (int32_t j = 0; j < nf; j++) table_del(&k->scratch, table_find(&k->scratch, h[k->fresh[j]]));
+    if (repeats) return REPEATS;
+    if (k->has_position) k->position = k->next_position;
+    int32_t shortfall = nf + extra - (k->capacity - t->used - k->private_blocks);
+    if (shortfall > 0) {
+        int32_t available = t->used - k->pinned - newly_pinned;
+        if (available < shortfall) { out[0] = shortfall; out[1] = available; return BUSY; }
+    }
+    for (int32_t j = 0; j < nt; j++) {  /* pin what is resident, then evict around it */
+        int32_t s = k->slot_of[k->touched[j]];
+        if (k->refs[s]++ == 0) {
+            k->pinned++;
+            if (k->kind >= KIND_BELADY && k->has_rec[s]) { k->has_rec[s] = 0; k->records--; }  /* on_pin */
+        }
+    }
+    if (shortfall > 0) evict(k, shortfall);
+    if (nf) {  /* insert the new blocks, shallowest first (the resident map's order), pinned */
+        if (grow_sessions(k, session) < 0) return -1;
+        if (k->fp_count[session] == 0) k->fp_entry[session] = k->next_entry++;
+        k->fp_count[session] += nf;
+        k->inserted += nf;
+        k->pinned += nf;
+    }
+    for (int32_t j = 0; j < nf; j++) {
+        int32_t i = k->fresh[j];
+        int32_t s = table_add(t, h[i]);
+        k->slot_of[i] = s; k->owner[s] = session; k->reused[s] = 0; k->seq[s] = k->next_seq++;
+        k->refs[s] = 1; k->queue[s] = Q_NONE; k->freq[s] = NOT_TRACKED; k->has_rec[s] = 0;
+    }
+    k->private_blocks += extra;
+    /* hits after the hit-mode rule; holes (gaps before a reused block) in holes mode */
+    int32_t lead = 0;
+    while (lead < nt && k->touched[lead] == lead) lead++;
+    int32_t nh = k->prefix_mode ? lead : nt, holes = 0;
+    for (int32_t j = 0; j < nh; j++) k->reused[k->slot_of[k->touched[j]]] = 1;
+    double cost = nh ? k->cum[nh] : 0.0;
+    if (nh && nh != lead) {  /* runs of hits: each a difference of prefix sums (DepthCosts.of_depths) */
+        int32_t prev = -1, start = k->touched[0];
+        cost = 0.0;
+        for (int32_t j = 0; j < nh; j++) {
+            int32_t d = k->touched[j];
+            if (d > prev + 1) {
+                if (prev >= 0) cost += k->cum[prev + 1] - k->cum[start];
+                start = d;
+                k->hole_len[holes++] = d - prev - 1;
+            }
+            prev = d;
+        }
+        cost += k->cum[prev + 1] - k->cum[start];
+    }
+    k->ntouched = nt; k->nfresh = nf; k->nhits = nh; k->lead = lead; k->holes = holes;
+    if (record) {  /* PoolMetrics.record_request */
+        long long queried = tokens < 0 ? (long long)n * k->block_size : tokens;
+        long long hit_tokens = (long long)nh * k->block_size;
+        k->requests++;
+        k->block_accesses += n;
+        k->block_hits += nh;
+        k->prefix_hit_blocks += nh ? lead : 0;
+        k->tokens_queried += queried;
+        k->tokens_hit += hit_tokens < queried ? hit_tokens : queried;
+        k->cost_total += k->cum[n];
+        if (nh) k->cost_hit += cost;
+        k->holes_hist[holes]++;
+        k->holes_total += holes;
+        for (int32_t j = 0; j < holes; j++) {
+            k->hole_len_log2[bit_length(k->hole_len[j])]++;
+            k->hole_blocks += k->hole_len[j];
+        }
+    }
+    if (k->kind >= KIND_BELADY) {  /* on_access: every block's next use (infinite: never again, or unknown) */
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int32_t s = k->slot_of[i];
+            if (!k->has_rec[s]) k->records++;
+            k->has_rec[s] = 1;
+            k->nu[s] = k->next_use ? k->next_use[i] : INFINITY;
+            k->depth[s] = (int32_t)i;
+        }
+    }
+    if (k->kind == KIND_S3FIFO) {  /* on_access: counters of touched blocks it tracks, then the new ones */
+        for (int32_t j = 0; j < nt; j++) {
+            int32_t s = k->slot_of[k->touched[j]];
+            int8_t f = k->freq[s];
+            if (f != NOT_TRACKED && (f & MAX_FREQ) != MAX_FREQ) k->freq[s] = f + 1;
+        }
+        for (int32_t j = nf - 1; j >= 0; j--) s3_insert(k, k->slot_of[k->fresh[j]]);
+    }
+    return OK;
+}
+
+/* BlockPool.release of the blocks in slots[0..n) (in depth order): unpin; the policy hears of
+ * those no request holds any more. */
+static int release_slots(Pool *k, const int32_t *slots, Py_ssize_t n) {
+    int32_t nfreed = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int32_t s = slots[i];
+        if (--k->refs[s] == 0) { k->pinned--; k->freed[nfreed++] = s; }
+    }
+    Table *t = &k->res;
+    for (int32_t j = nfreed - 1; k->kind <= KIND_S3FIFO && j >= 0; j--) {  /* deepest first */
+        int32_t s = k->freed[j];
+        if (k->kind == KIND_LRU) {
+            if (k->queue[s] != Q_NONE) list_unlink(t, &k->order, s);
+            k->queue[s] = Q_SMALL;
+            list_push(t, &k->order, s);
+        } else if (k->freq[s] == NOT_TRACKED) {  /* given up as a victim while pinned: back in */
+            s3_insert(k, s);
+        }
+    }
+    if (k->kind == KIND_BELADY) {  /* on_release: the freed blocks with a record enter the heap */
+        for (int32_t j = 0; j < nfreed; j++) {
+            int32_t s = k->freed[j];
+            if (k->has_rec[s] && heap_push(k, k->nu[s], t->key[s]) < 0) return -1;
+        }
+        if (k->heap_len > 2 * (Py_ssize_t)k->records + 1024) heap_rebuild(k);
+    }
+    if (k->kind == KIND_BELADY_COMPUTE && bc_release(k, k->freed, nfreed) < 0) return -1;
+    return 0;
+}
+
+static int read_keys(Pool *k, PyObject *hashes, Py_ssize_t *n) {  /* a list of ints into keys[] */
+    PyObject *seq = PySequence_Fast(hashes, "hashes must be a sequence of ints");
+    if (!seq) return -1;
+    *n = PySequence_Fast_GET_SIZE(seq);
+    if (*n > k->capacity) { Py_DECREF(seq); return 1; }
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < *n; i++) {
+        k->keys[i] = PyLong_AsUnsignedLongLong(items[i]);
+        if (k->keys[i] == (uint64_t)-1 && PyErr_Occurred()) { Py_DECREF(seq); return -1; }
+    }
+    Py_DECREF(seq);
+    return 0;
+}
+
+static PyObject *refuse(int code, long a, long b) {
+    PyObject *v = Py_BuildValue("(ill)", code, a, b);
+    if (v) { PyErr_SetObject(Refused, v); Py_DECREF(v); }
+    return NULL;
+}
+
+static PyObject *int_list(const int32_t *v, Py_ssize_t n, const int32_t *index) {
+    PyObject *out = PyList_New(n);
+    for (Py_ssize_t j = 0; out && j < n; j++) {
+        PyObject *x = PyLong_FromLong(index ? index[v[j]] : v[j]);
+        if (!x) { Py_DECREF(out); return NULL; }
+        PyList_SET_ITEM(out, j, x);
+    }
+    return out;
+}
+
+static int read_uses(Pool *k, PyObject *uses, Py_ssize_t n) {  /* next uses, one per block */
+    PyObject *seq = PySequence_Fast(uses, "next_use must be a sequence of floats");
+    if (!seq) return -1;
+    if (PySequence_Fast_GET_SIZE(seq) != n) {
+        Py_DECREF(seq);
+        PyErr_SetString(PyExc_ValueError, "next_use: one per block");
+        return -1;
+    }
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        k->uses[i] = PyFloat_AsDouble(items[i]);
+        if (k->uses[i] == -1.0 && PyErr_Occurred()) { Py_DECREF(seq); return -1; }
+    }
+    Py_DECREF(seq);
+    return 0;
+}
+
+/* acquire(hashes, session_code, input_tokens (-1: none), record, extra, next_use=None, position=None)
+ * -> (hit_idx, new_idx, touched_idx, hole_lengths); Refused(code, shortfall, available) when it cannot. */
+static PyObject *Pool_acquire(Pool *k, PyObject *args) {
+    PyObject *hashes, *uses = Py_None, *position = Py_None;
+    int32_t session, extra;
+    long long tokens;
+    int record;
+    if (!PyArg_ParseTuple(args, "OiLpi|OO", &hashes, &session, &tokens, &record, &extra, &uses, &position))
+        return NULL;
+    if (session < 0 || extra < 0) { PyErr_SetString(PyExc_ValueError, "session and extra must be >= 0"); return NULL; }
+    Py_ssize_t n;
+    int r = read_keys(k, hashes, &n);
+    if (r < 0) return NULL;
+    if (r > 0) return refuse(TOO_LONG, (long)n, k->capacity);
+    if (uses != Py_None && read_uses(k, uses, n) < 0) return NULL;
+    k->next_use = uses != Py_None ? k->uses : NULL;
+    double where = position != Py_None ? PyFloat_AsDouble(position) : 0.0;
+    if (where == -1.0 && PyErr_Occurred()) return NULL;
+    k->has_position = position != Py_None;
+    k->next_position = where;
+    int32_t out[2] = {0, 0};
+    int code = acquire_one(k, n, session, tokens, record, extra, out);
+    if (code < 0) return NULL;
+    if (code != OK) return refuse(code, out[0], out[1]);
+    PyObject *hit = int_list(k->touched, k->nhits, NULL), *fresh = int_list(k->fresh, k->nfresh, NULL);
+    PyObject *touched = int_list(k->touched, k->ntouched, NULL), *holes = int_list(k->hole_len, k->holes, NULL);
+    if (!hit || !fresh || !touched || !holes) {
+        Py_XDECREF(hit); Py_XDECREF(fresh); Py_XDECREF(touched); Py_XDECREF(holes);
+        return NULL;
+    }
+    return Py_BuildValue("(NNNN)", hit, fresh, touched, holes);
+}
+
+static PyObject *Pool_release(Pool *k, PyObject *hashes) {
+    Py_ssize_t n;
+    int r = read_keys(k, hashes, &n);
+    if (r < 0) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int32_t s = r ? NIL : table_find(&k->res, k->keys[i]);
+        if (s == NIL || k->refs[s] == 0) {
+            PyErr_SetString(PyExc_ValueError, "release: a block that is not pinned");
+            return NULL;
+        }
+        k->slot_of[i] = s;
+    }
+    if (release_slots(k, k->slot_of, n) < 0) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+static PyObject *Pool_take_private(Pool *k, PyObject *arg) {
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n < 0 || n > k->capacity) { PyErr_SetString(PyExc_ValueError, "take_private: 0..capacity blocks"); return NULL; }
+    int32_t shortfall = (int32_t)n - (k->capacity - k->res.used - k->private_blocks);
+    if (shortfall > 0) {
+        int32_t available = k->res.used - k->pinned;
+        if (available < shortfall) return refuse(BUSY, shortfall, available);
+        evict(k, shortfall);
+    }
+    k->private_blocks += (int32_t)n;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Pool_free_private(Pool *k, PyObject *arg) {
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n < 0 || n > k->private_blocks) { PyErr_SetString(PyExc_ValueError, "free_private: more than are held"); return NULL; }
+    k->private_blocks -= (int32_t)n;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Pool_set_policy_costs(Pool *k, PyObject *costs) {  /* BeladyCompute's cost per depth */
+    if (!k->bc) Py_RETURN_NONE;
+    Py_buffer cb;
+    if (PyObject_GetBuffer(costs, &cb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
+    double *c = cb.itemsize == 8 ? malloc((size_t)cb.len + 8) : NULL;
+    if (!c) { PyBuffer_Release(&cb); return cb.itemsize == 8 ? PyErr_NoMemory() : (PyErr_SetString(PyExc_TypeError, "float64 expected"), NULL); }
+    memcpy(c, cb.buf, (size_t)cb.len);
+    free(k->bc->policy_cost);
+    k->bc->policy_cost = c;
+    k->bc->npolicy_cost = cb.len / 8;
+    PyBuffer_Release(&cb);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Pool_set_costs(Pool *k, PyObject *cum) {
+    if (load_costs(k, cum) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static int get_buffer(PyObject *o, Py_buffer *b, const char *what, Py_ssize_t itemsize) {
+    if (PyObject_GetBuffer(o, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
+    if (b->itemsize != itemsize) {
+        PyErr_Format(PyExc_TypeError, "%s: items of %zd bytes expected", what, itemsize);
+        PyBuffer_Release(b);
+        return -1;
+    }
+    return 0;
+}
+
+/* serve(hashes u64, offsets i64, sessions i32, input_tokens i64 (-1: none), next uses f64 or None,
+ * start, stop): requests [start, stop) one at a time, each acquired then released (BlockPool.serve);
+ * returns the index of the first one not served (stop when all were): the wrapper serves that one. */
+static PyObject *Pool_serve(Pool *k, PyObject *args) {
+    PyObject *o[5];
+    Py_ssize_t start, stop;
+    if (!PyArg_ParseTuple(args, "OOOOOnn", &o[0], &o[1], &o[2], &o[3], &o[4], &start, &stop)) return NULL;
+    static const char *what[5] = {"hashes", "offsets", "sessions", "input_tokens", "next_use"};
+    static const Py_ssize_t size[5] = {8, 8, 4, 8, 8};
+    Py_buffer b[5];
+    int got = 0, nomem = 0;
+    PyObject *result = NULL;
+    for (; got < 5; got++) {
+        if (got == 4 && o[4] == Py_None) break;
+        if (get_buffer(o[got], &b[got], what[got], size[got]) < 0) goto done;
+    }
+    const uint64_t *hashes = b[0].buf;
+    const int64_t *off = b[1].buf, *tokens = b[3].buf;
+    const int32_t *sess = b[2].buf;
+    Py_ssize_t nreq = b[1].len / 8 - 1;
+    const double *uses = got == 5 ? b[4].buf : NULL;
+    if (start < 0 || stop > nreq || start > stop || b[2].len / 4 < nreq || b[3].len / 8 < nreq
+        || (uses && b[4].len < b[0].len)) {
+        PyErr_SetString(PyExc_ValueError, "serve: start/stop or array lengths do not match");
+        goto done;
+    }
+    int32_t max_session = 0;
+    for (Py_ssize_t r = start; r < stop; r++) if (sess[r] > max_session) max_session = sess[r];
+    if (grow_sessions(k, max_session) < 0) goto done;
+    Py_ssize_t r = start;
+    Py_BEGIN_ALLOW_THREADS
+    for (; r < stop; r++) {
+        Py_ssize_t n = off[r + 1] - off[r];
+        int32_t out[2];
+        if (n < 0 || n > k->capacity || n >= k->ncum || off[r + 1] * 8 > b[0].len || sess[r] < 0 || k->pinned || k->private_blocks)
+            break;
+        memcpy(k->keys, hashes + off[r], (size_t)n * sizeof(uint64_t));
+        k->next_use = uses ? uses + off[r] : NULL;
+        k->has_position = uses != NULL;  /* NextUses.position: where the request starts */
+        k->next_position = (double)off[r];
+        if (acquire_one(k, n, sess[r], tokens[r], 1, 0, out) != OK) break;
+        if (release_slots(k, k->slot_of, n) < 0) { nomem = 1; r++; break; }
+    }
+    Py_END_ALLOW_THREADS
+    result = nomem ? PyErr_NoMemory() : PyLong_FromSsize_t(r);
+done:
+    for (int i = 0; i < got; i++) PyBuffer_Release(&b[i]);
+    return result;
+}
+
+static PyObject *keys_of(Table *t, List *l) {  /* a list's keys, head first */
+    PyObject *out = PyList_New(0);
+    if (!out) return NULL;
+    for (int32_t s = l->head; s != NIL; s = t->next[s]) {
+        PyObject *v = PyLong_FromUnsignedLongLong(t->key[s]);
+        if (!v || PyList_Append(out, v) < 0) { Py_XDECREF(v); Py_DECREF(out); return NULL; }
+        Py_DECREF(v);
+    }
+    return out;
+}
+
+typedef struct { uint64_t seq; int32_t slot; } SeqSlot;
+static int by_seq(const void *a, const void *b) {
+    uint64_t x = ((const SeqSlot *)a)->seq, y = ((const SeqSlot *)b)->seq;
+    return x < y ? -1 : x > y;
+}
+
+static int set_int(PyObject *d, PyObject *key, long long v) {
+    PyObject *x = PyLong_FromLongLong(v);
+    int r = x ? PyDict_SetItem(d, key, x) : -1;
+    Py_XDECREF(x);
+    return r;
+}
+
+/* The resident blocks (by insertion) with owners and the reused ones, pins, S3-FIFO counters. */
+static PyObject *blocks_state(Pool *k) {
+    Table *t = &k->res;
+    int32_t used = t->used, m = 0;
+    SeqSlot *rows = malloc(((size_t)used + 1) * sizeof(SeqSlot));
+    if (!rows) return PyErr_NoMemory();
+    for (int32_t s = 0; s < t->slots && m < used; s++)  /* live slots: the table points at them */
+        if (table_find(t, t->key[s]) == s) { rows[m].seq = k->seq[s]; rows[m].slot = s; m++; }
+    qsort(rows, (size_t)m, sizeof(SeqSlot), by_seq);
+    PyObject *keys = PyList_New(m), *owners = PyList_New(m), *reused = PyList_New(0), *freq = PyDict_New();
+    PyObject *refs = PyDict_New(), *out = NULL;
+    if (!keys || !owners || !reused || !freq || !refs) goto fail;
+    for (int32_t j = 0; j < m; j++) {
+        int32_t s = rows[j].slot;
+        PyObject *key = PyLong_FromUnsignedLongLong(t->key[s]), *owner = PyLong_FromLong(k->owner[s]);
+        if (!key || !owner) { Py_XDECREF(key); Py_XDECREF(owner); goto fail; }
+        PyList_SET_ITEM(keys, j, key);
+        PyList_SET_ITEM(owners, j, owner);
+        if (k->reused[s] && PyList_Append(reused, key) < 0) goto fail;
+        if (k->refs[s] && set_int(refs, key, k->refs[s]) < 0) goto fail;
+        if (k->kind == KIND_S3FIFO && k->freq[s] != NOT_TRACKED && set_int(freq, key, k->freq[s]) < 0) goto fail;
+        if (k->kind >= KIND_BELADY && k->has_rec[s]) {  /* its next use (and depth), in "freq" */
+            PyObject *t = k->kind == KIND_BELADY ? PyFloat_FromDouble(k->nu[s])
+                                                 : Py_BuildValue("(di)", k->nu[s], k->depth[s]);
+            if (!t || PyDict_SetItem(freq, key, t) < 0) { Py_XDECREF(t); goto fail; }
+            Py_DECREF(t);
+        }
+    }
+    out = Py_BuildValue("{sOsOsOsOsO}", "keys", keys, "owners", owners, "reused", reused, "refs", refs, "freq", freq);
+fail:
+    free(rows);
+    Py_XDECREF(keys); Py_XDECREF(owners); Py_XDECREF(reused); Py_XDECREF(freq); Py_XDECREF(refs);
+    return out;
+}
+
+static PyObject *footprints(Pool *k) {  /* (code, blocks) in the order a dict keeps them: by entry */
+    Py_ssize_t live = 0;
+    for (Py_ssize_t c = 0; c < k->fp_size; c++) live += k->fp_count[c] > 0;
+    SeqSlot *fp = malloc(((size_t)live + 1) * sizeof(SeqSlot));
+    if (!fp) return PyErr_NoMemory();
+    live = 0;
+    for (Py_ssize_t c = 0; c < k->fp_size; c++)
+        if (k->fp_count[c] > 0) { fp[live].seq = k->fp_entry[c]; fp[live].slot = (int32_t)c; live++; }
+    qsort(fp, (size_t)live, sizeof(SeqSlot), by_seq);
+    PyObject *out = PyList_New(live);
+    for (Py_ssize_t j = 0; out && j < live; j++) {
+        PyObject *x = Py_BuildValue("(iL)", fp[j].slot, (long long)k->fp_count[fp[j].slot]);
+        if (!x) { Py_CLEAR(out); break; }
+        PyList_SET_ITEM(out, j, x);
+    }
+    free(fp);
+    return out;
+}
+
+static PyObject *metrics_state(Pool *k) {  /* PoolMetrics' fields */
+    PyObject *holes = PyDict_New(), *lengths = PyDict_New();
+    for (int32_t h = 0; holes && h <= k->capacity; h++)
+        if (k->holes_hist[h]) {
+            PyObject *key = PyLong_FromLong(h);
+            if (!key || set_int(holes, key, k->holes_hist[h]) < 0) { Py_XDECREF(key); Py_CLEAR(holes); break; }
+            Py_DECREF(key);
+        }
+    for (int j = 0; lengths && j < 65; j++)
+        if (k->hole_len_log2[j]) {
+            PyObject *key = PyLong_FromLong(j);
+            if (!key || set_int(lengths, key, k->hole_len_log2[j]) < 0) { Py_XDECREF(key); Py_CLEAR(lengths); break; }
+            Py_DECREF(key);
+        }
+    if (!holes || !lengths) { Py_XDECREF(holes); Py_XDECREF(lengths); return NULL; }
+    return Py_BuildValue("{sLsLsLsLsLsLsdsdsLsLsLsLsNsNsL}", "requests", k->requests, "block_accesses",
+                         k->block_accesses, "block_hits", k->block_hits, "prefix_hit_blocks", k->prefix_hit_blocks,
+                         "tokens_queried", k->tokens_queried, "tokens_hit", k->tokens_hit, "cost_total", k->cost_total,
+                         "cost_hit", k->cost_hit, "inserted", k->inserted, "evictions", k->evictions,
+                         "one_hit_evictions", k->one_hit, "holes_total", k->holes_total, "holes_per_request", holes,
+                         "hole_length_log2", lengths, "hole_blocks", k->hole_blocks);
+}
+
+/* state() -> dict: what the Python pool, its policy and its metrics hold after the same calls. */
+static PyObject *Pool_state(Pool *k, PyObject *Py_UNUSED(ignored)) {
+    PyObject *blocks = blocks_state(k), *foot = footprints(k), *metrics = metrics_state(k);
+    PyObject *order = keys_of(&k->res, &k->order);
+    PyObject *mainq = k->kind == KIND_S3FIFO ? keys_of(&k->res, &k->main) : PyList_New(0);
+    PyObject *ghost = keys_of(&k->ghost, &k->ghost_fifo), *out = NULL;
+    if (blocks && foot && metrics && order && mainq && ghost) {
+        out = blocks;
+        Py_INCREF(out);
+        if (PyDict_SetItemString(out, "footprint", foot) < 0 || PyDict_SetItemString(out, "metrics", metrics) < 0
+            || PyDict_SetItemString(out, "order", order) < 0 || PyDict_SetItemString(out, "main", mainq) < 0
+            || PyDict_SetItemString(out, "ghost", ghost) < 0
+            || PyDict_SetItemString(out, "evicted", k->evicted ? Py_True : Py_False) < 0)
+            Py_CLEAR(out);
+    }
+    Py_XDECREF(blocks); Py_XDECREF(foot); Py_XDECREF(metrics); Py_XDECREF(order); Py_XDECREF(mainq);
+    Py_XDECREF(ghost);
+    return out;
+}
+
+static PyObject *Pool_get_used(Pool *k, void *c) { (void)c; return PyLong_FromLong(k->res.used); }
+static PyObject *Pool_get_pinned(Pool *k, void *c) { (void)c; return PyLong_FromLong(k->pinned); }
+static PyObject *Pool_get_private(Pool *k, void *c) { (void)c; return PyLong_FromLong(k->private_blocks); }
+
+static PyGetSetDef Pool_getset[] = {
+    {"used", (getter)Pool_get_used, NULL, "resident blocks", NULL},
+    {"pinned", (getter)Pool_get_pinned, NULL, "blocks held by running requests", NULL},
+    {"private", (getter)Pool_get_private, NULL, "unhashed blocks held (decode KV)", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMethodDef Pool_methods[] = {
+    {"acquire", (PyCFunction)Pool_acquire, METH_VARARGS, "BlockPool.acquire: (hit_idx, new_idx, touched_idx, hole_lengths)."},
+    {"release", (PyCFunction)Pool_release, METH_O, "BlockPool.release of these hashes."},
+    {"take_private", (PyCFunction)Pool_take_private, METH_O, "BlockPool.take_private."},
+    {"free_private", (PyCFunction)Pool_free_private, METH_O, "BlockPool.free_private."},
+    {"set_policy_costs", (PyCFunction)Pool_set_policy_costs, METH_O, "BeladyCompute's recompute cost per depth (float64)."},
+    {"set_costs", (PyCFunction)Pool_set_costs, METH_O, "Recompute costs of the first d blocks, d = 0, 1, ... (float64)."},
+    {"serve", (PyCFunction)Pool_serve, METH_VARARGS, "BlockPool.serve of requests [start, stop); the first not served."},
+    {"state", (PyCFunction)Pool_state, METH_NOARGS, "The pool's, policy's and metrics' state, for the write-back."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject PoolType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "replica.core.compiled._pool.Pool",
+    .tp_basicsize = sizeof(Pool),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A block pool with LRU or S3-FIFO (see replica/core/compiled/pool.py).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Pool_init,
+    .tp_dealloc = (destructor)Pool_dealloc,
+    .tp_methods = Pool_methods,
+    .tp_getset = Pool_getset,
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_pool", "The block pool with LRU or S3-FIFO, compiled.", -1,
+                                    NULL};
+
+#ifndef SOURCE_SHA256
+#define SOURCE_SHA256 ""
+#endif
+
+PyMODINIT_FUNC PyInit__pool(void) {
+    if (PyType_Ready(&PoolType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    Refused = PyErr_NewException("replica.core.compiled._pool.Refused", NULL, NULL);
+    Py_INCREF(&PoolType);
+    if (!Refused || PyModule_AddObject(m, "Pool", (PyObject *)&PoolType) < 0
+        || PyModule_AddObject(m, "Refused", Refused) < 0
+        || PyModule_AddStringConstant(m, "SOURCE_SHA256", SOURCE_SHA256) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

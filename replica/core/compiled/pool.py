@@ -1,0 +1,272 @@
+"""The block pool with LRU or S3-FIFO, compiled: the simulator's fast path for one replica.
+
+A ``BlockPool`` call costs microseconds of interpreter work whatever the dict and deque
+operations under it, and a virtual-time run makes millions of them; cache simulators
+(libCacheSim) run theirs in C. ``CompiledPool`` answers the calls a scheduler makes
+(``acquire``, ``release``, ``take_private``, ``free_private``, the room queries) and the
+cache-only replay (``serve_requests``, a whole trace in one call) from ``_pool.Pool``
+(``_pool.c``, built at install where a C compiler is present). ``settle`` writes what it
+reached into the Python pool it was made from: the same resident blocks in the same order,
+owners, footprints, reused set, pins, policy order and metrics that the same calls on that pool
+leave (``tests/replica/core/compiled/test_compiled_pool.py`` drives both with random calls and compares
+their whole state). The Python pool stays the definition and what everything else reads.
+
+It is made only where it gives that same pool (``why_not``): an empty pool and a fresh policy of
+exactly ``LRUPolicy``, ``S3FIFOPolicy``, ``BeladyPolicy`` or ``BeladyComputePolicy``, fresh metrics, no events to ship (one replica) and no
+lower tier; block hashes must be 64-bit unsigned integers (a trace's are checked first). The
+simulator reports which ran (``engine`` in its JSON); ``--python-core`` asks for the Python pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from itertools import chain
+
+import numpy as np
+
+from replica.core.cache.policies import policy_class
+from replica.core.cache.pool import BlockPool, PoolBusyError, PoolCapacityError
+from replica.core.cache.types import Allocation
+from replica.core.compiled.native import load
+from shared.errors import InputError
+
+_pool, _MISSING = load("_pool")
+_Refused = _pool.Refused if _pool is not None else RuntimeError  # what the compiled calls raise when they cannot
+
+__all__ = ["CompiledPool", "compiled", "compiles", "fits_uint64", "hashes_u64", "why_not"]
+
+CHUNK = 8192  # requests per call of the cache-only replay: progress between calls
+MAX_BLOCKS = 1 << 23  # larger pools run the Python one, whose memory grows with what is cached
+_TOO_LONG, _REPEATS, _BUSY = 1, 2, 3
+
+
+def compiled() -> bool:
+    """Whether the compiled pool was built on this machine (and matches its source)."""
+    return _pool is not None
+
+
+def why_not(pool: BlockPool) -> str | None:
+    """Why ``CompiledPool(pool)`` would not be this pool's twin (None: it would)."""
+    if _pool is None:
+        return _MISSING
+    params = getattr(pool.policy, "compiled_params", None)
+    if params is None or params() is None:
+        return f"policy {pool.policy.name} is not compiled or not fresh"
+    if pool.resident or pool.private or pool.pinned:
+        return "the pool is not empty"
+    if pool.metrics.requests:
+        return "its metrics are not fresh"
+    if pool.emit_events or pool.evicted_sink is not None:
+        return "the pool ships events or feeds a lower tier"
+    if pool.capacity > MAX_BLOCKS:  # its arrays are allocated up front: ~60 bytes a block
+        return f"the pool is larger than {MAX_BLOCKS:,} blocks (the compiled pool allocates them up front)"
+    return None
+
+
+def compiles(policy: str) -> bool:
+    """Whether the compiled pool has this policy (by its registered name)."""
+    return _pool is not None and hasattr(policy_class(policy), "compiled_params")
+
+
+def hashes_u64(hash_lists: Sequence[Sequence[int]]) -> np.ndarray | None:
+    """Every hash in order as ``uint64`` (what the compiled pool keys on), or None if one is not."""
+    try:
+        return np.fromiter(chain.from_iterable(hash_lists), dtype=np.uint64)
+    except (OverflowError, TypeError, ValueError):
+        return None
+
+
+def fits_uint64(hash_lists: Sequence[Sequence[int]]) -> bool:
+    """Whether every hash is a 64-bit unsigned integer."""
+    return hashes_u64(hash_lists) is not None
+
+
+class CompiledPool:
+    """``pool``'s compiled twin: hand it the calls, then ``settle()`` before reading ``pool``."""
+
+    def __init__(self, pool: BlockPool) -> None:
+        reason = why_not(pool)
+        if reason is not None:
+            raise ValueError(f"no compiled pool: {reason}")
+        self.pool = pool
+        self.capacity = pool.capacity
+        self.block_size = pool.block_size
+        self._reuse = pool.metrics.reuse
+        self._costs = pool.metrics.costs
+        self._cost_len = 64
+        self._codes: dict[str | None, int] = {}
+        self._now = pool.now
+        assert _pool is not None  # why_not said so
+        params = pool.policy.compiled_params()  # type: ignore[attr-defined]
+        self._kernel = _pool.Pool(capacity=pool.capacity, block_size=pool.metrics.block_size,
+                                  prefix_mode=pool.hit_mode == "prefix", cum=self._cum(self._cost_len),
+                                  **params)
+        self._cost_aware = params["kind"] == 3  # BeladyCompute reads the policy's cost per depth
+        if self._cost_aware:
+            self._kernel.set_policy_costs(self._policy_costs(self._cost_len))
+        self._settled = True
+
+    # ---- what a scheduler asks (BlockPool's names and meanings) -------------------
+    @property
+    def private(self) -> int:
+        return self._kernel.private
+
+    @property
+    def pinned(self) -> int:
+        return self._kernel.pinned
+
+    @property
+    def free(self) -> int:
+        k = self._kernel
+        return self.capacity - k.used - k.private
+
+    @property
+    def room(self) -> int:
+        k = self._kernel
+        return self.capacity - k.pinned - k.private
+
+    def usage(self) -> float:
+        k = self._kernel
+        return (k.used + k.private) / self.capacity
+
+    @property
+    def pin_counts(self) -> Mapping[int, int]:
+        return self.settle().pin_counts  # O(resident): only the reorder scheduler reads it, and it gets the Python pool
+
+    def acquire(self, hashes: Sequence[int], *, session: str | None = None, now: float = 0.0,
+                input_tokens: int | None = None, next_use: Sequence[float] | None = None,
+                position: float | None = None, record: bool = True, extra: int = 0) -> Allocation:
+        n = len(hashes)
+        if n >= self._cost_len:
+            self._grow_costs(n)
+        code = self._codes.get(session)
+        if code is None:
+            code = self._codes[session] = len(self._codes)
+        try:
+            hit, new, touched, holes = self._kernel.acquire(hashes, code, -1 if input_tokens is None else input_tokens,
+                                                            record, extra, next_use, position)
+        except _Refused as refused:
+            if refused.args[0] == _BUSY and now > self._now:  # the pool's clock moved before it looked for room
+                self._now = now
+            raise self._error(n, *refused.args) from None
+        except (OverflowError, TypeError):
+            raise InputError("block_hashes", "the compiled pool keys on 64-bit unsigned integers"
+                             " (the simulator checks a trace's first: fits_uint64)") from None
+        self._settled = False
+        if now > self._now:
+            self._now = now
+        if record and self._reuse is not None:
+            self._reuse.defer(hashes, now)
+        return Allocation(hashes, hit, new, touched, session, len(holes), holes)
+
+    def release(self, alloc: Allocation, now: float = 0.0) -> None:
+        self._kernel.release(alloc.hashes)
+        self._settled = False
+
+    def serve(self, hashes: Sequence[int], *, session: str | None = None, now: float = 0.0,
+              input_tokens: int | None = None, next_use: Sequence[float] | None = None,
+              position: float | None = None) -> Allocation:
+        alloc = self.acquire(hashes, session=session, now=now, input_tokens=input_tokens, next_use=next_use,
+                             position=position)
+        self.release(alloc, now)
+        return alloc
+
+    def take_private(self, n: int) -> None:
+        try:
+            self._kernel.take_private(n)
+        except _Refused as refused:
+            raise self._error(n, *refused.args) from None
+        self._settled = False
+
+    def free_private(self, n: int) -> None:
+        self._kernel.free_private(n)
+        self._settled = False
+
+    # ---- the cache-only replay: a trace in one call --------------------------------
+    def serve_requests(self, requests: Sequence, progress: Callable[[int], None] | None = None,
+                       next_use: np.ndarray | None = None, hashes: np.ndarray | None = None) -> int:
+        """``serve`` each of ``requests`` (``hash_ids``, ``session``, ``input_tokens``, ``t``) in
+        order; returns how many were served: all, unless one could not be (the caller serves it
+        through ``serve``, which raises the pool's error). ``next_use``: every block access's next
+        use, in order (the oracles'); ``hashes``: ``hashes_u64`` of the requests, if made already."""
+        if not requests or self.pinned or self.private:
+            return 0
+        lengths = np.fromiter(map(len, (r.hash_ids for r in requests)), dtype=np.int64, count=len(requests))
+        offsets = np.zeros(len(requests) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        if hashes is None:
+            hashes = hashes_u64([r.hash_ids for r in requests])
+        if hashes is None:
+            return 0  # not all 64-bit unsigned: served one by one, where serve names the problem
+        codes, setdefault = self._codes, self._codes.setdefault
+        sessions = np.fromiter((setdefault(r.session, len(codes)) for r in requests), dtype=np.int32,
+                               count=len(requests))
+        tokens = np.fromiter((-1 if r.input_tokens is None else r.input_tokens for r in requests), dtype=np.int64,
+                             count=len(requests))
+        self._grow_costs(min(int(lengths.max()), self.capacity))
+        done = 0
+        while done < len(requests):
+            stop = min(done + CHUNK, len(requests))
+            reached = self._kernel.serve(hashes, offsets, sessions, tokens, next_use, done, stop)
+            if self._reuse is not None:
+                for r in requests[done:reached]:
+                    self._reuse.defer(r.hash_ids, r.t)
+            done = reached
+            if progress is not None:
+                progress(done)
+            if reached < stop:
+                break
+        if done:
+            self._settled = False
+            self._now = max(self._now, max(r.t for r in requests[:done]))
+        return done
+
+    # ---- the Python pool ----------------------------------------------------------
+    def settle(self) -> BlockPool:
+        """Write the compiled pool's state into the Python pool (a no-op when nothing changed)."""
+        if self._settled:
+            return self.pool
+        state = self._kernel.state()
+        names = list(self._codes)
+        pool = self.pool
+        pool.load_state(zip(state["keys"], map(names.__getitem__, state["owners"])),
+                        ((names[code], count) for code, count in state["footprint"]), state["reused"],
+                        state["refs"], self._kernel.private)
+        pool.policy.load_compiled(state)  # type: ignore[attr-defined]
+        pool.metrics.load_counts(state["metrics"])
+        if self._now > pool.policy_context.now:
+            pool.policy_context.now = self._now
+        self._settled = True
+        return pool
+
+    @property
+    def metrics(self):
+        return self.settle().metrics
+
+    def stats(self, top_k: int = 10) -> dict:
+        return self.settle().stats(top_k)
+
+    # ---- internals ----------------------------------------------------------------
+    def _policy_costs(self, n: int) -> np.ndarray:
+        """What cost-aware policies see per depth (the pool's ``block_cost``), depths 0..n."""
+        return np.array([self.pool.block_cost(d) for d in range(n + 1)], dtype=np.float64)
+
+    def _cum(self, n: int) -> np.ndarray:
+        return np.array(self._costs.prefix_sums(n), dtype=np.float64)
+
+    def _grow_costs(self, n: int) -> None:
+        """The kernel's cost table reaches at least ``n`` blocks (doubling, so rarely)."""
+        if n < self._cost_len:
+            return
+        while self._cost_len <= n:
+            self._cost_len *= 2
+        self._kernel.set_costs(self._cum(self._cost_len))
+        if self._cost_aware:
+            self._kernel.set_policy_costs(self._policy_costs(self._cost_len))
+
+    def _error(self, n: int, code: int, shortfall: int, available: int) -> Exception:
+        if code == _TOO_LONG:
+            return PoolCapacityError(n, self.capacity)
+        if code == _REPEATS:
+            return InputError("block_hashes", "a block hash repeats within one request; chained hashes never do")
+        return PoolBusyError(f"need {shortfall} more free blocks, only {available} evictable")

@@ -1,0 +1,1 @@
+"""The continuous-batching scheduler: admission, chunked prefill, decode KV, preemption."""

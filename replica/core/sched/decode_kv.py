@@ -1,0 +1,98 @@
+"""The blocks a running request holds beyond its prompt's hashed ones (vLLM's block accounting).
+
+A request's KV fills ``ceil(tokens / block_size)`` blocks: at admission its prompt (the hashed
+full blocks plus a partial last one) and, if it was preempted after its first token, the tokens
+it had generated; then one more each time decoding crosses a block boundary. The blocks beyond
+the hashed ones are the pool's ``private`` blocks: they take room (evicting cached blocks) but
+are never cached or indexed. When a decode step needs a block and none is free or evictable, the
+scheduler preempts (``Scheduler._grow_now``).
+
+Per step the work is proportional to the blocks handed out: each decoding request sits in a heap
+by the decode tick at which it next needs a block (at tick ``t`` it writes the KV of token
+``t - base``, so it holds ``input_tokens + t - base`` tokens).
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from replica.core.cache.types import SchedulerPool
+from replica.core.sched.sched_types import SchedRequest
+
+
+class DecodeBlocks:
+    def __init__(self, pool: SchedulerPool, enabled: bool = True) -> None:
+        self.pool = pool
+        self.enabled = enabled  # False: no request ever holds a block beyond its hashed ones
+        self.block_size = pool.block_size
+        self._heap: list[tuple[int, int, SchedRequest]] = []  # (tick, admission number, request)
+
+    def need(self, r: SchedRequest, generated: int) -> int:
+        """Blocks beyond its hashed ones that ``r`` needs holding ``generated`` tokens after its prompt."""
+        if not self.enabled:
+            return 0
+        return max(0, -(-(r.input_tokens + generated) // self.block_size) - len(r.hashes))
+
+    def most(self, r: SchedRequest) -> int:
+        """Blocks ``r`` holds at its last decode step (its last token's KV is never written)."""
+        return len(r.hashes) + self.need(r, max(r.output_tokens - 1, 0))
+
+    def track(self, r: SchedRequest) -> None:
+        """A decoding request: queue the tick of its next block, unless it finishes first."""
+        t = r.base + (len(r.hashes) + r.extra_blocks) * self.block_size - r.input_tokens + 1
+        if self.enabled and t < r.base + r.output_tokens:
+            r.grow_at = t
+            heapq.heappush(self._heap, (t, r.admit_seq, r))
+        else:
+            r.grow_at = -1
+
+    def forget(self, r: SchedRequest) -> None:
+        """``r`` stopped running (finished or preempted): its blocks go back to the pool."""
+        self.pool.free_private(r.extra_blocks)
+        r.extra_blocks = 0
+        r.grow_at = -1
+
+    def due(self, tick: int) -> SchedRequest | None:
+        """The next request (oldest admission first) that needs a block at a tick up to ``tick``."""
+        heap = self._heap
+        while heap and heap[0][0] <= tick:
+            t, seq, r = heapq.heappop(heap)
+            if t == r.grow_at and seq == r.admit_seq:  # else stale: preempted, finished or re-admitted
+                return r
+        return None
+
+    def grant(self, r: SchedRequest) -> bool:
+        """One more block for ``r`` if one is free or evictable (then its next need is queued)."""
+        if self.pool.room < 1:
+            return False
+        self.pool.take_private(1)
+        r.extra_blocks += 1
+        self.track(r)
+        return True
+
+    def ahead(self, tick: int, steps: int) -> int:
+        """Blocks for the decode ticks ``tick + 1 .. tick + steps - 1`` of a decode-only run (no
+        request joins or leaves it before its end): handed out in one allocation while they last;
+        returns the steps the run can take, ending before the first tick whose block is missing."""
+        heap, room, end = self._heap, self.pool.room, tick + steps
+        taken: list[tuple[int, SchedRequest]] = []
+        while heap and heap[0][0] < end:
+            t, seq, r = heap[0]
+            if t != r.grow_at or seq != r.admit_seq:
+                heapq.heappop(heap)
+                continue
+            if len(taken) >= room:
+                end = t  # the run stops before this need; the step at tick t preempts
+                break
+            heapq.heappop(heap)
+            taken.append((t, r))
+            r.extra_blocks += 1
+            self.track(r)
+        while taken and taken[-1][0] >= end:  # taken at the tick the run now stops before: give back
+            t, r = taken.pop()
+            r.extra_blocks -= 1
+            r.grow_at = t
+            heapq.heappush(self._heap, (t, r.admit_seq, r))
+        if taken:
+            self.pool.take_private(len(taken))
+        return end - tick

@@ -1,0 +1,149 @@
+"""What the scheduler takes and gives: its settings and flag, a request's state, a step's result,
+the compute-backend hook, the overload error and what an admission prefills (replica/core/sched/scheduler.py runs them)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from replica.core.cache.pool import Allocation
+from replica.core.tiers.stack import FetchPlan
+from shared.errors import InputError, KvemuError
+from shared.validate import check_positive_int
+
+SCHEDULERS = ("fcfs", "reorder")
+
+
+def check_scheduler(name: str, field: str = "scheduler") -> None:
+    if name not in SCHEDULERS:
+        raise InputError(field, f"must be one of {', '.join(SCHEDULERS)}, got {name!r}")
+
+
+def add_scheduler_arg(p) -> None:
+    """``--scheduler``, the same on sim, sweep, replica and up."""
+    p.add_argument("--scheduler", default="fcfs",
+                   help="admission order: fcfs (vLLM, the default) or reorder (seed 001: requests behind a head that does not"
+                        " fit borrow the idle KV memory and are preempted as soon as the head could run)")
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerSettings:
+    token_budget: int = 8192
+    max_running: int = 256
+    max_waiting: int = 100_000
+    policy: str = "fcfs"  # admission order: fcfs or reorder (SCHEDULERS)
+    reorder_window: int = 32  # reorder: requests behind a blocked head tried for admission
+    # Decode KV takes blocks as it fills them (vLLM; decode_kv.DecodeBlocks). False: only prompt
+    # blocks count, as cache simulators do (the cache-only replay equals a one-at-a-time run then).
+    decode_kv: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("token_budget", "max_running", "max_waiting", "reorder_window"):
+            check_positive_int(name, getattr(self, name))
+        check_scheduler(self.policy)
+
+
+@dataclass(slots=True)
+class SchedRequest:
+    rid: int
+    hashes: Sequence[int]
+    input_tokens: int
+    output_tokens: int
+    arrival: float
+    session: str | None = None
+    next_use: Sequence[float] | None = None
+    position: float | None = None  # oracles: the request's place in the access order (see next_use)
+    # filled in by the scheduler
+    alloc: Allocation | None = None
+    segments: list[list[int]] = field(default_factory=list)  # [start_token, tokens] left to prefill
+    cached_tokens: int = 0
+    generated: int = 0  # exact once the request finished; while decoding see Scheduler._tick
+    base: int = 0  # decode tick at which generated would have been 0 (the scheduler's bookkeeping)
+    ready_at: float = 0.0  # when its restore from a lower memory tier ends (0: nothing restored)
+    restore_start: float = 0.0  # when that restore's first copy into HBM starts
+    # Hashes of the full blocks its response completes (chained after the prompt's): cached when
+    # it finishes if the core keeps response KV (``keep_response_kv``); empty: nothing to keep.
+    response_hashes: Sequence[int] = ()
+    plan: FetchPlan | None = None  # tiers: what its current acquisition restores
+    t_admitted: float = -1.0
+    t_first_token: float = -1.0
+    t_finished: float = -1.0
+    order: int = 0  # place in arrival order (submit); the waiting queue is kept sorted by it
+    t_queued: float = -1.0  # when it last entered the waiting queue
+    waited: float = 0.0  # seconds spent waiting, over every admission
+    preemptions: int = 0
+    admit_seq: int = 0  # admission number (the most recent is preempted first)
+    extra_blocks: int = 0  # blocks held beyond its hashed ones: partial prompt tail, decode KV
+    grow_at: int = -1  # decode tick at which it next needs a block (-1: none; see DecodeBlocks)
+
+    @property
+    def resumed(self) -> bool:
+        """Preempted after its first token: re-admission recomputes its prompt and generated tokens."""
+        return self.t_first_token >= 0
+
+    @property
+    def prefilling(self) -> bool:
+        return bool(self.segments)
+
+
+@dataclass(slots=True)
+class StepResult:
+    start: float
+    duration: float
+    steps: int
+    prefill_tokens: int
+    first_tokens: list[SchedRequest]
+    finished: list[SchedRequest]
+    decoded: list[tuple[SchedRequest, int]]  # (request, tokens generated in this step(s))
+
+
+class StepTimer(Protocol):
+    """A compute backend that runs a step's work for real and says how long it took (the torch
+    backend, replica/backends/); without one the step costs what the cost model says."""
+
+    def step_time(self, chunks: list[tuple[SchedRequest, int, int]], decoders: list[SchedRequest], steps: int,
+                  modelled: float) -> float: ...
+
+    def stored(self, r: SchedRequest, hashes: list[int]) -> None:
+        """``r`` finished and its response blocks ``hashes`` were cached: give them their K/V."""
+
+
+class QueueFullError(KvemuError):
+    """Overload, not bad input: answered 503 with Retry-After so a router tries elsewhere."""
+
+    def __init__(self, limit: int):
+        super().__init__(f"waiting queue is full ({limit} requests)")
+
+
+def prefill_len(req: SchedRequest) -> int:
+    """Tokens an admission prefills before any cache hit: the prompt, and the generated tokens
+    of a request preempted after its first token."""
+    return req.input_tokens + (req.generated if req.resumed else 0)
+
+
+def prefill_segments(req: SchedRequest, hit_idx: list[int], block_size: int, extra: int = 0) -> list[list[int]]:
+    """Token ranges to compute: blocks not reused (holes included), the partial tail, and ``extra``
+    tokens after the prompt (a preempted request's generated tokens)."""
+    n_blocks = len(req.hashes)
+    segments: list[list[int]] = []
+    prev = -1  # gaps between consecutive reused blocks are the holes to recompute
+    if hit_idx and hit_idx[-1] != len(hit_idx) - 1:
+        for i in hit_idx:
+            if i > prev + 1:
+                segments.append([(prev + 1) * block_size, (i - prev - 1) * block_size])
+            prev = i
+    else:
+        prev = len(hit_idx) - 1  # a leading run (or nothing) reused: one range after it
+    full = n_blocks * block_size
+    # The prompt ends at input_tokens: after its blocks (an unhashed partial tail), or inside its
+    # last block when that block's id covers a partial block (Mooncake's last hash id). Only a
+    # trace with more ids than tokens would end before its last block: its blocks count then.
+    end = (req.input_tokens if req.input_tokens > full - block_size else full) + extra
+    start = (prev + 1) * block_size
+    if end > start:
+        segments.append([start, end - start])
+    if not segments:
+        # Everything cached: the last prompt token is still run to produce logits (vLLM).
+        segments.append([max(req.input_tokens - 1, 0), 1])
+    return segments

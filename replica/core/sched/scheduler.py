@@ -1,0 +1,513 @@
+"""Continuous-batching scheduler core: pure, synchronous, clock-agnostic.
+
+Each step has a token budget (default 8192): every running request past its prefill
+decodes one token, and the rest of the budget goes to prefill chunks in FCFS order
+(chunked prefill). A waiting request is admitted only when the pool can allocate its
+blocks (evicting unpinned blocks through the policy); its blocks stay pinned until it
+finishes. A step is one forward over every token it schedules (vLLM v1): the cost model prices
+its prefill chunks and its decoders together (``CostModel.step_time``: weights read once, the
+fixed costs once, attention per sequence). The live replica sleeps each step's time
+(times its time scale); the simulator advances a virtual clock by it. With nothing to
+prefill, ``step`` may fast-forward several decode steps at once up to a horizon (the
+next arrival), which is what lets a day of traffic run in seconds.
+
+Two admission orders (``SchedulerSettings.policy``, ``--scheduler``): ``fcfs`` (vLLM)
+admits strictly in arrival order, so a head that does not fit blocks the queue;
+``reorder`` (seed 001, FlashGen) then admits smaller requests behind it into the memory
+that would sit idle, counts their blocks as reclaimable, and preempts them (recompute:
+their blocks are released, they keep the tokens they generated and wait again in arrival
+order) as soon as that lets the head run. A head waits only for the requests admitted in
+order before it (the bound is in ``_reclaim_for``).
+
+Where generated KV lives: with ``keep_response_kv`` (a colocated vLLM) a finished request's
+full response blocks (``SchedRequest.response_hashes``, chained after its prompt) are cached,
+so the next turn's prompt hits them; without it (a disaggregated prefill instance, seed 000)
+they are dropped and the next turn recomputes the response as new prompt blocks.
+
+Decode KV takes blocks, as in vLLM (``decode_kv.DecodeBlocks``): a request is admitted with the
+blocks its prompt fills (its partial last block too), and each decode step that crosses a block
+boundary takes one more. Before a step, every decoding request gets the block it needs, oldest
+admission first; when none is free or evictable, the most recently admitted running request is
+preempted (recompute, as below; it may be the one that needed the block) until it fits, and no
+request is admitted in that step (vLLM's recompute preemption, under ``fcfs`` and ``reorder``
+alike). A request whose prompt and output could never fit the pool is refused at ``submit``.
+
+With memory tiers (``tiers``), every acquisition is wrapped: ``TierStack.plan`` before it (what
+host / SSD restore), ``complete`` after it (transfers queued; restored blocks count as reused),
+``cancel`` when it fails; a restore overlaps the step that prefills the request, layer by layer
+(``costmodel.layered_finish``: the step takes the larger of its compute and the transfers it waits on).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import _count_elements, deque  # type: ignore[attr-defined]  # C helper Counter uses
+from collections.abc import Callable
+
+from replica.core.cache.pool import BlockPool, PoolBusyError, PoolCapacityError
+from replica.core.cache.types import SchedulerPool
+from replica.core.sched.decode_kv import DecodeBlocks
+from replica.core.sched.sched_types import (
+    SCHEDULERS,
+    QueueFullError,
+    SchedRequest,
+    SchedulerSettings,
+    StepResult,
+    StepTimer,
+    add_scheduler_arg,
+    check_scheduler,
+    prefill_len,
+    prefill_segments,
+)
+from replica.core.tiers.stack import TierStack
+from shared.costmodel import CostModel, StepWork, layered_finish
+
+__all__ = ["SCHEDULERS", "QueueFullError", "SchedRequest", "Scheduler", "SchedulerSettings", "StepResult",
+           "StepTimer", "add_scheduler_arg", "check_scheduler"]
+
+class Scheduler:
+    """Work per step is proportional to what changes (admissions, prefill chunks, finishing
+    requests), not to the number of running requests: decoding requests share one decode
+    counter (``_tick``), and each is kept in a heap by the tick at which it finishes, so a
+    step costs O(changes + log running). ``report_decoded`` (the live replica streams tokens)
+    adds the per-decoder token counts to each step's result, which is O(decoders) by nature.
+
+    ``reorder`` keeps that: a blocked head's reclaim check and the scan for requests to admit
+    behind it run only after something changed (a release, an admission, an arrival), and cost
+    O(lent blocks + window x prompt); a preemption costs O(running) (it leaves the decode heap).
+    """
+
+    def __init__(self, pool: SchedulerPool, cost: CostModel, settings: SchedulerSettings | None = None,
+                 *, report_decoded: bool = True, tiers: TierStack | None = None,
+                 keep_response_kv: bool = False) -> None:
+        self.pool = pool
+        self.tiers = tiers
+        self.keep_response_kv = keep_response_kv
+        self.cost = cost
+        self.settings = settings or SchedulerSettings()
+        self.report_decoded = report_decoded
+        self.waiting: deque[SchedRequest] = deque()
+        self.prefilling: deque[SchedRequest] = deque()  # admitted, prefill not done; FCFS
+        self.queued_prefill_tokens = 0
+        # Decoders: request r has generated ``_tick - r.base`` tokens; it is done at tick
+        # ``r.base + r.output_tokens``. The aggregates give the batch's KV size in O(1).
+        self._tick = 0
+        self._done_at: list[tuple[int, int, SchedRequest]] = []  # (finish tick, rid order, request)
+        self._decoders: dict[int, SchedRequest] = {}  # id(request) -> request, for report_decoded
+        self._seq = 0
+        self._dec_input = 0  # sum of input_tokens over decoders
+        self._dec_base = 0  # sum of base over decoders
+        self.decode_kv = DecodeBlocks(pool, self.settings.decode_kv)
+        self._admitted = 0  # admissions so far: each request's admit_seq
+        # Statistics (``stats``).
+        self.preemptions = 0
+        self.truncated = 0  # outputs cut where the pool is full (submit's truncate)
+        self.promotions = 0  # admissions out of arrival order (reorder)
+        self.admissions = 0
+        self.queue_wait_s = 0.0  # seconds waited, summed over admissions
+        self.prefill_tokens = 0  # tokens admissions had to prefill (cache misses, holes, tails)
+        self.readmission_prefill_tokens = 0  # ... of them, by re-admissions after a preemption
+        self.pinned_block_s = 0.0  # blocks held by running requests x step time: time-averaged HBM use
+        self._order = 0
+        # reorder: requests admitted ahead of a blocked head (by order), the heap of their orders
+        # (lazy: stale entries are skipped) and how many of them pin each block.
+        self._promoted: dict[int, SchedRequest] = {}
+        self._promoted_orders: list[int] = []
+        self._lent: dict[int, int] = {}
+        self._dirty = True  # something changed since a blocked head was last looked at
+        # Called after a request is preempted (its blocks released): a host tier can keep its KV.
+        self.on_preempt: Callable[[SchedRequest, float], None] | None = None
+        self.timer: StepTimer | None = None  # a real backend times the steps (see StepTimer)
+        self._chunks: list[tuple[SchedRequest, int, int]] = []  # (request, start, tokens) of this step, for it
+
+    # ---- queue ------------------------------------------------------------------
+    def submit(self, req: SchedRequest, truncate: bool = False) -> None:
+        """Queue a request. One whose prompt and output could never fit the pool is refused (vLLM:
+        over ``max_model_len``), or with ``truncate`` (a trace replayed on a smaller pool) its output
+        stops where the pool is full, as vLLM stops a sequence at ``max_model_len``."""
+        if len(self.waiting) >= self.settings.max_waiting:
+            raise QueueFullError(self.settings.max_waiting)
+        if len(req.hashes) > self.pool.capacity:
+            raise PoolCapacityError(len(req.hashes), self.pool.capacity)
+        if (most := self.decode_kv.most(req)) > self.pool.capacity:
+            fits = self.pool.capacity * self.pool.block_size - req.input_tokens + 1
+            if not truncate or fits < 1:
+                raise PoolCapacityError(most, self.pool.capacity, "max_tokens")
+            req.output_tokens = fits
+            self.truncated += 1
+        self._order += 1
+        req.order = self._order
+        req.t_queued = req.arrival
+        self.waiting.append(req)
+        self.queued_prefill_tokens += req.input_tokens
+        if len(self.waiting) <= self.settings.reorder_window + 1:  # within reach of _promote
+            self._dirty = True
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.prefilling or self._done_at)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.prefilling) + len(self._done_at)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def running(self) -> list[SchedRequest]:
+        """Admitted requests (prefilling first, then decoding), for inspection only."""
+        return [*self.prefilling, *(entry[2] for entry in self._done_at)]
+
+    # ---- one step ---------------------------------------------------------------
+    def step(self, now: float, horizon: float = float("inf")) -> StepResult:
+        """Plan and account one step starting at ``now`` (or several decode-only steps
+        ending no later than ``horizon``). The caller waits ``duration`` afterwards."""
+        if not self._grow_now(now):  # vLLM admits nothing in a step that preempted
+            self._admit(now)
+        n_dec = len(self._done_at)
+        budget = self.settings.token_budget - n_dec
+        kv_tokens = self._dec_input + n_dec * self._tick - self._dec_base
+        chunks, restores, completed = self._prefill_chunks(budget, now)
+        prefill_tokens = chunks.prefill_tokens
+        steps = 1
+        if prefill_tokens == 0 and n_dec:  # nothing admissible until a request finishes
+            steps = self._decode_run_length(n_dec, kv_tokens, now, horizon)
+            if steps > 1:
+                steps = self.decode_kv.ahead(self._tick, steps)
+        if prefill_tokens:  # one forward over the chunks and the decode tokens
+            work = chunks._replace(decoders=n_dec, decode_kv=kv_tokens)
+            duration = self.cost.step_time(work)
+            if restores:
+                duration = layered_finish(duration, restores, self.cost.model.layers)
+        else:
+            duration = self._decode_time(n_dec, kv_tokens, steps)
+        self.pinned_block_s += (self.pool.pinned + self.pool.private) * duration
+        if self.timer is not None:
+            duration = self.timer.step_time(self._chunks, list(self._decoders.values()), steps, duration)
+            self._chunks = []
+        end = now + duration
+        result = StepResult(now, duration, steps, prefill_tokens, [], [], [])
+        if n_dec:
+            if self.report_decoded:
+                tick = self._tick
+                result.decoded = [(r, min(steps, r.base + r.output_tokens - tick)) for r in self._decoders.values()]
+            self._tick += steps
+            self._retire(result, end)
+        for r in completed:
+            if r.resumed:  # recomputed after a preemption: decoding goes on, no second first token
+                self._add_decoder(r)
+                continue
+            r.t_first_token = end
+            r.generated = 1
+            result.first_tokens.append(r)
+            if r.output_tokens <= 1:
+                self._release(r, result, end)
+            else:
+                self._add_decoder(r)
+        return result
+
+    def stats(self) -> dict:
+        """Counters since start: what /stats, /metrics and the simulator report."""
+        return {"policy": self.settings.policy, "admissions": self.admissions, "promotions": self.promotions,
+                "preemptions": self.preemptions, "truncated_outputs": self.truncated,
+                "queue_wait_s_total": self.queue_wait_s,
+                "prefill_tokens": self.prefill_tokens, "readmission_prefill_tokens": self.readmission_prefill_tokens,
+                "pinned_block_s": self.pinned_block_s}
+
+    def _grow_now(self, now: float) -> bool:
+        """Each decoding request that needs a block in this step gets one, oldest admission first;
+        when none is free or evictable the most recently admitted running request is preempted
+        until it fits (or it was the one preempted). Returns whether anything was preempted."""
+        decode_kv, preempted = self.decode_kv, False
+        while (r := decode_kv.due(self._tick)) is not None:
+            while not decode_kv.grant(r):
+                victim = max(self.running, key=_admit_seq)
+                self._preempt(victim, now)
+                preempted = True
+                if victim is r:
+                    break
+        return preempted
+
+    def _admit(self, now: float) -> None:
+        max_running = self.settings.max_running
+        reorder = self.settings.policy == "reorder"
+        while self.waiting and self.num_running < max_running:
+            req = self.waiting[0]
+            try:
+                self._acquire(req, now)
+            except PoolBusyError:
+                # FCFS: the head waits for running requests to free blocks. Reorder: take back
+                # lent memory if that lets it run, else lend what is idle to requests behind it.
+                if reorder and self._dirty:
+                    self._dirty = False
+                    if self._reclaim_for(req, now):
+                        continue
+                    self._promote(now)
+                break
+            self.waiting.popleft()
+            self._start(req, now)
+            if self._promoted:
+                self._catch_up()
+
+    def _acquire(self, req: SchedRequest, now: float) -> None:
+        tiers = self.tiers
+        req.plan = tiers.plan(req.hashes, now, req.arrival) if tiers is not None else None
+        extra = self.decode_kv.need(req, req.generated if req.resumed else 0)
+        try:
+            req.alloc = self.pool.acquire(req.hashes, session=req.session, now=now, input_tokens=req.input_tokens,
+                                          next_use=req.next_use, position=req.position, record=not req.preemptions,
+                                          extra=extra)
+        except PoolBusyError:
+            if req.plan is not None and tiers is not None:
+                tiers.cancel(req.plan)
+                req.plan = None
+            raise
+        req.extra_blocks = extra
+
+    def _start(self, req: SchedRequest, now: float) -> None:
+        """An admitted request (its blocks acquired) joins the prefill queue."""
+        assert req.alloc is not None
+        req.t_admitted = now
+        self._admitted += 1
+        req.admit_seq = self._admitted
+        wait = now - req.t_queued
+        req.waited += wait
+        self.queue_wait_s += wait
+        self.admissions += 1
+        reused = req.alloc.hit_idx
+        plan, tiers = req.plan, self.tiers
+        if plan is not None and tiers is not None:
+            alloc = req.alloc
+            tiers.complete(plan, alloc.hashes, alloc.hit_idx, alloc.new_idx, now, record=not req.preemptions)
+            req.ready_at, req.restore_start = plan.ready_at, plan.started_at
+            if plan.restored_idx:  # restored blocks count as reused: only the rest is computed
+                reused = sorted(alloc.hit_idx + plan.restored_idx)
+            req.plan = None
+        req.cached_tokens = min(len(reused) * self.pool.block_size, req.input_tokens)
+        req.segments = prefill_segments(req, reused, self.pool.block_size, req.generated if req.resumed else 0)
+        todo = sum(s[1] for s in req.segments)
+        self.queued_prefill_tokens -= prefill_len(req) - todo
+        self.prefill_tokens += todo
+        if req.preemptions:
+            self.readmission_prefill_tokens += todo
+        self.prefilling.append(req)
+        self._dirty = True
+
+    # ---- reorder ------------------------------------------------------------------
+    def _promote(self, now: float) -> None:
+        """The head does not fit: admit shorter requests behind it (up to ``reorder_window`` tried)
+        into the memory it leaves idle. They are lent that memory and preempted once the head could run."""
+        waiting, max_running, pool = self.waiting, self.settings.max_running, self.pool
+        head_blocks = len(waiting[0].hashes)
+        i, tried = 1, 0
+        while i < len(waiting) and tried < self.settings.reorder_window and self.num_running < max_running:
+            if pool.room <= 0:
+                break  # no idle block left
+            r = waiting[i]
+            if len(r.hashes) >= head_blocks:
+                i += 1
+                continue
+            tried += 1
+            try:
+                self._acquire(r, now)
+            except PoolBusyError:
+                i += 1
+                continue
+            del waiting[i]
+            self._start(r, now)
+            self.promotions += 1
+            self._promoted[r.order] = r
+            heapq.heappush(self._promoted_orders, r.order)
+            assert r.alloc is not None
+            _count_elements(self._lent, r.alloc.hashes)
+        self._dirty = False  # admissions here change nothing the head waits for
+
+    def _unlend(self, r: SchedRequest) -> None:
+        """``r`` is no longer preemptible (finished, preempted, or its turn came)."""
+        if self._promoted.pop(r.order, None) is None:
+            return
+        lent = self._lent
+        assert r.alloc is not None
+        for h in r.alloc.hashes:
+            left = lent[h] - 1
+            if left:
+                lent[h] = left
+            else:
+                del lent[h]
+
+    def _catch_up(self) -> None:
+        """After an admission in order: requests lent memory that arrived before the new head
+        would have run before it under FCFS, so they keep their memory (no longer reclaimable)."""
+        head = self.waiting[0].order if self.waiting else float("inf")
+        orders = self._promoted_orders
+        while orders and orders[0] < head:
+            r = self._promoted.get(heapq.heappop(orders))
+            if r is not None:
+                self._unlend(r)
+
+    def _reclaim_for(self, head: SchedRequest, now: float) -> bool:
+        """Preempt lent requests, youngest first, if taking all of them back lets ``head`` run.
+
+        Only requests admitted in arrival order (before ``head``) then hold memory the head cannot
+        take: once they have finished it runs, whatever arrives behind it. The head's wait is thus
+        bounded by the time its predecessors take (the bound the starvation test checks).
+        """
+        if not self._promoted:
+            return False
+        refs, lent, pool = self.pool.pin_counts, self._lent, self.pool
+        # pinned by lent requests only, and the blocks they hold beyond their hashed ones
+        reclaimable = sum(1 for h, c in lent.items() if refs[h] == c) + sum(
+            r.extra_blocks for r in self._promoted.values())
+        if not reclaimable:
+            return False
+        kept = len(refs) + pool.private - reclaimable
+        overlap = sum(1 for h in head.hashes if refs.get(h, 0) > lent.get(h, 0))
+        if kept + len(head.hashes) - overlap + self._extra_at_admission(head) > pool.capacity:
+            return False
+        for order in sorted(self._promoted, reverse=True):
+            self._preempt(self._promoted[order], now)
+            if self._fits(head):
+                break
+        return True
+
+    def _extra_at_admission(self, req: SchedRequest) -> int:
+        return self.decode_kv.need(req, req.generated if req.resumed else 0)
+
+    def _fits(self, req: SchedRequest) -> bool:
+        refs, hashes = self.pool.pin_counts, req.hashes
+        held = len(refs) + self.pool.private + self._extra_at_admission(req)
+        return held + len(hashes) - sum(map(refs.__contains__, hashes)) <= self.pool.capacity
+
+    def _preempt(self, r: SchedRequest, now: float) -> None:
+        """Recompute preemption (vLLM): release the request's blocks, keep the tokens it
+        generated, and queue it again in arrival order; re-admission prefills its prompt (what
+        is still cached is a hit) and its generated tokens, then decoding goes on."""
+        if r.segments:
+            self.prefilling = deque(x for x in self.prefilling if x is not r)
+            self.queued_prefill_tokens -= sum(s[1] for s in r.segments)
+            r.segments = []
+        else:
+            self._done_at = [e for e in self._done_at if e[2] is not r]
+            heapq.heapify(self._done_at)
+            del self._decoders[id(r)]
+            self._dec_input -= r.input_tokens
+            self._dec_base -= r.base
+            r.generated = self._tick - r.base
+        self._unlend(r)
+        assert r.alloc is not None
+        self.pool.release(r.alloc, now)
+        self.decode_kv.forget(r)
+        r.alloc = None
+        r.preemptions += 1
+        self.preemptions += 1
+        r.t_queued = now
+        self.queued_prefill_tokens += prefill_len(r)
+        waiting = self.waiting
+        i = 0
+        while i < len(waiting) and waiting[i].order < r.order:
+            i += 1
+        waiting.insert(i, r)
+        self._dirty = True
+        if self.on_preempt is not None:
+            self.on_preempt(r, now)
+
+    def _prefill_chunks(self, budget: int, now: float = 0.0) -> tuple[StepWork, list[tuple[float, float]], list[SchedRequest]]:
+        """FCFS chunks up to ``budget`` tokens: what they compute (``StepWork``, no decoders yet),
+        the restores from lower tiers they wait on ((start, ready) from ``now``: the step
+        overlaps them layer by layer), and the requests they complete (a prefix of the queue)."""
+        tokens = seqs = cached = 0
+        pairs = 0.0
+        restores: list[tuple[float, float]] = []
+        completed = []
+        queue = self.prefilling
+        timed = self.timer is not None
+        for r in queue:
+            if tokens >= budget:
+                break
+            segments = r.segments
+            seqs += 1  # one sequence of the forward, whatever holes its chunk spans
+            while segments and tokens < budget:
+                seg = segments[0]
+                c = seg[0]
+                take = min(seg[1], budget - tokens)
+                # each range's queries attend over everything before it (holes: the hits around them)
+                tokens += take
+                cached += c
+                pairs += take * c + take * (take - 1) / 2
+                if timed:
+                    self._chunks.append((r, c, take))
+                seg[0] += take
+                seg[1] -= take
+                if seg[1] == 0:
+                    segments.pop(0)
+            if r.ready_at:
+                if r.ready_at > now:
+                    restores.append((r.restore_start - now, r.ready_at - now))
+                r.ready_at = 0.0
+            if segments:
+                break
+            completed.append(r)
+        for _ in completed:
+            queue.popleft()
+        self.queued_prefill_tokens -= tokens
+        return StepWork(tokens, seqs, pairs, cached), restores, completed
+
+    def _add_decoder(self, r: SchedRequest) -> None:
+        r.base = self._tick - r.generated
+        self._seq += 1
+        heapq.heappush(self._done_at, (r.base + r.output_tokens, self._seq, r))
+        self._decoders[id(r)] = r
+        self._dec_input += r.input_tokens
+        self._dec_base += r.base
+        self.decode_kv.track(r)
+
+    def _retire(self, result: StepResult, end: float) -> None:
+        """Decoders whose last token came in this step finish at its end (in admission order)."""
+        done_at, tick = self._done_at, self._tick
+        while done_at and done_at[0][0] <= tick:
+            r = heapq.heappop(done_at)[2]
+            del self._decoders[id(r)]
+            self._dec_input -= r.input_tokens
+            self._dec_base -= r.base
+            r.generated = r.output_tokens
+            self._release(r, result, end)
+
+    def _release(self, r: SchedRequest, result: StepResult, end: float) -> None:
+        r.t_finished = end
+        assert r.alloc is not None  # admitted requests hold an allocation
+        if self._promoted:
+            self._unlend(r)
+        self.pool.release(r.alloc, end)
+        self.decode_kv.forget(r)
+        stored: list[int] = []
+        if self.keep_response_kv and r.response_hashes:  # colocated vLLM: the response's KV stays cached
+            pool = self.pool
+            assert isinstance(pool, BlockPool)  # build_core compiles no pool that keeps response KV
+            stored = pool.store(r.response_hashes, r.session, end)
+            if stored and self.timer is not None:
+                self.timer.stored(r, stored)
+        if self.tiers is not None:
+            self.tiers.produced(stored, end)
+            self.tiers.released([*r.alloc.hashes, *stored], end)
+        result.finished.append(r)
+        self._dirty = True
+
+    def _decode_time(self, batch: int, kv_tokens: int, steps: int) -> float:
+        if batch == 0:
+            return 0.0
+        # KV grows by `batch` tokens a step: price the run at its midpoint.
+        mid_kv = kv_tokens + batch * (steps - 1) // 2
+        return steps * self.cost.step_time(StepWork(decoders=batch, decode_kv=mid_kv))
+
+    def _decode_run_length(self, n_dec: int, kv_tokens: int, now: float, horizon: float) -> int:
+        steps = self._done_at[0][0] - self._tick  # until the first decoder finishes
+        if horizon != float("inf") and steps > 1:
+            one = self.cost.decode_step_time(n_dec, kv_tokens)
+            if one > 0:
+                steps = max(1, min(steps, int((horizon - now) / one)))
+        return max(1, steps)
+
+
+def _admit_seq(r: SchedRequest) -> int:
+    return r.admit_seq

@@ -1,0 +1,1 @@
+"""The KV memory hierarchy below HBM."""

@@ -1,0 +1,281 @@
+"""The compiled pool leaves exactly the pool the same calls on the Python ``BlockPool`` leave."""
+
+import math
+import os
+import random
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from replica.core.cache.metrics import PoolMetrics
+from replica.core.cache.policies import make_policy
+from replica.core.cache.pool import BlockPool, PoolBusyError
+from replica.core.compiled import pool as compiled_pool
+from replica.core.compiled.pool import CompiledPool
+from shared.errors import InputError
+from sim.simulator import NextUses
+
+needs_compiled = pytest.mark.skipif(not compiled_pool.compiled(), reason="the compiled pool is not built (no C compiler)")
+
+
+@dataclass
+class Req:
+    hash_ids: list
+    session: str
+    input_tokens: int | None
+    t: float
+    next_use: list | None = None  # the oracle's: position of each block's next access
+    position: float | None = None  # the oracle's now: where the request starts in the access order
+
+
+def with_next_uses(trace: list[Req]) -> list[Req]:
+    future = NextUses(SimpleNamespace(requests=trace))
+    for k, r in enumerate(trace):
+        r.next_use, r.position = future.of(k), future.position(k)
+    return trace
+
+
+def random_trace(seed: int, n: int = 600, universe: int = 400) -> list[Req]:
+    """Sessions whose turns extend their previous prompt, requests sharing system prompts, random
+    blocks (holes), odd token counts and timestamps that repeat."""
+    rng = random.Random(seed)
+    prompts: dict[str, list[int]] = {}
+    systems = [[rng.randrange(1 << 63) for _ in range(rng.randint(1, 6))] for _ in range(4)]
+    out = []
+    for i in range(n):
+        s = f"s{rng.randrange(30)}"
+        kind = rng.random()
+        if kind < 0.5 and s in prompts:
+            hs = prompts[s] + [rng.randrange(1 << 63) for _ in range(rng.randint(0, 5))]
+        elif kind < 0.8:
+            hs = list(rng.choice(systems)) + [rng.randrange(1 << 63) for _ in range(rng.randint(0, 8))]
+        else:
+            hs = list(dict.fromkeys(rng.randrange(universe) for _ in range(rng.randint(1, 20))))
+        hs = list(dict.fromkeys(hs))[:40]
+        prompts[s] = hs
+        tokens = None if rng.random() < 0.1 else rng.randint(1, len(hs) * 16 + 7)
+        out.append(Req(hs, s, tokens, float(i // 3)))
+    return out
+
+
+def state(pool) -> dict:
+    """Everything of a pool that a later request or a report can see."""
+    if isinstance(pool, CompiledPool):
+        pool = pool.settle()
+    p = pool.policy
+    out = {"resident": list(pool.resident.items()), "footprint": list(pool.footprint.items()),
+           "reused": pool._reused, "now": pool.now, "stats": pool.stats(top_k=50), "refs": dict(pool._refs),
+           "pins": pool._pins, "private": pool.private,
+           "metrics": {k: v for k, v in vars(pool.metrics).items() if k not in ("costs", "reuse")}}
+    if p.name == "lru":
+        out["order"] = list(p._queue)
+    elif p.name == "belady_compute":  # its heaps are rebuilt from the records on a write-back
+        out["records"] = p._rec
+    elif p.name == "belady":  # the heap's layout is its own: what it would hand out is the live entries
+        out["next_uses"] = p._nu
+        out["live"] = {e for e in p._heap if p._nu.get(-e[1]) == -e[0] and -e[1] not in pool._refs}  # a block may repeat
+    else:
+        out.update(freq=p._freq, small=list(p._small), main=list(p._main), ghost=list(p._ghost), evicted=p._evicted)
+    return out
+
+
+def depth_cost(d: int) -> float:
+    return 1.0 / (d + 3) + 0.1 * d
+
+
+def python_pool(policy: str, capacity: int, hit_mode: str, params: dict, trace) -> BlockPool:
+    pool = BlockPool(capacity, make_policy(policy, **params), hit_mode=hit_mode, emit_events=False,
+                     metrics=PoolMetrics(block_size=16, block_cost=depth_cost), block_cost=depth_cost)
+    for r in trace:
+        pool.serve(r.hash_ids, session=r.session, now=r.t, input_tokens=r.input_tokens, next_use=r.next_use,
+                   position=r.position)
+    return pool
+
+
+def compiled_replay(policy: str, capacity: int, hit_mode: str, params: dict, trace) -> tuple[CompiledPool, int]:
+    pool = BlockPool(capacity, make_policy(policy, **params), hit_mode=hit_mode, emit_events=False,
+                     metrics=PoolMetrics(block_size=16, block_cost=depth_cost), block_cost=depth_cost)
+    assert compiled_pool.why_not(pool) is None
+    fast = CompiledPool(pool)
+    future = np.array([u for r in trace for u in r.next_use]) if trace and trace[0].next_use is not None else None
+    return fast, fast.serve_requests(trace, next_use=future)
+
+
+CASES = [("lru", {}), ("belady", {}), ("belady_compute", {}), ("s3fifo", {}), ("s3fifo", {"move_to_main_threshold": 1, "small_ratio": 0.3}),
+         ("s3fifo", {"ghost_ratio": 0.0}), ("s3fifo", {"move_to_main_threshold": 3, "ghost_ratio": 2.5})]
+
+
+@needs_compiled
+@pytest.mark.parametrize("policy,params", CASES, ids=lambda c: str(c))
+@pytest.mark.parametrize("hit_mode", ["holes", "prefix"])
+@pytest.mark.parametrize("capacity", [40, 97, 300])
+def test_the_compiled_replay_leaves_the_pool_the_python_loop_leaves(policy, params, hit_mode, capacity):
+    for seed in range(3):
+        trace = with_next_uses(random_trace(seed * 7 + capacity))
+        expected = python_pool(policy, capacity, hit_mode, params, trace)
+        got, served = compiled_replay(policy, capacity, hit_mode, params, trace)
+        assert served == len(trace)
+        assert state(got) == state(expected)
+        # the costs are floats: equal to the last bit, not approximately
+        assert got.metrics.cost_hit.hex() == expected.metrics.cost_hit.hex()
+        # and the Python pool goes on from there exactly as it would have
+        more = with_next_uses(random_trace(seed + 99, n=150))
+        for pool in (expected, got):  # one request at a time now: acquire and release
+            for r in more:
+                pool.serve(r.hash_ids, session=r.session, now=r.t, input_tokens=r.input_tokens, next_use=r.next_use,
+                           position=r.position)
+        assert state(got) == state(expected)
+
+
+@needs_compiled
+def test_a_hand_worked_lru_replay():
+    # capacity 4; each request's blocks go to the tail deepest first, so block 0 is the newest.
+    trace = [Req([1, 2, 3], "a", 48, 0.0), Req([1, 2, 4], "b", 40, 1.0), Req([5, 6], "c", None, 2.0)]
+    pool, served = compiled_replay("lru", 4, "holes", {}, trace)
+    assert served == 3
+    # after r1: order 3,2,1; r2 hits 1,2, inserts 4 (free slot): order 3,4,2,1;
+    # r3 needs 2 blocks, none free: evicts 3 (never reused: one-hit) and 4 (one-hit), order 2,1,6,5
+    pool = pool.settle()
+    assert list(pool.resident.items()) == [(1, "a"), (2, "a"), (5, "c"), (6, "c")]
+    assert list(pool.policy._queue) == [2, 1, 6, 5]
+    assert pool.footprint == {"a": 2, "c": 2}
+    s = pool.stats()
+    assert (s["block_accesses"], s["block_hits"], s["evictions"], s["one_hit_blocks"]) == (8, 2, 2, 4)
+    assert (s["tokens_queried"], s["tokens_hit"]) == (48 + 40 + 32, 32)
+
+
+@needs_compiled
+@pytest.mark.parametrize("bad", ["repeat", "too_long"])
+def test_a_request_the_replay_cannot_serve_stops_it_and_serve_raises_the_pools_error(bad):
+    trace = random_trace(5, n=200)
+    cut = 120
+    trace[cut].hash_ids = [7, 8, 7] if bad == "repeat" else list(range(1000, 1100))
+    served_python = python_pool("lru", 60, "holes", {}, trace[:cut])
+    pool, served = compiled_replay("lru", 60, "holes", {}, trace)
+    assert served == cut
+    assert state(pool) == state(served_python)
+    r = trace[cut]
+    with pytest.raises(InputError, match="block_hashes" if bad == "repeat" else "prompt"):
+        pool.serve(r.hash_ids, session=r.session, now=r.t, input_tokens=r.input_tokens)
+    assert state(pool) == state(served_python)  # nothing changed
+
+
+def test_hashes_that_are_not_64_bit_unsigned_keep_the_python_pool():
+    assert compiled_pool.fits_uint64([[1, 2], [(1 << 64) - 1]])
+    assert not compiled_pool.fits_uint64([[1, 2], [-5]])
+    assert not compiled_pool.fits_uint64([[1 << 64]])
+
+
+@needs_compiled
+def test_a_hash_the_compiled_pool_cannot_key_is_a_clear_error_and_changes_nothing():
+    fast = CompiledPool(BlockPool(8, make_policy("lru"), emit_events=False))
+    fast.serve([1, 2], session="a")
+    before = state(fast)
+    with pytest.raises(InputError, match="block_hashes.*64-bit"):
+        fast.serve([3, -1], session="a")
+    assert fast.serve_requests([Req([1 << 70], "a", None, 0.0)]) == 0
+    assert state(fast) == before
+
+
+def random_calls(seed: int, capacity: int, n: int = 700):
+    """What a batching scheduler does to its pool: requests admitted (some refused for room), held
+    while others come, decode KV taken and given back, released in another order; a re-admission
+    that is not recorded."""
+    rng = random.Random(seed)
+    trace = random_trace(seed, n=n, universe=capacity * 3)
+    calls, held = [], []
+    for r in trace:
+        if len(r.hash_ids) > capacity // 3:
+            r.hash_ids = r.hash_ids[: capacity // 3]
+        r.next_use = [rng.choice([float(rng.randrange(50)), math.inf]) for _ in r.hash_ids]  # ties too
+        calls.append(("acquire", r, rng.choice([0, 0, 1, 2]), rng.random() > 0.1))
+        held.append(len(calls) - 1)
+        while held and (len(held) > rng.randint(1, 12)):
+            calls.append(("release", held.pop(rng.randrange(len(held)))))
+        if rng.random() < 0.3:
+            calls.append(("take_private", rng.randint(1, capacity // 4)))
+    return calls + [("release", i) for i in held]
+
+
+def run_calls(pool, calls, random_uses: bool = True) -> list:
+    """Apply ``calls``; returns what each gave (an allocation's fields, or the error it raised)."""
+    out, allocs, private = [], {}, 0
+    for i, call in enumerate(calls):
+        try:
+            if call[0] == "acquire":
+                _, r, extra, record = call
+                a = pool.acquire(r.hash_ids, session=r.session, now=r.t, input_tokens=r.input_tokens,
+                                 record=record, extra=extra, next_use=r.next_use if random_uses else None,
+                                 position=float(i // 3))  # repeats: several requests at one now
+                allocs[i], private = (a, extra), private + extra
+                out.append((a.hit_idx, a.new_idx, a.touched_idx, a.holes, a.hole_lengths))
+            elif call[0] == "release":
+                if call[1] in allocs:
+                    a, extra = allocs.pop(call[1])
+                    pool.release(a, 0.0)
+                    pool.free_private(extra)
+                    private -= extra
+                out.append(None)
+            else:
+                pool.take_private(call[1])
+                pool.free_private(call[1])
+                out.append(None)
+        except (PoolBusyError, InputError) as e:
+            out.append((type(e).__name__, str(e)))
+    return out
+
+
+@needs_compiled
+@pytest.mark.parametrize("policy,params", CASES, ids=lambda c: str(c))
+@pytest.mark.parametrize("hit_mode", ["holes", "prefix"])
+def test_acquire_release_and_private_blocks_as_a_scheduler_calls_them_give_the_same_pool(policy, params, hit_mode):
+    for seed, capacity in ((1, 30), (2, 64), (3, 150)):
+        calls = random_calls(seed, capacity)
+        def make(capacity=capacity):
+            return BlockPool(capacity, make_policy(policy, **params), hit_mode=hit_mode, emit_events=False,
+                             metrics=PoolMetrics(block_size=16, block_cost=lambda d: 1.0 + d % 3),
+                             block_cost=lambda d: 1.0 + d % 3)  # equal scores at many depths: ties
+
+        expected, got = make(), CompiledPool(make())
+        results = run_calls(expected, calls)
+        assert run_calls(got, calls) == results
+        assert any(isinstance(x, tuple) and x[0] == "PoolBusyError" for x in results)  # the calls run out of room
+        assert state(got) == state(expected)
+        assert (got.room, got.free, got.pinned, got.private, got.usage()) == \
+               (expected.room, expected.free, expected.pinned, expected.private, expected.usage())
+
+
+@needs_compiled
+def test_a_settled_pool_reads_the_same_midway_and_the_compiled_pool_goes_on():
+    calls = random_calls(9, 40)
+    expected, got = (BlockPool(40, make_policy("s3fifo"), emit_events=False) for _ in range(2))
+    fast = CompiledPool(got)
+    half = len(calls) // 2
+    run_calls(expected, calls[:half]), run_calls(fast, calls[:half])
+    assert state(fast) == state(expected)
+    assert dict(fast.pin_counts) == dict(expected.pin_counts)
+    run_calls(expected, calls[half:]), run_calls(fast, calls[half:])
+    assert state(fast) == state(expected)
+
+
+def test_why_not_names_what_keeps_the_compiled_pool_out():
+    pool = BlockPool(10, make_policy("arc"), emit_events=False)
+    if compiled_pool.compiled():
+        assert "policy arc" in compiled_pool.why_not(pool)
+        assert "events" in compiled_pool.why_not(BlockPool(10, make_policy("lru"), emit_events=True))
+        busy = BlockPool(10, make_policy("lru"), emit_events=False)
+        busy.serve([1, 2])
+        assert compiled_pool.why_not(busy) is not None
+        with pytest.raises(ValueError, match="no compiled pool"):
+            CompiledPool(busy)
+        huge = BlockPool(compiled_pool.MAX_BLOCKS + 1, make_policy("lru"), emit_events=False)
+        assert "larger than" in compiled_pool.why_not(huge)
+    else:
+        assert "not built" in compiled_pool.why_not(pool)
+
+
+@pytest.mark.skipif(not os.environ.get("KVEMU_REQUIRE_COMPILED"), reason="no C compiler was found by scripts/test")
+def test_the_kernel_is_built_and_current_where_a_compiler_is():
+    assert compiled_pool.compiled(), compiled_pool.why_not(BlockPool(1, make_policy("lru"), emit_events=False))

@@ -1,0 +1,185 @@
+"""Host / SSD tiers below HBM: demotion, promotion, inclusive vs exclusive, links, fetch decisions."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from replica.core.build import CoreSettings, build_core
+from replica.core.cache.policies import make_policy
+from replica.core.cache.pool import BlockPool
+from replica.core.sched.scheduler import SchedRequest
+from replica.core.tier_args import add_tier_args, tier_settings
+from replica.core.tiers.stack import Link, TierSettings, TierStack
+from shared.costmodel import CostModel
+from shared.errors import InputError
+
+COST = CostModel.from_names("llama-3-8b", "h200")  # 128 KiB of KV per token: 2 MiB per 16-token block
+BLOCK = 16 * 131072
+
+
+def stack(hbm_blocks=4, cost_per_block=1.0, block_bytes=10**9, **tier):
+    """A TierStack over a bare LRU pool; 1 GB blocks over 1 GB/s links make transfers 1 s each."""
+    settings = TierSettings(host_link_gbps=1.0, ssd_read_gbps=1.0, ssd_write_gbps=1.0, **tier)
+    hbm = BlockPool(hbm_blocks, make_policy("lru"), emit_events=False)
+    return hbm, TierStack(settings, hbm, block_bytes, lambda depth: cost_per_block)
+
+
+def serve(hbm, tiers, hashes, now=0.0):
+    plan = tiers.plan(hashes, now)
+    alloc = hbm.serve(hashes, now=now)
+    tiers.complete(plan, alloc.hashes, alloc.hit_idx, alloc.new_idx, now)
+    return plan
+
+
+def test_exclusive_demotes_on_eviction_and_a_fetch_takes_the_block_back_up():
+    hbm, tiers = stack(host_blocks=3, fetch="always")
+    serve(hbm, tiers, [1, 2, 3])
+    serve(hbm, tiers, [4, 5, 6])  # LRU evicts the deepest of the first request first: 3, 2
+    assert sorted(hbm.resident) == [1, 4, 5, 6] and sorted(tiers.host.resident) == [2, 3]
+    plan = serve(hbm, tiers, [1, 2, 3], now=10.0)  # 1 is an HBM hit, 2 and 3 come from host
+    assert plan.restored_idx == [1, 2] and plan.ready_at == 12.0  # two 1 s transfers on one link
+    assert 2 not in tiers.host.resident and 3 not in tiers.host.resident  # exclusive: they left host
+    c = tiers.counters
+    assert (c.accessed_blocks, c.hbm_hits, c.host_hits, c.ssd_hits, c.recomputed) == (9, 1, 2, 0, 0)
+    st = tiers.stats()
+    assert st["host_block_hit_ratio"] == pytest.approx(2 / 9) and st["hbm_block_hit_ratio"] == pytest.approx(1 / 9)
+
+
+def test_inclusive_copies_each_block_down_as_produced_and_keeps_it_after_a_fetch():
+    hbm, tiers = stack(host_blocks=8, mode="inclusive", fetch="always")
+    serve(hbm, tiers, [1, 2, 3])
+    assert sorted(tiers.host.resident) == [1, 2, 3]  # copied at once: freeing HBM costs nothing
+    assert tiers.d2h.bytes_moved == 3 * 10**9
+    serve(hbm, tiers, [4, 5, 6])
+    assert tiers.counters.demoted == 0  # no demotion on eviction: a copy already lives below
+    assert tiers.d2h.bytes_moved == 6 * 10**9
+    serve(hbm, tiers, [1, 2, 3], now=20.0)
+    assert {2, 3} <= set(tiers.host.resident)  # inclusive: the copy stays
+    assert tiers.counters.host_hits == 2
+
+
+def test_host_evictions_spill_to_ssd_and_ssd_evictions_leave_the_hierarchy():
+    hbm, tiers = stack(hbm_blocks=2, host_blocks=2, ssd_blocks=2, fetch="always")
+    for h in range(1, 7):
+        serve(hbm, tiers, [h], now=float(h))
+    # HBM holds the last 2; host the 2 before them; SSD the 2 before those; nothing dropped yet
+    assert sorted(hbm.resident) == [5, 6] and sorted(tiers.host.resident) == [3, 4]
+    assert sorted(tiers.ssd.resident) == [1, 2] and tiers.counters.dropped == 0
+    serve(hbm, tiers, [7], now=7.0)
+    assert sorted(tiers.ssd.resident) == [2, 3] and tiers.counters.dropped == 1
+    plan = serve(hbm, tiers, [2], now=100.0)  # from SSD: staged through host, the slower link paces it
+    assert plan.restored_idx == [0] and tiers.counters.ssd_hits == 1
+
+
+@pytest.mark.parametrize("cost, fetched", [(1.0, False), (1.0001, True), (0.5, False)])
+def test_auto_fetches_a_run_only_when_its_transfer_beats_recomputing_it(cost, fetched):
+    hbm, tiers = stack(host_blocks=4, fetch="auto", cost_per_block=cost)
+    serve(hbm, tiers, [1, 2, 3, 4])
+    serve(hbm, tiers, [5, 6, 7, 8])  # 1..4 demoted to host
+    plan = serve(hbm, tiers, [1, 2], now=50.0)  # a run of 2: 2 s to fetch vs 2 x cost to recompute
+    assert (plan.restored_idx == [0, 1]) is fetched
+    assert tiers.counters.recomputed == (0 if fetched else 2)
+
+
+def test_fetch_never_recomputes_what_a_tier_holds():
+    hbm, tiers = stack(host_blocks=4, fetch="never", cost_per_block=100.0)
+    serve(hbm, tiers, [1, 2])
+    serve(hbm, tiers, [3, 4, 5, 6])
+    assert serve(hbm, tiers, [1, 2], now=9.0).restored_idx == []
+    assert tiers.counters.recomputed == 2
+
+
+def test_transfers_queue_on_their_link():
+    link = Link("h2d", 1e9)
+    assert link.reserve(0.0, 10**9) == 1.0
+    assert link.reserve(0.5, 10**9) == 2.0  # queued behind the first: the two share the bandwidth
+    assert link.reserve(5.0, 10**9) == 6.0  # an idle link starts at once
+    assert link.reserve(5.0, 10**9, bandwidth=0.5e9) == 8.0  # a slower write on the same drive
+    assert link.bytes_moved == 4 * 10**9
+
+
+def core_with_tiers(link_gbps=55.0, **tier):
+    s = CoreSettings(capacity_blocks=4, reuse="off", tiers=TierSettings(host_link_gbps=link_gbps, **tier))
+    return build_core(s, COST)
+
+
+def run_request(core, rid, hashes, now):
+    sched = core.scheduler
+    sched.submit(SchedRequest(rid, hashes, len(hashes) * 16, 1, now))
+    first = sched.step(now)
+    while sched.has_work():
+        now += sched.step(now + first.duration).duration
+    return first
+
+
+def test_a_restore_overlaps_prefill_compute_layer_by_layer():
+    for gbps in (0.1, 55.0):  # a slow link: the transfer dominates; a fast one: the compute does
+        core = core_with_tiers(gbps, host_blocks=8, fetch="always")
+        run_request(core, 1, [1, 2, 3], 0.0)
+        run_request(core, 2, [4, 5, 6], 1.0)  # demotes 3 and 2 to host
+        step = run_request(core, 3, [1, 2, 3], 2.0)  # 1 hit; 2, 3 restored; the last token recomputed
+        transfer = 2 * BLOCK / (gbps * 1e9)
+        compute = COST.prefill_time(1, 47)
+        assert (transfer > compute) == (gbps == 0.1)
+        layers = COST.model.layers
+        # the copy starts with the step, layer by layer: the step waits for the first layer's
+        # share, or ends a layer of compute after the last; never the sum of the two
+        assert step.duration == pytest.approx(max(transfer / layers + compute, transfer + compute / layers))
+        assert step.duration < transfer + compute
+    assert core.tiers.counters.host_hits == 2
+
+
+def test_tier_flags_become_validated_settings():
+    p = argparse.ArgumentParser()
+    add_tier_args(p)
+    s = tier_settings(p.parse_args(["--host-cache-gib", "1", "--tier-policy", "host=s3fifo", "--tier-mode",
+                                    "inclusive"]), COST, 16)
+    assert (s.host_blocks, s.ssd_blocks, s.host_policy, s.ssd_policy, s.mode) == (512, 0, "s3fifo", "lru", "inclusive")
+    assert (s.host_link_gbps, s.host_copy_overhead_s) == (55.5, 5e-6)  # the h200 preset's host link
+    for argv, field in ((["--tier-policy", "gpu=lru"], "--tier-policy"), (["--host-cache-gib", "nan"], "--host-cache-gib"),
+                        (["--tier-policy", "host=belady"], "tier_policy")):
+        with pytest.raises(InputError) as err:
+            tier_settings(p.parse_args(argv), COST, 16)
+        assert err.value.field == field
+
+
+def test_ssd_blocks_are_pre_staged_while_the_request_waits():
+    # 1 GB blocks, SSD at 1 GB/s, host link at 10 GB/s, no host tier; recomputing a block costs 1.5 s
+    settings = TierSettings(host_link_gbps=10.0, ssd_read_gbps=1.0, ssd_write_gbps=1.0, ssd_blocks=8, fetch="auto")
+    hbm = BlockPool(2, make_policy("lru"), emit_events=False)
+    tiers = TierStack(settings, hbm, 10**9, lambda depth: 1.5)
+    for h in (1, 2, 3, 4):
+        serve(hbm, tiers, [h], now=float(h))  # 1, 2 end up on SSD
+    assert sorted(tiers.ssd.resident) == [1, 2]
+    assert tiers.transfer_seconds(tiers.ssd, 2, waited=0.0) == 2.0
+    assert tiers.transfer_seconds(tiers.ssd, 2, waited=1.9) == pytest.approx(0.2)  # the host link's 0.2 s
+    plan = tiers.plan([1, 2], now=100.0, arrival=99.0)  # waited 1 s: 1 s of the 2 s read left < 3 s
+    assert plan.restored_idx == [0, 1]
+    tiers.cancel(plan)
+    # a drive at 0.5 GB/s: 4 s of read for 3 s of recompute
+    tiers2_settings = TierSettings(host_link_gbps=10.0, ssd_read_gbps=0.5, ssd_write_gbps=1.0, ssd_blocks=8,
+                                   fetch="auto")
+    hbm2 = BlockPool(2, make_policy("lru"), emit_events=False)
+    slow = TierStack(tiers2_settings, hbm2, 10**9, lambda depth: 1.5)
+    for h in (1, 2, 3, 4):
+        serve(hbm2, slow, [h], now=float(h))
+    # 4 s of SSD read for 3 s of recompute: recompute unless the request waited more than 1 s
+    assert slow.plan([1, 2], now=100.0, arrival=100.0).restored_idx == []
+    waited = slow.plan([1, 2], now=100.0, arrival=98.5)
+    assert waited.restored_idx == [0, 1]
+    serve_alloc = hbm2.serve([1, 2], now=100.0)
+    slow.complete(waited, serve_alloc.hashes, serve_alloc.hit_idx, serve_alloc.new_idx, 100.0)
+    # the SSD read started at arrival (98.5) on an idle drive: 4 s -> ends at 102.5
+    assert waited.ready_at == pytest.approx(102.5)
+
+
+def test_without_hbm_caching_a_finished_request_moves_down_and_the_next_turn_restores_it():
+    core = build_core(CoreSettings(capacity_blocks=16, reuse="off", tiers=TierSettings(
+        host_blocks=16, fetch="always", hbm_caching=False)), COST)
+    run_request(core, 1, [1, 2, 3], 0.0)
+    assert core.pool.used == 0 and sorted(core.tiers.host.resident) == [1, 2, 3]
+    run_request(core, 2, [1, 2, 3, 4], 1.0)  # all three from host, one computed
+    c = core.tiers.counters
+    assert (c.hbm_hits, c.host_hits) == (0, 3) and sorted(core.tiers.host.resident) == [1, 2, 3, 4]
