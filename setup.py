@@ -1,5 +1,5 @@
-"""The compiled parts of kvemu: the simulator's block pool with LRU or S3-FIFO
-(replica/core/compiled/_pool.c) and SHARDS's exact LRU stack (replica/core/compiled/_lru_stack.c).
+"""The compiled parts of kvemu: the simulator's block pool with LRU, S3-FIFO, Belady or
+BeladyCompute (replica/core/compiled/_pool.c) and SHARDS's exact LRU stack (replica/core/compiled/_lru_stack.c).
 
 Both are optional: where no C compiler is found the build goes on without them and the
 simulator uses their Python definitions, which give the same results (the compiled parts are

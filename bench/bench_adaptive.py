@@ -1,10 +1,10 @@
-"""The seed-004 experiment (WAKMan): static LRU and S3-FIFO, the adaptive policy and Belady over
-mixes of single / multi-turn / agentic sessions, cache-only virtual time; plus the seed's
-ablations, a mid-trace shift and the cost of the sampled estimator. Prints one JSON document.
+"""The WAKMan (Workload Aware KVCache Manager) experiment: static LRU and S3-FIFO, the adaptive
+policy and Belady over mixes of single / multi-turn / agentic sessions, cache-only virtual time;
+plus WAKMan's ablations, a mid-trace shift and the cost of the sampled estimator. Prints one JSON document.
 
 Parts (``--parts``, all by default):
 
-* ``mixes``: 20 one-hour mixes at 1.5 requests/s (``SEED_MIXES``), only the mix varying. For
+* ``mixes``: 20 one-hour mixes at 1.5 requests/s (``WAKMAN_MIXES``), only the mix varying. For
   each: every policy's block hit ratio, its regret against the better static policy (points
   and % of that ratio), the share of the static gap it recovers, its wall time, and for
   adaptive the shadow cost (CPU seconds and block accesses replayed).
@@ -17,8 +17,8 @@ Parts (``--parts``, all by default):
     .venv/bin/python bench/bench_adaptive.py --jobs 2 > adaptive.json
     .venv/bin/python bench/bench_adaptive.py --parts mixes --mixes 1,0,0 0,0,1 --duration 900
 
-The ``mix`` preset differs from the seed's generator in one respect that decides the
-multi-turn winner: the seed's users come back after "seconds to minutes", so ``SEED_WORKLOAD``
+The ``mix`` preset differs from WAKMan's generator in one respect that decides the
+multi-turn winner: WAKMan's users come back after "seconds to minutes", so ``WAKMAN_WORKLOAD``
 sets the multi-turn gap to a median of 90 s with a narrow spread (``--set`` overrides it;
 ``--set multi.gap_sigma=1.0 --set multi.gap_median=30`` restores the preset's own).
 """
@@ -43,14 +43,14 @@ from sim.simulator import SimSettings, simulate
 
 Mix = tuple[float, float, float]
 
-# The seed's table is not in its notes, and 20 mixes cannot be symmetric in the three types
+# WAKMan's table is not in its notes, and 20 mixes cannot be symmetric in the three types
 # (orbits hold 3 or 6 mixes, plus equal thirds): the 0.25 grid (15: pure types, 75/25, 50/50,
-# 50/25/25), equal thirds, 60/20/20 for each type, and 20/40/40 (next to the seed's 0/50/50).
-SEED_MIXES: list[Mix] = [
+# 50/25/25), equal thirds, 60/20/20 for each type, and 20/40/40 (next to WAKMan's 0/50/50).
+WAKMAN_MIXES: list[Mix] = [
     (i / 4, j / 4, (4 - i - j) / 4) for i in range(5) for j in range(5 - i)
 ] + [(1 / 3, 1 / 3, 1 / 3), (0.6, 0.2, 0.2), (0.2, 0.6, 0.2), (0.2, 0.2, 0.6), (0.2, 0.4, 0.4)]
 WARMUP_S = 3600.0  # sessions reach a steady state before the measured hour (build_trace)
-SEED_WORKLOAD = {"multi.gap_median": "90", "multi.gap_sigma": "0.3"}
+WAKMAN_WORKLOAD = {"multi.gap_median": "90", "multi.gap_sigma": "0.3"}
 ABLATION_MIXES: list[Mix] = [(1 / 3, 1 / 3, 1 / 3), (0.0, 0.5, 0.5)]
 ABLATIONS: dict[str, dict[str, str]] = {
     "turns=2": {"multi.turns_median": "2", "multi.turns_mean": "2"},
@@ -63,7 +63,7 @@ SHIFT_PHASES: list[tuple[str, Mix]] = [("agent", (0.0, 0.0, 1.0)), ("single", (1
 STATIC = ("lru", "s3fifo")
 # Every variant spells out margin and estimator, so a change of the policy's defaults never
 # changes what a name measures. "adaptive" is the policy's defaults; "adaptive_plain" is the
-# seed's rule (switch on any gain, full replay).
+# WAKMan's rule (switch on any gain, full replay).
 VARIANTS: dict[str, tuple[tuple[str, object], ...]] = {
     "adaptive": (("margin", 0.01), ("estimator", "full")),
     "adaptive_plain": (("margin", 0.0), ("estimator", "full")),
@@ -106,7 +106,7 @@ def build_trace(spec: TraceSpec) -> Trace:
     """One hour (``duration``) of steady traffic per phase, phases one after another.
 
     The ``mix`` preset starts sessions in [0, duration) and lets their later turns run on
-    (pure multi-turn traffic would last five hours at a trickle). The seed's traces last one
+    (pure multi-turn traffic would last five hours at a trickle). WAKMan's traces last one
     hour at 1.5 requests/s, so each phase is the window [WARMUP, WARMUP + duration) of a
     longer generated trace: sessions already under way at its start, cut at its end.
     """
@@ -271,7 +271,7 @@ def parse_mix(text: str) -> Mix:
 
 
 def plan(args, names: list[str], online: list[str]) -> list[Cell]:
-    over = tuple(sorted({**SEED_WORKLOAD, **dict(kv.split("=", 1) for kv in args.set)}.items()))
+    over = tuple(sorted({**WAKMAN_WORKLOAD, **dict(kv.split("=", 1) for kv in args.set)}.items()))
     parts = set(args.parts.split(","))
 
     def cells(part: str, key: str, spec: TraceSpec, policies: Iterable[str]) -> list[Cell]:
@@ -301,17 +301,17 @@ def main(argv=None) -> int:
     p.add_argument("--capacity", type=int, default=16384, help="pool capacity in blocks")
     p.add_argument("--interval", type=float, default=900.0, help="adaptive decision interval (s)")
     p.add_argument("--hit-mode", default="prefix", choices=("prefix", "holes"),
-                   help="prefix: vLLM's prefix cache, as the seed measures")
-    p.add_argument("--mixes", nargs="*", type=parse_mix, default=SEED_MIXES, metavar="S,M,A",
-                   help="explicit mixes instead of the seed's 20")
+                   help="prefix: vLLM's prefix cache, as WAKMan measures")
+    p.add_argument("--mixes", nargs="*", type=parse_mix, default=WAKMAN_MIXES, metavar="S,M,A",
+                   help="explicit mixes instead of WAKMan's 20")
     p.add_argument("--ablation-mixes", nargs="*", type=parse_mix, default=ABLATION_MIXES, metavar="S,M,A",
-                   help="mixes the ablations run at (the seed's 33/33/33 and 0/50/50)")
+                   help="mixes the ablations run at (WAKMan's 33/33/33 and 0/50/50)")
     p.add_argument("--variants", default="adaptive,adaptive_plain,adaptive_sampled",
                    help=f"adaptive variants, any of {', '.join(VARIANTS)}")
     p.add_argument("--no-belady", action="store_true", help="skip the offline optimum")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                   help=f"mix preset overrides on top of {SEED_WORKLOAD}")
+                   help=f"mix preset overrides on top of {WAKMAN_WORKLOAD}")
     p.add_argument("--jobs", type=int, default=2, help="runs in parallel (processes)")
     args = p.parse_args(argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
@@ -327,7 +327,7 @@ def main(argv=None) -> int:
         raise SystemExit(f"error: {e}") from None
     doc: dict = {"duration_s": args.duration, "capacity_blocks": args.capacity, "interval_s": args.interval,
                  "hit_mode": args.hit_mode, "seed": args.seed, "jobs": args.jobs,
-                 "overrides": {**SEED_WORKLOAD, **dict(kv.split("=", 1) for kv in args.set)},
+                 "overrides": {**WAKMAN_WORKLOAD, **dict(kv.split("=", 1) for kv in args.set)},
                  "variants": {v: dict(VARIANTS[v]) for v in variants}}
     parts = args.parts.split(",")
     if "mixes" in parts:

@@ -2,7 +2,7 @@
 
 Reads docs/calibration/h200-llama-3-8b.json (llama-3-8b's layer stack on one H200, see
 docs/calibration.md) and prints JSON: per point the measured seconds, the old model's (one
-linear and one attention efficiency, calibrated on seed 002's MoE, no prefix-read term), the
+linear and one attention efficiency, calibrated on When Fancy Eviction Fails' MoE measurement, no prefix-read term), the
 shipped preset's (the step form with the dense H200 efficiencies; a prefill alone is a step of one chunk), a fresh fit on all points,
 and a leave-one-out fit (each point predicted by a fit on the others: the honest figure
 for how the form carries to points it was not fitted on). Errors are predicted / measured - 1.

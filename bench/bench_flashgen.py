@@ -1,4 +1,4 @@
-"""The FlashGen experiment (seed 001) in virtual time: four serving configurations on the `chat`
+"""The FlashGen experiment (Jeong and Ahn, ASPLOS 2025) in virtual time: four serving configurations on the `chat`
 preset (ShareGPT-like: median 3, mean 7 turns, human gaps) at rising arrival rates.
 
   (a) vllm          HBM prefix cache, response KV kept (colocated), FCFS
@@ -10,7 +10,7 @@ preset (ShareGPT-like: median 3, mean 7 turns, human gaps) at rising arrival rat
 
 For each configuration and rate: TTFT p50/p95, throughput, time-averaged HBM utilisation,
 fetched / recomputed blocks, preemptions. Then per configuration the highest rate whose P95
-TTFT meets the objective (and whose queue did not grow without bound), and the ratios the seed
+TTFT meets the objective (and whose queue did not grow without bound), and the ratios FlashGen
 reports: (d)/(a) and (c)/(b) sustainable rate. Prints one JSON document; ``--plot`` draws
 P95 TTFT against rate per configuration.
 
@@ -28,8 +28,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import replace
 
+from kvemu.options.tiers import tiers_on
 from loadgen.workloads import generate
-from replica.core.tier_args import tiers_on
 from shared.costmodel import CostModel
 from shared.progress import ProgressBar
 from sim.simulator import SimSettings, simulate
@@ -129,7 +129,7 @@ def main(argv=None) -> int:
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--rates", default="0.2,0.4,0.6,0.8,1.0", help="new chat sessions per second")
     p.add_argument("--duration", type=float, default=1200.0, help="seconds of session starts per point")
-    p.add_argument("--host-gib", type=float, default=224.0, help="host DRAM for KV per replica (the seed: 224 GB)")
+    p.add_argument("--host-gib", type=float, default=224.0, help="host DRAM for KV per replica (FlashGen's: 224 GB)")
     p.add_argument("--ssd-gib", type=float, default=2000.0, help="SSD for KV per replica (two NVMe drives)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--max-running", type=int, default=256)

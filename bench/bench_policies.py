@@ -49,11 +49,12 @@ import time
 import tracemalloc
 
 from loadgen.workloads import generate
-from replica.core.metrics import PoolMetrics
-from replica.core.policies import make_policy, policy_class, policy_names
-from replica.core.pool import BlockPool
-from replica.core.reuse import ReuseDistanceTracker
-from replica.core.shards import ShardsTracker
+from replica.core.analysis.reuse import ReuseDistanceTracker
+from replica.core.analysis.shards import ShardsTracker
+from replica.core.cache.metrics import PoolMetrics
+from replica.core.cache.policies import make_policy, policy_class, policy_names
+from replica.core.cache.pool import BlockPool
+from replica.core.cache.types import Lookup
 from shared.errors import KvemuError
 from sim.simulator import next_use_times
 
@@ -107,10 +108,10 @@ def serve_all(pool: BlockPool, reqs, future=None) -> float:
     t0 = time.perf_counter()
     if future is None:
         for hashes, session, now in reqs:
-            serve(hashes, session=session, now=now)
+            serve(Lookup(hashes, session, now))
     else:
         for (hashes, session, now), nu in zip(reqs, future):
-            serve(hashes, session=session, now=now, next_use=nu)
+            serve(Lookup(hashes, session, now, next_use=nu))
     return time.perf_counter() - t0
 
 
@@ -172,7 +173,7 @@ def memory_run(reqs, capacity: int, accesses: int, fractions=(0.25, 0.5, 0.75, 1
     serve = pool.serve
     seen, k, longest = 0, 0, 0
     for hashes, session, now in reqs:
-        serve(hashes, session=session, now=now)
+        serve(Lookup(hashes, session, now))
         seen += len(hashes)
         longest = max(longest, len(hashes))
         while k < len(marks) and seen >= marks[k][1]:

@@ -16,8 +16,8 @@ import time
 
 import numpy as np
 
-from replica.core.reuse import ReuseDistanceTracker, log_capacities
-from replica.core.shards import ShardsTracker
+from replica.core.analysis.reuse import ReuseDistanceTracker, log_capacities
+from replica.core.analysis.shards import ShardsTracker
 
 
 def session_trace(n_requests: int, seed: int = 0) -> list[list[int]]:

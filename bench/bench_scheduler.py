@@ -1,4 +1,4 @@
-"""fcfs against reorder (seed 001's scheduler), side by side on one trace per load. Prints JSON.
+"""fcfs against reorder (FlashGen's scheduler), side by side on one trace per load. Prints JSON.
 
     python bench/bench_scheduler.py [--rates 0.5,1,2] [--duration 600] [--capacity 8192]
                                     [--host-blocks 0]
@@ -27,7 +27,7 @@ import json
 import time
 
 from loadgen.workloads import generate
-from replica.core.tiers import TierSettings
+from replica.core.tiers.stack import TierSettings
 from shared.progress import ProgressBar
 from sim.simulator import SimSettings, Simulation
 

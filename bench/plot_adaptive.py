@@ -15,7 +15,7 @@ import sys
 from shared.plotting import PALETTE, pyplot
 
 LABELS = {"lru": "LRU", "s3fifo": "S3-FIFO", "belady": "Belady (offline optimum)", "adaptive": "adaptive (defaults)",
-          "adaptive_plain": "adaptive, seed's rule", "adaptive_sampled": "adaptive, sampled shadows"}
+          "adaptive_plain": "adaptive, WAKMan's rule", "adaptive_sampled": "adaptive, sampled shadows"}
 
 
 def plot(doc: dict, path: str) -> None:

@@ -1,8 +1,8 @@
 """The mean-field LRU estimate (``kvemu estimate``) against the simulator (``kvemu sim
 --policy session_lru``) on the ``scm`` workload, over capacity x arrival rate x mean think
-time, mirroring seed 000's experiments (N = 2,275 blocks, λ0 = 0.5-2.0 /s, mean think time up
-to 135 s).  Prints JSON: every point (estimate, simulated steady-state hit ratio, whole-trace
-hit ratio, absolute error) and the max / mean absolute error.
+time, mirroring the experiments of the mean-field LRU analysis of multi-turn conversations
+(N = 2,275 blocks, λ0 = 0.5-2.0 /s, mean think time up to 135 s).  Prints JSON: every point
+(estimate, simulated steady-state hit ratio, whole-trace hit ratio, absolute error) and the max / mean absolute error.
 
     python bench/validate_estimate.py [--capacities 2000,2275,4000] [--rates 0.5,1,1.5,2]
                                       [--thinks 15,45,135] [--set prompt_blocks=1 ...]

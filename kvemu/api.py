@@ -55,7 +55,7 @@ def simulate(trace: Trace, policies: Iterable[str] = ("lru",), capacity_blocks: 
 
 def estimate(trace: Trace | None = None, *, capacity_blocks: int | None = None,
              target_hit_ratio: float | None = None, practical: bool = False, **scm_params) -> dict:
-    """Seed 000's mean-field LRU estimate: the dict ``kvemu estimate --json`` prints.
+    """The mean-field LRU estimate (the mean-field LRU analysis of multi-turn conversations): the dict ``kvemu estimate --json`` prints.
 
     From the ``scm`` model (``scm_params`` are its parameters, plus ``think_dist``, ``turn_dist``,
     ...) or, with ``trace``, from primitives measured on it. Give ``capacity_blocks`` for the hit

@@ -22,14 +22,29 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 
+from kvemu.options.hit_mode import HIT_MODE
+from kvemu.options.option import add_options, forward
+from kvemu.options.replica_flags import BLOCK_SIZE, MODEL, TIME_SCALE, policy_option
+from kvemu.options.response_kv import RESPONSE_KV_LIVE
+from kvemu.options.reuse import SHARDS_RATE
+from kvemu.options.router_flags import ROUTER_OPTIONS
+from kvemu.options.scheduler import LIVE_SCHEDULER_OPTIONS
+from kvemu.options.serving import SERVER_OPTIONS
+from kvemu.options.tiers import TIER_OPTIONS, add_tier_args, tier_settings
 from replica.backends import add_backend_args, backend_argv, check_backend
-from replica.core.tier_args import add_tier_args, tier_settings
 from shared.config import add_config_arg
 from shared.costmodel import CostModel
 from shared.errors import InputError, KvemuError
 from shared.gpuargs import add_gpu_args, gpu_setting
 
 PR_SET_PDEATHSIG = 1
+
+# The flags up takes and hands on as they are, each from its one definition (kvemu/options/):
+# up adds exactly these to its parser and forwards exactly these, so none is taken and dropped.
+# --block-size goes to both children (the router hashes prompts in the replicas' blocks).
+TO_REPLICAS = (MODEL, TIME_SCALE, HIT_MODE, *LIVE_SCHEDULER_OPTIONS, SHARDS_RATE, RESPONSE_KV_LIVE)
+TO_BOTH = SERVER_OPTIONS  # body limits, connection caps, timeouts (the token travels in the environment)
+TO_ROUTER = ROUTER_OPTIONS  # health and dashboard intervals, per-client limits
 
 
 def _child_setup(parent: int):
@@ -142,8 +157,7 @@ def start_redis(log_dir: str) -> tuple[Child, str]:
 
 def replica_args(i: int, port: int, a, index: str | None) -> list[str]:
     args = [sys.executable, "-m", "replica", "--port", str(port), "--replica-id", f"replica-{i}",
-            "--policy", a.policy, "--model", a.model, "--gpu", a.gpu, "--block-size", str(a.block_size),
-            "--time-scale", str(a.time_scale), "--hit-mode", a.hit_mode, "--scheduler", a.scheduler]
+            "--policy", a.policy, "--gpu", a.gpu, *forward((*TO_REPLICAS, BLOCK_SIZE, *TO_BOTH), a)]
     args += ["--capacity-blocks", str(a.capacity_blocks)] if a.capacity_blocks is not None else ["--capacity-gib",
                                                                                                   str(a.capacity_gib)]
     args += tier_flags(a)
@@ -156,16 +170,8 @@ def replica_args(i: int, port: int, a, index: str | None) -> list[str]:
 
 
 def tier_flags(a) -> list[str]:
-    """The memory-tier flags of `up`, passed on to every replica."""
-    out = ["--response-kv", a.response_kv, "--host-cache-gib", repr(a.host_cache_gib), "--ssd-cache-gib", repr(a.ssd_cache_gib),
-           "--tier-mode", a.tier_mode, "--fetch", a.fetch]
-    if a.tier_policy:
-        out += ["--tier-policy", a.tier_policy]
-    if a.host_link_gbps is not None:
-        out += ["--host-link-gbps", repr(a.host_link_gbps)]
-    if a.no_hbm_caching:
-        out.append("--no-hbm-caching")
-    return out
+    """The memory-tier flags of `up`, passed on to every replica from their one definition."""
+    return forward(TIER_OPTIONS, a)
 
 
 def bring_up(a, log_dir: str | None = None) -> Cluster:
@@ -187,7 +193,7 @@ def bring_up(a, log_dir: str | None = None) -> Cluster:
         cluster.router_url = f"http://127.0.0.1:{router_port}"
         router = [sys.executable, "-m", "router", "--port", str(router_port), "--replicas",
                   ",".join(cluster.replica_urls), "--routing", a.routing, "--index", index, "--cluster", a.cluster,
-                  "--block-size", str(a.block_size), "--workers", str(getattr(a, "routers", 1))]
+                  "--workers", str(getattr(a, "routers", 1)), *forward((BLOCK_SIZE, *TO_BOTH, *TO_ROUTER), a)]
         for pair in a.set or ():
             router += ["--set", pair]
         cluster.start(Child("router", router, cluster.router_url), log_dir)
@@ -266,22 +272,18 @@ def add_cluster_args(p: argparse.ArgumentParser, replicas: int = 4) -> None:
     p.add_argument("--replicas", type=int, default=replicas)
     from replica.settings import live_policy_names
 
-    p.add_argument("--policy", default="lru", help=f"eviction policy: {', '.join(live_policy_names())}")
+    policy_option(f"eviction policy: {', '.join(live_policy_names())}").add(p)
     cap = p.add_mutually_exclusive_group()
     cap.add_argument("--capacity-blocks", type=int, default=None)
     cap.add_argument("--capacity-gib", type=float, default=None)
-    p.add_argument("--model", default="qwen3-coder-30b-a3b")
     add_gpu_args(p)
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--hit-mode", default="holes", choices=["prefix", "holes"])
-    from replica.core.scheduler import add_scheduler_arg
-
-    add_scheduler_arg(p)
     add_backend_args(p)
+    add_options(p, (*TO_REPLICAS, BLOCK_SIZE))
+    add_options(p.add_argument_group("serving limits (the router and every replica)"), TO_BOTH)
+    add_options(p.add_argument_group("router"), TO_ROUTER)
     p.add_argument("--routing", default="cache_aware")
     p.add_argument("--index", default="memory", help="memory, redis (a private redis-server) or redis://host:port/db")
     p.add_argument("--cluster", default="default")
-    p.add_argument("--time-scale", type=float, default=1.0)
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="router routing setting")
     p.add_argument("--admin-token", default=None)
     p.add_argument("--cluster-token", default=None,
@@ -290,9 +292,6 @@ def add_cluster_args(p: argparse.ArgumentParser, replicas: int = 4) -> None:
                    help="router processes sharing the router port; a supervisor restarts any that dies")
     p.add_argument("--start-timeout", type=float, default=30.0)
     p.add_argument("--replica-base-port", type=int, default=0, help="replica i listens on BASE+i (default: free ports)")
-    p.add_argument("--response-kv", choices=("keep", "drop"), default="keep",
-                   help="keep (default): replicas cache each response's full blocks (colocated vLLM); drop: they"
-                        " do not (disaggregated prefill)")
     add_tier_args(p)
 
 
@@ -315,17 +314,26 @@ def validate(a) -> None:
         raise InputError("--routers", f"must be 1-64, got {a.routers}")
     if a.capacity_blocks is None and a.capacity_gib is None:
         a.capacity_blocks = 20_000
+    from kvemu.options.serving import serving_settings
     from replica.settings import ReplicaSettings
+    from router.settings import RouterSettings
     from router.strategies import RoutingSettings, get_strategy
     from shared.overrides import apply_overrides, parse_pairs
 
     # Everything a child would reject, rejected here in one line before any process starts.
     try:
+        serving = serving_settings(argparse.Namespace(**{**vars(a), "host": "127.0.0.1", "cluster_token": None}))
         ReplicaSettings(policy=a.policy, capacity_blocks=a.capacity_blocks, capacity_gib=a.capacity_gib,
                         model=a.model, gpu=a.gpu, block_size=a.block_size, hit_mode=a.hit_mode,
-                        time_scale=a.time_scale, scheduler=a.scheduler)
-    except InputError as exc:
-        raise InputError(f"--{exc.field.replace('_', '-')}", exc.message) from None
+                        time_scale=a.time_scale, scheduler=a.scheduler, token_budget=a.token_budget,
+                        max_running=a.max_running, max_waiting=a.max_waiting, shards_rate=a.shards_rate,
+                        response_kv=a.response_kv, serving=serving)
+        RouterSettings(replicas=("http://127.0.0.1:1",), block_size=a.block_size, serving=serving,
+                       health_interval_s=a.health_interval, dashboard_interval_s=a.dashboard_interval,
+                       client_max_in_flight=a.client_max_in_flight, client_rate=a.client_rate,
+                       client_burst=a.client_burst)
+    except InputError as exc:  # a field's name is its flag's, less the "_s" of seconds
+        raise InputError(f"--{exc.field.removesuffix('_s').replace('_', '-')}", exc.message) from None
     tier_settings(a, CostModel.from_names(a.model, a.gpu), a.block_size)  # the replicas' tier flags, checked here
     get_strategy(a.routing)
     apply_overrides(RoutingSettings(block_size=a.block_size), parse_pairs(a.set))

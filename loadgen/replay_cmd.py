@@ -59,14 +59,14 @@ def cluster_report(url: str, before: dict[str, dict]) -> dict:
     lifetime counters, and the router's hotspot view."""
     cluster = fetch_json(url + "/cluster")
     replicas, total, saved = {}, 0.0, 0.0
-    for rid, life in replica_stats(url).items():
-        was = before.get(rid, {})
+    for replica_id, life in replica_stats(url).items():
+        was = before.get(replica_id, {})
         d_total = life["recompute_cost_total_s"] - was.get("recompute_cost_total_s", 0.0)
         d_saved = life["recompute_cost_saved_s"] - was.get("recompute_cost_saved_s", 0.0)
         total, saved = total + d_total, saved + d_saved
-        replicas[rid] = {"run": {"csr": ratio(d_saved, d_total),
-                                 "evictions": life["evictions"] - was.get("evictions", 0)},
-                         "lifetime": life}
+        replicas[replica_id] = {"run": {"csr": ratio(d_saved, d_total),
+                                        "evictions": life["evictions"] - was.get("evictions", 0)},
+                                "lifetime": life}
     return {"csr": ratio(saved, total), "replicas": replicas,
             "imbalance": cluster["imbalance"] if cluster else None,
             "hotspots": cluster["hotspots"] if cluster else None,
@@ -86,14 +86,14 @@ def print_report(summary: dict, report: dict, out=sys.stdout) -> None:
     if report.get("hotspots") is not None:
         out.write(f"   hotspots: {', '.join(report['hotspots']) or 'none'}")
     out.write("\n\n  this run         requests  tok_hit  blk_hit     CSR  evictions\n")
-    for rid, p in summary["per_replica"].items():
-        run = report["replicas"].get(rid, {}).get("run", {})
-        out.write(f"  {rid:<16}{p['requests']:>8,}  {p['token_hit_ratio']:7.4f}  {p['block_hit_ratio']:7.4f}"
+    for replica_id, p in summary["per_replica"].items():
+        run = report["replicas"].get(replica_id, {}).get("run", {})
+        out.write(f"  {replica_id:<16}{p['requests']:>8,}  {p['token_hit_ratio']:7.4f}  {p['block_hit_ratio']:7.4f}"
                   f"  {run.get('csr', 0):6.4f}  {run.get('evictions', 0):>9,}\n")
     out.write("\n  lifetime         blk_hit     CSR  evictions  usage   (each replica since it started)\n")
-    for rid, rep in report["replicas"].items():
+    for replica_id, rep in report["replicas"].items():
         life = rep["lifetime"]
-        out.write(f"  {rid:<16}{life['block_hit_ratio']:7.4f}  {life['csr']:6.4f}  {life['evictions']:>9,}"
+        out.write(f"  {replica_id:<16}{life['block_hit_ratio']:7.4f}  {life['csr']:6.4f}  {life['evictions']:>9,}"
                   f"  {life['usage']:5.2f}\n")
 
 

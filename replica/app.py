@@ -52,14 +52,14 @@ async def _stop(task: asyncio.Task, timeout: float = 5.0) -> None:
 
 def make_app(settings: ReplicaSettings) -> web.Application:
     app = web.Application(middlewares=[guard_middleware, timing_middleware, errors_middleware],
-                          client_max_size=settings.max_body_bytes)
-    guard = serve.install(app, settings.conn_limits())
+                          client_max_size=settings.serving.max_body_bytes)
+    guard = serve.install(app, settings.serving.conn_limits())
     app[SETTINGS] = settings
     app[RUNTIME] = ReplicaRuntime(settings)
     app[RUNTIME].registry.register(serve.GuardCollector(guard, "kvemu_"))
-    app[BODY_LIMIT] = settings.max_body_bytes
+    app[BODY_LIMIT] = settings.serving.max_body_bytes
     app[REJECTIONS] = app[RUNTIME].rejected
-    app[OFFLOAD] = Offloader(settings.offload())
+    app[OFFLOAD] = Offloader(settings.serving.offload())
     app.cleanup_ctx.append(offload_ctx)
     app.cleanup_ctx.append(engine_ctx)
     app.cleanup_ctx.append(index_ctx)

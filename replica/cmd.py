@@ -6,12 +6,15 @@ import argparse
 import logging
 import sys
 
+from kvemu.options.hit_mode import HIT_MODE
+from kvemu.options.response_kv import add_response_kv_arg
+from kvemu.options.reuse import SHARDS_RATE
+from kvemu.options.scheduler import add_scheduler_args
+from kvemu.options.serving import add_server_args
+from kvemu.options.tiers import add_tier_args
 from replica.backends import add_backend_args
-from replica.core.sched.scheduler import add_scheduler_arg
-from replica.core.tier_args import add_tier_args
 from shared.gpuargs import add_gpu_args, gpu_setting
 from shared.overrides import coerce, parse_pairs
-from shared.serve import add_server_args
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -26,19 +29,14 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="qwen3-coder-30b-a3b")
     add_gpu_args(p)
     p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--hit-mode", default="holes", choices=["prefix", "holes"])
+    HIT_MODE.add(p)
     p.add_argument("--time-scale", type=float, default=1.0, help="wall seconds per emulated second (0 = no sleeping)")
-    p.add_argument("--token-budget", type=int, default=8192)
-    p.add_argument("--max-running", type=int, default=256)
-    p.add_argument("--max-waiting", type=int, default=10_000)
-    add_scheduler_arg(p)
+    add_scheduler_args(p, live=True)
     p.add_argument("--index", default=None, help="redis://host:port/db to publish KV events to a shared index")
     p.add_argument("--cluster", default="default", help="namespace of the Redis index keys")
     p.add_argument("--admin-token", default=None, help="bearer token for /admin/* (or KVEMU_ADMIN_TOKEN)")
-    p.add_argument("--shards-rate", type=float, default=0.1, help="sampling rate of online reuse distances")
-    p.add_argument("--response-kv", choices=("keep", "drop"), default="keep",
-                   help="keep (default): cache each response's full blocks so the next turn hits them, as a"
-                        " colocated vLLM does; drop: do not (a disaggregated prefill instance)")
+    SHARDS_RATE.add(p)
+    add_response_kv_arg(p, live=True)
     add_tier_args(p)
     add_backend_args(p)
     add_server_args(p)
@@ -50,22 +48,20 @@ def configure(p: argparse.ArgumentParser) -> None:
 def settings_from_args(args):
     import os
 
-    from replica.core.tier_args import tier_settings
+    from kvemu.options.serving import serving_settings
+    from kvemu.options.tiers import tier_settings
     from replica.settings import ReplicaSettings
     from shared.costmodel import CostModel
 
     params = tuple((k, coerce(v)) for k, v in parse_pairs(args.policy_param).items())
     return ReplicaSettings(
-        replica_id=args.replica_id or f"replica-{args.port}", host=args.host, port=args.port, policy=args.policy,
+        replica_id=args.replica_id or f"replica-{args.port}", port=args.port, policy=args.policy,
         policy_params=params, capacity_blocks=args.capacity_blocks, capacity_gib=args.capacity_gib,
         model=args.model, gpu=gpu_setting(args), block_size=args.block_size, hit_mode=args.hit_mode,
         time_scale=args.time_scale, token_budget=args.token_budget, max_running=args.max_running,
         max_waiting=args.max_waiting, scheduler=args.scheduler, index=args.index, cluster=args.cluster,
         admin_token=args.admin_token or os.environ.get("KVEMU_ADMIN_TOKEN") or None, shards_rate=args.shards_rate,
-        cluster_token=args.cluster_token or os.environ.get("KVEMU_CLUSTER_TOKEN") or None,
-        max_connections=args.max_connections, parse_workers=args.parse_workers,
-        header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
-        write_timeout_s=args.write_timeout, backend=args.backend,
+        serving=serving_settings(args), backend=args.backend,
         device=args.device, layers=args.layers,
         tiers=tier_settings(args, CostModel.from_names(args.model, args.gpu), args.block_size),
         response_kv=args.response_kv)
@@ -79,9 +75,9 @@ def run(args) -> int:
     app = make_app(settings)  # make_policy turns a bad --policy-param into an InputError
     from shared.serve import bind, serve
 
-    sock = bind(settings.host, settings.port)
+    sock = bind(settings.serving.host, settings.port)
     print(f"replica {settings.replica_id} ({settings.policy}, {settings.resolved_capacity_blocks()} blocks)"
-          f" on http://{settings.host}:{settings.port}", file=sys.stderr, flush=True)
+          f" on http://{settings.serving.host}:{settings.port}", file=sys.stderr, flush=True)
     serve(app, sock)
     return 0
 

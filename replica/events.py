@@ -9,7 +9,7 @@ sequence numbers under this process's epoch, and kept in a bounded feed:
 
 When the feed overflows, or Redis refuses a batch, the lost batch is counted and the
 next batch is a resync: ``cleared`` followed by ``stored`` for every resident block (per
-memory tier: host and SSD blocks as tier-tagged ``stored`` events), so an index that noticed
+memory level: host and SSD blocks as level-tagged ``stored`` events), so an index that noticed
 the sequence gap rebuilds this replica's entries exactly.
 """
 
@@ -152,7 +152,7 @@ def _chunks(events: list[KvEvent], batch_max: int) -> Iterable[list[KvEvent]]:
                 if batch:
                     yield batch
                     batch, size = [], 0
-                yield [KvEvent(ev.kind, hashes[i : i + batch_max], ev.tier)]
+                yield [KvEvent(ev.kind, hashes[i : i + batch_max], ev.level)]
             continue
         if size + len(hashes) > batch_max and batch:
             yield batch

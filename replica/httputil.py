@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import hmac
-
 from aiohttp import web
 
 from replica.runtime import SETTINGS
+from shared.auth import bearer_ok
 
 
 def require_admin(request: web.Request) -> None:
+    """Admin endpoints: refused without a configured admin token, else they need it presented."""
     token = request.app[SETTINGS].admin_token
-    given = request.headers.get("Authorization", "")
     if not token:
         raise web.HTTPForbidden(reason="admin endpoints are disabled: start the replica with an admin token")
-    if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+    if not bearer_ok(request, token):
         raise web.HTTPUnauthorized(reason="missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
 
 

@@ -118,7 +118,8 @@ class ReplicaCollector:
         c = tiers.counters
         fam = CounterMetricFamily("kvemu_tier_block_hits", "Prompt blocks found per memory tier (hbm: reused in "
                                   "place; host, ssd: restored from there).", labels=LABELS + ["tier"])
-        for tier, hits in (("hbm", c.hbm_hits), ("host", c.host_hits), ("ssd", c.ssd_hits)):
+        # label values are the levels' names ("hbm", "host", "ssd", ...), which dashboards select on
+        for tier, hits in zip(("hbm", *tiers.names), c.hits, strict=True):
             fam.add_metric([*values, tier], hits)
         yield fam
         fam = CounterMetricFamily("kvemu_tier_recomputed_blocks", "Blocks a lower tier held but were recomputed "
@@ -127,13 +128,12 @@ class ReplicaCollector:
         yield fam
         fam = CounterMetricFamily("kvemu_tier_bytes_moved", "Bytes moved per link direction.",
                                   labels=LABELS + ["link"])
-        for link in (tiers.h2d, tiers.d2h, tiers.ssd_link):
+        for link in tiers.links():
             fam.add_metric([*values, link.name], link.bytes_moved)
         yield fam
         used = GaugeMetricFamily("kvemu_tier_used_blocks", "Blocks held per lower tier.", labels=LABELS + ["tier"])
-        for name, tier in (("host", tiers.host), ("ssd", tiers.ssd)):
-            if tier is not None:
-                used.add_metric([*values, name], tier.used)
+        for level in tiers.levels:
+            used.add_metric([*values, level.name], level.pool.used)
         yield used
 
     def _adaptive(self, values: list[str]):

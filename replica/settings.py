@@ -5,15 +5,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from replica.backends import check_backend
-from replica.core.build import CoreSettings
+from replica.core.build import DEFAULT_HIT_MODE, DEFAULT_SHARDS_RATE, RESPONSE_KV, CoreSettings, check_choice
 from replica.core.cache.policies import policy_class, policy_names
-from replica.core.sched.scheduler import check_scheduler
+from replica.core.cache.pool import HIT_MODES
+from replica.core.sched.sched_types import (
+    DEFAULT_ADMISSION,
+    DEFAULT_MAX_RUNNING,
+    DEFAULT_MAX_WAITING,
+    DEFAULT_TOKEN_BUDGET,
+    check_admission,
+)
 from replica.core.tiers.stack import TierSettings
-from shared.auth import check_bind
 from shared.costmodel import CostModel
 from shared.errors import InputError, UnknownNameError
-from shared.offload import OffloadSettings
-from shared.serve import ConnLimits
+from shared.serving import ServingSettings
 from shared.validate import check_positive_int
 
 
@@ -27,7 +32,6 @@ def live_policy_names() -> list[str]:
 @dataclass(frozen=True, slots=True)
 class ReplicaSettings:
     replica_id: str = "replica-0"
-    host: str = "127.0.0.1"
     port: int = 8100
     policy: str = "lru"
     policy_params: tuple[tuple[str, object], ...] = ()
@@ -36,27 +40,18 @@ class ReplicaSettings:
     model: str = "qwen3-coder-30b-a3b"
     gpu: str = "h200"
     block_size: int = 16
-    hit_mode: str = "holes"
+    hit_mode: str = DEFAULT_HIT_MODE
     time_scale: float = 1.0  # wall seconds slept per emulated second; 0 = as fast as possible
-    token_budget: int = 8192
-    max_running: int = 256
-    max_waiting: int = 10_000
-    scheduler: str = "fcfs"  # admission order: fcfs (vLLM) or reorder (seed 001)
-    max_body_bytes: int = 8 * 1024 * 1024
-    max_prompt_tokens: int = 1_048_576
-    max_output_tokens: int = 65_536
-    parse_workers: int = 1  # processes that parse big bodies off the event loop (0 = inline)
-    offload_bytes: int = 256 * 1024  # bodies from this size on are parsed in those processes
-    large_bodies_per_client: int = 2  # big bodies one client address may have being parsed (429 beyond)
-    max_connections: int = 4096  # beyond it a new connection gets a 503 and is closed
-    header_timeout_s: float = 10.0  # a request head must arrive within this
-    body_timeout_s: float = 30.0  # a request body must arrive within this (408 otherwise)
-    write_timeout_s: float = 30.0  # a client that keeps the send buffer full (reads nothing) this long is cut off
+    token_budget: int = DEFAULT_TOKEN_BUDGET
+    max_running: int = DEFAULT_MAX_RUNNING
+    max_waiting: int = DEFAULT_MAX_WAITING
+    scheduler: str = DEFAULT_ADMISSION  # admission order: fcfs (vLLM) or reorder (FlashGen)
+    # binding, body limits, connection caps, timeouts and the cluster token, as the router has them
+    serving: ServingSettings = ServingSettings()
     index: str | None = None  # redis://... ; None = the embedded feed a router polls
     cluster: str = "default"
     admin_token: str | None = None
-    cluster_token: str | None = None  # /kv/* and raw session ids; required beyond loopback (shared/auth.py)
-    shards_rate: float = 0.1  # 0.1 keeps the sampled MRC within 0.02 of the exact one (tests/replica/test_reuse.py)
+    shards_rate: float = DEFAULT_SHARDS_RATE
     shards_max_tracked: int = 1 << 16
     event_batch_max: int = 512
     feed_max_batches: int = 4096  # the embedded feed keeps this many recent batches
@@ -83,45 +78,29 @@ class ReplicaSettings:
             check_positive_int("capacity_blocks", self.capacity_blocks)
         if self.capacity_gib is not None and not 0 < self.capacity_gib < float("inf"):
             raise InputError("capacity_gib", f"must be a finite number > 0, got {self.capacity_gib}")
-        for name in ("block_size", "token_budget", "max_running", "max_waiting", "max_body_bytes",
-                     "max_prompt_tokens", "max_output_tokens", "event_batch_max",
+        for name in ("block_size", "token_budget", "max_running", "max_waiting", "event_batch_max",
                      "feed_max_batches", "feed_max_hashes", "shards_max_tracked"):
             check_positive_int(name, getattr(self, name))
-        check_scheduler(self.scheduler)
-        if self.hit_mode not in ("prefix", "holes"):
-            raise InputError("hit_mode", f"must be prefix or holes, got {self.hit_mode!r}")
-        for name in ("header_timeout_s", "body_timeout_s", "write_timeout_s"):
-            if not 0 < getattr(self, name) < float("inf"):
-                raise InputError(name, f"must be a positive number of seconds, got {getattr(self, name)}")
-        check_positive_int("max_connections", self.max_connections)
-        check_positive_int("offload_bytes", self.offload_bytes)
-        check_positive_int("large_bodies_per_client", self.large_bodies_per_client)
-        if not 0 <= self.parse_workers <= 64:
-            raise InputError("parse_workers", f"must be 0-64, got {self.parse_workers}")
+        check_admission(self.scheduler)
+        check_choice("hit_mode", self.hit_mode, HIT_MODES)
+        check_choice("response_kv", self.response_kv, RESPONSE_KV)
         if not (self.time_scale >= 0):
             raise InputError("time_scale", f"must be >= 0, got {self.time_scale}")
         if not (0 < self.shards_rate <= 1):
             raise InputError("shards_rate", f"must be in (0, 1], got {self.shards_rate}")
         if self.index is not None and not self.index.startswith(("redis://", "rediss://", "unix://")):
             raise InputError("index", f"expected a redis:// URL, got {self.index!r}")
-        check_bind(self.host, self.cluster_token)
         check_backend(self.backend, self.layers)
         CostModel.from_names(self.model, self.gpu)  # unknown names list the valid ones
         if self.capacity_gib is not None and self.resolved_capacity_blocks() <= 0:
             raise InputError("capacity_gib", "is smaller than one KV block of this model")
-
-    def offload(self) -> OffloadSettings:
-        return OffloadSettings(self.parse_workers, self.offload_bytes, self.large_bodies_per_client)
-
-    def conn_limits(self) -> ConnLimits:
-        return ConnLimits(self.max_connections, self.header_timeout_s, self.body_timeout_s, self.write_timeout_s)
 
     def core_settings(self) -> CoreSettings:
         """The cache core this replica runs (``replica.core.build``)."""
         return CoreSettings(
             capacity_blocks=self.resolved_capacity_blocks(), policy=self.policy, policy_params=self.policy_params,
             block_size=self.block_size, hit_mode=self.hit_mode, token_budget=self.token_budget,
-            max_running=self.max_running, max_waiting=self.max_waiting, scheduler=self.scheduler, reuse="shards",
+            max_running=self.max_running, max_waiting=self.max_waiting, scheduler=self.scheduler, reuse="sampled",
             shards_rate=self.shards_rate, shards_max_tracked=self.shards_max_tracked, seed=self.seed, emit_events=True,
             tier_events=True, oracles=False, tiers=self.tiers, response_kv=self.response_kv)
 

@@ -32,7 +32,7 @@ def _settings(request: web.Request) -> ReplicaSettings:
 
 def _limits(request) -> tuple[int, int]:
     s = _settings(request)
-    return s.max_prompt_tokens, s.max_output_tokens
+    return s.serving.max_prompt_tokens, s.serving.max_output_tokens
 
 
 async def _parse(request: web.Request) -> protocol.GenerateSpec:
@@ -183,9 +183,9 @@ async def stats(request: web.Request) -> web.Response:
     s = _settings(request)
     top = _query_int(request, "top", 10, 1, 1000)
     out = state.pool.stats(top_k=top)
-    if not wants_raw_sessions(request, s.cluster_token):
+    if not wants_raw_sessions(request, s.serving.cluster_token):
         for row in out["top_sessions"]:
-            row["session"] = session_label(row["session"], s.cluster_token)
+            row["session"] = session_label(row["session"], s.serving.cluster_token)
     out.update({
         "replica_id": s.replica_id, "model": state.cost.model.name, "gpu": state.cost.gpu.name,
         "capacity_gib": state.cost.blocks_to_gib(state.pool.capacity, s.block_size),
@@ -225,7 +225,7 @@ def _query_int(request, name: str, default: int, lo: int, hi: int) -> int:
 
 async def kv_events(request: web.Request) -> web.Response:
     """The embedded index's feed: batches after sequence number ``after`` (cluster token)."""
-    require_cluster_token(request, _settings(request).cluster_token, _settings(request).admin_token)
+    require_cluster_token(request, _settings(request).serving.cluster_token, _settings(request).admin_token)
     state = _state(request)
     after = _query_int(request, "after", 0, 0, 2**62)
     limit = _query_int(request, "limit", 256, 1, 4096)
@@ -238,7 +238,7 @@ async def kv_events(request: web.Request) -> web.Response:
 async def kv_resync(request: web.Request) -> web.Response:
     """Republish the whole resident set (``cleared`` + ``stored``): routers call it when they
     (re)gain sight of this replica. Cluster token; asks in a row cost one resync."""
-    require_cluster_token(request, _settings(request).cluster_token, _settings(request).admin_token)
+    require_cluster_token(request, _settings(request).serving.cluster_token, _settings(request).admin_token)
     state = _state(request)
     state.feed.request_resync()
     return web.json_response({"epoch": state.feed.epoch, "next_seq": state.feed.next_seq,

@@ -43,14 +43,14 @@ async def background_ctx(app: web.Application):
 
 
 def make_app(settings: RouterSettings) -> web.Application:
-    app = web.Application(middlewares=[guard_middleware, errors_middleware], client_max_size=settings.max_body_bytes)
-    guard = serve.install(app, settings.conn_limits())
+    app = web.Application(middlewares=[guard_middleware, errors_middleware], client_max_size=settings.serving.max_body_bytes)
+    guard = serve.install(app, settings.serving.conn_limits())
     app[SETTINGS] = settings
     app[ROUTER] = RouterState(settings)
     app[ROUTER].metrics.registry.register(serve.GuardCollector(guard, "kvemu_router_"))
-    app[BODY_LIMIT] = settings.max_body_bytes
+    app[BODY_LIMIT] = settings.serving.max_body_bytes
     app[dashboard.DASHBOARD] = dashboard.Dashboard(settings.dashboard_interval_s)
-    app[OFFLOAD] = Offloader(settings.offload())
+    app[OFFLOAD] = Offloader(settings.serving.offload())
     app.cleanup_ctx.append(offload_ctx)
     app.cleanup_ctx.append(background_ctx)
     views.add_routes(app)

@@ -52,7 +52,7 @@ class Cluster:
         self.replicas = [ReplicaHandle(url.rstrip("/"), ReplicaState(url.rstrip("/"), healthy=False))
                          for url in settings.replicas]
         self.session: aiohttp.ClientSession = None  # type: ignore[assignment]  # opened in the app's cleanup_ctx
-        token = settings.cluster_token
+        token = settings.serving.cluster_token
         self.auth = {"Authorization": f"Bearer {token}"} if token else {}  # for replicas' internal endpoints
         self._healthy_event = asyncio.Event()
 
@@ -90,13 +90,14 @@ class Cluster:
         await self._mark_healthy(rep, body)
 
     async def _mark_healthy(self, rep: ReplicaHandle, body: dict) -> None:
-        rid, epoch = str(body.get("replica_id", rep.url)), str(body.get("epoch", ""))
-        if rep.known and (rid != rep.replica_id or epoch != rep.epoch):
-            log.warning("replica %s restarted (epoch %s -> %s): clearing its index entries", rid, rep.epoch, epoch)
+        replica_id, epoch = str(body.get("replica_id", rep.url)), str(body.get("epoch", ""))
+        if rep.known and (replica_id != rep.replica_id or epoch != rep.epoch):
+            log.warning("replica %s restarted (epoch %s -> %s): clearing its index entries", replica_id, rep.epoch,
+                        epoch)
             await self._clear(rep)
             self.metrics.replica_restarts += 1
-        if not rep.known or rid != rep.replica_id:
-            rep.state.replica_id = rid
+        if not rep.known or replica_id != rep.replica_id:
+            rep.state.replica_id = replica_id
         rejoined = not rep.state.healthy
         rep.epoch, rep.known, rep.failures = epoch, True, 0
         rep.health, rep.last_check = body, time.monotonic()
@@ -107,7 +108,7 @@ class Cluster:
             # may lack blocks it still holds, so ask for a full republish. Healthy before the
             # ask, so a check running alongside (start-up, a feed poll) does not ask again.
             rep.state.healthy = True
-            log.info("replica %s at %s is healthy", rid, rep.url)
+            log.info("replica %s at %s is healthy", replica_id, rep.url)
             await self._request_resync(rep)
         self._healthy_event.set()
 

@@ -7,9 +7,11 @@ import logging
 import os
 import sys
 
+from kvemu.options.option import add_options, forward
+from kvemu.options.router_flags import ROUTER_OPTIONS
+from kvemu.options.serving import SERVER_OPTIONS, add_server_args
 from shared.errors import InputError
 from shared.overrides import apply_overrides, parse_pairs
-from shared.serve import add_server_args
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -22,17 +24,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="routing setting, e.g. bounded_load_factor=1.25, balance_abs_threshold=64")
-    p.add_argument("--health-interval", type=float, default=1.0)
-    p.add_argument("--dashboard-interval", type=float, default=1.0,
-                   help="seconds between the samples /dashboard draws (each reads every replica's /stats)")
     p.add_argument("--seed", type=int, default=None)
     add_server_args(p)
-    p.add_argument("--client-max-in-flight", type=int, default=0,
-                   help="routed requests one client address may have at once; 429 beyond (default 0: no limit)")
-    p.add_argument("--client-rate", type=float, default=0.0,
-                   help="requests/s one client address may send on average; 429 beyond (default 0: no limit)")
-    p.add_argument("--client-burst", type=int, default=0,
-                   help="requests one client may send at once under --client-rate (default: the rate rounded up)")
+    add_options(p, ROUTER_OPTIONS)
     p.add_argument("--workers", type=int, default=1,
                    help="router processes sharing the port; a supervisor restarts any that dies")
     p.add_argument("--listen-fd", type=int, default=None, help=argparse.SUPPRESS)  # a worker's inherited socket
@@ -40,19 +34,16 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def settings_from_args(args):
+    from kvemu.options.serving import serving_settings
     from router.settings import RouterSettings
     from router.strategies import RoutingSettings
 
     routing = apply_overrides(RoutingSettings(block_size=args.block_size), parse_pairs(args.set))
     replicas = tuple(u.strip() for u in args.replicas.split(",") if u.strip())
-    return RouterSettings(replicas=replicas, host=args.host, port=args.port, routing=args.routing, index=args.index,
+    return RouterSettings(replicas=replicas, port=args.port, routing=args.routing, index=args.index,
                           cluster=args.cluster, block_size=args.block_size, routing_settings=routing,
                           health_interval_s=args.health_interval, dashboard_interval_s=args.dashboard_interval,
-                          seed=args.seed,
-                          cluster_token=args.cluster_token or os.environ.get("KVEMU_CLUSTER_TOKEN") or None,
-                          max_connections=args.max_connections, parse_workers=args.parse_workers,
-                          header_timeout_s=args.header_timeout,
-                          body_timeout_s=args.body_timeout, write_timeout_s=args.write_timeout,
+                          seed=args.seed, serving=serving_settings(args),
                           client_max_in_flight=args.client_max_in_flight, client_rate=args.client_rate,
                           client_burst=args.client_burst)
 
@@ -61,12 +52,7 @@ def worker_args(args) -> list[str]:
     """The arguments a worker gets: this router's, without ``--workers``."""
     out = ["--port", str(args.port), "--host", args.host, "--replicas", args.replicas, "--routing", args.routing,
            "--index", args.index, "--cluster", args.cluster, "--block-size", str(args.block_size),
-           "--health-interval", str(args.health_interval), "--dashboard-interval", str(args.dashboard_interval),
-           "--log-level", args.log_level,
-           "--max-connections", str(args.max_connections), "--header-timeout", str(args.header_timeout),
-           "--body-timeout", str(args.body_timeout), "--write-timeout", str(args.write_timeout),
-           "--parse-workers", str(args.parse_workers), "--client-max-in-flight", str(args.client_max_in_flight),
-           "--client-rate", repr(args.client_rate), "--client-burst", str(args.client_burst)]
+           "--log-level", args.log_level, *forward(SERVER_OPTIONS + ROUTER_OPTIONS, args)]
     for pair in args.set:
         out += ["--set", pair]
     if args.seed is not None:
@@ -89,14 +75,14 @@ def run(args) -> int:
     if args.workers > 1:
         from router.workers import supervise
 
-        return supervise(worker_args(args), settings.host, settings.port, args.workers)
+        return supervise(worker_args(args), settings.serving.host, settings.port, args.workers)
     if args.listen_fd is not None:
         sock = socket.socket(fileno=args.listen_fd)
         sock.setblocking(False)
     else:
-        sock = bind(settings.host, settings.port)
+        sock = bind(settings.serving.host, settings.port)
     app = make_app(settings)
-    print(f"router ({settings.routing}, index {settings.index.split('?')[0]}) on http://{settings.host}:{settings.port}"
+    print(f"router ({settings.routing}, index {settings.index.split('?')[0]}) on http://{settings.serving.host}:{settings.port}"
           f" -> {len(settings.replicas)} replica(s)", file=sys.stderr, flush=True)
     serve(app, sock)
     return 0

@@ -69,15 +69,16 @@ class Dashboard:
         known = {r.replica_id for r in state.cluster.replicas if r.known}  # before /health, ids are URLs
         replicas, counters = {}, {}
         for row in summary["replicas"]:
-            rid = row["replica_id"]
-            if rid not in known:
+            replica_id = row["replica_id"]
+            if replica_id not in known:
                 continue
-            st = stats.get(rid)
+            st = stats.get(replica_id)
             if st is not None:
-                self.latest[rid] = st
-                counters[rid] = {k: st.get(k, 0) for k in COUNTERS}
-            prev = base["counters"].get(rid) if base else None
-            replicas[rid] = _replica_point(row, st, counters.get(rid), prev, now - base["t"] if base else 0.0)
+                self.latest[replica_id] = st
+                counters[replica_id] = {k: st.get(k, 0) for k in COUNTERS}
+            prev = base["counters"].get(replica_id) if base else None
+            replicas[replica_id] = _replica_point(row, st, counters.get(replica_id), prev,
+                                                  now - base["t"] if base else 0.0)
         decisions = state.metrics.decisions_by_reason()
         dt = now - base["t"] if base else 0.0
         was = base["decisions"] if base else {}
@@ -96,11 +97,11 @@ class Dashboard:
     def view(self, state, points: int) -> dict:
         samples = list(self.samples)[-points:]
         last = samples[-1] if samples else None
-        rids = list(dict.fromkeys(rid for s in samples for rid in s["replicas"]))
+        replica_ids = list(dict.fromkeys(replica_id for s in samples for replica_id in s["replicas"]))
         reasons = sorted({r for s in samples for r in s["decisions_per_s"]})
         hist = {"t": [round(s["t"], 2) for s in samples],
-                "replicas": {rid: {k: _series(s["replicas"].get(rid, {}).get(k) for s in samples)
-                                   for k in REPLICA_SERIES} for rid in rids},
+                "replicas": {replica_id: {k: _series(s["replicas"].get(replica_id, {}).get(k) for s in samples)
+                                          for k in REPLICA_SERIES} for replica_id in replica_ids},
                 "cluster": {k: _series(s["cluster"][k] for s in samples) for k in CLUSTER_SERIES},
                 "decisions_per_s": {r: _series(s["decisions_per_s"].get(r) for s in samples) for r in reasons}}
         rows = []
@@ -166,7 +167,7 @@ async def _fetch_stats(state) -> dict[str, dict]:
         return rep.replica_id, None
 
     got = await asyncio.gather(*(one(r) for r in state.cluster.replicas if r.state.healthy))
-    return {rid: st for rid, st in got if st is not None}
+    return {replica_id: st for replica_id, st in got if st is not None}
 
 
 async def _redis_stats(state) -> dict:

@@ -133,12 +133,12 @@ class _Collector:
                                      labels=["replica_id"]),
         }
         for rep in m.cluster.replicas:
-            rid = [rep.replica_id]
-            fams["in_flight"].add_metric(rid, rep.state.in_flight)
-            fams["queued"].add_metric(rid, rep.state.queued_tokens)
-            fams["usage"].add_metric(rid, rep.state.kv_usage)
-            fams["healthy"].add_metric(rid, 1.0 if rep.state.healthy else 0.0)
-            fams["lag"].add_metric(rid, rep.feed_lag_events)
+            labels = [rep.replica_id]
+            fams["in_flight"].add_metric(labels, rep.state.in_flight)
+            fams["queued"].add_metric(labels, rep.state.queued_tokens)
+            fams["usage"].add_metric(labels, rep.state.kv_usage)
+            fams["healthy"].add_metric(labels, 1.0 if rep.state.healthy else 0.0)
+            fams["lag"].add_metric(labels, rep.feed_lag_events)
         yield from fams.values()
 
 

@@ -56,7 +56,7 @@ async def proxy(request: web.Request) -> web.StreamResponse:
 
 async def _route(request: web.Request, state: RouterState) -> web.StreamResponse:
     raw = await read_raw(request)
-    limits = (state.settings.max_prompt_tokens, state.settings.max_output_tokens)
+    limits = (state.settings.serving.max_prompt_tokens, state.settings.serving.max_output_tokens)
     spec = await request.app[OFFLOAD].parse(request, raw, state.settings.block_size, limits)
     excluded: set[str] = set()
     request_view = RouteRequest(spec.session, len(spec.hashes), spec.prompt_tokens)
@@ -206,7 +206,7 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def cluster_view(request: web.Request) -> web.Response:
     state = _state(request)
-    raw = wants_raw_sessions(request, state.settings.cluster_token)
+    raw = wants_raw_sessions(request, state.settings.serving.cluster_token)
     await _refresh_footprints(state)
     return respond(request, cluster_summary(state, raw))
 
@@ -243,15 +243,15 @@ def cluster_summary(state, raw_sessions: bool = False) -> dict:
 
 def _sessions(rows: list, raw: bool, state) -> list:
     """Replicas answer the router with raw ids (it holds the token); others see keyed hashes."""
-    if raw or not state.settings.cluster_token:  # without a token the replicas hashed them already
+    if raw or not state.settings.serving.cluster_token:  # without a token the replicas hashed them already
         return rows
-    return [{**row, "session": session_label(row.get("session"), state.settings.cluster_token)} for row in rows]
+    return [{**row, "session": session_label(row.get("session"), state.settings.serving.cluster_token)} for row in rows]
 
 
 async def _refresh_footprints(state) -> None:
     async def one(rep):
         try:
-            raw = "&sessions=raw" if state.settings.cluster_token else ""
+            raw = "&sessions=raw" if state.settings.serving.cluster_token else ""
             async with state.cluster.session.get(rep.url + "/stats?top=5" + raw, headers=state.cluster.auth,
                                                  timeout=aiohttp.ClientTimeout(total=1.0)) as resp:
                 if resp.status == 200:

@@ -17,6 +17,8 @@ from aiohttp import web
 
 
 def bearer_ok(request: web.Request, *tokens: str | None) -> bool:
+    """The one bearer-token check: ``Authorization: Bearer <t>`` for one of the configured
+    ``tokens`` (None or empty ones never match), compared in constant time."""
     given = request.headers.get("Authorization", "").encode()
     return any(t and hmac.compare_digest(given, f"Bearer {t}".encode()) for t in tokens)
 

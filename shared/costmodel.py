@@ -55,11 +55,11 @@ GIB = 1024**3
 # but one, the left-out point within 3.5% on average, 10.8% at worst (bench/bench_costmodel_fit.py).
 DENSE_H200 = Efficiency(0.6432, 0.3415, 0.2162, 0.80, 5.09e-5, 0.0,
                         "llama-3-8b layer stack, 1x H200, PyTorch SDPA (docs/calibration.md)")
-# Seed 002 (Qwen3-Coder-30B-A3B on one H200: 8K tokens from scratch 166 ms, after a 64K
-# cached prefix 966 ms), measured on a serving stack whose attention reads the prefix at HBM
-# speed (kv_read 0.8). Two points, two unknowns (linear, attention): exact on both.
-MOE_SEED_002 = Efficiency(0.3871, 0.5427, 0.80, 0.80, 0.0, 0.0,
-                          "seed 002: Qwen3-Coder-30B-A3B, 1x H200, 8K prefill at depth 0 and 64K")
+# When Fancy Eviction Fails (arXiv 2609.28870; Qwen3-Coder-30B-A3B on one H200: 8K tokens from
+# scratch 166 ms, after a 64K cached prefix 966 ms), measured on a serving stack whose attention
+# reads the prefix at HBM speed (kv_read 0.8). Two points, two unknowns (linear, attention): exact on both.
+MOE_H200 = Efficiency(0.3871, 0.5427, 0.80, 0.80, 0.0, 0.0,
+                      "When Fancy Eviction Fails: Qwen3-Coder-30B-A3B, 1x H200, 8K prefill at depth 0 and 64K")
 
 
 MIB = 1024**2
@@ -113,11 +113,6 @@ class ModelSpec:
         return self.attn_params + self.router_params + n * self.expert_params
 
     @property
-    def active_params(self) -> float:
-        """Parameters touched per token: layers with the active experts, plus the LM head."""
-        return self.layers * self.layer_params(self.active_experts or None) + self.head_params
-
-    @property
     def total_params(self) -> float:
         """Resident parameters: every layer and expert, the input embedding and the LM head (one
         matrix when they are tied). Norms, biases and learned positions are left out (<0.1%)."""
@@ -165,7 +160,7 @@ MODELS: dict[str, ModelSpec] = {
           for name, shape in _OPT.items()),
         # Qwen/Qwen3-Coder-30B-A3B-Instruct: every layer MoE, 128 experts of moe_intermediate_size
         # 768, 8 a token, 4 KV heads, untied
-        ModelSpec("qwen3-coder-30b-a3b", 48, 32, 4, 128, 2048, 768, 151936, 128, 8, efficiency=MOE_SEED_002),
+        ModelSpec("qwen3-coder-30b-a3b", 48, 32, 4, 128, 2048, 768, 151936, 128, 8, efficiency=MOE_H200),
         # Tiny shapes for CPU tests and `kvemu calibrate --device cpu` (not real models).
         ModelSpec("tiny", 4, 4, 2, 32, 256, 512, 1024),
         ModelSpec("tiny-moe", 4, 4, 2, 32, 256, 256, 1024, 8, 2),
@@ -334,10 +329,6 @@ class CostModel:
     def with_efficiency(self, eff: Efficiency) -> CostModel:
         return replace(self, eff=eff)
 
-    @property
-    def mbu_decode(self) -> float:
-        return self.efficiency.memory
-
     # ---- capacity -------------------------------------------------------------
     @property
     def kv_bytes_per_token(self) -> int:
@@ -442,14 +433,6 @@ class CostModel:
         the block's own tokens and the prefix before it), without per-step costs."""
         p = self.prefill_parts(block_size, block_index * block_size)
         return p.linear + p.attention
-
-    # ---- host <-> device -----------------------------------------------------------
-    def host_copy_time(self, blocks: int, block_size: int, copies: int | None = None) -> float:
-        """Seconds to copy ``blocks`` KV blocks between pinned host memory and the device (one
-        direction) in ``copies`` copy calls (default: one per block, as scattered blocks are)."""
-        g = self.gpu
-        calls = blocks if copies is None else copies
-        return blocks * self.block_bytes(block_size) / (g.host_bandwidth * self.tp) + calls * g.host_copy_overhead_s
 
 
 def layered_finish(compute: float, restores: Iterable[tuple[float, float]], layers: int) -> float:

@@ -1,6 +1,6 @@
 """The one place hit ratios and the compute-savings ratio (CSR) are computed from counts.
 
-CSR (seed 002, see docs/sources.md) = recompute cost of the reused blocks / recompute cost of
+CSR (from When Fancy Eviction Fails, see docs/sources.md) = recompute cost of the reused blocks / recompute cost of
 every block looked up, where a block's cost grows with its depth; with a constant cost it
 equals the block hit ratio. Counts from several replicas add up before dividing.
 """

@@ -258,18 +258,3 @@ def serve(app: web.Application, sock: socket.socket, shutdown_timeout: float = 3
         loop.run_until_complete(runner.cleanup())
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
-
-
-def add_server_args(p) -> None:
-    """The connection and token flags every server process (router, replica) takes."""
-    p.add_argument("--cluster-token", default=None,
-                   help="shared by the cluster's routers and replicas: guards /kv/* (or KVEMU_CLUSTER_TOKEN);"
-                        " required with a --host beyond loopback")
-    p.add_argument("--parse-workers", type=int, default=1,
-                   help="processes that parse bodies of 256 KiB or more off the event loop (0 = inline)")
-    p.add_argument("--max-connections", type=int, default=4096, help="open connections beyond which new ones get 503")
-    p.add_argument("--header-timeout", type=float, default=10.0, help="seconds for a request head to arrive")
-    p.add_argument("--body-timeout", type=float, default=30.0, help="seconds for a request body to arrive")
-    p.add_argument("--write-timeout", type=float, default=30.0,
-                   help="seconds the server may be blocked on a client that reads nothing of its response (the"
-                        " send buffer full) before the connection is cut")

@@ -1,4 +1,5 @@
-"""Mean-field hit ratio of whole-conversation LRU for multi-turn sessions (seed 000).
+"""Mean-field hit ratio of whole-conversation LRU for multi-turn sessions, after the mean-field
+LRU analysis of multi-turn conversations (docs/sources.md).
 
 The paper's multi-turn conversation model (MCM): sessions arrive as a Poisson process of
 rate λ; a session has M turns; turn j's prompt holds R_j = Z_1 + ... + Z_j blocks (its whole

@@ -1,4 +1,5 @@
-"""``kvemu estimate``: mean-field hit ratio of whole-conversation LRU (seed 000), no simulation.
+"""``kvemu estimate``: mean-field hit ratio of whole-conversation LRU (the mean-field LRU analysis of
+multi-turn conversations, docs/sources.md), no simulation.
 
     kvemu estimate --set arrival_rate=1.5 --set think_mean=135 --set continue_prob=0.75 \\
                    --set prompt_blocks=1 --set response_blocks=2 --capacity-blocks 2275 [--practical] [--json]

@@ -7,11 +7,14 @@ import json
 import os
 import sys
 
+from kvemu.options.hit_mode import HIT_MODE
+from kvemu.options.response_kv import add_response_kv_arg
+from kvemu.options.reuse import add_sim_reuse_args, sim_reuse
+from kvemu.options.scheduler import add_scheduler_args, check_scheduler_flag
+from kvemu.options.tiers import add_tier_args, tier_settings
 from loadgen.source import add_source_args, load_source, trace_name
 from loadgen.trace import Trace
-from replica.core.policies import policy_class
-from replica.core.scheduler import add_scheduler_arg, check_scheduler
-from replica.core.tier_args import add_tier_args, tier_settings
+from replica.core.cache.policies import policy_class
 from router.strategies import RoutingSettings, get_strategy
 from shared.cli import check_outputs
 from shared.config import add_config_arg
@@ -31,17 +34,14 @@ def add_emulation_args(p: argparse.ArgumentParser) -> None:
     cap.add_argument("--capacity-gib", metavar="G1,G2,...", help="per-replica capacity in GiB of KV (uses --model)")
     p.add_argument("--model", default="qwen3-coder-30b-a3b")
     add_gpu_args(p)
-    p.add_argument("--hit-mode", default="holes", choices=["prefix", "holes"])
+    HIT_MODE.add(p)
     p.add_argument("--cache-only", action="store_true",
                    help="replay requests one at a time in trace order through routing, pool and policy only:"
                         " no scheduler, no cost-model clock, no latencies (what cache simulators do)")
     p.add_argument("--python-core", action="store_true",
                    help="run the Python pool even where the compiled one could (LRU, S3-FIFO, Belady, BeladyCompute:"
                         " the same results, 1.7-2.5x slower); the JSON's engine says which ran")
-    p.add_argument("--max-running", type=int, default=256,
-                   help="requests running at once per replica (1 = the cache sees requests one at a time)")
-    p.add_argument("--token-budget", type=int, default=8192, help="tokens per scheduler step")
-    add_scheduler_arg(p)
+    add_scheduler_args(p, live=False)
     p.add_argument("--no-decode-kv", action="store_true",
                    help="count prompt blocks only, as cache simulators do (default: the KV of generated tokens takes"
                         " blocks as it fills them and the latest admitted request is preempted when none is left, as"
@@ -51,9 +51,7 @@ def add_emulation_args(p: argparse.ArgumentParser) -> None:
                         " (default: every request at its trace time)")
     p.add_argument("--routing-set", action="append", default=[], metavar="NAME=VALUE",
                    help="routing setting, as `kvemu up --set` (e.g. bounded_load_factor=1.5)")
-    p.add_argument("--response-kv", choices=("keep", "drop"), default="drop",
-                   help="keep: cache each response's full blocks, so the next turn hits them (colocated vLLM);"
-                        " drop (default): the next turn recomputes them (disaggregated prefill)")
+    add_response_kv_arg(p, live=False)
     add_tier_args(p)
 
 
@@ -66,11 +64,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy-param", action="append", default=[], metavar="NAME=VALUE",
                    help="a policy parameter, given to every policy of --policy (e.g. interval_s=300 for adaptive)")
     add_emulation_args(p)
-    p.add_argument("--reuse", choices=("auto", "sampled", "exact", "off"), default="auto",
-                   help="reuse distances for the miss-ratio curve: SHARDS-sampled (within 0.01 of exact),"
-                        " exact, or off (fastest); auto (default) = sampled, or off with --cache-only;"
-                        " the JSON says which")
-    p.add_argument("--no-reuse-distances", action="store_true", help="same as --reuse off")
+    add_sim_reuse_args(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                    help="run the policy x capacity cells in this many processes at once (default: all cores)")
@@ -128,7 +122,7 @@ def run(args) -> int:
         raise InputError("--jobs", f"must be >= 1, got {args.jobs}")
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
     validate_names(policies, args.replicas, args.routing)
-    check_scheduler(args.scheduler, "--scheduler")
+    check_scheduler_flag(args.scheduler)
     trace = load_source(args)
     if not trace.requests:
         raise InputError("trace", "has no requests")
@@ -142,7 +136,7 @@ def run(args) -> int:
     grid = [SimSettings(capacity_blocks=c, policy=pol, policy_params=params, replicas=args.replicas, routing=args.routing,
                         hit_mode=args.hit_mode, seed=args.seed, model=args.model, gpu=args.gpu,
                         token_budget=args.token_budget, max_running=args.max_running, scheduler=args.scheduler,
-                        reuse="off" if args.no_reuse_distances else args.reuse, causal=args.causal,
+                        reuse=sim_reuse(args), causal=args.causal,
                         routing_settings=routing, cache_only=args.cache_only, response_kv=args.response_kv,
                         tiers=tiers, decode_kv=not args.no_decode_kv,
                         compiled=not args.python_core)

@@ -18,15 +18,25 @@ from itertools import chain
 import numpy as np
 
 from loadgen.trace import Trace, response_hashes
-from replica.core.build import CoreSettings, build_core
-from replica.core.compiled_pool import CompiledPool, compiles, hashes_u64
-from replica.core.policies import policy_class
-from replica.core.pool import BlockPool
-from replica.core.scheduler import SchedRequest, Scheduler, StepResult, check_scheduler
-from replica.core.tiers import TierSettings, TierStack
+from replica.core.build import (
+    DEFAULT_HIT_MODE,
+    DEFAULT_SHARDS_RATE,
+    RESPONSE_KV,
+    REUSE_MODES,
+    CoreSettings,
+    ReplicaCore,
+    build_core,
+    check_choice,
+)
+from replica.core.cache.policies import policy_class
+from replica.core.cache.pool import BlockPool
+from replica.core.cache.types import Lookup
+from replica.core.compiled.pool import CompiledPool, compiles, hashes_u64
+from replica.core.sched.sched_types import DEFAULT_ADMISSION, DEFAULT_MAX_RUNNING, DEFAULT_TOKEN_BUDGET
+from replica.core.sched.scheduler import SchedRequest, Scheduler, StepResult, check_admission
+from replica.core.tiers.stack import TierSettings, TierStack
 from router.strategies import ReplicaState, RouteRequest, RoutingSettings, RoutingStep, strategy_spec
 from shared.costmodel import CostModel
-from shared.errors import InputError
 from shared.gc_tuning import gc_settled
 from shared.histogram import LogHistogram
 from shared.index import EventBatch, MemoryIndex
@@ -35,6 +45,8 @@ from shared.ratios import CacheCounts, ratio
 from shared.validate import check_number, check_positive_int
 
 INF = float("inf")
+# The core's reuse modes, and "auto": sampled in batching mode, off in cache-only mode (SimSettings.reuse_mode)
+SIM_REUSE_MODES = ("auto", *REUSE_MODES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,18 +55,18 @@ class SimSettings:
     policy: str = "lru"
     replicas: int = 1
     routing: str = "cache_aware"
-    hit_mode: str = "holes"
+    hit_mode: str = DEFAULT_HIT_MODE
     seed: int = 0
     model: str = "qwen3-coder-30b-a3b"
     gpu: str = "h200"
-    token_budget: int = 8192
-    max_running: int = 256
-    scheduler: str = "fcfs"  # admission order: fcfs (vLLM) or reorder (seed 001, FlashGen)
+    token_budget: int = DEFAULT_TOKEN_BUDGET
+    max_running: int = DEFAULT_MAX_RUNNING
+    scheduler: str = DEFAULT_ADMISSION  # admission order: fcfs (vLLM) or reorder (FlashGen)
     # Reuse distances for the miss-ratio curve: "sampled" (SHARDS at shards_rate: within 0.01 of
     # exact on the sample traces at a fraction of the cost), "exact", "off", or "auto" (the
     # default: sampled in batching mode; off in cache-only mode, whose point is speed).
     reuse: str = "auto"
-    shards_rate: float = 0.1
+    shards_rate: float = DEFAULT_SHARDS_RATE
     policy_params: tuple[tuple[str, object], ...] = ()
     routing_settings: RoutingSettings | None = None
     # Session causality, as `kvemu replay` sends: turn j+1 arrives when turn j has finished plus
@@ -71,21 +83,19 @@ class SimSettings:
     # Decode KV takes blocks as it fills them, and preempts when none is left (vLLM); False: only
     # prompt blocks count (a one-at-a-time run then equals the cache-only replay exactly).
     decode_kv: bool = True
-    # The compiled pool where it is the Python pool's exact twin (replica.core.compiled_pool.why_not:
-    # LRU, S3-FIFO, Belady or BeladyCompute; no index, tiers, kept response KV or reorder); False: the
-    # Python pool everywhere.
+    # The compiled pool where it is the Python pool's exact twin (replica.core.compiled.pool.compilable
+    # decides: LRU, S3-FIFO, Belady or BeladyCompute; no index, tiers, kept response KV or reorder;
+    # 64-bit unsigned hashes); False: the Python pool everywhere.
     compiled: bool = True
 
     def __post_init__(self) -> None:
         check_positive_int("replicas", self.replicas)
         check_positive_int("capacity_blocks", self.capacity_blocks)
-        if self.response_kv not in ("keep", "drop"):
-            raise InputError("response_kv", f"must be keep or drop, got {self.response_kv!r}")
-        if self.reuse not in ("auto", "sampled", "exact", "off"):
-            raise InputError("reuse", f"must be auto, sampled, exact or off, got {self.reuse!r}")
+        check_choice("response_kv", self.response_kv, RESPONSE_KV)
+        check_choice("reuse", self.reuse, SIM_REUSE_MODES)
         check_number("shards_rate", self.shards_rate, above=0, maximum=1)
         policy_class(self.policy)  # unknown names list the valid ones
-        check_scheduler(self.scheduler)
+        check_admission(self.scheduler)
         strategy_spec(self.routing)
 
     @property
@@ -98,8 +108,8 @@ class SimSettings:
 
 @dataclass(slots=True)
 class _Replica:
-    rid: str
-    pool: BlockPool
+    replica_id: str
+    core: ReplicaCore  # its pools: ``live_pool`` serves, ``pool`` is the Python pool, settled when read
     sched: Scheduler
     state: ReplicaState
     busy_until: float = INF
@@ -107,12 +117,20 @@ class _Replica:
     ttft: LogHistogram = field(default_factory=LogHistogram)
     busy_s: float = 0.0  # emulated seconds spent in scheduler steps
     tiers: TierStack | None = None  # host / SSD below this replica's HBM
-    compiled: CompiledPool | None = None  # the scheduler's pool when compiled (pool is current after settle)
+
+    @property
+    def pool(self) -> BlockPool:
+        """The Python pool, current (``ReplicaCore.pool`` settles the compiled twin into it first)."""
+        return self.core.pool
 
     @property
     def live_pool(self) -> BlockPool | CompiledPool:
         """The pool requests go to: the compiled one where there is one."""
-        return self.compiled if self.compiled is not None else self.pool
+        return self.core.serving
+
+    @property
+    def compiled(self) -> CompiledPool | None:
+        return self.core.compiled
 
 
 class NextUses:
@@ -190,32 +208,32 @@ class PoolIndex:
                                  max_replicas=max(len(replica_ids), DEFAULT_MAX_REPLICAS))
         self._seq = dict.fromkeys(replica_ids, 0)
 
-    def sync(self, rid: str, pool: BlockPool) -> None:
+    def sync(self, replica_id: str, pool: BlockPool) -> None:
         """Apply what the pool changed since the last sync (call after anything that allocates)."""
         if pool.events:
             events = pool.drain_events()
-            self.index.apply_sync(EventBatch(rid, "sim", self._seq[rid], events))
-            self._seq[rid] += len(events)
+            self.index.apply_sync(EventBatch(replica_id, "sim", self._seq[replica_id], events))
+            self._seq[replica_id] += len(events)
 
     def lookup(self, hashes) -> dict[str, int]:
         return self.index.lookup_sync(hashes)
 
 
 def _build_replica(i: int, s: SimSettings, block_size: int, cost: CostModel, indexed: bool,
-                   requests: int, compiled: bool) -> _Replica:
+                   requests: int, hashes_fit: bool) -> _Replica:
     # Virtual time refuses nothing: the waiting queue can hold every request of the trace (a live
     # replica's bound answers overload with 503; here it would only abort a long backlogged run).
     core = build_core(CoreSettings(
         capacity_blocks=s.capacity_blocks, policy=s.policy, policy_params=s.policy_params, block_size=block_size,
         hit_mode=s.hit_mode, token_budget=s.token_budget, max_running=s.max_running, scheduler=s.scheduler,
         max_waiting=max(requests, 1),
-        reuse={"sampled": "shards", "exact": "exact", "off": "off"}[s.reuse_mode], shards_rate=s.shards_rate,
+        reuse=s.reuse_mode, shards_rate=s.shards_rate,
         shards_max_tracked=1 << 62, seed=s.seed, emit_events=indexed, oracles=True,
         stream_tokens=False, tiers=s.tiers, response_kv=s.response_kv, decode_kv=s.decode_kv,
-        compiled=compiled), cost)
-    rid = f"replica-{i}"  # the ids `kvemu up` gives, so session routing hashes the same ring
-    return _Replica(rid, core.pool, core.scheduler, ReplicaState(rid, capacity_blocks=s.capacity_blocks),
-                    tiers=core.tiers, compiled=core.compiled)
+        compiled=s.compiled), cost, hashes_fit=hashes_fit)
+    replica_id = f"replica-{i}"  # the ids `kvemu up` gives, so session routing hashes the same ring
+    return _Replica(replica_id, core, core.scheduler, ReplicaState(replica_id, capacity_blocks=s.capacity_blocks),
+                    tiers=core.tiers)
 
 
 class Simulation:
@@ -226,18 +244,18 @@ class Simulation:
         self.block_size = trace.block_size
         spec = strategy_spec(settings.routing)
         indexed = spec.uses_index and settings.replicas > 1  # one replica: its pool is the index
-        # the compiled pool keys on 64-bit unsigned hashes: a trace with others runs the Python pool
+        # the compiled pool keys on 64-bit unsigned hashes (build_core's compilable decides with that;
+        # no trace pass for a policy it has not compiled)
         flat = hashes_u64([r.hash_ids for r in trace.requests]) \
             if settings.compiled and compiles(settings.policy) else None
-        compiled = flat is not None
         self._flat_hashes = flat if settings.cache_only else None  # the cache-only replay reads them
-        self.replicas = [_build_replica(i, settings, trace.block_size, self.cost, indexed, len(trace.requests), compiled)
-                         for i in range(settings.replicas)]
-        self.by_id = {r.rid: r for r in self.replicas}
+        self.replicas = [_build_replica(i, settings, trace.block_size, self.cost, indexed, len(trace.requests),
+                                        flat is not None) for i in range(settings.replicas)]
+        self.by_id = {r.replica_id: r for r in self.replicas}
         self.tiered = any(rep.tiers is not None for rep in self.replicas)
         self.responses = response_hashes(trace) if settings.response_kv == "keep" else None
         self.states = [rep.state for rep in self.replicas]
-        self.index = PoolIndex([r.rid for r in self.replicas], settings.capacity_blocks) if indexed else None
+        self.index = PoolIndex([r.replica_id for r in self.replicas], settings.capacity_blocks) if indexed else None
         self.router = RoutingStep(spec, settings.routing_settings or RoutingSettings(block_size=trace.block_size),
                                   settings.seed)
         self.progress = progress
@@ -261,8 +279,8 @@ class Simulation:
         for i in range(n + 1):
             t_next = arrivals.peek()
             while busy and busy[0][0] <= t_next:
-                end, _, rid = heapq.heappop(busy)
-                rep = self.by_id[rid]
+                end, _, replica_id = heapq.heappop(busy)
+                rep = self.by_id[replica_id]
                 self._complete_step(rep)  # may release a session's next turn (causal)
                 t_next = arrivals.peek()
                 seq = self._start_step(rep, end, t_next, busy, seq)
@@ -301,9 +319,9 @@ class Simulation:
             r = reqs[k]
             rep, view = self._route(r)
             plan = rep.tiers.plan(r.hash_ids, r.t) if rep.tiers is not None else None
-            alloc = rep.live_pool.serve(r.hash_ids, session=r.session, now=r.t, input_tokens=r.input_tokens,
-                                   next_use=future.of(k) if future else None,
-                                   position=future.position(k) if future else None)
+            alloc = rep.live_pool.serve(Lookup(r.hash_ids, r.session, r.t, r.input_tokens,
+                                               next_use=future.of(k) if future else None,
+                                               position=future.position(k) if future else None))
             if plan is not None and rep.tiers is not None:  # no clock here: transfers only count bytes
                 rep.tiers.complete(plan, alloc.hashes, alloc.hit_idx, alloc.new_idx, r.t)
             stored = rep.pool.store(self.responses[k], r.session, r.t) if self.responses is not None else []
@@ -311,7 +329,7 @@ class Simulation:
                 rep.tiers.produced(stored, r.t)
                 rep.tiers.released([*alloc.hashes, *stored], r.t)
             if self.index is not None:
-                self.index.sync(rep.rid, rep.pool)
+                self.index.sync(rep.replica_id, rep.pool)
             self.router.done(rep.state, view)
             self.served += 1
             if self.progress and k % 2000 == 0:
@@ -340,14 +358,13 @@ class Simulation:
             self.router.only(self.states[0], view)
             return self.replicas[0], view
         overlap = {}
+        # several replicas: a strategy that uses the index has one (Simulation.__init__)
         if self.index is not None:  # exact and never behind: synced after every allocation
             overlap = self.index.lookup(r.hash_ids)
-        elif self.router.uses_index:
-            overlap = {rep.rid: rep.pool.prefix_match(r.hash_ids) for rep in self.replicas}
         if self.router.uses_index and self.tiered:
             for rep in self.replicas:
                 if rep.tiers is not None:
-                    overlap.update(rep.tiers.lower_overlap(rep.rid, r.hash_ids, overlap.get(rep.rid, 0)))
+                    overlap.update(rep.tiers.lower_overlap(rep.replica_id, r.hash_ids, overlap.get(rep.replica_id, 0)))
         _, pos = self.router.route(self.states, view, overlap)
         return self.replicas[pos], view
 
@@ -357,14 +374,14 @@ class Simulation:
             return seq
         res = rep.sched.step(now, horizon)
         if self.index is not None:
-            self.index.sync(rep.rid, rep.pool)
+            self.index.sync(rep.replica_id, rep.pool)
         if res.duration <= 0 and not res.finished and not res.first_tokens and not res.decoded:
             rep.busy_until = INF  # nothing could run; the next arrival or completion restarts it
             return seq
         rep.busy_until = now + res.duration
         rep.busy_s += res.duration
         rep.pending = res
-        heapq.heappush(busy, (rep.busy_until, seq, rep.rid))
+        heapq.heappush(busy, (rep.busy_until, seq, rep.replica_id))
         return seq + 1
 
     def _complete_step(self, rep: _Replica) -> None:
@@ -389,11 +406,9 @@ class Simulation:
         counts = CacheCounts()
         requests = evictions = holes = preemptions = 0
         for rep in self.replicas:
-            if rep.compiled is not None:
-                rep.compiled.settle()
             st = rep.pool.stats()
             m = rep.pool.metrics
-            st["replica"] = rep.rid
+            st["replica"] = rep.replica_id
             st["scheduler"] = rep.sched.stats()
             preemptions += rep.sched.preemptions
             st["ttft_p50_s"] = None if timed is None else rep.ttft.quantile(0.5)
@@ -417,7 +432,7 @@ class Simulation:
             "max_running": self.s.max_running,
             "scheduler": None if self.s.cache_only else self.s.scheduler,
             "decode_kv": None if self.s.cache_only else self.s.decode_kv,
-            # the pool that served: compiled (replica.core.compiled_pool, the same results) or python
+            # the pool that served: compiled (replica.core.compiled.pool, the same results) or python
             "engine": "compiled" if all(rep.compiled is not None for rep in self.replicas) else "python",
             "block_size": self.block_size,
             "model": self.cost.model.name,
@@ -442,27 +457,30 @@ class Simulation:
 
 
     def _tier_report(self, counts: CacheCounts) -> dict:
-        """Per-tier hit ratios over block accesses (without tiers, HBM's is the block hit ratio)."""
+        """Per-level hit ratios over block accesses (without tiers, HBM's is the block hit ratio),
+        each level under its name (``host_block_hit_ratio``, ...)."""
+        levels = self.s.tiers.levels()
         stacks = [rep.tiers for rep in self.replicas if rep.tiers is not None]
         if not stacks:
-            hbm = ratio(counts.block_hits, counts.block_accesses)
-            return {"hbm_block_hit_ratio": hbm, "host_block_hit_ratio": 0.0, "ssd_block_hit_ratio": 0.0,
-                    "fetched_blocks": 0, "recomputed_blocks": counts.block_accesses - counts.block_hits}
+            out: dict = {"hbm_block_hit_ratio": ratio(counts.block_hits, counts.block_accesses)}
+            out.update({f"{lv.kind}_block_hit_ratio": 0.0 for lv in levels})
+            return {**out, "fetched_blocks": 0, "recomputed_blocks": counts.block_accesses - counts.block_hits}
         c = [t.counters for t in stacks]
         n = sum(x.accessed_blocks for x in c)
-        hbm, host, ssd = (sum(getattr(x, k) for x in c) for k in ("hbm_hits", "host_hits", "ssd_hits"))
+        hits = [sum(x.hits[k] for x in c) for k in range(len(levels) + 1)]  # hits[0]: HBM
         moved: dict[str, int] = {}
         for t in stacks:
             for link, b in t.stats()["bytes_moved"].items():
                 moved[link] = moved.get(link, 0) + b
         s = stacks[0].settings
-        return {"hbm_block_hit_ratio": ratio(hbm, n), "host_block_hit_ratio": ratio(host, n),
-                "ssd_block_hit_ratio": ratio(ssd, n), "fetched_blocks": host + ssd,
-                "recomputed_blocks": n - hbm - host - ssd, "tiers": {
-                    "mode": s.mode, "fetch": s.fetch, "host_blocks": s.host_blocks, "ssd_blocks": s.ssd_blocks,
-                    "host_policy": s.host_policy, "ssd_policy": s.ssd_policy, "host_link_gbps": s.host_link_gbps,
-                    "bytes_moved": moved, "demoted_blocks": sum(x.demoted for x in c),
-                    "dropped_blocks": sum(x.dropped for x in c)}}
+        out = {"hbm_block_hit_ratio": ratio(hits[0], n)}
+        out.update({f"{lv.kind}_block_hit_ratio": ratio(hits[k], n) for k, lv in enumerate(levels, 1)})
+        tiers: dict = {"mode": s.mode, "fetch": s.fetch}
+        tiers.update({f"{lv.kind}_blocks": lv.blocks for lv in levels})
+        tiers.update({f"{lv.kind}_policy": lv.policy for lv in levels})
+        tiers.update({"host_link_gbps": s.host_link_gbps, "bytes_moved": moved,
+                      "demoted_blocks": sum(x.demoted for x in c), "dropped_blocks": sum(x.dropped for x in c)})
+        return {**out, "fetched_blocks": sum(hits[1:]), "recomputed_blocks": n - sum(hits), "tiers": tiers}
 
     def _latencies(self, timed: bool) -> dict[str, float | None]:
         ttft = LogHistogram()

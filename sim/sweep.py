@@ -75,6 +75,8 @@ def workload_identity(trace: Trace, duration_s: float) -> dict:
 # Settings added after sweeps were first written: left out of a point's identity at their
 # default, so results written before them keep their ids and `--resume` still finds them.
 LATER_DEFAULTS = {"scheduler": "fcfs"}
+# The same within nested settings: memory levels below SSD, and their routing hit costs.
+LATER_NESTED_DEFAULTS = {("tiers", "deeper"): (), ("routing_settings", "deeper_hit_costs"): ()}
 
 
 def settings_dict(s: SimSettings) -> dict:
@@ -82,6 +84,10 @@ def settings_dict(s: SimSettings) -> dict:
     for name, default in LATER_DEFAULTS.items():
         if out.get(name) == default:
             del out[name]
+    for (outer, field), unset in LATER_NESTED_DEFAULTS.items():
+        inner = out.get(outer)
+        if isinstance(inner, dict) and inner.get(field) == unset:
+            del inner[field]
     return out
 
 

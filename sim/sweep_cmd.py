@@ -16,11 +16,12 @@ import os
 import sys
 from contextlib import closing
 
+from kvemu.options.reuse import add_sweep_reuse_arg, sweep_reuse
+from kvemu.options.scheduler import check_scheduler_flag
+from kvemu.options.tiers import tier_settings
 from loadgen.formats import detect_format
 from loadgen.source import add_source_args, load_source
-from replica.core.policies import policy_class
-from replica.core.scheduler import check_scheduler
-from replica.core.tier_args import tier_settings
+from replica.core.cache.policies import policy_class
 from router.strategies import RoutingSettings, get_strategy
 from shared.config import add_config_arg
 from shared.costmodel import CostModel
@@ -55,8 +56,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--routing", default="cache_aware", metavar="R1,R2,...", help="routing strategies")
     p.add_argument("--replicas", default="1", metavar="K1,K2,...", help="replica counts")
     add_emulation_args(p)
-    p.add_argument("--reuse-distances", action="store_true",
-                   help="track exact reuse distances in every run (slower; off by default)")
+    add_sweep_reuse_arg(p)
     p.add_argument("--seed", type=int, default=0, help="workload and routing seed")
     p.add_argument("--out", required=True, metavar="FILE.jsonl", help="results, one JSON line per point")
     p.add_argument("--csv", metavar="FILE.csv", help="(re)write the main scalar columns of every result here")
@@ -100,7 +100,7 @@ def _check_scalars(args) -> None:
         raise InputError("--max-running", f"must be >= 1, got {args.max_running}")
     if args.token_budget < 1:
         raise InputError("--token-budget", f"must be >= 1, got {args.token_budget}")
-    check_scheduler(args.scheduler, "--scheduler")
+    check_scheduler_flag(args.scheduler)
     check_positive("--dask-timeout", args.dask_timeout)
 
 
@@ -127,7 +127,7 @@ def build_grid(args, trace, identity: dict, policies, routings, replicas, caps) 
                     s = SimSettings(capacity_blocks=c, policy=pol, replicas=k, routing=route, hit_mode=args.hit_mode,
                                     seed=args.seed, model=args.model, gpu=args.gpu, token_budget=args.token_budget,
                                     max_running=args.max_running, scheduler=args.scheduler,
-                                    reuse="exact" if args.reuse_distances else "off", routing_settings=routing,
+                                    reuse=sweep_reuse(args), routing_settings=routing,
                                     causal=args.causal, cache_only=args.cache_only, response_kv=args.response_kv,
                                     tiers=tiers, decode_kv=not args.no_decode_kv,
                                     compiled=not args.python_core)

@@ -1,7 +1,10 @@
 """The layout's rules, checked on the source: arrows point down, no cycles, nothing outside the repo.
 
 kvemu (CLI) -> router, replica (processes) and sim (virtual time) -> replica.core and
-router.strategies (pure) -> shared; loadgen imports shared only. Imports inside functions
+router.strategies (pure) -> shared; loadgen imports shared only. The command-line front ends
+of the processes and the simulator (``FRONT_ENDS``) are CLI too: they, and nothing else below
+kvemu, take their flags from ``kvemu.options``, which defines each choice and its flag once and
+imports no front end. Imports inside functions
 count too (they are still dependencies); ``if TYPE_CHECKING:`` blocks do not.
 """
 
@@ -73,8 +76,21 @@ def top(name: str) -> str:
     ("sim", {"kvemu"}),
 ])
 def test_arrows_point_down(pkg, forbidden):
-    bad = sorted((m, t) for m, ts in GRAPH.items() if top(m) == pkg for t in ts if top(t) in forbidden)
+    bad = sorted((m, t) for m, ts in GRAPH.items() if top(m) == pkg for t in ts if top(t) in forbidden
+                 and not (m in FRONT_ENDS and t.startswith("kvemu.options")))
     assert not bad
+
+
+FRONT_ENDS = {"replica.cmd", "router.cmd", "sim.sim_cmd", "sim.sweep_cmd"}
+
+
+def test_the_flag_vocabulary_imports_no_front_end():
+    """``kvemu.options`` sits below every command: it may read settings and the core's values,
+    never a command (that would be a cycle through the CLI)."""
+    bad = sorted((m, t) for m, ts in GRAPH.items() if m.startswith("kvemu.options") for t in ts
+                 if t in FRONT_ENDS or (top(t) == "kvemu" and not t.startswith("kvemu.options")))
+    assert not bad
+    assert all(m in GRAPH for m in FRONT_ENDS)
 
 
 def external_imports(path: Path) -> set[str]:

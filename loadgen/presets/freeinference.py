@@ -1,15 +1,16 @@
-"""``freeinference``: heavy-tailed sessions matching the production statistics of seed 002.
+"""``freeinference``: heavy-tailed sessions matching the FreeInference production statistics
+of When Fancy Eviction Fails (arXiv 2609.28870; docs/sources.md).
 
-Targets (seed 002, "性质二/三/五"): intra-session gap median 8.2 s, p90 47 s, p99 409 s;
+Targets (its "性质二/三/五"): intra-session gap median 8.2 s, p90 47 s, p99 409 s;
 turns per multi-turn session median 5, p90 30, p99 168, max 412; session footprint (distinct
 16-token blocks, i.e. the last turn's full blocks, over all sessions) median 45, p99 8.3K.
-The seed gives no footprint p90; we target 1.5K and add p99.9 = 12K because that pair makes
-the top 10% / top 1% of sessions hold ≈76% / ≈21% of all footprint blocks, as the seed reports
+The source gives no footprint p90; we target 1.5K and add p99.9 = 12K because that pair makes
+the top 10% / top 1% of sessions hold ≈76% / ≈21% of all footprint blocks, as it reports
 (76.2% / 20.3%).
 
 How: gaps, turns and footprints are drawn from piecewise power-law inverse CDFs through
 those quantiles (exact by construction; past p99 the gap tail keeps its slope, which puts
-99.7% of gaps under 22 minutes as in the seed).  Turns and footprint are coupled by a
+99.7% of gaps under 22 minutes as in the source).  Turns and footprint are coupled by a
 Gaussian copula (``size_turns_corr``): long sessions tend to be big without being forced to.
 Each session takes the longest of ``system_candidates`` Zipf–Mandelbrot-popular system
 prompts that fits in ``system_max_share`` of its footprint, so big sessions tend to carry big
@@ -49,12 +50,12 @@ from loadgen.presets.common import (
 )
 from shared.errors import InputError
 
-FOOTPRINT_BLOCK = 16  # the seed's footprint unit, independent of the trace's block_size
+FOOTPRINT_BLOCK = 16  # the source's footprint unit, independent of the trace's block_size
 
 
 @dataclass(frozen=True)
 class FreeInferencePreset:
-    """Heavy-tailed production mix (seed 002): gap, turn and footprint quantiles of FreeInference."""
+    """Heavy-tailed production mix (When Fancy Eviction Fails): gap, turn and footprint quantiles of FreeInference."""
 
     session_rate: float = 0.25  # new sessions per second, single- and multi-turn
     single_frac: float = 0.6  # share of sessions with one turn
@@ -72,7 +73,7 @@ class FreeInferencePreset:
     footprint_p90: float = 1500.0
     footprint_p99: float = 8300.0
     footprint_p999: float = 12000.0
-    footprint_max: float = 160000.0  # ≈234 GiB at Qwen3-Coder's bytes/block, the seed's largest
+    footprint_max: float = 160000.0  # ≈234 GiB at Qwen3-Coder's bytes/block, the source's largest
     size_turns_corr: float = 0.2
     first_prompt_weight: float = 4.0
     response_weight: float = 1.5

@@ -1,9 +1,9 @@
-"""The WAKMan-style profiles (seed 004) and the presets built on them: ``chat``, ``agent``,
+"""The session profiles of WAKMan (Workload Aware KVCache Manager) and the presets built on them: ``chat``, ``agent``,
 ``single`` and their ``mix``.
 
 Every length is log-normal (median, log-space sigma); popular system prompts come from a
 per-profile catalog with Zipf–Mandelbrot popularity.  Turn counts of ``chat`` / ``agent`` are
-a rounded log-normal given by its median and mean (ShareGPT: median 3, mean 7, seed 001).
+a rounded log-normal given by its median and mean (ShareGPT: median 3, mean 7, as FlashGen (Jeong and Ahn, ASPLOS 2025) reports).
 """
 
 from __future__ import annotations
@@ -219,7 +219,7 @@ _MIX_KINDS = ("single", "multi", "agent")
 
 @dataclass(frozen=True)
 class MixPreset:
-    """WAKMan mix (seed 004): each new session is single / multi / agent with the given fractions.
+    """WAKMan's mix: each new session is single / multi / agent with the given fractions.
 
     Profile parameters are set as ``single.NAME``, ``multi.NAME`` (a chat profile) and
     ``agent.NAME``.  ``request_rate`` is the long-run mean over all kinds.

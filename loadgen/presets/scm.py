@@ -1,4 +1,5 @@
-"""``scm``: the simple conversation model of seed 000 (the paper's SCM).
+"""``scm``: the simple conversation model (SCM) of the mean-field LRU analysis of multi-turn
+conversations (docs/sources.md).
 
 Conversations arrive as a Poisson process (``arrival_rate`` per second).  The number of
 turns M is geometric: P(M >= j+1 | M >= j) = ``continue_prob``, so E[M] = 1/(1-p).  Every
@@ -31,7 +32,7 @@ _NO_CATALOG = Catalog([], np.zeros(0, dtype=np.int64), np.zeros(0))
 
 @dataclass(frozen=True)
 class ScmPreset:
-    """Seed 000's SCM: Poisson conversations, geometric turns, fixed blocks per turn, exponential think time."""
+    """The mean-field paper's SCM: Poisson conversations, geometric turns, fixed blocks per turn, exponential think time."""
 
     arrival_rate: float = 0.3  # conversations per second (λ0); ≈1.5 requests/s at the default p
     think_mean: float = 135.0  # seconds; the paper's Experiment 2 value

@@ -4,9 +4,10 @@ The tier stack (replica/core/tiers/stack.py) decides what moves where; ``TierMov
 move on real K/V the moment the stack decides it, so the data follows the decisions in the
 same order:
 
-* **host**: a host tensor of blocks (pinned when the device is CUDA), one slot per host-tier
-  block; **SSD**: a memory-mapped file of slots (``ssd-kv.bin`` in a private temporary
-  directory, removed on ``close``). A slot is found by the block's hash; a slot whose block
+* **host** (and any level kept in memory): a host tensor of blocks (pinned when the device is
+  CUDA), one slot per block of the level; **SSD** (and any level whose kind is ``in_file``,
+  replica/core/tiers/levels.py): a memory-mapped file of slots (``ssd-kv.bin``, ``<name>-kv.bin``,
+  in a private temporary directory, removed on ``close``). A slot is found by the block's hash; a slot whose block
   the tier no longer holds is reclaimed when a free one is needed (as the device slots are).
 * **Moves**: HBM -> host / SSD (demotions, inclusive copies), host -> SSD (spills), host /
   SSD -> HBM (restores into the slot of the block the allocation gave). A restored block is
@@ -27,7 +28,8 @@ from collections.abc import Callable, Collection, Sequence
 import torch
 
 from replica.backends.torchstack import host_clock, synchronize
-from replica.core.tiers.stack import TierStack
+from replica.core.tiers.levels import level_kind
+from replica.core.tiers.stack import Level, TierStack
 from shared.errors import KvemuError
 
 
@@ -62,24 +64,23 @@ class BlockSlots:
         self.data[slot].copy_(kv)
 
 
-def host_slots(tiers: TierStack, shape: tuple[int, ...], dtype: torch.dtype, pinned: bool) -> BlockSlots | None:
-    if tiers.host is None:
-        return None
-    host = tiers.host
-    data = torch.empty((host.capacity, *shape), dtype=dtype, pin_memory=pinned)
-    return BlockSlots("host", data, lambda: host.resident)
+def memory_slots(level: Level, shape: tuple[int, ...], dtype: torch.dtype, pinned: bool) -> BlockSlots:
+    """A level's slots in a host tensor (pinned for CUDA copies)."""
+    pool = level.pool
+    data = torch.empty((pool.capacity, *shape), dtype=dtype, pin_memory=pinned)
+    return BlockSlots(level.name, data, lambda: pool.resident)
 
 
-def ssd_slots(tiers: TierStack, shape: tuple[int, ...], dtype: torch.dtype, directory: str) -> BlockSlots | None:
-    if tiers.ssd is None:
-        return None
-    ssd = tiers.ssd
-    numel = ssd.capacity
+def file_slots(level: Level, shape: tuple[int, ...], dtype: torch.dtype, directory: str) -> BlockSlots:
+    """A level's slots in a memory-mapped file, ``<name>-kv.bin`` in ``directory``."""
+    pool = level.pool
+    numel = pool.capacity
     for n in shape:
         numel *= n
     nbytes = numel * torch.empty((), dtype=dtype).element_size()
-    raw = torch.from_file(os.path.join(directory, "ssd-kv.bin"), shared=True, size=nbytes, dtype=torch.uint8)
-    return BlockSlots("ssd", raw.view(dtype).view(ssd.capacity, *shape), lambda: ssd.resident)
+    raw = torch.from_file(os.path.join(directory, f"{level.name}-kv.bin"), shared=True, size=nbytes,
+                          dtype=torch.uint8)
+    return BlockSlots(level.name, raw.view(dtype).view(pool.capacity, *shape), lambda: pool.resident)
 
 
 class TierMover:
@@ -89,15 +90,22 @@ class TierMover:
                  read_hbm: Callable[[int], torch.Tensor | None], write_hbm: Callable[[int, torch.Tensor], None]) -> None:
         self.tiers, self.device = tiers, device
         self.read_hbm, self.write_hbm = read_hbm, write_hbm
-        self._dir = tempfile.TemporaryDirectory(prefix="kvemu-ssd-") if tiers.ssd is not None else None
-        self.stores = {name: s for name, s in (
-            ("host", host_slots(tiers, shape, dtype, device.type == "cuda")),
-            ("ssd", ssd_slots(tiers, shape, dtype, self._dir.name) if self._dir is not None else None)) if s is not None}
+        in_file = [lv for lv in tiers.levels if level_kind(lv.name).in_file]
+        self._dir = tempfile.TemporaryDirectory(prefix="kvemu-ssd-") if in_file else None
+        self.stores: dict[str, BlockSlots] = {}
+        for lv in tiers.levels:
+            if self._dir is not None and lv in in_file:
+                self.stores[lv.name] = file_slots(lv, shape, dtype, self._dir.name)
+            else:
+                self.stores[lv.name] = memory_slots(lv, shape, dtype, device.type == "cuda")
         self.owed: dict[int, str] = {}  # block -> the tier its copy is owed to (its K/V did not exist yet)
         self.restored: set[int] = set()  # blocks restored into HBM, not yet read by their prefill
         self.pending_s = 0.0  # move time not yet charged to a step
-        self.counters = {"hbm>host": 0, "hbm>ssd": 0, "host>ssd": 0, "host>hbm": 0, "ssd>hbm": 0,
-                         "owed": 0, "restored_without_kv": 0, "copy_s": 0.0}
+        # every move a level may make: down the hierarchy, then each level's restore into HBM
+        names = ["hbm", *tiers.names]
+        self.counters: dict[str, float] = {f"{a}>{b}": 0 for i, a in enumerate(names) for b in names[i + 1:]}
+        self.counters.update({f"{name}>hbm": 0 for name in tiers.names})
+        self.counters.update({"owed": 0, "restored_without_kv": 0, "copy_s": 0.0})
         tiers.copies = self
 
     def copy(self, src: str, dst: str, hashes: Sequence[int]) -> None:
@@ -129,7 +137,7 @@ class TierMover:
         dst = self.owed.pop(block_hash, None)
         if dst is None:
             return
-        tier = self.tiers.host if dst == "host" else self.tiers.ssd
+        tier = self.tiers.pool(dst)
         if tier is not None and block_hash in tier.resident:
             clock = host_clock()
             t0 = clock()
@@ -143,12 +151,13 @@ class TierMover:
         return spent
 
     def block_kv(self, tier: str, block_hash: int) -> torch.Tensor | None:
-        """A block's K/V in the host or SSD tier (None: not there)."""
+        """A block's K/V in the level of that name (None: not there)."""
         store = self.stores.get(tier)
         return None if store is None else store.get(block_hash)
 
     def close(self) -> None:
-        self.stores.pop("ssd", None)
+        for name in [name for name in self.stores if level_kind(name).in_file]:
+            del self.stores[name]  # its file's mapping goes before the directory
         if self._dir is not None:
             self._dir.cleanup()
             self._dir = None

@@ -10,14 +10,25 @@ from replica.core.cache.costs import DepthCosts
 from replica.core.cache.metrics import PoolMetrics
 from replica.core.cache.policies import make_policy
 from replica.core.cache.pool import BlockPool, KvEvent
-from replica.core.compiled.pool import CompiledPool, why_not
-from replica.core.sched.scheduler import Scheduler, SchedulerSettings, check_scheduler
+from replica.core.compiled.pool import CompiledPool, compilable
+from replica.core.sched.sched_types import DEFAULT_ADMISSION, DEFAULT_MAX_RUNNING, DEFAULT_MAX_WAITING, DEFAULT_TOKEN_BUDGET
+from replica.core.sched.scheduler import Scheduler, SchedulerSettings, check_admission
 from replica.core.tiers.stack import TierSettings, TierStack
 from shared.costmodel import CostModel
 from shared.errors import InputError
 
-REUSE_MODES = ("exact", "shards", "off")
+# The choices a core is built with, each defined once here; their flags are in kvemu/options/.
+DEFAULT_HIT_MODE = "holes"  # of pool.HIT_MODES: a cached block is a hit wherever it sits in the prompt
+# Reuse distances: SHARDS-sampled at shards_rate (bounded memory), exact, or none.
+REUSE_MODES = ("sampled", "exact", "off")
+DEFAULT_SHARDS_RATE = 0.1  # keeps the sampled miss-ratio curve within 0.02 of the exact one
 RESPONSE_KV = ("keep", "drop")
+
+
+def check_choice(field: str, value: str, choices: tuple[str, ...]) -> None:
+    """``value`` is one of ``choices``; else an ``InputError`` naming ``field`` and them all."""
+    if value not in choices:
+        raise InputError(field, f"must be one of {', '.join(choices)}, got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,14 +41,14 @@ class CoreSettings:
     policy: str = "lru"
     policy_params: tuple[tuple[str, object], ...] = ()
     block_size: int = 16
-    hit_mode: str = "holes"
-    token_budget: int = 8192
-    max_running: int = 256
-    max_waiting: int = 100_000
-    scheduler: str = "fcfs"  # admission order: fcfs (vLLM) or reorder (seed 001)
+    hit_mode: str = DEFAULT_HIT_MODE
+    token_budget: int = DEFAULT_TOKEN_BUDGET
+    max_running: int = DEFAULT_MAX_RUNNING
+    max_waiting: int = DEFAULT_MAX_WAITING
+    scheduler: str = DEFAULT_ADMISSION  # admission order: fcfs (vLLM) or reorder (FlashGen)
     decode_kv: bool = True  # decode KV takes blocks (vLLM); False: prompt blocks only (SchedulerSettings)
-    reuse: str = "shards"
-    shards_rate: float = 0.1
+    reuse: str = "sampled"
+    shards_rate: float = DEFAULT_SHARDS_RATE
     shards_max_tracked: int = 1 << 16
     seed: int = 0
     emit_events: bool = True
@@ -53,29 +64,46 @@ class CoreSettings:
     compiled: bool = False
 
     def __post_init__(self) -> None:
-        if self.response_kv not in RESPONSE_KV:
-            raise InputError("response_kv", f"must be keep or drop, got {self.response_kv!r}")
-        if self.reuse not in REUSE_MODES:
-            raise InputError("reuse", f"must be one of {', '.join(REUSE_MODES)}, got {self.reuse!r}")
-        check_scheduler(self.scheduler)
+        check_choice("response_kv", self.response_kv, RESPONSE_KV)
+        check_choice("reuse", self.reuse, REUSE_MODES)
+        check_admission(self.scheduler)
 
 
 @dataclass(slots=True)
 class ReplicaCore:
-    """A replica's pure core: the pool (with its policy and metrics) and the scheduler over it."""
+    """A replica's pure core: the pool (with its policy and metrics) and the scheduler over it.
 
-    pool: BlockPool
+    One way in: ``serving`` is the pool requests go to (the compiled twin where it runs, else the
+    Python pool), and ``pool`` is the Python pool, always current: reading it first writes what the
+    twin reached into it (``CompiledPool.settle``, a no-op when nothing changed since).
+    """
+
+    _pool: BlockPool
     scheduler: Scheduler
     tiers: TierStack | None = None
-    # The scheduler's pool when it is compiled: ``pool`` is then current only after ``compiled.settle()``.
-    compiled: CompiledPool | None = None
+    _compiled: CompiledPool | None = None
+
+    @property
+    def pool(self) -> BlockPool:
+        """The Python pool, settled: what every report, event and index reads."""
+        return self._compiled.settle() if self._compiled is not None else self._pool
+
+    @property
+    def serving(self) -> BlockPool | CompiledPool:
+        """The pool requests go to (``acquire``, ``serve``): the compiled twin where it runs."""
+        return self._compiled if self._compiled is not None else self._pool
+
+    @property
+    def compiled(self) -> CompiledPool | None:
+        """The compiled twin when it runs (its ``serve_requests`` replays a trace in one call)."""
+        return self._compiled
 
     @property
     def metrics(self) -> PoolMetrics:
         return self.pool.metrics
 
     def drain_events(self) -> list[KvEvent]:
-        """Every tier's events since the last drain: HBM's untagged, then host's and SSD's tagged.
+        """Every level's events since the last drain: HBM's untagged, then each lower level's tagged with its index.
 
         An HBM ``cleared`` (an admin reset) clears every tier in an index, so the lower tiers then
         follow with what they hold now instead of their changes."""
@@ -103,15 +131,17 @@ class ReplicaCore:
 def _reuse_tracker(s: CoreSettings) -> ReuseDistanceTracker | ShardsTracker | None:
     if s.reuse == "exact":
         return ReuseDistanceTracker(max_distance=max(4 * s.capacity_blocks, 1 << 16))
-    if s.reuse == "shards":
+    if s.reuse == "sampled":
         return ShardsTracker(rate=s.shards_rate, max_tracked=s.shards_max_tracked, seed=s.seed)
     return None
 
 
-def build_core(s: CoreSettings, cost: CostModel) -> ReplicaCore:
+def build_core(s: CoreSettings, cost: CostModel, *, hashes_fit: bool = True) -> ReplicaCore:
     """Metrics, policy, pool and scheduler, wired the same way wherever a replica runs.
 
     The metrics (CSR) and cost-aware policies share one depth-cost table from the cost model.
+    ``hashes_fit``: every block hash the core will see is a 64-bit unsigned integer (the simulator
+    knows its trace's); with ``s.compiled``, ``compilable`` decides whether the compiled twin runs.
     """
     policy = make_policy(s.policy, **dict(s.policy_params))
     if policy.needs_future and not s.oracles:
@@ -123,10 +153,11 @@ def build_core(s: CoreSettings, cost: CostModel) -> ReplicaCore:
     pool = BlockPool(s.capacity_blocks, policy, block_size=bs, hit_mode=s.hit_mode, metrics=metrics,
                      emit_events=s.emit_events, block_cost=costs)
     tiers = TierStack(s.tiers, pool, cost.block_bytes(bs), costs, s.tier_events) if s.tiers.enabled else None
-    fast = CompiledPool(pool) if s.compiled and tiers is None and s.response_kv == "drop" and s.scheduler == "fcfs" \
-        and why_not(pool) is None else None
+    fast = CompiledPool(pool) if s.compiled and compilable(
+        pool, tiers=tiers is not None, keeps_response_kv=s.response_kv == "keep", admission=s.scheduler,
+        hashes_fit=hashes_fit) else None
     sched = Scheduler(fast or pool, cost, SchedulerSettings(token_budget=s.token_budget, max_running=s.max_running,
-                                                    max_waiting=s.max_waiting, policy=s.scheduler,
+                                                    max_waiting=s.max_waiting, admission=s.scheduler,
                                                     decode_kv=s.decode_kv),
                       report_decoded=s.stream_tokens, tiers=tiers, keep_response_kv=s.response_kv == "keep")
     return ReplicaCore(pool, sched, tiers, fast)

@@ -44,7 +44,6 @@ SPECS: Mapping[str, StrategySpec] = MappingProxyType({spec.name: spec for spec i
     StrategySpec("session", session_affinity, keeps_sessions=True),
     StrategySpec("cache_aware", cache_aware, uses_index=True, keeps_sessions=True),
 )})
-STRATEGIES: Mapping[str, Strategy] = MappingProxyType({name: spec.choose for name, spec in SPECS.items()})
 
 DEFAULT_STRATEGY = "cache_aware"
 
@@ -65,7 +64,6 @@ def get_strategy(name: str) -> Strategy:
 __all__ = [
     "DEFAULT_STRATEGY",
     "REASONS",
-    "STRATEGIES",
     "NoHealthyReplica",
     "ReplicaState",
     "RouteDecision",

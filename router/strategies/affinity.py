@@ -64,9 +64,9 @@ def _ensure_ring(memory: RouterMemory, replicas: Sequence[ReplicaState], virtual
     if key == memory.ring_key:
         return
     index = {r.replica_id: i for i, r in enumerate(replicas)}
-    pairs = sorted((p, rid) for rid in index for p in replica_points(rid, virtual_nodes))
+    pairs = sorted((p, replica_id) for replica_id in index for p in replica_points(replica_id, virtual_nodes))
     memory.ring_points = [p for p, _ in pairs]
-    memory.ring_owners = [index[rid] for _, rid in pairs]
+    memory.ring_owners = [index[replica_id] for _, replica_id in pairs]
     memory.ring_key = key
 
 

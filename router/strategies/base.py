@@ -7,7 +7,6 @@ identical decisions from identical inputs.
 
 from __future__ import annotations
 
-import math
 import random
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -15,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from shared.errors import KvemuError
-from shared.validate import check_int, check_number
+from shared.validate import check_int, check_number, check_positive_int, check_probability
 
 # Every ``RouteDecision.reason`` is one of these, so metrics can use them as labels.
 REASONS: frozenset[str] = frozenset({
@@ -32,6 +31,7 @@ REASONS: frozenset[str] = frozenset({
     "session_failover",    # its preferred replica is unhealthy or gone: walked the ring
     "no_session",          # session strategy without a session id: least-loaded
     "no_healthy_replica",  # label for callers' metrics when NoHealthyReplica is raised
+    "only_replica",        # one replica, nothing to choose: RoutingStep.only, no strategy asked
 })
 
 
@@ -76,14 +76,6 @@ class RouteDecision(NamedTuple):
     predicted_cached_blocks: int  # the index's overlap for the chosen replica
 
 
-def _check_number(name: str, value, *, integer: bool, minimum: float, maximum: float = math.inf) -> None:
-    top = None if maximum == math.inf else maximum
-    if integer:
-        check_int(name, value, int(minimum), None if top is None else int(top))
-    else:
-        check_number(name, value, minimum, top)
-
-
 @dataclass(frozen=True, slots=True)
 class RoutingSettings:
     """Every threshold and factor any strategy reads.
@@ -112,24 +104,34 @@ class RoutingSettings:
     virtual_nodes: int = 100
     # Bound on remembered session -> replica assignments (LRU beyond it).
     max_sessions: int = 100_000
-    # A prefix block a replica holds in host DRAM / on SSD costs this fraction of computing it
-    # (its fetch time over its recompute time; 0 = free like an HBM hit, 1 = as a miss). The
-    # overlap map reports such blocks under "<replica id>#host" / "#ssd" (see TIER_SUFFIXES).
+    # A prefix block a replica holds in a memory level below HBM costs this fraction of computing
+    # it (its fetch time over its recompute time; 0 = free like an HBM hit, 1 = as a miss): level 1
+    # (host DRAM), level 2 (SSD), then ``deeper_hit_costs`` for levels 3 on (a level beyond them
+    # costs as a miss). The overlap map reports such blocks under "<replica id>#<level>"
+    # (shared.index.base.level_key).
     host_hit_cost: float = 0.1
     ssd_hit_cost: float = 0.5
+    deeper_hit_costs: tuple[float, ...] = ()
+
+    @property
+    def level_hit_costs(self) -> tuple[float, ...]:
+        """The hit cost of each level below HBM, level 1 first."""
+        return (self.host_hit_cost, self.ssd_hit_cost, *self.deeper_hit_costs)
 
     def __post_init__(self) -> None:
-        _check_number("block_size", self.block_size, integer=True, minimum=1)
-        _check_number("overlap_weight", self.overlap_weight, integer=False, minimum=0.0)
-        _check_number("in_flight_weight", self.in_flight_weight, integer=False, minimum=0.0)
-        _check_number("balance_abs_threshold", self.balance_abs_threshold, integer=True, minimum=0)
-        _check_number("bounded_load_min", self.bounded_load_min, integer=True, minimum=1)
-        _check_number("balance_rel_threshold", self.balance_rel_threshold, integer=False, minimum=1.0)
-        _check_number("bounded_load_factor", self.bounded_load_factor, integer=False, minimum=1.0)
-        _check_number("virtual_nodes", self.virtual_nodes, integer=True, minimum=1, maximum=10_000)
-        _check_number("max_sessions", self.max_sessions, integer=True, minimum=1)
-        _check_number("host_hit_cost", self.host_hit_cost, integer=False, minimum=0.0, maximum=1.0)
-        _check_number("ssd_hit_cost", self.ssd_hit_cost, integer=False, minimum=0.0, maximum=1.0)
+        check_positive_int("block_size", self.block_size)
+        check_number("overlap_weight", self.overlap_weight, 0.0)
+        check_number("in_flight_weight", self.in_flight_weight, 0.0)
+        check_int("balance_abs_threshold", self.balance_abs_threshold, 0)
+        check_positive_int("bounded_load_min", self.bounded_load_min)
+        check_number("balance_rel_threshold", self.balance_rel_threshold, 1.0)
+        check_number("bounded_load_factor", self.bounded_load_factor, 1.0)
+        check_int("virtual_nodes", self.virtual_nodes, 1, 10_000)
+        check_positive_int("max_sessions", self.max_sessions)
+        check_probability("host_hit_cost", self.host_hit_cost)
+        check_probability("ssd_hit_cost", self.ssd_hit_cost)
+        for k, cost in enumerate(self.deeper_hit_costs, 3):
+            check_probability(f"deeper_hit_costs[level {k}]", cost)
 
 
 @dataclass(slots=True)

@@ -4,11 +4,13 @@ Cost of sending the request to healthy replica r, in **blocks of prefill work**:
 
     cost(r) = overlap_weight * blocks_to_prefill(r) + load(r)
     blocks_to_prefill(r) = num_blocks - overlap[r]          (overlap clamped to [0, num_blocks])
-                           - (1 - host_hit_cost) * host[r] - (1 - ssd_hit_cost) * ssd[r]
+                           - sum over levels k >= 1 of (1 - hit_cost[k]) * lower[r][k]
 
-``host[r]`` / ``ssd[r]`` (the overlap map's ``"<id>#host"`` / ``"<id>#ssd"`` entries, present
-only for replicas with memory tiers) count the prompt's blocks after the HBM prefix that r
-can restore from host DRAM or SSD: such a hit is priced by its fetch time, not as free.
+``lower[r][k]`` (the overlap map's ``"<id>#<k>"`` entries, present only for replicas with
+memory levels below HBM) counts the prompt's blocks after the HBM prefix that r can restore
+from level k (1 host DRAM, 2 SSD, ...): such a hit is priced by its fetch time, not as free.
+``hit_cost`` is ``RoutingSettings.level_hit_costs`` (``host_hit_cost``, ``ssd_hit_cost``, then
+``deeper_hit_costs``).
     load(r) = in_flight_weight * in_flight(r) + queued_tokens(r) / block_size
 
 Read it as a rough time-to-first-token on r: the prefill work already queued ahead of
@@ -67,7 +69,8 @@ def cache_aware(
     inv_bs = 1.0 / settings.block_size
     get = overlap.get
     tiered = len(overlap) > 0 and any("#" in k for k in overlap)
-    save_host, save_ssd = 1.0 - settings.host_hit_cost, 1.0 - settings.ssd_hit_cost
+    # the fraction of a block each level's hit saves, with its overlap key's suffix
+    saves = [(f"#{k}", 1.0 - cost) for k, cost in enumerate(settings.level_hit_costs, 1)] if tiered else []
     # One pass: cost argmin (reservoir tie-break), in-flight spread, longest overlap.
     best = None
     best_cost = 0.0
@@ -82,7 +85,10 @@ def cache_aware(
         todo: float = nb - ov
         if tiered:
             rid = r.replica_id
-            todo -= save_host * get(rid + "#host", 0) + save_ssd * get(rid + "#ssd", 0)
+            saved = 0.0  # summed first, in level order: the same rounding as one expression
+            for suffix, save in saves:
+                saved += save * get(rid + suffix, 0)
+            todo -= saved
         cost = w * todo + per_req * f + r.queued_tokens * inv_bs
         if best is None:
             lo = hi = f

@@ -43,10 +43,10 @@ class RoutingStep:
               overlap: Mapping[str, int]) -> tuple[RouteDecision, int]:
         """The decision and the chosen replica's position in ``replicas``, already counted in flight."""
         decision = self.spec.choose(replicas, request, overlap, self.settings, self.rng, self.memory)
-        rid = decision.replica_id
-        pos = self._pos.get(rid, -1)
-        if not 0 <= pos < len(replicas) or replicas[pos].replica_id != rid:  # O(1) unless the list changed
-            pos = self._pos[rid] = next(i for i, r in enumerate(replicas) if r.replica_id == rid)
+        replica_id = decision.replica_id
+        pos = self._pos.get(replica_id, -1)
+        if not 0 <= pos < len(replicas) or replicas[pos].replica_id != replica_id:  # O(1) unless the list changed
+            pos = self._pos[replica_id] = next(i for i, r in enumerate(replicas) if r.replica_id == replica_id)
         self._count(decision.reason, replicas[pos], request)
         return decision, pos
 

@@ -22,15 +22,16 @@ full); the replica's next ``cleared`` event (followed by ``stored`` of what it h
 makes it True again.  Missing entries only under-report: the index never claims a block
 that a replica evicted, because every path that loses information clears first.
 
-Memory tiers: a replica with host DRAM / SSD below HBM also ships ``stored`` / ``removed``
-events tagged with the tier (``IndexEvent.tier``, ``"host"`` or ``"ssd"``; untagged events are
-HBM, so the wire form of a replica without tiers is unchanged). The index keeps each tier's
-blocks per replica under the same epoch / sequence / gap rules; ``cleared`` (never tagged)
-clears every tier of the replica, so a resync (``cleared``, then ``stored`` per tier) rebuilds
-all of it. A lookup reports, besides each replica's HBM prefix, the run of blocks right after
-it that the replica's lower tiers hold (host looked up first), as ``"<id>#host"`` /
-``"<id>#ssd"``: what the simulator's ``TierStack.lower_overlap`` gives and what
-``cache_aware`` prices by its fetch cost.
+Memory levels: a replica with levels below HBM (host DRAM, SSD, ...) also ships ``stored`` /
+``removed`` events tagged with the level's index (``IndexEvent.level``: 1 host DRAM, 2 SSD, ...;
+untagged events are HBM, level 0, so the wire form of a replica without tiers is unchanged). The
+index keeps each level's blocks per replica under the same epoch / sequence / gap rules;
+``cleared`` (never tagged) clears every level of the replica, so a resync (``cleared``, then
+``stored`` per level) rebuilds all of it. A lookup reports, besides each replica's HBM prefix,
+the run of blocks right after it that the replica's lower levels hold (the upper level looked up
+first), as ``"<id>#1"``, ``"<id>#2"``, ... (``level_key``): what the simulator's
+``TierStack.lower_overlap`` gives and what ``cache_aware`` prices by each level's hit cost. The
+index knows levels by index only; their names are the replica's (replica/core/tiers/levels.py).
 
 Bound: at most ``max_entries`` (block hash, replica) pairs and ``max_replicas`` replicas.
 When full, the index refuses new entries for the replica being applied and counts them
@@ -52,8 +53,9 @@ import numpy as np
 from shared.errors import InputError, KvemuError
 
 KINDS = ("stored", "removed", "cleared")
-# Lower memory tiers an event may name; an untagged event is HBM.
-TIERS = ("host", "ssd")
+# The deepest memory level an event may name: levels are indexes, HBM 0 (untagged), host DRAM 1,
+# SSD 2, ... (replica/core/tiers/levels.py names them; the index and the router never need to).
+MAX_LEVEL = 15
 MAX_HASH = 2**64 - 1
 # Lua (Redis backend) counts in doubles, exact only below 2**53.
 MAX_SEQ = 2**53 - 1
@@ -77,11 +79,11 @@ class IndexUnavailable(KvemuError):
 
 class IndexEvent(NamedTuple):
     """A change of residency: ``stored`` / ``removed`` hashes, or ``cleared``. Block pools emit it
-    (as ``replica.core.types.KvEvent``) and indexes apply it."""
+    (as ``replica.core.cache.types.KvEvent``) and indexes apply it."""
 
     kind: str  # "stored" | "removed" | "cleared"
     hashes: tuple[int, ...]
-    tier: str = ""  # "" (HBM) | "host" | "ssd"; on the wire a third element, only when not HBM
+    level: int = 0  # memory level, 0 (HBM) .. MAX_LEVEL; on the wire a third element, only when not HBM
 
 
 @dataclass(slots=True)
@@ -144,40 +146,39 @@ class EventBatch:
 
 
 def event_to_wire(ev: IndexEvent) -> list:
-    """``[kind, hashes]``, plus the tier for a lower-tier event (HBM events keep the old form)."""
-    return [ev.kind, ev.hashes, ev.tier] if ev.tier else [ev.kind, ev.hashes]
+    """``[kind, hashes]``, plus the level for a lower-level event (HBM events keep the old form)."""
+    return [ev.kind, ev.hashes, ev.level] if ev.level else [ev.kind, ev.hashes]
 
 
-def tier_key(replica_id: str, tier: str) -> str:
-    """The overlap map's key for a replica's lower tier: ``"<id>#host"`` / ``"<id>#ssd"``."""
-    return f"{replica_id}#{tier}"
+def level_key(replica_id: str, level: int) -> str:
+    """The overlap map's key for a replica's memory level below HBM: ``"<id>#1"`` (host DRAM), ``"<id>#2"``, ..."""
+    return f"{replica_id}#{level}"
 
 
-def lower_overlap(replica_id: str, hashes: Sequence[int], start: int, host: Container[int],
-                  ssd: Container[int]) -> dict[str, int]:
-    """The run of ``hashes`` from ``start`` (the HBM prefix) that host or SSD holds, host looked up
-    first, counted per tier under ``"<id>#host"`` / ``"<id>#ssd"`` (zero counts omitted). The one
-    definition: the simulator asks its tier pools, the indexes their tier sets."""
-    n_host = n_ssd = 0
+def lower_overlap(replica_id: str, hashes: Sequence[int], start: int,
+                  levels: Sequence[Container[int]]) -> dict[str, int]:
+    """The run of ``hashes`` from ``start`` (the HBM prefix) that the levels below HBM hold
+    (``levels[k]``: what level k + 1 holds; the upper level looked up first), counted per level
+    under ``level_key`` (zero counts omitted). The one definition: the simulator asks its level
+    pools, the indexes their level sets."""
+    counts = [0] * len(levels)
     for i in range(start, len(hashes)):
         h = hashes[i]
-        if h in host:
-            n_host += 1
-        elif h in ssd:
-            n_ssd += 1
+        for k, held in enumerate(levels):
+            if h in held:
+                counts[k] += 1
+                break
         else:
             break
-    out = {}
-    if n_host:
-        out[tier_key(replica_id, "host")] = n_host
-    if n_ssd:
-        out[tier_key(replica_id, "ssd")] = n_ssd
-    return out
+    return {level_key(replica_id, k): n for k, n in enumerate(counts, 1) if n}
 
 
-def check_positive_int(field: str, value: Any) -> None:
-    if type(value) is not int or value < 1:
-        raise InputError(field, f"must be a positive integer, got {value!r}")
+def lower_counts(blocks: Sequence[int]) -> tuple[int, ...]:
+    """Blocks per level below HBM, level 1 first, without trailing zeros (both backends' ``lower_blocks``)."""
+    counts = list(blocks)
+    while counts and not counts[-1]:
+        counts.pop()
+    return tuple(counts)
 
 
 def _check_text(field: str, value: Any) -> None:
@@ -190,14 +191,14 @@ def _check_text(field: str, value: Any) -> None:
 def _check_event(i: int, ev: Any) -> IndexEvent:
     where = f"events[{i}]"
     if not isinstance(ev, (list, tuple)) or not 2 <= len(ev) <= 3:
-        raise InputError(where, "must be a [kind, hashes] pair or a [kind, hashes, tier] triple")
+        raise InputError(where, "must be a [kind, hashes] pair or a [kind, hashes, level] triple")
     kind, hashes = ev[0], ev[1]
     if kind not in KINDS:
         raise InputError(f"{where}.kind", f"must be one of {', '.join(KINDS)}, got {kind!r}")
-    tier = ev[2] if len(ev) == 3 else ""
-    if tier and (tier not in TIERS or kind == "cleared"):
-        raise InputError(f"{where}.tier", f"must be one of {', '.join(TIERS)} on a stored or removed event "
-                                          f"(cleared clears every tier), got {tier!r}")
+    tier = ev[2] if len(ev) == 3 else 0
+    if type(tier) is not int or not 0 <= tier <= MAX_LEVEL or (tier and kind == "cleared"):
+        raise InputError(f"{where}.level", f"must be a memory level 1..{MAX_LEVEL} on a stored or removed event "
+                                           f"(cleared clears every level), got {tier!r}")
     if isinstance(hashes, np.ndarray):  # hashes straight from a trace or hashing.block_hashes
         hashes = hashes.tolist()
     if not isinstance(hashes, (list, tuple)):
@@ -244,8 +245,8 @@ class ReplicaIndexState:
     duplicate_batches: int
     dropped_entries: int
     applied_events: int
-    host_blocks: int = 0  # blocks its lower tiers hold (``blocks`` counts HBM)
-    ssd_blocks: int = 0
+    # blocks each level below HBM holds, level 1 first, without trailing zeros (``blocks`` counts HBM)
+    lower_blocks: tuple[int, ...] = ()
 
 
 @runtime_checkable
@@ -260,9 +261,9 @@ class PrefixIndex(Protocol):
     async def lookup(self, hashes: Sequence[int]) -> dict[str, int]:
         """Per replica, the length of the longest consecutive prefix of ``hashes`` it
         holds in HBM; replicas holding none of it are omitted. For a replica with lower
-        tiers, ``"<id>#host"`` / ``"<id>#ssd"`` count the blocks of the run right after
-        that prefix which host / SSD hold (host first; the run ends at a block neither
-        holds); zero counts are omitted."""
+        levels, ``"<id>#1"``, ``"<id>#2"``, ... (``level_key``) count the blocks of the run
+        right after that prefix which each level holds (the upper level first; the run ends
+        at a block none holds); zero counts are omitted."""
         ...
 
     async def clear_replica(self, replica_id: str) -> int:

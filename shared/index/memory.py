@@ -3,7 +3,7 @@
 Block hashes are chained, so a hash already names its whole prefix and a flat map is
 enough (no radix tree).  A lookup walks the prompt's hashes once, AND-ing the candidate
 mask; a replica's prefix length is the position where its bit first drops out.  Lower
-memory tiers (host / SSD) are plain per-replica sets: after the HBM walk, each replica that
+memory levels (1 host DRAM, 2 SSD, ...) are plain per-replica sets: after the HBM walk, each replica that
 has any walks on from its HBM prefix, as the simulator's ``TierStack.lower_overlap`` does.  Every
 method is synchronous underneath (``*_sync``, for the virtual-time simulator); the async
 methods only wrap them, so they never yield and each call is atomic on the event loop.
@@ -20,28 +20,28 @@ from shared.index.base import (
     COUNTERS,
     DEFAULT_MAX_ENTRIES,
     DEFAULT_MAX_REPLICAS,
-    TIERS,
     ApplyResult,
     EventBatch,
     IndexEvent,
     ReplicaIndexState,
-    check_positive_int,
+    lower_counts,
     lower_overlap,
 )
+from shared.validate import check_positive_int
 
 
 class _Replica:
-    __slots__ = ("rid", "slot", "bit", "epoch", "last_seq", "held", "lower", "synced",
+    __slots__ = ("replica_id", "slot", "bit", "epoch", "last_seq", "held", "lower", "synced",
                  "gaps", "epoch_changes", "duplicate_batches", "dropped_entries", "applied_events")
 
-    def __init__(self, rid: str, slot: int, epoch: str) -> None:
-        self.rid = rid
+    def __init__(self, replica_id: str, slot: int, epoch: str) -> None:
+        self.replica_id = replica_id
         self.slot = slot
         self.bit = 1 << slot
         self.epoch = epoch
         self.last_seq = -1
         self.held: set[int] = set()
-        self.lower: dict[str, set[int]] = {tier: set() for tier in TIERS}  # host / SSD blocks
+        self.lower: list[set[int]] = []  # lower[k]: the blocks of level k + 1 (grown as levels appear)
         self.synced = True
         self.gaps = self.epoch_changes = self.duplicate_batches = 0
         self.dropped_entries = self.applied_events = 0
@@ -132,7 +132,7 @@ class MemoryIndex:
         out = self._hbm_prefixes(hashes)
         if self._tiered:
             for rid, rep in self._tiered.items():
-                out.update(lower_overlap(rid, hashes, out.get(rid, 0), rep.lower["host"], rep.lower["ssd"]))
+                out.update(lower_overlap(rid, hashes, out.get(rid, 0), rep.lower))
         return out
 
     def _hbm_prefixes(self, hashes: Sequence[int]) -> dict[str, int]:
@@ -165,7 +165,7 @@ class MemoryIndex:
         return {
             rid: ReplicaIndexState(r.epoch, r.last_seq, len(r.held), r.synced, r.gaps, r.epoch_changes,
                                    r.duplicate_batches, r.dropped_entries, r.applied_events,
-                                   len(r.lower["host"]), len(r.lower["ssd"]))
+                                   lower_counts([len(held) for held in r.lower]))
             for rid, r in self._reps.items()
         }
 
@@ -203,7 +203,7 @@ class MemoryIndex:
 
     def _apply_event(self, rep: _Replica, ev: IndexEvent) -> int:
         """Apply one event; returns how many new entries were refused for lack of room."""
-        if ev.tier:
+        if ev.level:
             return self._apply_lower(rep, ev)
         table = self._table
         if ev.kind == "stored":
@@ -225,18 +225,21 @@ class MemoryIndex:
         return 0
 
     def _apply_lower(self, rep: _Replica, ev: IndexEvent) -> int:
-        """A host / SSD event: the tier's set only (lookups walk it after the HBM prefix)."""
-        held = rep.lower[ev.tier]
+        """A lower level's event: that level's set only (lookups walk it after the HBM prefix)."""
+        lower = rep.lower
+        while len(lower) < ev.level:
+            lower.append(set())
+        held = lower[ev.level - 1]
         if ev.kind == "removed":
             before = len(held)
             held.difference_update(ev.hashes)
             self._entries -= before - len(held)
-            if not any(rep.lower.values()):
-                self._tiered.pop(rep.rid, None)
+            if not any(lower):
+                self._tiered.pop(rep.replica_id, None)
             return 0
         _, dropped = self._admit(rep, held, ev.hashes)
         if held:
-            self._tiered[rep.rid] = rep
+            self._tiered[rep.replica_id] = rep
         return dropped
 
     def _admit(self, rep: _Replica, held: set[int], hashes: tuple[int, ...]) -> tuple[list[int], int]:
@@ -257,10 +260,9 @@ class MemoryIndex:
         for h in rep.held:
             self._unset(table, h, keep)
         rep.held = set()
-        for tier, held in rep.lower.items():
-            self._entries -= len(held)
-            rep.lower[tier] = set()
-        self._tiered.pop(rep.rid, None)
+        self._entries -= sum(map(len, rep.lower))
+        rep.lower = []
+        self._tiered.pop(rep.replica_id, None)
 
     def _unset(self, table: dict[int, int], h: int, keep: int) -> None:
         m = table[h] & keep

@@ -27,12 +27,14 @@ from shared.index.base import (
     COUNTERS,
     DEFAULT_MAX_ENTRIES,
     DEFAULT_MAX_REPLICAS,
+    MAX_LEVEL,
     ApplyResult,
     EventBatch,
     IndexUnavailable,
     ReplicaIndexState,
-    check_positive_int,
+    lower_counts,
 )
+from shared.validate import check_positive_int
 
 _CLUSTER_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _KIND_CODE = {"stored": "s", "removed": "r", "cleared": "c"}
@@ -116,7 +118,7 @@ class RedisIndex:
         args: list[Any] = [self.prefix, self.max_entries, self.gc_chunk, self.max_replicas,
                            batch.replica_id, batch.epoch, batch.seq, len(batch.events)]
         for ev in batch.events:
-            args.append(_KIND_CODE[ev.kind] + (":" + ev.tier if ev.tier else ""))
+            args.append(_KIND_CODE[ev.kind] + (f":{ev.level}" if ev.level else ""))
             args.append(_hex(ev.hashes))
         async with self._guard():
             status, applied, dropped, synced = await self._scripts["apply"](args=args)
@@ -178,12 +180,14 @@ class RedisIndex:
     async def replicas(self) -> dict[str, ReplicaIndexState]:
         async with self._guard():
             flat = await self._scripts["state"](args=[self.prefix])
-        width = 4 + len(scripts.STATE_FIELDS)
+        width = 2 + MAX_LEVEL + len(scripts.STATE_FIELDS)
         out = {}
         for k in range(0, len(flat), width):
-            rid, blocks, host, ssd, epoch, last_seq, synced, *counters = flat[k:k + width]
+            rid, blocks = flat[k:k + 2]
+            lower = [int(n) for n in flat[k + 2:k + 2 + MAX_LEVEL]]
+            epoch, last_seq, synced, *counters = flat[k + 2 + MAX_LEVEL:k + width]
             out[rid] = ReplicaIndexState(epoch=epoch, last_seq=int(last_seq), blocks=int(blocks), synced=synced == "1",
-                                         host_blocks=int(host), ssd_blocks=int(ssd),
+                                         lower_blocks=lower_counts(lower),
                                          **dict(zip(scripts.STATE_FIELDS[3:], map(int, counters), strict=True)))
         return out
 

@@ -5,8 +5,10 @@ Key layout, all under ``P = kvemu:<cluster>:`` (hashes as 16 hex digits):
     P b:<hash>         STRING bitmap, bit <slot> set if that replica holds the block
                        (2 bytes for 16 replicas); deleted when no bit is left
     P held:<slot>      SET of hashes the replica in that slot holds: the ground truth
-    P lo:<slot>:<tier> SET of hashes its host / SSD tier holds (tier events; no bitmaps)
-    P tiered           SET of slots that hold blocks in a lower tier
+    P lo:<slot>:<lvl>  SET of hashes its memory level <lvl> holds (1 host DRAM, 2 SSD, ...:
+                       level events; no bitmaps)
+    P lv:<slot>        SET of the levels whose lo: set is not empty
+    P tiered           SET of slots that hold blocks in a lower level
     P r:<replica_id>   HASH epoch, last_seq, slot, synced and per-replica counters
     P replicas         HASH replica_id -> slot       P slots   HASH slot -> replica_id
     P free             LIST of free slots            P next_slot  counter
@@ -20,8 +22,8 @@ Key layout, all under ``P = kvemu:<cluster>:`` (hashes as 16 hex digits):
 Lookup: MGET the prompt's bitmaps (chunks doubling from 8, stopping once no candidate is
 left) and AND them in Lua; a replica's prefix length is where its bit first drops out.
 That is ~3 commands for a 64-block prompt whatever the number of replicas. Then each slot in
-``tiered`` walks its host and SSD sets from its HBM prefix (SMISMEMBER in doubling chunks)
-for the run of blocks they hold, reported as ``<id>#host`` / ``<id>#ssd``.
+``tiered`` walks the sets of its levels (``lv:``, upper level first) from its HBM prefix
+(SMISMEMBER in doubling chunks) for the run of blocks they hold, reported as ``<id>#<lvl>``.
 
 Clearing a replica (restart, gap, ``cleared`` event, ``clear_replica``) renames its held
 set onto the GC queue: O(1) and atomic; its lower-tier sets are UNLINKed (they carry no
@@ -34,6 +36,8 @@ Redis Cluster.
 """
 
 from __future__ import annotations
+
+from shared.index.base import MAX_LEVEL
 
 MAX_SLOTS = 4096
 LOOKUP_FIRST_CHUNK = 8
@@ -86,18 +90,22 @@ local function retire(slot)
   return blocks
 end
 
--- Drop a slot's lower-tier sets; returns how many entries they held (the caller counts them off).
+-- Drop a slot's lower-level sets; returns how many entries they held (the caller counts them off).
 local function drop_lower(slot)
-  local hk, sk = P .. 'lo:' .. slot .. ':host', P .. 'lo:' .. slot .. ':ssd'
-  local n = redis.call('SCARD', hk) + redis.call('SCARD', sk)
-  redis.call('UNLINK', hk, sk)
+  local lv, n = P .. 'lv:' .. slot, 0
+  for _, l in ipairs(redis.call('SMEMBERS', lv)) do
+    local key = P .. 'lo:' .. slot .. ':' .. l
+    n = n + redis.call('SCARD', key)
+    redis.call('UNLINK', key)
+  end
+  redis.call('DEL', lv)
   redis.call('SREM', P .. 'tiered', slot)
   return n
 end
 """
 
 # ARGV: P, max_entries, gc_chunk, max_replicas, replica_id, epoch, seq, n_events,
-#       then per event: kind ('s' | 'r' | 'c', then ':host' / ':ssd' for a lower tier), its hashes as one string of 16-hex-digit
+#       then per event: kind ('s' | 'r' | 'c', then ':<level>' for a lower level), its hashes as one string of 16-hex-digit
 #       fields (one argument instead of one per hash: far cheaper to pack and to pass).
 # Returns {status, applied, dropped, synced}; status '' | 'epoch' | 'gap' | 'duplicate' | 'full'.
 APPLY = _PRELUDE + """
@@ -157,13 +165,17 @@ for e = 1, n do
           dropped = dropped + 1
         end
       end
-      if redis.call('EXISTS', lkey) == 1 then redis.call('SADD', P .. 'tiered', slot) end
+      if redis.call('EXISTS', lkey) == 1 then
+        redis.call('SADD', P .. 'lv:' .. slot, tier)
+        redis.call('SADD', P .. 'tiered', slot)
+      end
     else
       for j = 1, cnt do
         if redis.call('SREM', lkey, string.sub(blob, 16 * j - 15, 16 * j)) == 1 then entries = entries - 1 end
       end
-      if redis.call('EXISTS', P .. 'lo:' .. slot .. ':host', P .. 'lo:' .. slot .. ':ssd') == 0 then
-        redis.call('SREM', P .. 'tiered', slot)
+      if redis.call('EXISTS', lkey) == 0 then
+        redis.call('SREM', P .. 'lv:' .. slot, tier)
+        if redis.call('EXISTS', P .. 'lv:' .. slot) == 0 then redis.call('SREM', P .. 'tiered', slot) end
       end
     end
   elseif kind == 's' then
@@ -210,7 +222,7 @@ return {reset, applied, dropped, synced and 1 or 0}
 """
 
 # ARGV: P, the prompt's hashes as one string of 16-hex-digit fields.
-# Returns {replica_id, prefix_length, ...} for lengths > 0, then {"<id>#host" | "<id>#ssd", run, ...}.
+# Returns {replica_id, prefix_length, ...} for lengths > 0, then {"<id>#<level>", run, ...}.
 LOOKUP = """
 local P, blob, FIRST, MAXCHUNK = ARGV[1], ARGV[2], %d, %d
 local band = bit.band
@@ -291,22 +303,30 @@ if #found > 0 then
   end
 end
 
--- Lower tiers: from each tiered slot's HBM prefix, the run its host or SSD set holds (host first).
+-- Lower levels: from each tiered slot's HBM prefix, the run its level sets hold (upper level first).
 for _, slot in ipairs(redis.call('SMEMBERS', P .. 'tiered')) do
   local name = redis.call('HGET', P .. 'slots', slot)
-  local hk, sk = P .. 'lo:' .. slot .. ':host', P .. 'lo:' .. slot .. ':ssd'
-  local nh, ns, i, chunk, going = 0, 0, (prefix[slot] or 0) + 1, FIRST, name ~= false
+  local levels, counts = redis.call('SMEMBERS', P .. 'lv:' .. slot), {}
+  for k, l in ipairs(levels) do levels[k] = tonumber(l) end
+  table.sort(levels)
+  for k = 1, #levels do counts[k] = 0 end
+  local i, chunk, going = (prefix[slot] or 0) + 1, FIRST, name ~= false
   while going and i <= last do
-    local stop = math.min(i + chunk - 1, last)
-    local inh = redis.call('SMISMEMBER', hk, unpack(hs, i, stop))
-    local ins = redis.call('SMISMEMBER', sk, unpack(hs, i, stop))
-    for k = 1, #inh do
-      if inh[k] == 1 then nh = nh + 1 elseif ins[k] == 1 then ns = ns + 1 else going = false break end
+    local stop, held = math.min(i + chunk - 1, last), {}
+    for k, l in ipairs(levels) do
+      held[k] = redis.call('SMISMEMBER', P .. 'lo:' .. slot .. ':' .. l, unpack(hs, i, stop))
+    end
+    for j = 1, stop - i + 1 do
+      local k = 1
+      while k <= #levels and held[k][j] ~= 1 do k = k + 1 end
+      if k > #levels then going = false break end
+      counts[k] = counts[k] + 1
     end
     i, chunk = stop + 1, math.min(chunk * 2, MAXCHUNK)
   end
-  if nh > 0 then out[#out + 1] = name .. '#host'; out[#out + 1] = nh end
-  if ns > 0 then out[#out + 1] = name .. '#ssd'; out[#out + 1] = ns end
+  for k, l in ipairs(levels) do
+    if counts[k] > 0 then out[#out + 1] = name .. '#' .. l; out[#out + 1] = counts[k] end
+  end
 end
 return out
 """ % (LOOKUP_FIRST_CHUNK, LOOKUP_MAX_CHUNK)  # noqa: UP031  (Lua braces make str.format awkward)
@@ -336,7 +356,7 @@ return {done, redis.call('LLEN', P .. 'gcq')}
 STATE_FIELDS = ("epoch", "last_seq", "synced", "gaps", "epoch_changes", "duplicate_batches",
                 "dropped_entries", "applied_events")
 
-# ARGV: P.  Returns per replica: id, blocks, host blocks, SSD blocks, then STATE_FIELDS in order.
+# ARGV: P.  Returns per replica: id, blocks, the blocks of levels 1..MAX_LEVEL, then STATE_FIELDS in order.
 STATE = """
 local P = ARGV[1]
 local rows = redis.call('HGETALL', P .. 'replicas')
@@ -345,10 +365,9 @@ for k = 1, #rows, 2 do
   local rid, slot = rows[k], rows[k + 1]
   out[#out + 1] = rid
   out[#out + 1] = redis.call('SCARD', P .. 'held:' .. slot)
-  out[#out + 1] = redis.call('SCARD', P .. 'lo:' .. slot .. ':host')
-  out[#out + 1] = redis.call('SCARD', P .. 'lo:' .. slot .. ':ssd')
+  for l = 1, %d do out[#out + 1] = redis.call('SCARD', P .. 'lo:' .. slot .. ':' .. l) end
   local f = redis.call('HMGET', P .. 'r:' .. rid, %s)
   for j = 1, %d do out[#out + 1] = f[j] or '0' end
 end
 return out
-""" % (", ".join(f"'{f}'" for f in STATE_FIELDS), len(STATE_FIELDS))  # noqa: UP031
+""" % (MAX_LEVEL, ", ".join(f"'{f}'" for f in STATE_FIELDS), len(STATE_FIELDS))  # noqa: UP031

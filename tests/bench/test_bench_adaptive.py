@@ -8,8 +8,8 @@ import pytest
 from bench import bench_adaptive as ba
 
 
-def test_seed_mixes_are_twenty_distinct_from_pure_types_to_thirds():
-    mixes = ba.SEED_MIXES
+def test_wakman_mixes_are_twenty_distinct_from_pure_types_to_thirds():
+    mixes = ba.WAKMAN_MIXES
     assert len(mixes) == 20 and len(set(mixes)) == 20
     assert all(min(m) >= 0 and sum(m) == pytest.approx(1) for m in mixes)
     for must in [(1, 0, 0), (0, 1, 0), (0, 0, 1), (0, 0.5, 0.5)]:

@@ -43,7 +43,7 @@ def _check_every_tier(core, tb: TorchBackend, expected: dict) -> int:
     for h in core.pool.resident:
         assert same_kv(tb.block_kv(h), expected[h]), f"HBM block {h:#x} differs from its recompute"
         checked += 1
-    for name, tier in (("host", core.tiers.host), ("ssd", core.tiers.ssd)):
+    for name, tier in (("host", core.tiers.pool("host")), ("ssd", core.tiers.pool("ssd"))):
         for h in tier.resident:
             kv = tb.mover.block_kv(name, h)
             assert same_kv(kv, expected[h]), f"{name} block {h:#x} differs from its recompute"
@@ -68,13 +68,13 @@ def test_blocks_moved_through_host_and_ssd_equal_a_recompute(mode):
     assert checked > 200
     # The check can fail: two host slots swapped (a wrong slot) and a stale SSD slot are caught.
     host = tb.mover.stores["host"]
-    a, b = list(core.tiers.host.resident)[:2]
+    a, b = list(core.tiers.pool("host").resident)[:2]
     host.slot_of[a], host.slot_of[b] = host.slot_of[b], host.slot_of[a]
     with pytest.raises(AssertionError, match="host block .* differs from its recompute"):
         _check_every_tier(core, tb, expected)
     host.slot_of[a], host.slot_of[b] = host.slot_of[b], host.slot_of[a]
     ssd = tb.mover.stores["ssd"]
-    ssd.data[ssd.slot_of[next(iter(core.tiers.ssd.resident))]] += 1
+    ssd.data[ssd.slot_of[next(iter(core.tiers.pool("ssd").resident))]] += 1
     with pytest.raises(AssertionError, match="ssd block .* differs from its recompute"):
         _check_every_tier(core, tb, expected)
 

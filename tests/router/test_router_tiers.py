@@ -33,7 +33,7 @@ def test_a_block_demoted_to_host_is_a_host_hit_the_router_prices(backend, reques
         assert generate(a.url, PROMPT)[0] == 200
         assert generate(a.url, range(1000, 1064))[0] == 200  # evicts the prompt from a's HBM: demoted to host
         assert generate(b.url, PROMPT[:48])[0] == 200
-        want = {"a#host": 4, "b": 3}
+        want = {"a#1": 4, "b": 3}
         if backend == "redis":
             router = start_router([a.url, b.url], "--cluster", extra[3], index=extra[1])
             wait_for(lambda: redis_lookup(extra[1], extra[3], block_hashes(PROMPT)) == want, what="tiers indexed")

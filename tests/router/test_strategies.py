@@ -11,7 +11,7 @@ import pytest
 
 from router.strategies import (
     REASONS,
-    STRATEGIES,
+    SPECS,
     NoHealthyReplica,
     ReplicaState,
     RouteRequest,
@@ -317,10 +317,10 @@ def test_unknown_strategy_lists_valid_names():
     assert "fastest" in message
     for name in ("round_robin", "random", "least_loaded", "session", "cache_aware"):
         assert name in message
-    assert set(STRATEGIES) == {"round_robin", "random", "least_loaded", "session", "cache_aware"}
+    assert set(SPECS) == {"round_robin", "random", "least_loaded", "session", "cache_aware"}
 
 
-@pytest.mark.parametrize("name", sorted(STRATEGIES))
+@pytest.mark.parametrize("name", sorted(SPECS))
 def test_no_healthy_replica(name):
     down = replicas(("a", 0, 0, False), ("b", 0, 0, False))
     for reps in (down, []):
@@ -330,7 +330,7 @@ def test_no_healthy_replica(name):
         assert err.value.reason in REASONS
 
 
-@pytest.mark.parametrize("name", sorted(STRATEGIES))
+@pytest.mark.parametrize("name", sorted(SPECS))
 def test_strategies_pick_healthy_replicas_and_never_mutate_their_inputs(name):
     rng = random.Random(11)
     memory = RouterMemory()
@@ -388,7 +388,7 @@ def test_cache_aware_prices_a_host_or_ssd_hit_by_its_fetch_cost(host_cost, ssd_c
     # 10 blocks. a: 4 in HBM -> 6 to compute. b: 2 in HBM + 6 in host -> 8 - 6 * (1 - host_cost).
     # c: 1 in HBM + 9 on SSD -> 9 - 9 * (1 - ssd_cost).
     reps = replicas(("a", 0), ("b", 0), ("c", 0))
-    overlap = {"a": 4, "b": 2, "b#host": 6, "c": 1, "c#ssd": 9}
+    overlap = {"a": 4, "b": 2, "b#1": 6, "c": 1, "c#2": 9}
     settings = RoutingSettings(host_hit_cost=host_cost, ssd_hit_cost=ssd_cost)
     # costs, in blocks: (0.1, 0.5): a 6, b 2.6, c 4.5; (1.0, 1.0): a 6, b 8, c 9; (0.1, 0.0): c 0
     d = route("cache_aware", reps, RouteRequest(num_blocks=10), overlap, settings)

@@ -8,6 +8,7 @@ import random
 from collections.abc import Callable, Iterable, Sequence
 
 from replica.core.cache.pool import BlockPool, KvEvent, PoolBusyError
+from replica.core.cache.types import Lookup
 
 
 def checked_victims(pool: BlockPool) -> None:
@@ -64,9 +65,9 @@ def run_invariants(pool: BlockPool, trace: Iterable[tuple[str | None, list[int]]
     for step, (session, hashes) in enumerate(trace):
         try:
             if rng.random() < 0.1 and len(held) < 2:
-                held.append(pool.acquire(hashes, session=session, now=step))
+                held.append(pool.acquire(Lookup(hashes, session=session, now=step)))
             else:
-                pool.serve(hashes, session=session, now=step)
+                pool.serve(Lookup(hashes, session=session, now=step))
         except PoolBusyError:
             pass
         if held and rng.random() < 0.25:
@@ -100,8 +101,8 @@ def run_timed_invariants(pool: BlockPool, trace: Sequence[tuple[float, list[int]
         if held and rng.random() < 0.3:
             pool.release(held.pop(rng.randrange(len(held))), now=t)
         try:
-            alloc = pool.acquire(req, now=t, next_use=None if next_uses is None else next_uses[k],
-                                 position=None if positions is None else positions[k])
+            alloc = pool.acquire(Lookup(req, now=t, next_use=None if next_uses is None else next_uses[k],
+                                 position=None if positions is None else positions[k]))
         except PoolBusyError:
             continue
         pinned = {h for a in held for h in a.hashes}

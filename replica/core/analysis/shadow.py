@@ -1,12 +1,12 @@
-"""Shadow replay for the ``adaptive`` policy (WAKMan, seed 004): record an interval's block
+"""Shadow replay for the ``adaptive`` policy (WAKMan, Workload Aware KVCache Manager): record an interval's block
 accesses, then replay them through one small shadow cache per candidate policy.
 
 A shadow cache is a real ``BlockPool`` (no events, ``holes`` hit mode) with a real policy
 instance, so a candidate behaves in the shadow exactly as it would run. Each interval is
-replayed from a cold shadow, as the seed does; requests are served one at a time.
+replayed from a cold shadow, as WAKMan does; requests are served one at a time.
 
 Capacity: the interval's mean number of evictable blocks (``capacity - pinned``, sampled at
-every access), the seed's "average free-block queue size". The hit ratio of a candidate is
+every access), WAKMan's "average free-block queue size". The hit ratio of a candidate is
 shadow block hits / blocks looked up in the interval.
 
 ``sampled`` estimator (SHARDS-style): only blocks whose hash falls in a fixed ``rate``
@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 from replica.core.cache.policies import make_policy
 from replica.core.cache.pool import BlockPool
+from replica.core.cache.types import Lookup
 
 _MODULUS = 1 << 24
 _MIX = 0x9E3779B97F4A7C15  # a multiplicative hash spreads structured ids over the sample space
@@ -73,7 +74,7 @@ def replay(requests: Sequence[Sequence[int]], capacity: int, policy: str) -> flo
     serve = pool.serve
     for t, hashes in enumerate(requests):
         total += len(hashes)
-        alloc = serve(hashes if len(hashes) <= capacity else hashes[:capacity], now=float(t))
+        alloc = serve(Lookup(hashes if len(hashes) <= capacity else hashes[:capacity], now=float(t)))
         hits += len(alloc.hit_idx)
     return hits / total if total else 0.0
 

@@ -58,7 +58,7 @@ class ShardsTracker:
     added to the distance-0 bucket (a hit at every capacity).  It is the default because
     one sampled hot block (a chat-template block in every request) otherwise swamps the
     estimate; on traces without such a block the plain ratio (``adjust=False``) is about
-    twice as tight (see tests/replica/test_reuse.py for measured errors).
+    twice as tight (see tests/replica/core/analysis/test_reuse.py for measured errors).
     """
 
     P = 1 << 24

@@ -23,7 +23,7 @@ from types import MappingProxyType
 from replica.core.cache.costs import DepthCosts
 from replica.core.cache.metrics import PoolMetrics
 from replica.core.cache.policies.base import EvictionPolicy, hand_over
-from replica.core.cache.types import Access, Allocation, KvEvent, PolicyContext
+from replica.core.cache.types import Access, Allocation, KvEvent, Lookup, PolicyContext
 from shared.errors import InputError, KvemuError
 from shared.validate import check_positive_int
 
@@ -91,9 +91,9 @@ class BlockPool:
         return self.policy_context.now
 
     @property
-    def pin_counts(self) -> MappingProxyType[int, int]:
+    def pin_counts(self) -> Mapping[int, int]:
         """Read-only view: pinned hash -> number of running requests that hold it."""
-        return self.policy_context.pinned  # type: ignore[return-value]
+        return self.policy_context.pinned
 
     def is_pinned(self, h: int) -> bool:
         return h in self._refs
@@ -149,27 +149,15 @@ class BlockPool:
             return len(hashes)
 
     # ---- request lifecycle --------------------------------------------------------
-    def acquire(
-        self,
-        hashes: Sequence[int],
-        *,
-        session: str | None = None,
-        now: float = 0.0,
-        input_tokens: int | None = None,
-        next_use: Sequence[float] | None = None,
-        position: float | None = None,
-        record: bool = True,
-        extra: int = 0,
-    ) -> Allocation:
+    def acquire(self, lookup: Lookup) -> Allocation:
         """Pin the request's resident blocks, allocate the rest (evicting through the policy), and
-        ``extra`` unhashed blocks (``take_private``) with them."""
-        return self._allocate(hashes, session, now, input_tokens, next_use, position, record, hold=True, extra=extra)
+        ``lookup.extra`` unhashed blocks (``take_private``) with them."""
+        return self._allocate(lookup, hold=True)
 
-    def _allocate(self, hashes: Sequence[int], session: str | None, now: float, input_tokens: int | None,
-                  next_use: Sequence[float] | None, position: float | None, record: bool, hold: bool,
-                  extra: int = 0) -> Allocation:
+    def _allocate(self, lookup: Lookup, hold: bool) -> Allocation:
         """``hold``: pin the blocks until ``release``; otherwise (``serve`` with nothing pinned or
         private) they are only kept out of this request's own evictions."""
+        hashes, session, now, extra, position = lookup.hashes, lookup.session, lookup.now, lookup.extra, lookup.position
         n = len(hashes)
         if n > self.capacity:
             raise PoolCapacityError(n, self.capacity)
@@ -202,9 +190,9 @@ class BlockPool:
         self._insert(new_hashes, session, hold)
         self.private += extra
         alloc = self._allocation(hashes, touched, touched_hashes, new_idx, session)
-        self.policy.on_access(Access(hashes, touched, new_idx, now, session, next_use))
-        if record:  # a preempted request's re-admission is not another request for the hit ratios
-            self.metrics.record_request(alloc, n, input_tokens, now)
+        self.policy.on_access(Access(hashes, touched, new_idx, now, session, lookup.next_use))
+        if lookup.record:  # a preempted request's re-admission is not another request for the hit ratios
+            self.metrics.record_request(alloc, n, lookup.input_tokens, now)
         return alloc
 
     def _allocation(self, hashes: Sequence[int], touched: list[int], touched_hashes: list[int], new_idx: list[int],
@@ -264,22 +252,20 @@ class BlockPool:
         self.release(Allocation(new, [], list(range(len(new))), [], session), now)
         return new
 
-    def serve(self, hashes: Sequence[int], *, session: str | None = None, now: float = 0.0,
-              input_tokens: int | None = None, next_use: Sequence[float] | None = None,
-              position: float | None = None) -> Allocation:
+    def serve(self, lookup: Lookup) -> Allocation:
         """Acquire and release at once: a request served alone (the simulator's cache-only path).
 
         With nothing pinned and a policy that neither follows nor reads pins, the blocks are never
-        pinned: the same allocation, without two passes over the request's hashes.
+        pinned: the same allocation, without two passes over the request's hashes. ``lookup.extra``
+        must be 0 (nothing is held after it).
         """
         policy = self.policy
         if self._refs or self.private or policy.takes_pins or policy.reads_pins:
-            alloc = self.acquire(hashes, session=session, now=now, input_tokens=input_tokens,
-                                 next_use=next_use, position=position)
-            self.release(alloc, now)
+            alloc = self.acquire(lookup)
+            self.release(alloc, lookup.now)
             return alloc
-        alloc = self._allocate(hashes, session, now, input_tokens, next_use, position, True, hold=False)
-        policy.on_release(hashes, now)
+        alloc = self._allocate(lookup, hold=False)
+        policy.on_release(lookup.hashes, lookup.now)
         return alloc
 
     def load_state(self, resident: Iterable[tuple[int, str | None]], footprint: Iterable[tuple[str | None, int]],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from shared.index.base import IndexEvent as KvEvent  # the one event type: the pool emits what the index applies
 
@@ -40,6 +40,26 @@ class Allocation:
 
 
 @dataclass(slots=True)
+class Lookup:
+    """What one request asks of its pool (``acquire``, ``serve``): its blocks and who asks, when.
+
+    ``record``: count it in the hit metrics (False for a preempted request's re-admission);
+    ``extra``: unhashed blocks to take with it (a prompt's partial last block, decode KV).
+    ``next_use`` and ``position`` are for the offline oracles only (the simulator sets them):
+    each block's next access and where this request sits in the order the cache sees accesses.
+    """
+
+    hashes: Sequence[int]
+    session: str | None = None
+    now: float = 0.0
+    input_tokens: int | None = None
+    record: bool = True
+    extra: int = 0
+    next_use: Sequence[float] | None = None
+    position: float | None = None
+
+
+@dataclass(slots=True)
 class Access:
     """One request's view of the cache, as policies see it (depths ascending)."""
 
@@ -71,6 +91,7 @@ class PolicyContext:
     # (the unit of ``Access.next_use``); the simulator sets it.
     position: float = 0.0
 
+
 class SchedulerPool(Protocol):
     """What a scheduler uses of its pool: a ``BlockPool``, or its compiled twin in the simulator
     (``replica.core.compiled.pool.CompiledPool``)."""
@@ -87,12 +108,18 @@ class SchedulerPool(Protocol):
     @property
     def pin_counts(self) -> Mapping[int, int]: ...
 
-    def acquire(self, hashes: Sequence[int], *, session: str | None = None, now: float = 0.0,
-                input_tokens: int | None = None, next_use: Sequence[float] | None = None,
-                position: float | None = None, record: bool = True, extra: int = 0) -> Allocation: ...
+    def acquire(self, lookup: Lookup) -> Allocation: ...
     def release(self, alloc: Allocation, now: float = 0.0) -> None: ...
     def take_private(self, n: int) -> None: ...
     def free_private(self, n: int) -> None: ...
 
 
-__all__ = ["Access", "Allocation", "KvEvent", "PolicyContext", "SchedulerPool"]
+@runtime_checkable
+class ResponseStore(Protocol):
+    """A pool that caches a finished request's response blocks (``BlockPool.store``; the compiled
+    twin does not: ``build_core`` gives a scheduler that keeps response KV the Python pool)."""
+
+    def store(self, hashes: Sequence[int], session: str | None = None, now: float = 0.0) -> list[int]: ...
+
+
+__all__ = ["Access", "Allocation", "KvEvent", "Lookup", "PolicyContext", "ResponseStore", "SchedulerPool"]

@@ -91,10 +91,10 @@ static void bc_free(Pool *k) {
     k->bc = NULL;
 }
 
-static int bc_grow(Pool *k, int32_t depth) {  /* depths 0..depth exist */
+static int bc_grow(Pool *k, int32_t depth) {  /* depths 0..depth exist: OK or a failure code, no Python error */
     struct BeladyCompute *b = k->bc;
-    if (depth < b->ndepths) return 0;
-    if (depth >= b->npolicy_cost) { PyErr_SetString(PyExc_ValueError, "policy costs too short"); return -1; }
+    if (depth < b->ndepths) return OK;
+    if (depth >= b->npolicy_cost) return POLICY_COSTS_SHORT;
     if (depth >= b->cap) {
         int32_t cap = b->cap ? b->cap : 64;
         while (cap <= depth) cap *= 2;
@@ -104,7 +104,7 @@ static int bc_grow(Pool *k, int32_t depth) {  /* depths 0..depth exist */
         double *st = realloc(b->scored_t, (size_t)cap * sizeof(double)); if (st) b->scored_t = st;
         uint8_t *isd = realloc(b->is_dirty, (size_t)cap); if (isd) b->is_dirty = isd;
         int32_t *dl = realloc(b->dirty, (size_t)cap * sizeof(int32_t)); if (dl) b->dirty = dl;
-        if (!h || !c || !v || !st || !isd || !dl) { PyErr_NoMemory(); return -1; }
+        if (!h || !c || !v || !st || !isd || !dl) return NO_MEMORY;
         b->cap = cap;
     }
     for (int32_t d = b->ndepths; d <= depth; d++) {
@@ -114,7 +114,7 @@ static int bc_grow(Pool *k, int32_t depth) {  /* depths 0..depth exist */
         b->ver[d] = 0; b->scored_t[d] = -INFINITY; b->is_dirty[d] = 0;
     }
     b->ndepths = depth + 1;
-    return 0;
+    return OK;
 }
 
 static inline void bc_mark(struct BeladyCompute *b, int32_t d) {
@@ -252,7 +252,7 @@ static void bc_rebuild(Pool *k) {  /* _rebuild: every unpinned record, heapified
     b->ranked_len = 0;
 }
 
-static int bc_release(Pool *k, const int32_t *freed, int32_t nfreed) {  /* on_release */
+static int bc_release(Pool *k, const int32_t *freed, int32_t nfreed) {  /* on_release: OK or a failure code */
     struct BeladyCompute *b = k->bc;
     long long pushed = 0;
     for (int32_t j = 0; j < nfreed; j++) {
@@ -260,19 +260,20 @@ static int bc_release(Pool *k, const int32_t *freed, int32_t nfreed) {  /* on_re
         if (!k->has_rec[s]) continue;
         int32_t d = k->depth[s];
         double t = k->nu[s];
-        if (bc_grow(k, d) < 0) return -1;
+        int code = bc_grow(k, d);
+        if (code != OK) return code;
         if (isinf(t)) {
             NEntry e = {b->cost[d], k->res.key[s], d};
-            if (nheap_push(&b->never, &b->never_len, &b->never_cap, e) < 0) return -1;
+            if (nheap_push(&b->never, &b->never_len, &b->never_cap, e) < 0) return NO_MEMORY;
         } else {
             DHeap *h = &b->heaps[d];
             DEntry e = {t, k->res.key[s]};
-            if (dheap_push(&h->a, &h->len, &h->cap, e) < 0) return -1;
+            if (dheap_push(&h->a, &h->len, &h->cap, e) < 0) return NO_MEMORY;
             if (t >= b->scored_t[d]) bc_mark(b, d);
         }
         pushed++;
     }
     b->entries += pushed;
     if (b->entries > 4 * (long long)k->records + 1024) bc_rebuild(k);
-    return 0;
+    return OK;
 }

@@ -1,5 +1,5 @@
 /* SHARDS's inner exact LRU stack, compiled: replica/core/analysis/lru_stack.py's LruStack, the same
- * state and the same answers (tests/replica/core/test_lru_stack.py drives both with the same
+ * state and the same answers (tests/replica/core/analysis/test_lru_stack.py drives both with the same
  * random calls). See there for the method: a Fenwick tree over dead timestamps. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

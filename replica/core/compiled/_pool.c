@@ -1,9 +1,11 @@
-/* The block pool with LRU or S3-FIFO, compiled: the simulator's fast path for one replica.
+/* The block pool with LRU, S3-FIFO, Belady or BeladyCompute, compiled: the simulator's fast path
+ * for one replica.
  *
  * What it computes is defined by the Python pool (replica/core/cache/pool.py: acquire, release,
- * take_private, free_private, serve) and the policies replica/core/cache/policies/lru.py and s3fifo.py:
+ * take_private, free_private, serve) and the policies replica/core/cache/policies/lru.py, s3fifo.py
+ * and belady.py (BeladyCompute's heaps in _belady_compute.h):
  * every hit, victim, pin, residency order, footprint and metric comes out identical
- * (tests/replica/core/test_compiled_pool.py drives both with the same random operations and
+ * (tests/replica/core/compiled/test_compiled_pool.py drives both with the same random operations and
  * compares their whole state). replica/core/compiled/pool.py wraps it and writes its state back
  * into the Python pool; see there for when the simulator uses it.
  *
@@ -42,7 +44,7 @@ typedef struct {
     int32_t used;
 } Table;
 
-typedef struct { int32_t head, tail, len; } List;
+typedef struct { int32_t evict_end, insert_end, len; } List;  /* evict_end: the oldest entry, next out */
 
 static inline uint64_t mix(uint64_t x) {  /* splitmix64's finaliser: trace ids are often dense */
     x ^= x >> 30; x *= 0xbf58476d1ce4e5b9ULL;
@@ -115,24 +117,29 @@ static void table_del(Table *t, int32_t s) {
     t->used--;
 }
 
-static inline void list_push(Table *t, List *l, int32_t s) {  /* at the tail */
-    t->prev[s] = l->tail;
+static inline void list_push(Table *t, List *l, int32_t s) {  /* at the insertion end */
+    t->prev[s] = l->insert_end;
     t->next[s] = NIL;
-    if (l->tail != NIL) t->next[l->tail] = s; else l->head = s;
-    l->tail = s;
+    if (l->insert_end != NIL) t->next[l->insert_end] = s; else l->evict_end = s;
+    l->insert_end = s;
     l->len++;
 }
 
 static inline void list_unlink(Table *t, List *l, int32_t s) {
     int32_t p = t->prev[s], n = t->next[s];
-    if (p != NIL) t->next[p] = n; else l->head = n;
-    if (n != NIL) t->prev[n] = p; else l->tail = p;
+    if (p != NIL) t->next[p] = n; else l->evict_end = n;
+    if (n != NIL) t->prev[n] = p; else l->insert_end = p;
     t->prev[s] = t->next[s] = NIL;
     l->len--;
 }
 
 /* ---- the pool ------------------------------------------------------------------------------ */
-enum { OK = 0, TOO_LONG = 1, REPEATS = 2, BUSY = 3 };
+/* What the pool's work returns: plain codes, never Python's error state, because serve runs it
+ * with the GIL released. Only the methods Python calls turn a code into an exception
+ * (raise_status), holding the GIL. TOO_LONG, REPEATS and BUSY are refusals (nothing changed; the
+ * wrapper raises the pool's own errors for them, reading these codes from the module); the others
+ * are failures. */
+enum { OK = 0, TOO_LONG = 1, REPEATS = 2, BUSY = 3, NO_MEMORY = 4, COSTS_SHORT = 5, POLICY_COSTS_SHORT = 6 };
 
 typedef struct {
     PyObject_HEAD
@@ -161,7 +168,7 @@ typedef struct {
     double next_position;    /* acquire's, set once its request passed the checks (as BlockPool does) */
     int has_position;
     const double *next_use;  /* the request being acquired: its blocks' next uses (NULL: none known) */
-    List order;              /* LRU: head = next victim. S3-FIFO: small */
+    List order;              /* LRU: its order (evict_end: the next victim). S3-FIFO: small */
     List main;
     Table ghost;             /* S3-FIFO ids only; its list is the ghost FIFO */
     List ghost_fifo;
@@ -230,7 +237,7 @@ static int Pool_init(Pool *k, PyObject *args, PyObject *kw) {
                                      &cum_obj, &small_size, &main_size, &ghost_size, &threshold))
         return -1;
     if (kind < KIND_LRU || kind > KIND_BELADY_COMPUTE) {
-        PyErr_SetString(PyExc_ValueError, "kind: 0 (lru), 1 (s3fifo), 2 (belady) or 3 (belady_compute)");
+        PyErr_SetString(PyExc_ValueError, "kind: KIND_LRU, KIND_S3FIFO, KIND_BELADY or KIND_BELADY_COMPUTE");
         return -1;
     }
     if (capacity < 1 || capacity > (1 << 29) || ghost_size < 0 || ghost_size > (1 << 29) || block_size < 1) {
@@ -241,7 +248,8 @@ static int Pool_init(Pool *k, PyObject *args, PyObject *kw) {
     size_t c = (size_t)capacity;
     k->kind = kind; k->prefix_mode = prefix_mode; k->capacity = capacity; k->block_size = block_size;
     k->small_size = small_size; k->main_size = main_size; k->ghost_size = ghost_size; k->threshold = threshold;
-    k->order.head = k->order.tail = k->main.head = k->main.tail = k->ghost_fifo.head = k->ghost_fifo.tail = NIL;
+    k->order.evict_end = k->order.insert_end = k->main.evict_end = k->main.insert_end = NIL;
+    k->ghost_fifo.evict_end = k->ghost_fifo.insert_end = NIL;
     if (table_init(&k->res, capacity) || table_init(&k->ghost, ghost_size + 1)
         || table_init(&k->scratch, capacity))
         goto nomem;
@@ -266,19 +274,19 @@ nomem:
     return -1;
 }
 
-static int grow_sessions(Pool *k, int32_t code) {
-    if (code < k->fp_size) return 0;
+static int grow_sessions(Pool *k, int32_t code) {  /* OK or NO_MEMORY */
+    if (code < k->fp_size) return OK;
     Py_ssize_t size = k->fp_size;
     while (size <= code) size *= 2;
     int64_t *c = realloc(k->fp_count, (size_t)size * sizeof(int64_t));
     if (c) k->fp_count = c;
     uint64_t *e = realloc(k->fp_entry, (size_t)size * sizeof(uint64_t));
     if (e) k->fp_entry = e;
-    if (!c || !e) { PyErr_NoMemory(); return -1; }
+    if (!c || !e) return NO_MEMORY;
     memset(k->fp_count + k->fp_size, 0, (size_t)(size - k->fp_size) * sizeof(int64_t));
     memset(k->fp_entry + k->fp_size, 0, (size_t)(size - k->fp_size) * sizeof(uint64_t));
     k->fp_size = size;
-    return 0;
+    return OK;
 }
 
 /* -- the policy's part -- */
@@ -286,7 +294,7 @@ static void ghost_add(Pool *k, uint64_t key) {
     if (!k->ghost_size || table_find(&k->ghost, key) != NIL) return;  /* an OrderedDict keeps its place */
     list_push(&k->ghost, &k->ghost_fifo, table_add(&k->ghost, key));
     if (k->ghost_fifo.len > k->ghost_size) {
-        int32_t old = k->ghost_fifo.head;
+        int32_t old = k->ghost_fifo.evict_end;
         list_unlink(&k->ghost, &k->ghost_fifo, old);
         table_del(&k->ghost, old);
     }
@@ -378,14 +386,14 @@ static int32_t next_victim(Pool *k) {
     if (k->kind == KIND_BELADY) return belady_victim(k);
     if (k->kind == KIND_BELADY_COMPUTE) return bc_victim(k);
     if (k->kind == KIND_LRU) {
-        int32_t s = k->order.head;
+        int32_t s = k->order.evict_end;
         list_unlink(t, &k->order, s);
         k->queue[s] = Q_NONE;
         return s;
     }
     if (!(k->main.len > k->main_size || k->order.len == 0)) {
         while (k->order.len) {  /* small: promote while the counter says so, else evict to the ghost */
-            int32_t s = k->order.head;
+            int32_t s = k->order.evict_end;
             list_unlink(t, &k->order, s);
             if (k->freq[s] >= k->threshold) {
                 k->freq[s] = IN_MAIN; k->queue[s] = Q_MAIN; list_push(t, &k->main, s);
@@ -397,7 +405,7 @@ static int32_t next_victim(Pool *k) {
         }
     }
     for (;;) {  /* main: a clock with a 2-bit counter */
-        int32_t s = k->main.head;
+        int32_t s = k->main.evict_end;
         list_unlink(t, &k->main, s);
         if (k->freq[s] == IN_MAIN) { k->freq[s] = NOT_TRACKED; k->queue[s] = Q_NONE; return s; }
         k->freq[s]--;
@@ -422,13 +430,14 @@ static void evict(Pool *k, int32_t count) {  /* BlockPool._evict: pinned victims
 
 static inline int bit_length(long long x) { int b = 0; while (x) { b++; x >>= 1; } return b; }
 
-/* BlockPool.acquire of keys[0..n): OK, or why not (nothing changed then; busy fills out[]). */
+/* BlockPool.acquire of keys[0..n): OK, or a refusal or failure code (nothing changed then; BUSY
+ * fills out[]). Runs without the GIL in serve: it never touches a Python object or error. */
 static int acquire_one(Pool *k, Py_ssize_t n, int32_t session, long long tokens, int record, int32_t extra,
                        int32_t out[2]) {
     Table *t = &k->res;
     const uint64_t *h = k->keys;
     if (n > k->capacity) return TOO_LONG;
-    if (n >= k->ncum) { PyErr_SetString(PyExc_ValueError, "cost table shorter than the request (set_costs)"); return -1; }
+    if (n >= k->ncum) return COSTS_SHORT;
     if (++k->cur_stamp == 0) { memset(k->stamp, 0, (size_t)k->capacity * sizeof(uint32_t)); k->cur_stamp = 1; }
     uint32_t cur = k->cur_stamp;
     int32_t nt = 0, nf = 0, newly_pinned = 0;
@@ -450,6 +459,7 @@ static int acquire_one(Pool *k, Py_ssize_t n, int32_t session, long long tokens,
     }
     for (int32_t j = 0; j < nf; j++) table_del(&k->scratch, table_find(&k->scratch, h[k->fresh[j]]));
     if (repeats) return REPEATS;
+    if (nf && grow_sessions(k, session) != OK) return NO_MEMORY;  /* before anything changes */
     if (k->has_position) k->position = k->next_position;
     int32_t shortfall = nf + extra - (k->capacity - t->used - k->private_blocks);
     if (shortfall > 0) {
@@ -465,7 +475,6 @@ static int acquire_one(Pool *k, Py_ssize_t n, int32_t session, long long tokens,
     }
     if (shortfall > 0) evict(k, shortfall);
     if (nf) {  /* insert the new blocks, shallowest first (the resident map's order), pinned */
-        if (grow_sessions(k, session) < 0) return -1;
         if (k->fp_count[session] == 0) k->fp_entry[session] = k->next_entry++;
         k->fp_count[session] += nf;
         k->inserted += nf;
@@ -538,7 +547,7 @@ static int acquire_one(Pool *k, Py_ssize_t n, int32_t session, long long tokens,
 }
 
 /* BlockPool.release of the blocks in slots[0..n) (in depth order): unpin; the policy hears of
- * those no request holds any more. */
+ * those no request holds any more. OK or a failure code; runs without the GIL in serve. */
 static int release_slots(Pool *k, const int32_t *slots, Py_ssize_t n) {
     int32_t nfreed = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -559,12 +568,12 @@ static int release_slots(Pool *k, const int32_t *slots, Py_ssize_t n) {
     if (k->kind == KIND_BELADY) {  /* on_release: the freed blocks with a record enter the heap */
         for (int32_t j = 0; j < nfreed; j++) {
             int32_t s = k->freed[j];
-            if (k->has_rec[s] && heap_push(k, k->nu[s], t->key[s]) < 0) return -1;
+            if (k->has_rec[s] && heap_push(k, k->nu[s], t->key[s]) < 0) return NO_MEMORY;
         }
         if (k->heap_len > 2 * (Py_ssize_t)k->records + 1024) heap_rebuild(k);
     }
-    if (k->kind == KIND_BELADY_COMPUTE && bc_release(k, k->freed, nfreed) < 0) return -1;
-    return 0;
+    if (k->kind == KIND_BELADY_COMPUTE) return bc_release(k, k->freed, nfreed);
+    return OK;
 }
 
 static int read_keys(Pool *k, PyObject *hashes, Py_ssize_t *n) {  /* a list of ints into keys[] */
@@ -585,6 +594,16 @@ static PyObject *refuse(int code, long a, long b) {
     PyObject *v = Py_BuildValue("(ill)", code, a, b);
     if (v) { PyErr_SetObject(Refused, v); Py_DECREF(v); }
     return NULL;
+}
+
+/* The exception for a code that is not OK (the GIL held): Refused for a refusal, else the failure. */
+static PyObject *raise_status(int code, long a, long b) {
+    switch (code) {
+    case NO_MEMORY: return PyErr_NoMemory();
+    case COSTS_SHORT: PyErr_SetString(PyExc_ValueError, "cost table shorter than the request (set_costs)"); return NULL;
+    case POLICY_COSTS_SHORT: PyErr_SetString(PyExc_ValueError, "policy costs too short (set_policy_costs)"); return NULL;
+    default: return refuse(code, a, b);
+    }
 }
 
 static PyObject *int_list(const int32_t *v, Py_ssize_t n, const int32_t *index) {
@@ -636,8 +655,7 @@ static PyObject *Pool_acquire(Pool *k, PyObject *args) {
     k->next_position = where;
     int32_t out[2] = {0, 0};
     int code = acquire_one(k, n, session, tokens, record, extra, out);
-    if (code < 0) return NULL;
-    if (code != OK) return refuse(code, out[0], out[1]);
+    if (code != OK) return raise_status(code, out[0], out[1]);
     PyObject *hit = int_list(k->touched, k->nhits, NULL), *fresh = int_list(k->fresh, k->nfresh, NULL);
     PyObject *touched = int_list(k->touched, k->ntouched, NULL), *holes = int_list(k->hole_len, k->holes, NULL);
     if (!hit || !fresh || !touched || !holes) {
@@ -659,7 +677,8 @@ static PyObject *Pool_release(Pool *k, PyObject *hashes) {
         }
         k->slot_of[i] = s;
     }
-    if (release_slots(k, k->slot_of, n) < 0) return PyErr_NoMemory();
+    int code = release_slots(k, k->slot_of, n);
+    if (code != OK) return raise_status(code, 0, 0);
     Py_RETURN_NONE;
 }
 
@@ -724,7 +743,7 @@ static PyObject *Pool_serve(Pool *k, PyObject *args) {
     static const char *what[5] = {"hashes", "offsets", "sessions", "input_tokens", "next_use"};
     static const Py_ssize_t size[5] = {8, 8, 4, 8, 8};
     Py_buffer b[5];
-    int got = 0, nomem = 0;
+    int got = 0, failed = OK;
     PyObject *result = NULL;
     for (; got < 5; got++) {
         if (got == 4 && o[4] == Py_None) break;
@@ -742,7 +761,7 @@ static PyObject *Pool_serve(Pool *k, PyObject *args) {
     }
     int32_t max_session = 0;
     for (Py_ssize_t r = start; r < stop; r++) if (sess[r] > max_session) max_session = sess[r];
-    if (grow_sessions(k, max_session) < 0) goto done;
+    if (grow_sessions(k, max_session) != OK) { PyErr_NoMemory(); goto done; }
     Py_ssize_t r = start;
     Py_BEGIN_ALLOW_THREADS
     for (; r < stop; r++) {
@@ -754,20 +773,26 @@ static PyObject *Pool_serve(Pool *k, PyObject *args) {
         k->next_use = uses ? uses + off[r] : NULL;
         k->has_position = uses != NULL;  /* NextUses.position: where the request starts */
         k->next_position = (double)off[r];
-        if (acquire_one(k, n, sess[r], tokens[r], 1, 0, out) != OK) break;
-        if (release_slots(k, k->slot_of, n) < 0) { nomem = 1; r++; break; }
+        int code = acquire_one(k, n, sess[r], tokens[r], 1, 0, out);
+        if (code != OK) {  /* a refusal: the wrapper serves this one through acquire, which raises it */
+            if (code > BUSY) failed = code;
+            break;
+        }
+        code = release_slots(k, k->slot_of, n);
+        if (code != OK) { failed = code; r++; break; }
     }
     Py_END_ALLOW_THREADS
-    result = nomem ? PyErr_NoMemory() : PyLong_FromSsize_t(r);
+    /* codes only above: Python's error state is set here, with the GIL held again */
+    result = failed != OK ? raise_status(failed, 0, 0) : PyLong_FromSsize_t(r);
 done:
     for (int i = 0; i < got; i++) PyBuffer_Release(&b[i]);
     return result;
 }
 
-static PyObject *keys_of(Table *t, List *l) {  /* a list's keys, head first */
+static PyObject *keys_of(Table *t, List *l) {  /* a list's keys, from its eviction end (what the Python deques keep leftmost) */
     PyObject *out = PyList_New(0);
     if (!out) return NULL;
-    for (int32_t s = l->head; s != NIL; s = t->next[s]) {
+    for (int32_t s = l->evict_end; s != NIL; s = t->next[s]) {
         PyObject *v = PyLong_FromUnsignedLongLong(t->key[s]);
         if (!v || PyList_Append(out, v) < 0) { Py_XDECREF(v); Py_DECREF(out); return NULL; }
         Py_DECREF(v);
@@ -788,7 +813,14 @@ static int set_int(PyObject *d, PyObject *key, long long v) {
     return r;
 }
 
-/* The resident blocks (by insertion) with owners and the reused ones, pins, S3-FIFO counters. */
+/* What a policy keeps per block, under its own name in state(): S3-FIFO's counters (counter | IN_MAIN),
+ * Belady's recorded next uses, BeladyCompute's records (next use, depth); LRU keeps nothing. */
+static const char *per_block_name(int kind) {
+    return kind == KIND_S3FIFO ? "counters" : kind == KIND_BELADY ? "next_use" : kind == KIND_BELADY_COMPUTE ? "records"
+                                                                                                            : NULL;
+}
+
+/* The resident blocks (by insertion) with owners and the reused ones, pins, what the policy keeps per block. */
 static PyObject *blocks_state(Pool *k) {
     Table *t = &k->res;
     int32_t used = t->used, m = 0;
@@ -797,9 +829,9 @@ static PyObject *blocks_state(Pool *k) {
     for (int32_t s = 0; s < t->slots && m < used; s++)  /* live slots: the table points at them */
         if (table_find(t, t->key[s]) == s) { rows[m].seq = k->seq[s]; rows[m].slot = s; m++; }
     qsort(rows, (size_t)m, sizeof(SeqSlot), by_seq);
-    PyObject *keys = PyList_New(m), *owners = PyList_New(m), *reused = PyList_New(0), *freq = PyDict_New();
+    PyObject *keys = PyList_New(m), *owners = PyList_New(m), *reused = PyList_New(0), *per_block = PyDict_New();
     PyObject *refs = PyDict_New(), *out = NULL;
-    if (!keys || !owners || !reused || !freq || !refs) goto fail;
+    if (!keys || !owners || !reused || !per_block || !refs) goto fail;
     for (int32_t j = 0; j < m; j++) {
         int32_t s = rows[j].slot;
         PyObject *key = PyLong_FromUnsignedLongLong(t->key[s]), *owner = PyLong_FromLong(k->owner[s]);
@@ -808,18 +840,20 @@ static PyObject *blocks_state(Pool *k) {
         PyList_SET_ITEM(owners, j, owner);
         if (k->reused[s] && PyList_Append(reused, key) < 0) goto fail;
         if (k->refs[s] && set_int(refs, key, k->refs[s]) < 0) goto fail;
-        if (k->kind == KIND_S3FIFO && k->freq[s] != NOT_TRACKED && set_int(freq, key, k->freq[s]) < 0) goto fail;
-        if (k->kind >= KIND_BELADY && k->has_rec[s]) {  /* its next use (and depth), in "freq" */
+        if (k->kind == KIND_S3FIFO && k->freq[s] != NOT_TRACKED && set_int(per_block, key, k->freq[s]) < 0) goto fail;
+        if (k->kind >= KIND_BELADY && k->has_rec[s]) {  /* its next use (and depth) */
             PyObject *t = k->kind == KIND_BELADY ? PyFloat_FromDouble(k->nu[s])
                                                  : Py_BuildValue("(di)", k->nu[s], k->depth[s]);
-            if (!t || PyDict_SetItem(freq, key, t) < 0) { Py_XDECREF(t); goto fail; }
+            if (!t || PyDict_SetItem(per_block, key, t) < 0) { Py_XDECREF(t); goto fail; }
             Py_DECREF(t);
         }
     }
-    out = Py_BuildValue("{sOsOsOsOsO}", "keys", keys, "owners", owners, "reused", reused, "refs", refs, "freq", freq);
+    out = Py_BuildValue("{sOsOsOsO}", "keys", keys, "owners", owners, "reused", reused, "refs", refs);
+    const char *name = per_block_name(k->kind);
+    if (out && name && PyDict_SetItemString(out, name, per_block) < 0) Py_CLEAR(out);
 fail:
     free(rows);
-    Py_XDECREF(keys); Py_XDECREF(owners); Py_XDECREF(reused); Py_XDECREF(freq); Py_XDECREF(refs);
+    Py_XDECREF(keys); Py_XDECREF(owners); Py_XDECREF(reused); Py_XDECREF(per_block); Py_XDECREF(refs);
     return out;
 }
 
@@ -913,7 +947,7 @@ static PyTypeObject PoolType = {
     .tp_name = "replica.core.compiled._pool.Pool",
     .tp_basicsize = sizeof(Pool),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "A block pool with LRU or S3-FIFO (see replica/core/compiled/pool.py).",
+    .tp_doc = "A block pool with LRU, S3-FIFO, Belady or BeladyCompute (see replica/core/compiled/pool.py).",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Pool_init,
     .tp_dealloc = (destructor)Pool_dealloc,
@@ -921,7 +955,7 @@ static PyTypeObject PoolType = {
     .tp_getset = Pool_getset,
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_pool", "The block pool with LRU or S3-FIFO, compiled.", -1,
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_pool", "The block pool with LRU, S3-FIFO, Belady or BeladyCompute, compiled.", -1,
                                     NULL};
 
 #ifndef SOURCE_SHA256
@@ -936,7 +970,15 @@ PyMODINIT_FUNC PyInit__pool(void) {
     Py_INCREF(&PoolType);
     if (!Refused || PyModule_AddObject(m, "Pool", (PyObject *)&PoolType) < 0
         || PyModule_AddObject(m, "Refused", Refused) < 0
-        || PyModule_AddStringConstant(m, "SOURCE_SHA256", SOURCE_SHA256) < 0) {
+        || PyModule_AddStringConstant(m, "SOURCE_SHA256", SOURCE_SHA256) < 0
+        /* the one definition of the policy kinds and refusal codes: Python reads them from here */
+        || PyModule_AddIntConstant(m, "KIND_LRU", KIND_LRU) < 0
+        || PyModule_AddIntConstant(m, "KIND_S3FIFO", KIND_S3FIFO) < 0
+        || PyModule_AddIntConstant(m, "KIND_BELADY", KIND_BELADY) < 0
+        || PyModule_AddIntConstant(m, "KIND_BELADY_COMPUTE", KIND_BELADY_COMPUTE) < 0
+        || PyModule_AddIntConstant(m, "TOO_LONG", TOO_LONG) < 0
+        || PyModule_AddIntConstant(m, "REPEATS", REPEATS) < 0
+        || PyModule_AddIntConstant(m, "BUSY", BUSY) < 0) {
         Py_DECREF(m);
         return NULL;
     }

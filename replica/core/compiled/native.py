@@ -1,8 +1,9 @@
 """The compiled parts of the cache core, loaded where they were built and match their source.
 
 Two C extensions (``setup.py``, built at install when a C compiler is present) speed up the
-simulator: ``_pool`` (the block pool with LRU or S3-FIFO, ``compiled_pool``) and ``_lru_stack``
-(SHARDS's exact LRU stack, ``lru_stack``). Each has a Python definition it is tested against, used
+simulator: ``_pool`` (the block pool with LRU, S3-FIFO, Belady or BeladyCompute,
+``replica.core.compiled.pool``) and ``_lru_stack`` (SHARDS's exact LRU stack,
+``replica.core.analysis.lru_stack``). Each has a Python definition it is tested against, used
 wherever the extension is missing. A module carries the SHA-256 of the source it was built from: in
 a checkout whose source changed since the last install, the stale build is not used.
 """

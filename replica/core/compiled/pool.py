@@ -1,4 +1,4 @@
-"""The block pool with LRU or S3-FIFO, compiled: the simulator's fast path for one replica.
+"""The block pool with LRU, S3-FIFO, Belady or BeladyCompute, compiled: the simulator's fast path for one replica.
 
 A ``BlockPool`` call costs microseconds of interpreter work whatever the dict and deque
 operations under it, and a virtual-time run makes millions of them; cache simulators
@@ -11,10 +11,12 @@ owners, footprints, reused set, pins, policy order and metrics that the same cal
 leave (``tests/replica/core/compiled/test_compiled_pool.py`` drives both with random calls and compares
 their whole state). The Python pool stays the definition and what everything else reads.
 
-It is made only where it gives that same pool (``why_not``): an empty pool and a fresh policy of
-exactly ``LRUPolicy``, ``S3FIFOPolicy``, ``BeladyPolicy`` or ``BeladyComputePolicy``, fresh metrics, no events to ship (one replica) and no
-lower tier; block hashes must be 64-bit unsigned integers (a trace's are checked first). The
-simulator reports which ran (``engine`` in its JSON); ``--python-core`` asks for the Python pool.
+It is made only where it gives that same pool, and ``why_not`` (``compilable``) is the one place
+that decides it: an empty pool and a fresh policy of exactly a class with an adapter
+(``replica.core.compiled.adapters``: LRU, S3-FIFO, Belady, BeladyCompute), fresh metrics, no events
+to ship (one replica), no lower tier, no response KV kept, fcfs admission, and block hashes that are
+64-bit unsigned integers (the simulator checks a trace's). ``build_core`` asks it; the simulator
+reports which ran (``engine`` in its JSON); ``--python-core`` asks for the Python pool.
 """
 
 from __future__ import annotations
@@ -26,18 +28,19 @@ import numpy as np
 
 from replica.core.cache.policies import policy_class
 from replica.core.cache.pool import BlockPool, PoolBusyError, PoolCapacityError
-from replica.core.cache.types import Allocation
-from replica.core.compiled.native import load
+from replica.core.cache.types import Allocation, Lookup
+from replica.core.compiled.adapters import ADAPTERS, MISSING, adapter_for
+from replica.core.compiled.adapters import kernel_module as _pool
 from shared.errors import InputError
 
-_pool, _MISSING = load("_pool")
 _Refused = _pool.Refused if _pool is not None else RuntimeError  # what the compiled calls raise when they cannot
+# Why a compiled call refused, as the extension defines the codes (no kernel: nothing refuses)
+_TOO_LONG, _REPEATS, _BUSY = (_pool.TOO_LONG, _pool.REPEATS, _pool.BUSY) if _pool is not None else (-1, -1, -1)
 
-__all__ = ["CompiledPool", "compiled", "compiles", "fits_uint64", "hashes_u64", "why_not"]
+__all__ = ["CompiledPool", "compilable", "compiled", "compiles", "hashes_u64", "why_not"]
 
 CHUNK = 8192  # requests per call of the cache-only replay: progress between calls
 MAX_BLOCKS = 1 << 23  # larger pools run the Python one, whose memory grows with what is cached
-_TOO_LONG, _REPEATS, _BUSY = 1, 2, 3
 
 
 def compiled() -> bool:
@@ -45,13 +48,24 @@ def compiled() -> bool:
     return _pool is not None
 
 
-def why_not(pool: BlockPool) -> str | None:
-    """Why ``CompiledPool(pool)`` would not be this pool's twin (None: it would)."""
+def why_not(pool: BlockPool, *, tiers: bool = False, keeps_response_kv: bool = False, admission: str = "fcfs",
+            hashes_fit: bool = True) -> str | None:
+    """Why ``CompiledPool(pool)`` would not be this pool's exact twin where it runs (None: it would).
+
+    ``tiers``: lower memory tiers sit below it; ``keeps_response_kv``: its scheduler stores response
+    blocks (``BlockPool.store``, which the kernel lacks); ``admission``: its scheduler's order
+    (``reorder`` reads every pin count each step); ``hashes_fit``: every hash it will see is a
+    64-bit unsigned integer (what the kernel keys on; ``hashes_u64`` tells).
+    """
     if _pool is None:
-        return _MISSING
-    params = getattr(pool.policy, "compiled_params", None)
-    if params is None or params() is None:
+        return MISSING
+    adapter = adapter_for(pool.policy)
+    if adapter is None or adapter.params(pool.policy) is None:
         return f"policy {pool.policy.name} is not compiled or not fresh"
+    if tiers or keeps_response_kv or admission != "fcfs":
+        return "lower tiers, kept response KV or reorder admission need the Python pool"
+    if not hashes_fit:
+        return "a block hash is not a 64-bit unsigned integer"
     if pool.resident or pool.private or pool.pinned:
         return "the pool is not empty"
     if pool.metrics.requests:
@@ -63,9 +77,17 @@ def why_not(pool: BlockPool) -> str | None:
     return None
 
 
+def compilable(pool: BlockPool, *, tiers: bool = False, keeps_response_kv: bool = False, admission: str = "fcfs",
+               hashes_fit: bool = True) -> bool:
+    """Whether ``CompiledPool(pool)`` runs: the one decision (``why_not`` says why not)."""
+    return why_not(pool, tiers=tiers, keeps_response_kv=keeps_response_kv, admission=admission,
+                   hashes_fit=hashes_fit) is None
+
+
 def compiles(policy: str) -> bool:
-    """Whether the compiled pool has this policy (by its registered name)."""
-    return _pool is not None and hasattr(policy_class(policy), "compiled_params")
+    """Whether the compiled pool has this policy (by its registered name): a cheap first look that
+    spares the simulator checking a trace's hashes for a policy ``compilable`` would refuse anyway."""
+    return _pool is not None and policy_class(policy) in ADAPTERS
 
 
 def hashes_u64(hash_lists: Sequence[Sequence[int]]) -> np.ndarray | None:
@@ -74,11 +96,6 @@ def hashes_u64(hash_lists: Sequence[Sequence[int]]) -> np.ndarray | None:
         return np.fromiter(chain.from_iterable(hash_lists), dtype=np.uint64)
     except (OverflowError, TypeError, ValueError):
         return None
-
-
-def fits_uint64(hash_lists: Sequence[Sequence[int]]) -> bool:
-    """Whether every hash is a 64-bit unsigned integer."""
-    return hashes_u64(hash_lists) is not None
 
 
 class CompiledPool:
@@ -96,12 +113,14 @@ class CompiledPool:
         self._cost_len = 64
         self._codes: dict[str | None, int] = {}
         self._now = pool.now
-        assert _pool is not None  # why_not said so
-        params = pool.policy.compiled_params()  # type: ignore[attr-defined]
-        self._kernel = _pool.Pool(capacity=pool.capacity, block_size=pool.metrics.block_size,
-                                  prefix_mode=pool.hit_mode == "prefix", cum=self._cum(self._cost_len),
-                                  **params)
-        self._cost_aware = params["kind"] == 3  # BeladyCompute reads the policy's cost per depth
+        adapter = adapter_for(pool.policy)
+        assert _pool is not None and adapter is not None  # why_not said so
+        params = adapter.params(pool.policy) or {}
+        self._adapter = adapter
+        self._kernel = _pool.Pool(kind=getattr(_pool, adapter.kind), capacity=pool.capacity,
+                                  block_size=pool.metrics.block_size, prefix_mode=pool.hit_mode == "prefix",
+                                  cum=self._cum(self._cost_len), **params)
+        self._cost_aware = adapter.cost_aware  # BeladyCompute reads the policy's cost per depth
         if self._cost_aware:
             self._kernel.set_policy_costs(self._policy_costs(self._cost_len))
         self._settled = True
@@ -133,9 +152,9 @@ class CompiledPool:
     def pin_counts(self) -> Mapping[int, int]:
         return self.settle().pin_counts  # O(resident): only the reorder scheduler reads it, and it gets the Python pool
 
-    def acquire(self, hashes: Sequence[int], *, session: str | None = None, now: float = 0.0,
-                input_tokens: int | None = None, next_use: Sequence[float] | None = None,
-                position: float | None = None, record: bool = True, extra: int = 0) -> Allocation:
+    def acquire(self, lookup: Lookup) -> Allocation:
+        hashes, session, now, input_tokens, record = (lookup.hashes, lookup.session, lookup.now, lookup.input_tokens,
+                                                      lookup.record)
         n = len(hashes)
         if n >= self._cost_len:
             self._grow_costs(n)
@@ -144,14 +163,14 @@ class CompiledPool:
             code = self._codes[session] = len(self._codes)
         try:
             hit, new, touched, holes = self._kernel.acquire(hashes, code, -1 if input_tokens is None else input_tokens,
-                                                            record, extra, next_use, position)
+                                                            record, lookup.extra, lookup.next_use, lookup.position)
         except _Refused as refused:
             if refused.args[0] == _BUSY and now > self._now:  # the pool's clock moved before it looked for room
                 self._now = now
             raise self._error(n, *refused.args) from None
         except (OverflowError, TypeError):
             raise InputError("block_hashes", "the compiled pool keys on 64-bit unsigned integers"
-                             " (the simulator checks a trace's first: fits_uint64)") from None
+                             " (hashes_u64 tells; the simulator runs the Python pool for a trace it refuses)") from None
         self._settled = False
         if now > self._now:
             self._now = now
@@ -163,12 +182,9 @@ class CompiledPool:
         self._kernel.release(alloc.hashes)
         self._settled = False
 
-    def serve(self, hashes: Sequence[int], *, session: str | None = None, now: float = 0.0,
-              input_tokens: int | None = None, next_use: Sequence[float] | None = None,
-              position: float | None = None) -> Allocation:
-        alloc = self.acquire(hashes, session=session, now=now, input_tokens=input_tokens, next_use=next_use,
-                             position=position)
-        self.release(alloc, now)
+    def serve(self, lookup: Lookup) -> Allocation:
+        alloc = self.acquire(lookup)
+        self.release(alloc, lookup.now)
         return alloc
 
     def take_private(self, n: int) -> None:
@@ -232,7 +248,7 @@ class CompiledPool:
         pool.load_state(zip(state["keys"], map(names.__getitem__, state["owners"])),
                         ((names[code], count) for code, count in state["footprint"]), state["reused"],
                         state["refs"], self._kernel.private)
-        pool.policy.load_compiled(state)  # type: ignore[attr-defined]
+        self._adapter.load(pool.policy, state)
         pool.metrics.load_counts(state["metrics"])
         if self._now > pool.policy_context.now:
             pool.policy_context.now = self._now

@@ -1,4 +1,4 @@
-"""What the scheduler takes and gives: its settings and flag, a request's state, a step's result,
+"""What the scheduler takes and gives: its settings, a request's state, a step's result,
 the compute-backend hook, the overload error and what an admission prefills (replica/core/sched/scheduler.py runs them)."""
 
 from __future__ import annotations
@@ -12,27 +12,30 @@ from replica.core.tiers.stack import FetchPlan
 from shared.errors import InputError, KvemuError
 from shared.validate import check_positive_int
 
-SCHEDULERS = ("fcfs", "reorder")
+# Admission orders: fcfs (vLLM) or reorder (FlashGen, Jeong and Ahn, ASPLOS 2025). The flag that
+# picks one (``--scheduler``) is in kvemu/options/scheduler.py; the core keeps values and checks.
+ADMISSIONS = ("fcfs", "reorder")
+SCHEDULERS = ADMISSIONS  # the name the CLI and settings use for the same values
+DEFAULT_ADMISSION = "fcfs"
+# Defaults every settings object of a replica's scheduler shares (CoreSettings, SimSettings,
+# ReplicaSettings and the flags), so they cannot drift apart.
+DEFAULT_TOKEN_BUDGET = 8192
+DEFAULT_MAX_RUNNING = 256
+DEFAULT_MAX_WAITING = 10_000  # a live replica answers 503 beyond; the simulator sizes it to the trace
 
 
-def check_scheduler(name: str, field: str = "scheduler") -> None:
-    if name not in SCHEDULERS:
-        raise InputError(field, f"must be one of {', '.join(SCHEDULERS)}, got {name!r}")
-
-
-def add_scheduler_arg(p) -> None:
-    """``--scheduler``, the same on sim, sweep, replica and up."""
-    p.add_argument("--scheduler", default="fcfs",
-                   help="admission order: fcfs (vLLM, the default) or reorder (seed 001: requests behind a head that does not"
-                        " fit borrow the idle KV memory and are preempted as soon as the head could run)")
+def check_admission(name: str, field: str = "scheduler") -> None:
+    """An admission order named ``name`` exists (``field`` names the setting or flag in the error)."""
+    if name not in ADMISSIONS:
+        raise InputError(field, f"must be one of {', '.join(ADMISSIONS)}, got {name!r}")
 
 
 @dataclass(frozen=True, slots=True)
 class SchedulerSettings:
-    token_budget: int = 8192
-    max_running: int = 256
-    max_waiting: int = 100_000
-    policy: str = "fcfs"  # admission order: fcfs or reorder (SCHEDULERS)
+    token_budget: int = DEFAULT_TOKEN_BUDGET
+    max_running: int = DEFAULT_MAX_RUNNING
+    max_waiting: int = DEFAULT_MAX_WAITING
+    admission: str = DEFAULT_ADMISSION  # the order requests are admitted in (ADMISSIONS); eviction is the pool's policy
     reorder_window: int = 32  # reorder: requests behind a blocked head tried for admission
     # Decode KV takes blocks as it fills them (vLLM; decode_kv.DecodeBlocks). False: only prompt
     # blocks count, as cache simulators do (the cache-only replay equals a one-at-a-time run then).
@@ -41,7 +44,7 @@ class SchedulerSettings:
     def __post_init__(self) -> None:
         for name in ("token_budget", "max_running", "max_waiting", "reorder_window"):
             check_positive_int(name, getattr(self, name))
-        check_scheduler(self.policy)
+        check_admission(self.admission)
 
 
 @dataclass(slots=True)

@@ -13,7 +13,7 @@ next arrival), which is what lets a day of traffic run in seconds.
 
 Two admission orders (``SchedulerSettings.policy``, ``--scheduler``): ``fcfs`` (vLLM)
 admits strictly in arrival order, so a head that does not fit blocks the queue;
-``reorder`` (seed 001, FlashGen) then admits smaller requests behind it into the memory
+``reorder`` (FlashGen, Jeong and Ahn, ASPLOS 2025) then admits smaller requests behind it into the memory
 that would sit idle, counts their blocks as reclaimable, and preempts them (recompute:
 their blocks are released, they keep the tokens they generated and wait again in arrival
 order) as soon as that lets the head run. A head waits only for the requests admitted in
@@ -21,7 +21,8 @@ order before it (the bound is in ``_reclaim_for``).
 
 Where generated KV lives: with ``keep_response_kv`` (a colocated vLLM) a finished request's
 full response blocks (``SchedRequest.response_hashes``, chained after its prompt) are cached,
-so the next turn's prompt hits them; without it (a disaggregated prefill instance, seed 000)
+so the next turn's prompt hits them; without it (a disaggregated prefill instance, as the
+mean-field LRU analysis of multi-turn conversations assumes)
 they are dropped and the next turn recomputes the response as new prompt blocks.
 
 Decode KV takes blocks, as in vLLM (``decode_kv.DecodeBlocks``): a request is admitted with the
@@ -44,26 +45,26 @@ import heapq
 from collections import _count_elements, deque  # type: ignore[attr-defined]  # C helper Counter uses
 from collections.abc import Callable
 
-from replica.core.cache.pool import BlockPool, PoolBusyError, PoolCapacityError
-from replica.core.cache.types import SchedulerPool
+from replica.core.cache.pool import PoolBusyError, PoolCapacityError
+from replica.core.cache.types import Lookup, ResponseStore, SchedulerPool
 from replica.core.sched.decode_kv import DecodeBlocks
 from replica.core.sched.sched_types import (
+    ADMISSIONS,
     SCHEDULERS,
     QueueFullError,
     SchedRequest,
     SchedulerSettings,
     StepResult,
     StepTimer,
-    add_scheduler_arg,
-    check_scheduler,
+    check_admission,
     prefill_len,
     prefill_segments,
 )
 from replica.core.tiers.stack import TierStack
 from shared.costmodel import CostModel, StepWork, layered_finish
 
-__all__ = ["SCHEDULERS", "QueueFullError", "SchedRequest", "Scheduler", "SchedulerSettings", "StepResult",
-           "StepTimer", "add_scheduler_arg", "check_scheduler"]
+__all__ = ["ADMISSIONS", "SCHEDULERS", "QueueFullError", "SchedRequest", "Scheduler", "SchedulerSettings", "StepResult",
+           "StepTimer", "check_admission"]
 
 class Scheduler:
     """Work per step is proportional to what changes (admissions, prefill chunks, finishing
@@ -209,7 +210,8 @@ class Scheduler:
 
     def stats(self) -> dict:
         """Counters since start: what /stats, /metrics and the simulator report."""
-        return {"policy": self.settings.policy, "admissions": self.admissions, "promotions": self.promotions,
+        # "policy" is the admission order here: the key /stats and the sim JSON have always shown
+        return {"policy": self.settings.admission, "admissions": self.admissions, "promotions": self.promotions,
                 "preemptions": self.preemptions, "truncated_outputs": self.truncated,
                 "queue_wait_s_total": self.queue_wait_s,
                 "prefill_tokens": self.prefill_tokens, "readmission_prefill_tokens": self.readmission_prefill_tokens,
@@ -231,7 +233,7 @@ class Scheduler:
 
     def _admit(self, now: float) -> None:
         max_running = self.settings.max_running
-        reorder = self.settings.policy == "reorder"
+        reorder = self.settings.admission == "reorder"
         while self.waiting and self.num_running < max_running:
             req = self.waiting[0]
             try:
@@ -255,9 +257,8 @@ class Scheduler:
         req.plan = tiers.plan(req.hashes, now, req.arrival) if tiers is not None else None
         extra = self.decode_kv.need(req, req.generated if req.resumed else 0)
         try:
-            req.alloc = self.pool.acquire(req.hashes, session=req.session, now=now, input_tokens=req.input_tokens,
-                                          next_use=req.next_use, position=req.position, record=not req.preemptions,
-                                          extra=extra)
+            req.alloc = self.pool.acquire(Lookup(req.hashes, req.session, now, req.input_tokens, not req.preemptions,
+                                                 extra, req.next_use, req.position))
         except PoolBusyError:
             if req.plan is not None and tiers is not None:
                 tiers.cancel(req.plan)
@@ -483,7 +484,8 @@ class Scheduler:
         stored: list[int] = []
         if self.keep_response_kv and r.response_hashes:  # colocated vLLM: the response's KV stays cached
             pool = self.pool
-            assert isinstance(pool, BlockPool)  # build_core compiles no pool that keeps response KV
+            if not isinstance(pool, ResponseStore):  # build_core compiles no pool that keeps response KV
+                raise TypeError(f"{type(pool).__name__} cannot keep response KV")
             stored = pool.store(r.response_hashes, r.session, end)
             if stored and self.timer is not None:
                 self.timer.stored(r, stored)

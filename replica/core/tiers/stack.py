@@ -1,16 +1,19 @@
-"""The KV memory hierarchy below HBM (FlashGen, seed 001): host DRAM and SSD tiers.
+"""The KV memory hierarchy below HBM (FlashGen, Jeong and Ahn, ASPLOS 2025): host DRAM and SSD tiers.
 
-Pure and synchronous, like the pool. Each lower tier is a ``BlockPool`` of its own (capacity
-and any registered eviction policy; nothing is pinned there), so residency, ordering and
-eviction are the same code as in HBM. The HBM pool tells the stack what it evicts
+Pure and synchronous, like the pool. The hierarchy is an ordered list of levels, HBM first
+(level 0); each level below is a ``BlockPool`` of its own (capacity and any registered eviction
+policy; nothing is pinned there), so residency, ordering and eviction are the same code as in
+HBM. The kinds of level (host DRAM, SSD, ...) and what differs between them are in
+``levels.py``; this module treats every level alike. The HBM pool tells the stack what it evicts
 (``BlockPool.evicted_sink``); the scheduler asks the stack, when it admits a request, which of
-the blocks missing from HBM a lower tier holds and whether to fetch or recompute them.
+the blocks missing from HBM a lower level holds and whether to fetch or recompute them.
 
-* ``exclusive``: a block lives in one tier. HBM evictions are demoted to host (a write over
-  the device-to-host link), host evictions to SSD (an SSD write), SSD evictions are dropped; a
-  fetched block leaves its tier (it is in HBM again).
-* ``inclusive`` (FlashGen): each block is copied to host as it is produced, so freeing HBM
-  costs nothing; host evictions spill to SSD; a fetched block stays where it was.
+* ``exclusive``: a block lives in one level. HBM evictions are demoted to the first level
+  present (a write over the device-to-host link), each level's evictions to the next one (a
+  write on that level's link), the last level's are dropped; a fetched block leaves its level
+  (it is in HBM again).
+* ``inclusive`` (FlashGen): each block is copied to the first level as it is produced, so
+  freeing HBM costs nothing; evictions spill down as above; a fetched block stays where it was.
 
 Fetch or recompute (``fetch``): ``always`` restores every block a tier holds, ``never``
 recomputes them, ``auto`` decides per run of consecutive missing blocks in one tier: fetch
@@ -18,24 +21,28 @@ when the run's transfer time is below its recompute time at its depth (the cost 
 per-block cost), as FlashGen's opportunistic recompute does.
 
 Transfers queue on their link (``Link``: busy until the last reserved transfer ends), so two
-fetches share its bandwidth and write-back to SSD competes with SSD reads. A restore is
-pipelined layer by layer with the request's prefill compute: the scheduler charges the larger
-of the two, not their sum.
+fetches share its bandwidth and write-back to SSD competes with SSD reads. Every move into or
+out of HBM crosses the device link (``h2d`` / ``d2h``, host memory's link); a level behind host
+memory (SSD) has its own link, and its reads are staged into host from the request's arrival
+while it waits. A restore is pipelined layer by layer with the request's prefill compute: the
+scheduler charges the larger of the two, not their sum.
 
 A backend that holds real K/V (``replica --backend torch``) sets ``copies``: the stack tells it
-every block it moves (``TierCopies.copy(src, dst, hashes)``, tiers named ``hbm``, ``host``,
-``ssd``) at the moment it decides, after the evictions that make room for them, so the backend
+every block it moves (``TierCopies.copy(src, dst, hashes)``, levels by name: ``hbm``, ``host``,
+``ssd``, ...) at the moment it decides, after the evictions that make room for them, so the backend
 executes the same moves in the same order; the decisions stay here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from replica.core.cache.policies import make_policy, policy_class
 from replica.core.cache.pool import Allocation, BlockPool, KvEvent
+from replica.core.cache.types import Lookup
+from replica.core.tiers.levels import SSD_READ_GBPS, SSD_WRITE_GBPS, LevelSettings, level_kind
 from shared.errors import InputError
 from shared.index.base import lower_overlap
 from shared.validate import check_number
@@ -45,14 +52,16 @@ FETCH_MODES = ("always", "never", "auto")
 GB = 1e9
 
 # The host link's bandwidth and per-copy cost come from the GPU preset (shared.costmodel:
-# ``GpuSpec.host_bandwidth``, ``host_copy_overhead_s``, measured on an H200); tier_args passes them.
-SSD_READ_GBPS = 7.0  # one PCIe 4.0 NVMe drive, sequential read
-SSD_WRITE_GBPS = 5.0
+# ``GpuSpec.host_bandwidth``, ``host_copy_overhead_s``, measured on an H200); kvemu.options.tiers
+# passes them.
 
 
 @dataclass(frozen=True, slots=True)
 class TierSettings:
-    """The hierarchy below HBM; capacities in blocks (0: no such tier)."""
+    """The hierarchy below HBM; capacities in blocks (0: no such level).
+
+    Host DRAM and SSD, the levels the flags set, have their fields here; ``deeper`` lists the
+    levels below SSD, in order. ``levels()`` is the ordered list the stack builds."""
 
     host_blocks: int = 0
     ssd_blocks: int = 0
@@ -60,13 +69,14 @@ class TierSettings:
     ssd_policy: str = "lru"
     mode: str = "exclusive"
     fetch: str = "auto"
-    host_link_gbps: float = 55.5  # per direction; tier_args takes the GPU preset's
+    host_link_gbps: float = 55.5  # per direction; kvemu.options.tiers takes the GPU preset's
     host_copy_overhead_s: float = 0.0  # per block copied over the host link
     ssd_read_gbps: float = SSD_READ_GBPS
     ssd_write_gbps: float = SSD_WRITE_GBPS
     # False (CachedAttention): HBM keeps no KV between requests; a finished request's blocks
     # move down at once and the next turn restores them. True: HBM is the first cache level.
     hbm_caching: bool = True
+    deeper: tuple[LevelSettings, ...] = ()  # levels below SSD (level 3 first)
 
     def __post_init__(self) -> None:
         for name in ("host_blocks", "ssd_blocks"):
@@ -79,13 +89,22 @@ class TierSettings:
             raise InputError("fetch", f"must be one of {', '.join(FETCH_MODES)}, got {self.fetch!r}")
         for name in ("host_link_gbps", "ssd_read_gbps", "ssd_write_gbps"):
             check_number(name, getattr(self, name), above=0)
-        for policy in (self.host_policy, self.ssd_policy):
-            if policy_class(policy).needs_future:
-                raise InputError("tier_policy", f"{policy} is an offline oracle; a tier needs an online policy")
+        if any(level_kind(level.kind).host_memory for level in self.deeper):
+            raise InputError("deeper", "host memory is level 1 and only level 1 (the device link's other end)")
+        for level in self.levels():
+            if policy_class(level.policy).needs_future:
+                raise InputError("tier_policy", f"{level.policy} is an offline oracle; a tier needs an online policy")
+
+    def levels(self) -> tuple[LevelSettings, ...]:
+        """Every level below HBM in order, level 1 first (host DRAM, SSD, then ``deeper``)."""
+        return (LevelSettings("host", self.host_blocks, self.host_policy, self.host_link_gbps, self.host_link_gbps,
+                              self.host_copy_overhead_s),
+                LevelSettings("ssd", self.ssd_blocks, self.ssd_policy, self.ssd_read_gbps, self.ssd_write_gbps),
+                *self.deeper)
 
     @property
     def enabled(self) -> bool:
-        return self.host_blocks > 0 or self.ssd_blocks > 0
+        return any(level.blocks > 0 for level in self.levels())
 
 
 class TierCopies(Protocol):
@@ -123,22 +142,46 @@ class FetchPlan:
     recomputed: int = 0  # blocks a tier holds that are cheaper to recompute
     arrival: float = 0.0  # when the request arrived: SSD staging starts then
     links: list[tuple[Link, float, int]] = field(default_factory=list)  # (link, busy_until, bytes) before it
-    pins: list[tuple[BlockPool, Allocation]] = field(default_factory=list)  # held in their tier until complete
+    pins: list[tuple[Level, Allocation]] = field(default_factory=list)  # held in their level until complete
 
 
 @dataclass(slots=True)
 class TierCounters:
     accessed_blocks: int = 0  # blocks of admitted requests
-    hbm_hits: int = 0
-    host_hits: int = 0  # restored from host
-    ssd_hits: int = 0  # restored from SSD
+    # per level: hits[0] reused in HBM, hits[k] restored from level k
+    hits: list[int] = field(default_factory=list)
     recomputed: int = 0  # held by a lower tier but recomputed (fetch decision)
     demoted: int = 0
     dropped: int = 0  # fell off the last tier
 
+    @classmethod
+    def of(cls, levels: int) -> TierCounters:
+        """Counters of HBM and ``levels`` levels below it."""
+        return cls(hits=[0] * (levels + 1))
+
+    @property
+    def hbm_hits(self) -> int:
+        return self.hits[0]
+
+    @property
+    def fetched(self) -> int:
+        """Blocks restored from every level below HBM."""
+        return sum(self.hits[1:])
+
+
+@dataclass(slots=True)
+class Level:
+    """One level below HBM as the stack runs it."""
+
+    index: int  # 1: next to HBM
+    name: str
+    pool: BlockPool
+    link: Link | None  # its own link up; None: host memory, whose link is the device link
+    write_bw: float  # bytes/s a write down to it takes on ``link``
+
 
 class TierStack:
-    """Host and SSD tiers under one HBM pool; see the module docstring."""
+    """The levels below one HBM pool; see the module docstring."""
 
     def __init__(self, settings: TierSettings, hbm: BlockPool, block_bytes: int,
                  recompute_cost: Callable[[int], float], emit_events: bool = False) -> None:
@@ -147,73 +190,83 @@ class TierStack:
         self.hbm = hbm
         self.block_bytes = block_bytes
         self.recompute_cost = recompute_cost
-        self.counters = TierCounters()
-        self.host = self._tier(settings.host_blocks, settings.host_policy, emit_events)
-        self.ssd = self._tier(settings.ssd_blocks, settings.ssd_policy, emit_events)
-        gbps, per_copy = settings.host_link_gbps * GB, settings.host_copy_overhead_s
+        configured = settings.levels()
+        self.counters = TierCounters.of(len(configured))
+        # The device link: host memory <-> HBM, per direction; every move into or out of HBM crosses it.
+        host = configured[0]
+        gbps, per_copy = host.read * GB, host.per_copy_s
         self.h2d = Link("host_to_device", gbps, per_copy)
         self.d2h = Link("device_to_host", gbps, per_copy)
-        self.ssd_link = Link("ssd", settings.ssd_read_gbps * GB)  # one drive: writes compete with reads
-        self._ssd_write_bw = settings.ssd_write_gbps * GB
+        self.names = [lv.kind for lv in configured]  # level k is names[k - 1]
+        # One link per level behind host memory (one drive: its writes compete with its reads); a
+        # level configured without capacity keeps its link, so every link is reported (0 bytes).
+        self._links = {lv.kind: Link(lv.kind, lv.read * GB, lv.per_copy_s)
+                       for lv in configured if not level_kind(lv.kind).host_memory}
+        # The levels that hold blocks, in order: where demotions go.
+        self.levels = [Level(k, lv.kind, BlockPool(lv.blocks, make_policy(lv.policy), emit_events=emit_events),
+                             self._links.get(lv.kind), lv.write * GB)
+                       for k, lv in enumerate(configured, 1) if lv.blocks > 0]
         self._now = 0.0
         self.copies: TierCopies | None = None  # a backend with real K/V executes the moves
         hbm.evicted_sink = self._hbm_evicted
-        if self.host is not None:
-            self.host.evicted_sink = self._host_evicted
-        if self.ssd is not None:
-            self.ssd.evicted_sink = self._ssd_evicted
+        for k, level in enumerate(self.levels):
+            level.pool.evicted_sink = self._spiller(level, self.levels[k + 1] if k + 1 < len(self.levels) else None)
 
-    @staticmethod
-    def _tier(blocks: int, policy: str, emit_events: bool) -> BlockPool | None:
-        if blocks <= 0:
-            return None
-        return BlockPool(blocks, make_policy(policy), emit_events=emit_events)
+    def level(self, name: str) -> Level | None:
+        """The level of that name (``"host"``, ``"ssd"``, ...); None: it holds no blocks."""
+        return next((lv for lv in self.levels if lv.name == name), None)
 
-    def _named(self) -> list[tuple[str, BlockPool]]:
-        return [(name, tier) for name, tier in (("host", self.host), ("ssd", self.ssd)) if tier is not None]
+    def pool(self, name: str) -> BlockPool | None:
+        """The block pool of the level of that name; None: it holds no blocks."""
+        level = self.level(name)
+        return None if level is None else level.pool
 
-    # ---- events (a router's index learns what each tier holds) ----------------------
+    def links(self) -> list[Link]:
+        """Every link, the device link's two directions first."""
+        return [self.h2d, self.d2h, *self._links.values()]
+
+    # ---- events (a router's index learns what each level holds) ---------------------
     def drain_events(self) -> list[KvEvent]:
-        """The tier pools' ``stored`` / ``removed`` events since the last drain, tagged with their tier."""
-        return [KvEvent(e.kind, e.hashes, name) for name, tier in self._named() for e in tier.drain_events()]
+        """The level pools' ``stored`` / ``removed`` events since the last drain, tagged with their level index."""
+        return [KvEvent(e.kind, e.hashes, lv.index) for lv in self.levels for e in lv.pool.drain_events()]
 
     def snapshot_events(self) -> list[KvEvent]:
-        """``stored`` of every block each tier holds (a resync), dropping the events not yet drained."""
+        """``stored`` of every block each level holds (a resync), dropping the events not yet drained."""
         out = []
-        for name, tier in self._named():
-            tier.drain_events()
-            if tier.resident:
-                out.append(KvEvent("stored", tuple(tier.resident), name))
+        for lv in self.levels:
+            lv.pool.drain_events()
+            if lv.pool.resident:
+                out.append(KvEvent("stored", tuple(lv.pool.resident), lv.index))
         return out
 
     @property
     def capacity(self) -> int:
-        """Blocks the lower tiers hold at most."""
-        return sum(tier.capacity for _, tier in self._named())
+        """Blocks the lower levels hold at most."""
+        return sum(lv.pool.capacity for lv in self.levels)
 
     # ---- flows down ---------------------------------------------------------------
     def produced(self, hashes: Sequence[int], now: float) -> None:
-        """Blocks just computed into HBM: inclusive mode copies them to host at once."""
+        """Blocks just computed into HBM: inclusive mode copies them to the first level at once."""
         self._now = max(self._now, now)
-        if self.settings.mode == "inclusive" and hashes:
-            target = self.host if self.host is not None else self.ssd
-            if target is not None:
-                self._store(target, hashes, "hbm")
+        if self.settings.mode == "inclusive" and hashes and self.levels:
+            self._store(self.levels[0], hashes, "hbm")
 
     def _hbm_evicted(self, victims: Sequence[int]) -> None:
         if self.settings.mode == "exclusive" and victims:
-            target = self.host if self.host is not None else self.ssd
-            if target is None:
+            if not self.levels:
                 self.counters.dropped += len(victims)
                 return
             self.counters.demoted += len(victims)
-            self._store(target, victims, "hbm")
+            self._store(self.levels[0], victims, "hbm")
 
-    def _host_evicted(self, victims: Sequence[int]) -> None:
-        if self.ssd is None:
-            self.counters.dropped += len(victims)
-            return
-        self._store(self.ssd, victims, "host")
+    def _spiller(self, level: Level, below: Level | None) -> Callable[[Sequence[int]], None]:
+        """A level's eviction sink: on to the level below, or out of the hierarchy from the last."""
+        def spill(victims: Sequence[int]) -> None:
+            if below is None:
+                self.counters.dropped += len(victims)
+            else:
+                self._store(below, victims, level.name)
+        return spill
 
     def released(self, hashes: Sequence[int], now: float) -> None:
         """A request finished. Without HBM caching its blocks no other request holds leave HBM
@@ -227,30 +280,27 @@ class TierStack:
             self._hbm_evicted(gone)
         hbm.remove(gone)
 
-    def _ssd_evicted(self, victims: Sequence[int]) -> None:
-        self.counters.dropped += len(victims)  # the last tier: they leave the hierarchy
-
-    def _name(self, tier: BlockPool) -> str:
-        return "host" if tier is self.host else "ssd"
-
-    def _store(self, tier: BlockPool, hashes: Sequence[int], src: str) -> None:
-        """Copy blocks from tier ``src`` into a tier (those it holds already just count as used)."""
+    def _store(self, level: Level, hashes: Sequence[int], src: str) -> None:
+        """Copy blocks from level ``src`` into a level (those it holds already just count as used)."""
+        tier = level.pool
         new = [h for h in hashes if h not in tier.resident]
         if not new:
             return
         nbytes = len(new) * self.block_bytes
-        if tier is self.host or self.host is None:
-            self.d2h.reserve(self._now, nbytes, copies=len(new))  # from HBM (to SSD through host when there is no host tier)
-        if tier is self.ssd:
-            self.ssd_link.reserve(self._now, nbytes, self._ssd_write_bw)
+        levels = self.levels
+        if level is levels[0]:  # from HBM (through host memory when there is no host level)
+            self.d2h.reserve(self._now, nbytes, copies=len(new))
+        if level.link is not None:
+            level.link.reserve(self._now, nbytes, level.write_bw)
         room = tier.capacity - len(tier.pin_counts)  # blocks held for a pending fetch stay
         if room > 0:
-            tier.serve(new[:room], now=self._now)  # its evictions move down first (their copies too)
+            tier.serve(Lookup(new[:room], now=self._now))  # its evictions move down first (their copies too)
             if self.copies is not None:
-                self.copies.copy(src, self._name(tier), [h for h in new[:room] if h in tier.resident])
-        if len(new) > room:  # no room even after evicting: on to the next tier, or gone
-            if tier is self.host and self.ssd is not None:
-                self._store(self.ssd, new[room:], src)
+                self.copies.copy(src, level.name, [h for h in new[:room] if h in tier.resident])
+        if len(new) > room:  # no room even after evicting: on to the next level, or gone
+            k = levels.index(level)
+            if k + 1 < len(levels):
+                self._store(levels[k + 1], new[room:], src)
             else:
                 self.counters.dropped += len(new) - room
 
@@ -267,15 +317,15 @@ class TierStack:
         resident = self.hbm.resident
         plan = FetchPlan(arrival=now if arrival is None else min(arrival, now))
         waited = now - plan.arrival
-        plan.links = [(link, link.busy_until, link.bytes_moved) for link in (self.h2d, self.ssd_link)]
-        for tier, idx in self._runs(hashes, [i for i, h in enumerate(hashes) if h not in resident]):
-            if self._worth_fetching(tier, idx, waited):
+        plan.links = [(link, link.busy_until, link.bytes_moved) for link in (self.h2d, *self._links.values())]
+        for level, idx in self._runs(hashes, [i for i, h in enumerate(hashes) if h not in resident]):
+            if self._worth_fetching(level, idx, waited):
                 plan.restored_idx.extend(idx)
-                plan.pins.append((tier, tier.acquire([hashes[i] for i in idx], now=now)))
+                plan.pins.append((level, level.pool.acquire(Lookup([hashes[i] for i in idx], now=now))))
                 # reads are queued now, ahead of the write-back the allocation will cause
                 start = max(self._now, self.h2d.busy_until)
                 plan.started_at = min(plan.started_at, start) if plan.ready_at else start
-                plan.ready_at = max(plan.ready_at, self._transfer_up(tier, len(idx), plan.arrival))
+                plan.ready_at = max(plan.ready_at, self._transfer_up(level, len(idx), plan.arrival))
             else:
                 plan.recomputed += len(idx)
         plan.restored_idx.sort()
@@ -283,8 +333,8 @@ class TierStack:
 
     def cancel(self, plan: FetchPlan) -> None:
         """The allocation failed (HBM busy, nothing evicted): unpin and unqueue; it will plan again."""
-        for tier, alloc in plan.pins:
-            tier.release(alloc, self._now)
+        for level, alloc in plan.pins:
+            level.pool.release(alloc, self._now)
         for link, busy_until, moved in plan.links:
             link.busy_until, link.bytes_moved = busy_until, moved
         plan.pins.clear()
@@ -293,81 +343,82 @@ class TierStack:
                  new_idx: Sequence[int], now: float, record: bool = True) -> None:
         """After HBM allocated the request: transfers, counters (unless ``record`` is False: a
         preempted request's re-admission), copies down."""
-        c = self.counters if record else TierCounters()
+        c = self.counters if record else TierCounters.of(len(self.names))
         c.accessed_blocks += len(hashes)
-        c.hbm_hits += len(hit_idx)
+        c.hits[0] += len(hit_idx)
         c.recomputed += plan.recomputed
-        for tier, alloc in plan.pins:
+        for level, alloc in plan.pins:
             blocks = list(alloc.hashes)
             if self.copies is not None:  # into the HBM blocks the allocation gave them
-                self.copies.copy(self._name(tier), "hbm", blocks)
-            if tier is self.host:
-                c.host_hits += len(blocks)
-            else:
-                c.ssd_hits += len(blocks)
-            tier.release(alloc, now)
+                self.copies.copy(level.name, "hbm", blocks)
+            c.hits[level.index] += len(blocks)
+            level.pool.release(alloc, now)
             if self.settings.mode == "exclusive":
-                tier.remove(blocks)  # it lives in HBM now
+                level.pool.remove(blocks)  # it lives in HBM now
         plan.pins.clear()
         restored = set(plan.restored_idx)
         self.produced([hashes[i] for i in new_idx if i not in restored], now)
 
-    def _transfer_up(self, tier: BlockPool, blocks: int, arrival: float) -> float:
+    def _transfer_up(self, level: Level, blocks: int, arrival: float) -> float:
         nbytes = blocks * self.block_bytes
-        if tier is self.host:
+        if level.link is None:  # host memory: over the device link
             return self.h2d.reserve(self._now, nbytes, copies=blocks)
-        # SSD -> host staged from the request's arrival (while it waited), then host -> HBM
-        return max(self.ssd_link.reserve(arrival, nbytes), self.h2d.reserve(self._now, nbytes, copies=blocks))
+        # level -> host staged from the request's arrival (while it waited), then host -> HBM
+        return max(level.link.reserve(arrival, nbytes), self.h2d.reserve(self._now, nbytes, copies=blocks))
 
-    def _runs(self, hashes: Sequence[int], new_idx: Sequence[int]) -> list[tuple[BlockPool, list[int]]]:
-        """Runs of consecutive missing depths held by one lower tier (host looked up first)."""
-        runs: list[tuple[BlockPool, list[int]]] = []
+    def _runs(self, hashes: Sequence[int], new_idx: Sequence[int]) -> list[tuple[Level, list[int]]]:
+        """Runs of consecutive missing depths held by one lower level (the upper one looked up first)."""
+        runs: list[tuple[Level, list[int]]] = []
+        levels = self.levels
         for i in new_idx:
             h = hashes[i]
-            tier = self.host if self.host is not None and h in self.host.resident else (
-                self.ssd if self.ssd is not None and h in self.ssd.resident else None)
-            if tier is None:
+            for level in levels:
+                if h in level.pool.resident:
+                    break
+            else:
                 continue
-            if runs and runs[-1][0] is tier and runs[-1][1][-1] == i - 1:
+            if runs and runs[-1][0] is level and runs[-1][1][-1] == i - 1:
                 runs[-1][1].append(i)
             else:
-                runs.append((tier, [i]))
+                runs.append((level, [i]))
         return runs
 
-    def transfer_seconds(self, tier: BlockPool, blocks: int, waited: float = 0.0) -> float:
+    def transfer_seconds(self, level: Level, blocks: int, waited: float = 0.0) -> float:
         """Time a restore of ``blocks`` adds once the request is admitted (links idle)."""
         nbytes = blocks * self.block_bytes
         host = nbytes / self.h2d.bandwidth + blocks * self.h2d.per_copy_s
-        if tier is self.host:
+        if level.link is None:
             return host
-        return max(nbytes / self.ssd_link.bandwidth - waited, host)  # the wait hid part of the SSD read
+        return max(nbytes / level.link.bandwidth - waited, host)  # the wait hid part of the level's read
 
-    def _worth_fetching(self, tier: BlockPool, idx: list[int], waited: float) -> bool:
+    def _worth_fetching(self, level: Level, idx: list[int], waited: float) -> bool:
         fetch = self.settings.fetch
         if fetch != "auto":
             return fetch == "always"
-        return self.transfer_seconds(tier, len(idx), waited) < sum(self.recompute_cost(i) for i in idx)
+        return self.transfer_seconds(level, len(idx), waited) < sum(self.recompute_cost(i) for i in idx)
 
     def lower_overlap(self, replica_id: str, hashes: Sequence[int], hbm_prefix: int) -> dict[str, int]:
-        """For a router: the run of blocks after the HBM prefix that host / SSD hold, per tier
-        (what an index fed this replica's tier events answers; zero counts omitted)."""
-        host = self.host.resident if self.host is not None else {}
-        ssd = self.ssd.resident if self.ssd is not None else {}
-        return lower_overlap(replica_id, hashes, hbm_prefix, host, ssd)
+        """For a router: the run of blocks after the HBM prefix that the lower levels hold, per level
+        (what an index fed this replica's level events answers; zero counts omitted)."""
+        held: list[Container[int]] = [set()] * len(self.names)
+        for lv in self.levels:
+            held[lv.index - 1] = lv.pool.resident
+        return lower_overlap(replica_id, hashes, hbm_prefix, held)
 
     # ---- reporting ------------------------------------------------------------------
     def stats(self) -> dict:
         c = self.counters
         n = c.accessed_blocks or 1
-        out = {
-            "mode": self.settings.mode, "fetch": self.settings.fetch, "accessed_blocks": c.accessed_blocks,
-            "hbm_block_hit_ratio": c.hbm_hits / n, "host_block_hit_ratio": c.host_hits / n,
-            "ssd_block_hit_ratio": c.ssd_hits / n, "fetched_blocks": c.host_hits + c.ssd_hits,
-            "recomputed_from_tier_blocks": c.recomputed, "demoted_blocks": c.demoted, "dropped_blocks": c.dropped,
-            "bytes_moved": {link.name: link.bytes_moved for link in (self.h2d, self.d2h, self.ssd_link)},
-        }
-        for name, tier in self._named():
-            out[f"{name}_blocks"] = tier.capacity
-            out[f"{name}_used_blocks"] = tier.used
-            out[f"{name}_policy"] = tier.policy.name
+        out: dict = {"mode": self.settings.mode, "fetch": self.settings.fetch, "accessed_blocks": c.accessed_blocks,
+                     "hbm_block_hit_ratio": c.hbm_hits / n}
+        for k, name in enumerate(self.names, 1):  # every configured level, present or not
+            out[f"{name}_block_hit_ratio"] = c.hits[k] / n
+        out.update({
+            "fetched_blocks": c.fetched, "recomputed_from_tier_blocks": c.recomputed, "demoted_blocks": c.demoted,
+            "dropped_blocks": c.dropped, "bytes_moved": {link.name: link.bytes_moved for link in self.links()},
+        })
+        for lv in self.levels:
+            out[f"{lv.name}_blocks"] = lv.pool.capacity
+            out[f"{lv.name}_used_blocks"] = lv.pool.used
+            out[f"{lv.name}_policy"] = lv.pool.policy.name
         return out

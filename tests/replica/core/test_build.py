@@ -6,6 +6,7 @@ from replica.core.build import CoreSettings, build_core
 from replica.core.cache.metrics import PoolMetrics
 from replica.core.cache.policies import make_policy
 from replica.core.cache.pool import BlockPool
+from replica.core.cache.types import Lookup
 from shared.costmodel import CostModel
 from shared.errors import InputError
 
@@ -37,7 +38,7 @@ def test_oracles_only_where_the_future_is_known():
 
 def test_policy_context_is_read_only():
     core = build_core(CoreSettings(capacity_blocks=8, reuse="off"), COST)
-    core.pool.acquire([1, 2])
+    core.pool.acquire(Lookup([1, 2]))
     ctx = core.pool.policy_context
     assert dict(ctx.pinned) == {1: 1, 2: 1} and 1 in ctx.owners
     with pytest.raises(TypeError):

@@ -1,4 +1,4 @@
-"""Adaptive eviction (WAKMan, seed 004): run the candidate that won the last interval's shadow replay.
+"""Adaptive eviction (WAKMan, Workload Aware KVCache Manager): run the candidate that won the last interval's shadow replay.
 
 A delegating policy: it owns one inner policy instance (a candidate; LRU first, or the first
 candidate when LRU is not one) and forwards every hook to it. It records each interval's block
@@ -9,7 +9,7 @@ evictable blocks (capacity - pinned), and runs the winner for the next interval.
 
 Rule: the winner is the candidate with the highest shadow hit ratio; the running policy is
 replaced only when the winner beats the running one's shadow ratio by more than ``margin``.
-``margin=0`` is the seed's plain rule (any strict gain; ties keep the running policy); the
+``margin=0`` is WAKMan's plain rule (any strict gain; ties keep the running policy); the
 default 0.01 won over it in bench/bench_adaptive.py (docs/choosing-a-policy.md).
 
 Hand-over at a switch: the new policy is built, bound to the same context and fed the resident
@@ -19,7 +19,7 @@ requests. Age order (vLLM free-queue order: a request's blocks move to the tail 
 deepest first) comes from the running policy's ``age_order()`` where it has one (LRU: its queue,
 so no extra bookkeeping while LRU runs); otherwise this policy keeps its own recency queue,
 maintained only while such a policy runs. The old instance is dropped with all its state:
-switching to LRU discards S3-FIFO's ghost queue, as in the seed.
+switching to LRU discards S3-FIFO's ghost queue, as in WAKMan.
 
 ``adapt_interval``: the interval halves (down to 1/4 of ``interval_s``) when the winner differs
 from the previous interval's, and doubles (up to 4x) when it is the same.
@@ -32,7 +32,7 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 
 from replica.core.analysis.shadow import ShadowRecorder, estimate
-from replica.core.cache.policies.base import Access, EvictionPolicy, PolicyContext, hand_over
+from replica.core.cache.policies.base import Access, AgeOrdered, EvictionPolicy, PolicyContext, hand_over
 from shared.errors import InputError
 from shared.validate import check_number
 
@@ -99,7 +99,7 @@ class AdaptivePolicy(EvictionPolicy):
 
         self.inner = make_policy(self.current)
         self.inner.bind(ctx)
-        self._tracking = not hasattr(self.inner, "age_order")  # keep our own recency queue
+        self._tracking = not isinstance(self.inner, AgeOrdered)  # keep our own recency queue
 
     # ---- forwarded hooks ------------------------------------------------------------
     def on_pin(self, hashes: Sequence[int]) -> None:
@@ -184,14 +184,14 @@ class AdaptivePolicy(EvictionPolicy):
         self.inner = policy
         self.current = name
         self.switches += 1
-        self._tracking = not hasattr(policy, "age_order")
+        self._tracking = not isinstance(policy, AgeOrdered)
         self._recency = OrderedDict.fromkeys(reversed(newest_first)) if self._tracking else OrderedDict()
 
     def _newest_first(self) -> list[int]:
         """Every resident block once, newest first (O(resident), at a switch only)."""
-        owners = self.ctx.owners
-        if not self._tracking:
-            return list(reversed(self.inner.age_order()))  # type: ignore[attr-defined]
+        owners, inner = self.ctx.owners, self.inner
+        if isinstance(inner, AgeOrdered):  # exactly when not self._tracking
+            return list(reversed(inner.age_order()))
         newest_first = [h for h in reversed(self._recency) if h in owners]
         if len(newest_first) != len(owners):  # blocks set aside while pinned: they go last
             known = set(newest_first)

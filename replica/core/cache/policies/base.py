@@ -27,12 +27,20 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import ClassVar, Protocol, runtime_checkable
 
 from replica.core.cache.types import Access, PolicyContext
 from shared.errors import InputError
 
-__all__ = ["Access", "EvictionPolicy", "PolicyContext", "hand_over"]
+__all__ = ["Access", "AgeOrdered", "EvictionPolicy", "PolicyContext", "hand_over"]
+
+
+@runtime_checkable
+class AgeOrdered(Protocol):
+    """A policy that can list its resident blocks oldest first (LRU does): the adaptive policy then
+    keeps no recency queue of its own while it runs."""
+
+    def age_order(self) -> list[int]: ...
 
 
 class EvictionPolicy(ABC):

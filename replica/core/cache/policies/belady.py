@@ -19,7 +19,7 @@ under continuous batching (hundreds of requests pinning their blocks) cost minut
 
 * Belady: evict the farthest next use (``inf`` first); ties: larger block hash first.
   With equal-size blocks and holes-mode hits this minimises misses.
-* BeladyCompute (seed 002): evict the largest ``(next_use - now) / cost(depth)``, ``cost``
+* BeladyCompute (When Fancy Eviction Fails): evict the largest ``(next_use - now) / cost(depth)``, ``cost``
   the pool's recompute cost at the block's depth (its index in the request). Blocks never
   used again come first (score ``inf``), the cheapest of them first. Exact: for a fixed
   depth the cost is fixed, so within one depth the order by score is the order by next
@@ -113,16 +113,6 @@ class BeladyPolicy(EvictionPolicy):
 
     def on_remove(self, h: int) -> None:
         self._nu.pop(h, None)
-
-    # ---- the compiled pool (replica.core.compiled.pool) runs this policy from empty ----
-    def compiled_params(self) -> dict | None:
-        return None if self._nu or self._heap else {"kind": 2}
-
-    def load_compiled(self, state: dict) -> None:
-        """Become the next uses the compiled pool recorded; the heap holds the unpinned ones."""
-        self.clear()
-        self._nu.update(state["freq"])
-        self._rebuild()
 
 
 class BeladyComputePolicy(EvictionPolicy):
@@ -308,15 +298,3 @@ class BeladyComputePolicy(EvictionPolicy):
 
     def on_remove(self, h: int) -> None:
         self._rec.pop(h, None)
-
-    # ---- the compiled pool (replica.core.compiled.pool) runs this policy from empty ----
-    def compiled_params(self) -> dict | None:
-        return None if self._rec or self._entries else {"kind": 3}
-
-    def load_compiled(self, state: dict) -> None:
-        """Become the records the compiled pool reached; heaps rebuilt from them (as ``_rebuild``)."""
-        self.clear()
-        self._rec.update(state["freq"])
-        if self._rec:
-            self._grow(max(d for _, d in self._rec.values()))
-        self._rebuild()

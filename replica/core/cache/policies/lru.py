@@ -45,16 +45,6 @@ class LRUPolicy(EvictionPolicy):
     def clear(self) -> None:
         self._queue.clear()
 
-    # ---- the compiled pool (replica.core.compiled.pool) runs this policy from empty ----
-    def compiled_params(self) -> dict | None:
-        """The kernel's settings, or None when this order is not empty (the kernel starts empty)."""
-        return None if self._queue else {"kind": 0}
-
-    def load_compiled(self, state: dict) -> None:
-        """Become the order the compiled pool reached (head first)."""
-        self._queue.clear()
-        self._queue.update(zip(state["order"], repeat(None)))
-
     def age_order(self) -> list[int]:
         """Resident blocks, oldest first: the queue, then blocks never released (in use, so newest).
 

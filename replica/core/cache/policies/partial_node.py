@@ -1,4 +1,4 @@
-"""PartialNode RandomCompute (seed 002, principle 4): RandomCompute's scoring over runs of a
+"""PartialNode RandomCompute (When Fancy Eviction Fails, principle 4): RandomCompute's scoring over runs of a
 request's blocks (nodes) instead of single blocks, so evictions take whole tails and leave
 fewer holes. Scoring and sampling are RandomCompute's (``random_compute.SampledPolicy``).
 """
@@ -9,7 +9,8 @@ from collections.abc import Sequence
 from math import inf, log2
 
 from replica.core.cache.policies.base import Access
-from replica.core.cache.policies.random_compute import SampledPolicy, positive
+from replica.core.cache.policies.random_compute import SampledPolicy
+from shared.validate import check_positive_int
 
 
 class _Node:
@@ -45,7 +46,7 @@ class PartialNodePolicy(SampledPolicy):
 
     def __init__(self, sample_size: int = 128, chunk_blocks: int = 32, decay_halflife_s: float = 300.0,
                  seed: int = 0, min_idle_s: float = 1e-3) -> None:
-        self.chunk_blocks = positive("chunk_blocks", chunk_blocks, integer=True)
+        self.chunk_blocks = check_positive_int("chunk_blocks", chunk_blocks)
         super().__init__(sample_size, decay_halflife_s, seed, min_idle_s)
 
     def clear(self) -> None:

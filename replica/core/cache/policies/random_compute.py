@@ -1,4 +1,4 @@
-"""RandomCompute (seed 002, principle 3), and the sampled scoring it shares with PartialNode.
+"""RandomCompute (When Fancy Eviction Fails, principle 3), and the sampled scoring it shares with PartialNode.
 
 Both score with ``cost · f_eff / idle`` and evict the lowest score, where ``cost`` is the
 pool's recompute cost at a block's depth (its index in the request),
@@ -32,16 +32,12 @@ from replica.core.cache.policies.base import Access, EvictionPolicy
 from shared.validate import check_positive, check_positive_int
 
 
-def positive(field: str, value, integer: bool = False):
-    return check_positive_int(field, value) if integer else check_positive(field, value)
-
-
 class SampledPolicy(EvictionPolicy):
     takes_pins = True
     def __init__(self, sample_size: int, decay_halflife_s: float, seed: int, min_idle_s: float) -> None:
-        self.sample_size = positive("sample_size", sample_size, integer=True)
-        self.halflife = float(positive("decay_halflife_s", decay_halflife_s))
-        self.min_idle = float(positive("min_idle_s", min_idle_s))
+        self.sample_size = check_positive_int("sample_size", sample_size)
+        self.halflife = check_positive("decay_halflife_s", decay_halflife_s)
+        self.min_idle = check_positive("min_idle_s", min_idle_s)
         self.seed = seed
         self._rng = random.Random(seed)
         self._now = 0.0

@@ -9,12 +9,15 @@ at 3 (2 bits).
   small -- except that before the first eviction ever, once small is full, new blocks go
   to main (libCacheSim's ``has_evicted`` rule; it only shapes the warm-up).
 * Eviction, one block at a time: from main if main is over its size or small is empty,
-  else from small. Small: the tail moves to main's head with its counter reset to 0 when
-  ``freq >= move_to_main_threshold`` (libCacheSim compares with ``>=``; its default is 2,
-  i.e. at least two hits while in small), otherwise it is evicted and its id enters the
-  ghost head (the ghost drops its tail when full); repeat until one block is evicted.
-  Main: a tail with ``freq > 0`` is reinserted at the head with ``freq - 1``; one with
-  ``freq == 0`` is evicted.
+  else from small. Small: the block at its eviction end (the oldest) moves to main's insertion
+  end with its counter reset to 0 when ``freq >= move_to_main_threshold`` (libCacheSim compares
+  with ``>=``; its default is 2, i.e. at least two hits while in small), otherwise it is evicted
+  and its id enters the ghost's insertion end (the ghost drops from its eviction end when full);
+  repeat until one block is evicted. Main: the block at its eviction end with ``freq > 0`` is
+  reinserted at the insertion end with ``freq - 1``; one with ``freq == 0`` is evicted.
+
+Each queue has an eviction end (the oldest, next out: a deque's left) and an insertion end (its
+right); ``_pool.c`` names its lists' ends the same way (libCacheSim calls them tail and head).
 
 Adaptations to the pool's protocol: the pool asks ``victims(k)`` before it inserts a
 request's new blocks, so k evictions happen back to back, then the insertions. Blocks
@@ -27,7 +30,6 @@ as an insertion does: from the ghost (where an eviction from small put it) into 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from itertools import repeat
 
 from replica.core.cache.policies.base import Access, EvictionPolicy, PolicyContext
 from shared.errors import InputError
@@ -160,30 +162,13 @@ class S3FIFOPolicy(EvictionPolicy):
         self._dirty = False
 
     def clear(self) -> None:
-        # A block's counter and queue: freq (0..3) | IN_MAIN. Queues: left = tail (next out).
+        # A block's counter and queue: freq (0..3) | IN_MAIN. Queues: left = the eviction end (next out).
         self._freq = {}
         self._small = deque()
         self._main = deque()
         self._ghost = OrderedDict()  # ids only; first = oldest
         self._dirty = False  # on_remove left entries in a queue
         self._evicted = False
-
-    # ---- the compiled pool (replica.core.compiled.pool) runs this policy from empty ----
-    def compiled_params(self) -> dict | None:
-        """The kernel's settings, or None unless fresh (the kernel starts with empty queues)."""
-        if self._freq or self._ghost or self._evicted or self.ghost_size > 8 * self.ctx.capacity:
-            return None
-        return {"kind": 1, "small_size": self.small_size, "main_size": self.main_size,
-                "ghost_size": self.ghost_size, "threshold": self.threshold}
-
-    def load_compiled(self, state: dict) -> None:
-        """Become the queues, counters and ghost the compiled pool reached (each head first)."""
-        self.clear()
-        self._freq.update(state["freq"])
-        self._small.extend(state["order"])
-        self._main.extend(state["main"])
-        self._ghost.update(zip(state["ghost"], repeat(None)))
-        self._evicted = bool(state["evicted"])
 
     def describe(self) -> dict:
         d = {"name": self.name, "small_ratio": self.small_ratio,

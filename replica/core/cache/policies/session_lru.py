@@ -1,4 +1,4 @@
-"""Whole-conversation LRU (seed 000, "whole-content LRU"): a session is resident or absent.
+"""Whole-conversation LRU (the mean-field LRU paper's "whole-content LRU"): a session is resident or absent.
 
 Units are ordered from LRU to MRU. A unit is a session: the blocks it inserted (their
 owner in ``ctx.owners``), tracked incrementally as session -> insertion-ordered set of

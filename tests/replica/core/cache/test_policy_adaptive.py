@@ -6,6 +6,7 @@ from replica.core.analysis.shadow import ShadowRecorder, replay
 from replica.core.cache.policies import make_policy
 from replica.core.cache.policies.adaptive import AdaptivePolicy
 from replica.core.cache.pool import BlockPool
+from replica.core.cache.types import Lookup
 from shared.errors import InputError
 from tests.support.policy_checks import run_invariants
 
@@ -36,9 +37,9 @@ def test_decision_on_a_tiny_trace_switches_to_the_shadow_winner():
     policy = AdaptivePolicy(interval_s=6, margin=0)  # the seed's plain rule
     pool = BlockPool(3, policy, emit_events=False)
     for t, hashes in enumerate(CYCLE):
-        pool.serve(hashes, now=t)
+        pool.serve(Lookup(hashes, now=t))
     assert policy.current == "lru" and not policy.decisions
-    pool.serve([4], now=6)  # first access at the interval end: decide on the six before it
+    pool.serve(Lookup([4], now=6))  # first access at the interval end: decide on the six before it
     # pool of 3, one block pinned at each access: mean evictable 2 = shadow capacity
     assert list(policy.decisions) == [{
         "at": 6, "interval_s": 6, "shadow_capacity": 2, "accesses": 6,
@@ -55,7 +56,7 @@ def test_margin_keeps_the_running_policy_when_the_gap_is_small():
     policy = AdaptivePolicy(interval_s=6, margin=0.2)
     pool = BlockPool(3, policy, emit_events=False)
     for t, hashes in enumerate(CYCLE + [[4]]):
-        pool.serve(hashes, now=t)
+        pool.serve(Lookup(hashes, now=t))
     (dec,) = policy.decisions
     assert dec["winner"] == "s3fifo" and dec["running"] == "lru" and not dec["switched"]
     assert policy.current == "lru" and policy.decision_counts == {"lru": 1} and policy.switches == 0
@@ -66,7 +67,7 @@ def test_adapt_interval_halves_on_flips_and_doubles_when_stable():
     policy.decisions.append({"winner": "lru"})
     pool = BlockPool(3, policy, emit_events=False)
     for t, hashes in enumerate(CYCLE + CYCLE[:2] + [[9]]):
-        pool.serve(hashes, now=t)
+        pool.serve(Lookup(hashes, now=t))
     assert policy.decisions[-1]["winner"] == "s3fifo" and policy._interval == 4  # flipped: halved
 
 
@@ -77,8 +78,8 @@ def test_switch_hands_every_resident_block_over_once_and_respects_pins(target):
     rng = random.Random(3)
     for t in range(60):
         base = rng.randrange(30) * 100
-        pool.serve([base + i for i in range(rng.randrange(1, 6))], now=t)
-    held = pool.acquire([7001, 7002, 7003], now=61)
+        pool.serve(Lookup([base + i for i in range(rng.randrange(1, 6))], now=t))
+    held = pool.acquire(Lookup([7001, 7002, 7003], now=61))
     if target == "lru":
         policy._switch_to("s3fifo", 61)
     policy._switch_to(target, 62)
@@ -97,8 +98,8 @@ def test_switch_hands_over_in_age_order():
     policy = AdaptivePolicy(interval_s=1e9)
     pool = BlockPool(10, policy, emit_events=False)
     for t, h in enumerate([1, 2, 3, 4]):
-        pool.serve([h], now=t)
-    pool.serve([2], now=5)  # 2 is now the most recent
+        pool.serve(Lookup([h], now=t))
+    pool.serve(Lookup([2], now=5))  # 2 is now the most recent
     policy._switch_to("s3fifo", 6)
     policy._switch_to("lru", 7)
     assert policy.victims(4) == [1, 3, 4, 2]
@@ -146,7 +147,7 @@ def test_invariants_switch_at_least_once():
 def test_live_switch_to_adaptive_is_not_recorded_as_traffic():
     pool = BlockPool(10, make_policy("lru"), emit_events=False)
     for h in range(5):
-        pool.serve([h], now=h)
+        pool.serve(Lookup([h], now=h))
     policy = make_policy("adaptive", interval_s=100)
     pool.set_policy(policy, 5)
     assert policy._recorder.blocks == 0 and policy._newest_first() == [4, 3, 2, 1, 0]

@@ -4,6 +4,7 @@ import pytest
 
 from replica.core.cache.policies import make_policy
 from replica.core.cache.pool import BlockPool
+from replica.core.cache.types import Lookup
 from shared.errors import InputError
 from tests.support.policy_checks import checked_victims, run_invariants
 from tests.support.policy_traces import random_session_trace
@@ -28,7 +29,7 @@ def test_hand_worked_trace_and_p_adaptation():
     hits = []
 
     def serve(*hashes):
-        hits.append(pool.serve(list(hashes)).hit_blocks)
+        hits.append(pool.serve(Lookup(list(hashes))).hit_blocks)
 
     serve(1)
     serve(2)
@@ -70,18 +71,18 @@ def test_p_moves_by_the_ghost_size_ratio():
     checked_victims(pool)
     pol = pool.policy
     for h in (1, 2, 3, 4, 1, 2, 3, 4):
-        pool.serve([h])
+        pool.serve(Lookup([h]))
     assert lists(pool) == ([], [1, 2, 3, 4], [], [])
-    pool.serve([5])  # T1 is empty: T2's LRU 1 -> B2
+    pool.serve(Lookup([5]))  # T1 is empty: T2's LRU 1 -> B2
     assert lists(pool) == ([5], [2, 3, 4], [], [1])
-    pool.serve([6])  # |T1| = 1 > p = 0: 5 -> B1
+    pool.serve(Lookup([6]))  # |T1| = 1 > p = 0: 5 -> B1
     for h in (6, 7, 7, 8):  # each one-timer pushes T2's LRU into B2 once the last is a hit
-        pool.serve([h])
+        pool.serve(Lookup([h]))
     assert lists(pool) == ([8], [4, 6, 7], [5], [1, 2, 3])
-    pool.serve([5])  # 8 -> B1 first; B1 hit with |B2| = 3, |B1| = 2: p += 3/2
+    pool.serve(Lookup([5]))  # 8 -> B1 first; B1 hit with |B2| = 3, |B1| = 2: p += 3/2
     assert lists(pool) == ([], [4, 6, 7, 5], [8], [1, 2, 3])
     assert pol.p == 1.5
-    pool.serve([1])  # T1 is empty: 4 -> B2; B2 hit with |B1|/|B2| = 1/4 < 1: p -= 1
+    pool.serve(Lookup([1]))  # T1 is empty: 4 -> B2; B2 hit with |B1|/|B2| = 1/4 < 1: p -= 1
     assert lists(pool) == ([], [6, 7, 5, 1], [8], [2, 3, 4])
     assert pol.p == 0.5
     assert pool.metrics.block_hits == 6
@@ -90,19 +91,19 @@ def test_p_moves_by_the_ghost_size_ratio():
 def test_pinned_blocks_leave_the_lists_and_return_to_t2_on_release():
     pool = BlockPool(4, make_policy("arc"))
     checked_victims(pool)
-    held = pool.acquire([1, 2])  # T1 [2, 1], both pinned
-    pool.serve([3])
-    pool.serve([3])
-    pool.serve([4])
-    pool.serve([4])
+    held = pool.acquire(Lookup([1, 2]))  # T1 [2, 1], both pinned
+    pool.serve(Lookup([3]))
+    pool.serve(Lookup([3]))
+    pool.serve(Lookup([4]))
+    pool.serve(Lookup([4]))
     assert lists(pool) == ([2, 1], [3, 4], [], [])
     # |T1| > p: T1's LRU 2, then 1, go to B1, but both are pinned, so the pool keeps them and
     # asks again; T1 is empty now, so T2's LRU 3 goes to B2
-    pool.serve([5])
+    pool.serve(Lookup([5]))
     assert lists(pool) == ([5], [4], [2, 1], [3])
     assert set(pool.resident) == {1, 2, 4, 5}
     for h in range(6, 40):
-        pool.serve([h])
+        pool.serve(Lookup([h]))
         assert {1, 2} <= set(pool.resident)
     pool.release(held)  # both return to T2's MRU end, out of the ghost
     t1, t2, b1, b2 = lists(pool)
@@ -114,8 +115,8 @@ def test_ghost_lists_stay_bounded():
     pool = BlockPool(16, make_policy("arc"), emit_events=False)
     pol = pool.policy
     for _ in range(5000):
-        pool.serve(rng.sample(range(80), rng.randrange(1, 4)) if rng.random() < 0.5
-                   else rng.sample(range(1000), rng.randrange(1, 3)))
+        pool.serve(Lookup(rng.sample(range(80), rng.randrange(1, 4)) if rng.random() < 0.5
+                   else rng.sample(range(1000), rng.randrange(1, 3))))
         t1, t2, b1, b2 = (len(x) for x in lists(pool))
         assert t1 + t2 == pool.used
         assert t1 + b1 <= 16 and t1 + t2 + b1 + b2 <= 32

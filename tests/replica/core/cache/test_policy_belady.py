@@ -16,6 +16,7 @@ import pytest
 from replica.core.cache.metrics import PoolMetrics
 from replica.core.cache.policies import make_policy, policy_class, policy_names
 from replica.core.cache.pool import BlockPool
+from replica.core.cache.types import Lookup
 from tests.support.policy_checks import run_timed_invariants
 from tests.support.policy_traces import block_cost_512, session_workload, timed_prefix_trace
 
@@ -47,7 +48,7 @@ def replay(name, trace, capacity, cost=None, **kw):
     pool = BlockPool(capacity, make_policy(name), metrics=metrics, block_cost=cost, **kw)
     hits = 0
     for (t, req), nu, pos in zip(trace, next_uses(trace), positions(trace)):
-        hits += pool.serve(req, now=t, next_use=nu, position=pos).hit_blocks
+        hits += pool.serve(Lookup(req, now=t, next_use=nu, position=pos)).hit_blocks
     return hits, pool
 
 
@@ -141,7 +142,7 @@ def test_matches_full_scan_reference(name, seed, capacity):
     pool = BlockPool(capacity, make_policy(name), metrics=PoolMetrics(block_cost=cost), block_cost=cost)
     expected = oracle_reference(trace, capacity, cost, name == "belady_compute")
     for (t, req), nu, pos, want in zip(trace, next_uses(trace), positions(trace), expected):
-        pool.serve(req, now=t, next_use=nu, position=pos)
+        pool.serve(Lookup(req, now=t, next_use=nu, position=pos))
         assert set(pool.resident) == want
 
 
@@ -168,7 +169,7 @@ def test_belady_compute_seed002_example():
         pool = BlockPool(3, make_policy(name), metrics=PoolMetrics(block_cost=cost), block_cost=cost)
         hits = []
         for (t, req), nu, pos in zip(trace, next_uses(trace), positions(trace)):
-            hits.append(pool.serve(req, now=t, next_use=nu, position=pos).hit_idx)
+            hits.append(pool.serve(Lookup(req, now=t, next_use=nu, position=pos)).hit_idx)
             if t == 2.0:
                 states[name] = set(pool.resident)
         states[name, "hits"] = hits
@@ -190,7 +191,7 @@ def test_belady_compute_trades_hits_for_csr_on_sessions():
         pool = BlockPool(300, make_policy(name), block_size=512, emit_events=False,
                          metrics=PoolMetrics(block_size=512, block_cost=block_cost_512), block_cost=block_cost_512)
         for (t, req), nu, pos in zip(trace, next_uses(trace), positions(trace)):
-            pool.serve(req, now=t, next_use=nu, position=pos)
+            pool.serve(Lookup(req, now=t, next_use=nu, position=pos))
         res[name] = pool.stats()
     assert res["belady"]["block_hit_ratio"] > res["belady_compute"]["block_hit_ratio"]  # 0.625 vs 0.613
     assert res["belady_compute"]["csr"] > res["belady"]["csr"] + 0.03  # 0.641 vs 0.576
@@ -207,8 +208,8 @@ def test_pinned_never_evicted_and_events_replay(name):
 def test_victims_distinct_resident_unpinned(name):
     pool = BlockPool(10, make_policy(name))
     for t in range(5):
-        pool.serve([2 * t, 2 * t + 1], now=t, next_use=[inf, 100.0 - t])
-    pool.acquire([0, 1, 9], now=6, next_use=[inf, inf, inf])  # pins 0, 1, 9; all never used again
+        pool.serve(Lookup([2 * t, 2 * t + 1], now=t, next_use=[inf, 100.0 - t]))
+    pool.acquire(Lookup([0, 1, 9], now=6, next_use=[inf, inf, inf]))  # pins 0, 1, 9; all never used again
     victims = pool.policy.victims(4)
     assert len(set(victims)) == 4 and set(victims) <= set(pool.resident)
     assert not set(victims) & {0, 1, 9}
@@ -217,9 +218,9 @@ def test_victims_distinct_resident_unpinned(name):
 
 def test_missing_next_use_counts_as_never():
     pool = BlockPool(2, make_policy("belady"))
-    pool.serve([1], now=0, next_use=[5.0])
-    pool.serve([2], now=1)  # no next_use: never again
-    pool.serve([3], now=2, next_use=[inf])
+    pool.serve(Lookup([1], now=0, next_use=[5.0]))
+    pool.serve(Lookup([2], now=1))  # no next_use: never again
+    pool.serve(Lookup([3], now=2, next_use=[inf]))
     assert set(pool.resident) == {1, 3}
 
 
@@ -229,7 +230,7 @@ def test_mooncake_belady_hit_ratio(mooncake_conversation):
     trace = [(line["timestamp"] / 1000, line["hash_ids"]) for line in lines]
     pool = BlockPool(18279, make_policy("belady"), block_size=512, emit_events=False)
     for (t, req), nu, pos in zip(trace, next_uses(trace), positions(trace)):
-        pool.serve(req, now=t, next_use=nu, position=pos)
+        pool.serve(Lookup(req, now=t, next_use=nu, position=pos))
     assert pool.stats()["block_hit_ratio"] == pytest.approx(0.366, abs=0.002)  # measured 0.3664
 
 
@@ -289,11 +290,11 @@ def test_belady_compute_victims_are_the_full_scan_argmax_under_batching(seed):
             pool.release(held.pop(rng.randrange(len(held))), now=t)
         p = pos[k] - (rng.randrange(40) if rng.random() < 0.05 else 0)
         try:
-            alloc = pool.acquire(req, now=t, next_use=nu, position=p)
+            alloc = pool.acquire(Lookup(req, now=t, next_use=nu, position=p))
         except Exception:  # too many pins for the pool right now: free them all, then retry
             while held:
                 pool.release(held.pop(), now=t)
-            alloc = pool.acquire(req, now=t, next_use=nu, position=p)
+            alloc = pool.acquire(Lookup(req, now=t, next_use=nu, position=p))
         rec.update((h, (nu[i], i)) for i, h in enumerate(req))
         held.append(alloc)
 
@@ -305,14 +306,14 @@ def test_a_block_pinned_again_with_the_same_next_use_is_never_a_victim_and_comes
     the pool skips them as victims and the oracle forgets them for good."""
     pool = BlockPool(4, make_policy(name))
     nu = [50.0, 60.0] if name == "belady" else [inf, inf]
-    a = pool.acquire([1, 2], now=0, position=0, next_use=nu)
+    a = pool.acquire(Lookup([1, 2], now=0, position=0, next_use=nu))
     pool.release(a, 1)  # 1 and 2 pushed with their next uses
-    a = pool.acquire([1, 2], now=2, position=0, next_use=nu)  # re-admitted: pinned, same next uses
-    pool.serve([3, 4], now=3, position=1, next_use=[5.0, 6.0])
-    pool.serve([5, 6], now=4, position=2, next_use=[7.0, 8.0])  # needs 2 victims: only 3 and 4 qualify
+    a = pool.acquire(Lookup([1, 2], now=2, position=0, next_use=nu))  # re-admitted: pinned, same next uses
+    pool.serve(Lookup([3, 4], now=3, position=1, next_use=[5.0, 6.0]))
+    pool.serve(Lookup([5, 6], now=4, position=2, next_use=[7.0, 8.0]))  # needs 2 victims: only 3 and 4 qualify
     assert sorted(pool.resident) == [1, 2, 5, 6]
     pool.release(a, 5)
-    pool.serve([7, 8], now=6, position=3, next_use=[9.0, 10.0])  # 1 and 2 are evictable again
+    pool.serve(Lookup([7, 8], now=6, position=3, next_use=[9.0, 10.0]))  # 1 and 2 are evictable again
     assert len(pool.resident) == 4 and 7 in pool.resident
-    pool.serve([9, 10, 11, 12], now=7, position=4, next_use=[inf] * 4)  # every block is evictable
+    pool.serve(Lookup([9, 10, 11, 12], now=7, position=4, next_use=[inf] * 4))  # every block is evictable
     assert sorted(pool.resident) == [9, 10, 11, 12]

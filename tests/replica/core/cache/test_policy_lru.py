@@ -5,6 +5,7 @@ import pytest
 
 from replica.core.cache.policies import make_policy
 from replica.core.cache.pool import BlockPool
+from replica.core.cache.types import Lookup
 from tests.support.policy_checks import run_invariants
 from tests.support.policy_traces import random_session_trace
 
@@ -13,15 +14,15 @@ def test_hand_worked_trace_vllm_order():
     # capacity 4. Request [A,B,C] frees C first, then B, A: queue head->tail = C, B, A.
     pool = BlockPool(4, make_policy("lru"))
     A, B, C, D, E, F = range(1, 7)
-    assert pool.serve([A, B, C]).hit_blocks == 0
-    assert pool.serve([D]).hit_blocks == 0  # queue: C B A D
+    assert pool.serve(Lookup([A, B, C])).hit_blocks == 0
+    assert pool.serve(Lookup([D])).hit_blocks == 0  # queue: C B A D
     # [E, F] needs 2 slots with 4 used... 0 free -> evict C, B (the deepest of the first request)
-    assert pool.serve([E, F]).hit_blocks == 0
+    assert pool.serve(Lookup([E, F])).hit_blocks == 0
     assert set(pool.resident) == {A, D, E, F}
     # A is still resident although it is older than D: the shallow block survives
-    assert pool.serve([A, B]).hit_idx == [0]
+    assert pool.serve(Lookup([A, B])).hit_idx == [0]
     assert set(pool.resident) == {A, B, E, F}  # D was the LRU head after F, E were queued behind it
-    hits = sum(pool.serve(r).hit_blocks for r in ([E, F], [A, B], [C]))
+    hits = sum(pool.serve(Lookup(r)).hit_blocks for r in ([E, F], [A, B], [C]))
     assert hits == 4
     assert set(pool.resident) == {A, B, C, F} or set(pool.resident) == {A, B, C, E}
 
@@ -64,7 +65,7 @@ def test_matches_independent_ordereddict_replay():
         if max(len(r) for r in trace) > cap:
             continue
         pool = BlockPool(cap, make_policy("lru"), emit_events=False)
-        got = sum(pool.serve(r).hit_blocks for r in trace)
+        got = sum(pool.serve(Lookup(r)).hit_blocks for r in trace)
         assert got == reference_lru(trace, cap), cap
 
 

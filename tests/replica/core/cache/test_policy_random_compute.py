@@ -13,6 +13,7 @@ import pytest
 from replica.core.cache.metrics import PoolMetrics
 from replica.core.cache.policies import make_policy
 from replica.core.cache.pool import BlockPool
+from replica.core.cache.types import Lookup
 from shared.errors import InputError
 from tests.support.policy_checks import run_timed_invariants
 from tests.support.policy_traces import block_cost_512, session_workload, timed_prefix_trace
@@ -33,25 +34,25 @@ def test_random_compute_keeps_the_expensive_deep_block_lru_drops():
     rc = pool_with("random_compute", 4, cube, decay_halflife_s=10)
     lru = pool_with("lru", 4, cube)
     for pool in (rc, lru):
-        pool.serve([A, B], now=0)  # A d0 c1, B d1 c8, f=1, last 0
-        pool.serve([C], now=10)
-        pool.serve([D], now=20)
+        pool.serve(Lookup([A, B], now=0))  # A d0 c1, B d1 c8, f=1, last 0
+        pool.serve(Lookup([C], now=10))
+        pool.serve(Lookup([D], now=20))
     # [E] at 30 needs one slot; scores at now=30: cost * f * 2^(-idle/10) / idle
     #   A: 1 * 0.125 / 30 = 0.0042   B: 8 * 0.125 / 30 = 0.033   C: 1 * 0.25 / 20 = 0.0125
     #   D: 1 * 0.5 / 10 = 0.05 -> evict A
-    rc.serve([E], now=30)
-    lru.serve([E], now=30)
+    rc.serve(Lookup([E], now=30))
+    lru.serve(Lookup([E], now=30))
     assert set(rc.resident) == {B, C, D, E}  # A (cheap) went
     assert set(lru.resident) == {A, C, D, E}  # LRU head was B (the deepest block of [A, B])
     # [A, B] at 40: B pinned; now=40: C 1*0.125/30=0.0042, D 1*0.25/20=0.0125, E 1*0.5/10=0.05 -> evict C
-    assert rc.serve([A, B], now=40).hit_idx == [1]
+    assert rc.serve(Lookup([A, B], now=40)).hit_idx == [1]
     assert set(rc.resident) == {A, B, D, E}
-    assert lru.serve([A, B], now=40).hit_idx == [0]
+    assert lru.serve(Lookup([A, B], now=40)).hit_idx == [0]
     # B: f = 1*2^(-4) + 1 = 1.0625, last 40; A new at 40. [F] at 50, now=50:
     #   A 1*0.5/10 = 0.05; B 8*1.0625*0.5/10 = 0.425; D 1*0.125/30 = 0.0042; E 1*0.25/20 = 0.0125
     #   -> evict D
-    rc.serve([F], now=50)
-    lru.serve([F], now=50)
+    rc.serve(Lookup([F], now=50))
+    lru.serve(Lookup([F], now=50))
     assert set(rc.resident) == {A, B, E, F}
     # costs: [A,B] 9, C 1, D 1, E 1, [A,B] 9, F 1 = 22; RC hit B (8), LRU hit A (1)
     assert rc.stats()["block_hits"] == lru.stats()["block_hits"] == 1
@@ -63,12 +64,12 @@ def test_random_compute_keeps_the_expensive_deep_block_lru_drops():
 def test_random_compute_frequency_and_its_decay(halflife, evicted):
     pool = pool_with("random_compute", 3, decay_halflife_s=halflife)  # cost 1 everywhere
     for t, req in enumerate([[A], [A], [A], [B], [C]]):
-        pool.serve(req, now=t)
+        pool.serve(Lookup(req, now=t))
     # [D] at 5, now=5. halflife 10: A f = 1 + 2^-0.1 + 2^-0.2 = 2.8036 at t=2, f_eff(5) = 2.2772,
     # idle 3 -> 0.7591; B f_eff = 2^-0.2 = 0.8706, idle 2 -> 0.4353; C 2^-0.1 / 1 = 0.9330:
     # B goes although A is older.
     # halflife 0.1: A 1.00098 * 2^-30 / 3 = 3.1e-10 < B 2^-20 / 2 = 4.8e-7 < C 2^-10 / 1 = 9.8e-4: A goes.
-    pool.serve([D], now=5)
+    pool.serve(Lookup([D], now=5))
     assert set(pool.resident) == {A, B, C, D} - {evicted}
 
 
@@ -105,55 +106,55 @@ def test_random_compute_exhaustive_matches_full_scan_reference(seed, capacity):
     trace = timed_prefix_trace(seed)
     pool = pool_with("random_compute", capacity, cost, sample_size=capacity, decay_halflife_s=7.0)
     for (t, req), expect in zip(trace, rc_reference(trace, capacity, cost, 7.0)):
-        pool.serve(req, now=t)
+        pool.serve(Lookup(req, now=t))
         assert set(pool.resident) == expect
 
 
 # ---- PartialNode, hand-worked ---------------------------------------------------------------
 def test_partial_node_evicts_a_chunk_from_the_start_of_the_coldest_node():
     pool = pool_with("partial_node", 8, chunk_blocks=2, decay_halflife_s=1000)  # cost 1 everywhere
-    pool.serve([A, B, C, D], now=0)  # node N1 = A..D (depths 0..3)
-    pool.serve([E, F], now=10)  # node N2
-    pool.serve([G], now=20)  # node N3; 7 used
+    pool.serve(Lookup([A, B, C, D], now=0))  # node N1 = A..D (depths 0..3)
+    pool.serve(Lookup([E, F], now=10))  # node N2
+    pool.serve(Lookup([G], now=20))  # node N3; 7 used
     # [H, I] at 30 needs 1 more slot; now=30: N1 idle 30 > N2 idle 20 > N3 idle 10 (mean cost 1
     # each, f 1): N1 scores lowest (2^-0.03 / 30 = 0.033 against 0.049 and 0.099).
     # N1 loses its 2 shallowest blocks (chunk 2), more than the 1 asked for.
-    pool.serve([H, I], now=30)
+    pool.serve(Lookup([H, I], now=30))
     assert set(pool.resident) == {C, D, E, F, G, H, I}
     assert pool.stats()["evictions"] == 2
     # A and B are recomputed as ONE hole in front of the reused C, D; the new A, B need 1 more slot:
     # now=40, C and D pinned: N2 (idle 30, against G's 20 and [H, I]'s 10) loses E, F.
-    alloc = pool.serve([A, B, C, D], now=40)
+    alloc = pool.serve(Lookup([A, B, C, D], now=40))
     assert alloc.hit_idx == [2, 3] and alloc.holes == 1 and alloc.hole_lengths == [2]
     assert set(pool.resident) == {A, B, C, D, G, H, I}
 
 
 def test_partial_node_run_starts_after_pinned_shallow_blocks():
     pool = pool_with("partial_node", 5, chunk_blocks=8)
-    pool.serve([A, B, C], now=0)  # N1
-    pool.serve([X], now=10)
-    pool.serve([Y], now=20)
+    pool.serve(Lookup([A, B, C], now=0))  # N1
+    pool.serve(Lookup([X], now=10))
+    pool.serve(Lookup([Y], now=20))
     # [A, Z] at 30: A pinned (reused). N1 is the coldest; its run skips pinned A and takes B, C.
-    assert pool.serve([A, Z], now=30).hit_idx == [0]
+    assert pool.serve(Lookup([A, Z], now=30)).hit_idx == [0]
     assert set(pool.resident) == {A, X, Y, Z}
 
 
 def test_partial_node_pinned_block_ends_the_run():
     pool = pool_with("partial_node", 6, chunk_blocks=8)
-    pool.serve([A, B, C, D], now=0)  # N1
-    pool.serve([X], now=10)
-    pool.serve([Y], now=20)
+    pool.serve(Lookup([A, B, C, D], now=0))  # N1
+    pool.serve(Lookup([X], now=10))
+    pool.serve(Lookup([Y], now=20))
     # [Q, R, C] at 30 reuses C (pinned) and needs 2 slots; N1's run is A, B and stops at C.
-    assert pool.serve([Q, R, C], now=30).hit_idx == [2]
+    assert pool.serve(Lookup([Q, R, C], now=30)).hit_idx == [2]
     assert set(pool.resident) == {C, D, X, Y, Q, R}
 
 
 def test_partial_node_one_node_per_run_of_new_blocks():
     pool = pool_with("partial_node", 10)
-    pool.serve([A, B, C, D], now=0)
+    pool.serve(Lookup([A, B, C, D], now=0))
     pool.policy.on_remove(B)  # admin removal, as the pool's own tests do
     pool._forget([B])
-    alloc = pool.serve([A, B, C, D, E], now=1)
+    alloc = pool.serve(Lookup([A, B, C, D, E], now=1))
     assert alloc.new_idx == [1, 4]
     node_of = pool.policy._node_of
     assert node_of[B][0] is not node_of[E][0]  # two runs of new blocks -> two nodes
@@ -180,8 +181,8 @@ def test_random_trace_invariants_and_event_replay(name, params):
 def test_victims_distinct_resident_unpinned(name):
     pool = BlockPool(12, make_policy(name, sample_size=3, seed=4))
     for t in range(6):
-        pool.serve([100 + 2 * t, 101 + 2 * t], now=t)
-    running = pool.acquire([100, 101, 104], now=7)  # pins 100, 101, 104
+        pool.serve(Lookup([100 + 2 * t, 101 + 2 * t], now=t))
+    running = pool.acquire(Lookup([100, 101, 104], now=7))  # pins 100, 101, 104
     victims = pool.policy.victims(5)
     assert len(victims) >= 5 and len(set(victims)) == len(victims)
     assert set(victims) <= set(pool.resident) and not set(victims) & {100, 101, 104}
@@ -196,7 +197,7 @@ def test_same_seed_same_result(name):
         pool = BlockPool(30, make_policy(name, sample_size=5, seed=seed), emit_events=False)
         states = []
         for t, req in trace:
-            pool.serve(req, now=t)
+            pool.serve(Lookup(req, now=t))
             states.append(frozenset(pool.resident))
         return states
 
@@ -220,7 +221,7 @@ def run_workload(name, trace, capacity, **params):
     pool = BlockPool(capacity, make_policy(name, **params), block_size=512, emit_events=False,
                      metrics=PoolMetrics(block_size=512, block_cost=block_cost_512), block_cost=block_cost_512)
     for t, s, req in trace:
-        pool.serve(req, session=s, now=t)
+        pool.serve(Lookup(req, session=s, now=t))
     return pool.stats()
 
 

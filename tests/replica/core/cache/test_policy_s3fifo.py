@@ -6,6 +6,7 @@ import pytest
 from replica.core.cache.policies import make_policy
 from replica.core.cache.policies.s3fifo import IN_MAIN
 from replica.core.cache.pool import BlockPool
+from replica.core.cache.types import Lookup
 from shared.errors import InputError
 from tests.support.policy_checks import checked_victims, run_invariants
 from tests.support.policy_traces import random_session_trace
@@ -52,7 +53,7 @@ def test_hand_worked_trace():
     hits = []
 
     def serve(*hashes):
-        hits.append(pool.serve(list(hashes)).hit_blocks)
+        hits.append(pool.serve(Lookup(list(hashes))).hit_blocks)
 
     serve(1)
     serve(2)  # small [1, 2] (tail -> head)
@@ -88,8 +89,8 @@ def test_multi_block_request_evicts_back_to_back_then_inserts_deepest_first():
     pool = s3_pool(5, small_ratio=0.4)
     checked_victims(pool)
     for h in (1, 2, 3, 4, 5):
-        pool.serve([h])  # small [1, 2], main [3, 4, 5]
-    alloc = pool.serve([1, 6, 7])  # 1 hits; 6, 7 need two victims before they are inserted
+        pool.serve(Lookup([h]))  # small [1, 2], main [3, 4, 5]
+    alloc = pool.serve(Lookup([1, 6, 7]))  # 1 hits; 6, 7 need two victims before they are inserted
     assert alloc.hit_idx == [0] and alloc.new_idx == [1, 2]
     # victims(2) from small: tail 1 (freq 0) and 2 (freq 0), both into the ghost [1, 2]. 1 is
     # pinned by this request, so the pool keeps it and asks for one more: small is empty, so
@@ -104,9 +105,9 @@ def test_multi_block_request_evicts_back_to_back_then_inserts_deepest_first():
 def test_move_to_main_threshold_changes_the_outcome(threshold, hits):
     pool = s3_pool(5, small_ratio=0.4, move_to_main_threshold=threshold)
     for h in (1, 2, 3, 4, 5):
-        pool.serve([h])  # small [1, 2], main [3, 4, 5]
-    pool.serve([1])  # one hit: freq(1) = 1
-    pool.serve([6])
+        pool.serve(Lookup([h]))  # small [1, 2], main [3, 4, 5]
+    pool.serve(Lookup([1]))  # one hit: freq(1) = 1
+    pool.serve(Lookup([6]))
     if threshold == 2:
         # freq 1 < 2: 1 is evicted into the ghost, 2 stays
         assert queues(pool) == ([2, 6], [3, 4, 5], [1])
@@ -115,24 +116,24 @@ def test_move_to_main_threshold_changes_the_outcome(threshold, hits):
         # freq 1 >= 1: 1 moves to main (freq reset), 2 (freq 0) is evicted
         assert queues(pool) == ([6], [3, 4, 5, 1], [2])
         assert set(pool.resident) == {1, 3, 4, 5, 6}
-    pool.serve([1])  # threshold 2: a miss (1 comes back from the ghost into main); 1: a hit
+    pool.serve(Lookup([1]))  # threshold 2: a miss (1 comes back from the ghost into main); 1: a hit
     assert pool.metrics.block_hits == hits
 
 
 def test_pinned_blocks_at_a_tail_are_skipped_and_a_fully_pinned_small_queue_is_detected():
     pool = s3_pool(5, small_ratio=0.4)
     checked_victims(pool)
-    held = pool.acquire([1, 2])  # small [2, 1] (deepest first), both pinned
+    held = pool.acquire(Lookup([1, 2]))  # small [2, 1] (deepest first), both pinned
     for h in (3, 4, 5):
-        pool.serve([h])  # main [3, 4, 5]
-    pool.serve([6])  # small: 2, 1 pinned -> stuck after one pass; main tail 3 evicted
+        pool.serve(Lookup([h]))  # main [3, 4, 5]
+    pool.serve(Lookup([6]))  # small: 2, 1 pinned -> stuck after one pass; main tail 3 evicted
     assert set(pool.resident) == {1, 2, 4, 5, 6}
     for h in range(7, 30):
-        pool.serve([h])
+        pool.serve(Lookup([h]))
         assert {1, 2} <= set(pool.resident)
     pool.release(held)
     for h in range(30, 40):
-        pool.serve([h])
+        pool.serve(Lookup([h]))
     assert not {1, 2} & set(pool.resident)
 
 
@@ -140,21 +141,21 @@ def test_pinned_main_blocks_leave_the_order_and_return_on_release():
     pool = s3_pool(5, small_ratio=0.4)
     checked_victims(pool)
     for h in (1, 2, 3, 4, 5):
-        pool.serve([h])  # small [1, 2], main [3, 4, 5]
-    pool.serve([1])  # freq(1) = 1
-    held = pool.acquire([3, 4, 5, 1])  # all hits, pinned; freq(1) = 2, freq(3, 4, 5) = 1
-    pool.serve([6])  # small tail 1 (freq 2) -> main; 2 evicted -> ghost
+        pool.serve(Lookup([h]))  # small [1, 2], main [3, 4, 5]
+    pool.serve(Lookup([1]))  # freq(1) = 1
+    held = pool.acquire(Lookup([3, 4, 5, 1]))  # all hits, pinned; freq(1) = 2, freq(3, 4, 5) = 1
+    pool.serve(Lookup([6]))  # small tail 1 (freq 2) -> main; 2 evicted -> ghost
     assert queues(pool) == ([6], [3, 4, 5, 1], [2])
     # main (4) is over size: 3, 4, 5 lose their credit; 1 (freq 0) is handed out but pinned, so
     # the pool keeps it (it leaves the order) and asks again: main is at size, small tail 6 goes
-    pool.serve([7])
+    pool.serve(Lookup([7]))
     assert set(pool.resident) == {1, 3, 4, 5, 7}
     assert queues(pool) == ([7], [3, 4, 5], [2, 6])
-    pool.serve([8])  # main at size: small tail 7 goes
+    pool.serve(Lookup([8]))  # main at size: small tail 7 goes
     assert set(pool.resident) == {1, 3, 4, 5, 8}
     pool.release(held)  # 1 comes back as an insertion: not in the ghost, so into small
     assert queues(pool) == ([8, 1], [3, 4, 5], [2, 6, 7])
-    pool.serve([9])  # small tail 8 (freq 0) goes
+    pool.serve(Lookup([9]))  # small tail 8 (freq 0) goes
     assert set(pool.resident) == {1, 3, 4, 5, 9}
 
 
@@ -209,7 +210,7 @@ def test_matches_a_per_object_reference_on_single_block_requests():
     trace = [int(rng.paretovariate(0.8)) if rng.random() < 0.6 else rng.randrange(1000, 5000) for _ in range(8000)]
     for cap, thr in ((10, 2), (37, 1), (100, 2), (100, 3), (400, 2)):
         pool = BlockPool(cap, make_policy("s3fifo", move_to_main_threshold=thr), emit_events=False)
-        got = sum(pool.serve([x]).hit_blocks for x in trace)
+        got = sum(pool.serve(Lookup([x])).hit_blocks for x in trace)
         assert got == reference(trace, cap, thr=thr), (cap, thr)
 
 
@@ -234,7 +235,7 @@ def test_beats_lru_when_one_hit_traffic_dominates_a_tight_cache():
     for name in ("lru", "s3fifo"):
         pool = BlockPool(20, make_policy(name), emit_events=False)
         for req in trace:
-            pool.serve(req)
+            pool.serve(Lookup(req))
         ratios[name] = pool.stats()["block_hit_ratio"]
     assert ratios["s3fifo"] > ratios["lru"] + 0.1, ratios
 

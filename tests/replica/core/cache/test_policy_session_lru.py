@@ -4,6 +4,7 @@ import pytest
 
 from replica.core.cache.policies import make_policy
 from replica.core.cache.pool import BlockPool
+from replica.core.cache.types import Lookup
 from shared.errors import InputError
 from tests.support.policy_checks import checked_victims, run_invariants
 
@@ -28,7 +29,7 @@ def test_hand_worked_trace():
     hits = []
 
     def serve(hashes, session):
-        hits.append(pool.serve(hashes, session=session).hit_blocks)
+        hits.append(pool.serve(Lookup(hashes, session=session)).hit_blocks)
 
     serve([1, 2], "a")
     serve([3], "b")
@@ -62,44 +63,44 @@ def test_hand_worked_trace():
 def test_a_session_with_a_running_request_is_skipped():
     pool = sl_pool(6)
     checked_victims(pool)
-    held = pool.acquire([1, 2], session="a")
-    pool.serve([3, 4], session="b")
-    pool.serve([5, 6], session="c")
-    pool.serve([7], session="d")  # a (LRU) is pinned: skipped and moved to MRU; b goes
+    held = pool.acquire(Lookup([1, 2], session="a"))
+    pool.serve(Lookup([3, 4], session="b"))
+    pool.serve(Lookup([5, 6], session="c"))
+    pool.serve(Lookup([7], session="d"))  # a (LRU) is pinned: skipped and moved to MRU; b goes
     assert set(pool.resident) == {1, 2, 5, 6, 7}
     assert order(pool) == ["c", "a", "d"]
     for i in range(8, 40, 2):
-        pool.serve([i, i + 1], session=f"s{i}")
+        pool.serve(Lookup([i, i + 1], session=f"s{i}"))
         assert {1, 2} <= set(pool.resident)
     pool.release(held)
     for i in range(40, 52, 2):
-        pool.serve([i, i + 1], session=f"s{i}")
+        pool.serve(Lookup([i, i + 1], session=f"s{i}"))
     assert not {1, 2} & set(pool.resident)
 
 
 def test_only_when_every_evictable_block_sits_in_a_pinned_session_is_one_split():
     pool = sl_pool(4)
     checked_victims(pool)
-    pool.serve([1, 2, 3], session="a")
-    held = pool.acquire([1], session="x")  # x reuses a's first block and keeps it pinned
-    pool.serve([4, 5], session="b")  # 1 block needed; a is the only unit and is pinned
+    pool.serve(Lookup([1, 2, 3], session="a"))
+    held = pool.acquire(Lookup([1], session="x"))  # x reuses a's first block and keeps it pinned
+    pool.serve(Lookup([4, 5], session="b"))  # 1 block needed; a is the only unit and is pinned
     assert set(pool.resident) == {1, 4, 5}  # a's unpinned blocks 2, 3 went, all of them
     pool.release(held)  # block 1 returns to a's unit, the most recent now
-    pool.serve([6, 7], session="c")  # so b is the LRU unit and goes
+    pool.serve(Lookup([6, 7], session="c"))  # so b is the LRU unit and goes
     assert set(pool.resident) == {1, 6, 7}
 
 
 def test_set_policy_groups_resident_blocks_by_owner():
     pool = BlockPool(6, make_policy("lru"))
-    pool.serve([1, 2], session="a")
-    pool.serve([3], session="b")
-    pool.serve([4], session=None)
-    pool.serve([5], session="a")
+    pool.serve(Lookup([1, 2], session="a"))
+    pool.serve(Lookup([3], session="b"))
+    pool.serve(Lookup([4], session=None))
+    pool.serve(Lookup([5], session="a"))
     pool.set_policy(make_policy("session_lru"))
     units = pool.policy._units
     assert {k: sorted(v) for k, v in units.items() if not isinstance(k, tuple)} == {"a": [1, 2, 5], "b": [3]}
     assert [list(v) for k, v in units.items() if isinstance(k, tuple)] == [[4]]
-    pool.serve([6, 7], session="c")  # 1 needed: a, the first owner met, is the LRU unit
+    pool.serve(Lookup([6, 7], session="c"))  # 1 needed: a, the first owner met, is the LRU unit
     assert set(pool.resident) == {3, 4, 6, 7}
 
 
@@ -133,7 +134,7 @@ def test_no_session_is_ever_partially_resident():
     content: dict[str | None, set[int]] = {}  # blocks a session inserted since it was last evicted
     splits = 0
     for step, (session, hashes) in enumerate(session_trace(4)):
-        alloc = pool.serve(hashes, session=session, now=step)
+        alloc = pool.serve(Lookup(hashes, session=session, now=step))
         if session is not None:
             content.setdefault(session, set()).update(hashes[i] for i in alloc.new_idx)
         resident = pool.resident

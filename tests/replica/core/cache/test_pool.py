@@ -6,6 +6,7 @@ from replica.core.cache.metrics import PoolMetrics
 from replica.core.cache.policies import make_policy
 from replica.core.cache.policies.base import EvictionPolicy
 from replica.core.cache.pool import BlockPool, KvEvent, PoolBusyError, PoolCapacityError
+from replica.core.cache.types import Lookup
 from shared.errors import InputError
 from tests.support.policy_checks import apply_events
 
@@ -16,13 +17,13 @@ def lru_pool(capacity, **kw):
 
 def test_holes_mode_reuses_deeper_blocks_and_counts_holes():
     pool = lru_pool(10)
-    pool.serve([1, 2, 3, 4, 5])
+    pool.serve(Lookup([1, 2, 3, 4, 5]))
     # drop blocks 2 and 4 by hand through the admin path
     pool.policy.on_remove(2)
     pool._forget([2])
     pool.policy.on_remove(4)
     pool._forget([4])
-    alloc = pool.serve([1, 2, 3, 4, 5, 6])
+    alloc = pool.serve(Lookup([1, 2, 3, 4, 5, 6]))
     assert alloc.hit_idx == [0, 2, 4]
     assert alloc.new_idx == [1, 3, 5]
     assert (alloc.holes, alloc.hole_lengths) == (2, [1, 1])  # the tail miss (6) is not a hole
@@ -32,10 +33,10 @@ def test_holes_mode_reuses_deeper_blocks_and_counts_holes():
 
 def test_prefix_mode_stops_at_first_miss():
     pool = lru_pool(10, hit_mode="prefix")
-    pool.serve([1, 2, 3])
+    pool.serve(Lookup([1, 2, 3]))
     pool.policy.on_remove(2)
     pool._forget([2])
-    alloc = pool.serve([1, 2, 3, 4])
+    alloc = pool.serve(Lookup([1, 2, 3, 4]))
     assert alloc.hit_idx == [0]
     assert alloc.new_idx == [1, 3]  # block 3 is resident: recomputed but not re-allocated
     assert alloc.holes == 0
@@ -44,8 +45,8 @@ def test_prefix_mode_stops_at_first_miss():
 
 def test_token_and_block_hit_ratios():
     pool = lru_pool(10, block_size=16)
-    pool.serve([1, 2], input_tokens=40)
-    pool.serve([1, 2, 3], input_tokens=50)
+    pool.serve(Lookup([1, 2], input_tokens=40))
+    pool.serve(Lookup([1, 2, 3], input_tokens=50))
     s = pool.stats()
     assert s["block_accesses"] == 5 and s["block_hits"] == 2
     assert s["block_hit_ratio"] == pytest.approx(0.4)
@@ -56,8 +57,8 @@ def test_token_and_block_hit_ratios():
 def test_csr_weights_hits_by_depth_cost():
     metrics = PoolMetrics(block_size=16, block_cost=lambda i: float(i + 1))
     pool = BlockPool(10, make_policy("lru"), metrics=metrics)
-    pool.serve([1, 2, 3])  # costs 1+2+3, no hits
-    pool.serve([9, 2])  # block 2 at depth 1 (cost 2) is a hit in holes mode; 9 at depth 0 misses
+    pool.serve(Lookup([1, 2, 3]))  # costs 1+2+3, no hits
+    pool.serve(Lookup([9, 2]))  # block 2 at depth 1 (cost 2) is a hit in holes mode; 9 at depth 0 misses
     s = pool.stats()
     assert s["csr"] == pytest.approx(2 / (6 + 3))
     assert s["block_hit_ratio"] == pytest.approx(1 / 5)
@@ -66,22 +67,22 @@ def test_csr_weights_hits_by_depth_cost():
 def test_request_larger_than_pool_is_a_clear_error():
     pool = lru_pool(3)
     with pytest.raises(PoolCapacityError) as err:
-        pool.serve([1, 2, 3, 4])
+        pool.serve(Lookup([1, 2, 3, 4]))
     assert err.value.field == "prompt" and "4" in str(err.value)
     assert pool.used == 0 and pool.stats()["requests"] == 0
 
 
 def test_pinned_blocks_are_never_evicted_and_busy_pool_refuses():
     pool = lru_pool(4)
-    held = pool.acquire([1, 2, 3])
-    pool.serve([4])
+    held = pool.acquire(Lookup([1, 2, 3]))
+    pool.serve(Lookup([4]))
     with pytest.raises(PoolBusyError):
-        pool.acquire([5, 6])  # only block 4 is evictable
+        pool.acquire(Lookup([5, 6]))  # only block 4 is evictable
     assert set(pool.resident) == {1, 2, 3, 4}
-    pool.serve([5])  # evicts 4, never 1-3
+    pool.serve(Lookup([5]))  # evicts 4, never 1-3
     assert set(pool.resident) == {1, 2, 3, 5}
     pool.release(held)
-    pool.serve([6, 7, 8])
+    pool.serve(Lookup([6, 7, 8]))
     assert 5 not in pool.resident or len(pool.resident) == 4
 
 
@@ -120,16 +121,16 @@ class FifoIgnoringPins(EvictionPolicy):
 def test_the_pool_alone_skips_pinned_victims_and_they_return_on_release():
     policy = FifoIgnoringPins()
     pool = BlockPool(4, policy)
-    pool.serve([1, 2])
-    pool.serve([3, 4])
-    held = pool.acquire([1])  # 1 is pinned, still first in the policy's order
+    pool.serve(Lookup([1, 2]))
+    pool.serve(Lookup([3, 4]))
+    held = pool.acquire(Lookup([1]))  # 1 is pinned, still first in the policy's order
     assert policy.released == [[1, 2], [3, 4]]
-    pool.serve([5, 6])  # victims(2) gives 1, 2: the pool keeps pinned 1, asks for 1 more: 3
+    pool.serve(Lookup([5, 6]))  # victims(2) gives 1, 2: the pool keeps pinned 1, asks for 1 more: 3
     assert policy.asked == [2, 1]
     assert set(pool.resident) == {1, 4, 5, 6}
     assert [e for e in pool.drain_events() if e.kind == "removed"] == [KvEvent("removed", (2, 3))]
     assert 1 not in policy.order  # it left the order while pinned
-    other = pool.acquire([4])
+    other = pool.acquire(Lookup([4]))
     pool.release(held)  # only blocks no request holds any more are handed back
     assert policy.released[-1] == [1] and list(policy.order) == [4, 5, 6, 1]
     pool.release(other)
@@ -151,7 +152,7 @@ def test_events_replay_to_the_resident_set():
     mirror: set[int] = set()
     for _ in range(500):
         base = rng.randrange(30)
-        pool.serve([base * 100 + i for i in range(rng.randrange(1, 8))])
+        pool.serve(Lookup([base * 100 + i for i in range(rng.randrange(1, 8))]))
         apply_events(mirror, pool.drain_events())
         assert mirror == set(pool.resident)
     assert pool.used <= 20
@@ -159,8 +160,8 @@ def test_events_replay_to_the_resident_set():
 
 def test_reset_drops_unpinned_and_emits_cleared_then_stored():
     pool = lru_pool(10)
-    held = pool.acquire([1, 2])
-    pool.serve([3, 4])
+    held = pool.acquire(Lookup([1, 2]))
+    pool.serve(Lookup([3, 4]))
     pool.drain_events()
     assert pool.reset() == 2
     assert set(pool.resident) == {1, 2}
@@ -170,22 +171,22 @@ def test_reset_drops_unpinned_and_emits_cleared_then_stored():
 
 def test_set_policy_keeps_resident_blocks_in_age_order():
     pool = lru_pool(4)
-    pool.serve([1])
-    pool.serve([2])
-    pool.serve([3])
+    pool.serve(Lookup([1]))
+    pool.serve(Lookup([2]))
+    pool.serve(Lookup([3]))
     pool.set_policy(make_policy("lru"))
     assert set(pool.resident) == {1, 2, 3}
-    pool.serve([4, 5])  # needs one eviction: the oldest block, 1
+    pool.serve(Lookup([4, 5]))  # needs one eviction: the oldest block, 1
     assert set(pool.resident) == {2, 3, 4, 5}
 
 
 def test_footprint_and_one_hit_blocks():
     pool = lru_pool(4)
-    pool.serve([1, 2], session="a")
-    pool.serve([3], session="b")
-    pool.serve([1, 2, 9], session="a")  # block 9 is new for a; 1,2 reused
+    pool.serve(Lookup([1, 2], session="a"))
+    pool.serve(Lookup([3], session="b"))
+    pool.serve(Lookup([1, 2, 9], session="a"))  # block 9 is new for a; 1,2 reused
     assert dict(pool.top_sessions()) == {"a": 3, "b": 1}
-    pool.serve([7, 8], session="c")  # evicts 2 blocks
+    pool.serve(Lookup([7, 8], session="c"))  # evicts 2 blocks
     s = pool.stats()
     assert s["evictions"] == 2
     # 3 (never reused) and 9 (never reused) are the LRU victims here
@@ -195,10 +196,10 @@ def test_footprint_and_one_hit_blocks():
 def test_repeated_hash_in_one_request_is_rejected_cleanly():
     pool = lru_pool(10)
     with pytest.raises(InputError) as err:
-        pool.serve([1, 2, 1])
+        pool.serve(Lookup([1, 2, 1]))
     assert err.value.field == "block_hashes"
     assert pool.used == 0
-    pool.serve([1, 2])
+    pool.serve(Lookup([1, 2]))
     assert pool.used == 2
 
 
@@ -211,8 +212,8 @@ def test_serve_without_pins_equals_acquire_then_release(policy):
     for step in range(400):
         start, n = rng.randrange(60), rng.randrange(1, 12)
         hashes = [(start + i) * 7919 % 1000 for i in range(n)]  # overlapping prefixes and tails
-        a = served.serve(hashes, session=f"s{start % 5}", now=step)
-        b = pinned.acquire(hashes, session=f"s{start % 5}", now=step)
+        a = served.serve(Lookup(hashes, session=f"s{start % 5}", now=step))
+        b = pinned.acquire(Lookup(hashes, session=f"s{start % 5}", now=step))
         pinned.release(b, step)
         assert (a.hit_idx, a.new_idx, a.holes) == (b.hit_idx, b.new_idx, b.holes)
         assert list(served.resident) == list(pinned.resident)
@@ -224,20 +225,20 @@ def test_serve_without_pins_equals_acquire_then_release(policy):
 def test_private_blocks_take_room_evicting_cached_blocks_and_are_never_indexed():
     """Blocks outside the hash map (a prompt's partial tail, decode KV): capacity 5."""
     pool = lru_pool(5)
-    pool.serve([1, 2, 3])  # cached, unpinned
+    pool.serve(Lookup([1, 2, 3]))  # cached, unpinned
     pool.drain_events()
     pool.take_private(3)  # 2 free + 1 evicted (LRU: the request's last block first)
     assert (sorted(pool.resident), pool.private, pool.room, pool.usage()) == ([1, 2], 3, 2, 1.0)
     assert pool.drain_events() == [KvEvent("removed", (3,))]  # no event for the private blocks
     with pytest.raises(PoolBusyError):  # 1 new + 1 private, and only block 2 could go (1 is the hit)
-        pool.acquire([1, 4], extra=1)
+        pool.acquire(Lookup([1, 4], extra=1))
     pool.free_private(1)
-    alloc = pool.acquire([1, 4], extra=1)  # the freed block and block 2, evicted
+    alloc = pool.acquire(Lookup([1, 4], extra=1))  # the freed block and block 2, evicted
     assert (sorted(pool.resident), pool.private, pool.room) == ([1, 4], 3, 0)
     with pytest.raises(PoolBusyError):
         pool.take_private(1)
     with pytest.raises(PoolBusyError):
-        pool.acquire([9])
+        pool.acquire(Lookup([9]))
     pool.release(alloc)
     pool.free_private(3)
     assert (pool.private, pool.room, pool.store([7, 8, 9, 10])) == (0, 5, [7, 8, 9, 10])

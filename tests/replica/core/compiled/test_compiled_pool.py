@@ -12,8 +12,10 @@ import pytest
 from replica.core.cache.metrics import PoolMetrics
 from replica.core.cache.policies import make_policy
 from replica.core.cache.pool import BlockPool, PoolBusyError
+from replica.core.cache.types import Lookup
 from replica.core.compiled import pool as compiled_pool
 from replica.core.compiled.pool import CompiledPool
+from replica.core.compiled.snapshot import PoolSnapshot
 from shared.errors import InputError
 from sim.simulator import NextUses
 
@@ -60,25 +62,9 @@ def random_trace(seed: int, n: int = 600, universe: int = 400) -> list[Req]:
     return out
 
 
-def state(pool) -> dict:
+def state(pool) -> PoolSnapshot:
     """Everything of a pool that a later request or a report can see."""
-    if isinstance(pool, CompiledPool):
-        pool = pool.settle()
-    p = pool.policy
-    out = {"resident": list(pool.resident.items()), "footprint": list(pool.footprint.items()),
-           "reused": pool._reused, "now": pool.now, "stats": pool.stats(top_k=50), "refs": dict(pool._refs),
-           "pins": pool._pins, "private": pool.private,
-           "metrics": {k: v for k, v in vars(pool.metrics).items() if k not in ("costs", "reuse")}}
-    if p.name == "lru":
-        out["order"] = list(p._queue)
-    elif p.name == "belady_compute":  # its heaps are rebuilt from the records on a write-back
-        out["records"] = p._rec
-    elif p.name == "belady":  # the heap's layout is its own: what it would hand out is the live entries
-        out["next_uses"] = p._nu
-        out["live"] = {e for e in p._heap if p._nu.get(-e[1]) == -e[0] and -e[1] not in pool._refs}  # a block may repeat
-    else:
-        out.update(freq=p._freq, small=list(p._small), main=list(p._main), ghost=list(p._ghost), evicted=p._evicted)
-    return out
+    return PoolSnapshot.of(pool)
 
 
 def depth_cost(d: int) -> float:
@@ -89,8 +75,8 @@ def python_pool(policy: str, capacity: int, hit_mode: str, params: dict, trace) 
     pool = BlockPool(capacity, make_policy(policy, **params), hit_mode=hit_mode, emit_events=False,
                      metrics=PoolMetrics(block_size=16, block_cost=depth_cost), block_cost=depth_cost)
     for r in trace:
-        pool.serve(r.hash_ids, session=r.session, now=r.t, input_tokens=r.input_tokens, next_use=r.next_use,
-                   position=r.position)
+        pool.serve(Lookup(r.hash_ids, session=r.session, now=r.t, input_tokens=r.input_tokens, next_use=r.next_use,
+                   position=r.position))
     return pool
 
 
@@ -124,8 +110,8 @@ def test_the_compiled_replay_leaves_the_pool_the_python_loop_leaves(policy, para
         more = with_next_uses(random_trace(seed + 99, n=150))
         for pool in (expected, got):  # one request at a time now: acquire and release
             for r in more:
-                pool.serve(r.hash_ids, session=r.session, now=r.t, input_tokens=r.input_tokens, next_use=r.next_use,
-                           position=r.position)
+                pool.serve(Lookup(r.hash_ids, session=r.session, now=r.t, input_tokens=r.input_tokens, next_use=r.next_use,
+                           position=r.position))
         assert state(got) == state(expected)
 
 
@@ -158,23 +144,23 @@ def test_a_request_the_replay_cannot_serve_stops_it_and_serve_raises_the_pools_e
     assert state(pool) == state(served_python)
     r = trace[cut]
     with pytest.raises(InputError, match="block_hashes" if bad == "repeat" else "prompt"):
-        pool.serve(r.hash_ids, session=r.session, now=r.t, input_tokens=r.input_tokens)
+        pool.serve(Lookup(r.hash_ids, session=r.session, now=r.t, input_tokens=r.input_tokens))
     assert state(pool) == state(served_python)  # nothing changed
 
 
 def test_hashes_that_are_not_64_bit_unsigned_keep_the_python_pool():
-    assert compiled_pool.fits_uint64([[1, 2], [(1 << 64) - 1]])
-    assert not compiled_pool.fits_uint64([[1, 2], [-5]])
-    assert not compiled_pool.fits_uint64([[1 << 64]])
+    assert compiled_pool.hashes_u64([[1, 2], [(1 << 64) - 1]]) is not None
+    assert compiled_pool.hashes_u64([[1, 2], [-5]]) is None
+    assert compiled_pool.hashes_u64([[1 << 64]]) is None
 
 
 @needs_compiled
 def test_a_hash_the_compiled_pool_cannot_key_is_a_clear_error_and_changes_nothing():
     fast = CompiledPool(BlockPool(8, make_policy("lru"), emit_events=False))
-    fast.serve([1, 2], session="a")
+    fast.serve(Lookup([1, 2], session="a"))
     before = state(fast)
     with pytest.raises(InputError, match="block_hashes.*64-bit"):
-        fast.serve([3, -1], session="a")
+        fast.serve(Lookup([3, -1], session="a"))
     assert fast.serve_requests([Req([1 << 70], "a", None, 0.0)]) == 0
     assert state(fast) == before
 
@@ -206,9 +192,9 @@ def run_calls(pool, calls, random_uses: bool = True) -> list:
         try:
             if call[0] == "acquire":
                 _, r, extra, record = call
-                a = pool.acquire(r.hash_ids, session=r.session, now=r.t, input_tokens=r.input_tokens,
+                a = pool.acquire(Lookup(r.hash_ids, session=r.session, now=r.t, input_tokens=r.input_tokens,
                                  record=record, extra=extra, next_use=r.next_use if random_uses else None,
-                                 position=float(i // 3))  # repeats: several requests at one now
+                                 position=float(i // 3)))  # repeats: several requests at one now
                 allocs[i], private = (a, extra), private + extra
                 out.append((a.hit_idx, a.new_idx, a.touched_idx, a.holes, a.hole_lengths))
             elif call[0] == "release":
@@ -266,7 +252,7 @@ def test_why_not_names_what_keeps_the_compiled_pool_out():
         assert "policy arc" in compiled_pool.why_not(pool)
         assert "events" in compiled_pool.why_not(BlockPool(10, make_policy("lru"), emit_events=True))
         busy = BlockPool(10, make_policy("lru"), emit_events=False)
-        busy.serve([1, 2])
+        busy.serve(Lookup([1, 2]))
         assert compiled_pool.why_not(busy) is not None
         with pytest.raises(ValueError, match="no compiled pool"):
             CompiledPool(busy)
@@ -279,3 +265,12 @@ def test_why_not_names_what_keeps_the_compiled_pool_out():
 @pytest.mark.skipif(not os.environ.get("KVEMU_REQUIRE_COMPILED"), reason="no C compiler was found by scripts/test")
 def test_the_kernel_is_built_and_current_where_a_compiler_is():
     assert compiled_pool.compiled(), compiled_pool.why_not(BlockPool(1, make_policy("lru"), emit_events=False))
+
+
+@needs_compiled
+def test_the_policy_kinds_and_refusal_codes_come_from_the_extension():
+    from replica.core.compiled.adapters import ADAPTERS, kernel_module
+
+    kinds = [getattr(kernel_module, a.kind) for a in ADAPTERS.values()]
+    assert len(set(kinds)) == len(ADAPTERS)  # one kind per compiled policy, defined once in _pool.c
+    assert len({kernel_module.TOO_LONG, kernel_module.REPEATS, kernel_module.BUSY}) == 3

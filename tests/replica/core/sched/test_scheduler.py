@@ -113,7 +113,7 @@ def test_bad_input_and_limits():
     with pytest.raises(QueueFullError):
         sched.submit(req(3, 2))
     with pytest.raises(InputError) as err:
-        SchedulerSettings(policy="lifo")
+        SchedulerSettings(admission="lifo")
     assert err.value.field == "scheduler"
 
 
@@ -195,7 +195,7 @@ def head_of_line(policy):
     """Capacity 12 blocks. R (6 blocks + 5 tokens: 7 blocks, and its 3 tokens out fit in the 7th)
     runs; the head H (8 blocks, 1 token) does not fit in the 5 free blocks; S (4 blocks + 5 tokens:
     5 blocks, its 5 tokens out fit in the 5th) behind it would."""
-    pool, sched = make(capacity=12, policy=policy)
+    pool, sched = make(capacity=12, admission=policy)
     r, h, s = req(1, 6, tail=5, out=3, base=0), req(2, 8, out=1, base=100), req(3, 4, tail=5, out=5, base=200)
     for x in (r, h, s):
         sched.submit(x)
@@ -238,7 +238,7 @@ def test_reorder_fills_idle_memory_then_preempts_for_the_head():
 
 
 def test_reorder_preempts_a_prefilling_request_and_requeues_it_in_arrival_order():
-    pool, sched = make(capacity=10, token_budget=40, policy="reorder")
+    pool, sched = make(capacity=10, token_budget=40, admission="reorder")
     r, h, s = req(1, 6, out=1, base=0), req(2, 8, out=1, base=100), req(3, 4, out=1, base=200)
     late = req(4, 3, out=1, base=300)  # 8 + 3 > 10: waits while H runs
     for x in (r, h, s):
@@ -266,7 +266,7 @@ def adversarial(cls, steps):
     out) and Rb (30 blocks, 40 tokens out) run; the head H needs 60 blocks; one small request
     (10 blocks, 30 tokens out) arrives before every step and fits wherever 10 blocks are idle."""
     pool = BlockPool(100, make_policy("lru"), block_size=16, emit_events=False)
-    sched = cls(pool, COST, SchedulerSettings(token_budget=256, max_running=16, policy="reorder"))
+    sched = cls(pool, COST, SchedulerSettings(token_budget=256, max_running=16, admission="reorder"))
     ra, rb, head = req(1, 30, out=10, base=1000), req(2, 30, out=40, base=2000), req(3, 60, out=2, base=3000)
     for x in (ra, rb, head):
         sched.submit(x)
@@ -307,7 +307,7 @@ def test_bookkeeping_survives_random_traffic(seed, policy):
     takes back): every request runs to its last token, once; nothing stays pinned, held or
     queued; the decode aggregates return to zero."""
     rng = random.Random(seed)
-    pool, sched = make(capacity=40, token_budget=64, max_running=6, policy=policy)
+    pool, sched = make(capacity=40, token_budget=64, max_running=6, admission=policy)
     reqs, now = [], 0.0
     for k in range(120):
         if rng.random() < 0.6:
@@ -338,7 +338,7 @@ def test_decode_blocks_follow_the_tokens_at_every_step(seed, policy):
     decoding one, with g tokens generated, prompt + g - 1 tokens (the next step writes token g's
     KV), or + g right after a re-admission's prefill wrote it; the pool's private count is their sum."""
     rng = random.Random(seed)
-    pool, sched = make(capacity=60, token_budget=64, max_running=8, policy=policy)
+    pool, sched = make(capacity=60, token_budget=64, max_running=8, admission=policy)
     need, now = sched.decode_kv.need, 0.0
     for k in range(300):
         if rng.random() < 0.5:

@@ -9,6 +9,7 @@ import pytest
 
 from replica.core.build import CoreSettings, build_core
 from replica.core.cache.pool import KvEvent
+from replica.core.cache.types import Lookup
 from replica.core.tiers.stack import TierSettings
 from shared.costmodel import CostModel
 from shared.index import EventBatch, MemoryIndex
@@ -23,7 +24,7 @@ def core(mode="exclusive", hbm=2, host=2, ssd=2, tier_events=True):
 
 def serve(c, hashes, now=0.0):
     plan = c.tiers.plan(hashes, now)
-    alloc = c.pool.serve(hashes, now=now)
+    alloc = c.pool.serve(Lookup(hashes, now=now))
     c.tiers.complete(plan, alloc.hashes, alloc.hit_idx, alloc.new_idx, now)
 
 
@@ -39,29 +40,29 @@ def test_tier_events_are_tagged_and_a_reset_resends_the_tiers():
     for t, h in enumerate((1, 2, 3)):
         serve(c, [h], now=float(t))  # the third evicts 1 from HBM (LRU): demoted to host
     assert c.drain_events() == [KvEvent("stored", (1,)), KvEvent("stored", (2,)), KvEvent("removed", (1,)),
-                                KvEvent("stored", (3,)), KvEvent("stored", (1,), "host")]
+                                KvEvent("stored", (3,)), KvEvent("stored", (1,), 1)]
     serve(c, [4], now=3.0)  # evicts 2 to host
     serve(c, [5], now=4.0)  # evicts 3; host is full, so 1 spills to SSD
     assert c.drain_events() == [
         KvEvent("removed", (2,)), KvEvent("stored", (4,)), KvEvent("removed", (3,)), KvEvent("stored", (5,)),
-        KvEvent("stored", (2,), "host"), KvEvent("removed", (1,), "host"), KvEvent("stored", (3,), "host"),
-        KvEvent("stored", (1,), "ssd")]
-    assert c.snapshot_events() == [KvEvent("stored", (4, 5)), KvEvent("stored", (2, 3), "host"),
-                                   KvEvent("stored", (1,), "ssd")]
+        KvEvent("stored", (2,), 1), KvEvent("removed", (1,), 1), KvEvent("stored", (3,), 1),
+        KvEvent("stored", (1,), 2)]
+    assert c.snapshot_events() == [KvEvent("stored", (4, 5)), KvEvent("stored", (2, 3), 1),
+                                   KvEvent("stored", (1,), 2)]
     # 2 is fetched from host (exclusive: it then leaves host); HBM evicts 4 to host, where 2 is
     # still pinned for the fetch, so 3 spills to SSD
     serve(c, [2], now=5.0)
     c.drain_events()
     c.pool.reset()  # /admin/reset: an HBM `cleared` clears every tier in an index, so the tiers follow
-    assert c.drain_events() == [KvEvent("cleared", ()), KvEvent("stored", (4,), "host"),
-                                KvEvent("stored", (1, 3), "ssd")]
+    assert c.drain_events() == [KvEvent("cleared", ()), KvEvent("stored", (4,), 1),
+                                KvEvent("stored", (1, 3), 2)]
 
 
 def test_without_tier_events_the_tiers_stay_silent():
     c = core(tier_events=False)
     for t, h in enumerate((1, 2, 3)):
         serve(c, [h], now=float(t))
-    assert [e.tier for e in c.drain_events()] == ["", "", "", ""]
+    assert [e.level for e in c.drain_events()] == [0, 0, 0, 0]
     assert c.snapshot_events() == [KvEvent("stored", (2, 3))]
 
 

@@ -6,11 +6,12 @@ import argparse
 
 import pytest
 
+from kvemu.options.tiers import add_tier_args, tier_settings
 from replica.core.build import CoreSettings, build_core
 from replica.core.cache.policies import make_policy
 from replica.core.cache.pool import BlockPool
+from replica.core.cache.types import Lookup
 from replica.core.sched.scheduler import SchedRequest
-from replica.core.tier_args import add_tier_args, tier_settings
 from replica.core.tiers.stack import Link, TierSettings, TierStack
 from shared.costmodel import CostModel
 from shared.errors import InputError
@@ -28,7 +29,7 @@ def stack(hbm_blocks=4, cost_per_block=1.0, block_bytes=10**9, **tier):
 
 def serve(hbm, tiers, hashes, now=0.0):
     plan = tiers.plan(hashes, now)
-    alloc = hbm.serve(hashes, now=now)
+    alloc = hbm.serve(Lookup(hashes, now=now))
     tiers.complete(plan, alloc.hashes, alloc.hit_idx, alloc.new_idx, now)
     return plan
 
@@ -37,12 +38,12 @@ def test_exclusive_demotes_on_eviction_and_a_fetch_takes_the_block_back_up():
     hbm, tiers = stack(host_blocks=3, fetch="always")
     serve(hbm, tiers, [1, 2, 3])
     serve(hbm, tiers, [4, 5, 6])  # LRU evicts the deepest of the first request first: 3, 2
-    assert sorted(hbm.resident) == [1, 4, 5, 6] and sorted(tiers.host.resident) == [2, 3]
+    assert sorted(hbm.resident) == [1, 4, 5, 6] and sorted(tiers.pool("host").resident) == [2, 3]
     plan = serve(hbm, tiers, [1, 2, 3], now=10.0)  # 1 is an HBM hit, 2 and 3 come from host
     assert plan.restored_idx == [1, 2] and plan.ready_at == 12.0  # two 1 s transfers on one link
-    assert 2 not in tiers.host.resident and 3 not in tiers.host.resident  # exclusive: they left host
+    assert 2 not in tiers.pool("host").resident and 3 not in tiers.pool("host").resident  # exclusive: they left host
     c = tiers.counters
-    assert (c.accessed_blocks, c.hbm_hits, c.host_hits, c.ssd_hits, c.recomputed) == (9, 1, 2, 0, 0)
+    assert (c.accessed_blocks, c.hits, c.recomputed) == (9, [1, 2, 0], 0)
     st = tiers.stats()
     assert st["host_block_hit_ratio"] == pytest.approx(2 / 9) and st["hbm_block_hit_ratio"] == pytest.approx(1 / 9)
 
@@ -50,14 +51,14 @@ def test_exclusive_demotes_on_eviction_and_a_fetch_takes_the_block_back_up():
 def test_inclusive_copies_each_block_down_as_produced_and_keeps_it_after_a_fetch():
     hbm, tiers = stack(host_blocks=8, mode="inclusive", fetch="always")
     serve(hbm, tiers, [1, 2, 3])
-    assert sorted(tiers.host.resident) == [1, 2, 3]  # copied at once: freeing HBM costs nothing
+    assert sorted(tiers.pool("host").resident) == [1, 2, 3]  # copied at once: freeing HBM costs nothing
     assert tiers.d2h.bytes_moved == 3 * 10**9
     serve(hbm, tiers, [4, 5, 6])
     assert tiers.counters.demoted == 0  # no demotion on eviction: a copy already lives below
     assert tiers.d2h.bytes_moved == 6 * 10**9
     serve(hbm, tiers, [1, 2, 3], now=20.0)
-    assert {2, 3} <= set(tiers.host.resident)  # inclusive: the copy stays
-    assert tiers.counters.host_hits == 2
+    assert {2, 3} <= set(tiers.pool("host").resident)  # inclusive: the copy stays
+    assert tiers.counters.hits[1] == 2
 
 
 def test_host_evictions_spill_to_ssd_and_ssd_evictions_leave_the_hierarchy():
@@ -65,12 +66,12 @@ def test_host_evictions_spill_to_ssd_and_ssd_evictions_leave_the_hierarchy():
     for h in range(1, 7):
         serve(hbm, tiers, [h], now=float(h))
     # HBM holds the last 2; host the 2 before them; SSD the 2 before those; nothing dropped yet
-    assert sorted(hbm.resident) == [5, 6] and sorted(tiers.host.resident) == [3, 4]
-    assert sorted(tiers.ssd.resident) == [1, 2] and tiers.counters.dropped == 0
+    assert sorted(hbm.resident) == [5, 6] and sorted(tiers.pool("host").resident) == [3, 4]
+    assert sorted(tiers.pool("ssd").resident) == [1, 2] and tiers.counters.dropped == 0
     serve(hbm, tiers, [7], now=7.0)
-    assert sorted(tiers.ssd.resident) == [2, 3] and tiers.counters.dropped == 1
+    assert sorted(tiers.pool("ssd").resident) == [2, 3] and tiers.counters.dropped == 1
     plan = serve(hbm, tiers, [2], now=100.0)  # from SSD: staged through host, the slower link paces it
-    assert plan.restored_idx == [0] and tiers.counters.ssd_hits == 1
+    assert plan.restored_idx == [0] and tiers.counters.hits[2] == 1
 
 
 @pytest.mark.parametrize("cost, fetched", [(1.0, False), (1.0001, True), (0.5, False)])
@@ -128,7 +129,7 @@ def test_a_restore_overlaps_prefill_compute_layer_by_layer():
         # share, or ends a layer of compute after the last; never the sum of the two
         assert step.duration == pytest.approx(max(transfer / layers + compute, transfer + compute / layers))
         assert step.duration < transfer + compute
-    assert core.tiers.counters.host_hits == 2
+    assert core.tiers.counters.hits[1] == 2
 
 
 def test_tier_flags_become_validated_settings():
@@ -152,9 +153,9 @@ def test_ssd_blocks_are_pre_staged_while_the_request_waits():
     tiers = TierStack(settings, hbm, 10**9, lambda depth: 1.5)
     for h in (1, 2, 3, 4):
         serve(hbm, tiers, [h], now=float(h))  # 1, 2 end up on SSD
-    assert sorted(tiers.ssd.resident) == [1, 2]
-    assert tiers.transfer_seconds(tiers.ssd, 2, waited=0.0) == 2.0
-    assert tiers.transfer_seconds(tiers.ssd, 2, waited=1.9) == pytest.approx(0.2)  # the host link's 0.2 s
+    assert sorted(tiers.pool("ssd").resident) == [1, 2]
+    assert tiers.transfer_seconds(tiers.level("ssd"), 2, waited=0.0) == 2.0
+    assert tiers.transfer_seconds(tiers.level("ssd"), 2, waited=1.9) == pytest.approx(0.2)  # the host link's 0.2 s
     plan = tiers.plan([1, 2], now=100.0, arrival=99.0)  # waited 1 s: 1 s of the 2 s read left < 3 s
     assert plan.restored_idx == [0, 1]
     tiers.cancel(plan)
@@ -169,7 +170,7 @@ def test_ssd_blocks_are_pre_staged_while_the_request_waits():
     assert slow.plan([1, 2], now=100.0, arrival=100.0).restored_idx == []
     waited = slow.plan([1, 2], now=100.0, arrival=98.5)
     assert waited.restored_idx == [0, 1]
-    serve_alloc = hbm2.serve([1, 2], now=100.0)
+    serve_alloc = hbm2.serve(Lookup([1, 2], now=100.0))
     slow.complete(waited, serve_alloc.hashes, serve_alloc.hit_idx, serve_alloc.new_idx, 100.0)
     # the SSD read started at arrival (98.5) on an idle drive: 4 s -> ends at 102.5
     assert waited.ready_at == pytest.approx(102.5)
@@ -179,7 +180,7 @@ def test_without_hbm_caching_a_finished_request_moves_down_and_the_next_turn_res
     core = build_core(CoreSettings(capacity_blocks=16, reuse="off", tiers=TierSettings(
         host_blocks=16, fetch="always", hbm_caching=False)), COST)
     run_request(core, 1, [1, 2, 3], 0.0)
-    assert core.pool.used == 0 and sorted(core.tiers.host.resident) == [1, 2, 3]
+    assert core.pool.used == 0 and sorted(core.tiers.pool("host").resident) == [1, 2, 3]
     run_request(core, 2, [1, 2, 3, 4], 1.0)  # all three from host, one computed
     c = core.tiers.counters
-    assert (c.hbm_hits, c.host_hits) == (0, 3) and sorted(core.tiers.host.resident) == [1, 2, 3, 4]
+    assert c.hits[:2] == [0, 3] and sorted(core.tiers.pool("host").resident) == [1, 2, 3, 4]

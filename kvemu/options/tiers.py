@@ -1,31 +1,34 @@
-"""The memory-tier flags, one definition for `kvemu sim`, `sweep`, `replica` and `up`."""
+"""The memory-tier flags, one definition for `kvemu sim`, `sweep`, `replica` and `up` (host DRAM and SSD,
+levels 1 and 2 of the hierarchy; replica/core/tiers/levels.py)."""
 
 from __future__ import annotations
 
 import argparse
 
+from kvemu.options.option import Option, add_options
 from replica.core.tiers.stack import FETCH_MODES, TIER_MODES, TierSettings
 from shared.costmodel import CostModel
 from shared.errors import InputError
 from shared.validate import check_number
 
+TIER_OPTIONS = (
+    Option("--host-cache-gib", 0.0, "host DRAM KV tier per replica, GiB (default 0: none)", float, metavar="G"),
+    Option("--ssd-cache-gib", 0.0, "SSD KV tier per replica, GiB (default 0: none)", float, metavar="G"),
+    Option("--tier-policy", "", "eviction policy of each lower tier (default lru), e.g. host=s3fifo,ssd=lru",
+           metavar="host=P,ssd=P"),
+    Option("--tier-mode", "exclusive", "inclusive: copy each block to host as it is produced; exclusive: demote on eviction",
+           choices=TIER_MODES),
+    Option("--fetch", "auto", "restore blocks a lower tier holds: always, never, or auto (when faster than recomputing)",
+           choices=FETCH_MODES),
+    Option("--host-link-gbps", None, "host<->GPU bandwidth per direction (default: the GPU preset's)", float,
+           metavar="GB/S"),
+    Option("--no-hbm-caching", False,
+           "HBM keeps no KV between requests: each finished request moves down (CachedAttention)", switch=True),
+)
+
 
 def add_tier_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("memory tiers below HBM (FlashGen)")
-    g.add_argument("--host-cache-gib", type=float, default=0.0, metavar="G",
-                   help="host DRAM KV tier per replica, GiB (default 0: none)")
-    g.add_argument("--ssd-cache-gib", type=float, default=0.0, metavar="G",
-                   help="SSD KV tier per replica, GiB (default 0: none)")
-    g.add_argument("--tier-policy", default="", metavar="host=P,ssd=P",
-                   help="eviction policy of each lower tier (default lru), e.g. host=s3fifo,ssd=lru")
-    g.add_argument("--tier-mode", choices=TIER_MODES, default="exclusive",
-                   help="inclusive: copy each block to host as it is produced; exclusive: demote on eviction")
-    g.add_argument("--fetch", choices=FETCH_MODES, default="auto",
-                   help="restore blocks a lower tier holds: always, never, or auto (when faster than recomputing)")
-    g.add_argument("--host-link-gbps", type=float, default=None, metavar="GB/S",
-                   help="host<->GPU bandwidth per direction (default: the GPU preset's)")
-    g.add_argument("--no-hbm-caching", action="store_true",
-                   help="HBM keeps no KV between requests: each finished request moves down (CachedAttention)")
+    add_options(p.add_argument_group("memory tiers below HBM (FlashGen)"), TIER_OPTIONS)
 
 
 def tier_settings(args: argparse.Namespace, cost: CostModel, block_size: int) -> TierSettings:

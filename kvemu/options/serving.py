@@ -1,0 +1,56 @@
+"""The serving flags: body limits, connection caps and timeouts every server process takes
+(router and replica, and `kvemu up` for both), and the cluster token. Their defaults are
+``ServingSettings``'s own, read from the dataclass so a flag cannot drift from its field."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from kvemu.options.option import Option
+from shared.serving import SERVING_DEFAULTS, ServingSettings
+
+_D = SERVING_DEFAULTS
+
+# Flag -> ServingSettings field; the seconds fields drop their "_s" on the command line.
+SERVER_OPTIONS = (
+    Option("--parse-workers", _D["parse_workers"], type=int,
+           help="processes that parse bodies of --offload-bytes or more off the event loop (0 = inline)"),
+    Option("--offload-bytes", _D["offload_bytes"], type=int, help="bodies from this size on are parsed in those processes"),
+    Option("--large-bodies-per-client", _D["large_bodies_per_client"], type=int,
+           help="such big bodies one client address may have being parsed at once (429 beyond)"),
+    Option("--max-body-bytes", _D["max_body_bytes"], type=int, help="larger request bodies get 413"),
+    Option("--max-prompt-tokens", _D["max_prompt_tokens"], type=int, help="longer prompts are refused (400)"),
+    Option("--max-output-tokens", _D["max_output_tokens"], type=int, help="a larger max_tokens is refused (400)"),
+    Option("--max-connections", _D["max_connections"], type=int, help="open connections beyond which new ones get 503"),
+    Option("--header-timeout", _D["header_timeout_s"], type=float, help="seconds for a request head to arrive"),
+    Option("--body-timeout", _D["body_timeout_s"], type=float, help="seconds for a request body to arrive"),
+    Option("--write-timeout", _D["write_timeout_s"], type=float,
+           help="seconds the server may be blocked on a client that reads nothing of its response (the send buffer"
+                " full) before the connection is cut"),
+)
+
+_TOKEN_HELP = ("shared by the cluster's routers and replicas: guards /kv/* (or KVEMU_CLUSTER_TOKEN); required with a"
+               " --host beyond loopback")
+
+
+def add_server_args(p: argparse.ArgumentParser, token_help: str = _TOKEN_HELP) -> None:
+    """The cluster token and every serving flag."""
+    p.add_argument("--cluster-token", default=None, help=token_help)
+    for option in SERVER_OPTIONS:
+        option.add(p)
+
+
+def cluster_token(args: argparse.Namespace) -> str | None:
+    """The token given, else the environment's (how `kvemu up` hands it to children: not on a command line)."""
+    return args.cluster_token or os.environ.get("KVEMU_CLUSTER_TOKEN") or None
+
+
+def serving_settings(args: argparse.Namespace) -> ServingSettings:
+    """The serving flags and ``--host`` as one validated ``ServingSettings``."""
+    return ServingSettings(
+        host=args.host, cluster_token=cluster_token(args), parse_workers=args.parse_workers,
+        offload_bytes=args.offload_bytes, large_bodies_per_client=args.large_bodies_per_client,
+        max_body_bytes=args.max_body_bytes, max_prompt_tokens=args.max_prompt_tokens,
+        max_output_tokens=args.max_output_tokens, max_connections=args.max_connections,
+        header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout, write_timeout_s=args.write_timeout)

@@ -1,0 +1,88 @@
+"""The memory levels below HBM: one registry entry per kind of level.
+
+The hierarchy is an ordered list of levels, HBM first (level 0, the replica's ``BlockPool``),
+then the levels ``TierSettings.levels()`` names in order: host DRAM (level 1) and SSD (level 2)
+from the flags, then any in ``TierSettings.deeper``. A level is a ``BlockPool`` of its own
+capacity and eviction policy and the link its blocks cross on the way up toward HBM; what is
+the same for every level (demotion to the next level down, restores, pre-staging while a
+request waits, events tagged with the level's index) is ``TierStack``'s.
+
+What differs between kinds is here: the link's default bandwidths, whether the level is host
+memory itself (its link up is the device link, HBM <-> host, which every move into or out of
+HBM crosses) or a store behind host memory whose reads are staged into host while a request
+waits (SSD today; a remote shared KV store, as LMCache or Mooncake's store are, is another),
+and whether the torch backend keeps its blocks in memory or in a file.
+
+Its name is the level's label in metrics (``tier="host"``), in ``/stats`` and ``kvemu sim``'s
+JSON (``host_block_hit_ratio``), in the torch backend's copies and as its link's name; on the
+wire and in the index a level is its index, so shared/ and router/ know no names.
+
+Adding a kind of level: a module defining its ``LevelKind``, one entry in ``LEVELS`` and its
+tests; configure it with ``TierSettings(deeper=(LevelSettings("name", blocks=...),))``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shared.errors import InputError
+from shared.validate import check_number
+
+# One PCIe 4.0 NVMe drive, sequential.
+SSD_READ_GBPS = 7.0
+SSD_WRITE_GBPS = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class LevelKind:
+    """What is particular to one kind of level."""
+
+    name: str
+    read_gbps: float  # its link up, GB/s, unless its LevelSettings say otherwise
+    write_gbps: float
+    host_memory: bool = False  # host DRAM: its link is the device link, reads are not staged
+    in_file: bool = False  # the torch backend keeps its blocks in a memory-mapped file
+
+
+HOST = LevelKind("host", read_gbps=55.5, write_gbps=55.5, host_memory=True)
+SSD = LevelKind("ssd", read_gbps=SSD_READ_GBPS, write_gbps=SSD_WRITE_GBPS, in_file=True)
+
+# The kinds a TierSettings may name, by name.
+LEVELS: dict[str, LevelKind] = {"host": HOST, "ssd": SSD}
+
+
+def level_kind(name: str) -> LevelKind:
+    kind = LEVELS.get(name)
+    if kind is None:
+        raise InputError("level", f"unknown memory level {name!r}; known: {', '.join(LEVELS)}")
+    return kind
+
+
+@dataclass(frozen=True, slots=True)
+class LevelSettings:
+    """One level of the hierarchy below HBM; ``blocks`` 0: the level is absent (its link stays,
+    as the SSD link is reported without an SSD tier)."""
+
+    kind: str
+    blocks: int = 0
+    policy: str = "lru"
+    read_gbps: float | None = None  # None: the kind's
+    write_gbps: float | None = None
+    per_copy_s: float = 0.0  # each copy call's fixed cost on its link
+
+    def __post_init__(self) -> None:
+        level_kind(self.kind)
+        if isinstance(self.blocks, bool) or not isinstance(self.blocks, int) or self.blocks < 0:
+            raise InputError(f"{self.kind}_blocks", f"must be an integer >= 0, got {self.blocks!r}")
+        for name in ("read_gbps", "write_gbps"):
+            value = getattr(self, name)
+            if value is not None:
+                check_number(f"{self.kind}_{name}", value, above=0)
+
+    @property
+    def read(self) -> float:
+        return level_kind(self.kind).read_gbps if self.read_gbps is None else self.read_gbps
+
+    @property
+    def write(self) -> float:
+        return level_kind(self.kind).write_gbps if self.write_gbps is None else self.write_gbps
