@@ -131,7 +131,8 @@ def run_cell(cell: Cell) -> tuple[Cell, dict]:
     t0 = time.perf_counter()
     out = simulate(trace, SimSettings(capacity_blocks=cell.capacity, policy=policy, policy_params=params,
                                       cache_only=True, reuse="off", hit_mode=cell.hit_mode))
-    row = {"hit_ratio": round(out["block_hit_ratio"], 5), "wall_s": round(time.perf_counter() - t0, 3)}
+    row = {"hit_ratio": round(out["block_hit_ratio"], 5), "refused": out["refused"],
+           "wall_s": round(time.perf_counter() - t0, 3)}
     if policy == "adaptive":
         pol = out["per_replica"][0]["policy"]
         row.update(switches=pol["switches"], decisions=pol["decision_counts"], shadow_blocks=pol["shadow_blocks"],

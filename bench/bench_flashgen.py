@@ -30,6 +30,7 @@ from dataclasses import replace
 
 from kvemu.options.tiers import tiers_on
 from loadgen.workloads import generate
+from replica.core.sched.sched_types import DEFAULT_TOKEN_BUDGET
 from shared.costmodel import CostModel
 from shared.progress import ProgressBar
 from sim.simulator import SimSettings, simulate
@@ -38,10 +39,12 @@ CONFIGS = ("vllm", "cachedattn", "flashgen_cache", "flashgen")
 GIB = 1024**3
 
 
-def hbm_kv_gib(cost: CostModel, tp: int, utilization: float) -> float:
-    """KV space per replica: the GPUs' memory at ``utilization`` (vLLM's gpu_memory_utilization)
-    less the weights."""
-    return (cost.gpu.memory_bytes * tp * utilization - cost.model.weight_bytes) / GIB
+def hbm_kv_gib(cost: CostModel, utilization: float, max_running: int) -> float:
+    """KV space per replica, vLLM's capacity rule as `--gpu-memory-utilization` applies it
+    (``CostModel.kv_budget``: each GPU's memory at ``utilization`` less its weights and the
+    activations of the largest step, over the replica's GPUs)."""
+    b = cost.kv_budget(utilization, DEFAULT_TOKEN_BUDGET, max_running, 16)
+    return b.tp * b.kv_bytes / GIB
 
 
 def settings_for(config: str, base: SimSettings, cost: CostModel, block_size: int, host_gib: float,
@@ -135,7 +138,7 @@ def main(argv=None) -> int:
     p.add_argument("--max-running", type=int, default=256)
     p.add_argument("--max-context", type=int, default=None,
                    help="a session ends at the turn that would exceed it (default: the model's window, "
-                        "OPT 2,048, Llama 2 4,096, else 131,072)")
+                        "its max_position_embeddings: OPT 2,048, Llama 2 4,096)")
     p.add_argument("--slo", type=float, default=5.0, help="P95 TTFT objective, seconds")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
@@ -143,11 +146,11 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     gpu = a.gpu if a.tp == 1 else f"{a.gpu}@tp{a.tp}"
     cost = CostModel.from_names(a.model, gpu)
-    hbm_gib = hbm_kv_gib(cost, a.tp, a.gpu_memory_utilization)
+    hbm_gib = hbm_kv_gib(cost, a.gpu_memory_utilization, a.max_running)
     if hbm_gib <= 0:
         print(f"error: {a.model} does not fit on {a.tp} x {a.gpu}", file=sys.stderr)
         return 2
-    window = a.max_context or (2048 if a.model.startswith("opt") else 4096 if a.model.startswith("llama-2") else 131072)
+    window = a.max_context or cost.model.max_context  # its max_position_embeddings (shared/costmodel.py)
     opts = {"max_context": window, "duration": a.duration, "seed": a.seed, "model": a.model, "gpu": gpu,
             "hbm_gib": hbm_gib, "host_gib": a.host_gib, "ssd_gib": a.ssd_gib, "max_running": a.max_running}
     rates = [float(x) for x in a.rates.split(",")]

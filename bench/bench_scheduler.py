@@ -58,7 +58,7 @@ def run_one(trace, capacity: int, scheduler: str, host_blocks: int = 0) -> dict:
     row = {k: round(out[k], 5) if isinstance(out[k], float) else out[k] for k in KEYS}
     st = sched.stats()
     row.update(prefill_tokens=st["prefill_tokens"], readmission_prefill_tokens=st["readmission_prefill_tokens"],
-               truncated_outputs=st["truncated_outputs"],
+               refused=st["refused"],
                backlog_s=round(backlog["s"], 1),
                backlog_held_fraction=round(backlog["held_block_s"] / (backlog["s"] * capacity), 4)
                if backlog["s"] else None,

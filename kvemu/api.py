@@ -40,7 +40,8 @@ def simulate(trace: Trace, policies: Iterable[str] = ("lru",), capacity_blocks: 
     """One virtual-time run per (policy, capacity), in that order: the rows of ``kvemu sim --json``.
 
     ``settings`` are ``SimSettings`` fields (``max_running``, ``token_budget``, ``hit_mode``,
-    ``model``, ``gpu``, ``causal``, ``seed``, ``reuse``, ``cache_only``)."""
+    ``model``, ``gpu``, ``causal``, ``seed``, ``reuse``, ``cache_only``, ``response_kv``), with the
+    defaults every command has (``response_kv="keep"``, as a colocated vLLM)."""
     routing_cfg = apply_overrides(RoutingSettings(block_size=trace.block_size),
                                   {k: str(v) for k, v in (routing_settings or {}).items()})
     known = {f.name for f in dataclasses.fields(SimSettings)}

@@ -12,7 +12,7 @@ import signal
 import sys
 import time
 
-from kvemu.up import add_cluster_args, bring_up, validate
+from kvemu.up import add_cluster_args, bring_up, print_limit_lines, validate
 from loadgen.replay import Replayer, records_json, summarize
 from loadgen.replay_cmd import cluster_report, print_report, replica_stats
 from loadgen.trace import Trace
@@ -44,19 +44,29 @@ def demo_trace(a) -> Trace:
     return trace
 
 
+def _capacity(a) -> str:
+    if a.capacity_blocks:
+        return f"{a.capacity_blocks} blocks"
+    if a.capacity_gib:
+        return f"{a.capacity_gib} GiB"
+    return f"--gpu-memory-utilization {a.gpu_memory_utilization:g}"
+
+
 def run(a) -> int:
-    if a.capacity_blocks is None and a.capacity_gib is None:  # not a parser default: --capacity-gib must win
+    if a.capacity_blocks is None and a.capacity_gib is None and a.gpu_memory_utilization is None:  # not a
+        # parser default: --capacity-gib or --gpu-memory-utilization must win
         a.capacity_blocks = 8192  # the presets' 128K-token context cap
     if a.time_scale == 0.05 and a.speedup != 20.0:
         a.time_scale = 1.0 / a.speedup  # keep emulated GPU time in step with compressed trace time
     validate(a)
     check_outputs(a, ("--json", "--plot"))
+    if not a.quiet:
+        print_limit_lines(a)
     started = time.monotonic()
     trace = demo_trace(a)
     say = (lambda *_: None) if a.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
     say(f"demo: {len(trace.requests):,} requests of the {a.workload!r} workload ({a.duration:.0f} s of trace time,"
-        f" replayed {a.speedup:g}x faster) on {a.replicas} replicas x {a.capacity_blocks or a.capacity_gib}"
-        f" {'blocks' if a.capacity_blocks else 'GiB'}, {a.policy}, {a.routing} routing")
+        f" replayed {a.speedup:g}x faster) on {a.replicas} replicas x {_capacity(a)}, {a.policy}, {a.routing} routing")
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     cluster = bring_up(a)
     try:

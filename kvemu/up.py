@@ -23,15 +23,17 @@ import urllib.request
 from dataclasses import dataclass, field
 
 from kvemu.options.hit_mode import HIT_MODE
-from kvemu.options.option import add_options, forward
+from kvemu.options.limits import GPU_MEMORY_UTILIZATION, MAX_MODEL_LEN, length_warning
+from kvemu.options.option import Option, add_options, forward
+from kvemu.options.prefix_caching import PREFIX_CACHING, prefix_caching_setting
 from kvemu.options.replica_flags import BLOCK_SIZE, MODEL, TIME_SCALE, policy_option
-from kvemu.options.response_kv import RESPONSE_KV_LIVE
+from kvemu.options.response_kv import RESPONSE_KV_OPTION
 from kvemu.options.reuse import SHARDS_RATE
 from kvemu.options.router_flags import ROUTER_OPTIONS
 from kvemu.options.scheduler import LIVE_SCHEDULER_OPTIONS
 from kvemu.options.serving import SERVER_OPTIONS
 from kvemu.options.tiers import TIER_OPTIONS, add_tier_args, tier_settings
-from replica.backends import add_backend_args, backend_argv, check_backend
+from replica.backends import add_backend_args, backend_argv, check_backend, check_backend_flags
 from shared.config import add_config_arg
 from shared.costmodel import CostModel
 from shared.errors import InputError, KvemuError
@@ -42,7 +44,12 @@ PR_SET_PDEATHSIG = 1
 # The flags up takes and hands on as they are, each from its one definition (kvemu/options/):
 # up adds exactly these to its parser and forwards exactly these, so none is taken and dropped.
 # --block-size goes to both children (the router hashes prompts in the replicas' blocks).
-TO_REPLICAS = (MODEL, TIME_SCALE, HIT_MODE, *LIVE_SCHEDULER_OPTIONS, SHARDS_RATE, RESPONSE_KV_LIVE)
+TO_REPLICAS = (MODEL, TIME_SCALE, HIT_MODE, *LIVE_SCHEDULER_OPTIONS, SHARDS_RATE, RESPONSE_KV_OPTION, PREFIX_CACHING,
+               MAX_MODEL_LEN)
+# The capacity flags: exactly one of them, forwarded as given (--capacity-blocks 20000 when none is)
+CAPACITY_OPTIONS = (Option("--capacity-blocks", None, "KV blocks per replica (default 20,000)", int),
+                    Option("--capacity-gib", None, "GiB of KV per replica (uses --model)", float),
+                    GPU_MEMORY_UTILIZATION)
 TO_BOTH = SERVER_OPTIONS  # body limits, connection caps, timeouts (the token travels in the environment)
 TO_ROUTER = ROUTER_OPTIONS  # health and dashboard intervals, per-client limits
 
@@ -158,8 +165,7 @@ def start_redis(log_dir: str) -> tuple[Child, str]:
 def replica_args(i: int, port: int, a, index: str | None) -> list[str]:
     args = [sys.executable, "-m", "replica", "--port", str(port), "--replica-id", f"replica-{i}",
             "--policy", a.policy, "--gpu", a.gpu, *forward((*TO_REPLICAS, BLOCK_SIZE, *TO_BOTH), a)]
-    args += ["--capacity-blocks", str(a.capacity_blocks)] if a.capacity_blocks is not None else ["--capacity-gib",
-                                                                                                  str(a.capacity_gib)]
+    args += forward(CAPACITY_OPTIONS, a)  # the one validate checked (and defaulted)
     args += tier_flags(a)
     args += backend_argv(a)
     if index:
@@ -273,9 +279,7 @@ def add_cluster_args(p: argparse.ArgumentParser, replicas: int = 4) -> None:
     from replica.settings import live_policy_names
 
     policy_option(f"eviction policy: {', '.join(live_policy_names())}").add(p)
-    cap = p.add_mutually_exclusive_group()
-    cap.add_argument("--capacity-blocks", type=int, default=None)
-    cap.add_argument("--capacity-gib", type=float, default=None)
+    add_options(p.add_mutually_exclusive_group(), CAPACITY_OPTIONS)
     add_gpu_args(p)
     add_backend_args(p)
     add_options(p, (*TO_REPLICAS, BLOCK_SIZE))
@@ -308,11 +312,12 @@ def configure(p: argparse.ArgumentParser) -> None:
 def validate(a) -> None:
     a.gpu, a.tp = gpu_setting(a), 1  # replicas get the combined setting through --gpu
     check_backend(a.backend, a.layers)  # no torch: one line here, not one per replica
+    check_backend_flags(a)
     if a.replicas <= 0 or a.replicas > 64:
         raise InputError("--replicas", f"must be 1-64, got {a.replicas}")
     if not 1 <= a.routers <= 64:
         raise InputError("--routers", f"must be 1-64, got {a.routers}")
-    if a.capacity_blocks is None and a.capacity_gib is None:
+    if a.capacity_blocks is None and a.capacity_gib is None and a.gpu_memory_utilization is None:
         a.capacity_blocks = 20_000
     from kvemu.options.serving import serving_settings
     from replica.settings import ReplicaSettings
@@ -323,7 +328,8 @@ def validate(a) -> None:
     # Everything a child would reject, rejected here in one line before any process starts.
     try:
         serving = serving_settings(argparse.Namespace(**{**vars(a), "host": "127.0.0.1", "cluster_token": None}))
-        ReplicaSettings(policy=a.policy, capacity_blocks=a.capacity_blocks, capacity_gib=a.capacity_gib,
+        replica = ReplicaSettings(policy=a.policy, capacity_blocks=a.capacity_blocks, capacity_gib=a.capacity_gib,
+                        gpu_memory_utilization=a.gpu_memory_utilization, max_model_len=a.max_model_len,
                         model=a.model, gpu=a.gpu, block_size=a.block_size, hit_mode=a.hit_mode,
                         time_scale=a.time_scale, scheduler=a.scheduler, token_budget=a.token_budget,
                         max_running=a.max_running, max_waiting=a.max_waiting, shards_rate=a.shards_rate,
@@ -333,8 +339,14 @@ def validate(a) -> None:
                        client_max_in_flight=a.client_max_in_flight, client_rate=a.client_rate,
                        client_burst=a.client_burst)
     except InputError as exc:  # a field's name is its flag's, less the "_s" of seconds
-        raise InputError(f"--{exc.field.removesuffix('_s').replace('_', '-')}", exc.message) from None
-    tier_settings(a, CostModel.from_names(a.model, a.gpu), a.block_size)  # the replicas' tier flags, checked here
+        flag = exc.field if exc.field.startswith("--") else f"--{exc.field.removesuffix('_s').replace('_', '-')}"
+        raise InputError(flag, exc.message) from None
+    # the replicas print these to their logs; up (and demo) print them once, when the checks are done
+    a.limit_lines = [*([replica.kv_budget().line()] if a.gpu_memory_utilization is not None else []),
+                     *filter(None, [length_warning(replica.asked_max_model_len(), a.max_model_len is not None,
+                                                   replica.resolved_capacity_blocks(), a.block_size)])]
+    tiers = tier_settings(a, CostModel.from_names(a.model, a.gpu), a.block_size)  # the replicas' tier flags, checked here
+    prefix_caching_setting(a, tiers, a.backend)  # as each replica checks it
     get_strategy(a.routing)
     apply_overrides(RoutingSettings(block_size=a.block_size), parse_pairs(a.set))
     wanted = [("--port", a.port)] if getattr(a, "port", 0) else []
@@ -361,8 +373,15 @@ def write_token(cluster: Cluster, a) -> str | None:
     return path
 
 
+def print_limit_lines(a) -> None:
+    """The capacity --gpu-memory-utilization gives and the max_model_len warning (validate's), on stderr."""
+    for line in getattr(a, "limit_lines", ()):
+        print(line, file=sys.stderr, flush=True)
+
+
 def run(a) -> int:
     validate(a)
+    print_limit_lines(a)
     stop = {"now": False, "starting": True}
 
     def on_signal(signum, frame):

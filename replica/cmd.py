@@ -7,6 +7,8 @@ import logging
 import sys
 
 from kvemu.options.hit_mode import HIT_MODE
+from kvemu.options.limits import GPU_MEMORY_UTILIZATION, MAX_MODEL_LEN, length_warning
+from kvemu.options.prefix_caching import PREFIX_CACHING, prefix_caching_setting
 from kvemu.options.response_kv import add_response_kv_arg
 from kvemu.options.reuse import SHARDS_RATE
 from kvemu.options.scheduler import add_scheduler_args
@@ -26,6 +28,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     cap = p.add_mutually_exclusive_group(required=True)
     cap.add_argument("--capacity-blocks", type=int)
     cap.add_argument("--capacity-gib", type=float)
+    GPU_MEMORY_UTILIZATION.add(cap)
+    MAX_MODEL_LEN.add(p)
     p.add_argument("--model", default="qwen3-coder-30b-a3b")
     add_gpu_args(p)
     p.add_argument("--block-size", type=int, default=16)
@@ -36,7 +40,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster", default="default", help="namespace of the Redis index keys")
     p.add_argument("--admin-token", default=None, help="bearer token for /admin/* (or KVEMU_ADMIN_TOKEN)")
     SHARDS_RATE.add(p)
-    add_response_kv_arg(p, live=True)
+    add_response_kv_arg(p)
+    PREFIX_CACHING.add(p)
     add_tier_args(p)
     add_backend_args(p)
     add_server_args(p)
@@ -50,21 +55,37 @@ def settings_from_args(args):
 
     from kvemu.options.serving import serving_settings
     from kvemu.options.tiers import tier_settings
+    from replica.backends import check_backend_flags
     from replica.settings import ReplicaSettings
     from shared.costmodel import CostModel
 
+    check_backend_flags(args)
     params = tuple((k, coerce(v)) for k, v in parse_pairs(args.policy_param).items())
+    tiers = tier_settings(args, CostModel.from_names(args.model, args.gpu), args.block_size)
+    prefix_caching = prefix_caching_setting(args, tiers, args.backend)  # refusals name the flag
     return ReplicaSettings(
         replica_id=args.replica_id or f"replica-{args.port}", port=args.port, policy=args.policy,
         policy_params=params, capacity_blocks=args.capacity_blocks, capacity_gib=args.capacity_gib,
-        model=args.model, gpu=gpu_setting(args), block_size=args.block_size, hit_mode=args.hit_mode,
+        gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len, model=args.model,
+        gpu=gpu_setting(args), block_size=args.block_size, hit_mode=args.hit_mode,
         time_scale=args.time_scale, token_budget=args.token_budget, max_running=args.max_running,
         max_waiting=args.max_waiting, scheduler=args.scheduler, index=args.index, cluster=args.cluster,
         admin_token=args.admin_token or os.environ.get("KVEMU_ADMIN_TOKEN") or None, shards_rate=args.shards_rate,
         serving=serving_settings(args), backend=args.backend,
         device=args.device, layers=args.layers,
-        tiers=tier_settings(args, CostModel.from_names(args.model, args.gpu), args.block_size),
-        response_kv=args.response_kv)
+        tiers=tiers, response_kv=args.response_kv, prefix_caching=prefix_caching)
+
+
+def print_limits(settings, out=None) -> None:
+    """On stderr at start: the capacity --gpu-memory-utilization gives, and the one-line warning
+    where the pool cannot hold one request of max_model_len (kvemu.options.limits)."""
+    out = out or sys.stderr
+    if settings.gpu_memory_utilization is not None:
+        print(settings.kv_budget().line(), file=out, flush=True)
+    warning = length_warning(settings.asked_max_model_len(), settings.max_model_len is not None,
+                             settings.resolved_capacity_blocks(), settings.block_size)
+    if warning:
+        print(warning, file=out, flush=True)
 
 
 def run(args) -> int:
@@ -76,6 +97,7 @@ def run(args) -> int:
     from shared.serve import bind, serve
 
     sock = bind(settings.serving.host, settings.port)
+    print_limits(settings)
     print(f"replica {settings.replica_id} ({settings.policy}, {settings.resolved_capacity_blocks()} blocks)"
           f" on http://{settings.serving.host}:{settings.port}", file=sys.stderr, flush=True)
     serve(app, sock)

@@ -5,7 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from replica.backends import check_backend
-from replica.core.build import DEFAULT_HIT_MODE, DEFAULT_SHARDS_RATE, RESPONSE_KV, CoreSettings, check_choice
+from replica.core.build import (
+    DEFAULT_HIT_MODE,
+    DEFAULT_PREFIX_CACHING,
+    DEFAULT_RESPONSE_KV,
+    DEFAULT_SHARDS_RATE,
+    RESPONSE_KV,
+    CoreSettings,
+    check_choice,
+    check_prefix_caching,
+)
 from replica.core.cache.policies import policy_class, policy_names
 from replica.core.cache.pool import HIT_MODES
 from replica.core.sched.sched_types import (
@@ -14,9 +23,10 @@ from replica.core.sched.sched_types import (
     DEFAULT_MAX_WAITING,
     DEFAULT_TOKEN_BUDGET,
     check_admission,
+    max_model_len_for,
 )
 from replica.core.tiers.stack import TierSettings
-from shared.costmodel import CostModel
+from shared.costmodel import CostModel, KvBudget
 from shared.errors import InputError, UnknownNameError
 from shared.serving import ServingSettings
 from shared.validate import check_positive_int
@@ -37,6 +47,11 @@ class ReplicaSettings:
     policy_params: tuple[tuple[str, object], ...] = ()
     capacity_blocks: int | None = None
     capacity_gib: float | None = None
+    # vLLM's capacity rule: this fraction of each GPU's memory, less weights and activations (CostModel.kv_budget)
+    gpu_memory_utilization: float | None = None
+    # vLLM's length rule: prompt plus max_tokens beyond it is refused (None: the model's context window;
+    # the pool's size where that is smaller: resolved_max_model_len)
+    max_model_len: int | None = None
     model: str = "qwen3-coder-30b-a3b"
     gpu: str = "h200"
     block_size: int = 16
@@ -58,7 +73,8 @@ class ReplicaSettings:
     feed_max_hashes: int = 1 << 18  # ... holding at most this many hashes (about 12 MB)
     seed: int = 0
     tiers: TierSettings = TierSettings()  # host DRAM / SSD below HBM (replica.core.tiers.stack)
-    response_kv: str = "keep"  # keep: cache each response's full blocks (colocated vLLM); drop: do not
+    response_kv: str = DEFAULT_RESPONSE_KV  # keep: cache each response's full blocks (colocated vLLM); drop: do not
+    prefix_caching: str = DEFAULT_PREFIX_CACHING  # vLLM's --enable-prefix-caching; off: nothing kept or shared
     backend: str = "emulated"  # or "torch": real kernels over a real paged KV tensor (replica/backends/)
     device: str = "cpu"  # the torch backend's device
     layers: int | None = None  # the torch backend runs this many of the model's layers (None: all)
@@ -72,8 +88,10 @@ class ReplicaSettings:
             raise InputError("replica_id", "must be 1-128 characters")
         if not (0 <= self.port <= 65535):
             raise InputError("port", f"must be 0-65535, got {self.port}")
-        if (self.capacity_blocks is None) == (self.capacity_gib is None):
-            raise InputError("capacity", "give exactly one of capacity_blocks or capacity_gib")
+        if sum(x is not None for x in (self.capacity_blocks, self.capacity_gib, self.gpu_memory_utilization)) != 1:
+            raise InputError("capacity", "give exactly one of capacity_blocks, capacity_gib or gpu_memory_utilization")
+        if self.max_model_len is not None:
+            check_positive_int("max_model_len", self.max_model_len)
         if self.capacity_blocks is not None:
             check_positive_int("capacity_blocks", self.capacity_blocks)
         if self.capacity_gib is not None and not 0 < self.capacity_gib < float("inf"):
@@ -84,6 +102,9 @@ class ReplicaSettings:
         check_admission(self.scheduler)
         check_choice("hit_mode", self.hit_mode, HIT_MODES)
         check_choice("response_kv", self.response_kv, RESPONSE_KV)
+        check_prefix_caching(self.prefix_caching, self.tiers)
+        if self.prefix_caching == "off" and self.backend != "emulated":  # its KV slots are keyed by block hash
+            raise InputError("prefix_caching", f"off runs on the emulated backend only, not {self.backend!r}")
         if not (self.time_scale >= 0):
             raise InputError("time_scale", f"must be >= 0, got {self.time_scale}")
         if not (0 < self.shards_rate <= 1):
@@ -94,6 +115,8 @@ class ReplicaSettings:
         CostModel.from_names(self.model, self.gpu)  # unknown names list the valid ones
         if self.capacity_gib is not None and self.resolved_capacity_blocks() <= 0:
             raise InputError("capacity_gib", "is smaller than one KV block of this model")
+        if self.gpu_memory_utilization is not None:
+            self.kv_budget().check()  # nothing left for KV: one line naming the flag
 
     def core_settings(self) -> CoreSettings:
         """The cache core this replica runs (``replica.core.build``)."""
@@ -102,7 +125,8 @@ class ReplicaSettings:
             block_size=self.block_size, hit_mode=self.hit_mode, token_budget=self.token_budget,
             max_running=self.max_running, max_waiting=self.max_waiting, scheduler=self.scheduler, reuse="sampled",
             shards_rate=self.shards_rate, shards_max_tracked=self.shards_max_tracked, seed=self.seed, emit_events=True,
-            tier_events=True, oracles=False, tiers=self.tiers, response_kv=self.response_kv)
+            tier_events=True, oracles=False, tiers=self.tiers, response_kv=self.response_kv,
+            prefix_caching=self.prefix_caching, max_model_len=self.resolved_max_model_len())
 
     def cost_model(self) -> CostModel:
         return CostModel.from_names(self.model, self.gpu)
@@ -110,6 +134,21 @@ class ReplicaSettings:
     def resolved_capacity_blocks(self) -> int:
         if self.capacity_blocks is not None:
             return self.capacity_blocks
-        assert self.capacity_gib is not None  # exactly one of the two is set (__post_init__)
-        return self.cost_model().gib_to_blocks(self.capacity_gib, self.block_size)
+        if self.capacity_gib is not None:
+            return self.cost_model().gib_to_blocks(self.capacity_gib, self.block_size)
+        return self.kv_budget().check()  # exactly one of the three is set (__post_init__)
+
+    def kv_budget(self) -> KvBudget:
+        """What ``gpu_memory_utilization`` leaves for KV (vLLM's profiling step; CostModel.kv_budget)."""
+        assert self.gpu_memory_utilization is not None
+        return self.cost_model().kv_budget(self.gpu_memory_utilization, self.token_budget, self.max_running,
+                                           self.block_size)
+
+    def asked_max_model_len(self) -> int:
+        """The length limit asked for: the setting, else the model's context window."""
+        return self.max_model_len or self.cost_model().model.max_context
+
+    def resolved_max_model_len(self) -> int:
+        """The limit the replica runs with: the asked one, or the pool's size where that is smaller."""
+        return max_model_len_for(self.asked_max_model_len(), self.resolved_capacity_blocks(), self.block_size)
 

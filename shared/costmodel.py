@@ -44,7 +44,7 @@ from shared.devprofile import is_profile_path, load_profile
 from shared.devspecs import Efficiency, GpuSpec
 from shared.errors import InputError, UnknownNameError
 
-__all__ = ["Efficiency", "GpuSpec", "ModelSpec", "CostModel", "StepWork", "StepParts", "layered_finish", "MODELS", "GPUS",
+__all__ = ["Efficiency", "GpuSpec", "ModelSpec", "CostModel", "KvBudget", "StepWork", "StepParts", "layered_finish", "MODELS", "GPUS",
            "get_model", "get_gpu"]
 
 GIB = 1024**3
@@ -81,6 +81,8 @@ class ModelSpec:
     efficiency: Efficiency | None = None  # None: the dense H200 fit
     mlp_matrices: int = 3  # 3: SwiGLU (gate, up, down); 2: fc1 -> activation -> fc2 (OPT)
     tied_embeddings: bool = False  # the LM head is the input embedding (one matrix resident)
+    # The context window (config.json's max_position_embeddings): vLLM's default max_model_len
+    max_context: int = 0
 
     @property
     def moe(self) -> bool:
@@ -151,19 +153,26 @@ _DENSE = {
 # facebook/opt-13b and facebook/opt-30b: multi-head attention, a two-matrix ReLU MLP of
 # ffn_dim = 4 x hidden, the LM head tied to the input embedding.
 _OPT = {"opt-13b": (40, 40, 40, 128, 5120, 20480, 50272), "opt-30b": (48, 56, 56, 128, 7168, 28672, 50272)}
+# Context windows: each model's config.json max_position_embeddings on Hugging Face (vLLM's
+# default --max-model-len): meta-llama/Meta-Llama-3-8B and -70B 8192; Qwen/Qwen3-8B 40960;
+# meta-llama/Llama-2-13b-hf and -70b-hf 4096; facebook/opt-13b and opt-30b 2048;
+# Qwen/Qwen3-Coder-30B-A3B-Instruct 262144. The tiny shapes are not real models: 32768, chosen here.
+CONTEXT = {"llama-3-8b": 8192, "llama-3-70b": 8192, "qwen3-8b": 40960, "llama-2-13b": 4096, "llama-2-70b": 4096,
+           "opt-13b": 2048, "opt-30b": 2048, "qwen3-coder-30b-a3b": 262144, "tiny": 32768, "tiny-moe": 32768}
 
 MODELS: dict[str, ModelSpec] = {
     m.name: m
     for m in (
-        *(ModelSpec(name, *shape, efficiency=DENSE_H200) for name, shape in _DENSE.items()),
-        *(ModelSpec(name, *shape, efficiency=DENSE_H200, mlp_matrices=2, tied_embeddings=True)
-          for name, shape in _OPT.items()),
+        *(ModelSpec(name, *shape, efficiency=DENSE_H200, max_context=CONTEXT[name]) for name, shape in _DENSE.items()),
+        *(ModelSpec(name, *shape, efficiency=DENSE_H200, mlp_matrices=2, tied_embeddings=True,
+                    max_context=CONTEXT[name]) for name, shape in _OPT.items()),
         # Qwen/Qwen3-Coder-30B-A3B-Instruct: every layer MoE, 128 experts of moe_intermediate_size
         # 768, 8 a token, 4 KV heads, untied
-        ModelSpec("qwen3-coder-30b-a3b", 48, 32, 4, 128, 2048, 768, 151936, 128, 8, efficiency=MOE_H200),
+        ModelSpec("qwen3-coder-30b-a3b", 48, 32, 4, 128, 2048, 768, 151936, 128, 8, efficiency=MOE_H200,
+                  max_context=CONTEXT["qwen3-coder-30b-a3b"]),
         # Tiny shapes for CPU tests and `kvemu calibrate --device cpu` (not real models).
-        ModelSpec("tiny", 4, 4, 2, 32, 256, 512, 1024),
-        ModelSpec("tiny-moe", 4, 4, 2, 32, 256, 256, 1024, 8, 2),
+        ModelSpec("tiny", 4, 4, 2, 32, 256, 512, 1024, max_context=CONTEXT["tiny"]),
+        ModelSpec("tiny-moe", 4, 4, 2, 32, 256, 256, 1024, 8, 2, max_context=CONTEXT["tiny-moe"]),
     )
 }
 
@@ -212,6 +221,42 @@ def split_tp(spec: str) -> tuple[str, int]:
     if not tp.isdigit() or int(tp) < 1:
         raise InputError("tp", f"must be an integer >= 1, got {tp!r}")
     return base, int(tp)
+
+
+@dataclass(frozen=True, slots=True)
+class KvBudget:
+    """The KV capacity ``--gpu-memory-utilization`` gives (``CostModel.kv_budget``), bytes per GPU."""
+
+    utilization: float
+    device_bytes: float  # one GPU's memory, as the device reports it
+    tp: int
+    weight_bytes: float  # one GPU's share of the weights
+    activation_bytes: float  # the profiling step's peak on one GPU
+    kv_bytes: float  # left for KV on one GPU (<= 0: nothing)
+    blocks: int  # KV blocks of the replica, over its tp GPUs
+    block_size: int
+    model: str
+    gpu: str
+
+    def line(self) -> str:
+        """What a command prints at start: per GPU, then the replica's (tp GPUs) in GiB and blocks."""
+        per = (f"{self.utilization:g} x {self.device_bytes / GIB:.2f} GiB of {self.gpu} - {self.weight_bytes / GIB:.2f}"
+               f" GiB weights - {self.activation_bytes / GIB:.2f} GiB activations = {self.kv_bytes / GIB:.2f} GiB of KV"
+               f" per GPU")
+        replica = f"x {self.tp} GPUs (--tp {self.tp}) = {self.tp * self.kv_bytes / GIB:.2f} GiB" if self.tp > 1 else ""
+        return f"capacity ({self.model}): {per}{' ' + replica if replica else ''}: {self.blocks:,} blocks of" \
+               f" {self.block_size} tokens"
+
+    def check(self) -> int:
+        """The blocks, or a one-line refusal when nothing is left for KV."""
+        if self.blocks < 1:
+            raise InputError("--gpu-memory-utilization",
+                             f"nothing left for KV: {self.utilization:g} x {self.device_bytes / GIB:.2f} GiB of"
+                             f" {self.gpu} = {self.utilization * self.device_bytes / GIB:.2f} GiB per GPU, but"
+                             f" {self.model}'s weights take {self.weight_bytes / GIB:.2f} GiB of it and the largest"
+                             f" step's activations {self.activation_bytes / GIB:.2f} GiB (--tp {self.tp}); raise it,"
+                             f" or --tp, or take a smaller model")
+        return self.blocks
 
 
 class StepWork(NamedTuple):
@@ -344,6 +389,42 @@ class CostModel:
 
     def blocks_to_gib(self, blocks: int, block_size: int) -> float:
         return blocks * self.block_bytes(block_size) / GIB
+
+    def activation_bytes(self, tokens: int, sampled: int) -> float:
+        """Peak activation memory on one GPU of vLLM's profiling run (``profile_run``: one forward of
+        ``tokens`` tokens, max_num_batched_tokens, then the sampler over ``sampled`` rows). An estimate
+        of the tensors alive at the peak, in the model's dtype: the residual stream and the normed
+        hidden states (``2 x hidden`` a token, whole on every GPU), plus the larger working set of one
+        layer, split over ``tp`` (attention: the fused QKV output and the attention output; MLP: the
+        fused gate/up output and the activation, ``3 x intermediate`` for SwiGLU, ``2 x`` for a
+        two-matrix MLP; MoE: vLLM's fused_moe caches for each of the ``active_experts`` a token goes
+        to, plus the expert outputs ``hidden`` wide and the router logits in fp32); and the sampled
+        rows' logits (the vocab, gathered whole on every GPU: in the dtype, their fp32 copy and the
+        fp32 probabilities). Layers run one after another, so one layer's set is alive at a time.
+        Left out: non-torch memory (CUDA context, NCCL and cuBLAS workspaces: about 0.5-1 GiB) and
+        CUDA-graph memory, which vLLM also subtracts; so this capacity is an upper bound by that much."""
+        m, tp, d = self.model, self.tp, self.model.dtype_bytes
+        hidden = 2 * m.hidden
+        attn = ((m.q_heads + 2 * m.kv_heads) * m.head_dim + m.q_heads * m.head_dim) / tp
+        mlp_width = (3 if m.mlp_matrices == 3 else 2) * m.intermediate / tp
+        if m.moe:
+            mlp = m.active_experts * (mlp_width + m.hidden) + m.experts * 4 / d
+        else:
+            mlp = mlp_width
+        return tokens * d * (hidden + max(attn, mlp)) + sampled * m.vocab * (d + 8)
+
+    def kv_budget(self, utilization: float, token_budget: int, max_seqs: int, block_size: int) -> KvBudget:
+        """vLLM's capacity rule (``--gpu-memory-utilization``): KV = ``utilization`` x each GPU's
+        memory less its share of the weights and the peak activation memory of the largest step
+        (``activation_bytes``), over ``tp`` GPUs."""
+        if not 0 < utilization <= 1:  # also refuses nan
+            raise InputError("--gpu-memory-utilization", f"must be in (0, 1], got {utilization}")
+        weights = self.model.weight_bytes / self.tp
+        act = self.activation_bytes(token_budget, min(max_seqs, token_budget))
+        kv_gpu = utilization * self.gpu.memory_bytes - weights - act
+        blocks = max(0, int(kv_gpu * self.tp // self.block_bytes(block_size)))
+        return KvBudget(utilization, self.gpu.memory_bytes, self.tp, weights, act, kv_gpu, blocks, block_size,
+                        self.model.name, self.gpu.name)
 
     # ---- one step ---------------------------------------------------------------
     def _units(self) -> _Units:

@@ -8,6 +8,8 @@ import os
 import sys
 
 from kvemu.options.hit_mode import HIT_MODE
+from kvemu.options.limits import GPU_MEMORY_UTILIZATIONS, MAX_MODEL_LEN, length_warning
+from kvemu.options.prefix_caching import PREFIX_CACHING, prefix_caching_setting
 from kvemu.options.response_kv import add_response_kv_arg
 from kvemu.options.reuse import add_sim_reuse_args, sim_reuse
 from kvemu.options.scheduler import add_scheduler_args, check_scheduler_flag
@@ -32,6 +34,8 @@ def add_emulation_args(p: argparse.ArgumentParser) -> None:
     cap = p.add_mutually_exclusive_group(required=True)
     cap.add_argument("--capacity-blocks", metavar="N1,N2,...", help="per-replica capacity in blocks")
     cap.add_argument("--capacity-gib", metavar="G1,G2,...", help="per-replica capacity in GiB of KV (uses --model)")
+    GPU_MEMORY_UTILIZATIONS.add(cap)
+    MAX_MODEL_LEN.add(p)
     p.add_argument("--model", default="qwen3-coder-30b-a3b")
     add_gpu_args(p)
     HIT_MODE.add(p)
@@ -51,7 +55,8 @@ def add_emulation_args(p: argparse.ArgumentParser) -> None:
                         " (default: every request at its trace time)")
     p.add_argument("--routing-set", action="append", default=[], metavar="NAME=VALUE",
                    help="routing setting, as `kvemu up --set` (e.g. bounded_load_factor=1.5)")
-    add_response_kv_arg(p, live=False)
+    add_response_kv_arg(p)
+    PREFIX_CACHING.add(p)
     add_tier_args(p)
 
 
@@ -96,12 +101,49 @@ def capacities(args, block_size: int) -> list[int]:
     if args.capacity_blocks:
         return split_numbers(args.capacity_blocks, int, "--capacity-blocks")
     cost = CostModel.from_names(args.model, args.gpu)
+    if args.gpu_memory_utilization:  # vLLM's capacity rule: printed at start, refused when nothing is left
+        budgets = [cost.kv_budget(u, args.token_budget, args.max_running, block_size)
+                   for u in split_numbers(args.gpu_memory_utilization, float, "--gpu-memory-utilization")]
+        blocks = [b.check() for b in budgets]
+        for b in budgets:
+            print(b.line(), file=sys.stderr)
+        return blocks
     blocks = [cost.gib_to_blocks(g, block_size) for g in split_numbers(args.capacity_gib, float, "--capacity-gib")]
     if min(blocks) <= 0:
         raise InputError("--capacity-gib", "smaller than one block of this model")
     return blocks
 
 
+def warn_lengths(args, caps: list[int], block_size: int) -> None:
+    """The one-line warning (stderr) for each capacity whose pool cannot hold one request of
+    max_model_len tokens (vLLM would refuse to start; the run goes on with the pool's size)."""
+    if args.max_model_len is not None and args.max_model_len < 1:
+        raise InputError("--max-model-len", f"must be a positive integer, got {args.max_model_len}")
+    asked = args.max_model_len or CostModel.from_names(args.model, args.gpu).model.max_context
+    warning = length_warning(asked, args.max_model_len is not None, caps, block_size)
+    if warning:
+        print(warning, file=sys.stderr)
+
+
+
+
+def check_no_ops(args, replicas: list[int]) -> None:
+    """Refuse flags the run would ignore (one line naming the flag and why; a flag at its default is
+    never refused): the scheduler's and the clock's with --cache-only, routing with one replica."""
+    from kvemu.options.scheduler import MAX_RUNNING, SCHEDULER, TOKEN_BUDGET
+    from router.strategies import DEFAULT_STRATEGY
+
+    if args.cache_only:
+        given = [o.flag for o in (SCHEDULER, TOKEN_BUDGET, MAX_RUNNING) if getattr(args, o.dest) != o.default]
+        given += [flag for flag, on in (("--no-decode-kv", args.no_decode_kv), ("--causal", args.causal)) if on]
+        if given:
+            raise InputError(given[0], "does nothing with --cache-only (requests replayed one at a time, no scheduler"
+                                       " and no clock): drop one of the two")
+    if max(replicas) == 1:
+        routings = [r.strip() for r in args.routing.split(",") if r.strip()]
+        if routings != [DEFAULT_STRATEGY] or args.routing_set:
+            flag = "--routing-set" if args.routing_set else "--routing"
+            raise InputError(flag, "does nothing with one replica (every request goes to it): add --replicas N")
 
 
 def validate_names(policies: list[str], replicas: int, routing: str) -> None:
@@ -122,23 +164,24 @@ def run(args) -> int:
         raise InputError("--jobs", f"must be >= 1, got {args.jobs}")
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
     validate_names(policies, args.replicas, args.routing)
+    check_no_ops(args, [args.replicas])
     check_scheduler_flag(args.scheduler)
     trace = load_source(args)
     if not trace.requests:
         raise InputError("trace", "has no requests")
     caps = capacities(args, trace.block_size)
-    biggest = max(len(r.hash_ids) for r in trace.requests)
-    if biggest > min(caps):
-        raise InputError("capacity", f"{min(caps)} blocks is smaller than the largest request ({biggest} blocks)")
+    warn_lengths(args, caps, trace.block_size)
     routing = apply_overrides(RoutingSettings(block_size=trace.block_size), parse_pairs(args.routing_set))
     params = tuple((k, coerce(v)) for k, v in parse_pairs(args.policy_param).items())
     tiers = tier_settings(args, CostModel.from_names(args.model, args.gpu), trace.block_size)
+    prefix_caching = prefix_caching_setting(args, tiers)
     grid = [SimSettings(capacity_blocks=c, policy=pol, policy_params=params, replicas=args.replicas, routing=args.routing,
                         hit_mode=args.hit_mode, seed=args.seed, model=args.model, gpu=args.gpu,
                         token_budget=args.token_budget, max_running=args.max_running, scheduler=args.scheduler,
                         reuse=sim_reuse(args), causal=args.causal,
                         routing_settings=routing, cache_only=args.cache_only, response_kv=args.response_kv,
-                        tiers=tiers, decode_kv=not args.no_decode_kv,
+                        tiers=tiers, decode_kv=not args.no_decode_kv, prefix_caching=prefix_caching,
+                        max_model_len=args.max_model_len,
                         compiled=not args.python_core)
             for pol in policies for c in caps]  # validates every name before the first run
     runs = run_serial(trace, grid, args.quiet) if args.jobs == 1 or len(grid) == 1 else \
@@ -206,9 +249,9 @@ def print_table(runs: list[dict], out) -> None:
     cols = [("policy", "{}", 14), ("capacity_blocks", "{:,}", 10), ("replicas", "{}", 3),
             ("block_hit_ratio", "{:.4f}", 8), ("token_hit_ratio", "{:.4f}", 8), ("csr", "{:.4f}", 8),
             ("holes/req", "{:.2f}", 9), ("ttft_p50_s", "{:,.1f}", 14), ("ttft_p99_s", "{:,.1f}", 14),
-            ("load_imbalance", "{:.2f}", 6)]
+            ("load_imbalance", "{:.2f}", 6), ("refused", "{:,}", 7)]
     heads = ["policy", "capacity", "R", "blk_hit", "tok_hit", "CSR", "holes/req", "ttft_p50_ms", "ttft_p99_ms",
-             "imbal"]
+             "imbal", "refused"]
     out.write("  ".join(h.rjust(w) if i else h.ljust(w) for i, (h, (_, _, w)) in enumerate(zip(heads, cols))) + "\n")
     for r in runs:
         cells = []

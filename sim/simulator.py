@@ -20,6 +20,8 @@ import numpy as np
 from loadgen.trace import Trace, response_hashes
 from replica.core.build import (
     DEFAULT_HIT_MODE,
+    DEFAULT_PREFIX_CACHING,
+    DEFAULT_RESPONSE_KV,
     DEFAULT_SHARDS_RATE,
     RESPONSE_KV,
     REUSE_MODES,
@@ -27,12 +29,18 @@ from replica.core.build import (
     ReplicaCore,
     build_core,
     check_choice,
+    check_prefix_caching,
 )
 from replica.core.cache.policies import policy_class
 from replica.core.cache.pool import BlockPool
 from replica.core.cache.types import Lookup
 from replica.core.compiled.pool import CompiledPool, compiles, hashes_u64
-from replica.core.sched.sched_types import DEFAULT_ADMISSION, DEFAULT_MAX_RUNNING, DEFAULT_TOKEN_BUDGET
+from replica.core.sched.sched_types import (
+    DEFAULT_ADMISSION,
+    DEFAULT_MAX_RUNNING,
+    DEFAULT_TOKEN_BUDGET,
+    max_model_len_for,
+)
 from replica.core.sched.scheduler import SchedRequest, Scheduler, StepResult, check_admission
 from replica.core.tiers.stack import TierSettings, TierStack
 from router.strategies import ReplicaState, RouteRequest, RoutingSettings, RoutingStep, strategy_spec
@@ -77,12 +85,19 @@ class SimSettings:
     cache_only: bool = False
     # Host DRAM / SSD tiers below HBM (capacities in blocks); none by default.
     tiers: TierSettings = TierSettings()
-    # "keep": a finished request's response blocks are cached, as a colocated vLLM does (the next
-    # turn hits them); "drop": they are not (a disaggregated prefill instance). See replica.core.
-    response_kv: str = "drop"
+    # "keep" (the default everywhere): a finished request's response blocks are cached, as a colocated
+    # vLLM does (the next turn hits them); "drop": they are not (a disaggregated prefill instance).
+    # Kept response KV needs the Python pool (the compiled one has no store). See replica.core.
+    response_kv: str = DEFAULT_RESPONSE_KV
     # Decode KV takes blocks as it fills them, and preempts when none is left (vLLM); False: only
     # prompt blocks count (a one-at-a-time run then equals the cache-only replay exactly).
     decode_kv: bool = True
+    # vLLM's --enable-prefix-caching, "on" or "off"; off: nothing is kept across requests nor shared between
+    # running ones, every block is computed (replica.core.cache.pool.BlockPool.prefix_caching; the Python pool)
+    prefix_caching: str = DEFAULT_PREFIX_CACHING
+    # vLLM's length rule: a request whose prompt plus output exceeds it is refused (counted in
+    # ``refused``; the run goes on). None: the model's context window; the pool's size where smaller.
+    max_model_len: int | None = None
     # The compiled pool where it is the Python pool's exact twin (replica.core.compiled.pool.compilable
     # decides: LRU, S3-FIFO, Belady or BeladyCompute; no index, tiers, kept response KV or reorder;
     # 64-bit unsigned hashes); False: the Python pool everywhere.
@@ -96,6 +111,9 @@ class SimSettings:
         check_number("shards_rate", self.shards_rate, above=0, maximum=1)
         policy_class(self.policy)  # unknown names list the valid ones
         check_admission(self.scheduler)
+        check_prefix_caching(self.prefix_caching, self.tiers)
+        if self.max_model_len is not None:
+            check_positive_int("max_model_len", self.max_model_len)
         strategy_spec(self.routing)
 
     @property
@@ -219,6 +237,12 @@ class PoolIndex:
         return self.index.lookup_sync(hashes)
 
 
+def max_model_len(s: SimSettings, cost: CostModel, block_size: int) -> int:
+    """The length limit every replica of ``s`` runs with: ``max_model_len``, else the model's context
+    window; the pool's size in tokens where the pool cannot hold one request of that length."""
+    return max_model_len_for(s.max_model_len or cost.model.max_context, s.capacity_blocks, block_size)
+
+
 def _build_replica(i: int, s: SimSettings, block_size: int, cost: CostModel, indexed: bool,
                    requests: int, hashes_fit: bool) -> _Replica:
     # Virtual time refuses nothing: the waiting queue can hold every request of the trace (a live
@@ -230,7 +254,8 @@ def _build_replica(i: int, s: SimSettings, block_size: int, cost: CostModel, ind
         reuse=s.reuse_mode, shards_rate=s.shards_rate,
         shards_max_tracked=1 << 62, seed=s.seed, emit_events=indexed, oracles=True,
         stream_tokens=False, tiers=s.tiers, response_kv=s.response_kv, decode_kv=s.decode_kv,
-        compiled=s.compiled), cost, hashes_fit=hashes_fit)
+        prefix_caching=s.prefix_caching, compiled=s.compiled, max_model_len=max_model_len(s, cost, block_size)),
+        cost, hashes_fit=hashes_fit)
     replica_id = f"replica-{i}"  # the ids `kvemu up` gives, so session routing hashes the same ring
     return _Replica(replica_id, core, core.scheduler, ReplicaState(replica_id, capacity_blocks=s.capacity_blocks),
                     tiers=core.tiers)
@@ -254,6 +279,7 @@ class Simulation:
         self.by_id = {r.replica_id: r for r in self.replicas}
         self.tiered = any(rep.tiers is not None for rep in self.replicas)
         self.responses = response_hashes(trace) if settings.response_kv == "keep" else None
+        self.refused = self._refuse()
         self.states = [rep.state for rep in self.replicas]
         self.index = PoolIndex([r.replica_id for r in self.replicas], settings.capacity_blocks) if indexed else None
         self.router = RoutingStep(spec, settings.routing_settings or RoutingSettings(block_size=trace.block_size),
@@ -263,6 +289,32 @@ class Simulation:
         self.queue = LogHistogram()
         self.served = 0
         self.first_arrival = self.last_arrival = self.last_finish = 0.0
+
+    def _refuse(self) -> int:
+        """Refuse, ahead of the run, every request that could never run on these replicas
+        (``Scheduler.refusal``: vLLM's length rule, then a prompt or output the pool could never
+        hold), as a live replica answers them 400 at once; returns how many. They leave the trace the
+        run sees, so no pool, policy, oracle or index sees them; kept responses stay those of the whole
+        trace. The rule depends only on the request and the settings, so this is what refusing at
+        arrival would count (such a request would hold nothing and take no time)."""
+        sched = self.replicas[0].sched
+        limit, cap = sched.settings.max_model_len, sched.pool.capacity
+        reqs = self.trace.requests
+        # the cheap test first: within the limit (never above the pool's size) and a prompt the pool holds
+        out = [k for k, r in enumerate(reqs)
+               if not limit or r.input_tokens + max(r.output_tokens, 1) > limit or len(r.hash_ids) > cap]
+        out = [k for k in out if sched.refusal(SchedRequest(
+            k, reqs[k].hash_ids, reqs[k].input_tokens, max(reqs[k].output_tokens, 1), reqs[k].t)) is not None]
+        if not out:
+            return 0
+        gone = set(out)
+        keep = [k for k in range(len(reqs)) if k not in gone]
+        self.trace = Trace([reqs[k] for k in keep], self.trace.block_size, self.trace.source, self.trace.meta)
+        if self.responses is not None:
+            self.responses = [self.responses[k] for k in keep]
+        if self._flat_hashes is not None:
+            self._flat_hashes = hashes_u64([r.hash_ids for r in self.trace.requests])
+        return len(out)
 
     def run(self) -> dict:
         future = NextUses(self.trace) if policy_class(self.s.policy).needs_future else None
@@ -296,7 +348,7 @@ class Simulation:
                                future.of(k) if future else None, future.position(k) if future else None)
             if self.responses is not None:
                 req.response_hashes = self.responses[k]
-            rep.sched.submit(req, truncate=True)  # the trace's output where the pool could hold it
+            rep.sched.submit(req)  # what could never run was refused before the run (_refuse)
             rep.state.queued_tokens = rep.sched.queued_prefill_tokens
             if rep.busy_until == INF and rep not in idle:
                 idle.append(rep)
@@ -429,6 +481,7 @@ class Simulation:
             "routing": self.s.routing,
             "hit_mode": self.s.hit_mode,
             "response_kv": self.s.response_kv,
+            "prefix_caching": self.s.prefix_caching,
             "max_running": self.s.max_running,
             "scheduler": None if self.s.cache_only else self.s.scheduler,
             "decode_kv": None if self.s.cache_only else self.s.decode_kv,
@@ -439,6 +492,9 @@ class Simulation:
             "gpu": self.cost.gpu.name,
             "requests": requests,
             "served": self.served,
+            # vLLM's length rule: prompt plus output over max_model_len (or beyond the pool), never run
+            "refused": self.refused,
+            "max_model_len": max_model_len(self.s, self.cost, self.block_size),
             "block_accesses": counts.block_accesses,
             **counts.ratios(),
             "holes": {"total": holes, "mean_per_request": ratio(holes, requests)},

@@ -38,7 +38,7 @@ GRID, MRC = "grid", "mrc"
 
 CSV_COLUMNS = ("id", "trace", "policy", "capacity_blocks", "capacity_gib", "routing", "replicas", "hit_mode",
                "max_running", "block_hit_ratio", "token_hit_ratio", "csr", "holes_mean", "ttft_p50_s",
-               "ttft_p99_s", "load_imbalance", "saturated", "requests", "served", "evictions", "wall_s")
+               "ttft_p99_s", "load_imbalance", "saturated", "requests", "served", "refused", "evictions", "wall_s")
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ def workload_identity(trace: Trace, duration_s: float) -> dict:
 
 # Settings added after sweeps were first written: left out of a point's identity at their
 # default, so results written before them keep their ids and `--resume` still finds them.
-LATER_DEFAULTS = {"scheduler": "fcfs"}
+LATER_DEFAULTS = {"scheduler": "fcfs", "prefix_caching": "on", "max_model_len": None}
 # The same within nested settings: memory levels below SSD, and their routing hit costs.
 LATER_NESTED_DEFAULTS = {("tiers", "deeper"): (), ("routing_settings", "deeper_hit_costs"): ()}
 

@@ -16,6 +16,7 @@ import os
 import sys
 from contextlib import closing
 
+from kvemu.options.prefix_caching import prefix_caching_setting
 from kvemu.options.reuse import add_sweep_reuse_arg, sweep_reuse
 from kvemu.options.scheduler import check_scheduler_flag
 from kvemu.options.tiers import tier_settings
@@ -31,7 +32,7 @@ from shared.overrides import apply_overrides, parse_pairs
 from shared.validate import check_positive
 from sim.cells import Runner
 from sim.dask_cells import open_runner
-from sim.sim_cmd import add_emulation_args, capacities, split_numbers
+from sim.sim_cmd import add_emulation_args, capacities, check_no_ops, split_numbers, warn_lengths
 from sim.simulator import SimSettings, saturation_warning
 from sim.sweep import (
     MRC,
@@ -117,6 +118,7 @@ def _identity(args, trace) -> tuple[dict, dict]:
 def build_grid(args, trace, identity: dict, policies, routings, replicas, caps) -> list:
     routing = apply_overrides(RoutingSettings(block_size=trace.block_size), parse_pairs(args.routing_set))
     tiers = tier_settings(args, CostModel.from_names(args.model, args.gpu), trace.block_size)
+    prefix_caching = prefix_caching_setting(args, tiers)
     points: dict[str, Point] = {}
     for rt in routings:
         for k in replicas:
@@ -129,7 +131,8 @@ def build_grid(args, trace, identity: dict, policies, routings, replicas, caps) 
                                     max_running=args.max_running, scheduler=args.scheduler,
                                     reuse=sweep_reuse(args), routing_settings=routing,
                                     causal=args.causal, cache_only=args.cache_only, response_kv=args.response_kv,
-                                    tiers=tiers, decode_kv=not args.no_decode_kv,
+                                    tiers=tiers, decode_kv=not args.no_decode_kv, prefix_caching=prefix_caching,
+                                    max_model_len=args.max_model_len,
                                     compiled=not args.python_core)
                     p = make_point(identity, s)
                     points.setdefault(p.id, p)
@@ -142,6 +145,7 @@ def run(args) -> int:
     routings = _names(args.routing, "--routing", get_strategy)
     replicas = list(dict.fromkeys(split_numbers(args.replicas, int, "--replicas")))
     _check_scalars(args)
+    check_no_ops(args, replicas)
     _check_paths(args)
     if args.plot:
         from sim.sweep_plots import require_matplotlib
@@ -154,9 +158,7 @@ def run(args) -> int:
 def _sweep(args, runner: Runner, policies: list[str], routings: list[str], replicas: list[int]) -> int:
     trace = load_source(args)
     caps = sorted(set(capacities(args, trace.block_size)))
-    biggest = max(len(r.hash_ids) for r in trace.requests)
-    if biggest > caps[0]:
-        raise InputError("capacity", f"{caps[0]} blocks is smaller than the largest request ({biggest} blocks)")
+    warn_lengths(args, caps, trace.block_size)
     identity, info = _identity(args, trace)
     grid = build_grid(args, trace, identity, policies, routings, replicas, caps)
     if 1 in replicas and len(routings) > 1 and not args.quiet:
@@ -205,7 +207,7 @@ TABLE = [("policy", "policy", "{}", 14), ("capacity_blocks", "capacity", "{:,}",
          ("replicas", "R", "{}", 3), ("block_hit_ratio", "blk_hit", "{:.4f}", 7),
          ("token_hit_ratio", "tok_hit", "{:.4f}", 7), ("csr", "CSR", "{:.4f}", 7), ("holes", "holes/req", "{:.2f}", 9),
          ("ttft_p50_s", "ttft_p50_ms", "{:,.1f}", 14), ("ttft_p99_s", "ttft_p99_ms", "{:,.1f}", 14),
-         ("load_imbalance", "imbal", "{:.2f}", 5), ("wall_s", "wall_s", "{:.1f}", 6)]
+         ("load_imbalance", "imbal", "{:.2f}", 5), ("refused", "refused", "{:,}", 7), ("wall_s", "wall_s", "{:.1f}", 6)]
 
 
 def print_table(records: list[dict], out) -> None:
@@ -217,7 +219,7 @@ def print_table(records: list[dict], out) -> None:
     for rec in records:
         values = []
         for key, _, fmt, _ in TABLE:
-            value = rec["holes"]["mean_per_request"] if key == "holes" else rec[key]
+            value = rec["holes"]["mean_per_request"] if key == "holes" else rec.get(key)  # refused: not in old records
             if value is None:  # e.g. no TTFT in a cache-only run: it has no clock
                 values.append("-")
             else:

@@ -42,9 +42,37 @@ def tier_settings(args: argparse.Namespace, cost: CostModel, block_size: int) ->
     check_number("--host-cache-gib", args.host_cache_gib, minimum=0)
     check_number("--ssd-cache-gib", args.ssd_cache_gib, minimum=0)
     extra = {} if args.host_link_gbps is None else {"host_link_gbps": args.host_link_gbps}
-    return tiers_on(cost, block_size, args.host_cache_gib, args.ssd_cache_gib, host_policy=policies["host"],
-                    ssd_policy=policies["ssd"], mode=args.tier_mode, fetch=args.fetch,
-                    hbm_caching=not args.no_hbm_caching, **extra)
+    tiers = tiers_on(cost, block_size, args.host_cache_gib, args.ssd_cache_gib, host_policy=policies["host"],
+                     ssd_policy=policies["ssd"], mode=args.tier_mode, fetch=args.fetch,
+                     hbm_caching=not args.no_hbm_caching, **extra)
+    check_tier_flags(args, tiers, cost, block_size)
+    return tiers
+
+
+def check_tier_flags(args: argparse.Namespace, tiers: TierSettings, cost: CostModel, block_size: int) -> None:
+    """Refuse tier flags that would do nothing: a tier smaller than one block, and a flag that shapes
+    the lower tiers given without any (a flag at its default is never refused)."""
+    one = cost.block_bytes(block_size) / 2**30  # GiB of one block (per replica: all its GPUs)
+    for flag, gib, blocks in (("--host-cache-gib", args.host_cache_gib, tiers.host_blocks),
+                              ("--ssd-cache-gib", args.ssd_cache_gib, tiers.ssd_blocks)):
+        if gib > 0 and blocks == 0:
+            raise InputError(flag, f"{gib:g} GiB holds 0 blocks of {block_size} tokens of this model's KV (one block is"
+                                   f" {one * 1024:.3g} MiB): give at least {_round_up(one)} GiB, or 0 for no tier")
+    if tiers.enabled:
+        return
+    given = {option.flag: getattr(args, option.dest) != option.default for option in TIER_OPTIONS}
+    for flag in ("--no-hbm-caching", "--tier-policy", "--tier-mode", "--fetch", "--host-link-gbps"):
+        if given[flag]:
+            raise InputError(flag, "does nothing without a memory tier below HBM: add --host-cache-gib or"
+                                   " --ssd-cache-gib")
+
+
+def _round_up(gib: float) -> str:
+    """``gib`` rounded up at 3 significant digits, so that it always gives the block it names."""
+    import math
+
+    digits = 2 - math.floor(math.log10(gib))
+    return f"{math.ceil(gib * 10**digits) / 10**digits:.{max(digits, 0)}f}"
 
 
 def tiers_on(cost: CostModel, block_size: int, host_gib: float, ssd_gib: float, **settings) -> TierSettings:

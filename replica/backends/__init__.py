@@ -19,6 +19,14 @@ def backend_argv(a) -> list[str]:
     out = ["--backend", a.backend, "--device", a.device]
     return out + (["--layers", str(a.layers)] if a.layers is not None else [])
 
+def check_backend_flags(a) -> None:
+    """``--device`` and ``--layers`` shape the torch backend only: refused (one line) without it."""
+    if a.backend != "torch":
+        for flag, given in (("--device", a.device != "cpu"), ("--layers", a.layers is not None)):
+            if given:
+                raise InputError(flag, "does nothing without the torch backend: add --backend torch")
+
+
 def check_backend(backend: str, layers: int | None) -> None:
     if backend not in ("emulated", "torch"):
         raise InputError("backend", f"must be emulated or torch, got {backend!r}")

@@ -23,12 +23,29 @@ DEFAULT_HIT_MODE = "holes"  # of pool.HIT_MODES: a cached block is a hit whereve
 REUSE_MODES = ("sampled", "exact", "off")
 DEFAULT_SHARDS_RATE = 0.1  # keeps the sampled miss-ratio curve within 0.02 of the exact one
 RESPONSE_KV = ("keep", "drop")
+# Every command's and every settings class's default: a colocated vLLM keeps each response's KV in its
+# prefix cache (the next turn hits it); "drop" is a disaggregated prefill instance (kvemu/options/response_kv.py)
+DEFAULT_RESPONSE_KV = "keep"
+# vLLM's --enable-prefix-caching, on by default as vLLM's; off: BlockPool(prefix_caching=False)
+PREFIX_CACHING = ("on", "off")
+DEFAULT_PREFIX_CACHING = "on"
 
 
 def check_choice(field: str, value: str, choices: tuple[str, ...]) -> None:
     """``value`` is one of ``choices``; else an ``InputError`` naming ``field`` and them all."""
     if value not in choices:
         raise InputError(field, f"must be one of {', '.join(choices)}, got {value!r}")
+
+
+def check_prefix_caching(prefix_caching: str, tiers: TierSettings, field: str = "prefix_caching") -> None:
+    """One of ``PREFIX_CACHING``; off keeps no KV across requests, so a tier below HBM would hold
+    nothing: refused."""
+    check_choice(field, prefix_caching, PREFIX_CACHING)
+    if prefix_caching == "off" and tiers.enabled:
+        raise InputError(field, "off keeps no KV across requests, so a host or SSD tier would hold nothing: drop"
+                                " --host-cache-gib / --ssd-cache-gib (for HBM keeping nothing above a tier that"
+                                " keeps everything, as LMCache beside vLLM without prefix caching, use"
+                                " --no-hbm-caching)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +64,7 @@ class CoreSettings:
     max_waiting: int = DEFAULT_MAX_WAITING
     scheduler: str = DEFAULT_ADMISSION  # admission order: fcfs (vLLM) or reorder (FlashGen)
     decode_kv: bool = True  # decode KV takes blocks (vLLM); False: prompt blocks only (SchedulerSettings)
+    max_model_len: int = 0  # vLLM's length rule, resolved (SchedulerSettings.max_model_len; 0: the pool's only)
     reuse: str = "sampled"
     shards_rate: float = DEFAULT_SHARDS_RATE
     shards_max_tracked: int = 1 << 16
@@ -58,7 +76,10 @@ class CoreSettings:
     tiers: TierSettings = TierSettings()  # host DRAM / SSD below HBM (none by default)
     # "keep": a finished request's response blocks are cached (a colocated vLLM); "drop": they are
     # not (a disaggregated prefill instance, the estimator's theoretical variant)
-    response_kv: str = "drop"
+    response_kv: str = DEFAULT_RESPONSE_KV
+    # vLLM's --enable-prefix-caching, "on" or "off". Off: no KV is kept across requests and none is shared
+    # between running ones (each request's blocks are its own, freed when it ends; BlockPool.prefix_caching)
+    prefix_caching: str = DEFAULT_PREFIX_CACHING
     # The scheduler drives the pool's compiled twin where it is exact (replica.core.compiled.pool:
     # LRU / S3-FIFO / Belady / BeladyCompute, no events, no tiers, response KV dropped, fcfs).
     compiled: bool = False
@@ -67,6 +88,7 @@ class CoreSettings:
         check_choice("response_kv", self.response_kv, RESPONSE_KV)
         check_choice("reuse", self.reuse, REUSE_MODES)
         check_admission(self.scheduler)
+        check_prefix_caching(self.prefix_caching, self.tiers)
 
 
 @dataclass(slots=True)
@@ -151,13 +173,14 @@ def build_core(s: CoreSettings, cost: CostModel, *, hashes_fit: bool = True) -> 
     metrics = PoolMetrics(block_size=bs, block_cost=costs, bytes_per_block=cost.block_bytes(bs),
                           reuse_tracker=_reuse_tracker(s))
     pool = BlockPool(s.capacity_blocks, policy, block_size=bs, hit_mode=s.hit_mode, metrics=metrics,
-                     emit_events=s.emit_events, block_cost=costs)
+                     emit_events=s.emit_events, block_cost=costs,
+                     prefix_caching=s.prefix_caching == "on")
     tiers = TierStack(s.tiers, pool, cost.block_bytes(bs), costs, s.tier_events) if s.tiers.enabled else None
     fast = CompiledPool(pool) if s.compiled and compilable(
         pool, tiers=tiers is not None, keeps_response_kv=s.response_kv == "keep", admission=s.scheduler,
         hashes_fit=hashes_fit) else None
     sched = Scheduler(fast or pool, cost, SchedulerSettings(token_budget=s.token_budget, max_running=s.max_running,
                                                     max_waiting=s.max_waiting, admission=s.scheduler,
-                                                    decode_kv=s.decode_kv),
+                                                    decode_kv=s.decode_kv, max_model_len=s.max_model_len),
                       report_decoded=s.stream_tokens, tiers=tiers, keep_response_kv=s.response_kv == "keep")
     return ReplicaCore(pool, sched, tiers, fast)

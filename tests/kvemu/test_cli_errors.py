@@ -27,3 +27,58 @@ def test_sim_names_and_replicas_are_checked_before_capacity():
     assert line.startswith("error: unknown policy 'nope'; valid: ")
     assert _error_line("sim", "--workload", "chat", "--duration", "5", "--capacity-gib", "0.00001",
                        "--replicas", "0") == "error: --replicas: must be a positive integer, got 0"
+
+
+# Issue 25, item 5: a flag that would do nothing is refused in one line naming it and why; a flag
+# at its default never is (`--tier-mode exclusive` alone runs).
+SIM_BASE = ("sim", "--workload", "chat", "--duration", "30", "--capacity-blocks", "30000", "--quiet")
+NO_TIER = "does nothing without a memory tier below HBM: add --host-cache-gib or --ssd-cache-gib"
+CACHE_ONLY = "does nothing with --cache-only (requests replayed one at a time, no scheduler and no clock)"
+
+
+@pytest.mark.parametrize("command", [
+    SIM_BASE,
+    ("sweep", "--workload", "chat", "--duration", "30", "--capacity-blocks", "30000", "--quiet", "--out", "/tmp/x"),
+    ("replica", "--capacity-blocks", "100"),
+    ("up", "--port", "0"),
+])
+@pytest.mark.parametrize("flags", [["--no-hbm-caching"], ["--tier-policy", "host=s3fifo"], ["--tier-mode", "inclusive"],
+                                   ["--fetch", "always"], ["--host-link-gbps", "12"]])
+def test_tier_flags_without_a_tier_are_refused(command, flags):
+    assert _error_line(*command, *flags) == f"error: {flags[0]}: {NO_TIER}"
+
+
+@pytest.mark.parametrize("command", [SIM_BASE, ("replica", "--capacity-blocks", "100"), ("up", "--port", "0")])
+def test_a_tier_smaller_than_one_block_is_refused_with_the_smallest_size(command):
+    line = _error_line(*command, "--model", "llama-3-70b", "--host-cache-gib", "0.001")
+    assert line == ("error: --host-cache-gib: 0.001 GiB holds 0 blocks of 16 tokens of this model's KV (one block is"
+                    " 5 MiB): give at least 0.00489 GiB, or 0 for no tier")
+    assert _error_line(*command, "--ssd-cache-gib", "0.0001").startswith("error: --ssd-cache-gib: 0.0001 GiB holds 0")
+
+
+@pytest.mark.parametrize("flags", [["--scheduler", "reorder"], ["--token-budget", "4096"], ["--max-running", "4"],
+                                   ["--no-decode-kv"], ["--causal"]])
+@pytest.mark.parametrize("command", ["sim", "sweep"])
+def test_scheduler_and_clock_flags_with_cache_only_are_refused(command, flags):
+    base = SIM_BASE if command == "sim" else ("sweep", *SIM_BASE[1:], "--out", "/tmp/x")
+    assert _error_line(*base, "--cache-only", *flags) == f"error: {flags[0]}: {CACHE_ONLY}: drop one of the two"
+
+
+@pytest.mark.parametrize("flags", [["--routing", "session"], ["--routing-set", "bounded_load_factor=2"]])
+def test_routing_with_one_replica_is_refused(flags):
+    want = f"error: {flags[0]}: does nothing with one replica (every request goes to it): add --replicas N"
+    assert _error_line(*SIM_BASE, *flags) == want
+    assert _error_line("sweep", *SIM_BASE[1:], "--out", "/tmp/x", *flags) == want
+
+
+@pytest.mark.parametrize("command", [("replica", "--capacity-blocks", "100"), ("up", "--port", "0")])
+@pytest.mark.parametrize("flags", [["--device", "cuda"], ["--layers", "2"]])
+def test_backend_flags_without_the_torch_backend_are_refused(command, flags):
+    assert _error_line(*command, *flags) == \
+        f"error: {flags[0]}: does nothing without the torch backend: add --backend torch"
+
+
+def test_flags_at_their_defaults_are_not_refused(tmp_path):
+    out = run_kvemu(*SIM_BASE, "--tier-mode", "exclusive", "--fetch", "auto", "--routing", "cache_aware",
+                    "--json", str(tmp_path / "r.json"), timeout=120)
+    assert out.returncode == 0, out.stderr[-500:]

@@ -31,7 +31,6 @@ DIFFER = {
     "port": "replica 8100, router 8000; demo picks a free one",
     "seed": "demo replays its own workload seed",
     "time_scale": "demo runs its GPUs 20x faster, in step with its compressed trace",
-    "response_kv": "live commands keep response KV (colocated vLLM); sim and sweep drop it (another issue decides)",
     "plot": "demo always draws its figure; sim and sweep on request",
     "workload": "the demo's own preset",
     "duration": "the demo replays five minutes",
@@ -54,7 +53,8 @@ def test_every_default_two_commands_share_is_the_same():
              if len(by) > 1 and dest not in DIFFER and len({repr(v) for v in by.values()}) > 1}
     assert drift == {}
     # the settings all five take are really there, so the check above compares something
-    for dest in ("hit_mode", "token_budget", "max_running", "scheduler", "model", "gpu", "tier_mode"):
+    for dest in ("hit_mode", "token_budget", "max_running", "scheduler", "model", "gpu", "tier_mode", "response_kv",
+                 "prefix_caching"):
         assert set(seen[dest]) == set(COMMANDS), dest
 
 
@@ -66,11 +66,15 @@ def test_flags_default_to_the_settings_fields():
     replica, sim = defaults("replica"), defaults("sim")
     for cls, flags in ((ReplicaSettings, replica), (SimSettings, sim), (CoreSettings, sim)):
         fields = _field_defaults(cls)
-        for name in ("hit_mode", "token_budget", "max_running", "scheduler", "shards_rate", "max_waiting", "model"):
+        for name in ("hit_mode", "token_budget", "max_running", "scheduler", "shards_rate", "max_waiting", "model",
+                     "prefix_caching"):
             if name in fields and name in flags:
                 assert flags[name] == fields[name], (cls.__name__, name)
-    assert replica["response_kv"] == _field_defaults(ReplicaSettings)["response_kv"] == "keep"
-    assert sim["response_kv"] == _field_defaults(SimSettings)["response_kv"] == "drop"
+    # a colocated vLLM keeps each response's KV: the one default of every command and settings class
+    for cls in (ReplicaSettings, SimSettings, CoreSettings):
+        assert _field_defaults(cls)["response_kv"] == "keep", cls.__name__
+    for command in COMMANDS:
+        assert defaults(command)["response_kv"] == "keep", command
     serving = _field_defaults(ServingSettings)
     for option in TO_BOTH:
         field = option.dest + ("_s" if option.dest.endswith("timeout") else "")
@@ -92,7 +96,7 @@ def non_default(option: Option) -> str:
     if option.choices:
         return next(c for c in option.choices if c != option.default)
     special = {"--scheduler": next(a for a in ADMISSIONS if a != option.default), "--model": "llama-3-8b",
-               "--time-scale": "0.0", "--parse-workers": "0"}
+               "--time-scale": "0.0", "--parse-workers": "0", "--max-model-len": "4096"}
     if option.flag in special:
         return special[option.flag]
     if option.type is int:
@@ -175,7 +179,7 @@ TIER_FLAGS = ["--host-cache-gib", "2.5", "--ssd-cache-gib", "10.0", "--tier-poli
 def test_up_hands_every_tier_flag_to_the_replicas_from_the_one_definition():
     from kvemu.up import replica_args
 
-    a = up_args(*TIER_FLAGS)
+    a = up_args(*TIER_FLAGS, "--prefix-caching", "on")  # off keeps nothing a tier could hold: refused with tiers
     assert {o.dest for o in TIER_OPTIONS} == {f.removeprefix("--").replace("-", "_") for f in TIER_FLAGS[::2]} | {
         "no_hbm_caching"}  # the test sets every tier flag
     p = argparse.ArgumentParser()
@@ -185,3 +189,28 @@ def test_up_hands_every_tier_flag_to_the_replicas_from_the_one_definition():
         assert getattr(child, option.dest) == getattr(a, option.dest) != option.default, option.flag
     tiers = child_settings(replica_args(0, 9000, a, None)).tiers
     assert (tiers.mode, tiers.fetch, tiers.host_policy, tiers.hbm_caching) == ("inclusive", "always", "s3fifo", False)
+
+
+@pytest.mark.parametrize("command", ["sim", "sweep", "replica", "up"])
+def test_vllm_length_and_capacity_flags_are_on_every_command_that_runs_replicas(command):
+    module = importlib.import_module({"sim": "sim.sim_cmd", "sweep": "sim.sweep_cmd", "replica": "replica.cmd",
+                                      "up": "kvemu.up"}[command])
+    p = argparse.ArgumentParser()
+    module.configure(p)
+    need = {"sim": ["--workload", "chat"], "sweep": ["--workload", "chat", "--out", "x.jsonl"]}.get(command, [])
+    a = p.parse_args([*need, "--gpu-memory-utilization", "0.8", "--max-model-len", "4096"])
+    assert (a.max_model_len, float(a.gpu_memory_utilization)) == (4096, 0.8)
+    with pytest.raises(SystemExit):  # an alternative to the other capacity flags, never beside them
+        p.parse_args([*need, "--gpu-memory-utilization", "0.8", "--capacity-blocks", "100"])
+
+
+def test_up_hands_gpu_memory_utilization_and_max_model_len_to_every_replica():
+    from kvemu.up import configure, replica_args, validate
+
+    p = argparse.ArgumentParser()
+    configure(p)
+    a = p.parse_args(["--model", "llama-3-8b", "--gpu-memory-utilization", "0.85", "--max-model-len", "2048"])
+    validate(a)
+    replica = child_settings(replica_args(0, 8100, a, None))
+    assert (replica.gpu_memory_utilization, replica.capacity_blocks, replica.max_model_len) == (0.85, None, 2048)
+    assert replica.resolved_max_model_len() == 2048 and a.limit_lines[0].startswith("capacity (llama-3-8b): 0.85 x")

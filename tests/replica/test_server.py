@@ -202,10 +202,12 @@ def test_reorder_scheduler_lends_idle_memory_and_preempts_for_the_head():
         _, _, data = http("GET", proc.url + "/metrics")
         line = next(x for x in data.decode().splitlines() if x.startswith("vllm:num_preemptions_total"))
         assert line.endswith(" 1.0")
-        # 1584 + 16 tokens fill exactly 100 blocks; one more could never fit (vLLM's max_model_len)
+        # 100 blocks hold 1600 tokens, the limit where the model's window is larger (vLLM's max_model_len):
+        # 1584 + 16 tokens are within it, one more is refused
         prompt = list(range(9000, 9000 + 99 * 16))
-        assert http_json("POST", proc.url + "/generate", {"token_ids": prompt, "max_tokens": 17})[0] == 200
-        status, err = http_json("POST", proc.url + "/generate", {"token_ids": prompt, "max_tokens": 18})
-        assert status == 400 and "max_tokens" in str(err) and "101 KV blocks" in str(err), err
+        assert http_json("POST", proc.url + "/generate", {"token_ids": prompt, "max_tokens": 16})[0] == 200
+        status, err = http_json("POST", proc.url + "/generate", {"token_ids": prompt, "max_tokens": 17})
+        assert status == 400 and err["error"]["param"] == "max_tokens", err
+        assert "(max_model_len) is 1600 tokens" in str(err) and "asks for 1601" in str(err), err
     finally:
         assert proc.stop() == 0

@@ -18,17 +18,20 @@ def generate(url, first_token, blocks):
 
 
 def test_evicted_blocks_come_back_from_host_and_are_counted():
-    proc = start_replica(*HOST, capacity_blocks=4)
+    # 8 blocks: a request of 4 blocks and its token fits vLLM's length rule (a 4-block pool's
+    # max_model_len is its 64 tokens, which 64 prompt tokens and 1 output token exceed)
+    proc = start_replica(*HOST, capacity_blocks=8)
     try:
-        generate(proc.url, 0, 4)  # A: 4 blocks, the pool is full
-        generate(proc.url, 1000, 4)  # B: evicts all of A, demoted to host
+        generate(proc.url, 0, 4)  # A: 4 blocks
+        generate(proc.url, 1000, 4)  # B: 4 blocks, the pool is full
+        generate(proc.url, 2000, 4)  # C: evicts all of A (the least recently used), demoted to host
         again = generate(proc.url, 0, 4)  # A again: restored from host, not recomputed
         assert again["cached_tokens"] == 64  # restored blocks count as cached, as vLLM reports them
         status, st = http_json("GET", proc.url + "/stats")
         tiers = st["tiers"]
         assert tiers["host_blocks"] == 6 and tiers["mode"] == "exclusive" and tiers["host_policy"] == "lru"
         assert tiers["fetched_blocks"] == 4 and tiers["demoted_blocks"] >= 8
-        assert tiers["host_block_hit_ratio"] == pytest.approx(4 / 12)
+        assert tiers["host_block_hit_ratio"] == pytest.approx(4 / 16)  # 4 of the 16 blocks asked for
         assert tiers["bytes_moved"]["host_to_device"] == 4 * 16 * 98304
         status, _, data = http("GET", proc.url + "/metrics")
         text = data.decode()

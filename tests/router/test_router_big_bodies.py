@@ -17,7 +17,8 @@ HUGE = json.dumps({"prompt": " ".join(f"w{i % 5000}" for i in range(1_000_000)),
 
 @pytest.fixture(scope="module")
 def router():
-    rep = start_replica(capacity_blocks=70_000)
+    # a context beyond the model's window (262,144), so a 1M-token prompt is served, not refused
+    rep = start_replica("--max-model-len", str(70_000 * 16), capacity_blocks=70_000)
     r = start_router([rep.url])
     yield r
     stop_all(r, rep)

@@ -28,10 +28,11 @@ def test_a_block_demoted_to_host_is_a_host_hit_the_router_prices(backend, reques
         extra = ("--index", request.getfixturevalue("redis_server").url, "--cluster", f"t{uuid.uuid4().hex[:8]}")
     a = b = router = None
     try:
-        a = start_replica(*HOST, *extra, capacity_blocks=4, replica_id="a")
+        a = start_replica(*HOST, *extra, capacity_blocks=8, replica_id="a")  # 4 blocks + a token fit
         b = start_replica(*extra, capacity_blocks=64, replica_id="b")
         assert generate(a.url, PROMPT)[0] == 200
-        assert generate(a.url, range(1000, 1064))[0] == 200  # evicts the prompt from a's HBM: demoted to host
+        assert generate(a.url, range(1000, 1064))[0] == 200  # the pool is full
+        assert generate(a.url, range(2000, 2064))[0] == 200  # evicts the prompt from a's HBM: demoted to host
         assert generate(b.url, PROMPT[:48])[0] == 200
         want = {"a#1": 4, "b": 3}
         if backend == "redis":

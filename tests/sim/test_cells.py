@@ -88,11 +88,13 @@ def test_an_error_in_the_callback_stops_the_pool_and_propagates(trace_file):
 
 
 def test_a_failing_cell_is_a_cell_error_with_its_index():
-    # one request of 10 blocks: a 5-block pool cannot hold it and the simulator raises
+    # a policy parameter LRU does not take: the simulator raises (a request the pool could never
+    # hold is refused and counted, never an error)
     trace = Trace([TraceRequest(0.0, "s", 0, list(range(10)), 160, 1)], block_size=16)
-    cells = [SimSettings(capacity_blocks=20), SimSettings(capacity_blocks=5), SimSettings(capacity_blocks=30)]
+    cells = [SimSettings(capacity_blocks=20), SimSettings(capacity_blocks=5, policy_params=(("bogus", 1),)),
+             SimSettings(capacity_blocks=30)]
     with pytest.raises(CellError) as err:
         LocalPool(2).run(trace, cells, lambda index, run: None)
     assert err.value.index == 1
-    assert type(err.value.error).__name__ == "PoolCapacityError"
-    assert str(err.value).startswith("cell 1 failed: PoolCapacityError(")
+    assert type(err.value.error).__name__ == "InputError"
+    assert str(err.value).startswith("cell 1 failed: InputError(")

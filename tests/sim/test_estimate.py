@@ -305,7 +305,7 @@ def steady_sim_hit_ratio(trace: Trace, capacity: int, warmup_s: float, end_s: fl
     """
     def hits(reqs):
         run = simulate(Trace(reqs, trace.block_size), SimSettings(capacity_blocks=capacity, policy="session_lru",
-                                                                   reuse="off"))
+                                                                   reuse="off", response_kv="drop"))
         return run["block_hit_ratio"] * run["block_accesses"], run["block_accesses"]
 
     kept = [r for r in trace.requests if r.t < end_s]

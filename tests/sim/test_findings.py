@@ -38,7 +38,7 @@ def _trace(preset: str, duration_s: float, seed: int, overrides: tuple[tuple[str
 def _run(workload: tuple, capacity: int, policy: str) -> dict:
     """One serial simulation; cached so tests sharing a trace share runs (random_compute is slow)."""
     run = simulate(_trace(*workload), SimSettings(capacity_blocks=capacity, policy=policy, replicas=1,
-                                                  max_running=1, reuse="off"))
+                                                  max_running=1, reuse="off", response_kv="drop"))
     assert run["served"] == run["requests"]
     return run
 

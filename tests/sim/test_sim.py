@@ -66,9 +66,11 @@ def test_run_reports_contract_fields_and_per_replica_sums():
 
 
 def test_session_routing_keeps_history_local_and_beats_round_robin():
-    rr = simulate(tiny_trace(), SimSettings(capacity_blocks=60, replicas=3, routing="round_robin"))
-    sess = simulate(tiny_trace(), SimSettings(capacity_blocks=60, replicas=3, routing="session"))
-    aware = simulate(tiny_trace(), SimSettings(capacity_blocks=60, replicas=3, routing="cache_aware"))
+    # response KV dropped: the hand count below is of prompt blocks only
+    rr = simulate(tiny_trace(), SimSettings(capacity_blocks=60, replicas=3, routing="round_robin", response_kv="drop"))
+    sess = simulate(tiny_trace(), SimSettings(capacity_blocks=60, replicas=3, routing="session", response_kv="drop"))
+    aware = simulate(tiny_trace(), SimSettings(capacity_blocks=60, replicas=3, routing="cache_aware",
+                                               response_kv="drop"))
     # 4 sessions x 6 turns; turn j reuses the 3 + 2(j-1) blocks of turn j-1 when it lands on the same replica
     reusable = sum(3 + 2 * (j - 1) for j in range(1, 6)) * 4
     assert sess["block_hit_ratio"] == pytest.approx(reusable / rr["block_accesses"])
@@ -109,7 +111,9 @@ def test_cache_only_gives_exactly_the_one_at_a_time_hit_ratios(policy):
 ], ids=["synthetic-cache_only", "synthetic-cache_only-prefix", "conversation-batching", "synthetic-batching-prefix-exact"])
 def test_the_compiled_pool_reports_what_the_python_pool_reports(policy, name, capacity, kw):
     trace = read_trace(name)
-    runs = [simulate(trace, SimSettings(capacity_blocks=capacity, policy=policy, compiled=compiled, **kw))
+    # the compiled pool has no store: it is the twin where response KV is dropped
+    runs = [simulate(trace, SimSettings(capacity_blocks=capacity, policy=policy, compiled=compiled, response_kv="drop",
+                                        **kw))
             for compiled in (True, False)]
     assert [r["engine"] for r in runs] == ["compiled", "python"]
     for r in runs:
@@ -122,7 +126,8 @@ def test_the_compiled_replay_is_not_used_where_it_would_differ():
     trace = read_trace("mooncake-synthetic")
     for kw in ({"replicas": 2}, {"response_kv": "keep"}, {"policy": "session_lru"}, {"policy": "arc"},
                {"tiers": TierSettings(host_blocks=500)}):
-        assert simulate(trace, SimSettings(capacity_blocks=878, cache_only=True, **kw))["engine"] == "python", kw
+        settings = {"response_kv": "drop", **kw}  # dropped, the compiled pool would run: kw alone keeps it off
+        assert simulate(trace, SimSettings(capacity_blocks=878, cache_only=True, **settings))["engine"] == "python", kw
     assert simulate(trace, SimSettings(capacity_blocks=878, scheduler="reorder"))["engine"] == "python"
     # a hash that is not a 64-bit unsigned integer too, in either mode
     odd = Trace([TraceRequest(0.0, "s", 0, [1 << 70, 2], 32, 4), TraceRequest(1.0, "s", 1, [1 << 70, 2, 3], 48, 4)], 16)
@@ -135,7 +140,8 @@ def test_the_compiled_replay_is_not_used_where_it_would_differ():
 @pytest.mark.skipif(not compiled_pool.compiled(), reason="the compiled pool is not built (no C compiler)")
 def test_several_replicas_without_an_index_each_get_a_compiled_pool():
     trace = read_trace("mooncake-synthetic")
-    runs = [simulate(trace, SimSettings(capacity_blocks=500, replicas=3, routing="round_robin", compiled=c))
+    runs = [simulate(trace, SimSettings(capacity_blocks=500, replicas=3, routing="round_robin", compiled=c,
+                                        response_kv="drop"))
             for c in (True, False)]
     assert [r["engine"] for r in runs] == ["compiled", "python"]
     for r in runs:

@@ -16,7 +16,7 @@ from shared.plotting import MISSING
 
 REPO = Path(__file__).resolve().parents[2]
 SIM = ["sim", "--workload", "scm", "--duration", "600", "--policy", "lru,s3fifo", "--capacity-blocks", "2000,8000",
-       "--no-reuse-distances", "--quiet"]
+       "--no-reuse-distances", "--quiet", "--max-model-len", "32000"]  # what the smaller pool holds: no warning
 
 
 def test_table_labels_ttft_in_ms_and_csv_matches_json(tmp_path, capsys):
@@ -25,7 +25,7 @@ def test_table_labels_ttft_in_ms_and_csv_matches_json(tmp_path, capsys):
     captured = capsys.readouterr()
     table = captured.out.splitlines()
     assert table[0].split() == ["policy", "capacity", "R", "blk_hit", "tok_hit", "CSR", "holes/req", "ttft_p50_ms",
-                                "ttft_p99_ms", "imbal"]
+                                "ttft_p99_ms", "imbal", "refused"]
     runs = json.loads(out_json.read_text())["runs"]
     for line, run in zip(table[1:], runs):
         cells = line.split()
@@ -106,6 +106,10 @@ def test_json_to_stdout_is_the_only_thing_on_stdout(capsys):
     assert main([*SIM, "--json", "-"]) == 0
     captured = capsys.readouterr()
     runs = json.loads(captured.out)["runs"]
+    assert {r["engine"] for r in runs} == {"python"}  # kept response KV (the default) needs the Python pool
+    assert main([*SIM, "--response-kv", "drop", "--json", "-"]) == 0
+    captured = capsys.readouterr()
+    runs = json.loads(captured.out)["runs"]
     assert {r["engine"] for r in runs} == {"compiled" if compiled_pool.compiled() else "python"}
     assert captured.err.splitlines()[0].split()[:2] == ["policy", "capacity"]
 
@@ -131,3 +135,50 @@ def test_sixteen_simultaneous_short_prompts_cost_one_forward(tmp_path, capsys):
         assert run["ttft_p50_s"] == run["ttft_p99_s"]  # every request of the burst in the same step
     assert ttft["burst"] <= 1.3 * ttft["one"]
     assert ttft["burst"] == pytest.approx(0.02418, rel=1e-3) and ttft["one"] == pytest.approx(0.02491, rel=1e-3)
+
+
+def test_requests_over_max_model_len_are_refused_and_counted_in_the_json_table_and_csv(tmp_path, capsys):
+    from loadgen.formats import write_kvemu
+    from loadgen.workloads import generate
+
+    trace = generate("scm", 300, seed=3, overrides={"arrival_rate": "0.5"})
+    path = tmp_path / "scm.jsonl"
+    write_kvemu(trace, path)
+    over = sum(r.input_tokens + max(r.output_tokens, 1) > 8192 for r in trace.requests)
+    assert 0 < over < len(trace.requests)
+    out_json, out_csv = tmp_path / "r.json", tmp_path / "r.csv"
+    argv = ["sim", "--trace", str(path), "--model", "llama-3-8b", "--capacity-blocks", "400,4000", "--quiet",
+            "--json", str(out_json), "--csv", str(out_csv), "--jobs", "1"]
+    assert main(argv) == 0  # no abort: the run goes on
+    captured = capsys.readouterr()
+    # 400 blocks hold 6,400 tokens, short of llama-3-8b's 8,192: one line, then 6,400 is that pool's limit
+    assert captured.err.splitlines()[0] == (
+        "warning: the model's context window (8,192 tokens) needs 512 KV blocks of 16 tokens but the pool holds 400"
+        " (6,400 tokens), where vLLM would refuse to start: give a larger capacity (--capacity-gib / --capacity-blocks"
+        " / --gpu-memory-utilization) or --max-model-len 6,400 or less; going on with 6,400 tokens as the limit")
+    small = sum(r.input_tokens + max(r.output_tokens, 1) > 6400 for r in trace.requests)
+    runs = json.loads(out_json.read_text())["runs"]
+    assert [(r["max_model_len"], r["refused"]) for r in runs] == [(6400, small), (8192, over)]
+    assert all(r["served"] + r["refused"] == len(trace.requests) for r in runs)
+    table = captured.out.splitlines()
+    assert table[0].split()[-1] == "refused" and [line.split()[-1] for line in table[1:]] == [f"{small:,}", f"{over:,}"]
+    with open(out_csv, newline="") as fh:
+        assert [int(row["refused"]) for row in csv.DictReader(fh)] == [small, over]
+    # --max-model-len asks for a limit of its own
+    assert main([*argv[:-6], "--max-model-len", "2000", "--json", str(out_json)]) == 0
+    capsys.readouterr()
+    runs = json.loads(out_json.read_text())["runs"]
+    assert {r["refused"] for r in runs} == {sum(r.input_tokens + max(r.output_tokens, 1) > 2000 for r in trace.requests)}
+
+
+def test_gpu_memory_utilization_is_printed_and_a_model_that_does_not_fit_is_one_line(capsys):
+    base = ["sim", "--workload", "scm", "--duration", "60", "--quiet", "--model", "llama-3-70b", "--gpu", "a100-80gb"]
+    assert main([*base, "--tp", "2", "--gpu-memory-utilization", "0.9"]) == 0
+    out = capsys.readouterr()
+    assert out.err.splitlines()[0].startswith("capacity (llama-3-70b): 0.9 x 80.00 GiB of a100-80gb - 65.71 GiB weights")
+    assert out.out.splitlines()[1].split()[1] == "2,081"
+    assert main([*base, "--gpu-memory-utilization", "0.9"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --gpu-memory-utilization: nothing left for KV") and err.count("\n") == 1
+    with pytest.raises(SystemExit):  # one capacity flag at a time
+        main([*base, "--gpu-memory-utilization", "0.9", "--capacity-blocks", "100"])

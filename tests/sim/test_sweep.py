@@ -125,7 +125,6 @@ def test_existing_results_without_resume_is_an_error(swept, trace_file, capsys):
     ({"--routing": "sticky"}, "routing"),
     ({"--policy": " , "}, "--policy"),
     ({"--capacity-blocks": ","}, "--capacity-blocks"),
-    ({"--capacity-blocks": "500,2000"}, "capacity"),  # the largest request has 536 blocks
     ({"--replicas": "0"}, "--replicas"),
     ({"--jobs": "0"}, "--jobs"),
 ])
@@ -223,8 +222,19 @@ def test_cache_only_table_shows_no_ttft_as_a_dash(trace_file, tmp_path, capsys):
 def test_point_ids_of_default_settings_predate_the_scheduler_setting(trace_file):
     ident = file_identity(str(trace_file), "kvemu", 16)
     fcfs = SimSettings(capacity_blocks=600)
-    before = {k: v for k, v in dataclasses.asdict(fcfs).items() if k != "scheduler"}
+    before = {k: v for k, v in dataclasses.asdict(fcfs).items() if k not in ("scheduler", "max_model_len", "prefix_caching")}
     del before["tiers"]["deeper"]  # nor memory levels below SSD
     blob = json.dumps({"trace": ident, "settings": before}, sort_keys=True, default=str, separators=(",", ":"))
     assert point_id(ident, fcfs) == hashlib.sha256(blob.encode()).hexdigest()[:16]  # as before `scheduler`
     assert point_id(ident, SimSettings(capacity_blocks=600, scheduler="reorder")) != point_id(ident, fcfs)
+
+
+def test_a_point_id_says_whether_response_kv_was_kept(trace_file):
+    # sim and sweep used to drop response KV by default: those results keep their ids under
+    # --response-kv drop, and a sweep at today's default (keep) recomputes them instead of resuming
+    ident = file_identity(str(trace_file), "kvemu", 16)
+    keep = SimSettings(capacity_blocks=600)
+    drop = dataclasses.replace(keep, response_kv="drop")
+    assert keep.response_kv == "keep"
+    assert point_id(ident, keep) != point_id(ident, drop)
+    assert point_id(ident, drop) == point_id(ident, SimSettings(capacity_blocks=600, response_kv="drop"))

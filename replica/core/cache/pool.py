@@ -56,6 +56,7 @@ class BlockPool:
         metrics: PoolMetrics | None = None,
         emit_events: bool = True,
         block_cost: Callable[[int], float] | None = None,
+        prefix_caching: bool = True,
     ) -> None:
         check_positive_int("capacity_blocks", capacity_blocks)
         if hit_mode not in HIT_MODES:
@@ -63,6 +64,10 @@ class BlockPool:
         self.capacity = capacity_blocks
         self.block_size = block_size
         self.hit_mode = hit_mode
+        # False: vLLM without --enable-prefix-caching. A request's blocks are all its own private
+        # blocks while it runs (``_acquire_private``) and are freed when it ends: nothing is cached,
+        # matched, stored, evicted or sent as an event, and the policy sees nothing.
+        self.prefix_caching = prefix_caching
         self.resident: dict[int, str | None] = {}
         self._refs: dict[int, int] = {}
         self._pins = 0  # sum of the reference counts: release's one-request test without a pass over them
@@ -157,6 +162,8 @@ class BlockPool:
     def _allocate(self, lookup: Lookup, hold: bool) -> Allocation:
         """``hold``: pin the blocks until ``release``; otherwise (``serve`` with nothing pinned or
         private) they are only kept out of this request's own evictions."""
+        if not self.prefix_caching:
+            return self._acquire_private(lookup)
         hashes, session, now, extra, position = lookup.hashes, lookup.session, lookup.now, lookup.extra, lookup.position
         n = len(hashes)
         if n > self.capacity:
@@ -195,6 +202,25 @@ class BlockPool:
             self.metrics.record_request(alloc, n, lookup.input_tokens, now)
         return alloc
 
+    def _acquire_private(self, lookup: Lookup) -> Allocation:
+        """Prefix caching off: every block of the request, and ``lookup.extra`` more, as private
+        blocks (as decode KV's are), so two requests with the same prompt hold two copies. Nothing is
+        cached, so none is a hit and none can be evicted to make room: PoolBusyError unless free."""
+        hashes, now = lookup.hashes, lookup.now
+        n = len(hashes)
+        if n > self.capacity:
+            raise PoolCapacityError(n, self.capacity)
+        if n + lookup.extra > self.free:
+            raise PoolBusyError(f"need {n + lookup.extra} free blocks, only {self.free} free")
+        ctx = self.policy_context
+        if now > ctx.now:
+            ctx.now = now
+        self.private += n + lookup.extra
+        alloc = Allocation(hashes, [], list(range(n)), [], lookup.session, private=n)
+        if lookup.record:
+            self.metrics.record_request(alloc, n, lookup.input_tokens, now)
+        return alloc
+
     def _allocation(self, hashes: Sequence[int], touched: list[int], touched_hashes: list[int], new_idx: list[int],
                     session: str | None) -> Allocation:
         """What the request got, after the hit-mode rules; its hits count as reused blocks."""
@@ -212,6 +238,9 @@ class BlockPool:
 
     def release(self, alloc: Allocation, now: float = 0.0) -> None:
         """Unpin a request's blocks; the policy hears of those no other request still holds."""
+        if alloc.private:  # prefix caching off: its blocks were private, none pinned or cached
+            self.private -= alloc.private
+            return
         refs = self._refs
         hashes = alloc.hashes
         n = len(hashes)
@@ -237,8 +266,10 @@ class BlockPool:
 
         Not a lookup: no hit metrics. Blocks already resident are left as they are; the others are
         inserted (evicting through the policy) while evictable room lasts, shallowest first, and
-        released at once. Returns the hashes inserted.
+        released at once. Returns the hashes inserted (none with prefix caching off).
         """
+        if not self.prefix_caching:
+            return []
         res = self.resident
         new = [h for h in dict.fromkeys(hashes) if h not in res]
         new = new[:max(self.room, 0)]  # pinned and private blocks stay; everything else may go
@@ -260,7 +291,7 @@ class BlockPool:
         must be 0 (nothing is held after it).
         """
         policy = self.policy
-        if self._refs or self.private or policy.takes_pins or policy.reads_pins:
+        if self._refs or self.private or policy.takes_pins or policy.reads_pins or not self.prefix_caching:
             alloc = self.acquire(lookup)
             self.release(alloc, lookup.now)
             return alloc
@@ -326,6 +357,7 @@ class BlockPool:
             "capacity_blocks": self.capacity,
             "block_size": self.block_size,
             "hit_mode": self.hit_mode,
+            "prefix_caching": "on" if self.prefix_caching else "off",  # as --prefix-caching says it
             "usage": self.usage(),
             "pinned_blocks": len(self._refs),
             "sessions_resident": len(self.footprint),

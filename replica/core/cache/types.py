@@ -20,6 +20,9 @@ class Allocation:
     session: str | None
     holes: int = 0
     hole_lengths: list[int] = field(default_factory=list)
+    # Hashed blocks held as private blocks, outside the hash map (prefix caching off: all of them,
+    # none pinned); ``release`` frees them. 0: they are pinned resident blocks (prefix caching on).
+    private: int = 0
 
     @property
     def hit_blocks(self) -> int:

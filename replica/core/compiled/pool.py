@@ -14,8 +14,8 @@ their whole state). The Python pool stays the definition and what everything els
 It is made only where it gives that same pool, and ``why_not`` (``compilable``) is the one place
 that decides it: an empty pool and a fresh policy of exactly a class with an adapter
 (``replica.core.compiled.adapters``: LRU, S3-FIFO, Belady, BeladyCompute), fresh metrics, no events
-to ship (one replica), no lower tier, no response KV kept, fcfs admission, and block hashes that are
-64-bit unsigned integers (the simulator checks a trace's). ``build_core`` asks it; the simulator
+to ship (one replica), no lower tier, no response KV kept, fcfs admission, prefix caching on, and
+block hashes that are 64-bit unsigned integers (the simulator checks a trace's). ``build_core`` asks it; the simulator
 reports which ran (``engine`` in its JSON); ``--python-core`` asks for the Python pool.
 """
 
@@ -62,6 +62,8 @@ def why_not(pool: BlockPool, *, tiers: bool = False, keeps_response_kv: bool = F
     adapter = adapter_for(pool.policy)
     if adapter is None or adapter.params(pool.policy) is None:
         return f"policy {pool.policy.name} is not compiled or not fresh"
+    if not pool.prefix_caching:  # no lookups, no cache: the Python pool's private blocks are already cheap
+        return "prefix caching off needs the Python pool"
     if tiers or keeps_response_kv or admission != "fcfs":
         return "lower tiers, kept response KV or reorder admission need the Python pool"
     if not hashes_fit:

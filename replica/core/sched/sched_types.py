@@ -40,11 +40,37 @@ class SchedulerSettings:
     # Decode KV takes blocks as it fills them (vLLM; decode_kv.DecodeBlocks). False: only prompt
     # blocks count, as cache simulators do (the cache-only replay equals a one-at-a-time run then).
     decode_kv: bool = True
+    # vLLM's max_model_len: a request whose prompt plus max_tokens exceeds it is refused (0: no
+    # limit but the pool's; the settings above the core resolve it with ``max_model_len_for``)
+    max_model_len: int = 0
 
     def __post_init__(self) -> None:
         for name in ("token_budget", "max_running", "max_waiting", "reorder_window"):
             check_positive_int(name, getattr(self, name))
         check_admission(self.admission)
+        if not isinstance(self.max_model_len, int) or self.max_model_len < 0:
+            raise InputError("max_model_len", f"must be an integer >= 0, got {self.max_model_len!r}")
+
+
+def max_model_len_for(asked: int, capacity_blocks: int, block_size: int) -> int:
+    """The length limit a replica runs with: ``asked`` (the flag, else the model's context window),
+    or the pool's size in tokens where the pool cannot hold one request of that length (vLLM refuses
+    to start then; kvemu warns and goes on with the pool's size, kvemu.options.limits)."""
+    return min(asked, capacity_blocks * block_size)
+
+
+class ContextLengthError(InputError):
+    """vLLM's length rule: a request's prompt plus its ``max_tokens`` exceeds ``max_model_len`` (400)."""
+
+    def __init__(self, limit: int, prompt_tokens: int, max_tokens: int):
+        length = prompt_tokens + max_tokens
+        # the prompt alone leaves no room for one output token: the prompt is what to change
+        field = "prompt" if prompt_tokens >= limit else "max_tokens"
+        super().__init__(field, f"this replica's maximum context length (max_model_len) is {limit} tokens,"
+                                       f" but the request asks for {length} ({prompt_tokens} in the prompt, up to"
+                                       f" {max_tokens} in the output); shorten the prompt or lower max_tokens")
+        self.limit = limit
+        self.length = length
 
 
 @dataclass(slots=True)

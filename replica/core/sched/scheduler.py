@@ -31,7 +31,8 @@ boundary takes one more. Before a step, every decoding request gets the block it
 admission first; when none is free or evictable, the most recently admitted running request is
 preempted (recompute, as below; it may be the one that needed the block) until it fits, and no
 request is admitted in that step (vLLM's recompute preemption, under ``fcfs`` and ``reorder``
-alike). A request whose prompt and output could never fit the pool is refused at ``submit``.
+alike). A request longer than ``max_model_len`` (prompt plus max_tokens, vLLM's length rule), or
+whose prompt and output could never fit the pool, is refused at ``submit``.
 
 With memory tiers (``tiers``), every acquisition is wrapped: ``TierStack.plan`` before it (what
 host / SSD restore), ``complete`` after it (transfers queued; restored blocks count as reused),
@@ -51,6 +52,7 @@ from replica.core.sched.decode_kv import DecodeBlocks
 from replica.core.sched.sched_types import (
     ADMISSIONS,
     SCHEDULERS,
+    ContextLengthError,
     QueueFullError,
     SchedRequest,
     SchedulerSettings,
@@ -62,6 +64,7 @@ from replica.core.sched.sched_types import (
 )
 from replica.core.tiers.stack import TierStack
 from shared.costmodel import CostModel, StepWork, layered_finish
+from shared.errors import InputError
 
 __all__ = ["ADMISSIONS", "SCHEDULERS", "QueueFullError", "SchedRequest", "Scheduler", "SchedulerSettings", "StepResult",
            "StepTimer", "check_admission"]
@@ -102,7 +105,7 @@ class Scheduler:
         self._admitted = 0  # admissions so far: each request's admit_seq
         # Statistics (``stats``).
         self.preemptions = 0
-        self.truncated = 0  # outputs cut where the pool is full (submit's truncate)
+        self.refused = 0  # requests that could never run here (``refusal``)
         self.promotions = 0  # admissions out of arrival order (reorder)
         self.admissions = 0
         self.queue_wait_s = 0.0  # seconds waited, summed over admissions
@@ -122,20 +125,28 @@ class Scheduler:
         self._chunks: list[tuple[SchedRequest, int, int]] = []  # (request, start, tokens) of this step, for it
 
     # ---- queue ------------------------------------------------------------------
-    def submit(self, req: SchedRequest, truncate: bool = False) -> None:
-        """Queue a request. One whose prompt and output could never fit the pool is refused (vLLM:
-        over ``max_model_len``), or with ``truncate`` (a trace replayed on a smaller pool) its output
-        stops where the pool is full, as vLLM stops a sequence at ``max_model_len``."""
+    def refusal(self, req: SchedRequest) -> InputError | None:
+        """Why ``req`` can never run here, or None: vLLM's length rule (prompt plus max_tokens over
+        ``max_model_len``), then a prompt or output the whole pool could never hold (a trace whose
+        hashes say more than its token counts). Every such request is refused, never cut short: vLLM
+        stops a sequence at max_model_len only when max_tokens was left to it, and a trace's
+        output and a client's max_tokens are always given here."""
+        limit = self.settings.max_model_len
+        if limit and req.input_tokens + req.output_tokens > limit:
+            return ContextLengthError(limit, req.input_tokens, req.output_tokens)
+        if len(req.hashes) > self.pool.capacity:
+            return PoolCapacityError(len(req.hashes), self.pool.capacity)
+        if (most := self.decode_kv.most(req)) > self.pool.capacity:
+            return PoolCapacityError(most, self.pool.capacity, "max_tokens")
+        return None
+
+    def submit(self, req: SchedRequest) -> None:
+        """Queue a request; one that can never run here (``refusal``) is refused (counted in ``refused``)."""
         if len(self.waiting) >= self.settings.max_waiting:
             raise QueueFullError(self.settings.max_waiting)
-        if len(req.hashes) > self.pool.capacity:
-            raise PoolCapacityError(len(req.hashes), self.pool.capacity)
-        if (most := self.decode_kv.most(req)) > self.pool.capacity:
-            fits = self.pool.capacity * self.pool.block_size - req.input_tokens + 1
-            if not truncate or fits < 1:
-                raise PoolCapacityError(most, self.pool.capacity, "max_tokens")
-            req.output_tokens = fits
-            self.truncated += 1
+        if (why := self.refusal(req)) is not None:
+            self.refused += 1
+            raise why
         self._order += 1
         req.order = self._order
         req.t_queued = req.arrival
@@ -212,7 +223,7 @@ class Scheduler:
         """Counters since start: what /stats, /metrics and the simulator report."""
         # "policy" is the admission order here: the key /stats and the sim JSON have always shown
         return {"policy": self.settings.admission, "admissions": self.admissions, "promotions": self.promotions,
-                "preemptions": self.preemptions, "truncated_outputs": self.truncated,
+                "preemptions": self.preemptions, "refused": self.refused,
                 "queue_wait_s_total": self.queue_wait_s,
                 "prefill_tokens": self.prefill_tokens, "readmission_prefill_tokens": self.readmission_prefill_tokens,
                 "pinned_block_s": self.pinned_block_s}
@@ -357,9 +368,10 @@ class Scheduler:
         if not self._promoted:
             return False
         refs, lent, pool = self.pool.pin_counts, self._lent, self.pool
-        # pinned by lent requests only, and the blocks they hold beyond their hashed ones
-        reclaimable = sum(1 for h, c in lent.items() if refs[h] == c) + sum(
-            r.extra_blocks for r in self._promoted.values())
+        # pinned by lent requests only, and the blocks they hold privately (beyond their hashed ones,
+        # and with prefix caching off their hashed ones too: those are never pinned)
+        reclaimable = sum(1 for h, c in lent.items() if refs.get(h) == c) + sum(
+            r.extra_blocks + r.alloc.private for r in self._promoted.values() if r.alloc is not None)
         if not reclaimable:
             return False
         kept = len(refs) + pool.private - reclaimable

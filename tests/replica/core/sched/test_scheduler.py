@@ -5,6 +5,7 @@ import pytest
 
 from replica.core.cache.policies import make_policy
 from replica.core.cache.pool import BlockPool, PoolCapacityError
+from replica.core.sched.sched_types import ContextLengthError, max_model_len_for
 from replica.core.sched.scheduler import QueueFullError, SchedRequest, Scheduler, SchedulerSettings
 from shared.costmodel import CostModel, StepWork
 from shared.errors import InputError
@@ -170,12 +171,24 @@ def test_a_request_whose_output_could_never_fit_is_refused():
         sched.submit(req(2, 8, out=34))  # 161 tokens: 11 blocks
     assert (err.value.field, err.value.need) == ("max_tokens", 11)
     drain(sched)
-    # a replayed trace (the simulator): the output stops where the pool is full, as vLLM stops at max_model_len
-    long = req(3, 8, tail=3, out=100)
-    sched.submit(long, truncate=True)
-    assert long.output_tokens == 160 - 131 + 1 and sched.stats()["truncated_outputs"] == 1
+    # never cut short (vLLM stops at max_model_len only when max_tokens was left to it): refused, counted
+    with pytest.raises(PoolCapacityError):
+        sched.submit(req(3, 8, tail=3, out=100))
+    assert sched.stats()["refused"] == 2 and not sched.has_work()
+
+
+def test_vllm_length_rule_refuses_prompt_plus_max_tokens_over_max_model_len():
+    pool, sched = make(capacity=100, max_model_len=160)
+    ok = req(1, 8, tail=2, out=30)  # 130 + 30 = 160 tokens: at the limit
+    sched.submit(ok)
+    with pytest.raises(ContextLengthError) as err:
+        sched.submit(req(2, 8, tail=2, out=31))  # 161 tokens
+    assert (err.value.field, err.value.limit, err.value.length) == ("max_tokens", 160, 161)
+    assert "max_model_len) is 160 tokens" in str(err.value) and "asks for 161 (130 in the prompt" in str(err.value)
+    assert sched.stats()["refused"] == 1
     drain(sched)
-    assert long.generated == 30 and sched.preemptions == 0 and pool.private == 0
+    assert ok.generated == 30
+    assert max_model_len_for(8192, 100, 16) == 1600 and max_model_len_for(1000, 100, 16) == 1000
 
 
 # ---- reorder (seed 001, FlashGen) ----------------------------------------------------

@@ -1,0 +1,73 @@
+"""vLLM's length and capacity rules on real processes: ``--max-model-len`` refuses a request whose
+prompt plus max_tokens exceeds it with a 400 naming the limit and the request's length (the
+router passes it on), the one-line start-up warning where the pool cannot hold one request of
+that length, and ``--gpu-memory-utilization`` printed at start."""
+
+from replica.settings import ReplicaSettings
+from shared.costmodel import GIB, CostModel
+from tests.support.cluster import start_router, stop_all
+from tests.support.procs import Proc, http_json, start_replica
+
+
+def test_a_request_over_max_model_len_is_a_400_naming_the_limit_and_its_length_through_the_router_too():
+    rep = start_replica("--max-model-len", "64")
+    router = None
+    try:
+        router = start_router([rep.url])
+        for url in (rep.url + "/generate", router.url + "/generate"):
+            ok = http_json("POST", url, {"token_ids": list(range(50)), "max_tokens": 14})  # 64 tokens: at the limit
+            assert ok[0] == 200, ok
+            status, err = http_json("POST", url, {"token_ids": list(range(50)), "max_tokens": 15})
+            assert status == 400 and err["error"]["param"] == "max_tokens", err
+            message = err["error"]["message"]
+            assert "(max_model_len) is 64 tokens" in message and "asks for 65 (50 in the prompt, up to 15" in message
+        status, out = http_json("POST", router.url + "/v1/completions",
+                                {"model": "m", "prompt": "w " * 80, "max_tokens": 4})
+        assert status == 400 and "(max_model_len) is 64 tokens" in out["error"]["message"], out
+        _, st = http_json("GET", rep.url + "/stats")
+        assert st["scheduler"]["refused"] == 3
+    finally:
+        stop_all(router, rep)
+
+
+def _stderr(proc: Proc) -> str:
+    proc.stop()
+    assert proc.proc.stderr is not None
+    return proc.proc.stderr.read().decode()
+
+
+def test_a_pool_smaller_than_one_request_of_the_window_warns_in_one_line_and_serves_within_its_size():
+    rep = start_replica(capacity_blocks=100)  # 1,600 tokens; the default model's window is 262,144
+    try:
+        status, err = http_json("POST", rep.url + "/generate", {"token_ids": list(range(1590)), "max_tokens": 11})
+        assert status == 400 and "(max_model_len) is 1600 tokens" in err["error"]["message"]
+    finally:
+        lines = _stderr(rep).splitlines()
+    warning = [x for x in lines if x.startswith("warning:")]
+    assert warning == ["warning: the model's context window (262,144 tokens) needs 16,384 KV blocks of 16 tokens but"
+                       " the pool holds 100 (1,600 tokens), where vLLM would refuse to start: give a larger capacity"
+                       " (--capacity-gib / --capacity-blocks / --gpu-memory-utilization) or --max-model-len 1,600 or"
+                       " less; going on with 1,600 tokens as the limit"]
+
+
+def test_gpu_memory_utilization_sizes_the_pool_and_is_printed_at_start():
+    rep = Proc(["-m", "replica", "--port", "0", "--model", "llama-3-8b", "--gpu", "h200",
+                "--gpu-memory-utilization", "0.9", "--time-scale", "0"], 0)
+    s = ReplicaSettings(model="llama-3-8b", gpu="h200", gpu_memory_utilization=0.9)
+    blocks = s.resolved_capacity_blocks()
+    assert blocks == 56_482  # tests/shared/test_costmodel.py works it out by hand
+    lines = _wait_lines(rep, 2)
+    assert lines[0] == ("capacity (llama-3-8b): 0.9 x 140.40 GiB of h200 - 14.96 GiB weights - 1.09 GiB activations"
+                        " = 110.32 GiB of KV per GPU: 56,482 blocks of 16 tokens")
+    assert f"({s.policy}, {blocks} blocks)" in lines[1]
+    budget = CostModel.from_names("llama-3-8b", "h200").kv_budget(0.9, 8192, 256, 16)
+    assert round(budget.kv_bytes / GIB, 2) == 110.32
+
+
+def _wait_lines(proc: Proc, n: int) -> list[str]:
+    """The first ``n`` lines the process writes to stderr (it binds port 0, so it is never 'healthy' here)."""
+    assert proc.proc.stderr is not None
+    try:
+        return [proc.proc.stderr.readline().decode().rstrip("\n") for _ in range(n)]
+    finally:
+        proc.stop()
