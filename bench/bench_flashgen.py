@@ -70,7 +70,7 @@ def run_point(args: tuple) -> dict:
     s = settings_for(config, base, cost, trace.block_size, opts["host_gib"], opts["ssd_gib"])
     t0 = time.perf_counter()
     run = simulate(trace, s)
-    keys = ("requests", "block_hit_ratio", "hbm_block_hit_ratio", "host_block_hit_ratio", "ssd_block_hit_ratio",
+    keys = ("requests", "refused", "block_hit_ratio", "hbm_block_hit_ratio", "host_block_hit_ratio", "ssd_block_hit_ratio",
             "fetched_blocks", "recomputed_blocks", "preemptions", "hbm_utilization", "throughput_rps",
             "ttft_p50_s", "ttft_p95_s", "ttft_p99_s", "saturated")
     span = run["arrival_span_s"] or 1.0

@@ -10,6 +10,8 @@ times, alternating and each in a fresh interpreter (imports included):
 * ``kvemu_cache_only_lru`` / ``_s3fifo``: ``kvemu sim --cache-only`` with its defaults, the
   trace parsed from JSONL (parsed-trace cache off) and, ``_warm``, read back from that cache;
   ``_pycore``: with ``--python-core`` (the Python pool instead of the compiled one, same results);
+  ``_drop``: with ``--response-kv drop`` (the default keeps response KV, which needs the Python
+  pool; dropping it gives the compiled pool back, as ``sim``'s default did before);
 * ``python_floor_lru``: the same JSONL read with kvemu's reader, then a bare ``OrderedDict`` LRU in
   Python with the pool's semantics and nothing else: the floor of a pure-Python design;
 * ``kvemu_default_lru``: ``kvemu sim`` with its defaults (continuous batching, cost model,
@@ -90,11 +92,11 @@ def build_trace(path: Path, copies: int) -> dict:
 
 
 def kvemu_cmd(trace: Path, policy: str, cap: int, out: Path, cache_only: bool, reuse: bool = True,
-              pycore: bool = False) -> list[str]:
+              pycore: bool = False, drop: bool = False) -> list[str]:
     cmd = [sys.executable, "-m", "kvemu", "sim", "--trace", str(trace), "--policy", policy,
            "--capacity-blocks", str(cap), "--quiet", "--json", str(out)]
     return (cmd + (["--cache-only"] if cache_only else []) + ([] if reuse else ["--reuse", "off"])
-            + (["--python-core"] if pycore else []))
+            + (["--python-core"] if pycore else []) + (["--response-kv", "drop"] if drop else []))
 
 
 def run_mode(mode: str, trace: Path, work: Path, cap: int) -> dict:
@@ -106,12 +108,16 @@ def run_mode(mode: str, trace: Path, work: Path, cap: int) -> dict:
         env["KVEMU_CACHE_DIR"] = "off"
         cmd = [sys.executable, "-c", FLOOR, str(trace), str(cap)]
     else:
-        warm = mode.endswith("_warm")  # kvemu_<cache_only|default>_<policy>[_warm|_noreuse|_pycore]
-        reuse = not mode.endswith("_noreuse")
-        policy = (mode.removesuffix("_warm").removesuffix("_noreuse").removesuffix("_pycore")
+        # kvemu_<cache_only|default>_<policy>[_warm|_noreuse|_pycore][_drop]
+        drop = mode.endswith("_drop")
+        base = mode.removesuffix("_drop")
+        warm = base.endswith("_warm")
+        reuse = not base.endswith("_noreuse")
+        policy = (base.removesuffix("_warm").removesuffix("_noreuse").removesuffix("_pycore")
                   .removeprefix("kvemu_cache_only_").removeprefix("kvemu_default_"))
         env["KVEMU_CACHE_DIR"] = str(work / "cache") if warm else "off"
-        cmd = kvemu_cmd(trace, policy, cap, out, mode.startswith("kvemu_cache_only"), reuse, mode.endswith("_pycore"))
+        cmd = kvemu_cmd(trace, policy, cap, out, base.startswith("kvemu_cache_only"), reuse, base.endswith("_pycore"),
+                        drop)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
     wall = time.perf_counter() - t0
@@ -123,9 +129,12 @@ def run_mode(mode: str, trace: Path, work: Path, cap: int) -> dict:
     return {"wall_s": wall, "hit_ratio": run["block_hit_ratio"], "sim_s": run["wall_s"], "engine": run["engine"]}
 
 
-MODES = ("lcs_lru", "python_floor_lru", "kvemu_cache_only_lru", "kvemu_cache_only_lru_warm", "kvemu_cache_only_lru_pycore",
-         "lcs_s3fifo", "kvemu_cache_only_s3fifo", "kvemu_default_lru", "kvemu_default_lru_noreuse",
-         "kvemu_default_lru_pycore", "kvemu_default_belady", "kvemu_default_belady_compute")
+MODES = ("lcs_lru", "python_floor_lru", "kvemu_cache_only_lru", "kvemu_cache_only_lru_drop", "kvemu_cache_only_lru_warm",
+         "kvemu_cache_only_lru_warm_drop", "kvemu_cache_only_lru_pycore_drop",
+         "lcs_s3fifo", "kvemu_cache_only_s3fifo", "kvemu_cache_only_s3fifo_drop",
+         "kvemu_default_lru", "kvemu_default_lru_drop", "kvemu_default_lru_noreuse", "kvemu_default_lru_noreuse_drop",
+         "kvemu_default_lru_pycore_drop", "kvemu_default_belady", "kvemu_default_belady_drop",
+         "kvemu_default_belady_compute", "kvemu_default_belady_compute_drop")
 
 
 def main() -> None:
@@ -158,9 +167,14 @@ def main() -> None:
         "cache_only_lru_warm / lcs_lru": ("kvemu_cache_only_lru_warm", "lcs_lru"),
         "python_floor_lru / lcs_lru": ("python_floor_lru", "lcs_lru"),
         "cache_only_lru / python_floor_lru": ("kvemu_cache_only_lru", "python_floor_lru"),
-        "cache_only_lru_pycore / lcs_lru": ("kvemu_cache_only_lru_pycore", "lcs_lru"),
-        "cache_only_lru_pycore / cache_only_lru": ("kvemu_cache_only_lru_pycore", "kvemu_cache_only_lru"),
-        "default_lru_pycore / default_lru": ("kvemu_default_lru_pycore", "kvemu_default_lru"),
+        "cache_only_lru_drop / lcs_lru": ("kvemu_cache_only_lru_drop", "lcs_lru"),
+        "cache_only_lru_warm_drop / lcs_lru": ("kvemu_cache_only_lru_warm_drop", "lcs_lru"),
+        "cache_only_lru / cache_only_lru_drop": ("kvemu_cache_only_lru", "kvemu_cache_only_lru_drop"),
+        "cache_only_lru_pycore_drop / cache_only_lru_drop": ("kvemu_cache_only_lru_pycore_drop", "kvemu_cache_only_lru_drop"),
+        "default_lru_pycore_drop / default_lru_drop": ("kvemu_default_lru_pycore_drop", "kvemu_default_lru_drop"),
+        "default_lru / default_lru_drop": ("kvemu_default_lru", "kvemu_default_lru_drop"),
+        "cache_only_s3fifo_drop / lcs_s3fifo": ("kvemu_cache_only_s3fifo_drop", "lcs_s3fifo"),
+        "default_lru_drop / lcs_lru": ("kvemu_default_lru_drop", "lcs_lru"),
         "cache_only_s3fifo / lcs_s3fifo": ("kvemu_cache_only_s3fifo", "lcs_s3fifo"),
         "default_lru / lcs_lru": ("kvemu_default_lru", "lcs_lru"),
         "default_lru_noreuse / lcs_lru": ("kvemu_default_lru_noreuse", "lcs_lru"),

@@ -32,7 +32,10 @@ from sim.simulator import SimSettings, simulate
 
 
 def _hits(trace: Trace, capacity: int) -> tuple[float, int]:
-    run = simulate(trace, SimSettings(capacity_blocks=capacity, policy="session_lru", reuse="off"))
+    # the mean-field model never caches a response's KV (the paper's prefill instance: it returns
+    # as part of the next prompt), so the simulator drops it too ("keep" is every command's default)
+    run = simulate(trace, SimSettings(capacity_blocks=capacity, policy="session_lru", reuse="off",
+                                      response_kv="drop"))
     return run["block_hit_ratio"] * run["block_accesses"], run["block_accesses"]
 
 

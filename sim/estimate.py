@@ -24,9 +24,10 @@ continuous and strictly increasing, so bisection on a bracket always converges. 
 (capacity for a target h) needs no search at all: T* = F⁻¹(h / h_max) and N = λ·(E[B]·T* +
 A_H·E[min(W, T*)]).
 
-In kvemu terms h is ``kvemu sim --policy session_lru``'s ``block_hit_ratio``: turn j's
-request hashes R_j blocks; the KV of a response is never cached (the scheduler keeps prompt
-blocks only, like the paper's prefill instance) and returns as part of the next prompt; a
+In kvemu terms h is ``kvemu sim --policy session_lru --response-kv drop``'s ``block_hit_ratio``
+(``bench/validate_estimate.py`` runs exactly that): turn j's request hashes R_j blocks; the KV
+of a response is not cached (the paper's prefill instance keeps prompt blocks only; kvemu's
+default, a colocated vLLM's, keeps it) and returns as part of the next prompt; a
 preset's think time is measured prompt arrival to prompt arrival, which is exactly W (the
 paper's experiment instead waited for decoding to end, W = max(clock, service)).  The
 simulator's queueing delays do not change h: whole-session LRU depends on the order of

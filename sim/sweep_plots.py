@@ -116,7 +116,8 @@ def _load_chart(ax, rec: dict) -> None:
              label="block hit ratio (line, right axis)")
     ax2.set_ylim(0, 1.05)
     ax2.set_ylabel("block hit ratio")
-    ax.set_title(f"per replica: {rec['policy']} at {rec['capacity_blocks']:,} blocks, "
+    # two lines: one would be wider than its panel and be cut at the figure's left edge
+    ax.set_title(f"per replica: {rec['policy']} at {rec['capacity_blocks']:,} blocks\n"
                  f"{replicas_phrase(rec['replicas'], rec['routing'])} (imbalance {rec['load_imbalance']:.2f})",
                  fontsize=10)
     lines = ax.get_legend_handles_labels()
@@ -143,6 +144,10 @@ def _ttft_lines(ax, recs: list[dict], colors: dict) -> None:
     if any(r["ttft_p50_s"] is None for r in recs):  # cache-only replay: no clock, so no latency
         ax.text(0.5, 0.5, "cache-only replay:\nno clock, no TTFT", ha="center", va="center",
                 transform=ax.transAxes, fontsize=10, color="0.4")
+        caps = sorted({r["capacity_blocks"] for r in recs})  # the other panels' span: their ticks fit here too
+        if len(caps) > 1:
+            ax.set_xlim(caps[0] / 1.15, caps[-1] * 1.15)
+        ax.set_yticks([])  # no latency axis without latencies
         return
     _policy_lines(ax, recs, "ttft_p50_s", colors, label="_p50")
     _policy_lines(ax, recs, "ttft_p99_s", colors, ls="--", label="_p99")

@@ -36,6 +36,23 @@ NO_TIER = "does nothing without a memory tier below HBM: add --host-cache-gib or
 CACHE_ONLY = "does nothing with --cache-only (requests replayed one at a time, no scheduler and no clock)"
 
 
+def _refused(capsys, *args: str) -> str:
+    """The one error line of ``kvemu ARGS`` run in this process (exit status 2), fast enough for a
+    grid of flags; ``test_a_refusal_is_one_line_from_a_real_process`` runs one as a process."""
+    from kvemu.cli import main
+
+    capsys.readouterr()
+    assert main(list(args)) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    return err.strip()
+
+
+def test_a_refusal_is_one_line_from_a_real_process():
+    for command in (SIM_BASE, ("replica", "--capacity-blocks", "100"), ("up", "--port", "0")):
+        assert _error_line(*command, "--no-hbm-caching") == f"error: --no-hbm-caching: {NO_TIER}"
+
+
 @pytest.mark.parametrize("command", [
     SIM_BASE,
     ("sweep", "--workload", "chat", "--duration", "30", "--capacity-blocks", "30000", "--quiet", "--out", "/tmp/x"),
@@ -44,37 +61,37 @@ CACHE_ONLY = "does nothing with --cache-only (requests replayed one at a time, n
 ])
 @pytest.mark.parametrize("flags", [["--no-hbm-caching"], ["--tier-policy", "host=s3fifo"], ["--tier-mode", "inclusive"],
                                    ["--fetch", "always"], ["--host-link-gbps", "12"]])
-def test_tier_flags_without_a_tier_are_refused(command, flags):
-    assert _error_line(*command, *flags) == f"error: {flags[0]}: {NO_TIER}"
+def test_tier_flags_without_a_tier_are_refused(capsys, command, flags):
+    assert _refused(capsys, *command, *flags) == f"error: {flags[0]}: {NO_TIER}"
 
 
 @pytest.mark.parametrize("command", [SIM_BASE, ("replica", "--capacity-blocks", "100"), ("up", "--port", "0")])
-def test_a_tier_smaller_than_one_block_is_refused_with_the_smallest_size(command):
-    line = _error_line(*command, "--model", "llama-3-70b", "--host-cache-gib", "0.001")
+def test_a_tier_smaller_than_one_block_is_refused_with_the_smallest_size(capsys, command):
+    line = _refused(capsys, *command, "--model", "llama-3-70b", "--host-cache-gib", "0.001")
     assert line == ("error: --host-cache-gib: 0.001 GiB holds 0 blocks of 16 tokens of this model's KV (one block is"
                     " 5 MiB): give at least 0.00489 GiB, or 0 for no tier")
-    assert _error_line(*command, "--ssd-cache-gib", "0.0001").startswith("error: --ssd-cache-gib: 0.0001 GiB holds 0")
+    assert _refused(capsys, *command, "--ssd-cache-gib", "0.0001").startswith("error: --ssd-cache-gib: 0.0001 GiB holds 0")
 
 
 @pytest.mark.parametrize("flags", [["--scheduler", "reorder"], ["--token-budget", "4096"], ["--max-running", "4"],
                                    ["--no-decode-kv"], ["--causal"]])
 @pytest.mark.parametrize("command", ["sim", "sweep"])
-def test_scheduler_and_clock_flags_with_cache_only_are_refused(command, flags):
+def test_scheduler_and_clock_flags_with_cache_only_are_refused(capsys, command, flags):
     base = SIM_BASE if command == "sim" else ("sweep", *SIM_BASE[1:], "--out", "/tmp/x")
-    assert _error_line(*base, "--cache-only", *flags) == f"error: {flags[0]}: {CACHE_ONLY}: drop one of the two"
+    assert _refused(capsys, *base, "--cache-only", *flags) == f"error: {flags[0]}: {CACHE_ONLY}: drop one of the two"
 
 
 @pytest.mark.parametrize("flags", [["--routing", "session"], ["--routing-set", "bounded_load_factor=2"]])
-def test_routing_with_one_replica_is_refused(flags):
+def test_routing_with_one_replica_is_refused(capsys, flags):
     want = f"error: {flags[0]}: does nothing with one replica (every request goes to it): add --replicas N"
-    assert _error_line(*SIM_BASE, *flags) == want
-    assert _error_line("sweep", *SIM_BASE[1:], "--out", "/tmp/x", *flags) == want
+    assert _refused(capsys, *SIM_BASE, *flags) == want
+    assert _refused(capsys, "sweep", *SIM_BASE[1:], "--out", "/tmp/x", *flags) == want
 
 
 @pytest.mark.parametrize("command", [("replica", "--capacity-blocks", "100"), ("up", "--port", "0")])
 @pytest.mark.parametrize("flags", [["--device", "cuda"], ["--layers", "2"]])
-def test_backend_flags_without_the_torch_backend_are_refused(command, flags):
-    assert _error_line(*command, *flags) == \
+def test_backend_flags_without_the_torch_backend_are_refused(capsys, command, flags):
+    assert _refused(capsys, *command, *flags) == \
         f"error: {flags[0]}: does nothing without the torch backend: add --backend torch"
 
 

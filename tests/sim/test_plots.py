@@ -95,8 +95,8 @@ def test_sweep_figure(trace_file, tmp_path):
         load = next(ax for t, ax in titled.items() if t.startswith("per replica:"))
         run = next(r for r in grid if r["replicas"] == 2 and r["routing"] == "cache_aware" and r["policy"] == "lru"
                    and r["capacity_blocks"] == 2400)
-        assert load.get_title() == ("per replica: lru at 2,400 blocks, 2 replicas, cache_aware routing "
-                                    f"(imbalance {run['load_imbalance']:.2f})")
+        assert load.get_title() == ("per replica: lru at 2,400 blocks\n2 replicas, cache_aware routing "
+                                    f"(imbalance {run['load_imbalance']:.2f})")  # two lines: fits its panel
         assert legend_labels(load) == ["requests routed (bars, left axis)", "block hit ratio (line, right axis)"]
         policy_colors = set(line_colors(titled["block hit ratio, 1 replica"], ("_", "LRU", "infinite")).values())
         assert len(policy_colors) == 2
