@@ -30,7 +30,7 @@ from kvemu.options.replica_flags import BLOCK_SIZE, MODEL, TIME_SCALE, policy_op
 from kvemu.options.response_kv import RESPONSE_KV_OPTION
 from kvemu.options.reuse import SHARDS_RATE
 from kvemu.options.router_flags import ROUTER_OPTIONS
-from kvemu.options.scheduler import LIVE_SCHEDULER_OPTIONS
+from kvemu.options.scheduler import LIVE_SCHEDULER_OPTIONS, check_scheduler_flags
 from kvemu.options.serving import SERVER_OPTIONS
 from kvemu.options.tiers import TIER_OPTIONS, add_tier_args, tier_settings
 from replica.backends import add_backend_args, backend_argv, check_backend, check_backend_flags
@@ -326,12 +326,14 @@ def validate(a) -> None:
     from shared.overrides import apply_overrides, parse_pairs
 
     # Everything a child would reject, rejected here in one line before any process starts.
+    check_scheduler_flags(a)
     try:
         serving = serving_settings(argparse.Namespace(**{**vars(a), "host": "127.0.0.1", "cluster_token": None}))
         replica = ReplicaSettings(policy=a.policy, capacity_blocks=a.capacity_blocks, capacity_gib=a.capacity_gib,
                         gpu_memory_utilization=a.gpu_memory_utilization, max_model_len=a.max_model_len,
                         model=a.model, gpu=a.gpu, block_size=a.block_size, hit_mode=a.hit_mode,
-                        time_scale=a.time_scale, scheduler=a.scheduler, token_budget=a.token_budget,
+                        time_scale=a.time_scale, scheduler=a.scheduler, watermark=a.watermark,
+                        max_loans=a.max_loans, token_budget=a.token_budget,
                         max_running=a.max_running, max_waiting=a.max_waiting, shards_rate=a.shards_rate,
                         response_kv=a.response_kv, serving=serving)
         RouterSettings(replicas=("http://127.0.0.1:1",), block_size=a.block_size, serving=serving,

@@ -53,6 +53,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 def settings_from_args(args):
     import os
 
+    from kvemu.options.scheduler import check_scheduler_flags
     from kvemu.options.serving import serving_settings
     from kvemu.options.tiers import tier_settings
     from replica.backends import check_backend_flags
@@ -60,6 +61,7 @@ def settings_from_args(args):
     from shared.costmodel import CostModel
 
     check_backend_flags(args)
+    check_scheduler_flags(args)
     params = tuple((k, coerce(v)) for k, v in parse_pairs(args.policy_param).items())
     tiers = tier_settings(args, CostModel.from_names(args.model, args.gpu), args.block_size)
     prefix_caching = prefix_caching_setting(args, tiers, args.backend)  # refusals name the flag
@@ -69,7 +71,8 @@ def settings_from_args(args):
         gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len, model=args.model,
         gpu=gpu_setting(args), block_size=args.block_size, hit_mode=args.hit_mode,
         time_scale=args.time_scale, token_budget=args.token_budget, max_running=args.max_running,
-        max_waiting=args.max_waiting, scheduler=args.scheduler, index=args.index, cluster=args.cluster,
+        max_waiting=args.max_waiting, scheduler=args.scheduler, watermark=args.watermark, max_loans=args.max_loans,
+        index=args.index, cluster=args.cluster,
         admin_token=args.admin_token or os.environ.get("KVEMU_ADMIN_TOKEN") or None, shards_rate=args.shards_rate,
         serving=serving_settings(args), backend=args.backend,
         device=args.device, layers=args.layers,

@@ -19,10 +19,13 @@ from replica.core.cache.policies import policy_class, policy_names
 from replica.core.cache.pool import HIT_MODES
 from replica.core.sched.sched_types import (
     DEFAULT_ADMISSION,
+    DEFAULT_MAX_LOANS,
     DEFAULT_MAX_RUNNING,
     DEFAULT_MAX_WAITING,
     DEFAULT_TOKEN_BUDGET,
+    DEFAULT_WATERMARK,
     check_admission,
+    check_watermark,
     max_model_len_for,
 )
 from replica.core.tiers.stack import TierSettings
@@ -61,6 +64,8 @@ class ReplicaSettings:
     max_running: int = DEFAULT_MAX_RUNNING
     max_waiting: int = DEFAULT_MAX_WAITING
     scheduler: str = DEFAULT_ADMISSION  # admission order: fcfs (vLLM) or reorder (FlashGen)
+    watermark: float = DEFAULT_WATERMARK  # SchedulerSettings.watermark (vLLM v0's)
+    max_loans: int = DEFAULT_MAX_LOANS  # SchedulerSettings.max_loans (reorder)
     # binding, body limits, connection caps, timeouts and the cluster token, as the router has them
     serving: ServingSettings = ServingSettings()
     index: str | None = None  # redis://... ; None = the embedded feed a router polls
@@ -96,7 +101,8 @@ class ReplicaSettings:
             check_positive_int("capacity_blocks", self.capacity_blocks)
         if self.capacity_gib is not None and not 0 < self.capacity_gib < float("inf"):
             raise InputError("capacity_gib", f"must be a finite number > 0, got {self.capacity_gib}")
-        for name in ("block_size", "token_budget", "max_running", "max_waiting", "event_batch_max",
+        check_watermark(self.watermark)
+        for name in ("block_size", "token_budget", "max_running", "max_waiting", "max_loans", "event_batch_max",
                      "feed_max_batches", "feed_max_hashes", "shards_max_tracked"):
             check_positive_int(name, getattr(self, name))
         check_admission(self.scheduler)
@@ -123,7 +129,8 @@ class ReplicaSettings:
         return CoreSettings(
             capacity_blocks=self.resolved_capacity_blocks(), policy=self.policy, policy_params=self.policy_params,
             block_size=self.block_size, hit_mode=self.hit_mode, token_budget=self.token_budget,
-            max_running=self.max_running, max_waiting=self.max_waiting, scheduler=self.scheduler, reuse="sampled",
+            max_running=self.max_running, max_waiting=self.max_waiting, scheduler=self.scheduler,
+            watermark=self.watermark, max_loans=self.max_loans, reuse="sampled",
             shards_rate=self.shards_rate, shards_max_tracked=self.shards_max_tracked, seed=self.seed, emit_events=True,
             tier_events=True, oracles=False, tiers=self.tiers, response_kv=self.response_kv,
             prefix_caching=self.prefix_caching, max_model_len=self.resolved_max_model_len())

@@ -12,7 +12,7 @@ from kvemu.options.limits import GPU_MEMORY_UTILIZATIONS, MAX_MODEL_LEN, length_
 from kvemu.options.prefix_caching import PREFIX_CACHING, prefix_caching_setting
 from kvemu.options.response_kv import add_response_kv_arg
 from kvemu.options.reuse import add_sim_reuse_args, sim_reuse
-from kvemu.options.scheduler import add_scheduler_args, check_scheduler_flag
+from kvemu.options.scheduler import add_scheduler_args, check_scheduler_flags
 from kvemu.options.tiers import add_tier_args, tier_settings
 from loadgen.source import add_source_args, load_source, trace_name
 from loadgen.trace import Trace
@@ -165,7 +165,7 @@ def run(args) -> int:
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
     validate_names(policies, args.replicas, args.routing)
     check_no_ops(args, [args.replicas])
-    check_scheduler_flag(args.scheduler)
+    check_scheduler_flags(args)
     trace = load_source(args)
     if not trace.requests:
         raise InputError("trace", "has no requests")
@@ -178,7 +178,7 @@ def run(args) -> int:
     grid = [SimSettings(capacity_blocks=c, policy=pol, policy_params=params, replicas=args.replicas, routing=args.routing,
                         hit_mode=args.hit_mode, seed=args.seed, model=args.model, gpu=args.gpu,
                         token_budget=args.token_budget, max_running=args.max_running, scheduler=args.scheduler,
-                        reuse=sim_reuse(args), causal=args.causal,
+                        watermark=args.watermark, max_loans=args.max_loans, reuse=sim_reuse(args), causal=args.causal,
                         routing_settings=routing, cache_only=args.cache_only, response_kv=args.response_kv,
                         tiers=tiers, decode_kv=not args.no_decode_kv, prefix_caching=prefix_caching,
                         max_model_len=args.max_model_len,

@@ -37,8 +37,11 @@ from replica.core.cache.types import Lookup
 from replica.core.compiled.pool import CompiledPool, compiles, hashes_u64
 from replica.core.sched.sched_types import (
     DEFAULT_ADMISSION,
+    DEFAULT_MAX_LOANS,
     DEFAULT_MAX_RUNNING,
     DEFAULT_TOKEN_BUDGET,
+    DEFAULT_WATERMARK,
+    check_watermark,
     max_model_len_for,
 )
 from replica.core.sched.scheduler import SchedRequest, Scheduler, StepResult, check_admission
@@ -70,6 +73,8 @@ class SimSettings:
     token_budget: int = DEFAULT_TOKEN_BUDGET
     max_running: int = DEFAULT_MAX_RUNNING
     scheduler: str = DEFAULT_ADMISSION  # admission order: fcfs (vLLM) or reorder (FlashGen)
+    watermark: float = DEFAULT_WATERMARK  # fraction of the pool an admission leaves free (vLLM v0's; 0: v1's none)
+    max_loans: int = DEFAULT_MAX_LOANS  # reorder: admissions ahead of its turn one request may get
     # Reuse distances for the miss-ratio curve: "sampled" (SHARDS at shards_rate: within 0.01 of
     # exact on the sample traces at a fraction of the cost), "exact", "off", or "auto" (the
     # default: sampled in batching mode; off in cache-only mode, whose point is speed).
@@ -111,6 +116,8 @@ class SimSettings:
         check_number("shards_rate", self.shards_rate, above=0, maximum=1)
         policy_class(self.policy)  # unknown names list the valid ones
         check_admission(self.scheduler)
+        check_watermark(self.watermark)
+        check_positive_int("max_loans", self.max_loans)
         check_prefix_caching(self.prefix_caching, self.tiers)
         if self.max_model_len is not None:
             check_positive_int("max_model_len", self.max_model_len)
@@ -250,7 +257,7 @@ def _build_replica(i: int, s: SimSettings, block_size: int, cost: CostModel, ind
     core = build_core(CoreSettings(
         capacity_blocks=s.capacity_blocks, policy=s.policy, policy_params=s.policy_params, block_size=block_size,
         hit_mode=s.hit_mode, token_budget=s.token_budget, max_running=s.max_running, scheduler=s.scheduler,
-        max_waiting=max(requests, 1),
+        watermark=s.watermark, max_loans=s.max_loans, max_waiting=max(requests, 1),
         reuse=s.reuse_mode, shards_rate=s.shards_rate,
         shards_max_tracked=1 << 62, seed=s.seed, emit_events=indexed, oracles=True,
         stream_tokens=False, tiers=s.tiers, response_kv=s.response_kv, decode_kv=s.decode_kv,
@@ -552,13 +559,22 @@ class Simulation:
     def _throughput(self, timed: bool, preemptions: int) -> dict[str, float | int | None]:
         """Requests finished per second from the first arrival to the last finish; the fraction of
         HBM blocks held by running requests, averaged over that span (idle time counts as empty);
-        requests preempted (reorder). Cache-only runs have no clock: None."""
+        requests preempted (reorder). ``hbm_utilization_queued``: the same over the steps that began
+        with requests waiting (the memory FlashGen's reordering fills: FCFS leaves it idle behind a
+        head that does not fit); ``mean_batch_size``: requests running per step (prefilling or
+        decoding), over every step. Cache-only runs have no clock: None."""
         span = self.last_finish - self.first_arrival
         if not timed:
-            return {"preemptions": None, "throughput_rps": None, "hbm_utilization": None}
-        held = sum(rep.sched.pinned_block_s for rep in self.replicas)
+            return {"preemptions": None, "throughput_rps": None, "hbm_utilization": None,
+                    "hbm_utilization_queued": None, "mean_batch_size": None}
+        scheds = [rep.sched for rep in self.replicas]
+        held = sum(s.pinned_block_s for s in scheds)
+        queued = sum(s.queued_s for s in scheds)
         return {"preemptions": preemptions, "throughput_rps": ratio(self.served, span),
-                "hbm_utilization": ratio(held, span * self.s.capacity_blocks * len(self.replicas))}
+                "hbm_utilization": ratio(held, span * self.s.capacity_blocks * len(self.replicas)),
+                "hbm_utilization_queued": ratio(sum(s.queued_block_s for s in scheds), queued * self.s.capacity_blocks)
+                if queued else None,  # None: no request ever waited
+                "mean_batch_size": ratio(sum(s.batch_steps for s in scheds), sum(s.steps for s in scheds))}
 
     def _saturated(self, per: list[dict]) -> bool:
         """A replica's queue grew without bound: busy nearly all the time requests arrived, and

@@ -18,7 +18,7 @@ from contextlib import closing
 
 from kvemu.options.prefix_caching import prefix_caching_setting
 from kvemu.options.reuse import add_sweep_reuse_arg, sweep_reuse
-from kvemu.options.scheduler import check_scheduler_flag
+from kvemu.options.scheduler import check_scheduler_flags
 from kvemu.options.tiers import tier_settings
 from loadgen.formats import detect_format
 from loadgen.source import add_source_args, load_source
@@ -101,7 +101,7 @@ def _check_scalars(args) -> None:
         raise InputError("--max-running", f"must be >= 1, got {args.max_running}")
     if args.token_budget < 1:
         raise InputError("--token-budget", f"must be >= 1, got {args.token_budget}")
-    check_scheduler_flag(args.scheduler)
+    check_scheduler_flags(args)
     check_positive("--dask-timeout", args.dask_timeout)
 
 
@@ -129,6 +129,7 @@ def build_grid(args, trace, identity: dict, policies, routings, replicas, caps) 
                     s = SimSettings(capacity_blocks=c, policy=pol, replicas=k, routing=route, hit_mode=args.hit_mode,
                                     seed=args.seed, model=args.model, gpu=args.gpu, token_budget=args.token_budget,
                                     max_running=args.max_running, scheduler=args.scheduler,
+                                    watermark=args.watermark, max_loans=args.max_loans,
                                     reuse=sweep_reuse(args), routing_settings=routing,
                                     causal=args.causal, cache_only=args.cache_only, response_kv=args.response_kv,
                                     tiers=tiers, decode_kv=not args.no_decode_kv, prefix_caching=prefix_caching,

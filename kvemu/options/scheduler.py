@@ -12,11 +12,17 @@ from kvemu.options.option import Option
 from replica.core.sched.sched_types import (
     ADMISSIONS,
     DEFAULT_ADMISSION,
+    DEFAULT_MAX_LOANS,
     DEFAULT_MAX_RUNNING,
     DEFAULT_MAX_WAITING,
     DEFAULT_TOKEN_BUDGET,
+    DEFAULT_WATERMARK,
+    VLLM_V0_WATERMARK,
     check_admission,
+    check_watermark,
 )
+from shared.errors import InputError
+from shared.validate import check_positive_int
 
 SCHEDULER = Option(
     "--scheduler", DEFAULT_ADMISSION,
@@ -31,9 +37,17 @@ MAX_RUNNING = Option("--max-running", DEFAULT_MAX_RUNNING, type=int,
 MAX_WAITING = Option("--max-waiting", DEFAULT_MAX_WAITING, type=int,
                      help=f"requests a replica queues; beyond, 503 + Retry-After (default {DEFAULT_MAX_WAITING:,})")
 
+WATERMARK = Option("--watermark", DEFAULT_WATERMARK, type=float, metavar="F",
+                   help=f"admit a request only if this fraction of the KV blocks stays free after it (vLLM v0's"
+                        f" block manager, the vLLM FlashGen compares against, uses {VLLM_V0_WATERMARK}; vLLM v1 has"
+                        f" none; default {DEFAULT_WATERMARK:g})")
+MAX_LOANS = Option("--max-loans", DEFAULT_MAX_LOANS, type=int, metavar="N",
+                   help=f"--scheduler reorder: times one request may be admitted ahead of its turn (each loan may end"
+                        f" in a preemption; default {DEFAULT_MAX_LOANS})")
+
 # What every scheduler a command runs takes; the simulator sizes its queue to the trace instead
 # of --max-waiting (virtual time refuses nothing).
-SIM_SCHEDULER_OPTIONS = (TOKEN_BUDGET, MAX_RUNNING, SCHEDULER)
+SIM_SCHEDULER_OPTIONS = (TOKEN_BUDGET, MAX_RUNNING, SCHEDULER, WATERMARK, MAX_LOANS)
 LIVE_SCHEDULER_OPTIONS = (*SIM_SCHEDULER_OPTIONS, MAX_WAITING)
 
 
@@ -42,10 +56,16 @@ def add_scheduler_args(p: argparse.ArgumentParser, live: bool) -> None:
         option.add(p)
 
 
-def check_scheduler_flag(name: str) -> None:
-    """``--scheduler``'s value names an admission order (the error names the flag)."""
-    check_admission(name, "--scheduler")
+def check_scheduler_flags(args: argparse.Namespace) -> None:
+    """``--scheduler`` names an admission order, ``--watermark`` and ``--max-loans`` are in range, and
+    ``--max-loans`` is not given where nothing is lent (the errors name the flags)."""
+    check_admission(args.scheduler, "--scheduler")
+    check_watermark(args.watermark, "--watermark")
+    check_positive_int("--max-loans", args.max_loans)
+    if args.max_loans != MAX_LOANS.default and args.scheduler != "reorder":
+        raise InputError("--max-loans", f"does nothing with --scheduler {args.scheduler} (nothing is admitted ahead of"
+                                        " its turn): add --scheduler reorder, or drop it")
 
 
-__all__ = ["ADMISSIONS", "LIVE_SCHEDULER_OPTIONS", "SCHEDULER", "SIM_SCHEDULER_OPTIONS", "add_scheduler_args",
-           "check_scheduler_flag"]
+__all__ = ["ADMISSIONS", "LIVE_SCHEDULER_OPTIONS", "MAX_LOANS", "SCHEDULER", "WATERMARK", "SIM_SCHEDULER_OPTIONS", "add_scheduler_args",
+           "check_scheduler_flags"]

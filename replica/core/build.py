@@ -11,7 +11,14 @@ from replica.core.cache.metrics import PoolMetrics
 from replica.core.cache.policies import make_policy
 from replica.core.cache.pool import BlockPool, KvEvent
 from replica.core.compiled.pool import CompiledPool, compilable
-from replica.core.sched.sched_types import DEFAULT_ADMISSION, DEFAULT_MAX_RUNNING, DEFAULT_MAX_WAITING, DEFAULT_TOKEN_BUDGET
+from replica.core.sched.sched_types import (
+    DEFAULT_ADMISSION,
+    DEFAULT_MAX_LOANS,
+    DEFAULT_MAX_RUNNING,
+    DEFAULT_MAX_WAITING,
+    DEFAULT_TOKEN_BUDGET,
+    DEFAULT_WATERMARK,
+)
 from replica.core.sched.scheduler import Scheduler, SchedulerSettings, check_admission
 from replica.core.tiers.stack import TierSettings, TierStack
 from shared.costmodel import CostModel
@@ -63,6 +70,8 @@ class CoreSettings:
     max_running: int = DEFAULT_MAX_RUNNING
     max_waiting: int = DEFAULT_MAX_WAITING
     scheduler: str = DEFAULT_ADMISSION  # admission order: fcfs (vLLM) or reorder (FlashGen)
+    watermark: float = DEFAULT_WATERMARK  # SchedulerSettings.watermark (vLLM v0's)
+    max_loans: int = DEFAULT_MAX_LOANS  # SchedulerSettings.max_loans (reorder)
     decode_kv: bool = True  # decode KV takes blocks (vLLM); False: prompt blocks only (SchedulerSettings)
     max_model_len: int = 0  # vLLM's length rule, resolved (SchedulerSettings.max_model_len; 0: the pool's only)
     reuse: str = "sampled"
@@ -181,6 +190,7 @@ def build_core(s: CoreSettings, cost: CostModel, *, hashes_fit: bool = True) -> 
         hashes_fit=hashes_fit) else None
     sched = Scheduler(fast or pool, cost, SchedulerSettings(token_budget=s.token_budget, max_running=s.max_running,
                                                     max_waiting=s.max_waiting, admission=s.scheduler,
-                                                    decode_kv=s.decode_kv, max_model_len=s.max_model_len),
+                                                    decode_kv=s.decode_kv, max_model_len=s.max_model_len,
+                                                    watermark=s.watermark, max_loans=s.max_loans),
                       report_decoded=s.stream_tokens, tiers=tiers, keep_response_kv=s.response_kv == "keep")
     return ReplicaCore(pool, sched, tiers, fast)

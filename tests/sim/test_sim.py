@@ -252,15 +252,16 @@ def test_throughput_and_time_averaged_hbm_use_of_one_request():
 
 
 def hol_trace() -> Trace:
-    reqs = [TraceRequest(0.0, "a", 0, list(range(6)), 96, 30), TraceRequest(0.001, "h", 0, list(range(100, 107)), 112, 2)]
+    reqs = [TraceRequest(0.0, "a", 0, list(range(6)), 96, 30), TraceRequest(0.001, "h", 0, list(range(100, 110)), 160, 2)]
     reqs += [TraceRequest(0.002 + k * 0.001, f"s{k}", 0, list(range(1000 * (k + 1), 1000 * (k + 1) + 3)), 48, 60)
              for k in range(2)]
     return Trace(reqs, block_size=16, source="hol")
 
 
 def test_reorder_runs_report_their_scheduler_and_preemptions():
-    # 12 blocks, prompt blocks only: a 7-block head arrives while a 6-block request runs; 3-block
-    # requests behind it borrow the idle blocks and one is preempted when the first request ends.
+    # 12 blocks, prompt blocks only: a 10-block head arrives while a 6-block request runs; the first
+    # 3-block request behind it borrows idle blocks (the second would eat into the 3 kept in reserve
+    # for the running requests' next blocks) and is preempted when the first request ends.
     trace = hol_trace()
     fcfs = simulate(trace, SimSettings(capacity_blocks=12, decode_kv=False))
     reorder = simulate(trace, SimSettings(capacity_blocks=12, scheduler="reorder", decode_kv=False))
@@ -278,11 +279,11 @@ def test_reorder_runs_report_their_scheduler_and_preemptions():
 
 
 def test_a_preempted_requests_readmission_is_not_counted_again():
-    # reorder with decode KV: s0 (lent a's idle blocks) is preempted twice and s1 once as decode KV
-    # fills the 12 blocks; each of them is still one request of 3 block accesses
+    # reorder with decode KV: s0 (lent a's idle blocks) is preempted for h, and a small request again as
+    # decode KV fills the 12 blocks; each of them is still one request of 3 block accesses
     run = simulate(hol_trace(), SimSettings(capacity_blocks=12, scheduler="reorder"))
-    assert run["preemptions"] == 3 and run["requests"] == run["served"] == 4
-    assert run["block_accesses"] == 6 + 7 + 3 + 3
+    assert run["preemptions"] == 2 and run["requests"] == run["served"] == 4
+    assert run["block_accesses"] == 6 + 10 + 3 + 3
 
 
 def test_a_backlog_longer_than_any_live_queue_bound_still_finishes():

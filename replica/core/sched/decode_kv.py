@@ -15,6 +15,7 @@ by the decode tick at which it next needs a block (at tick ``t`` it writes the K
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 
 from replica.core.cache.types import SchedulerPool
 from replica.core.sched.sched_types import SchedRequest
@@ -26,12 +27,15 @@ class DecodeBlocks:
         self.enabled = enabled  # False: no request ever holds a block beyond its hashed ones
         self.block_size = pool.block_size
         self._heap: list[tuple[int, int, SchedRequest]] = []  # (tick, admission number, request)
+        # Told each time one of a request's blocks beyond its hashed ones becomes full (the request and
+        # that block's place among them, 0 first): the scheduler names it and copies it down (FlashGen).
+        self.on_filled: Callable[[SchedRequest, int], None] | None = None
 
     def need(self, r: SchedRequest, generated: int) -> int:
         """Blocks beyond its hashed ones that ``r`` needs holding ``generated`` tokens after its prompt."""
         if not self.enabled:
             return 0
-        return max(0, -(-(r.input_tokens + generated) // self.block_size) - len(r.hashes))
+        return max(0, -(-(r.input_tokens + generated) // self.block_size) - len(r.hashes) - r.kept)
 
     def most(self, r: SchedRequest) -> int:
         """Blocks ``r`` holds at its last decode step (its last token's KV is never written)."""
@@ -39,7 +43,7 @@ class DecodeBlocks:
 
     def track(self, r: SchedRequest) -> None:
         """A decoding request: queue the tick of its next block, unless it finishes first."""
-        t = r.base + (len(r.hashes) + r.extra_blocks) * self.block_size - r.input_tokens + 1
+        t = r.base + (len(r.hashes) + r.kept + r.extra_blocks) * self.block_size - r.input_tokens + 1
         if self.enabled and t < r.base + r.output_tokens:
             r.grow_at = t
             heapq.heappush(self._heap, (t, r.admit_seq, r))
@@ -68,6 +72,8 @@ class DecodeBlocks:
         self.pool.take_private(1)
         r.extra_blocks += 1
         self.track(r)
+        if self.on_filled is not None and r.extra_blocks > 1:  # the block before the new one is full
+            self.on_filled(r, r.extra_blocks - 2)
         return True
 
     def ahead(self, tick: int, steps: int) -> int:
@@ -95,4 +101,11 @@ class DecodeBlocks:
             heapq.heappush(self._heap, (t, r.admit_seq, r))
         if taken:
             self.pool.take_private(len(taken))
+            if self.on_filled is not None:  # each new block means the one before it is full (by the run's end)
+                for _, r in taken:
+                    r.extra_blocks -= 1
+                for _, r in taken:
+                    r.extra_blocks += 1
+                    if r.extra_blocks > 1:
+                        self.on_filled(r, r.extra_blocks - 2)
         return end - tick

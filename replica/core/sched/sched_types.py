@@ -10,7 +10,7 @@ from typing import Protocol
 from replica.core.cache.pool import Allocation
 from replica.core.tiers.stack import FetchPlan
 from shared.errors import InputError, KvemuError
-from shared.validate import check_positive_int
+from shared.validate import check_number, check_positive_int
 
 # Admission orders: fcfs (vLLM) or reorder (FlashGen, Jeong and Ahn, ASPLOS 2025). The flag that
 # picks one (``--scheduler``) is in kvemu/options/scheduler.py; the core keeps values and checks.
@@ -22,6 +22,13 @@ DEFAULT_ADMISSION = "fcfs"
 DEFAULT_TOKEN_BUDGET = 8192
 DEFAULT_MAX_RUNNING = 256
 DEFAULT_MAX_WAITING = 10_000  # a live replica answers 503 beyond; the simulator sizes it to the trace
+# vLLM v0's block manager (the vLLM FlashGen compares against) admits a request only if this fraction of
+# the pool stays free after it (``watermark=0.01`` there); vLLM v1 has none, hence 0 here.
+DEFAULT_WATERMARK = 0.0
+VLLM_V0_WATERMARK = 0.01
+# reorder: how many times one request may be admitted ahead of its turn (each loan may end in a
+# preemption; without a bound a request could be lent memory and taken back again and again)
+DEFAULT_MAX_LOANS = 2
 
 
 def check_admission(name: str, field: str = "scheduler") -> None:
@@ -43,13 +50,20 @@ class SchedulerSettings:
     # vLLM's max_model_len: a request whose prompt plus max_tokens exceeds it is refused (0: no
     # limit but the pool's; the settings above the core resolve it with ``max_model_len_for``)
     max_model_len: int = 0
+    watermark: float = DEFAULT_WATERMARK  # fraction of the pool an admission must leave free (vLLM v0)
+    max_loans: int = DEFAULT_MAX_LOANS  # reorder: admissions ahead of its turn one request may get
 
     def __post_init__(self) -> None:
-        for name in ("token_budget", "max_running", "max_waiting", "reorder_window"):
+        for name in ("token_budget", "max_running", "max_waiting", "reorder_window", "max_loans"):
             check_positive_int(name, getattr(self, name))
         check_admission(self.admission)
+        check_watermark(self.watermark)
         if not isinstance(self.max_model_len, int) or self.max_model_len < 0:
             raise InputError("max_model_len", f"must be an integer >= 0, got {self.max_model_len!r}")
+
+
+def check_watermark(value: float, field: str = "watermark") -> None:
+    check_number(field, value, minimum=0, maximum=0.5)  # more would leave most of the pool unused
 
 
 def max_model_len_for(asked: int, capacity_blocks: int, block_size: int) -> int:
@@ -105,6 +119,11 @@ class SchedRequest:
     admit_seq: int = 0  # admission number (the most recent is preempted first)
     extra_blocks: int = 0  # blocks held beyond its hashed ones: partial prompt tail, decode KV
     grow_at: int = -1  # decode tick at which it next needs a block (-1: none; see DecodeBlocks)
+    # Response blocks (``response_hashes[:kept]``) its allocation holds as hashed blocks: a request
+    # preempted while decoding keeps the full blocks it generated cached (vLLM v1 hashes every full
+    # block) and its re-admission looks them up after its prompt's, in HBM and below.
+    kept: int = 0
+    loans: int = 0  # reorder: times it was admitted ahead of its turn (at most max_loans)
 
     @property
     def resumed(self) -> bool:

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import heapq
 from collections import _count_elements, deque  # type: ignore[attr-defined]  # C helper Counter uses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from replica.core.cache.pool import PoolBusyError, PoolCapacityError
 from replica.core.cache.types import Lookup, ResponseStore, SchedulerPool
@@ -112,6 +112,10 @@ class Scheduler:
         self.prefill_tokens = 0  # tokens admissions had to prefill (cache misses, holes, tails)
         self.readmission_prefill_tokens = 0  # ... of them, by re-admissions after a preemption
         self.pinned_block_s = 0.0  # blocks held by running requests x step time: time-averaged HBM use
+        self.queued_block_s = 0.0  # ... over the steps that began with requests waiting (FlashGen's idle memory)
+        self.queued_s = 0.0  # seconds of those steps
+        self.batch_steps = 0  # running requests x steps: over ``steps``, the mean batch size
+        self.steps = 0
         self._order = 0
         # reorder: requests admitted ahead of a blocked head (by order), the heap of their orders
         # (lazy: stale entries are skipped) and how many of them pin each block.
@@ -123,6 +127,9 @@ class Scheduler:
         self.on_preempt: Callable[[SchedRequest, float], None] | None = None
         self.timer: StepTimer | None = None  # a real backend times the steps (see StepTimer)
         self._chunks: list[tuple[SchedRequest, int, int]] = []  # (request, start, tokens) of this step, for it
+        self._now = 0.0  # the start of the step being planned
+        if tiers is not None and keep_response_kv and tiers.settings.mode == "inclusive":
+            self.decode_kv.on_filled = self._filled  # FlashGen: decode blocks copied down as they fill
 
     # ---- queue ------------------------------------------------------------------
     def refusal(self, req: SchedRequest) -> InputError | None:
@@ -175,8 +182,10 @@ class Scheduler:
     def step(self, now: float, horizon: float = float("inf")) -> StepResult:
         """Plan and account one step starting at ``now`` (or several decode-only steps
         ending no later than ``horizon``). The caller waits ``duration`` afterwards."""
+        self._now = now
         if not self._grow_now(now):  # vLLM admits nothing in a step that preempted
             self._admit(now)
+        queued = bool(self.waiting)
         n_dec = len(self._done_at)
         budget = self.settings.token_budget - n_dec
         kv_tokens = self._dec_input + n_dec * self._tick - self._dec_base
@@ -194,7 +203,13 @@ class Scheduler:
                 duration = layered_finish(duration, restores, self.cost.model.layers)
         else:
             duration = self._decode_time(n_dec, kv_tokens, steps)
-        self.pinned_block_s += (self.pool.pinned + self.pool.private) * duration
+        held = (self.pool.pinned + self.pool.private) * duration
+        self.pinned_block_s += held
+        if queued:
+            self.queued_block_s += held
+            self.queued_s += duration
+        self.batch_steps += self.num_running * steps
+        self.steps += steps
         if self.timer is not None:
             duration = self.timer.step_time(self._chunks, list(self._decoders.values()), steps, duration)
             self._chunks = []
@@ -226,7 +241,8 @@ class Scheduler:
                 "preemptions": self.preemptions, "refused": self.refused,
                 "queue_wait_s_total": self.queue_wait_s,
                 "prefill_tokens": self.prefill_tokens, "readmission_prefill_tokens": self.readmission_prefill_tokens,
-                "pinned_block_s": self.pinned_block_s}
+                "pinned_block_s": self.pinned_block_s, "queued_block_s": self.queued_block_s,
+                "queued_s": self.queued_s, "batch_steps": self.batch_steps, "steps": self.steps}
 
     def _grow_now(self, now: float) -> bool:
         """Each decoding request that needs a block in this step gets one, oldest admission first;
@@ -263,12 +279,19 @@ class Scheduler:
             if self._promoted:
                 self._catch_up()
 
-    def _acquire(self, req: SchedRequest, now: float) -> None:
+    def _acquire(self, req: SchedRequest, now: float, reserve: int = 0) -> None:
+        """Allocate ``req``'s blocks, leaving at least ``reserve`` blocks of room (and vLLM v0's
+        watermark), or raise ``PoolBusyError``."""
+        extra = self._extra_at_admission(req)
+        hashes = self._kv_hashes(req)
+        reserve = max(reserve, int(self.settings.watermark * self.pool.capacity))
+        if reserve and self.pool.room - self._takes(hashes, extra) < reserve:
+            raise PoolBusyError("the admission would leave less room than the reserve")
         tiers = self.tiers
-        req.plan = tiers.plan(req.hashes, now, req.arrival) if tiers is not None else None
-        extra = self.decode_kv.need(req, req.generated if req.resumed else 0)
+        # a lower level's reads are staged from when the request (last) entered the queue
+        req.plan = tiers.plan(hashes, now, req.t_queued) if tiers is not None else None
         try:
-            req.alloc = self.pool.acquire(Lookup(req.hashes, req.session, now, req.input_tokens, not req.preemptions,
+            req.alloc = self.pool.acquire(Lookup(hashes, req.session, now, req.input_tokens, not req.preemptions,
                                                  extra, req.next_use, req.position))
         except PoolBusyError:
             if req.plan is not None and tiers is not None:
@@ -306,28 +329,51 @@ class Scheduler:
         self.prefilling.append(req)
         self._dirty = True
 
+    def _kv_hashes(self, r: SchedRequest) -> Sequence[int]:
+        """The hashed blocks ``r`` looks up when admitted: its prompt's, then the response blocks it
+        generated before a preemption (``kept``)."""
+        return [*r.hashes, *r.response_hashes[:r.kept]] if r.kept else r.hashes
+
+    def _takes(self, hashes: Sequence[int], extra: int) -> int:
+        """Blocks of room an allocation of ``hashes`` (and ``extra`` private ones) uses up: all but
+        those running requests already pin (a cached unpinned block was evictable room)."""
+        refs = self.pool.pin_counts
+        return len(hashes) - sum(map(refs.__contains__, hashes)) + extra
+
+    def _filled(self, r: SchedRequest, j: int) -> None:
+        """Decode filled ``r``'s ``j``-th block beyond its hashed ones: with inclusive tiers its KV is
+        copied to the first level below now (FlashGen), so a preemption or HBM eviction loses nothing."""
+        i = r.kept + j
+        if i < len(r.response_hashes) and self.tiers is not None:
+            self.tiers.produced([r.response_hashes[i]], self._now)
+
     # ---- reorder ------------------------------------------------------------------
     def _promote(self, now: float) -> None:
         """The head does not fit: admit shorter requests behind it (up to ``reorder_window`` tried)
         into the memory it leaves idle. They are lent that memory and preempted once the head could run."""
         waiting, max_running, pool = self.waiting, self.settings.max_running, self.pool
-        head_blocks = len(waiting[0].hashes)
+        head_blocks = len(self._kv_hashes(waiting[0]))
+        max_loans = self.settings.max_loans
         i, tried = 1, 0
         while i < len(waiting) and tried < self.settings.reorder_window and self.num_running < max_running:
-            if pool.room <= 0:
+            # Lend only what is idle beyond one block per running request (its next decode block),
+            # the candidate's own included: a loan must not make the running requests preempt.
+            reserve = self.num_running + 1
+            if pool.room <= reserve:
                 break  # no idle block left
             r = waiting[i]
-            if len(r.hashes) >= head_blocks:
+            if r.loans >= max_loans or len(self._kv_hashes(r)) >= head_blocks:
                 i += 1
                 continue
             tried += 1
             try:
-                self._acquire(r, now)
+                self._acquire(r, now, reserve)
             except PoolBusyError:
                 i += 1
                 continue
             del waiting[i]
             self._start(r, now)
+            r.loans += 1
             self.promotions += 1
             self._promoted[r.order] = r
             heapq.heappush(self._promoted_orders, r.order)
@@ -375,8 +421,9 @@ class Scheduler:
         if not reclaimable:
             return False
         kept = len(refs) + pool.private - reclaimable
-        overlap = sum(1 for h in head.hashes if refs.get(h, 0) > lent.get(h, 0))
-        if kept + len(head.hashes) - overlap + self._extra_at_admission(head) > pool.capacity:
+        hashes = self._kv_hashes(head)
+        overlap = sum(1 for h in hashes if refs.get(h, 0) > lent.get(h, 0))
+        if kept + len(hashes) - overlap + self._extra_at_admission(head) > pool.capacity:
             return False
         for order in sorted(self._promoted, reverse=True):
             self._preempt(self._promoted[order], now)
@@ -388,15 +435,20 @@ class Scheduler:
         return self.decode_kv.need(req, req.generated if req.resumed else 0)
 
     def _fits(self, req: SchedRequest) -> bool:
-        refs, hashes = self.pool.pin_counts, req.hashes
+        refs, hashes = self.pool.pin_counts, self._kv_hashes(req)
         held = len(refs) + self.pool.private + self._extra_at_admission(req)
         return held + len(hashes) - sum(map(refs.__contains__, hashes)) <= self.pool.capacity
 
     def _preempt(self, r: SchedRequest, now: float) -> None:
         """Recompute preemption (vLLM): release the request's blocks, keep the tokens it
         generated, and queue it again in arrival order; re-admission prefills its prompt (what
-        is still cached is a hit) and its generated tokens, then decoding goes on."""
-        if r.segments:
+        is still cached is a hit) and its generated tokens, then decoding goes on.
+
+        Where response KV is kept, the full blocks it generated stay cached as vLLM v1 keeps every
+        full block (``kept``: its re-admission looks them up, in HBM and, with inclusive tiers, in
+        the host copies made as they filled, restoring rather than recomputing what is found)."""
+        prefilling = bool(r.segments)
+        if prefilling:
             self.prefilling = deque(x for x in self.prefilling if x is not r)
             self.queued_prefill_tokens -= sum(s[1] for s in r.segments)
             r.segments = []
@@ -409,9 +461,18 @@ class Scheduler:
             r.generated = self._tick - r.base
         self._unlend(r)
         assert r.alloc is not None
+        # decoding: its full blocks beyond the prompt hold computed KV (the last one is partial); prefilling: none new
+        filled = r.kept if prefilling else min(r.kept + max(r.extra_blocks - 1, 0), len(r.response_hashes))
         self.pool.release(r.alloc, now)
         self.decode_kv.forget(r)
         r.alloc = None
+        if filled and self.keep_response_kv and isinstance(self.pool, ResponseStore):
+            stored = self.pool.store(r.response_hashes[r.kept:filled], r.session, now)
+            if stored and self.timer is not None:  # a backend with real K/V computes theirs
+                self.timer.stored(r, stored)
+            if self.tiers is not None:
+                self.tiers.produced(stored, now)
+            r.kept = filled
         r.preemptions += 1
         self.preemptions += 1
         r.t_queued = now

@@ -205,11 +205,12 @@ def steps_until(sched, done, now=0.0, limit=100):
 
 
 def head_of_line(policy):
-    """Capacity 12 blocks. R (6 blocks + 5 tokens: 7 blocks, and its 3 tokens out fit in the 7th)
-    runs; the head H (8 blocks, 1 token) does not fit in the 5 free blocks; S (4 blocks + 5 tokens:
-    5 blocks, its 5 tokens out fit in the 5th) behind it would."""
-    pool, sched = make(capacity=12, admission=policy)
-    r, h, s = req(1, 6, tail=5, out=3, base=0), req(2, 8, out=1, base=100), req(3, 4, tail=5, out=5, base=200)
+    """Capacity 14 blocks. R (6 blocks + 5 tokens: 7 blocks, and its 3 tokens out fit in the 7th)
+    runs; the head H (10 blocks, 1 token) does not fit in the 7 free blocks; S (4 blocks + 5 tokens:
+    5 blocks, its 5 tokens out fit in the 5th) behind it would, leaving the 2 blocks reorder keeps in
+    reserve for the running requests' next decode blocks (R's and S's)."""
+    pool, sched = make(capacity=14, admission=policy)
+    r, h, s = req(1, 6, tail=5, out=3, base=0), req(2, 10, out=1, base=100), req(3, 4, tail=5, out=5, base=200)
     for x in (r, h, s):
         sched.submit(x)
     return pool, sched, r, h, s
@@ -231,29 +232,29 @@ def test_reorder_fills_idle_memory_then_preempts_for_the_head():
     # S is admitted behind the blocked head into the 4 idle blocks and prefills with R.
     assert res0.prefill_tokens == 101 + 69 and res0.first_tokens == [r, s] and sched.num_waiting == 1
     # Steps 1-2 decode both; R ends with step 2. Step 3: after R, only S (5 lent blocks) stands
-    # between H (8) and 12 blocks: S is preempted with 3 tokens generated, H runs in step 3 as
+    # between H (10) and 14 blocks: S is preempted with 3 tokens generated, H runs in step 3 as
     # under fcfs (no later), and S waits again behind it.
     k, now = steps_until(sched, lambda res: h in res.finished, res0.duration)
     assert k == 2  # steps 1, 2, 3
     assert s.preemptions == 1 and s.generated == 3 and sched.num_waiting == 1
     assert told == [(3, None)]  # told after its blocks were released
-    # H evicted R's 6 blocks (LRU: released before S's). Step 4: S re-admitted hits its 4
-    # blocks and recomputes its 5-token tail and its 3 tokens; no second first token; steps 5-6
-    # decode tokens 4 and 5: S is done 2 steps before fcfs.
+    # H evicted R's 6 blocks (LRU: released before S's) into the 4 free ones. Step 4: S re-admitted
+    # hits its 4 blocks and recomputes its 5-token tail and its 3 tokens; no second first token;
+    # steps 5-6 decode tokens 4 and 5: S is done 2 steps before fcfs.
     res4 = sched.step(now, now)
     assert s.cached_tokens == 64 and res4.prefill_tokens == 5 + 3 and res4.first_tokens == []
     assert steps_until(sched, lambda res: s in res.finished, now + res4.duration)[0] == 1  # steps 5, 6
     st = sched.stats()
     assert (st["preemptions"], st["promotions"], st["admissions"]) == (1, 1, 4)
-    assert (st["prefill_tokens"], st["readmission_prefill_tokens"]) == (101 + 69 + 128 + 8, 8)
-    # S's partial 5th block took one of H's cached blocks: 11 resident, none pinned
-    assert s.generated == 5 and pool.evictable == pool.used == 11 and pool.private == 0 and not sched.has_work()
+    assert (st["prefill_tokens"], st["readmission_prefill_tokens"]) == (101 + 69 + 160 + 8, 8)
+    # S's partial 5th block took one of H's cached blocks: 13 resident, none pinned
+    assert s.generated == 5 and pool.evictable == pool.used == 13 and pool.private == 0 and not sched.has_work()
 
 
 def test_reorder_preempts_a_prefilling_request_and_requeues_it_in_arrival_order():
-    pool, sched = make(capacity=10, token_budget=40, admission="reorder")
-    r, h, s = req(1, 6, out=1, base=0), req(2, 8, out=1, base=100), req(3, 4, out=1, base=200)
-    late = req(4, 3, out=1, base=300)  # 8 + 3 > 10: waits while H runs
+    pool, sched = make(capacity=12, token_budget=40, admission="reorder")  # S lent 4, 2 kept in reserve
+    r, h, s = req(1, 6, out=1, base=0), req(2, 9, out=1, base=100), req(3, 4, out=1, base=200)
+    late = req(4, 4, out=1, base=300)  # 9 + 4 > 12: waits while H runs
     for x in (r, h, s):
         sched.submit(x)
     sched.step(0.0, 0.0)  # R 40 of 96 tokens; S admitted behind H, not reached by the budget
@@ -264,7 +265,7 @@ def test_reorder_preempts_a_prefilling_request_and_requeues_it_in_arrival_order(
     sched.step(0.0, 0.0)  # H takes S's lent blocks: S loses its 24 tokens and waits behind H
     assert s.preemptions == 1 and s.segments == [] and s.generated == 0
     assert [x.rid for x in sched.waiting] == [3, 4]
-    assert sched.queued_prefill_tokens == (128 - 40) + 64 + 48  # H's rest, S again, late
+    assert sched.queued_prefill_tokens == (144 - 40) + 64 + 64  # H's rest, S again, late
 
 
 class NaiveReorder(Scheduler):
