@@ -1,185 +1,286 @@
-"""The FlashGen experiment (Jeong and Ahn, ASPLOS 2025) in virtual time: four serving configurations on the `chat`
-preset (ShareGPT-like: median 3, mean 7 turns, human gaps) at rising arrival rates.
+"""The FlashGen experiment (Jeong and Ahn, ASPLOS 2025) as its paper runs it, in virtual time.
 
-  (a) vllm          HBM prefix cache, response KV kept (colocated), FCFS
-  (b) cachedattn    host DRAM and SSD tiers (exclusive), no GPU caching: each turn's KV moves
-                    down when it ends and is always fetched back (CachedAttention), FCFS
-  (c) flashgen_cache  + inclusive copies (HBM eviction is free), fetch-or-recompute with SSD
-                    pre-staging, response KV kept in HBM too, FCFS
-  (d) flashgen      (c) + the reordering scheduler
+Six serving configurations, each a set of `kvemu sim` / `kvemu up` flags (``CONFIGS``; printed in
+the JSON under "flags"), on the paper's instance (2 x A100 80GB PCIe, no NVLink; 224 GB of host
+DRAM for KV; two NVMe drives) and the `chat` preset (ShareGPT-like), per model:
 
-For each configuration and rate: TTFT p50/p95, throughput, time-averaged HBM utilisation,
-fetched / recomputed blocks, preemptions. Then per configuration the highest rate whose P95
-TTFT meets the objective (and whose queue did not grow without bound), and the ratios FlashGen
-reports: (d)/(a) and (c)/(b) sustainable rate. Prints one JSON document; ``--plot`` draws
-P95 TTFT against rate per configuration.
+  vllm_recompute  the paper's baseline, vLLM v0: no KV kept across requests (prefix caching off: every
+                  turn prepends and recomputes its history), FCFS, recompute preemption, watermark 0.01,
+                  steps of max(window, 2,048) tokens (the five systems of the paper all run on vLLM v0)
+  vllm            today's vLLM (v1): prefix caching, each response's KV kept, FCFS, no watermark, 8,192
+  sched_only      FlashGen's reordering scheduler on the paper's baseline ("FlashGen-Sched only")
+  cachedattn      CachedAttention: every turn's KV saved to host / SSD when it ends and loaded back,
+                  nothing kept in HBM between requests, FCFS
+  flashgen_cache  FlashGen-Cache: HBM, host and SSD as one inclusive cache (each block copied down as
+                  it is produced, decode blocks as they fill), fetch or recompute, FCFS
+  flashgen        FlashGen-Cache and FlashGen-Sched
 
-    .venv/bin/python bench/bench_flashgen.py --model opt-13b --gpu a100-80gb --tp 1
-    .venv/bin/python bench/bench_flashgen.py --model llama-2-70b --gpu a100-80gb --tp 2 --plot docs/flashgen.png
+The paper's metric: throughput at equal latency. Per configuration and seed, the highest arrival
+rate whose P95 TTFT meets the objective (and whose queue does not grow without bound), found by
+doubling then bisection on the session rate; over the seeds its mean and spread. At that rate:
+HBM use while requests wait, the mean batch size, per-tier hits. At one common rate (the one
+FlashGen sustains) every configuration's P95 TTFT, as the paper compares them. ``--ablations``
+adds FlashGen with one mechanism switched off at a time, and the two vLLMs on NVLink A100s.
+``--json FILE`` writes the document; ``--plot FILE.png`` draws it.
+
+    .venv/bin/python bench/bench_flashgen.py --model opt-13b --tp 1 --jobs 2 --json opt13b.json --plot opt13b.png
+    .venv/bin/python bench/bench_flashgen.py --model llama-2-70b --tp 2 --jobs 2 --json l70b.json
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
+import statistics
 import sys
-import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import replace
 
-from kvemu.options.tiers import tiers_on
-from loadgen.workloads import generate
-from replica.core.sched.sched_types import DEFAULT_TOKEN_BUDGET
+from loadgen.stats import conversation_shape
 from shared.costmodel import CostModel
 from shared.progress import ProgressBar
-from sim.simulator import SimSettings, simulate
+from sim import sim_cmd
+from sim.simulator import simulate
 
-CONFIGS = ("vllm", "cachedattn", "flashgen_cache", "flashgen")
+GB = 1e9
 GIB = 1024**3
+# vLLM v0, on which the paper's systems are built: its block manager's watermark (admit only while 1% of
+# the blocks stays free) and its step size, max_num_batched_tokens = max(max_model_len, 2048) by default
+# (2,048 tokens for OPT, 4,096 for Llama 2; today's vLLM: 8,192, kvemu's default).
+VLLM_V0 = "--watermark 0.01 --token-budget {budget}"
+TIERS = "--host-cache-gib {host} --ssd-cache-gib {ssd} --ssd-drives {drives}"
+CONFIGS = {
+    "vllm_recompute": f"--prefix-caching off --scheduler fcfs {VLLM_V0}",
+    "vllm": "--scheduler fcfs",
+    "sched_only": f"--prefix-caching off --scheduler reorder {VLLM_V0}",
+    "cachedattn": f"{TIERS} --tier-mode exclusive --fetch always --no-hbm-caching --scheduler fcfs {VLLM_V0}",
+    "flashgen_cache": f"{TIERS} --tier-mode inclusive --fetch auto --scheduler fcfs {VLLM_V0}",
+    "flashgen": f"{TIERS} --tier-mode inclusive --fetch auto --scheduler reorder {VLLM_V0}",
+}
+# One mechanism of FlashGen off at a time, and the baselines on the SXM (NVLink) A100 instead.
+ABLATIONS = {
+    "flashgen_exclusive": f"{TIERS} --tier-mode exclusive --fetch auto --scheduler reorder {VLLM_V0}",
+    "flashgen_fetch_always": f"{TIERS} --tier-mode inclusive --fetch always --scheduler reorder {VLLM_V0}",
+    "flashgen_no_ssd": "--host-cache-gib {host} --tier-mode inclusive --fetch auto --scheduler reorder " + VLLM_V0,
+    "flashgen_host_only_64g": "--host-cache-gib 59.6 --tier-mode inclusive --fetch auto --scheduler reorder " + VLLM_V0,
+    "flashgen_v1_steps": f"{TIERS} --tier-mode inclusive --fetch auto --scheduler reorder",  # no watermark, 8,192
+    "vllm_recompute_nvlink": f"--prefix-caching off --scheduler fcfs {VLLM_V0} --gpu a100-80gb",
+    "flashgen_nvlink": f"{TIERS} --tier-mode inclusive --fetch auto --scheduler reorder {VLLM_V0} --gpu a100-80gb",
+}
+# The paper's figures (throughput at equal latency, over vLLM; OPT-30B's P95 TTFT), for the side-by-side.
+PAPER = {"flashgen_over_vllm": [1.55, 2.85], "flashgen_cache_over_cachedattn": [1.13, 1.19],
+         "hbm_util": {"flashgen": 0.98, "vllm": 0.88},
+         "opt_30b_p95_ttft_s": {"vllm_recompute": 16.9, "cachedattn": 7.8, "sched_only": 14.2, "flashgen": 1.3},
+         "sharegpt": {"turns_median": 3, "turns_mean": 7, "prompt_over_new_mean": 99}}
+KEYS = ("requests", "served", "refused", "ttft_p50_s", "ttft_p95_s", "hbm_utilization", "hbm_utilization_queued",
+        "mean_batch_size", "hbm_block_hit_ratio", "host_block_hit_ratio", "ssd_block_hit_ratio", "fetched_blocks",
+        "recomputed_blocks", "preemptions", "throughput_rps", "saturated", "engine")
 
 
-def hbm_kv_gib(cost: CostModel, utilization: float, max_running: int) -> float:
-    """KV space per replica, vLLM's capacity rule as `--gpu-memory-utilization` applies it
-    (``CostModel.kv_budget``: each GPU's memory at ``utilization`` less its weights and the
-    activations of the largest step, over the replica's GPUs)."""
-    b = cost.kv_budget(utilization, DEFAULT_TOKEN_BUDGET, max_running, 16)
-    return b.tp * b.kv_bytes / GIB
+def config_flags(flags: str, opts: dict) -> list[str]:
+    """A configuration's own flags, the tier sizes filled in (GB as the paper gives them, in GiB)."""
+    return flags.format(host=round(opts["host_gb"] * GB / GIB, 1), ssd=round(opts["ssd_gb"] * GB / GIB, 1),
+                        drives=opts["drives"], budget=max(opts["window"], 2048)).split()
 
 
-def settings_for(config: str, base: SimSettings, cost: CostModel, block_size: int, host_gib: float,
-                 ssd_gib: float) -> SimSettings:
-    tiers = tiers_on(cost, block_size, host_gib, ssd_gib)
-    if config == "vllm":
-        return replace(base, response_kv="keep", scheduler="fcfs")
-    if config == "cachedattn":  # KV saved below after every turn and loaded back: no GPU caching
-        return replace(base, response_kv="keep", scheduler="fcfs",
-                       tiers=replace(tiers, mode="exclusive", fetch="always", hbm_caching=False))
-    cache = replace(base, response_kv="keep", tiers=replace(tiers, mode="inclusive", fetch="auto"))
-    return replace(cache, scheduler="fcfs" if config == "flashgen_cache" else "reorder")
+def command_line(config: str, flags: str, rate: float, seed: int, opts: dict) -> list[str]:
+    """The `kvemu sim` arguments of one configuration at one session rate (its flags last: they win)."""
+    return ["--workload", "chat", "--duration", str(opts["duration"]), "--seed", str(seed),
+            "--set", f"session_rate={rate:.6g}", "--set", f"max_context={opts['window']}",
+            "--model", opts["model"], "--gpu", opts["gpu"], "--tp", str(opts["tp"]),
+            "--gpu-memory-utilization", str(opts["utilization"]), "--reuse", "off", "--quiet", "--jobs", "1",
+            *config_flags(flags, opts)]
 
 
-def run_point(args: tuple) -> dict:
-    config, rate, opts = args
-    trace = generate("chat", opts["duration"], seed=opts["seed"],
-                     overrides={"session_rate": str(rate), "max_context": str(opts["max_context"])})
-    cost = CostModel.from_names(opts["model"], opts["gpu"])
-    cap = cost.gib_to_blocks(opts["hbm_gib"], trace.block_size)
-    base = SimSettings(capacity_blocks=cap, model=opts["model"], gpu=opts["gpu"], max_running=opts["max_running"],
-                       reuse="off")
-    s = settings_for(config, base, cost, trace.block_size, opts["host_gib"], opts["ssd_gib"])
-    t0 = time.perf_counter()
-    run = simulate(trace, s)
-    keys = ("requests", "refused", "block_hit_ratio", "hbm_block_hit_ratio", "host_block_hit_ratio", "ssd_block_hit_ratio",
-            "fetched_blocks", "recomputed_blocks", "preemptions", "hbm_utilization", "throughput_rps",
-            "ttft_p50_s", "ttft_p95_s", "ttft_p99_s", "saturated")
-    span = run["arrival_span_s"] or 1.0
-    # served, not requests: a preempted request is acquired (and counted by the pool) again
-    return {"config": config, "session_rate": rate, "offered_rps": round(run["served"] / span, 4),
-            "arrivals_in_window_rps": round(sum(r.t < opts["duration"] for r in trace.requests) / opts["duration"], 4),
-            "wall_s": round(time.perf_counter() - t0, 2), **{k: run.get(k) for k in keys}}
-
-
-def sustained(rows: list[dict], slo: float) -> dict[str, float]:
-    """Per configuration: the highest request rate (requests/s arriving while sessions start)
-    meeting the P95 TTFT objective without a queue that grows without bound, every lower rate
-    meeting it too."""
-    out = {}
-    for config in CONFIGS:
-        best = 0.0
-        for r in sorted((r for r in rows if r["config"] == config), key=lambda r: r["session_rate"]):
-            if r["saturated"] or r["ttft_p95_s"] is None or r["ttft_p95_s"] > slo:
-                break
-            best = r["arrivals_in_window_rps"]
-        out[config] = round(best, 3)
+def run_point(config: str, flags: str, rate: float, seed: int, opts: dict) -> dict:
+    """One `kvemu sim` run: parsed and checked by its own parser, so the flags are exactly a user's."""
+    p = argparse.ArgumentParser()
+    sim_cmd.configure(p)
+    args = p.parse_args(command_line(config, flags, rate, seed, opts))
+    with contextlib.redirect_stderr(io.StringIO()):  # the capacity line each run prints: once, in the JSON
+        trace, grid = sim_cmd.runs_of(args)
+    run = simulate(trace, grid[0])
+    window = opts["duration"]
+    out = {k: run.get(k) for k in KEYS}
+    out["hbm_util_queued"] = out.pop("hbm_utilization_queued")  # HBM held by running requests while some wait
+    out.update(session_rate=rate, rps=round(sum(r.t < window for r in trace.requests) / window, 4))
+    out["meets"] = (not run["saturated"] and run["ttft_p95_s"] is not None and run["ttft_p95_s"] <= opts["slo"])
     return out
 
 
-def plot(rows: list[dict], path: str, title: str, slo: float) -> None:
+def sustainable(config: str, flags: str, seed: int, opts: dict) -> dict:
+    """Double the session rate until the objective fails, then bisect ``opts['steps']`` times: the
+    highest rate met (every point tried is kept, for the plot)."""
+    points, rate = [], opts["start_rate"]
+    best = None
+    while rate <= opts["max_rate"]:
+        pt = run_point(config, flags, rate, seed, opts)
+        points.append(pt)
+        if not pt["meets"]:
+            break
+        best, rate = pt, rate * 2
+    lo, hi = (best["session_rate"] if best else 0.0), rate
+    for _ in range(opts["steps"] if rate <= opts["max_rate"] else 0):
+        mid = (lo + hi) / 2
+        pt = run_point(config, flags, mid, seed, opts)
+        points.append(pt)
+        if pt["meets"]:
+            best, lo = pt, mid
+        else:
+            hi = mid
+    return {"config": config, "seed": seed, "best": best, "points": points}
+
+
+def at_rate(config: str, flags: str, rate: float, seed: int, opts: dict) -> dict:
+    return {"config": config, "seed": seed, "common": run_point(config, flags, rate, seed, opts)}
+
+
+def parallel(jobs: list[tuple], workers: int, label: str, fn) -> list[dict]:
+    out = []
+    bar = ProgressBar(label, len(jobs), "task")
+    with ProcessPoolExecutor(max_workers=max(1, min(workers, len(jobs)))) as pool:
+        for fut in as_completed([pool.submit(fn, *j) for j in jobs]):
+            out.append(fut.result())
+            bar.update()
+    bar.close()
+    return out
+
+
+def mean_of(rows: list[dict], key: str) -> float | None:
+    values = [r[key] for r in rows if r is not None and r.get(key) is not None]
+    return round(statistics.fmean(values), 4) if values else None
+
+
+def summarize(name: str, chains: list[dict], common: list[dict]) -> dict:
+    """Over the seeds: the sustainable rate's mean and spread, and the means of what was measured there."""
+    mine = sorted((c for c in chains if c["config"] == name), key=lambda c: c["seed"])
+    best = [c["best"] for c in mine]
+    rps = [b["rps"] if b else 0.0 for b in best]
+    found = [b for b in best if b]
+    doc = {"sustainable_rps": round(statistics.fmean(rps), 3),
+           "spread": {"min": min(rps), "max": max(rps), "stdev": round(statistics.pstdev(rps), 3)},
+           "per_seed_rps": rps, "sustainable_session_rate": [b["session_rate"] if b else 0.0 for b in best]}
+    doc.update({k: mean_of(found, k) for k in ("ttft_p95_s", "hbm_utilization", "hbm_util_queued",
+                                                "mean_batch_size", "hbm_block_hit_ratio", "host_block_hit_ratio",
+                                                "ssd_block_hit_ratio", "preemptions", "refused", "requests")})
+    doc["engine"] = found[0]["engine"] if found else None
+    at = [c["common"] for c in common if c["config"] == name]
+    doc["at_common_rate"] = {k: mean_of(at, k) for k in ("rps", "ttft_p95_s", "hbm_utilization",
+                                                         "hbm_util_queued", "mean_batch_size", "preemptions")}
+    doc["points"] = [{k: p[k] for k in ("session_rate", "rps", "ttft_p95_s", "meets", "saturated")}
+                     for c in mine for p in c["points"] if c["seed"] == mine[0]["seed"]]
+    return doc
+
+
+def ratio(configs: dict, x: str, y: str) -> float | None:
+    a, b = configs.get(x, {}).get("sustainable_rps"), configs.get(y, {}).get("sustainable_rps")
+    return round(a / b, 2) if a and b else None
+
+
+def workload_check(opts: dict) -> dict:
+    """The chat preset against the paper's ShareGPT statistics, before and under the model's window."""
+    from loadgen.workloads import generate
+
+    out = {}
+    for label, window in (("unlimited", 131072), ("model_window", opts["window"])):
+        trace = generate("chat", opts["duration"], seed=0, overrides={"session_rate": "0.5",
+                                                                      "max_context": str(window)})
+        out[label] = {"max_context": window, **conversation_shape(trace).to_dict()}
+    return out
+
+
+def plot(doc: dict, path: str) -> None:
+    """P95 TTFT against offered load (seed 0's points) and the sustainable rate per configuration."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.6))
-    for config in CONFIGS:
-        pts = sorted((r for r in rows if r["config"] == config), key=lambda r: r["session_rate"])
-        xs = [r["arrivals_in_window_rps"] for r in pts]
-        ax1.plot(xs, [r["ttft_p95_s"] for r in pts], marker="o", label=config)
-        ax2.plot(xs, [100 * (r["hbm_utilization"] or 0) for r in pts], marker="o", label=config)
-    ax1.axhline(slo, color="0.5", ls="--", lw=1, label=f"objective: P95 TTFT {slo:g} s")
-    ax1.set_yscale("log")
-    ax1.set_xlabel("offered load (requests/s)")
-    ax1.set_ylabel("P95 TTFT (s, emulated)")
-    ax1.set_title("P95 time to first token")
-    ax2.set_xlabel("offered load (requests/s)")
-    ax2.set_ylabel("HBM utilisation (% of KV blocks in use, time-averaged)")
-    ax2.set_title("HBM utilisation")
-    ax2.set_ylim(0, 105)
+    names = list(doc["configs"])
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
+    for name in names[:len(CONFIGS)]:
+        pts = sorted(doc["configs"][name]["points"], key=lambda p: p["rps"])
+        ax1.plot([p["rps"] for p in pts], [p["ttft_p95_s"] for p in pts], marker="o", ms=4, label=name)
+    ax1.axhline(doc["objective_p95_s"], color="0.4", ls="--", lw=1, label=f"objective {doc['objective_p95_s']:g} s")
+    ax1.set(yscale="log", xlabel="offered load (requests/s arriving)", ylabel="P95 TTFT (s, emulated)",
+            title="P95 time to first token (seed 0, points the search tried)")
+    means = [doc["configs"][n]["sustainable_rps"] for n in names]
+    lo = [max(m - doc["configs"][n]["spread"]["min"], 0) for m, n in zip(means, names)]
+    hi = [max(doc["configs"][n]["spread"]["max"] - m, 0) for m, n in zip(means, names)]
+    ax2.barh(names, means, xerr=[lo, hi], color=["C%d" % (i % 10) for i in range(len(names))], capsize=3)
+    ax2.invert_yaxis()
+    ax2.set(xlabel=f"requests/s at P95 TTFT <= {doc['objective_p95_s']:g} s (mean, min-max over "
+                   f"{len(doc['seeds'])} seeds)")
+    r = doc["ratios"]["flashgen_over_vllm_recompute"]
+    ax2.set_title(f"Throughput at equal latency\nflashgen / vllm_recompute: {r}x (paper: 1.55-2.85x)", fontsize=10)
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(title, fontsize=10)
+    ax1.legend(fontsize=8)
+    fig.suptitle(f"FlashGen's configurations, chat preset: {doc['model']} on {doc['tp']} x {doc['gpu']}, "
+                 f"{doc['hbm_kv_gib']:g} GiB HBM KV, {doc['host_gb']:g} GB host, {doc['ssd_gb']:g} GB SSD", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="opt-13b")
-    p.add_argument("--gpu", default="a100-80gb")
+    p.add_argument("--gpu", default="a100-80gb-pcie", help="GPU preset (the paper's: A100 80GB PCIe)")
     p.add_argument("--tp", type=int, default=1)
-    p.add_argument("--rates", default="0.2,0.4,0.6,0.8,1.0", help="new chat sessions per second")
-    p.add_argument("--duration", type=float, default=1200.0, help="seconds of session starts per point")
-    p.add_argument("--host-gib", type=float, default=224.0, help="host DRAM for KV per replica (FlashGen's: 224 GB)")
-    p.add_argument("--ssd-gib", type=float, default=2000.0, help="SSD for KV per replica (two NVMe drives)")
+    p.add_argument("--host-gb", type=float, default=224.0, help="host DRAM for KV per replica, GB (the paper's 224)")
+    p.add_argument("--ssd-gb", type=float, default=1920.0, help="SSD for KV per replica, GB (two 960 GB NVMe drives)")
+    p.add_argument("--drives", type=int, default=2, help="NVMe drives the SSD tier is striped over")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    p.add_argument("--max-running", type=int, default=256)
+    p.add_argument("--duration", type=float, default=1200.0, help="seconds of session starts per point")
     p.add_argument("--max-context", type=int, default=None,
                    help="a session ends at the turn that would exceed it (default: the model's window, "
                         "its max_position_embeddings: OPT 2,048, Llama 2 4,096)")
     p.add_argument("--slo", type=float, default=5.0, help="P95 TTFT objective, seconds")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--start-rate", type=float, default=0.1, help="first session rate tried (sessions/s)")
+    p.add_argument("--max-rate", type=float, default=12.8, help="highest session rate tried")
+    p.add_argument("--steps", type=int, default=5, help="bisection steps after the doubling")
+    p.add_argument("--ablations", action="store_true", help="also FlashGen with one mechanism off at a time")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--json", default="-", help="write the document here ('-': stdout)")
     p.add_argument("--plot", default=None)
     a = p.parse_args(argv)
-    gpu = a.gpu if a.tp == 1 else f"{a.gpu}@tp{a.tp}"
-    cost = CostModel.from_names(a.model, gpu)
-    hbm_gib = hbm_kv_gib(cost, a.gpu_memory_utilization, a.max_running)
-    if hbm_gib <= 0:
-        print(f"error: {a.model} does not fit on {a.tp} x {a.gpu}", file=sys.stderr)
-        return 2
-    window = a.max_context or cost.model.max_context  # its max_position_embeddings (shared/costmodel.py)
-    opts = {"max_context": window, "duration": a.duration, "seed": a.seed, "model": a.model, "gpu": gpu,
-            "hbm_gib": hbm_gib, "host_gib": a.host_gib, "ssd_gib": a.ssd_gib, "max_running": a.max_running}
-    rates = [float(x) for x in a.rates.split(",")]
-    jobs = [(c, r, opts) for c in CONFIGS for r in rates]
-    rows = []
-    bar = ProgressBar("flashgen", len(jobs), "point")
-    with ProcessPoolExecutor(max_workers=max(1, min(a.jobs, len(jobs)))) as pool:
-        for fut in as_completed([pool.submit(run_point, j) for j in jobs]):
-            rows.append(fut.result())
-            bar.update()
-    bar.close()
-    rows.sort(key=lambda r: (CONFIGS.index(r["config"]), r["session_rate"]))
-    best = sustained(rows, a.slo)
-    high = max(rates)
-    p95_high = {r["config"]: r["ttft_p95_s"] for r in rows if r["session_rate"] == high}
-    util = {c: round(max((r["hbm_utilization"] or 0) for r in rows if r["config"] == c), 3) for c in CONFIGS}
-
-    def ratio(x: str, y: str) -> float | None:
-        return round(best[x] / best[y], 2) if best[y] else None
-
-    doc = {"model": a.model, "gpu": a.gpu, "tp": a.tp, "max_context": window, "hbm_kv_gib": round(hbm_gib, 1), "host_gib": a.host_gib,
-           "ssd_gib": a.ssd_gib, "slo_p95_ttft_s": a.slo, "duration_s": a.duration,
-           "sustained_rps": best, "flashgen_over_vllm": ratio("flashgen", "vllm"),
-           "flashgen_cache_over_cachedattn": ratio("flashgen_cache", "cachedattn"),
-           "p95_ttft_at_highest_rate_s": p95_high, "peak_hbm_utilization": util, "rows": rows}
-    print(json.dumps(doc, indent=1))
+    cost = CostModel.from_names(a.model, a.gpu if a.tp == 1 else f"{a.gpu}@tp{a.tp}")
+    opts = {"model": a.model, "gpu": a.gpu, "tp": a.tp, "host_gb": a.host_gb, "ssd_gb": a.ssd_gb, "drives": a.drives,
+            "utilization": a.gpu_memory_utilization, "duration": a.duration, "slo": a.slo,
+            "window": a.max_context or cost.model.max_context, "start_rate": a.start_rate, "max_rate": a.max_rate,
+            "steps": a.steps}
+    configs = {**CONFIGS, **(ABLATIONS if a.ablations else {})}
+    seeds = list(range(a.seeds))
+    chains = parallel([(c, f, s, opts) for c, f in configs.items() for s in seeds], a.jobs, "bisect", sustainable)
+    fg = [c["best"]["session_rate"] for c in chains if c["config"] == "flashgen" and c["best"]]
+    common_rate = statistics.fmean(fg) if fg else a.start_rate
+    common = parallel([(c, f, common_rate, s, opts) for c, f in configs.items() for s in seeds], a.jobs,
+                      "common rate", at_rate)
+    out = {name: summarize(name, chains, common) for name in configs}
+    budget = cost.kv_budget(a.gpu_memory_utilization, 8192, 256, 16)
+    doc = {"model": a.model, "gpu": a.gpu, "tp": a.tp, "objective_p95_s": a.slo, "seeds": seeds,
+           "duration_s": a.duration, "max_context": opts["window"], "hbm_kv_gib": round(budget.tp * budget.kv_bytes / GIB, 1),
+           "host_gb": a.host_gb, "ssd_gb": a.ssd_gb, "ssd_drives": a.drives,
+           "common_session_rate": round(common_rate, 4),
+           "ratios": {"flashgen_over_vllm_recompute": ratio(out, "flashgen", "vllm_recompute"),
+                      "flashgen_over_vllm": ratio(out, "flashgen", "vllm"),
+                      "sched_only_over_vllm_recompute": ratio(out, "sched_only", "vllm_recompute"),
+                      "flashgen_cache_over_cachedattn": ratio(out, "flashgen_cache", "cachedattn"),
+                      "flashgen_over_flashgen_cache": ratio(out, "flashgen", "flashgen_cache")},
+           "paper": PAPER, "workload": workload_check(opts),
+           "flags": {name: " ".join(config_flags(f, opts)) for name, f in configs.items()},
+           "configs": out}
+    text = json.dumps(doc, indent=1)
+    if a.json == "-":
+        print(text)
+    else:
+        with open(a.json, "w") as fh:
+            fh.write(text + "\n")
     if a.plot:
-        plot(rows, a.plot, f"FlashGen configurations, chat preset: {a.model} on {a.tp} x {a.gpu}, "
-                           f"{hbm_gib:.0f} GiB HBM KV, {a.host_gib:g} GiB host, {a.ssd_gib:g} GiB SSD", a.slo)
+        plot(doc, a.plot)
     return 0
 
 

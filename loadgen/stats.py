@@ -137,3 +137,42 @@ def trace_stats(trace: Trace) -> TraceStats:
         output_tokens_per_request=Distribution.of(n_out),
         kinds=_kinds(trace),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationShape:
+    """What FlashGen (Jeong and Ahn, ASPLOS 2025) reports of ShareGPT, measured on a trace: turns per
+    session (median 3, mean 7 there) and how much longer a prompt with its history is than the
+    turn's own new tokens (99x there, "history is more than half of every prompt even at the
+    median"). A turn's new tokens are its prompt less the previous turn's prompt and response; turn
+    0's are its whole prompt (a system prompt counts as new: ShareGPT has none)."""
+
+    sessions: int
+    turns_median: float | None
+    turns_mean: float | None
+    prompt_over_new_mean: float | None  # mean over requests of prompt tokens / new tokens
+    prompt_over_new_median: float | None
+    history_share_median: float | None  # median over requests of history tokens / prompt tokens
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def conversation_shape(trace: Trace) -> ConversationShape:
+    by_session: dict[str, list] = {}
+    for r in trace.requests:
+        by_session.setdefault(r.session, []).append(r)
+    ratios: list[float] = []
+    shares: list[float] = []
+    for turns in by_session.values():
+        turns.sort(key=lambda r: r.turn)
+        before = 0  # the previous turn's prompt and response: this turn's history
+        for r in turns:
+            history = min(before, r.input_tokens) if r.turn else 0
+            new = max(r.input_tokens - history, 1)
+            ratios.append(r.input_tokens / new)
+            shares.append(history / r.input_tokens if r.input_tokens else 0.0)
+            before = r.input_tokens + r.output_tokens
+    counts = Distribution.of([len(t) for t in by_session.values()])
+    r, s = Distribution.of(ratios), Distribution.of(shares)
+    return ConversationShape(len(by_session), counts.p50, counts.mean, r.mean, r.p50, s.p50)

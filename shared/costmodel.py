@@ -182,6 +182,10 @@ GPUS: dict[str, GpuSpec] = {
     for g in (
         # A100 80GB SXM: 81,920 MiB. PCIe 4 host link: about half the H200's.
         GpuSpec("a100-80gb", 312e12, 2.039e12, 81920 * MIB, 300e9, 25e9),
+        # A100 80GB PCIe (FlashGen's instance, Azure's NC A100 v4: two of them, no NVLink bridge):
+        # 1,935 GB/s HBM2e; GPU to GPU and host to GPU both over PCIe 4.0 x16, 31.5 GB/s a direction
+        # on the wire, about 25 GB/s in large pinned copies (what the SXM preset's host link assumes).
+        GpuSpec("a100-80gb-pcie", 312e12, 1.935e12, 81920 * MIB, 25e9, 25e9),
         GpuSpec("h100", 989e12, 3.35e12, 81559 * MIB),  # H100 SXM 80GB HBM3: 81,559 MiB
         GpuSpec("h200", 989e12, 4.8e12, 143771 * MIB),  # H200 SXM 141GB HBM3e: 143,771 MiB
         GpuSpec("ascend-910b2", 376e12, 1.6e12, 65536 * MIB, 196e9, 25e9),  # 910B2: 65,536 MB HBM
@@ -193,6 +197,7 @@ _ALIASES = {
     "llama3-8b": "llama-3-8b",
     "llama3-70b": "llama-3-70b",
     "a100": "a100-80gb",
+    "a100-pcie": "a100-80gb-pcie",
     "910b2": "ascend-910b2",
 }
 

@@ -158,10 +158,24 @@ def validate_names(policies: list[str], replicas: int, routing: str) -> None:
 
 
 def run(args) -> int:
-    args.gpu = gpu_setting(args)
     check_outputs(args)
     if args.jobs < 1:
         raise InputError("--jobs", f"must be >= 1, got {args.jobs}")
+    trace, grid = runs_of(args)
+    runs = run_serial(trace, grid, args.quiet) if args.jobs == 1 or len(grid) == 1 else \
+        run_parallel(trace, grid, args.jobs, args.quiet)
+    print_table(runs, sys.stderr if args.json == "-" else sys.stdout)  # stdout carries only the JSON then
+    warning = saturation_warning(runs)
+    if warning:
+        print(warning, file=sys.stderr)
+    _write_outputs(args, trace, runs)
+    return 0
+
+
+def runs_of(args) -> tuple[Trace, list[SimSettings]]:
+    """The trace and the grid of runs ``kvemu sim``'s flags ask for, every flag checked (what
+    bench/bench_flashgen.py runs its configurations through, so that each is a command line)."""
+    args.gpu = gpu_setting(args)
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
     validate_names(policies, args.replicas, args.routing)
     check_no_ops(args, [args.replicas])
@@ -184,14 +198,7 @@ def run(args) -> int:
                         max_model_len=args.max_model_len,
                         compiled=not args.python_core)
             for pol in policies for c in caps]  # validates every name before the first run
-    runs = run_serial(trace, grid, args.quiet) if args.jobs == 1 or len(grid) == 1 else \
-        run_parallel(trace, grid, args.jobs, args.quiet)
-    print_table(runs, sys.stderr if args.json == "-" else sys.stdout)  # stdout carries only the JSON then
-    warning = saturation_warning(runs)
-    if warning:
-        print(warning, file=sys.stderr)
-    _write_outputs(args, trace, runs)
-    return 0
+    return trace, grid
 
 
 def _write_outputs(args, trace: Trace, runs: list[dict]) -> None:

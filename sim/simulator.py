@@ -250,19 +250,24 @@ def max_model_len(s: SimSettings, cost: CostModel, block_size: int) -> int:
     return max_model_len_for(s.max_model_len or cost.model.max_context, s.capacity_blocks, block_size)
 
 
-def _build_replica(i: int, s: SimSettings, block_size: int, cost: CostModel, indexed: bool,
-                   requests: int, hashes_fit: bool) -> _Replica:
+def core_settings(s: SimSettings, block_size: int, cost: CostModel, indexed: bool, requests: int) -> CoreSettings:
+    """The core each replica of ``s`` runs (what a live replica's ``ReplicaSettings.core_settings`` gives
+    for the same flags, but for what only virtual time has: oracles, exact reuse, an unbounded queue)."""
     # Virtual time refuses nothing: the waiting queue can hold every request of the trace (a live
     # replica's bound answers overload with 503; here it would only abort a long backlogged run).
-    core = build_core(CoreSettings(
+    return CoreSettings(
         capacity_blocks=s.capacity_blocks, policy=s.policy, policy_params=s.policy_params, block_size=block_size,
         hit_mode=s.hit_mode, token_budget=s.token_budget, max_running=s.max_running, scheduler=s.scheduler,
         watermark=s.watermark, max_loans=s.max_loans, max_waiting=max(requests, 1),
         reuse=s.reuse_mode, shards_rate=s.shards_rate,
         shards_max_tracked=1 << 62, seed=s.seed, emit_events=indexed, oracles=True,
         stream_tokens=False, tiers=s.tiers, response_kv=s.response_kv, decode_kv=s.decode_kv,
-        prefix_caching=s.prefix_caching, compiled=s.compiled, max_model_len=max_model_len(s, cost, block_size)),
-        cost, hashes_fit=hashes_fit)
+        prefix_caching=s.prefix_caching, compiled=s.compiled, max_model_len=max_model_len(s, cost, block_size))
+
+
+def _build_replica(i: int, s: SimSettings, block_size: int, cost: CostModel, indexed: bool,
+                   requests: int, hashes_fit: bool) -> _Replica:
+    core = build_core(core_settings(s, block_size, cost, indexed, requests), cost, hashes_fit=hashes_fit)
     replica_id = f"replica-{i}"  # the ids `kvemu up` gives, so session routing hashes the same ring
     return _Replica(replica_id, core, core.scheduler, ReplicaState(replica_id, capacity_blocks=s.capacity_blocks),
                     tiers=core.tiers)

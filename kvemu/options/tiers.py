@@ -6,10 +6,11 @@ from __future__ import annotations
 import argparse
 
 from kvemu.options.option import Option, add_options
+from replica.core.tiers.levels import SSD_READ_GBPS, SSD_WRITE_GBPS
 from replica.core.tiers.stack import FETCH_MODES, TIER_MODES, TierSettings
 from shared.costmodel import CostModel
 from shared.errors import InputError
-from shared.validate import check_number
+from shared.validate import check_number, check_positive_int
 
 TIER_OPTIONS = (
     Option("--host-cache-gib", 0.0, "host DRAM KV tier per replica, GiB (default 0: none)", float, metavar="G"),
@@ -20,6 +21,9 @@ TIER_OPTIONS = (
            choices=TIER_MODES),
     Option("--fetch", "auto", "restore blocks a lower tier holds: always, never, or auto (when faster than recomputing)",
            choices=FETCH_MODES),
+    Option("--ssd-drives", 1, "NVMe drives the SSD tier is striped over: each adds its read and write bandwidth"
+                              f" ({SSD_READ_GBPS:g} / {SSD_WRITE_GBPS:g} GB/s, one PCIe 4.0 drive; default 1)", int,
+           metavar="N"),
     Option("--host-link-gbps", None, "host<->GPU bandwidth per direction (default: the GPU preset's)", float,
            metavar="GB/S"),
     Option("--no-hbm-caching", False,
@@ -41,7 +45,9 @@ def tier_settings(args: argparse.Namespace, cost: CostModel, block_size: int) ->
         policies[tier.strip()] = policy.strip()
     check_number("--host-cache-gib", args.host_cache_gib, minimum=0)
     check_number("--ssd-cache-gib", args.ssd_cache_gib, minimum=0)
+    check_positive_int("--ssd-drives", args.ssd_drives)
     extra = {} if args.host_link_gbps is None else {"host_link_gbps": args.host_link_gbps}
+    extra.update(ssd_read_gbps=SSD_READ_GBPS * args.ssd_drives, ssd_write_gbps=SSD_WRITE_GBPS * args.ssd_drives)
     tiers = tiers_on(cost, block_size, args.host_cache_gib, args.ssd_cache_gib, host_policy=policies["host"],
                      ssd_policy=policies["ssd"], mode=args.tier_mode, fetch=args.fetch,
                      hbm_caching=not args.no_hbm_caching, **extra)
@@ -58,10 +64,12 @@ def check_tier_flags(args: argparse.Namespace, tiers: TierSettings, cost: CostMo
         if gib > 0 and blocks == 0:
             raise InputError(flag, f"{gib:g} GiB holds 0 blocks of {block_size} tokens of this model's KV (one block is"
                                    f" {one * 1024:.3g} MiB): give at least {_round_up(one)} GiB, or 0 for no tier")
+    if args.ssd_drives != 1 and tiers.ssd_blocks == 0:
+        raise InputError("--ssd-drives", "does nothing without an SSD tier: add --ssd-cache-gib, or drop it")
     if tiers.enabled:
         return
     given = {option.flag: getattr(args, option.dest) != option.default for option in TIER_OPTIONS}
-    for flag in ("--no-hbm-caching", "--tier-policy", "--tier-mode", "--fetch", "--host-link-gbps"):
+    for flag in ("--no-hbm-caching", "--tier-policy", "--tier-mode", "--fetch", "--host-link-gbps", "--ssd-drives"):
         if given[flag]:
             raise InputError(flag, "does nothing without a memory tier below HBM: add --host-cache-gib or"
                                    " --ssd-cache-gib")

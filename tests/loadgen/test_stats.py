@@ -88,3 +88,19 @@ def test_to_dict_is_json():
         assert key in d
     assert d["turns_per_session"]["p90"] == pytest.approx(2.8)
     assert d["kinds"]["multi"]["requests"] == 3
+
+
+def test_conversation_shape_hand_worked():
+    from loadgen.stats import conversation_shape
+    from loadgen.trace import Trace, TraceRequest
+
+    # session a: turn 0 of 100 tokens (50 out), turn 1 of 200 (its history 150, 50 new), turn 2 of
+    # 400 (history 250, 150 new); session b: one turn of 10 tokens.
+    reqs = [TraceRequest(0.0, "a", 0, [], 100, 50), TraceRequest(1.0, "a", 1, [], 200, 50),
+            TraceRequest(2.0, "a", 2, [], 400, 10), TraceRequest(0.5, "b", 0, [], 10, 5)]
+    shape = conversation_shape(Trace(reqs, block_size=16))
+    assert (shape.sessions, shape.turns_median, shape.turns_mean) == (2, 2.0, 2.0)
+    ratios = [1.0, 200 / 50, 400 / 150, 1.0]
+    assert shape.prompt_over_new_mean == pytest.approx(sum(ratios) / 4)
+    assert shape.prompt_over_new_median == pytest.approx((1.0 + 400 / 150) / 2)
+    assert shape.history_share_median == pytest.approx((0.0 + 250 / 400) / 2)  # shares 0, 0.75, 0.625, 0
