@@ -208,7 +208,7 @@ def plot(doc: dict, path: str) -> None:
     means = [doc["configs"][n]["sustainable_rps"] for n in names]
     lo = [max(m - doc["configs"][n]["spread"]["min"], 0) for m, n in zip(means, names)]
     hi = [max(doc["configs"][n]["spread"]["max"] - m, 0) for m, n in zip(means, names)]
-    ax2.barh(names, means, xerr=[lo, hi], color=["C%d" % (i % 10) for i in range(len(names))], capsize=3)
+    ax2.barh(names, means, xerr=[lo, hi], color=[f"C{i % 10}" for i in range(len(names))], capsize=3)
     ax2.invert_yaxis()
     ax2.set(xlabel=f"requests/s at P95 TTFT <= {doc['objective_p95_s']:g} s (mean, min-max over "
                    f"{len(doc['seeds'])} seeds)")

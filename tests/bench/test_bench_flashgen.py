@@ -47,7 +47,7 @@ def live_core(flags: list[str]):
 
 def without_sim_only(argv: list[str]) -> list[str]:
     out, skip = [], False
-    for i, x in enumerate(argv):
+    for x in argv:
         if skip:
             skip = False
             continue
