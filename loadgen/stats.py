@@ -174,5 +174,6 @@ def conversation_shape(trace: Trace) -> ConversationShape:
             shares.append(history / r.input_tokens if r.input_tokens else 0.0)
             before = r.input_tokens + r.output_tokens
     counts = Distribution.of([len(t) for t in by_session.values()])
-    r, s = Distribution.of(ratios), Distribution.of(shares)
-    return ConversationShape(len(by_session), counts.p50, counts.mean, r.mean, r.p50, s.p50)
+    amplification, share = Distribution.of(ratios), Distribution.of(shares)
+    return ConversationShape(len(by_session), counts.p50, counts.mean, amplification.mean, amplification.p50,
+                             share.p50)
