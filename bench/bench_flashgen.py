@@ -64,8 +64,10 @@ ABLATIONS = {
     "flashgen_exclusive": f"{TIERS} --tier-mode exclusive --fetch auto --scheduler reorder {VLLM_V0}",
     "flashgen_fetch_always": f"{TIERS} --tier-mode inclusive --fetch always --scheduler reorder {VLLM_V0}",
     "flashgen_no_ssd": "--host-cache-gib {host} --tier-mode inclusive --fetch auto --scheduler reorder " + VLLM_V0,
-    "flashgen_host_only_64g": "--host-cache-gib 59.6 --tier-mode inclusive --fetch auto --scheduler reorder " + VLLM_V0,
     "flashgen_v1_steps": f"{TIERS} --tier-mode inclusive --fetch auto --scheduler reorder",  # no watermark, 8,192
+    "cachedattn_ssd_only": ("--ssd-cache-gib {ssd} --ssd-drives {drives} --tier-mode exclusive --fetch always"
+                            " --no-hbm-caching --scheduler fcfs " + VLLM_V0),  # "SSD-limited", as the paper has it
+    "sched_only_one_loan": f"--prefix-caching off --scheduler reorder --max-loans 1 {VLLM_V0}",
     "vllm_recompute_nvlink": f"--prefix-caching off --scheduler fcfs {VLLM_V0} --gpu a100-80gb",
     "flashgen_nvlink": f"{TIERS} --tier-mode inclusive --fetch auto --scheduler reorder {VLLM_V0} --gpu a100-80gb",
 }
@@ -208,7 +210,8 @@ def plot(doc: dict, path: str) -> None:
     means = [doc["configs"][n]["sustainable_rps"] for n in names]
     lo = [max(m - doc["configs"][n]["spread"]["min"], 0) for m, n in zip(means, names)]
     hi = [max(doc["configs"][n]["spread"]["max"] - m, 0) for m, n in zip(means, names)]
-    ax2.barh(names, means, xerr=[lo, hi], color=[f"C{i % 10}" for i in range(len(names))], capsize=3)
+    colors = [f"C{i}" if n in CONFIGS else "0.65" for i, n in enumerate(names)]  # ablations in grey
+    ax2.barh(names, means, xerr=[lo, hi], color=colors, capsize=3)
     ax2.invert_yaxis()
     ax2.set(xlabel=f"requests/s at P95 TTFT <= {doc['objective_p95_s']:g} s (mean, min-max over "
                    f"{len(doc['seeds'])} seeds)")
@@ -270,6 +273,7 @@ def main(argv=None) -> int:
                       "sched_only_over_vllm_recompute": ratio(out, "sched_only", "vllm_recompute"),
                       "flashgen_cache_over_cachedattn": ratio(out, "flashgen_cache", "cachedattn"),
                       "flashgen_over_flashgen_cache": ratio(out, "flashgen", "flashgen_cache")},
+           "ablations_over_flashgen": {name: ratio(out, name, "flashgen") for name in configs if name in ABLATIONS},
            "paper": PAPER, "workload": workload_check(opts),
            "flags": {name: " ".join(config_flags(f, opts)) for name, f in configs.items()},
            "configs": out}

@@ -130,11 +130,11 @@ def warn_lengths(args, caps: list[int], block_size: int) -> None:
 def check_no_ops(args, replicas: list[int]) -> None:
     """Refuse flags the run would ignore (one line naming the flag and why; a flag at its default is
     never refused): the scheduler's and the clock's with --cache-only, routing with one replica."""
-    from kvemu.options.scheduler import MAX_RUNNING, SCHEDULER, TOKEN_BUDGET
+    from kvemu.options.scheduler import SIM_SCHEDULER_OPTIONS
     from router.strategies import DEFAULT_STRATEGY
 
     if args.cache_only:
-        given = [o.flag for o in (SCHEDULER, TOKEN_BUDGET, MAX_RUNNING) if getattr(args, o.dest) != o.default]
+        given = [o.flag for o in SIM_SCHEDULER_OPTIONS if getattr(args, o.dest) != o.default]
         given += [flag for flag, on in (("--no-decode-kv", args.no_decode_kv), ("--causal", args.causal)) if on]
         if given:
             raise InputError(given[0], "does nothing with --cache-only (requests replayed one at a time, no scheduler"

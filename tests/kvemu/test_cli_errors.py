@@ -74,7 +74,7 @@ def test_a_tier_smaller_than_one_block_is_refused_with_the_smallest_size(capsys,
 
 
 @pytest.mark.parametrize("flags", [["--scheduler", "reorder"], ["--token-budget", "4096"], ["--max-running", "4"],
-                                   ["--no-decode-kv"], ["--causal"]])
+                                   ["--watermark", "0.01"], ["--no-decode-kv"], ["--causal"]])
 @pytest.mark.parametrize("command", ["sim", "sweep"])
 def test_scheduler_and_clock_flags_with_cache_only_are_refused(capsys, command, flags):
     base = SIM_BASE if command == "sim" else ("sweep", *SIM_BASE[1:], "--out", "/tmp/x")
@@ -99,3 +99,26 @@ def test_flags_at_their_defaults_are_not_refused(tmp_path):
     out = run_kvemu(*SIM_BASE, "--tier-mode", "exclusive", "--fetch", "auto", "--routing", "cache_aware",
                     "--json", str(tmp_path / "r.json"), timeout=120)
     assert out.returncode == 0, out.stderr[-500:]
+
+
+LIVE_AND_SIM = [SIM_BASE, ("replica", "--capacity-blocks", "100"), ("up", "--port", "0")]
+
+
+@pytest.mark.parametrize("command", LIVE_AND_SIM)
+def test_ssd_drives_without_an_ssd_tier_are_refused(capsys, command):
+    for tiers in ((), ("--host-cache-gib", "1")):
+        assert _refused(capsys, *command, *tiers, "--ssd-drives", "2") == (
+            "error: --ssd-drives: does nothing without an SSD tier: add --ssd-cache-gib, or drop it")
+    assert _refused(capsys, *command, "--ssd-cache-gib", "1", "--ssd-drives", "0") == (
+        "error: --ssd-drives: must be an integer >= 1, got 0")
+
+
+@pytest.mark.parametrize("command", LIVE_AND_SIM)
+def test_loans_without_reorder_and_a_watermark_out_of_range_are_refused(capsys, command):
+    assert _refused(capsys, *command, "--max-loans", "3") == (
+        "error: --max-loans: does nothing with --scheduler fcfs (nothing is admitted ahead of its turn): add"
+        " --scheduler reorder, or drop it")
+    assert _refused(capsys, *command, "--scheduler", "reorder", "--max-loans", "0") == (
+        "error: --max-loans: must be an integer >= 1, got 0")
+    assert _refused(capsys, *command, "--watermark", "0.9") == (
+        "error: --watermark: must be a number >= 0 and <= 0.5, got 0.9")
