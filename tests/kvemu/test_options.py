@@ -173,7 +173,8 @@ def test_up_started_with_every_forwarded_flag_set_passes_each_to_its_children():
 
 
 TIER_FLAGS = ["--host-cache-gib", "2.5", "--ssd-cache-gib", "10.0", "--tier-policy", "host=s3fifo,ssd=lru",
-              "--tier-mode", "inclusive", "--fetch", "always", "--host-link-gbps", "12.5", "--no-hbm-caching"]
+              "--tier-mode", "inclusive", "--fetch", "always", "--host-link-gbps", "12.5", "--ssd-drives", "2",
+              "--no-hbm-caching"]
 
 
 def test_up_hands_every_tier_flag_to_the_replicas_from_the_one_definition():
@@ -189,6 +190,7 @@ def test_up_hands_every_tier_flag_to_the_replicas_from_the_one_definition():
         assert getattr(child, option.dest) == getattr(a, option.dest) != option.default, option.flag
     tiers = child_settings(replica_args(0, 9000, a, None)).tiers
     assert (tiers.mode, tiers.fetch, tiers.host_policy, tiers.hbm_caching) == ("inclusive", "always", "s3fifo", False)
+    assert (tiers.ssd_read_gbps, tiers.ssd_write_gbps) == (14.0, 10.0)  # two drives striped
 
 
 @pytest.mark.parametrize("command", ["sim", "sweep", "replica", "up"])
