@@ -34,7 +34,7 @@ from replica.core.build import (
 from replica.core.cache.policies import policy_class
 from replica.core.cache.pool import BlockPool
 from replica.core.cache.types import Lookup
-from replica.core.compiled.pool import CompiledPool, compiles, hashes_u64
+from replica.core.compiled.pool import CompiledPool, compiles, hashes_u64, prefix_matches
 from replica.core.sched.sched_types import (
     DEFAULT_ADMISSION,
     DEFAULT_MAX_LOANS,
@@ -286,14 +286,22 @@ class Simulation:
         flat = hashes_u64([r.hash_ids for r in trace.requests]) \
             if settings.compiled and compiles(settings.policy) else None
         self._flat_hashes = flat if settings.cache_only else None  # the cache-only replay reads them
-        self.replicas = [_build_replica(i, settings, trace.block_size, self.cost, indexed, len(trace.requests),
-                                        flat is not None) for i in range(settings.replicas)]
+        # Compiled pools ship no events: the index is asked of them directly (one C call a request,
+        # ``prefix_matches``), which is what an index fed every pool's events answers, exactly and
+        # never behind. Where one pool is not compiled, every pool ships events to a MemoryIndex.
+        self.replicas = self._build(settings, indexed and flat is None, flat is not None)
+        if indexed and flat is not None and any(rep.compiled is None for rep in self.replicas):
+            self.replicas = self._build(settings, True, True)
+        kernels = [rep.compiled for rep in self.replicas if rep.compiled is not None]
+        self._kernels = kernels if indexed and len(kernels) == len(self.replicas) else None
         self.by_id = {r.replica_id: r for r in self.replicas}
         self.tiered = any(rep.tiers is not None for rep in self.replicas)
         self.responses = response_hashes(trace) if settings.response_kv == "keep" else None
         self.refused = self._refuse()
         self.states = [rep.state for rep in self.replicas]
-        self.index = PoolIndex([r.replica_id for r in self.replicas], settings.capacity_blocks) if indexed else None
+        self.index = PoolIndex([r.replica_id for r in self.replicas], settings.capacity_blocks) \
+            if indexed and self._kernels is None else None
+        self._ids = [r.replica_id for r in self.replicas]
         self.router = RoutingStep(spec, settings.routing_settings or RoutingSettings(block_size=trace.block_size),
                                   settings.seed)
         self.progress = progress
@@ -301,6 +309,10 @@ class Simulation:
         self.queue = LogHistogram()
         self.served = 0
         self.first_arrival = self.last_arrival = self.last_finish = 0.0
+
+    def _build(self, s: SimSettings, events: bool, hashes_fit: bool) -> list[_Replica]:
+        return [_build_replica(i, s, self.trace.block_size, self.cost, events, len(self.trace.requests), hashes_fit)
+                for i in range(s.replicas)]
 
     def _refuse(self) -> int:
         """Refuse, ahead of the run, every request that could never run on these replicas
@@ -388,7 +400,7 @@ class Simulation:
                                                position=future.position(k) if future else None))
             if plan is not None and rep.tiers is not None:  # no clock here: transfers only count bytes
                 rep.tiers.complete(plan, alloc.hashes, alloc.hit_idx, alloc.new_idx, r.t)
-            stored = rep.pool.store(self.responses[k], r.session, r.t) if self.responses is not None else []
+            stored = rep.live_pool.store(self.responses[k], r.session, r.t) if self.responses is not None else []
             if rep.tiers is not None:
                 rep.tiers.produced(stored, r.t)
                 rep.tiers.released([*alloc.hashes, *stored], r.t)
@@ -411,7 +423,8 @@ class Simulation:
         progress = self.progress
         done = rep.compiled.serve_requests(self.trace.requests,
                                            (lambda k: progress(k, len(self.trace.requests))) if progress else None,
-                                           future.next if future is not None else None, self._flat_hashes)
+                                           future.next if future is not None else None, self._flat_hashes,
+                                           self.responses)
         self.router.count_only(done)
         self.served += done
         return done
@@ -425,6 +438,8 @@ class Simulation:
         # several replicas: a strategy that uses the index has one (Simulation.__init__)
         if self.index is not None:  # exact and never behind: synced after every allocation
             overlap = self.index.lookup(r.hash_ids)
+        elif self._kernels is not None:
+            overlap = {rid: n for rid, n in zip(self._ids, prefix_matches(self._kernels, r.hash_ids)) if n}
         if self.router.uses_index and self.tiered:
             for rep in self.replicas:
                 if rep.tiers is not None:

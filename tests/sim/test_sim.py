@@ -109,13 +109,15 @@ def test_cache_only_gives_exactly_the_one_at_a_time_hit_ratios(policy):
     ("mooncake-conversation", 4000, {}),  # batching: decode KV, preemptions, SHARDS
     ("mooncake-synthetic", 878, {"hit_mode": "prefix", "reuse": "exact", "decode_kv": False, "max_running": 8}),
 ], ids=["synthetic-cache_only", "synthetic-cache_only-prefix", "conversation-batching", "synthetic-batching-prefix-exact"])
-def test_the_compiled_pool_reports_what_the_python_pool_reports(policy, name, capacity, kw):
+@pytest.mark.parametrize("response_kv", ["drop", "keep"])
+def test_the_compiled_pool_reports_what_the_python_pool_reports(policy, name, capacity, kw, response_kv):
     trace = read_trace(name)
-    # the compiled pool has no store: it is the twin where response KV is dropped
-    runs = [simulate(trace, SimSettings(capacity_blocks=capacity, policy=policy, compiled=compiled, response_kv="drop",
-                                        **kw))
+    # kept response KV: the compiled store has LRU and S3-FIFO; the oracles keep the Python pool then
+    runs = [simulate(trace, SimSettings(capacity_blocks=capacity, policy=policy, compiled=compiled,
+                                        response_kv=response_kv, **kw))
             for compiled in (True, False)]
-    assert [r["engine"] for r in runs] == ["compiled", "python"]
+    stores = response_kv == "drop" or policy in ("lru", "s3fifo")
+    assert [r["engine"] for r in runs] == ["compiled" if stores else "python", "python"]
     for r in runs:
         del r["engine"], r["wall_s"]
     assert runs[0] == runs[1]  # every field, per replica too: hits, CSR, holes, footprints, evictions
@@ -124,7 +126,7 @@ def test_the_compiled_pool_reports_what_the_python_pool_reports(policy, name, ca
 def test_the_compiled_replay_is_not_used_where_it_would_differ():
     # events for a shared index, response KV, oracles, tiers and the reorder scheduler keep the Python pool
     trace = read_trace("mooncake-synthetic")
-    for kw in ({"replicas": 2}, {"response_kv": "keep"}, {"policy": "session_lru"}, {"policy": "arc"},
+    for kw in ({"replicas": 2, "policy": "arc"}, {"response_kv": "keep", "policy": "belady"}, {"policy": "session_lru"}, {"policy": "arc"},
                {"tiers": TierSettings(host_blocks=500)}):
         settings = {"response_kv": "drop", **kw}  # dropped, the compiled pool would run: kw alone keeps it off
         assert simulate(trace, SimSettings(capacity_blocks=878, cache_only=True, **settings))["engine"] == "python", kw
@@ -138,10 +140,31 @@ def test_the_compiled_replay_is_not_used_where_it_would_differ():
 
 
 @pytest.mark.skipif(not compiled_pool.compiled(), reason="the compiled pool is not built (no C compiler)")
-def test_several_replicas_without_an_index_each_get_a_compiled_pool():
+@pytest.mark.parametrize("policy", ["lru", "s3fifo"])
+@pytest.mark.parametrize("cache_only", [True, False])
+@pytest.mark.parametrize("routing", ["cache_aware"])
+def test_replicas_routed_by_the_index_run_compiled_and_report_what_the_python_pools_report(policy, cache_only,
+                                                                                         routing):
+    """The compiled pools ship no events; the simulator asks them for each prompt's prefix instead
+    of a MemoryIndex fed every pool's events: the same overlaps, so every field of the run is equal."""
+    trace = read_trace("mooncake-conversation")
+    runs = [simulate(trace, SimSettings(capacity_blocks=1500, replicas=4, routing=routing, policy=policy,
+                                        cache_only=cache_only, compiled=c))
+            for c in (True, False)]
+    assert [r["engine"] for r in runs] == ["compiled", "python"]
+    # batching spreads the load (queues count in the cost); cache-only has none, so one replica takes all
+    assert (runs[0]["load_imbalance"] < 2) == (not cache_only)
+    for r in runs:
+        del r["engine"], r["wall_s"]
+    assert runs[0] == runs[1]
+
+
+@pytest.mark.skipif(not compiled_pool.compiled(), reason="the compiled pool is not built (no C compiler)")
+@pytest.mark.parametrize("response_kv", ["drop", "keep"])
+def test_several_replicas_without_an_index_each_get_a_compiled_pool(response_kv):
     trace = read_trace("mooncake-synthetic")
     runs = [simulate(trace, SimSettings(capacity_blocks=500, replicas=3, routing="round_robin", compiled=c,
-                                        response_kv="drop"))
+                                        response_kv=response_kv))
             for c in (True, False)]
     assert [r["engine"] for r in runs] == ["compiled", "python"]
     for r in runs:

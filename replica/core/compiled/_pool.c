@@ -733,32 +733,107 @@ static int get_buffer(PyObject *o, Py_buffer *b, const char *what, Py_ssize_t it
     return 0;
 }
 
-/* serve(hashes u64, offsets i64, sessions i32, input_tokens i64 (-1: none), next uses f64 or None,
- * start, stop): requests [start, stop) one at a time, each acquired then released (BlockPool.serve);
- * returns the index of the first one not served (stop when all were): the wrapper serves that one. */
-static PyObject *Pool_serve(Pool *k, PyObject *args) {
-    PyObject *o[5];
-    Py_ssize_t start, stop;
-    if (!PyArg_ParseTuple(args, "OOOOOnn", &o[0], &o[1], &o[2], &o[3], &o[4], &start, &stop)) return NULL;
-    static const char *what[5] = {"hashes", "offsets", "sessions", "input_tokens", "next_use"};
-    static const Py_ssize_t size[5] = {8, 8, 4, 8, 8};
-    Py_buffer b[5];
-    int got = 0, failed = OK;
-    PyObject *result = NULL;
-    for (; got < 5; got++) {
-        if (got == 4 && o[4] == Py_None) break;
-        if (get_buffer(o[got], &b[got], what[got], size[got]) < 0) goto done;
+/* BlockPool.store of h[0..total): a finished request's response blocks cached. Not a lookup (no hit
+ * metrics): the blocks not resident, each at its first occurrence, are inserted while evictable room
+ * lasts (shallowest first), as an acquisition of only new blocks inserts them (evicting through the
+ * policy, which then hears of them), and released at once. Leaves the stored keys in keys[0..*m).
+ * LRU and S3-FIFO (the wrapper keeps the oracles, whose stored blocks have no next use, on the
+ * Python pool). Runs without the GIL in serve. */
+static int store_run(Pool *k, const uint64_t *h, Py_ssize_t total, int32_t session, Py_ssize_t *m) {
+    int32_t room = k->capacity - k->pinned - k->private_blocks;
+    Py_ssize_t n = 0;
+    for (Py_ssize_t i = 0; i < total && n < room; i++) {
+        if (table_find(&k->res, h[i]) != NIL || table_find(&k->scratch, h[i]) != NIL) continue;
+        table_add(&k->scratch, h[i]);
+        k->keys[n++] = h[i];
     }
-    const uint64_t *hashes = b[0].buf;
-    const int64_t *off = b[1].buf, *tokens = b[3].buf;
+    for (Py_ssize_t j = 0; j < n; j++) table_del(&k->scratch, table_find(&k->scratch, k->keys[j]));
+    *m = n;
+    if (!n) return OK;
+    if (n >= k->ncum) return COSTS_SHORT;
+    k->has_position = 0;
+    k->next_use = NULL;
+    int32_t busy[2];
+    int code = acquire_one(k, n, session, -1, 0, 0, busy);  /* n <= room: never BUSY */
+    return code == OK ? release_slots(k, k->slot_of, n) : code;
+}
+
+/* store(hashes, session_code) -> the hashes stored (BlockPool.store). */
+static PyObject *Pool_store(Pool *k, PyObject *args) {
+    PyObject *hashes;
+    int32_t session;
+    if (!PyArg_ParseTuple(args, "Oi", &hashes, &session)) return NULL;
+    if (session < 0) { PyErr_SetString(PyExc_ValueError, "session must be >= 0"); return NULL; }
+    if (k->kind > KIND_S3FIFO) { PyErr_SetString(PyExc_ValueError, "store: LRU and S3-FIFO only"); return NULL; }
+    PyObject *seq = PySequence_Fast(hashes, "hashes must be a sequence of ints");
+    if (!seq) return NULL;
+    Py_ssize_t total = PySequence_Fast_GET_SIZE(seq), m = 0;
+    uint64_t *h = malloc((size_t)(total ? total : 1) * sizeof(uint64_t));
+    if (!h) { Py_DECREF(seq); return PyErr_NoMemory(); }
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < total; i++) {
+        h[i] = PyLong_AsUnsignedLongLong(items[i]);
+        if (h[i] == (uint64_t)-1 && PyErr_Occurred()) { free(h); Py_DECREF(seq); return NULL; }
+    }
+    Py_DECREF(seq);
+    if (grow_sessions(k, session) != OK) { free(h); return PyErr_NoMemory(); }
+    int code = store_run(k, h, total, session, &m);
+    free(h);
+    if (code != OK) return raise_status(code, 0, 0);
+    PyObject *out = PyList_New(m);
+    for (Py_ssize_t j = 0; out && j < m; j++) {
+        PyObject *v = PyLong_FromUnsignedLongLong(k->keys[j]);
+        if (!v) { Py_DECREF(out); return NULL; }
+        PyList_SET_ITEM(out, j, v);
+    }
+    return out;
+}
+
+/* serve(hashes u64, offsets i64, sessions i32, input_tokens i64 (-1: none), next uses f64 or None,
+ * start, stop, response hashes u64 or None, response offsets i64 or None): requests [start, stop)
+ * one at a time, each acquired then released (BlockPool.serve), then its response blocks stored
+ * (BlockPool.store) where they are given; returns the index of the first one not served (stop when
+ * all were): the wrapper serves that one. */
+static PyObject *Pool_serve(Pool *k, PyObject *args) {
+    PyObject *o[7] = {NULL, NULL, NULL, NULL, NULL, Py_None, Py_None};
+    Py_ssize_t start, stop;
+    if (!PyArg_ParseTuple(args, "OOOOOnn|OO", &o[0], &o[1], &o[2], &o[3], &o[4], &start, &stop, &o[5], &o[6]))
+        return NULL;
+    static const char *what[7] = {"hashes", "offsets", "sessions", "input_tokens", "next_use", "responses",
+                                  "response_offsets"};
+    static const Py_ssize_t size[7] = {8, 8, 4, 8, 8, 8, 8};
+    Py_buffer b[7];
+    int held[7] = {0};
+    int failed = OK;
+    PyObject *result = NULL;
+    if ((o[5] == Py_None) != (o[6] == Py_None)) {
+        PyErr_SetString(PyExc_ValueError, "serve: responses and response_offsets go together");
+        return NULL;
+    }
+    for (int i = 0; i < 7; i++) {
+        if (o[i] == Py_None) continue;
+        if (get_buffer(o[i], &b[i], what[i], size[i]) < 0) goto done;
+        held[i] = 1;
+    }
+    if (held[5] && k->kind > KIND_S3FIFO) {
+        PyErr_SetString(PyExc_ValueError, "serve: responses are stored for LRU and S3-FIFO only");
+        goto done;
+    }
+    const uint64_t *hashes = b[0].buf, *resp = held[5] ? b[5].buf : NULL;
+    const int64_t *off = b[1].buf, *tokens = b[3].buf, *roff = held[6] ? b[6].buf : NULL;
     const int32_t *sess = b[2].buf;
     Py_ssize_t nreq = b[1].len / 8 - 1;
-    const double *uses = got == 5 ? b[4].buf : NULL;
+    const double *uses = held[4] ? b[4].buf : NULL;
     if (start < 0 || stop > nreq || start > stop || b[2].len / 4 < nreq || b[3].len / 8 < nreq
-        || (uses && b[4].len < b[0].len)) {
+        || (uses && b[4].len < b[0].len) || (roff && b[6].len / 8 < nreq + 1)) {
         PyErr_SetString(PyExc_ValueError, "serve: start/stop or array lengths do not match");
         goto done;
     }
+    for (Py_ssize_t r = start; roff && r < stop; r++)
+        if (roff[r] < 0 || roff[r + 1] < roff[r] || roff[r + 1] * 8 > b[5].len) {
+            PyErr_SetString(PyExc_ValueError, "serve: response offsets out of order or past the responses");
+            goto done;
+        }
     int32_t max_session = 0;
     for (Py_ssize_t r = start; r < stop; r++) if (sess[r] > max_session) max_session = sess[r];
     if (grow_sessions(k, max_session) != OK) { PyErr_NoMemory(); goto done; }
@@ -779,13 +854,17 @@ static PyObject *Pool_serve(Pool *k, PyObject *args) {
             break;
         }
         code = release_slots(k, k->slot_of, n);
+        if (code == OK && resp) {
+            Py_ssize_t m;
+            code = store_run(k, resp + roff[r], roff[r + 1] - roff[r], sess[r], &m);
+        }
         if (code != OK) { failed = code; r++; break; }
     }
     Py_END_ALLOW_THREADS
     /* codes only above: Python's error state is set here, with the GIL held again */
     result = failed != OK ? raise_status(failed, 0, 0) : PyLong_FromSsize_t(r);
 done:
-    for (int i = 0; i < got; i++) PyBuffer_Release(&b[i]);
+    for (int i = 0; i < 7; i++) if (held[i]) PyBuffer_Release(&b[i]);
     return result;
 }
 
@@ -937,7 +1016,9 @@ static PyMethodDef Pool_methods[] = {
     {"free_private", (PyCFunction)Pool_free_private, METH_O, "BlockPool.free_private."},
     {"set_policy_costs", (PyCFunction)Pool_set_policy_costs, METH_O, "BeladyCompute's recompute cost per depth (float64)."},
     {"set_costs", (PyCFunction)Pool_set_costs, METH_O, "Recompute costs of the first d blocks, d = 0, 1, ... (float64)."},
-    {"serve", (PyCFunction)Pool_serve, METH_VARARGS, "BlockPool.serve of requests [start, stop); the first not served."},
+    {"serve", (PyCFunction)Pool_serve, METH_VARARGS, "BlockPool.serve of requests [start, stop), each then storing its"
+     " response blocks where given; the first not served."},
+    {"store", (PyCFunction)Pool_store, METH_VARARGS, "BlockPool.store: (hashes, session_code) -> the hashes stored."},
     {"state", (PyCFunction)Pool_state, METH_NOARGS, "The pool's, policy's and metrics' state, for the write-back."},
     {NULL, NULL, 0, NULL},
 };
@@ -955,8 +1036,50 @@ static PyTypeObject PoolType = {
     .tp_getset = Pool_getset,
 };
 
+/* prefix_matches(pools, hashes) -> [leading blocks of hashes resident in each pool]: BlockPool.prefix_match
+ * over several pools in one call (the simulator's exact index: what an index fed every pool's events
+ * answers, asked of the pools themselves). */
+static PyObject *prefix_matches(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *pools, *hashes;
+    if (!PyArg_ParseTuple(args, "OO", &pools, &hashes)) return NULL;
+    PyObject *ps = PySequence_Fast(pools, "pools must be a sequence of Pool");
+    if (!ps) return NULL;
+    PyObject *hs = PySequence_Fast(hashes, "hashes must be a sequence of ints");
+    if (!hs) { Py_DECREF(ps); return NULL; }
+    Py_ssize_t np = PySequence_Fast_GET_SIZE(ps), n = PySequence_Fast_GET_SIZE(hs);
+    PyObject *out = PyList_New(np);
+    uint64_t *h = malloc((size_t)(n ? n : 1) * sizeof(uint64_t));
+    if (!out || !h) { Py_XDECREF(out); free(h); Py_DECREF(ps); Py_DECREF(hs); return PyErr_NoMemory(); }
+    PyObject **items = PySequence_Fast_ITEMS(hs);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        h[i] = PyLong_AsUnsignedLongLong(items[i]);
+        if (h[i] == (uint64_t)-1 && PyErr_Occurred()) goto fail;
+    }
+    for (Py_ssize_t j = 0; j < np; j++) {
+        PyObject *o = PySequence_Fast_GET_ITEM(ps, j);
+        if (!PyObject_TypeCheck(o, &PoolType)) { PyErr_SetString(PyExc_TypeError, "pools must be Pool objects"); goto fail; }
+        const Table *t = &((Pool *)o)->res;
+        Py_ssize_t i = 0;
+        while (i < n && table_find(t, h[i]) != NIL) i++;
+        PyObject *v = PyLong_FromSsize_t(i);
+        if (!v) goto fail;
+        PyList_SET_ITEM(out, j, v);
+    }
+    free(h); Py_DECREF(ps); Py_DECREF(hs);
+    return out;
+fail:
+    free(h); Py_DECREF(ps); Py_DECREF(hs); Py_DECREF(out);
+    return NULL;
+}
+
+static PyMethodDef module_methods[] = {
+    {"prefix_matches", prefix_matches, METH_VARARGS, "BlockPool.prefix_match of one prompt in each of several pools."},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_pool", "The block pool with LRU, S3-FIFO, Belady or BeladyCompute, compiled.", -1,
-                                    NULL};
+                                    module_methods};
 
 #ifndef SOURCE_SHA256
 #define SOURCE_SHA256 ""

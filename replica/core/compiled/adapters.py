@@ -42,13 +42,14 @@ class Adapter:
     ``load`` writes the kernel's state into the policy; ``view`` is the policy's state as the
     equivalence tests compare it (``snapshot.PoolSnapshot``: what a later request could tell apart;
     it reads the pool's pin counts); ``cost_aware``: the kernel reads the policy's cost per depth
-    (``set_policy_costs``)."""
+    (``set_policy_costs``); ``stores``: the kernel's ``store`` (kept response KV) has the policy."""
 
     kind: str
     params: Callable[[Any], dict[str, int] | None]
     load: Callable[[Any, State], None]
     view: Callable[[Any, Mapping[int, int]], dict[str, Any]]
     cost_aware: bool = False
+    stores: bool = False
 
 
 def adapter_for(policy: EvictionPolicy) -> Adapter | None:
@@ -128,8 +129,8 @@ def _belady_compute_view(p: BeladyComputePolicy, pins: Mapping[int, int]) -> dic
 
 
 ADAPTERS: dict[type[EvictionPolicy], Adapter] = {
-    LRUPolicy: Adapter("KIND_LRU", _lru_params, _lru_load, _lru_view),
-    S3FIFOPolicy: Adapter("KIND_S3FIFO", _s3fifo_params, _s3fifo_load, _s3fifo_view),
+    LRUPolicy: Adapter("KIND_LRU", _lru_params, _lru_load, _lru_view, stores=True),
+    S3FIFOPolicy: Adapter("KIND_S3FIFO", _s3fifo_params, _s3fifo_load, _s3fifo_view, stores=True),
     BeladyPolicy: Adapter("KIND_BELADY", _belady_params, _belady_load, _belady_view),
     BeladyComputePolicy: Adapter("KIND_BELADY_COMPUTE", _belady_compute_params, _belady_compute_load,
                                  _belady_compute_view, cost_aware=True),

@@ -14,7 +14,8 @@ their whole state). The Python pool stays the definition and what everything els
 It is made only where it gives that same pool, and ``why_not`` (``compilable``) is the one place
 that decides it: an empty pool and a fresh policy of exactly a class with an adapter
 (``replica.core.compiled.adapters``: LRU, S3-FIFO, Belady, BeladyCompute), fresh metrics, no events
-to ship (one replica), no lower tier, no response KV kept, fcfs admission, prefix caching on, and
+to ship (one replica), no lower tier, response KV kept only with LRU or S3-FIFO (``store``), fcfs
+admission, prefix caching on, and
 block hashes that are 64-bit unsigned integers (the simulator checks a trace's). ``build_core`` asks it; the simulator
 reports which ran (``engine`` in its JSON); ``--python-core`` asks for the Python pool.
 """
@@ -37,7 +38,7 @@ _Refused = _pool.Refused if _pool is not None else RuntimeError  # what the comp
 # Why a compiled call refused, as the extension defines the codes (no kernel: nothing refuses)
 _TOO_LONG, _REPEATS, _BUSY = (_pool.TOO_LONG, _pool.REPEATS, _pool.BUSY) if _pool is not None else (-1, -1, -1)
 
-__all__ = ["CompiledPool", "compilable", "compiled", "compiles", "hashes_u64", "why_not"]
+__all__ = ["CompiledPool", "compilable", "compiled", "compiles", "hashes_u64", "prefix_matches", "why_not"]
 
 CHUNK = 8192  # requests per call of the cache-only replay: progress between calls
 MAX_BLOCKS = 1 << 23  # larger pools run the Python one, whose memory grows with what is cached
@@ -53,7 +54,8 @@ def why_not(pool: BlockPool, *, tiers: bool = False, keeps_response_kv: bool = F
     """Why ``CompiledPool(pool)`` would not be this pool's exact twin where it runs (None: it would).
 
     ``tiers``: lower memory tiers sit below it; ``keeps_response_kv``: its scheduler stores response
-    blocks (``BlockPool.store``, which the kernel lacks); ``admission``: its scheduler's order
+    blocks (``BlockPool.store``: the kernel's covers LRU and S3-FIFO, not the oracles, whose stored
+    blocks would need a next use); ``admission``: its scheduler's order
     (``reorder`` reads every pin count each step); ``hashes_fit``: every hash it will see is a
     64-bit unsigned integer (what the kernel keys on; ``hashes_u64`` tells).
     """
@@ -64,8 +66,10 @@ def why_not(pool: BlockPool, *, tiers: bool = False, keeps_response_kv: bool = F
         return f"policy {pool.policy.name} is not compiled or not fresh"
     if not pool.prefix_caching:  # no lookups, no cache: the Python pool's private blocks are already cheap
         return "prefix caching off needs the Python pool"
-    if tiers or keeps_response_kv or admission != "fcfs":
-        return "lower tiers, kept response KV or reorder admission need the Python pool"
+    if tiers or admission != "fcfs":
+        return "lower tiers or reorder admission need the Python pool"
+    if keeps_response_kv and not adapter.stores:
+        return f"kept response KV with {pool.policy.name} needs the Python pool (the compiled store has LRU and S3-FIFO)"
     if not hashes_fit:
         return "a block hash is not a 64-bit unsigned integer"
     if pool.resident or pool.private or pool.pinned:
@@ -98,6 +102,12 @@ def hashes_u64(hash_lists: Sequence[Sequence[int]]) -> np.ndarray | None:
         return np.fromiter(chain.from_iterable(hash_lists), dtype=np.uint64)
     except (OverflowError, TypeError, ValueError):
         return None
+
+
+def prefix_matches(pools: Sequence[CompiledPool], hashes: Sequence[int]) -> list[int]:
+    """``prefix_match`` of ``hashes`` in each of ``pools``, in one call into the kernel."""
+    assert _pool is not None  # a CompiledPool exists only where the kernel does
+    return _pool.prefix_matches([p._kernel for p in pools], hashes)
 
 
 class CompiledPool:
@@ -184,6 +194,27 @@ class CompiledPool:
         self._kernel.release(alloc.hashes)
         self._settled = False
 
+    def prefix_match(self, hashes: Sequence[int]) -> int:
+        """``BlockPool.prefix_match``: leading blocks resident."""
+        return _pool.prefix_matches([self._kernel], hashes)[0] if _pool is not None else 0
+
+    def store(self, hashes: Sequence[int], session: str | None = None, now: float = 0.0) -> list[int]:
+        """``BlockPool.store``: a finished request's response blocks cached (the hashes inserted)."""
+        code = self._codes.get(session)
+        if code is None:
+            code = self._codes[session] = len(self._codes)
+        if len(hashes) >= self._cost_len:
+            self._grow_costs(min(len(hashes), self.capacity))
+        try:
+            stored = self._kernel.store(hashes, code)
+        except (OverflowError, TypeError):
+            raise InputError("block_hashes", "the compiled pool keys on 64-bit unsigned integers") from None
+        if stored:
+            self._settled = False
+            if now > self._now:
+                self._now = now
+        return stored
+
     def serve(self, lookup: Lookup) -> Allocation:
         alloc = self.acquire(lookup)
         self.release(alloc, lookup.now)
@@ -202,11 +233,13 @@ class CompiledPool:
 
     # ---- the cache-only replay: a trace in one call --------------------------------
     def serve_requests(self, requests: Sequence, progress: Callable[[int], None] | None = None,
-                       next_use: np.ndarray | None = None, hashes: np.ndarray | None = None) -> int:
+                       next_use: np.ndarray | None = None, hashes: np.ndarray | None = None,
+                       responses: Sequence[Sequence[int]] | None = None) -> int:
         """``serve`` each of ``requests`` (``hash_ids``, ``session``, ``input_tokens``, ``t``) in
-        order; returns how many were served: all, unless one could not be (the caller serves it
-        through ``serve``, which raises the pool's error). ``next_use``: every block access's next
-        use, in order (the oracles'); ``hashes``: ``hashes_u64`` of the requests, if made already."""
+        order, then ``store`` its ``responses[k]`` where given; returns how many were served: all,
+        unless one could not be (the caller serves it through ``serve``, which raises the pool's
+        error). ``next_use``: every block access's next use, in order (the oracles');
+        ``hashes``: ``hashes_u64`` of the requests, if made already."""
         if not requests or self.pinned or self.private:
             return 0
         lengths = np.fromiter(map(len, (r.hash_ids for r in requests)), dtype=np.int64, count=len(requests))
@@ -221,11 +254,20 @@ class CompiledPool:
                                count=len(requests))
         tokens = np.fromiter((-1 if r.input_tokens is None else r.input_tokens for r in requests), dtype=np.int64,
                              count=len(requests))
+        resp = resp_offsets = None
+        if responses is not None:
+            resp = hashes_u64(responses)
+            if resp is None:
+                return 0
+            resp_offsets = np.zeros(len(requests) + 1, dtype=np.int64)
+            np.cumsum(np.fromiter(map(len, responses), dtype=np.int64, count=len(requests)), out=resp_offsets[1:])
+            if len(resp):
+                self._grow_costs(min(int(np.diff(resp_offsets).max()), self.capacity))
         self._grow_costs(min(int(lengths.max()), self.capacity))
         done = 0
         while done < len(requests):
             stop = min(done + CHUNK, len(requests))
-            reached = self._kernel.serve(hashes, offsets, sessions, tokens, next_use, done, stop)
+            reached = self._kernel.serve(hashes, offsets, sessions, tokens, next_use, done, stop, resp, resp_offsets)
             if self._reuse is not None:
                 for r in requests[done:reached]:
                     self._reuse.defer(r.hash_ids, r.t)

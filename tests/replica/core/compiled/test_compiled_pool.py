@@ -165,7 +165,7 @@ def test_a_hash_the_compiled_pool_cannot_key_is_a_clear_error_and_changes_nothin
     assert state(fast) == before
 
 
-def random_calls(seed: int, capacity: int, n: int = 700):
+def random_calls(seed: int, capacity: int, n: int = 700, stores: bool = False):
     """What a batching scheduler does to its pool: requests admitted (some refused for room), held
     while others come, decode KV taken and given back, released in another order; a re-admission
     that is not recorded."""
@@ -182,6 +182,9 @@ def random_calls(seed: int, capacity: int, n: int = 700):
             calls.append(("release", held.pop(rng.randrange(len(held)))))
         if rng.random() < 0.3:
             calls.append(("take_private", rng.randint(1, capacity // 4)))
+        if stores and rng.random() < 0.4:  # a response: new blocks after the prompt, some already cached, a repeat
+            extra = [rng.randrange(1 << 63) for _ in range(rng.randint(0, capacity // 2))]
+            calls.append(("store", r.hash_ids[-2:] + extra + extra[:1], r.session, r.t))
     return calls + [("release", i) for i in held]
 
 
@@ -204,6 +207,8 @@ def run_calls(pool, calls, random_uses: bool = True) -> list:
                     pool.free_private(extra)
                     private -= extra
                 out.append(None)
+            elif call[0] == "store":
+                out.append(pool.store(call[1], call[2], call[3]))
             else:
                 pool.take_private(call[1])
                 pool.free_private(call[1])
@@ -231,6 +236,51 @@ def test_acquire_release_and_private_blocks_as_a_scheduler_calls_them_give_the_s
         assert state(got) == state(expected)
         assert (got.room, got.free, got.pinned, got.private, got.usage()) == \
                (expected.room, expected.free, expected.pinned, expected.private, expected.usage())
+
+
+STORE_CASES = [c for c in CASES if c[0] in ("lru", "s3fifo")]
+
+
+@needs_compiled
+@pytest.mark.parametrize("policy,params", STORE_CASES, ids=lambda c: str(c))
+@pytest.mark.parametrize("hit_mode", ["holes", "prefix"])
+def test_stored_responses_as_a_scheduler_keeps_them_give_the_same_pool(policy, params, hit_mode):
+    """Kept response KV (``store``) between a scheduler's calls: what each store inserts (a block
+    already resident and a repeat are skipped, room runs out while requests hold blocks) and the
+    whole pool after, compiled and Python."""
+    for seed, capacity in ((4, 30), (5, 64), (6, 150)):
+        calls = random_calls(seed, capacity, stores=True)
+        def make(capacity=capacity):
+            return BlockPool(capacity, make_policy(policy, **params), hit_mode=hit_mode, emit_events=False,
+                             metrics=PoolMetrics(block_size=16, block_cost=lambda d: 1.0 + d % 3),
+                             block_cost=lambda d: 1.0 + d % 3)
+
+        expected, got = make(), CompiledPool(make())
+        results = run_calls(expected, calls, random_uses=False)
+        assert run_calls(got, calls, random_uses=False) == results
+        stored = [x for c, x in zip(calls, results) if c[0] == "store"]
+        assert any(stored) and any(isinstance(x, list) and not x for x in stored)  # some insert, some find no room
+        assert state(got) == state(expected)
+
+
+@needs_compiled
+@pytest.mark.parametrize("policy,params", STORE_CASES, ids=lambda c: str(c))
+@pytest.mark.parametrize("capacity", [40, 300])
+def test_the_compiled_replay_stores_responses_as_the_python_loop_does(policy, params, capacity):
+    for seed in range(3):
+        trace = random_trace(seed * 5 + capacity)
+        rng = random.Random(seed)
+        responses = [[rng.randrange(1 << 63) for _ in range(rng.randint(0, 6))] + r.hash_ids[-1:] for r in trace]
+        expected = BlockPool(capacity, make_policy(policy, **params), emit_events=False,
+                             metrics=PoolMetrics(block_size=16, block_cost=depth_cost), block_cost=depth_cost)
+        for r, resp in zip(trace, responses):
+            expected.serve(Lookup(r.hash_ids, session=r.session, now=r.t, input_tokens=r.input_tokens))
+            expected.store(resp, r.session, r.t)
+        got = CompiledPool(BlockPool(capacity, make_policy(policy, **params), emit_events=False,
+                                     metrics=PoolMetrics(block_size=16, block_cost=depth_cost), block_cost=depth_cost))
+        assert got.serve_requests(trace, responses=responses) == len(trace)
+        assert state(got) == state(expected)
+        assert got.metrics.cost_hit.hex() == expected.metrics.cost_hit.hex()
 
 
 @needs_compiled
