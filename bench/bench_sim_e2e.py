@@ -19,9 +19,17 @@ times, alternating and each in a fresh interpreter (imports included):
   tracking costs), ``kvemu_default_lru_pycore`` with the Python pool, and ``kvemu_default_belady``
   / ``_belady_compute`` to compare with it.
 
-Prints JSON: best wall time per mode, the hit ratios, and the ratios the targets name.
+* the cluster cases (``CLUSTER``): 16 replicas routed ``cache_aware`` over the same trace, cache-only,
+  with the compiled pools and with ``--python-core``; the same with a 64 GiB host tier per replica
+  (response KV kept, the default); and a chat-preset cluster in batching mode (300 s of session
+  starts at 20 sessions/s, 16 replicas of 4 GiB of KV with 64 GiB of host each).
 
-    python bench/bench_sim_e2e.py [--copies 20] [--capacity 18279] [--repeat 2] [--modes a,b,...]
+Prints JSON: best wall time per mode, the hit ratios, the real-time factor (simulated seconds per
+wall second: the trace's span, and in batching mode its drain too), and the ratios the targets name.
+``--old PATH``: also run the chat cluster case from another checkout (its own interpreter path and
+sources, e.g. a worktree of an older commit), side by side.
+
+    python bench/bench_sim_e2e.py [--copies 20] [--capacity 18279] [--repeat 2] [--modes a,b,...] [--old DIR]
 """
 
 from __future__ import annotations
@@ -99,10 +107,33 @@ def kvemu_cmd(trace: Path, policy: str, cap: int, out: Path, cache_only: bool, r
             + (["--python-core"] if pycore else []) + (["--response-kv", "drop"] if drop else []))
 
 
-def run_mode(mode: str, trace: Path, work: Path, cap: int) -> dict:
+CLUSTER16 = ["--replicas", "16", "--routing", "cache_aware", "--cache-only"]
+CHAT = ["--workload", "chat", "--duration", "300", "--set", "session_rate=20", "--replicas", "16",
+        "--capacity-gib", "4", "--host-cache-gib", "64"]
+# mode -> (arguments after the trace's or workload's, whether the trace file is read)
+CLUSTER = {
+    "kvemu_cluster16_lru": (CLUSTER16, True),
+    "kvemu_cluster16_lru_pycore": ([*CLUSTER16, "--python-core"], True),
+    "kvemu_cluster16_lru_host64": ([*CLUSTER16, "--host-cache-gib", "64"], True),
+    "kvemu_chat16_host64": (CHAT, False),
+}
+
+
+def cluster_cmd(mode: str, trace: Path, cap: int, out: Path, repo: Path = REPO) -> list[str]:
+    args, reads_trace = CLUSTER[mode]
+    python = sys.executable
+    source = ["--trace", str(trace), "--capacity-blocks", str(cap)] if reads_trace else []
+    return [python, "-m", "kvemu", "sim", *source, "--policy", "lru", "--quiet", "--json", str(out), *args]
+
+
+def run_mode(mode: str, trace: Path, work: Path, cap: int, repo: Path = REPO) -> dict:
     env = dict(os.environ)
     out = work / f"{mode}.json"
-    if mode.startswith("lcs_"):
+    if mode in CLUSTER:
+        env["KVEMU_CACHE_DIR"] = "off"
+        env["PYTHONPATH"] = str(repo)
+        cmd = cluster_cmd(mode, trace, cap, out, repo)
+    elif mode.startswith("lcs_"):
         cmd = [sys.executable, "-c", LCS, str(trace), str(work / "ids.txt"), mode[4:], str(cap)]
     elif mode == "python_floor_lru":
         env["KVEMU_CACHE_DIR"] = "off"
@@ -119,14 +150,16 @@ def run_mode(mode: str, trace: Path, work: Path, cap: int) -> dict:
         cmd = kvemu_cmd(trace, policy, cap, out, base.startswith("kvemu_cache_only"), reuse, base.endswith("_pycore"),
                         drop)
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=repo)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"{mode} failed:\n{proc.stderr[-2000:]}")
     if mode.startswith("lcs_") or mode == "python_floor_lru":
         return {"wall_s": wall, "hit_ratio": json.loads(proc.stdout)["hit_ratio"]}
     run = json.loads(out.read_text())["runs"][0]
-    return {"wall_s": wall, "hit_ratio": run["block_hit_ratio"], "sim_s": run["wall_s"], "engine": run["engine"]}
+    simulated = run["arrival_span_s"] + (run.get("drain_s") or 0.0)
+    return {"wall_s": wall, "hit_ratio": run["block_hit_ratio"], "sim_s": run["wall_s"], "engine": run["engine"],
+            "requests": run["requests"], "real_time_factor": round(simulated / wall, 1)}
 
 
 MODES = ("lcs_lru", "python_floor_lru", "kvemu_cache_only_lru", "kvemu_cache_only_lru_drop", "kvemu_cache_only_lru_warm",
@@ -134,7 +167,7 @@ MODES = ("lcs_lru", "python_floor_lru", "kvemu_cache_only_lru", "kvemu_cache_onl
          "lcs_s3fifo", "kvemu_cache_only_s3fifo", "kvemu_cache_only_s3fifo_drop",
          "kvemu_default_lru", "kvemu_default_lru_drop", "kvemu_default_lru_noreuse", "kvemu_default_lru_noreuse_drop",
          "kvemu_default_lru_pycore_drop", "kvemu_default_belady", "kvemu_default_belady_drop",
-         "kvemu_default_belady_compute", "kvemu_default_belady_compute_drop")
+         "kvemu_default_belady_compute", "kvemu_default_belady_compute_drop", *CLUSTER)
 
 
 def main() -> None:
@@ -143,6 +176,7 @@ def main() -> None:
     ap.add_argument("--capacity", type=int, default=18279)
     ap.add_argument("--repeat", type=int, default=2, help="rounds; each round runs every mode once, in turn")
     ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--old", type=Path, default=None, help="another checkout: its chat cluster case too")
     a = ap.parse_args()
     modes = [m for m in a.modes.split(",") if m]
     with tempfile.TemporaryDirectory(prefix="kvemu-bench-") as tmp:
@@ -161,6 +195,11 @@ def main() -> None:
                       file=sys.stderr, flush=True)
                 if mode not in best or res["wall_s"] < best[mode]["wall_s"]:
                     best[mode] = res
+            if a.old is not None:
+                res = run_mode("kvemu_chat16_host64", trace, work, a.capacity, a.old)
+                print(f"round {rnd + 1}/{a.repeat} old kvemu_chat16_host64: {res['wall_s']:.2f} s", file=sys.stderr)
+                if "old_chat16_host64" not in best or res["wall_s"] < best["old_chat16_host64"]["wall_s"]:
+                    best["old_chat16_host64"] = res
     ratios = {}
     for name, (num, den) in {
         "cache_only_lru / lcs_lru": ("kvemu_cache_only_lru", "lcs_lru"),
@@ -181,6 +220,10 @@ def main() -> None:
         "default_lru / default_lru_noreuse": ("kvemu_default_lru", "kvemu_default_lru_noreuse"),
         "default_belady / default_lru": ("kvemu_default_belady", "kvemu_default_lru"),
         "default_belady_compute / default_lru": ("kvemu_default_belady_compute", "kvemu_default_lru"),
+        "cluster16_lru / lcs_lru": ("kvemu_cluster16_lru", "lcs_lru"),
+        "cluster16_lru_pycore / lcs_lru": ("kvemu_cluster16_lru_pycore", "lcs_lru"),
+        "cluster16_lru_host64 / lcs_lru": ("kvemu_cluster16_lru_host64", "lcs_lru"),
+        "old_chat16_host64 / chat16_host64": ("old_chat16_host64", "kvemu_chat16_host64"),
     }.items():
         if num in best and den in best:
             ratios[name] = round(best[num]["wall_s"] / best[den]["wall_s"], 2)

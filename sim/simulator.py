@@ -92,7 +92,7 @@ class SimSettings:
     tiers: TierSettings = TierSettings()
     # "keep" (the default everywhere): a finished request's response blocks are cached, as a colocated
     # vLLM does (the next turn hits them); "drop": they are not (a disaggregated prefill instance).
-    # Kept response KV needs the Python pool (the compiled one has no store). See replica.core.
+    # The compiled pool stores it for LRU and S3-FIFO (replica.core.compiled.pool.why_not).
     response_kv: str = DEFAULT_RESPONSE_KV
     # Decode KV takes blocks as it fills them, and preempts when none is left (vLLM); False: only
     # prompt blocks count (a one-at-a-time run then equals the cache-only replay exactly).
@@ -104,7 +104,7 @@ class SimSettings:
     # ``refused``; the run goes on). None: the model's context window; the pool's size where smaller.
     max_model_len: int | None = None
     # The compiled pool where it is the Python pool's exact twin (replica.core.compiled.pool.compilable
-    # decides: LRU, S3-FIFO, Belady or BeladyCompute; no index, tiers, kept response KV or reorder;
+    # decides: LRU, S3-FIFO, Belady or BeladyCompute; no tiers or reorder; kept response KV with LRU or S3-FIFO;
     # 64-bit unsigned hashes); False: the Python pool everywhere.
     compiled: bool = True
 
@@ -390,6 +390,9 @@ class Simulation:
         t0 = time.perf_counter()
         reqs = self.trace.requests
         n = len(reqs)
+        if reqs:  # no clock, but the trace's own span (what a real-time factor divides)
+            times = [r.t for r in reqs]
+            self.first_arrival, self.last_arrival = min(times), max(times)
         start = self._run_compiled(future)
         for k in range(start, n):
             r = reqs[k]

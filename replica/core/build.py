@@ -90,7 +90,7 @@ class CoreSettings:
     # between running ones (each request's blocks are its own, freed when it ends; BlockPool.prefix_caching)
     prefix_caching: str = DEFAULT_PREFIX_CACHING
     # The scheduler drives the pool's compiled twin where it is exact (replica.core.compiled.pool:
-    # LRU / S3-FIFO / Belady / BeladyCompute, no events, no tiers, response KV dropped, fcfs).
+    # LRU / S3-FIFO / Belady / BeladyCompute, no events, no tiers, response KV kept only with LRU or S3-FIFO, fcfs).
     compiled: bool = False
 
     def __post_init__(self) -> None:

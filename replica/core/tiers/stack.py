@@ -400,8 +400,13 @@ class TierStack:
     def lower_overlap(self, replica_id: str, hashes: Sequence[int], hbm_prefix: int) -> dict[str, int]:
         """For a router: the run of blocks after the HBM prefix that the lower levels hold, per level
         (what an index fed this replica's level events answers; zero counts omitted)."""
+        levels = self.levels
+        # the run is empty unless a level holds the block after the HBM prefix: most replicas of a
+        # cluster hold nothing of a given session, and the router asks every one of them
+        if hbm_prefix >= len(hashes) or not any(hashes[hbm_prefix] in lv.pool.resident for lv in levels):
+            return {}
         held: list[Container[int]] = [set()] * len(self.names)
-        for lv in self.levels:
+        for lv in levels:
             held[lv.index - 1] = lv.pool.resident
         return lower_overlap(replica_id, hashes, hbm_prefix, held)
 
