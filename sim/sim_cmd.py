@@ -168,6 +168,8 @@ def run(args) -> int:
     warning = saturation_warning(runs)
     if warning:
         print(warning, file=sys.stderr)
+    for reason in dict.fromkeys(r["engine_reason"] for r in runs if r.get("engine_reason")):
+        print(f"note: the Python pool ran, slower, with the same results: {reason}", file=sys.stderr)
     _write_outputs(args, trace, runs)
     return 0
 

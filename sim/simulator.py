@@ -291,7 +291,10 @@ class Simulation:
         # never behind. Where one pool is not compiled, every pool ships events to a MemoryIndex.
         self.replicas = self._build(settings, indexed and flat is None, flat is not None)
         if indexed and flat is not None and any(rep.compiled is None for rep in self.replicas):
+            why = next((rep.core.why_python for rep in self.replicas if rep.core.why_python), None)
             self.replicas = self._build(settings, True, True)
+            for rep in self.replicas:  # the reason is the first build's: events were never the cause
+                rep.core.why_python = why
         kernels = [rep.compiled for rep in self.replicas if rep.compiled is not None]
         self._kernels = kernels if indexed and len(kernels) == len(self.replicas) else None
         self.by_id = {r.replica_id: r for r in self.replicas}
@@ -515,8 +518,10 @@ class Simulation:
             "max_running": self.s.max_running,
             "scheduler": None if self.s.cache_only else self.s.scheduler,
             "decode_kv": None if self.s.cache_only else self.s.decode_kv,
-            # the pool that served: compiled (replica.core.compiled.pool, the same results) or python
+            # the pool that served: compiled (replica.core.compiled.pool, the same results) or python, and
+            # why not compiled where it was asked for (None: it ran, or --python-core asked for Python)
             "engine": "compiled" if all(rep.compiled is not None for rep in self.replicas) else "python",
+            "engine_reason": next((rep.core.why_python for rep in self.replicas if rep.core.why_python), None),
             "block_size": self.block_size,
             "model": self.cost.model.name,
             "gpu": self.cost.gpu.name,

@@ -10,7 +10,7 @@ from replica.core.cache.costs import DepthCosts
 from replica.core.cache.metrics import PoolMetrics
 from replica.core.cache.policies import make_policy
 from replica.core.cache.pool import BlockPool, KvEvent
-from replica.core.compiled.pool import CompiledPool, compilable
+from replica.core.compiled.pool import CompiledPool, why_not
 from replica.core.sched.sched_types import (
     DEFAULT_ADMISSION,
     DEFAULT_MAX_LOANS,
@@ -113,6 +113,9 @@ class ReplicaCore:
     scheduler: Scheduler
     tiers: TierStack | None = None
     _compiled: CompiledPool | None = None
+    # why the compiled twin does not run though it was asked for (``compiled.pool.why_not``); None: it
+    # runs, or the Python pool was asked for
+    why_python: str | None = None
 
     @property
     def pool(self) -> BlockPool:
@@ -185,12 +188,12 @@ def build_core(s: CoreSettings, cost: CostModel, *, hashes_fit: bool = True) -> 
                      emit_events=s.emit_events, block_cost=costs,
                      prefix_caching=s.prefix_caching == "on")
     tiers = TierStack(s.tiers, pool, cost.block_bytes(bs), costs, s.tier_events) if s.tiers.enabled else None
-    fast = CompiledPool(pool) if s.compiled and compilable(
-        pool, tiers=tiers is not None, keeps_response_kv=s.response_kv == "keep", admission=s.scheduler,
-        hashes_fit=hashes_fit) else None
+    why = why_not(pool, tiers=tiers is not None, keeps_response_kv=s.response_kv == "keep", admission=s.scheduler,
+                  hashes_fit=hashes_fit) if s.compiled else None
+    fast = CompiledPool(pool) if s.compiled and why is None else None
     sched = Scheduler(fast or pool, cost, SchedulerSettings(token_budget=s.token_budget, max_running=s.max_running,
                                                     max_waiting=s.max_waiting, admission=s.scheduler,
                                                     decode_kv=s.decode_kv, max_model_len=s.max_model_len,
                                                     watermark=s.watermark, max_loans=s.max_loans),
                       report_decoded=s.stream_tokens, tiers=tiers, keep_response_kv=s.response_kv == "keep")
-    return ReplicaCore(pool, sched, tiers, fast)
+    return ReplicaCore(pool, sched, tiers, fast, why)

@@ -131,6 +131,18 @@ def test_the_compiled_replay_is_not_used_where_it_would_differ():
         settings = {"response_kv": "drop", **kw}  # dropped, the compiled pool would run: kw alone keeps it off
         assert simulate(trace, SimSettings(capacity_blocks=878, cache_only=True, **settings))["engine"] == "python", kw
     assert simulate(trace, SimSettings(capacity_blocks=878, scheduler="reorder"))["engine"] == "python"
+    # each run says why, where the compiled pool was asked for (the default) and did not run
+    reasons = {name: simulate(trace, SimSettings(capacity_blocks=878, cache_only=True, **kw))["engine_reason"]
+               for name, kw in (("tiers", {"tiers": TierSettings(host_blocks=500)}),
+                                ("belady_keep", {"policy": "belady"}), ("arc", {"policy": "arc"}),
+                                ("python_core", {"compiled": False}), ("lru", {}))}
+    if compiled_pool.compiled():
+        assert reasons == {"tiers": "lower tiers or reorder admission need the Python pool",
+                           "belady_keep": "kept response KV with belady needs the Python pool (the compiled store"
+                                          " has LRU and S3-FIFO)",
+                           "arc": "policy arc is not compiled or not fresh", "python_core": None, "lru": None}
+    else:
+        assert reasons["python_core"] is None and "not built" in reasons["lru"]
     # a hash that is not a 64-bit unsigned integer too, in either mode
     odd = Trace([TraceRequest(0.0, "s", 0, [1 << 70, 2], 32, 4), TraceRequest(1.0, "s", 1, [1 << 70, 2, 3], 48, 4)], 16)
     for cache_only in (True, False):
