@@ -119,7 +119,7 @@ def test_the_compiled_pool_reports_what_the_python_pool_reports(policy, name, ca
     stores = response_kv == "drop" or policy in ("lru", "s3fifo")
     assert [r["engine"] for r in runs] == ["compiled" if stores else "python", "python"]
     for r in runs:
-        del r["engine"], r["wall_s"]
+        del r["engine"], r["engine_reason"], r["wall_s"]
     assert runs[0] == runs[1]  # every field, per replica too: hits, CSR, holes, footprints, evictions
 
 
@@ -167,7 +167,7 @@ def test_replicas_routed_by_the_index_run_compiled_and_report_what_the_python_po
     # batching spreads the load (queues count in the cost); cache-only has none, so one replica takes all
     assert (runs[0]["load_imbalance"] < 2) == (not cache_only)
     for r in runs:
-        del r["engine"], r["wall_s"]
+        del r["engine"], r["engine_reason"], r["wall_s"]
     assert runs[0] == runs[1]
 
 
@@ -180,7 +180,7 @@ def test_several_replicas_without_an_index_each_get_a_compiled_pool(response_kv)
             for c in (True, False)]
     assert [r["engine"] for r in runs] == ["compiled", "python"]
     for r in runs:
-        del r["engine"], r["wall_s"]
+        del r["engine"], r["engine_reason"], r["wall_s"]
     assert runs[0] == runs[1]
 
 
