@@ -188,7 +188,7 @@ def build_core(s: CoreSettings, cost: CostModel, *, hashes_fit: bool = True) -> 
                      emit_events=s.emit_events, block_cost=costs,
                      prefix_caching=s.prefix_caching == "on")
     tiers = TierStack(s.tiers, pool, cost.block_bytes(bs), costs, s.tier_events) if s.tiers.enabled else None
-    why = why_not(pool, tiers=tiers is not None, keeps_response_kv=s.response_kv == "keep", admission=s.scheduler,
+    why = why_not(pool, tiers=tiers is not None, keeps_response_kv=s.response_kv == "keep",
                   hashes_fit=hashes_fit) if s.compiled else None
     fast = CompiledPool(pool) if s.compiled and why is None else None
     sched = Scheduler(fast or pool, cost, SchedulerSettings(token_budget=s.token_budget, max_running=s.max_running,

@@ -130,14 +130,13 @@ def test_the_compiled_replay_is_not_used_where_it_would_differ():
                {"tiers": TierSettings(host_blocks=500)}):
         settings = {"response_kv": "drop", **kw}  # dropped, the compiled pool would run: kw alone keeps it off
         assert simulate(trace, SimSettings(capacity_blocks=878, cache_only=True, **settings))["engine"] == "python", kw
-    assert simulate(trace, SimSettings(capacity_blocks=878, scheduler="reorder"))["engine"] == "python"
     # each run says why, where the compiled pool was asked for (the default) and did not run
     reasons = {name: simulate(trace, SimSettings(capacity_blocks=878, cache_only=True, **kw))["engine_reason"]
                for name, kw in (("tiers", {"tiers": TierSettings(host_blocks=500)}),
                                 ("belady_keep", {"policy": "belady"}), ("arc", {"policy": "arc"}),
                                 ("python_core", {"compiled": False}), ("lru", {}))}
     if compiled_pool.compiled():
-        assert reasons == {"tiers": "lower tiers or reorder admission need the Python pool",
+        assert reasons == {"tiers": "lower tiers need the Python pool",
                            "belady_keep": "kept response KV with belady needs the Python pool (the compiled store"
                                           " has LRU and S3-FIFO)",
                            "arc": "policy arc is not compiled or not fresh", "python_core": None, "lru": None}
@@ -149,6 +148,24 @@ def test_the_compiled_replay_is_not_used_where_it_would_differ():
         run = simulate(odd, SimSettings(capacity_blocks=8, cache_only=cache_only))
         assert (run["engine"], run["block_hits"] if "block_hits" in run else run["per_replica"][0]["block_hits"]) == \
             ("python", 2)
+
+
+@pytest.mark.skipif(not compiled_pool.compiled(), reason="the compiled pool is not built (no C compiler)")
+@pytest.mark.parametrize("policy", ["lru", "s3fifo", "belady"])
+@pytest.mark.parametrize("name,capacity", [("mooncake-conversation", 1500), ("mooncake-synthetic", 700)])
+def test_the_reorder_scheduler_runs_compiled_and_reports_what_the_python_pool_reports(policy, name, capacity):
+    """Reorder asks its pool for pin counts (``pins_of``) when a head blocks, lends, takes back and
+    re-admits: every field of the run equal, preemptions and promotions included."""
+    trace = read_trace(name)
+    runs = [simulate(trace, SimSettings(capacity_blocks=capacity, policy=policy, scheduler="reorder", max_running=64,
+                                        compiled=c))
+            for c in (True, False)]
+    assert runs[0]["engine"] == ("compiled" if policy != "belady" else "python") and runs[1]["engine"] == "python"
+    st = runs[1]["per_replica"][0]["scheduler"]
+    assert st["promotions"] > 0 and st["preemptions"] > 0  # it lent and took back
+    for r in runs:
+        del r["engine"], r["engine_reason"], r["wall_s"]
+    assert runs[0] == runs[1]
 
 
 @pytest.mark.skipif(not compiled_pool.compiled(), reason="the compiled pool is not built (no C compiler)")

@@ -103,6 +103,11 @@ class BlockPool:
     def is_pinned(self, h: int) -> bool:
         return h in self._refs
 
+    def pins_of(self, hashes: Sequence[int]) -> list[int]:
+        """How many running requests hold each of ``hashes`` (0: none, or not resident)."""
+        get = self._refs.get
+        return [get(h, 0) for h in hashes]
+
     @property
     def pinned(self) -> int:
         """Blocks held by running requests."""

@@ -758,6 +758,25 @@ static int store_run(Pool *k, const uint64_t *h, Py_ssize_t total, int32_t sessi
     return code == OK ? release_slots(k, k->slot_of, n) : code;
 }
 
+/* pins_of(hashes) -> [running requests holding each block, 0 where none or not resident] (BlockPool.pins_of). */
+static PyObject *Pool_pins_of(Pool *k, PyObject *hashes) {
+    PyObject *seq = PySequence_Fast(hashes, "hashes must be a sequence of ints");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject *out = PyList_New(n);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; out && i < n; i++) {
+        uint64_t h = PyLong_AsUnsignedLongLong(items[i]);
+        if (h == (uint64_t)-1 && PyErr_Occurred()) { Py_CLEAR(out); break; }
+        int32_t s = table_find(&k->res, h);
+        PyObject *v = PyLong_FromLong(s == NIL ? 0 : k->refs[s]);
+        if (!v) { Py_CLEAR(out); break; }
+        PyList_SET_ITEM(out, i, v);
+    }
+    Py_DECREF(seq);
+    return out;
+}
+
 /* store(hashes, session_code) -> the hashes stored (BlockPool.store). */
 static PyObject *Pool_store(Pool *k, PyObject *args) {
     PyObject *hashes;
@@ -1019,6 +1038,7 @@ static PyMethodDef Pool_methods[] = {
     {"serve", (PyCFunction)Pool_serve, METH_VARARGS, "BlockPool.serve of requests [start, stop), each then storing its"
      " response blocks where given; the first not served."},
     {"store", (PyCFunction)Pool_store, METH_VARARGS, "BlockPool.store: (hashes, session_code) -> the hashes stored."},
+    {"pins_of", (PyCFunction)Pool_pins_of, METH_O, "BlockPool.pins_of: running requests holding each block."},
     {"state", (PyCFunction)Pool_state, METH_NOARGS, "The pool's, policy's and metrics' state, for the write-back."},
     {NULL, NULL, 0, NULL},
 };

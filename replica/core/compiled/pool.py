@@ -14,8 +14,9 @@ their whole state). The Python pool stays the definition and what everything els
 It is made only where it gives that same pool, and ``why_not`` (``compilable``) is the one place
 that decides it: an empty pool and a fresh policy of exactly a class with an adapter
 (``replica.core.compiled.adapters``: LRU, S3-FIFO, Belady, BeladyCompute), fresh metrics, no events
-to ship (one replica), no lower tier, response KV kept only with LRU or S3-FIFO (``store``), fcfs
-admission, prefix caching on, and
+to ship (several replicas are asked directly: ``prefix_matches``), no lower tier, response KV kept
+only with LRU or S3-FIFO (``store``), prefix caching on (either admission order: the scheduler
+asks ``pins_of``), and
 block hashes that are 64-bit unsigned integers (the simulator checks a trace's). ``build_core`` asks it; the simulator
 reports which ran (``engine`` in its JSON); ``--python-core`` asks for the Python pool.
 """
@@ -49,14 +50,13 @@ def compiled() -> bool:
     return _pool is not None
 
 
-def why_not(pool: BlockPool, *, tiers: bool = False, keeps_response_kv: bool = False, admission: str = "fcfs",
+def why_not(pool: BlockPool, *, tiers: bool = False, keeps_response_kv: bool = False,
             hashes_fit: bool = True) -> str | None:
     """Why ``CompiledPool(pool)`` would not be this pool's exact twin where it runs (None: it would).
 
     ``tiers``: lower memory tiers sit below it; ``keeps_response_kv``: its scheduler stores response
     blocks (``BlockPool.store``: the kernel's covers LRU and S3-FIFO, not the oracles, whose stored
-    blocks would need a next use); ``admission``: its scheduler's order
-    (``reorder`` reads every pin count each step); ``hashes_fit``: every hash it will see is a
+    blocks would need a next use); ``hashes_fit``: every hash it will see is a
     64-bit unsigned integer (what the kernel keys on; ``hashes_u64`` tells).
     """
     if _pool is None:
@@ -66,8 +66,8 @@ def why_not(pool: BlockPool, *, tiers: bool = False, keeps_response_kv: bool = F
         return f"policy {pool.policy.name} is not compiled or not fresh"
     if not pool.prefix_caching:  # no lookups, no cache: the Python pool's private blocks are already cheap
         return "prefix caching off needs the Python pool"
-    if tiers or admission != "fcfs":
-        return "lower tiers or reorder admission need the Python pool"
+    if tiers:
+        return "lower tiers need the Python pool"
     if keeps_response_kv and not adapter.stores:
         return f"kept response KV with {pool.policy.name} needs the Python pool (the compiled store has LRU and S3-FIFO)"
     if not hashes_fit:
@@ -83,11 +83,10 @@ def why_not(pool: BlockPool, *, tiers: bool = False, keeps_response_kv: bool = F
     return None
 
 
-def compilable(pool: BlockPool, *, tiers: bool = False, keeps_response_kv: bool = False, admission: str = "fcfs",
+def compilable(pool: BlockPool, *, tiers: bool = False, keeps_response_kv: bool = False,
                hashes_fit: bool = True) -> bool:
     """Whether ``CompiledPool(pool)`` runs: the one decision (``why_not`` says why not)."""
-    return why_not(pool, tiers=tiers, keeps_response_kv=keeps_response_kv, admission=admission,
-                   hashes_fit=hashes_fit) is None
+    return why_not(pool, tiers=tiers, keeps_response_kv=keeps_response_kv, hashes_fit=hashes_fit) is None
 
 
 def compiles(policy: str) -> bool:
@@ -162,7 +161,7 @@ class CompiledPool:
 
     @property
     def pin_counts(self) -> Mapping[int, int]:
-        return self.settle().pin_counts  # O(resident): only the reorder scheduler reads it, and it gets the Python pool
+        return self.settle().pin_counts  # O(resident): for inspection; the scheduler asks pins_of
 
     def acquire(self, lookup: Lookup) -> Allocation:
         hashes, session, now, input_tokens, record = (lookup.hashes, lookup.session, lookup.now, lookup.input_tokens,
@@ -193,6 +192,10 @@ class CompiledPool:
     def release(self, alloc: Allocation, now: float = 0.0) -> None:
         self._kernel.release(alloc.hashes)
         self._settled = False
+
+    def pins_of(self, hashes: Sequence[int]) -> list[int]:
+        """``BlockPool.pins_of``: running requests holding each block (0: none)."""
+        return self._kernel.pins_of(hashes)
 
     def prefix_match(self, hashes: Sequence[int]) -> int:
         """``BlockPool.prefix_match``: leading blocks resident."""

@@ -337,8 +337,7 @@ class Scheduler:
     def _takes(self, hashes: Sequence[int], extra: int) -> int:
         """Blocks of room an allocation of ``hashes`` (and ``extra`` private ones) uses up: all but
         those running requests already pin (a cached unpinned block was evictable room)."""
-        refs = self.pool.pin_counts
-        return len(hashes) - sum(map(refs.__contains__, hashes)) + extra
+        return len(hashes) - sum(map(bool, self.pool.pins_of(hashes))) + extra
 
     def _filled(self, r: SchedRequest, j: int) -> None:
         """Decode filled ``r``'s ``j``-th block beyond its hashed ones: with inclusive tiers its KV is
@@ -413,16 +412,16 @@ class Scheduler:
         """
         if not self._promoted:
             return False
-        refs, lent, pool = self.pool.pin_counts, self._lent, self.pool
+        lent, pool = self._lent, self.pool
         # pinned by lent requests only, and the blocks they hold privately (beyond their hashed ones,
         # and with prefix caching off their hashed ones too: those are never pinned)
-        reclaimable = sum(1 for h, c in lent.items() if refs.get(h) == c) + sum(
+        reclaimable = sum(1 for c, p in zip(lent.values(), pool.pins_of(list(lent))) if p == c) + sum(
             r.extra_blocks + r.alloc.private for r in self._promoted.values() if r.alloc is not None)
         if not reclaimable:
             return False
-        kept = len(refs) + pool.private - reclaimable
+        kept = pool.pinned + pool.private - reclaimable
         hashes = self._kv_hashes(head)
-        overlap = sum(1 for h in hashes if refs.get(h, 0) > lent.get(h, 0))
+        overlap = sum(1 for h, p in zip(hashes, pool.pins_of(hashes)) if p > lent.get(h, 0))
         if kept + len(hashes) - overlap + self._extra_at_admission(head) > pool.capacity:
             return False
         for order in sorted(self._promoted, reverse=True):
@@ -435,9 +434,9 @@ class Scheduler:
         return self.decode_kv.need(req, req.generated if req.resumed else 0)
 
     def _fits(self, req: SchedRequest) -> bool:
-        refs, hashes = self.pool.pin_counts, self._kv_hashes(req)
-        held = len(refs) + self.pool.private + self._extra_at_admission(req)
-        return held + len(hashes) - sum(map(refs.__contains__, hashes)) <= self.pool.capacity
+        hashes = self._kv_hashes(req)
+        held = self.pool.pinned + self.pool.private + self._extra_at_admission(req)
+        return held + len(hashes) - sum(map(bool, self.pool.pins_of(hashes))) <= self.pool.capacity
 
     def _preempt(self, r: SchedRequest, now: float) -> None:
         """Recompute preemption (vLLM): release the request's blocks, keep the tokens it
