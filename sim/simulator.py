@@ -299,6 +299,8 @@ class Simulation:
         self._kernels = kernels if indexed and len(kernels) == len(self.replicas) else None
         self.by_id = {r.replica_id: r for r in self.replicas}
         self.tiered = any(rep.tiers is not None for rep in self.replicas)
+        self._tier_pools = [(rep.replica_id, rep.tiers, [lv.pool for lv in rep.tiers.levels])
+                            for rep in self.replicas if rep.tiers is not None]
         self.responses = response_hashes(trace) if settings.response_kv == "keep" else None
         self.refused = self._refuse()
         self.states = [rep.state for rep in self.replicas]
@@ -424,7 +426,7 @@ class Simulation:
         """Serve the trace through the compiled kernel where it gives the same pool; returns how
         many requests it served (the Python loop serves the rest)."""
         rep = self.replicas[0]
-        if len(self.replicas) > 1 or rep.compiled is None:
+        if len(self.replicas) > 1 or rep.compiled is None or rep.tiers is not None:
             return 0
         progress = self.progress
         done = rep.compiled.serve_requests(self.trace.requests,
@@ -447,9 +449,16 @@ class Simulation:
         elif self._kernels is not None:
             overlap = {rid: n for rid, n in zip(self._ids, prefix_matches(self._kernels, r.hash_ids)) if n}
         if self.router.uses_index and self.tiered:
-            for rep in self.replicas:
-                if rep.tiers is not None:
-                    overlap.update(rep.tiers.lower_overlap(rep.replica_id, r.hash_ids, overlap.get(rep.replica_id, 0)))
+            hashes, n, get = r.hash_ids, len(r.hash_ids), overlap.get
+            for replica_id, tiers, level_pools in self._tier_pools:
+                start = get(replica_id, 0)
+                if start >= n:
+                    continue
+                h = hashes[start]
+                for pool in level_pools:  # most replicas hold nothing after their HBM prefix: no call then
+                    if h in pool.resident:
+                        overlap.update(tiers.lower_overlap(replica_id, hashes, start))
+                        break
         _, pos = self.router.route(self.states, view, overlap)
         return self.replicas[pos], view
 

@@ -189,8 +189,10 @@ def build_core(s: CoreSettings, cost: CostModel, *, hashes_fit: bool = True) -> 
                      prefix_caching=s.prefix_caching == "on")
     tiers = TierStack(s.tiers, pool, cost.block_bytes(bs), costs, s.tier_events) if s.tiers.enabled else None
     why = why_not(pool, tiers=tiers is not None, keeps_response_kv=s.response_kv == "keep",
-                  hashes_fit=hashes_fit) if s.compiled else None
+                  hbm_caching=s.tiers.hbm_caching, hashes_fit=hashes_fit) if s.compiled else None
     fast = CompiledPool(pool) if s.compiled and why is None else None
+    if tiers is not None and fast is not None:
+        tiers.hbm_lookup = fast  # what the stack asks of HBM (missing blocks) the serving pool answers
     sched = Scheduler(fast or pool, cost, SchedulerSettings(token_budget=s.token_budget, max_running=s.max_running,
                                                     max_waiting=s.max_waiting, admission=s.scheduler,
                                                     decode_kv=s.decode_kv, max_model_len=s.max_model_len,

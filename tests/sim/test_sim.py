@@ -127,16 +127,16 @@ def test_the_compiled_replay_is_not_used_where_it_would_differ():
     # events for a shared index, response KV, oracles, tiers and the reorder scheduler keep the Python pool
     trace = read_trace("mooncake-synthetic")
     for kw in ({"replicas": 2, "policy": "arc"}, {"response_kv": "keep", "policy": "belady"}, {"policy": "session_lru"}, {"policy": "arc"},
-               {"tiers": TierSettings(host_blocks=500)}):
+               {"tiers": TierSettings(host_blocks=500, hbm_caching=False)}):
         settings = {"response_kv": "drop", **kw}  # dropped, the compiled pool would run: kw alone keeps it off
         assert simulate(trace, SimSettings(capacity_blocks=878, cache_only=True, **settings))["engine"] == "python", kw
     # each run says why, where the compiled pool was asked for (the default) and did not run
     reasons = {name: simulate(trace, SimSettings(capacity_blocks=878, cache_only=True, **kw))["engine_reason"]
-               for name, kw in (("tiers", {"tiers": TierSettings(host_blocks=500)}),
+               for name, kw in (("tiers", {"tiers": TierSettings(host_blocks=500, hbm_caching=False)}),
                                 ("belady_keep", {"policy": "belady"}), ("arc", {"policy": "arc"}),
                                 ("python_core", {"compiled": False}), ("lru", {}))}
     if compiled_pool.compiled():
-        assert reasons == {"tiers": "lower tiers need the Python pool",
+        assert reasons == {"tiers": "HBM without caching (--no-hbm-caching) needs the Python pool",
                            "belady_keep": "kept response KV with belady needs the Python pool (the compiled store"
                                           " has LRU and S3-FIFO)",
                            "arc": "policy arc is not compiled or not fresh", "python_core": None, "lru": None}
@@ -148,6 +148,34 @@ def test_the_compiled_replay_is_not_used_where_it_would_differ():
         run = simulate(odd, SimSettings(capacity_blocks=8, cache_only=cache_only))
         assert (run["engine"], run["block_hits"] if "block_hits" in run else run["per_replica"][0]["block_hits"]) == \
             ("python", 2)
+
+
+TIER_CASES = {
+    "host_exclusive": TierSettings(host_blocks=800),
+    "host_ssd_exclusive": TierSettings(host_blocks=300, ssd_blocks=900),
+    "host_ssd_inclusive": TierSettings(host_blocks=300, ssd_blocks=900, mode="inclusive"),
+    "host_fetch_always": TierSettings(host_blocks=500, fetch="always", host_policy="s3fifo"),
+    "host_fetch_never": TierSettings(host_blocks=500, fetch="never"),
+}
+
+
+@pytest.mark.skipif(not compiled_pool.compiled(), reason="the compiled pool is not built (no C compiler)")
+@pytest.mark.parametrize("tiers", list(TIER_CASES))
+@pytest.mark.parametrize("mode", ["cache_only", "batching", "batching_4_replicas"])
+def test_tiers_under_a_compiled_hbm_pool_report_what_the_python_pool_reports(tiers, mode):
+    """The compiled HBM pool hands each call's evictions to the tiers (demotion) and answers which
+    blocks it lacks (restore planning): every field of the run equal, per-tier hits, bytes per link,
+    demoted and dropped blocks included."""
+    trace = read_trace("mooncake-conversation")
+    kw = {"cache_only": mode == "cache_only", "replicas": 4 if mode.endswith("replicas") else 1}
+    runs = [simulate(trace, SimSettings(capacity_blocks=600, tiers=TIER_CASES[tiers], compiled=c, **kw))
+            for c in (True, False)]
+    assert [r["engine"] for r in runs] == ["compiled", "python"]
+    assert (runs[1]["fetched_blocks"] > 0) == (tiers != "host_fetch_never")  # something restored, or recomputed
+    assert runs[1]["tiers"]["bytes_moved"]["device_to_host"] > 0  # demoted or copied down
+    for r in runs:
+        del r["engine"], r["engine_reason"], r["wall_s"]
+    assert runs[0] == runs[1]
 
 
 @pytest.mark.skipif(not compiled_pool.compiled(), reason="the compiled pool is not built (no C compiler)")

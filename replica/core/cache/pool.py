@@ -103,6 +103,11 @@ class BlockPool:
     def is_pinned(self, h: int) -> bool:
         return h in self._refs
 
+    def missing(self, hashes: Sequence[int]) -> list[int]:
+        """The depths of the blocks of ``hashes`` not resident (what a lower tier may restore)."""
+        resident = self.resident
+        return [i for i, h in enumerate(hashes) if h not in resident]
+
     def pins_of(self, hashes: Sequence[int]) -> list[int]:
         """How many running requests hold each of ``hashes`` (0: none, or not resident)."""
         get = self._refs.get

@@ -193,6 +193,10 @@ typedef struct {
     long long hole_len_log2[65];
     long long *holes_hist;   /* requests per number of holes, 0..capacity */
     double cost_total, cost_hit;
+    /* a lower tier's feed (BlockPool.evicted_sink): the keys one call evicted, in eviction order */
+    int record_evicted;
+    uint64_t *ev_keys;
+    Py_ssize_t nevicted;
 } Pool;
 
 static PyObject *Refused;  /* (code, shortfall, available): the wrapper raises the pool's own errors */
@@ -223,6 +227,7 @@ static void Pool_dealloc(Pool *k) {
     free(k->cum); free(k->keys); free(k->slot_of); free(k->touched); free(k->fresh); free(k->freed);
     free(k->hole_len); free(k->fp_count); free(k->fp_entry); free(k->holes_hist);
     free(k->nu); free(k->has_rec); free(k->heap_t); free(k->heap_k); free(k->uses); free(k->depth);
+    free(k->ev_keys);
     bc_free(k);
     Py_TYPE(k)->tp_free((PyObject *)k);
 }
@@ -260,6 +265,7 @@ static int Pool_init(Pool *k, PyObject *args, PyObject *kw) {
     k->fresh = malloc(c * sizeof(int32_t)); k->freed = malloc(c * sizeof(int32_t));
     k->hole_len = malloc(c * sizeof(int32_t)); k->holes_hist = calloc(c + 1, sizeof(long long));
     k->nu = calloc(c, sizeof(double)); k->has_rec = calloc(c, 1); k->depth = calloc(c, sizeof(int32_t));
+    k->ev_keys = malloc(c * sizeof(uint64_t));
     if (kind == KIND_BELADY_COMPUTE && bc_init(k) < 0) goto nomem;
     k->heap_cap = 1024; k->heap_t = malloc(1024 * sizeof(double)); k->heap_k = malloc(1024 * sizeof(uint64_t));
     k->fp_size = 1024;
@@ -423,6 +429,7 @@ static void evict(Pool *k, int32_t count) {  /* BlockPool._evict: pinned victims
         k->fp_count[o]--;
         if (!k->reused[s]) k->one_hit++;
         k->evictions++;
+        if (k->record_evicted) k->ev_keys[k->nevicted++] = k->res.key[s];  /* at most capacity a call */
         table_del(&k->res, s);
         count--;
     }
@@ -758,6 +765,46 @@ static int store_run(Pool *k, const uint64_t *h, Py_ssize_t total, int32_t sessi
     return code == OK ? release_slots(k, k->slot_of, n) : code;
 }
 
+/* record_evicted(on): keep the keys each call evicts for take_evicted (a lower tier's feed). */
+static PyObject *Pool_record_evicted(Pool *k, PyObject *on) {
+    int v = PyObject_IsTrue(on);
+    if (v < 0) return NULL;
+    k->record_evicted = v;
+    k->nevicted = 0;
+    Py_RETURN_NONE;
+}
+
+/* take_evicted() -> the keys evicted since the last take, in eviction order. */
+static PyObject *Pool_take_evicted(Pool *k, PyObject *Py_UNUSED(ignored)) {
+    PyObject *out = PyList_New(k->nevicted);
+    for (Py_ssize_t i = 0; out && i < k->nevicted; i++) {
+        PyObject *v = PyLong_FromUnsignedLongLong(k->ev_keys[i]);
+        if (!v) { Py_CLEAR(out); break; }
+        PyList_SET_ITEM(out, i, v);
+    }
+    k->nevicted = 0;
+    return out;
+}
+
+/* missing(hashes) -> the depths of the blocks not resident (BlockPool.missing). */
+static PyObject *Pool_missing(Pool *k, PyObject *hashes) {
+    PyObject *seq = PySequence_Fast(hashes, "hashes must be a sequence of ints");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject *out = PyList_New(0);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; out && i < n; i++) {
+        uint64_t h = PyLong_AsUnsignedLongLong(items[i]);
+        if (h == (uint64_t)-1 && PyErr_Occurred()) { Py_CLEAR(out); break; }
+        if (table_find(&k->res, h) != NIL) continue;
+        PyObject *v = PyLong_FromSsize_t(i);
+        if (!v || PyList_Append(out, v) < 0) { Py_XDECREF(v); Py_CLEAR(out); break; }
+        Py_DECREF(v);
+    }
+    Py_DECREF(seq);
+    return out;
+}
+
 /* pins_of(hashes) -> [running requests holding each block, 0 where none or not resident] (BlockPool.pins_of). */
 static PyObject *Pool_pins_of(Pool *k, PyObject *hashes) {
     PyObject *seq = PySequence_Fast(hashes, "hashes must be a sequence of ints");
@@ -833,6 +880,10 @@ static PyObject *Pool_serve(Pool *k, PyObject *args) {
         if (o[i] == Py_None) continue;
         if (get_buffer(o[i], &b[i], what[i], size[i]) < 0) goto done;
         held[i] = 1;
+    }
+    if (k->record_evicted) {  /* a lower tier hears of every eviction: one call a request, through acquire */
+        PyErr_SetString(PyExc_ValueError, "serve: not with a lower tier (record_evicted)");
+        goto done;
     }
     if (held[5] && k->kind > KIND_S3FIFO) {
         PyErr_SetString(PyExc_ValueError, "serve: responses are stored for LRU and S3-FIFO only");
@@ -1039,6 +1090,9 @@ static PyMethodDef Pool_methods[] = {
      " response blocks where given; the first not served."},
     {"store", (PyCFunction)Pool_store, METH_VARARGS, "BlockPool.store: (hashes, session_code) -> the hashes stored."},
     {"pins_of", (PyCFunction)Pool_pins_of, METH_O, "BlockPool.pins_of: running requests holding each block."},
+    {"missing", (PyCFunction)Pool_missing, METH_O, "BlockPool.missing: depths of the blocks not resident."},
+    {"record_evicted", (PyCFunction)Pool_record_evicted, METH_O, "Keep each call's evicted keys (a lower tier's feed)."},
+    {"take_evicted", (PyCFunction)Pool_take_evicted, METH_NOARGS, "The keys evicted since the last take."},
     {"state", (PyCFunction)Pool_state, METH_NOARGS, "The pool's, policy's and metrics' state, for the write-back."},
     {NULL, NULL, 0, NULL},
 };

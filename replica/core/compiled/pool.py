@@ -50,11 +50,12 @@ def compiled() -> bool:
     return _pool is not None
 
 
-def why_not(pool: BlockPool, *, tiers: bool = False, keeps_response_kv: bool = False,
+def why_not(pool: BlockPool, *, tiers: bool = False, keeps_response_kv: bool = False, hbm_caching: bool = True,
             hashes_fit: bool = True) -> str | None:
     """Why ``CompiledPool(pool)`` would not be this pool's exact twin where it runs (None: it would).
 
-    ``tiers``: lower memory tiers sit below it; ``keeps_response_kv``: its scheduler stores response
+    ``tiers``: lower memory tiers sit below it (they hear of its evictions after each call; without
+    ``hbm_caching`` they also take blocks out of it, which only the Python pool does); ``keeps_response_kv``: its scheduler stores response
     blocks (``BlockPool.store``: the kernel's covers LRU and S3-FIFO, not the oracles, whose stored
     blocks would need a next use); ``hashes_fit``: every hash it will see is a
     64-bit unsigned integer (what the kernel keys on; ``hashes_u64`` tells).
@@ -66,8 +67,8 @@ def why_not(pool: BlockPool, *, tiers: bool = False, keeps_response_kv: bool = F
         return f"policy {pool.policy.name} is not compiled or not fresh"
     if not pool.prefix_caching:  # no lookups, no cache: the Python pool's private blocks are already cheap
         return "prefix caching off needs the Python pool"
-    if tiers:
-        return "lower tiers need the Python pool"
+    if tiers and not hbm_caching:
+        return "HBM without caching (--no-hbm-caching) needs the Python pool"
     if keeps_response_kv and not adapter.stores:
         return f"kept response KV with {pool.policy.name} needs the Python pool (the compiled store has LRU and S3-FIFO)"
     if not hashes_fit:
@@ -76,17 +77,18 @@ def why_not(pool: BlockPool, *, tiers: bool = False, keeps_response_kv: bool = F
         return "the pool is not empty"
     if pool.metrics.requests:
         return "its metrics are not fresh"
-    if pool.emit_events or pool.evicted_sink is not None:
-        return "the pool ships events or feeds a lower tier"
+    if pool.emit_events:
+        return "the pool ships events"
     if pool.capacity > MAX_BLOCKS:  # its arrays are allocated up front: ~60 bytes a block
         return f"the pool is larger than {MAX_BLOCKS:,} blocks (the compiled pool allocates them up front)"
     return None
 
 
-def compilable(pool: BlockPool, *, tiers: bool = False, keeps_response_kv: bool = False,
+def compilable(pool: BlockPool, *, tiers: bool = False, keeps_response_kv: bool = False, hbm_caching: bool = True,
                hashes_fit: bool = True) -> bool:
     """Whether ``CompiledPool(pool)`` runs: the one decision (``why_not`` says why not)."""
-    return why_not(pool, tiers=tiers, keeps_response_kv=keeps_response_kv, hashes_fit=hashes_fit) is None
+    return why_not(pool, tiers=tiers, keeps_response_kv=keeps_response_kv, hbm_caching=hbm_caching,
+                   hashes_fit=hashes_fit) is None
 
 
 def compiles(policy: str) -> bool:
@@ -113,7 +115,7 @@ class CompiledPool:
     """``pool``'s compiled twin: hand it the calls, then ``settle()`` before reading ``pool``."""
 
     def __init__(self, pool: BlockPool) -> None:
-        reason = why_not(pool)
+        reason = why_not(pool, tiers=pool.evicted_sink is not None)  # a pool with a sink feeds its tiers
         if reason is not None:
             raise ValueError(f"no compiled pool: {reason}")
         self.pool = pool
@@ -132,6 +134,9 @@ class CompiledPool:
                                   block_size=pool.metrics.block_size, prefix_mode=pool.hit_mode == "prefix",
                                   cum=self._cum(self._cost_len), **params)
         self._cost_aware = adapter.cost_aware  # BeladyCompute reads the policy's cost per depth
+        self._sink = pool.evicted_sink  # a lower tier (TierStack): hears of each call's evictions after it
+        if self._sink is not None:
+            self._kernel.record_evicted(True)
         if self._cost_aware:
             self._kernel.set_policy_costs(self._policy_costs(self._cost_len))
         self._settled = True
@@ -185,9 +190,22 @@ class CompiledPool:
         self._settled = False
         if now > self._now:
             self._now = now
+        if self._sink is not None:
+            self._feed()
         if record and self._reuse is not None:
             self._reuse.defer(hashes, now)
         return Allocation(hashes, hit, new, touched, session, len(holes), holes)
+
+    def _feed(self) -> None:
+        """Hand what the last call evicted to the lower tier, in eviction order (as ``BlockPool._evict``
+        does within the call: the tier reads nothing of this pool, so after it is the same)."""
+        victims = self._kernel.take_evicted()
+        if victims and self._sink is not None:
+            self._sink(victims)
+
+    def missing(self, hashes: Sequence[int]) -> list[int]:
+        """``BlockPool.missing``: depths of the blocks not resident."""
+        return self._kernel.missing(hashes)
 
     def release(self, alloc: Allocation, now: float = 0.0) -> None:
         self._kernel.release(alloc.hashes)
@@ -216,6 +234,8 @@ class CompiledPool:
             self._settled = False
             if now > self._now:
                 self._now = now
+            if self._sink is not None:
+                self._feed()
         return stored
 
     def serve(self, lookup: Lookup) -> Allocation:
@@ -229,6 +249,8 @@ class CompiledPool:
         except _Refused as refused:
             raise self._error(n, *refused.args) from None
         self._settled = False
+        if self._sink is not None:
+            self._feed()
 
     def free_private(self, n: int) -> None:
         self._kernel.free_private(n)
@@ -243,7 +265,7 @@ class CompiledPool:
         unless one could not be (the caller serves it through ``serve``, which raises the pool's
         error). ``next_use``: every block access's next use, in order (the oracles');
         ``hashes``: ``hashes_u64`` of the requests, if made already."""
-        if not requests or self.pinned or self.private:
+        if not requests or self.pinned or self.private or self._sink is not None:
             return 0
         lengths = np.fromiter(map(len, (r.hash_ids for r in requests)), dtype=np.int64, count=len(requests))
         offsets = np.zeros(len(requests) + 1, dtype=np.int64)

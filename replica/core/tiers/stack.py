@@ -107,6 +107,10 @@ class TierSettings:
         return any(level.blocks > 0 for level in self.levels())
 
 
+class MissingBlocks(Protocol):
+    def missing(self, hashes: Sequence[int]) -> list[int]: ...
+
+
 class TierCopies(Protocol):
     """Executes the stack's moves on real K/V (``replica/backends/torch_tiers.py``)."""
 
@@ -188,6 +192,8 @@ class TierStack:
         self.settings = settings
         self.emit_events = emit_events  # the tier pools' stored / removed events, for a router's index
         self.hbm = hbm
+        # what plan asks of HBM (the blocks it lacks): the pool itself, or its compiled twin serving
+        self.hbm_lookup: MissingBlocks = hbm
         self.block_bytes = block_bytes
         self.recompute_cost = recompute_cost
         configured = settings.levels()
@@ -314,11 +320,10 @@ class TierStack:
         did not hide counts against fetching them.
         """
         self._now = max(self._now, now)
-        resident = self.hbm.resident
         plan = FetchPlan(arrival=now if arrival is None else min(arrival, now))
         waited = now - plan.arrival
         plan.links = [(link, link.busy_until, link.bytes_moved) for link in (self.h2d, *self._links.values())]
-        for level, idx in self._runs(hashes, [i for i, h in enumerate(hashes) if h not in resident]):
+        for level, idx in self._runs(hashes, self.hbm_lookup.missing(hashes)):
             if self._worth_fetching(level, idx, waited):
                 plan.restored_idx.extend(idx)
                 plan.pins.append((level, level.pool.acquire(Lookup([hashes[i] for i in idx], now=now))))
