@@ -216,10 +216,6 @@ class CompiledPool:
         """``BlockPool.pins_of``: running requests holding each block (0: none)."""
         return self._kernel.pins_of(hashes)
 
-    def prefix_match(self, hashes: Sequence[int]) -> int:
-        """``BlockPool.prefix_match``: leading blocks resident."""
-        return _pool.prefix_matches([self._kernel], hashes)[0] if _pool is not None else 0
-
     def store(self, hashes: Sequence[int], session: str | None = None, now: float = 0.0) -> list[int]:
         """``BlockPool.store``: a finished request's response blocks cached (the hashes inserted)."""
         code = self._codes.get(session)

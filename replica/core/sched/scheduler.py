@@ -434,9 +434,9 @@ class Scheduler:
         return self.decode_kv.need(req, req.generated if req.resumed else 0)
 
     def _fits(self, req: SchedRequest) -> bool:
-        hashes = self._kv_hashes(req)
-        held = self.pool.pinned + self.pool.private + self._extra_at_admission(req)
-        return held + len(hashes) - sum(map(bool, self.pool.pins_of(hashes))) <= self.pool.capacity
+        pool = self.pool
+        return pool.pinned + pool.private + self._takes(self._kv_hashes(req), self._extra_at_admission(req)) \
+            <= pool.capacity
 
     def _preempt(self, r: SchedRequest, now: float) -> None:
         """Recompute preemption (vLLM): release the request's blocks, keep the tokens it
