@@ -23,6 +23,7 @@ import urllib.request
 from dataclasses import dataclass, field
 
 from kvemu.options.hit_mode import HIT_MODE
+from kvemu.options.kv_events import add_kv_events_arg, kv_events_argv, kv_events_setting
 from kvemu.options.limits import GPU_MEMORY_UTILIZATION, MAX_MODEL_LEN, length_warning
 from kvemu.options.option import Option, add_options, forward
 from kvemu.options.prefix_caching import PREFIX_CACHING, prefix_caching_setting
@@ -168,6 +169,7 @@ def replica_args(i: int, port: int, a, index: str | None) -> list[str]:
     args += forward(CAPACITY_OPTIONS, a)  # the one validate checked (and defaulted)
     args += tier_flags(a)
     args += backend_argv(a)
+    args += kv_events_argv(a, i)
     if index:
         args += ["--index", index, "--cluster", a.cluster]
     if a.admin_token:
@@ -297,6 +299,7 @@ def add_cluster_args(p: argparse.ArgumentParser, replicas: int = 4) -> None:
     p.add_argument("--start-timeout", type=float, default=30.0)
     p.add_argument("--replica-base-port", type=int, default=0, help="replica i listens on BASE+i (default: free ports)")
     add_tier_args(p)
+    add_kv_events_arg(p)
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -327,6 +330,10 @@ def validate(a) -> None:
 
     # Everything a child would reject, rejected here in one line before any process starts.
     check_scheduler_flags(a)
+    kv_events = kv_events_setting(a)  # bad JSON, keys or values: one line before anything starts
+    if kv_events is not None:
+        for i in range(a.replicas):
+            kv_events.for_rank(i)  # every replica's ports can be offset
     try:
         serving = serving_settings(argparse.Namespace(**{**vars(a), "host": "127.0.0.1", "cluster_token": None}))
         replica = ReplicaSettings(policy=a.policy, capacity_blocks=a.capacity_blocks, capacity_gib=a.capacity_gib,

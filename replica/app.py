@@ -41,6 +41,14 @@ async def index_ctx(app: web.Application):
     await shipper.close()
 
 
+async def kv_events_ctx(app: web.Application):
+    """vLLM's KV-event publisher (--kv-events-config): its thread sends what is queued, then closes."""
+    yield
+    publisher = app[RUNTIME].vllm_events
+    if publisher is not None:
+        await asyncio.to_thread(publisher.shutdown)
+
+
 async def _stop(task: asyncio.Task, timeout: float = 5.0) -> None:
     """Cancel a background task and wait for it, but never forever."""
     task.cancel()
@@ -63,5 +71,6 @@ def make_app(settings: ReplicaSettings) -> web.Application:
     app.cleanup_ctx.append(offload_ctx)
     app.cleanup_ctx.append(engine_ctx)
     app.cleanup_ctx.append(index_ctx)
+    app.cleanup_ctx.append(kv_events_ctx)
     views.add_routes(app)
     return app

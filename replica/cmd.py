@@ -7,6 +7,7 @@ import logging
 import sys
 
 from kvemu.options.hit_mode import HIT_MODE
+from kvemu.options.kv_events import add_kv_events_arg
 from kvemu.options.limits import GPU_MEMORY_UTILIZATION, MAX_MODEL_LEN, length_warning
 from kvemu.options.prefix_caching import PREFIX_CACHING, prefix_caching_setting
 from kvemu.options.response_kv import add_response_kv_arg
@@ -45,6 +46,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_tier_args(p)
     add_backend_args(p)
     add_server_args(p)
+    add_kv_events_arg(p)
     p.add_argument("--log-level", default="warning")
 
 
@@ -53,6 +55,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 def settings_from_args(args):
     import os
 
+    from kvemu.options.kv_events import kv_events_setting
     from kvemu.options.scheduler import check_scheduler_flags
     from kvemu.options.serving import serving_settings
     from kvemu.options.tiers import tier_settings
@@ -76,7 +79,8 @@ def settings_from_args(args):
         admin_token=args.admin_token or os.environ.get("KVEMU_ADMIN_TOKEN") or None, shards_rate=args.shards_rate,
         serving=serving_settings(args), backend=args.backend,
         device=args.device, layers=args.layers,
-        tiers=tiers, response_kv=args.response_kv, prefix_caching=prefix_caching)
+        tiers=tiers, response_kv=args.response_kv, prefix_caching=prefix_caching,
+        kv_events=kv_events_setting(args))
 
 
 def print_limits(settings, out=None) -> None:

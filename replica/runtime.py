@@ -13,6 +13,7 @@ from replica.events import EventFeed
 from replica.prom import ReplicaCollector, ReplicaMetrics
 from replica.settings import ReplicaSettings
 from replica.shipper import RedisShipper
+from replica.vllm_events import EventTranslator, ZmqEventPublisher
 
 
 class ReplicaRuntime:
@@ -37,13 +38,37 @@ class ReplicaRuntime:
         self.prom = ReplicaMetrics(settings.model, settings.replica_id)
         self.registry = self.prom.registry
         self.ttft_recent = RecentTtft()
-        self.engine = Engine(self.core, settings.time_scale, on_events=self.feed.publish,
+        self.vllm_events = self._vllm_publisher(settings)
+        self.engine = Engine(self.core, settings.time_scale,
+                             on_events=self.feed.publish if self.vllm_events is None else self._publish_both,
                              on_first_token=self._first_token, on_finished=self.prom.finished)
         self.registry.register(ReplicaCollector(self))
         self.started = time.time()
         self.rejected: dict[str, int] = {}
         self.shipper: RedisShipper | None = None  # set when a Redis index is configured
         self.policy_switches: deque[dict] = deque(maxlen=50)  # live switches by /admin/policy, newest last
+
+    def _vllm_publisher(self, settings: ReplicaSettings) -> ZmqEventPublisher | None:
+        """vLLM's KV-event publisher where --kv-events-config asks for it (its sockets open here: a port
+        in use is a one-line error at start)."""
+        config = settings.kv_events
+        if config is None:
+            return None
+        tiers = self.core.tiers
+        translator = EventTranslator(settings.block_size, config.event_encoding, config.hash_algo, config.hash_seed,
+                                     tiers.names if tiers is not None else (),
+                                     pending_max=max(1 << 17, 4 * self.core.capacity_with_tiers))
+        return ZmqEventPublisher(config, translator)
+
+    def _publish_both(self, events) -> None:
+        self.feed.publish(events)
+        assert self.vllm_events is not None
+        self.vllm_events.publish(events)
+
+    def register_blocks(self, hashes, response_hashes, tokens) -> None:
+        """A submitted request's blocks and the tokens they cover, for vLLM's events (a no-op without them)."""
+        if self.vllm_events is not None:
+            self.vllm_events.translator.register([*hashes, *(response_hashes or ())], tokens)
 
     def _first_token(self, ttft_s: float) -> None:
         self.prom.first_token(ttft_s)

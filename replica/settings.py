@@ -29,6 +29,7 @@ from replica.core.sched.sched_types import (
     max_model_len_for,
 )
 from replica.core.tiers.stack import TierSettings
+from replica.vllm_events import KvEventsConfig
 from shared.costmodel import CostModel, KvBudget
 from shared.errors import InputError, UnknownNameError
 from shared.serving import ServingSettings
@@ -83,6 +84,7 @@ class ReplicaSettings:
     backend: str = "emulated"  # or "torch": real kernels over a real paged KV tensor (replica/backends/)
     device: str = "cpu"  # the torch backend's device
     layers: int | None = None  # the torch backend runs this many of the model's layers (None: all)
+    kv_events: KvEventsConfig | None = None  # vLLM's KV events over ZMQ (--kv-events-config); None: off
 
     def __post_init__(self) -> None:
         if self.policy not in live_policy_names():  # an oracle needs the future: `kvemu sim` only

@@ -43,8 +43,11 @@ async def _parse(request: web.Request) -> protocol.GenerateSpec:
 
 def _submit(request: web.Request, spec: protocol.GenerateSpec) -> Handle:
     keep = _settings(request).response_kv == "keep"
-    return _state(request).engine.submit(spec.hashes, spec.prompt_tokens, spec.max_tokens, spec.session, spec.stream,
-                                         spec.response_hashes if keep else None)
+    state = _state(request)
+    handle = state.engine.submit(spec.hashes, spec.prompt_tokens, spec.max_tokens, spec.session, spec.stream,
+                                 spec.response_hashes if keep else None)
+    state.register_blocks(spec.hashes, spec.response_hashes if keep else None, spec.block_tokens)
+    return handle
 
 
 def _usage(handle: Handle) -> dict:
@@ -199,6 +202,8 @@ async def stats(request: web.Request) -> web.Response:
         "events": state.feed.stats(), "rejected_by_field": dict(state.rejected),
         "ttft": state.ttft_recent.summary(), "policy_switches": list(state.policy_switches),
     })
+    if state.vllm_events is not None:  # --kv-events-config: vLLM's KV events over ZMQ
+        out["kv_events"] = state.vllm_events.stats()
     if state.backend is not None:  # --backend torch: what the real kernels did
         out["backend"] = {"name": s.backend, "device": s.device, **state.backend.counters}
         if state.backend.mover is not None:  # the tier copies it made

@@ -38,6 +38,9 @@ class GenerateSpec:
     # Hashes of the full blocks the response completes, chained after the prompt, when they can
     # be known: what a replica that keeps response KV caches (None: it cannot keep them).
     response_hashes: list[int] | None = None
+    # The token ids the blocks of ``hashes`` then ``response_hashes`` cover, where the request carried
+    # tokens (None: only block hashes): what vLLM's KV events publish (replica.vllm_events).
+    block_tokens: list[int] | None = None
 
 
 def decode_body(raw: bytes, content_type: str) -> dict:
@@ -151,7 +154,8 @@ def parse_generate(obj: dict, block_size: int, limits: tuple[int, int], header_s
         raise InputError("token_ids", "give exactly one of token_ids or block_hashes")
     if has_tokens:
         tokens = _token_list(obj["token_ids"], "token_ids", max_prompt)
-        return GenerateSpec(block_hashes(tokens, block_size), len(tokens), max_tokens, session, stream, "generate")
+        return GenerateSpec(block_hashes(tokens, block_size), len(tokens), max_tokens, session, stream, "generate",
+                            block_tokens=tokens)
     hashes = _hash_list(obj["block_hashes"], "block_hashes", max_prompt // block_size)
     prompt_tokens = _int(obj, "input_tokens", len(hashes) * block_size, 0, max_prompt)
     assert prompt_tokens is not None  # a default was given
@@ -301,9 +305,11 @@ def parse_openai(obj: dict, chat: bool, block_size: int, limits: tuple[int, int]
             raise InputError("prompt", "missing")
         tokens = _prompt_tokens(obj["prompt"], max_prompt)
     hashes = block_hashes(tokens, block_size)
+    continuation = _continuation(tokens, hashes, max_tokens, chat)
     return GenerateSpec(hashes, len(tokens), max_tokens, _session(obj, header_session), stream,
                         "chat" if chat else "completion", model, include_usage,
-                        _response_hashes(tokens, hashes, max_tokens, block_size, chat))
+                        block_hashes(continuation[len(hashes) * block_size:], block_size, hashes[-1] if hashes else ROOT_HASH),
+                        continuation)
 
 
 def response_seed(hashes: list[int], prompt_tokens: int) -> int:
@@ -311,17 +317,15 @@ def response_seed(hashes: list[int], prompt_tokens: int) -> int:
     return (hashes[-1] if hashes else prompt_tokens) % 1_000_003
 
 
-def _response_hashes(tokens: list[int], hashes: list[int], max_tokens: int, block_size: int,
-                     chat: bool) -> list[int]:
-    """The blocks a client continuing the conversation will send: the prompt, the response, and
-    (chat) the end of the assistant turn, as the chat template renders the next turn."""
+def _continuation(tokens: list[int], hashes: list[int], max_tokens: int, chat: bool) -> list[int]:
+    """What a client continuing the conversation will send: the prompt, the response, and (chat) the
+    end of the assistant turn, as the chat template renders the next turn. Its full blocks past the
+    prompt's are the response's blocks (``GenerateSpec.response_hashes``)."""
     text = tokenizer.filler_text(max_tokens, response_seed(hashes, len(tokens)))
     # The template ends "assistant\n", and the tokenizer glues leading whitespace to the next
     # word, so the continuation's tokens are the prompt's followed by these.
     more = tokenizer.encode("\n" + text + "<|im_end|>\n") if chat else tokenizer.encode(text)
-    done = len(hashes) * block_size
-    tail = tokens[done:] + more
-    return block_hashes(tail, block_size, hashes[-1] if hashes else ROOT_HASH)
+    return tokens + more
 
 
 def error_body(status: int, field: str | None, message: str) -> dict:

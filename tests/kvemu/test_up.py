@@ -187,7 +187,7 @@ def test_sigterm_during_start_up_stops_everything_at_once(up_procs):
     # binding) takes about a second, but a loaded machine can starve this thread past it. A run
     # that got as far as "press Ctrl-C" did not test start-up, so it is tried again, up to three
     # times; one of them must be stopped during start-up.
-    for attempt in range(3):
+    for _ in range(3):
         up = up_procs("--replicas", "2", "--capacity-blocks", "500", "--time-scale", "0", "--port", str(free_port()))
         watcher = ChildWatcher(up.proc.pid, interval=0.02)
         deadline = time.monotonic() + 20

@@ -1,0 +1,372 @@
+"""vLLM's KV-event protocol, so routers and indexers built for vLLM see a kvemu replica's cache.
+
+``--kv-events-config JSON`` takes vLLM's ``KVEventsConfig`` keys with vLLM's meanings
+(``enable_kv_cache_events``, ``publisher: "zmq"``, ``endpoint``, ``replay_endpoint``, ``topic``,
+``buffer_steps``, ``hwm``, ``max_queue_size``) and three of kvemu's (``event_encoding``,
+``hash_algo``, ``hash_seed``). The wire is vLLM's ``vllm/distributed/kv_events.py``: a PUB socket
+sends ``[topic, seq (8 bytes, big-endian), msgpack([ts, events, data_parallel_rank])]`` once per
+engine step that changed the cache; events are ``BlockStored`` (``block_hashes``,
+``parent_block_hash``, ``token_ids``, ``block_size``, ``lora_id``, ``medium``, ``lora_name``),
+``BlockRemoved`` (``block_hashes``, ``medium``) and ``AllBlocksCleared``, tagged as msgspec's
+``tag=True`` does: a map with ``"type"`` (``event_encoding: "map"``, recent vLLM) or an array whose
+first element is the tag (``"array"``, vLLM releases whose events were ``array_like``). A ROUTER
+socket on ``replay_endpoint`` answers ``[id, "", start_seq]`` with every kept batch from that
+sequence number on, then ``[id, "", -1, ""]``. ``medium`` names the memory level: ``GPU`` (HBM),
+``CPU`` (host DRAM), ``DISK`` (SSD), so a tier-aware consumer sees demotions.
+
+As in vLLM the PUB socket binds when the endpoint has a wildcard (``*``, ``::``) or is ``ipc://``
+or ``inproc://`` and connects otherwise. Without ``endpoint`` kvemu binds ``tcp://127.0.0.1:5557``
+(vLLM's default, ``tcp://*:5557``, would listen on every interface). ``kvemu up`` gives replica
+``i`` the endpoint's port plus ``i``, as vLLM offsets it per data-parallel rank.
+
+Block hashes: a request that carried tokens publishes them and vLLM's hashes of its blocks
+(``shared.vllm_hashing``), so indexers that recompute hashes from token ids find them; a request
+that carried only block hashes publishes those, with no tokens. kvemu caches a response's full
+blocks when the request finishes (or is preempted), so decode blocks are published then.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import Any, NamedTuple
+
+import msgpack
+import zmq
+
+from replica.core.cache.pool import KvEvent
+from shared import vllm_hashing
+from shared.errors import InputError
+
+log = logging.getLogger("kvemu.replica.vllm_events")
+
+DEFAULT_ENDPOINT = "tcp://127.0.0.1:5557"
+ENCODINGS = ("map", "array")
+END_SEQ = (-1).to_bytes(8, "big", signed=True)
+MEDIA = ("GPU", "CPU", "DISK")  # level 0, 1, 2; deeper levels are named by their kind
+
+
+@dataclass(frozen=True, slots=True)
+class KvEventsConfig:
+    enable_kv_cache_events: bool = False
+    publisher: str | None = None  # vLLM: "zmq" when enabled, "null" otherwise
+    endpoint: str | None = None  # None: bind DEFAULT_ENDPOINT
+    replay_endpoint: str | None = None
+    buffer_steps: int = 10_000
+    hwm: int = 100_000
+    max_queue_size: int = 100_000
+    topic: str = ""
+    event_encoding: str = "map"
+    hash_algo: str = vllm_hashing.DEFAULT_HASH_ALGO
+    hash_seed: str = vllm_hashing.DEFAULT_SEED
+
+    def __post_init__(self) -> None:
+        field = "--kv-events-config"
+        if self.enable_kv_cache_events is not True:
+            raise InputError(field, "enable_kv_cache_events is not true, so nothing would be published;"
+                                    " set it to true or leave the flag out")
+        if self.publisher not in (None, "zmq"):
+            raise InputError(field, f"publisher {self.publisher!r} publishes nothing here; kvemu publishes with \"zmq\"")
+        for name in ("endpoint", "replay_endpoint"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or "://" not in value):
+                raise InputError(field, f"{name} must be a ZMQ address such as tcp://127.0.0.1:5557, got {value!r}")
+        for name in ("buffer_steps", "hwm", "max_queue_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 10_000_000:
+                raise InputError(field, f"{name} must be an integer 1-10000000, got {value!r}")
+        if not isinstance(self.topic, str) or len(self.topic) > 256:
+            raise InputError(field, f"topic must be a string of at most 256 characters, got {self.topic!r:.60}")
+        if self.event_encoding not in ENCODINGS:
+            raise InputError(field, f"event_encoding must be one of {', '.join(ENCODINGS)}, got {self.event_encoding!r}")
+        if self.hash_algo not in vllm_hashing.HASH_ALGOS:
+            raise InputError(field, f"hash_algo must be one of {', '.join(vllm_hashing.HASH_ALGOS)},"
+                                    f" got {self.hash_algo!r}")
+        if not isinstance(self.hash_seed, str) or len(self.hash_seed) > 256:
+            raise InputError(field, "hash_seed must be a string of at most 256 characters")
+
+    @classmethod
+    def parse(cls, text: str) -> KvEventsConfig:
+        """The flag's JSON object; unknown keys and wrong types are one-line errors naming them."""
+        try:
+            obj = json.loads(text)
+        except (ValueError, RecursionError) as exc:
+            raise InputError("--kv-events-config", f"is not JSON ({str(exc)[:80]}); give an object such as"
+                                                   " '{\"enable_kv_cache_events\": true}'") from None
+        if not isinstance(obj, dict):
+            raise InputError("--kv-events-config", f"must be a JSON object, got {type(obj).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(obj) - known)
+        if unknown:
+            raise InputError("--kv-events-config", f"unknown key {unknown[0]!r}; known: {', '.join(sorted(known))}")
+        return cls(**obj)
+
+    def to_json(self) -> str:
+        return json.dumps({f.name: getattr(self, f.name) for f in fields(self)
+                           if getattr(self, f.name) != f.default or f.name == "enable_kv_cache_events"})
+
+    def for_rank(self, rank: int) -> KvEventsConfig:
+        """This config for replica ``rank`` of a cluster: tcp ports offset by the rank (vLLM's rule for DP ranks)."""
+        import dataclasses
+
+        return dataclasses.replace(self, endpoint=offset_port(self.endpoint or DEFAULT_ENDPOINT, rank),
+                                   replay_endpoint=offset_port(self.replay_endpoint, rank))
+
+
+def offset_port(endpoint: str | None, rank: int) -> str | None:
+    if not endpoint or rank == 0:
+        return endpoint
+    if endpoint.startswith("inproc://") or endpoint.startswith("ipc://"):
+        return f"{endpoint}_dp{rank}"
+    base, _, port = endpoint.rpartition(":")
+    if not port.isdigit():
+        raise InputError("--kv-events-config", f"cannot offset the port of {endpoint!r} for replica {rank}")
+    return f"{base}:{int(port) + rank}"
+
+
+def binds(endpoint: str) -> bool:
+    """vLLM's rule: bind a wildcard, ipc:// or inproc:// endpoint; connect to any other."""
+    return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
+
+
+class BlockInfo(NamedTuple):
+    external: int  # the hash on the wire
+    parent: int | None  # the kvemu hash of the block before it (None: first block)
+    tokens: tuple[int, ...]  # its token ids (empty: the request carried only hashes)
+    digest: bytes | None  # vLLM's full hash (None: no tokens)
+
+
+class EventTranslator:
+    """kvemu's pool events -> vLLM's events. Pure: ``register`` what a request will store, ``translate``
+    the pool's events. It keeps what it needs for every block some level holds, and a bounded
+    table of blocks registered but not (or no longer) held."""
+
+    def __init__(self, block_size: int, encoding: str = "map", algo: str = vllm_hashing.DEFAULT_HASH_ALGO,
+                 seed: str = vllm_hashing.DEFAULT_SEED, level_names: Sequence[str] = (), pending_max: int = 1 << 17):
+        self.block_size = block_size
+        self.encoding = encoding
+        self._fn = vllm_hashing.hash_function(algo)
+        self._none = vllm_hashing.none_hash(algo, seed)
+        self.media = [*MEDIA[:1], *(_medium(k, name) for k, name in enumerate(level_names, 1))]
+        self._held: dict[int, tuple[BlockInfo, int]] = {}  # hash -> (info, levels holding it)
+        self._pending: OrderedDict[int, BlockInfo] = OrderedDict()
+        self.pending_max = pending_max
+
+    def info(self, h: int) -> BlockInfo | None:
+        held = self._held.get(h)
+        return held[0] if held is not None else self._pending.get(h)
+
+    def register(self, hashes: Sequence[int], tokens: Sequence[int] | None = None) -> None:
+        """A request's blocks in order (its prompt's, then its response's), with the tokens they cover."""
+        bs, parent = self.block_size, None
+        parent_digest: bytes | None = self._none
+        for i, h in enumerate(hashes):
+            known = self.info(h)
+            chunk = tuple(tokens[i * bs:(i + 1) * bs]) if tokens is not None else ()
+            if known is not None and (known.digest is not None or len(chunk) < bs):
+                info = known
+            elif len(chunk) == bs and parent_digest is not None:
+                digest = vllm_hashing.block_hash(self._fn, parent_digest, chunk)
+                info = BlockInfo(vllm_hashing.external(digest), parent, chunk, digest)
+            else:
+                info = BlockInfo(h, parent, (), None)
+            if h not in self._held:
+                self._pending[h] = info
+                self._pending.move_to_end(h)
+            parent, parent_digest = h, info.digest
+        while len(self._pending) > self.pending_max:
+            self._pending.popitem(last=False)
+
+    def translate(self, events: Sequence[KvEvent]) -> list[Any]:
+        out: list[Any] = []
+        for e in events:
+            medium = self._medium_of(e.level)
+            if e.kind == "stored":
+                out += self._stored(e.hashes, medium)
+            elif e.kind == "removed":
+                out.append(self._event("BlockRemoved", block_hashes=[self._removed(h) for h in e.hashes], medium=medium))
+            elif e.kind == "cleared":
+                for h, (info, _) in self._held.items():
+                    self._pending[h] = info
+                self._held.clear()
+                out.append(self._event("AllBlocksCleared"))
+        return out
+
+    def _stored(self, hashes: Sequence[int], medium: str) -> list[Any]:
+        runs: list[list[BlockInfo]] = []
+        previous = None
+        for h in hashes:
+            held = self._held.get(h)
+            if held is not None:
+                info, levels = held
+            else:
+                pending = self._pending.pop(h, None)
+                info, levels = pending if pending is not None else BlockInfo(h, None, (), None), 0
+            self._held[h] = (info, levels + 1)
+            if runs and info.parent is not None and info.parent == previous:
+                runs[-1].append(info)
+            else:
+                runs.append([info])
+            previous = h
+        return [self._block_stored(run, medium) for run in runs]
+
+    def _block_stored(self, run: list[BlockInfo], medium: str) -> Any:
+        first = run[0]
+        parent = self.info(first.parent) if first.parent is not None else None
+        tokens = [t for info in run for t in info.tokens] if all(info.tokens for info in run) else []
+        return self._event("BlockStored", block_hashes=[info.external for info in run],
+                           parent_block_hash=parent.external if parent is not None else
+                           (first.parent if first.parent is not None else None),
+                           token_ids=tokens, block_size=self.block_size, lora_id=None, medium=medium, lora_name=None)
+
+    def _removed(self, h: int) -> int:
+        held = self._held.pop(h, None)
+        if held is None:
+            info = self._pending.get(h)
+            return info.external if info is not None else h
+        info, levels = held
+        if levels > 1:
+            self._held[h] = (info, levels - 1)
+        else:
+            self._pending[h] = info
+        return info.external
+
+    def _medium_of(self, level: int) -> str:
+        if level < len(self.media):
+            return self.media[level]
+        return MEDIA[level] if level < len(MEDIA) else f"L{level}"
+
+    def _event(self, tag: str, **values: Any) -> Any:
+        """msgspec's ``tag=True`` encoding: a map with "type", or an array led by the tag."""
+        if self.encoding == "array":
+            return [tag, *values.values()]
+        return {"type": tag, **values}
+
+
+def _medium(level: int, kind: str) -> str:
+    return MEDIA[level] if level < len(MEDIA) else kind.upper()
+
+
+@dataclass(slots=True)
+class PublisherCounters:
+    batches: int = 0
+    events: int = 0
+    dropped_batches: int = 0  # the queue to the sending thread was full
+    replay_requests: int = 0
+    replayed_batches: int = 0
+
+
+class ZmqEventPublisher:
+    """vLLM's ``ZmqEventPublisher``: batches queue to a thread that sends them and serves replays."""
+
+    def __init__(self, config: KvEventsConfig, translator: EventTranslator, data_parallel_rank: int = 0) -> None:
+        self.config = config
+        self.translator = translator
+        self.rank = data_parallel_rank
+        self.endpoint = config.endpoint or DEFAULT_ENDPOINT
+        self.counters = PublisherCounters()
+        self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=config.max_queue_size)
+        self._ctx: zmq.Context = zmq.Context.instance()
+        self._pub = self._ctx.socket(zmq.PUB)
+        self._pub.set_hwm(config.hwm)
+        self._replay: zmq.Socket | None = None
+        try:
+            if config.endpoint is None or binds(self.endpoint):
+                self._pub.bind(self.endpoint)
+            else:
+                self._pub.connect(self.endpoint)
+            if config.replay_endpoint is not None:
+                self._replay = self._ctx.socket(zmq.ROUTER)
+                self._replay.bind(config.replay_endpoint)
+        except zmq.ZMQError as exc:
+            self._close()
+            where = config.replay_endpoint if self._replay is not None else self.endpoint
+            raise InputError("--kv-events-config", f"cannot open {where}: {exc.strerror}; give another endpoint"
+                                                   " or port") from None
+        self._topic = config.topic.encode()
+        self._buffer: list[tuple[int, bytes]] = []
+        self._next_seq = 0
+        self._running = True
+        self._thread = threading.Thread(target=self._run, name="kv-events", daemon=True)
+        self._thread.start()
+
+    def publish(self, events: Sequence[KvEvent]) -> None:
+        """One engine step's pool events (called on the event loop: translate, queue, never block)."""
+        wire = self.translator.translate(events)
+        if not wire:
+            return
+        payload = msgpack.packb([time.time(), wire, self.rank], use_bin_type=True)
+        try:
+            self._queue.put_nowait(payload)
+        except queue.Full:
+            self.counters.dropped_batches += 1
+            return
+        self.counters.events += len(wire)
+
+    def stats(self) -> dict:
+        c = self.counters
+        return {"endpoint": self.endpoint, "replay_endpoint": self.config.replay_endpoint, "topic": self.config.topic,
+                "event_encoding": self.config.event_encoding, "hash_algo": self.config.hash_algo,
+                "next_seq": self._next_seq, "batches": c.batches, "events": c.events,
+                "dropped_batches": c.dropped_batches, "replay_requests": c.replay_requests,
+                "replayed_batches": c.replayed_batches, "queued": self._queue.qsize()}
+
+    def shutdown(self, timeout: float = 1.0) -> None:
+        """Send what is queued (for at most ``timeout``), then close the sockets."""
+        self._running = False
+        try:
+            self._queue.put(None, timeout=timeout)
+        except queue.Full:
+            pass
+        self._thread.join(timeout)
+        self._close()
+
+    def _close(self) -> None:
+        self._pub.close(linger=0)
+        if self._replay is not None:
+            self._replay.close(linger=0)
+
+    def _run(self) -> None:
+        keep = self.config.buffer_steps
+        while True:
+            if self._replay is not None and self._replay.poll(0):
+                self._serve_replay()
+            try:
+                payload = self._queue.get(timeout=0.05)
+            except queue.Empty:
+                if not self._running:
+                    return
+                continue
+            if payload is None:
+                return
+            seq = self._next_seq
+            try:
+                self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
+            except zmq.ZMQError as exc:  # a closed or broken socket: the batch is lost, the loop goes on
+                log.warning("kv events: batch %d not sent: %s", seq, exc)
+            self._next_seq = seq + 1
+            self.counters.batches += 1
+            self._buffer.append((seq, payload))
+            if len(self._buffer) > 2 * keep:  # trim in bulk: O(1) amortized, at most 2x the kept steps
+                del self._buffer[:-keep]
+
+    def _serve_replay(self) -> None:
+        assert self._replay is not None
+        frames = self._replay.recv_multipart()
+        self.counters.replay_requests += 1
+        if len(frames) != 3 or len(frames[2]) != 8:
+            log.warning("kv events: malformed replay request (%d frames)", len(frames))
+            return
+        client, _, start = frames
+        first = int.from_bytes(start, "big")
+        for seq, payload in self._buffer[-self.config.buffer_steps:]:
+            if seq >= first:
+                self._replay.send_multipart((client, b"", seq.to_bytes(8, "big"), payload))
+                self.counters.replayed_batches += 1
+        self._replay.send_multipart((client, b"", END_SEQ, b""))
