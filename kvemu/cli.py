@@ -23,6 +23,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("loadgen.replay_cmd", "replay a trace or preset against a running cluster"),
     "router": ("router.cmd", "run the cache-aware router in front of replicas"),
     "replica": ("replica.cmd", "run one replica: an emulated GPU serving over HTTP"),
+    "kv-events": ("kvemu.kv_events_cmd", "print vLLM's KV events (--kv-events-config) from a replica or vLLM as JSON lines"),
     "sim": ("sim.sim_cmd", "virtual-time run of policies x capacities over a trace or preset"),
     "sweep": ("sim.sweep_cmd", "policies x capacities x routings x replica counts in parallel, resumable"),
     "estimate": ("sim.estimate_cmd", "mean-field LRU hit ratio (or capacity for a target) of scm or a trace"),

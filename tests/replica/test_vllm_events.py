@@ -315,3 +315,37 @@ def test_dynamos_indexer_finds_each_session_on_the_replica_that_holds_it():
             rep.stop()
         indexer.kill()
         indexer.wait()
+
+
+# ---- kvemu kv-events: the consumer users run ------------------------------------------------
+def test_kv_events_decodes_both_encodings_and_refuses_what_is_not_an_event():
+    from kvemu.kv_events_cmd import decode_batch, decode_event
+
+    assert decode_event(["BlockRemoved", [1, 2], "CPU"]) == {"type": "BlockRemoved", "block_hashes": [1, 2],
+                                                             "medium": "CPU"}
+    assert decode_event({"type": "AllBlocksCleared"}) == {"type": "AllBlocksCleared"}
+    assert decode_event(["BlockStored", [b"\x01\x02"], None, [5], 1, None, "GPU", None])["block_hashes"] == ["0102"]
+    with pytest.raises(ValueError, match="not a KV event"):
+        decode_event(["Nope"])
+    batch = decode_batch(b"t", (7).to_bytes(8, "big"), msgpack.packb([1.5, [["AllBlocksCleared"]], 0]))
+    assert batch == {"seq": 7, "topic": "t", "ts": 1.5, "data_parallel_rank": 0, "events": [{"type": "AllBlocksCleared"}]}
+
+
+def test_kvemu_kv_events_prints_a_replicas_replayed_batches_as_json_lines():
+    replay = free_port()
+    config = {"enable_kv_cache_events": True, "endpoint": f"tcp://*:{free_port()}",
+              "replay_endpoint": f"tcp://127.0.0.1:{replay}"}
+    rep = start_replica("--kv-events-config", json.dumps(config), capacity_blocks=400)
+    try:
+        _chat(rep.url, [{"role": "user", "content": "print my events " * 20}])
+        res = subprocess.run([sys.executable, "-m", "kvemu", "kv-events", "--replay", f"tcp://127.0.0.1:{replay}",
+                              "--batches", "5", "--timeout", "5"], capture_output=True, text=True, timeout=60, cwd=REPO)
+        assert res.returncode == 0, res.stderr
+        lines = [json.loads(line) for line in res.stdout.splitlines()]
+        assert [b["seq"] for b in lines] == list(range(len(lines))) and 1 <= len(lines) <= 5
+        assert lines[0]["events"][0]["type"] == "BlockStored" and lines[0]["events"][0]["medium"] == "GPU"
+        bad = subprocess.run([sys.executable, "-m", "kvemu", "kv-events", "--from-seq", "3"], capture_output=True,
+                             text=True, timeout=60, cwd=REPO)
+        assert bad.returncode == 2 and bad.stderr.strip() == "error: --from-seq: needs --replay (the live socket has no history)"
+    finally:
+        rep.stop()
