@@ -14,14 +14,19 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 
-# Only what the package needs (no .git, no virtualenvs, no test data).
-COPY pyproject.toml README.md ./
+# Only what the package needs (no .git, no virtualenvs, no test data). setup.py builds the compiled
+# block pool (the simulator's fast path) with the compiler installed for the build and removed after.
+COPY pyproject.toml setup.py README.md ./
 COPY kvemu ./kvemu
 COPY router ./router
 COPY replica ./replica
 COPY shared ./shared
 COPY loadgen ./loadgen
-RUN pip install . \
+COPY sim ./sim
+RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends gcc libc6-dev >/dev/null \
+    && pip install . \
+    && apt-get purge -y -qq gcc libc6-dev >/dev/null && apt-get autoremove -y -qq >/dev/null \
+    && rm -rf /var/lib/apt/lists/* \
     && useradd --create-home --uid 10001 --shell /usr/sbin/nologin kvemu
 
 USER kvemu

@@ -64,27 +64,34 @@ def response_hashes(trace: Trace) -> list[list[int]]:
 
     reqs = trace.requests
     bs = trace.block_size
+    blocks = [(r.input_tokens + r.output_tokens) // bs - len(r.hash_ids) for r in reqs]
+    with gc_paused():  # 240,000 fresh lists would run full collections over the whole trace
+        out: list[list[int]] = [[] for _ in reqs]
+    # Only the sessions of requests whose response completes a block need their next turns found
+    # (most of a trace of large blocks, e.g. Mooncake's 512 tokens, completes none).
+    needed = {reqs[k].session for k, m in enumerate(blocks) if m > 0}
+    if not needed:
+        return out
     nxt: dict[int, int] = {}
     last_of: dict[str, int] = {}
-    for k in sorted(range(len(reqs)), key=lambda k: (reqs[k].session, reqs[k].turn, reqs[k].t)):
+    ks = [k for k, r in enumerate(reqs) if r.session in needed]
+    for k in sorted(ks, key=lambda k: (reqs[k].session, reqs[k].turn, reqs[k].t)):
         prev = last_of.get(reqs[k].session)
         if prev is not None:
             nxt[prev] = k
         last_of[reqs[k].session] = k
-    out: list[list[int]] = []
-    for k, r in enumerate(reqs):
-        own = r.hash_ids
-        m = (r.input_tokens + r.output_tokens) // bs - len(own)
+    for k, m in enumerate(blocks):
         if m <= 0:
-            out.append([])
             continue
+        r = reqs[k]
+        own = r.hash_ids
         j = nxt.get(k)
         later = reqs[j].hash_ids if j is not None else None
         if later is not None and len(later) > len(own) and later[:len(own)] == own:
-            out.append(later[len(own):len(own) + m])
+            out[k] = later[len(own):len(own) + m]
         else:
             parent = own[-1] if own else 0
-            out.append(chain_ids((content_id("response", r.session, r.turn, i) for i in range(m)), parent))
+            out[k] = chain_ids((content_id("response", r.session, r.turn, i) for i in range(m)), parent)
     return out
 
 
