@@ -6,7 +6,7 @@ import asyncio
 
 from aiohttp import web
 
-from replica import views
+from replica import compat_views, views
 from replica.runtime import RUNTIME, SETTINGS, ReplicaRuntime
 from replica.settings import ReplicaSettings
 from shared import serve
@@ -73,4 +73,5 @@ def make_app(settings: ReplicaSettings) -> web.Application:
     app.cleanup_ctx.append(index_ctx)
     app.cleanup_ctx.append(kv_events_ctx)
     views.add_routes(app)
+    compat_views.add_routes(app)  # SGLang's and vLLM's auxiliary endpoints (sglang-router's worker API)
     return app

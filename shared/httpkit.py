@@ -39,7 +39,8 @@ async def errors_middleware(request: web.Request, handler):
             key = exc.field.split("[")[0][:64]
             if len(rejections) < 256 or key in rejections:  # bounded: field names come from clients
                 rejections[key] = rejections.get(key, 0) + 1
-        status = 413 if exc.field == "body" and "limit" in exc.message else 400
+        # "the limit": read_raw's size refusals (a bare "limit" is in "malformed JSON (Expecting ',' delimiter)")
+        status = 413 if exc.field == "body" and "the limit" in exc.message else 400
         return web.json_response(protocol.error_body(status, exc.field, str(exc)), status=status)
     except UnknownNameError as exc:
         return web.json_response(protocol.error_body(400, exc.kind, str(exc)), status=400)

@@ -9,6 +9,7 @@ and identical text always gives identical ids, which is all prefix caching needs
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator, Sequence
 
 import xxhash
 
@@ -28,6 +29,50 @@ def _token_id(piece: str) -> int:
 
 def encode(text: str) -> list[int]:
     return [_token_id(m) for m in _TOKEN_RE.findall(text)]
+
+
+# ---- ids back to text ---------------------------------------------------------------
+# An id is a hash of its piece, so ids alone cannot be inverted: ``tokenize`` (the replica's
+# /tokenize) remembers the piece behind each id it gives, and ``decode`` reads them back. The
+# table is keyed by id, so it never holds more than VOCAB_SIZE entries, and pieces longer than
+# MAX_PIECE_CHARS (a run of hundreds of blanks before a word) are not kept: at most about 39 MB.
+# Two pieces can fold to one id (about n**2 / 2V pairs among n distinct pieces): the table keeps
+# the latest, and marks the id shared, so a decode can say where it may read back another piece.
+MAX_PIECE_CHARS = 256
+_pieces: dict[int, str] = {}
+_shared: set[int] = set()
+
+
+def tokenize(text: str) -> Iterator[tuple[int, str]]:
+    """``(id, piece)`` for each token of ``text`` (the ids ``encode`` gives; the pieces concatenate
+    to ``text`` less its trailing whitespace), remembering each piece for ``decode``. Lazy, so a
+    caller can pace a long text."""
+    for match in _TOKEN_RE.finditer(text):
+        piece = match.group()
+        tid = _token_id(piece)
+        if len(piece) <= MAX_PIECE_CHARS:
+            old = _pieces.get(tid)
+            if old != piece:
+                if old is not None:
+                    _shared.add(tid)
+                _pieces[tid] = piece
+        yield tid, piece
+
+
+def decode(ids: Sequence[int]) -> tuple[str, list[int], list[int]]:
+    """The text of ``ids`` as ``tokenize`` last saw them: ``(text, unknown, shared)``, the last two
+    the positions of ids it never gave (their text is missing) and of ids two pieces have had."""
+    get = _pieces.get
+    parts: list[str] = []
+    unknown: list[int] = []
+    for i, tid in enumerate(ids):
+        piece = get(tid)
+        if piece is None:
+            unknown.append(i)
+        else:
+            parts.append(piece)
+    shared = [i for i, tid in enumerate(ids) if tid in _shared] if _shared else []
+    return "".join(parts), unknown, shared
 
 
 def chat_template(messages: list[dict], tools: str = "") -> str:
