@@ -15,6 +15,7 @@ import aiohttp
 from aiohttp import web
 
 from router import dashboard, views
+from router.metrics import GuardMirror, multiprocess_dir
 from router.settings import RouterSettings
 from router.state import ROUTER, SETTINGS, RouterState
 from shared import serve
@@ -34,6 +35,8 @@ async def background_ctx(app: web.Application):
         tasks.append(asyncio.create_task(state.cluster.feed_loop(), name="feeds"))
     await asyncio.gather(*(state.cluster.check(r) for r in state.cluster.replicas), return_exceptions=True)
     tasks.append(asyncio.create_task(app[dashboard.DASHBOARD].loop(state), name="dashboard"))
+    if GUARD_MIRROR in app:
+        tasks.append(asyncio.create_task(app[GUARD_MIRROR].loop(), name="guard-metrics"))
     yield
     for t in tasks:
         t.cancel()
@@ -42,12 +45,18 @@ async def background_ctx(app: web.Application):
     await state.index.close()
 
 
+GUARD_MIRROR = web.AppKey("guard_mirror", GuardMirror)
+
+
 def make_app(settings: RouterSettings) -> web.Application:
     app = web.Application(middlewares=[guard_middleware, errors_middleware], client_max_size=settings.serving.max_body_bytes)
     guard = serve.install(app, settings.serving.conn_limits())
     app[SETTINGS] = settings
     app[ROUTER] = RouterState(settings)
-    app[ROUTER].metrics.registry.register(serve.GuardCollector(guard, "kvemu_router_"))
+    if multiprocess_dir():  # one of --workers N: its guard's counts join the other workers' (router/metrics.py)
+        app[GUARD_MIRROR] = GuardMirror(guard, "kvemu_router_")
+    else:
+        app[ROUTER].metrics.registry.register(serve.GuardCollector(guard, "kvemu_router_"))
     app[BODY_LIMIT] = settings.serving.max_body_bytes
     app[dashboard.DASHBOARD] = dashboard.Dashboard(settings.dashboard_interval_s)
     app[OFFLOAD] = Offloader(settings.serving.offload())

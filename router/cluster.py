@@ -95,7 +95,7 @@ class Cluster:
             log.warning("replica %s restarted (epoch %s -> %s): clearing its index entries", replica_id, rep.epoch,
                         epoch)
             await self._clear(rep)
-            self.metrics.replica_restarts += 1
+            self.metrics.count("replica_restarts")
         if not rep.known or replica_id != rep.replica_id:
             rep.state.replica_id = replica_id
         rejoined = not rep.state.healthy
@@ -103,6 +103,7 @@ class Cluster:
         rep.health, rep.last_check = body, time.monotonic()
         rep.state.kv_usage = float(body.get("kv_usage", 0.0))
         rep.state.capacity_blocks = int(body.get("capacity_blocks", 0))
+        self.metrics.replica(replica_id, kv_usage=rep.state.kv_usage, healthy=1.0)
         if rejoined:
             # First sight, or back after being taken out (its entries were cleared): the index
             # may lack blocks it still holds, so ask for a full republish. Healthy before the
@@ -125,14 +126,15 @@ class Cluster:
         rep.busy_strikes += 1
         backoff = min(self.settings.busy_backoff_s * 2 ** (rep.busy_strikes - 1), 2.0)
         rep.busy_until = time.monotonic() + backoff
-        self.metrics.replica_busy += 1
+        self.metrics.count("replica_busy")
 
     async def mark_failed(self, rep: ReplicaHandle, reason: str, immediate: bool = False) -> None:
         rep.failures += 1
         if rep.state.healthy and (immediate or rep.failures >= self.settings.unhealthy_after):
             log.warning("replica %s at %s taken out: %s", rep.replica_id, rep.url, reason)
             rep.state.healthy = False
-            self.metrics.replica_failures += 1
+            self.metrics.count("replica_failures")
+            self.metrics.replica(rep.replica_id, healthy=0.0)
             await self._clear(rep)
 
     async def _clear(self, rep: ReplicaHandle) -> None:
@@ -140,7 +142,7 @@ class Cluster:
         try:
             await self.index.clear_replica(rep.replica_id)
         except IndexUnavailable:
-            self.metrics.index_errors += 1  # a Redis index will see the epoch change or gap later
+            self.metrics.count("index_errors")  # a Redis index will see the epoch change or gap later
 
     async def wait_healthy(self, timeout: float) -> bool:
         try:
@@ -178,15 +180,18 @@ class Cluster:
             # Batches we never read aged out of the replica's ring: the index will see the gap
             # and clear this replica; a resync then rebuilds it.
             rep.resync_asked_at = applied_to + 1
-            self.metrics.event_gaps += 1
+            self.metrics.count("event_gaps")
             await self._request_resync(rep)
         for b in feed.get("batches", []):
             batch = EventBatch(rep.replica_id, rep.epoch, b["seq"],
                                b["events"])  # validated into IndexEvents
             result = self.index.apply_sync(batch)
-            self.metrics.events_applied += result.applied
-            self.metrics.event_gaps += int(result.reset == "gap")
+            self.metrics.count("events_applied", result.applied)
+            self.metrics.count("event_gaps", int(result.reset == "gap"))
             applied_to = max(applied_to, batch.last_seq)
         rep.feed_cursor = applied_to
-        rep.feed_lag_events = max(int(feed.get("next_seq", 1)) - 1 - applied_to, 0)
+        lag = max(int(feed.get("next_seq", 1)) - 1 - applied_to, 0)
+        if lag != rep.feed_lag_events or applied_to != rep.feed_cursor:
+            self.metrics.replica(rep.replica_id, event_lag=lag)
+        rep.feed_lag_events = lag
         return rep.feed_lag_events > 0

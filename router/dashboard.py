@@ -79,7 +79,7 @@ class Dashboard:
             prev = base["counters"].get(replica_id) if base else None
             replicas[replica_id] = _replica_point(row, st, counters.get(replica_id), prev,
                                                   now - base["t"] if base else 0.0)
-        decisions = state.metrics.decisions_by_reason()
+        decisions = state.metrics.totals().decisions  # the whole router's, under --workers
         dt = now - base["t"] if base else 0.0
         was = base["decisions"] if base else {}
         rates = {reason: (n - was.get(reason, 0.0)) / dt if dt else None for reason, n in decisions.items()}

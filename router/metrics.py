@@ -1,145 +1,169 @@
 """Router metrics: decisions by strategy and reason, index latency, predicted vs actual
 reuse, event lag and gaps, retries, per-replica load. Prometheus text on /metrics.
 
-The per-request counters are plain ints and lists read at scrape time (the router is one
-thread): prometheus_client's own take a lock and cost about a microsecond each."""
+One router, however many workers: the counters, the histogram and the per-replica gauges are
+prometheus_client's own, so under ``kvemu router --workers N`` (the supervisor sets
+``PROMETHEUS_MULTIPROC_DIR`` for its workers) they live in prometheus_client's multiprocess
+files and every worker's scrape reads all of them (``MultiProcessCollector``): a counter is the
+sum over every worker that ever ran, so it never goes down when a worker dies and is replaced,
+and a gauge is the sum (requests in flight, queued tokens) or the largest value (KV usage,
+event lag) over the live workers. A single router keeps them in its own registry, as before.
+``totals()`` reads the whole router back for ``/cluster`` and the dashboard."""
 
 from __future__ import annotations
 
 import asyncio
-import math
-from bisect import bisect_left
-from itertools import accumulate
-from typing import Any
+import os
+from typing import Any, Literal
 
 import aiohttp
-from prometheus_client import CollectorRegistry, disable_created_metrics, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.utils import floatToGoString
 
 disable_created_metrics()  # *_created series only add noise for scrapers
 
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+# name -> help of the plain counters (each is kvemu_router_<name>_total)
+COUNTERS = {
+    "predicted_cached_tokens": "Cached tokens the index predicted.",
+    "actual_cached_tokens": "Cached tokens replicas reported.",
+    "prediction_abs_error_tokens": "Sum of |predicted - actual| cached tokens.",
+    "retries": "Requests retried on another replica.",
+    "index_errors": "Index lookups or clears that failed.",
+    "load_only_decisions": "Cache-aware decisions made without the index.",
+    "events_applied": "KV events applied to the embedded index (each worker's own index counts its own).",
+    "event_gaps": "Event sequence gaps detected (replica entries cleared).",
+    "replica_failures": "Replicas taken out by health checks.",
+    "replica_restarts": "Replica restarts detected (new epoch).",
+    "replica_busy": "Answers of 503 + Retry-After (overloaded): retried elsewhere.",
+}
+# per-replica gauges: name -> (help, how workers combine)
+GaugeMode = Literal["livesum", "livemax"]
+GAUGES: dict[str, tuple[str, GaugeMode]] = {
+    "in_flight": ("Requests in flight per replica.", "livesum"),
+    "queued_tokens": ("Prompt tokens routed, not done.", "livesum"),
+    "kv_usage": ("KV usage reported by the replica.", "livemax"),
+    "healthy": ("1 when routable (by any live worker).", "livemax"),
+    "event_lag": ("Events published but not yet applied (the slowest worker's index).", "livemax"),
+}
 
 
-class Buckets:
-    """A Prometheus histogram's counts (``le`` buckets and a sum), without its lock."""
-
-    __slots__ = ("bounds", "counts", "total")
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)  # the last one is +Inf
-        self.total = 0.0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect_left(self.bounds, value)] += 1
-        self.total += value
-
-    def family(self, name: str, doc: str) -> HistogramMetricFamily:
-        edges = [floatToGoString(b) for b in (*self.bounds, math.inf)]
-        return HistogramMetricFamily(name, doc, buckets=list(zip(edges, accumulate(self.counts))),
-                                     sum_value=self.total)
+def multiprocess_dir() -> str | None:
+    """The directory the workers share, when this process is one of ``--workers N``."""
+    return os.environ.get(MULTIPROC_ENV) or None
 
 
 class RouterMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.index_latency = Buckets(LATENCY_BUCKETS)
-        self.decisions: dict[tuple[str, str], int] = {}  # (strategy, reason) -> routing decisions
-        self.requests: dict[str, int] = {}  # outcome -> requests
-        self.predicted_cached_tokens = 0
-        self.actual_cached_tokens = 0
-        self.prediction_abs_error_tokens = 0
-        self.predictions = 0
-        self.retries = 0
-        self.index_errors = 0
-        self.load_only_decisions = 0
-        self.events_applied = 0
-        self.event_gaps = 0
-        self.replica_failures = 0
-        self.replica_restarts = 0
-        self.replica_busy = 0
-        self.cluster: Any = None  # the Cluster, set by the app; read at scrape time
-        self.registry.register(_Collector(self))
+        shared = multiprocess_dir()
+        own = None if shared else self.registry  # multiprocess: values go to the shared files, read at scrape
+        if shared:
+            from prometheus_client import multiprocess
+
+            multiprocess.MultiProcessCollector(self.registry, path=shared)
+        self.index_latency = Histogram("kvemu_router_index_lookup_seconds", "Prefix index lookup latency.",
+                                       buckets=LATENCY_BUCKETS, registry=own)
+        self.decisions = Counter("kvemu_router_decisions", "Routing decisions.", ["strategy", "reason"], registry=own)
+        self.requests = Counter("kvemu_router_requests", "Requests by outcome.", ["outcome"], registry=own)
+        self.routed = Counter("kvemu_router_routed", "Requests sent to each replica (retries included).",
+                              ["replica_id"], registry=own)
+        self.predictions = Counter("kvemu_router_predictions", "Requests whose cached tokens were predicted and"
+                                   " reported.", registry=own)
+        self._counters = {name: Counter(f"kvemu_router_{name}", doc, registry=own) for name, doc in COUNTERS.items()}
+        self._gauges = {name: Gauge(f"kvemu_router_replica_{name}", doc, ["replica_id"], registry=own,
+                                    multiprocess_mode=mode) for name, (doc, mode) in GAUGES.items()}
+        self.cluster: Any = None  # the Cluster, set by the app
+
+    def count(self, name: str, n: float = 1) -> None:
+        """One of ``COUNTERS`` goes up by ``n``."""
+        if n:
+            self._counters[name].inc(n)
 
     def decided(self, strategy: str, reason: str) -> None:
-        key = (strategy, reason)
-        self.decisions[key] = self.decisions.get(key, 0) + 1
+        self.decisions.labels(strategy, reason).inc()
 
     def outcome(self, outcome: str) -> None:
-        self.requests[outcome] = self.requests.get(outcome, 0) + 1
+        self.requests.labels(outcome).inc()
 
-    def decisions_by_reason(self) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for (_, reason), n in self.decisions.items():
-            out[reason] = out.get(reason, 0.0) + n
-        return out
+    def sent(self, replica_id: str) -> None:
+        self.routed.labels(replica_id).inc()
+
+    def replica(self, replica_id: str, **values: float) -> None:
+        """Per-replica gauges (``GAUGES``) as this worker sees them now."""
+        for name, value in values.items():
+            self._gauges[name].labels(replica_id).set(value)
 
     def record_prediction(self, predicted_tokens: int, actual_tokens: int) -> None:
-        self.predictions += 1
-        self.predicted_cached_tokens += predicted_tokens
-        self.actual_cached_tokens += actual_tokens
-        self.prediction_abs_error_tokens += abs(predicted_tokens - actual_tokens)
+        self.predictions.inc()
+        self.count("predicted_cached_tokens", predicted_tokens)
+        self.count("actual_cached_tokens", actual_tokens)
+        self.count("prediction_abs_error_tokens", abs(predicted_tokens - actual_tokens))
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def totals(self) -> RouterTotals:
+        """The whole router's counts (every worker's, under ``--workers``), read back from the registry."""
+        totals = RouterTotals()
+        for fam in self.registry.collect():
+            for sample in fam.samples:
+                name, labels, value = sample.name, sample.labels, sample.value
+                if name == "kvemu_router_routed_total":
+                    totals.routed[labels["replica_id"]] = totals.routed.get(labels["replica_id"], 0) + value
+                elif name == "kvemu_router_decisions_total":
+                    totals.decisions[labels["reason"]] = totals.decisions.get(labels["reason"], 0) + value
+                elif name == "kvemu_router_requests_total":
+                    totals.requests[labels["outcome"]] = totals.requests.get(labels["outcome"], 0) + value
+                elif name == "kvemu_router_replica_in_flight":
+                    totals.in_flight[labels["replica_id"]] = value
+                elif name == "kvemu_router_replica_queued_tokens":
+                    totals.queued_tokens[labels["replica_id"]] = value
+        return totals
 
 
-class _Collector:
-    def __init__(self, m: RouterMetrics) -> None:
-        self.m = m
+class GuardMirror:
+    """Under ``--workers``: the connection guard's counts (``shared.serve.ConnGuard``, plain ints a
+    worker keeps) copied into multiprocess metrics by ``sync`` (once a second), so connections cut
+    and open add up over the workers like the rest."""
 
-    def describe(self):
-        return []
+    REASONS = (("head_timeout", "timed_out"), ("write_timeout", "write_timed_out"), ("over_cap", "refused"))
 
-    def collect(self):
-        m = self.m
-        decisions = CounterMetricFamily("kvemu_router_decisions", "Routing decisions.", labels=["strategy", "reason"])
-        for labels, n in sorted(m.decisions.items()):
-            decisions.add_metric(labels, n)
-        yield decisions
-        yield m.index_latency.family("kvemu_router_index_lookup_seconds", "Prefix index lookup latency.")
-        requests = CounterMetricFamily("kvemu_router_requests", "Requests by outcome.", labels=["outcome"])
-        for outcome, n in sorted(m.requests.items()):
-            requests.add_metric([outcome], n)
-        yield requests
-        for name, doc, value in (
-            ("kvemu_router_predicted_cached_tokens", "Cached tokens the index predicted.", m.predicted_cached_tokens),
-            ("kvemu_router_actual_cached_tokens", "Cached tokens replicas reported.", m.actual_cached_tokens),
-            ("kvemu_router_prediction_abs_error_tokens", "Sum of |predicted - actual| cached tokens.",
-             m.prediction_abs_error_tokens),
-            ("kvemu_router_retries", "Requests retried on another replica.", m.retries),
-            ("kvemu_router_index_errors", "Index lookups or clears that failed.", m.index_errors),
-            ("kvemu_router_load_only_decisions", "Cache-aware decisions made without the index.",
-             m.load_only_decisions),
-            ("kvemu_router_events_applied", "KV events applied to the embedded index.", m.events_applied),
-            ("kvemu_router_event_gaps", "Event sequence gaps detected (replica entries cleared).", m.event_gaps),
-            ("kvemu_router_replica_failures", "Replicas taken out by health checks.", m.replica_failures),
-            ("kvemu_router_replica_restarts", "Replica restarts detected (new epoch).", m.replica_restarts),
-            ("kvemu_router_replica_busy", "Answers of 503 + Retry-After (overloaded): retried elsewhere.",
-             m.replica_busy),
-        ):
-            yield CounterMetricFamily(name, doc, value=value)
-        if m.cluster is None:
-            return
-        fams = {
-            "in_flight": GaugeMetricFamily("kvemu_router_replica_in_flight", "Requests in flight per replica.",
-                                           labels=["replica_id"]),
-            "queued": GaugeMetricFamily("kvemu_router_replica_queued_tokens", "Prompt tokens routed, not done.",
-                                        labels=["replica_id"]),
-            "usage": GaugeMetricFamily("kvemu_router_replica_kv_usage", "KV usage reported by the replica.",
-                                       labels=["replica_id"]),
-            "healthy": GaugeMetricFamily("kvemu_router_replica_healthy", "1 when routable.", labels=["replica_id"]),
-            "lag": GaugeMetricFamily("kvemu_router_replica_event_lag", "Events published but not yet applied.",
-                                     labels=["replica_id"]),
-        }
-        for rep in m.cluster.replicas:
-            labels = [rep.replica_id]
-            fams["in_flight"].add_metric(labels, rep.state.in_flight)
-            fams["queued"].add_metric(labels, rep.state.queued_tokens)
-            fams["usage"].add_metric(labels, rep.state.kv_usage)
-            fams["healthy"].add_metric(labels, 1.0 if rep.state.healthy else 0.0)
-            fams["lag"].add_metric(labels, rep.feed_lag_events)
-        yield from fams.values()
+    def __init__(self, guard: Any, prefix: str) -> None:
+        self.guard = guard
+        self.cut = Counter(f"{prefix}connections_cut", "Client connections the server cut: request head too slow,"
+                           " client not reading its response, or over the connection cap.", ["reason"], registry=None)
+        self.open = Gauge(f"{prefix}open_connections", "Open client connections.", registry=None,
+                          multiprocess_mode="livesum")
+        self._seen = dict.fromkeys((reason for reason, _ in self.REASONS), 0)
+
+    def sync(self) -> None:
+        for reason, attr in self.REASONS:
+            now = getattr(self.guard, attr)
+            if now > self._seen[reason]:
+                self.cut.labels(reason).inc(now - self._seen[reason])
+                self._seen[reason] = now
+        self.open.set(len(self.guard.open))
+
+    async def loop(self, interval_s: float = 1.0) -> None:
+        while True:
+            self.sync()
+            await asyncio.sleep(interval_s)
+
+
+class RouterTotals:
+    """What ``/cluster`` and the dashboard show for the whole router."""
+
+    __slots__ = ("decisions", "in_flight", "queued_tokens", "requests", "routed")
+
+    def __init__(self) -> None:
+        self.routed: dict[str, float] = {}
+        self.decisions: dict[str, float] = {}  # by reason, summed over strategies
+        self.requests: dict[str, float] = {}  # by outcome
+        self.in_flight: dict[str, float] = {}
+        self.queued_tokens: dict[str, float] = {}
 
 
 # ---- the cluster's vLLM series, merged from the replicas at scrape time --------------------

@@ -25,7 +25,6 @@ class RouterState:
         self.cluster = Cluster(settings, self.index, self.metrics)
         self.metrics.cluster = self.cluster
         self.router = RoutingStep(strategy_spec(settings.routing), settings.strategy_settings(), settings.seed)
-        self.routed: dict[str, int] = {}
         self.started = time.time()
         self.request_timeout = aiohttp.ClientTimeout(total=settings.request_timeout_s)  # one, not one per request
         limits = settings.client_limits()

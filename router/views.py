@@ -9,7 +9,7 @@ import time
 
 import aiohttp
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from router.metrics import merge_vllm, replica_metrics_texts
 from router.state import ROUTER, RouterState
@@ -63,12 +63,13 @@ async def _route(request: web.Request, state: RouterState) -> web.StreamResponse
     failures = busy = 0
     while failures <= state.settings.retries and busy < len(state.cluster.replicas):
         if failures or busy:
-            state.metrics.retries += 1
+            state.metrics.count("retries")
         try:
             decision, rep, predicted = await _decide(state, spec, request_view, excluded)
         except NoHealthyReplica:
             break
-        state.routed[rep.replica_id] = state.routed.get(rep.replica_id, 0) + 1
+        state.metrics.sent(rep.replica_id)
+        _load_gauges(state, rep)
         try:
             resp = await _forward(request, state, rep, raw, decision, predicted)
             rep.busy_strikes = 0
@@ -83,9 +84,14 @@ async def _route(request: web.Request, state: RouterState) -> web.StreamResponse
             failures += 1
         finally:
             state.router.done(rep.state, request_view)
+            _load_gauges(state, rep)
     state.metrics.outcome("busy" if busy and not failures else "unavailable")
     body = protocol.error_body(503, None, "no healthy replica could take the request; retry shortly")
     return web.json_response(body, status=503, headers={"Retry-After": "1"})
+
+
+def _load_gauges(state: RouterState, rep) -> None:
+    state.metrics.replica(rep.replica_id, in_flight=rep.state.in_flight, queued_tokens=rep.state.queued_tokens)
 
 
 async def _decide(state: RouterState, spec: protocol.GenerateSpec, request_view: RouteRequest, excluded: set[str]):
@@ -104,8 +110,8 @@ async def _decide(state: RouterState, spec: protocol.GenerateSpec, request_view:
             state.metrics.index_latency.observe(time.perf_counter() - t0)
             predicted = True
         except (TimeoutError, IndexUnavailable):
-            state.metrics.index_errors += 1
-            state.metrics.load_only_decisions += 1
+            state.metrics.count("index_errors")
+            state.metrics.count("load_only_decisions")
     now = time.monotonic()
     replicas = [r for r in state.cluster.replicas if r.replica_id not in excluded and r.busy_until <= now]
     if not replicas:  # every replica backing off: try them anyway rather than refuse
@@ -200,7 +206,7 @@ async def metrics(request: web.Request) -> web.Response:
     state = _state(request)
     urls = [r.url for r in state.cluster.replicas if r.state.healthy]
     texts = await replica_metrics_texts(state.cluster.session, urls)
-    body = generate_latest(state.metrics.registry) + merge_vllm(texts)
+    body = state.metrics.exposition() + merge_vllm(texts)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
@@ -215,30 +221,40 @@ def cluster_summary(state, raw_sessions: bool = False) -> dict:
     reps = state.cluster.replicas
     healthy = [r for r in reps if r.state.healthy]
     factor = state.settings.hotspot_factor
+    totals = state.metrics.totals()  # every worker's, under --workers
+    routed = {r.replica_id: int(totals.routed.get(r.replica_id, 0)) for r in reps}
+    in_flight = {r.replica_id: int(totals.in_flight.get(r.replica_id, r.state.in_flight)) for r in reps}
+    queued = {r.replica_id: int(totals.queued_tokens.get(r.replica_id, r.state.queued_tokens)) for r in reps}
 
     def ratio(values):
         mean = sum(values) / len(values) if values else 0.0
         return (max(values) / mean if mean else 0.0), mean
 
-    load_ratio, load_mean = ratio([r.state.in_flight for r in healthy])
+    load_ratio, load_mean = ratio([in_flight[r.replica_id] for r in healthy])
     kv_ratio, kv_mean = ratio([r.health.get("kv_usage", 0.0) for r in healthy])
-    routed_ratio, routed_mean = ratio([state.routed.get(r.replica_id, 0) for r in healthy])
+    routed_ratio, routed_mean = ratio([routed[r.replica_id] for r in healthy])
     rows = []
     for r in reps:
         # Far above the mean, and by more than noise: a few requests do not make a hotspot.
-        checks = (("in_flight", r.state.in_flight, load_mean, 2), ("kv_usage", r.health.get("kv_usage", 0.0), kv_mean,
-                  0.05), ("routed", state.routed.get(r.replica_id, 0), routed_mean, 20))
+        checks = (("in_flight", in_flight[r.replica_id], load_mean, 2), ("kv_usage", r.health.get("kv_usage", 0.0),
+                  kv_mean, 0.05), ("routed", routed[r.replica_id], routed_mean, 20))
         reasons = [name for name, value, mean, floor in checks
                    if r.state.healthy and mean and value > factor * mean and value - mean >= floor]
         rows.append({"replica_id": r.replica_id, "url": r.url, "healthy": r.state.healthy,
-                     "in_flight": r.state.in_flight, "queued_tokens": r.state.queued_tokens,
+                     "in_flight": in_flight[r.replica_id], "queued_tokens": queued[r.replica_id],
                      "kv_usage": r.health.get("kv_usage", 0.0), "running": r.health.get("running", 0),
-                     "waiting": r.health.get("waiting", 0), "routed": state.routed.get(r.replica_id, 0),
+                     "waiting": r.health.get("waiting", 0), "routed": routed[r.replica_id],
                      "event_lag": r.feed_lag_events, "top_sessions": _sessions(r.top_sessions, raw_sessions, state),
                      "hotspot": bool(reasons), "hotspot_reasons": reasons})
     return {"routing": state.settings.routing, "replicas": rows, "healthy": len(healthy),
+            "workers": _workers(), "requests": {k: int(v) for k, v in sorted(totals.requests.items())},
             "imbalance": {"in_flight": load_ratio, "kv_usage": kv_ratio, "routed": routed_ratio},
             "hotspot_factor": factor, "hotspots": [row["replica_id"] for row in rows if row["hotspot"]]}
+
+
+def _workers() -> int:
+    """Router processes behind this port (``--workers``): what the counts above add up."""
+    return int(os.environ.get("KVEMU_ROUTER_WORKERS", "1"))
 
 
 def _sessions(rows: list, raw: bool, state) -> list:

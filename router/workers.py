@@ -6,7 +6,8 @@ routers can join the same port) and hands the socket to each worker; every worke
 from the same queue, so a worker killed with ``kill -9`` loses only the requests it was
 serving: connections still waiting to be accepted go to the others. Each worker is a full
 router with its own embedded index fed from the replicas' event feeds (or the shared
-Redis index), so no state has to survive a worker. The supervisor restarts a dead worker
+Redis index), so no state has to survive a worker. Their metrics are one set for the whole router
+(prometheus_client's multiprocess mode, in a directory the supervisor makes: router/metrics.py). The supervisor restarts a dead worker
 (waiting longer each time one dies young) and stops them all on SIGTERM / SIGINT.
 """
 
@@ -15,11 +16,16 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
+from prometheus_client import multiprocess
+
+from router.metrics import MULTIPROC_ENV
 from shared.serve import bind
 
 log = logging.getLogger("kvemu.router.workers")
@@ -43,6 +49,10 @@ class Supervisor:
         self.sock = bind(host, port, reuse_port=True)
         self.sock.set_inheritable(True)
         self.argv = worker_argv(argv, self.sock.fileno())
+        # The workers' metrics, one set for the whole router: prometheus_client's multiprocess files
+        # (router/metrics.py), in a directory only this user can read, removed when the router stops.
+        self.metrics_dir = tempfile.mkdtemp(prefix="kvemu-router-metrics-")
+        self.env = {**os.environ, MULTIPROC_ENV: self.metrics_dir, "KVEMU_ROUTER_WORKERS": str(workers)}
         self.procs: list[subprocess.Popen | None] = [None] * workers
         self.started_at = [0.0] * workers
         self.backoff = [0.2] * workers
@@ -51,7 +61,7 @@ class Supervisor:
 
     def spawn(self, i: int) -> None:
         self.procs[i] = subprocess.Popen(self.argv, pass_fds=(self.sock.fileno(),), preexec_fn=_die_with_parent,
-                                         stdin=subprocess.DEVNULL)
+                                         stdin=subprocess.DEVNULL, env=self.env)
         self.started_at[i] = time.monotonic()
 
     def run(self) -> int:
@@ -72,6 +82,8 @@ class Supervisor:
                     print(f"router worker {i} (pid {p.pid}) exited with {p.returncode}; restarting in "
                           f"{self.backoff[i]:.1f} s", file=sys.stderr, flush=True)
                     self.procs[i], next_try[i] = None, now + self.backoff[i]
+                    # its counters stay (they only go up); its live gauges (in flight, ...) go
+                    multiprocess.mark_process_dead(p.pid, self.metrics_dir)
                 if self.procs[i] is None and now >= next_try[i]:
                     self.spawn(i)
                     self.restarts += 1
@@ -90,6 +102,7 @@ class Supervisor:
                 p.kill()
                 p.wait()
         self.sock.close()
+        shutil.rmtree(self.metrics_dir, ignore_errors=True)
         return 0
 
 
