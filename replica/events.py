@@ -62,6 +62,7 @@ class EventFeed:
         self.expired_batches = 0  # read batches aged out of the ring (poll mode)
         self.resyncs = 0
         self.resync_requests = 0  # asks through /kv/resync (coalesced into ``resyncs``)
+        self.reads = 0  # GET /kv/events answered (a router's poll, long or not)
         self._needs_resync = False
         self._resync_end = 0  # next_seq just after the last resync: equal to next_seq = it is still the newest
         self.listener: Callable[[], None] | None = None  # woken after each publish (the Redis shipper)
@@ -134,7 +135,7 @@ class EventFeed:
                 "queued_batches": len(self.batches), "held_hashes": self.held_hashes,
                 "published_events": self.published_events,
                 "dropped_batches": self.dropped_batches, "expired_batches": self.expired_batches,
-                "resyncs": self.resyncs, "resync_requests": self.resync_requests}
+                "resyncs": self.resyncs, "resync_requests": self.resync_requests, "reads": self.reads}
 
 
 def _hashes_in(events: list[KvEvent]) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import deque
 
@@ -38,6 +39,9 @@ class ReplicaRuntime:
         self.prom = ReplicaMetrics(settings.model, settings.replica_id)
         self.registry = self.prom.registry
         self.ttft_recent = RecentTtft()
+        self._feed_changed: asyncio.Future | None = None  # what long polls of the feed wait on
+        if not settings.index:  # poll mode: the feed's listener wakes them (push mode: the Redis shipper)
+            self.feed.listener = self._wake_feed_readers
         self.vllm_events = self._vllm_publisher(settings)
         self.engine = Engine(self.core, settings.time_scale,
                              on_events=self.feed.publish if self.vllm_events is None else self._publish_both,
@@ -47,6 +51,21 @@ class ReplicaRuntime:
         self.rejected: dict[str, int] = {}
         self.shipper: RedisShipper | None = None  # set when a Redis index is configured
         self.policy_switches: deque[dict] = deque(maxlen=50)  # live switches by /admin/policy, newest last
+
+    def _wake_feed_readers(self) -> None:
+        fut, self._feed_changed = self._feed_changed, None
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    async def feed_changed(self, timeout: float) -> None:
+        """Until the feed gets a batch, or ``timeout`` seconds (a router's long poll)."""
+        if self._feed_changed is None:
+            self._feed_changed = asyncio.get_running_loop().create_future()
+        try:
+            async with asyncio.timeout(timeout):
+                await asyncio.shield(self._feed_changed)
+        except TimeoutError:
+            pass
 
     def _vllm_publisher(self, settings: ReplicaSettings) -> ZmqEventPublisher | None:
         """vLLM's KV-event publisher where --kv-events-config asks for it (its sockets open here: a port

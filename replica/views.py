@@ -234,7 +234,14 @@ async def kv_events(request: web.Request) -> web.Response:
     state = _state(request)
     after = _query_int(request, "after", 0, 0, 2**62)
     limit = _query_int(request, "limit", 256, 1, 4096)
+    # wait=MS: a long poll; with nothing new yet, answer when a batch comes (or after MS). A router
+    # worker then asks about once a second while the replica is idle instead of every 20 ms.
+    wait_ms = _query_int(request, "wait", 0, 0, 10_000)
+    state.feed.reads += 1
     batches = state.feed.since(after, limit)
+    if not batches and wait_ms and state.feed.next_seq <= after + 1:
+        await state.feed_changed(wait_ms / 1000)
+        batches = state.feed.since(after, limit)
     return respond(request, {"replica_id": _settings(request).replica_id, "epoch": state.feed.epoch,
                              "oldest_seq": state.feed.oldest_seq, "next_seq": state.feed.next_seq,
                              "batches": [b.to_wire() for b in batches]})

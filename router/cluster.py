@@ -20,6 +20,7 @@ from router.settings import RouterSettings
 from router.strategies import ReplicaState
 from shared.index import EventBatch, IndexUnavailable
 
+LONG_POLL_MS = 1000  # how long a replica holds a feed read with nothing new
 log = logging.getLogger("kvemu.router.cluster")
 
 
@@ -153,16 +154,29 @@ class Cluster:
 
     # ---- embedded index: poll each replica's event feed -----------------------------------
     async def feed_loop(self) -> None:
-        while True:
-            busy = await asyncio.gather(*(self.poll_feed(r) for r in self.replicas if r.state.healthy),
-                                        return_exceptions=True)
-            more = any(b is True for b in busy)
-            await asyncio.sleep(0 if more else self.settings.poll_interval_s)
+        """One long-polling reader per replica: a quiet replica is asked about once a second
+        (``LONG_POLL_MS``), a busy one as soon as it has a new batch."""
+        await asyncio.gather(*(self._feed_reader(r) for r in self.replicas))
 
-    async def poll_feed(self, rep: ReplicaHandle) -> bool:
-        """Apply new batches; True when the replica has more waiting."""
-        url = f"{rep.url}/kv/events?after={rep.feed_cursor}&limit=512"
-        timeout = aiohttp.ClientTimeout(total=2.0)
+    async def _feed_reader(self, rep: ReplicaHandle) -> None:
+        while True:
+            if not rep.state.healthy:
+                await asyncio.sleep(self.settings.poll_interval_s)
+                continue
+            started = time.monotonic()
+            try:
+                more = await self.poll_feed(rep, wait_ms=LONG_POLL_MS)
+            except Exception:  # noqa: BLE001 - one replica's bad answer must not stop its reader for good
+                log.warning("reading %s's event feed failed", rep.url, exc_info=True)
+                more = False
+            if not more and time.monotonic() - started < self.settings.poll_interval_s:
+                # answered at once with nothing (an error, or a replica that does not long-poll): pace it
+                await asyncio.sleep(self.settings.poll_interval_s)
+
+    async def poll_feed(self, rep: ReplicaHandle, wait_ms: int = 0) -> bool:
+        """Apply new batches; True when the replica has more waiting. ``wait_ms``: a long poll."""
+        url = f"{rep.url}/kv/events?after={rep.feed_cursor}&limit=512" + (f"&wait={wait_ms}" if wait_ms else "")
+        timeout = aiohttp.ClientTimeout(total=2.0 + wait_ms / 1000)
         try:
             async with self.session.get(url, headers={"Accept": "application/msgpack", **self.auth},
                                         timeout=timeout) as resp:
