@@ -56,11 +56,17 @@ def test_the_readme_tour_runs_top_to_bottom(tmp_path):
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     port = str(free_port())
     up = None
+    background: list[subprocess.Popen] = []  # `cmd &`, as a user's shell runs it: stopped at the end
+    (tmp_path / "deploy").symlink_to(REPO / "deploy")  # what a clone has beside the README
     try:
         for cmd in tour_commands():
             if cmd in SETUP:
                 continue
             cmd = cmd.replace("8000", port)
+            if cmd.endswith(" &"):
+                background.append(subprocess.Popen(["bash", "-c", "exec " + cmd[:-2]], cwd=tmp_path, env=env,
+                                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                continue
             if cmd.startswith("kvemu up "):
                 up = subprocess.Popen(["bash", "-c", "exec " + cmd], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True)
@@ -71,10 +77,17 @@ def test_the_readme_tour_runs_top_to_bottom(tmp_path):
             assert proc.returncode == 0, f"{cmd}\n{proc.stderr[-3000:]}"
             assert "Traceback" not in proc.stderr, cmd
     finally:
+        for proc in background:
+            proc.terminate()
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
         if up is not None:
             up.send_signal(signal.SIGINT)  # Ctrl-C stops all
             _, err = up.communicate(timeout=60)
             assert up.returncode == 0, err[-2000:]
+    assert all(proc.returncode is not None for proc in background)
     made = sorted(p.name for p in (tmp_path / "scratch").iterdir())
     assert made == ["capacity.png", "out.json", "run.csv", "run.json", "run.png", "scm.jsonl", "sweep.csv",
                     "sweep.jsonl", "sweep.png"]
