@@ -11,7 +11,8 @@ connection per request, 10 s client timeout) and injects one fault:
   slow_clients                               100 + 100 connections sending a head byte by byte
                                              and 4 + 4 reading nothing of long streams
   big_prompts                                two clients sending 1M-token prompts back to back
-  soak                                       --soak-seconds of load, RSS sampled every 5 s
+  soak                                       --soak-seconds of load through --router-workers
+                                             workers (2), RSS sampled every 5 s
 
 For each: requests sent / answered / failed by cause (timeout, reset, refused, http_<code>),
 recovery times (``index_consistent_s``: until the router has taken a dead replica out and
@@ -41,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=float, default=100.0, help="requests per second (open loop)")
     p.add_argument("--duration", type=float, default=15.0, help="seconds of load per scenario")
     p.add_argument("--soak-seconds", type=float, default=120.0)
+    p.add_argument("--router-workers", type=int, default=2, help="router workers in the soak")
     p.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated, from: " + ", ".join(SCENARIOS))
     p.add_argument("--short", action="store_true", help="CI: 40 req/s, 3 s per scenario, a 20 s soak")
     a = p.parse_args(argv)

@@ -231,9 +231,10 @@ def big_prompts(rate: float, duration: float, senders: int = 2) -> dict:
     return _with_cluster(Cluster(time_scale=0.005, replica_args=("--capacity-blocks", "70000")), run)
 
 
-def soak(rate: float, duration: float, every: float = 5.0) -> dict:
-    """The load for ``duration`` seconds, RSS of every process sampled every ``every`` s; RSS is
-    flat when the last half grew by at most 10 %."""
+def soak(rate: float, duration: float, every: float = 5.0, workers: int = 2) -> dict:
+    """The load for ``duration`` seconds through ``workers`` router workers, RSS of every process
+    sampled every ``every`` s; RSS is flat when the last half grew by at most 10 %. At the end the
+    router's own count (every worker's, one set) is checked against what was answered."""
     def run(c: Cluster) -> dict:
         load = OpenLoop(c.url, rate, duration).start()
         samples = []
@@ -247,10 +248,11 @@ def soak(rate: float, duration: float, every: float = 5.0) -> dict:
         growth = {k: round((end[k] - half[k]) / half[k] * 100, 1) for k in end if k in half}
         reps = [k for k in growth if k.startswith("replica")]
         out.update({"rss_mb_samples": samples, "rss_growth_last_half_pct": growth,
-                    "replica_rss_flat": all(growth[k] <= 10.0 for k in reps)})
+                    "replica_rss_flat": all(growth[k] <= 10.0 for k in reps), "workers": workers,
+                    "router_requests_total": [_metric(c.url, "kvemu_router_requests_total") for _ in range(3)]})
         return out
 
-    return _with_cluster(Cluster(), run)
+    return _with_cluster(Cluster(workers=workers), run)
 
 
 def _metric(url: str, name: str) -> float:
@@ -267,7 +269,7 @@ SCENARIOS = {
     "busy_replicas": lambda a: busy_replicas(a.rate, a.duration),
     "slow_clients": lambda a: slow_clients(a.rate, a.duration, readers=2 if a.short else 4),
     "big_prompts": lambda a: big_prompts(a.rate, a.duration, senders=1 if a.short else 2),
-    "soak": lambda a: soak(a.rate, a.soak_seconds),
+    "soak": lambda a: soak(a.rate, a.soak_seconds, workers=a.router_workers),
 }
 
 _ = asyncio  # the load runs its own loop in a thread

@@ -33,3 +33,5 @@ def test_short_chaos_suite_keeps_the_promises():
     assert s["slow_clients"]["router_reader_cut_within_s_max"] < 20 and s["slow_clients"]["replica_reader_cut_within_s_max"] < 20
     assert s["big_prompts"]["health_ms_max"] < 300
     assert s["soak"]["failed"] == 0 and s["soak"]["replica_rss_flat"]
+    # two router workers, one count: every scrape says every request, whichever worker answers it
+    assert s["soak"]["workers"] == 2 and s["soak"]["router_requests_total"] == [s["soak"]["sent"]] * 3
