@@ -28,7 +28,10 @@ and the time from sending to the first SSE data chunk is reported as its own met
 request type ``TTFT`` (same name as the request: ``single`` / ``chat`` / ``agent``), which the
 ``Aggregated`` row leaves out: it counts real HTTP requests only.  Session
 ids go in ``X-Session-Id``.  A non-200 answer, an in-band ``error`` event or a stream that
-ends without ``[DONE]`` is a failure.
+ends without ``[DONE]`` is a failure.  So is a request still unfinished after
+``--kvemu-timeout`` seconds (a stream still going at that mark, or one that stalls that long): it
+fails as ``timed out after N s`` (one row in Locust's failures), and its connection is dropped, so
+the replica aborts it (``kvemu_requests_aborted_total``) rather than decode on for nobody.
 
 Locust runs on gevent: these are Locust's own ``HttpUser`` s, no asyncio.  Custom options
 (also settable through the environment variables in brackets, and, except the weights,
@@ -40,7 +43,7 @@ which are read once at start-up, in the web UI):
     --kvemu-set          [KVEMU_SET]          preset overrides, e.g. chat.turns_mean=4,agent.gap_median=1
     --kvemu-catalog-seed [KVEMU_CATALOG_SEED] seed of the system-prompt catalogs (same on every worker)
     --kvemu-model        [KVEMU_MODEL]        "model" field of the requests
-    --kvemu-timeout      [KVEMU_TIMEOUT]      per-request timeout in seconds
+    --kvemu-timeout      [KVEMU_TIMEOUT]      per-request timeout in seconds (the whole stream)
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np
+import requests
 from locust import HttpUser, events, task
 
 from loadgen.presets.common import lognormal, lognormal_int, sample_catalog, sample_turns
@@ -111,7 +115,7 @@ def _add_arguments(parser, **_kwargs):
                         help="seed of the system-prompt catalogs (keep it equal on every worker)")
     parser.add_argument("--kvemu-model", default="kvemu", env_var="KVEMU_MODEL", help="the requests' model field")
     parser.add_argument("--kvemu-timeout", type=float, default=600.0, env_var="KVEMU_TIMEOUT",
-                        help="per-request timeout in seconds")
+                        help="per-request timeout in seconds, the whole stream (a request still going then fails)")
 
 
 def _opt(environment, name: str, default):
@@ -276,15 +280,20 @@ class KvemuUser(HttpUser):
                               catch_response=True, timeout=self.timeout) as resp:
             try:
                 if getattr(resp, "error", None) is not None and resp.status_code == 0:
-                    error = f"{type(resp.error).__name__}: {resp.error}"
+                    error = self._timed_out() if _is_timeout(resp.error) else \
+                        f"{type(resp.error).__name__}: {resp.error}"
                 elif resp.status_code != 200:
                     error = f"HTTP {resp.status_code}: {(resp.text or '')[:200]}"
                 else:
                     buf = b""
+                    deadline = t0 + self.timeout
                     for chunk in resp.iter_content(chunk_size=None):
                         nbytes += len(chunk)
                         if done_at is not None:
                             continue  # read the rest (the chunked end) so the connection is reused
+                        if time.perf_counter() > deadline:
+                            error = self._timed_out()
+                            break  # closing the response drops the connection: the replica aborts the request
                         buf = (buf + chunk).replace(b"\r\n", b"\n")
                         while b"\n\n" in buf:
                             event, buf = buf.split(b"\n\n", 1)
@@ -304,7 +313,7 @@ class KvemuUser(HttpUser):
                     if done_at is None and not error:
                         error = "stream ended without data: [DONE]"
             except Exception as exc:  # noqa: BLE001 - a broken stream is a failed request
-                error = f"{type(exc).__name__}: {exc}"
+                error = self._timed_out() if _is_timeout(exc) else f"{type(exc).__name__}: {exc}"
             finally:
                 if resp.raw is not None:
                     resp.close()
@@ -319,6 +328,17 @@ class KvemuUser(HttpUser):
             # an entry's log() feeds that entry alone, and workers ship entries and totals apart.
             self.environment.stats.get(name, "TTFT").log(ttft_ms, 0)
         return None if error else "".join(reply)
+
+    def _timed_out(self) -> str:
+        """The failure of a request still unfinished after the timeout: one message, one failures row."""
+        return f"timed out after {self.timeout:g} s"
+
+
+def _is_timeout(exc: BaseException) -> bool:
+    """A timeout of requests (connect, or no byte for the timeout), however it is wrapped."""
+    if isinstance(exc, requests.exceptions.Timeout):
+        return True
+    return isinstance(exc, requests.exceptions.ConnectionError) and "timed out" in str(exc)
 
 
 def _sse_data(event: bytes) -> str | None:

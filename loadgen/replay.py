@@ -3,7 +3,9 @@
 Turn 0 of a session leaves at its trace time divided by the speed-up; turn j+1 leaves
 only after turn j's answer, plus turn j+1's trace gap divided by the speed-up. Requests
 go to ``/generate`` as msgpack with the trace's block hashes, so the cluster sees exactly
-the trace's blocks. Connections are bounded; every request yields one record.
+the trace's blocks. Connections are bounded; every request yields one record. A request not
+answered within the timeout is dropped: its connection closes, the router and the replica see the
+client leave and the replica aborts it (vLLM does), and its record says it timed out.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class Record:
     wall_s: float
     sent_at_s: float
     error: str = ""
+    timed_out: bool = False  # no answer within the timeout: dropped (the replica aborts it)
 
 
 class Progress:
@@ -145,7 +148,10 @@ class Replayer:
                     rec.ttft_s, rec.e2e_s = out["ttft_s"], out["e2e_s"]
                 else:
                     rec.error = data[:200].decode(errors="replace")
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        except TimeoutError:  # aiohttp's total timeout, and its socket timeouts (ServerTimeoutError)
+            rec.timed_out = True
+            rec.error = f"timed out after {self.timeout.total:g} s"
+        except (aiohttp.ClientError, OSError) as exc:
             rec.error = f"{type(exc).__name__}: {exc}"
         rec.wall_s = time.monotonic() - sent
         return rec
@@ -175,6 +181,7 @@ def summarize(records: list[Record]) -> dict:
         statuses[r.status] += 1
     return {
         "requests": len(records), "ok": len(ok), "failed": len(records) - len(ok),
+        "timed_out": sum(r.timed_out for r in records),
         "statuses": {str(k): v for k, v in sorted(statuses.items())},
         "token_hit_ratio": ratio(sum(r.cached_tokens for r in ok), tokens),
         "block_hit_ratio": ratio(sum(r.cached_blocks for r in ok), blocks),

@@ -8,6 +8,7 @@ import csv
 import dataclasses
 import json
 import sys
+import time
 import urllib.request
 
 from loadgen.replay import Record, Replayer, records_json, summarize
@@ -24,6 +25,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speedup", type=float, default=1.0, help="compress trace time this many times")
     p.add_argument("--max-requests", type=int, default=None)
     p.add_argument("--connections", type=int, default=256)
+    p.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
+                   help="per-request limit: a request not answered by then is dropped (its connection closed, so"
+                        " the replica aborts it) and counted as timed out")
     p.add_argument("--json", metavar="OUT", help="summary and per-request records")
     p.add_argument("--csv", metavar="OUT.csv", help="the per-request records, one row each")
     p.add_argument("--plot", metavar="OUT.png", help="per-replica load and TTFT distribution")
@@ -43,7 +47,8 @@ LIFETIME_KEYS = ("policy", "capacity_blocks", "usage", "block_hit_ratio", "token
 
 
 def replica_stats(url: str) -> dict[str, dict]:
-    """Each replica's lifetime counters (``GET /stats``), by replica id."""
+    """Each replica's lifetime counters (``GET /stats``), by replica id; ``aborted``: requests whose
+    client went away (a timed-out request is one)."""
     cluster = fetch_json(url + "/cluster")
     urls = [row["url"] for row in cluster["replicas"]] if cluster else [url]
     out = {}
@@ -51,6 +56,7 @@ def replica_stats(url: str) -> dict[str, dict]:
         st = fetch_json(u + "/stats")
         if st:
             out[st["replica_id"]] = {k: st.get(k) or 0 for k in LIFETIME_KEYS}
+            out[st["replica_id"]]["aborted"] = (st.get("scheduler") or {}).get("aborted", 0)
     return out
 
 
@@ -65,7 +71,8 @@ def cluster_report(url: str, before: dict[str, dict]) -> dict:
         d_saved = life["recompute_cost_saved_s"] - was.get("recompute_cost_saved_s", 0.0)
         total, saved = total + d_total, saved + d_saved
         replicas[replica_id] = {"run": {"csr": ratio(d_saved, d_total),
-                                        "evictions": life["evictions"] - was.get("evictions", 0)},
+                                        "evictions": life["evictions"] - was.get("evictions", 0),
+                                        "aborted": life["aborted"] - was.get("aborted", 0)},
                                 "lifetime": life}
     return {"csr": ratio(saved, total), "replicas": replicas,
             "imbalance": cluster["imbalance"] if cluster else None,
@@ -76,7 +83,8 @@ def cluster_report(url: str, before: dict[str, dict]) -> dict:
 def print_report(summary: dict, report: dict, out=sys.stdout) -> None:
     """This run (its responses, and the replicas' counters' change over it), then each replica's
     lifetime counters, apart: a cluster that served earlier runs has more behind it."""
-    out.write(f"requests        {summary['requests']:,} ({summary['ok']:,} ok, {summary['failed']:,} failed)"
+    timed_out = f", {summary['timed_out']:,} timed out" if summary.get("timed_out") else ""
+    out.write(f"requests        {summary['requests']:,} ({summary['ok']:,} ok, {summary['failed']:,} failed{timed_out})"
               + ("   INTERRUPTED: partial run" if summary.get("interrupted") else "") + "\n")
     out.write(f"token hit ratio {summary['token_hit_ratio']:.4f}   block hit ratio {summary['block_hit_ratio']:.4f}"
               f"   CSR {report['csr']:.4f}\n")
@@ -85,11 +93,15 @@ def print_report(summary: dict, report: dict, out=sys.stdout) -> None:
     out.write(f"load imbalance (max/mean requests) {summary['load_imbalance']:.2f}")
     if report.get("hotspots") is not None:
         out.write(f"   hotspots: {', '.join(report['hotspots']) or 'none'}")
-    out.write("\n\n  this run         requests  tok_hit  blk_hit     CSR  evictions\n")
-    for replica_id, p in summary["per_replica"].items():
+    # requests: answered by the replica; aborted: the replica's count of clients that left (timed out here)
+    out.write("\n\n  this run         requests  tok_hit  blk_hit     CSR  evictions  aborted\n")
+    empty = {"requests": 0, "token_hit_ratio": 0.0, "block_hit_ratio": 0.0}
+    aborting = {replica_id for replica_id, rep in report["replicas"].items() if rep["run"].get("aborted")}
+    for replica_id in sorted(set(summary["per_replica"]) | aborting):  # those that answered or aborted
+        p = summary["per_replica"].get(replica_id, empty)
         run = report["replicas"].get(replica_id, {}).get("run", {})
         out.write(f"  {replica_id:<16}{p['requests']:>8,}  {p['token_hit_ratio']:7.4f}  {p['block_hit_ratio']:7.4f}"
-                  f"  {run.get('csr', 0):6.4f}  {run.get('evictions', 0):>9,}\n")
+                  f"  {run.get('csr', 0):6.4f}  {run.get('evictions', 0):>9,}  {run.get('aborted', 0):>7,}\n")
     out.write("\n  lifetime         blk_hit     CSR  evictions  usage   (each replica since it started)\n")
     for replica_id, rep in report["replicas"].items():
         life = rep["lifetime"]
@@ -139,6 +151,8 @@ def run(args) -> int:
         raise InputError("--max-requests", f"must be >= 1, got {args.max_requests}")
     if args.connections <= 0:  # aiohttp reads a limit of 0 as "unbounded"
         raise InputError("--connections", f"must be >= 1, got {args.connections}")
+    if not args.timeout > 0:
+        raise InputError("--timeout", f"must be > 0 seconds, got {args.timeout}")
     check_outputs(args)
     url = args.url.rstrip("/")
     if fetch_json(url + "/health") is None:
@@ -151,7 +165,7 @@ def run(args) -> int:
                          f"has {trace.block_size}-token blocks but the cluster at {args.url} uses {block_size};"
                          f" start it with `kvemu up --block-size {trace.block_size}`")
     before = replica_stats(url)
-    replayer = Replayer(args.url, trace, args.speedup, args.max_requests, args.connections,
+    replayer = Replayer(args.url, trace, args.speedup, args.max_requests, args.connections, args.timeout,
                         progress=not args.quiet)
     interrupted = False
     try:
@@ -162,6 +176,8 @@ def run(args) -> int:
               file=sys.stderr)
     summary = summarize(records)
     summary["interrupted"] = interrupted
+    if summary["timed_out"]:  # the replicas abort what timed out as they see its connection close: let them
+        time.sleep(0.2)
     report = cluster_report(url, before)
     print_report(summary, report)
     write_outputs(args, trace, summary, report, records)

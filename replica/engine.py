@@ -49,6 +49,7 @@ class Handle:
 class EngineCounters:
     steps: int = 0
     finished: int = 0
+    aborted: int = 0  # requests whose client went away before they finished (``abort``)
     emulated_busy_s: float = 0.0
 
 
@@ -75,6 +76,7 @@ class Engine:
         # event loop to honour (uvloop returns at once below ~0.5 ms) do not add up to drift.
         self._anchor_emu = 0.0
         self._anchor_wall = time.monotonic()
+        self._step_end = 0.0  # emulated end of the step under way (or of the last one)
         self._stopping = False
 
     # ---- clock ------------------------------------------------------------------
@@ -105,6 +107,21 @@ class Engine:
         self._wake.set()
         return handle
 
+    def abort(self, handle: Handle) -> bool:
+        """The client went away: its request leaves the scheduler wherever it is (vLLM aborts it),
+        its blocks go back (``Scheduler.abort``), and it counts as aborted, not finished. It takes
+        effect where the step under way ends (the next one is planned without it). False: nothing
+        to abort, as it finished, or finishes in the step under way (its answer is ready: a finish)."""
+        rid = handle.req.rid
+        if self.handles.get(rid) is not handle:
+            return False
+        if not self.sched.abort(handle.req, max(self._step_end, self._emu_now)):
+            return False
+        del self.handles[rid]
+        self.counters.aborted += 1
+        self.publish_events()  # blocks it inserted but never computed leave the index
+        return True
+
     def publish_events(self) -> None:
         """Hand every tier's events since the last call to ``on_events`` (the feed)."""
         if self.on_events is not None:
@@ -127,6 +144,7 @@ class Engine:
                 continue
             now = self._emu_now
             res = self.sched.step(now, now if self.time_scale > 0 else INF)
+            self._step_end = now + res.duration
             self.publish_events()
             await self._pace(now + res.duration)
             self._emu_now = now + res.duration

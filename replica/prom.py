@@ -92,6 +92,9 @@ class ReplicaCollector:
         # fcfs admits a request only once all its blocks are allocated: it never preempts (0).
         yield counter("vllm:num_preemptions", "Requests preempted (reorder scheduler: lent memory taken back).",
                       sched.preemptions)
+        # vLLM frees an aborted request and counts no success for it; its finished_reason="abort" series stays 0
+        yield counter("kvemu_requests_aborted", "Requests aborted because their client went away (disconnected"
+                      " or timed out) before they finished; not in vllm:request_success.", st.engine.counters.aborted)
         yield counter("kvemu_scheduler_promotions", "Requests admitted ahead of a head that did not fit (reorder).",
                       sched.promotions)
         yield counter("kvemu_pinned_block_seconds", "KV blocks held by running requests x emulated seconds"

@@ -19,6 +19,7 @@ from shared.auth import require_cluster_token, session_label, wants_raw_sessions
 from shared.errors import InputError
 from shared.httpkit import read_body, read_raw, respond
 from shared.offload import OFFLOAD
+from shared.serve import ClientGone, until_client_gone
 from shared.tokenizer import filler_piece, filler_text
 
 
@@ -50,6 +51,23 @@ def _submit(request: web.Request, spec: protocol.GenerateSpec) -> Handle:
     return handle
 
 
+async def _until(request: web.Request, handle: Handle, fut) -> bool:
+    """Wait for ``fut`` (the request done, or its first token); if the client goes first, abort
+    the request (vLLM does: its blocks go back, it counts as aborted) and return False."""
+    try:
+        async with until_client_gone(request):
+            await fut
+        return True
+    except ClientGone:
+        _state(request).engine.abort(handle)
+        return False
+
+
+def _gone() -> web.Response:
+    """What a handler returns for a client that left: nobody reads it (499, as nginx logs it)."""
+    return web.Response(status=499)
+
+
 def _usage(handle: Handle) -> dict:
     r = handle.req
     return {"prompt_tokens": r.input_tokens, "completion_tokens": r.output_tokens,
@@ -62,7 +80,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
     s = _settings(request)
     spec = await _parse(request)
     handle = _submit(request, spec)
-    await handle.done
+    if not await _until(request, handle, handle.done):
+        return _gone()
     r = handle.req
     assert r.alloc is not None  # a finished request was admitted
     body = {"replica_id": s.replica_id, "prompt_tokens": r.input_tokens, "output_tokens": r.output_tokens,
@@ -95,7 +114,8 @@ async def _openai(request: web.Request, chat: bool) -> web.StreamResponse:
     created = int(time.time())
     if spec.stream:
         return await _stream(request, handle, spec, rid, created, chat)
-    await handle.done
+    if not await _until(request, handle, handle.done):
+        return _gone()
     text = filler_text(handle.req.output_tokens, _text_seed(handle))
     choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"} if chat
               else {"index": 0, "text": text, "finish_reason": "length", "logprobs": None})
@@ -113,16 +133,19 @@ def _text_seed(handle: Handle) -> int:
 
 async def _stream(request, handle: Handle, spec, rid: str, created: int, chat: bool) -> web.StreamResponse:
     s = _settings(request)
-    await handle.first_token  # headers carry the cached tokens, known once the request is admitted
+    # headers carry the cached tokens, known once the request is admitted
+    if not await _until(request, handle, handle.first_token):
+        return _gone()
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                        **_replica_headers(s.replica_id, handle)})
-    await resp.prepare(request)
     head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
             "model": spec.model}
     try:
-        await _write_events(resp, handle, spec, head, chat, s.replica_id)
-    except ConnectionResetError:  # the client left, or was cut off for not reading (shared/serve.py)
-        pass
+        async with until_client_gone(request):
+            await resp.prepare(request)
+            await _write_events(resp, handle, spec, head, chat, s.replica_id)
+    except (ConnectionResetError, ClientGone):  # the client left, or was cut off for not reading (shared/serve.py)
+        _state(request).engine.abort(handle)  # a no-op once it finished (the end was being written)
     return resp
 
 
@@ -186,6 +209,7 @@ async def stats(request: web.Request) -> web.Response:
     s = _settings(request)
     top = _query_int(request, "top", 10, 1, 1000)
     out = state.pool.stats(top_k=top)
+    out["private_blocks"] = state.pool.private  # held by running requests beyond their hashed blocks (decode KV)
     if not wants_raw_sessions(request, s.serving.cluster_token):
         for row in out["top_sessions"]:
             row["session"] = session_label(row["session"], s.serving.cluster_token)
@@ -197,6 +221,7 @@ async def stats(request: web.Request) -> web.Response:
                       "running": state.scheduler.num_running, "waiting": state.scheduler.num_waiting,
                       "queued_prefill_tokens": state.scheduler.queued_prefill_tokens,
                       "steps": state.engine.counters.steps, "finished": state.engine.counters.finished,
+                      "aborted": state.engine.counters.aborted,
                       "emulated_busy_s": state.engine.counters.emulated_busy_s,
                       "emulated_now_s": state.engine.now()},
         "events": state.feed.stats(), "rejected_by_field": dict(state.rejected),

@@ -19,6 +19,7 @@ from shared.auth import session_label, wants_raw_sessions
 from shared.httpkit import read_raw, respond
 from shared.index import IndexUnavailable, MemoryIndex
 from shared.offload import OFFLOAD
+from shared.serve import ClientGone, until_client_gone
 
 _FORWARD_HEADERS = ("Content-Type", "Accept", "X-Session-Id", "Authorization")
 
@@ -71,9 +72,14 @@ async def _route(request: web.Request, state: RouterState) -> web.StreamResponse
         state.metrics.sent(rep.replica_id)
         _load_gauges(state, rep)
         try:
-            resp = await _forward(request, state, rep, raw, decision, predicted)
+            # a client that goes closes the replica's connection: the replica aborts the request (vLLM does)
+            async with until_client_gone(request):
+                resp = await _forward(request, state, rep, raw, decision, predicted)
             rep.busy_strikes = 0
             return resp
+        except ClientGone:
+            state.metrics.outcome("client_disconnected")
+            return web.Response(status=499)  # nobody reads it
         except ReplicaBusy:
             excluded.add(rep.replica_id)
             state.cluster.mark_busy(rep)
@@ -154,9 +160,8 @@ async def _pass_stream(request, upstream, out_headers: dict, state) -> web.Strea
         async for chunk in upstream.content.iter_any():
             try:
                 await resp.write(chunk)
-            except ConnectionResetError:  # the client hung up: nobody left to tell
-                state.metrics.outcome("client_disconnected")
-                return resp
+            except ConnectionResetError:  # the client hung up: leaving closes the replica's stream
+                raise ClientGone() from None
     except (TimeoutError, aiohttp.ClientError):
         # Too late to retry: tell the client in-band rather than end the stream silently.
         state.metrics.outcome("failed_mid_stream")

@@ -11,6 +11,10 @@ connection is aborted, so the handler's pending write fails and its coroutine en
 instead of waiting forever (a stream stuck behind a client that does not read holds its
 replica's stream and memory). Costs nothing while clients read: the timer is armed only
 while writing is paused. Bodies get their own deadline in ``httpkit.read_raw``.
+
+aiohttp does not cancel a handler whose client disconnects (``handler_cancellation`` is off, as
+it is by default): a handler that waits (for a replica's answer, for an emulated request to
+finish) wraps the wait in ``until_client_gone``, which the guard ends when the connection goes.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ class ConnLimits:
 class _Guarded(asyncio.Protocol):
     """One connection: delegates to aiohttp's handler, with a deadline for each request head."""
 
-    __slots__ = ("guard", "inner", "transport", "timer", "refused", "idle", "write_timer")
+    __slots__ = ("guard", "inner", "transport", "timer", "refused", "idle", "write_timer", "lost")
 
     def __init__(self, guard: ConnGuard, inner) -> None:
         self.guard, self.inner = guard, inner
@@ -52,6 +56,7 @@ class _Guarded(asyncio.Protocol):
         self.refused = False
         self.idle = False  # between requests: the next byte starts the next head's deadline
         self.write_timer: asyncio.TimerHandle | None = None  # armed while the transport has paused writing
+        self.lost: asyncio.Future | None = None  # done when the connection goes (made when asked for)
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -99,6 +104,14 @@ class _Guarded(asyncio.Protocol):
             return
         self.guard.open.pop(self.transport, None)
         self.inner.connection_lost(exc)
+        if self.lost is not None and not self.lost.done():
+            self.lost.set_result(None)
+
+    def lost_future(self) -> asyncio.Future:
+        """A future done when this connection is lost (the client closed it, or it was cut)."""
+        if self.lost is None:
+            self.lost = asyncio.get_running_loop().create_future()
+        return self.lost
 
     def pause_writing(self) -> None:
         if self.refused:
@@ -165,6 +178,63 @@ class GuardCollector:
 
 
 GUARD = web.AppKey("conn_guard", ConnGuard)
+
+
+class ClientGone(Exception):
+    """The client's connection went before its answer was ready (``until_client_gone``)."""
+
+
+class until_client_gone:  # noqa: N801 - used as a context manager, like asyncio.timeout
+    """``async with until_client_gone(request):`` the block is cancelled as soon as the request's
+    connection is lost, and ``ClientGone`` raised in its place (a cancellation from elsewhere
+    still propagates as one). As ``asyncio.timeout``: no extra task, nothing per wait. A guarded
+    connection (``serve``) says when it goes; any other (a plain aiohttp site) is looked at
+    every ``poll_s`` (aiohttp's TestServer cancels handlers on disconnect itself)."""
+
+    __slots__ = ("request", "poll_s", "_task", "_lost", "_timer", "_state")
+
+    def __init__(self, request: web.BaseRequest, poll_s: float = 0.5) -> None:
+        self.request, self.poll_s = request, poll_s
+        self._task: asyncio.Task | None = None
+        self._lost: asyncio.Future | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._state = "new"  # -> "in" -> ("fired" ->) "out"
+
+    async def __aenter__(self) -> until_client_gone:
+        transport = self.request.transport
+        if transport is None or transport.is_closing():
+            raise ClientGone()
+        self._task = asyncio.current_task()
+        guard = self.request.app.get(GUARD) if isinstance(self.request, web.Request) else None
+        conn = guard.open.get(transport) if guard is not None else None
+        self._state = "in"
+        if conn is not None:
+            self._lost = conn.lost_future()
+            self._lost.add_done_callback(self._fire)
+        else:
+            self._timer = asyncio.get_running_loop().call_later(self.poll_s, self._poll)
+        return self
+
+    def _poll(self) -> None:
+        transport = self.request.transport
+        if transport is None or transport.is_closing():
+            self._fire()
+        elif self._state == "in":
+            self._timer = asyncio.get_running_loop().call_later(self.poll_s, self._poll)
+
+    def _fire(self, _fut: asyncio.Future | None = None) -> None:
+        if self._state == "in" and self._task is not None:
+            self._state = "fired"
+            self._task.cancel()
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        if self._lost is not None:
+            self._lost.remove_done_callback(self._fire)
+        if self._timer is not None:
+            self._timer.cancel()
+        fired, self._state = self._state == "fired", "out"
+        if fired and self._task is not None and self._task.uncancel() == 0 and exc_type is asyncio.CancelledError:
+            raise ClientGone() from exc
 
 
 @web.middleware

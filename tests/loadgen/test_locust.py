@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from kvemu import up
-from tests.support.cluster import metric, scrape
+from tests.support.cluster import metric, scrape, wait_for
 
 # Real processes on loopback: an end-to-end test (CI runs it; `-m "not slow"` skips it locally).
 pytestmark = pytest.mark.slow
@@ -98,3 +98,26 @@ def test_locust_weights_and_bad_options(cluster, tmp_path):
     bad = run_locust(cluster.router_url, tmp_path / "bad", "--kvemu-set", "chat.gap_median=-1", users=1,
                      run_time="2s", timeout=30.0)
     assert bad.returncode == 2 and "--kvemu-set chat.gap_median" in bad.stderr, bad.stderr[-2000:]
+
+
+def test_locust_counts_a_request_past_its_timeout_as_failed_and_the_replica_aborts_it(cluster, tmp_path):
+    """Single-turn requests asking for ~60,000 tokens (seconds of streaming at this time scale) and
+    --kvemu-timeout 1: each fails as "timed out after 1 s" (one row in Locust's failures), and the
+    dropped connection makes the replica abort it: the replicas count the aborts, none runs on."""
+    def aborted() -> float:
+        return sum(metric(scrape(u), "kvemu_requests_aborted_total") for u in cluster.replica_urls)
+
+    before = aborted()
+    out = tmp_path / "timeout"
+    proc = run_locust(cluster.router_url, out, "--kvemu-think-scale", "0.02", "--kvemu-timeout", "1",
+                      "--kvemu-weights", "single=1,chat=0,agent=0", "--kvemu-set", "single.response_median=60000",
+                      users=2, run_time="4s")
+    assert proc.returncode == 1, proc.stderr[-3000:]  # failures: Locust exits 1
+    single = read_stats(out)[("POST", "single")]
+    assert int(single["Failure Count"]) >= 2 and int(single["Failure Count"]) == int(single["Request Count"]), single
+    with open(f"{out}_failures.csv", newline="") as fh:
+        failures = list(csv.DictReader(fh))
+    assert [row["Error"] for row in failures] == ["CatchResponseError('timed out after 1 s')"], failures
+    assert aborted() - before >= int(single["Failure Count"])
+    wait_for(lambda: all(metric(scrape(u), "vllm:num_requests_running") == 0 for u in cluster.replica_urls),
+             timeout=3.0, what="no request left running")

@@ -14,6 +14,7 @@ import re
 import signal
 import subprocess
 import time
+import urllib.request
 
 import pytest
 
@@ -180,6 +181,7 @@ def test_bad_url_exits_2_with_one_clear_line(tmp_path):
     (["--max-requests", "0"], "--max-requests"),
     (["--connections", "0"], "--connections"),
     (["--speedup", "0"], "--speedup"),
+    (["--timeout", "0"], "--timeout"),
 ])
 def test_bad_numbers_exit_2(cluster, tmp_path, extra, field):
     res = run_kvemu("replay", "--url", cluster.router_url, "--trace", write(tmp_path, [request(0, "n", "A", 0, 1)]),
@@ -207,10 +209,11 @@ def test_report_separates_this_run_from_the_replicas_lifetime(cluster, tmp_path)
     doc = load(out)
     assert doc["summary"]["block_hit_ratio"] == 1.0
     rep = doc["cluster"]["replicas"]["replica-0"]
-    assert doc["cluster"]["csr"] == pytest.approx(1.0) and rep["run"] == {"csr": pytest.approx(1.0), "evictions": 0}
+    assert doc["cluster"]["csr"] == pytest.approx(1.0)
+    assert rep["run"] == {"csr": pytest.approx(1.0), "evictions": 0, "aborted": 0}
     assert rep["lifetime"]["block_hit_ratio"] < 1.0  # earlier tests' and the first run's misses
     lines = second.stdout.splitlines()
-    run_head = lines.index("  this run         requests  tok_hit  blk_hit     CSR  evictions")
+    run_head = lines.index("  this run         requests  tok_hit  blk_hit     CSR  evictions  aborted")
     life_head = next(i for i, ln in enumerate(lines) if ln.startswith("  lifetime         blk_hit"))
     assert lines[run_head + 1].split()[:2] == ["replica-0", "3"] and lines[run_head + 1].split()[3:5] == [
         "1.0000", "1.0000"]
@@ -251,3 +254,27 @@ def test_progress_says_when_replay_falls_behind_schedule(cluster, tmp_path):
     assert res.returncode == 0, res.stderr
     late = re.findall(r"behind schedule (\d+\.\d)s", res.stderr)
     assert late and float(late[-1]) >= 2.0, res.stderr
+
+
+def test_a_request_that_times_out_is_counted_and_the_replica_aborts_it(cluster, tmp_path):
+    """--timeout 1 and a request decoding 60,000 tokens (~10 s at this time scale): the replay drops
+    it after a second; its record and the summary say it timed out, and the replica, which saw its
+    client leave, aborted it: this run's counter deltas show one abort and no request left running."""
+    reqs = [request(0.0, "timeout", "Q", 0, 1, out=60_000), request(0.0, "timeout", "R", 0, 1)]
+    out = tmp_path / "out.json"
+    res = replay(cluster.router_url, write(tmp_path, reqs), "--timeout", "1", "--json", str(out), "--quiet")
+    assert res.returncode == 1, res.stderr  # a failed request
+    doc = load(out)
+    recs = by_key(doc["records"])
+    q, r = recs[("Q", 0)], recs[("R", 0)]
+    assert (q["status"], q["timed_out"], q["error"]) == (0, True, "timed out after 1 s") and 1.0 <= q["wall_s"] < 2.0
+    assert (r["status"], r["timed_out"], r["error"]) == (200, False, "")
+    s = doc["summary"]
+    assert (s["requests"], s["ok"], s["failed"], s["timed_out"], s["statuses"]) == (2, 1, 1, 1, {"0": 1, "200": 1})
+    assert doc["cluster"]["replicas"]["replica-0"]["run"]["aborted"] == 1
+    assert "2 (1 ok, 1 failed, 1 timed out)" in res.stdout
+    lines = res.stdout.splitlines()
+    row = lines[lines.index("  this run         requests  tok_hit  blk_hit     CSR  evictions  aborted") + 1].split()
+    assert row[0] == "replica-0" and row[1] == "1" and row[-1] == "1"
+    with urllib.request.urlopen(cluster.replica_urls[0] + "/health", timeout=5) as resp:
+        assert json.load(resp)["running"] == 0  # nothing left decoding

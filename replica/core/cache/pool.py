@@ -340,12 +340,14 @@ class BlockPool:
                 self.events.append(KvEvent("stored", tuple(self.resident)))
         return len(dropped)
 
-    def remove(self, hashes: Sequence[int]) -> None:
-        """Drop unpinned resident blocks (a block promoted out of a lower tier); others are ignored."""
+    def remove(self, hashes: Sequence[int], computed: bool = True) -> None:
+        """Drop unpinned resident blocks (a block promoted out of a lower tier); others are ignored.
+        ``computed=False``: blocks whose KV was never computed (an aborted request's unfinished
+        prefill), which count as no eviction, one-hit or otherwise."""
         gone = [h for h in hashes if h in self.resident and h not in self._refs]
         for h in gone:
             self.policy.on_remove(h)
-        self._forget(gone)
+        self._forget(gone, evicted=computed)
         if self.emit_events and gone:
             self.events.append(KvEvent("removed", tuple(gone)))
 
@@ -442,8 +444,9 @@ class BlockPool:
         if self.evicted_sink is not None and victims:
             self.evicted_sink(victims)
 
-    def _forget(self, hashes: Sequence[int]) -> None:
-        """Drop resident blocks: owners' footprints shrink; never-reused ones count as one-hit."""
+    def _forget(self, hashes: Sequence[int], evicted: bool = True) -> None:
+        """Drop resident blocks: owners' footprints shrink; never-reused ones count as one-hit
+        (``evicted``)."""
         fp = self.footprint
         owners: dict[str | None, int] = {}
         _count_elements(owners, map(self.resident.pop, hashes))  # C-level: owner -> blocks dropped
@@ -456,7 +459,8 @@ class BlockPool:
         reused = self._reused
         before = len(reused)
         reused.difference_update(hashes)
-        self.metrics.one_hit_evictions += len(hashes) - (before - len(reused))
+        if evicted:
+            self.metrics.one_hit_evictions += len(hashes) - (before - len(reused))
 
 
 def _leading_run(idx: list[int]) -> list[int]:

@@ -34,6 +34,10 @@ request is admitted in that step (vLLM's recompute preemption, under ``fcfs`` an
 alike). A request longer than ``max_model_len`` (prompt plus max_tokens, vLLM's length rule), or
 whose prompt and output could never fit the pool, is refused at ``submit``.
 
+A request whose client went away is aborted (``abort``, vLLM's abort): it leaves the scheduler
+wherever it is and never finishes; its blocks go back as vLLM frees them (what it computed stays
+cached, evictable; the prompt blocks its prefill had not finished leave the pool).
+
 With memory tiers (``tiers``), every acquisition is wrapped: ``TierStack.plan`` before it (what
 host / SSD restore), ``complete`` after it (transfers queued; restored blocks count as reused),
 ``cancel`` when it fails; a restore overlaps the step that prefills the request, layer by layer
@@ -446,6 +450,70 @@ class Scheduler:
         Where response KV is kept, the full blocks it generated stay cached as vLLM v1 keeps every
         full block (``kept``: its re-admission looks them up, in HBM and, with inclusive tiers, in
         the host copies made as they filled, restoring rather than recomputing what is found)."""
+        self._free_blocks(r, now, self._leave_running(r))
+        r.preemptions += 1
+        self.preemptions += 1
+        r.t_queued = now
+        self.queued_prefill_tokens += prefill_len(r)
+        waiting = self.waiting
+        i = 0
+        while i < len(waiting) and waiting[i].order < r.order:
+            i += 1
+        waiting.insert(i, r)
+        self._dirty = True
+        if self.on_preempt is not None:
+            self.on_preempt(r, now)
+
+    def abort(self, r: SchedRequest, now: float) -> bool:
+        """The client went away (vLLM aborts the request): ``r`` leaves the scheduler wherever it is
+        and never finishes (nothing in a step's ``finished``). False: it is not here (finished, or
+        never submitted).
+
+        Waiting, new or preempted (a preemption released its blocks already): it leaves the queue.
+        Admitted: its blocks go back as vLLM frees an aborted request's. The full blocks whose KV was
+        computed stay cached, evictable: its prompt's hits, the prompt blocks its prefill finished,
+        and, where response KV is kept, the full blocks it generated (vLLM v1 caches every full block
+        as it is computed; a preemption keeps the same ones). The prompt blocks it inserted that its
+        prefill had not finished leave the pool (vLLM never cached them), unless another running
+        request holds them; its unhashed blocks (a partial tail, decode KV) are freed. The rest of its
+        response is never stored, as a finish's would be."""
+        if r.alloc is None:  # waiting
+            waiting = self.waiting
+            for i, x in enumerate(waiting):
+                if x is r:
+                    del waiting[i]
+                    self.queued_prefill_tokens -= prefill_len(r)
+                    self._dirty = True
+                    return True
+            return False
+        if not r.segments and id(r) not in self._decoders:
+            return False  # finished
+        alloc = r.alloc
+        uncomputed = self._uncomputed(r)
+        stored = self._free_blocks(r, now, self._leave_running(r))
+        remove = getattr(self.pool, "remove", None)  # the Python pool (a live replica's)
+        if uncomputed and remove is not None:
+            remove(uncomputed, computed=False)
+        if self.tiers is not None:
+            self.tiers.released([*alloc.hashes, *stored], now)
+        self._dirty = True
+        return True
+
+    def _uncomputed(self, r: SchedRequest) -> list[int]:
+        """Hashes of the blocks ``r``'s allocation inserted that its prefill has not finished (some of
+        their tokens are in a segment still to compute). Hits, restored blocks and blocks other
+        requests had made resident are none of them."""
+        alloc = r.alloc
+        if alloc is None or alloc.private or not r.segments:  # prefix caching off: nothing was inserted
+            return []
+        bs = self.pool.block_size
+        spans = [(s[0], s[0] + s[1]) for s in r.segments if s[1] > 0]
+        return [alloc.hashes[i] for i in alloc.new_idx
+                if any(lo < (i + 1) * bs and hi > i * bs for lo, hi in spans)]
+
+    def _leave_running(self, r: SchedRequest) -> bool:
+        """Take an admitted request out of the prefill queue or the decoders (its blocks still held);
+        returns whether it was prefilling."""
         prefilling = bool(r.segments)
         if prefilling:
             self.prefilling = deque(x for x in self.prefilling if x is not r)
@@ -459,12 +527,18 @@ class Scheduler:
             self._dec_base -= r.base
             r.generated = self._tick - r.base
         self._unlend(r)
+        return prefilling
+
+    def _free_blocks(self, r: SchedRequest, now: float, prefilling: bool) -> list[int]:
+        """Release a request's blocks once it left running (``_leave_running``); where response KV is
+        kept, the full blocks it generated are cached (returned). Preemption and abort alike."""
         assert r.alloc is not None
         # decoding: its full blocks beyond the prompt hold computed KV (the last one is partial); prefilling: none new
         filled = r.kept if prefilling else min(r.kept + max(r.extra_blocks - 1, 0), len(r.response_hashes))
         self.pool.release(r.alloc, now)
         self.decode_kv.forget(r)
         r.alloc = None
+        stored: list[int] = []
         if filled and self.keep_response_kv and isinstance(self.pool, ResponseStore):
             stored = self.pool.store(r.response_hashes[r.kept:filled], r.session, now)
             if stored and self.timer is not None:  # a backend with real K/V computes theirs
@@ -472,18 +546,7 @@ class Scheduler:
             if self.tiers is not None:
                 self.tiers.produced(stored, now)
             r.kept = filled
-        r.preemptions += 1
-        self.preemptions += 1
-        r.t_queued = now
-        self.queued_prefill_tokens += prefill_len(r)
-        waiting = self.waiting
-        i = 0
-        while i < len(waiting) and waiting[i].order < r.order:
-            i += 1
-        waiting.insert(i, r)
-        self._dirty = True
-        if self.on_preempt is not None:
-            self.on_preempt(r, now)
+        return stored
 
     def _prefill_chunks(self, budget: int, now: float = 0.0) -> tuple[StepWork, list[tuple[float, float]], list[SchedRequest]]:
         """FCFS chunks up to ``budget`` tokens: what they compute (``StepWork``, no decoders yet),
