@@ -167,9 +167,16 @@ def parse_generate(obj: dict, block_size: int, limits: tuple[int, int], header_s
     return GenerateSpec(hashes, prompt_tokens, max_tokens, session, stream, "generate", response_hashes=response)
 
 
+def _encode(text: str, field: str) -> list[int]:
+    try:
+        return tokenizer.encode(text)
+    except UnicodeEncodeError:  # JSON allows a lone surrogate escape ("\ud800"); text has none
+        raise InputError(field, "holds a lone surrogate (\\ud800-\\udfff), which is not text") from None
+
+
 def _prompt_tokens(prompt: Any, max_prompt: int, unwrapped: bool = False) -> list[int]:
     if isinstance(prompt, str):
-        tokens = tokenizer.encode(prompt)
+        tokens = _encode(prompt, "prompt")
     elif not unwrapped and isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         return _prompt_tokens(prompt[0], max_prompt, True)  # a batch of one is one prompt (one level only)
     elif not unwrapped and isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
@@ -297,7 +304,7 @@ def parse_openai(obj: dict, chat: bool, block_size: int, limits: tuple[int, int]
     _refuse_unemulated(obj, chat)
     if chat:
         text = tokenizer.chat_template(_messages(obj.get("messages")), _tools(obj))
-        tokens = tokenizer.encode(text)
+        tokens = _encode(text, "messages")
         if len(tokens) > max_prompt:
             raise InputError("messages", f"render to {len(tokens)} tokens; the limit is {max_prompt}")
     else:

@@ -21,7 +21,7 @@ _cache: dict[str, int] = {}
 def _token_id(piece: str) -> int:
     tid = _cache.get(piece)
     if tid is None:
-        tid = xxhash.xxh3_64_intdigest(piece.encode("utf-8", "surrogatepass")) % VOCAB_SIZE
+        tid = xxhash.xxh3_64_intdigest(piece.encode("utf-8")) % VOCAB_SIZE
         if len(_cache) < 200_000:
             _cache[piece] = tid
     return tid

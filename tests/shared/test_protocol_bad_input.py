@@ -89,11 +89,10 @@ def test_deep_values_inside_fields_are_field_errors():
     assert msgpack.packb(deep)  # the same shapes arrive as msgpack; decode_body is the only difference
 
 
-@pytest.mark.parametrize("chat", [False, True])
-def test_a_lone_surrogate_in_a_prompt_is_tokenized_not_a_crash(chat):
-    # JSON may carry "\ud800" (no UTF-8 form): its piece is hashed as surrogatepass encodes it,
-    # the same ids every time (it was a 500 with a traceback)
+@pytest.mark.parametrize("chat, field", [(False, "prompt"), (True, "messages")])
+def test_a_lone_surrogate_in_a_prompt_is_a_400_naming_the_field(chat, field):
+    # JSON may carry "\ud800", which has no UTF-8 form (it was a 500 with a traceback)
     body = ({"messages": [{"role": "user", "content": "a \ud800 b"}]} if chat else {"prompt": "a \ud800 b"})
-    first = protocol.parse_openai(body, chat, 16, (1000, 100), None)
-    again = protocol.parse_openai(body, chat, 16, (1000, 100), None)
-    assert first.prompt_tokens == again.prompt_tokens > 0 and first.block_tokens == again.block_tokens
+    with pytest.raises(InputError, match="lone surrogate") as err:
+        protocol.parse_openai(body, chat, 16, (1000, 100), None)
+    assert err.value.field == field
