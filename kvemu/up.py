@@ -11,7 +11,6 @@ import argparse
 import ctypes
 import json
 import os
-import secrets
 import shutil
 import signal
 import socket
@@ -22,37 +21,50 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 
+from kvemu.options.backend import BACKEND_OPTIONS
 from kvemu.options.hit_mode import HIT_MODE
+from kvemu.options.index import CLUSTER
 from kvemu.options.kv_events import add_kv_events_arg, kv_events_argv, kv_events_setting
-from kvemu.options.limits import GPU_MEMORY_UTILIZATION, MAX_MODEL_LEN, length_warning
-from kvemu.options.option import Option, add_options, forward
+from kvemu.options.limits import CAPACITY_BLOCKS, CAPACITY_OPTIONS, MAX_MODEL_LEN, length_warning
+from kvemu.options.option import add_options, forward
 from kvemu.options.prefix_caching import PREFIX_CACHING, prefix_caching_setting
-from kvemu.options.replica_flags import BLOCK_SIZE, MODEL, TIME_SCALE, policy_option
+from kvemu.options.replica_flags import ADMIN_TOKEN, BLOCK_SIZE, MODEL, POLICY, TIME_SCALE
 from kvemu.options.response_kv import RESPONSE_KV_OPTION
 from kvemu.options.reuse import SHARDS_RATE
-from kvemu.options.router_flags import ROUTER_OPTIONS
+from kvemu.options.router_flags import ROUTER_OPTIONS, ROUTING_OPTIONS
 from kvemu.options.scheduler import LIVE_SCHEDULER_OPTIONS, check_scheduler_flags
-from kvemu.options.serving import SERVER_OPTIONS
+from kvemu.options.serving import SERVER_OPTIONS, given_cluster_token
 from kvemu.options.tiers import TIER_OPTIONS, add_tier_args, tier_settings
-from replica.backends import add_backend_args, backend_argv, check_backend, check_backend_flags
+from replica.backends import check_backend, check_backend_flags
 from shared.config import add_config_arg
 from shared.costmodel import CostModel
 from shared.errors import InputError, KvemuError
 from shared.gpuargs import add_gpu_args, gpu_setting
+from shared.runtime_dir import shared_cluster_token
 
 PR_SET_PDEATHSIG = 1
 
 # The flags up takes and hands on as they are, each from its one definition (kvemu/options/):
 # up adds exactly these to its parser and forwards exactly these, so none is taken and dropped.
-# --block-size goes to both children (the router hashes prompts in the replicas' blocks).
-TO_REPLICAS = (MODEL, TIME_SCALE, HIT_MODE, *LIVE_SCHEDULER_OPTIONS, SHARDS_RATE, RESPONSE_KV_OPTION, PREFIX_CACHING,
-               MAX_MODEL_LEN)
-# The capacity flags: exactly one of them, forwarded as given (--capacity-blocks 20000 when none is)
-CAPACITY_OPTIONS = (Option("--capacity-blocks", None, "KV blocks per replica (default 20,000)", int),
-                    Option("--capacity-gib", None, "GiB of KV per replica (uses --model)", float),
-                    GPU_MEMORY_UTILIZATION)
-TO_BOTH = SERVER_OPTIONS  # body limits, connection caps, timeouts (the token travels in the environment)
-TO_ROUTER = ROUTER_OPTIONS  # health and dashboard intervals, per-client limits
+# Every other flag up shares with a child is in TRANSFORMED, which says what up hands on instead;
+# tests/kvemu/test_options.py compares both with the children's parsers.
+TO_REPLICAS = (POLICY, MODEL, TIME_SCALE, HIT_MODE, *LIVE_SCHEDULER_OPTIONS, SHARDS_RATE, RESPONSE_KV_OPTION,
+               PREFIX_CACHING, MAX_MODEL_LEN, *CAPACITY_OPTIONS, *TIER_OPTIONS, *BACKEND_OPTIONS, ADMIN_TOKEN)
+# --block-size: the router hashes prompts in the replicas' blocks; --cluster: the Redis keys'
+# namespace (a replica without --index publishes nowhere and ignores it); body limits, connection
+# caps, timeouts (the token travels in the environment)
+TO_BOTH = (BLOCK_SIZE, CLUSTER, *SERVER_OPTIONS)
+TO_ROUTER = (*ROUTING_OPTIONS, *ROUTER_OPTIONS)  # strategy and settings, health and dashboard intervals, client limits
+TRANSFORMED = {
+    "--port": "up's router port, given to the router as --port; each replica gets a port of its own",
+    "--replicas": "up's: how many replicas to start; the router's: their URLs",
+    "--index": "memory, redis or a URL: the router gets memory or the Redis URL, each replica the URL (none with memory)",
+    "--cluster-token": "through the environment (KVEMU_CLUSTER_TOKEN), never on a command line other users can read",
+    "--gpu": "--gpu, --gpu-file and --tp become one --gpu NAME@tpN (shared.gpuargs.gpu_setting)",
+    "--gpu-file": "as --gpu",
+    "--tp": "as --gpu",
+    "--kv-events-config": "replica i gets the config with the endpoints' ports plus i (kv_events_argv)",
+}
 
 
 def _child_setup(parent: int):
@@ -96,6 +108,7 @@ class Cluster:
     redis_url: str | None = None
     tmpdir: str | None = None
     token: str = ""
+    token_path: str | None = None  # the shared file the token is in; None for a token given
 
     def start(self, child: Child, log_dir: str) -> None:
         log = open(os.path.join(log_dir, f"{child.name}.log"), "ab")
@@ -164,22 +177,17 @@ def start_redis(log_dir: str) -> tuple[Child, str]:
 
 
 def replica_args(i: int, port: int, a, index: str | None) -> list[str]:
-    args = [sys.executable, "-m", "replica", "--port", str(port), "--replica-id", f"replica-{i}",
-            "--policy", a.policy, "--gpu", a.gpu, *forward((*TO_REPLICAS, BLOCK_SIZE, *TO_BOTH), a)]
-    args += forward(CAPACITY_OPTIONS, a)  # the one validate checked (and defaulted)
-    args += tier_flags(a)
-    args += backend_argv(a)
-    args += kv_events_argv(a, i)
-    if index:
-        args += ["--index", index, "--cluster", a.cluster]
-    if a.admin_token:
-        args += ["--admin-token", a.admin_token]
-    return args
+    """Replica ``i``'s command line: every flag of TO_REPLICAS and TO_BOTH (the capacity one as validate
+    checked and defaulted it), and those of TRANSFORMED as up turns them."""
+    args = [sys.executable, "-m", "replica", "--port", str(port), "--replica-id", f"replica-{i}", "--gpu", a.gpu,
+            *forward((*TO_REPLICAS, *TO_BOTH), a), *kv_events_argv(a, i)]
+    return args + (["--index", index] if index else [])
 
 
-def tier_flags(a) -> list[str]:
-    """The memory-tier flags of `up`, passed on to every replica from their one definition."""
-    return forward(TIER_OPTIONS, a)
+def router_args(port: int, a, replica_urls: list[str], index: str) -> list[str]:
+    """The router's command line: every flag of TO_ROUTER and TO_BOTH, and --replicas, --index as up turns them."""
+    return [sys.executable, "-m", "router", "--port", str(port), "--replicas", ",".join(replica_urls),
+            "--index", index, "--workers", str(getattr(a, "routers", 1)), *forward((*TO_BOTH, *TO_ROUTER), a)]
 
 
 def bring_up(a, log_dir: str | None = None) -> Cluster:
@@ -187,8 +195,11 @@ def bring_up(a, log_dir: str | None = None) -> Cluster:
     log_dir = log_dir or tempfile.mkdtemp(prefix="kvemu-up-")
     cluster = Cluster(tmpdir=log_dir)
     # One token for the whole cluster (replicas' /kv/*), passed through the environment so it
-    # is not on command lines; a fresh random one unless given.
-    cluster.token = getattr(a, "cluster_token", None) or os.environ.get("KVEMU_CLUSTER_TOKEN") or secrets.token_hex(16)
+    # is not on command lines: the one given, else the one this user's processes on this host
+    # share (shared.runtime_dir: made if missing), so a router or replica started apart finds it.
+    cluster.token = given_cluster_token(a) or ""
+    if not cluster.token:
+        cluster.token, cluster.token_path = shared_cluster_token()
     try:
         index = _index_for(a, cluster, log_dir)
         for i in range(a.replicas):
@@ -199,11 +210,7 @@ def bring_up(a, log_dir: str | None = None) -> Cluster:
             cluster.replica_urls.append(url)
         router_port = a.port or free_port()
         cluster.router_url = f"http://127.0.0.1:{router_port}"
-        router = [sys.executable, "-m", "router", "--port", str(router_port), "--replicas",
-                  ",".join(cluster.replica_urls), "--routing", a.routing, "--index", index, "--cluster", a.cluster,
-                  "--workers", str(getattr(a, "routers", 1)), *forward((BLOCK_SIZE, *TO_BOTH, *TO_ROUTER), a)]
-        for pair in a.set or ():
-            router += ["--set", pair]
+        router = router_args(router_port, a, cluster.replica_urls, index)
         cluster.start(Child("router", router, cluster.router_url), log_dir)
         wait_healthy(cluster, cluster.replica_urls + [cluster.router_url], a.start_timeout, log_dir)
         _wait_router_sees_all(cluster.router_url, a.replicas, a.start_timeout)
@@ -280,20 +287,22 @@ def add_cluster_args(p: argparse.ArgumentParser, replicas: int = 4) -> None:
     p.add_argument("--replicas", type=int, default=replicas)
     from replica.settings import live_policy_names
 
-    policy_option(f"eviction policy: {', '.join(live_policy_names())}").add(p)
-    add_options(p.add_mutually_exclusive_group(), CAPACITY_OPTIONS)
+    POLICY.add(p, help=f"eviction policy: {', '.join(live_policy_names())} (default {POLICY.default})")
+    capacity = p.add_mutually_exclusive_group()
+    CAPACITY_BLOCKS.add(capacity, help=f"{CAPACITY_BLOCKS.help} (default 20,000)")
+    add_options(capacity, CAPACITY_OPTIONS[1:])
     add_gpu_args(p)
-    add_backend_args(p)
-    add_options(p, (*TO_REPLICAS, BLOCK_SIZE))
-    add_options(p.add_argument_group("serving limits (the router and every replica)"), TO_BOTH)
+    add_options(p, BACKEND_OPTIONS)
+    add_options(p, [o for o in TO_REPLICAS if o not in (POLICY, *CAPACITY_OPTIONS, *TIER_OPTIONS, *BACKEND_OPTIONS)])
+    BLOCK_SIZE.add(p)
+    CLUSTER.add(p)
+    add_options(p.add_argument_group("serving limits (the router and every replica)"), SERVER_OPTIONS)
     add_options(p.add_argument_group("router"), TO_ROUTER)
-    p.add_argument("--routing", default="cache_aware")
     p.add_argument("--index", default="memory", help="memory, redis (a private redis-server) or redis://host:port/db")
-    p.add_argument("--cluster", default="default")
-    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="router routing setting")
-    p.add_argument("--admin-token", default=None)
     p.add_argument("--cluster-token", default=None,
-                   help="token the router and replicas share for /kv/* (default: KVEMU_CLUSTER_TOKEN or a random one)")
+                   help="token the router and replicas share for /kv/* (default: KVEMU_CLUSTER_TOKEN, else the one in"
+                        " the runtime directory's cluster-token file, shared with every kvemu process of this user"
+                        " on this host: KVEMU_RUNTIME_DIR, else ~/.local/share/kvemu/runtime)")
     p.add_argument("--routers", type=int, default=1,
                    help="router processes sharing the router port; a supervisor restarts any that dies")
     p.add_argument("--start-timeout", type=float, default=30.0)
@@ -308,8 +317,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8000, help="router port")
     p.add_argument("--keep-logs", action="store_true", help="keep the log directory after a clean stop")
     p.add_argument("--token-file", default=None, metavar="PATH",
-                   help="where to write the cluster token up generates (mode 0600; default: cluster-token in the"
-                        " log directory, printed at start); not written when the token was given")
+                   help="also write the cluster token to PATH (mode 0600); without it the token line names the shared"
+                        " file in the runtime directory; not written when the token was given")
 
 
 def validate(a) -> None:
@@ -335,7 +344,7 @@ def validate(a) -> None:
         for i in range(a.replicas):
             kv_events.for_rank(i)  # every replica's ports can be offset
     try:
-        serving = serving_settings(argparse.Namespace(**{**vars(a), "host": "127.0.0.1", "cluster_token": None}))
+        serving = serving_settings(argparse.Namespace(**{**vars(a), "host": "127.0.0.1"}), find_token=False)
         replica = ReplicaSettings(policy=a.policy, capacity_blocks=a.capacity_blocks, capacity_gib=a.capacity_gib,
                         gpu_memory_utilization=a.gpu_memory_utilization, max_model_len=a.max_model_len,
                         model=a.model, gpu=a.gpu, block_size=a.block_size, hit_mode=a.hit_mode,
@@ -367,11 +376,14 @@ def validate(a) -> None:
 
 
 def write_token(cluster: Cluster, a) -> str | None:
-    """The token up generated, in a file only its owner can read (an operator needs it for the
-    guarded endpoints: /kv/*, ?sessions=raw); None when the token was given (the operator has it)."""
-    if getattr(a, "cluster_token", None) or os.environ.get("KVEMU_CLUSTER_TOKEN"):
+    """Where an operator finds the token (the guarded endpoints: /kv/*, ?sessions=raw): the shared
+    file it is in, or with ``--token-file`` a copy of it there (mode 0600); None when the token was
+    given (the operator has it) and then nothing is written."""
+    if cluster.token_path is None:
         return None
-    path = a.token_file or os.path.join(cluster.tmpdir or ".", "cluster-token")
+    path = getattr(a, "token_file", None)
+    if not path:
+        return cluster.token_path
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     except OSError as exc:

@@ -6,16 +6,19 @@ import argparse
 import logging
 import sys
 
+from kvemu.options.backend import BACKEND_OPTIONS
 from kvemu.options.hit_mode import HIT_MODE
+from kvemu.options.index import CLUSTER
 from kvemu.options.kv_events import add_kv_events_arg
-from kvemu.options.limits import GPU_MEMORY_UTILIZATION, MAX_MODEL_LEN, length_warning
+from kvemu.options.limits import CAPACITY_OPTIONS, MAX_MODEL_LEN, length_warning
+from kvemu.options.option import add_options
 from kvemu.options.prefix_caching import PREFIX_CACHING, prefix_caching_setting
+from kvemu.options.replica_flags import ADMIN_TOKEN, BLOCK_SIZE, MODEL, POLICY, TIME_SCALE
 from kvemu.options.response_kv import add_response_kv_arg
 from kvemu.options.reuse import SHARDS_RATE
 from kvemu.options.scheduler import add_scheduler_args
 from kvemu.options.serving import add_server_args
 from kvemu.options.tiers import add_tier_args
-from replica.backends import add_backend_args
 from shared.gpuargs import add_gpu_args, gpu_setting
 from shared.overrides import coerce, parse_pairs
 
@@ -24,27 +27,26 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8100)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
     p.add_argument("--replica-id", default=None, help="default: replica-<port>")
-    p.add_argument("--policy", default="lru")
+    from replica.settings import live_policy_names
+
+    POLICY.add(p, help=f"eviction policy: {', '.join(live_policy_names())} (default {POLICY.default})")
     p.add_argument("--policy-param", action="append", default=[], metavar="NAME=VALUE")
-    cap = p.add_mutually_exclusive_group(required=True)
-    cap.add_argument("--capacity-blocks", type=int)
-    cap.add_argument("--capacity-gib", type=float)
-    GPU_MEMORY_UTILIZATION.add(cap)
+    add_options(p.add_mutually_exclusive_group(required=True), CAPACITY_OPTIONS)
     MAX_MODEL_LEN.add(p)
-    p.add_argument("--model", default="qwen3-coder-30b-a3b")
+    MODEL.add(p)
     add_gpu_args(p)
-    p.add_argument("--block-size", type=int, default=16)
+    BLOCK_SIZE.add(p)
     HIT_MODE.add(p)
-    p.add_argument("--time-scale", type=float, default=1.0, help="wall seconds per emulated second (0 = no sleeping)")
+    TIME_SCALE.add(p)
     add_scheduler_args(p, live=True)
     p.add_argument("--index", default=None, help="redis://host:port/db to publish KV events to a shared index")
-    p.add_argument("--cluster", default="default", help="namespace of the Redis index keys")
-    p.add_argument("--admin-token", default=None, help="bearer token for /admin/* (or KVEMU_ADMIN_TOKEN)")
+    CLUSTER.add(p)
+    ADMIN_TOKEN.add(p)
     SHARDS_RATE.add(p)
     add_response_kv_arg(p)
     PREFIX_CACHING.add(p)
     add_tier_args(p)
-    add_backend_args(p)
+    add_options(p, BACKEND_OPTIONS)
     add_server_args(p)
     add_kv_events_arg(p)
     p.add_argument("--log-level", default="warning")
@@ -96,6 +98,7 @@ def print_limits(settings, out=None) -> None:
 
 
 def run(args) -> int:
+    from kvemu.options.serving import token_line
     from replica.app import make_app
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -105,6 +108,7 @@ def run(args) -> int:
 
     sock = bind(settings.serving.host, settings.port)
     print_limits(settings)
+    print(token_line(args), file=sys.stderr, flush=True)
     print(f"replica {settings.replica_id} ({settings.policy}, {settings.resolved_capacity_blocks()} blocks)"
           f" on http://{settings.serving.host}:{settings.port}", file=sys.stderr, flush=True)
     serve(app, sock)

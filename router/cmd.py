@@ -7,9 +7,11 @@ import logging
 import os
 import sys
 
+from kvemu.options.index import CLUSTER
 from kvemu.options.option import add_options, forward
-from kvemu.options.router_flags import ROUTER_OPTIONS
-from kvemu.options.serving import SERVER_OPTIONS, add_server_args
+from kvemu.options.replica_flags import BLOCK_SIZE
+from kvemu.options.router_flags import ROUTER_OPTIONS, ROUTING_OPTIONS
+from kvemu.options.serving import SERVER_OPTIONS, add_server_args, token_line
 from shared.errors import InputError
 from shared.overrides import apply_overrides, parse_pairs
 
@@ -18,12 +20,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
     p.add_argument("--replicas", required=True, help="comma-separated replica URLs")
-    p.add_argument("--routing", default="cache_aware")
     p.add_argument("--index", default="memory", help="memory (embedded) or redis://host:port/db")
-    p.add_argument("--cluster", default="default", help="namespace of the Redis index keys")
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                   help="routing setting, e.g. bounded_load_factor=1.25, balance_abs_threshold=64")
+    add_options(p, (*ROUTING_OPTIONS, CLUSTER, BLOCK_SIZE))
     p.add_argument("--seed", type=int, default=None)
     add_server_args(p)
     add_options(p, ROUTER_OPTIONS)
@@ -50,11 +48,9 @@ def settings_from_args(args):
 
 def worker_args(args) -> list[str]:
     """The arguments a worker gets: this router's, without ``--workers``."""
-    out = ["--port", str(args.port), "--host", args.host, "--replicas", args.replicas, "--routing", args.routing,
-           "--index", args.index, "--cluster", args.cluster, "--block-size", str(args.block_size),
-           "--log-level", args.log_level, *forward(SERVER_OPTIONS + ROUTER_OPTIONS, args)]
-    for pair in args.set:
-        out += ["--set", pair]
+    out = ["--port", str(args.port), "--host", args.host, "--replicas", args.replicas, "--index", args.index,
+           "--log-level", args.log_level,
+           *forward((*ROUTING_OPTIONS, CLUSTER, BLOCK_SIZE, *SERVER_OPTIONS, *ROUTER_OPTIONS), args)]
     if args.seed is not None:
         out += ["--seed", str(args.seed)]
     if args.cluster_token:  # through the environment, not the command line other users can read
@@ -75,6 +71,7 @@ def run(args) -> int:
     if args.workers > 1:
         from router.workers import supervise
 
+        print(token_line(args), file=sys.stderr, flush=True)  # once, not again by each worker
         return supervise(worker_args(args), settings.serving.host, settings.port, args.workers)
     if args.listen_fd is not None:
         sock = socket.socket(fileno=args.listen_fd)
@@ -82,6 +79,8 @@ def run(args) -> int:
     else:
         sock = bind(settings.serving.host, settings.port)
     app = make_app(settings)
+    if args.listen_fd is None:  # a worker's supervisor said it already
+        print(token_line(args), file=sys.stderr, flush=True)
     print(f"router ({settings.routing}, index {settings.index.split('?')[0]}) on http://{settings.serving.host}:{settings.port}"
           f" -> {len(settings.replicas)} replica(s)", file=sys.stderr, flush=True)
     serve(app, sock)

@@ -1,8 +1,10 @@
 """The cluster token: internal endpoints (a replica's event feed and resync) and raw session
 ids in operator views need it; routers and replicas of one cluster share it.
 
-Without a token a process may only bind loopback (settings refuse anything else), so an
-open internal endpoint is reachable from this host only. Session ids in ``/stats`` and
+Internal endpoints are never open: a process started from the command line always has a token
+(the one given, else on loopback the one its user's processes share through a private file,
+``shared.runtime_dir``), and one built without any (a library caller's settings) refuses them.
+Beyond loopback a token must be given (settings refuse to bind without one). Session ids in ``/stats`` and
 ``/cluster`` are shown as keyed hashes (the same on every process of a cluster, so they can
 be matched across views); ``?sessions=raw`` with the token shows them as sent.
 """
@@ -15,6 +17,8 @@ import ipaddress
 import xxhash
 from aiohttp import web
 
+from shared.runtime_dir import cluster_token_path
+
 
 def bearer_ok(request: web.Request, *tokens: str | None) -> bool:
     """The one bearer-token check: ``Authorization: Bearer <t>`` for one of the configured
@@ -24,10 +28,24 @@ def bearer_ok(request: web.Request, *tokens: str | None) -> bool:
 
 
 def require_cluster_token(request: web.Request, token: str | None, admin_token: str | None = None) -> None:
-    """Open without a configured token (loopback only); else the cluster (or admin) token."""
-    if token and not bearer_ok(request, token, admin_token):
-        raise web.HTTPUnauthorized(reason="internal endpoint: missing or wrong cluster token",
+    """The cluster (or admin) token, always: 401 naming what to send without it; 403 where this
+    process has neither configured (nothing could open the endpoint)."""
+    if not token and not admin_token:
+        raise web.HTTPForbidden(reason="internal endpoint: this process has no cluster token; start it with"
+                                       " --cluster-token or KVEMU_CLUSTER_TOKEN (from the command line it finds or"
+                                       " makes the shared one in its runtime directory)")
+    if not bearer_ok(request, token, admin_token):
+        raise web.HTTPUnauthorized(reason=missing_token_reason(request, "internal endpoint"),
                                    headers={"WWW-Authenticate": "Bearer"})
+
+
+def missing_token_reason(request: web.Request, what: str) -> str:
+    """The 401's message: what to send, and where the token is (the shared file's path only to a
+    client on this host, where that file is the one that could have been used)."""
+    where = (f", or where none was given the one in {cluster_token_path()}"
+             if is_loopback(request.remote or "") else "")
+    return (f"{what}: missing or wrong cluster token; send 'Authorization: Bearer <token>' with the token this"
+            f" cluster was started with (--cluster-token / KVEMU_CLUSTER_TOKEN){where}")
 
 
 def wants_raw_sessions(request: web.Request, token: str | None) -> bool:
@@ -37,7 +55,7 @@ def wants_raw_sessions(request: web.Request, token: str | None) -> bool:
     if not token:
         raise web.HTTPForbidden(reason="sessions=raw needs a cluster token (start with --cluster-token)")
     if not bearer_ok(request, token):
-        raise web.HTTPUnauthorized(reason="sessions=raw: missing or wrong cluster token",
+        raise web.HTTPUnauthorized(reason=missing_token_reason(request, "sessions=raw"),
                                    headers={"WWW-Authenticate": "Bearer"})
     return True
 

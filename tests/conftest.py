@@ -16,6 +16,10 @@ from loadgen.formats import BUILTIN_TRACES, resolve_trace
 
 # Parsed-trace cache (loadgen/trace_cache.py) of this test run: never the user's ~/.cache.
 os.environ["KVEMU_CACHE_DIR"] = tempfile.mkdtemp(prefix="kvemu-test-cache-")
+# The runtime directory (shared/runtime_dir.py) of this test process (each xdist worker its own, 0700)
+# and of every process it starts: the cluster token that routers and replicas started without one
+# share is made there, never in the user's ~/.local/share/kvemu/runtime.
+os.environ["KVEMU_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="kvemu-test-runtime-")
 
 REPO = Path(__file__).resolve().parent.parent
 # The sample traces shipped in the package (loadgen/data), by built-in name.

@@ -19,6 +19,11 @@ _UTIL_HELP = ("KV capacity as vLLM sizes it: U x each GPU's memory, less its sha
 GPU_MEMORY_UTILIZATION = Option("--gpu-memory-utilization", None, type=float, metavar="U", help=_UTIL_HELP)
 # sim and sweep take a list, as their other capacity flags do
 GPU_MEMORY_UTILIZATIONS = Option("--gpu-memory-utilization", None, metavar="U1,U2,...", help=_UTIL_HELP)
+# A live replica's KV capacity: exactly one of these (a mutually exclusive group; kvemu up gives
+# --capacity-blocks 20000 where none is)
+CAPACITY_BLOCKS = Option("--capacity-blocks", None, "KV blocks per replica", int)
+CAPACITY_GIB = Option("--capacity-gib", None, "GiB of KV per replica (uses --model)", float)
+CAPACITY_OPTIONS = (CAPACITY_BLOCKS, CAPACITY_GIB, GPU_MEMORY_UTILIZATION)
 
 CAPACITY_WAYS_OUT = "--capacity-gib / --capacity-blocks / --gpu-memory-utilization"
 

@@ -20,18 +20,24 @@ class Option:
     choices: tuple[str, ...] | None = None
     metavar: str | None = None
     switch: bool = False  # a flag without a value (store_true): forwarded only when set
+    repeat: bool = False  # a flag given once per value (action="append"; the default: a tuple of them)
 
     @property
     def dest(self) -> str:
         """The attribute argparse stores it under."""
         return self.flag.removeprefix("--").replace("-", "_")
 
-    def add(self, p: argparse.ArgumentParser | argparse._ArgumentGroup, default: Any = _SAME) -> None:
-        """Add the flag; ``default`` overrides the record's (a command whose default differs on purpose)."""
-        kw: dict[str, Any] = {"default": self.default if default is _SAME else default, "help": self.help}
+    def add(self, p: argparse.ArgumentParser | argparse._ArgumentGroup, default: Any = _SAME,
+            help: str | None = None) -> None:
+        """Add the flag; ``default`` overrides the record's (a command whose default differs on purpose),
+        ``help`` its text (a command that says more about it)."""
+        kw: dict[str, Any] = {"default": self.default if default is _SAME else default, "help": help or self.help}
         if self.switch:
             p.add_argument(self.flag, action="store_true", **kw)
             return
+        if self.repeat:  # a fresh list per parse: argparse appends to the default it is given
+            kw["default"] = list(kw["default"] or ())
+            kw["action"] = "append"
         if self.type is not None:
             kw["type"] = self.type
         if self.choices is not None:
@@ -45,6 +51,8 @@ class Option:
         value = getattr(args, self.dest)
         if self.switch:
             return [self.flag] if value else []
+        if self.repeat:
+            return [x for item in value or () for x in (self.flag, str(item))]
         if value is None or value == "" == self.default:  # the child's default is the same nothing
             return []
         # repr keeps every digit of a float (str would too in Python 3, but says so less plainly)

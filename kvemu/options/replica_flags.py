@@ -1,6 +1,7 @@
 """The replica's own flags `kvemu up` also takes and hands to every replica: its eviction policy,
-model, block size and emulated clock. Capacity, the GPU, tiers and the backend have their own
-modules (a mutually exclusive pair, ``shared.gpuargs``, ``kvemu.options.tiers``, ``replica.backends``)."""
+model, block size (the router's too) and emulated clock, and the admin token. Capacity, the GPU,
+tiers and the backend have their own modules (``kvemu.options.limits``, ``shared.gpuargs``,
+``kvemu.options.tiers``, ``kvemu.options.backend``)."""
 
 from __future__ import annotations
 
@@ -16,3 +17,7 @@ TIME_SCALE = Option("--time-scale", 1.0, type=float, help="wall seconds per emul
 
 def policy_option(help: str = f"eviction policy (default {DEFAULT_POLICY})") -> Option:
     return Option("--policy", DEFAULT_POLICY, help=help)
+
+
+POLICY = policy_option()  # `kvemu replica` and `kvemu up` add it with the live policies' names in the help
+ADMIN_TOKEN = Option("--admin-token", None, help="bearer token for a replica's /admin/* (or KVEMU_ADMIN_TOKEN)")

@@ -1,6 +1,11 @@
 """The serving flags: body limits, connection caps and timeouts every server process takes
 (router and replica, and `kvemu up` for both), and the cluster token. Their defaults are
-``ServingSettings``'s own, read from the dataclass so a flag cannot drift from its field."""
+``ServingSettings``'s own, read from the dataclass so a flag cannot drift from its field.
+
+The cluster token is the one given (``--cluster-token``, else ``KVEMU_CLUSTER_TOKEN``), else, for a
+process bound to loopback, the one its user's processes on this host share through a private file
+(``shared.runtime_dir``): never none, so internal endpoints are never open. Beyond loopback a token
+must be given (a file on one host cannot reach the others)."""
 
 from __future__ import annotations
 
@@ -8,6 +13,8 @@ import argparse
 import os
 
 from kvemu.options.option import Option
+from shared.auth import is_loopback
+from shared.runtime_dir import cluster_token_path, shared_cluster_token
 from shared.serving import SERVING_DEFAULTS, ServingSettings
 
 _D = SERVING_DEFAULTS
@@ -30,8 +37,10 @@ SERVER_OPTIONS = (
                 " full) before the connection is cut"),
 )
 
+TOKEN_ENV = "KVEMU_CLUSTER_TOKEN"
 _TOKEN_HELP = ("shared by the cluster's routers and replicas: guards /kv/* (or KVEMU_CLUSTER_TOKEN); required with a"
-               " --host beyond loopback")
+               " --host beyond loopback; default on loopback: the one in the runtime directory's cluster-token file"
+               " (KVEMU_RUNTIME_DIR, else ~/.local/share/kvemu/runtime), made there by the first process to start")
 
 
 def add_server_args(p: argparse.ArgumentParser, token_help: str = _TOKEN_HELP) -> None:
@@ -41,15 +50,36 @@ def add_server_args(p: argparse.ArgumentParser, token_help: str = _TOKEN_HELP) -
         option.add(p)
 
 
-def cluster_token(args: argparse.Namespace) -> str | None:
+def given_cluster_token(args: argparse.Namespace) -> str | None:
     """The token given, else the environment's (how `kvemu up` hands it to children: not on a command line)."""
-    return args.cluster_token or os.environ.get("KVEMU_CLUSTER_TOKEN") or None
+    return getattr(args, "cluster_token", None) or os.environ.get(TOKEN_ENV) or None
 
 
-def serving_settings(args: argparse.Namespace) -> ServingSettings:
-    """The serving flags and ``--host`` as one validated ``ServingSettings``."""
+def cluster_token(args: argparse.Namespace) -> str | None:
+    """The token a process started with ``args`` uses: the one given, else on loopback the shared
+    file's (made if missing; TokenFileError in one line if it is not private), else None (which
+    ``ServingSettings`` refuses beyond loopback)."""
+    given = given_cluster_token(args)
+    if given is None and is_loopback(args.host):
+        return shared_cluster_token()[0]
+    return given
+
+
+def token_line(args: argparse.Namespace) -> str:
+    """What a process prints on stderr at start: where its cluster token is."""
+    if getattr(args, "cluster_token", None):
+        return "cluster token: from --cluster-token"
+    if os.environ.get(TOKEN_ENV):
+        return f"cluster token: from {TOKEN_ENV}"
+    return f"cluster token: {cluster_token_path()}"
+
+
+def serving_settings(args: argparse.Namespace, find_token: bool = True) -> ServingSettings:
+    """The serving flags and ``--host`` as one validated ``ServingSettings``; ``find_token=False``
+    takes only a given token (a check before any process starts must not make the file)."""
     return ServingSettings(
-        host=args.host, cluster_token=cluster_token(args), parse_workers=args.parse_workers,
+        host=args.host, cluster_token=cluster_token(args) if find_token else given_cluster_token(args),
+        parse_workers=args.parse_workers,
         offload_bytes=args.offload_bytes, large_bodies_per_client=args.large_bodies_per_client,
         max_body_bytes=args.max_body_bytes, max_prompt_tokens=args.max_prompt_tokens,
         max_output_tokens=args.max_output_tokens, max_connections=args.max_connections,

@@ -12,9 +12,10 @@ import shlex
 import pytest
 
 from kvemu.options.option import Option
-from kvemu.options.replica_flags import BLOCK_SIZE
+from kvemu.options.router_flags import ROUTER_OPTIONS
+from kvemu.options.serving import SERVER_OPTIONS
 from kvemu.options.tiers import TIER_OPTIONS
-from kvemu.up import TO_BOTH, TO_REPLICAS, TO_ROUTER
+from kvemu.up import TO_BOTH, TO_REPLICAS, TO_ROUTER, TRANSFORMED
 from replica.core.build import CoreSettings
 from replica.core.sched.sched_types import ADMISSIONS, SchedulerSettings
 from replica.settings import ReplicaSettings
@@ -76,11 +77,11 @@ def test_flags_default_to_the_settings_fields():
     for command in COMMANDS:
         assert defaults(command)["response_kv"] == "keep", command
     serving = _field_defaults(ServingSettings)
-    for option in TO_BOTH:
+    for option in SERVER_OPTIONS:
         field = option.dest + ("_s" if option.dest.endswith("timeout") else "")
         assert option.default == serving[field] == replica[option.dest], option.flag
     router = _field_defaults(RouterSettings)
-    for option in TO_ROUTER:
+    for option in ROUTER_OPTIONS:
         assert option.default == router[option.dest + ("_s" if option.dest.endswith("interval") else "")]
 
 
@@ -91,83 +92,176 @@ def test_one_max_waiting_and_one_admission_vocabulary():
     assert CoreSettings(capacity_blocks=8).reuse == "sampled"  # SHARDS sampling: one name in core, sim and flags
 
 
-def non_default(option: Option) -> str:
-    """A valid value other than the default, as it would be typed."""
-    if option.choices:
-        return next(c for c in option.choices if c != option.default)
+def non_default(option: Option) -> list[str]:
+    """The flag with a valid value other than its default, as it would be typed (a switch: the flag)."""
+    if option.switch:
+        return [option.flag]
     special = {"--scheduler": next(a for a in ADMISSIONS if a != option.default), "--model": "llama-3-8b",
-               "--time-scale": "0.0", "--parse-workers": "0", "--max-model-len": "4096"}
+               "--time-scale": "0.0", "--parse-workers": "0", "--max-model-len": "4096", "--policy": "s3fifo",
+               "--admin-token": "admin-secret", "--cluster": "prod", "--routing": "session",
+               "--set": "bounded_load_factor=1.5", "--tier-policy": "host=s3fifo,ssd=lru", "--host-link-gbps": "12.5",
+               "--capacity-blocks": "512", "--capacity-gib": "2.0", "--gpu-memory-utilization": "0.5",
+               "--device": "cuda", "--layers": "2"}
     if option.flag in special:
-        return special[option.flag]
-    if option.type is int:
-        return str(option.default * 2 or 3)
-    return repr(option.default * 2 or 0.5)
+        return [option.flag, special[option.flag]]
+    if option.choices:
+        return [option.flag, next(c for c in option.choices if c != option.default)]
+    if option.type in (int, float) and option.default is not None:
+        return [option.flag, str(option.default * 2 or 3) if option.type is int else repr(option.default * 2 or 0.5)]
+    raise AssertionError(f"no non-default value for {option.flag}: add one to non_default")
 
 
-FORWARDED = (*TO_REPLICAS, BLOCK_SIZE, *TO_BOTH, *TO_ROUTER)
-UP_FLAGS = [x for option in FORWARDED for x in (option.flag, non_default(option))]
+CHILDREN = {"replica": "replica.cmd", "router": "router.cmd"}
+FORWARDED = {"replica": (*TO_REPLICAS, *TO_BOTH), "router": (*TO_BOTH, *TO_ROUTER)}
+EVERY_FORWARDED = tuple(dict.fromkeys((*TO_REPLICAS, *TO_BOTH, *TO_ROUTER)))
 
 
-def up_args(*extra: str) -> argparse.Namespace:
-    from kvemu.up import configure, validate
-
+def parser_of(module: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser()
-    configure(p)
-    a = p.parse_args(["--capacity-blocks", "512", *UP_FLAGS, *extra])
-    validate(a)
+    importlib.import_module(module).configure(p)
+    return p
+
+
+def flags_of(module: str) -> set[str]:
+    return {f for a in parser_of(module)._actions for f in a.option_strings if f.startswith("--")} - {"--help"}
+
+
+def test_every_flag_up_shares_with_a_child_is_forwarded_from_its_record_or_turned_by_up():
+    """From the parsers themselves: a flag `kvemu up` and a child both take is either in up's forwarded
+    records for that child or in TRANSFORMED (what up hands on instead); up forwards nothing the child
+    does not take. A flag added to both parsers and to neither table fails here."""
+    up = flags_of("kvemu.up")
+    for child, module in CHILDREN.items():
+        takes = flags_of(module)
+        forwarded = {o.flag for o in FORWARDED[child]}
+        assert forwarded - takes == set(), f"up forwards flags {child} does not take"
+        assert forwarded - up == set(), f"up forwards flags to {child} that it does not take itself"
+        assert (up & takes) - forwarded - set(TRANSFORMED) == set(), f"flags up takes and drops for {child}"
+    assert set(TRANSFORMED) <= up
+    assert set(TRANSFORMED).isdisjoint(o.flag for o in EVERY_FORWARDED)
+
+
+# Flags that cannot all be set at once: each group's with --capacity-blocks (the default group's
+# capacity) replaced, and every other forwarded flag in the default group, so a new record is
+# covered without being named here. The torch backend's (--device cuda) is checked on the command
+# lines only: this machine may have no GPU.
+GROUPS = {
+    "tiers": ("--host-cache-gib", "--ssd-cache-gib", "--tier-policy", "--tier-mode", "--fetch", "--ssd-drives",
+              "--host-link-gbps", "--no-hbm-caching", "--capacity-gib"),  # --prefix-caching off would hold nothing
+    "utilization": ("--gpu-memory-utilization",),
+    "torch": ("--backend", "--device", "--layers"),
+}
+GROUP_OF = {flag: group for group, flags in GROUPS.items() for flag in flags}
+
+
+def group_options(group: str) -> tuple[Option, ...]:
+    return tuple(o for o in EVERY_FORWARDED if GROUP_OF.get(o.flag, "default") == group)
+
+
+def group_argv(group: str) -> list[str]:
+    """Every option of the group at a value other than its default (the torch group with a capacity)."""
+    return ["--capacity-blocks", "512"] * (group == "torch") + [x for o in group_options(group) for x in non_default(o)]
+
+
+def up_args(argv: list[str], check: bool = True) -> argparse.Namespace:
+    """up's parser, then (``check``) its checks: the ones a child would make, before any starts."""
+    from kvemu.up import validate
+
+    a = parser_of("kvemu.up").parse_args(argv)
+    if check:
+        validate(a)
     return a
+
+
+def child_args(cmdline: list[str]) -> tuple[str, argparse.Namespace]:
+    """Which child a command line of up's starts, and what that child's own parser makes of it."""
+    child = cmdline[2]
+    return child, parser_of(CHILDREN[child]).parse_args(cmdline[3:])
 
 
 def child_settings(cmdline: list[str]):
     """What a child makes of the command line up gave it, with its own parser and settings."""
-    module = importlib.import_module({"replica": "replica.cmd", "router": "router.cmd"}[cmdline[2]])
-    p = argparse.ArgumentParser()
-    module.configure(p)
-    return module.settings_from_args(p.parse_args(cmdline[3:]))
+    child, args = child_args(cmdline)
+    return importlib.import_module(CHILDREN[child]).settings_from_args(args)
 
 
-def check_children_got_every_flag(replica, router) -> None:
-    """Each forwarded flag's non-default value reached the settings of the children it is for."""
-    def value(settings, option: Option):
-        name = option.dest
-        for where in (settings, getattr(settings, "serving", None)):
-            for field in (name, name + "_s"):
-                if where is not None and hasattr(where, field):
-                    return getattr(where, field)
-        raise AssertionError(f"{type(settings).__name__} has no field for {option.flag}")
-
-    for option in FORWARDED:
-        want = non_default(option)
-        targets = ([replica] if option in TO_REPLICAS else [router] if option in TO_ROUTER else [replica, router])
-        for settings in targets:
-            got = value(settings, option)
-            assert str(got) == want or repr(got) == want, (option.flag, type(settings).__name__, got, want)
+def settings_value(settings, option: Option):
+    """The setting a flag became, where a field of its name holds it (else None: its parsed value is checked)."""
+    for where in (settings, getattr(settings, "serving", None), getattr(settings, "tiers", None)):
+        for field in (option.dest, option.dest + "_s"):
+            if where is not None and hasattr(where, field):
+                return getattr(where, field)
+    return None
 
 
-def test_up_hands_every_flag_it_takes_to_the_children_that_use_it():
-    from kvemu.up import replica_args
+def check_children_got(options: tuple[Option, ...], up: argparse.Namespace, cmdlines: list[list[str]],
+                       settings: bool = True) -> int:
+    """Each option's value up was given reached every child it is forwarded to: on the child's parsed
+    command line, and in its settings where a field is named for it. Returns how many settings fields
+    were compared (so the check is seen to compare something)."""
+    compared = 0
+    by_child = {child_args(c)[0]: c for c in cmdlines}
+    assert set(by_child) == set(CHILDREN), by_child
+    for child, cmdline in by_child.items():
+        _, parsed = child_args(cmdline)
+        made = child_settings(cmdline) if settings else None
+        for option in options:
+            if option not in FORWARDED[child]:
+                continue
+            want = getattr(up, option.dest)
+            assert want not in (option.default, [] if option.repeat else None), option.flag  # the test sets it
+            assert getattr(parsed, option.dest) == want, (child, option.flag, getattr(parsed, option.dest), want)
+            got = settings_value(made, option) if made is not None else None
+            if got is not None:
+                assert got == want, (child, option.flag, got, want)
+                compared += 1
+    return compared
 
-    a = up_args()
-    replica = child_settings(replica_args(0, 8100, a, None))
-    assert replica.serving.write_timeout_s == 60.0 and replica.max_waiting == 20_000
-    router_argv = ["python", "-m", "router", "--replicas", "http://127.0.0.1:8100", "--block-size", str(a.block_size)]
-    from kvemu.options.option import forward
 
-    router = child_settings(router_argv + forward((*TO_BOTH, *TO_ROUTER), a))
-    check_children_got_every_flag(replica, router)
+def up_cmdlines(a: argparse.Namespace) -> list[list[str]]:
+    from kvemu.up import replica_args, router_args
+
+    return [replica_args(0, 8100, a, None), router_args(8000, a, ["http://127.0.0.1:8100"], "memory")]
+
+
+@pytest.mark.parametrize("group", ["default", *GROUPS])
+def test_up_hands_every_flag_it_forwards_to_the_children_that_use_it(group):
+    a = up_args(group_argv(group), check=group != "torch")  # torch and CUDA need not be here: not checked
+    compared = check_children_got(group_options(group), a, up_cmdlines(a), settings=group != "torch")
+    assert compared >= {"default": 30, "tiers": 3, "utilization": 1, "torch": 0}[group]
+
+
+def test_every_forwarded_flag_is_in_one_group_and_each_group_is_set():
+    seen = [o.flag for group in ("default", *GROUPS) for o in group_options(group)]
+    assert sorted(seen) == sorted(o.flag for o in EVERY_FORWARDED)
+    assert set(GROUP_OF) <= set(seen)  # no group names a flag up does not forward
+
+
+def test_the_router_and_replica_settings_the_defaults_give():
+    a = up_args(["--capacity-blocks", "64"])
+    replica, router = (child_settings(c) for c in up_cmdlines(a))
+    assert replica.serving.write_timeout_s == 30.0 and replica.max_waiting == 10_000
+    assert router.routing == "cache_aware" and router.dashboard_interval_s == 1.0 and router.client_rate == 0
 
 
 @pytest.mark.slow
-def test_up_started_with_every_forwarded_flag_set_passes_each_to_its_children():
+@pytest.mark.parametrize("group", ["default", "tiers"])
+def test_up_started_with_every_forwarded_flag_set_passes_each_to_its_children(group):
+    """A real `kvemu up`: its children's command lines read back from /proc, parsed by the children's
+    own parsers and settings; the combined --gpu/--tp too."""
     from tests.conftest import free_port
     from tests.support.kvemu_cli import Up
 
-    up = Up("--replicas", "1", "--capacity-blocks", "512", "--port", str(free_port()), *UP_FLAGS)
+    argv = [*group_argv(group), "--gpu", "h100", "--tp", "2"]
+    a = up_args(argv)
+    up = Up("--replicas", "1", "--port", str(free_port()), *argv)
     try:
         up.ready()
-        lines = [shlex.split(cmd) for cmd in up.children.values()]
-        by_name = {cmd[2]: cmd for cmd in lines if len(cmd) > 2 and cmd[1] == "-m"}
-        check_children_got_every_flag(child_settings(by_name["replica"]), child_settings(by_name["router"]))
+        cmdlines = [shlex.split(cmd) for cmd in up.children.values()]
+        cmdlines = [c for c in cmdlines if len(c) > 2 and c[1] == "-m"]
+        assert check_children_got(group_options(group), a, cmdlines) >= (30 if group == "default" else 3)
+        replica = child_settings(next(c for c in cmdlines if c[2] == "replica"))
+        assert replica.gpu == "h100@tp2"
     finally:
         up.cleanup()
 
@@ -180,12 +274,10 @@ TIER_FLAGS = ["--host-cache-gib", "2.5", "--ssd-cache-gib", "10.0", "--tier-poli
 def test_up_hands_every_tier_flag_to_the_replicas_from_the_one_definition():
     from kvemu.up import replica_args
 
-    a = up_args(*TIER_FLAGS, "--prefix-caching", "on")  # off keeps nothing a tier could hold: refused with tiers
+    a = up_args(["--capacity-blocks", "512", *TIER_FLAGS])
     assert {o.dest for o in TIER_OPTIONS} == {f.removeprefix("--").replace("-", "_") for f in TIER_FLAGS[::2]} | {
         "no_hbm_caching"}  # the test sets every tier flag
-    p = argparse.ArgumentParser()
-    importlib.import_module("replica.cmd").configure(p)
-    child = p.parse_args(replica_args(0, 9000, a, None)[3:])
+    child = child_args(replica_args(0, 9000, a, None))[1]
     for option in TIER_OPTIONS:
         assert getattr(child, option.dest) == getattr(a, option.dest) != option.default, option.flag
     tiers = child_settings(replica_args(0, 9000, a, None)).tiers

@@ -227,7 +227,7 @@ def test_replicas_get_the_scheduler_up_was_given():
 
 
 def test_up_writes_the_token_it_made_to_an_owner_only_file_that_opens_the_guarded_endpoints(up_procs, tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "KVEMU_CLUSTER_TOKEN"}
+    env = {**{k: v for k, v in os.environ.items() if k != "KVEMU_CLUSTER_TOKEN"}, "KVEMU_RUNTIME_DIR": str(tmp_path / "rt")}
     token_file = tmp_path / "token"
     up = up_procs("--replicas", "1", "--capacity-blocks", "256", "--time-scale", "0", "--port", str(free_port()),
                   "--token-file", str(token_file), env=env)
@@ -235,24 +235,65 @@ def test_up_writes_the_token_it_made_to_an_owner_only_file_that_opens_the_guarde
     assert urls["token"] == str(token_file)
     assert stat.S_IMODE(os.stat(token_file).st_mode) == 0o600
     token = token_file.read_text().strip()
+    assert (tmp_path / "rt" / "cluster-token").read_text().strip() == token  # a copy of the shared one
     events = urls["replica-0"] + "/kv/events?after=0"
     assert http("GET", events)[0] == 401
     assert http("GET", events, headers={"Authorization": f"Bearer {token}"})[0] == 200
 
 
-def test_token_file_defaults_to_the_log_directory_and_is_not_written_for_a_given_token(tmp_path, monkeypatch):
+def test_up_without_a_token_uses_the_shared_one_a_replica_started_apart_finds_too(up_procs, tmp_path):
+    """No token given: up's token line names the runtime directory's file, its children have that
+    token, and a replica started later on its own by the same user uses the same one."""
+    from tests.support.procs import Proc
+
+    runtime = tmp_path / "rt"
+    env = {**{k: v for k, v in os.environ.items() if k != "KVEMU_CLUSTER_TOKEN"}, "KVEMU_RUNTIME_DIR": str(runtime)}
+    up = up_procs("--replicas", "1", "--capacity-blocks", "256", "--time-scale", "0", "--port", str(free_port()),
+                  env=env)
+    urls = up.ready()
+    assert urls["token"] == str(runtime / "cluster-token")
+    assert stat.S_IMODE(os.stat(runtime).st_mode) == 0o700
+    token = (runtime / "cluster-token").read_text().strip()
+    auth = {"Authorization": f"Bearer {token}"}
+    assert http("POST", urls["replica-0"] + "/kv/resync")[0] == 401
+    assert http("POST", urls["replica-0"] + "/kv/resync", headers=auth)[0] == 200
+    port = free_port()
+    apart = Proc(["-m", "replica", "--port", str(port), "--capacity-blocks", "64", "--time-scale", "0"], port,
+                 env={"KVEMU_RUNTIME_DIR": str(runtime), "KVEMU_CLUSTER_TOKEN": ""})
+    try:
+        apart.wait_healthy()
+        assert http("POST", apart.url + "/kv/resync", headers=auth)[0] == 200
+    finally:
+        apart.stop()
+
+
+def test_a_token_file_others_can_read_stops_up_before_anything_starts(tmp_path):
+    runtime = tmp_path / "rt"
+    runtime.mkdir(mode=0o700)
+    (runtime / "cluster-token").write_text("0123456789abcdef\n")
+    os.chmod(runtime / "cluster-token", 0o640)
+    env = {**{k: v for k, v in os.environ.items() if k != "KVEMU_CLUSTER_TOKEN"}, "KVEMU_RUNTIME_DIR": str(runtime)}
+    res = run_kvemu("up", "--replicas", "1", "--port", str(free_port()), env=env)
+    assert res.returncode == 2 and res.stdout == "", (res.stdout, res.stderr)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: cluster token file {runtime / 'cluster-token'} is open"
+                                                   " to group or others (mode 0640): chmod 600"), res.stderr
+
+
+def test_the_token_line_names_the_shared_file_or_the_copy_and_nothing_is_written_for_a_given_token(tmp_path):
     import argparse
 
     from kvemu.up import Cluster, write_token
 
-    monkeypatch.delenv("KVEMU_CLUSTER_TOKEN", raising=False)
-    cluster = Cluster(tmpdir=str(tmp_path), token="0123abcd")
-    (tmp_path / "cluster-token").write_text("old")
-    os.chmod(tmp_path / "cluster-token", 0o644)  # one left there: rewritten, and owner-only again
-    path = write_token(cluster, argparse.Namespace(token_file=None, cluster_token=None))
-    assert path == str(tmp_path / "cluster-token")
-    assert (tmp_path / "cluster-token").read_text() == "0123abcd\n"
-    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-    assert write_token(cluster, argparse.Namespace(token_file=None, cluster_token="given")) is None
-    monkeypatch.setenv("KVEMU_CLUSTER_TOKEN", "from-env")
-    assert write_token(cluster, argparse.Namespace(token_file=None, cluster_token=None)) is None
+    shared = str(tmp_path / "rt" / "cluster-token")
+    cluster = Cluster(tmpdir=str(tmp_path), token="0123abcd", token_path=shared)
+    assert write_token(cluster, argparse.Namespace(token_file=None)) == shared
+    copy = tmp_path / "copy"
+    copy.write_text("old")
+    os.chmod(copy, 0o644)  # one left there: rewritten, and owner-only again
+    assert write_token(cluster, argparse.Namespace(token_file=str(copy))) == str(copy)
+    assert copy.read_text() == "0123abcd\n" and stat.S_IMODE(os.stat(copy).st_mode) == 0o600
+    given = Cluster(tmpdir=str(tmp_path), token="given")  # --cluster-token or KVEMU_CLUSTER_TOKEN: no file
+    (tmp_path / "other").unlink(missing_ok=True)
+    assert write_token(given, argparse.Namespace(token_file=str(tmp_path / "other"))) is None
+    assert not (tmp_path / "other").exists()

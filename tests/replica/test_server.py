@@ -8,7 +8,7 @@ import time
 import msgpack
 import pytest
 
-from tests.support.procs import http, http_json, start_replica
+from tests.support.procs import cluster_auth, http, http_json, start_replica
 
 # Real processes on loopback: an end-to-end test (CI runs it; `-m "not slow"` skips it locally).
 pytestmark = pytest.mark.slow
@@ -139,11 +139,11 @@ def test_admin_needs_the_token_and_switches_policy_keeping_blocks(replica):
 
 
 def test_event_feed_numbers_batches(replica):
-    status, feed = http_json("GET", replica.url + "/kv/events?after=0")
+    status, feed = http_json("GET", replica.url + "/kv/events?after=0", headers=cluster_auth())
     assert status == 200 and feed["batches"]
     seqs = [b["seq"] for b in feed["batches"]]
     assert seqs == sorted(seqs)
-    status, _ = http_json("GET", replica.url + "/kv/events?after=-3")
+    status, _ = http_json("GET", replica.url + "/kv/events?after=-3", headers=cluster_auth())
     assert status == 400
 
 

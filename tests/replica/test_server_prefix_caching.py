@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.support.procs import http, http_json, start_replica
+from tests.support.procs import cluster_auth, http, http_json, start_replica
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +31,7 @@ def test_a_repeated_prompt_is_a_miss_only_with_prefix_caching_off(mode):
             together = [out for status, out in ex.map(lambda _: http_json("POST", url, CHAT), range(2))]
         stats = http_json("GET", proc.url + "/stats")[1]
         assert stats["prefix_caching"] == mode and stats["requests"] == 4
-        status, feed = http_json("GET", proc.url + "/kv/events?after=0")
+        status, feed = http_json("GET", proc.url + "/kv/events?after=0", headers=cluster_auth())
         stored = [e for b in feed["batches"] for e in b["events"] if e[0] == "stored"]
         if mode == "off":
             assert cached(second) == 0 and [cached(x) for x in together] == [0, 0]

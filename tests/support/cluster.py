@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from shared.index import RedisIndex
 from tests.conftest import free_port
-from tests.support.procs import Proc, http, http_json
+from tests.support.procs import Proc, cluster_auth, http, http_json
 
 
 def start_router(replica_urls, *extra: str, routing: str = "cache_aware", index: str = "memory",
@@ -92,7 +92,8 @@ def sse_events(data: bytes) -> list[str]:
 
 def wait_indexed(router_url: str, replica_urls) -> None:
     """Until a router's embedded index applied every event the replicas have published so far."""
-    published = sum(http_json("GET", u + "/kv/events?after=0&limit=1")[1]["next_seq"] - 1 for u in replica_urls)
+    published = sum(http_json("GET", u + "/kv/events?after=0&limit=1", headers=cluster_auth())[1]["next_seq"] - 1
+                    for u in replica_urls)
     wait_for(lambda: metric(scrape(router_url), "kvemu_router_events_applied_total") >= published, timeout=5.0,
              what=f"{published} events applied to the embedded index")
 

@@ -30,6 +30,15 @@ def http(method: str, url: str, body=None, headers=None, timeout: float = 30.0, 
         return err.code, dict(err.headers), err.read()
 
 
+def cluster_auth() -> dict[str, str]:
+    """The header that opens the internal endpoints (/kv/*) of processes this test run started
+    without a token: the one they share through the runtime directory (tests/conftest.py gives the
+    run its own KVEMU_RUNTIME_DIR)."""
+    from shared.runtime_dir import cluster_token_path, read_token_file
+
+    return {"Authorization": f"Bearer {read_token_file(cluster_token_path())}"}
+
+
 def http_json(method: str, url: str, body=None, headers=None, timeout: float = 30.0):
     status, _, data = http(method, url, body, headers, timeout)
     return status, json.loads(data) if data else None
