@@ -49,12 +49,14 @@ def test_demo_reports_and_shuts_down_within_a_minute(tmp_path):
     assert m and 0 < float(m.group(1)) <= float(m.group(2)), stdout
     assert re.search(r"requests\s+[\d,]+ \([\d,]+ ok, 0 failed\)", stdout), stdout
     assert re.search(r"hotspots: (none|replica-\d)", stdout), stdout
-    # this run's rows: replica, requests, tok_hit, blk_hit, CSR, evictions; then the lifetime rows
-    rows = re.findall(r"^\s+(replica-\d)\s+([\d,]+)\s+(\d\.\d+)\s+(\d\.\d+)\s+(\d\.\d+)\s+([\d,]+)$", stdout, re.M)
+    # this run's rows: replica, requests, tok_hit, blk_hit, CSR, evictions, aborted; then the lifetime rows
+    rows = re.findall(r"^\s+(replica-\d)\s+([\d,]+)\s+(\d\.\d+)\s+(\d\.\d+)\s+(\d\.\d+)\s+([\d,]+)\s+([\d,]+)$",
+                      stdout, re.M)
     lifetime = re.findall(r"^\s+(replica-\d)\s+(\d\.\d+)\s+(\d\.\d+)\s+([\d,]+)\s+(\d\.\d+)$", stdout, re.M)
     assert sorted(r[0] for r in lifetime) == [f"replica-{i}" for i in range(4)], stdout
     assert sorted(r[0] for r in rows) == [f"replica-{i}" for i in range(4)], stdout
     assert all(int(r[1].replace(",", "")) > 0 for r in rows), "a replica got no load"
+    assert all(r[6] == "0" for r in rows), "a demo request was aborted"
     reported = float(re.search(r"demo finished in ([\d.]+) s", stdout).group(1))
     assert reported <= elapsed
     # It ends by writing one summary figure and saying where it is.
