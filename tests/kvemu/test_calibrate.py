@@ -30,6 +30,7 @@ def _calibrate_tiny(out, capsys) -> tuple[dict, dict]:
     return profile, profile["fit_errors"]["tiny"]
 
 
+@pytest.mark.solo  # beside the other test worker's clusters on 2 cores, a run's timings are not the machine's
 def test_cpu_calibration_fits_the_tiny_model_and_the_profile_reproduces_it(tmp_path, capsys, one_thread):
     """The issue's done-when: within 10% at every grid point, prefill (6 points, 4 terms) and
     decode (6 points, 3 terms). Each point is already the minimum over 5 shuffled passes of
