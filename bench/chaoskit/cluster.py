@@ -132,7 +132,8 @@ class Cluster:
                 "--index", self.redis.url if self.redis else "memory", "--cluster", self.cluster,
                 "--workers", str(self.workers), *self.router_args]
         self.router = self._spawn("router", args)
-        self.wait(lambda: self.healthy() == len(self.ports), "router sees every replica")
+        # start-up beside the other test worker can be slow (it missed 30 s once in CI's layout)
+        self.wait(lambda: self.healthy() == len(self.ports), "router sees every replica", timeout=90.0)
         return self
 
     def healthy(self) -> int:
