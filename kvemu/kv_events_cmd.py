@@ -67,17 +67,23 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _frames(sock: zmq.Socket, endpoint: str, timeout_ms: int, flag: str, silence: tuple[str, str]) -> list[bytes]:
+    """The next message: vLLM's three frames; else a one-line error (``silence``: the flag and words when none came)."""
+    if not sock.poll(timeout_ms):
+        raise InputError(*silence)
+    frames = sock.recv_multipart()
+    if len(frames) != 3:
+        raise InputError(flag, f"{endpoint} sent {len(frames)} frames, not vLLM's three")
+    return frames
+
+
 def _replayed(ctx: zmq.Context, endpoint: str, first: int, timeout_ms: int) -> Iterator[dict]:
     dealer = ctx.socket(zmq.DEALER)
     dealer.connect(endpoint)
     dealer.send_multipart([b"", first.to_bytes(8, "big")])
     while True:
-        if not dealer.poll(timeout_ms):
-            raise InputError("--replay", f"no answer from {endpoint} within the timeout; is it a replay endpoint?")
-        frames = dealer.recv_multipart()
-        if len(frames) != 3:
-            raise InputError("--replay", f"{endpoint} answered {len(frames)} frames, not vLLM's three")
-        _, seq, payload = frames
+        _, seq, payload = _frames(dealer, endpoint, timeout_ms, "--replay",
+                                  ("--replay", f"no answer from {endpoint} within the timeout; is it a replay endpoint?"))
         if int.from_bytes(seq, "big", signed=True) == -1:
             return
         yield decode_batch(b"", seq, payload)
@@ -88,12 +94,8 @@ def _live(ctx: zmq.Context, endpoint: str, topic: str, timeout_ms: int) -> Itera
     sub.connect(endpoint)
     sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
     while True:
-        if not sub.poll(timeout_ms):
-            raise InputError("--timeout", f"no batch from {endpoint} within {timeout_ms / 1000:g} s")
-        frames = sub.recv_multipart()
-        if len(frames) != 3:
-            raise InputError("--endpoint", f"{endpoint} sent {len(frames)} frames, not vLLM's three")
-        yield decode_batch(*frames)
+        yield decode_batch(*_frames(sub, endpoint, timeout_ms, "--endpoint",
+                                    ("--timeout", f"no batch from {endpoint} within {timeout_ms / 1000:g} s")))
 
 
 def run(a) -> int:

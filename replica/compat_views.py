@@ -173,23 +173,14 @@ def _unhealthy(message: str) -> web.Response:
 
 
 # ---- vLLM: /tokenize, /detokenize, /version -------------------------------------------------------
-def _flag(obj: dict, name: str, default: bool = False) -> bool:
-    value = obj.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise InputError(name, f"expected true or false, got {value!r:.40}")
-    return value
-
-
 def _chat_text(obj: dict) -> str:
     """The prompt ``/v1/chat/completions`` renders for the same messages and tools."""
-    if _flag(obj, "continue_final_message"):
+    if protocol.bool_field(obj, "continue_final_message"):
         raise InputError("continue_final_message", "is not emulated; the chat template always closes the last message")
     if obj.get("chat_template") is not None:
         raise InputError("chat_template", "custom chat templates are not emulated; kvemu renders its own (ChatML-like)")
     text = tokenizer.chat_template(protocol._messages(obj.get("messages")), protocol._tools(obj))
-    if not _flag(obj, "add_generation_prompt", True):
+    if not protocol.bool_field(obj, "add_generation_prompt", True):
         text = text[:-len(_GENERATION_PROMPT)]
     return text
 
@@ -219,8 +210,8 @@ async def tokenize(request: web.Request) -> web.Response:
     s = _settings(request)
     obj = await read_body(request)
     protocol._str(obj, "model")  # any name is accepted, as the completion endpoints accept it
-    _flag(obj, "add_special_tokens")  # accepted; the built-in tokenizer has no special tokens
-    strs = _flag(obj, "return_token_strs")
+    protocol.bool_field(obj, "add_special_tokens")  # accepted; the built-in tokenizer has no special tokens
+    strs = protocol.bool_field(obj, "return_token_strs")
     limit = s.serving.max_prompt_tokens
     has_prompt, has_messages = obj.get("prompt") is not None, obj.get("messages") is not None
     if has_prompt == has_messages:

@@ -83,10 +83,11 @@ def _int(obj: dict, name: str, default: int | None, lo: int, hi: int) -> int | N
     return value
 
 
-def _bool(obj: dict, name: str) -> bool:
+def bool_field(obj: dict, name: str, default: bool = False) -> bool:
+    """``obj[name]`` as a JSON boolean (missing or null: ``default``); anything else names the field."""
     value = obj.get(name)
     if value is None:
-        return False
+        return default
     if not isinstance(value, bool):
         raise InputError(name, f"expected true or false, got {value!r:.40}")
     return value
@@ -148,7 +149,7 @@ def parse_generate(obj: dict, block_size: int, limits: tuple[int, int], header_s
         max_tokens = _int(obj, "output_tokens", 1, 1, max_out)
     assert max_tokens is not None  # a default was given
     session = _session(obj, header_session) or _str(obj, "session")
-    stream = _bool(obj, "stream")
+    stream = bool_field(obj, "stream")
     has_tokens, has_hashes = "token_ids" in obj, "block_hashes" in obj
     if has_tokens == has_hashes:
         raise InputError("token_ids", "give exactly one of token_ids or block_hashes")
@@ -299,7 +300,7 @@ def parse_openai(obj: dict, chat: bool, block_size: int, limits: tuple[int, int]
         max_tokens = _int(obj, "max_tokens", 16, 1, max_out)
     assert max_tokens is not None  # a default was given
     model = _str(obj, "model") or "kvemu"
-    stream = _bool(obj, "stream")
+    stream = bool_field(obj, "stream")
     include_usage = _include_usage(obj, stream)
     _refuse_unemulated(obj, chat)
     if chat:
