@@ -531,16 +531,20 @@ class Scheduler(ReorderLoans):
         assert r.alloc is not None  # admitted requests hold an allocation
         if self._promoted:
             self._unlend(r)
-        self.pool.release(r.alloc, end)
         self.decode_kv.forget(r)
         stored: list[int] = []
         if self.keep_response_kv and r.response_hashes:  # colocated vLLM: the response's KV stays cached
             pool = self.pool
             if not isinstance(pool, ResponseStore):  # build_core compiles no pool that keeps response KV
                 raise TypeError(f"{type(pool).__name__} cannot keep response KV")
+            # Stored before the prompt is released: vLLM frees a finished sequence's blocks tail first
+            # (generated, then prompt): the response's blocks leave before the prompt they extend, so a
+            # block never leaves before the blocks chained after it (SGLang's radix tree evicts leaves
+            # only: the same order).
             stored = pool.store(r.response_hashes, r.session, end)
             if stored and self.timer is not None:
                 self.timer.stored(r, stored)
+        self.pool.release(r.alloc, end)
         if self.tiers is not None:
             self.tiers.produced(stored, end)
             self.tiers.released([*r.alloc.hashes, *stored], end)
