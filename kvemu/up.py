@@ -22,13 +22,13 @@ import urllib.request
 from dataclasses import dataclass, field
 
 from kvemu.options.backend import BACKEND_OPTIONS
-from kvemu.options.hit_mode import HIT_MODE
 from kvemu.options.index import CLUSTER
 from kvemu.options.kv_events import add_kv_events_arg, kv_events_argv, kv_events_setting
 from kvemu.options.limits import CAPACITY_BLOCKS, CAPACITY_OPTIONS, MAX_MODEL_LEN, length_warning
+from kvemu.options.matching import BLOCK_SIZE, HIT_MODE, MATCHING_OPTION, PAGE_SIZE, matching_setting
 from kvemu.options.option import add_options, forward
 from kvemu.options.prefix_caching import PREFIX_CACHING, prefix_caching_setting
-from kvemu.options.replica_flags import ADMIN_TOKEN, BLOCK_SIZE, MODEL, POLICY, TIME_SCALE
+from kvemu.options.replica_flags import ADMIN_TOKEN, MODEL, POLICY, TIME_SCALE
 from kvemu.options.response_kv import RESPONSE_KV_OPTION
 from kvemu.options.reuse import SHARDS_RATE
 from kvemu.options.router_flags import ROUTER_OPTIONS, ROUTING_OPTIONS
@@ -50,10 +50,10 @@ PR_SET_PDEATHSIG = 1
 # tests/kvemu/test_options.py compares both with the children's parsers.
 TO_REPLICAS = (POLICY, MODEL, TIME_SCALE, HIT_MODE, *LIVE_SCHEDULER_OPTIONS, SHARDS_RATE, RESPONSE_KV_OPTION,
                PREFIX_CACHING, MAX_MODEL_LEN, *CAPACITY_OPTIONS, *TIER_OPTIONS, *BACKEND_OPTIONS, ADMIN_TOKEN)
-# --block-size: the router hashes prompts in the replicas' blocks; --cluster: the Redis keys'
+# --matching, --page-size, --block-size: the router hashes prompts in the replicas' blocks or pages; --cluster: the Redis keys'
 # namespace (a replica without --index publishes nowhere and ignores it); body limits, connection
 # caps, timeouts (the token travels in the environment)
-TO_BOTH = (BLOCK_SIZE, CLUSTER, *SERVER_OPTIONS)
+TO_BOTH = (MATCHING_OPTION, PAGE_SIZE, BLOCK_SIZE, CLUSTER, *SERVER_OPTIONS)
 TO_ROUTER = (*ROUTING_OPTIONS, *ROUTER_OPTIONS)  # strategy and settings, health and dashboard intervals, client limits
 TRANSFORMED = {
     "--port": "up's router port, given to the router as --port; each replica gets a port of its own",
@@ -294,7 +294,7 @@ def add_cluster_args(p: argparse.ArgumentParser, replicas: int = 4) -> None:
     add_gpu_args(p)
     add_options(p, BACKEND_OPTIONS)
     add_options(p, [o for o in TO_REPLICAS if o not in (POLICY, *CAPACITY_OPTIONS, *TIER_OPTIONS, *BACKEND_OPTIONS)])
-    BLOCK_SIZE.add(p)
+    add_options(p, (MATCHING_OPTION, PAGE_SIZE, BLOCK_SIZE))
     CLUSTER.add(p)
     add_options(p.add_argument_group("serving limits (the router and every replica)"), SERVER_OPTIONS)
     add_options(p.add_argument_group("router"), TO_ROUTER)
@@ -343,16 +343,17 @@ def validate(a) -> None:
     if kv_events is not None:
         for i in range(a.replicas):
             kv_events.for_rank(i)  # every replica's ports can be offset
+    matching = matching_setting(a)
     try:
         serving = serving_settings(argparse.Namespace(**{**vars(a), "host": "127.0.0.1"}), find_token=False)
         replica = ReplicaSettings(policy=a.policy, capacity_blocks=a.capacity_blocks, capacity_gib=a.capacity_gib,
                         gpu_memory_utilization=a.gpu_memory_utilization, max_model_len=a.max_model_len,
-                        model=a.model, gpu=a.gpu, block_size=a.block_size, hit_mode=a.hit_mode,
+                        model=a.model, gpu=a.gpu, block_size=matching.block_size, hit_mode=matching.hit_mode,
                         time_scale=a.time_scale, scheduler=a.scheduler, watermark=a.watermark,
                         max_loans=a.max_loans, token_budget=a.token_budget,
                         max_running=a.max_running, max_waiting=a.max_waiting, shards_rate=a.shards_rate,
-                        response_kv=a.response_kv, serving=serving)
-        RouterSettings(replicas=("http://127.0.0.1:1",), block_size=a.block_size, serving=serving,
+                        response_kv=a.response_kv, serving=serving, matching=matching.mode)
+        RouterSettings(replicas=("http://127.0.0.1:1",), block_size=matching.block_size, serving=serving,
                        health_interval_s=a.health_interval, dashboard_interval_s=a.dashboard_interval,
                        client_max_in_flight=a.client_max_in_flight, client_rate=a.client_rate,
                        client_burst=a.client_burst)
@@ -362,11 +363,11 @@ def validate(a) -> None:
     # the replicas print these to their logs; up (and demo) print them once, when the checks are done
     a.limit_lines = [*([replica.kv_budget().line()] if a.gpu_memory_utilization is not None else []),
                      *filter(None, [length_warning(replica.asked_max_model_len(), a.max_model_len is not None,
-                                                   replica.resolved_capacity_blocks(), a.block_size)])]
-    tiers = tier_settings(a, CostModel.from_names(a.model, a.gpu), a.block_size)  # the replicas' tier flags, checked here
+                                                   replica.resolved_capacity_blocks(), matching.block_size)])]
+    tiers = tier_settings(a, CostModel.from_names(a.model, a.gpu), matching.block_size)  # the replicas' tier flags, checked here
     prefix_caching_setting(a, tiers, a.backend)  # as each replica checks it
     get_strategy(a.routing)
-    apply_overrides(RoutingSettings(block_size=a.block_size), parse_pairs(a.set))
+    apply_overrides(RoutingSettings(block_size=matching.block_size), parse_pairs(a.set))
     wanted = [("--port", a.port)] if getattr(a, "port", 0) else []
     if a.replica_base_port:
         wanted += [("--replica-base-port", a.replica_base_port + i) for i in range(a.replicas)]

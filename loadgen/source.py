@@ -20,14 +20,31 @@ def add_source_args(p: argparse.ArgumentParser, duration: float = 600.0) -> None
     p.add_argument("--duration", type=float, default=duration, help="seconds of workload to generate (with --workload)")
 
 
-def load_source(args) -> Trace:
+def load_source(args, unit: int | None = None, tokens: bool = False) -> Trace:
+    """The requests ``args`` name. ``unit``: the tokens per block (or radix page) to hash prompts in, for
+    sources that carry their tokens (presets are cut at it; a trace of hashes is read as having blocks of
+    that size, as ``trace-stats --block-size``). ``tokens``: the run matches by token (radix), which a
+    trace of block hashes cannot give: refused, naming what can."""
     if args.trace:
-        return read_trace(args.trace, args.format)
+        trace = read_trace(args.trace, args.format, None if tokens else unit)
+        if tokens and not trace.meta.get("tokens"):
+            raise InputError("--matching", f"radix matches prompts token by token, but {trace_name(args.trace)} carries"
+                                           f" only block hashes ({trace.block_size} tokens a block), which cannot be"
+                                           " cut into pages: use a preset (--workload) or --matching blocks")
+        return trace
     from loadgen.workloads import generate
 
     if args.duration <= 0:
         raise InputError("--duration", f"must be positive, got {args.duration}")
-    return generate(args.workload, args.duration, args.seed, parse_pairs(args.set))
+    overrides = parse_pairs(args.set)
+    if unit is not None:
+        if overrides.get("block_size", str(unit)) != str(unit):
+            raise InputError("--set", f"block_size={overrides['block_size']} and --block-size / --page-size {unit}"
+                                      " disagree: give one")
+        overrides["block_size"] = str(unit)
+    trace = generate(args.workload, args.duration, args.seed, overrides)
+    trace.meta["tokens"] = True  # a preset is a token stream: cut at any block or page size
+    return trace
 
 
 def trace_name(source: str) -> str:

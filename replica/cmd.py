@@ -7,13 +7,13 @@ import logging
 import sys
 
 from kvemu.options.backend import BACKEND_OPTIONS
-from kvemu.options.hit_mode import HIT_MODE
 from kvemu.options.index import CLUSTER
 from kvemu.options.kv_events import add_kv_events_arg
 from kvemu.options.limits import CAPACITY_OPTIONS, MAX_MODEL_LEN, length_warning
+from kvemu.options.matching import add_matching_args, matching_setting
 from kvemu.options.option import add_options
 from kvemu.options.prefix_caching import PREFIX_CACHING, prefix_caching_setting
-from kvemu.options.replica_flags import ADMIN_TOKEN, BLOCK_SIZE, MODEL, POLICY, TIME_SCALE
+from kvemu.options.replica_flags import ADMIN_TOKEN, MODEL, POLICY, TIME_SCALE
 from kvemu.options.response_kv import add_response_kv_arg
 from kvemu.options.reuse import SHARDS_RATE
 from kvemu.options.scheduler import add_scheduler_args
@@ -35,8 +35,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     MAX_MODEL_LEN.add(p)
     MODEL.add(p)
     add_gpu_args(p)
-    BLOCK_SIZE.add(p)
-    HIT_MODE.add(p)
+    add_matching_args(p)
     TIME_SCALE.add(p)
     add_scheduler_args(p, live=True)
     p.add_argument("--index", default=None, help="redis://host:port/db to publish KV events to a shared index")
@@ -68,13 +67,14 @@ def settings_from_args(args):
     check_backend_flags(args)
     check_scheduler_flags(args)
     params = tuple((k, coerce(v)) for k, v in parse_pairs(args.policy_param).items())
-    tiers = tier_settings(args, CostModel.from_names(args.model, args.gpu), args.block_size)
+    matching = matching_setting(args)
+    tiers = tier_settings(args, CostModel.from_names(args.model, args.gpu), matching.block_size)
     prefix_caching = prefix_caching_setting(args, tiers, args.backend)  # refusals name the flag
     return ReplicaSettings(
         replica_id=args.replica_id or f"replica-{args.port}", port=args.port, policy=args.policy,
         policy_params=params, capacity_blocks=args.capacity_blocks, capacity_gib=args.capacity_gib,
         gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len, model=args.model,
-        gpu=gpu_setting(args), block_size=args.block_size, hit_mode=args.hit_mode,
+        gpu=gpu_setting(args), block_size=matching.block_size, hit_mode=matching.hit_mode, matching=matching.mode,
         time_scale=args.time_scale, token_budget=args.token_budget, max_running=args.max_running,
         max_waiting=args.max_waiting, scheduler=args.scheduler, watermark=args.watermark, max_loans=args.max_loans,
         index=args.index, cluster=args.cluster,

@@ -7,12 +7,14 @@ from dataclasses import dataclass
 from replica.backends import check_backend
 from replica.core.build import (
     DEFAULT_HIT_MODE,
+    DEFAULT_MATCHING,
     DEFAULT_PREFIX_CACHING,
     DEFAULT_RESPONSE_KV,
     DEFAULT_SHARDS_RATE,
     RESPONSE_KV,
     CoreSettings,
     check_choice,
+    check_matching,
     check_prefix_caching,
 )
 from replica.core.cache.policies import policy_class, policy_names
@@ -58,8 +60,9 @@ class ReplicaSettings:
     max_model_len: int | None = None
     model: str = "qwen3-coder-30b-a3b"
     gpu: str = "h200"
-    block_size: int = 16
+    block_size: int = 16  # tokens per block; with matching "radix", per page
     hit_mode: str = DEFAULT_HIT_MODE
+    matching: str = DEFAULT_MATCHING  # "blocks" (vLLM) or "radix" (SGLang; replica.core.build.check_matching)
     time_scale: float = 1.0  # wall seconds slept per emulated second; 0 = as fast as possible
     token_budget: int = DEFAULT_TOKEN_BUDGET
     max_running: int = DEFAULT_MAX_RUNNING
@@ -111,6 +114,7 @@ class ReplicaSettings:
         check_choice("hit_mode", self.hit_mode, HIT_MODES)
         check_choice("response_kv", self.response_kv, RESPONSE_KV)
         check_prefix_caching(self.prefix_caching, self.tiers)
+        check_matching(self.matching, self.policy, self.hit_mode, self.prefix_caching)
         if self.prefix_caching == "off" and self.backend != "emulated":  # its KV slots are keyed by block hash
             raise InputError("prefix_caching", f"off runs on the emulated backend only, not {self.backend!r}")
         if not (self.time_scale >= 0):
@@ -135,7 +139,7 @@ class ReplicaSettings:
             watermark=self.watermark, max_loans=self.max_loans, reuse="sampled",
             shards_rate=self.shards_rate, shards_max_tracked=self.shards_max_tracked, seed=self.seed, emit_events=True,
             tier_events=True, oracles=False, tiers=self.tiers, response_kv=self.response_kv,
-            prefix_caching=self.prefix_caching, max_model_len=self.resolved_max_model_len())
+            prefix_caching=self.prefix_caching, max_model_len=self.resolved_max_model_len(), matching=self.matching)
 
     def cost_model(self) -> CostModel:
         return CostModel.from_names(self.model, self.gpu)

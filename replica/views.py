@@ -39,7 +39,13 @@ def _limits(request) -> tuple[int, int]:
 async def _parse(request: web.Request) -> protocol.GenerateSpec:
     """Big bodies are parsed off the event loop (shared/offload.py)."""
     raw = await read_raw(request)
-    return await request.app[OFFLOAD].parse(request, raw, _settings(request).block_size, _limits(request))
+    settings = _settings(request)
+    spec = await request.app[OFFLOAD].parse(request, raw, settings.block_size, _limits(request))
+    if settings.matching == "radix" and spec.block_tokens is None:
+        raise InputError("block_hashes", f"this replica matches prompts token by token (--matching radix, pages of"
+                                         f" {settings.block_size}), which block hashes cannot be cut into: send"
+                                         " token_ids, a completion prompt or chat messages")
+    return spec
 
 
 def _submit(request: web.Request, spec: protocol.GenerateSpec) -> Handle:
@@ -195,7 +201,7 @@ async def health(request: web.Request) -> web.Response:
     s = _settings(request)
     return web.json_response({"status": "ok", "replica_id": s.replica_id, "epoch": state.feed.epoch,
                               "policy": state.pool.policy.name, "model": s.model, "capacity_blocks": state.pool.capacity,
-                              "block_size": s.block_size, "running": state.scheduler.num_running,
+                              "block_size": s.block_size, "matching": s.matching, "running": state.scheduler.num_running,
                               "waiting": state.scheduler.num_waiting, "kv_usage": state.pool.usage()})
 
 

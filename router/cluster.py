@@ -111,6 +111,7 @@ class Cluster:
             # ask, so a check running alongside (start-up, a feed poll) does not ask again.
             rep.state.healthy = True
             log.info("replica %s at %s is healthy", replica_id, rep.url)
+            self._check_matching(rep, body)
             await self._request_resync(rep)
         self._healthy_event.set()
 
@@ -144,6 +145,16 @@ class Cluster:
             await self.index.clear_replica(rep.replica_id)
         except IndexUnavailable:
             self.metrics.count("index_errors")  # a Redis index will see the epoch change or gap later
+
+    def _check_matching(self, rep: ReplicaHandle, body: dict) -> None:
+        """A replica that hashes prompts in other units than this router never matches its index: say so
+        (it is still routed, on load)."""
+        theirs = (str(body.get("matching", "blocks")), body.get("block_size", self.settings.block_size))
+        ours = (self.settings.matching, self.settings.block_size)
+        if theirs != ours:
+            log.warning("replica %s matches by %s of %s tokens but this router hashes %s of %s: the index will not"
+                        " see its cache; start the router with the replicas' --matching / --page-size / --block-size",
+                        rep.replica_id, theirs[0], theirs[1], ours[0], ours[1])
 
     async def wait_healthy(self, timeout: float) -> bool:
         try:

@@ -8,12 +8,14 @@ import os
 import sys
 
 from kvemu.options.index import CLUSTER
+from kvemu.options.matching import BLOCK_SIZE, MATCHING_OPTION, PAGE_SIZE, matching_setting
 from kvemu.options.option import add_options, forward
-from kvemu.options.replica_flags import BLOCK_SIZE
 from kvemu.options.router_flags import ROUTER_OPTIONS, ROUTING_OPTIONS
 from kvemu.options.serving import SERVER_OPTIONS, add_server_args, token_line
 from shared.errors import InputError
 from shared.overrides import apply_overrides, parse_pairs
+
+MATCHING = (MATCHING_OPTION, PAGE_SIZE, BLOCK_SIZE)  # the router hashes prompts as its replicas do
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -21,7 +23,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
     p.add_argument("--replicas", required=True, help="comma-separated replica URLs")
     p.add_argument("--index", default="memory", help="memory (embedded) or redis://host:port/db")
-    add_options(p, (*ROUTING_OPTIONS, CLUSTER, BLOCK_SIZE))
+    add_options(p, (*ROUTING_OPTIONS, CLUSTER, *MATCHING))
     p.add_argument("--seed", type=int, default=None)
     add_server_args(p)
     add_options(p, ROUTER_OPTIONS)
@@ -36,10 +38,11 @@ def settings_from_args(args):
     from router.settings import RouterSettings
     from router.strategies import RoutingSettings
 
-    routing = apply_overrides(RoutingSettings(block_size=args.block_size), parse_pairs(args.set))
+    matching = matching_setting(args)  # the replicas' hashing unit: a block, or a radix page
+    routing = apply_overrides(RoutingSettings(block_size=matching.block_size), parse_pairs(args.set))
     replicas = tuple(u.strip() for u in args.replicas.split(",") if u.strip())
     return RouterSettings(replicas=replicas, port=args.port, routing=args.routing, index=args.index,
-                          cluster=args.cluster, block_size=args.block_size, routing_settings=routing,
+                          cluster=args.cluster, block_size=matching.block_size, matching=matching.mode, routing_settings=routing,
                           health_interval_s=args.health_interval, dashboard_interval_s=args.dashboard_interval,
                           seed=args.seed, serving=serving_settings(args),
                           client_max_in_flight=args.client_max_in_flight, client_rate=args.client_rate,
@@ -50,7 +53,7 @@ def worker_args(args) -> list[str]:
     """The arguments a worker gets: this router's, without ``--workers``."""
     out = ["--port", str(args.port), "--host", args.host, "--replicas", args.replicas, "--index", args.index,
            "--log-level", args.log_level,
-           *forward((*ROUTING_OPTIONS, CLUSTER, BLOCK_SIZE, *SERVER_OPTIONS, *ROUTER_OPTIONS), args)]
+           *forward((*ROUTING_OPTIONS, CLUSTER, *MATCHING, *SERVER_OPTIONS, *ROUTER_OPTIONS), args)]
     if args.seed is not None:
         out += ["--seed", str(args.seed)]
     if args.cluster_token:  # through the environment, not the command line other users can read

@@ -19,7 +19,8 @@ class RouterSettings:
     routing: str = "cache_aware"
     index: str = "memory"  # or redis://host:port/db
     cluster: str = "default"
-    block_size: int = 16
+    block_size: int = 16  # the replicas' hashing unit: a block, or a radix page (matching)
+    matching: str = "blocks"  # what the replicas match by: "blocks" or "radix" (kvemu.options.matching)
     routing_settings: RoutingSettings | None = None
     health_interval_s: float = 1.0
     health_timeout_s: float = 1.0
@@ -57,6 +58,8 @@ class RouterSettings:
                      "request_timeout_s", "hotspot_factor", "dashboard_interval_s", "busy_backoff_s"):
             if not getattr(self, name) > 0:
                 raise InputError(name, f"must be > 0, got {getattr(self, name)}")
+        if self.matching not in ("blocks", "radix"):
+            raise InputError("matching", f"must be blocks or radix, got {self.matching!r}")
         for name in ("block_size", "unhealthy_after"):
             check_positive_int(name, getattr(self, name))
         if not 0 <= self.retries <= 5:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from replica.core.build import (
     DEFAULT_HIT_MODE,
+    DEFAULT_MATCHING,
     DEFAULT_PREFIX_CACHING,
     DEFAULT_RESPONSE_KV,
     DEFAULT_SHARDS_RATE,
@@ -15,6 +16,7 @@ from replica.core.build import (
     REUSE_MODES,
     CoreSettings,
     check_choice,
+    check_matching,
     check_prefix_caching,
 )
 from replica.core.cache.policies import policy_class
@@ -44,6 +46,7 @@ class SimSettings:
     replicas: int = 1
     routing: str = "cache_aware"
     hit_mode: str = DEFAULT_HIT_MODE
+    matching: str = DEFAULT_MATCHING  # "blocks" or "radix": the trace's block size is then the page size
     seed: int = 0
     model: str = "qwen3-coder-30b-a3b"
     gpu: str = "h200"
@@ -96,6 +99,7 @@ class SimSettings:
         check_watermark(self.watermark)
         check_positive_int("max_loans", self.max_loans)
         check_prefix_caching(self.prefix_caching, self.tiers)
+        check_matching(self.matching, self.policy, self.hit_mode, self.prefix_caching)
         if self.max_model_len is not None:
             check_positive_int("max_model_len", self.max_model_len)
         strategy_spec(self.routing)
@@ -127,4 +131,5 @@ def core_settings(s: SimSettings, block_size: int, cost: CostModel, indexed: boo
         reuse=s.reuse_mode, shards_rate=s.shards_rate,
         shards_max_tracked=1 << 62, seed=s.seed, emit_events=indexed, oracles=True,
         stream_tokens=False, tiers=s.tiers, response_kv=s.response_kv, decode_kv=s.decode_kv,
-        prefix_caching=s.prefix_caching, compiled=s.compiled, max_model_len=max_model_len(s, cost, block_size))
+        prefix_caching=s.prefix_caching, compiled=s.compiled, max_model_len=max_model_len(s, cost, block_size),
+        matching=s.matching)

@@ -7,8 +7,8 @@ import json
 import os
 import sys
 
-from kvemu.options.hit_mode import HIT_MODE
 from kvemu.options.limits import GPU_MEMORY_UTILIZATIONS, MAX_MODEL_LEN, length_warning
+from kvemu.options.matching import add_matching_args, matching_setting, source_unit
 from kvemu.options.prefix_caching import PREFIX_CACHING, prefix_caching_setting
 from kvemu.options.response_kv import add_response_kv_arg
 from kvemu.options.reuse import add_sim_reuse_args, sim_reuse
@@ -38,7 +38,7 @@ def add_emulation_args(p: argparse.ArgumentParser) -> None:
     MAX_MODEL_LEN.add(p)
     p.add_argument("--model", default="qwen3-coder-30b-a3b")
     add_gpu_args(p)
-    HIT_MODE.add(p)
+    add_matching_args(p)
     p.add_argument("--cache-only", action="store_true",
                    help="replay requests one at a time in trace order through routing, pool and policy only:"
                         " no scheduler, no cost-model clock, no latencies (what cache simulators do)")
@@ -182,7 +182,8 @@ def runs_of(args) -> tuple[Trace, list[SimSettings]]:
     validate_names(policies, args.replicas, args.routing)
     check_no_ops(args, [args.replicas])
     check_scheduler_flags(args)
-    trace = load_source(args)
+    matching = matching_setting(args)
+    trace = load_source(args, source_unit(args, matching), tokens=matching.mode == "radix")
     if not trace.requests:
         raise InputError("trace", "has no requests")
     caps = capacities(args, trace.block_size)
@@ -192,7 +193,7 @@ def runs_of(args) -> tuple[Trace, list[SimSettings]]:
     tiers = tier_settings(args, CostModel.from_names(args.model, args.gpu), trace.block_size)
     prefix_caching = prefix_caching_setting(args, tiers)
     grid = [SimSettings(capacity_blocks=c, policy=pol, policy_params=params, replicas=args.replicas, routing=args.routing,
-                        hit_mode=args.hit_mode, seed=args.seed, model=args.model, gpu=args.gpu,
+                        hit_mode=matching.hit_mode, matching=matching.mode, seed=args.seed, model=args.model, gpu=args.gpu,
                         token_budget=args.token_budget, max_running=args.max_running, scheduler=args.scheduler,
                         watermark=args.watermark, max_loans=args.max_loans, reuse=sim_reuse(args), causal=args.causal,
                         routing_settings=routing, cache_only=args.cache_only, response_kv=args.response_kv,

@@ -409,6 +409,7 @@ class Simulation:
             "replicas": self.s.replicas,
             "routing": self.s.routing,
             "hit_mode": self.s.hit_mode,
+            "matching": self.s.matching,
             "response_kv": self.s.response_kv,
             "prefix_caching": self.s.prefix_caching,
             "max_running": self.s.max_running,

@@ -16,6 +16,7 @@ import os
 import sys
 from contextlib import closing
 
+from kvemu.options.matching import matching_setting, source_unit
 from kvemu.options.prefix_caching import prefix_caching_setting
 from kvemu.options.reuse import add_sweep_reuse_arg, sweep_reuse
 from kvemu.options.scheduler import check_scheduler_flags
@@ -116,6 +117,7 @@ def _identity(args, trace) -> tuple[dict, dict]:
 
 
 def build_grid(args, trace, identity: dict, policies, routings, replicas, caps) -> list:
+    matching = matching_setting(args)
     routing = apply_overrides(RoutingSettings(block_size=trace.block_size), parse_pairs(args.routing_set))
     tiers = tier_settings(args, CostModel.from_names(args.model, args.gpu), trace.block_size)
     prefix_caching = prefix_caching_setting(args, tiers)
@@ -126,8 +128,8 @@ def build_grid(args, trace, identity: dict, policies, routings, replicas, caps) 
             route = routings[0] if k == 1 else rt
             for pol in policies:
                 for c in caps:
-                    s = SimSettings(capacity_blocks=c, policy=pol, replicas=k, routing=route, hit_mode=args.hit_mode,
-                                    seed=args.seed, model=args.model, gpu=args.gpu, token_budget=args.token_budget,
+                    s = SimSettings(capacity_blocks=c, policy=pol, replicas=k, routing=route, hit_mode=matching.hit_mode,
+                                    matching=matching.mode, seed=args.seed, model=args.model, gpu=args.gpu, token_budget=args.token_budget,
                                     max_running=args.max_running, scheduler=args.scheduler,
                                     watermark=args.watermark, max_loans=args.max_loans,
                                     reuse=sweep_reuse(args), routing_settings=routing,
@@ -157,7 +159,8 @@ def run(args) -> int:
 
 
 def _sweep(args, runner: Runner, policies: list[str], routings: list[str], replicas: list[int]) -> int:
-    trace = load_source(args)
+    matching = matching_setting(args)
+    trace = load_source(args, source_unit(args, matching), tokens=matching.mode == "radix")
     caps = sorted(set(capacities(args, trace.block_size)))
     warn_lengths(args, caps, trace.block_size)
     identity, info = _identity(args, trace)

@@ -1,5 +1,5 @@
 """The replica's own flags `kvemu up` also takes and hands to every replica: its eviction policy,
-model, block size (the router's too) and emulated clock, and the admin token. Capacity, the GPU,
+model and emulated clock, and the admin token (block size and matching: ``kvemu.options.matching``). Capacity, the GPU,
 tiers and the backend have their own modules (``kvemu.options.limits``, ``shared.gpuargs``,
 ``kvemu.options.tiers``, ``kvemu.options.backend``)."""
 
@@ -11,7 +11,6 @@ DEFAULT_POLICY = "lru"
 DEFAULT_MODEL = "qwen3-coder-30b-a3b"
 
 MODEL = Option("--model", DEFAULT_MODEL, help=f"model shape the cost model and KV bytes use (default {DEFAULT_MODEL})")
-BLOCK_SIZE = Option("--block-size", 16, type=int, help="tokens per KV block (default 16)")
 TIME_SCALE = Option("--time-scale", 1.0, type=float, help="wall seconds per emulated second (0 = no sleeping)")
 
 

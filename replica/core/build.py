@@ -36,12 +36,46 @@ DEFAULT_RESPONSE_KV = "keep"
 # vLLM's --enable-prefix-caching, on by default as vLLM's; off: BlockPool(prefix_caching=False)
 PREFIX_CACHING = ("on", "off")
 DEFAULT_PREFIX_CACHING = "on"
+# How a prompt is matched against the cache: "blocks" (vLLM: chained hashes of full blocks) or "radix"
+# (SGLang: the longest common token prefix, in whole pages). See check_matching.
+MATCHING = ("blocks", "radix")
+DEFAULT_MATCHING = "blocks"
+RADIX_POLICIES = ("lru",)
+DEFAULT_PAGE_SIZE = 1  # SGLang's default page size
 
 
 def check_choice(field: str, value: str, choices: tuple[str, ...]) -> None:
     """``value`` is one of ``choices``; else an ``InputError`` naming ``field`` and them all."""
     if value not in choices:
         raise InputError(field, f"must be one of {', '.join(choices)}, got {value!r}")
+
+
+def check_matching(matching: str, policy: str, hit_mode: str, prefix_caching: str, field: str = "matching") -> None:
+    """One of ``MATCHING``, and what radix matching needs.
+
+    Radix matching (SGLang's radix tree) is built on the block pool: the hashing unit is the page
+    (``block_size`` is the page size), a chain of page hashes is a path from the tree's root, a
+    prompt's longest common token prefix in whole pages is the leading run of its page hashes that is
+    resident, a partial last page has no hash and is never shared, and a page's reference count is
+    its pin count. What a radix tree adds is the eviction rule: only leaves go. With LRU the pool's
+    order already is leaf-first (a page is touched whenever a page chained after it is, a finished
+    request's pages are released tail first and its response before its prompt), so LRU carries over
+    exactly; policies that order by frequency, ghost lists, sessions or future use (S3-FIFO, ARC,
+    session LRU, Belady, ...) can put a parent before its children, which a radix tree never evicts,
+    so they are refused rather than emulated inexactly. A hit is a leading run (``prefix``): a tree
+    has no holes."""
+    check_choice(field, matching, MATCHING)
+    if matching != "radix":
+        return
+    if policy not in RADIX_POLICIES:
+        raise InputError("policy", f"{policy!r} can evict a page before the pages chained after it, which a radix"
+                                   f" tree never does; radix matching runs with {', '.join(RADIX_POLICIES)}"
+                                   f" (or use --matching blocks)")
+    if hit_mode != "prefix":
+        raise InputError("hit_mode", "radix matching reuses a leading run of pages only: use --hit-mode prefix"
+                                     " (its default) or --matching blocks")
+    if prefix_caching != "on":
+        raise InputError("prefix_caching", "radix matching is prefix caching: drop --prefix-caching off")
 
 
 def check_prefix_caching(prefix_caching: str, tiers: TierSettings, field: str = "prefix_caching") -> None:
@@ -89,6 +123,8 @@ class CoreSettings:
     # vLLM's --enable-prefix-caching, "on" or "off". Off: no KV is kept across requests and none is shared
     # between running ones (each request's blocks are its own, freed when it ends; BlockPool.prefix_caching)
     prefix_caching: str = DEFAULT_PREFIX_CACHING
+    # "blocks" or "radix" (check_matching): with radix, block_size is the page size
+    matching: str = DEFAULT_MATCHING
     # The scheduler drives the pool's compiled twin where it is exact (replica.core.compiled.pool:
     # LRU / S3-FIFO / Belady / BeladyCompute, no events, no tiers, response KV kept only with LRU or S3-FIFO, fcfs).
     compiled: bool = False
@@ -98,6 +134,7 @@ class CoreSettings:
         check_choice("reuse", self.reuse, REUSE_MODES)
         check_admission(self.scheduler)
         check_prefix_caching(self.prefix_caching, self.tiers)
+        check_matching(self.matching, self.policy, self.hit_mode, self.prefix_caching)
 
 
 @dataclass(slots=True)

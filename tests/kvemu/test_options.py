@@ -11,6 +11,7 @@ import shlex
 
 import pytest
 
+from kvemu.options.matching import matching_setting
 from kvemu.options.option import Option
 from kvemu.options.router_flags import ROUTER_OPTIONS
 from kvemu.options.serving import SERVER_OPTIONS
@@ -67,10 +68,14 @@ def test_flags_default_to_the_settings_fields():
     replica, sim = defaults("replica"), defaults("sim")
     for cls, flags in ((ReplicaSettings, replica), (SimSettings, sim), (CoreSettings, sim)):
         fields = _field_defaults(cls)
-        for name in ("hit_mode", "token_budget", "max_running", "scheduler", "shards_rate", "max_waiting", "model",
-                     "prefix_caching"):
+        for name in ("token_budget", "max_running", "scheduler", "shards_rate", "max_waiting", "model",
+                     "prefix_caching", "matching"):
             if name in fields and name in flags:
                 assert flags[name] == fields[name], (cls.__name__, name)
+        # --hit-mode and --block-size default to None: their defaults depend on --matching (matching_setting)
+        resolved = matching_setting(argparse.Namespace(**flags))
+        assert resolved.hit_mode == fields["hit_mode"], cls.__name__
+        assert resolved.block_size == fields.get("block_size", 16), cls.__name__
     # a colocated vLLM keeps each response's KV: the one default of every command and settings class
     for cls in (ReplicaSettings, SimSettings, CoreSettings):
         assert _field_defaults(cls)["response_kv"] == "keep", cls.__name__
@@ -101,7 +106,7 @@ def non_default(option: Option) -> list[str]:
                "--admin-token": "admin-secret", "--cluster": "prod", "--routing": "session",
                "--set": "bounded_load_factor=1.5", "--tier-policy": "host=s3fifo,ssd=lru", "--host-link-gbps": "12.5",
                "--capacity-blocks": "512", "--capacity-gib": "2.0", "--gpu-memory-utilization": "0.5",
-               "--device": "cuda", "--layers": "2"}
+               "--device": "cuda", "--layers": "2", "--block-size": "32", "--page-size": "4"}
     if option.flag in special:
         return [option.flag, special[option.flag]]
     if option.choices:
@@ -150,6 +155,7 @@ GROUPS = {
               "--host-link-gbps", "--no-hbm-caching", "--capacity-gib"),  # --prefix-caching off would hold nothing
     "utilization": ("--gpu-memory-utilization",),
     "torch": ("--backend", "--device", "--layers"),
+    "radix": ("--matching", "--page-size"),  # radix takes pages, not --block-size, and LRU only
 }
 GROUP_OF = {flag: group for group, flags in GROUPS.items() for flag in flags}
 
@@ -228,7 +234,7 @@ def up_cmdlines(a: argparse.Namespace) -> list[list[str]]:
 def test_up_hands_every_flag_it_forwards_to_the_children_that_use_it(group):
     a = up_args(group_argv(group), check=group != "torch")  # torch and CUDA need not be here: not checked
     compared = check_children_got(group_options(group), a, up_cmdlines(a), settings=group != "torch")
-    assert compared >= {"default": 30, "tiers": 3, "utilization": 1, "torch": 0}[group]
+    assert compared >= {"default": 30, "tiers": 3, "utilization": 1, "torch": 0, "radix": 1}[group]
 
 
 def test_every_forwarded_flag_is_in_one_group_and_each_group_is_set():
