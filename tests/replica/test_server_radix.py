@@ -1,0 +1,57 @@
+"""Radix matching live: replicas started with ``--matching radix --page-size 1`` behind a router that hashes
+prompts the same way, driven by the official ``openai`` SDK; block hashes refused by name."""
+
+import openai
+import pytest
+
+from tests.support.cluster import start_router, stop_all, wait_indexed
+from tests.support.procs import http, http_json, start_replica
+
+pytestmark = pytest.mark.slow
+
+RADIX = ("--matching", "radix", "--page-size", "1")
+SYSTEM = "You are a careful assistant. Answer in one short paragraph, citing the manual where you can."
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    replicas = [start_replica(*RADIX, capacity_blocks=50_000) for _ in range(2)]
+    router = start_router([r.url for r in replicas], *RADIX)
+    yield router, replicas
+    stop_all(router, *replicas)
+
+
+def _chat(client, question: str):
+    return client.chat.completions.with_raw_response.create(
+        model="kvemu", max_tokens=4, messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}])
+
+
+def test_a_radix_replica_reuses_a_prompt_to_the_token_where_two_prompts_part(cluster):
+    router, replicas = cluster
+    client = openai.OpenAI(base_url=router.url + "/v1", api_key="unused", max_retries=0, timeout=30)
+    first = _chat(client, "How do I rotate the logs?")
+    wait_indexed(router.url, [r.url for r in replicas])
+    second = _chat(client, "How do I rotate the keys?")
+    # the router's index saw the first prompt token by token and sends the second to the same replica
+    assert second.headers["X-Kvemu-Replica"] == first.headers["X-Kvemu-Replica"]
+    done = second.parse()
+    # Both render to the same tokens up to "logs" / "keys": every token before it is reused, none
+    # after (with blocks of 16 the reuse would stop at the last whole block before it).
+    _, a = http_json("POST", replicas[0].url + "/tokenize", {"messages": [
+        {"role": "system", "content": SYSTEM}, {"role": "user", "content": "How do I rotate the logs?"}]})
+    _, b = http_json("POST", replicas[0].url + "/tokenize", {"messages": [
+        {"role": "system", "content": SYSTEM}, {"role": "user", "content": "How do I rotate the keys?"}]})
+    common = next(i for i, (x, y) in enumerate(zip(a["tokens"], b["tokens"])) if x != y)
+    assert done.usage.prompt_tokens_details.cached_tokens == common
+    assert common % 16 != 0  # so blocks of 16 would have reused less
+
+
+def test_a_radix_replica_refuses_block_hashes_and_says_what_to_send(cluster):
+    _, replicas = cluster
+    status, _, body = http("POST", replicas[0].url + "/generate", {"block_hashes": [1, 2, 3], "max_tokens": 1})
+    assert status == 400
+    assert b"block_hashes" in body and b"token_ids" in body
+    status, body = http_json("POST", replicas[0].url + "/generate", {"token_ids": list(range(40)), "max_tokens": 1})
+    assert status == 200
+    _, health = http_json("GET", replicas[0].url + "/health")
+    assert (health["matching"], health["block_size"]) == ("radix", 1)

@@ -1,0 +1,64 @@
+"""``kvemu sim --matching``: radix runs on sources that carry tokens, at any page size, and is refused,
+in one line, where it cannot run."""
+
+import json
+
+import pytest
+
+from tests.support.kvemu_cli import run_kvemu
+
+CHAT = ("--workload", "chat", "--duration", "40", "--set", "session_rate=2", "--capacity-gib", "4", "--quiet")
+
+
+def sim_run(tmp_path, *flags: str) -> dict:
+    out = tmp_path / "run.json"
+    done = run_kvemu("sim", *CHAT, *flags, "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    return json.loads(out.read_text())["runs"][0]
+
+
+HITS = ("block_hit_ratio", "token_hit_ratio", "hit_blocks", "cached_tokens", "evictions", "ttft_p50_ms")
+
+
+def test_radix_with_pages_of_16_is_vllms_blocks_of_16_under_lru(tmp_path):
+    # The same pages, the same LRU order (leaf-first in both): every figure equal, only the labels differ.
+    radix = sim_run(tmp_path, "--matching", "radix", "--page-size", "16")
+    blocks = sim_run(tmp_path, "--matching", "blocks", "--hit-mode", "prefix")
+    assert (radix["matching"], radix["block_size"], radix["hit_mode"]) == ("radix", 16, "prefix")
+    assert blocks["matching"] == "blocks"
+    assert {k: radix.get(k) for k in HITS} == {k: blocks.get(k) for k in HITS}
+
+
+def test_finer_pages_reuse_more_tokens_and_coarser_blocks_fewer(tmp_path):
+    radix1 = sim_run(tmp_path, "--matching", "radix")  # SGLang's default page of 1 token
+    blocks16 = sim_run(tmp_path)
+    blocks1024 = sim_run(tmp_path, "--block-size", "1024")
+    assert radix1["block_size"] == 1 and blocks1024["block_size"] == 1024
+    assert radix1["token_hit_ratio"] > blocks16["token_hit_ratio"] > blocks1024["token_hit_ratio"]
+    assert radix1["requests"] == blocks16["requests"]
+    # a pool of whole 1,024-token blocks holds up to 1,023 tokens less: a few more prompts do not fit
+    assert blocks1024["max_model_len"] % 1024 == 0 and blocks1024["refused"] >= blocks16["refused"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (("--trace", "mooncake-conversation", "--capacity-blocks", "1000", "--matching", "radix"),
+     "--matching: radix matches prompts token by token, but mooncake-conversation carries only block hashes"
+     " (512 tokens a block)"),
+    (("--workload", "chat", "--capacity-blocks", "1000", "--page-size", "4"), "--page-size: would do nothing"),
+    (("--workload", "chat", "--capacity-blocks", "1000", "--matching", "radix", "--block-size", "16"),
+     "--block-size: is the blocks mode's unit"),
+    (("--workload", "chat", "--capacity-blocks", "1000", "--matching", "radix", "--hit-mode", "holes"),
+     "--hit-mode: holes has no meaning in a radix tree"),
+    (("--workload", "chat", "--capacity-blocks", "1000", "--matching", "radix", "--policy", "s3fifo"),
+     "policy: 's3fifo' can evict a page before the pages chained after it"),
+    (("--workload", "chat", "--capacity-blocks", "1000", "--matching", "radix", "--page-size", "0"),
+     "--page-size: must be a whole number of tokens from 1"),
+    (("--workload", "chat", "--capacity-blocks", "1000", "--block-size", "32", "--set", "block_size=64"),
+     "--set: block_size=64 and --block-size / --page-size 32 disagree"),
+])
+def test_what_radix_cannot_run_is_refused_in_one_line(flags, message):
+    done = run_kvemu("sim", *flags, "--duration", "10", "--quiet")
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("error: ")
