@@ -3,7 +3,8 @@
 Turn 0 of a session leaves at its trace time divided by the speed-up; turn j+1 leaves
 only after turn j's answer, plus turn j+1's trace gap divided by the speed-up. Requests
 go to ``/generate`` as msgpack with the trace's block hashes, so the cluster sees exactly
-the trace's blocks. Connections are bounded; every request yields one record. A request not
+the trace's blocks; to a cluster that matches by token (``--matching radix``), a trace cut into blocks
+of one token goes as ``token_ids`` (``tokens_of``), with the tokens its response will be. Connections are bounded; every request yields one record. A request not
 answered within the timeout is dropped: its connection closes, the router and the replica see the
 client leave and the replica aborts it (vLLM does), and its record says it timed out.
 """
@@ -20,6 +21,7 @@ import msgpack
 
 from loadgen.trace import Trace, TraceRequest, response_hashes
 from shared.histogram import LogHistogram
+from shared.tokenizer import VOCAB_SIZE
 from shared.progress import ProgressBar
 from shared.ratios import ratio
 
@@ -66,6 +68,13 @@ class Progress:
         self.bar.close()
 
 
+def tokens_of(hashes) -> list[int]:
+    """Token ids for a prompt cut into blocks of one token: each chained hash folded into the vocabulary.
+    Two prompts get the same ids up to the token where their streams part (the hashes are equal
+    there) and, but for a chance of one in the vocabulary's size at the first one, different ids after."""
+    return [h % VOCAB_SIZE for h in hashes]
+
+
 def sessions_of(trace: Trace, max_requests: int | None) -> dict[str, list[TraceRequest]]:
     chosen = trace.requests[:max_requests] if max_requests else trace.requests
     by: dict[str, list[TraceRequest]] = defaultdict(list)
@@ -78,9 +87,11 @@ def sessions_of(trace: Trace, max_requests: int | None) -> dict[str, list[TraceR
 
 class Replayer:
     def __init__(self, url: str, trace: Trace, speedup: float, max_requests: int | None = None,
-                 connections: int = 256, timeout_s: float = 600.0, progress: bool = True) -> None:
+                 connections: int = 256, timeout_s: float = 600.0, progress: bool = True,
+                 tokens: bool = False) -> None:
         self.url = url.rstrip("/")
         self.trace = trace
+        self.tokens = tokens  # send token ids (the trace is cut into blocks of one token)
         self.speedup = speedup
         self.sessions = sessions_of(trace, max_requests)
         self.responses = {id(r): h for r, h in zip(trace.requests, response_hashes(trace))}
@@ -129,9 +140,13 @@ class Replayer:
     async def _send(self, http: aiohttp.ClientSession, r: TraceRequest) -> Record:
         bs = self.trace.block_size
         input_tokens = max(r.input_tokens, len(r.hash_ids) * bs)
-        body = {"block_hashes": r.hash_ids, "input_tokens": input_tokens, "max_tokens": max(r.output_tokens, 1)}
+        body: dict = {"block_hashes": r.hash_ids, "input_tokens": input_tokens, "max_tokens": max(r.output_tokens, 1)}
         response = self.responses.get(id(r))
-        if response:  # what the response's blocks hash to: a replica that keeps response KV caches them
+        if self.tokens:
+            body = {"token_ids": tokens_of(r.hash_ids), "max_tokens": body["max_tokens"]}
+            if response:  # the tokens the response will be (the next turn's): a replica keeps their KV
+                body["response_token_ids"] = tokens_of(response)
+        elif response:  # what the response's blocks hash to: a replica that keeps response KV caches them
             body["response_block_hashes"] = response
         headers = {"Content-Type": "application/msgpack", "Accept": "application/msgpack", "X-Session-Id": r.session}
         sent = time.monotonic()

@@ -132,16 +132,16 @@ def plot_context(trace, requests, speedup: float, report: dict, source: str | No
             "ceiling": infinite_cache_hit_ratio(requests, [sent[id(r)] for r in requests])}
 
 
-def cluster_block_size(url: str) -> int | None:
-    """Tokens per block of the replicas behind ``url`` (a replica says so in /health)."""
+def cluster_matching(url: str) -> tuple[str, int | None]:
+    """How the replicas behind ``url`` match prompts, and their tokens per block or page (a replica says so
+    in /health): ``("blocks", 16)``; ``("blocks", None)`` when none says."""
     health = fetch_json(url + "/health") or {}
-    if "block_size" in health:
-        return health["block_size"]
-    for row in (fetch_json(url + "/cluster") or {}).get("replicas", []):
-        health = fetch_json(row["url"] + "/health") or {}
-        if "block_size" in health:
-            return health["block_size"]
-    return None
+    if "block_size" not in health:
+        for row in (fetch_json(url + "/cluster") or {}).get("replicas", []):
+            health = fetch_json(row["url"] + "/health") or {}
+            if "block_size" in health:
+                break
+    return str(health.get("matching", "blocks")), health.get("block_size")
 
 
 def run(args) -> int:
@@ -157,16 +157,17 @@ def run(args) -> int:
     url = args.url.rstrip("/")
     if fetch_json(url + "/health") is None:
         raise KvemuError(f"no kvemu router or replica answers at {args.url} (is `kvemu up` running?)")
-    trace = load_source(args)
-    block_size = cluster_block_size(url)
-    if block_size is not None and block_size != trace.block_size:
+    matching, block_size = cluster_matching(url)
+    tokens = matching == "radix"  # the replicas cut token ids into their pages: send tokens
+    trace = load_source(args, 1 if tokens else None, tokens=tokens)
+    if not tokens and block_size is not None and block_size != trace.block_size:
         # The trace's hashes stand for blocks of its own size; on another size every count would be off.
         raise InputError("--trace" if args.trace else "--workload",
                          f"has {trace.block_size}-token blocks but the cluster at {args.url} uses {block_size};"
                          f" start it with `kvemu up --block-size {trace.block_size}`")
     before = replica_stats(url)
     replayer = Replayer(args.url, trace, args.speedup, args.max_requests, args.connections, args.timeout,
-                        progress=not args.quiet)
+                        progress=not args.quiet, tokens=tokens)
     interrupted = False
     try:
         records = asyncio.run(replayer.run())

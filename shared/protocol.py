@@ -155,8 +155,14 @@ def parse_generate(obj: dict, block_size: int, limits: tuple[int, int], header_s
         raise InputError("token_ids", "give exactly one of token_ids or block_hashes")
     if has_tokens:
         tokens = _token_list(obj["token_ids"], "token_ids", max_prompt)
-        return GenerateSpec(block_hashes(tokens, block_size), len(tokens), max_tokens, session, stream, "generate",
-                            block_tokens=tokens)
+        hashes = block_hashes(tokens, block_size)
+        if obj.get("response_token_ids") is None:
+            return GenerateSpec(hashes, len(tokens), max_tokens, session, stream, "generate", block_tokens=tokens)
+        # A trace-driven client may say what the response's tokens will be (its next turn's): the full
+        # blocks they complete after the prompt's are what a replica that keeps response KV caches.
+        whole = tokens + _token_list(obj["response_token_ids"], "response_token_ids", max_out)
+        return GenerateSpec(hashes, len(tokens), max_tokens, session, stream, "generate",
+                            response_hashes=block_hashes(whole, block_size)[len(hashes):], block_tokens=whole)
     hashes = _hash_list(obj["block_hashes"], "block_hashes", max_prompt // block_size)
     prompt_tokens = _int(obj, "input_tokens", len(hashes) * block_size, 0, max_prompt)
     assert prompt_tokens is not None  # a default was given

@@ -1,10 +1,13 @@
 """Radix matching live: replicas started with ``--matching radix --page-size 1`` behind a router that hashes
 prompts the same way, driven by the official ``openai`` SDK; block hashes refused by name."""
 
+import json
+
 import openai
 import pytest
 
 from tests.support.cluster import start_router, stop_all, wait_indexed
+from tests.support.kvemu_cli import run_kvemu
 from tests.support.procs import http, http_json, start_replica
 
 pytestmark = pytest.mark.slow
@@ -55,3 +58,20 @@ def test_a_radix_replica_refuses_block_hashes_and_says_what_to_send(cluster):
     assert status == 200
     _, health = http_json("GET", replicas[0].url + "/health")
     assert (health["matching"], health["block_size"]) == ("radix", 1)
+
+
+def test_a_preset_replayed_on_radix_replicas_goes_as_tokens_and_hits_as_the_simulator_says(cluster, tmp_path):
+    router, _ = cluster
+    preset = ("--workload", "chat", "--duration", "15", "--set", "session_rate=1", "--seed", "3")
+    done = run_kvemu("replay", "--url", router.url, *preset, "--speedup", "100", "--quiet", "--json",
+                     str(tmp_path / "live.json"), timeout=120)
+    assert done.returncode == 0, done.stderr
+    live = json.loads((tmp_path / "live.json").read_text())["summary"]
+    done = run_kvemu("sim", *preset, "--matching", "radix", "--replicas", "2", "--capacity-blocks", "50000",
+                     "--causal", "--quiet", "--json", str(tmp_path / "sim.json"))
+    assert done.returncode == 0, done.stderr
+    virtual = json.loads((tmp_path / "sim.json").read_text())["runs"][0]
+    assert live["failed"] == 0 and live["requests"] == virtual["requests"]
+    # the replicas kept each response's KV from the tokens the replay said it would be: the next turns hit it
+    assert live["token_hit_ratio"] > 0.9
+    assert live["token_hit_ratio"] == pytest.approx(virtual["token_hit_ratio"], abs=0.02)

@@ -33,3 +33,22 @@ def test_a_trace_client_says_what_the_response_hashes_to_and_bad_values_name_the
             assert exc.field.startswith("response_block_hashes")
         else:
             raise AssertionError(bad)
+
+
+def test_token_ids_with_the_response_tokens_hash_the_full_blocks_the_response_completes():
+    from shared.hashing import block_hashes
+
+    prompt, response = list(range(20)), list(range(100, 130))  # 20 + 30 tokens: blocks of 16 end at 16, 32, 48
+    spec = protocol.parse_generate({"token_ids": prompt, "max_tokens": 30, "response_token_ids": response},
+                                   16, LIMITS, None)
+    whole = block_hashes(prompt + response, 16)
+    assert spec.hashes == whole[:1]  # the prompt fills one block; its 4-token tail is the response's first block
+    assert spec.response_hashes == whole[1:3]  # the blocks ending at 32 and 48; the last 2 tokens fill none
+    assert spec.block_tokens == prompt + response
+    assert protocol.parse_generate({"token_ids": prompt}, 16, LIMITS, None).response_hashes is None
+    try:
+        protocol.parse_generate({"token_ids": prompt, "response_token_ids": [1, -2]}, 16, LIMITS, None)
+    except protocol.InputError as exc:
+        assert exc.field == "response_token_ids[1]"
+    else:
+        raise AssertionError("a negative token id was taken")
