@@ -18,6 +18,7 @@ from shared.errors import KvemuError
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "gen": ("loadgen.gen_cmd", "generate a workload preset into a trace JSONL file"),
     "trace-stats": ("loadgen.stats_cmd", "summarise a trace: requests, blocks, reuse, sessions"),
+    "audit": ("loadgen.audit_cmd", "prompt-cache audit of a request log (OpenAI bodies): where prompts part, why, hit ratios"),
     "demo": ("kvemu.demo", "up + replay a short built-in workload + report, then shut down"),
     "up": ("kvemu.up", "start a router and N replicas as local processes"),
     "replay": ("loadgen.replay_cmd", "replay a trace or preset against a running cluster"),

@@ -251,13 +251,18 @@ def _messages(value: Any) -> list[dict]:
 
 
 def _tools(obj: dict) -> str:
-    """Tool definitions are part of the prompt a real server renders; so they are here."""
+    """Tool definitions are part of the prompt a real server renders; so they are here.
+
+    In the client's order, keys included: real chat templates render them with ``tojson``, which
+    keeps the order it was sent in (Hugging Face's, as vLLM and SGLang apply them), so tools or
+    keys sent in another order are another prompt there. Sorting them here made a reordering free,
+    which no real server gives (``kvemu audit`` finds where a log pays for it)."""
     tools = obj.get("tools")
     if tools is None:
         return ""
     if not isinstance(tools, list):
         raise InputError("tools", f"expected a list of tool definitions, got {type(tools).__name__}")
-    return json.dumps(tools, sort_keys=True, separators=(",", ":"))
+    return json.dumps(tools, separators=(",", ":"))
 
 
 def _refuse_unemulated(obj: dict, chat: bool) -> None:
