@@ -32,7 +32,8 @@ from shared.hashing import ROOT_HASH, chain_ids
 KVEMU_DEFAULT_BLOCK_SIZE = 16
 MOONCAKE_BLOCK_SIZE = 512
 BAILIAN_BLOCK_SIZE = 16
-FORMATS = ("kvemu", "mooncake", "bailian")
+FORMATS = ("kvemu", "mooncake", "bailian", "openai")
+TOKEN_FORMATS = ("openai",)  # formats that carry tokens, not hashes: cut into blocks of any size on read
 _KINDS = (None, "single", "multi", "agent")
 _U64 = 2**64
 _INT_ONLY = {int}
@@ -408,13 +409,22 @@ def read_bailian(path: str | Path, block_size: int | None = None) -> Trace:
 
 # --------------------------------------------------------------------------- dispatch
 
-_READERS = {"kvemu": read_kvemu, "mooncake": read_mooncake, "bailian": read_bailian}
+def read_openai(path: str | Path, block_size: int | None = None) -> Trace:
+    """A request log of OpenAI bodies (``loadgen.log_trace``): prompts rendered and cut into blocks."""
+    from loadgen.log_trace import read_openai_log
+
+    return read_openai_log(path, block_size)
+
+
+_READERS = {"kvemu": read_kvemu, "mooncake": read_mooncake, "bailian": read_bailian, "openai": read_openai}
 
 
 def detect_format(path: str | Path) -> str:
     """The format of ``path``, judged from the keys of its first JSON object."""
     p = str(path)
     for lineno, obj in iter_json_lines(p):
+        if "messages" in obj or "prompt" in obj or isinstance(obj.get("body"), dict):  # a request log
+            return "openai"
         if "kvemu_trace" in obj or "session" in obj or "input_tokens" in obj:
             return "kvemu"
         if "chat_id" in obj or "parent_chat_id" in obj:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from loadgen.formats import read_trace
+from loadgen.formats import TOKEN_FORMATS, detect_format, read_trace
 from loadgen.trace import Trace
 from shared.errors import InputError
 from shared.overrides import parse_pairs
@@ -26,11 +26,14 @@ def load_source(args, unit: int | None = None, tokens: bool = False) -> Trace:
     that size, as ``trace-stats --block-size``). ``tokens``: the run matches by token (radix), which a
     trace of block hashes cannot give: refused, naming what can."""
     if args.trace:
-        trace = read_trace(args.trace, args.format, None if tokens else unit)
+        fmt = detect_format(args.trace) if args.format == "auto" else args.format
+        # a trace of hashes is only labelled with a block size (and under radix not re-cut at all)
+        trace = read_trace(args.trace, fmt, unit if fmt in TOKEN_FORMATS or not tokens else None)
         if tokens and not trace.meta.get("tokens"):
             raise InputError("--matching", f"radix matches prompts token by token, but {trace_name(args.trace)} carries"
                                            f" only block hashes ({trace.block_size} tokens a block), which cannot be"
-                                           " cut into pages: use a preset (--workload) or --matching blocks")
+                                           " cut into pages: use a preset (--workload), a request log (--format openai) or"
+                                           " --matching blocks")
         return trace
     from loadgen.workloads import generate
 

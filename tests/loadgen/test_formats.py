@@ -273,10 +273,12 @@ def test_unknown_format_lists_valid_ones(mooncake_small):
 
 
 def test_undetectable_format(tmp_path):
-    path = write_lines(tmp_path / "x.jsonl", [{"prompt": "hi"}])
+    path = write_lines(tmp_path / "x.jsonl", [{"text": "hi"}])
     with pytest.raises(TraceFormatError, match="pass a format") as exc:
         read_trace(path)
     assert exc.value.line == 1
+    # a completions body is a request log (loadgen.log_trace)
+    assert detect_format(write_lines(tmp_path / "y.jsonl", [{"prompt": "hi"}])) == "openai"
 
 
 def test_bad_block_size(mooncake_small):
