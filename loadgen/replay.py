@@ -3,9 +3,10 @@
 Turn 0 of a session leaves at its trace time divided by the speed-up; turn j+1 leaves
 only after turn j's answer, plus turn j+1's trace gap divided by the speed-up. Requests
 go to ``/generate`` as msgpack with the trace's block hashes, so the cluster sees exactly
-the trace's blocks; to a cluster that matches by token (``--matching radix``), a trace cut into blocks
-of one token goes as ``token_ids`` (``tokens_of``), with the tokens its response will be.
-Connections are bounded; every request yields one record. A request not answered within the timeout is dropped: its connection closes, the router and the replica see the
+the trace's blocks; to a cluster that matches by token (``--matching radix``), a trace cut
+into blocks of one token goes as ``token_ids`` (``tokens_of``), with the tokens its response
+will be. Connections are bounded; every request yields one record. A request not answered
+within the timeout is dropped: its connection closes, the router and the replica see the
 client leave and the replica aborts it (vLLM does), and its record says it timed out.
 """
 
