@@ -78,6 +78,7 @@ def plot(doc: dict, path: str) -> None:
             ax.set_ylabel(label)
             if key == "ttft_p95_s":  # a saturated replica's queue dwarfs the rest: a log scale shows both
                 ax.set_yscale("log")
+                ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
                 ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
                 ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
             ax.set_xlabel("KV capacity per replica")
