@@ -227,7 +227,7 @@ def _tool_calls(calls: Any, where: str) -> str:
     for j, call in enumerate(calls):
         if not isinstance(call, dict):
             raise InputError(f"{where}[{j}]", "expected a tool call object")
-    return "<tool_call>" + json.dumps(calls, sort_keys=True, separators=(",", ":")) + "</tool_call>"
+    return "<tool_call>" + _render_json(calls, where, sort_keys=True) + "</tool_call>"
 
 
 def _messages(value: Any) -> list[dict]:
@@ -262,7 +262,16 @@ def _tools(obj: dict) -> str:
         return ""
     if not isinstance(tools, list):
         raise InputError("tools", f"expected a list of tool definitions, got {type(tools).__name__}")
-    return json.dumps(tools, separators=(",", ":"))
+    return _render_json(tools, "tools")
+
+
+def _render_json(value: Any, where: str, sort_keys: bool = False) -> str:
+    """Compact JSON as a template renders it. A nesting the decoder takes (its limit is 1,024 levels)
+    can still be too deep to encode again: a 400 naming the field, not a RecursionError."""
+    try:
+        return json.dumps(value, sort_keys=sort_keys, separators=(",", ":"))
+    except RecursionError:
+        raise InputError(where, "is nested too deeply to render; flatten it") from None
 
 
 def _refuse_unemulated(obj: dict, chat: bool) -> None:

@@ -96,3 +96,17 @@ def test_a_lone_surrogate_in_a_prompt_is_a_400_naming_the_field(chat, field):
     with pytest.raises(InputError, match="lone surrogate") as err:
         protocol.parse_openai(body, chat, 16, (1000, 100), None)
     assert err.value.field == field
+
+
+def test_tools_nested_too_deeply_to_render_are_a_400_naming_them():
+    import pytest as _pytest
+
+    from shared import protocol as _protocol
+    from shared.errors import InputError as _InputError
+
+    depth = 1000  # within the decoder's limit, beyond what json.dumps can encode again
+    raw = ('{"messages":[{"role":"user","content":"hi"}],"tools":' + "[" * depth + "]" * depth + "}").encode()
+    obj = _protocol.decode_body(raw, "application/json")
+    with _pytest.raises(_InputError, match="nested too deeply") as exc:
+        _protocol.parse_openai(obj, True, 16, (1 << 20, 4096), None)
+    assert exc.value.field == "tools"
