@@ -75,3 +75,15 @@ def test_a_preset_replayed_on_radix_replicas_goes_as_tokens_and_hits_as_the_simu
     # the replicas kept each response's KV from the tokens the replay said it would be: the next turns hit it
     assert live["token_hit_ratio"] > 0.9
     assert live["token_hit_ratio"] == pytest.approx(virtual["token_hit_ratio"], abs=0.02)
+
+
+def test_a_router_that_hashes_in_other_units_says_so_in_its_log(cluster):
+    _, replicas = cluster
+    router = start_router([r.url for r in replicas])  # blocks of 16, the default
+    try:
+        wait_indexed(router.url, [r.url for r in replicas])
+    finally:
+        router.stop()
+    log = router.proc.stderr.read().decode()
+    assert "matches by radix of 1 tokens but this router hashes blocks of 16" in log
+    assert "--matching / --page-size / --block-size" in log
