@@ -196,7 +196,7 @@ def test_tools_nested_deeper_than_the_renderer_goes_are_a_line_error(tmp_path):
     # orjson takes 1,022 levels (its limit is 1,024); rendering them recurses past Python's limit (1,000)
     line = '{"messages": [{"role": "user", "content": "x"}], "tools": [' + "[" * 1020 + "]" * 1020 + "]}"
     path = write_log(tmp_path / "deep.jsonl", [line])
-    with pytest.raises(TraceFormatError, match=r"deep.jsonl:1: field 'line': nested too deeply"):
+    with pytest.raises(TraceFormatError, match=r"deep.jsonl:1: field 'tools': is nested too deeply"):
         list(iter_request_log(path))
 
 
