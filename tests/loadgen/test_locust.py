@@ -110,8 +110,8 @@ def test_locust_counts_a_request_past_its_timeout_as_failed_and_the_replica_abor
     before = aborted()
     out = tmp_path / "timeout"
     proc = run_locust(cluster.router_url, out, "--kvemu-think-scale", "0.02", "--kvemu-timeout", "1",
-                      "--kvemu-weights", "single=1,chat=0,agent=0", "--kvemu-set", "single.response_median=60000",
-                      "--kvemu-set", "single.response_sigma=0.01",  # every response that long, none a short draw
+                      "--kvemu-weights", "single=1,chat=0,agent=0", "--kvemu-set",
+                      "single.response_median=60000,single.response_sigma=0.01",  # all that long: none a short draw
                       users=2, run_time="4s")
     assert proc.returncode == 1, proc.stderr[-3000:]  # failures: Locust exits 1
     single = read_stats(out)[("POST", "single")]
