@@ -1,17 +1,25 @@
 """The compiled parts of kvemu: the simulator's block pool with LRU, S3-FIFO, Belady or
-BeladyCompute (replica/core/compiled/_pool.c) and SHARDS's exact LRU stack (replica/core/compiled/_lru_stack.c).
+BeladyCompute (replica/core/compiled/_pool.c), SHARDS's exact LRU stack (replica/core/compiled/_lru_stack.c),
+and the scheduler step and simulator loop compiled from their Python source by mypyc
+(shared/compiled_modules.py lists them; KVEMU_MYPYC=0 skips them).
 
-Both are optional: where no C compiler is found the build goes on without them and the
-simulator uses their Python definitions, which give the same results (the compiled parts are
-tested against them). Each carries the SHA-256 of the source it was built from, so a checkout
-whose C source changed since the last install uses the Python definition instead of a stale
-build (replica/core/compiled/native.py). Everything else is in pyproject.toml.
+All are optional: where no C compiler (or no mypyc) is found the build goes on without them and
+kvemu runs their Python definitions, which give the same results (the compiled parts are tested
+against them). Each records the SHA-256 of the source it was built from, so a checkout whose source
+changed since the last install runs the Python definition instead of a stale build
+(replica/core/compiled/native.py, shared/compiled_modules.py). Everything else is in pyproject.toml.
 """
 
 import importlib.util
+import json
+import os
+import shutil
+import sys
+import sysconfig
 from pathlib import Path
 
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
 HERE = Path(__file__).parent
 # replica/core/compiled/native.py lists each module's sources and digests them; it needs only the stdlib
@@ -28,4 +36,53 @@ def extension(name: str) -> Extension:
                      define_macros=[("SOURCE_SHA256", f'"{digest}"')])
 
 
-setup(ext_modules=[extension("_pool"), extension("_lru_stack")])
+_spec = importlib.util.spec_from_file_location("compiled_modules", HERE / "shared" / "compiled_modules.py")
+compiled_modules = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(compiled_modules)
+
+
+def mypyc_extensions() -> list[Extension]:
+    """The scheduler step and simulator loop compiled by mypyc, or none (no mypyc, no C compiler, or
+    KVEMU_MYPYC=0): kvemu then runs them from source, as fast as before."""
+    if os.environ.get("KVEMU_MYPYC", "1") == "0":
+        return []
+    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if not (shutil.which(cc) or shutil.which("cc") or shutil.which("gcc")):
+        print("kvemu: no C compiler: the scheduler runs from its Python source", file=sys.stderr)
+        return []
+    try:
+        from mypyc.build import mypycify
+    except ImportError:
+        print("kvemu: no mypyc: the scheduler runs from its Python source", file=sys.stderr)
+        return []
+    paths = [str(compiled_modules.source_path(m, Path("."))) for m in compiled_modules.MODULES]
+    exts = mypycify(paths, opt_level="3")
+    for ext in exts:
+        ext.optional = True  # a failed compile leaves the Python source running (the digest is not written)
+    return exts
+
+
+class BuildExt(build_ext):
+    """After the build: the digest of the sources the mypyc modules were built from, beside them,
+    only where every one of them was built (shared/compiled_modules.py reads it)."""
+
+    def run(self) -> None:
+        super().run()
+        names = set(compiled_modules.MODULES)
+        outputs = [Path(self.get_ext_fullpath(ext.name)) for ext in self.extensions if ext.name in names]
+        if len(outputs) != len(names) or not all(p.exists() for p in outputs):
+            return
+        record = json.dumps({"sources_sha256": compiled_modules.source_digest(HERE),
+                             "modules": list(compiled_modules.MODULES)}) + "\n"
+        # beside the outputs (a wheel's build tree), and in the source tree for an editable install
+        # (setuptools copies the modules there; the finder reads the digest there)
+        roots = {outputs[0].parents[len(compiled_modules.MODULES[0].split(".")) - 1]}
+        if self.inplace or getattr(self, "editable_mode", False):
+            roots.add(HERE)
+        for root in roots:
+            target = root / compiled_modules.DIGEST_FILE
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(record)
+
+
+setup(ext_modules=[extension("_pool"), extension("_lru_stack"), *mypyc_extensions()], cmdclass={"build_ext": BuildExt})

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from itertools import chain
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 
 from loadgen.trace import Trace, response_hashes
 from replica.core.build import ReplicaCore, build_core
@@ -26,6 +27,7 @@ from replica.core.compiled.pool import CompiledPool, compiles, hashes_u64, prefi
 from replica.core.sched.scheduler import SchedRequest, Scheduler, StepResult
 from replica.core.tiers.stack import TierStack
 from router.strategies import ReplicaState, RouteRequest, RoutingSettings, RoutingStep, strategy_spec
+from shared import compiled_modules
 from shared.costmodel import CostModel
 from shared.gc_tuning import gc_settled
 from shared.histogram import LogHistogram
@@ -160,6 +162,7 @@ def _build_replica(i: int, s: SimSettings, block_size: int, cost: CostModel, ind
                     tiers=core.tiers)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # compiled by mypyc (shared/compiled_modules.py); tests subclass it
 class Simulation:
     def __init__(self, trace: Trace, settings: SimSettings, progress: Callable[[int, int], None] | None = None):
         self.trace = trace
@@ -419,6 +422,10 @@ class Simulation:
             # why not compiled where it was asked for (None: it ran, or --python-core asked for Python)
             "engine": "compiled" if all(rep.compiled is not None for rep in self.replicas) else "python",
             "engine_reason": next((rep.core.why_python for rep in self.replicas if rep.core.why_python), None),
+            # the scheduler step and this loop: compiled by mypyc from their source, or that source
+            # (shared.compiled_modules: the same results)
+            "step_engine": compiled_modules.status(),
+            "step_engine_reason": compiled_modules.reason() or None,
             "block_size": self.block_size,
             "model": self.cost.model.name,
             "gpu": self.cost.gpu.name,

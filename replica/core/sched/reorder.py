@@ -7,12 +7,15 @@ from __future__ import annotations
 import heapq
 from collections import _count_elements  # type: ignore[attr-defined]  # C helper Counter uses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from mypy_extensions import mypyc_attr
 
 from replica.core.cache.pool import PoolBusyError
 from replica.core.sched.sched_types import SchedRequest
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # its subclass Scheduler allows them
 class ReorderLoans:
     """Mixed into ``Scheduler``; every attribute it uses is the scheduler's."""
 
@@ -26,16 +29,29 @@ class ReorderLoans:
     _lent: dict[int, int]
     _dirty: bool
 
-    if TYPE_CHECKING:  # defined by Scheduler
-        @property
-        def num_running(self) -> int: ...
+    # Defined by Scheduler, which overrides each; declared here as methods (not under TYPE_CHECKING) so that
+    # mypyc, which compiles this class (shared/compiled_modules.py), sees them on the mixin.
+    @property
+    def num_running(self) -> int:
+        raise NotImplementedError
 
-        def _acquire(self, req: SchedRequest, now: float, reserve: int = 0) -> None: ...
-        def _start(self, req: SchedRequest, now: float) -> None: ...
-        def _kv_hashes(self, r: SchedRequest) -> Sequence[int]: ...
-        def _extra_at_admission(self, req: SchedRequest) -> int: ...
-        def _fits(self, req: SchedRequest) -> bool: ...
-        def _preempt(self, r: SchedRequest, now: float) -> None: ...
+    def _acquire(self, req: SchedRequest, now: float, reserve: int = 0) -> None:
+        raise NotImplementedError
+
+    def _start(self, req: SchedRequest, now: float) -> None:
+        raise NotImplementedError
+
+    def _kv_hashes(self, r: SchedRequest) -> Sequence[int]:
+        raise NotImplementedError
+
+    def _extra_at_admission(self, req: SchedRequest) -> int:
+        raise NotImplementedError
+
+    def _fits(self, req: SchedRequest) -> bool:
+        raise NotImplementedError
+
+    def _preempt(self, r: SchedRequest, now: float) -> None:
+        raise NotImplementedError
 
     def _promote(self, now: float) -> None:
         """The head does not fit: admit shorter requests behind it (up to ``reorder_window`` tried)

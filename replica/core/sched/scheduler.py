@@ -50,6 +50,8 @@ import heapq
 from collections import deque  # type: ignore[attr-defined]  # C helper Counter uses
 from collections.abc import Callable, Sequence
 
+from mypy_extensions import mypyc_attr
+
 from replica.core.cache.pool import PoolBusyError, PoolCapacityError
 from replica.core.cache.types import Lookup, ResponseStore, SchedulerPool
 from replica.core.sched.decode_kv import DecodeBlocks
@@ -74,6 +76,7 @@ from shared.errors import InputError
 __all__ = ["ADMISSIONS", "SCHEDULERS", "QueueFullError", "SchedRequest", "Scheduler", "SchedulerSettings", "StepResult",
            "StepTimer", "check_admission"]
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # compiled by mypyc (shared/compiled_modules.py); tests subclass it
 class Scheduler(ReorderLoans):
     """Work per step is proportional to what changes (admissions, prefill chunks, finishing
     requests), not to the number of running requests: decoding requests share one decode
