@@ -69,14 +69,15 @@ class BuildExt(build_ext):
     def run(self) -> None:
         super().run()
         names = set(compiled_modules.MODULES)
-        outputs = [Path(self.get_ext_fullpath(ext.name)) for ext in self.extensions if ext.name in names]
-        if len(outputs) != len(names) or not all(p.exists() for p in outputs):
+        outputs = {ext.name: Path(self.get_ext_fullpath(ext.name)) for ext in self.extensions if ext.name in names}
+        if len(outputs) != len(names) or not all(p.exists() for p in outputs.values()):
             return
         record = json.dumps({"sources_sha256": compiled_modules.source_digest(HERE),
                              "modules": list(compiled_modules.MODULES)}) + "\n"
         # beside the outputs (a wheel's build tree), and in the source tree for an editable install
         # (setuptools copies the modules there; the finder reads the digest there)
-        roots = {outputs[0].parents[len(compiled_modules.MODULES[0].split(".")) - 1]}
+        first = compiled_modules.MODULES[0]
+        roots = {outputs[first].parents[len(first.split(".")) - 1]}
         if self.inplace or getattr(self, "editable_mode", False):
             roots.add(HERE)
         for root in roots:
