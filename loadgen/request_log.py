@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import zlib
 from array import array
 from bisect import bisect_right
 from collections.abc import Iterator
@@ -358,18 +357,18 @@ def _open(path: str):
 
 def iter_records(path: str | Path) -> Iterator[tuple[int, dict]]:
     """(line number, object) of each non-blank line; a bad line is a ``TraceFormatError``."""
+    from loadgen.formats import iter_json_lines
+
     p = resolve_log(path)
-    lineno = 0
-    with _open(p) as fh:
-        try:
-            for lineno, raw in enumerate(fh, 1):
-                if raw.strip():
-                    try:
-                        yield lineno, protocol.decode_body(raw, "application/json")
-                    except InputError as exc:
-                        raise TraceFormatError(p, lineno, "line", exc.message) from None
-        except (OSError, EOFError, zlib.error) as exc:  # a corrupt .gz
-            raise TraceFormatError(p, lineno + 1, "file", f"unreadable ({exc})") from None
+    return iter_json_lines(p, _decode, _open(p))
+
+
+def _decode(p: str, lineno: int, raw: bytes) -> dict:
+    """A line as the server decodes a body (exact JSON, bounded nesting); not an object is the caller's."""
+    try:
+        return protocol.decode_body(raw, "application/json")
+    except InputError as exc:
+        raise TraceFormatError(p, lineno, "line", exc.message) from None
 
 
 def iter_request_log(path: str | Path, render: bool = True) -> Iterator[LoggedRequest]:
