@@ -32,6 +32,7 @@ MODULES = (
     "replica.core.sched.decode_kv",
     "replica.core.sched.reorder",
     "replica.core.sched.scheduler",
+    "router.strategies.prefix",
     "sim.simulator",
 )
 ROOT = Path(__file__).resolve().parent.parent  # the directory holding shared/, sim/, replica/

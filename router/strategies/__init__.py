@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
+import shared  # noqa: F401 - installs the compiled modules' finder before router.strategies.prefix is imported
 from router.strategies.affinity import load_bound, session_affinity
 from router.strategies.balance import least_loaded, random_choice, round_robin
 from router.strategies.base import (

@@ -82,7 +82,7 @@ def cache_aware(
         f = r.in_flight
         ov = get(r.replica_id, 0)
         ov = 0 if ov <= 0 else (ov if ov < nb else nb)
-        todo: float = nb - ov
+        todo = float(nb - ov)  # a float from here on (mypyc compiles this loop: shared/compiled_modules.py)
         if tiered:
             rid = r.replica_id
             saved = 0.0  # summed first, in level order: the same rounding as one expression

@@ -20,6 +20,8 @@ CASES = {
     "cluster_inclusive_ssd": ["--workload", "agent", "--duration", "60", "--set", "session_rate=0.3", "--replicas", "4",
                               "--capacity-gib", "4", "--host-cache-gib", "8", "--ssd-cache-gib", "32",
                               "--tier-mode", "inclusive"],
+    "cache_only_8_replicas_host_tier": ["--trace", "mooncake-conversation", "--capacity-blocks", "800", "--replicas", "8",
+                                        "--cache-only", "--host-cache-gib", "16"],
     "radix_causal": ["--workload", "chat", "--duration", "40", "--set", "session_rate=1", "--matching", "radix",
                      "--capacity-gib", "8", "--causal"],
     "python_pool_s3fifo_no_decode_kv": ["--trace", "mooncake-conversation", "--capacity-blocks", "3000",
