@@ -16,16 +16,15 @@ Qwen-Bailian (alibaba-edu/qwen-bailian-usagetraces-anon): ``chat_id``, ``parent_
 from __future__ import annotations
 
 import gzip
-import zlib
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from importlib.resources import files
 from pathlib import Path
-from typing import BinaryIO
 
 import orjson
 
 from loadgen import trace_cache
+from loadgen.jsonlines import json_lines
 from loadgen.trace import Trace, TraceRequest, gc_paused, shared_prefix
 from shared.errors import InputError, TraceFormatError, UnknownNameError
 from shared.hashing import ROOT_HASH, chain_ids
@@ -95,22 +94,10 @@ def _hash_list(path: str, lineno: int, obj: dict, name: str) -> list[int]:
     return ids
 
 
-def iter_json_lines(path: str | Path, parse: Callable[[str, int, bytes], dict] | None = None,
-                    opened: BinaryIO | None = None) -> Iterator[tuple[int, dict]]:
-    """(line number, object) for each non-blank line; malformed JSON names file and line. ``parse``: how a
-    line becomes its object (default orjson, objects only); ``opened``: the file, opened (default
-    ``open_trace``, which knows the built-in names)."""
+def iter_json_lines(path: str | Path) -> Iterator[tuple[int, dict]]:
+    """(line number, object) for each non-blank line; malformed JSON names file and line."""
     p = str(path)
-    parse = parse or _parse_line
-    lineno = 0
-    # Binary mode: invalid UTF-8 then fails on its own line instead of mid-buffer.
-    with opened if opened is not None else open_trace(p) as fh:
-        try:
-            for lineno, line in enumerate(fh, 1):
-                if line.strip():
-                    yield lineno, parse(p, lineno, line)
-        except (OSError, EOFError, zlib.error) as exc:  # a corrupt .gz (gzip.BadGzipFile is an OSError)
-            raise TraceFormatError(p, lineno + 1, "file", f"corrupt gzip data ({exc})") from None
+    return json_lines(p, open_trace(p), _parse_line)  # binary: invalid UTF-8 fails on its own line
 
 
 def _parse_line(p: str, lineno: int, line: bytes) -> dict:

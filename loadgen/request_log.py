@@ -42,6 +42,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from loadgen.jsonlines import json_lines
 from shared import protocol, tokenizer
 from shared.errors import InputError, TraceFormatError
 
@@ -357,10 +358,8 @@ def _open(path: str):
 
 def iter_records(path: str | Path) -> Iterator[tuple[int, dict]]:
     """(line number, object) of each non-blank line; a bad line is a ``TraceFormatError``."""
-    from loadgen.formats import iter_json_lines
-
     p = resolve_log(path)
-    return iter_json_lines(p, _decode, _open(p))
+    return json_lines(p, _open(p), _decode)
 
 
 def _decode(p: str, lineno: int, raw: bytes) -> dict:
