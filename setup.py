@@ -69,6 +69,8 @@ class BuildExt(build_ext):
     def run(self) -> None:
         super().run()
         names = set(compiled_modules.MODULES)
+        if self.inplace or getattr(self, "editable_mode", False):
+            self._remove_stale(names)
         outputs = {ext.name: Path(self.get_ext_fullpath(ext.name)) for ext in self.extensions if ext.name in names}
         if len(outputs) != len(names) or not all(p.exists() for p in outputs.values()):
             return
@@ -84,6 +86,21 @@ class BuildExt(build_ext):
             target = root / compiled_modules.DIGEST_FILE
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(record)
+
+
+    def _remove_stale(self, names: set[str]) -> None:
+        """An editable tree keeps what earlier builds put beside the sources: a module dropped from the set
+        would still load its old build (and that build's runtime library, gone), so those files go."""
+        keep = {Path(self.get_ext_fullpath(ext.name)).name for ext in self.extensions}
+        for package in {m.rsplit(".", 1)[0] for m in compiled_modules.MODULES} | {"shared", "sim"}:
+            folder = HERE.joinpath(*package.split("."))
+            for built in folder.glob("*.cpython-*.so"):
+                module = f"{package}.{built.name.split('.', 1)[0]}"
+                if module not in names and (folder / (built.name.split(".", 1)[0] + ".py")).exists():
+                    built.unlink()
+        for runtime in HERE.glob("*__mypyc.cpython-*.so"):
+            if runtime.name not in keep:
+                runtime.unlink()
 
 
 setup(ext_modules=[extension("_pool"), extension("_lru_stack"), *mypyc_extensions()], cmdclass={"build_ext": BuildExt})
