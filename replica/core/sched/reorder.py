@@ -5,6 +5,7 @@ behind a blocked head, and taking them back. A part of ``Scheduler`` (its state 
 from __future__ import annotations
 
 import heapq
+from abc import abstractmethod
 from collections import _count_elements  # type: ignore[attr-defined]  # C helper Counter uses
 from collections.abc import Sequence
 from typing import Any
@@ -29,29 +30,29 @@ class ReorderLoans:
     _lent: dict[int, int]
     _dirty: bool
 
-    # Defined by Scheduler, which overrides each; declared here as methods (not under TYPE_CHECKING) so that
-    # mypyc, which compiles this class (shared/compiled_modules.py), sees them on the mixin.
+    # Scheduler defines these; declared abstract on the mixin (not under TYPE_CHECKING) so that mypyc, which
+    # compiles this class (shared/compiled_modules.py), sees them.
     @property
-    def num_running(self) -> int:
-        raise NotImplementedError
+    @abstractmethod
+    def num_running(self) -> int: ...
 
-    def _acquire(self, req: SchedRequest, now: float, reserve: int = 0) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def _acquire(self, req: SchedRequest, now: float, reserve: int = 0) -> None: ...
 
-    def _start(self, req: SchedRequest, now: float) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def _start(self, req: SchedRequest, now: float) -> None: ...
 
-    def _kv_hashes(self, r: SchedRequest) -> Sequence[int]:
-        raise NotImplementedError
+    @abstractmethod
+    def _kv_hashes(self, r: SchedRequest) -> Sequence[int]: ...
 
-    def _extra_at_admission(self, req: SchedRequest) -> int:
-        raise NotImplementedError
+    @abstractmethod
+    def _extra_at_admission(self, req: SchedRequest) -> int: ...
 
-    def _fits(self, req: SchedRequest) -> bool:
-        raise NotImplementedError
+    @abstractmethod
+    def _fits(self, req: SchedRequest) -> bool: ...
 
-    def _preempt(self, r: SchedRequest, now: float) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def _preempt(self, r: SchedRequest, now: float) -> None: ...
 
     def _promote(self, now: float) -> None:
         """The head does not fit: admit shorter requests behind it (up to ``reorder_window`` tried)
