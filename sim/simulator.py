@@ -189,7 +189,7 @@ class Simulation:
         self._kernels = kernels if indexed and len(kernels) == len(self.replicas) else None
         self.by_id = {r.replica_id: r for r in self.replicas}
         self.tiered = any(rep.tiers is not None for rep in self.replicas)
-        self._tier_pools = [(rep.replica_id, rep.tiers, [lv.pool for lv in rep.tiers.levels])
+        self._tier_pools = [(rep.replica_id, rep.tiers, [lv.held for lv in rep.tiers.levels])
                             for rep in self.replicas if rep.tiers is not None]
         self.responses = response_hashes(trace) if settings.response_kv == "keep" else None
         self.refused = self._refuse()
@@ -345,8 +345,8 @@ class Simulation:
                 if start >= n:
                     continue
                 h = hashes[start]
-                for pool in level_pools:  # most replicas hold nothing after their HBM prefix: no call then
-                    if h in pool.resident:
+                for held in level_pools:  # most replicas hold nothing after their HBM prefix: no call then
+                    if h in held:
                         overlap.update(tiers.lower_overlap(replica_id, hashes, start))
                         break
         _, pos = self.router.route(self.states, view, overlap)
@@ -384,6 +384,12 @@ class Simulation:
         rep.state.queued_tokens = rep.sched.queued_prefill_tokens
         rep.state.kv_usage = rep.live_pool.usage()
 
+    def _engine(self) -> str:
+        """``compiled`` where every replica's pools run their compiled twins, ``python`` where none's HBM
+        does, else ``mixed`` (``ReplicaCore.engine``)."""
+        engines = {rep.core.engine for rep in self.replicas}
+        return engines.pop() if len(engines) == 1 else "mixed"
+
     def _report(self, wall_s: float) -> dict:
         per = []
         timed = None if self.s.cache_only else True  # cache-only has no clock: no latencies to report
@@ -420,8 +426,9 @@ class Simulation:
             "decode_kv": None if self.s.cache_only else self.s.decode_kv,
             # the pool that served: compiled (replica.core.compiled.pool, the same results) or python, and
             # why not compiled where it was asked for (None: it ran, or --python-core asked for Python)
-            "engine": "compiled" if all(rep.compiled is not None for rep in self.replicas) else "python",
-            "engine_reason": next((rep.core.why_python for rep in self.replicas if rep.core.why_python), None),
+            "engine": self._engine(),
+            "engine_reason": next((why for rep in self.replicas for why in (rep.core.why_python,
+                                                                             rep.core.why_python_levels) if why), None),
             # the scheduler step and this loop: compiled by mypyc from their source, or that source
             # (shared.compiled_modules: the same results)
             "step_engine": compiled_modules.status(),

@@ -10,7 +10,7 @@ from replica.core.cache.costs import DepthCosts
 from replica.core.cache.metrics import PoolMetrics
 from replica.core.cache.policies import make_policy
 from replica.core.cache.pool import BlockPool, KvEvent
-from replica.core.compiled.pool import CompiledPool, why_not
+from replica.core.compiled.pool import CompiledPool, KernelLevels, why_not
 from replica.core.sched.sched_types import (
     DEFAULT_ADMISSION,
     DEFAULT_MAX_LOANS,
@@ -153,6 +153,9 @@ class ReplicaCore:
     # why the compiled twin does not run though it was asked for (``compiled.pool.why_not``); None: it
     # runs, or the Python pool was asked for
     why_python: str | None = None
+    # why a tier level below HBM runs its Python pool though the compiled twin was asked for; None: each
+    # level's twin runs (or there are none, or the Python pools were asked for)
+    why_python_levels: str | None = None
 
     @property
     def pool(self) -> BlockPool:
@@ -168,6 +171,14 @@ class ReplicaCore:
     def compiled(self) -> CompiledPool | None:
         """The compiled twin when it runs (its ``serve_requests`` replays a trace in one call)."""
         return self._compiled
+
+    @property
+    def engine(self) -> str:
+        """``compiled``: HBM and every tier level run their compiled twins; ``python``: HBM runs the
+        Python pool; ``mixed``: HBM is compiled, a tier level is not (``why_python_levels``)."""
+        if self._compiled is None:
+            return "python"
+        return "mixed" if self.why_python_levels is not None else "compiled"
 
     @property
     def metrics(self) -> PoolMetrics:
@@ -230,9 +241,17 @@ def build_core(s: CoreSettings, cost: CostModel, *, hashes_fit: bool = True) -> 
     fast = CompiledPool(pool) if s.compiled and why is None else None
     if tiers is not None and fast is not None:
         tiers.hbm_lookup = fast  # what the stack asks of HBM (missing blocks) the serving pool answers
+    levels_why: list[str] = []
+    if tiers is not None and s.compiled:
+        def level_twin(name: str, level_pool: BlockPool) -> CompiledPool | None:
+            reason = why_not(level_pool, tiers=level_pool.evicted_sink is not None, hashes_fit=hashes_fit, level=True)
+            if reason is not None:
+                levels_why.append(f"the {name} tier: {reason}")
+            return CompiledPool(level_pool) if reason is None else None
+        tiers.serve_levels_with(level_twin, KernelLevels)
     sched = Scheduler(fast or pool, cost, SchedulerSettings(token_budget=s.token_budget, max_running=s.max_running,
                                                     max_waiting=s.max_waiting, admission=s.scheduler,
                                                     decode_kv=s.decode_kv, max_model_len=s.max_model_len,
                                                     watermark=s.watermark, max_loans=s.max_loans),
                       report_decoded=s.stream_tokens, tiers=tiers, keep_response_kv=s.response_kv == "keep")
-    return ReplicaCore(pool, sched, tiers, fast, why)
+    return ReplicaCore(pool, sched, tiers, fast, why, levels_why[0] if levels_why else None)

@@ -100,6 +100,15 @@ class BlockPool:
         """Read-only view: pinned hash -> number of running requests that hold it."""
         return self.policy_context.pinned
 
+    @property
+    def held(self) -> Mapping[int, str | None]:
+        """What it holds, for membership tests (``h in held``): its resident map (the compiled twin's is its kernel)."""
+        return self.resident
+
+    def settle(self) -> BlockPool:
+        """Itself, current (the compiled twin's ``settle`` writes its state into the pool it was made from)."""
+        return self
+
     def is_pinned(self, h: int) -> bool:
         return h in self._refs
 
@@ -107,6 +116,11 @@ class BlockPool:
         """The depths of the blocks of ``hashes`` not resident (what a lower tier may restore)."""
         resident = self.resident
         return [i for i, h in enumerate(hashes) if h not in resident]
+
+    def absent(self, hashes: Sequence[int]) -> list[int]:
+        """The hashes not resident, in order (what a lower tier would newly store)."""
+        resident = self.resident
+        return [h for h in hashes if h not in resident]
 
     def pins_of(self, hashes: Sequence[int]) -> list[int]:
         """How many running requests hold each of ``hashes`` (0: none, or not resident)."""

@@ -33,8 +33,12 @@
 #define Q_MAIN 2
 
 /* ---- a keyed set of slots with one intrusive list ----------------------------------------- */
+/* One entry of the index: the key beside its slot, so a probe reads one cache line (the tables of a
+ * cluster's pools and tiers outgrow the caches, and a lookup is then a memory access). */
+typedef struct { uint64_t key; int32_t slot, unused; } Bucket;
+
 typedef struct {
-    int32_t *index;  /* 2^bits entries: slot or NIL */
+    Bucket *index;   /* 2^bits entries: slot (NIL: empty) and its key */
     uint64_t mask;
     uint64_t *key;
     int32_t *prev, *next;
@@ -58,13 +62,13 @@ static int table_init(Table *t, int32_t slots) {
     t->mask = size - 1;
     t->slots = slots;
     t->used = 0;
-    t->index = malloc(size * sizeof(int32_t));
+    t->index = malloc(size * sizeof(Bucket));
     t->key = malloc((size_t)slots * sizeof(uint64_t));
     t->prev = malloc((size_t)slots * sizeof(int32_t));
     t->next = malloc((size_t)slots * sizeof(int32_t));
     t->free_next = malloc((size_t)slots * sizeof(int32_t));
     if (!t->index || !t->key || !t->prev || !t->next || !t->free_next) return -1;
-    memset(t->index, 0xff, size * sizeof(int32_t));
+    memset(t->index, 0xff, size * sizeof(Bucket));  /* slot NIL everywhere */
     for (int32_t i = 0; i < slots; i++) t->free_next[i] = i + 1 < slots ? i + 1 : NIL;
     t->free_head = slots ? 0 : NIL;
     return 0;
@@ -78,9 +82,9 @@ static void table_free(Table *t) {
 static inline int32_t table_find(const Table *t, uint64_t k) {
     uint64_t i = mix(k) & t->mask;
     for (;;) {
-        int32_t s = t->index[i];
-        if (s == NIL) return NIL;
-        if (t->key[s] == k) return s;
+        const Bucket *b = &t->index[i];
+        if (b->slot == NIL) return NIL;
+        if (b->key == k) return b->slot;
         i = (i + 1) & t->mask;
     }
 }
@@ -91,27 +95,27 @@ static inline int32_t table_add(Table *t, uint64_t k) {  /* k must be absent; a 
     t->key[s] = k;
     t->prev[s] = t->next[s] = NIL;
     uint64_t i = mix(k) & t->mask;
-    while (t->index[i] != NIL) i = (i + 1) & t->mask;
-    t->index[i] = s;
+    while (t->index[i].slot != NIL) i = (i + 1) & t->mask;
+    t->index[i].slot = s;
+    t->index[i].key = k;
     t->used++;
     return s;
 }
 
 static void table_del(Table *t, int32_t s) {
     uint64_t i = mix(t->key[s]) & t->mask;
-    while (t->index[i] != s) i = (i + 1) & t->mask;
+    while (t->index[i].slot != s) i = (i + 1) & t->mask;
     uint64_t j = i;
     for (;;) {  /* backward shift: move later entries of the probe run into the hole */
         j = (j + 1) & t->mask;
-        int32_t o = t->index[j];
-        if (o == NIL) break;
-        uint64_t home = mix(t->key[o]) & t->mask;
+        if (t->index[j].slot == NIL) break;
+        uint64_t home = mix(t->index[j].key) & t->mask;
         if (((j - home) & t->mask) >= ((j - i) & t->mask)) {
-            t->index[i] = o;
+            t->index[i] = t->index[j];
             i = j;
         }
     }
-    t->index[i] = NIL;
+    t->index[i].slot = NIL;
     t->free_next[s] = t->free_head;
     t->free_head = s;
     t->used--;
@@ -824,6 +828,47 @@ static PyObject *Pool_pins_of(Pool *k, PyObject *hashes) {
     return out;
 }
 
+/* remove(hashes, computed=True): BlockPool.remove, the unpinned resident blocks of hashes leave (a
+ * block promoted out of a lower tier): out of the policy's order (LRUPolicy / S3FIFOPolicy.on_remove:
+ * no ghost entry, no counter kept), footprints shrink, never-reused ones count as one-hit if
+ * computed; no eviction is counted. LRU and S3-FIFO (the policies a tier level may have). */
+static PyObject *Pool_remove(Pool *k, PyObject *args) {
+    PyObject *hashes;
+    int computed = 1;
+    if (!PyArg_ParseTuple(args, "O|p", &hashes, &computed)) return NULL;
+    if (k->kind > KIND_S3FIFO) { PyErr_SetString(PyExc_ValueError, "remove: LRU and S3-FIFO only"); return NULL; }
+    PyObject *seq = PySequence_Fast(hashes, "hashes must be a sequence of ints");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    Table *t = &k->res;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint64_t h = PyLong_AsUnsignedLongLong(items[i]);
+        if (h == (uint64_t)-1 && PyErr_Occurred()) { Py_DECREF(seq); return NULL; }
+        int32_t s = table_find(t, h);
+        if (s == NIL || k->refs[s]) continue;
+        if (k->queue[s] == Q_SMALL) list_unlink(t, &k->order, s);
+        else if (k->queue[s] == Q_MAIN) list_unlink(t, &k->main, s);
+        k->queue[s] = Q_NONE;
+        k->freq[s] = NOT_TRACKED;
+        k->fp_count[k->owner[s]]--;
+        if (computed && !k->reused[s]) k->one_hit++;
+        table_del(t, s);
+    }
+    Py_DECREF(seq);
+    Py_RETURN_NONE;
+}
+
+/* h in pool: resident (a tier's membership test, as `h in BlockPool.resident`). */
+static int Pool_contains(Pool *k, PyObject *key) {
+    if (!PyLong_Check(key)) return 0;
+    uint64_t h = PyLong_AsUnsignedLongLong(key);
+    if (h == (uint64_t)-1 && PyErr_Occurred()) { PyErr_Clear(); return 0; }  /* not a u64: never resident */
+    return table_find(&k->res, h) != NIL;
+}
+
+static PySequenceMethods Pool_as_sequence = {.sq_contains = (objobjproc)Pool_contains};
+
 /* store(hashes, session_code) -> the hashes stored (BlockPool.store). */
 static PyObject *Pool_store(Pool *k, PyObject *args) {
     PyObject *hashes;
@@ -1068,6 +1113,22 @@ static PyObject *Pool_state(Pool *k, PyObject *Py_UNUSED(ignored)) {
     return out;
 }
 
+/* absent(hashes) -> the hashes not resident, in order (what a tier level would newly store). */
+static PyObject *Pool_absent(Pool *k, PyObject *hashes) {
+    PyObject *seq = PySequence_Fast(hashes, "hashes must be a sequence of ints");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject *out = PyList_New(0);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; out && i < n; i++) {
+        uint64_t h = PyLong_AsUnsignedLongLong(items[i]);
+        if (h == (uint64_t)-1 && PyErr_Occurred()) { Py_CLEAR(out); break; }
+        if (table_find(&k->res, h) == NIL && PyList_Append(out, items[i]) < 0) Py_CLEAR(out);
+    }
+    Py_DECREF(seq);
+    return out;
+}
+
 static PyObject *Pool_get_used(Pool *k, void *c) { (void)c; return PyLong_FromLong(k->res.used); }
 static PyObject *Pool_get_pinned(Pool *k, void *c) { (void)c; return PyLong_FromLong(k->pinned); }
 static PyObject *Pool_get_private(Pool *k, void *c) { (void)c; return PyLong_FromLong(k->private_blocks); }
@@ -1091,6 +1152,8 @@ static PyMethodDef Pool_methods[] = {
     {"store", (PyCFunction)Pool_store, METH_VARARGS, "BlockPool.store: (hashes, session_code) -> the hashes stored."},
     {"pins_of", (PyCFunction)Pool_pins_of, METH_O, "BlockPool.pins_of: running requests holding each block."},
     {"missing", (PyCFunction)Pool_missing, METH_O, "BlockPool.missing: depths of the blocks not resident."},
+    {"absent", (PyCFunction)Pool_absent, METH_O, "The hashes not resident, in order."},
+    {"remove", (PyCFunction)Pool_remove, METH_VARARGS, "BlockPool.remove: (hashes, computed=True); LRU and S3-FIFO."},
     {"record_evicted", (PyCFunction)Pool_record_evicted, METH_O, "Keep each call's evicted keys (a lower tier's feed)."},
     {"take_evicted", (PyCFunction)Pool_take_evicted, METH_NOARGS, "The keys evicted since the last take."},
     {"state", (PyCFunction)Pool_state, METH_NOARGS, "The pool's, policy's and metrics' state, for the write-back."},
@@ -1108,6 +1171,7 @@ static PyTypeObject PoolType = {
     .tp_dealloc = (destructor)Pool_dealloc,
     .tp_methods = Pool_methods,
     .tp_getset = Pool_getset,
+    .tp_as_sequence = &Pool_as_sequence,
 };
 
 /* prefix_matches(pools, hashes) -> [leading blocks of hashes resident in each pool]: BlockPool.prefix_match
@@ -1147,8 +1211,106 @@ fail:
     return NULL;
 }
 
+/* Reads pools (a sequence of Pool) and hashes into the arrays given: 0, or -1 with the error set. */
+static int read_pools_and_keys(PyObject *pools, PyObject *hashes, PyObject **ps, PyObject **hs, uint64_t **h) {
+    *ps = PySequence_Fast(pools, "pools must be a sequence of Pool");
+    if (!*ps) return -1;
+    *hs = PySequence_Fast(hashes, "hashes must be a sequence of ints");
+    if (!*hs) { Py_CLEAR(*ps); return -1; }
+    for (Py_ssize_t j = 0; j < PySequence_Fast_GET_SIZE(*ps); j++)
+        if (!PyObject_TypeCheck(PySequence_Fast_GET_ITEM(*ps, j), &PoolType)) {
+            PyErr_SetString(PyExc_TypeError, "pools must be Pool objects");
+            goto fail;
+        }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(*hs);
+    *h = malloc((size_t)(n ? n : 1) * sizeof(uint64_t));
+    if (!*h) { PyErr_NoMemory(); goto fail; }
+    PyObject **items = PySequence_Fast_ITEMS(*hs);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        (*h)[i] = PyLong_AsUnsignedLongLong(items[i]);
+        if ((*h)[i] == (uint64_t)-1 && PyErr_Occurred()) { free(*h); *h = NULL; goto fail; }
+    }
+    return 0;
+fail:
+    Py_CLEAR(*ps); Py_CLEAR(*hs);
+    return -1;
+}
+
+static inline Py_ssize_t first_holder(PyObject *ps, Py_ssize_t np, uint64_t key) {  /* -1: none holds it */
+    for (Py_ssize_t j = 0; j < np; j++)
+        if (table_find(&((Pool *)PySequence_Fast_GET_ITEM(ps, j))->res, key) != NIL) return j;
+    return -1;
+}
+
+/* level_runs(pools, hashes, depths) -> [(pool position, first depth, end depth)]: the runs of consecutive
+ * depths (ascending) whose blocks one pool holds, the first pool that holds a block taking it
+ * (TierStack's runs of missing blocks per lower level, over the levels' compiled pools). */
+static PyObject *level_runs(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *pools, *hashes, *depths, *ps, *hs, *out = NULL, *ds = NULL;
+    uint64_t *h = NULL;
+    if (!PyArg_ParseTuple(args, "OOO", &pools, &hashes, &depths)) return NULL;
+    if (read_pools_and_keys(pools, hashes, &ps, &hs, &h) < 0) return NULL;
+    ds = PySequence_Fast(depths, "depths must be a sequence of ints");
+    if (!ds) goto done;
+    Py_ssize_t np = PySequence_Fast_GET_SIZE(ps), n = PySequence_Fast_GET_SIZE(hs), nd = PySequence_Fast_GET_SIZE(ds);
+    out = PyList_New(0);
+    Py_ssize_t run_pool = -1, run_start = 0, run_end = -1;
+    for (Py_ssize_t j = 0; out && j <= nd; j++) {
+        Py_ssize_t i = -1, p = -1;
+        if (j < nd) {
+            i = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(ds, j));
+            if (i == -1 && PyErr_Occurred()) { Py_CLEAR(out); break; }
+            if (i < 0 || i >= n) { PyErr_SetString(PyExc_IndexError, "level_runs: a depth past the hashes"); Py_CLEAR(out); break; }
+            p = first_holder(ps, np, h[i]);
+            if (p < 0) continue;
+            if (p == run_pool && i == run_end) { run_end++; continue; }
+        }
+        if (run_pool >= 0) {  /* the run before this block ends */
+            PyObject *t = Py_BuildValue("(nnn)", run_pool, run_start, run_end);
+            if (!t || PyList_Append(out, t) < 0) { Py_XDECREF(t); Py_CLEAR(out); break; }
+            Py_DECREF(t);
+        }
+        run_pool = p; run_start = i; run_end = i + 1;
+    }
+done:
+    free(h); Py_XDECREF(ps); Py_XDECREF(hs); Py_XDECREF(ds);
+    return out;
+}
+
+/* lower_counts(pools, hashes, start) -> [blocks per pool]: the run of hashes from start that some pool
+ * holds, each block counted for the first pool that holds it (shared.index.base.lower_overlap's counts). */
+static PyObject *lower_counts(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *pools, *hashes, *ps, *hs, *out = NULL;
+    Py_ssize_t start;
+    uint64_t *h = NULL;
+    if (!PyArg_ParseTuple(args, "OOn", &pools, &hashes, &start)) return NULL;
+    if (read_pools_and_keys(pools, hashes, &ps, &hs, &h) < 0) return NULL;
+    Py_ssize_t np = PySequence_Fast_GET_SIZE(ps), n = PySequence_Fast_GET_SIZE(hs);
+    long *counts = calloc((size_t)(np ? np : 1), sizeof(long));
+    if (!counts) { PyErr_NoMemory(); goto done; }
+    for (Py_ssize_t i = start < 0 ? 0 : start; i < n; i++) {
+        Py_ssize_t p = first_holder(ps, np, h[i]);
+        if (p < 0) break;
+        counts[p]++;
+    }
+    out = PyList_New(np);
+    for (Py_ssize_t j = 0; out && j < np; j++) {
+        PyObject *v = PyLong_FromLong(counts[j]);
+        if (!v) { Py_CLEAR(out); break; }
+        PyList_SET_ITEM(out, j, v);
+    }
+    free(counts);
+done:
+    free(h); Py_XDECREF(ps); Py_XDECREF(hs);
+    return out;
+}
+
 static PyMethodDef module_methods[] = {
     {"prefix_matches", prefix_matches, METH_VARARGS, "BlockPool.prefix_match of one prompt in each of several pools."},
+    {"level_runs", level_runs, METH_VARARGS, "Runs of consecutive depths one pool holds: [(pool, first, end)]."},
+    {"lower_counts", lower_counts, METH_VARARGS, "The run from start some pool holds: blocks per pool."},
     {NULL, NULL, 0, NULL},
 };
 

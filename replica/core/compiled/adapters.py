@@ -42,7 +42,8 @@ class Adapter:
     ``load`` writes the kernel's state into the policy; ``view`` is the policy's state as the
     equivalence tests compare it (``snapshot.PoolSnapshot``: what a later request could tell apart;
     it reads the pool's pin counts); ``cost_aware``: the kernel reads the policy's cost per depth
-    (``set_policy_costs``); ``stores``: the kernel's ``store`` (kept response KV) has the policy."""
+    (``set_policy_costs``); ``stores``: the kernel's ``store`` (kept response KV) and ``remove`` (a tier
+    level's fetched blocks) have the policy."""
 
     kind: str
     params: Callable[[Any], dict[str, int] | None]

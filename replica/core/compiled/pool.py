@@ -24,7 +24,7 @@ reports which ran (``engine`` in its JSON); ``--python-core`` asks for the Pytho
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from itertools import chain
 
 import numpy as np
@@ -40,7 +40,7 @@ _Refused = _pool.Refused if _pool is not None else RuntimeError  # what the comp
 # Why a compiled call refused, as the extension defines the codes (no kernel: nothing refuses)
 _TOO_LONG, _REPEATS, _BUSY = (_pool.TOO_LONG, _pool.REPEATS, _pool.BUSY) if _pool is not None else (-1, -1, -1)
 
-__all__ = ["CompiledPool", "compilable", "compiled", "compiles", "hashes_u64", "prefix_matches", "why_not"]
+__all__ = ["CompiledPool", "KernelLevels", "compilable", "compiled", "compiles", "hashes_u64", "prefix_matches", "why_not"]
 
 CHUNK = 8192  # requests per call of the cache-only replay: progress between calls
 MAX_BLOCKS = 1 << 23  # larger pools run the Python one, whose memory grows with what is cached
@@ -52,14 +52,15 @@ def compiled() -> bool:
 
 
 def why_not(pool: BlockPool, *, tiers: bool = False, keeps_response_kv: bool = False, hbm_caching: bool = True,
-            hashes_fit: bool = True) -> str | None:
+            hashes_fit: bool = True, level: bool = False) -> str | None:
     """Why ``CompiledPool(pool)`` would not be this pool's exact twin where it runs (None: it would).
 
     ``tiers``: lower memory tiers sit below it (they hear of its evictions after each call; without
     ``hbm_caching`` they also take blocks out of it, which only the Python pool does); ``keeps_response_kv``: its scheduler stores response
     blocks (``BlockPool.store``: the kernel's covers LRU and S3-FIFO, not the oracles, whose stored
     blocks would need a next use); ``hashes_fit``: every hash it will see is a
-    64-bit unsigned integer (what the kernel keys on; ``hashes_u64`` tells).
+    64-bit unsigned integer (what the kernel keys on; ``hashes_u64`` tells); ``level``: it is a memory
+    level below HBM (``TierStack``), whose fetched blocks leave it (``remove``: LRU and S3-FIFO, as ``store``).
     """
     if _pool is None:
         return MISSING
@@ -72,6 +73,8 @@ def why_not(pool: BlockPool, *, tiers: bool = False, keeps_response_kv: bool = F
         return "HBM without caching (--no-hbm-caching) needs the Python pool"
     if keeps_response_kv and not adapter.stores:
         return f"kept response KV with {pool.policy.name} needs the Python pool (the compiled store has LRU and S3-FIFO)"
+    if level and not adapter.stores:
+        return f"a tier level with {pool.policy.name} needs the Python pool (the compiled remove has LRU and S3-FIFO)"
     if not hashes_fit:
         return "a block hash is not a 64-bit unsigned integer"
     if pool.resident or pool.private or pool.pinned:
@@ -110,6 +113,24 @@ def prefix_matches(pools: Sequence[CompiledPool], hashes: Sequence[int]) -> list
     """``prefix_match`` of ``hashes`` in each of ``pools``, in one call into the kernel."""
     assert _pool is not None  # a CompiledPool exists only where the kernel does
     return _pool.prefix_matches([p._kernel for p in pools], hashes)
+
+
+class KernelLevels:
+    """``replica.core.tiers.stack.LevelQueries`` over tier levels that all run compiled: each query one
+    call into the kernel (``HeldLevels`` is the definition; the equivalence tests compare both)."""
+
+    __slots__ = ("_kernels",)
+
+    def __init__(self, levels: Sequence[CompiledPool]) -> None:
+        self._kernels = [level._kernel for level in levels]
+
+    def runs(self, hashes: Sequence[int], depths: Sequence[int]) -> list[tuple[int, int, int]]:
+        assert _pool is not None  # a CompiledPool exists only where the kernel does
+        return _pool.level_runs(self._kernels, hashes, depths)
+
+    def lower_counts(self, hashes: Sequence[int], start: int) -> list[int]:
+        assert _pool is not None
+        return _pool.lower_counts(self._kernels, hashes, start)
 
 
 class CompiledPool:
@@ -211,6 +232,24 @@ class CompiledPool:
     def release(self, alloc: Allocation, now: float = 0.0) -> None:
         self._kernel.release(alloc.hashes)
         self._settled = False
+
+    def absent(self, hashes: Sequence[int]) -> list[int]:
+        """``BlockPool.absent``: the hashes not resident, in order."""
+        return self._kernel.absent(hashes)
+
+    def remove(self, hashes: Sequence[int], computed: bool = True) -> None:
+        """``BlockPool.remove``: unpinned resident blocks leave (a block promoted out of a lower tier)."""
+        self._kernel.remove(hashes, computed)
+        self._settled = False
+
+    @property
+    def held(self) -> Container[int]:
+        """What it holds, for membership tests (``h in held``, as of ``BlockPool.resident``), in C."""
+        return self._kernel
+
+    @property
+    def used(self) -> int:
+        return self._kernel.used
 
     def pins_of(self, hashes: Sequence[int]) -> list[int]:
         """``BlockPool.pins_of``: running requests holding each block (0: none)."""

@@ -95,6 +95,8 @@ class Scheduler(ReorderLoans):
         self.pool = pool
         self.tiers = tiers
         self.keep_response_kv = keep_response_kv
+        # the pool as a store of response KV, decided once (a Protocol's isinstance costs microseconds)
+        self._store: ResponseStore | None = pool if isinstance(pool, ResponseStore) else None
         self.cost = cost
         self.settings = settings or SchedulerSettings()
         self.report_decoded = report_decoded
@@ -459,8 +461,8 @@ class Scheduler(ReorderLoans):
         self.decode_kv.forget(r)
         r.alloc = None
         stored: list[int] = []
-        if filled and self.keep_response_kv and isinstance(self.pool, ResponseStore):
-            stored = self.pool.store(r.response_hashes[r.kept:filled], r.session, now)
+        if filled and self.keep_response_kv and self._store is not None:
+            stored = self._store.store(r.response_hashes[r.kept:filled], r.session, now)
             if stored and self.timer is not None:  # a backend with real K/V computes theirs
                 self.timer.stored(r, stored)
             if self.tiers is not None:
@@ -537,9 +539,9 @@ class Scheduler(ReorderLoans):
         self.decode_kv.forget(r)
         stored: list[int] = []
         if self.keep_response_kv and r.response_hashes:  # colocated vLLM: the response's KV stays cached
-            pool = self.pool
-            if not isinstance(pool, ResponseStore):  # build_core compiles no pool that keeps response KV
-                raise TypeError(f"{type(pool).__name__} cannot keep response KV")
+            pool = self._store
+            if pool is None:  # build_core compiles no pool that keeps response KV
+                raise TypeError(f"{type(self.pool).__name__} cannot keep response KV")
             # Stored before the prompt is released: vLLM frees a finished sequence's blocks tail first
             # (generated, then prompt): the response's blocks leave before the prompt they extend, so a
             # block never leaves before the blocks chained after it (SGLang's radix tree evicts leaves

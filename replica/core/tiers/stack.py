@@ -39,12 +39,13 @@ from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from replica.core.cache.costs import DepthCosts
 from replica.core.cache.policies import make_policy, policy_class
 from replica.core.cache.pool import Allocation, BlockPool, KvEvent
 from replica.core.cache.types import Lookup
 from replica.core.tiers.levels import SSD_READ_GBPS, SSD_WRITE_GBPS, LevelSettings, level_kind
 from shared.errors import InputError
-from shared.index.base import lower_overlap
+from shared.index.base import level_key, lower_overlap
 from shared.validate import check_number
 
 TIER_MODES = ("inclusive", "exclusive")
@@ -173,15 +174,87 @@ class TierCounters:
         return sum(self.hits[1:])
 
 
+class LevelPool(Protocol):
+    """What the stack asks of a level's pool: the ``BlockPool`` itself, or its compiled twin
+    (``replica.core.compiled.pool.CompiledPool``, which the simulator puts in its place)."""
+
+    capacity: int
+
+    @property
+    def pinned(self) -> int: ...
+    @property
+    def held(self) -> Container[int]: ...
+    def serve(self, lookup: Lookup) -> Allocation: ...
+    def acquire(self, lookup: Lookup) -> Allocation: ...
+    def release(self, alloc: Allocation, now: float = 0.0) -> None: ...
+    def remove(self, hashes: Sequence[int], computed: bool = True) -> None: ...
+    def absent(self, hashes: Sequence[int]) -> list[int]: ...
+    def settle(self) -> BlockPool: ...
+
+
+class LevelQueries(Protocol):
+    """What the stack asks of all its levels at once, level positions in the stack's order."""
+
+    def runs(self, hashes: Sequence[int], depths: Sequence[int]) -> list[tuple[int, int, int]]:
+        """(level position, first depth, end depth): runs of consecutive ``depths`` (ascending) whose
+        blocks one level holds, the upper level that holds a block taking it."""
+        ...
+
+    def lower_counts(self, hashes: Sequence[int], start: int) -> list[int]:
+        """The run of ``hashes`` from ``start`` some level holds: its blocks per level (the upper first)."""
+        ...
+
+
+class HeldLevels:
+    """``LevelQueries`` over the levels' membership (``Level.held``): the definition, in Python.
+    ``replica.core.compiled.pool.KernelLevels`` answers the same in C where every level is compiled."""
+
+    __slots__ = ("held",)
+
+    def __init__(self, held: Sequence[Container[int]]) -> None:
+        self.held = held
+
+    def runs(self, hashes: Sequence[int], depths: Sequence[int]) -> list[tuple[int, int, int]]:
+        runs: list[tuple[int, int, int]] = []
+        held = self.held
+        for i in depths:
+            h = hashes[i]
+            for k, level in enumerate(held):
+                if h in level:
+                    break
+            else:
+                continue
+            if runs and runs[-1][0] == k and runs[-1][2] == i:
+                runs[-1] = (k, runs[-1][1], i + 1)
+            else:
+                runs.append((k, i, i + 1))
+        return runs
+
+    def lower_counts(self, hashes: Sequence[int], start: int) -> list[int]:
+        counts = lower_overlap("", hashes, start, self.held)  # the one definition (indexes use it too)
+        return [counts.get(level_key("", k), 0) for k in range(1, len(self.held) + 1)]
+
+
 @dataclass(slots=True)
 class Level:
-    """One level below HBM as the stack runs it."""
+    """One level below HBM as the stack runs it: ``serving`` takes its calls and ``held`` answers
+    what it holds (the ``BlockPool`` and its resident map, or the pool's compiled twin in both
+    places, see ``TierStack.serve_levels_with``); ``pool`` is the ``BlockPool``, current."""
 
     index: int  # 1: next to HBM
     name: str
-    pool: BlockPool
+    serving: LevelPool
     link: Link | None  # its own link up; None: host memory, whose link is the device link
     write_bw: float  # bytes/s a write down to it takes on ``link``
+    held: Container[int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.held = self.serving.held
+
+    @property
+    def pool(self) -> BlockPool:
+        """The level's ``BlockPool``, with what its compiled twin reached written into it."""
+        return self.serving.settle()
 
 
 class TierStack:
@@ -196,6 +269,8 @@ class TierStack:
         self.hbm_lookup: MissingBlocks = hbm
         self.block_bytes = block_bytes
         self.recompute_cost = recompute_cost
+        # a run's recompute cost is a difference of prefix sums (cached per depth, as the metrics' are)
+        self.costs = recompute_cost if isinstance(recompute_cost, DepthCosts) else DepthCosts(recompute_cost)
         configured = settings.levels()
         self.counters = TierCounters.of(len(configured))
         # The device link: host memory <-> HBM, per direction; every move into or out of HBM crosses it.
@@ -217,6 +292,22 @@ class TierStack:
         hbm.evicted_sink = self._hbm_evicted
         for k, level in enumerate(self.levels):
             level.pool.evicted_sink = self._spiller(level, self.levels[k + 1] if k + 1 < len(self.levels) else None)
+        self.queries: LevelQueries = HeldLevels([lv.held for lv in self.levels])
+
+    def serve_levels_with(self, twin: Callable[[str, BlockPool], LevelPool | None],
+                          queries: Callable[[list], LevelQueries]) -> None:
+        """Put each level's compiled twin in its pool's place where ``twin`` makes one (the simulator's
+        fast path; ``twin`` returns None where it would not be exact, and says why to whom it may);
+        where every level has one, ``queries`` of their list answers the stack's ``LevelQueries``."""
+        twins = []
+        for level in self.levels:
+            fast = twin(level.name, level.pool)
+            if fast is not None:
+                level.serving = fast
+                level.held = fast.held
+                twins.append(fast)
+        self.queries = queries(twins) if twins and len(twins) == len(self.levels) \
+            else HeldLevels([lv.held for lv in self.levels])
 
     def level(self, name: str) -> Level | None:
         """The level of that name (``"host"``, ``"ssd"``, ...); None: it holds no blocks."""
@@ -248,7 +339,7 @@ class TierStack:
     @property
     def capacity(self) -> int:
         """Blocks the lower levels hold at most."""
-        return sum(lv.pool.capacity for lv in self.levels)
+        return sum(lv.serving.capacity for lv in self.levels)
 
     # ---- flows down ---------------------------------------------------------------
     def produced(self, hashes: Sequence[int], now: float) -> None:
@@ -288,8 +379,8 @@ class TierStack:
 
     def _store(self, level: Level, hashes: Sequence[int], src: str) -> None:
         """Copy blocks from level ``src`` into a level (those it holds already just count as used)."""
-        tier = level.pool
-        new = [h for h in hashes if h not in tier.resident]
+        tier, held = level.serving, level.held
+        new = tier.absent(hashes)
         if not new:
             return
         nbytes = len(new) * self.block_bytes
@@ -298,11 +389,11 @@ class TierStack:
             self.d2h.reserve(self._now, nbytes, copies=len(new))
         if level.link is not None:
             level.link.reserve(self._now, nbytes, level.write_bw)
-        room = tier.capacity - len(tier.pin_counts)  # blocks held for a pending fetch stay
+        room = tier.capacity - tier.pinned  # blocks held for a pending fetch stay
         if room > 0:
             tier.serve(Lookup(new[:room], now=self._now))  # its evictions move down first (their copies too)
             if self.copies is not None:
-                self.copies.copy(src, level.name, [h for h in new[:room] if h in tier.resident])
+                self.copies.copy(src, level.name, [h for h in new[:room] if h in held])
         if len(new) > room:  # no room even after evicting: on to the next level, or gone
             k = levels.index(level)
             if k + 1 < len(levels):
@@ -323,23 +414,25 @@ class TierStack:
         plan = FetchPlan(arrival=now if arrival is None else min(arrival, now))
         waited = now - plan.arrival
         plan.links = [(link, link.busy_until, link.bytes_moved) for link in (self.h2d, *self._links.values())]
-        for level, idx in self._runs(hashes, self.hbm_lookup.missing(hashes)):
-            if self._worth_fetching(level, idx, waited):
-                plan.restored_idx.extend(idx)
-                plan.pins.append((level, level.pool.acquire(Lookup([hashes[i] for i in idx], now=now))))
+        levels = self.levels
+        for k, first, end in self.queries.runs(hashes, self.hbm_lookup.missing(hashes)):
+            level = levels[k]
+            if self._worth_fetching(level, first, end, waited):
+                plan.restored_idx.extend(range(first, end))
+                plan.pins.append((level, level.serving.acquire(Lookup(hashes[first:end], now=now))))
                 # reads are queued now, ahead of the write-back the allocation will cause
                 start = max(self._now, self.h2d.busy_until)
                 plan.started_at = min(plan.started_at, start) if plan.ready_at else start
-                plan.ready_at = max(plan.ready_at, self._transfer_up(level, len(idx), plan.arrival))
+                plan.ready_at = max(plan.ready_at, self._transfer_up(level, end - first, plan.arrival))
             else:
-                plan.recomputed += len(idx)
+                plan.recomputed += end - first
         plan.restored_idx.sort()
         return plan
 
     def cancel(self, plan: FetchPlan) -> None:
         """The allocation failed (HBM busy, nothing evicted): unpin and unqueue; it will plan again."""
         for level, alloc in plan.pins:
-            level.pool.release(alloc, self._now)
+            level.serving.release(alloc, self._now)
         for link, busy_until, moved in plan.links:
             link.busy_until, link.bytes_moved = busy_until, moved
         plan.pins.clear()
@@ -357,12 +450,13 @@ class TierStack:
             if self.copies is not None:  # into the HBM blocks the allocation gave them
                 self.copies.copy(level.name, "hbm", blocks)
             c.hits[level.index] += len(blocks)
-            level.pool.release(alloc, now)
+            level.serving.release(alloc, now)
             if self.settings.mode == "exclusive":
-                level.pool.remove(blocks)  # it lives in HBM now
+                level.serving.remove(blocks)  # it lives in HBM now
         plan.pins.clear()
-        restored = set(plan.restored_idx)
-        self.produced([hashes[i] for i in new_idx if i not in restored], now)
+        if self.settings.mode == "inclusive":  # copied down as computed (produced does nothing otherwise)
+            restored = set(plan.restored_idx)
+            self.produced([hashes[i] for i in new_idx if i not in restored], now)
 
     def _transfer_up(self, level: Level, blocks: int, arrival: float) -> float:
         nbytes = blocks * self.block_bytes
@@ -370,23 +464,6 @@ class TierStack:
             return self.h2d.reserve(self._now, nbytes, copies=blocks)
         # level -> host staged from the request's arrival (while it waited), then host -> HBM
         return max(level.link.reserve(arrival, nbytes), self.h2d.reserve(self._now, nbytes, copies=blocks))
-
-    def _runs(self, hashes: Sequence[int], new_idx: Sequence[int]) -> list[tuple[Level, list[int]]]:
-        """Runs of consecutive missing depths held by one lower level (the upper one looked up first)."""
-        runs: list[tuple[Level, list[int]]] = []
-        levels = self.levels
-        for i in new_idx:
-            h = hashes[i]
-            for level in levels:
-                if h in level.pool.resident:
-                    break
-            else:
-                continue
-            if runs and runs[-1][0] is level and runs[-1][1][-1] == i - 1:
-                runs[-1][1].append(i)
-            else:
-                runs.append((level, [i]))
-        return runs
 
     def transfer_seconds(self, level: Level, blocks: int, waited: float = 0.0) -> float:
         """Time a restore of ``blocks`` adds once the request is admitted (links idle)."""
@@ -396,11 +473,14 @@ class TierStack:
             return host
         return max(nbytes / level.link.bandwidth - waited, host)  # the wait hid part of the level's read
 
-    def _worth_fetching(self, level: Level, idx: list[int], waited: float) -> bool:
+    def _worth_fetching(self, level: Level, first: int, end: int, waited: float) -> bool:
+        """Whether to restore the run of depths [first, end) from ``level``: its transfer against its
+        recompute (a difference of the per-depth costs' prefix sums, as the metrics' CSR adds them)."""
         fetch = self.settings.fetch
         if fetch != "auto":
             return fetch == "always"
-        return self.transfer_seconds(level, len(idx), waited) < sum(self.recompute_cost(i) for i in idx)
+        costs = self.costs
+        return self.transfer_seconds(level, end - first, waited) < costs.total(end) - costs.total(first)
 
     def lower_overlap(self, replica_id: str, hashes: Sequence[int], hbm_prefix: int) -> dict[str, int]:
         """For a router: the run of blocks after the HBM prefix that the lower levels hold, per level
@@ -408,12 +488,10 @@ class TierStack:
         levels = self.levels
         # the run is empty unless a level holds the block after the HBM prefix: most replicas of a
         # cluster hold nothing of a given session, and the router asks every one of them
-        if hbm_prefix >= len(hashes) or not any(hashes[hbm_prefix] in lv.pool.resident for lv in levels):
+        if hbm_prefix >= len(hashes) or not any(hashes[hbm_prefix] in lv.held for lv in levels):
             return {}
-        held: list[Container[int]] = [set()] * len(self.names)
-        for lv in levels:
-            held[lv.index - 1] = lv.pool.resident
-        return lower_overlap(replica_id, hashes, hbm_prefix, held)
+        counts = self.queries.lower_counts(hashes, hbm_prefix)
+        return {level_key(replica_id, lv.index): n for lv, n in zip(levels, counts) if n}
 
     # ---- reporting ------------------------------------------------------------------
     def stats(self) -> dict:
