@@ -27,6 +27,8 @@ from pathlib import Path
 # In dependency order: mypyc compiles them as one group.
 MODULES = (
     "shared.histogram",
+    "shared.costmodel",
+    "replica.core.tiers.stack",
     "replica.core.sched.sched_types",
     "replica.core.sched.decode_kv",
     "replica.core.sched.reorder",

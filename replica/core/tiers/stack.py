@@ -219,10 +219,8 @@ class HeldLevels:
         held = self.held
         for i in depths:
             h = hashes[i]
-            for k, level in enumerate(held):
-                if h in level:
-                    break
-            else:
+            k = next((k for k, level in enumerate(held) if h in level), -1)  # the upper level holding it
+            if k < 0:
                 continue
             if runs and runs[-1][0] == k and runs[-1][2] == i:
                 runs[-1] = (k, runs[-1][1], i + 1)
