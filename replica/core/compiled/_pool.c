@@ -93,13 +93,12 @@ static inline int32_t table_find(const Table *t, uint64_t k) {
 /* Asks for the bucket where a lookup of k starts: a cluster's tables outgrow the caches, so a
  * loop over a request's keys asks a few keys ahead and its lookups then find their lines loaded. */
 #define AHEAD 8
-static inline void table_prefetch(const Table *t, uint64_t k) {
 #if defined(__GNUC__) || defined(__clang__)
-    __builtin_prefetch(&t->index[mix(k) & t->mask]);
+#define PREFETCH(p) __builtin_prefetch(p)
 #else
-    (void)t; (void)k;
+#define PREFETCH(p) ((void)(p))
 #endif
-}
+static inline void table_prefetch(const Table *t, uint64_t k) { PREFETCH(&t->index[mix(k) & t->mask]); }
 
 static inline int32_t table_add(Table *t, uint64_t k) {  /* k must be absent; a free slot must exist */
     int32_t s = t->free_head;
@@ -608,6 +607,7 @@ static int read_keys(Pool *k, PyObject *hashes, Py_ssize_t *n) {  /* a list of i
     if (*n > k->capacity) { Py_DECREF(seq); return 1; }
     PyObject **items = PySequence_Fast_ITEMS(seq);
     for (Py_ssize_t i = 0; i < *n; i++) {
+        if (i + AHEAD < *n) PREFETCH(items[i + AHEAD]);  /* a request's ints lie apart on the heap */
         k->keys[i] = PyLong_AsUnsignedLongLong(items[i]);
         if (k->keys[i] == (uint64_t)-1 && PyErr_Occurred()) { Py_DECREF(seq); return -1; }
     }
@@ -813,6 +813,7 @@ static uint64_t *seq_keys(PyObject *seq, Py_ssize_t n) {
     if (!h) { PyErr_NoMemory(); return NULL; }
     PyObject **items = PySequence_Fast_ITEMS(seq);
     for (Py_ssize_t i = 0; i < n; i++) {
+        if (i + AHEAD < n) PREFETCH(items[i + AHEAD]);
         h[i] = PyLong_AsUnsignedLongLong(items[i]);
         if (h[i] == (uint64_t)-1 && PyErr_Occurred()) { free(h); return NULL; }
     }
@@ -1349,8 +1350,10 @@ static PyObject *lower_counts(PyObject *self, PyObject *args) {
     long *counts = calloc((size_t)(np ? np : 1), sizeof(long));
     if (!counts || !h) { free(h); free(counts); PyErr_NoMemory(); goto done; }
     Py_ssize_t m = n - start;
-    for (Py_ssize_t i = 0; i < m; i++)
+    for (Py_ssize_t i = 0; i < m; i++) {
+        if (i + AHEAD < m) PREFETCH(items[start + i + AHEAD]);
         if (to_key(items[start + i], &h[i]) < 0) { free(h); free(counts); goto done; }
+    }
     for (Py_ssize_t i = 0; i < AHEAD && i < m; i++) prefetch_in_pools(ps, np, h[i]);
     for (Py_ssize_t i = 0; i < m; i++) {
         if (i + AHEAD < m) prefetch_in_pools(ps, np, h[i + AHEAD]);
