@@ -23,7 +23,7 @@ from replica.core.build import ReplicaCore, build_core
 from replica.core.cache.policies import policy_class
 from replica.core.cache.pool import BlockPool
 from replica.core.cache.types import Lookup
-from replica.core.compiled.pool import CompiledPool, compiles, hashes_u64, prefix_matches
+from replica.core.compiled.pool import CompiledPool, compiles, hashes_fit, hashes_u64, prefix_matches
 from replica.core.sched.scheduler import SchedRequest, Scheduler, StepResult
 from replica.core.tiers.stack import TierStack
 from router.strategies import ReplicaState, RouteRequest, RoutingSettings, RoutingStep, strategy_spec
@@ -173,14 +173,17 @@ class Simulation:
         indexed = spec.uses_index and settings.replicas > 1  # one replica: its pool is the index
         # the compiled pool keys on 64-bit unsigned hashes (build_core's compilable decides with that;
         # no trace pass for a policy it has not compiled)
-        flat = hashes_u64([r.hash_ids for r in trace.requests]) \
-            if settings.compiled and compiles(settings.policy) else None
-        self._flat_hashes = flat if settings.cache_only else None  # the cache-only replay reads them
+        compiled = settings.compiled and compiles(settings.policy)
+        lists = [r.hash_ids for r in trace.requests]
+        # the cache-only replay reads them as one array; a batching run only asks whether they fit
+        flat = hashes_u64(lists) if compiled and settings.cache_only else None
+        fits = flat is not None if settings.cache_only else compiled and hashes_fit(lists)
+        self._flat_hashes = flat
         # Compiled pools ship no events: the index is asked of them directly (one C call a request,
         # ``prefix_matches``), which is what an index fed every pool's events answers, exactly and
         # never behind. Where one pool is not compiled, every pool ships events to a MemoryIndex.
-        self.replicas = self._build(settings, indexed and flat is None, flat is not None)
-        if indexed and flat is not None and any(rep.compiled is None for rep in self.replicas):
+        self.replicas = self._build(settings, indexed and not fits, fits)
+        if indexed and fits and any(rep.compiled is None for rep in self.replicas):
             why = next((rep.core.why_python for rep in self.replicas if rep.core.why_python), None)
             self.replicas = self._build(settings, True, True)
             for rep in self.replicas:  # the reason is the first build's: events were never the cause

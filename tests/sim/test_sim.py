@@ -179,6 +179,39 @@ def test_tiers_under_a_compiled_hbm_pool_report_what_the_python_pool_reports(tie
 
 
 @pytest.mark.skipif(not compiled_pool.compiled(), reason="the compiled pool is not built (no C compiler)")
+@pytest.mark.parametrize("tiers", ["host_ssd_exclusive", "host_ssd_inclusive", "host_fetch_always"])
+def test_tier_levels_run_compiled_and_leave_the_levels_the_python_pools_leave(tiers):
+    """Each level below HBM runs its pool's compiled twin (demotions, restores, removals, spills to the
+    level below): after a cluster run every level's whole pool, policy order and metrics equal the
+    Python pools', replica by replica."""
+    from replica.core.compiled.pool import CompiledPool
+    from replica.core.compiled.snapshot import PoolSnapshot
+    trace = read_trace("mooncake-conversation")
+    sims = [Simulation(trace, SimSettings(capacity_blocks=600, replicas=3, routing="cache_aware",
+                                          tiers=TIER_CASES[tiers], compiled=c)) for c in (True, False)]
+    for sim in sims:
+        sim.run()
+    fast, python = ([lv for rep in sim.replicas for lv in rep.tiers.levels] for sim in sims)
+    assert all(isinstance(lv.serving, CompiledPool) for lv in fast)
+    assert not any(isinstance(lv.serving, CompiledPool) for lv in python)
+    assert sum(lv.pool.metrics.requests for lv in python) > 0
+    for a, b in zip(fast, python, strict=True):
+        assert PoolSnapshot.of(a.serving) == PoolSnapshot.of(b.pool)
+
+
+@pytest.mark.skipif(not compiled_pool.compiled(), reason="the compiled pool is not built (no C compiler)")
+def test_a_tier_level_the_kernel_lacks_runs_python_and_the_run_says_which_and_why():
+    trace = read_trace("mooncake-conversation")
+    run = simulate(trace, SimSettings(capacity_blocks=600, tiers=TierSettings(host_blocks=800, host_policy="arc")))
+    assert (run["engine"], run["engine_reason"]) == ("mixed", "the host tier: policy arc is not compiled or not fresh")
+    python = simulate(trace, SimSettings(capacity_blocks=600, compiled=False,
+                                         tiers=TierSettings(host_blocks=800, host_policy="arc")))
+    for r in (run, python):
+        del r["engine"], r["engine_reason"], r["wall_s"]
+    assert run == python
+
+
+@pytest.mark.skipif(not compiled_pool.compiled(), reason="the compiled pool is not built (no C compiler)")
 @pytest.mark.parametrize("policy", ["lru", "s3fifo", "belady"])
 @pytest.mark.parametrize("name,capacity", [("mooncake-conversation", 1500), ("mooncake-synthetic", 700)])
 def test_the_reorder_scheduler_runs_compiled_and_reports_what_the_python_pool_reports(policy, name, capacity):

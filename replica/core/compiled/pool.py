@@ -40,9 +40,10 @@ _Refused = _pool.Refused if _pool is not None else RuntimeError  # what the comp
 # Why a compiled call refused, as the extension defines the codes (no kernel: nothing refuses)
 _TOO_LONG, _REPEATS, _BUSY = (_pool.TOO_LONG, _pool.REPEATS, _pool.BUSY) if _pool is not None else (-1, -1, -1)
 
-__all__ = ["CompiledPool", "KernelLevels", "compilable", "compiled", "compiles", "hashes_u64", "prefix_matches", "why_not"]
+__all__ = ["CompiledPool", "KernelLevels", "compilable", "compiled", "compiles", "hashes_fit", "hashes_u64", "prefix_matches", "why_not"]
 
 CHUNK = 8192  # requests per call of the cache-only replay: progress between calls
+_U64 = 1 << 64
 MAX_BLOCKS = 1 << 23  # larger pools run the Python one, whose memory grows with what is cached
 
 
@@ -107,6 +108,16 @@ def hashes_u64(hash_lists: Sequence[Sequence[int]]) -> np.ndarray | None:
         return np.fromiter(chain.from_iterable(hash_lists), dtype=np.uint64)
     except (OverflowError, TypeError, ValueError):
         return None
+
+
+def hashes_fit(hash_lists: Sequence[Sequence[int]]) -> bool:
+    """Whether every hash is in the 64-bit unsigned range the compiled pool keys on, without building
+    ``hashes_u64``'s array: a ``min`` and a ``max`` per list, in C (the trace readers checked the types;
+    a value of another type is refused by the kernel, as ``block_hashes``)."""
+    try:
+        return all(not h or (min(h) >= 0 and max(h) < _U64) for h in hash_lists)
+    except TypeError:
+        return False
 
 
 def prefix_matches(pools: Sequence[CompiledPool], hashes: Sequence[int]) -> list[int]:

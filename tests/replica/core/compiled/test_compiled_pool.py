@@ -330,3 +330,103 @@ def test_the_policy_kinds_and_refusal_codes_come_from_the_extension():
     kinds = [getattr(kernel_module, a.kind) for a in ADAPTERS.values()]
     assert len(set(kinds)) == len(ADAPTERS)  # one kind per compiled policy, defined once in _pool.c
     assert len({kernel_module.TOO_LONG, kernel_module.REPEATS, kernel_module.BUSY}) == 3
+
+
+@needs_compiled
+@pytest.mark.parametrize("policy,params", STORE_CASES, ids=lambda c: str(c))
+def test_blocks_removed_as_a_tier_level_removes_them_give_the_same_pool(policy, params):
+    """A tier level's fetched blocks leave it (``remove``): resident and unpinned ones only, never-reused
+    ones counted one-hit when computed, none counted evicted; a repeat, a pinned block and an absent
+    one are passed over. Between a scheduler's calls, compiled and Python give the same whole pool."""
+    for seed, capacity in ((7, 30), (8, 64), (9, 150)):
+        rng = random.Random(seed)
+        calls = random_calls(seed, capacity)
+        def make(capacity=capacity):
+            return BlockPool(capacity, make_policy(policy, **params), emit_events=False,
+                             metrics=PoolMetrics(block_size=16), block_cost=lambda d: 1.0)
+
+        expected, got = make(), CompiledPool(make())
+        removals = [(list(call[1].hash_ids[::2]) + [rng.randrange(1 << 63)], rng.random() < 0.8)
+                    if call[0] == "acquire" and rng.random() < 0.5 else None for call in calls]
+        results = []
+        for pool in (expected, got):
+            out, allocs = [], {}
+            for i, call in enumerate(calls):  # run_calls' steps, one at a time, removals between them
+                if call[0] == "acquire":
+                    _, r, extra, record = call
+                    try:
+                        allocs[i] = (pool.acquire(Lookup(r.hash_ids, session=r.session, now=r.t, extra=extra,
+                                                         record=record)), extra)
+                        out.append(allocs[i][0].hit_idx)
+                    except (PoolBusyError, InputError) as e:
+                        out.append(type(e).__name__)
+                elif call[0] == "release" and call[1] in allocs:
+                    alloc, extra = allocs.pop(call[1])
+                    pool.release(alloc)
+                    pool.free_private(extra)
+                if removals[i] is not None:  # some of a request's blocks (pinned while it runs) and one absent
+                    pool.remove(*removals[i])
+            results.append(out)
+        assert results[0] == results[1]
+        assert state(got) == state(expected)
+        assert got.used == expected.used and got.pinned == expected.pinned
+
+
+@needs_compiled
+def test_a_hand_worked_removal_leaves_the_lru_order_and_counts_it_as_python_does():
+    for pool in (BlockPool(8, make_policy("lru"), emit_events=False),
+                 CompiledPool(BlockPool(8, make_policy("lru"), emit_events=False))):
+        pool.serve(Lookup([1, 2, 3], session="a"))
+        pool.serve(Lookup([1, 4], session="b"))  # 1 reused
+        held = pool.acquire(Lookup([2], session="c"))  # 2 pinned: stays
+        pool.remove([1, 2, 3, 99])  # 1 (reused) and 3 (one-hit) leave; 2 pinned, 99 absent: passed over
+        assert sorted(h for h in (1, 2, 3, 4) if h in pool.held) == [2, 4]
+        assert pool.absent([1, 2, 3, 4, 5]) == [1, 3, 5]
+        pool.release(held)
+        settled = pool.settle()
+        assert list(settled.policy._queue) == [4, 2]  # 4 queued after its request, 2 back at the tail
+        assert settled.footprint == {"a": 1, "b": 1}
+        s = settled.stats()
+        assert (s["evictions"], s["one_hit_blocks"]) == (0, 1 + 1)  # 3 removed unreused; 4 resident unreused
+
+
+@needs_compiled
+def test_the_kernel_answers_the_tier_level_queries_the_python_definition_answers():
+    """``KernelLevels`` (one call into the kernel) and ``HeldLevels`` (the definition, over membership):
+    runs of depths one level holds, the upper level first, and the run after a start counted per level."""
+    from replica.core.compiled.pool import KernelLevels
+    from replica.core.tiers.stack import HeldLevels
+    rng = random.Random(3)
+    universe = [rng.randrange(1 << 63) for _ in range(300)]
+    pythons, twins = [], []
+    for capacity in (120, 200):
+        python, twin = BlockPool(capacity, make_policy("lru"), emit_events=False), \
+            CompiledPool(BlockPool(capacity, make_policy("lru"), emit_events=False))
+        for _ in range(40):
+            hs = list(dict.fromkeys(rng.sample(universe, rng.randint(1, 30))))
+            python.serve(Lookup(hs))
+            twin.serve(Lookup(hs))
+        pythons.append(python)
+        twins.append(twin)
+    definition, kernel = HeldLevels([p.held for p in pythons]), KernelLevels(twins)
+    for _ in range(300):
+        hashes = rng.sample(universe, rng.randint(0, 60))
+        depths = sorted(rng.sample(range(len(hashes)), rng.randint(0, len(hashes))))
+        assert kernel.runs(hashes, depths) == definition.runs(hashes, depths)
+        start = rng.randint(0, len(hashes))
+        assert kernel.lower_counts(hashes, start) == definition.lower_counts(hashes, start)
+    # by hand: level 0 holds a, b, d; level 1 holds b, c
+    a, b, c, d, e = 11, 12, 13, 14, 15
+    levels = [BlockPool(8, make_policy("lru"), emit_events=False) for _ in range(2)]
+    levels[0].serve(Lookup([a, b, d]))
+    levels[1].serve(Lookup([b, c]))
+    twins = [CompiledPool(BlockPool(8, make_policy("lru"), emit_events=False)) for _ in range(2)]
+    for queries in (HeldLevels([lv.held for lv in levels]), KernelLevels(twins)):
+        if isinstance(queries, KernelLevels):
+            for twin, hs in zip(queries._kernels, ([a, b, d], [b, c])):
+                twin.acquire(hs, 0, -1, True, 0)
+                twin.release(hs)
+        assert queries.runs([a, b, c, e, d], [0, 1, 2, 3, 4]) == [(0, 0, 2), (1, 2, 3), (0, 4, 5)]
+        assert queries.runs([a, b, c, e, d], [1, 4]) == [(0, 1, 2), (0, 4, 5)]
+        assert queries.lower_counts([a, b, c, e, d], 0) == [2, 1]  # stops at e
+        assert queries.lower_counts([a, b, c, e, d], 4) == [1, 0]
