@@ -28,7 +28,6 @@ from pathlib import Path
 MODULES = (
     "shared.histogram",
     "shared.costmodel",
-    "replica.core.tiers.stack",
     "replica.core.sched.sched_types",
     "replica.core.sched.decode_kv",
     "replica.core.sched.reorder",
