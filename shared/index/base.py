@@ -157,10 +157,16 @@ def level_key(replica_id: str, level: int) -> str:
 
 def lower_overlap(replica_id: str, hashes: Sequence[int], start: int,
                   levels: Sequence[Container[int]]) -> dict[str, int]:
+    """``lower_run_counts`` under ``level_key`` (zero counts omitted): what an index answers a router."""
+    counts = lower_run_counts(hashes, start, levels)
+    return {level_key(replica_id, k): n for k, n in enumerate(counts, 1) if n}
+
+
+def lower_run_counts(hashes: Sequence[int], start: int, levels: Sequence[Container[int]]) -> list[int]:
     """The run of ``hashes`` from ``start`` (the HBM prefix) that the levels below HBM hold
-    (``levels[k]``: what level k + 1 holds; the upper level looked up first), counted per level
-    under ``level_key`` (zero counts omitted). The one definition: the simulator asks its level
-    pools, the indexes their level sets."""
+    (``levels[k]``: what level k + 1 holds; the upper level looked up first), counted per level.
+    The one definition: the simulator asks its level pools (or their compiled twin,
+    ``replica.core.compiled.pool.KernelLevels``), the indexes their level sets."""
     counts = [0] * len(levels)
     for i in range(start, len(hashes)):
         h = hashes[i]
@@ -170,7 +176,7 @@ def lower_overlap(replica_id: str, hashes: Sequence[int], start: int,
                 break
         else:
             break
-    return {level_key(replica_id, k): n for k, n in enumerate(counts, 1) if n}
+    return counts
 
 
 def lower_counts(blocks: Sequence[int]) -> tuple[int, ...]:

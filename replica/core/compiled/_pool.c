@@ -820,6 +820,16 @@ static uint64_t *seq_keys(PyObject *seq, Py_ssize_t n) {
     return h;
 }
 
+/* sequence_keys(hashes, &n): the keys of a sequence of ints, in a buffer to free(); NULL with the error set. */
+static uint64_t *sequence_keys(PyObject *hashes, Py_ssize_t *n) {
+    PyObject *seq = PySequence_Fast(hashes, "hashes must be a sequence of ints");
+    if (!seq) return NULL;
+    *n = PySequence_Fast_GET_SIZE(seq);
+    uint64_t *h = seq_keys(seq, *n);
+    Py_DECREF(seq);
+    return h;
+}
+
 static inline void prefetch_ahead(const Table *t, const uint64_t *h, Py_ssize_t i, Py_ssize_t n) {
     if (i == 0) for (Py_ssize_t j = 0; j < AHEAD && j < n; j++) table_prefetch(t, h[j]);
     if (i + AHEAD < n) table_prefetch(t, h[i + AHEAD]);
@@ -827,11 +837,8 @@ static inline void prefetch_ahead(const Table *t, const uint64_t *h, Py_ssize_t 
 
 /* missing(hashes) -> the depths of the blocks not resident (BlockPool.missing). */
 static PyObject *Pool_missing(Pool *k, PyObject *hashes) {
-    PyObject *seq = PySequence_Fast(hashes, "hashes must be a sequence of ints");
-    if (!seq) return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    uint64_t *h = seq_keys(seq, n);
-    Py_DECREF(seq);
+    Py_ssize_t n;
+    uint64_t *h = sequence_keys(hashes, &n);
     if (!h) return NULL;
     PyObject *out = PyList_New(0);
     for (Py_ssize_t i = 0; out && i < n; i++) {
@@ -873,11 +880,8 @@ static PyObject *Pool_remove(Pool *k, PyObject *args) {
     int computed = 1;
     if (!PyArg_ParseTuple(args, "O|p", &hashes, &computed)) return NULL;
     if (k->kind > KIND_S3FIFO) { PyErr_SetString(PyExc_ValueError, "remove: LRU and S3-FIFO only"); return NULL; }
-    PyObject *seq = PySequence_Fast(hashes, "hashes must be a sequence of ints");
-    if (!seq) return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    uint64_t *h = seq_keys(seq, n);
-    Py_DECREF(seq);
+    Py_ssize_t n;
+    uint64_t *h = sequence_keys(hashes, &n);
     if (!h) return NULL;
     Table *t = &k->res;
     for (Py_ssize_t i = 0; i < n; i++) {

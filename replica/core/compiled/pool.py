@@ -15,7 +15,8 @@ It is made only where it gives that same pool, and ``why_not`` (``compilable``) 
 that decides it: an empty pool and a fresh policy of exactly a class with an adapter
 (``replica.core.compiled.adapters``: LRU, S3-FIFO, Belady, BeladyCompute), fresh metrics, no events
 to ship (several replicas are asked directly: ``prefix_matches``), lower tiers only with HBM caching (fed each
-call's evictions, asked ``missing``), response KV kept
+call's evictions, asked ``missing``; a tier level's own pool runs a twin too, with LRU or S3-FIFO: ``why_not(level=True)``,
+``KernelLevels``), response KV kept
 only with LRU or S3-FIFO (``store``), prefix caching on (either admission order: the scheduler
 asks ``pins_of``), and
 block hashes that are 64-bit unsigned integers (the simulator checks a trace's). ``build_core`` asks it; the simulator

@@ -45,7 +45,7 @@ from replica.core.cache.pool import Allocation, BlockPool, KvEvent
 from replica.core.cache.types import Lookup
 from replica.core.tiers.levels import SSD_READ_GBPS, SSD_WRITE_GBPS, LevelSettings, level_kind
 from shared.errors import InputError
-from shared.index.base import level_key, lower_overlap
+from shared.index.base import level_key, lower_run_counts
 from shared.validate import check_number
 
 TIER_MODES = ("inclusive", "exclusive")
@@ -229,8 +229,7 @@ class HeldLevels:
         return runs
 
     def lower_counts(self, hashes: Sequence[int], start: int) -> list[int]:
-        counts = lower_overlap("", hashes, start, self.held)  # the one definition (indexes use it too)
-        return [counts.get(level_key("", k), 0) for k in range(1, len(self.held) + 1)]
+        return lower_run_counts(hashes, start, self.held)  # the one definition (indexes use it too)
 
 
 @dataclass(slots=True)
@@ -244,10 +243,10 @@ class Level:
     serving: LevelPool
     link: Link | None  # its own link up; None: host memory, whose link is the device link
     write_bw: float  # bytes/s a write down to it takes on ``link``
-    held: Container[int] = field(default_factory=dict)
 
-    def __post_init__(self) -> None:
-        self.held = self.serving.held
+    @property
+    def held(self) -> Container[int]:
+        return self.serving.held
 
     @property
     def pool(self) -> BlockPool:
@@ -266,7 +265,6 @@ class TierStack:
         # what plan asks of HBM (the blocks it lacks): the pool itself, or its compiled twin serving
         self.hbm_lookup: MissingBlocks = hbm
         self.block_bytes = block_bytes
-        self.recompute_cost = recompute_cost
         # a run's recompute cost is a difference of prefix sums (cached per depth, as the metrics' are)
         self.costs = recompute_cost if isinstance(recompute_cost, DepthCosts) else DepthCosts(recompute_cost)
         configured = settings.levels()
@@ -302,7 +300,6 @@ class TierStack:
             fast = twin(level.name, level.pool)
             if fast is not None:
                 level.serving = fast
-                level.held = fast.held
                 twins.append(fast)
         self.queries = queries(twins) if twins and len(twins) == len(self.levels) \
             else HeldLevels([lv.held for lv in self.levels])
