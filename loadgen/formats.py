@@ -16,15 +16,17 @@ Qwen-Bailian (alibaba-edu/qwen-bailian-usagetraces-anon): ``chat_id``, ``parent_
 from __future__ import annotations
 
 import gzip
+from array import array
 from collections import OrderedDict
 from collections.abc import Iterator
 from importlib.resources import files
+from itertools import chain
 from pathlib import Path
 
 import orjson
 
 from loadgen import trace_cache
-from loadgen.jsonlines import json_lines
+from loadgen.jsonlines import json_columns, json_lines
 from loadgen.trace import Trace, TraceRequest, gc_paused, shared_prefix
 from shared.errors import InputError, TraceFormatError, UnknownNameError
 from shared.hashing import ROOT_HASH, chain_ids
@@ -37,6 +39,8 @@ TOKEN_FORMATS = ("openai",)  # formats that carry tokens, not hashes: cut into b
 _KINDS = (None, "single", "multi", "agent")
 _U64 = 2**64
 _INT_ONLY = {int}
+_LIST_ONLY = {list}
+_NUMBER = {int, float}
 _BAILIAN_ROOTS = (-1, None, "-1", "")
 
 # Traces shipped inside the package (loadgen/data, see its README for their source and licence),
@@ -257,9 +261,32 @@ def _parse_mooncake(path: str, lineno: int, obj: dict) -> tuple[float, list[int]
     )
 
 
+_MOONCAKE_FIELDS = ("timestamp", "hash_ids", "input_length", "output_length")
+_BOOLEANS = (b"true", b"false")  # JSON's, which Python reads as integers 1 and 0
+
+
+def _well_formed_mooncake(p: str) -> list[tuple[float, list[int], int, int]] | None:
+    """``_parse_mooncake``'s rows of a file where every line passes its checks, by whole columns;
+    None otherwise (the line-by-line reader then names the first culprit, as it always has)."""
+    columns = json_columns(open_trace(p), _MOONCAKE_FIELDS, literals=_BOOLEANS)
+    if columns is None or not columns[0]:
+        return None
+    ts, ids, n_in, n_out = columns
+    if not (set(map(type, ts)) <= _NUMBER and min(ts) >= 0 and set(map(type, ids)) == _LIST_ONLY
+            and set(map(type, n_in)) == set(map(type, n_out)) == _INT_ONLY and min(n_in) >= 0 and min(n_out) >= 0):
+        return None
+    try:  # one C pass refuses what is not an integer in [0, 2**64): the file holds no true or false
+        array("Q", chain.from_iterable(ids))
+    except (TypeError, OverflowError):
+        return None
+    return list(zip([t / 1000.0 for t in ts], ids, n_in, n_out))
+
+
 def read_mooncake(path: str | Path, block_size: int | None = None, inferrer: SessionInferrer | None = None) -> Trace:
     p = str(path)
-    rows = [_parse_mooncake(p, lineno, obj) for lineno, obj in iter_json_lines(p)]
+    rows = _well_formed_mooncake(p)
+    if rows is None:
+        rows = [_parse_mooncake(p, lineno, obj) for lineno, obj in iter_json_lines(p)]
     if not rows:
         raise TraceFormatError(p, 0, "file", "empty trace: no requests")
     reordered = any(rows[i][0] < rows[i - 1][0] for i in range(1, len(rows)))

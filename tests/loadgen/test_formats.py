@@ -222,16 +222,19 @@ GOOD_KV = json.dumps({"t": 0, "session": "s", "turn": 0, "hash_ids": [1], "input
         ("kvemu", GOOD_KV, GOOD_KV[:-1] + ', "kind": "batch"}', "kind"),
     ],
 )
-def test_malformed_line_names_file_line_and_field(tmp_path, fmt, good, bad, field):
+@pytest.mark.parametrize("blank", [b"\n", b""], ids=["blank-line", "no-blank-line"])
+def test_malformed_line_names_file_line_and_field(tmp_path, fmt, good, bad, field, blank):
+    # without a blank line a Mooncake file first meets the whole-column reader, which must hand over
     path = tmp_path / f"bad-{fmt}.jsonl"
     bad = bad if isinstance(bad, bytes) else bad.encode()
-    path.write_bytes(good.encode() + b"\n\n" + good.encode() + b"\n" + bad + b"\n" + good.encode() + b"\n")
+    path.write_bytes(good.encode() + b"\n" + blank + good.encode() + b"\n" + bad + b"\n" + good.encode() + b"\n")
+    line = 4 if blank else 3
     for how in ("auto", fmt):
         with pytest.raises(TraceFormatError) as exc:
             read_trace(path, how)
         err = exc.value
-        assert (err.path, err.line, err.field) == (str(path), 4, field)
-        assert f"{path}:4:" in str(err) and repr(field) in str(err)
+        assert (err.path, err.line, err.field) == (str(path), line, field)
+        assert f"{path}:{line}:" in str(err) and repr(field) in str(err)
 
 
 def test_empty_file(tmp_path):

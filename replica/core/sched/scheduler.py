@@ -199,15 +199,14 @@ class Scheduler(ReorderLoans):
         n_dec = len(self._done_at)
         budget = self.settings.token_budget - n_dec
         kv_tokens = self._dec_input + n_dec * self._tick - self._dec_base
-        chunks, restores, completed = self._prefill_chunks(budget, now)
-        prefill_tokens = chunks.prefill_tokens
+        work, restores, completed = self._prefill_chunks(budget, now, n_dec, kv_tokens)
+        prefill_tokens = work.prefill_tokens
         steps = 1
         if prefill_tokens == 0 and n_dec:  # nothing admissible until a request finishes
             steps = self._decode_run_length(n_dec, kv_tokens, now, horizon)
             if steps > 1:
                 steps = self.decode_kv.ahead(self._tick, steps)
         if prefill_tokens:  # one forward over the chunks and the decode tokens
-            work = chunks._replace(decoders=n_dec, decode_kv=kv_tokens)
             duration = self.cost.step_time(work)
             if restores:
                 duration = layered_finish(duration, restores, self.cost.model.layers)
@@ -470,8 +469,10 @@ class Scheduler(ReorderLoans):
             r.kept = filled
         return stored
 
-    def _prefill_chunks(self, budget: int, now: float = 0.0) -> tuple[StepWork, list[tuple[float, float]], list[SchedRequest]]:
-        """FCFS chunks up to ``budget`` tokens: what they compute (``StepWork``, no decoders yet),
+    def _prefill_chunks(self, budget: int, now: float, decoders: int,
+                        decode_kv: int) -> tuple[StepWork, list[tuple[float, float]], list[SchedRequest]]:
+        """FCFS chunks up to ``budget`` tokens: what they compute with the step's ``decoders``
+        (``StepWork``: one forward over both),
         the restores from lower tiers they wait on ((start, ready) from ``now``: the step
         overlaps them layer by layer), and the requests they complete (a prefix of the queue)."""
         tokens = seqs = cached = 0
@@ -509,7 +510,7 @@ class Scheduler(ReorderLoans):
         for _ in completed:
             queue.popleft()
         self.queued_prefill_tokens -= tokens
-        return StepWork(tokens, seqs, pairs, cached), restores, completed
+        return StepWork(tokens, seqs, pairs, cached, decoders, decode_kv), restores, completed
 
     def _add_decoder(self, r: SchedRequest) -> None:
         r.base = self._tick - r.generated
