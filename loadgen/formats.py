@@ -27,7 +27,7 @@ import orjson
 
 from loadgen import trace_cache
 from loadgen.jsonlines import json_columns, json_lines
-from loadgen.trace import Trace, TraceRequest, gc_paused, shared_prefix
+from loadgen.trace import HASHES_U64, Trace, TraceRequest, gc_paused, shared_prefix
 from shared.errors import InputError, TraceFormatError, UnknownNameError
 from shared.hashing import ROOT_HASH, chain_ids
 
@@ -166,7 +166,8 @@ def write_kvemu(trace: Trace, path: str | Path, compact: bool = True) -> None:
     hashes it shares with its session's previous request plus its new hashes, so a session's
     history is not repeated on every turn; readers take both forms. A path ending in ``.gz``
     is written gzip-compressed."""
-    header = {"kvemu_trace": 1, "block_size": trace.block_size, "source": trace.source, **trace.meta}
+    meta = {k: v for k, v in trace.meta.items() if k != HASHES_U64}  # a reader's own finding, not the file's
+    header = {"kvemu_trace": 1, "block_size": trace.block_size, "source": trace.source, **meta}
     header["kvemu_trace"] = 2 if compact else 1
     previous: dict[str, list[int]] = {}
     opener = gzip.open if str(path).endswith(".gz") else open  # .jsonl.gz: compressed as it is written
@@ -473,6 +474,7 @@ def read_trace(path: str | Path, fmt: str = "auto", block_size: int | None = Non
         trace = _READERS[name](path, block_size)
     if not trace.requests:
         raise TraceFormatError(str(path), 0, "file", "empty trace: no requests")
+    trace.meta[HASHES_U64] = True  # every reader checked its hashes or made them by xxhash
     if key is not None:
         trace_cache.store(key, trace)
     return trace

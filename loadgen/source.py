@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from loadgen.formats import TOKEN_FORMATS, detect_format, read_trace
-from loadgen.trace import Trace
+from loadgen.trace import HASHES_U64, Trace
 from shared.errors import InputError
 from shared.overrides import parse_pairs
 
@@ -47,6 +47,7 @@ def load_source(args, unit: int | None = None, tokens: bool = False) -> Trace:
         overrides["block_size"] = str(unit)
     trace = generate(args.workload, args.duration, args.seed, overrides)
     trace.meta["tokens"] = True  # a preset is a token stream: cut at any block or page size
+    trace.meta[HASHES_U64] = True  # chained by xxhash
     return trace
 
 

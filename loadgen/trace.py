@@ -32,6 +32,11 @@ class TraceRequest:
     kind: str | None = None  # single | multi | agent
 
 
+# A ``Trace.meta`` key: True where every ``hash_ids`` entry is known to be an int in [0, 2**64) (the
+# readers check them, the presets make them by xxhash), so the simulator need not look again.
+HASHES_U64 = "hashes_u64"
+
+
 @dataclass(slots=True)
 class Trace:
     requests: list[TraceRequest]

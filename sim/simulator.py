@@ -18,7 +18,7 @@ from itertools import chain
 import numpy as np
 from mypy_extensions import mypyc_attr
 
-from loadgen.trace import Trace, response_hashes
+from loadgen.trace import HASHES_U64, Trace, response_hashes
 from replica.core.build import ReplicaCore, build_core
 from replica.core.cache.policies import policy_class
 from replica.core.cache.pool import BlockPool
@@ -177,7 +177,8 @@ class Simulation:
         lists = [r.hash_ids for r in trace.requests]
         # the cache-only replay reads them as one array; a batching run only asks whether they fit
         flat = hashes_u64(lists) if compiled and settings.cache_only else None
-        fits = flat is not None if settings.cache_only else compiled and hashes_fit(lists)
+        fits = flat is not None if settings.cache_only else compiled and (trace.meta.get(HASHES_U64) is True
+                                                                          or hashes_fit(lists))
         self._flat_hashes = flat
         # Compiled pools ship no events: the index is asked of them directly (one C call a request,
         # ``prefix_matches``), which is what an index fed every pool's events answers, exactly and

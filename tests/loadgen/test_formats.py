@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from loadgen.formats import FORMATS, SessionInferrer, detect_format, read_kvemu, read_mooncake, read_trace, write_kvemu
-from loadgen.trace import Trace, TraceRequest
+from loadgen.trace import HASHES_U64, Trace, TraceRequest
 from shared.errors import InputError, TraceFormatError, UnknownNameError
 from shared.hashing import ROOT_HASH, chain_ids
 from tests.conftest import MOONCAKE_CONVERSATION as CONVERSATION
@@ -336,3 +336,12 @@ def test_kvemu_written_to_a_gz_path_is_compressed_and_reads_back(tmp_path):
     write_kvemu(trace, path)
     assert gzip.open(path).readline().startswith(b'{"kvemu_trace":2')
     assert [r.hash_ids for r in read_trace(path).requests] == [[1, 2], [1, 2, 3]]
+
+
+def test_a_read_trace_vouches_for_its_hashes_and_a_written_one_does_not(tmp_path):
+    # the simulator skips its own pass over the hashes where the reader checked them
+    trace = read_trace("mooncake-conversation")
+    assert trace.meta[HASHES_U64] is True
+    write_kvemu(trace, tmp_path / "t.jsonl")
+    assert HASHES_U64 not in json.loads((tmp_path / "t.jsonl").read_text().splitlines()[0])
+    assert read_trace(tmp_path / "t.jsonl").meta[HASHES_U64] is True

@@ -323,6 +323,11 @@ class BlockPool:
         policy.on_release(lookup.hashes, lookup.now)
         return alloc
 
+    def admit(self, hashes: Sequence[int], now: float = 0.0) -> None:
+        """Blocks written in from the level above (a tier's demotions): ``serve`` of them as one request
+        of no session, the allocation not kept (so the compiled twin hands nothing back)."""
+        self.serve(Lookup(hashes, now=now))
+
     def load_state(self, resident: Iterable[tuple[int, str | None]], footprint: Iterable[tuple[str | None, int]],
                    reused: Iterable[int], refs: Mapping[int, int], private: int) -> None:
         """Become what the compiled pool reached (``replica.core.compiled.pool``): the blocks, oldest

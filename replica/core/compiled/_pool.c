@@ -631,10 +631,37 @@ static PyObject *raise_status(int code, long a, long b) {
     }
 }
 
+/* Depths 0, 1, 2, ... as Python ints made once: every acquire hands back lists of depths (a cluster's
+ * prompts run to hundreds of blocks), which then cost a reference each instead of an int to make and,
+ * when the list goes, to free (both were about a tenth of a chat-preset cluster run). */
+#define DEPTH_INTS_MAX (1 << 20)
+static PyObject **depth_ints;
+static Py_ssize_t n_depth_ints;
+
+static int grow_depth_ints(Py_ssize_t n) {  /* depths below n (up to DEPTH_INTS_MAX) made; -1: no memory */
+    if (n <= n_depth_ints || n_depth_ints >= DEPTH_INTS_MAX) return 0;
+    Py_ssize_t size = n_depth_ints ? n_depth_ints : 1024;
+    while (size < n && size < DEPTH_INTS_MAX) size *= 2;
+    PyObject **grown = realloc(depth_ints, (size_t)size * sizeof(PyObject *));
+    if (!grown) { PyErr_NoMemory(); return -1; }
+    depth_ints = grown;
+    for (; n_depth_ints < size; n_depth_ints++) {
+        PyObject *v = PyLong_FromSsize_t(n_depth_ints);
+        if (!v) return -1;
+        depth_ints[n_depth_ints] = v;
+    }
+    return 0;
+}
+
+static inline PyObject *depth_int(Py_ssize_t v) {  /* a new reference to the int v */
+    if (v >= 0 && v < n_depth_ints) { Py_INCREF(depth_ints[v]); return depth_ints[v]; }
+    return PyLong_FromSsize_t(v);
+}
+
 static PyObject *int_list(const int32_t *v, Py_ssize_t n, const int32_t *index) {
     PyObject *out = PyList_New(n);
     for (Py_ssize_t j = 0; out && j < n; j++) {
-        PyObject *x = PyLong_FromLong(index ? index[v[j]] : v[j]);
+        PyObject *x = depth_int(index ? index[v[j]] : v[j]);
         if (!x) { Py_DECREF(out); return NULL; }
         PyList_SET_ITEM(out, j, x);
     }
@@ -681,6 +708,7 @@ static PyObject *Pool_acquire(Pool *k, PyObject *args) {
     int32_t out[2] = {0, 0};
     int code = acquire_one(k, n, session, tokens, record, extra, out);
     if (code != OK) return raise_status(code, out[0], out[1]);
+    if (grow_depth_ints(n) < 0) return NULL;
     PyObject *hit = int_list(k->touched, k->nhits, NULL), *fresh = int_list(k->fresh, k->nfresh, NULL);
     PyObject *touched = int_list(k->touched, k->ntouched, NULL), *holes = int_list(k->hole_len, k->holes, NULL);
     if (!hit || !fresh || !touched || !holes) {
@@ -705,6 +733,29 @@ static PyObject *Pool_release(Pool *k, PyObject *hashes) {
         k->slot_of[i] = s;
     }
     int code = release_slots(k, k->slot_of, n);
+    if (code != OK) return raise_status(code, 0, 0);
+    Py_RETURN_NONE;
+}
+
+/* serve_one(hashes, session_code, record) -> None: BlockPool.serve of one request without input tokens
+ * or extra blocks (a level's write from above), acquired then released with the slots the acquire
+ * found, and no lists handed back; Refused(code, shortfall, available) as acquire. */
+static PyObject *Pool_serve_one(Pool *k, PyObject *args) {
+    PyObject *hashes;
+    int32_t session;
+    int record;
+    if (!PyArg_ParseTuple(args, "Oip", &hashes, &session, &record)) return NULL;
+    if (session < 0) { PyErr_SetString(PyExc_ValueError, "session must be >= 0"); return NULL; }
+    Py_ssize_t n;
+    int r = read_keys(k, hashes, &n);
+    if (r < 0) return NULL;
+    if (r > 0) return refuse(TOO_LONG, (long)n, k->capacity);
+    k->next_use = NULL;
+    k->has_position = 0;
+    int32_t out[2] = {0, 0};
+    int code = acquire_one(k, n, session, -1, record, 0, out);
+    if (code != OK) return raise_status(code, out[0], out[1]);
+    code = release_slots(k, k->slot_of, n);
     if (code != OK) return raise_status(code, 0, 0);
     Py_RETURN_NONE;
 }
@@ -840,11 +891,11 @@ static PyObject *Pool_missing(Pool *k, PyObject *hashes) {
     Py_ssize_t n;
     uint64_t *h = sequence_keys(hashes, &n);
     if (!h) return NULL;
-    PyObject *out = PyList_New(0);
+    PyObject *out = grow_depth_ints(n) < 0 ? NULL : PyList_New(0);
     for (Py_ssize_t i = 0; out && i < n; i++) {
         prefetch_ahead(&k->res, h, i, n);
         if (table_find(&k->res, h[i]) != NIL) continue;
-        PyObject *v = PyLong_FromSsize_t(i);
+        PyObject *v = depth_int(i);
         if (!v || PyList_Append(out, v) < 0) { Py_XDECREF(v); Py_CLEAR(out); break; }
         Py_DECREF(v);
     }
@@ -1185,6 +1236,7 @@ static PyGetSetDef Pool_getset[] = {
 static PyMethodDef Pool_methods[] = {
     {"acquire", (PyCFunction)Pool_acquire, METH_VARARGS, "BlockPool.acquire: (hit_idx, new_idx, touched_idx, hole_lengths)."},
     {"release", (PyCFunction)Pool_release, METH_O, "BlockPool.release of these hashes."},
+    {"serve_one", (PyCFunction)Pool_serve_one, METH_VARARGS, "BlockPool.admit: (hashes, session_code, record)."},
     {"take_private", (PyCFunction)Pool_take_private, METH_O, "BlockPool.take_private."},
     {"free_private", (PyCFunction)Pool_free_private, METH_O, "BlockPool.free_private."},
     {"set_policy_costs", (PyCFunction)Pool_set_policy_costs, METH_O, "BeladyCompute's recompute cost per depth (float64)."},
@@ -1250,7 +1302,7 @@ static PyObject *prefix_matches(PyObject *self, PyObject *args) {
             else if (i + AHEAD < read) table_prefetch(t, h[i + AHEAD]);
             if (table_find(t, h[i]) == NIL) break;
         }
-        PyObject *v = PyLong_FromSsize_t(i);
+        PyObject *v = depth_int(i);
         if (!v) goto fail;
         PyList_SET_ITEM(out, j, v);
     }
@@ -1368,7 +1420,7 @@ static PyObject *lower_counts(PyObject *self, PyObject *args) {
     free(h);
     out = PyList_New(np);
     for (Py_ssize_t j = 0; out && j < np; j++) {
-        PyObject *v = PyLong_FromLong(counts[j]);
+        PyObject *v = depth_int(counts[j]);
         if (!v) { Py_CLEAR(out); break; }
         PyList_SET_ITEM(out, j, v);
     }

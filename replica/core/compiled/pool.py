@@ -127,6 +127,11 @@ def prefix_matches(pools: Sequence[CompiledPool], hashes: Sequence[int]) -> list
     return _pool.prefix_matches([p._kernel for p in pools], hashes)
 
 
+def _not_u64() -> InputError:
+    return InputError("block_hashes", "the compiled pool keys on 64-bit unsigned integers"
+                      " (hashes_u64 tells; the simulator runs the Python pool for a trace it refuses)")
+
+
 class KernelLevels:
     """``replica.core.tiers.stack.LevelQueries`` over tier levels that all run compiled: each query one
     call into the kernel (``HeldLevels`` is the definition; the equivalence tests compare both)."""
@@ -215,12 +220,36 @@ class CompiledPool:
             hit, new, touched, holes = self._kernel.acquire(hashes, code, -1 if input_tokens is None else input_tokens,
                                                             record, lookup.extra, lookup.next_use, lookup.position)
         except _Refused as refused:
-            if refused.args[0] == _BUSY and now > self._now:  # the pool's clock moved before it looked for room
-                self._now = now
-            raise self._error(n, *refused.args) from None
+            raise self._refusal(refused, n, now) from None
         except (OverflowError, TypeError):
-            raise InputError("block_hashes", "the compiled pool keys on 64-bit unsigned integers"
-                             " (hashes_u64 tells; the simulator runs the Python pool for a trace it refuses)") from None
+            raise _not_u64() from None
+        self._acquired(hashes, now, record)
+        return Allocation(hashes, hit, new, touched, session, len(holes), holes)
+
+    def admit(self, hashes: Sequence[int], now: float = 0.0) -> None:
+        """``BlockPool.admit``: acquired and released in one call into the kernel, which hands nothing back
+        (a cluster's demotions into its host tiers made lists that were only freed)."""
+        n = len(hashes)
+        if n >= self._cost_len:
+            self._grow_costs(n)
+        code = self._codes.get(None)
+        if code is None:
+            code = self._codes[None] = len(self._codes)
+        try:
+            self._kernel.serve_one(hashes, code, True)
+        except _Refused as refused:
+            raise self._refusal(refused, n, now) from None
+        except (OverflowError, TypeError):
+            raise _not_u64() from None
+        self._acquired(hashes, now, True)
+
+    def _refusal(self, refused: Exception, n: int, now: float) -> Exception:
+        if refused.args[0] == _BUSY and now > self._now:  # the pool's clock moved before it looked for room
+            self._now = now
+        return self._error(n, *refused.args)
+
+    def _acquired(self, hashes: Sequence[int], now: float, record: bool) -> None:
+        """After an acquire: the clock, the evictions to the tier below, the reuse tracker."""
         self._settled = False
         if now > self._now:
             self._now = now
@@ -228,7 +257,6 @@ class CompiledPool:
             self._feed()
         if record and self._reuse is not None:
             self._reuse.defer(hashes, now)
-        return Allocation(hashes, hit, new, touched, session, len(holes), holes)
 
     def _feed(self) -> None:
         """Hand what the last call evicted to the lower tier, in eviction order (as ``BlockPool._evict``

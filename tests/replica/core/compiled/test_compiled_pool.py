@@ -373,6 +373,52 @@ def test_blocks_removed_as_a_tier_level_removes_them_give_the_same_pool(policy, 
 
 
 @needs_compiled
+@pytest.mark.parametrize("policy,params", STORE_CASES, ids=lambda c: str(c))
+def test_blocks_written_in_as_a_tier_level_takes_them_give_the_same_pool(policy, params):
+    """A tier level takes blocks written down from above (``admit``: served as one request of no
+    session): between a scheduler's calls, some of a running request's blocks and new ones, and now
+    and then more than the pool holds, compiled and Python give the same whole pool and errors."""
+    for seed, capacity in ((17, 30), (18, 64), (19, 150)):
+        rng = random.Random(seed)
+        calls = random_calls(seed, capacity)
+        def make(capacity=capacity):
+            return BlockPool(capacity, make_policy(policy, **params), emit_events=False,
+                             metrics=PoolMetrics(block_size=16), block_cost=lambda d: 1.0)
+
+        expected, got = make(), CompiledPool(make())
+        writes = [list(call[1].hash_ids[1::2]) + [rng.randrange(1 << 63) for _ in range(rng.randrange(4))]
+                  if call[0] == "acquire" and rng.random() < 0.5 else None for call in calls]
+        writes[len(writes) // 2] = [rng.randrange(1 << 63) for _ in range(capacity + 1)]  # longer than the pool
+        results = []
+        for pool in (expected, got):
+            out, allocs = [], {}
+            for i, call in enumerate(calls):
+                if call[0] == "acquire":
+                    _, r, extra, record = call
+                    try:
+                        allocs[i] = (pool.acquire(Lookup(r.hash_ids, session=r.session, now=r.t, extra=extra,
+                                                         record=record)), extra)
+                        out.append(allocs[i][0].hit_idx)
+                    except (PoolBusyError, InputError) as e:
+                        out.append(type(e).__name__)
+                elif call[0] == "release" and call[1] in allocs:
+                    alloc, extra = allocs.pop(call[1])
+                    pool.release(alloc)
+                    pool.free_private(extra)
+                if writes[i] is not None:
+                    try:
+                        pool.admit(writes[i], float(i))
+                        out.append("admitted")
+                    except (PoolBusyError, InputError) as e:
+                        out.append(type(e).__name__)
+            results.append(out)
+        assert results[0] == results[1] and "admitted" in results[0]
+        assert "PoolCapacityError" in results[0]
+        assert state(got) == state(expected)
+        assert got.used == expected.used and got.pinned == expected.pinned
+
+
+@needs_compiled
 def test_a_hand_worked_removal_leaves_the_lru_order_and_counts_it_as_python_does():
     for pool in (BlockPool(8, make_policy("lru"), emit_events=False),
                  CompiledPool(BlockPool(8, make_policy("lru"), emit_events=False))):
