@@ -332,6 +332,27 @@ def test_the_policy_kinds_and_refusal_codes_come_from_the_extension():
     assert len({kernel_module.TOO_LONG, kernel_module.REPEATS, kernel_module.BUSY}) == 3
 
 
+def scheduler_calls(pool, calls, between) -> list:
+    """``run_calls``' steps one at a time, ``between(pool, i, out)`` after step i: what each acquire got
+    (its hits, or the error's name) and whatever ``between`` adds."""
+    out, allocs = [], {}
+    for i, call in enumerate(calls):
+        if call[0] == "acquire":
+            _, r, extra, record = call
+            try:
+                allocs[i] = (pool.acquire(Lookup(r.hash_ids, session=r.session, now=r.t, extra=extra,
+                                                 record=record)), extra)
+                out.append(allocs[i][0].hit_idx)
+            except (PoolBusyError, InputError) as e:
+                out.append(type(e).__name__)
+        elif call[0] == "release" and call[1] in allocs:
+            alloc, extra = allocs.pop(call[1])
+            pool.release(alloc)
+            pool.free_private(extra)
+        between(pool, i, out)
+    return out
+
+
 @needs_compiled
 @pytest.mark.parametrize("policy,params", STORE_CASES, ids=lambda c: str(c))
 def test_blocks_removed_as_a_tier_level_removes_them_give_the_same_pool(policy, params):
@@ -348,25 +369,11 @@ def test_blocks_removed_as_a_tier_level_removes_them_give_the_same_pool(policy, 
         expected, got = make(), CompiledPool(make())
         removals = [(list(call[1].hash_ids[::2]) + [rng.randrange(1 << 63)], rng.random() < 0.8)
                     if call[0] == "acquire" and rng.random() < 0.5 else None for call in calls]
-        results = []
-        for pool in (expected, got):
-            out, allocs = [], {}
-            for i, call in enumerate(calls):  # run_calls' steps, one at a time, removals between them
-                if call[0] == "acquire":
-                    _, r, extra, record = call
-                    try:
-                        allocs[i] = (pool.acquire(Lookup(r.hash_ids, session=r.session, now=r.t, extra=extra,
-                                                         record=record)), extra)
-                        out.append(allocs[i][0].hit_idx)
-                    except (PoolBusyError, InputError) as e:
-                        out.append(type(e).__name__)
-                elif call[0] == "release" and call[1] in allocs:
-                    alloc, extra = allocs.pop(call[1])
-                    pool.release(alloc)
-                    pool.free_private(extra)
-                if removals[i] is not None:  # some of a request's blocks (pinned while it runs) and one absent
-                    pool.remove(*removals[i])
-            results.append(out)
+        def remove(pool, i, out):  # some of a request's blocks (pinned while it runs) and one absent
+            if removals[i] is not None:
+                pool.remove(*removals[i])
+
+        results = [scheduler_calls(pool, calls, remove) for pool in (expected, got)]
         assert results[0] == results[1]
         assert state(got) == state(expected)
         assert got.used == expected.used and got.pinned == expected.pinned
@@ -389,29 +396,15 @@ def test_blocks_written_in_as_a_tier_level_takes_them_give_the_same_pool(policy,
         writes = [list(call[1].hash_ids[1::2]) + [rng.randrange(1 << 63) for _ in range(rng.randrange(4))]
                   if call[0] == "acquire" and rng.random() < 0.5 else None for call in calls]
         writes[len(writes) // 2] = [rng.randrange(1 << 63) for _ in range(capacity + 1)]  # longer than the pool
-        results = []
-        for pool in (expected, got):
-            out, allocs = [], {}
-            for i, call in enumerate(calls):
-                if call[0] == "acquire":
-                    _, r, extra, record = call
-                    try:
-                        allocs[i] = (pool.acquire(Lookup(r.hash_ids, session=r.session, now=r.t, extra=extra,
-                                                         record=record)), extra)
-                        out.append(allocs[i][0].hit_idx)
-                    except (PoolBusyError, InputError) as e:
-                        out.append(type(e).__name__)
-                elif call[0] == "release" and call[1] in allocs:
-                    alloc, extra = allocs.pop(call[1])
-                    pool.release(alloc)
-                    pool.free_private(extra)
-                if writes[i] is not None:
-                    try:
-                        pool.admit(writes[i], float(i))
-                        out.append("admitted")
-                    except (PoolBusyError, InputError) as e:
-                        out.append(type(e).__name__)
-            results.append(out)
+        def admit(pool, i, out):
+            if writes[i] is not None:
+                try:
+                    pool.admit(writes[i], float(i))
+                    out.append("admitted")
+                except (PoolBusyError, InputError) as e:
+                    out.append(type(e).__name__)
+
+        results = [scheduler_calls(pool, calls, admit) for pool in (expected, got)]
         assert results[0] == results[1] and "admitted" in results[0]
         assert "PoolCapacityError" in results[0]
         assert state(got) == state(expected)
