@@ -305,7 +305,7 @@ class Simulation:
             stored = rep.live_pool.store(self.responses[k], r.session, r.t) if self.responses is not None else []
             if rep.tiers is not None:
                 rep.tiers.produced(stored, r.t)
-                rep.tiers.released([*alloc.hashes, *stored], r.t)
+                rep.tiers.released(alloc.hashes, stored, r.t)
             if self.index is not None:
                 self.index.sync(rep.replica_id, rep.pool)
             self.router.done(rep.state, view)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import heapq
 import struct
+from array import array
 from collections.abc import Iterable, Sequence
 from itertools import chain
 
@@ -131,13 +132,13 @@ class ShardsTracker:
         if not self._deferred:
             return
         queue, self._deferred, self._deferred_blocks = self._deferred, [], 0
-        flat = list(chain.from_iterable(h for h, _ in queue))
-        try:
-            blocks = np.array(flat, dtype=np.uint64)
-        except OverflowError:  # a negative or too-wide id: one request at a time masks it
+        try:  # array("Q") fills in C what a list and then numpy took two passes for
+            flat = array("Q", chain.from_iterable(h for h, _ in queue))
+        except (OverflowError, TypeError):  # a negative or too-wide id: one request at a time masks it
             for hashes, now in queue:
                 self._account(hashes, self._picked(hashes), now)
             return
+        blocks = np.frombuffer(flat, dtype=np.uint64)
         sample = xxh3_u64(blocks, self.seed) % np.uint64(self.P)
         t = self.threshold
         keep = np.flatnonzero(sample < np.uint64(t))

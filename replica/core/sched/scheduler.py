@@ -416,7 +416,7 @@ class Scheduler(ReorderLoans):
         if uncomputed and remove is not None:
             remove(uncomputed, computed=False)
         if self.tiers is not None:
-            self.tiers.released([*alloc.hashes, *stored], now)
+            self.tiers.released(alloc.hashes, stored, now)
         self._dirty = True
         return True
 
@@ -553,7 +553,7 @@ class Scheduler(ReorderLoans):
         self.pool.release(r.alloc, end)
         if self.tiers is not None:
             self.tiers.produced(stored, end)
-            self.tiers.released([*r.alloc.hashes, *stored], end)
+            self.tiers.released(r.alloc.hashes, stored, end)
         result.finished.append(r)
         self._dirty = True
 

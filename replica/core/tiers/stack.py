@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Protocol
 
 from replica.core.cache.costs import DepthCosts
@@ -360,14 +361,15 @@ class TierStack:
                 self._store(below, victims, level.name)
         return spill
 
-    def released(self, hashes: Sequence[int], now: float) -> None:
-        """A request finished. Without HBM caching its blocks no other request holds leave HBM
-        for the tiers below (written down first in exclusive mode)."""
-        if self.settings.hbm_caching:
+    def released(self, hashes: Sequence[int], stored: Sequence[int], now: float) -> None:
+        """A request finished (its prompt's ``hashes``, then the response blocks it ``stored``). Without
+        HBM caching its blocks no other request holds leave HBM for the tiers below (written down
+        first in exclusive mode)."""
+        if self.settings.hbm_caching:  # the default: nothing to do, so nothing joined
             return
         self._now = max(self._now, now)
         hbm = self.hbm
-        gone = [h for h in hashes if h in hbm.resident and not hbm.is_pinned(h)]
+        gone = [h for h in chain(hashes, stored) if h in hbm.resident and not hbm.is_pinned(h)]
         if self.settings.mode == "exclusive":
             self._hbm_evicted(gone)
         hbm.remove(gone)

@@ -369,7 +369,7 @@ def test_blocks_removed_as_a_tier_level_removes_them_give_the_same_pool(policy, 
         expected, got = make(), CompiledPool(make())
         removals = [(list(call[1].hash_ids[::2]) + [rng.randrange(1 << 63)], rng.random() < 0.8)
                     if call[0] == "acquire" and rng.random() < 0.5 else None for call in calls]
-        def remove(pool, i, out):  # some of a request's blocks (pinned while it runs) and one absent
+        def remove(pool, i, out, removals=removals):  # some of a request's blocks (pinned while it runs) and one absent
             if removals[i] is not None:
                 pool.remove(*removals[i])
 
@@ -396,7 +396,7 @@ def test_blocks_written_in_as_a_tier_level_takes_them_give_the_same_pool(policy,
         writes = [list(call[1].hash_ids[1::2]) + [rng.randrange(1 << 63) for _ in range(rng.randrange(4))]
                   if call[0] == "acquire" and rng.random() < 0.5 else None for call in calls]
         writes[len(writes) // 2] = [rng.randrange(1 << 63) for _ in range(capacity + 1)]  # longer than the pool
-        def admit(pool, i, out):
+        def admit(pool, i, out, writes=writes):
             if writes[i] is not None:
                 try:
                     pool.admit(writes[i], float(i))
