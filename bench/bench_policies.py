@@ -56,7 +56,7 @@ from replica.core.cache.policies import make_policy, policy_class, policy_names
 from replica.core.cache.pool import BlockPool
 from replica.core.cache.types import Lookup
 from shared.errors import KvemuError
-from sim.simulator import next_use_times
+from sim.simulator import NextUses
 
 DEFAULT_POLICIES = ("lru", "s3fifo", "arc", "session_lru", "random_compute", "partial_node", "belady")
 PRESET, SEED, BLOCK_SIZE = "chat", 1, 16
@@ -110,8 +110,8 @@ def serve_all(pool: BlockPool, reqs, future=None) -> float:
         for hashes, session, now in reqs:
             serve(Lookup(hashes, session, now))
     else:
-        for (hashes, session, now), nu in zip(reqs, future):
-            serve(Lookup(hashes, session, now, next_use=nu))
+        for (hashes, session, now), (nu, position) in zip(reqs, future):
+            serve(Lookup(hashes, session, now, next_use=nu, position=position))
     return time.perf_counter() - t0
 
 
@@ -248,11 +248,13 @@ def choose_capacity(given: int | None, reqs, max_request: int) -> tuple[int, dic
 
 
 def next_use_pass(trace, policies: list[str]) -> tuple[list | None, float | None]:
-    """Each block's next-use time for the oracles, and the seconds the backward pass took."""
+    """Each request's next-use positions and place in the access order (the oracles'), and the
+    seconds the pass took."""
     if not any(policy_class(p).needs_future for p in policies):
         return None, None
     t0 = time.perf_counter()
-    future = next_use_times(trace)
+    uses = NextUses(trace)
+    future = [(uses.of(k), uses.position(k)) for k in range(len(trace.requests))]
     return future, time.perf_counter() - t0
 
 

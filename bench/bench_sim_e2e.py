@@ -10,8 +10,7 @@ times, alternating and each in a fresh interpreter (imports included):
 * ``kvemu_cache_only_lru`` / ``_s3fifo``: ``kvemu sim --cache-only`` with its defaults, the
   trace parsed from JSONL (parsed-trace cache off) and, ``_warm``, read back from that cache;
   ``_pycore``: with ``--python-core`` (the Python pool instead of the compiled one, same results);
-  ``_drop``: with ``--response-kv drop`` (the default keeps response KV, which needs the Python
-  pool; dropping it gives the compiled pool back, as ``sim``'s default did before);
+  ``_drop``: with ``--response-kv drop`` (the default keeps response KV, as a colocated vLLM does);
 * ``python_floor_lru``: the same JSONL read with kvemu's reader, then a bare ``OrderedDict`` LRU in
   Python with the pool's semantics and nothing else: the floor of a pure-Python design;
 * ``kvemu_default_lru``: ``kvemu sim`` with its defaults (continuous batching, cost model,
@@ -27,9 +26,12 @@ times, alternating and each in a fresh interpreter (imports included):
 Prints JSON: best wall time per mode, the hit ratios, the real-time factor (simulated seconds per
 wall second: the trace's span, and in batching mode its drain too), and the ratios the targets name.
 ``--old PATH``: also run the chat cluster case from another checkout (its own interpreter path and
-sources, e.g. a worktree of an older commit), side by side.
+sources, e.g. a worktree of an older commit), side by side. ``--uncompiled PATH``: also run the
+batching default from a checkout where nothing was built (``git worktree add`` and no install: what
+a machine without a C compiler runs, the Python pool and the interpreted step), side by side.
 
     python bench/bench_sim_e2e.py [--copies 20] [--capacity 18279] [--repeat 2] [--modes a,b,...] [--old DIR]
+                                  [--uncompiled DIR]
 """
 
 from __future__ import annotations
@@ -147,6 +149,7 @@ def run_mode(mode: str, trace: Path, work: Path, cap: int, repo: Path = REPO) ->
         policy = (base.removesuffix("_warm").removesuffix("_noreuse").removesuffix("_pycore")
                   .removeprefix("kvemu_cache_only_").removeprefix("kvemu_default_"))
         env["KVEMU_CACHE_DIR"] = str(work / "cache") if warm else "off"
+        env["PYTHONPATH"] = str(repo)
         cmd = kvemu_cmd(trace, policy, cap, out, base.startswith("kvemu_cache_only"), reuse, base.endswith("_pycore"),
                         drop)
     t0 = time.perf_counter()
@@ -159,7 +162,7 @@ def run_mode(mode: str, trace: Path, work: Path, cap: int, repo: Path = REPO) ->
     run = json.loads(out.read_text())["runs"][0]
     simulated = run["arrival_span_s"] + (run.get("drain_s") or 0.0)
     return {"wall_s": wall, "hit_ratio": run["block_hit_ratio"], "sim_s": run["wall_s"], "engine": run["engine"],
-            "requests": run["requests"], "real_time_factor": round(simulated / wall, 1)}
+            "step_engine": run.get("step_engine"), "requests": run["requests"], "real_time_factor": round(simulated / wall, 1)}
 
 
 MODES = ("lcs_lru", "python_floor_lru", "kvemu_cache_only_lru", "kvemu_cache_only_lru_drop", "kvemu_cache_only_lru_warm",
@@ -177,6 +180,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2, help="rounds; each round runs every mode once, in turn")
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--old", type=Path, default=None, help="another checkout: its chat cluster case too")
+    ap.add_argument("--uncompiled", type=Path, default=None,
+                    help="a checkout with nothing built: its batching default too (a machine without a C compiler)")
     a = ap.parse_args()
     modes = [m for m in a.modes.split(",") if m]
     with tempfile.TemporaryDirectory(prefix="kvemu-bench-") as tmp:
@@ -200,6 +205,12 @@ def main() -> None:
                 print(f"round {rnd + 1}/{a.repeat} old kvemu_chat16_host64: {res['wall_s']:.2f} s", file=sys.stderr)
                 if "old_chat16_host64" not in best or res["wall_s"] < best["old_chat16_host64"]["wall_s"]:
                     best["old_chat16_host64"] = res
+            if a.uncompiled is not None:
+                res = run_mode("kvemu_default_lru", trace, work, a.capacity, a.uncompiled)
+                print(f"round {rnd + 1}/{a.repeat} uncompiled kvemu_default_lru: {res['wall_s']:.2f} s,"
+                      f" engine {res['engine']}", file=sys.stderr)
+                if "uncompiled_default_lru" not in best or res["wall_s"] < best["uncompiled_default_lru"]["wall_s"]:
+                    best["uncompiled_default_lru"] = res
     ratios = {}
     for name, (num, den) in {
         "cache_only_lru / lcs_lru": ("kvemu_cache_only_lru", "lcs_lru"),
@@ -224,6 +235,7 @@ def main() -> None:
         "cluster16_lru_pycore / lcs_lru": ("kvemu_cluster16_lru_pycore", "lcs_lru"),
         "cluster16_lru_host64 / lcs_lru": ("kvemu_cluster16_lru_host64", "lcs_lru"),
         "old_chat16_host64 / chat16_host64": ("old_chat16_host64", "kvemu_chat16_host64"),
+        "uncompiled_default_lru / lcs_lru": ("uncompiled_default_lru", "lcs_lru"),
     }.items():
         if num in best and den in best:
             ratios[name] = round(best[num]["wall_s"] / best[den]["wall_s"], 2)
