@@ -21,7 +21,8 @@ from pathlib import Path
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).resolve().parent
+TOP_PACKAGES = ("kvemu", "router", "replica", "shared", "loadgen", "sim")  # pyproject.toml's packages.find
 # replica/core/compiled/native.py lists each module's sources and digests them; it needs only the stdlib
 _spec = importlib.util.spec_from_file_location("native", HERE / "replica" / "core" / "compiled" / "native.py")
 native = importlib.util.module_from_spec(_spec)
@@ -92,11 +93,11 @@ class BuildExt(build_ext):
         """An editable tree keeps what earlier builds put beside the sources: a module dropped from the set
         would still load its old build (and that build's runtime library, gone), so those files go."""
         keep = {Path(self.get_ext_fullpath(ext.name)).name for ext in self.extensions}
-        for package in {m.rsplit(".", 1)[0] for m in compiled_modules.MODULES} | {"shared", "sim"}:
-            folder = HERE.joinpath(*package.split("."))
-            for built in folder.glob("*.cpython-*.so"):
-                module = f"{package}.{built.name.split('.', 1)[0]}"
-                if module not in names and (folder / (built.name.split(".", 1)[0] + ".py")).exists():
+        for top in TOP_PACKAGES:  # every package, not only the set's: a module may leave its package's last
+            for built in HERE.joinpath(top).rglob("*.cpython-*.so"):
+                stem = built.name.split(".", 1)[0]
+                module = ".".join((*built.parent.relative_to(HERE).parts, stem))
+                if module not in names and (built.parent / (stem + ".py")).exists():  # a C extension has no .py
                     built.unlink()
         for runtime in HERE.glob("*__mypyc.cpython-*.so"):
             if runtime.name not in keep:
