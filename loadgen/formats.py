@@ -27,8 +27,9 @@ import orjson
 
 from loadgen import trace_cache
 from loadgen.jsonlines import json_columns, json_lines
-from loadgen.trace import HASHES_U64, Trace, TraceRequest, gc_paused, shared_prefix
+from loadgen.trace import HASHES_U64, Trace, TraceRequest, shared_prefix
 from shared.errors import InputError, TraceFormatError, UnknownNameError
+from shared.gc_tuning import gc_paused
 from shared.hashing import ROOT_HASH, chain_ids
 
 KVEMU_DEFAULT_BLOCK_SIZE = 16

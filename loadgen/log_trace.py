@@ -16,8 +16,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from loadgen.request_log import iter_request_log
-from loadgen.trace import Trace, TraceRequest, gc_paused
+from loadgen.trace import Trace, TraceRequest
 from shared.errors import InputError, TraceFormatError
+from shared.gc_tuning import gc_paused
 from shared.hashing import DEFAULT_BLOCK_SIZE, block_hashes
 
 

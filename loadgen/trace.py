@@ -2,23 +2,10 @@
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """Build a trace without the cyclic GC: millions of fresh lists would trigger repeated full
-    collections that find nothing to free (a trace has no cycles)."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
+from shared.gc_tuning import gc_paused
 
 
 @dataclass(slots=True)

@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
-from loadgen.trace import Trace, TraceRequest, gc_paused, shared_prefix
+from loadgen.trace import Trace, TraceRequest, shared_prefix
+from shared.gc_tuning import gc_paused
 
 CACHE_VERSION = 2  # bump when a reader's output for the same bytes changes
 

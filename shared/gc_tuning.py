@@ -27,14 +27,14 @@ def settle_gc() -> None:
 
 
 @contextmanager
-def gc_settled() -> Iterator[None]:
-    """For one long computation over a heap built before it (the simulator over its trace): the
-    cyclic collector off meanwhile, as before afterwards. The simulator makes no reference cycles
-    per request (its cycles, a pool and its policy, a tier stack's closures, are built once before
-    the loop; tests/sim/test_gc_free.py checks that runs of different lengths leave the same
-    cyclic garbage), so every collection during the loop would traverse its fresh objects to free
-    nothing: 6-8 % of a default ``kvemu sim`` of the 20x Mooncake trace, on top of the 10-15 %
-    that freezing the heap and collecting every 10,000 allocations had saved."""
+def gc_paused() -> Iterator[None]:
+    """The cyclic collector off meanwhile, as before afterwards: for building a heap that has no
+    cycles (a trace: its millions of fresh lists would run full collections that free nothing) and
+    for one long computation over it (the simulator, which makes no reference cycles per request:
+    its cycles, a pool and its policy, a tier stack's closures, are built once before the loop;
+    tests/sim/test_gc_free.py checks that runs of different lengths leave the same cyclic garbage).
+    6-8 % of a default ``kvemu sim`` of the 20x Mooncake trace against freezing the trace and
+    collecting the youngest generation every 10,000 allocations."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:

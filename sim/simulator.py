@@ -29,7 +29,7 @@ from replica.core.tiers.stack import TierStack
 from router.strategies import ReplicaState, RouteRequest, RoutingSettings, RoutingStep, strategy_spec
 from shared import compiled_modules
 from shared.costmodel import CostModel
-from shared.gc_tuning import gc_settled
+from shared.gc_tuning import gc_paused
 from shared.histogram import LogHistogram
 from shared.index import EventBatch, MemoryIndex
 from shared.index.base import DEFAULT_MAX_REPLICAS
@@ -551,5 +551,5 @@ def _duration(seconds: float) -> str:
 
 
 def simulate(trace: Trace, settings: SimSettings, progress=None) -> dict:
-    with gc_settled():  # the trace is built: the collector has nothing to find in it
+    with gc_paused():  # the trace is built: the collector would find nothing to free in the loop
         return Simulation(trace, settings, progress).run()

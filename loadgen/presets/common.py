@@ -23,8 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loadgen.trace import TraceRequest, gc_paused
+from loadgen.trace import TraceRequest
 from shared.errors import InputError
+from shared.gc_tuning import gc_paused
 from shared.hashing import ROOT_HASH, chain_ids, content_id
 from shared.validate import check_int, check_number, check_positive, check_probability
 

@@ -213,9 +213,7 @@ class CompiledPool:
         n = len(hashes)
         if n >= self._cost_len:
             self._grow_costs(n)
-        code = self._codes.get(session)
-        if code is None:
-            code = self._codes[session] = len(self._codes)
+        code = self._session_code(session)
         try:
             hit, new, touched, holes = self._kernel.acquire(hashes, code, -1 if input_tokens is None else input_tokens,
                                                             record, lookup.extra, lookup.next_use, lookup.position)
@@ -232,9 +230,7 @@ class CompiledPool:
         n = len(hashes)
         if n >= self._cost_len:
             self._grow_costs(n)
-        code = self._codes.get(None)
-        if code is None:
-            code = self._codes[None] = len(self._codes)
+        code = self._session_code(None)
         try:
             self._kernel.serve_one(hashes, code, True)
         except _Refused as refused:
@@ -242,6 +238,13 @@ class CompiledPool:
         except (OverflowError, TypeError):
             raise _not_u64() from None
         self._acquired(hashes, now, True)
+
+    def _session_code(self, session: str | None) -> int:
+        """The kernel's number for a session: in order of first appearance."""
+        code = self._codes.get(session)
+        if code is None:
+            code = self._codes[session] = len(self._codes)
+        return code
 
     def _refusal(self, refused: Exception, n: int, now: float) -> Exception:
         if refused.args[0] == _BUSY and now > self._now:  # the pool's clock moved before it looked for room
@@ -297,9 +300,7 @@ class CompiledPool:
 
     def store(self, hashes: Sequence[int], session: str | None = None, now: float = 0.0) -> list[int]:
         """``BlockPool.store``: a finished request's response blocks cached (the hashes inserted)."""
-        code = self._codes.get(session)
-        if code is None:
-            code = self._codes[session] = len(self._codes)
+        code = self._session_code(session)
         if len(hashes) >= self._cost_len:
             self._grow_costs(min(len(hashes), self.capacity))
         try:
