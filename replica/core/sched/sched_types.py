@@ -4,7 +4,7 @@ the compute-backend hook, the overload error and what an admission prefills (rep
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from replica.core.cache.pool import Allocation
@@ -87,43 +87,58 @@ class ContextLengthError(InputError):
         self.length = length
 
 
-@dataclass(slots=True)
 class SchedRequest:
-    rid: int
-    hashes: Sequence[int]
-    input_tokens: int
-    output_tokens: int
-    arrival: float
-    session: str | None = None
-    next_use: Sequence[float] | None = None
-    position: float | None = None  # oracles: the request's place in the access order (see next_use)
-    # filled in by the scheduler
-    alloc: Allocation | None = None
-    segments: list[list[int]] = field(default_factory=list)  # [start_token, tokens] left to prefill
-    cached_tokens: int = 0
-    generated: int = 0  # exact once the request finished; while decoding see Scheduler._tick
-    base: int = 0  # decode tick at which generated would have been 0 (the scheduler's bookkeeping)
-    ready_at: float = 0.0  # when its restore from a lower memory tier ends (0: nothing restored)
-    restore_start: float = 0.0  # when that restore's first copy into HBM starts
-    # Hashes of the full blocks its response completes (chained after the prompt's): cached when
-    # it finishes if the core keeps response KV (``keep_response_kv``); empty: nothing to keep.
-    response_hashes: Sequence[int] = ()
-    plan: FetchPlan | None = None  # tiers: what its current acquisition restores
-    t_admitted: float = -1.0
-    t_first_token: float = -1.0
-    t_finished: float = -1.0
-    order: int = 0  # place in arrival order (submit); the waiting queue is kept sorted by it
-    t_queued: float = -1.0  # when it last entered the waiting queue
-    waited: float = 0.0  # seconds spent waiting, over every admission
-    preemptions: int = 0
-    admit_seq: int = 0  # admission number (the most recent is preempted first)
-    extra_blocks: int = 0  # blocks held beyond its hashed ones: partial prompt tail, decode KV
-    grow_at: int = -1  # decode tick at which it next needs a block (-1: none; see DecodeBlocks)
-    # Response blocks (``response_hashes[:kept]``) its allocation holds as hashed blocks: a request
-    # preempted while decoding keeps the full blocks it generated cached (vLLM v1 hashes every full
-    # block) and its re-admission looks them up after its prompt's, in HBM and below.
-    kept: int = 0
-    loans: int = 0  # reorder: times it was admitted ahead of its turn (at most max_loans)
+    """A request's state in the scheduler. A plain class, not a dataclass: mypyc compiles its
+    ``__init__`` (a dataclass's is generated at import and runs interpreted, 3.5% of a default run),
+    and a request equals only itself (the queues hold each request once)."""
+
+    __slots__ = ("rid", "hashes", "input_tokens", "output_tokens", "arrival", "session", "next_use", "position",
+                 "alloc", "segments", "cached_tokens", "generated", "base", "ready_at", "restore_start",
+                 "response_hashes", "plan", "t_admitted", "t_first_token", "t_finished", "order", "t_queued",
+                 "waited", "preemptions", "admit_seq", "extra_blocks", "grow_at", "kept", "loans")
+
+    def __init__(self, rid: int, hashes: Sequence[int], input_tokens: int, output_tokens: int, arrival: float,
+                 session: str | None = None, next_use: Sequence[float] | None = None, position: float | None = None,
+                 *, response_hashes: Sequence[int] = ()) -> None:
+        self.rid = rid
+        self.hashes = hashes
+        self.input_tokens = input_tokens
+        self.output_tokens = output_tokens
+        self.arrival = arrival
+        self.session = session
+        self.next_use = next_use
+        self.position = position  # oracles: the request's place in the access order (see next_use)
+        # filled in by the scheduler
+        self.alloc: Allocation | None = None
+        self.segments: list[list[int]] = []  # [start_token, tokens] left to prefill
+        self.cached_tokens = 0
+        self.generated = 0  # exact once the request finished; while decoding see Scheduler._tick
+        self.base = 0  # decode tick at which generated would have been 0 (the scheduler's bookkeeping)
+        self.ready_at = 0.0  # when its restore from a lower memory tier ends (0: nothing restored)
+        self.restore_start = 0.0  # when that restore's first copy into HBM starts
+        # Hashes of the full blocks its response completes (chained after the prompt's): cached when
+        # it finishes if the core keeps response KV (``keep_response_kv``); empty: nothing to keep.
+        self.response_hashes = response_hashes
+        self.plan: FetchPlan | None = None  # tiers: what its current acquisition restores
+        self.t_admitted = -1.0
+        self.t_first_token = -1.0
+        self.t_finished = -1.0
+        self.order = 0  # place in arrival order (submit); the waiting queue is kept sorted by it
+        self.t_queued = -1.0  # when it last entered the waiting queue
+        self.waited = 0.0  # seconds spent waiting, over every admission
+        self.preemptions = 0
+        self.admit_seq = 0  # admission number (the most recent is preempted first)
+        self.extra_blocks = 0  # blocks held beyond its hashed ones: partial prompt tail, decode KV
+        self.grow_at = -1  # decode tick at which it next needs a block (-1: none; see DecodeBlocks)
+        # Response blocks (``response_hashes[:kept]``) its allocation holds as hashed blocks: a request
+        # preempted while decoding keeps the full blocks it generated cached (vLLM v1 hashes every full
+        # block) and its re-admission looks them up after its prompt's, in HBM and below.
+        self.kept = 0
+        self.loans = 0  # reorder: times it was admitted ahead of its turn (at most max_loans)
+
+    def __repr__(self) -> str:
+        return (f"SchedRequest(rid={self.rid!r}, session={self.session!r}, blocks={len(self.hashes)},"
+                f" input_tokens={self.input_tokens}, output_tokens={self.output_tokens}, arrival={self.arrival})")
 
     @property
     def resumed(self) -> bool:
@@ -135,15 +150,21 @@ class SchedRequest:
         return bool(self.segments)
 
 
-@dataclass(slots=True)
 class StepResult:
-    start: float
-    duration: float
-    steps: int
-    prefill_tokens: int
-    first_tokens: list[SchedRequest]
-    finished: list[SchedRequest]
-    decoded: list[tuple[SchedRequest, int]]  # (request, tokens generated in this step(s))
+    """One step's (or fast-forwarded run's) outcome; a plain class for mypyc, as ``SchedRequest``."""
+
+    __slots__ = ("start", "duration", "steps", "prefill_tokens", "first_tokens", "finished", "decoded")
+
+    def __init__(self, start: float, duration: float, steps: int, prefill_tokens: int,
+                 first_tokens: list[SchedRequest], finished: list[SchedRequest],
+                 decoded: list[tuple[SchedRequest, int]]) -> None:
+        self.start = start
+        self.duration = duration
+        self.steps = steps
+        self.prefill_tokens = prefill_tokens
+        self.first_tokens = first_tokens
+        self.finished = finished
+        self.decoded = decoded  # (request, tokens generated in this step(s))
 
 
 class StepTimer(Protocol):
