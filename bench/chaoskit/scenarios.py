@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import selectors
 import signal
 import socket
 import threading
@@ -159,32 +160,49 @@ def _slow_readers(url: str, n: int, held: list, metric: str) -> None:
 
 
 def _slowloris(url: str, n: int, held: list) -> None:
+    """``n`` connections sending a request head a byte every 0.5 s; ``held`` gets, for each, the
+    seconds from its opening until the server closed it, seen when it happens (a selector waits on
+    every connection between sends), not at the next send."""
     host, port = url.removeprefix("http://").split(":")
-    socks = []
+    sel = selectors.DefaultSelector()
+    opened: dict[socket.socket, float] = {}
     for _ in range(n):
         s = socket.create_connection((host, int(port)), timeout=5)
         s.setblocking(False)
-        socks.append([s, time.monotonic(), None])
+        opened[s] = time.monotonic()
+        sel.register(s, selectors.EVENT_READ)
+    cut: dict[socket.socket, float] = {}
+
+    def close(s: socket.socket) -> None:
+        cut[s] = time.monotonic() - opened[s]
+        sel.unregister(s)
+
     head = b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" * 4
+    start = min(opened.values())
     for k in range(len(head)):
-        for entry in socks:
-            s, t0, cut = entry
-            if cut is not None:
-                continue
+        for s in [s for s in opened if s not in cut]:
             try:
                 s.send(head[k:k + 1])
-                if s.recv(1) == b"":
-                    entry[2] = time.monotonic() - t0
             except BlockingIOError:
                 pass
             except OSError:
-                entry[2] = time.monotonic() - t0
-        if all(e[2] is not None for e in socks) or time.monotonic() - socks[0][1] > 30:
+                close(s)
+        next_send = time.monotonic() + 0.5
+        while (left := next_send - time.monotonic()) > 0 and len(cut) < n:
+            for key, _ in sel.select(left):
+                try:
+                    if key.fileobj.recv(4096) == b"":  # type: ignore[union-attr]
+                        close(key.fileobj)  # type: ignore[arg-type]
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    close(key.fileobj)  # type: ignore[arg-type]
+        if len(cut) == n or time.monotonic() - start > 30:
             break
-        time.sleep(0.5)
-    for s, t0, cut in socks:
-        held.append(cut if cut is not None else time.monotonic() - t0)
+    for s, t0 in opened.items():
+        held.append(cut.get(s, time.monotonic() - t0))
         s.close()
+    sel.close()
 
 
 def big_prompts(rate: float, duration: float, senders: int = 2) -> dict:

@@ -74,6 +74,8 @@ def test_a_body_sent_slowly_gets_408_naming_the_body(servers, which):
 def test_a_client_that_stops_reading_streams_is_cut_off_and_nothing_else_waits(servers, which):
     url = servers[which].url
     host, port = url.removeprefix("http://").split(":")
+    name = "kvemu_router_connections_cut_total" if which == "router" else "kvemu_connections_cut_total"
+    cut_before = metric(scrape(url), name, reason="write_timeout")
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window, so the server's buffers fill
     s.connect((host, int(port)))
@@ -82,7 +84,10 @@ def test_a_client_that_stops_reading_streams_is_cut_off_and_nothing_else_waits(s
     s.sendall(16 * (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body)))
     t0 = time.monotonic()
-    while time.monotonic() - t0 < 1.5:  # read nothing for 1.5 s (the write deadline is 0.5 s) ...
+    # Read nothing until the server counts this connection cut (the write deadline is 0.5 s from when
+    # its buffers filled; how long they take to fill depends on how busy the machine is) ...
+    while metric(scrape(url), name, reason="write_timeout") < cut_before + 1:
+        assert time.monotonic() - t0 < 30.0, "the server never cut a client that reads nothing"
         status, _ = http_json("GET", url + "/health", timeout=2.0)
         assert status in (200, 503)  # ... while everyone else is answered
         time.sleep(0.25)
@@ -91,8 +96,6 @@ def test_a_client_that_stops_reading_streams_is_cut_off_and_nothing_else_waits(s
     assert got.startswith(b"HTTP/1.1 200") and b"data: " in got
     assert got.count(b"data: [DONE]") < 16  # cut off (with --write-timeout 1000 all 16 arrive, 6.4 MB)
     assert waited < 5.0  # closed, not left open
-    name = "kvemu_router_connections_cut_total" if which == "router" else "kvemu_connections_cut_total"
-    assert metric(scrape(url), name, reason="write_timeout") >= 1
 
 
 @pytest.mark.parametrize("which", ["replica", "router"])
