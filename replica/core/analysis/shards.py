@@ -83,10 +83,12 @@ class ShardsTracker:
         self._heap: list[tuple[int, int]] = []  # (-sample hash, block) of tracked blocks
         self._hist = np.zeros(len(self._EDGES))  # weighted counts per scaled-distance bin
         self._rt_hist = np.zeros(RT_MAX_EXP - RT_MIN_EXP + 1)
-        # Distances and reuse times not yet in the histograms, all sampled at weight _pend_w:
-        # accounted in bulk (numpy per access costs more than the access).
-        self._pend_d: list[int] = []
-        self._pend_t: list[float] = []
+        # Distances and reuse times not yet in the histograms, all sampled at weight _pend_w, in
+        # chunks as they came (arrays from a bulk step, lists from one request's): accounted in bulk,
+        # in order (numpy per access costs more than the access; a round trip through lists too).
+        self._pend_d: list[Sequence[int]] = []
+        self._pend_t: list[Sequence[float]] = []
+        self._pend_n = 0  # distances in _pend_d
         self._pend_w = 0.0
         self.accesses = 0  # every access offered, sampled or not
         self.sampled = 0
@@ -176,13 +178,14 @@ class ShardsTracker:
         self.sampled += n
         self._w_total += w * n
         self._w_cold += w * n_cold
-        self._pend_d += dist
-        self._pend_t += dts
+        self._pend_d.append(dist)
+        self._pend_t.append(dts)
+        self._pend_n += n
         if n_cold:
             for h, d in zip(picked, dist):
                 if d == INF:
                     heapq.heappush(self._heap, (-self.sample_hash(h), h))
-        if len(self._pend_d) > 1 << 16:
+        if self._pend_n > 1 << 16:
             self._flush()
         if self._inner.tracked > self.max_tracked:
             self._shrink()
@@ -220,12 +223,13 @@ class ShardsTracker:
             self._w_total += w * n
             self._w_cold += w * n_cold
         self.sampled += len(picked)
-        self._pend_d += dist.tolist()
-        self._pend_t += dts[:written].tolist()
+        self._pend_d.append(dist)
+        self._pend_t.append(dts[:written])
+        self._pend_n += len(dist)
         heap = self._heap
         for h, b in zip(hashes[cold].tolist(), picked[cold].tolist()):
             heapq.heappush(heap, (-h, b))
-        if len(self._pend_d) > 1 << 16:
+        if self._pend_n > 1 << 16:
             self._flush()
 
     def _picked(self, hashes: Sequence[int]) -> list[int]:
@@ -247,12 +251,15 @@ class ShardsTracker:
         self._drain()
         w = self._pend_w
         if self._pend_d:
-            d = np.array(self._pend_d, dtype=np.int64)
+            d = np.concatenate([np.asarray(c, dtype=np.int64) for c in self._pend_d])
             scaled = d[d != INF] * w // 1
             np.add.at(self._hist, self._bin(scaled), w)
             self._pend_d = []
+            self._pend_n = 0
         if self._pend_t:
-            np.add.at(self._rt_hist, _rt_index(np.array(self._pend_t)), w)
+            t = np.concatenate([np.asarray(c, dtype=np.float64) for c in self._pend_t])
+            if len(t):
+                np.add.at(self._rt_hist, _rt_index(t), w)
             self._pend_t = []
 
     def _bin(self, scaled) -> np.ndarray:
