@@ -86,8 +86,8 @@ class ShardsTracker:
         # Distances and reuse times not yet in the histograms, all sampled at weight _pend_w, in
         # chunks as they came (arrays from a bulk step, lists from one request's): accounted in bulk,
         # in order (numpy per access costs more than the access; a round trip through lists too).
-        self._pend_d: list[Sequence[int]] = []
-        self._pend_t: list[Sequence[float]] = []
+        self._pend_d: list[Sequence[int] | np.ndarray] = []
+        self._pend_t: list[Sequence[float] | np.ndarray] = []
         self._pend_n = 0  # distances in _pend_d
         self._pend_w = 0.0
         self.accesses = 0  # every access offered, sampled or not
