@@ -132,6 +132,43 @@ static void table_del(Table *t, int32_t s) {
     t->used--;
 }
 
+/* The hashes one call has seen, for its repeat check: open addressing where a bucket is taken only
+ * if stamped with the current call, so forgetting them all is one increment (deleting each from a
+ * Table, a backward shift per key, cost 5% of a default run). At most capacity keys a call. */
+typedef struct {
+    uint64_t *key;
+    uint32_t *stamp;
+    uint64_t mask;
+    uint32_t cur;
+} Seen;
+
+static int seen_init(Seen *s, int32_t most) {
+    uint64_t size = 16;
+    while (size < (uint64_t)most * 2) size <<= 1;
+    s->mask = size - 1;
+    s->cur = 1;
+    s->key = malloc(size * sizeof(uint64_t));
+    s->stamp = calloc(size, sizeof(uint32_t));
+    return !s->key || !s->stamp ? -1 : 0;
+}
+
+static void seen_free(Seen *s) { free(s->key); free(s->stamp); memset(s, 0, sizeof(*s)); }
+
+static inline int seen_add(Seen *s, uint64_t k) {  /* 1: seen since the last seen_forget; else 0, and now seen */
+    uint64_t i = mix(k) & s->mask;
+    while (s->stamp[i] == s->cur) {
+        if (s->key[i] == k) return 1;
+        i = (i + 1) & s->mask;
+    }
+    s->stamp[i] = s->cur;
+    s->key[i] = k;
+    return 0;
+}
+
+static inline void seen_forget(Seen *s) {
+    if (++s->cur == 0) { memset(s->stamp, 0, (size_t)(s->mask + 1) * sizeof(uint32_t)); s->cur = 1; }
+}
+
 static inline void list_push(Table *t, List *l, int32_t s) {  /* at the insertion end */
     t->links[s].prev = l->insert_end;
     t->links[s].next = NIL;
@@ -196,7 +233,7 @@ typedef struct {
     double *uses;            /* a request's next uses, read from Python */
     int32_t *slot_of, *touched, *fresh, *freed, *hole_len;
     int32_t ntouched, nfresh, nhits, lead, holes;
-    Table scratch;           /* new hashes of one request: the repeat check */
+    Seen scratch;            /* new hashes of one request: the repeat check */
     /* footprints: per session code, resident blocks and when it (re)entered the dict */
     int64_t *fp_count;
     uint64_t *fp_entry;
@@ -237,7 +274,7 @@ static int load_costs(Pool *k, PyObject *cum_obj) {
 #include "_belady_compute.h"  /* BeladyCompute: its heaps and victims, over the struct above */
 
 static void Pool_dealloc(Pool *k) {
-    table_free(&k->res); table_free(&k->ghost); table_free(&k->scratch);
+    table_free(&k->res); table_free(&k->ghost); seen_free(&k->scratch);
     free(k->owner); free(k->refs); free(k->reused); free(k->freq); free(k->queue); free(k->seq); free(k->stamp);
     free(k->cum); free(k->keys); free(k->slot_of); free(k->touched); free(k->fresh); free(k->freed);
     free(k->hole_len); free(k->fp_count); free(k->fp_entry); free(k->holes_hist);
@@ -271,7 +308,7 @@ static int Pool_init(Pool *k, PyObject *args, PyObject *kw) {
     k->order.evict_end = k->order.insert_end = k->main.evict_end = k->main.insert_end = NIL;
     k->ghost_fifo.evict_end = k->ghost_fifo.insert_end = NIL;
     if (table_init(&k->res, capacity) || table_init(&k->ghost, ghost_size + 1)
-        || table_init(&k->scratch, capacity))
+        || seen_init(&k->scratch, capacity))
         goto nomem;
     k->owner = calloc(c, sizeof(int32_t)); k->refs = calloc(c, sizeof(int32_t)); k->reused = calloc(c, 1);
     k->freq = calloc(c, 1); k->queue = calloc(c, 1); k->seq = calloc(c, sizeof(uint64_t));
@@ -474,14 +511,13 @@ static int acquire_one(Pool *k, Py_ssize_t n, int32_t session, long long tokens,
             k->stamp[s] = cur;
             newly_pinned += k->refs[s] == 0;
             k->touched[nt++] = (int32_t)i;
-        } else if (table_find(&k->scratch, h[i]) != NIL) {
+        } else if (seen_add(&k->scratch, h[i])) {
             repeats = 1;
         } else {
-            table_add(&k->scratch, h[i]);
             k->fresh[nf++] = (int32_t)i;
         }
     }
-    for (int32_t j = 0; j < nf; j++) table_del(&k->scratch, table_find(&k->scratch, h[k->fresh[j]]));
+    seen_forget(&k->scratch);
     if (repeats) return REPEATS;
     if (nf && grow_sessions(k, session) != OK) return NO_MEMORY;  /* before anything changes */
     if (k->has_position) k->position = k->next_position;
@@ -821,11 +857,10 @@ static int store_run(Pool *k, const uint64_t *h, Py_ssize_t total, int32_t sessi
     int32_t room = k->capacity - k->pinned - k->private_blocks;
     Py_ssize_t n = 0;
     for (Py_ssize_t i = 0; i < total && n < room; i++) {
-        if (table_find(&k->res, h[i]) != NIL || table_find(&k->scratch, h[i]) != NIL) continue;
-        table_add(&k->scratch, h[i]);
+        if (table_find(&k->res, h[i]) != NIL || seen_add(&k->scratch, h[i])) continue;
         k->keys[n++] = h[i];
     }
-    for (Py_ssize_t j = 0; j < n; j++) table_del(&k->scratch, table_find(&k->scratch, k->keys[j]));
+    seen_forget(&k->scratch);
     *m = n;
     if (!n) return OK;
     if (n >= k->ncum) return COSTS_SHORT;
