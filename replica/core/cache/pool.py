@@ -328,6 +328,16 @@ class BlockPool:
         of no session, the allocation not kept (so the compiled twin hands nothing back)."""
         self.serve(Lookup(hashes, now=now))
 
+    def admit_absent(self, hashes: Sequence[int], now: float = 0.0) -> list[int]:
+        """A tier level's write from above: of ``hashes``, those not resident (``absent``, returned: what
+        the write newly stores), the first as many as the pool has room for (its capacity less what is
+        pinned) ``admit``-ted; the rest, beyond that room, are the caller's to pass on."""
+        new = self.absent(hashes)
+        room = self.capacity - self.pinned
+        if new and room > 0:
+            self.admit(new[:room], now)
+        return new
+
     def load_state(self, resident: Iterable[tuple[int, str | None]], footprint: Iterable[tuple[str | None, int]],
                    reused: Iterable[int], refs: Mapping[int, int], private: int) -> None:
         """Become what the compiled pool reached (``replica.core.compiled.pool``): the blocks, oldest

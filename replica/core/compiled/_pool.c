@@ -1257,6 +1257,43 @@ static PyObject *Pool_absent(Pool *k, PyObject *hashes) {
     return out;
 }
 
+/* admit_absent(hashes, session_code) -> the hashes not resident, in order (the objects given), of which
+ * the first capacity - pinned are then written in as serve_one does: BlockPool.admit_absent, a tier
+ * level's write from above in one pass over the level's table (the keys converted once).
+ * Refused(code, shortfall, available) as serve_one, before anything changes. */
+static PyObject *Pool_admit_absent(Pool *k, PyObject *args) {
+    PyObject *hashes;
+    int32_t session;
+    if (!PyArg_ParseTuple(args, "Oi", &hashes, &session)) return NULL;
+    if (session < 0) { PyErr_SetString(PyExc_ValueError, "session must be >= 0"); return NULL; }
+    PyObject *seq = PySequence_Fast(hashes, "hashes must be a sequence of ints");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), room = k->capacity - k->pinned, m = 0;
+    uint64_t *h = seq_keys(seq, n);
+    PyObject *out = h ? PyList_New(0) : NULL;
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; out && i < n; i++) {
+        prefetch_ahead(&k->res, h, i, n);
+        if (table_find(&k->res, h[i]) != NIL) continue;
+        if (PyList_Append(out, items[i]) < 0) { Py_CLEAR(out); break; }
+        if (m < room) k->keys[m] = h[i];  /* the ones it has room for, in order */
+        m++;
+    }
+    free(h);
+    Py_DECREF(seq);
+    if (!out) return NULL;
+    Py_ssize_t take = m < room ? m : room;
+    if (take > 0) {
+        k->next_use = NULL;
+        k->has_position = 0;
+        int32_t busy[2] = {0, 0};
+        int code = acquire_one(k, take, session, -1, 1, 0, busy);
+        if (code == OK) code = release_slots(k, k->slot_of, take);
+        if (code != OK) { Py_DECREF(out); return raise_status(code, busy[0], busy[1]); }
+    }
+    return out;
+}
+
 static PyObject *Pool_get_used(Pool *k, void *c) { (void)c; return PyLong_FromLong(k->res.used); }
 static PyObject *Pool_get_pinned(Pool *k, void *c) { (void)c; return PyLong_FromLong(k->pinned); }
 static PyObject *Pool_get_private(Pool *k, void *c) { (void)c; return PyLong_FromLong(k->private_blocks); }
@@ -1282,6 +1319,8 @@ static PyMethodDef Pool_methods[] = {
     {"pins_of", (PyCFunction)Pool_pins_of, METH_O, "BlockPool.pins_of: running requests holding each block."},
     {"missing", (PyCFunction)Pool_missing, METH_O, "BlockPool.missing: depths of the blocks not resident."},
     {"absent", (PyCFunction)Pool_absent, METH_O, "The hashes not resident, in order."},
+    {"admit_absent", (PyCFunction)Pool_admit_absent, METH_VARARGS,
+     "BlockPool.admit_absent: (hashes, session_code) -> the hashes not resident; as many as fit written in."},
     {"remove", (PyCFunction)Pool_remove, METH_VARARGS, "BlockPool.remove: (hashes, computed=True); LRU and S3-FIFO."},
     {"record_evicted", (PyCFunction)Pool_record_evicted, METH_O, "Keep each call's evicted keys (a lower tier's feed)."},
     {"take_evicted", (PyCFunction)Pool_take_evicted, METH_NOARGS, "The keys evicted since the last take."},

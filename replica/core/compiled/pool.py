@@ -239,6 +239,24 @@ class CompiledPool:
             raise _not_u64() from None
         self._acquired(hashes, now, True)
 
+    def admit_absent(self, hashes: Sequence[int], now: float = 0.0) -> list[int]:
+        """``BlockPool.admit_absent`` in one kernel call (the level's table looked up once, the keys
+        converted once)."""
+        n = len(hashes)
+        if n >= self._cost_len:
+            self._grow_costs(n)
+        code = self._session_code(None)
+        room = self.capacity - self._kernel.pinned
+        try:
+            new = self._kernel.admit_absent(hashes, code)
+        except _Refused as refused:
+            raise self._refusal(refused, min(n, room), now) from None
+        except (OverflowError, TypeError):
+            raise _not_u64() from None
+        if new and room > 0:
+            self._acquired(new[:room] if self._reuse is not None else (), now, True)
+        return new
+
     def _session_code(self, session: str | None) -> int:
         """The kernel's number for a session: in order of first appearance."""
         code = self._codes.get(session)

@@ -190,6 +190,7 @@ class LevelPool(Protocol):
     def release(self, alloc: Allocation, now: float = 0.0) -> None: ...
     def remove(self, hashes: Sequence[int], computed: bool = True) -> None: ...
     def absent(self, hashes: Sequence[int]) -> list[int]: ...
+    def admit_absent(self, hashes: Sequence[int], now: float = 0.0) -> list[int]: ...
     def settle(self) -> BlockPool: ...
 
 
@@ -377,7 +378,10 @@ class TierStack:
     def _store(self, level: Level, hashes: Sequence[int], src: str) -> None:
         """Copy blocks from level ``src`` into a level (those it holds already just count as used)."""
         tier, held = level.serving, level.held
-        new = tier.absent(hashes)
+        room = tier.capacity - tier.pinned  # blocks held for a pending fetch stay
+        # what fits is written in; its evictions move down first (their copies and their link's
+        # transfers too: a lower level's link is never this level's, so the order of the two is free)
+        new = tier.admit_absent(hashes, self._now)
         if not new:
             return
         nbytes = len(new) * self.block_bytes
@@ -386,11 +390,8 @@ class TierStack:
             self.d2h.reserve(self._now, nbytes, copies=len(new))
         if level.link is not None:
             level.link.reserve(self._now, nbytes, level.write_bw)
-        room = tier.capacity - tier.pinned  # blocks held for a pending fetch stay
-        if room > 0:
-            tier.admit(new[:room], self._now)  # its evictions move down first (their copies too)
-            if self.copies is not None:
-                self.copies.copy(src, level.name, [h for h in new[:room] if h in held])
+        if room > 0 and self.copies is not None:
+            self.copies.copy(src, level.name, [h for h in new[:room] if h in held])
         if len(new) > room:  # no room even after evicting: on to the next level, or gone
             k = levels.index(level)
             if k + 1 < len(levels):

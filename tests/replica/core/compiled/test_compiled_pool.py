@@ -412,6 +412,53 @@ def test_blocks_written_in_as_a_tier_level_takes_them_give_the_same_pool(policy,
 
 
 @needs_compiled
+@pytest.mark.parametrize("policy,params", STORE_CASES, ids=lambda c: str(c))
+def test_writes_a_level_takes_as_far_as_it_has_room_give_the_same_pool_and_the_same_new_blocks(policy, params):
+    """``admit_absent`` (a tier level's write from above in one call): between a scheduler's random
+    calls, writes of resident and new blocks, some longer than the room left beside what is pinned,
+    give the same new blocks, errors and whole pool compiled and in Python."""
+    for seed, capacity in ((27, 30), (28, 64), (29, 150)):
+        rng = random.Random(seed)
+        calls = random_calls(seed, capacity)
+        def make(capacity=capacity):
+            return BlockPool(capacity, make_policy(policy, **params), emit_events=False,
+                             metrics=PoolMetrics(block_size=16), block_cost=lambda d: 1.0)
+
+        expected, got = make(), CompiledPool(make())
+        writes = [list(call[1].hash_ids[1::2]) + [rng.randrange(1 << 63) for _ in range(rng.randrange(4))]
+                  if call[0] == "acquire" and rng.random() < 0.5 else None for call in calls]
+        writes[len(writes) // 2] = [rng.randrange(1 << 63) for _ in range(capacity + 1)]  # more than the pool
+        writes[len(writes) // 3] = [5, 6, 5]  # a repeat: refused, nothing changes
+        def admit_absent(pool, i, out, writes=writes):
+            if writes[i] is not None:
+                try:
+                    out.append(("new", pool.admit_absent(writes[i], float(i))))
+                except (PoolBusyError, InputError) as e:
+                    out.append(type(e).__name__)
+
+        results = [scheduler_calls(pool, calls, admit_absent) for pool in (expected, got)]
+        assert results[0] == results[1]
+        assert "InputError" in results[0]
+        assert state(got) == state(expected)
+        assert got.used == expected.used and got.pinned == expected.pinned
+
+
+@needs_compiled
+def test_a_hand_worked_write_from_above_stores_what_fits_beside_the_pinned_blocks():
+    for pool in (BlockPool(4, make_policy("lru"), emit_events=False),
+                 CompiledPool(BlockPool(4, make_policy("lru"), emit_events=False))):
+        held = pool.acquire(Lookup([1, 2], session="a"))  # 2 pinned: room for 2 more
+        assert pool.admit_absent([2, 3, 4, 5]) == [3, 4, 5]  # 2 resident; 3 and 4 fit; 5 is the caller's
+        assert [h for h in (1, 2, 3, 4, 5) if h in pool.held] == [1, 2, 3, 4]
+        pool.release(held)
+        # 6 evicts the least recently used block: 4 (3 and 4 were written before 1 and 2 were released,
+        # and a request's blocks are queued deepest first, as vLLM frees them: 4 before 3)
+        assert pool.admit_absent([4, 6]) == [6]
+        assert [h for h in (1, 2, 3, 4, 6) if h in pool.held] == [1, 2, 3, 6]
+        assert pool.admit_absent([]) == []
+
+
+@needs_compiled
 def test_a_hand_worked_removal_leaves_the_lru_order_and_counts_it_as_python_does():
     for pool in (BlockPool(8, make_policy("lru"), emit_events=False),
                  CompiledPool(BlockPool(8, make_policy("lru"), emit_events=False))):
