@@ -90,12 +90,21 @@ _XXH3_PRIME = np.uint64(0x9FB21C651E98DF25)
 _MASK64 = (1 << 64) - 1
 
 
-def xxh3_u64(values: np.ndarray, seed: int = 0) -> np.ndarray:
-    """``xxh3_64_intdigest(struct.pack("<Q", v), seed)`` for every ``v`` of a uint64 array, in numpy."""
+XXH3_PRIME_U64 = int(_XXH3_PRIME)
+
+
+def xxh3_flip(seed: int) -> int:
+    """The constant ``xxh3_u64`` xors into every value for ``seed`` (what the compiled pool's SHARDS
+    sampling is given, so the seed's mixing has this one definition)."""
     seed &= _MASK64
     seed ^= int.from_bytes((seed & 0xFFFFFFFF).to_bytes(4, "little"), "big") << 32
+    return (_XXH3_BITFLIP - seed) & _MASK64
+
+
+def xxh3_u64(values: np.ndarray, seed: int = 0) -> np.ndarray:
+    """``xxh3_64_intdigest(struct.pack("<Q", v), seed)`` for every ``v`` of a uint64 array, in numpy."""
     h = (values >> np.uint64(32)) | (values << np.uint64(32))  # the two 32-bit halves swapped
-    h ^= np.uint64((_XXH3_BITFLIP - seed) & _MASK64)
+    h ^= np.uint64(xxh3_flip(seed))
     h ^= ((h << np.uint64(49)) | (h >> np.uint64(15))) ^ ((h << np.uint64(24)) | (h >> np.uint64(40)))
     h *= _XXH3_PRIME
     h ^= (h >> np.uint64(35)) + np.uint64(8)

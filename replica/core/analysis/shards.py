@@ -16,6 +16,7 @@ import struct
 from array import array
 from collections.abc import Iterable, Sequence
 from itertools import chain
+from typing import Protocol
 
 import numpy as np
 import xxhash
@@ -33,12 +34,25 @@ from replica.core.analysis.reuse import (
     _rt_list,
     log_capacities,
 )
-from shared.hashing import xxh3_u64
+from shared.hashing import XXH3_PRIME_U64, xxh3_flip, xxh3_u64
 
 _PACK_U64 = struct.Struct("<Q").pack
 _xxh3 = xxhash.xxh3_64_intdigest
 _VECTOR_MIN = 48  # requests at least this long are sampled with numpy, shorter ones in Python
 _DRAIN_AT = 1 << 15  # deferred block accesses that trigger a drain
+
+
+class BlockSampler(Protocol):
+    """What samples a pool's recorded blocks for the tracker where their keys are (the compiled pool)."""
+
+    def sample(self, flip: int, prime: int, modulus: int, threshold: int) -> None:
+        """Keep, of each recorded request from now on, the blocks whose ``xxh3_u64`` value (its seed
+        given as ``xxh3_flip``, and the prime) modulo ``modulus`` is below ``threshold``."""
+
+    def take_samples(self) -> tuple[bytes, bytes, bytes]:
+        """The kept blocks (u64) and values (u64) since the last take, and per recorded request the
+        count kept up to its end (i64)."""
+        ...
 
 
 class ShardsTracker:
@@ -96,6 +110,10 @@ class ShardsTracker:
         self._w_cold = 0.0
         self._deferred: list[tuple[Sequence[int], float | None]] = []  # requests not yet accounted
         self._deferred_blocks = 0
+        # ... or, with a sampler (sample_in), their lengths and times; the sampler holds their samples
+        self._counted: list[tuple[int, float | None]] = []
+        self._sampler: BlockSampler | None = None
+        self._sampler_threshold = self.threshold
 
     @property
     def rate(self) -> float:
@@ -124,13 +142,38 @@ class ShardsTracker:
 
     def defer(self, hashes: Sequence[int], now: float | None = None) -> None:
         """``record`` later, with many requests' sampling hashes computed at once; read-outs drain first."""
+        if self._counted:  # what a sampler kept comes first
+            self._drain()
         self._deferred.append((_as_list(hashes), now))
         self._deferred_blocks += len(hashes)
         if self._deferred_blocks >= _DRAIN_AT:
             self._drain()
 
+    def sample_in(self, sampler: BlockSampler) -> None:
+        """From now on ``sampler`` (the compiled pool) applies this tracker's sampling rule to what it
+        records, and the pool calls ``defer_sampled`` instead of ``defer``: the blocks are hashed where
+        their keys already are, and only the sampled ones come back."""
+        self._drain()
+        self._sampler = sampler
+        self._tell(sampler)
+
+    def defer_sampled(self, blocks: int, now: float | None = None) -> None:
+        """``defer`` of a request of ``blocks`` blocks whose sample ``sample_in``'s sampler kept."""
+        if self._deferred:  # what was deferred before it comes first
+            self._drain()
+        self._counted.append((blocks, now))
+        self._deferred_blocks += blocks
+        if self._deferred_blocks >= _DRAIN_AT:
+            self._drain()
+
+    def _tell(self, sampler: BlockSampler) -> None:
+        sampler.sample(xxh3_flip(self.seed), XXH3_PRIME_U64, self.P, self.threshold)
+        self._sampler_threshold = self.threshold
+
     def _drain(self) -> None:
         """Account the deferred requests in order, exactly as ``record`` one at a time would."""
+        if self._counted:
+            self._drain_sampled()
         if not self._deferred:
             return
         queue, self._deferred, self._deferred_blocks = self._deferred, [], 0
@@ -138,35 +181,56 @@ class ShardsTracker:
             flat = array("Q", chain.from_iterable(h for h, _ in queue))
         except (OverflowError, TypeError):  # a negative or too-wide id: one request at a time masks it
             for hashes, now in queue:
-                self._account(hashes, self._picked(hashes), now)
+                self._account(len(hashes), self._picked(hashes), now)
             return
         blocks = np.frombuffer(flat, dtype=np.uint64)
         sample = xxh3_u64(blocks, self.seed) % np.uint64(self.P)
-        t = self.threshold
-        keep = np.flatnonzero(sample < np.uint64(t))
+        keep = np.flatnonzero(sample < np.uint64(self.threshold))
         ends = np.cumsum([len(h) for h, _ in queue])
-        if self._inner.tracked + len(keep) <= self.max_tracked:  # no shrink can happen: one call for all
-            self._account_many(queue, blocks[keep], sample[keep],
-                               np.searchsorted(keep, ends))
+        self._account_sampled([len(h) for h, _ in queue], [now for _, now in queue], blocks[keep], sample[keep],
+                              np.searchsorted(keep, ends))
+
+    def _drain_sampled(self) -> None:
+        """``_drain`` of what the sampler kept: the same blocks ``_drain`` would have picked."""
+        assert self._sampler is not None  # only a sampler's pool calls defer_sampled
+        queue, self._counted, self._deferred_blocks = self._counted, [], 0
+        keys, values, ends = self._sampler.take_samples()
+        picked = np.frombuffer(keys, dtype=np.uint64)
+        sample = np.frombuffer(values, dtype=np.uint64)
+        cuts = np.frombuffer(ends, dtype=np.int64)
+        if len(cuts) != len(queue):
+            raise RuntimeError(f"the sampler kept {len(cuts)} requests, {len(queue)} were deferred")
+        if self._sampler_threshold != self.threshold:  # lowered since the sampler was told (record)
+            keep = np.flatnonzero(sample < np.uint64(self.threshold))
+            picked, sample, cuts = picked[keep], sample[keep], np.searchsorted(keep, cuts)
+        self._account_sampled([n for n, _ in queue], [now for _, now in queue], picked, sample, cuts)
+        self._tell(self._sampler)  # a shrink lowered the threshold: the sampler keeps fewer from here on
+
+    def _account_sampled(self, lengths: list[int], times: list[float | None], picked: np.ndarray,
+                         sample: np.ndarray, cuts: np.ndarray) -> None:
+        """Account requests of ``lengths`` blocks at ``times`` whose sampled blocks (at the current
+        threshold) are ``picked`` (their sample hashes ``sample``), request i's ending at ``cuts[i]``."""
+        if self._inner.tracked + len(picked) <= self.max_tracked:  # no shrink can happen: one call for all
+            self._account_many(lengths, times, picked, sample, cuts)
             return
-        cuts = np.searchsorted(keep, ends).tolist()  # keep[cuts[i-1]:cuts[i]]: request i's sampled blocks
-        kept = keep.tolist()
+        t = self.threshold
         start = 0
-        for (hashes, now), stop in zip(queue, cuts):
-            idx = kept[start:stop]
+        for n, now, stop in zip(lengths, times, cuts.tolist()):
             if self.threshold != t:  # a shrink lowered it since: fewer blocks are sampled from here on
-                idx = [i for i in idx if int(sample[i]) < self.threshold]
-            self._account(hashes, [flat[i] for i in idx], now)
+                idx = [i for i in range(start, stop) if int(sample[i]) < self.threshold]
+                self._account(n, [int(picked[i]) for i in idx], now)
+            else:
+                self._account(n, picked[start:stop].tolist(), now)
             start = stop
 
     def record(self, hashes: Sequence[int], now: float | None = None) -> list[int]:
         """Account one request; the unscaled distances of its sampled blocks (``INF`` if cold)."""
         self._drain()
         hashes = _as_list(hashes)
-        return self._account(hashes, self._picked(hashes), now)
+        return self._account(len(hashes), self._picked(hashes), now)
 
-    def _account(self, hashes: Sequence[int], picked: list[int], now: float | None) -> list[int]:
-        self.accesses += len(hashes)
+    def _account(self, blocks: int, picked: list[int], now: float | None) -> list[int]:
+        self.accesses += blocks
         if not picked:
             return []
         dist, dts = self._inner.step(picked, now)
@@ -191,18 +255,19 @@ class ShardsTracker:
             self._shrink()
         return dist
 
-    def _account_many(self, queue: list, picked: np.ndarray, hashes: np.ndarray, cuts: np.ndarray) -> None:
+    def _account_many(self, lengths: list[int], timed: list[float | None], picked: np.ndarray, hashes: np.ndarray,
+                      cuts: np.ndarray) -> None:
         """``_account`` every deferred request at once (no shrink can happen: the threshold, and so
-        the weight, stay): ``picked`` their sampled blocks, ``hashes`` the blocks' sample hashes,
-        ``picked[cuts[i-1]:cuts[i]]`` request i's. The sums run per request, in order, as there."""
-        offsets = np.zeros(len(queue) + 1, dtype=np.int64)
+        the weight, stay): requests of ``lengths`` blocks at ``timed``, ``picked`` their sampled blocks,
+        ``hashes`` the blocks' sample hashes, ``picked[cuts[i-1]:cuts[i]]`` request i's. The sums run
+        per request, in order, as there."""
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
         offsets[1:] = cuts
-        timed = [now for _, now in queue]
         if any(now is None for now in timed) and not all(now is None for now in timed):
-            for (blocks, now), lo, hi in zip(queue, offsets[:-1].tolist(), offsets[1:].tolist()):
-                self._account(blocks, picked[lo:hi].tolist(), now)  # mixed: one at a time
+            for n, now, lo, hi in zip(lengths, timed, offsets[:-1].tolist(), offsets[1:].tolist()):
+                self._account(n, picked[lo:hi].tolist(), now)  # mixed: one at a time
             return
-        self.accesses += sum(len(blocks) for blocks, _ in queue)
+        self.accesses += sum(lengths)
         if not len(picked):
             return
         dist = np.empty(len(picked), dtype=np.int64)

@@ -245,6 +245,14 @@ typedef struct {
     long long hole_len_log2[65];
     long long *holes_hist;   /* requests per number of holes, 0..capacity */
     double cost_total, cost_hit;
+    /* SHARDS's sample of the recorded acquisitions (ShardsTracker.sample_in): for each block whose
+     * xxh3_64 of its 8 bytes, mod smp_mod, is below smp_thr, its key and that value; per recorded
+     * request, how many were sampled so far (take_samples hands them over and starts again) */
+    int sampling;
+    uint64_t smp_flip, smp_prime, smp_mod, smp_thr;
+    uint64_t *smp_key, *smp_val;
+    int64_t *smp_end;
+    Py_ssize_t smp_len, smp_cap, smp_reqs, smp_req_cap;
     /* a lower tier's feed (BlockPool.evicted_sink): the keys one call evicted, in eviction order */
     int record_evicted;
     uint64_t *ev_keys;
@@ -279,7 +287,7 @@ static void Pool_dealloc(Pool *k) {
     free(k->cum); free(k->keys); free(k->slot_of); free(k->touched); free(k->fresh); free(k->freed);
     free(k->hole_len); free(k->fp_count); free(k->fp_entry); free(k->holes_hist);
     free(k->nu); free(k->has_rec); free(k->heap_t); free(k->heap_k); free(k->uses); free(k->depth);
-    free(k->ev_keys);
+    free(k->ev_keys); free(k->smp_key); free(k->smp_val); free(k->smp_end);
     bc_free(k);
     Py_TYPE(k)->tp_free((PyObject *)k);
 }
@@ -721,6 +729,48 @@ static int read_uses(Pool *k, PyObject *uses, Py_ssize_t n) {  /* next uses, one
     return 0;
 }
 
+/* XXH3-64 of one little-endian u64 (its 4-to-8-byte path), as shared.hashing.xxh3_u64 with the
+ * seed's flip constant (xxh3_flip) and prime given. */
+static inline uint64_t xxh3_8(uint64_t v, uint64_t flip, uint64_t prime) {
+    uint64_t h = (v >> 32) | (v << 32);
+    h ^= flip;
+    h ^= ((h << 49) | (h >> 15)) ^ ((h << 24) | (h >> 40));
+    h *= prime;
+    h ^= (h >> 35) + 8;
+    h *= prime;
+    return h ^ (h >> 28);
+}
+
+/* After a recorded acquisition of keys[0..n): SHARDS's sampled blocks appended, and the request's
+ * end; -1 when out of memory (nothing appended: the caller raises). */
+static int sample_keys(Pool *k, Py_ssize_t n) {
+    if (!k->sampling) return 0;
+    if (k->smp_reqs == k->smp_req_cap) {
+        Py_ssize_t cap = k->smp_req_cap ? 2 * k->smp_req_cap : 1024;
+        int64_t *e = realloc(k->smp_end, (size_t)cap * sizeof(int64_t));
+        if (!e) return -1;
+        k->smp_end = e; k->smp_req_cap = cap;
+    }
+    if (k->smp_len + n > k->smp_cap) {
+        Py_ssize_t cap = k->smp_cap ? k->smp_cap : 4096;
+        while (cap < k->smp_len + n) cap *= 2;
+        uint64_t *a = realloc(k->smp_key, (size_t)cap * sizeof(uint64_t));
+        if (!a) return -1;
+        k->smp_key = a;
+        uint64_t *b = realloc(k->smp_val, (size_t)cap * sizeof(uint64_t));
+        if (!b) return -1;
+        k->smp_val = b; k->smp_cap = cap;
+    }
+    Py_ssize_t len = k->smp_len;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint64_t v = xxh3_8(k->keys[i], k->smp_flip, k->smp_prime) % k->smp_mod;
+        if (v < k->smp_thr) { k->smp_key[len] = k->keys[i]; k->smp_val[len] = v; len++; }
+    }
+    k->smp_len = len;
+    k->smp_end[k->smp_reqs++] = (int64_t)len;
+    return 0;
+}
+
 /* acquire(hashes, session_code, input_tokens (-1: none), record, extra, next_use=None, position=None)
  * -> (hit_idx, new_idx, touched_idx, hole_lengths); Refused(code, shortfall, available) when it cannot. */
 static PyObject *Pool_acquire(Pool *k, PyObject *args) {
@@ -744,6 +794,7 @@ static PyObject *Pool_acquire(Pool *k, PyObject *args) {
     int32_t out[2] = {0, 0};
     int code = acquire_one(k, n, session, tokens, record, extra, out);
     if (code != OK) return raise_status(code, out[0], out[1]);
+    if (record && sample_keys(k, n) < 0) return PyErr_NoMemory();
     if (grow_depth_ints(n) < 0) return NULL;
     PyObject *hit = int_list(k->touched, k->nhits, NULL), *fresh = int_list(k->fresh, k->nfresh, NULL);
     PyObject *touched = int_list(k->touched, k->ntouched, NULL), *holes = int_list(k->hole_len, k->holes, NULL);
@@ -793,6 +844,7 @@ static PyObject *Pool_serve_one(Pool *k, PyObject *args) {
     if (code != OK) return raise_status(code, out[0], out[1]);
     code = release_slots(k, k->slot_of, n);
     if (code != OK) return raise_status(code, 0, 0);
+    if (record && sample_keys(k, n) < 0) return PyErr_NoMemory();
     Py_RETURN_NONE;
 }
 
@@ -1290,7 +1342,31 @@ static PyObject *Pool_admit_absent(Pool *k, PyObject *args) {
         int code = acquire_one(k, take, session, -1, 1, 0, busy);
         if (code == OK) code = release_slots(k, k->slot_of, take);
         if (code != OK) { Py_DECREF(out); return raise_status(code, busy[0], busy[1]); }
+        if (sample_keys(k, take) < 0) { Py_DECREF(out); return PyErr_NoMemory(); }
     }
+    return out;
+}
+
+/* sample(flip, prime, modulus, threshold): from now on, recorded acquisitions keep SHARDS's sample
+ * (ShardsTracker: a block is sampled iff its xxh3 value mod modulus is below threshold). */
+static PyObject *Pool_sample(Pool *k, PyObject *args) {
+    unsigned long long flip, prime, mod, thr;
+    if (!PyArg_ParseTuple(args, "KKKK", &flip, &prime, &mod, &thr)) return NULL;
+    if (mod == 0) { PyErr_SetString(PyExc_ValueError, "sample: modulus must be positive"); return NULL; }
+    k->sampling = 1;
+    k->smp_flip = flip; k->smp_prime = prime; k->smp_mod = mod; k->smp_thr = thr;
+    Py_RETURN_NONE;
+}
+
+/* take_samples() -> (keys, values, ends): the sampled blocks' keys and values (native u64) and, per
+ * recorded acquisition since the last take, how many were sampled up to its end (native i64). */
+static PyObject *Pool_take_samples(Pool *k, PyObject *Py_UNUSED(ignored)) {
+    static const char none[1] = "";  /* y# makes None of NULL: nothing sampled yet is empty bytes */
+    PyObject *out = Py_BuildValue("(y#y#y#)", k->smp_key ? (const char *)k->smp_key : none,
+                                  (Py_ssize_t)(k->smp_len * 8), k->smp_val ? (const char *)k->smp_val : none,
+                                  (Py_ssize_t)(k->smp_len * 8), k->smp_end ? (const char *)k->smp_end : none,
+                                  (Py_ssize_t)(k->smp_reqs * 8));
+    if (out) k->smp_len = k->smp_reqs = 0;
     return out;
 }
 
@@ -1319,6 +1395,10 @@ static PyMethodDef Pool_methods[] = {
     {"pins_of", (PyCFunction)Pool_pins_of, METH_O, "BlockPool.pins_of: running requests holding each block."},
     {"missing", (PyCFunction)Pool_missing, METH_O, "BlockPool.missing: depths of the blocks not resident."},
     {"absent", (PyCFunction)Pool_absent, METH_O, "The hashes not resident, in order."},
+    {"sample", (PyCFunction)Pool_sample, METH_VARARGS,
+     "(flip, prime, modulus, threshold): recorded acquisitions keep SHARDS's sample from now on."},
+    {"take_samples", (PyCFunction)Pool_take_samples, METH_NOARGS,
+     "-> (keys, values, ends) since the last take: sampled blocks (u64), and per acquisition the count so far (i64)."},
     {"admit_absent", (PyCFunction)Pool_admit_absent, METH_VARARGS,
      "BlockPool.admit_absent: (hashes, session_code) -> the hashes not resident; as many as fit written in."},
     {"remove", (PyCFunction)Pool_remove, METH_VARARGS, "BlockPool.remove: (hashes, computed=True); LRU and S3-FIFO."},

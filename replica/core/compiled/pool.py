@@ -30,6 +30,7 @@ from itertools import chain
 
 import numpy as np
 
+from replica.core.analysis.shards import ShardsTracker
 from replica.core.cache.policies import policy_class
 from replica.core.cache.pool import BlockPool, PoolBusyError, PoolCapacityError
 from replica.core.cache.types import Allocation, Lookup
@@ -176,6 +177,10 @@ class CompiledPool:
         self._sink = pool.evicted_sink  # a lower tier (TierStack): hears of each call's evictions after it
         if self._sink is not None:
             self._kernel.record_evicted(True)
+        # SHARDS (the default reuse tracker) has the kernel sample what it records, where the keys are
+        self._samples = isinstance(self._reuse, ShardsTracker)
+        if isinstance(self._reuse, ShardsTracker):
+            self._reuse.sample_in(self._kernel)
         if self._cost_aware:
             self._kernel.set_policy_costs(self._policy_costs(self._cost_len))
         self._settled = True
@@ -277,7 +282,10 @@ class CompiledPool:
         if self._sink is not None:
             self._feed()
         if record and self._reuse is not None:
-            self._reuse.defer(hashes, now)
+            if self._samples:
+                self._reuse.defer_sampled(len(hashes), now)  # type: ignore[union-attr]  # a ShardsTracker
+            else:
+                self._reuse.defer(hashes, now)
 
     def _feed(self) -> None:
         """Hand what the last call evicted to the lower tier, in eviction order (as ``BlockPool._evict``

@@ -516,3 +516,42 @@ def test_the_kernel_answers_the_tier_level_queries_the_python_definition_answers
         assert queries.runs([a, b, c, e, d], [1, 4]) == [(0, 1, 2), (0, 4, 5)]
         assert queries.lower_counts([a, b, c, e, d], 0) == [2, 1]  # stops at e
         assert queries.lower_counts([a, b, c, e, d], 4) == [1, 0]
+
+
+def _tracker(pool):
+    return (pool.pool if isinstance(pool, CompiledPool) else pool).metrics.reuse
+
+
+@needs_compiled
+@pytest.mark.parametrize("max_tracked", [1 << 16, 24])
+def test_shards_sampled_in_the_kernel_leaves_the_tracker_deferring_whole_requests_leaves(max_tracked):
+    """The compiled pool samples SHARDS's blocks where their keys are (``ShardsTracker.sample_in``):
+    after a scheduler's random calls, with shrinks (a small ``max_tracked``), a ``record`` between
+    (it lowers the threshold after the kernel was told one) and requests deferred whole between
+    (a replay's), the tracker holds exactly what the Python pool's tracker holds."""
+    from replica.core.analysis.shards import ShardsTracker
+
+    for seed, capacity in ((37, 30), (38, 150)):
+        rng = random.Random(seed)
+        calls = random_calls(seed, capacity)
+        def make(capacity=capacity):
+            tracker = ShardsTracker(rate=0.5, max_tracked=max_tracked, seed=seed)
+            return BlockPool(capacity, make_policy("lru"), emit_events=False,
+                             metrics=PoolMetrics(block_size=16, reuse_tracker=tracker), block_cost=lambda d: 1.0)
+
+        expected, got = make(), CompiledPool(make())
+        extra = [([rng.randrange(1 << 63) for _ in range(rng.randrange(1, 9))], rng.choice(["record", "defer"]))
+                 if rng.random() < 0.1 else None for _ in calls]
+        def between(pool, i, out, extra=extra):
+            if extra[i] is not None:
+                hashes, how = extra[i]
+                getattr(_tracker(pool), how)(hashes, float(i))
+
+        results = [scheduler_calls(pool, calls, between) for pool in (expected, got)]
+        assert results[0] == results[1]
+        want, have = _tracker(expected), _tracker(got)
+        assert have.to_dict() == want.to_dict()
+        assert (have.threshold, have.accesses, have.sampled) == (want.threshold, want.accesses, want.sampled)
+        assert want.sampled > 0
+        if max_tracked < 100:
+            assert want.threshold < round(0.5 * want.P)  # it shrank
