@@ -534,7 +534,7 @@ def test_shards_sampled_in_the_kernel_leaves_the_tracker_deferring_whole_request
     for seed, capacity in ((37, 30), (38, 150)):
         rng = random.Random(seed)
         calls = random_calls(seed, capacity)
-        def make(capacity=capacity):
+        def make(capacity=capacity, seed=seed):
             tracker = ShardsTracker(rate=0.5, max_tracked=max_tracked, seed=seed)
             return BlockPool(capacity, make_policy("lru"), emit_events=False,
                              metrics=PoolMetrics(block_size=16, reuse_tracker=tracker), block_cost=lambda d: 1.0)
