@@ -186,9 +186,9 @@ class ShardsTracker:
         blocks = np.frombuffer(flat, dtype=np.uint64)
         sample = xxh3_u64(blocks, self.seed) % np.uint64(self.P)
         keep = np.flatnonzero(sample < np.uint64(self.threshold))
-        ends = np.cumsum([len(h) for h, _ in queue])
-        self._account_sampled([len(h) for h, _ in queue], [now for _, now in queue], blocks[keep], sample[keep],
-                              np.searchsorted(keep, ends))
+        lengths = [len(h) for h, _ in queue]
+        self._account_sampled(lengths, [now for _, now in queue], blocks[keep], sample[keep],
+                              np.searchsorted(keep, np.cumsum(lengths)))
 
     def _drain_sampled(self) -> None:
         """``_drain`` of what the sampler kept: the same blocks ``_drain`` would have picked."""
@@ -204,7 +204,8 @@ class ShardsTracker:
             keep = np.flatnonzero(sample < np.uint64(self.threshold))
             picked, sample, cuts = picked[keep], sample[keep], np.searchsorted(keep, cuts)
         self._account_sampled([n for n, _ in queue], [now for _, now in queue], picked, sample, cuts)
-        self._tell(self._sampler)  # a shrink lowered the threshold: the sampler keeps fewer from here on
+        if self._sampler_threshold != self.threshold:  # a shrink lowered it: the sampler keeps fewer from here on
+            self._tell(self._sampler)
 
     def _account_sampled(self, lengths: list[int], times: list[float | None], picked: np.ndarray,
                          sample: np.ndarray, cuts: np.ndarray) -> None:

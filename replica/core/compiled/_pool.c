@@ -1292,21 +1292,32 @@ static PyObject *Pool_state(Pool *k, PyObject *Py_UNUSED(ignored)) {
     return out;
 }
 
-/* absent(hashes) -> the hashes not resident, in order (what a tier level would newly store). */
-static PyObject *Pool_absent(Pool *k, PyObject *hashes) {
+/* The hashes not resident, in order (the objects given); the keys of the first room of them left in
+ * keys[0..), and how many there were in *m. NULL with the error set. */
+static PyObject *absent_of(Pool *k, PyObject *hashes, Py_ssize_t room, Py_ssize_t *m) {
     PyObject *seq = PySequence_Fast(hashes, "hashes must be a sequence of ints");
     if (!seq) return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     uint64_t *h = seq_keys(seq, n);
     PyObject *out = h ? PyList_New(0) : NULL;
     PyObject **items = PySequence_Fast_ITEMS(seq);
+    *m = 0;
     for (Py_ssize_t i = 0; out && i < n; i++) {
         prefetch_ahead(&k->res, h, i, n);
-        if (table_find(&k->res, h[i]) == NIL && PyList_Append(out, items[i]) < 0) Py_CLEAR(out);
+        if (table_find(&k->res, h[i]) != NIL) continue;
+        if (PyList_Append(out, items[i]) < 0) { Py_CLEAR(out); break; }
+        if (*m < room) k->keys[*m] = h[i];
+        (*m)++;
     }
     free(h);
     Py_DECREF(seq);
     return out;
+}
+
+/* absent(hashes) -> the hashes not resident, in order (what a tier level would newly store). */
+static PyObject *Pool_absent(Pool *k, PyObject *hashes) {
+    Py_ssize_t m;
+    return absent_of(k, hashes, 0, &m);
 }
 
 /* admit_absent(hashes, session_code) -> the hashes not resident, in order (the objects given), of which
@@ -1318,21 +1329,8 @@ static PyObject *Pool_admit_absent(Pool *k, PyObject *args) {
     int32_t session;
     if (!PyArg_ParseTuple(args, "Oi", &hashes, &session)) return NULL;
     if (session < 0) { PyErr_SetString(PyExc_ValueError, "session must be >= 0"); return NULL; }
-    PyObject *seq = PySequence_Fast(hashes, "hashes must be a sequence of ints");
-    if (!seq) return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), room = k->capacity - k->pinned, m = 0;
-    uint64_t *h = seq_keys(seq, n);
-    PyObject *out = h ? PyList_New(0) : NULL;
-    PyObject **items = PySequence_Fast_ITEMS(seq);
-    for (Py_ssize_t i = 0; out && i < n; i++) {
-        prefetch_ahead(&k->res, h, i, n);
-        if (table_find(&k->res, h[i]) != NIL) continue;
-        if (PyList_Append(out, items[i]) < 0) { Py_CLEAR(out); break; }
-        if (m < room) k->keys[m] = h[i];  /* the ones it has room for, in order */
-        m++;
-    }
-    free(h);
-    Py_DECREF(seq);
+    Py_ssize_t room = k->capacity - k->pinned, m;
+    PyObject *out = absent_of(k, hashes, room, &m);
     if (!out) return NULL;
     Py_ssize_t take = m < room ? m : room;
     if (take > 0) {

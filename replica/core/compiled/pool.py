@@ -178,9 +178,9 @@ class CompiledPool:
         if self._sink is not None:
             self._kernel.record_evicted(True)
         # SHARDS (the default reuse tracker) has the kernel sample what it records, where the keys are
-        self._samples = isinstance(self._reuse, ShardsTracker)
-        if isinstance(self._reuse, ShardsTracker):
-            self._reuse.sample_in(self._kernel)
+        self._sampled: ShardsTracker | None = self._reuse if isinstance(self._reuse, ShardsTracker) else None
+        if self._sampled is not None:
+            self._sampled.sample_in(self._kernel)
         if self._cost_aware:
             self._kernel.set_policy_costs(self._policy_costs(self._cost_len))
         self._settled = True
@@ -282,8 +282,8 @@ class CompiledPool:
         if self._sink is not None:
             self._feed()
         if record and self._reuse is not None:
-            if self._samples:
-                self._reuse.defer_sampled(len(hashes), now)  # type: ignore[union-attr]  # a ShardsTracker
+            if self._sampled is not None:
+                self._sampled.defer_sampled(len(hashes), now)
             else:
                 self._reuse.defer(hashes, now)
 
