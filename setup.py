@@ -1,13 +1,14 @@
 """The compiled parts of kvemu: the simulator's block pool with LRU, S3-FIFO, Belady or
 BeladyCompute (replica/core/compiled/_pool.c), SHARDS's exact LRU stack (replica/core/compiled/_lru_stack.c),
-and the scheduler step and simulator loop compiled from their Python source by mypyc
+the trace reader's scan of a well-formed JSON-lines file (loadgen/_traceread.c), and the scheduler step,
+simulator loop and session inference compiled from their Python source by mypyc
 (shared/compiled_modules.py lists them; KVEMU_MYPYC=0 skips them).
 
 All are optional: where no C compiler (or no mypyc) is found the build goes on without them and
 kvemu runs their Python definitions, which give the same results (the compiled parts are tested
 against them). Each records the SHA-256 of the source it was built from, so a checkout whose source
 changed since the last install runs the Python definition instead of a stale build
-(replica/core/compiled/native.py, shared/compiled_modules.py). Everything else is in pyproject.toml.
+(shared/native.py, shared/compiled_modules.py). Everything else is in pyproject.toml.
 """
 
 import importlib.util
@@ -23,18 +24,17 @@ from setuptools.command.build_ext import build_ext
 
 HERE = Path(__file__).resolve().parent
 TOP_PACKAGES = ("kvemu", "router", "replica", "shared", "loadgen", "sim")  # pyproject.toml's packages.find
-# replica/core/compiled/native.py lists each module's sources and digests them; it needs only the stdlib
-_spec = importlib.util.spec_from_file_location("native", HERE / "replica" / "core" / "compiled" / "native.py")
+# shared/native.py lists each C extension's sources and digests them; it needs only the stdlib
+_spec = importlib.util.spec_from_file_location("native", HERE / "shared" / "native.py")
 native = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(native)
 
 
 def extension(name: str) -> Extension:
-    sources = [f"replica/core/compiled/{file}" for file in native.SOURCES[name] if file.endswith(".c")]
-    digest = native.source_digest(HERE / "replica" / "core" / "compiled", name)
-    return Extension(f"replica.core.compiled.{name}", sources, optional=True, extra_compile_args=["-O2"],
-                     depends=[f"replica/core/compiled/{file}" for file in native.SOURCES[name]],
-                     define_macros=[("SOURCE_SHA256", f'"{digest}"')])
+    """The C extension ``name`` (a key of ``native.SOURCES``), carrying the digest of its sources."""
+    files = native.SOURCES[name]
+    return Extension(name, [file for file in files if file.endswith(".c")], optional=True, extra_compile_args=["-O2"],
+                     depends=list(files), define_macros=[("SOURCE_SHA256", f'"{native.source_digest(HERE, name)}"')])
 
 
 _spec = importlib.util.spec_from_file_location("compiled_modules", HERE / "shared" / "compiled_modules.py")
@@ -104,4 +104,4 @@ class BuildExt(build_ext):
                 runtime.unlink()
 
 
-setup(ext_modules=[extension("_pool"), extension("_lru_stack"), *mypyc_extensions()], cmdclass={"build_ext": BuildExt})
+setup(ext_modules=[*map(extension, native.SOURCES), *mypyc_extensions()], cmdclass={"build_ext": BuildExt})

@@ -6,7 +6,7 @@ then one request per line with ``t``, ``session``, ``turn``, ``hash_ids``,
 
 Mooncake (kvcache-ai/Mooncake FAST'25 traces): ``timestamp`` (ms), ``input_length``,
 ``output_length``, ``hash_ids`` of 512-token blocks, already prefix-chained, including an id
-for the partial last block.  There are no session ids; see ``SessionInferrer``.
+for the partial last block.  There are no session ids; ``loadgen.sessions`` infers them.
 
 Qwen-Bailian (alibaba-edu/qwen-bailian-usagetraces-anon): ``chat_id``, ``parent_chat_id``
 (-1 for a root), ``timestamp`` (s), ``input_length``, ``output_length``, ``type``, ``turn``,
@@ -16,17 +16,15 @@ Qwen-Bailian (alibaba-edu/qwen-bailian-usagetraces-anon): ``chat_id``, ``parent_
 from __future__ import annotations
 
 import gzip
-from array import array
-from collections import OrderedDict
 from collections.abc import Iterator
 from importlib.resources import files
-from itertools import chain
 from pathlib import Path
 
 import orjson
 
 from loadgen import trace_cache
-from loadgen.jsonlines import json_columns, json_lines
+from loadgen.jsonlines import json_lines, typed_columns
+from loadgen.sessions import MIN_SHARED_BLOCKS, TAIL_BLOCKS, infer_sessions
 from loadgen.trace import HASHES_U64, Trace, TraceRequest, shared_prefix
 from shared.errors import InputError, TraceFormatError, UnknownNameError
 from shared.gc_tuning import gc_paused
@@ -192,67 +190,6 @@ def write_kvemu(trace: Trace, path: str | Path, compact: bool = True) -> None:
 # --------------------------------------------------------------------------- Mooncake
 
 
-class SessionInferrer:
-    """Assigns session ids and turns to session-less requests from their chained block ids.
-
-    Heuristic: request B continues the session of an earlier request A when B's prompt
-    contains all of A's prompt except at most A's last ``tail_blocks - 1`` blocks, and the
-    shared prefix is at least ``min_shared_blocks`` blocks long.
-
-    * Why a tail window and not "any shared block": a multi-turn prompt is the previous
-      prompt + response + new message, so it contains the previous prompt almost whole.
-      Matching any shared block would merge every conversation that opens with the same
-      long template or document.  Only A's last ``tail_blocks`` ids are remembered, so a
-      match means B swallowed (nearly) all of A.
-    * Why a window of 4 and not 1: A's last id is its partial tail block, which B (having
-      appended to it) never repeats.  The traces also show continuations that diverge 2-3
-      blocks before A's end, likely template text at the end of A's prompt that the next
-      turn rewrites (generation prompt, stripped think tags).  On the Mooncake conversation
-      trace windows of 1 / 2 / 4 / 8 join 130 / 4,003 / 4,075 / 4,120 requests (synthetic:
-      192 / 1,444 / 1,730 / 1,748): 4 catches the rewrites and the gain flattens after it.
-    * Why ``min_shared_blocks = 2``: in Mooncake's conversation trace every request starts
-      with the same block 0 (the system prompt); a match on it alone says nothing.
-    * Ids are prefix-chained, so one id identifies the whole prefix up to it; the deepest
-      match is found by scanning B's ids from the end.  The map is bounded (oldest entries
-      dropped first): a conversation idle for ``limit`` / ``tail_blocks`` newer requests
-      starts a new session.
-
-    Turns are 0-based in arrival order within the session.
-    """
-
-    __slots__ = ("tail_blocks", "min_shared_blocks", "limit", "_owner", "_turns")
-
-    def __init__(self, tail_blocks: int = 4, min_shared_blocks: int = 2, limit: int = 1 << 20):
-        self.tail_blocks = tail_blocks
-        self.min_shared_blocks = min_shared_blocks
-        self.limit = limit
-        self._owner: OrderedDict[int, int] = OrderedDict()  # tail block id -> session number, oldest first
-        self._turns: list[int] = []  # session number -> requests so far
-
-    def assign(self, hash_ids: list[int]) -> tuple[str, int]:
-        owner = self._owner
-        session = None
-        for i in range(len(hash_ids) - 1, self.min_shared_blocks - 2, -1):
-            session = owner.get(hash_ids[i])
-            if session is not None:
-                break
-        if session is None:
-            session = len(self._turns)
-            self._turns.append(0)
-        turn = self._turns[session]
-        self._turns[session] = turn + 1
-        for h in hash_ids[-self.tail_blocks :]:
-            owner[h] = session
-            owner.move_to_end(h)  # the newest owner is also the last to be evicted
-        while len(owner) > self.limit:
-            owner.popitem(last=False)
-        return str(session), turn
-
-    @property
-    def sessions(self) -> int:
-        return len(self._turns)
-
-
 def _parse_mooncake(path: str, lineno: int, obj: dict) -> tuple[float, list[int], int, int]:
     ts = _field(path, lineno, obj, "timestamp", (int, float), minimum=0)
     return (
@@ -264,27 +201,20 @@ def _parse_mooncake(path: str, lineno: int, obj: dict) -> tuple[float, list[int]
 
 
 _MOONCAKE_FIELDS = ("timestamp", "hash_ids", "input_length", "output_length")
-_BOOLEANS = (b"true", b"false")  # JSON's, which Python reads as integers 1 and 0
+_MOONCAKE_KINDS = "nhii"  # a number >= 0, 64-bit unsigned hashes, two ints >= 0 (loadgen.jsonlines.KINDS)
 
 
 def _well_formed_mooncake(p: str) -> list[tuple[float, list[int], int, int]] | None:
     """``_parse_mooncake``'s rows of a file where every line passes its checks, by whole columns;
     None otherwise (the line-by-line reader then names the first culprit, as it always has)."""
-    columns = json_columns(open_trace(p), _MOONCAKE_FIELDS, literals=_BOOLEANS)
-    if columns is None or not columns[0]:
+    columns = typed_columns(open_trace(p), _MOONCAKE_FIELDS, _MOONCAKE_KINDS)
+    if columns is None:
         return None
     ts, ids, n_in, n_out = columns
-    if not (set(map(type, ts)) <= _NUMBER and min(ts) >= 0 and set(map(type, ids)) == _LIST_ONLY
-            and set(map(type, n_in)) == set(map(type, n_out)) == _INT_ONLY and min(n_in) >= 0 and min(n_out) >= 0):
-        return None
-    try:  # one C pass refuses what is not an integer in [0, 2**64): the file holds no true or false
-        array("Q", chain.from_iterable(ids))
-    except (TypeError, OverflowError):
-        return None
     return list(zip([t / 1000.0 for t in ts], ids, n_in, n_out))
 
 
-def read_mooncake(path: str | Path, block_size: int | None = None, inferrer: SessionInferrer | None = None) -> Trace:
+def read_mooncake(path: str | Path, block_size: int | None = None) -> Trace:
     p = str(path)
     rows = _well_formed_mooncake(p)
     if rows is None:
@@ -294,15 +224,13 @@ def read_mooncake(path: str | Path, block_size: int | None = None, inferrer: Ses
     reordered = any(rows[i][0] < rows[i - 1][0] for i in range(1, len(rows)))
     if reordered:  # sessions are inferred in arrival order
         rows.sort(key=lambda r: r[0])
-    inferrer = inferrer or SessionInferrer()
-    requests = []
-    for t, ids, n_in, n_out in rows:
-        session, turn = inferrer.assign(ids)
-        requests.append(TraceRequest(t=t, session=session, turn=turn, hash_ids=ids, input_tokens=n_in, output_tokens=n_out))
+    sessions, turns = infer_sessions([row[1] for row in rows])
+    requests = [TraceRequest(t=t, session=session, turn=turn, hash_ids=ids, input_tokens=n_in, output_tokens=n_out)
+                for (t, ids, n_in, n_out), session, turn in zip(rows, sessions, turns)]
     meta = {
         "source_format": "mooncake",
         "partial_tail_ids": True,  # the last id of a prompt may cover a partial block
-        "session_inference": {"tail_blocks": inferrer.tail_blocks, "min_shared_blocks": inferrer.min_shared_blocks},
+        "session_inference": {"tail_blocks": TAIL_BLOCKS, "min_shared_blocks": MIN_SHARED_BLOCKS},
     }
     if reordered:
         meta["reordered_by_time"] = True

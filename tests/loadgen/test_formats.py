@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.formats import FORMATS, SessionInferrer, detect_format, read_kvemu, read_mooncake, read_trace, write_kvemu
+from loadgen.formats import FORMATS, detect_format, read_kvemu, read_mooncake, read_trace, write_kvemu
+from loadgen.sessions import SessionInferrer
 from loadgen.trace import HASHES_U64, Trace, TraceRequest
 from shared.errors import InputError, TraceFormatError, UnknownNameError
 from shared.hashing import ROOT_HASH, chain_ids

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from replica.core.compiled.native import load
+from shared.native import load
 
 INF = (1 << 63) - 1
 _MASK64 = (1 << 64) - 1  # blocks are keyed mod 2^64, as the compiled stack keys them
@@ -135,7 +135,7 @@ class LruStack:
         return len(gone)
 
 
-_compiled, _ = load("_lru_stack")
+_compiled, _ = load("replica.core.compiled._lru_stack")
 
 
 def make_lru_stack() -> LruStack:

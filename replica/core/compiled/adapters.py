@@ -23,12 +23,12 @@ from replica.core.cache.policies.base import EvictionPolicy
 from replica.core.cache.policies.belady import BeladyComputePolicy, BeladyPolicy
 from replica.core.cache.policies.lru import LRUPolicy
 from replica.core.cache.policies.s3fifo import S3FIFOPolicy
-from replica.core.compiled.native import load
+from shared.native import load
 
 __all__ = ["ADAPTERS", "MISSING", "Adapter", "adapter_for", "kernel_module"]
 
 kernel_module: ModuleType | None
-kernel_module, MISSING = load("_pool")
+kernel_module, MISSING = load("replica.core.compiled._pool")
 
 # What the kernel's ``state()`` holds (beyond the pool's blocks, pins and metrics): list and map
 # names as the extension writes them.

@@ -10,7 +10,7 @@ import pytest
 
 from replica.core.analysis.lru_stack import INF, LruStack, make_lru_stack
 from replica.core.analysis.reuse import ReuseDistanceTracker
-from replica.core.compiled.native import load
+from shared.native import load
 
 A, B, C, D = 101, 202, 303, 404
 
@@ -43,7 +43,7 @@ def test_matches_the_batched_tracker_across_renumbering():
     assert s.size > 1024 and s.tracked == ref.tracked  # renumbered and grown on the way
 
 
-_compiled, _why = load("_lru_stack")
+_compiled, _why = load("replica.core.compiled._lru_stack")
 
 
 @pytest.mark.skipif(_compiled is None, reason=_why)
