@@ -192,46 +192,135 @@ static PyObject *read_number(Cursor *c, char kind) {
     return PyFloat_FromDouble(v);
 }
 
-/* An 'h' field's list, a new reference, or NULL (no error set) where the scanner is unsure. */
-static PyObject *read_hashes(Cursor *c) {
+/* ---------------------------------------------------------------- interned ids */
+
+/* One int object per distinct id across a whole read: a trace repeats its ids (every turn repeats
+   the conversation so far), so its lists share a few hundred thousand ints instead of holding millions
+   (8 bytes a repeated access instead of 40), and each is made once. */
+typedef struct {
+    PyObject_HEAD
+    uint64_t *keys;
+    PyObject **values; /* NULL: an empty slot */
+    size_t mask, count;
+} Interner;
+
+static void interner_dealloc(Interner *self) {
+    if (self->values != NULL)
+        for (size_t i = 0; i <= self->mask; i++) Py_XDECREF(self->values[i]);
+    PyMem_Free(self->keys);
+    PyMem_Free(self->values);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static inline size_t mix(uint64_t k) {
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdULL;
+    k ^= k >> 33;
+    return (size_t)k;
+}
+
+static int interner_grow(Interner *self) {
+    size_t size = self->values == NULL ? 1024 : (self->mask + 1) * 2;
+    uint64_t *keys = PyMem_Malloc(sizeof(uint64_t) * size);
+    PyObject **values = PyMem_Calloc(size, sizeof(PyObject *));
+    if (keys == NULL || values == NULL) {
+        PyMem_Free(keys);
+        PyMem_Free(values);
+        return 0;
+    }
+    if (self->values != NULL)
+        for (size_t i = 0; i <= self->mask; i++) {
+            if (self->values[i] == NULL) continue;
+            size_t j = mix(self->keys[i]) & (size - 1);
+            while (values[j] != NULL) j = (j + 1) & (size - 1);
+            keys[j] = self->keys[i];
+            values[j] = self->values[i];
+        }
+    PyMem_Free(self->keys);
+    PyMem_Free(self->values);
+    self->keys = keys;
+    self->values = values;
+    self->mask = size - 1;
+    return 1;
+}
+
+/* The int of value v, a new reference; NULL (no error set) when out of memory. */
+static PyObject *interned(Interner *self, uint64_t v) {
+    if ((self->count + 1) * 2 > self->mask + 1 || self->values == NULL)
+        if (!interner_grow(self)) return NULL;
+    size_t i = mix(v) & self->mask;
+    while (self->values[i] != NULL) {
+        if (self->keys[i] == v) {
+            Py_INCREF(self->values[i]);
+            return self->values[i];
+        }
+        i = (i + 1) & self->mask;
+    }
+    PyObject *obj = PyLong_FromUnsignedLongLong(v);
+    if (obj == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    self->keys[i] = v;
+    self->values[i] = obj;
+    self->count++;
+    Py_INCREF(obj);
+    return obj;
+}
+
+static PyTypeObject InternerType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "_traceread.Interner",
+    .tp_basicsize = sizeof(Interner),
+    .tp_dealloc = (destructor)interner_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "One int object per distinct id across the blocks of one read (columns' last argument).",
+    .tp_new = PyType_GenericNew,
+};
+
+/* An 'h' field's list, a new reference, or NULL (no error set) where the scanner is unsure. Its length
+   is counted first (the items are ints and commas up to the first ']'), then the ints are read. */
+static PyObject *read_hashes(Cursor *c, Interner *ints) {
     if (c->p >= c->end || *c->p != '[') return NULL;
+    const char *close = memchr(c->p, ']', (size_t)(c->end - c->p));
+    if (close == NULL) return NULL;
+    Py_ssize_t n = 0, any = 0;
+    for (const char *q = c->p + 1; q < close; q++) {
+        n += *q == ',';
+        any |= *q != ' ' && *q != '\t' && *q != '\r';
+    }
+    n = any ? n + 1 : 0;
     c->p++;
-    PyObject *list = PyList_New(0);
+    PyObject *list = PyList_New(n);
     if (list == NULL) {
         PyErr_Clear();
         return NULL;
     }
     skip_ws(c);
-    if (c->p < c->end && *c->p == ']') {
-        c->p++;
-        return list;
-    }
-    for (;;) {
+    for (Py_ssize_t i = 0; i < n; i++) {
         const char *digits;
         Py_ssize_t ndigits;
         int integral, negative;
         uint64_t v;
+        if (i > 0) {
+            if (c->p >= c->end || *c->p != ',') goto unsure;
+            c->p++;
+            skip_ws(c);
+        }
         if (!scan_number(c, &integral, &negative, &digits, &ndigits) || !integral || negative ||
             !digits_u64(digits, ndigits, &v))
             goto unsure;
-        PyObject *item = PyLong_FromUnsignedLongLong(v);
-        if (item == NULL || PyList_Append(list, item) < 0) {
-            Py_XDECREF(item);
+        PyObject *item = ints != NULL ? interned(ints, v) : PyLong_FromUnsignedLongLong(v);
+        if (item == NULL) {
             PyErr_Clear();
             goto unsure;
         }
-        Py_DECREF(item);
-        skip_ws(c);
-        if (c->p >= c->end) goto unsure;
-        if (*c->p == ']') {
-            c->p++;
-            return list;
-        }
-        if (*c->p != ',') goto unsure;
-        c->p++;
+        PyList_SET_ITEM(list, i, item);
         skip_ws(c);
     }
-unsure:
+    if (c->p != close) goto unsure;
+    c->p++;
+    return list;
+unsure: /* the items not set are NULL, which list_dealloc skips */
     Py_DECREF(list);
     return NULL;
 }
@@ -246,7 +335,7 @@ typedef struct {
 
 /* One line: its named values appended to their columns; 0 where the scanner is unsure (or out of
    memory, with no error set: the Python reader then meets the same). */
-static int scan_line(Cursor *c, Fields *f) {
+static int scan_line(Cursor *c, Fields *f, Interner *ints) {
     PyObject *values[MAX_FIELDS] = {NULL};
     int ok = 0;
     skip_ws(c);
@@ -271,7 +360,7 @@ static int scan_line(Cursor *c, Fields *f) {
             if (!skip_value(c, 1)) goto done;
         } else {
             if (values[k] != NULL) goto done;  /* a repeated field: the last one counts in JSON readers */
-            values[k] = f->kinds[k] == 'h' ? read_hashes(c) : read_number(c, f->kinds[k]);
+            values[k] = f->kinds[k] == 'h' ? read_hashes(c, ints) : read_number(c, f->kinds[k]);
             if (values[k] == NULL) goto done;
         }
         skip_ws(c);
@@ -301,20 +390,21 @@ done:
 }
 
 PyDoc_STRVAR(columns_doc,
-"columns(block, names, kinds, out) -> bool\n\n"
+"columns(block, names, kinds, out, ints=None) -> bool\n\n"
 "Appends the values of ``names`` (a tuple of bytes) in every line of ``block`` (bytes, lines split at\n"
 "b'\\n', no newline at its end) to the lists in ``out``, one per name, each checked against its kind\n"
 "(one byte of ``kinds`` a name: b'n' a number >= 0, b'i' an int >= 0, b'h' a list of ints in\n"
 "[0, 2**64)). False where the scanner is not sure of the block (the lists then hold a part of it):\n"
-"read it the Python way.");
+"read it the Python way. ``ints``: an Interner that gives the hash lists one int object per distinct\n"
+"id across every block it is passed with.");
 
 static PyObject *columns(PyObject *self, PyObject *args) {
     Py_buffer block;
-    PyObject *names, *out;
+    PyObject *names, *out, *ints = NULL;
     const char *kinds;
     Py_ssize_t nkinds;
-    if (!PyArg_ParseTuple(args, "y*O!y#O!:columns", &block, &PyTuple_Type, &names, &kinds, &nkinds, &PyList_Type,
-                          &out))
+    if (!PyArg_ParseTuple(args, "y*O!y#O!|O!:columns", &block, &PyTuple_Type, &names, &kinds, &nkinds, &PyList_Type,
+                          &out, &InternerType, &ints))
         return NULL;
     Fields f;
     f.count = PyTuple_GET_SIZE(names);
@@ -341,7 +431,7 @@ static PyObject *columns(PyObject *self, PyObject *args) {
     while (ok) {
         const char *nl = memchr(p, '\n', (size_t)(end - p));
         Cursor line = {p, nl ? nl : end};
-        ok = scan_line(&line, &f);
+        ok = scan_line(&line, &f, (Interner *)ints);
         if (!nl) break;
         p = nl + 1;
     }
@@ -359,13 +449,6 @@ typedef struct {
     Py_ssize_t *slots; /* hash table: entry index + 1, 0 empty */
     size_t mask;
 } Owners;
-
-static inline size_t mix(uint64_t k) {
-    k ^= k >> 33;
-    k *= 0xff51afd7ed558ccdULL;
-    k ^= k >> 33;
-    return (size_t)k;
-}
 
 static int owners_init(Owners *o, Py_ssize_t capacity) {
     size_t table = 16;
@@ -585,8 +668,15 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__traceread(void) {
+    if (PyType_Ready(&InternerType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
+    Py_INCREF(&InternerType);
+    if (PyModule_AddObject(m, "Interner", (PyObject *)&InternerType) < 0) {
+        Py_DECREF(&InternerType);
+        Py_DECREF(m);
+        return NULL;
+    }
     if (PyModule_AddStringConstant(m, "SOURCE_SHA256", SOURCE_SHA256) < 0) {
         Py_DECREF(m);
         return NULL;

@@ -16,8 +16,10 @@ Qwen-Bailian (alibaba-edu/qwen-bailian-usagetraces-anon): ``chat_id``, ``parent_
 from __future__ import annotations
 
 import gzip
+import operator
 from collections.abc import Iterator
 from importlib.resources import files
+from itertools import islice
 from pathlib import Path
 
 import orjson
@@ -204,29 +206,31 @@ _MOONCAKE_FIELDS = ("timestamp", "hash_ids", "input_length", "output_length")
 _MOONCAKE_KINDS = "nhii"  # a number >= 0, 64-bit unsigned hashes, two ints >= 0 (loadgen.jsonlines.KINDS)
 
 
-def _well_formed_mooncake(p: str) -> list[tuple[float, list[int], int, int]] | None:
-    """``_parse_mooncake``'s rows of a file where every line passes its checks, by whole columns;
-    None otherwise (the line-by-line reader then names the first culprit, as it always has)."""
+def _well_formed_mooncake(p: str) -> list[list] | None:
+    """``_parse_mooncake``'s values of a file where every line passes its checks, as four columns (times in
+    seconds, hash lists, input and output lengths); None otherwise (the line-by-line reader then names the
+    first culprit, as it always has)."""
     columns = typed_columns(open_trace(p), _MOONCAKE_FIELDS, _MOONCAKE_KINDS)
-    if columns is None:
-        return None
-    ts, ids, n_in, n_out = columns
-    return list(zip([t / 1000.0 for t in ts], ids, n_in, n_out))
+    if columns is not None:
+        columns[0] = [t / 1000.0 for t in columns[0]]
+    return columns
 
 
 def read_mooncake(path: str | Path, block_size: int | None = None) -> Trace:
     p = str(path)
-    rows = _well_formed_mooncake(p)
-    if rows is None:
+    columns = _well_formed_mooncake(p)
+    if columns is None:
         rows = [_parse_mooncake(p, lineno, obj) for lineno, obj in iter_json_lines(p)]
-    if not rows:
-        raise TraceFormatError(p, 0, "file", "empty trace: no requests")
-    reordered = any(rows[i][0] < rows[i - 1][0] for i in range(1, len(rows)))
-    if reordered:  # sessions are inferred in arrival order
-        rows.sort(key=lambda r: r[0])
-    sessions, turns = infer_sessions([row[1] for row in rows])
-    requests = [TraceRequest(t=t, session=session, turn=turn, hash_ids=ids, input_tokens=n_in, output_tokens=n_out)
-                for (t, ids, n_in, n_out), session, turn in zip(rows, sessions, turns)]
+        if not rows:
+            raise TraceFormatError(p, 0, "file", "empty trace: no requests")
+        columns = [list(column) for column in zip(*rows)]
+    times, ids, n_in, n_out = columns
+    reordered = any(map(operator.lt, islice(times, 1, None), times))
+    if reordered:  # sessions are inferred in arrival order (a stable sort: ties keep the file's order)
+        order = sorted(range(len(times)), key=times.__getitem__)
+        times, ids, n_in, n_out = ([column[k] for k in order] for column in columns)
+    sessions, turns = infer_sessions(ids)
+    requests = list(map(TraceRequest, times, sessions, turns, ids, n_in, n_out))
     meta = {
         "source_format": "mooncake",
         "partial_tail_ids": True,  # the last id of a prompt may cover a partial block

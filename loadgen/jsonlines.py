@@ -112,14 +112,15 @@ def _parsed_columns(opened: BinaryIO, names: tuple[str, ...], kinds: str, block_
 
 
 def _scanned_columns(opened: BinaryIO, names: tuple[str, ...], kinds: str, block_bytes: int) -> list[list] | None:
-    """``typed_columns`` in C: the same columns, or None where the scanner is unsure."""
+    """``typed_columns`` in C: the same columns, or None where the scanner is unsure. Equal ids share one int
+    object (ints are immutable: nothing can tell, but memory and the caches)."""
     assert _scan is not None
     columns: list[list] = [[] for _ in names]
-    keys, letters = tuple(n.encode() for n in names), kinds.encode()
+    keys, letters, ints = tuple(n.encode() for n in names), kinds.encode(), _scan.Interner()
     try:
         with opened as fh:
             for text in _whole_lines(fh, block_bytes):
-                if not _scan.columns(text, keys, letters, columns):
+                if not _scan.columns(text, keys, letters, columns, ints):
                     return None
     except (OSError, EOFError, zlib.error):
         return None

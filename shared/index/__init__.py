@@ -6,7 +6,7 @@ for routers on several processes or hosts.  Contract and rules: ``shared.index.b
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from shared.errors import InputError
@@ -20,7 +20,9 @@ from shared.index.base import (
     ReplicaIndexState,
 )
 from shared.index.memory import MemoryIndex
-from shared.index.redis_index import RedisIndex
+
+if TYPE_CHECKING:
+    from shared.index.redis_index import RedisIndex
 
 __all__ = [
     "KINDS", "ApplyResult", "EventBatch", "IndexEvent", "IndexUnavailable", "MemoryIndex",
@@ -28,6 +30,16 @@ __all__ = [
 ]
 
 _INT_OPTIONS = ("max_entries", "max_replicas")
+
+
+def __getattr__(name: str) -> Any:
+    """``RedisIndex`` on first use: the redis client takes a tenth of a second to import, and the
+    simulator and most commands never reach Redis."""
+    if name == "RedisIndex":
+        from shared.index.redis_index import RedisIndex
+
+        return RedisIndex
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def make_index(spec: str, **kwargs: Any) -> PrefixIndex:
@@ -43,6 +55,8 @@ def make_index(spec: str, **kwargs: Any) -> PrefixIndex:
         if parts.scheme in ("redis", "rediss", "unix"):
             options = _options(parts.query, ("cluster", *_INT_OPTIONS))
             url = urlunsplit((parts.scheme, parts.netloc, parts.path, "", parts.fragment))
+            from shared.index.redis_index import RedisIndex
+
             return RedisIndex(url, **{**kwargs, **options})
         if spec.split("?", 1)[0] == "memory":
             return MemoryIndex(**{**kwargs, **_options(spec.partition("?")[2], _INT_OPTIONS)})

@@ -54,7 +54,7 @@ def test_whole_columns_read_a_mooncake_file_as_the_line_reader_does(tmp_path, mo
     path.write_bytes(b'{"timestamp": 5, "input_length": 600, "output_length": 2, "hash_ids": [0, 1, 2]}\r\n'
                      b'{"hash_ids": [], "timestamp": 2.5, "input_length": 0, "output_length": 0, "x": "true"}\n'
                      b'{"timestamp": 9, "input_length": 1100, "output_length": 1, "hash_ids": [0, 1, 18446744073709551615]}')
-    expected = [(0.005, [0, 1, 2], 600, 2), (0.0025, [], 0, 0), (0.009, [0, 1, 2**64 - 1], 1100, 1)]
+    expected = [[0.005, 0.0025, 0.009], [[0, 1, 2], [], [0, 1, 2**64 - 1]], [600, 0, 1100], [2, 0, 1]]
     if jsonlines._scan is not None:  # the C scan reads "true" in a string as a string
         assert formats._well_formed_mooncake(str(path)) == expected
     with monkeypatch.context() as python:
@@ -183,3 +183,14 @@ def test_a_mooncake_file_reads_the_same_with_the_scan_or_without(tmp_path, monke
     monkeypatch.setattr(jsonlines, "_scan", None)
     assert formats.read_trace(path, "mooncake").requests == fast.requests
     assert [(r.t, r.session, r.turn) for r in fast.requests] == [(0.005, "0", 0), (0.0075, "0", 1)]
+
+
+@needs_scan
+def test_equal_ids_share_one_int_across_blocks():
+    big = 2**63 + 5
+    text = (b'{"timestamp": 1, "input_length": 1, "output_length": 1, "hash_ids": [%d, 7000]}\n' % big) * 3
+    scanned, parsed = both(text, block_bytes=40)  # a block a line
+    assert scanned == parsed
+    first, second, third = scanned[1]
+    assert first[0] is second[0] is third[0] and first[1] is third[1]
+    assert parsed[1][0][0] is not parsed[1][1][0]  # orjson makes one int per occurrence
