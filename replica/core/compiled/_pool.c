@@ -1582,10 +1582,51 @@ done:
     return out;
 }
 
+/* Every int of every list, in order, as native 64-bit unsigned keys (a bytearray): a whole trace's
+   hashes for the cache-only replay in one pass, where array("Q", chain(...)) takes a Python iterator
+   step per int. OverflowError or TypeError, as that array does, for what is not an int in [0, 2**64). */
+static PyObject *flat_keys(PyObject *self, PyObject *lists) {
+    (void)self;
+    PyObject *outer = PySequence_Fast(lists, "flat_keys takes a sequence of sequences of ints");
+    if (!outer) return NULL;
+    Py_ssize_t nl = PySequence_Fast_GET_SIZE(outer), total = 0;
+    PyObject **ls = PySequence_Fast_ITEMS(outer);
+    for (Py_ssize_t j = 0; j < nl; j++) {
+        Py_ssize_t len = PyObject_Length(ls[j]);
+        if (len < 0) { Py_DECREF(outer); return NULL; }
+        total += len;
+    }
+    PyObject *out = PyByteArray_FromStringAndSize(NULL, total * (Py_ssize_t)sizeof(uint64_t));
+    if (!out) { Py_DECREF(outer); return NULL; }
+    uint64_t *keys = (uint64_t *)PyByteArray_AS_STRING(out);
+    Py_ssize_t at = 0;
+    for (Py_ssize_t j = 0; j < nl; j++) {
+        PyObject *seq = PySequence_Fast(ls[j], "flat_keys takes a sequence of sequences of ints");
+        if (!seq) goto fail;
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+        PyObject **items = PySequence_Fast_ITEMS(seq);
+        if (at + n > total) { Py_DECREF(seq); PyErr_SetString(PyExc_RuntimeError, "flat_keys: a list grew"); goto fail; }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (i + AHEAD < n) PREFETCH(items[i + AHEAD]);
+            if (to_key(items[i], &keys[at + i]) < 0) { Py_DECREF(seq); goto fail; }
+        }
+        at += n;
+        Py_DECREF(seq);
+    }
+    Py_DECREF(outer);
+    if (at != total && PyByteArray_Resize(out, at * (Py_ssize_t)sizeof(uint64_t)) < 0) { Py_DECREF(out); return NULL; }
+    return out;
+fail:
+    Py_DECREF(outer);
+    Py_DECREF(out);
+    return NULL;
+}
+
 static PyMethodDef module_methods[] = {
     {"prefix_matches", prefix_matches, METH_VARARGS, "BlockPool.prefix_match of one prompt in each of several pools."},
     {"level_runs", level_runs, METH_VARARGS, "Runs of consecutive depths one pool holds: [(pool, first, end)]."},
     {"lower_counts", lower_counts, METH_VARARGS, "The run from start some pool holds: blocks per pool."},
+    {"flat_keys", flat_keys, METH_O, "Every int of every list, in order, as native u64 keys (a bytearray)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -148,10 +148,20 @@ def test_a_request_the_replay_cannot_serve_stops_it_and_serve_raises_the_pools_e
     assert state(pool) == state(served_python)  # nothing changed
 
 
-def test_hashes_that_are_not_64_bit_unsigned_keep_the_python_pool():
-    assert compiled_pool.hashes_u64([[1, 2], [(1 << 64) - 1]]) is not None
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "array"])
+def test_hashes_that_are_not_64_bit_unsigned_keep_the_python_pool(kernel, monkeypatch):
+    if kernel and not compiled_pool.compiled():
+        pytest.skip("the compiled pool is not built (no C compiler)")
+    if not kernel:
+        monkeypatch.setattr(compiled_pool, "_pool", None)
+    assert compiled_pool.hashes_u64([[1, 2], [(1 << 64) - 1]]).tolist() == [1, 2, (1 << 64) - 1]
     assert compiled_pool.hashes_u64([[1, 2], [-5]]) is None
     assert compiled_pool.hashes_u64([[1 << 64]]) is None
+    assert compiled_pool.hashes_u64([[1.0]]) is None
+    assert compiled_pool.hashes_u64([(3, 4), [], [np.uint64(5), True]]).tolist() == [3, 4, 5, 1]  # __index__ too
+    assert compiled_pool.hashes_u64([]).tolist() == compiled_pool.hashes_u64([[]]).tolist() == []
+    big = [[random.Random(k).getrandbits(64) for _ in range(k % 7)] for k in range(500)]
+    assert compiled_pool.hashes_u64(big).tolist() == [h for hs in big for h in hs]
 
 
 @needs_compiled
