@@ -219,6 +219,11 @@ static inline size_t mix(uint64_t k) {
     return (size_t)k;
 }
 
+/* The interner's slot: ids a trace numbers in sequence (Mooncake's) fill neighbouring slots, so a
+   prompt's run of ids reads neighbouring memory; hashed ids (xxhash's) are spread already. The high
+   bits folded in keep ids that differ only there apart. */
+static inline size_t near(uint64_t k) { return (size_t)(k ^ (k >> 23) ^ (k >> 47)); }
+
 static int interner_grow(Interner *self) {
     size_t size = self->values == NULL ? 1024 : (self->mask + 1) * 2;
     uint64_t *keys = PyMem_Malloc(sizeof(uint64_t) * size);
@@ -231,7 +236,7 @@ static int interner_grow(Interner *self) {
     if (self->values != NULL)
         for (size_t i = 0; i <= self->mask; i++) {
             if (self->values[i] == NULL) continue;
-            size_t j = mix(self->keys[i]) & (size - 1);
+            size_t j = near(self->keys[i]) & (size - 1);
             while (values[j] != NULL) j = (j + 1) & (size - 1);
             keys[j] = self->keys[i];
             values[j] = self->values[i];
@@ -248,7 +253,7 @@ static int interner_grow(Interner *self) {
 static PyObject *interned(Interner *self, uint64_t v) {
     if ((self->count + 1) * 2 > self->mask + 1 || self->values == NULL)
         if (!interner_grow(self)) return NULL;
-    size_t i = mix(v) & self->mask;
+    size_t i = near(v) & self->mask;
     while (self->values[i] != NULL) {
         if (self->keys[i] == v) {
             Py_INCREF(self->values[i]);

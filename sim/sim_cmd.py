@@ -162,20 +162,22 @@ def run(args) -> int:
     check_outputs(args)
     if args.jobs < 1:
         raise InputError("--jobs", f"must be >= 1, got {args.jobs}")
-    # The collector paused from the trace's read to the last run: between them it would traverse the
-    # trace's millions of fresh objects three times (young, middle, oldest generation) and free nothing
-    # (a run makes no cycles: tests/sim/test_gc_free.py); 0.2-0.4 s of a cache-only run of a 20x trace.
+    # The collector paused from the trace's read until the trace is freed: meanwhile it would traverse
+    # the trace's millions of fresh objects three times (young, middle, oldest generation) and free
+    # nothing (a run makes no cycles: tests/sim/test_gc_free.py); 0.2-0.4 s of a cache-only run of a
+    # 20x trace. Freed by reference counting before the collector is back, the trace is not traversed.
     with gc_paused():
         trace, grid = runs_of(args)
         runs = run_serial(trace, grid, args.quiet) if args.jobs == 1 or len(grid) == 1 else \
             run_parallel(trace, grid, args.jobs, args.quiet)
-    print_table(runs, sys.stderr if args.json == "-" else sys.stdout)  # stdout carries only the JSON then
-    warning = saturation_warning(runs)
-    if warning:
-        print(warning, file=sys.stderr)
-    for reason in dict.fromkeys(r["engine_reason"] for r in runs if r.get("engine_reason")):
-        print(f"note: the Python pool ran, slower, with the same results: {reason}", file=sys.stderr)
-    _write_outputs(args, trace, runs)
+        print_table(runs, sys.stderr if args.json == "-" else sys.stdout)  # stdout carries only the JSON then
+        warning = saturation_warning(runs)
+        if warning:
+            print(warning, file=sys.stderr)
+        for reason in dict.fromkeys(r["engine_reason"] for r in runs if r.get("engine_reason")):
+            print(f"note: the Python pool ran, slower, with the same results: {reason}", file=sys.stderr)
+        _write_outputs(args, trace, runs)
+        del trace
     return 0
 
 
