@@ -40,8 +40,6 @@ TOKEN_FORMATS = ("openai",)  # formats that carry tokens, not hashes: cut into b
 _KINDS = (None, "single", "multi", "agent")
 _U64 = 2**64
 _INT_ONLY = {int}
-_LIST_ONLY = {list}
-_NUMBER = {int, float}
 _BAILIAN_ROOTS = (-1, None, "-1", "")
 
 # Traces shipped inside the package (loadgen/data, see its README for their source and licence),

@@ -52,7 +52,8 @@ def json_columns(opened: BinaryIO, names: tuple[str, ...], literals: tuple[bytes
 
 
 def _whole_line_views(fh: BinaryIO, block_bytes: int) -> Iterator[memoryview]:
-    """``_whole_lines``' blocks as views, for a reader of buffers: one copy a block instead of two."""
+    """The file in blocks of about ``block_bytes`` that each end at the end of a line (newline dropped),
+    as views: a block is copied once, to join the line the previous one cut."""
     rest = b""
     while block := fh.read(block_bytes):
         if rest:
@@ -68,17 +69,8 @@ def _whole_line_views(fh: BinaryIO, block_bytes: int) -> Iterator[memoryview]:
 
 
 def _whole_lines(fh: BinaryIO, block_bytes: int) -> Iterator[bytes]:
-    """The file in blocks of about ``block_bytes`` that each end at the end of a line (newline dropped)."""
-    rest = b""
-    while block := fh.read(block_bytes):
-        end = block.rfind(b"\n")
-        if end < 0:
-            rest += block
-            continue
-        yield rest + block[:end]
-        rest = block[end + 1:]
-    if rest:
-        yield rest
+    """``_whole_line_views`` as bytes, for a reader that splits them."""
+    return map(bytes, _whole_line_views(fh, block_bytes))
 
 
 # JSON's literals, which Python reads as the integers 1 and 0: a file holding one anywhere is read line by
