@@ -20,7 +20,8 @@ times, alternating and each in a fresh interpreter (imports included):
 
 * the cluster cases (``CLUSTER``): 16 replicas routed ``cache_aware`` over the same trace, cache-only,
   with the compiled pools and with ``--python-core``; the same with a 64 GiB host tier per replica
-  (response KV kept, the default); and a chat-preset cluster in batching mode (300 s of session
+  (response KV kept, the default); ``_batch``: the same 16 replicas (and with the host tier) in the
+  batching default instead of cache-only; and a chat-preset cluster in batching mode (300 s of session
   starts at 20 sessions/s, 16 replicas of 4 GiB of KV with 64 GiB of host each).
 
 Prints JSON: best wall time per mode, the hit ratios, the real-time factor (simulated seconds per
@@ -109,7 +110,8 @@ def kvemu_cmd(trace: Path, policy: str, cap: int, out: Path, cache_only: bool, r
             + (["--python-core"] if pycore else []) + (["--response-kv", "drop"] if drop else []))
 
 
-CLUSTER16 = ["--replicas", "16", "--routing", "cache_aware", "--cache-only"]
+CLUSTER16_BATCH = ["--replicas", "16", "--routing", "cache_aware"]  # the batching default
+CLUSTER16 = [*CLUSTER16_BATCH, "--cache-only"]
 CHAT = ["--workload", "chat", "--duration", "300", "--set", "session_rate=20", "--replicas", "16",
         "--capacity-gib", "4", "--host-cache-gib", "64"]
 # mode -> (arguments after the trace's or workload's, whether the trace file is read)
@@ -117,6 +119,8 @@ CLUSTER = {
     "kvemu_cluster16_lru": (CLUSTER16, True),
     "kvemu_cluster16_lru_pycore": ([*CLUSTER16, "--python-core"], True),
     "kvemu_cluster16_lru_host64": ([*CLUSTER16, "--host-cache-gib", "64"], True),
+    "kvemu_cluster16_batch_lru": (CLUSTER16_BATCH, True),
+    "kvemu_cluster16_batch_lru_host64": ([*CLUSTER16_BATCH, "--host-cache-gib", "64"], True),
     "kvemu_chat16_host64": (CHAT, False),
 }
 
@@ -234,6 +238,8 @@ def main() -> None:
         "cluster16_lru / lcs_lru": ("kvemu_cluster16_lru", "lcs_lru"),
         "cluster16_lru_pycore / lcs_lru": ("kvemu_cluster16_lru_pycore", "lcs_lru"),
         "cluster16_lru_host64 / lcs_lru": ("kvemu_cluster16_lru_host64", "lcs_lru"),
+        "cluster16_batch_lru / lcs_lru": ("kvemu_cluster16_batch_lru", "lcs_lru"),
+        "cluster16_batch_lru_host64 / lcs_lru": ("kvemu_cluster16_batch_lru_host64", "lcs_lru"),
         "old_chat16_host64 / chat16_host64": ("old_chat16_host64", "kvemu_chat16_host64"),
         "uncompiled_default_lru / lcs_lru": ("uncompiled_default_lru", "lcs_lru"),
     }.items():
