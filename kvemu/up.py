@@ -28,7 +28,7 @@ from kvemu.options.limits import CAPACITY_BLOCKS, CAPACITY_OPTIONS, MAX_MODEL_LE
 from kvemu.options.matching import BLOCK_SIZE, HIT_MODE, MATCHING_OPTION, PAGE_SIZE, matching_setting
 from kvemu.options.option import add_options, forward
 from kvemu.options.prefix_caching import PREFIX_CACHING, prefix_caching_setting
-from kvemu.options.replica_flags import ADMIN_TOKEN, MODEL, POLICY, TIME_SCALE
+from kvemu.options.replica_flags import ADMIN_TOKEN, ADMIN_TOKEN_ENV, MODEL, POLICY, TIME_SCALE, given_admin_token
 from kvemu.options.response_kv import RESPONSE_KV_OPTION
 from kvemu.options.reuse import SHARDS_RATE
 from kvemu.options.router_flags import ROUTER_OPTIONS, ROUTING_OPTIONS
@@ -49,7 +49,7 @@ PR_SET_PDEATHSIG = 1
 # Every other flag up shares with a child is in TRANSFORMED, which says what up hands on instead;
 # tests/kvemu/test_options.py compares both with the children's parsers.
 TO_REPLICAS = (POLICY, MODEL, TIME_SCALE, HIT_MODE, *LIVE_SCHEDULER_OPTIONS, SHARDS_RATE, RESPONSE_KV_OPTION,
-               PREFIX_CACHING, MAX_MODEL_LEN, *CAPACITY_OPTIONS, *TIER_OPTIONS, *BACKEND_OPTIONS, ADMIN_TOKEN)
+               PREFIX_CACHING, MAX_MODEL_LEN, *CAPACITY_OPTIONS, *TIER_OPTIONS, *BACKEND_OPTIONS)
 # --matching, --page-size, --block-size: the router hashes prompts in the replicas' blocks or pages; --cluster: the Redis keys'
 # namespace (a replica without --index publishes nowhere and ignores it); body limits, connection
 # caps, timeouts (the token travels in the environment)
@@ -60,6 +60,7 @@ TRANSFORMED = {
     "--replicas": "up's: how many replicas to start; the router's: their URLs",
     "--index": "memory, redis or a URL: the router gets memory or the Redis URL, each replica the URL (none with memory)",
     "--cluster-token": "through the environment (KVEMU_CLUSTER_TOKEN), never on a command line other users can read",
+    "--admin-token": "through the environment (KVEMU_ADMIN_TOKEN), as the cluster token",
     "--gpu": "--gpu, --gpu-file and --tp become one --gpu NAME@tpN (shared.gpuargs.gpu_setting)",
     "--gpu-file": "as --gpu",
     "--tp": "as --gpu",
@@ -109,10 +110,14 @@ class Cluster:
     tmpdir: str | None = None
     token: str = ""
     token_path: str | None = None  # the shared file the token is in; None for a token given
+    admin_token: str = ""  # the replicas' /admin/* token ("": admin endpoints off)
 
     def start(self, child: Child, log_dir: str) -> None:
         log = open(os.path.join(log_dir, f"{child.name}.log"), "ab")
-        env = {**os.environ, "KVEMU_CLUSTER_TOKEN": self.token} if self.token else None
+        # Secrets in the environment, which only the owner reads (/proc/PID/environ), never on a
+        # command line every user can read (/proc/PID/cmdline)
+        env = {**os.environ, **({"KVEMU_CLUSTER_TOKEN": self.token} if self.token else {}),
+               **({ADMIN_TOKEN_ENV: self.admin_token} if self.admin_token else {})}
         child.proc = subprocess.Popen(child.args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                       preexec_fn=_child_setup(os.getpid()), env=env)
         self.children.append(child)
@@ -198,6 +203,7 @@ def bring_up(a, log_dir: str | None = None) -> Cluster:
     # is not on command lines: the one given, else the one this user's processes on this host
     # share (shared.runtime_dir: made if missing), so a router or replica started apart finds it.
     cluster.token = given_cluster_token(a) or ""
+    cluster.admin_token = given_admin_token(a) or ""
     if not cluster.token:
         cluster.token, cluster.token_path = shared_cluster_token()
     try:
@@ -303,6 +309,7 @@ def add_cluster_args(p: argparse.ArgumentParser, replicas: int = 4) -> None:
                    help="token the router and replicas share for /kv/* (default: KVEMU_CLUSTER_TOKEN, else the one in"
                         " the runtime directory's cluster-token file, shared with every kvemu process of this user"
                         " on this host: KVEMU_RUNTIME_DIR, else ~/.local/share/kvemu/runtime)")
+    ADMIN_TOKEN.add(p)  # handed to the replicas in the environment (TRANSFORMED)
     p.add_argument("--routers", type=int, default=1,
                    help="router processes sharing the router port; a supervisor restarts any that dies")
     p.add_argument("--start-timeout", type=float, default=30.0)

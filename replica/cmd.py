@@ -13,7 +13,7 @@ from kvemu.options.limits import CAPACITY_OPTIONS, MAX_MODEL_LEN, length_warning
 from kvemu.options.matching import add_matching_args, matching_setting
 from kvemu.options.option import add_options
 from kvemu.options.prefix_caching import PREFIX_CACHING, prefix_caching_setting
-from kvemu.options.replica_flags import ADMIN_TOKEN, MODEL, POLICY, TIME_SCALE
+from kvemu.options.replica_flags import ADMIN_TOKEN, MODEL, POLICY, TIME_SCALE, given_admin_token
 from kvemu.options.response_kv import add_response_kv_arg
 from kvemu.options.reuse import SHARDS_RATE
 from kvemu.options.scheduler import add_scheduler_args
@@ -54,8 +54,6 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def settings_from_args(args):
-    import os
-
     from kvemu.options.kv_events import kv_events_setting
     from kvemu.options.scheduler import check_scheduler_flags
     from kvemu.options.serving import serving_settings
@@ -78,7 +76,7 @@ def settings_from_args(args):
         time_scale=args.time_scale, token_budget=args.token_budget, max_running=args.max_running,
         max_waiting=args.max_waiting, scheduler=args.scheduler, watermark=args.watermark, max_loans=args.max_loans,
         index=args.index, cluster=args.cluster,
-        admin_token=args.admin_token or os.environ.get("KVEMU_ADMIN_TOKEN") or None, shards_rate=args.shards_rate,
+        admin_token=given_admin_token(args), shards_rate=args.shards_rate,
         serving=serving_settings(args), backend=args.backend,
         device=args.device, layers=args.layers,
         tiers=tiers, response_kv=args.response_kv, prefix_caching=prefix_caching,

@@ -1,9 +1,11 @@
 """The replica's own flags `kvemu up` also takes and hands to every replica: its eviction policy,
-model and emulated clock, and the admin token (block size and matching: ``kvemu.options.matching``). Capacity, the GPU,
-tiers and the backend have their own modules (``kvemu.options.limits``, ``shared.gpuargs``,
-``kvemu.options.tiers``, ``kvemu.options.backend``)."""
+model and emulated clock, and the admin token (which up hands on in the environment; block size and
+matching: ``kvemu.options.matching``). Capacity, the GPU, tiers and the backend have their own modules
+(``kvemu.options.limits``, ``shared.gpuargs``, ``kvemu.options.tiers``, ``kvemu.options.backend``)."""
 
 from __future__ import annotations
+
+import os
 
 from kvemu.options.option import Option
 
@@ -19,4 +21,15 @@ def policy_option(help: str = f"eviction policy (default {DEFAULT_POLICY})") -> 
 
 
 POLICY = policy_option()  # `kvemu replica` and `kvemu up` add it with the live policies' names in the help
-ADMIN_TOKEN = Option("--admin-token", None, help="bearer token for a replica's /admin/* (or KVEMU_ADMIN_TOKEN)")
+ADMIN_TOKEN_ENV = "KVEMU_ADMIN_TOKEN"
+# A value on a command line is readable by every local user (/proc/PID/cmdline, ps): `kvemu up` hands
+# the token to its replicas in the environment (readable by their owner only), as the cluster token.
+ADMIN_TOKEN = Option("--admin-token", None,
+                     help=f"bearer token for a replica's /admin/* (default: {ADMIN_TOKEN_ENV}); warning: a token on a"
+                          " command line is readable by every user of this host (ps, /proc/PID/cmdline): prefer"
+                          f" {ADMIN_TOKEN_ENV} in the environment, as `kvemu up` hands it to its replicas")
+
+
+def given_admin_token(args) -> str | None:
+    """The token given (``--admin-token``), else the environment's; None: the admin endpoints are off."""
+    return getattr(args, "admin_token", None) or os.environ.get(ADMIN_TOKEN_ENV) or None

@@ -314,3 +314,23 @@ def test_up_hands_gpu_memory_utilization_and_max_model_len_to_every_replica():
     replica = child_settings(replica_args(0, 8100, a, None))
     assert (replica.gpu_memory_utilization, replica.capacity_blocks, replica.max_model_len) == (0.85, None, 2048)
     assert replica.resolved_max_model_len() == 2048 and a.limit_lines[0].startswith("capacity (llama-3-8b): 0.85 x")
+
+
+def test_up_puts_neither_token_on_a_childs_command_line_but_in_its_environment(tmp_path):
+    """What every user of the host can read (/proc/PID/cmdline) holds no secret: up hands both tokens
+    on in the environment, which only their owner reads (the test with real processes: test_up.py)."""
+    import json
+    import sys
+
+    from kvemu.up import Child, Cluster
+
+    a = up_args(["--capacity-blocks", "64", "--admin-token", "admin-secret-1", "--cluster-token", "cluster-secret-2"])
+    for cmdline in up_cmdlines(a):
+        assert not {"admin-secret-1", "cluster-secret-2", "--admin-token", "--cluster-token"} & set(cmdline), cmdline
+    cluster = Cluster(token="cluster-secret-2", admin_token="admin-secret-1")
+    out = tmp_path / "env.json"
+    child = Child("probe", [sys.executable, "-c", "import json, os, sys; json.dump({k: os.environ.get(k) for k in"
+                            " ('KVEMU_CLUSTER_TOKEN', 'KVEMU_ADMIN_TOKEN')}, open(sys.argv[1], 'w'))", str(out)])
+    cluster.start(child, str(tmp_path))
+    assert child.proc is not None and child.proc.wait(30) == 0
+    assert json.loads(out.read_text()) == {"KVEMU_CLUSTER_TOKEN": "cluster-secret-2", "KVEMU_ADMIN_TOKEN": "admin-secret-1"}

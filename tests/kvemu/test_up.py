@@ -297,3 +297,39 @@ def test_the_token_line_names_the_shared_file_or_the_copy_and_nothing_is_written
     (tmp_path / "other").unlink(missing_ok=True)
     assert write_token(given, argparse.Namespace(token_file=str(tmp_path / "other"))) is None
     assert not (tmp_path / "other").exists()
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """Every process below ``pid`` (children, their children, ...): {pid: command line}."""
+    from tests.support.kvemu_cli import children_of
+
+    out: dict[int, str] = {}
+    todo = [pid]
+    while todo:
+        for child, cmd in children_of(todo.pop()).items():
+            out[child] = cmd
+            todo.append(child)
+    return out
+
+
+def test_no_token_is_on_any_child_command_line_and_the_admin_endpoints_take_it(up_procs, tmp_path):
+    """Both tokens given to up on its own command line: every process it starts (router supervisor,
+    its workers, replicas, the private redis-server) has neither on its command line, which every
+    user of the host can read, and the replicas' guarded and admin endpoints still take them."""
+    cluster_token, admin_token = "cluster-7f3a91c2e5", "admin-4be80d17aa"
+    up = up_procs("--replicas", "2", "--routers", "2", "--index", "redis", "--capacity-blocks", "256",
+                  "--time-scale", "0", "--port", str(free_port()), "--cluster-token", cluster_token,
+                  "--admin-token", admin_token, env={**os.environ, "KVEMU_RUNTIME_DIR": str(tmp_path / "rt")})
+    urls = up.ready()
+    procs = descendants(up.proc.pid)
+    names = [cmd.split()[2] if " -m " in cmd else os.path.basename(cmd.split()[0]) for cmd in procs.values()]
+    assert sorted(names) == ["redis-server", "replica", "replica", "router", "router", "router"], procs
+    for cmd in procs.values():
+        assert cluster_token not in cmd and admin_token not in cmd, cmd
+    for name in ("replica-0", "replica-1"):
+        reset = urls[name] + "/admin/reset"
+        assert http("POST", reset)[0] == 401
+        assert http("POST", reset, headers={"Authorization": f"Bearer {admin_token}"})[0] == 200
+        resync = urls[name] + "/kv/resync"
+        assert http("POST", resync)[0] == 401
+        assert http("POST", resync, headers={"Authorization": f"Bearer {cluster_token}"})[0] == 200
