@@ -69,7 +69,7 @@ from replica.core.sched.sched_types import (
     prefill_len,
     prefill_segments,
 )
-from replica.core.tiers.stack import TierStack
+from replica.core.tiers.stack import FetchPlan, TierStack
 from shared.costmodel import CostModel, StepWork, layered_finish
 from shared.errors import InputError
 
@@ -137,6 +137,7 @@ class Scheduler(ReorderLoans):
         self.on_preempt: Callable[[SchedRequest, float], None] | None = None
         self.timer: StepTimer | None = None  # a real backend times the steps (see StepTimer)
         self._chunks: list[tuple[SchedRequest, int, int]] = []  # (request, start, tokens) of this step, for it
+        self._restoring: list[FetchPlan] = []  # the restores this step's chunks wait on (tiers)
         self._now = 0.0  # the start of the step being planned
         if tiers is not None and keep_response_kv and tiers.settings.mode == "inclusive":
             self.decode_kv.on_filled = self._filled  # FlashGen: decode blocks copied down as they fill
@@ -169,6 +170,8 @@ class Scheduler(ReorderLoans):
         req.t_queued = req.arrival
         self.waiting.append(req)
         self.queued_prefill_tokens += req.input_tokens
+        if self.tiers is not None:  # a lower level's reads are staged while it waits (FlashGen)
+            self.tiers.stage(req.hashes, req.arrival)
         if len(self.waiting) <= self.settings.reorder_window + 1:  # within reach of _promote
             self._dirty = True
 
@@ -206,12 +209,20 @@ class Scheduler(ReorderLoans):
             steps = self._decode_run_length(n_dec, kv_tokens, now, horizon)
             if steps > 1:
                 steps = self.decode_kv.ahead(self._tick, steps)
+        tiers = self.tiers
         if prefill_tokens:  # one forward over the chunks and the decode tokens
             duration = self.cost.step_time(work)
+            if tiers is not None:  # the links it shares: its all-reduce over PCIe, then its restores' ends
+                duration = tiers.all_reduce(now, duration, prefill_tokens + n_dec)
+                if self._restoring:
+                    restores = tiers.windows(self._restoring, now)
+                    self._restoring = []
             if restores:
                 duration = layered_finish(duration, restores, self.cost.model.layers)
         else:
             duration = self._decode_time(n_dec, kv_tokens, steps)
+            if tiers is not None:
+                duration = tiers.all_reduce(now, duration, n_dec * steps)
         held = (self.pool.pinned + self.pool.private) * duration
         self.pinned_block_s += held
         if queued:
@@ -297,8 +308,7 @@ class Scheduler(ReorderLoans):
         if reserve and self.pool.room - self._takes(hashes, extra) < reserve:
             raise PoolBusyError("the admission would leave less room than the reserve")
         tiers = self.tiers
-        # a lower level's reads are staged from when the request (last) entered the queue
-        req.plan = tiers.plan(hashes, now, req.t_queued) if tiers is not None else None
+        req.plan = tiers.plan(hashes, now) if tiers is not None else None
         try:
             req.alloc = self.pool.acquire(Lookup(hashes, req.session, now, req.input_tokens, not req.preemptions,
                                                  extra, req.next_use, req.position))
@@ -327,7 +337,8 @@ class Scheduler(ReorderLoans):
             req.ready_at, req.restore_start = plan.ready_at, plan.started_at
             if plan.restored_idx:  # restored blocks count as reused: only the rest is computed
                 reused = sorted(alloc.hit_idx + plan.restored_idx)
-            req.plan = None
+            # kept until its first chunk runs: the step asks its transfers' ends then (links are shared)
+            req.plan = plan if plan.waits else None
         req.cached_tokens = min(len(reused) * self.pool.block_size, req.input_tokens)
         req.segments = prefill_segments(req, reused, self.pool.block_size, req.generated if req.resumed else 0)
         todo = sum(s[1] for s in req.segments)
@@ -501,7 +512,10 @@ class Scheduler(ReorderLoans):
                 if seg[1] == 0:
                     segments.pop(0)
             if r.ready_at:
-                if r.ready_at > now:
+                if r.plan is not None:  # its transfers' ends are projected once the step's are known
+                    self._restoring.append(r.plan)
+                    r.plan = None
+                elif r.ready_at > now:
                     restores.append((r.restore_start - now, r.ready_at - now))
                 r.ready_at = 0.0
             if segments:

@@ -20,12 +20,16 @@ recomputes them, ``auto`` decides per run of consecutive missing blocks in one t
 when the run's transfer time is below its recompute time at its depth (the cost model's
 per-block cost), as FlashGen's opportunistic recompute does.
 
-Transfers queue on their link (``Link``: busy until the last reserved transfer ends), so two
-fetches share its bandwidth and write-back to SSD competes with SSD reads. Every move into or
-out of HBM crosses the device link (``h2d`` / ``d2h``, host memory's link); a level behind host
-memory (SSD) has its own link, and its reads are staged into host from the request's arrival
-while it waits. A restore is pipelined layer by layer with the request's prefill compute: the
-scheduler charges the larger of the two, not their sum.
+Transfers share their link (``link.Link``, the one link model: processor sharing, ``n`` transfers
+in flight each at ``1/n`` of its bandwidth), so two fetches share it and write-back to SSD slows SSD
+reads. Every move into or out of HBM crosses the device link (``h2d`` / ``d2h``, host memory's
+link): restores, demotions, inclusive copies, a finished request's move down without HBM caching,
+and, on GPUs whose tensor-parallel all-reduce crosses PCIe (``tp_bytes_per_token``), every step's
+all-reduce (``all_reduce``: the step's communication takes what its share of the link gives it).
+A level behind host memory (SSD) has its own link; its reads are staged from the request's arrival
+while it waits (``stage``, at submit). A restore is pipelined layer by layer with the request's
+prefill compute: the scheduler charges the larger of the two, not their sum, with the transfers'
+ends projected when the step runs (``windows``).
 
 A backend that holds real K/V (``replica --backend torch``) sets ``copies``: the stack tells it
 every block it moves (``TierCopies.copy(src, dst, hashes)``, levels by name: ``hbm``, ``host``,
@@ -45,6 +49,7 @@ from replica.core.cache.policies import make_policy, policy_class
 from replica.core.cache.pool import Allocation, BlockPool, KvEvent
 from replica.core.cache.types import Lookup
 from replica.core.tiers.levels import SSD_READ_GBPS, SSD_WRITE_GBPS, LevelSettings, level_kind
+from replica.core.tiers.link import Link, Transfer
 from shared.errors import InputError
 from shared.index.base import level_key, lower_run_counts
 from shared.validate import check_number
@@ -79,6 +84,11 @@ class TierSettings:
     # move down at once and the next turn restores them. True: HBM is the first cache level.
     hbm_caching: bool = True
     deeper: tuple[LevelSettings, ...] = ()  # levels below SSD (level 3 first)
+    # A tensor-parallel all-reduce over PCIe (no NVLink): bytes each direction of the device link
+    # carries per token of a step, and the seconds per token the cost model priced it at alone
+    # (0: the all-reduce has a link of its own, or there is none).
+    tp_bytes_per_token: float = 0.0
+    tp_comm_s_per_token: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("host_blocks", "ssd_blocks"):
@@ -91,6 +101,8 @@ class TierSettings:
             raise InputError("fetch", f"must be one of {', '.join(FETCH_MODES)}, got {self.fetch!r}")
         for name in ("host_link_gbps", "ssd_read_gbps", "ssd_write_gbps"):
             check_number(name, getattr(self, name), above=0)
+        for name in ("tp_bytes_per_token", "tp_comm_s_per_token"):
+            check_number(name, getattr(self, name), minimum=0)
         if any(level_kind(level.kind).host_memory for level in self.deeper):
             raise InputError("deeper", "host memory is level 1 and only level 1 (the device link's other end)")
         for level in self.levels():
@@ -120,34 +132,16 @@ class TierCopies(Protocol):
 
 
 @dataclass(slots=True)
-class Link:
-    """One direction of one link: transfers queue, each at the full bandwidth."""
-
-    name: str
-    bandwidth: float  # bytes/s
-    per_copy_s: float = 0.0  # each copy call's fixed cost (a block is one call: blocks are scattered)
-    busy_until: float = 0.0
-    bytes_moved: int = 0
-
-    def reserve(self, now: float, nbytes: int, bandwidth: float | None = None, copies: int = 0) -> float:
-        """Queue a transfer of ``nbytes`` in ``copies`` calls at ``now`` (at ``bandwidth`` if this one
-        differs, e.g. an SSD write); returns the time it ends."""
-        start = max(now, self.busy_until)
-        self.busy_until = start + nbytes / (bandwidth or self.bandwidth) + copies * self.per_copy_s
-        self.bytes_moved += nbytes
-        return self.busy_until
-
-
-@dataclass(slots=True)
 class FetchPlan:
     """What one admitted request restores from lower tiers."""
 
     restored_idx: list[int] = field(default_factory=list)  # depths fetched (ascending)
-    ready_at: float = 0.0  # when the last restore transfer ends (0: nothing to wait for)
+    ready_at: float = 0.0  # when the last restore transfer ends, projected at plan (0: nothing to wait for)
     started_at: float = 0.0  # when the first copy into HBM starts (its layers arrive from then to ready_at)
     recomputed: int = 0  # blocks a tier holds that are cheaper to recompute
-    arrival: float = 0.0  # when the request arrived: SSD staging starts then
-    links: list[tuple[Link, float, int]] = field(default_factory=list)  # (link, busy_until, bytes) before it
+    started: list[tuple[Link, Transfer]] = field(default_factory=list)  # transfers the plan started
+    waits: list[tuple[Link, Transfer]] = field(default_factory=list)  # every transfer the restore waits on
+    staged: dict[int, tuple[Link, Transfer]] = field(default_factory=dict)  # staged reads it took (cancel: back)
     pins: list[tuple[Level, Allocation]] = field(default_factory=list)  # held in their level until complete
 
 
@@ -286,6 +280,8 @@ class TierStack:
                              self._links.get(lv.kind), lv.write * GB)
                        for k, lv in enumerate(configured, 1) if lv.blocks > 0]
         self._now = 0.0
+        # reads staged from SSD (or any level behind host memory) for waiting requests, by block hash
+        self._staged: dict[int, tuple[Link, Transfer]] = {}
         self.copies: TierCopies | None = None  # a backend with real K/V executes the moves
         hbm.evicted_sink = self._hbm_evicted
         for k, level in enumerate(self.levels):
@@ -387,9 +383,9 @@ class TierStack:
         nbytes = len(new) * self.block_bytes
         levels = self.levels
         if level is levels[0]:  # from HBM (through host memory when there is no host level)
-            self.d2h.reserve(self._now, nbytes, copies=len(new))
+            self.d2h.start(self._now, nbytes, copies=len(new))
         if level.link is not None:
-            level.link.reserve(self._now, nbytes, level.write_bw)
+            level.link.start(self._now, nbytes, rate=level.write_bw)
         if room > 0 and self.copies is not None:
             self.copies.copy(src, level.name, [h for h in new[:room] if h in held])
         if len(new) > room:  # no room even after evicting: on to the next level, or gone
@@ -400,40 +396,90 @@ class TierStack:
                 self.counters.dropped += len(new) - room
 
     # ---- flows up -----------------------------------------------------------------
-    def plan(self, hashes: Sequence[int], now: float, arrival: float | None = None) -> FetchPlan:
+    def stage(self, hashes: Sequence[int], now: float) -> None:
+        """A request entered the queue: the blocks missing from HBM that a level behind host memory
+        (SSD) holds start their read now, while it waits (FlashGen's pre-staging). ``plan`` takes the
+        staged reads; a block staged for another waiting request is not read twice."""
+        levels, staged = self.levels, self._staged
+        if not any(lv.link is not None for lv in levels):
+            return
+        self._now = max(self._now, now)
+        for k, first, end in self.queries.runs(hashes, self.hbm_lookup.missing(hashes)):
+            link = levels[k].link
+            if link is None:
+                continue
+            todo = [h for h in hashes[first:end] if h not in staged]
+            if todo:
+                tr = link.start(self._now, len(todo) * self.block_bytes)
+                for h in todo:
+                    staged[h] = (link, tr)
+        if len(staged) > 4 * max(self.capacity, 1):  # requests that left without admission: forget their reads
+            self._staged = {h: lt for h, lt in staged.items() if lt[1].end < 0 or lt[1].end > self._now}
+
+    def plan(self, hashes: Sequence[int], now: float) -> FetchPlan:
         """Before HBM allocates a request: which of its blocks missing from HBM to restore.
 
         Those blocks are pinned in their tier until ``complete`` (or ``cancel``), so the
-        demotions the allocation causes cannot push them out first. SSD blocks are pre-staged
-        while the request waits (from ``arrival``): only the part of their read that the wait
-        did not hide counts against fetching them.
+        demotions the allocation causes cannot push them out first. SSD blocks staged while the
+        request waited (``stage``) count only the part of their read still to come; every transfer
+        is priced with those in flight on its link.
         """
         self._now = max(self._now, now)
-        plan = FetchPlan(arrival=now if arrival is None else min(arrival, now))
-        waited = now - plan.arrival
-        plan.links = [(link, link.busy_until, link.bytes_moved) for link in (self.h2d, *self._links.values())]
-        levels = self.levels
+        plan = FetchPlan(started_at=self._now)
+        levels, staged = self.levels, self._staged
+        for h in hashes:  # this request's staged reads are its own now (given back on cancel)
+            got = staged.pop(h, None)
+            if got is not None:
+                plan.staged[h] = got
         for k, first, end in self.queries.runs(hashes, self.hbm_lookup.missing(hashes)):
             level = levels[k]
-            if self._worth_fetching(level, first, end, waited):
+            run = hashes[first:end]
+            reads = [plan.staged[h] for h in run if h in plan.staged] if level.link is not None else []
+            if self._worth_fetching(level, first, end, reads):
                 plan.restored_idx.extend(range(first, end))
-                plan.pins.append((level, level.serving.acquire(Lookup(hashes[first:end], now=now))))
-                # reads are queued now, ahead of the write-back the allocation will cause
-                start = max(self._now, self.h2d.busy_until)
-                plan.started_at = min(plan.started_at, start) if plan.ready_at else start
-                plan.ready_at = max(plan.ready_at, self._transfer_up(level, end - first, plan.arrival))
+                plan.pins.append((level, level.serving.acquire(Lookup(run, now=now))))
+                self._transfer_up(plan, level, run, reads)
             else:
                 plan.recomputed += end - first
         plan.restored_idx.sort()
+        plan.ready_at = max((link.finish(tr) for link, tr in plan.waits), default=0.0)
         return plan
 
     def cancel(self, plan: FetchPlan) -> None:
-        """The allocation failed (HBM busy, nothing evicted): unpin and unqueue; it will plan again."""
+        """The allocation failed (HBM busy, nothing evicted): unpin and take back the transfers it
+        started (at the same instant: nothing has moved); it will plan again."""
         for level, alloc in plan.pins:
             level.serving.release(alloc, self._now)
-        for link, busy_until, moved in plan.links:
-            link.busy_until, link.bytes_moved = busy_until, moved
+        for link, tr in plan.started:
+            link.cancel(tr)
+        self._staged.update(plan.staged)
         plan.pins.clear()
+        plan.started.clear()
+        plan.waits.clear()
+        plan.staged.clear()
+
+    def windows(self, plans: Sequence[FetchPlan], now: float) -> list[tuple[float, float]]:
+        """Each restore's (start, ready), seconds from ``now``, projected from the transfers in flight
+        now (transfers started since the plan, a step's all-reduce among them, share its links)."""
+        out = []
+        for plan in plans:
+            ready = max((link.finish(tr) for link, tr in plan.waits), default=0.0)
+            if ready > now:
+                out.append((plan.started_at - now, ready - now))
+        return out
+
+    def all_reduce(self, now: float, seconds: float, tokens: int) -> float:
+        """A step of ``seconds`` (its all-reduce of ``tokens`` tokens priced alone) whose tensor-parallel
+        all-reduce crosses the device link (PCIe, no NVLink): it sends and receives, so it shares both
+        directions with the transfers in flight there; the step takes the all-reduce's time under that
+        sharing instead of its time alone."""
+        s = self.settings
+        if not s.tp_bytes_per_token or tokens <= 0:
+            return seconds
+        nbytes = int(tokens * s.tp_bytes_per_token)
+        up, down = self.h2d.start(now, nbytes), self.d2h.start(now, nbytes)
+        alone = tokens * s.tp_comm_s_per_token
+        return seconds - alone + max(self.h2d.finish(up), self.d2h.finish(down), now + alone) - now
 
     def complete(self, plan: FetchPlan, hashes: Sequence[int], hit_idx: Sequence[int],
                  new_idx: Sequence[int], now: float, record: bool = True) -> None:
@@ -456,29 +502,45 @@ class TierStack:
             restored = set(plan.restored_idx)
             self.produced([hashes[i] for i in new_idx if i not in restored], now)
 
-    def _transfer_up(self, level: Level, blocks: int, arrival: float) -> float:
-        nbytes = blocks * self.block_bytes
-        if level.link is None:  # host memory: over the device link
-            return self.h2d.reserve(self._now, nbytes, copies=blocks)
-        # level -> host staged from the request's arrival (while it waited), then host -> HBM
-        return max(level.link.reserve(arrival, nbytes), self.h2d.reserve(self._now, nbytes, copies=blocks))
+    def _transfer_up(self, plan: FetchPlan, level: Level, run: Sequence[int], reads: list[tuple[Link, Transfer]]) -> None:
+        """Start a run's restore: from host memory over the device link; from a level behind it, the
+        read of what was not staged (the staged reads go on), and the copy into HBM beside it
+        (pipelined: the restore is ready when the later of the two ends)."""
+        nbytes = len(run) * self.block_bytes
+        if level.link is not None:
+            unstaged = sum(1 for h in run if h not in plan.staged)
+            if unstaged:
+                tr = level.link.start(self._now, unstaged * self.block_bytes)
+                plan.started.append((level.link, tr))
+                plan.waits.append((level.link, tr))
+            plan.waits.extend(reads)
+        tr = self.h2d.start(self._now, nbytes, copies=len(run))
+        plan.started.append((self.h2d, tr))
+        plan.waits.append((self.h2d, tr))
 
-    def transfer_seconds(self, level: Level, blocks: int, waited: float = 0.0) -> float:
-        """Time a restore of ``blocks`` adds once the request is admitted (links idle)."""
-        nbytes = blocks * self.block_bytes
-        host = nbytes / self.h2d.bandwidth + blocks * self.h2d.per_copy_s
+    def transfer_seconds(self, level: Level, blocks: int, reads: Sequence[tuple[Link, Transfer]] = (),
+                         unstaged: int | None = None) -> float:
+        """Seconds a restore of ``blocks`` started now would take with the transfers in flight on its
+        links: the device link's copy, and from a level behind host memory the later of that and the
+        read (the staged ``reads`` still to come, and a read of ``unstaged`` blocks, default all)."""
+        now, bb = self._now, self.block_bytes
+        host = self.h2d.estimate(now, blocks * bb, copies=blocks)
         if level.link is None:
             return host
-        return max(nbytes / level.link.bandwidth - waited, host)  # the wait hid part of the level's read
+        todo = blocks if unstaged is None else unstaged
+        read = level.link.estimate(now, todo * bb) if todo else 0.0
+        staged = max((link.finish(tr) - now for link, tr in reads), default=0.0)
+        return max(read, staged, host)
 
-    def _worth_fetching(self, level: Level, first: int, end: int, waited: float) -> bool:
+    def _worth_fetching(self, level: Level, first: int, end: int, reads: list[tuple[Link, Transfer]]) -> bool:
         """Whether to restore the run of depths [first, end) from ``level``: its transfer against its
         recompute (a difference of the per-depth costs' prefix sums, as the metrics' CSR adds them)."""
         fetch = self.settings.fetch
         if fetch != "auto":
             return fetch == "always"
         costs = self.costs
-        return self.transfer_seconds(level, end - first, waited) < costs.total(end) - costs.total(first)
+        unstaged = end - first - len(reads)
+        return self.transfer_seconds(level, end - first, reads, unstaged) < costs.total(end) - costs.total(first)
 
     def lower_overlap(self, replica_id: str, hashes: Sequence[int], hbm_prefix: int) -> dict[str, int]:
         """For a router: the run of blocks after the HBM prefix that the lower levels hold, per level

@@ -12,7 +12,7 @@ from replica.core.cache.policies import make_policy
 from replica.core.cache.pool import BlockPool
 from replica.core.cache.types import Lookup
 from replica.core.sched.scheduler import SchedRequest
-from replica.core.tiers.stack import Link, TierSettings, TierStack
+from replica.core.tiers.stack import TierSettings, TierStack
 from shared.costmodel import CostModel
 from shared.errors import InputError
 
@@ -92,15 +92,6 @@ def test_fetch_never_recomputes_what_a_tier_holds():
     assert tiers.counters.recomputed == 2
 
 
-def test_transfers_queue_on_their_link():
-    link = Link("h2d", 1e9)
-    assert link.reserve(0.0, 10**9) == 1.0
-    assert link.reserve(0.5, 10**9) == 2.0  # queued behind the first: the two share the bandwidth
-    assert link.reserve(5.0, 10**9) == 6.0  # an idle link starts at once
-    assert link.reserve(5.0, 10**9, bandwidth=0.5e9) == 8.0  # a slower write on the same drive
-    assert link.bytes_moved == 4 * 10**9
-
-
 def core_with_tiers(link_gbps=55.0, **tier):
     s = CoreSettings(capacity_blocks=4, reuse="off", tiers=TierSettings(host_link_gbps=link_gbps, **tier))
     return build_core(s, COST)
@@ -152,28 +143,71 @@ def test_ssd_blocks_are_pre_staged_while_the_request_waits():
     hbm = BlockPool(2, make_policy("lru"), emit_events=False)
     tiers = TierStack(settings, hbm, 10**9, lambda depth: 1.5)
     for h in (1, 2, 3, 4):
-        serve(hbm, tiers, [h], now=float(h))  # 1, 2 end up on SSD
+        serve(hbm, tiers, [h], now=float(h))  # 1, 2 end up on SSD (their writes long done by 99)
     assert sorted(tiers.pool("ssd").resident) == [1, 2]
-    assert tiers.transfer_seconds(tiers.level("ssd"), 2, waited=0.0) == 2.0
-    assert tiers.transfer_seconds(tiers.level("ssd"), 2, waited=1.9) == pytest.approx(0.2)  # the host link's 0.2 s
-    plan = tiers.plan([1, 2], now=100.0, arrival=99.0)  # waited 1 s: 1 s of the 2 s read left < 3 s
-    assert plan.restored_idx == [0, 1]
-    tiers.cancel(plan)
+    ssd = tiers.level("ssd")
+    # at 4 s, block 2's write down (1 s) is still on the drive: a 2 GB read shares it for 2 s (1 GB read
+    # by then), then runs alone for 1 s: 3 s (the 0.2 s host copy beside it is the faster of the two)
+    assert tiers.transfer_seconds(ssd, 2) == 3.0
+    tiers.stage([1, 2], 99.0)  # the request arrives and waits: its read starts, done at 101
+    plan = tiers.plan([1, 2], now=100.0)  # 1 s of the read left (< 3 s of recompute): fetched
+    assert plan.restored_idx == [0, 1] and plan.ready_at == pytest.approx(101.0)
+    tiers.cancel(plan)  # the staged read stays staged; the host copy is taken back
+    assert tiers.h2d.in_flight == 0 and plan.waits == []
+    again = tiers.plan([1, 2], now=100.0)
+    assert again.ready_at == pytest.approx(101.0)
+    tiers.cancel(again)
     # a drive at 0.5 GB/s: 4 s of read for 3 s of recompute
-    tiers2_settings = TierSettings(host_link_gbps=10.0, ssd_read_gbps=0.5, ssd_write_gbps=1.0, ssd_blocks=8,
-                                   fetch="auto")
-    hbm2 = BlockPool(2, make_policy("lru"), emit_events=False)
-    slow = TierStack(tiers2_settings, hbm2, 10**9, lambda depth: 1.5)
-    for h in (1, 2, 3, 4):
-        serve(hbm2, slow, [h], now=float(h))
+    def slow_stack():
+        settings = TierSettings(host_link_gbps=10.0, ssd_read_gbps=0.5, ssd_write_gbps=1.0, ssd_blocks=8, fetch="auto")
+        hbm2 = BlockPool(2, make_policy("lru"), emit_events=False)
+        slow = TierStack(settings, hbm2, 10**9, lambda depth: 1.5)
+        for h in (1, 2, 3, 4):
+            serve(hbm2, slow, [h], now=float(h))
+        return hbm2, slow
+
     # 4 s of SSD read for 3 s of recompute: recompute unless the request waited more than 1 s
-    assert slow.plan([1, 2], now=100.0, arrival=100.0).restored_idx == []
-    waited = slow.plan([1, 2], now=100.0, arrival=98.5)
+    _, slow = slow_stack()
+    unstaged = slow.plan([1, 2], now=100.0)
+    assert unstaged.restored_idx == [] and unstaged.recomputed == 2
+    hbm2, slow = slow_stack()
+    slow.stage([1, 2], 98.5)  # arrived at 98.5: 2.5 s of the 4 s read left at 100
+    waited = slow.plan([1, 2], now=100.0)
     assert waited.restored_idx == [0, 1]
     serve_alloc = hbm2.serve(Lookup([1, 2], now=100.0))
     slow.complete(waited, serve_alloc.hashes, serve_alloc.hit_idx, serve_alloc.new_idx, 100.0)
     # the SSD read started at arrival (98.5) on an idle drive: 4 s -> ends at 102.5
     assert waited.ready_at == pytest.approx(102.5)
+
+
+def test_two_restores_at_once_share_the_device_link():
+    # 1 GB blocks over a 1 GB/s host link: one block alone takes 1 s, two restored together 2 s each
+    settings = TierSettings(host_link_gbps=1.0, host_blocks=8, fetch="always")
+    hbm = BlockPool(4, make_policy("lru"), emit_events=False)
+    tiers = TierStack(settings, hbm, 10**9, lambda depth: 1.5)
+    for h in (1, 2, 3, 4, 5, 6):
+        serve(hbm, tiers, [h], now=float(h))  # 1, 2 demoted to host (their copies down done long before 50)
+    a = tiers.plan([1], now=50.0)
+    b = tiers.plan([2], now=50.0)
+    assert a.ready_at == 51.0 and b.ready_at == 52.0  # b was planned with a in flight
+    assert tiers.windows([a, b], 50.0) == [(0.0, 2.0), (0.0, 2.0)]  # projected again: both at twice one
+
+
+def test_a_pcie_all_reduce_shares_the_device_link_with_a_restore():
+    # a step of 3 s whose all-reduce alone is 1 s (1 GB each direction at 1 GB/s), with a 1 GB restore
+    # in flight on the host-to-device direction: the all-reduce gets half the link until the restore
+    # ends (2 s), so the step takes 1 s more; and the restore ends at 2 s instead of 1 s
+    settings = TierSettings(host_link_gbps=1.0, host_blocks=8, fetch="always", tp_bytes_per_token=1e6,
+                            tp_comm_s_per_token=1e-3)
+    hbm = BlockPool(4, make_policy("lru"), emit_events=False)
+    tiers = TierStack(settings, hbm, 10**9, lambda depth: 1.5)
+    for h in (1, 2, 3, 4, 5):
+        serve(hbm, tiers, [h], now=float(h))
+    plan = tiers.plan([1], now=50.0)
+    assert plan.ready_at == 51.0
+    assert tiers.all_reduce(50.0, 3.0, 1000) == 4.0
+    assert tiers.windows([plan], 50.0) == [(0.0, 2.0)]
+    assert tiers.all_reduce(60.0, 3.0, 1000) == 3.0  # the link idle again: as priced alone
 
 
 def test_without_hbm_caching_a_finished_request_moves_down_and_the_next_turn_restores_it():
