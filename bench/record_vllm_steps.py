@@ -1,0 +1,203 @@
+"""Record vLLM's own v1 scheduler step by step and compare kvemu's with it (docs/vllm-conformance.md).
+
+    python bench/record_vllm_steps.py --all           # re-record tests/replica/core/sched/vllm_golden/
+    python bench/record_vllm_steps.py --random 200    # 200 random workloads: agreement, preemptions (JSON)
+    python bench/record_vllm_steps.py --check         # the golden files against kvemu (no vLLM needed)
+
+vLLM runs in a virtualenv of its own (``.vllm-venv`` in the repository root, or ``$KVEMU_VLLM_VENV``),
+made here with the pinned version when absent; the project never imports vLLM (bench/vllm_step_driver.py
+runs inside that virtualenv and reads the workloads on stdin). The model is a config.json written
+from kvemu's preset (``--model``), no weights; the hub stays offline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from replica.core.sched.steptrace import compare, expand, kvemu_trace  # noqa: E402
+from shared.costmodel import get_model  # noqa: E402
+from shared.errors import InputError  # noqa: E402
+
+VLLM_VERSION = "0.33.0"
+GOLDEN = REPO / "tests" / "replica" / "core" / "sched" / "vllm_golden"
+DRIVER = Path(__file__).resolve().parent / "vllm_step_driver.py"
+DEFAULTS = {"block_size": 16, "num_blocks": 1000, "max_num_batched_tokens": 2048, "max_num_seqs": 16,
+            "max_model_len": 8192, "prefix_caching": True}
+
+
+def venv_dir() -> Path:
+    return Path(os.environ.get("KVEMU_VLLM_VENV", REPO / ".vllm-venv"))
+
+
+def venv_python(create: bool = True) -> Path | None:
+    """The recorder's Python (vLLM ``VLLM_VERSION`` installed), made when absent if ``create``."""
+    py = venv_dir() / "bin" / "python"
+    if py.exists():
+        return py
+    if not create:
+        return None
+    print(f"making {venv_dir()} with vllm=={VLLM_VERSION} (about 9.5 GB, minutes)", file=sys.stderr)
+    subprocess.run([sys.executable, "-m", "venv", str(venv_dir())], check=True)
+    subprocess.run([str(py), "-m", "pip", "install", "-q", f"vllm=={VLLM_VERSION}"], check=True)
+    return py
+
+
+def model_dir(preset: str) -> Path:
+    """A directory holding a Llama-style config.json of kvemu's ``preset`` (its shape, no weights)."""
+    m = get_model(preset)
+    d = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kvemu" / f"vllm-model-{m.name}"
+    d.mkdir(parents=True, exist_ok=True)
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": m.hidden,
+           "intermediate_size": m.intermediate, "num_attention_heads": m.q_heads, "num_hidden_layers": m.layers,
+           "num_key_value_heads": m.kv_heads, "head_dim": m.head_dim, "vocab_size": m.vocab,
+           "max_position_embeddings": m.max_context or 8192, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+           "torch_dtype": "float16", "tie_word_embeddings": m.tied_embeddings, "hidden_act": "silu"}
+    (d / "config.json").write_text(json.dumps(cfg, indent=1))
+    return d
+
+
+def record(workloads: list[dict], preset: str) -> list[dict]:
+    """vLLM's traces of ``workloads`` ({"header", "steps"} each), from one run of the driver."""
+    py = venv_python()
+    job = {"model_dir": str(model_dir(preset)), "workloads": [expand(w) for w in workloads]}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
+    out = subprocess.run([str(py), str(DRIVER)], input=json.dumps(job), capture_output=True, text=True, env=env)
+    if out.returncode:
+        raise SystemExit(f"vLLM's driver failed:\n{out.stderr[-4000:]}")
+    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+
+
+def _w(name: str, requests: list[dict], aborts: list[dict] | None = None, **settings) -> dict:
+    return {"name": name, "settings": {**DEFAULTS, **settings}, "requests": requests, "aborts": aborts or []}
+
+
+def _r(rid: str, arrive: int, prompt: list, out: int, tag: int | None = None) -> dict:
+    return {"id": rid, "arrive": arrive, "prompt": prompt, "output": [[tag if tag is not None else 900 + len(rid)
+                                                                       + sum(map(ord, rid)), out]]}
+
+
+def golden_workloads() -> list[dict]:
+    """The recorded cases (docs/vllm-conformance.md lists what each exercises)."""
+    shared = [[1, 512]]
+    return [
+        _w("shared_prefix_together", [_r(f"a{i}", 0, [*shared, [10 + i, 100]], 20) for i in range(4)]),
+        _w("shared_prefix_apart", [_r(f"a{i}", t, [*shared, [10 + i, 100]], 20) for i, t in enumerate((0, 5, 30, 60))]),
+        _w("shared_prefix_while_prefilling", [_r("long", 0, [[2, 3000], [3, 40]], 10),
+                                              _r("late", 1, [[2, 3000], [4, 40]], 10)]),
+        _w("long_prompts_beside_decodes", [*[_r(f"s{i}", 0, [[20 + i, 200]], 80) for i in range(3)],
+                                           _r("long1", 3, [[30, 5000]], 10), _r("long2", 10, [[31, 4500]], 10)]),
+        _w("block_aligned_full_hit", [_r("x", 0, [[5, 256]], 5), _r("y", 10, [[5, 256]], 5)]),
+        _w("small_pool_preempts", [_r(f"p{i}", 0, [[40 + i, 100]], 150) for i in range(6)], num_blocks=40),
+        _w("small_pool_staggered", [_r(f"p{i}", 2 * i, [[50 + i, 60 + 20 * i]], 120) for i in range(6)],
+           num_blocks=36),
+        _w("prefix_caching_off", [_r(f"a{i}", 0, [*shared, [10 + i, 100]], 20) for i in range(4)],
+           prefix_caching=False),
+        _w("prefix_caching_off_small_pool", [_r(f"p{i}", i, [[60 + i, 120]], 100) for i in range(5)],
+           num_blocks=30, prefix_caching=False),
+        _w("max_num_seqs_binding", [_r(f"m{i}", 0, [[70 + i, 50 + 30 * i]], 15 + 3 * i) for i in range(6)],
+           max_num_seqs=2),
+        _w("abort_mid_prefill", [_r("big", 0, [[80, 6000]], 10), _r("after", 3, [[80, 6000], [81, 30]], 10),
+                                 _r("other", 1, [[82, 300]], 20)], [{"id": "big", "step": 1}]),
+        _w("abort_mid_decode", [_r("d0", 0, [[83, 400]], 50), _r("d1", 0, [[84, 300]], 50),
+                                _r("d2", 12, [[83, 400], [85, 20]], 10)], [{"id": "d0", "step": 10}]),
+        _w("over_model_len", [_r("fits", 0, [[86, 900]], 100), _r("over", 0, [[87, 1000]], 100),
+                              _r("next", 2, [[88, 200]], 30)], max_model_len=1024),
+        _w("multi_turn_hits_response", [_r("t1", 0, [[90, 300]], 64, tag=91),
+                                        _r("t2", 80, [[90, 300], [91, 64], [92, 50]], 20)]),
+        _w("many_chunks", [_r(f"c{i}", 0, [[100 + i, 700]], 12) for i in range(10)]),
+    ]
+
+
+def random_workload(rng: random.Random, name: str) -> dict:
+    """A small random case: shared prefixes, a pool from tight to ample, budgets and seat limits that bind."""
+    bs = 16
+    s = {"num_blocks": rng.choice([24, 40, 64, 128, 400]), "max_num_batched_tokens": rng.choice([128, 512, 2048]),
+         "max_num_seqs": rng.choice([2, 4, 16]), "prefix_caching": rng.random() < 0.75,
+         "max_model_len": rng.choice([8192, 8192, 1024])}
+    cap = s["num_blocks"] * bs
+    reqs, aborts = [], []
+    for i in range(rng.randint(2, 9)):
+        prompt = []
+        if rng.random() < 0.5:
+            prompt.append([rng.randint(1, 3), rng.choice([16, 64, 200, 512])])
+        prompt.append([1000 + i, rng.randint(1, 700)])
+        out = rng.randint(1, 120)
+        while sum(n for _, n in prompt) + out > cap:  # every request fits the pool once alone
+            prompt = [[1000 + i, max(1, prompt[-1][1] // 2)]]
+            out = max(1, out // 2)
+        reqs.append(_r(f"r{i}", rng.randint(0, 25), prompt, out))
+        if rng.random() < 0.1:
+            aborts.append({"id": f"r{i}", "step": reqs[-1]["arrive"] + rng.randint(0, 15)})
+    return _w(name, reqs, aborts, **s)
+
+
+def write_golden(w: dict, trace: dict) -> Path:
+    path = GOLDEN / f"{w['name']}.jsonl"
+    header = {**trace["header"], "workload": w}
+    lines = [json.dumps(header)] + [json.dumps(s) for s in trace["steps"]]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def read_golden(path: Path) -> tuple[dict, list[dict]]:
+    lines = path.read_text().splitlines()
+    return json.loads(lines[0]), [json.loads(x) for x in lines[1:]]
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--all", action="store_true", help="re-record the golden files")
+    p.add_argument("--random", type=int, default=0, metavar="N", help="record N random workloads and compare")
+    p.add_argument("--check", action="store_true", help="compare the golden files with kvemu (no vLLM)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", default="llama-3-8b", help="kvemu model preset the config.json is written from")
+    a = p.parse_args(argv)
+    try:
+        get_model(a.model)
+    except InputError as e:
+        p.error(str(e))
+    result: dict = {"vllm": VLLM_VERSION}
+    if a.all:
+        ws = golden_workloads()
+        GOLDEN.mkdir(parents=True, exist_ok=True)
+        for w, t in zip(ws, record(ws, a.model)):
+            write_golden(w, t)
+        result["recorded"] = len(ws)
+    if a.check or a.all:
+        per = {}
+        for path in sorted(GOLDEN.glob("*.jsonl")):
+            header, steps = read_golden(path)
+            per[path.stem] = compare(kvemu_trace(header["workload"]), steps)
+        result["golden"] = per
+    if a.random:
+        rng = random.Random(a.seed)
+        ws = [random_workload(rng, f"random{i}") for i in range(a.random)]
+        traces = record(ws, a.model)
+        tot: dict = {"workloads": len(ws), "steps": 0, "agree": 0, "workloads_identical": 0,
+               "preemptions_kvemu": 0, "preemptions_vllm": 0, "workloads_preemptions_equal": 0}
+        firsts = []
+        for w, t in zip(ws, traces):
+            c = compare(kvemu_trace(w), t["steps"])
+            for key in ("steps", "agree", "preemptions_kvemu", "preemptions_vllm"):
+                tot[key] += c[key]
+            tot["workloads_identical"] += c["first_difference"] is None
+            tot["workloads_preemptions_equal"] += c["preemptions_kvemu"] == c["preemptions_vllm"]
+            if c["first_difference"] is not None:
+                firsts.append(w["name"])
+        tot["agree_share"] = round(tot["agree"] / max(tot["steps"], 1), 4)
+        tot["differing"] = firsts[:20]
+        result["random"] = tot
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
