@@ -1,11 +1,13 @@
-"""The README's tour, top to bottom, as a user who finished the Quickstart types it.
+"""The README's short tour, then the full tour (docs/tour.md), as a user who finished the Quickstart types them.
 
-Every command of the tour's code blocks runs with this virtualenv's `kvemu` on PATH (what
+Every command of both tours' code blocks runs with this virtualenv's `kvemu` on PATH (what
 `source .venv/bin/activate` gives) in a fresh folder, exactly as written, except that the
 live cluster's port 8000 becomes a free port (other test runs may hold 8000 on this host).
-`kvemu up` runs in the background as in a first terminal, the commands after it run as in
-a second one, and Ctrl-C (SIGINT) stops it. The tour's outputs land in `scratch/`, which
-`.gitignore` covers.
+The README's tour runs first, top to bottom; then the full tour's commands that the README's did
+not already run, top to bottom, in the same folder (the README's tour is a short path through the
+full one: each of its commands is one of the full tour's, so none runs twice). `kvemu up` runs in
+the background as in a first terminal, the commands after it run as in a second one, and Ctrl-C
+(SIGINT) stops it. The tours' outputs land in `scratch/`, which `.gitignore` covers.
 """
 
 from __future__ import annotations
@@ -25,15 +27,15 @@ from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+TOUR = REPO / "docs" / "tour.md"
 SETUP = ("source .venv/bin/activate", "pip install -q -e '.[plot]'")  # done: this venv, dev extra
+OUTPUT = r"(?:-o|--json|--csv|--plot|--out) ([^\s-]\S*)"
 
 
-def tour_commands() -> list[str]:
-    text = README.read_text()
-    tour = text[text.index("## A short tour"):]
-    tour = tour[:tour.index("\n## ", 5)] if "\n## " in tour[5:] else tour
+def commands_of(text: str) -> list[str]:
+    """The commands of a page's code blocks: continuation lines joined, comments dropped."""
     commands = []
-    for block in re.findall(r"```\n(.*?)```", tour, re.S):
+    for block in re.findall(r"```\n(.*?)```", text, re.S):
         for line in block.replace("\\\n", " ").splitlines():
             line = re.sub(r"\s+#.*$", "", line).strip()
             if line and not line.startswith("#"):
@@ -41,28 +43,62 @@ def tour_commands() -> list[str]:
     return commands
 
 
-def test_the_tour_is_what_this_test_runs():
-    commands = tour_commands()
-    assert commands[:3] == [*SETUP, "mkdir -p scratch"]
-    assert sum(c.startswith("kvemu up ") for c in commands) == 1
-    # every output goes to scratch/, which git ignores
-    outputs = [o for c in commands for o in re.findall(r"(?:-o|--json|--csv|--plot|--out) ([^\s-]\S*)", c)]
-    assert outputs and all(o.startswith("scratch/") for o in outputs), outputs
+def tour_commands() -> list[str]:
+    """The README's short tour: its section, up to the next heading of its level."""
+    text = README.read_text()
+    tour = text[text.index("## A short tour"):]
+    tour = tour[:tour.index("\n## ", 5)] if "\n## " in tour[5:] else tour
+    return commands_of(tour)
+
+
+def full_tour_commands() -> list[str]:
+    """docs/tour.md: every code block of the page."""
+    return commands_of(TOUR.read_text())
+
+
+def test_the_tours_are_what_this_test_runs():
+    short, full = tour_commands(), full_tour_commands()
+    for commands in (short, full):
+        assert commands[:3] == [*SETUP, "mkdir -p scratch"]
+        assert sum(c.startswith("kvemu up ") for c in commands) == 1
+        # every output goes to scratch/, which git ignores
+        outputs = [o for c in commands for o in re.findall(OUTPUT, c)]
+        assert outputs and all(o.startswith("scratch/") for o in outputs), outputs
     assert "scratch/" in (REPO / ".gitignore").read_text().splitlines()
+    # the short tour is a path through the full one: the same commands, the same cluster
+    assert [c for c in short if c not in full] == []
+    assert len(short) < len(full)
+
+
+def test_the_commands_are_read_as_a_shell_reads_them():
+    text = "x\n```\nkvemu sim --a 1 \\\n    --b scratch/o.json   # why\n# a note\n\ncurl -s u | head\n```\n"
+    assert commands_of(text) == ["kvemu sim --a 1 --b scratch/o.json", "curl -s u | head"]
+
+
+def on_port(cmd: str, port: str) -> str:
+    """The cluster's port 8000 as `port`, wherever a command names it (never another 8000)."""
+    return re.sub(r"(?<=127\.0\.0\.1:)8000\b|(?<=--port )8000\b", port, cmd)
+
+
+def test_only_the_cluster_port_moves():
+    cmd = "kvemu up --port 8000 && curl http://127.0.0.1:8000/x && kvemu sweep --capacity-blocks 2000,8000"
+    assert on_port(cmd, "41234") == ("kvemu up --port 41234 && curl http://127.0.0.1:41234/x"
+                                     " && kvemu sweep --capacity-blocks 2000,8000")
 
 
 @pytest.mark.slow
-def test_the_readme_tour_runs_top_to_bottom(tmp_path):
+def test_the_tours_run_top_to_bottom(tmp_path):
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     port = str(free_port())
     up = None
     background: list[subprocess.Popen] = []  # `cmd &`, as a user's shell runs it: stopped at the end
     (tmp_path / "deploy").symlink_to(REPO / "deploy")  # what a clone has beside the README
     try:
-        for cmd in tour_commands():
+        short = tour_commands()
+        for cmd in [*short, *(c for c in full_tour_commands() if c not in short)]:
             if cmd in SETUP:
                 continue
-            cmd = cmd.replace("8000", port)
+            cmd = on_port(cmd, port)
             if cmd.endswith(" &"):
                 background.append(subprocess.Popen(["bash", "-c", "exec " + cmd[:-2]], cwd=tmp_path, env=env,
                                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
