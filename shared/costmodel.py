@@ -53,7 +53,19 @@ GIB = 1024**3
 # Fitted on the dense decoder layer stack of llama-3-8b on one H200 (7 prefill points, PyTorch
 # SDPA, bf16; docs/calibration.md): mean error 1.2%, max 2.8% on those points; fitted on all
 # but one, the left-out point within 3.5% on average, 10.8% at worst (bench/bench_costmodel_fit.py).
-DENSE_H200 = Efficiency(0.6432, 0.3415, 0.2162, 0.80, 5.09e-5, 0.0,
+# A graph-replayed step's fixed cost, GRAPH_LAYER_S a layer, is not fitted (no graphed step was
+# measured here): see its definition.
+# vLLM's captured decode layer: 4 GEMMs, 2 add+RMSNorms, rotary, KV write, attention (2 with split-KV), SiLU-and-mul
+GRAPH_NODES_PER_LAYER = 12
+# The device-side gap between dependent kernels of a replayed graph: an estimate (sub-microsecond on
+# recent GPUs), not a measurement; `bench/bench_step_cost.py --device cuda --decode-sweep` measures it.
+GRAPH_NODE_S = 0.5e-6
+# What a graph replay still costs a layer: every kernel node's launch gap (Vidur's per-kernel times,
+# bench/bench_costmodel_vidur.py, exclude these gaps). The layer's small kernels' own time is in
+# ``memory``: at batch 1 Vidur's H100 profile has llama-2-70b's GEMVs at 0.86 of HBM, and with them
+# the norms, rotary and activation, at 0.80 (docs/calibration.md, "Decode at small batch").
+GRAPH_LAYER_S = GRAPH_NODES_PER_LAYER * GRAPH_NODE_S
+DENSE_H200 = Efficiency(0.6432, 0.3415, 0.2162, 0.80, 5.09e-5, GRAPH_LAYER_S,
                         "llama-3-8b layer stack, 1x H200, PyTorch SDPA (docs/calibration.md)")
 # When Fancy Eviction Fails (arXiv 2609.28870; Qwen3-Coder-30B-A3B on one H200: 8K tokens from
 # scratch 166 ms, after a 64K cached prefix 966 ms), measured on a serving stack whose attention
@@ -185,7 +197,7 @@ GPUS: dict[str, GpuSpec] = {
         # A100 80GB PCIe (FlashGen's instance, Azure's NC A100 v4: two of them, no NVLink bridge):
         # 1,935 GB/s HBM2e; GPU to GPU and host to GPU both over PCIe 4.0 x16, 31.5 GB/s a direction
         # on the wire, about 25 GB/s in large pinned copies (what the SXM preset's host link assumes).
-        GpuSpec("a100-80gb-pcie", 312e12, 1.935e12, 81920 * MIB, 25e9, 25e9),
+        GpuSpec("a100-80gb-pcie", 312e12, 1.935e12, 81920 * MIB, 25e9, 25e9, tp_over_host_link=True),
         GpuSpec("h100", 989e12, 3.35e12, 81559 * MIB),  # H100 SXM 80GB HBM3: 81,559 MiB
         GpuSpec("h200", 989e12, 4.8e12, 143771 * MIB),  # H200 SXM 141GB HBM3e: 143,771 MiB
         GpuSpec("ascend-910b2", 376e12, 1.6e12, 65536 * MIB, 196e9, 25e9),  # 910B2: 65,536 MB HBM

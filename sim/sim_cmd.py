@@ -12,19 +12,20 @@ from kvemu.options.matching import add_matching_args, matching_setting, source_u
 from kvemu.options.prefix_caching import PREFIX_CACHING, prefix_caching_setting
 from kvemu.options.response_kv import add_response_kv_arg
 from kvemu.options.reuse import add_sim_reuse_args, sim_reuse
+from kvemu.options.router_flags import routing_settings
 from kvemu.options.scheduler import add_scheduler_args, check_scheduler_flags
 from kvemu.options.tiers import add_tier_args, tier_settings
 from loadgen.source import add_source_args, load_source, trace_name
 from loadgen.trace import Trace
 from replica.core.cache.policies import policy_class
-from router.strategies import RoutingSettings, get_strategy
+from router.strategies import get_strategy
 from shared.cli import check_outputs
 from shared.config import add_config_arg
 from shared.costmodel import CostModel
 from shared.errors import InputError, KvemuError
 from shared.gc_tuning import gc_paused
 from shared.gpuargs import add_gpu_args, gpu_setting
-from shared.overrides import apply_overrides, coerce, parse_pairs
+from shared.overrides import coerce, parse_pairs
 from shared.progress import ProgressBar
 from sim.cells import CellError, LocalPool
 from sim.simulator import SimSettings, saturation_warning, simulate
@@ -195,9 +196,9 @@ def runs_of(args) -> tuple[Trace, list[SimSettings]]:
         raise InputError("trace", "has no requests")
     caps = capacities(args, trace.block_size)
     warn_lengths(args, caps, trace.block_size)
-    routing = apply_overrides(RoutingSettings(block_size=trace.block_size), parse_pairs(args.routing_set))
     params = tuple((k, coerce(v)) for k, v in parse_pairs(args.policy_param).items())
     tiers = tier_settings(args, CostModel.from_names(args.model, args.gpu), trace.block_size)
+    routing = routing_settings(trace.block_size, args.routing_set, tiers.levels())
     prefix_caching = prefix_caching_setting(args, tiers)
     grid = [SimSettings(capacity_blocks=c, policy=pol, policy_params=params, replicas=args.replicas, routing=args.routing,
                         hit_mode=matching.hit_mode, matching=matching.mode, seed=args.seed, model=args.model, gpu=args.gpu,

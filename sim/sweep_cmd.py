@@ -19,17 +19,18 @@ from contextlib import closing
 from kvemu.options.matching import matching_setting, source_unit
 from kvemu.options.prefix_caching import prefix_caching_setting
 from kvemu.options.reuse import add_sweep_reuse_arg, sweep_reuse
+from kvemu.options.router_flags import routing_settings
 from kvemu.options.scheduler import check_scheduler_flags
 from kvemu.options.tiers import tier_settings
 from loadgen.formats import detect_format
 from loadgen.source import add_source_args, load_source
 from replica.core.cache.policies import policy_class
-from router.strategies import RoutingSettings, get_strategy
+from router.strategies import get_strategy
 from shared.config import add_config_arg
 from shared.costmodel import CostModel
 from shared.errors import InputError
 from shared.gpuargs import gpu_setting
-from shared.overrides import apply_overrides, parse_pairs
+from shared.overrides import parse_pairs
 from shared.validate import check_positive
 from sim.cells import Runner
 from sim.dask_cells import open_runner
@@ -118,8 +119,8 @@ def _identity(args, trace) -> tuple[dict, dict]:
 
 def build_grid(args, trace, identity: dict, policies, routings, replicas, caps) -> list:
     matching = matching_setting(args)
-    routing = apply_overrides(RoutingSettings(block_size=trace.block_size), parse_pairs(args.routing_set))
     tiers = tier_settings(args, CostModel.from_names(args.model, args.gpu), trace.block_size)
+    routing = routing_settings(trace.block_size, args.routing_set, tiers.levels())
     prefix_caching = prefix_caching_setting(args, tiers)
     points: dict[str, Point] = {}
     for rt in routings:
