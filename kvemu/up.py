@@ -356,7 +356,7 @@ def validate(a) -> None:
         replica = ReplicaSettings(policy=a.policy, capacity_blocks=a.capacity_blocks, capacity_gib=a.capacity_gib,
                         gpu_memory_utilization=a.gpu_memory_utilization, max_model_len=a.max_model_len,
                         model=a.model, gpu=a.gpu, block_size=matching.block_size, hit_mode=matching.hit_mode,
-                        time_scale=a.time_scale, scheduler=a.scheduler, watermark=a.watermark,
+                        time_scale=a.time_scale, scheduler=a.scheduler, watermark=a.watermark, step_rule=a.step_rule,
                         max_loans=a.max_loans, token_budget=a.token_budget,
                         max_running=a.max_running, max_waiting=a.max_waiting, shards_rate=a.shards_rate,
                         response_kv=a.response_kv, serving=serving, matching=matching.mode)

@@ -75,6 +75,7 @@ def settings_from_args(args):
         gpu=gpu_setting(args), block_size=matching.block_size, hit_mode=matching.hit_mode, matching=matching.mode,
         time_scale=args.time_scale, token_budget=args.token_budget, max_running=args.max_running,
         max_waiting=args.max_waiting, scheduler=args.scheduler, watermark=args.watermark, max_loans=args.max_loans,
+        step_rule=args.step_rule,
         index=args.index, cluster=args.cluster,
         admin_token=given_admin_token(args), shards_rate=args.shards_rate,
         serving=serving_settings(args), backend=args.backend,

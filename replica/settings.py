@@ -69,6 +69,7 @@ class ReplicaSettings:
     max_waiting: int = DEFAULT_MAX_WAITING
     scheduler: str = DEFAULT_ADMISSION  # admission order: fcfs (vLLM) or reorder (FlashGen)
     watermark: float = DEFAULT_WATERMARK  # SchedulerSettings.watermark (vLLM v0's)
+    step_rule: str = "v1"  # SchedulerSettings.step_rule (v0: vLLM v0's steps)
     max_loans: int = DEFAULT_MAX_LOANS  # SchedulerSettings.max_loans (reorder)
     # binding, body limits, connection caps, timeouts and the cluster token, as the router has them
     serving: ServingSettings = ServingSettings()
@@ -136,7 +137,7 @@ class ReplicaSettings:
             capacity_blocks=self.resolved_capacity_blocks(), policy=self.policy, policy_params=self.policy_params,
             block_size=self.block_size, hit_mode=self.hit_mode, token_budget=self.token_budget,
             max_running=self.max_running, max_waiting=self.max_waiting, scheduler=self.scheduler,
-            watermark=self.watermark, max_loans=self.max_loans, reuse="sampled",
+            watermark=self.watermark, max_loans=self.max_loans, step_rule=self.step_rule, reuse="sampled",
             shards_rate=self.shards_rate, shards_max_tracked=self.shards_max_tracked, seed=self.seed, emit_events=True,
             tier_events=True, oracles=False, tiers=self.tiers, response_kv=self.response_kv,
             prefix_caching=self.prefix_caching, max_model_len=self.resolved_max_model_len(), matching=self.matching)

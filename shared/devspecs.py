@@ -70,6 +70,10 @@ class GpuSpec:
     # 64 KiB copies 10.3 GB/s: this model gives 49.0 and 10.6).
     host_bandwidth: float = 55.5e9
     host_copy_overhead_s: float = 5e-6
+    # True: the GPUs of a --tp replica talk over PCIe (no NVLink bridge), the same lanes as the host
+    # copies, so the tier stack prices the all-reduce on the host link beside them (link_bandwidth then
+    # says what the all-reduce gets alone)
+    tp_over_host_link: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.host_copy_overhead_s, int | float) or not 0 <= self.host_copy_overhead_s < float("inf"):

@@ -30,6 +30,7 @@ from replica.core.sched.sched_types import (
     check_watermark,
     max_model_len_for,
 )
+from replica.core.sched.v0_steps import check_step_rule
 from replica.core.tiers.stack import TierSettings
 from router.strategies import RoutingSettings, strategy_spec
 from shared.costmodel import CostModel
@@ -54,6 +55,7 @@ class SimSettings:
     max_running: int = DEFAULT_MAX_RUNNING
     scheduler: str = DEFAULT_ADMISSION  # admission order: fcfs (vLLM) or reorder (FlashGen)
     watermark: float = DEFAULT_WATERMARK  # fraction of the pool an admission leaves free (vLLM v0's; 0: v1's none)
+    step_rule: str = "v1"  # SchedulerSettings.step_rule (v0: vLLM v0's steps)
     max_loans: int = DEFAULT_MAX_LOANS  # reorder: admissions ahead of its turn one request may get
     # Reuse distances for the miss-ratio curve: "sampled" (SHARDS at shards_rate: within 0.01 of
     # exact on the sample traces at a fraction of the cost), "exact", "off", or "auto" (the
@@ -97,6 +99,7 @@ class SimSettings:
         policy_class(self.policy)  # unknown names list the valid ones
         check_admission(self.scheduler)
         check_watermark(self.watermark)
+        check_step_rule(self.step_rule)
         check_positive_int("max_loans", self.max_loans)
         check_prefix_caching(self.prefix_caching, self.tiers)
         check_matching(self.matching, self.policy, self.hit_mode, self.prefix_caching)
@@ -127,7 +130,7 @@ def core_settings(s: SimSettings, block_size: int, cost: CostModel, indexed: boo
     return CoreSettings(
         capacity_blocks=s.capacity_blocks, policy=s.policy, policy_params=s.policy_params, block_size=block_size,
         hit_mode=s.hit_mode, token_budget=s.token_budget, max_running=s.max_running, scheduler=s.scheduler,
-        watermark=s.watermark, max_loans=s.max_loans, max_waiting=max(requests, 1),
+        watermark=s.watermark, max_loans=s.max_loans, step_rule=s.step_rule, max_waiting=max(requests, 1),
         reuse=s.reuse_mode, shards_rate=s.shards_rate,
         shards_max_tracked=1 << 62, seed=s.seed, emit_events=indexed, oracles=True,
         stream_tokens=False, tiers=s.tiers, response_kv=s.response_kv, decode_kv=s.decode_kv,

@@ -504,19 +504,25 @@ class Simulation:
         HBM blocks held by running requests, averaged over that span (idle time counts as empty);
         requests preempted (reorder). ``hbm_utilization_queued``: the same over the steps that began
         with requests waiting (the memory FlashGen's reordering fills: FCFS leaves it idle behind a
-        head that does not fit); ``mean_batch_size``: requests running per step (prefilling or
+        head that does not fit); ``hbm_utilization_head_blocked``: over the steps whose head waited for
+        memory (a head may also wait for a step's token budget or max_running); ``mean_batch_size``:
+        requests running per step (prefilling or
         decoding), over every step. Cache-only runs have no clock: None."""
         span = self.last_finish - self.first_arrival
         if not timed:
             return {"preemptions": None, "throughput_rps": None, "hbm_utilization": None,
-                    "hbm_utilization_queued": None, "mean_batch_size": None}
+                    "hbm_utilization_queued": None, "hbm_utilization_head_blocked": None, "mean_batch_size": None}
         scheds = [rep.sched for rep in self.replicas]
         held = sum(s.pinned_block_s for s in scheds)
         queued = sum(s.queued_s for s in scheds)
+        blocked = sum(s.blocked_s for s in scheds)
         return {"preemptions": preemptions, "throughput_rps": ratio(self.served, span),
                 "hbm_utilization": ratio(held, span * self.s.capacity_blocks * len(self.replicas)),
                 "hbm_utilization_queued": ratio(sum(s.queued_block_s for s in scheds), queued * self.s.capacity_blocks)
                 if queued else None,  # None: no request ever waited
+                # the same over the steps whose queue head waited for memory (not for a step's room)
+                "hbm_utilization_head_blocked": ratio(sum(s.blocked_block_s for s in scheds),
+                                                      blocked * self.s.capacity_blocks) if blocked else None,
                 "mean_batch_size": ratio(sum(s.batch_steps for s in scheds), sum(s.steps for s in scheds))}
 
     def _saturated(self, per: list[dict]) -> bool:

@@ -132,7 +132,7 @@ def build_grid(args, trace, identity: dict, policies, routings, replicas, caps) 
                     s = SimSettings(capacity_blocks=c, policy=pol, replicas=k, routing=route, hit_mode=matching.hit_mode,
                                     matching=matching.mode, seed=args.seed, model=args.model, gpu=args.gpu, token_budget=args.token_budget,
                                     max_running=args.max_running, scheduler=args.scheduler,
-                                    watermark=args.watermark, max_loans=args.max_loans,
+                                    watermark=args.watermark, max_loans=args.max_loans, step_rule=args.step_rule,
                                     reuse=sweep_reuse(args), routing_settings=routing,
                                     causal=args.causal, cache_only=args.cache_only, response_kv=args.response_kv,
                                     tiers=tiers, decode_kv=not args.no_decode_kv, prefix_caching=prefix_caching,

@@ -21,6 +21,7 @@ from replica.core.sched.sched_types import (
     check_admission,
     check_watermark,
 )
+from replica.core.sched.v0_steps import DEFAULT_STEP_RULE, STEP_RULES, check_step_rule
 from shared.errors import InputError
 from shared.validate import check_positive_int
 
@@ -45,9 +46,15 @@ MAX_LOANS = Option("--max-loans", DEFAULT_MAX_LOANS, type=int, metavar="N",
                    help=f"--scheduler reorder: times one request may be admitted ahead of its turn (each loan may end"
                         f" in a preemption; default {DEFAULT_MAX_LOANS})")
 
+STEP_RULE = Option("--step-rule", DEFAULT_STEP_RULE, choices=STEP_RULES,
+                   help=f"what one step runs: v1 (vLLM today: decodes and chunked prefills in one forward, admission"
+                        f" by memory) or v0 (vLLM v0, the FlashGen paper's baseline: a step prefills whole prompts or"
+                        f" decodes, never both, prefills first while a waiting prompt fits the --token-budget and"
+                        f" --max-running); default {DEFAULT_STEP_RULE}")
+
 # What every scheduler a command runs takes; the simulator sizes its queue to the trace instead
 # of --max-waiting (virtual time refuses nothing).
-SIM_SCHEDULER_OPTIONS = (TOKEN_BUDGET, MAX_RUNNING, SCHEDULER, WATERMARK, MAX_LOANS)
+SIM_SCHEDULER_OPTIONS = (TOKEN_BUDGET, MAX_RUNNING, SCHEDULER, WATERMARK, MAX_LOANS, STEP_RULE)
 LIVE_SCHEDULER_OPTIONS = (*SIM_SCHEDULER_OPTIONS, MAX_WAITING)
 
 
@@ -62,10 +69,12 @@ def check_scheduler_flags(args: argparse.Namespace) -> None:
     check_admission(args.scheduler, "--scheduler")
     check_watermark(args.watermark, "--watermark")
     check_positive_int("--max-loans", args.max_loans)
+    check_step_rule(args.step_rule, "--step-rule")
     if args.max_loans != MAX_LOANS.default and args.scheduler != "reorder":
         raise InputError("--max-loans", f"does nothing with --scheduler {args.scheduler} (nothing is admitted ahead of"
                                         " its turn): add --scheduler reorder, or drop it")
 
 
-__all__ = ["ADMISSIONS", "LIVE_SCHEDULER_OPTIONS", "MAX_LOANS", "SCHEDULER", "WATERMARK", "SIM_SCHEDULER_OPTIONS", "add_scheduler_args",
+__all__ = ["ADMISSIONS", "LIVE_SCHEDULER_OPTIONS", "MAX_LOANS", "SCHEDULER", "STEP_RULE", "WATERMARK", "SIM_SCHEDULER_OPTIONS",
+           "add_scheduler_args",
            "check_scheduler_flags"]

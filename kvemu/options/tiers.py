@@ -8,7 +8,7 @@ import argparse
 from kvemu.options.option import Option, add_options
 from replica.core.tiers.levels import SSD_READ_GBPS, SSD_WRITE_GBPS
 from replica.core.tiers.stack import FETCH_MODES, TIER_MODES, TierSettings
-from shared.costmodel import CostModel
+from shared.costmodel import CostModel, StepWork
 from shared.errors import InputError
 from shared.validate import check_number, check_positive_int
 
@@ -24,8 +24,15 @@ TIER_OPTIONS = (
     Option("--ssd-drives", 1, "NVMe drives the SSD tier is striped over: each adds its read and write bandwidth"
                               f" ({SSD_READ_GBPS:g} / {SSD_WRITE_GBPS:g} GB/s, one PCIe 4.0 drive; default 1)", int,
            metavar="N"),
+    Option("--ssd-read-gbps", SSD_READ_GBPS, f"one drive's read rate, GB/s (default {SSD_READ_GBPS:g})", float,
+           metavar="GB/S"),
+    Option("--ssd-write-gbps", SSD_WRITE_GBPS, f"one drive's write rate, GB/s (default {SSD_WRITE_GBPS:g}); a drive's"
+                                               " writes share it with its reads", float, metavar="GB/S"),
     Option("--host-link-gbps", None, "host<->GPU bandwidth per direction (default: the GPU preset's)", float,
            metavar="GB/S"),
+    Option("--separate-tp-link", False,
+           "price a --tp all-reduce over PCIe apart from the host copies (default on a PCIe GPU such as"
+           " a100-80gb-pcie: the two share the link, as they share its lanes)", switch=True),
     Option("--no-hbm-caching", False,
            "HBM keeps no KV between requests: each finished request moves down (CachedAttention)", switch=True),
 )
@@ -46,11 +53,13 @@ def tier_settings(args: argparse.Namespace, cost: CostModel, block_size: int) ->
     check_number("--host-cache-gib", args.host_cache_gib, minimum=0)
     check_number("--ssd-cache-gib", args.ssd_cache_gib, minimum=0)
     check_positive_int("--ssd-drives", args.ssd_drives)
+    check_number("--ssd-read-gbps", args.ssd_read_gbps, above=0)
+    check_number("--ssd-write-gbps", args.ssd_write_gbps, above=0)
     extra = {} if args.host_link_gbps is None else {"host_link_gbps": args.host_link_gbps}
-    extra.update(ssd_read_gbps=SSD_READ_GBPS * args.ssd_drives, ssd_write_gbps=SSD_WRITE_GBPS * args.ssd_drives)
+    extra.update(ssd_read_gbps=args.ssd_read_gbps * args.ssd_drives, ssd_write_gbps=args.ssd_write_gbps * args.ssd_drives)
     tiers = tiers_on(cost, block_size, args.host_cache_gib, args.ssd_cache_gib, host_policy=policies["host"],
                      ssd_policy=policies["ssd"], mode=args.tier_mode, fetch=args.fetch,
-                     hbm_caching=not args.no_hbm_caching, **extra)
+                     hbm_caching=not args.no_hbm_caching, shared_tp_link=not args.separate_tp_link, **extra)
     check_tier_flags(args, tiers, cost, block_size)
     return tiers
 
@@ -64,12 +73,18 @@ def check_tier_flags(args: argparse.Namespace, tiers: TierSettings, cost: CostMo
         if gib > 0 and blocks == 0:
             raise InputError(flag, f"{gib:g} GiB holds 0 blocks of {block_size} tokens of this model's KV (one block is"
                                    f" {one * 1024:.3g} MiB): give at least {_round_up(one)} GiB, or 0 for no tier")
-    if args.ssd_drives != 1 and tiers.ssd_blocks == 0:
-        raise InputError("--ssd-drives", "does nothing without an SSD tier: add --ssd-cache-gib, or drop it")
+    for flag, dest in (("--ssd-drives", "ssd_drives"), ("--ssd-read-gbps", "ssd_read_gbps"),
+                       ("--ssd-write-gbps", "ssd_write_gbps")):
+        default = next(o.default for o in TIER_OPTIONS if o.flag == flag)
+        if getattr(args, dest) != default and tiers.ssd_blocks == 0:
+            raise InputError(flag, "does nothing without an SSD tier: add --ssd-cache-gib, or drop it")
+    if args.separate_tp_link and not (cost.gpu.tp_over_host_link and cost.tp > 1):
+        raise InputError("--separate-tp-link", f"does nothing here: {cost.gpu.name} at --tp {cost.tp} has no"
+                                               " all-reduce over PCIe; drop it")
     if tiers.enabled:
         return
     given = {option.flag: getattr(args, option.dest) != option.default for option in TIER_OPTIONS}
-    for flag in ("--no-hbm-caching", "--tier-policy", "--tier-mode", "--fetch", "--host-link-gbps", "--ssd-drives"):
+    for flag in ("--no-hbm-caching", "--tier-policy", "--tier-mode", "--fetch", "--host-link-gbps", "--separate-tp-link"):
         if given[flag]:
             raise InputError(flag, "does nothing without a memory tier below HBM: add --host-cache-gib or"
                                    " --ssd-cache-gib")
@@ -83,10 +98,18 @@ def _round_up(gib: float) -> str:
     return f"{math.ceil(gib * 10**digits) / 10**digits:.{max(digits, 0)}f}"
 
 
-def tiers_on(cost: CostModel, block_size: int, host_gib: float, ssd_gib: float, **settings) -> TierSettings:
+def tiers_on(cost: CostModel, block_size: int, host_gib: float, ssd_gib: float, shared_tp_link: bool = True,
+             **settings) -> TierSettings:
     """Tiers of ``host_gib`` / ``ssd_gib`` under the cost model's GPU: its host link (per direction,
-    each of ``tp`` GPUs has its own) and per-copy cost unless ``settings`` say otherwise."""
+    each of ``tp`` GPUs has its own) and per-copy cost unless ``settings`` say otherwise. On a GPU
+    whose ``--tp`` all-reduce crosses PCIe, the host link carries it too (unless ``shared_tp_link``
+    is False): the bytes of each step's token, per direction over the ``tp`` GPUs' links, and the
+    seconds per token the cost model prices it at alone."""
     settings.setdefault("host_link_gbps", cost.gpu.host_bandwidth * cost.tp / 1e9)
     settings.setdefault("host_copy_overhead_s", cost.gpu.host_copy_overhead_s)
+    if shared_tp_link and cost.gpu.tp_over_host_link and cost.tp > 1:
+        comm = cost.step_parts(StepWork(decoders=1)).comm  # one token's all-reduce alone, seconds
+        settings.setdefault("tp_comm_s_per_token", comm)
+        settings.setdefault("tp_bytes_per_token", comm * cost.gpu.link_bandwidth * cost.tp)
     return TierSettings(host_blocks=cost.gib_to_blocks(host_gib, block_size),
                         ssd_blocks=cost.gib_to_blocks(ssd_gib, block_size), **settings)

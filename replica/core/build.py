@@ -105,6 +105,7 @@ class CoreSettings:
     max_waiting: int = DEFAULT_MAX_WAITING
     scheduler: str = DEFAULT_ADMISSION  # admission order: fcfs (vLLM) or reorder (FlashGen)
     watermark: float = DEFAULT_WATERMARK  # SchedulerSettings.watermark (vLLM v0's)
+    step_rule: str = "v1"  # SchedulerSettings.step_rule (v0: vLLM v0's steps)
     max_loans: int = DEFAULT_MAX_LOANS  # SchedulerSettings.max_loans (reorder)
     decode_kv: bool = True  # decode KV takes blocks (vLLM); False: prompt blocks only (SchedulerSettings)
     max_model_len: int = 0  # vLLM's length rule, resolved (SchedulerSettings.max_model_len; 0: the pool's only)
@@ -252,6 +253,7 @@ def build_core(s: CoreSettings, cost: CostModel, *, hashes_fit: bool = True) -> 
     sched = Scheduler(fast or pool, cost, SchedulerSettings(token_budget=s.token_budget, max_running=s.max_running,
                                                     max_waiting=s.max_waiting, admission=s.scheduler,
                                                     decode_kv=s.decode_kv, max_model_len=s.max_model_len,
-                                                    watermark=s.watermark, max_loans=s.max_loans),
+                                                    watermark=s.watermark, max_loans=s.max_loans,
+                                                    step_rule=s.step_rule),
                       report_decoded=s.stream_tokens, tiers=tiers, keep_response_kv=s.response_kv == "keep")
     return ReplicaCore(pool, sched, tiers, fast, why, levels_why[0] if levels_why else None)

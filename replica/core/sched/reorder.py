@@ -29,6 +29,7 @@ class ReorderLoans:
     _promoted_orders: list[int]
     _lent: dict[int, int]
     _dirty: bool
+    _v0: Any  # v0_steps.StepBudget while a v0 step admits, else None
 
     # Scheduler defines these; declared abstract on the mixin (not under TYPE_CHECKING) so that mypyc, which
     # compiles this class (shared/compiled_modules.py), sees them.
@@ -68,7 +69,8 @@ class ReorderLoans:
             if pool.room <= reserve:
                 break  # no idle block left
             r = waiting[i]
-            if r.loans >= max_loans or len(self._kv_hashes(r)) >= head_blocks:
+            v0 = self._v0  # step_rule v0: a promoted prompt is whole, within the step's budget too
+            if r.loans >= max_loans or len(self._kv_hashes(r)) >= head_blocks or (v0 is not None and not v0.takes(r)):
                 i += 1
                 continue
             tried += 1

@@ -52,12 +52,15 @@ class SchedulerSettings:
     max_model_len: int = 0
     watermark: float = DEFAULT_WATERMARK  # fraction of the pool an admission must leave free (vLLM v0)
     max_loans: int = DEFAULT_MAX_LOANS  # reorder: admissions ahead of its turn one request may get
+    step_rule: str = "v1"  # v1 (mixed steps) or v0 (prefills or decodes, whole prompts): v0_steps.py
 
     def __post_init__(self) -> None:
         for name in ("token_budget", "max_running", "max_waiting", "reorder_window", "max_loans"):
             check_positive_int(name, getattr(self, name))
         check_admission(self.admission)
         check_watermark(self.watermark)
+        if self.step_rule not in ("v1", "v0"):  # v0_steps.STEP_RULES (it imports this module)
+            raise InputError("step_rule", f"must be one of v1, v0, got {self.step_rule!r}")
         if not isinstance(self.max_model_len, int) or self.max_model_len < 0:
             raise InputError("max_model_len", f"must be an integer >= 0, got {self.max_model_len!r}")
 

@@ -69,6 +69,8 @@ from replica.core.sched.sched_types import (
     prefill_len,
     prefill_segments,
 )
+from replica.core.sched.v0_steps import StepBudget
+from replica.core.sched.v0_steps import refusal as v0_refusal
 from replica.core.tiers.stack import FetchPlan, TierStack
 from shared.costmodel import CostModel, StepWork, layered_finish
 from shared.errors import InputError
@@ -124,6 +126,10 @@ class Scheduler(ReorderLoans):
         self.pinned_block_s = 0.0  # blocks held by running requests x step time: time-averaged HBM use
         self.queued_block_s = 0.0  # ... over the steps that began with requests waiting (FlashGen's idle memory)
         self.queued_s = 0.0  # seconds of those steps
+        self.blocked_block_s = 0.0  # ... over the steps whose queue head waited for memory (not for a step's room)
+        self.blocked_s = 0.0
+        self._blocked = False  # this step's head could not be allocated
+        self._v0: StepBudget | None = None  # step_rule v0: what this step's admissions may still prefill
         self.batch_steps = 0  # running requests x steps: over ``steps``, the mean batch size
         self.steps = 0
         self._order = 0
@@ -156,6 +162,8 @@ class Scheduler(ReorderLoans):
             return PoolCapacityError(len(req.hashes), self.pool.capacity)
         if (most := self.decode_kv.most(req)) > self.pool.capacity:
             return PoolCapacityError(most, self.pool.capacity, "max_tokens")
+        if self.settings.step_rule == "v0":
+            return v0_refusal(req, self.settings.token_budget)
         return None
 
     def submit(self, req: SchedRequest) -> None:
@@ -196,12 +204,18 @@ class Scheduler(ReorderLoans):
         """Plan and account one step starting at ``now`` (or several decode-only steps
         ending no later than ``horizon``). The caller waits ``duration`` afterwards."""
         self._now = now
-        if not self._grow_now(now):  # vLLM admits nothing in a step that preempted
+        self._blocked = False
+        decoding = True
+        if self.settings.step_rule == "v0":  # a step prefills or decodes (v0_steps)
+            decoding = not self._v0_admit(now)
+            if decoding:
+                self._grow_now(now)
+        elif not self._grow_now(now):  # vLLM admits nothing in a step that preempted
             self._admit(now)
         queued = bool(self.waiting)
-        n_dec = len(self._done_at)
+        n_dec = len(self._done_at) if decoding else 0
         budget = self.settings.token_budget - n_dec
-        kv_tokens = self._dec_input + n_dec * self._tick - self._dec_base
+        kv_tokens = self._dec_input + n_dec * self._tick - self._dec_base if n_dec else 0
         work, restores, completed = self._prefill_chunks(budget, now, n_dec, kv_tokens)
         prefill_tokens = work.prefill_tokens
         steps = 1
@@ -228,6 +242,9 @@ class Scheduler(ReorderLoans):
         if queued:
             self.queued_block_s += held
             self.queued_s += duration
+        if self._blocked:
+            self.blocked_block_s += held
+            self.blocked_s += duration
         self.batch_steps += self.num_running * steps
         self.steps += steps
         if self.timer is not None:
@@ -262,7 +279,8 @@ class Scheduler(ReorderLoans):
                 "queue_wait_s_total": self.queue_wait_s,
                 "prefill_tokens": self.prefill_tokens, "readmission_prefill_tokens": self.readmission_prefill_tokens,
                 "pinned_block_s": self.pinned_block_s, "queued_block_s": self.queued_block_s,
-                "queued_s": self.queued_s, "batch_steps": self.batch_steps, "steps": self.steps}
+                "queued_s": self.queued_s, "blocked_block_s": self.blocked_block_s, "blocked_s": self.blocked_s,
+                "batch_steps": self.batch_steps, "steps": self.steps}
 
     def _grow_now(self, now: float) -> bool:
         """Each decoding request that needs a block in this step gets one, oldest admission first;
@@ -281,11 +299,15 @@ class Scheduler(ReorderLoans):
     def _admit(self, now: float) -> None:
         max_running = self.settings.max_running
         reorder = self.settings.admission == "reorder"
+        v0 = self._v0  # v0: whole prompts within the step's budget (v0_steps)
         while self.waiting and self.num_running < max_running:
             req = self.waiting[0]
+            if v0 is not None and not v0.takes(req):
+                break
             try:
                 self._acquire(req, now)
             except PoolBusyError:
+                self._blocked = True  # the head waits for memory
                 # FCFS: the head waits for running requests to free blocks. Reorder: take back
                 # lent memory if that lets it run, else lend what is idle to requests behind it.
                 if reorder and self._dirty:
@@ -298,6 +320,15 @@ class Scheduler(ReorderLoans):
             self._start(req, now)
             if self._promoted:
                 self._catch_up()
+
+    def _v0_admit(self, now: float) -> bool:
+        """vLLM v0's step (``v0_steps``): admit whole prompts while the step's budget holds them; True:
+        this step prefills them (nothing decodes), False: it decodes."""
+        if not self.prefilling:  # nothing is left over: a v0 step prefills whole prompts
+            self._v0 = StepBudget(self.settings.token_budget)
+            self._admit(now)
+            self._v0 = None
+        return bool(self.prefilling)
 
     def _acquire(self, req: SchedRequest, now: float, reserve: int = 0) -> None:
         """Allocate ``req``'s blocks, leaving at least ``reserve`` blocks of room (and vLLM v0's
@@ -323,6 +354,8 @@ class Scheduler(ReorderLoans):
         """An admitted request (its blocks acquired) joins the prefill queue."""
         assert req.alloc is not None
         req.t_admitted = now
+        if self._v0 is not None:
+            self._v0.took(req)
         self._admitted += 1
         req.admit_seq = self._admitted
         wait = now - req.t_queued
