@@ -13,6 +13,7 @@ for how the form carries to points it was not fitted on). Errors are predicted /
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from shared.costfit import PrefillPoint, errors, fit
@@ -27,6 +28,44 @@ def old_model(cost: CostModel, n: int, c: int) -> float:
     linear = 2.0 * 8.03e9 * n
     attn = 4.0 * m.q_heads * m.head_dim * m.layers * (n * c + n * (n - 1) / 2)
     return linear / (cost.gpu.peak_flops * 0.47) + attn / (cost.gpu.peak_flops * 0.53)
+
+
+def decode_forms(cost: CostModel) -> dict[str, CostModel | None]:
+    """The decode step's forms side by side: before the last round (every resident weight read, the
+    input embedding too, and no fixed cost), the last round's (the LM head, no input embedding, a
+    graph replay free), and the shipped preset (a graph replay's kernel gaps, 6 us a layer)."""
+    last = cost.with_efficiency(replace(cost.efficiency, decode_overhead_s=0.0))
+    return {"before_last_round": None, "last_round": last, "preset": cost}
+
+
+def decode_time(form: CostModel | None, cost: CostModel, batch: int, context: int) -> float:
+    if form is not None:
+        return form.decode_step_time(batch, batch * context)
+    m, e = cost.model, cost.efficiency  # all resident weights and the batch's KV at `memory`, nothing else
+    return (m.weight_bytes + batch * context * m.kv_bytes_per_token) / (cost.gpu.hbm_bandwidth * e.memory)
+
+
+def decode_section(raw: dict, cost: CostModel) -> dict:
+    """Each form's price of the decode sweep's shapes; against the file's decode points when it has
+    them (``bench_step_cost.py --device cuda --decode-sweep`` writes them), else beside the one
+    device figure at hand: issue 41's report that the last round's form was 12% under a real
+    H200 at batch 1 (1K and 8K context), i.e. the device at last_round / 0.88 (inferred, not measured)."""
+    points = raw.get("decode") or [{"batch": b, "context": c} for b in (1, 4, 16, 64) for c in (1024, 8192)]
+    forms = decode_forms(cost)
+    rows = []
+    for p in points:
+        row = dict(p)
+        for name, form in forms.items():
+            t = decode_time(form, cost, p["batch"], p["context"])
+            row[name + "_s"] = round(t, 6)
+            if "seconds" in p:
+                row[name + "_error"] = round(t / p["seconds"] - 1, 4)
+            elif p["batch"] == 1:
+                device = decode_time(forms["last_round"], cost, 1, p["context"]) / 0.88
+                row["issue_41_device_s"] = round(device, 6)
+                row[name + "_vs_issue_41"] = round(t / device - 1, 4)
+        rows.append(row)
+    return {"measured": "decode" in raw, "points": rows}
 
 
 def main() -> None:
@@ -54,6 +93,7 @@ def main() -> None:
         "fitted_efficiency": {"linear": round(e.linear, 4), "attention": round(e.attention, 4),
                               "kv_read": round(e.kv_read, 4),
                               "overhead_s": e.overhead_s},
+        "decode": decode_section(raw, cost),
     }, indent=1))
 
 

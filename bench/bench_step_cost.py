@@ -2,6 +2,7 @@
 
     python bench/bench_step_cost.py [--device cpu|cuda] [--model tiny] [--layers N] [--threads 1]
                                     [--rounds 5] [--out FILE.json]
+    python bench/bench_step_cost.py --device cuda --decode-sweep [--batches 1,4,16,64] [--contexts 1024,8192]
 
 Builds the model's layer stack in torch (replica/backends/torchstack.py, the torch backend's and
 ``kvemu calibrate``'s), times ``kvemu calibrate``'s grid for the device (prefill, decode and
@@ -71,6 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--rounds", type=int, default=None)
     p.add_argument("--out", default=None)
+    p.add_argument("--decode-sweep", action="store_true",
+                   help="time only the decode sweep (bench/decode_sweep.py) and write it in the calibration file's format")
+    p.add_argument("--batches", default="1,4,16,64", help="decode sweep: batch sizes")
+    p.add_argument("--contexts", default=None, help="decode sweep: context tokens a sequence (default 1024,8192; CPU 128,512)")
     args = p.parse_args(argv)
     import torch
 
@@ -83,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     layers = args.layers or spec.layers
     rounds = args.rounds or (5 if kind == "cpu" else 2)
     bench = Calibrator(spec, args.device, layers, repeats=3, min_time_s=0.02 if kind == "cpu" else 0.0)
+    if args.decode_sweep:
+        return decode_sweep_main(bench, spec, layers, kind, args)
     fit_grid, test = grid(kind), [StepPoint(c, d, 0.0) for c, d in parse_mixed(TEST_SHAPES[kind])]
     bar = ProgressBar(f"step cost {spec.name} x{layers} on {bench.device_name}", (len(fit_grid) + len(test)) * rounds,
                       "step", enabled=sys.stderr.isatty())
@@ -117,6 +124,31 @@ def main(argv: list[str] | None = None) -> int:
                                   for k in ("measured_s", "model_s", "old_clock_s")},
         "h200_preset_llama_3_8b": preset_ratios(),
     }
+    text = json.dumps(out, indent=1)
+    if args.out:
+        with open(args.out, "w") as fh:
+            fh.write(text + "\n")
+    print(text)
+    return 0
+
+
+def decode_sweep_main(bench, spec, layers: int, kind: str, args) -> int:
+    """The decode sweep alone, as a calibration file (docs/calibration/h200-llama-3-8b.json's format)."""
+    import torch
+    from decode_sweep import METHOD_NOTE, compare, sweep  # a sibling, as `python bench/bench_step_cost.py` runs
+
+    from replica.backends.calibration import METHOD
+
+    batches = [int(b) for b in args.batches.split(",")]
+    contexts = [int(c) for c in (args.contexts or ("128,512" if kind == "cpu" else "1024,8192")).split(",")]
+    t0 = time.perf_counter()
+    result = sweep(bench, batches, contexts)
+    preset = CostModel.from_names(spec.name, "h200") if kind == "cuda" else CostModel(spec, GpuSpec(
+        bench.device_name, bench.matmul_rate(), bench.memory_bandwidth(), bench.memory_bytes()))
+    at_layers = CostModel(replace(spec, layers=layers), preset.gpu, preset.efficiency)
+    out = {"device": bench.device_name, "torch": torch.__version__, "method": f"{METHOD}; {METHOD_NOTE}",
+           "model": spec.name, "layers": layers, "memory_bandwidth_Bps": round(bench.memory_bandwidth()),
+           **result, "preset_vs_decode": compare(at_layers, result), "wall_s": round(time.perf_counter() - t0, 1)}
     text = json.dumps(out, indent=1)
     if args.out:
         with open(args.out, "w") as fh:

@@ -63,6 +63,29 @@ def test_decode_step_is_memory_bound_for_small_batches():
     assert cm.decode_step_time(0, 0) == 0.0
 
 
+def test_a_small_batch_decode_step_hand_worked_llama_3_8b_on_h200():
+    """Batch 1 over 1,024 KV tokens: 32 layers of 218,103,808 parameters and the LM head (128,256
+    x 4,096), bf16, at 0.80 x 4.8 TB/s; the KV, 1,024 x 131,072 bytes, at the same rate; and a
+    graph replay's 12 kernel nodes at 0.5 us, 6 us a layer (the step is decode-only)."""
+    cm = CostModel.from_names("llama-3-8b", "h200")
+    read = (32 * 218_103_808 + 128256 * 4096) * 2  # 15,009,316,864 bytes: not the input embedding
+    assert read == 15_009_316_864
+    weights, kv, fixed = read / 3.84e12, 1024 * 131_072 / 3.84e12, 32 * 12 * 0.5e-6
+    assert cm.efficiency.decode_overhead_s == pytest.approx(6e-6)
+    assert cm.decode_step_time(1, 1024) == pytest.approx(weights + kv + fixed)  # 3.9091 + 0.0350 + 0.192 ms
+    assert cm.decode_step_time(1, 1024) == pytest.approx(4.136e-3, abs=1e-6)
+    # batch 4 at 1K each: four times the KV, the same weights and fixed cost
+    assert cm.decode_step_time(4, 4096) == pytest.approx(weights + 4 * kv + fixed)
+    # tied embeddings change what is resident, not what a step reads: OPT's head is its embedding
+    opt = get_model("opt-13b")
+    assert CostModel(opt, get_gpu("h200")).step_parts(StepWork(decoders=1)).weights == pytest.approx(
+        (40 * opt.layer_params() + opt.head_params) * 2 / 3.84e12)
+    # an eager step (a prefill of more than 512 tokens) pays 51 us a layer instead
+    parts = cm.prefill_parts(1024, 0)
+    assert parts.overhead == pytest.approx(32 * 5.09e-5)
+    assert cm.prefill_parts(512, 0).overhead == pytest.approx(fixed)
+
+
 def test_preset_shapes_give_the_published_parameter_counts():
     assert get_model("llama-3-8b").total_params == pytest.approx(8.03e9, rel=0.01)
     assert get_model("llama-3-70b").total_params == pytest.approx(70.6e9, rel=0.01)

@@ -1,0 +1,49 @@
+"""bench/bench_step_cost.py --decode-sweep on the CPU (the smoke check of the GPU sweep): it writes
+the calibration file's format, every layer with its own K/V, and prices each point by the model."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def load(monkeypatch, name):
+    monkeypatch.syspath_prepend(str(BENCH))  # as `python bench/x.py` runs it: its siblings import
+    spec = importlib.util.spec_from_file_location(f"bench_script_{name}", BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_decode_sweep_writes_the_calibration_format_on_the_cpu(monkeypatch, tmp_path, capsys):
+    pytest.importorskip("torch")
+    bench = load(monkeypatch, "bench_step_cost")
+    out = tmp_path / "sweep.json"
+    assert bench.main(["--device", "cpu", "--decode-sweep", "--batches", "1,2", "--contexts", "8,32",
+                       "--out", str(out)]) == 0
+    raw = json.loads(out.read_text())
+    assert raw == json.loads(capsys.readouterr().out)
+    assert raw["model"] == "tiny" and raw["layers"] == 4
+    assert [(p["batch"], p["context"]) for p in raw["decode"]] == [(1, 8), (1, 32), (2, 8), (2, 32)]
+    assert [p["batch"] for p in raw["projections"]] == [1, 2] == [p["batch"] for p in raw["lm_head"]]
+    for p in raw["decode"] + raw["projections"] + raw["lm_head"]:
+        assert p["seconds"] > 0
+    for p in raw["preset_vs_decode"]:
+        assert p["error"] == pytest.approx(p["model_s"] / p["seconds"] - 1, abs=1e-3)  # each rounded
+
+
+def test_each_layer_of_the_sweep_has_its_own_kv(monkeypatch):
+    torch = pytest.importorskip("torch")
+    sweep = load(monkeypatch, "decode_sweep")
+    from replica.backends.calibration import Calibrator
+    from shared.costmodel import get_model
+
+    bench = Calibrator(get_model("tiny"), "cpu", 4)
+    past_k, past_v = sweep._past(bench, 3, 10)
+    assert len(past_k) == len(past_v) == 4
+    assert past_k[0].shape == (3, 2, 11, 32)  # batch, KV heads, context + the new token, head dim
+    assert len({t.data_ptr() for t in past_k + past_v}) == 8  # no two layers share a tensor
+    assert not torch.equal(past_k[0], past_k[1])
