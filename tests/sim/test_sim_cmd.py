@@ -44,7 +44,7 @@ def test_table_labels_ttft_in_ms_and_csv_matches_json(tmp_path, capsys):
 
 
 def test_an_unbounded_queue_is_called_out(capsys):
-    """The README's cache-simulator setting: one request at a time falls behind the trace."""
+    """The tour's cache-simulator setting (docs/tour.md): one request at a time falls behind the trace."""
     assert main(["sim", "--trace", "mooncake-conversation", "--capacity-blocks", "4000", "--max-running", "1",
                  "--no-reuse-distances", "--quiet"]) == 0
     err = capsys.readouterr().err
