@@ -12,10 +12,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
+from kvemu.options.router_flags import routing_settings as routing_settings_of
 from loadgen.formats import read_trace
 from loadgen.trace import Trace
 from loadgen.workloads import generate
-from router.strategies import RoutingSettings
+from replica.core.tiers.stack import TierSettings
 from shared.errors import InputError
 from shared.overrides import apply_overrides
 from sim.simulator import SimSettings
@@ -42,8 +43,9 @@ def simulate(trace: Trace, policies: Iterable[str] = ("lru",), capacity_blocks: 
     ``settings`` are ``SimSettings`` fields (``max_running``, ``token_budget``, ``hit_mode``,
     ``model``, ``gpu``, ``causal``, ``seed``, ``reuse``, ``cache_only``, ``response_kv``), with the
     defaults every command has (``response_kv="keep"``, as a colocated vLLM)."""
-    routing_cfg = apply_overrides(RoutingSettings(block_size=trace.block_size),
-                                  {k: str(v) for k, v in (routing_settings or {}).items()})
+    tiers = settings.get("tiers", TierSettings())
+    routing_cfg = routing_settings_of(trace.block_size, [f"{k}={v}" for k, v in (routing_settings or {}).items()],
+                                      tiers.levels() if isinstance(tiers, TierSettings) else None)
     known = {f.name for f in dataclasses.fields(SimSettings)}
     for name in settings:
         if name not in known:

@@ -338,11 +338,11 @@ def validate(a) -> None:
         raise InputError("--routers", f"must be 1-64, got {a.routers}")
     if a.capacity_blocks is None and a.capacity_gib is None and a.gpu_memory_utilization is None:
         a.capacity_blocks = 20_000
+    from kvemu.options.router_flags import routing_settings
     from kvemu.options.serving import serving_settings
     from replica.settings import ReplicaSettings
     from router.settings import RouterSettings
-    from router.strategies import RoutingSettings, get_strategy
-    from shared.overrides import apply_overrides, parse_pairs
+    from router.strategies import get_strategy
 
     # Everything a child would reject, rejected here in one line before any process starts.
     check_scheduler_flags(a)
@@ -374,7 +374,7 @@ def validate(a) -> None:
     tiers = tier_settings(a, CostModel.from_names(a.model, a.gpu), matching.block_size)  # the replicas' tier flags, checked here
     prefix_caching_setting(a, tiers, a.backend)  # as each replica checks it
     get_strategy(a.routing)
-    apply_overrides(RoutingSettings(block_size=matching.block_size), parse_pairs(a.set))
+    routing_settings(matching.block_size, a.set)
     wanted = [("--port", a.port)] if getattr(a, "port", 0) else []
     if a.replica_base_port:
         wanted += [("--replica-base-port", a.replica_base_port + i) for i in range(a.replicas)]

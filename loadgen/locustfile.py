@@ -55,6 +55,7 @@ import random
 import sys
 import time
 import uuid
+from dataclasses import dataclass, field
 from typing import Any
 
 try:
@@ -224,6 +225,17 @@ def catalog(kind: str, overrides_text: str, seed: int) -> Catalog:
 # ---------------------------------------------------------------- users
 
 
+@dataclass(slots=True)
+class _Stream:
+    """What one streamed request's reading has seen so far (kept where it fails halfway)."""
+
+    t0: float  # perf_counter at the send
+    ttft_ms: float | None = None
+    done_at: float | None = None  # perf_counter at data: [DONE]
+    nbytes: int = 0
+    reply: list[str] = field(default_factory=list)
+
+
 class KvemuUser(HttpUser):
     """Shared plumbing: options, random streams, one streamed chat request."""
 
@@ -271,10 +283,7 @@ class KvemuUser(HttpUser):
         headers = {"X-Session-Id": session, "Accept": "text/event-stream"}
         name = self.kind
         self._sent_at = time.monotonic()
-        t0 = time.perf_counter()
-        ttft_ms = done_at = None
-        reply: list[str] = []
-        nbytes = 0
+        read = _Stream(time.perf_counter())
         error = None
         with self.client.post("/v1/chat/completions", json=body, headers=headers, stream=True, name=name,
                               catch_response=True, timeout=self.timeout) as resp:
@@ -285,49 +294,50 @@ class KvemuUser(HttpUser):
                 elif resp.status_code != 200:
                     error = f"HTTP {resp.status_code}: {(resp.text or '')[:200]}"
                 else:
-                    buf = b""
-                    deadline = t0 + self.timeout
-                    for chunk in resp.iter_content(chunk_size=None):
-                        nbytes += len(chunk)
-                        if done_at is not None:
-                            continue  # read the rest (the chunked end) so the connection is reused
-                        if time.perf_counter() > deadline:
-                            error = self._timed_out()
-                            break  # closing the response drops the connection: the replica aborts the request
-                        buf = (buf + chunk).replace(b"\r\n", b"\n")
-                        while b"\n\n" in buf:
-                            event, buf = buf.split(b"\n\n", 1)
-                            data = _sse_data(event)
-                            if data is None:
-                                continue
-                            if ttft_ms is None:
-                                ttft_ms = (time.perf_counter() - t0) * 1000.0
-                            if data == "[DONE]":
-                                done_at = time.perf_counter()
-                                break
-                            error = _collect(data, reply)
-                            if error:
-                                break
-                        if error:
-                            break  # stop reading; closing the response drops the connection
-                    if done_at is None and not error:
-                        error = "stream ended without data: [DONE]"
+                    error = self._read_stream(resp, read)
             except Exception as exc:  # noqa: BLE001 - a broken stream is a failed request
                 error = self._timed_out() if _is_timeout(exc) else f"{type(exc).__name__}: {exc}"
             finally:
                 if resp.raw is not None:
                     resp.close()
-            resp.request_meta["response_time"] = ((done_at or time.perf_counter()) - t0) * 1000.0
-            resp.request_meta["response_length"] = nbytes
+            resp.request_meta["response_time"] = ((read.done_at or time.perf_counter()) - read.t0) * 1000.0
+            resp.request_meta["response_length"] = read.nbytes
             if error:
                 resp.failure(error)
             else:
                 resp.success()
-        if ttft_ms is not None and not error:
+        if read.ttft_ms is not None and not error:
             # Its own row, kept out of the Aggregated row (which counts real HTTP requests only):
             # an entry's log() feeds that entry alone, and workers ship entries and totals apart.
-            self.environment.stats.get(name, "TTFT").log(ttft_ms, 0)
-        return None if error else "".join(reply)
+            self.environment.stats.get(name, "TTFT").log(read.ttft_ms, 0)
+        return None if error else "".join(read.reply)
+
+    def _read_stream(self, resp, read: _Stream) -> str | None:
+        """Read a 200 response's server-sent events into ``read`` (first-token time, the reply, bytes);
+        the failure, or None once ``data: [DONE]`` came."""
+        buf = b""
+        deadline = read.t0 + self.timeout
+        for chunk in resp.iter_content(chunk_size=None):
+            read.nbytes += len(chunk)
+            if read.done_at is not None:
+                continue  # read the rest (the chunked end) so the connection is reused
+            if time.perf_counter() > deadline:
+                return self._timed_out()  # closing the response drops the connection: the replica aborts it
+            buf = (buf + chunk).replace(b"\r\n", b"\n")
+            while b"\n\n" in buf:
+                event, buf = buf.split(b"\n\n", 1)
+                data = _sse_data(event)
+                if data is None:
+                    continue
+                if read.ttft_ms is None:
+                    read.ttft_ms = (time.perf_counter() - read.t0) * 1000.0
+                if data == "[DONE]":
+                    read.done_at = time.perf_counter()
+                    break
+                error = _collect(data, read.reply)
+                if error:
+                    return error  # stop reading; closing the response drops the connection
+        return None if read.done_at is not None else "stream ended without data: [DONE]"
 
     def _timed_out(self) -> str:
         """The failure of a request still unfinished after the timeout: one message, one failures row."""

@@ -13,7 +13,6 @@ from kvemu.options.option import add_options, forward
 from kvemu.options.router_flags import ROUTER_OPTIONS, ROUTING_OPTIONS
 from kvemu.options.serving import SERVER_OPTIONS, add_server_args, token_line
 from shared.errors import InputError
-from shared.overrides import apply_overrides, parse_pairs
 
 MATCHING = (MATCHING_OPTION, PAGE_SIZE, BLOCK_SIZE)  # the router hashes prompts as its replicas do
 
@@ -34,12 +33,12 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def settings_from_args(args):
+    from kvemu.options.router_flags import routing_settings
     from kvemu.options.serving import serving_settings
     from router.settings import RouterSettings
-    from router.strategies import RoutingSettings
 
     matching = matching_setting(args)  # the replicas' hashing unit: a block, or a radix page
-    routing = apply_overrides(RoutingSettings(block_size=matching.block_size), parse_pairs(args.set))
+    routing = routing_settings(matching.block_size, args.set)  # the replicas' levels: host DRAM, SSD
     replicas = tuple(u.strip() for u in args.replicas.split(",") if u.strip())
     return RouterSettings(replicas=replicas, port=args.port, routing=args.routing, index=args.index,
                           cluster=args.cluster, block_size=matching.block_size, matching=matching.mode, routing_settings=routing,

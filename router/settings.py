@@ -70,4 +70,6 @@ class RouterSettings:
         return ClientLimits(self.client_max_in_flight, self.client_rate, self.client_burst)
 
     def strategy_settings(self) -> RoutingSettings:
+        """The strategies' settings: router/cmd.py builds them with each memory level's hit cost from the
+        level registry (kvemu.options.router_flags.routing_settings); without them, levels cost as misses."""
         return self.routing_settings or RoutingSettings(block_size=self.block_size)

@@ -25,6 +25,7 @@ from replica.core.cache.pool import BlockPool
 from replica.core.cache.types import Lookup
 from replica.core.compiled.pool import CompiledPool, compiles, hashes_fit, hashes_u64, prefix_matches
 from replica.core.sched.scheduler import SchedRequest, Scheduler, StepResult
+from replica.core.tiers.levels import level_hit_costs
 from replica.core.tiers.stack import TierStack
 from router.strategies import ReplicaState, RouteRequest, RoutingSettings, RoutingStep, strategy_spec
 from shared import compiled_modules
@@ -201,8 +202,9 @@ class Simulation:
         self.index = PoolIndex([r.replica_id for r in self.replicas], settings.capacity_blocks) \
             if indexed and self._kernels is None else None
         self._ids = [r.replica_id for r in self.replicas]
-        self.router = RoutingStep(spec, settings.routing_settings or RoutingSettings(block_size=trace.block_size),
-                                  settings.seed)
+        routing = settings.routing_settings or RoutingSettings(  # each level's hit cost: the level registry's
+            block_size=trace.block_size, level_hit_costs=level_hit_costs(settings.tiers.levels()))
+        self.router = RoutingStep(spec, routing, settings.seed)
         self.progress = progress
         self.e2e = LogHistogram()
         self.queue = LogHistogram()
@@ -414,10 +416,39 @@ class Simulation:
         reqs = [p["requests"] for p in per]
         mean_load = sum(reqs) / len(reqs) if reqs else 0
         return {
+            **self._setup_report(),
+            "requests": requests,
+            "served": self.served,
+            # vLLM's length rule: prompt plus output over max_model_len (or beyond the pool), never run
+            "refused": self.refused,
+            "max_model_len": max_model_len(self.s, self.cost, self.block_size),
+            "block_accesses": counts.block_accesses,
+            **counts.ratios(),
+            "holes": {"total": holes, "mean_per_request": ratio(holes, requests)},
+            "evictions": evictions,
+            **self._tier_report(counts),
+            **self._latencies(timed is not None),
+            **self._throughput(timed is not None, preemptions),
+            "load_imbalance": (max(reqs) / mean_load) if mean_load else 0.0,
+            "arrival_span_s": self.last_arrival - self.first_arrival,
+            "drain_s": max(self.last_finish - self.last_arrival, 0.0),
+            "saturated": self._saturated(per),
+            "routing_decisions": dict(sorted(self.router.decisions.items())),
+            "per_replica": per,
+            "wall_s": round(wall_s, 3),
+        }
+
+    def _setup_report(self) -> dict:
+        """What ran: the mode, the settings, the pool's capacity (in its own unit, blocks of
+        ``block_size`` tokens, pages under radix, and in tokens and bytes, which mean one memory in
+        every mode) and which engines served."""
+        return {
             "mode": "cache_only" if self.s.cache_only else "batching",
             "reuse": self.s.reuse_mode if self.s.reuse_mode != "sampled" else f"sampled (SHARDS, rate {self.s.shards_rate:g})",
             "policy": self.s.policy,
             "capacity_blocks": self.s.capacity_blocks,
+            "capacity_tokens": self.s.capacity_blocks * self.block_size,
+            "capacity_bytes": self.s.capacity_blocks * self.cost.block_bytes(self.block_size),
             "capacity_gib": round(self.cost.blocks_to_gib(self.s.capacity_blocks, self.block_size), 3),
             "replicas": self.s.replicas,
             "routing": self.s.routing,
@@ -440,27 +471,7 @@ class Simulation:
             "block_size": self.block_size,
             "model": self.cost.model.name,
             "gpu": self.cost.gpu.name,
-            "requests": requests,
-            "served": self.served,
-            # vLLM's length rule: prompt plus output over max_model_len (or beyond the pool), never run
-            "refused": self.refused,
-            "max_model_len": max_model_len(self.s, self.cost, self.block_size),
-            "block_accesses": counts.block_accesses,
-            **counts.ratios(),
-            "holes": {"total": holes, "mean_per_request": ratio(holes, requests)},
-            "evictions": evictions,
-            **self._tier_report(counts),
-            **self._latencies(timed is not None),
-            **self._throughput(timed is not None, preemptions),
-            "load_imbalance": (max(reqs) / mean_load) if mean_load else 0.0,
-            "arrival_span_s": self.last_arrival - self.first_arrival,
-            "drain_s": max(self.last_finish - self.last_arrival, 0.0),
-            "saturated": self._saturated(per),
-            "routing_decisions": dict(sorted(self.router.decisions.items())),
-            "per_replica": per,
-            "wall_s": round(wall_s, 3),
         }
-
 
     def _tier_report(self, counts: CacheCounts) -> dict:
         """Per-level hit ratios over block accesses (without tiers, HBM's is the block hit ratio),

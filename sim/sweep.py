@@ -81,6 +81,10 @@ LATER_NESTED_DEFAULTS = {("tiers", "deeper"): (), ("routing_settings", "deeper_h
 
 def settings_dict(s: SimSettings) -> dict:
     out = dataclasses.asdict(s)
+    routing = out.get("routing_settings")
+    if isinstance(routing, dict) and "level_hit_costs" in routing:  # as they were named before the list
+        costs = tuple(routing.pop("level_hit_costs")) + (1.0, 1.0)  # was generic: ids of old points hold
+        routing.update(host_hit_cost=costs[0], ssd_hit_cost=costs[1], deeper_hit_costs=costs[2:-2])
     for name, default in LATER_DEFAULTS.items():
         if out.get(name) == default:
             del out[name]

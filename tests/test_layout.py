@@ -144,3 +144,19 @@ def test_nothing_refers_to_a_folder_beside_the_repository():
         if "../shared" in text:
             hits.append(f)
     assert hits == [] or hits == ["tests/test_layout.py"]
+
+
+MAX_FUNCTION_LINES = 60
+
+
+def test_no_production_function_is_longer_than_60_lines():
+    """The founders' rule (functions under ~60 lines), over every package's functions and methods,
+    nested ones too: a function's lines from its ``def`` to its last, docstring and comments in."""
+    long = []
+    for name, path in sorted(modules().items()):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{name}:{node.lineno} {node.name} ({lines} lines)")
+    assert long == [], "split where a reader would: " + "; ".join(long)

@@ -4,16 +4,23 @@ and `kvemu up`. Their defaults are ``RouterSettings``'s own, read from the datac
 
 from __future__ import annotations
 
-from dataclasses import fields
+from collections.abc import Iterable, Sequence
+from dataclasses import fields, replace
 
 from kvemu.options.option import Option
+from replica.core.tiers.levels import LevelSettings, level_hit_costs
+from replica.core.tiers.stack import TierSettings
 from router.settings import RouterSettings
-from router.strategies import SPECS
+from router.strategies import SPECS, RoutingSettings
+from shared.errors import InputError
+from shared.overrides import apply_overrides, parse_pairs
+from shared.validate import check_probability
 
 _ROUTER = {f.name: f.default for f in fields(RouterSettings)}
 ROUTING = Option("--routing", _ROUTER["routing"], help=f"routing strategy: {', '.join(SPECS)} (default {_ROUTER['routing']})")
 SET = Option("--set", (), metavar="NAME=VALUE", repeat=True,
-             help="routing setting, e.g. bounded_load_factor=1.25, balance_abs_threshold=64 (once per setting)")
+             help="routing setting, e.g. bounded_load_factor=1.25, balance_abs_threshold=64, ssd_hit_cost=0.3 (a memory"
+                  " level's by its name: host_hit_cost, ssd_hit_cost; once per setting)")
 ROUTING_OPTIONS = (ROUTING, SET)
 ROUTER_OPTIONS = (
     Option("--health-interval", _ROUTER["health_interval_s"], type=float, help="seconds between replica health checks"),
@@ -27,3 +34,31 @@ ROUTER_OPTIONS = (
            help="requests one client may send at once under --client-rate (default: the rate rounded up)"),
 )
 
+
+
+def routing_settings(block_size: int, pairs: Iterable[str] | None,
+                     levels: Sequence[LevelSettings] | None = None) -> RoutingSettings:
+    """``--set`` (router, up) or ``--routing-set`` (sim, sweep) pairs onto the strategies' settings, for
+    prompts hashed in ``block_size`` tokens. Each memory level's hit cost starts at its kind's in the
+    level registry (``replica.core.tiers.levels``), for ``levels`` (default: the ones the tier flags
+    make, host DRAM then SSD; the router does not know which its replicas have), by index: the
+    strategies know levels only by index. ``<level name>_hit_cost=C`` sets one level's
+    (``host_hit_cost``, ``ssd_hit_cost``, the names they had as fields), ``deeper_hit_costs=C3,C4,...``
+    those below SSD, ``level_hit_costs=C1,C2,...`` the whole list."""
+    levels = TierSettings().levels() if levels is None else tuple(levels)
+    by_name = {f"{level.kind}_hit_cost": k for k, level in reversed(list(enumerate(levels)))}  # the first of a kind
+    given = parse_pairs(pairs)
+    named = {name: given.pop(name) for name in list(given) if name in by_name or name == "deeper_hit_costs"}
+    settings = apply_overrides(RoutingSettings(block_size=block_size, level_hit_costs=level_hit_costs(levels)), given)
+    costs = list(settings.level_hit_costs)
+    for name, raw in named.items():
+        at, values = (2, raw.split(",")) if name == "deeper_hit_costs" else (by_name[name], [raw])
+        for k, text in enumerate(values, at):
+            try:
+                cost = float(text)
+            except ValueError:
+                raise InputError(name, f"expected a fraction of a recompute from 0 to 1, got {text!r}") from None
+            check_probability(name, cost)
+            costs += [1.0] * (k + 1 - len(costs))  # a level not listed costs as a miss
+            costs[k] = cost
+    return replace(settings, level_hit_costs=tuple(costs))

@@ -104,19 +104,14 @@ class RoutingSettings:
     virtual_nodes: int = 100
     # Bound on remembered session -> replica assignments (LRU beyond it).
     max_sessions: int = 100_000
-    # A prefix block a replica holds in a memory level below HBM costs this fraction of computing
-    # it (its fetch time over its recompute time; 0 = free like an HBM hit, 1 = as a miss): level 1
-    # (host DRAM), level 2 (SSD), then ``deeper_hit_costs`` for levels 3 on (a level beyond them
-    # costs as a miss). The overlap map reports such blocks under "<replica id>#<level>"
-    # (shared.index.base.level_key).
-    host_hit_cost: float = 0.1
-    ssd_hit_cost: float = 0.5
-    deeper_hit_costs: tuple[float, ...] = ()
-
-    @property
-    def level_hit_costs(self) -> tuple[float, ...]:
-        """The hit cost of each level below HBM, level 1 first."""
-        return (self.host_hit_cost, self.ssd_hit_cost, *self.deeper_hit_costs)
+    # A prefix block a replica holds in memory level k below HBM (1 host DRAM, 2 SSD, ...) costs
+    # level_hit_costs[k - 1] of computing it (its fetch time over its recompute time; 0 = free like an
+    # HBM hit, 1 = as a miss); a level beyond the list costs as a miss. The overlap map reports such
+    # blocks under "<replica id>#<level>" (shared.index.base.level_key). The values are the level
+    # registry's (replica.core.tiers.levels: each kind's hit_cost), which the strategies do not import:
+    # every command builds these settings with kvemu.options.router_flags.routing_settings, the
+    # simulator from its own level list; () here (nothing known of the levels) prices them as misses.
+    level_hit_costs: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         check_positive_int("block_size", self.block_size)
@@ -128,10 +123,8 @@ class RoutingSettings:
         check_number("bounded_load_factor", self.bounded_load_factor, 1.0)
         check_int("virtual_nodes", self.virtual_nodes, 1, 10_000)
         check_positive_int("max_sessions", self.max_sessions)
-        check_probability("host_hit_cost", self.host_hit_cost)
-        check_probability("ssd_hit_cost", self.ssd_hit_cost)
-        for k, cost in enumerate(self.deeper_hit_costs, 3):
-            check_probability(f"deeper_hit_costs[level {k}]", cost)
+        for k, cost in enumerate(self.level_hit_costs, 1):
+            check_probability(f"level_hit_costs[level {k}]", cost)
 
 
 @dataclass(slots=True)

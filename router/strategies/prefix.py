@@ -9,8 +9,8 @@ Cost of sending the request to healthy replica r, in **blocks of prefill work**:
 ``lower[r][k]`` (the overlap map's ``"<id>#<k>"`` entries, present only for replicas with
 memory levels below HBM) counts the prompt's blocks after the HBM prefix that r can restore
 from level k (1 host DRAM, 2 SSD, ...): such a hit is priced by its fetch time, not as free.
-``hit_cost`` is ``RoutingSettings.level_hit_costs`` (``host_hit_cost``, ``ssd_hit_cost``, then
-``deeper_hit_costs``).
+``hit_cost`` is ``RoutingSettings.level_hit_costs``, by level index (the level registry's costs,
+``replica.core.tiers.levels``, unless ``--set <level>_hit_cost=C`` says otherwise).
     load(r) = in_flight_weight * in_flight(r) + queued_tokens(r) / block_size
 
 Read it as a rough time-to-first-token on r: the prefill work already queued ahead of
@@ -109,10 +109,12 @@ def cache_aware(
     if is_imbalanced(hi, lo, settings):
         pick = least_loaded_pick(replicas, rng)
         return RouteDecision(pick.replica_id, "imbalance_guard", cached_blocks(overlap, pick.replica_id, nb))
-    if max_ov == 0:
-        reason = "cache_miss_balance"
-    elif best_ov == max_ov:
-        reason = "cache_hit"
-    else:
-        reason = "load_over_cache"
-    return RouteDecision(best.replica_id, reason, best_ov)
+    return RouteDecision(best.replica_id, _reason(best_ov, max_ov), best_ov)
+
+
+def _reason(chosen_overlap: int, longest_overlap: int) -> str:
+    """Why the cheapest replica won: no replica held any prefix, it held the longest, or its load
+    outweighed a longer prefix elsewhere."""
+    if longest_overlap == 0:
+        return "cache_miss_balance"
+    return "cache_hit" if chosen_overlap == longest_overlap else "load_over_cache"

@@ -334,3 +334,33 @@ def test_up_puts_neither_token_on_a_childs_command_line_but_in_its_environment(t
     cluster.start(child, str(tmp_path))
     assert child.proc is not None and child.proc.wait(30) == 0
     assert json.loads(out.read_text()) == {"KVEMU_CLUSTER_TOKEN": "cluster-secret-2", "KVEMU_ADMIN_TOKEN": "admin-secret-1"}
+
+
+def test_each_levels_routing_hit_cost_comes_from_the_level_registry_and_its_name_sets_it():
+    """The strategies know levels by index only; the costs start at each kind's in the registry
+    (host 0.1, SSD 0.5, a kind registered later its own), and `--set host_hit_cost=...` /
+    `ssd_hit_cost=...` (the fields' old names) still set them, by the level's name."""
+    from dataclasses import replace
+
+    from kvemu.options.router_flags import routing_settings
+    from replica.core.tiers.levels import HOST, LEVELS, SSD, LevelSettings
+    from replica.core.tiers.stack import TierSettings
+    from shared.errors import InputError
+
+    assert routing_settings(16, []).level_hit_costs == (HOST.hit_cost, SSD.hit_cost) == (0.1, 0.5)
+    set_both = routing_settings(16, ["ssd_hit_cost=0.3", "host_hit_cost=0.2", "overlap_weight=2"])
+    assert (set_both.level_hit_costs, set_both.overlap_weight) == ((0.2, 0.3), 2.0)
+    assert routing_settings(16, ["deeper_hit_costs=0.7,0.9"]).level_hit_costs == (0.1, 0.5, 0.7, 0.9)
+    assert routing_settings(16, ["level_hit_costs=0.4"]).level_hit_costs == (0.4,)
+    LEVELS["cxl"] = replace(SSD, name="cxl", hit_cost=0.25)  # a third kind, registered in the test alone
+    try:
+        levels = TierSettings(deeper=(LevelSettings("cxl", blocks=4),)).levels()
+        assert routing_settings(16, [], levels).level_hit_costs == (0.1, 0.5, 0.25)
+        assert routing_settings(16, ["cxl_hit_cost=0.75"], levels).level_hit_costs == (0.1, 0.5, 0.75)
+    finally:
+        del LEVELS["cxl"]
+    for pair, field in (("ssd_hit_cost=1.5", "ssd_hit_cost"), ("host_hit_cost=x", "host_hit_cost"),
+                        ("nvme_hit_cost=0.1", "nvme_hit_cost")):
+        with pytest.raises(InputError) as err:
+            routing_settings(16, [pair])
+        assert err.value.field == field

@@ -389,9 +389,20 @@ def test_cache_aware_prices_a_host_or_ssd_hit_by_its_fetch_cost(host_cost, ssd_c
     # c: 1 in HBM + 9 on SSD -> 9 - 9 * (1 - ssd_cost).
     reps = replicas(("a", 0), ("b", 0), ("c", 0))
     overlap = {"a": 4, "b": 2, "b#1": 6, "c": 1, "c#2": 9}
-    settings = RoutingSettings(host_hit_cost=host_cost, ssd_hit_cost=ssd_cost)
+    settings = RoutingSettings(level_hit_costs=(host_cost, ssd_cost))  # levels 1 and 2, by index
     # costs, in blocks: (0.1, 0.5): a 6, b 2.6, c 4.5; (1.0, 1.0): a 6, b 8, c 9; (0.1, 0.0): c 0
     d = route("cache_aware", reps, RouteRequest(num_blocks=10), overlap, settings)
     expected = {"a": 6.0, "b": 8 - 6 * (1 - host_cost), "c": 9 - 9 * (1 - ssd_cost)}
     assert d.replica_id == min(expected, key=expected.get) == winner
     assert d.predicted_cached_blocks == overlap[winner]  # HBM blocks only: the others are fetched
+
+
+def test_a_level_beyond_the_hit_cost_list_costs_as_a_miss():
+    # 10 blocks. a: 4 in HBM -> 6. b: 9 in level 3 -> 10 - 9 * (1 - cost): listed at 0.1, 1.9 (b wins);
+    # beyond a list of two, a miss (10: a wins)
+    reps = replicas(("a", 0), ("b", 0))
+    overlap = {"a": 4, "b#3": 9}
+    listed = RoutingSettings(level_hit_costs=(0.1, 0.5, 0.1))
+    assert route("cache_aware", reps, RouteRequest(num_blocks=10), overlap, listed).replica_id == "b"
+    assert route("cache_aware", reps, RouteRequest(num_blocks=10), overlap,
+                 RoutingSettings(level_hit_costs=(0.1, 0.5))).replica_id == "a"

@@ -17,12 +17,14 @@ Its name is the level's label in metrics (``tier="host"``), in ``/stats`` and ``
 JSON (``host_block_hit_ratio``), in the torch backend's copies and as its link's name; on the
 wire and in the index a level is its index, so shared/ and router/ know no names.
 
-Adding a kind of level: a module defining its ``LevelKind``, one entry in ``LEVELS`` and its
-tests; configure it with ``TierSettings(deeper=(LevelSettings("name", blocks=...),))``.
+Adding a kind of level: a module defining its ``LevelKind`` (with the routing hit cost of its
+blocks), one entry in ``LEVELS`` and its tests; configure it with
+``TierSettings(deeper=(LevelSettings("name", blocks=...),))``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from shared.errors import InputError
@@ -42,10 +44,14 @@ class LevelKind:
     write_gbps: float
     host_memory: bool = False  # host DRAM: its link is the device link, reads are not staged
     in_file: bool = False  # the torch backend keeps its blocks in a memory-mapped file
+    # What cache_aware routing charges for a prefix block a replica holds in this level, as a fraction
+    # of computing it (its fetch over its recompute; 0: free like an HBM hit, 1: as a miss), unless
+    # `--set <name>_hit_cost=C` says otherwise (RoutingSettings.level_hit_costs, by level index)
+    hit_cost: float = 1.0
 
 
-HOST = LevelKind("host", read_gbps=55.5, write_gbps=55.5, host_memory=True)
-SSD = LevelKind("ssd", read_gbps=SSD_READ_GBPS, write_gbps=SSD_WRITE_GBPS, in_file=True)
+HOST = LevelKind("host", read_gbps=55.5, write_gbps=55.5, host_memory=True, hit_cost=0.1)
+SSD = LevelKind("ssd", read_gbps=SSD_READ_GBPS, write_gbps=SSD_WRITE_GBPS, in_file=True, hit_cost=0.5)
 
 # The kinds a TierSettings may name, by name.
 LEVELS: dict[str, LevelKind] = {"host": HOST, "ssd": SSD}
@@ -56,6 +62,11 @@ def level_kind(name: str) -> LevelKind:
     if kind is None:
         raise InputError("level", f"unknown memory level {name!r}; known: {', '.join(LEVELS)}")
     return kind
+
+
+def level_hit_costs(levels: Sequence[LevelSettings]) -> tuple[float, ...]:
+    """Routing's hit cost of each level of ``levels`` (level 1 first): its kind's."""
+    return tuple(level_kind(level.kind).hit_cost for level in levels)
 
 
 @dataclass(frozen=True, slots=True)
