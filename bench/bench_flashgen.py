@@ -50,11 +50,19 @@ GIB = 1024**3
 # the blocks stays free) and its step size, max_num_batched_tokens = max(max_model_len, 2048) by default
 # (2,048 tokens for OPT, 4,096 for Llama 2; today's vLLM: 8,192, kvemu's default).
 VLLM_V0 = "--watermark 0.01 --token-budget {budget}"
-TIERS = "--host-cache-gib {host} --ssd-cache-gib {ssd} --ssd-drives {drives}"
+# vLLM v0's steps (prefills or decodes, whole prompts, prefills first): the paper's baseline and Sched only
+# on it. The cached systems keep kvemu's mixed steps (their step budget counts a prompt before its cache
+# hits under v0, which a cached prompt would not use; replica/core/sched/v0_steps.py).
+V0_STEPS = "--step-rule v0"
+# Two 960 GB NVMe drives, striped. The paper names no model; a PCIe 4.0 datacenter drive of that size
+# reads about 6.5 GB/s and writes about 1.5 GB/s sequentially (Samsung PM9A3 960 GB's datasheet), at the
+# sizes FlashGen moves (a block's KV: 0.8-13 MB, 64-320 KiB a layer), not kvemu's 7 / 5 GB/s default.
+DRIVE = "--ssd-read-gbps 6.5 --ssd-write-gbps 1.5"
+TIERS = "--host-cache-gib {host} --ssd-cache-gib {ssd} --ssd-drives {drives} " + DRIVE
 CONFIGS = {
-    "vllm_recompute": f"--prefix-caching off --scheduler fcfs {VLLM_V0}",
+    "vllm_recompute": f"--prefix-caching off --scheduler fcfs {VLLM_V0} {V0_STEPS}",
     "vllm": "--scheduler fcfs",
-    "sched_only": f"--prefix-caching off --scheduler reorder {VLLM_V0}",
+    "sched_only": f"--prefix-caching off --scheduler reorder {VLLM_V0} {V0_STEPS}",
     "cachedattn": f"{TIERS} --tier-mode exclusive --fetch always --no-hbm-caching --scheduler fcfs {VLLM_V0}",
     "flashgen_cache": f"{TIERS} --tier-mode inclusive --fetch auto --scheduler fcfs {VLLM_V0}",
     "flashgen": f"{TIERS} --tier-mode inclusive --fetch auto --scheduler reorder {VLLM_V0}",
@@ -67,8 +75,17 @@ ABLATIONS = {
     "flashgen_v1_steps": f"{TIERS} --tier-mode inclusive --fetch auto --scheduler reorder",  # no watermark, 8,192
     "cachedattn_ssd_only": ("--ssd-cache-gib {ssd} --ssd-drives {drives} --tier-mode exclusive --fetch always"
                             " --no-hbm-caching --scheduler fcfs " + VLLM_V0),  # "SSD-limited", as the paper has it
-    "sched_only_one_loan": f"--prefix-caching off --scheduler reorder --max-loans 1 {VLLM_V0}",
-    "vllm_recompute_nvlink": f"--prefix-caching off --scheduler fcfs {VLLM_V0} --gpu a100-80gb",
+    "sched_only_one_loan": f"--prefix-caching off --scheduler reorder --max-loans 1 {VLLM_V0} {V0_STEPS}",
+    # this round's I/O path, one difference at a time: the baseline on kvemu's mixed steps; the all-reduce
+    # priced apart from the host copies; kvemu's default drive (7 / 5 GB/s)
+    "vllm_recompute_v1_steps": f"--prefix-caching off --scheduler fcfs {VLLM_V0}",
+    "flashgen_separate_tp_link": f"{TIERS} --tier-mode inclusive --fetch auto --scheduler reorder {VLLM_V0}"
+                                 " --separate-tp-link",
+    "cachedattn_separate_tp_link": (f"{TIERS} --tier-mode exclusive --fetch always --no-hbm-caching --scheduler fcfs"
+                                    f" {VLLM_V0} --separate-tp-link"),
+    "flashgen_default_drive": (f"--host-cache-gib {{host}} --ssd-cache-gib {{ssd}} --ssd-drives {{drives}}"
+                               f" --tier-mode inclusive --fetch auto --scheduler reorder {VLLM_V0}"),
+    "vllm_recompute_nvlink": f"--prefix-caching off --scheduler fcfs {VLLM_V0} {V0_STEPS} --gpu a100-80gb",
     "flashgen_nvlink": f"{TIERS} --tier-mode inclusive --fetch auto --scheduler reorder {VLLM_V0} --gpu a100-80gb",
 }
 # The paper's figures (throughput at equal latency, over vLLM; OPT-30B's P95 TTFT), for the side-by-side.
@@ -77,6 +94,7 @@ PAPER = {"flashgen_over_vllm": [1.55, 2.85], "flashgen_cache_over_cachedattn": [
          "opt_30b_p95_ttft_s": {"vllm_recompute": 16.9, "cachedattn": 7.8, "sched_only": 14.2, "flashgen": 1.3},
          "sharegpt": {"turns_median": 3, "turns_mean": 7, "prompt_over_new_mean": 99}}
 KEYS = ("requests", "served", "refused", "ttft_p50_s", "ttft_p95_s", "hbm_utilization", "hbm_utilization_queued",
+        "hbm_utilization_head_blocked",
         "mean_batch_size", "hbm_block_hit_ratio", "host_block_hit_ratio", "ssd_block_hit_ratio", "fetched_blocks",
         "recomputed_blocks", "preemptions", "throughput_rps", "saturated", "engine")
 
@@ -107,6 +125,7 @@ def run_point(config: str, flags: str, rate: float, seed: int, opts: dict) -> di
     window = opts["duration"]
     out = {k: run.get(k) for k in KEYS}
     out["hbm_util_queued"] = out.pop("hbm_utilization_queued")  # HBM held by running requests while some wait
+    out["hbm_util_head_blocked"] = out.pop("hbm_utilization_head_blocked")  # ... while the head waits for memory
     out.update(session_rate=rate, rps=round(sum(r.t < window for r in trace.requests) / window, 4))
     out["meets"] = (not run["saturated"] and run["ttft_p95_s"] is not None and run["ttft_p95_s"] <= opts["slo"])
     return out
@@ -164,7 +183,7 @@ def summarize(name: str, chains: list[dict], common: list[dict]) -> dict:
     doc = {"sustainable_rps": round(statistics.fmean(rps), 3),
            "spread": {"min": min(rps), "max": max(rps), "stdev": round(statistics.pstdev(rps), 3)},
            "per_seed_rps": rps, "sustainable_session_rate": [b["session_rate"] if b else 0.0 for b in best]}
-    doc.update({k: mean_of(found, k) for k in ("ttft_p95_s", "hbm_utilization", "hbm_util_queued",
+    doc.update({k: mean_of(found, k) for k in ("ttft_p95_s", "hbm_utilization", "hbm_util_queued", "hbm_util_head_blocked",
                                                 "mean_batch_size", "hbm_block_hit_ratio", "host_block_hit_ratio",
                                                 "ssd_block_hit_ratio", "preemptions", "refused", "requests")})
     doc["engine"] = found[0]["engine"] if found else None
@@ -245,7 +264,8 @@ def main(argv=None) -> int:
     p.add_argument("--start-rate", type=float, default=0.1, help="first session rate tried (sessions/s)")
     p.add_argument("--max-rate", type=float, default=12.8, help="highest session rate tried")
     p.add_argument("--steps", type=int, default=5, help="bisection steps after the doubling")
-    p.add_argument("--ablations", action="store_true", help="also FlashGen with one mechanism off at a time")
+    p.add_argument("--ablations", nargs="?", const="all", default="",
+                   help="also FlashGen with one mechanism off at a time: all, or a comma-separated list of names")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     p.add_argument("--json", default="-", help="write the document here ('-': stdout)")
     p.add_argument("--plot", default=None)
@@ -255,7 +275,11 @@ def main(argv=None) -> int:
             "utilization": a.gpu_memory_utilization, "duration": a.duration, "slo": a.slo,
             "window": a.max_context or cost.model.max_context, "start_rate": a.start_rate, "max_rate": a.max_rate,
             "steps": a.steps}
-    configs = {**CONFIGS, **(ABLATIONS if a.ablations else {})}
+    chosen = list(ABLATIONS) if a.ablations == "all" else [x for x in a.ablations.split(",") if x]
+    unknown = [x for x in chosen if x not in ABLATIONS]
+    if unknown:
+        p.error(f"--ablations: unknown {', '.join(unknown)}; known: {', '.join(ABLATIONS)}")
+    configs = {**CONFIGS, **{name: ABLATIONS[name] for name in chosen}}
     seeds = list(range(a.seeds))
     chains = parallel([(c, f, s, opts) for c, f in configs.items() for s in seeds], a.jobs, "bisect", sustainable)
     fg = [c["best"]["session_rate"] for c in chains if c["config"] == "flashgen" and c["best"]]

@@ -61,7 +61,8 @@ def without_sim_only(argv: list[str]) -> list[str]:
 @pytest.mark.parametrize("name", [*fg.CONFIGS, *fg.ABLATIONS])
 def test_each_configuration_builds_the_same_core_in_sim_and_up(name):
     flags = {**fg.CONFIGS, **fg.ABLATIONS}[name]
-    argv = fg.command_line(name, flags, 0.2, 0, OPTS)
+    opts = {**OPTS, "model": "opt-30b", "tp": 2} if "separate_tp_link" in name else OPTS  # an all-reduce over PCIe
+    argv = fg.command_line(name, flags, 0.2, 0, opts)
     sim, live = sim_core(argv), live_core(without_sim_only(argv))
     for f in fields(sim):
         if f.name not in LIVE_ONLY:
@@ -75,6 +76,8 @@ def test_the_configurations_are_the_papers_systems():
     assert (today.prefix_caching, today.scheduler, today.watermark, today.token_budget) == ("on", "fcfs", 0.0, 8192)
     assert today.response_kv == "keep" and not today.tiers.enabled
     assert cores["sched_only"].scheduler == "reorder" and cores["sched_only"].prefix_caching == "off"
+    # vLLM v0's steps for the paper's baseline and Sched only on it; today's vLLM and the cached systems mix
+    assert [cores[n].step_rule for n in fg.CONFIGS] == ["v0", "v1", "v0", "v1", "v1", "v1"]
     ca, fc, f = cores["cachedattn"].tiers, cores["flashgen_cache"].tiers, cores["flashgen"].tiers
     assert (ca.mode, ca.fetch, ca.hbm_caching) == ("exclusive", "always", False)
     assert (fc.mode, fc.fetch, fc.hbm_caching) == ("inclusive", "auto", True) and f == fc
@@ -83,7 +86,8 @@ def test_the_configurations_are_the_papers_systems():
     block = CostModel.from_names("opt-13b", "a100-80gb-pcie").block_bytes(16)
     assert block == 2 * 40 * 5120 * 2 * 16
     assert f.host_blocks == int(208.6 * 2**30 // block) and f.ssd_blocks == int(1788.1 * 2**30 // block)
-    assert (f.ssd_read_gbps, f.ssd_write_gbps, f.host_link_gbps) == (14.0, 10.0, 25.0)
+    # two drives of 6.5 GB/s read and 1.5 GB/s write each, striped
+    assert (f.ssd_read_gbps, f.ssd_write_gbps, f.host_link_gbps) == (13.0, 3.0, 25.0)
 
 
 def test_search_doubles_then_bisects_to_the_highest_rate_met(monkeypatch):
@@ -117,7 +121,7 @@ def test_tiny_run_writes_the_documented_json(tmp_path):
                 "host_block_hit_ratio", "ssd_block_hit_ratio", "at_common_rate"} <= set(c)
         assert c["spread"]["min"] <= c["sustainable_rps"] <= c["spread"]["max"] and len(c["per_seed_rps"]) == 2
     assert doc["workload"]["unlimited"]["turns_median"] == 3.0  # the chat preset: ShareGPT's median
-    assert doc["flags"]["vllm_recompute"] == "--prefix-caching off --scheduler fcfs --watermark 0.01 --token-budget 2048"
+    assert doc["flags"]["vllm_recompute"] == "--prefix-caching off --scheduler fcfs --watermark 0.01 --token-budget 2048 --step-rule v0"
     assert plot.stat().st_size > 10_000
 
 
