@@ -33,7 +33,7 @@ def old_model(cost: CostModel, n: int, c: int) -> float:
 def decode_forms(cost: CostModel) -> dict[str, CostModel | None]:
     """The decode step's forms side by side: before the last round (every resident weight read, the
     input embedding too, and no fixed cost), the last round's (the LM head, no input embedding, a
-    graph replay free), and the shipped preset (a graph replay's kernel gaps, 6 us a layer)."""
+    graph replay free), and the shipped preset (a graph replay's kernel gaps, 5.5 us a layer)."""
     last = cost.with_efficiency(replace(cost.efficiency, decode_overhead_s=0.0))
     return {"before_last_round": None, "last_round": last, "preset": cost}
 

@@ -56,7 +56,7 @@ GIB = 1024**3
 # A graph-replayed step's fixed cost, GRAPH_LAYER_S a layer, is not fitted (no graphed step was
 # measured here): see its definition.
 # vLLM's captured decode layer: 4 GEMMs, 2 add+RMSNorms, rotary, KV write, attention (2 with split-KV), SiLU-and-mul
-GRAPH_NODES_PER_LAYER = 12
+GRAPH_NODES_PER_LAYER = 11
 # The device-side gap between dependent kernels of a replayed graph: an estimate (sub-microsecond on
 # recent GPUs), not a measurement; `bench/bench_step_cost.py --device cuda --decode-sweep` measures it.
 GRAPH_NODE_S = 0.5e-6

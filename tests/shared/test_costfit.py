@@ -10,15 +10,15 @@ GPU_GRID = [(b, b * t) for b in (1, 8, 32, 128) for t in (1024, 8192)]
 
 def test_the_fit_cannot_tell_the_h200_weight_read_from_its_graph_replay_cost():
     """Steps priced by the shipped llama-3-8b preset on an H200 (weights + KV at 80% of HBM
-    bandwidth, 6 us a layer of graph replay) fit back exactly, with no per-sequence term; a dense
+    bandwidth, 5.5 us a layer of graph replay) fit back exactly, with no per-sequence term; a dense
     model reads the same weights every step, so the read takes the fixed cost in (docs/calibration.md)."""
     preset = CostModel.from_names("llama-3-8b", "h200")
     points = [DecodePoint(b, kv, preset.decode_step_time(b, kv)) for b, kv in GPU_GRID]
     start = preset.with_efficiency(Efficiency(memory=0.5, decode_overhead_s=1e-4))  # a wrong prior
     eff = fit(start, points)
-    # 32 layers and the LM head, 15.01 GB: 3.9096 ms at 0.80 x 4.8 TB/s, + 32 x 6 us = 4.1016 ms
+    # 32 layers and the LM head, 15.01 GB: 3.9087 ms at 0.80 x 4.8 TB/s, + 32 x 5.5 us = 4.0847 ms
     read = (32 * 218_103_808 + 128256 * 4096) * 2
-    assert eff.memory == pytest.approx(read / 4.8e12 / (read / (0.8 * 4.8e12) + 32 * 6e-6))  # 0.7625
+    assert eff.memory == pytest.approx(read / 4.8e12 / (read / (0.8 * 4.8e12) + 32 * 5.5e-6))  # 0.7655
     assert eff.decode_kv == pytest.approx(0.80)
     assert eff.decode_seq_s == pytest.approx(0.0, abs=1e-12) and eff.decode_overhead_s == pytest.approx(0.0, abs=1e-12)
     assert eff.decode_linear is None  # the products stay on the roofline's compute side
@@ -93,7 +93,7 @@ def test_decode_terms_beyond_the_roofline_hand_worked():
     assert m.kv_bytes_per_token == 131_072
     assert cm.decode_step_time(4, 8192) == pytest.approx(weights + kv + 4 * 32 * 1e-6 + 32 * 2e-6)
     # the preset's (None, 0) are the H200 form: weights and KV both at `memory`, and a graph
-    # replay's 12 kernel nodes at 0.5 us a layer
-    assert base.decode_step_time(4, 8192) == pytest.approx(weights + 8192 * 131_072 / (4.8e12 * 0.8) + 32 * 6e-6)
+    # replay's 11 kernel nodes at 0.5 us a layer
+    assert base.decode_step_time(4, 8192) == pytest.approx(weights + 8192 * 131_072 / (4.8e12 * 0.8) + 32 * 5.5e-6)
     with pytest.raises(ValueError, match="decode_kv"):
         Efficiency(decode_kv=0.0)
