@@ -27,7 +27,7 @@ from dataclasses import replace
 
 from kvemu.calibrate import GRIDS, describe_step, parse_mixed
 from shared.costfit import StepPoint, errors, fit
-from shared.costmodel import CostModel, GpuSpec, StepWork, get_model
+from shared.costmodel import CostModel, GpuSpec, StepWork, get_gpu, get_model
 from shared.progress import ProgressBar
 
 TEST_SHAPES = {  # --mixed syntax: held out of the fit
@@ -143,12 +143,14 @@ def decode_sweep_main(bench, spec, layers: int, kind: str, args) -> int:
     contexts = [int(c) for c in (args.contexts or ("128,512" if kind == "cpu" else "1024,8192")).split(",")]
     t0 = time.perf_counter()
     result = sweep(bench, batches, contexts)
-    preset = CostModel.from_names(spec.name, "h200") if kind == "cuda" else CostModel(spec, GpuSpec(
-        bench.device_name, bench.matmul_rate(), bench.memory_bandwidth(), bench.memory_bytes()))
-    at_layers = CostModel(replace(spec, layers=layers), preset.gpu, preset.efficiency)
+    # the shipped preset of this GPU where there is one (H200, H100, A100), else the measured rates
+    named = [g for g in ("h200", "h100", "a100") if g in bench.device_name.lower()]
+    gpu = get_gpu(named[0]) if named else GpuSpec(bench.device_name, bench.matmul_rate(), bench.memory_bandwidth(),
+                                                  bench.memory_bytes())
+    at_layers = CostModel(replace(spec, layers=layers), gpu)
     out = {"device": bench.device_name, "torch": torch.__version__, "method": f"{METHOD}; {METHOD_NOTE}",
            "model": spec.name, "layers": layers, "memory_bandwidth_Bps": round(bench.memory_bandwidth()),
-           **result, "preset_vs_decode": compare(at_layers, result), "wall_s": round(time.perf_counter() - t0, 1)}
+           "preset_gpu": gpu.name, **result, "preset_vs_decode": compare(at_layers, result), "wall_s": round(time.perf_counter() - t0, 1)}
     text = json.dumps(out, indent=1)
     if args.out:
         with open(args.out, "w") as fh:
