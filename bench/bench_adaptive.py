@@ -37,6 +37,7 @@ from typing import NamedTuple
 
 from loadgen.trace import Trace
 from loadgen.workloads import generate
+from replica.core.build import RESPONSE_KV
 from shared.errors import KvemuError
 from shared.progress import ProgressBar
 from sim.simulator import SimSettings, simulate
@@ -90,6 +91,7 @@ class Cell(NamedTuple):
     capacity: int
     interval: float
     hit_mode: str
+    response_kv: str  # keep (every command's default) or drop
 
 
 def mix_key(mix: Mix) -> str:
@@ -125,12 +127,14 @@ def build_trace(spec: TraceSpec) -> Trace:
 
 def run_cell(cell: Cell) -> tuple[Cell, dict]:
     trace = build_trace(cell.trace)
-    policy, params = cell.policy, ()
+    policy = cell.policy
+    params: tuple[tuple[str, object], ...] = ()
     if policy in VARIANTS:
         policy, params = "adaptive", (("interval_s", cell.interval), *VARIANTS[cell.policy])
     t0 = time.perf_counter()
     out = simulate(trace, SimSettings(capacity_blocks=cell.capacity, policy=policy, policy_params=params,
-                                      cache_only=True, reuse="off", hit_mode=cell.hit_mode))
+                                      cache_only=True, reuse="off", hit_mode=cell.hit_mode,
+                                      response_kv=cell.response_kv))
     row = {"hit_ratio": round(out["block_hit_ratio"], 5), "refused": out["refused"],
            "wall_s": round(time.perf_counter() - t0, 3)}
     if policy == "adaptive":
@@ -141,14 +145,14 @@ def run_cell(cell: Cell) -> tuple[Cell, dict]:
     return cell, row
 
 
-def run_cells(cells: list[Cell], jobs: int) -> dict[tuple[str, str], dict[str, dict]]:
-    """Every cell, ``jobs`` at a time, with a progress line (ETA); results by (part, key)."""
-    out: dict[tuple[str, str], dict[str, dict]] = {}
+def run_cells(cells: list[Cell], jobs: int) -> dict[tuple[str, str, str], dict[str, dict]]:
+    """Every cell, ``jobs`` at a time, with a progress line (ETA); results by (response KV, part, key)."""
+    out: dict[tuple[str, str, str], dict[str, dict]] = {}
     bar = ProgressBar("bench_adaptive", len(cells), "runs")
 
     def done(cell: Cell, row: dict) -> None:
-        out.setdefault((cell.part, cell.key), {})[cell.policy] = row
-        bar.set_postfix(f"{cell.part} {cell.key} {cell.policy}")
+        out.setdefault((cell.response_kv, cell.part, cell.key), {})[cell.policy] = row
+        bar.set_postfix(f"{cell.response_kv} {cell.part} {cell.key} {cell.policy}")
         bar.update()
 
     if jobs <= 1:
@@ -271,12 +275,12 @@ def parse_mix(text: str) -> Mix:
     return (s, m, 1 - s - m)
 
 
-def plan(args, names: list[str], online: list[str]) -> list[Cell]:
+def plan(args, names: list[str], online: list[str], response_kv: str) -> list[Cell]:
     over = tuple(sorted({**WAKMAN_WORKLOAD, **dict(kv.split("=", 1) for kv in args.set)}.items()))
     parts = set(args.parts.split(","))
 
     def cells(part: str, key: str, spec: TraceSpec, policies: Iterable[str]) -> list[Cell]:
-        return [Cell(part, key, spec, p, args.capacity, args.interval, args.hit_mode) for p in policies]
+        return [Cell(part, key, spec, p, args.capacity, args.interval, args.hit_mode, response_kv) for p in policies]
 
     out: list[Cell] = []
     if "mixes" in parts:
@@ -314,6 +318,9 @@ def main(argv=None) -> int:
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help=f"mix preset overrides on top of {WAKMAN_WORKLOAD}")
     p.add_argument("--jobs", type=int, default=2, help="runs in parallel (processes)")
+    p.add_argument("--response-kv", default="both", choices=("both", *RESPONSE_KV),
+                   help="keep: cache each response's blocks (every command's default); drop: do not; both: run"
+                        " every part both ways (the default)")
     args = p.parse_args(argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     for v in variants:
@@ -321,25 +328,37 @@ def main(argv=None) -> int:
             raise SystemExit(f"error: --variants: unknown {v!r}; choose from {', '.join(VARIANTS)}")
     online = [*STATIC, *variants]
     names = online + ([] if args.no_belady else ["belady"])
+    modes = RESPONSE_KV if args.response_kv == "both" else (args.response_kv,)
     t0 = time.perf_counter()
     try:
-        results = run_cells(plan(args, names, online), args.jobs)
+        plans = [plan(args, names, online, m) for m in modes]  # interleaved: both modes of a trace back to back
+        results = run_cells([c for same in zip(*plans) for c in same], args.jobs)
     except KvemuError as e:  # e.g. a request longer than --capacity: one line, no traceback
         raise SystemExit(f"error: {e}") from None
     doc: dict = {"duration_s": args.duration, "capacity_blocks": args.capacity, "interval_s": args.interval,
                  "hit_mode": args.hit_mode, "seed": args.seed, "jobs": args.jobs,
                  "overrides": {**WAKMAN_WORKLOAD, **dict(kv.split("=", 1) for kv in args.set)},
-                 "variants": {v: dict(VARIANTS[v]) for v in variants}}
-    parts = args.parts.split(",")
-    if "mixes" in parts:
-        doc["mixes"] = report_mixes(results, args.mixes, names)
-    if "ablations" in parts:
-        doc["ablations"] = report_ablations(results, args.ablation_mixes, online[:3])
-    if "shift" in parts:
-        doc["shift"] = report_shift(results, online, args.duration, args.interval)
+                 "variants": {v: dict(VARIANTS[v]) for v in variants}, "response_kv": {}}
+    for mode in modes:
+        doc["response_kv"][mode] = report(args, {k[1:]: v for k, v in results.items() if k[0] == mode}, names, online)
     doc["wall_s"] = round(time.perf_counter() - t0, 1)
     print(json.dumps(doc, indent=1))
     return 0
+
+
+def report(args, results, names: list[str], online: list[str]) -> dict:
+    """Every part run, for one response-KV mode; with the mixes, the online policy of lowest mean regret."""
+    out: dict = {}
+    parts = args.parts.split(",")
+    if "mixes" in parts:
+        out["mixes"] = report_mixes(results, args.mixes, names)
+        summary = out["mixes"]["summary"]
+        out["lowest_mean_regret"] = min(online, key=lambda n: summary[n]["mean_regret_points"])
+    if "ablations" in parts:
+        out["ablations"] = report_ablations(results, args.ablation_mixes, online[:3])
+    if "shift" in parts:
+        out["shift"] = report_shift(results, online, args.duration, args.interval)
+    return out
 
 
 if __name__ == "__main__":

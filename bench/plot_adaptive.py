@@ -4,6 +4,9 @@ the markdown tables of every part the documents hold.
 
     .venv/bin/python bench/bench_adaptive.py --jobs 2 > adaptive.json
     .venv/bin/python bench/plot_adaptive.py adaptive.json --png docs/adaptive-regret.png
+
+The bench runs with response KV kept and dropped by default: one column of the figure, and one set of
+tables, per mode.
 """
 
 from __future__ import annotations
@@ -18,13 +21,18 @@ LABELS = {"lru": "LRU", "s3fifo": "S3-FIFO", "belady": "Belady (offline optimum)
           "adaptive_plain": "adaptive, WAKMan's rule", "adaptive_sampled": "adaptive, sampled shadows"}
 
 
-def plot(doc: dict, path: str) -> None:
-    part = doc["mixes"]
+def modes(doc: dict) -> dict[str, dict]:
+    """The parts per response-KV mode (``response_kv``: keep, drop); a document from before the bench ran
+    both ways holds its parts at its top level (response KV kept, the default it ran with)."""
+    if "response_kv" in doc:
+        return doc["response_kv"]
+    return {"keep": doc}
+
+
+def _panels(top, bottom, doc: dict, part: dict, mode: str) -> None:
     mixes = part["mixes"]
     names = list(part["summary"])
     online = [n for n in names if n != "belady"]
-    plt = pyplot()
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(12, 7.5), sharex=True)
     xs = range(len(mixes))
     for k, name in enumerate(names):
         style = "_" if name == "belady" else "o"
@@ -33,9 +41,10 @@ def plot(doc: dict, path: str) -> None:
         top.plot([x + shift for x in xs], [m["policies"][name]["hit_ratio"] for m in mixes], style, color=color, markersize=7 if
                  name != "belady" else 14, alpha=0.85, label=LABELS.get(name, name))
     top.set_ylabel("block hit ratio (prefix cache)")
-    top.set_title(f"Hit ratio per mix: {doc['duration_s'] / 60:g} min of traffic each, "
-                  f"{doc['capacity_blocks']:,} blocks, decision interval {doc['interval_s']:.0f} s")
-    top.legend(fontsize=8, ncol=3, loc="center right", framealpha=1)
+    top.set_title(f"Response KV {'kept' if mode == 'keep' else 'dropped'}: hit ratio per mix "
+                  f"({doc['duration_s'] / 60:g} min each, {doc['capacity_blocks']:,} blocks, interval {doc['interval_s']:.0f} s)",
+                  fontsize=10)
+    top.legend(fontsize=8, ncol=2, loc="lower left", framealpha=1)
     top.grid(axis="y", alpha=0.3)
     width = 0.8 / len(online)
     for k, name in enumerate(online):
@@ -48,11 +57,21 @@ def plot(doc: dict, path: str) -> None:
     bottom.set_xticklabels([f"{m['mix']['single']:.2f}/{m['mix']['multi']:.2f}/{m['mix']['agent']:.2f}\n"
                             f"{'S3' if m['winner'] == 's3fifo' else 'LRU'} +{m['static_gap_points']:.1f}"
                             for m in mixes], rotation=60, fontsize=7)
-    bottom.set_xlabel("mix: single / multi-turn / agentic session fractions; better static policy and its lead (points)")
+    bottom.set_xlabel("mix: single / multi-turn / agentic fractions; better static policy, its lead (points)", fontsize=9)
     bottom.set_ylabel("regret (points of hit ratio)")
-    bottom.set_title("Regret vs the better of LRU and S3-FIFO (lower is better)")
-    bottom.legend(fontsize=8, ncol=2)
+    bottom.set_title(f"Response KV {'kept' if mode == 'keep' else 'dropped'}: regret vs the better of LRU and S3-FIFO "
+                     "(lower is better)", fontsize=10)
+    bottom.legend(fontsize=8, ncol=1)
     bottom.grid(axis="y", alpha=0.3)
+
+
+def plot(doc: dict, path: str) -> None:
+    """Per mix, hit ratios above and regrets below; one column per response-KV mode the document holds."""
+    runs = {m: parts for m, parts in modes(doc).items() if "mixes" in parts}
+    plt = pyplot()
+    fig, axes = plt.subplots(2, len(runs), figsize=(9 * len(runs), 8), sharex="col", squeeze=False)
+    for col, (mode, parts) in enumerate(runs.items()):
+        _panels(axes[0][col], axes[1][col], doc, parts["mixes"], mode)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -62,7 +81,16 @@ def fmt_mix(m) -> str:
 
 
 def tables(doc: dict) -> str:
-    """Markdown tables of whatever parts the document holds (what docs/choosing-a-policy.md shows)."""
+    """Markdown tables of whatever parts the document holds, per response-KV mode (what
+    docs/choosing-a-policy.md shows)."""
+    out = []
+    for mode, parts in modes(doc).items():
+        out.append(f"### response KV {mode}\n")
+        out.append(mode_tables(parts))
+    return "\n".join(out)
+
+
+def mode_tables(doc: dict) -> str:
     out = []
     if "mixes" in doc:
         part = doc["mixes"]
@@ -114,8 +142,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--png", help="where to draw the per-mix figure (needs the mixes part)")
     args = p.parse_args(argv)
     doc: dict = {}
-    for path in args.json:
-        doc.update(json.load(open(path)))
+    for path in args.json:  # parts run apart: merged per mode
+        one = json.load(open(path))
+        for mode, parts in modes(one).items():
+            doc.setdefault("response_kv", {}).setdefault(mode, {}).update(parts)
+        doc.update({k: v for k, v in one.items() if k != "response_kv"})
     if args.png:
         plot(doc, args.png)
     print(tables(doc))

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from bench import bench_adaptive as ba
+from bench import plot_adaptive
 
 
 def test_wakman_mixes_are_twenty_distinct_from_pure_types_to_thirds():
@@ -39,25 +40,41 @@ def test_summary_median_recovered_only_where_statics_differ_by_more_than_a_point
     assert s["s3fifo"]["wall_s"] == 3
 
 
-def test_tiny_run_end_to_end(capsys):
-    assert ba.main(["--parts", "mixes,shift", "--mixes", "1,0,0", "--duration", "120", "--capacity", "9000",
+def test_tiny_run_end_to_end_both_ways(capsys):
+    assert ba.main(["--parts", "mixes,shift", "--mixes", "0,0,1", "--duration", "120", "--capacity", "9000",
                     "--interval", "40", "--jobs", "1", "--variants", "adaptive,adaptive_sampled"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    (row,) = doc["mixes"]["mixes"]
-    assert set(row["policies"]) == {"lru", "s3fifo", "adaptive", "adaptive_sampled", "belady"}
-    ada = row["policies"]["adaptive"]
-    assert ada["switches"] >= 0 and ada["shadow_blocks"] > row["policies"]["adaptive_sampled"]["shadow_blocks"] > 0
-    assert len(ada["running"]) == 2  # decisions at 40 s and 80 s of a 120 s trace
-    shift = doc["shift"]
-    assert [p["phase"] for p in shift["phases"]] == ["agent", "single", "multi"]
-    assert [p["starts_s"] for p in shift["phases"]] == [0, 120, 240]
-    assert len(shift["policies"]["adaptive"]["follows_within_two_intervals"]) == 3
+    assert list(doc["response_kv"]) == ["keep", "drop"]  # the default: response KV kept, then dropped
+    for parts in doc["response_kv"].values():
+        (row,) = parts["mixes"]["mixes"]
+        assert set(row["policies"]) == {"lru", "s3fifo", "adaptive", "adaptive_sampled", "belady"}
+        assert parts["lowest_mean_regret"] in ("lru", "s3fifo", "adaptive", "adaptive_sampled")  # online only
+        ada = row["policies"]["adaptive"]
+        assert ada["switches"] >= 0 and ada["shadow_blocks"] > row["policies"]["adaptive_sampled"]["shadow_blocks"] > 0
+        assert len(ada["running"]) == 2  # decisions at 40 s and 80 s of a 120 s trace
+        shift = parts["shift"]
+        assert [p["phase"] for p in shift["phases"]] == ["agent", "single", "multi"]
+        assert [p["starts_s"] for p in shift["phases"]] == [0, 120, 240]
+        assert len(shift["policies"]["adaptive"]["follows_within_two_intervals"]) == 3
+    keep, drop = (doc["response_kv"][m]["mixes"]["mixes"][0]["policies"]["lru"]["hit_ratio"] for m in ("keep", "drop"))
+    assert keep > drop  # kept responses are hit by the agents' next turns
+    text = plot_adaptive.tables(doc)  # the doc's tables: one set per mode
+    assert text.index("### response KV keep") < text.index("### response KV drop")
+    assert text.count("| **mean regret (points)** |") == 2
+
+
+def test_one_mode_on_request(capsys):
+    assert ba.main(["--parts", "mixes", "--mixes", "0,0,1", "--duration", "60", "--capacity", "9000", "--jobs", "1",
+                    "--variants", "", "--no-belady", "--response-kv", "drop"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert list(doc["response_kv"]) == ["drop"] and doc["response_kv"]["drop"]["lowest_mean_regret"] in ("lru", "s3fifo")
 
 
 def test_requests_longer_than_the_pool_are_refused_and_the_run_goes_on(capsys):
     """vLLM's length rule: at 10 blocks (160 tokens) requests that do not fit are refused, and counted."""
-    assert ba.main(["--parts", "mixes", "--mixes", "1,0,0", "--duration", "30", "--capacity", "10", "--jobs", "1"]) == 0
-    (row,) = json.loads(capsys.readouterr().out)["mixes"]["mixes"]
+    assert ba.main(["--parts", "mixes", "--mixes", "1,0,0", "--duration", "30", "--capacity", "10", "--jobs", "1",
+                    "--response-kv", "keep"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)["response_kv"]["keep"]["mixes"]["mixes"]
     assert all(p["refused"] > 0 and p["hit_ratio"] == 0.0 for p in row["policies"].values())
 
 

@@ -23,7 +23,7 @@ from types import MappingProxyType
 from replica.core.cache.costs import DepthCosts
 from replica.core.cache.metrics import PoolMetrics
 from replica.core.cache.policies.base import EvictionPolicy, hand_over
-from replica.core.cache.types import Access, Allocation, KvEvent, Lookup, PolicyContext
+from replica.core.cache.types import ACQUIRE, RELEASE, SERVE, STORE, Access, Allocation, KvEvent, Lookup, PolicyContext, PoolOp
 from shared.errors import InputError, KvemuError
 from shared.validate import check_positive_int
 
@@ -83,7 +83,7 @@ class BlockPool:
         # the metrics were configured; without one every block costs the same.
         costs = block_cost if block_cost is not None else DepthCosts()
         self.policy_context = PolicyContext(capacity_blocks, costs, MappingProxyType(self._refs),
-                                            MappingProxyType(self.resident))
+                                            MappingProxyType(self.resident), hit_mode=hit_mode)
         self.policy = policy
         policy.bind(self.policy_context)
         # Told of every eviction's victims (a lower memory tier demotes them); None: they are gone.
@@ -221,7 +221,10 @@ class BlockPool:
         self._insert(new_hashes, session, hold)
         self.private += extra
         alloc = self._allocation(hashes, touched, touched_hashes, new_idx, session)
-        self.policy.on_access(Access(hashes, touched, new_idx, now, session, lookup.next_use))
+        policy = self.policy
+        policy.on_access(Access(hashes, touched, new_idx, now, session, lookup.next_use))
+        if policy.observes_pool:
+            policy.on_pool_op(PoolOp(ACQUIRE if hold else SERVE, hashes, now, self.private, session))
         if lookup.record:  # a preempted request's re-admission is not another request for the hit ratios
             self.metrics.record_request(alloc, n, lookup.input_tokens, now)
         return alloc
@@ -284,6 +287,8 @@ class BlockPool:
                 deque(map(refs.__delitem__, freed), maxlen=0)
         if freed:
             self.policy.on_release(freed, now)
+        if self.policy.observes_pool:
+            self.policy.on_pool_op(PoolOp(RELEASE, hashes, now, self.private))
 
     def store(self, hashes: Sequence[int], session: str | None = None, now: float = 0.0) -> list[int]:
         """Cache blocks a request produced beyond its prompt (its response's KV, vLLM colocated).
@@ -297,14 +302,15 @@ class BlockPool:
         res = self.resident
         new = [h for h in dict.fromkeys(hashes) if h not in res]
         new = new[:max(self.room, 0)]  # pinned and private blocks stay; everything else may go
-        if not new:
-            return []
-        shortfall = len(new) - self.free
-        if shortfall > 0:
-            self._evict(shortfall)
-        self._insert(new, session)
-        self.policy.on_access(Access(new, [], list(range(len(new))), now, session, None))
-        self.release(Allocation(new, [], list(range(len(new))), [], session), now)
+        if new:
+            shortfall = len(new) - self.free
+            if shortfall > 0:
+                self._evict(shortfall)
+            self._insert(new, session)
+            self.policy.on_access(Access(new, [], list(range(len(new))), now, session, None))
+            self.release(Allocation(new, [], list(range(len(new))), [], session), now)
+        if self.policy.observes_pool:  # every block it was given: a shadow applies this rule to its own residency
+            self.policy.on_pool_op(PoolOp(STORE, hashes, now, self.private, session))
         return new
 
     def serve(self, lookup: Lookup) -> Allocation:

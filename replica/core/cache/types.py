@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from shared.index.base import IndexEvent as KvEvent  # the one event type: the pool emits what the index applies
 
@@ -75,6 +75,26 @@ class Access:
     next_use: Sequence[float] | None = None
 
 
+class PoolOp(NamedTuple):
+    """One call on the pool, as a policy with ``observes_pool`` hears it after the pool has run it: what
+    the adaptive policy's shadow caches replay through a pool of their own (``replica/core/analysis/shadow.py``).
+
+    ``kind``: ``SERVE`` (a lookup served alone, nothing held after it), ``ACQUIRE`` (a lookup whose blocks
+    stay pinned until its ``RELEASE``; both carry the same ``hashes`` object, ``Allocation.hashes``, which
+    pairs them), ``STORE`` (``BlockPool.store``: every response block it was given, resident or not).
+    ``private``: the unhashed blocks the pool holds after the call (decode KV), which no hashed block can use.
+    """
+
+    kind: int
+    hashes: Sequence[int]
+    now: float
+    private: int = 0
+    session: str | None = None
+
+
+SERVE, ACQUIRE, RELEASE, STORE = range(4)
+
+
 @dataclass(slots=True)
 class PolicyContext:
     """All a policy may read of its pool: no back-reference, nothing it could change.
@@ -93,6 +113,8 @@ class PolicyContext:
     # Oracles only: where the request being served sits in the order the cache sees accesses
     # (the unit of ``Access.next_use``); the simulator sets it.
     position: float = 0.0
+    # The pool's hit mode (``prefix`` or ``holes``): what a hit is, for a policy that counts them (adaptive's shadows).
+    hit_mode: str = "holes"
 
 
 class SchedulerPool(Protocol):
@@ -127,4 +149,5 @@ class ResponseStore(Protocol):
     def store(self, hashes: Sequence[int], session: str | None = None, now: float = 0.0) -> list[int]: ...
 
 
-__all__ = ["Access", "Allocation", "KvEvent", "Lookup", "PolicyContext", "ResponseStore", "SchedulerPool"]
+__all__ = ["ACQUIRE", "RELEASE", "SERVE", "STORE", "Access", "Allocation", "KvEvent", "Lookup", "PolicyContext",
+           "PoolOp", "ResponseStore", "SchedulerPool"]

@@ -1,11 +1,13 @@
 """Adaptive eviction (WAKMan, Workload Aware KVCache Manager): run the candidate that won the last interval's shadow replay.
 
 A delegating policy: it owns one inner policy instance (a candidate; LRU first, or the first
-candidate when LRU is not one) and forwards every hook to it. It records each interval's block
-accesses (``replica/core/analysis/shadow.py``); at the first access at or after the interval's end it
-replays them through one cold shadow cache per candidate, with capacity = the interval's mean
-evictable blocks (capacity - pinned), and runs the winner for the next interval. Time is
-``Access.now`` (trace seconds in the simulator, emulated seconds on a live replica).
+candidate when LRU is not one) and forwards every hook to it. It records each interval's calls on
+the pool (``observes_pool``: lookups, releases, and the response blocks a finished request stores;
+``replica/core/analysis/shadow.py``); at the first lookup at or after the interval's end it replays
+them through one cold shadow pool per candidate, which runs the same calls through the pool's own
+rules (responses stored, pins held as long, hits counted by the pool's hit mode), with capacity =
+the interval's mean ``capacity - private``, and runs the winner for the next interval. Time is the
+calls' ``now`` (trace seconds in the simulator, emulated seconds on a live replica).
 
 Rule: the winner is the candidate with the highest shadow hit ratio; the running policy is
 replaced only when the winner beats the running one's shadow ratio by more than ``margin``.
@@ -33,6 +35,7 @@ from collections.abc import Sequence
 
 from replica.core.analysis.shadow import ShadowRecorder, estimate
 from replica.core.cache.policies.base import Access, AgeOrdered, EvictionPolicy, PolicyContext, hand_over
+from replica.core.cache.types import RELEASE, STORE, PoolOp
 from shared.errors import InputError
 from shared.validate import check_number
 
@@ -68,6 +71,7 @@ def _candidates(value) -> list[str]:
 class AdaptivePolicy(EvictionPolicy):
     name = "adaptive"
     takes_pins = True  # forwarded to the running policy when it takes them
+    observes_pool = True  # the shadows replay the pool's calls
 
     def __init__(self, candidates="lru,s3fifo", interval_s: float = 900.0, margin: float = 0.01,
                  adapt_interval=False, estimator: str = "full", sample_rate: float = 0.1) -> None:
@@ -108,21 +112,19 @@ class AdaptivePolicy(EvictionPolicy):
 
     def on_access(self, acc: Access) -> None:
         self.inner.on_access(acc)
-        hashes = acc.hashes
         if self._tracking:
-            recency = self._recency
+            hashes, recency = acc.hashes, self._recency
             for i in acc.new_idx:
                 recency[hashes[i]] = None
-        ctx = self.ctx
-        pinned = ctx.pinned
-        if (not acc.touched_idx and len(hashes) == len(ctx.owners)
-                and any(h not in pinned for h in hashes)):
-            return  # BlockPool.set_policy handing the resident set over: not traffic
-        if self._start is None:
-            self._start = acc.now
-        elif acc.now >= self._start + self._interval:
-            self._decide(acc.now)  # on the interval before this access, which opens the next
-        self._recorder.record(hashes, ctx.capacity - len(pinned))
+
+    def on_pool_op(self, op: PoolOp) -> None:
+        # A hand-over (BlockPool.set_policy) reaches on_access only: it is no traffic, and not recorded.
+        if op.kind != RELEASE and op.kind != STORE:  # a lookup: it may open the next interval
+            if self._start is None:
+                self._start = op.now
+            elif op.now >= self._start + self._interval:
+                self._decide(op.now)  # on the interval before this lookup, which opens the next
+        self._recorder.record(op, self.ctx.capacity)
 
     def on_release(self, hashes: Sequence[int], now: float) -> None:
         self.inner.on_release(hashes, now)
@@ -155,7 +157,7 @@ class AdaptivePolicy(EvictionPolicy):
     def _decide(self, now: float) -> None:
         rec = self._recorder
         t0 = time.process_time()
-        cap, ratios = estimate(rec, self.candidates)
+        cap, ratios = estimate(rec, self.candidates, self.ctx.hit_mode)
         self.shadow_cpu_s += time.process_time() - t0
         self.shadow_blocks += rec.blocks
         best = max(self.candidates, key=lambda n: (ratios[n], n == self.current))

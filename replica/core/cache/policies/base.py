@@ -21,6 +21,9 @@ Contract with the pool:
   order until ``on_release`` returns it, as blocks leave vLLM's free queue while in use.
 * ``on_remove(h)`` when the pool drops a block for another reason (admin removal);
   ``clear()`` on a reset.
+* ``on_pool_op(op)``, only for a policy with ``observes_pool = True`` (adaptive): after each lookup
+  (``SERVE`` / ``ACQUIRE``), ``RELEASE`` and ``STORE`` the pool ran, the call itself (``PoolOp``), so a
+  shadow pool can run the same calls through the pool's own rules.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import ClassVar, Protocol, runtime_checkable
 
-from replica.core.cache.types import Access, PolicyContext
+from replica.core.cache.types import Access, PolicyContext, PoolOp
 from shared.errors import InputError
 
 __all__ = ["Access", "AgeOrdered", "EvictionPolicy", "PolicyContext", "hand_over"]
@@ -52,6 +55,8 @@ class EvictionPolicy(ABC):
     # True for policies that read ``ctx.pinned``: the pool then pins the blocks of a request served
     # alone too (``BlockPool.serve`` otherwise only keeps them out of that request's own evictions).
     reads_pins: ClassVar[bool] = False
+    # True for policies that hear every pool call (``on_pool_op``): the adaptive policy's shadow replay.
+    observes_pool: ClassVar[bool] = False
 
     def __init__(self, **params) -> None:
         if params:
@@ -71,6 +76,9 @@ class EvictionPolicy(ABC):
 
     def on_release(self, hashes: Sequence[int], now: float) -> None:
         """Default: ordering does not change when a request ends."""
+
+    def on_pool_op(self, op: PoolOp) -> None:
+        """A call the pool just ran (called only when ``observes_pool``)."""
 
     @abstractmethod
     def victims(self, need: int) -> list[int]: ...
