@@ -27,7 +27,8 @@ One prefill alone is this step with one chunk; a decode step, the step with no c
 forms fitted on measurements (docs/calibration.md) are the two ends of this one. The H200
 prefill points are all compute-bound (1,024 tokens and more) and no decode or mixed step has
 been measured on a GPU here. Vidur's A100 operator profiles show the corner between weight-bound
-and compute-bound softer than a ``max`` (128 tokens: up to 31% over it, bench/bench_costmodel_vidur.py);
+and compute-bound softer than a ``max`` (at 128 tokens the ``max`` is up to 31% under Vidur's time,
+bench/bench_costmodel_vidur.py);
 no H200 point measures it, so it stays the roofline's ``max``.
 
 The efficiencies are per model (``Efficiency``; a preset carries its own, a device profile
