@@ -28,8 +28,7 @@ forms fitted on measurements (docs/calibration.md) are the two ends of this one.
 prefill points are all compute-bound (1,024 tokens and more) and no decode or mixed step has
 been measured on a GPU here. Vidur's A100 operator profiles show the corner between weight-bound
 and compute-bound softer than a ``max`` (at 128 tokens the ``max`` is up to 31% under Vidur's time,
-bench/bench_costmodel_vidur.py);
-no H200 point measures it, so it stays the roofline's ``max``.
+bench/bench_costmodel_vidur.py); no H200 point measures it, so it stays the roofline's ``max``.
 
 The efficiencies are per model (``Efficiency``; a preset carries its own, a device profile
 from ``kvemu calibrate`` replaces them): what each preset was fitted on is its ``source``,
