@@ -7,17 +7,21 @@ shipped preset's (the step form with the dense H200 efficiencies; a prefill alon
 and a leave-one-out fit (each point predicted by a fit on the others: the honest figure
 for how the form carries to points it was not fitted on). Errors are predicted / measured - 1.
 
-    .venv/bin/python bench/bench_costmodel_fit.py
+    .venv/bin/python bench/bench_costmodel_fit.py [--decode SWEEP.json]
+
+``--decode``: a file of ``bench_step_cost.py --device cuda --decode-sweep``; its decode points
+take the place of the calibration file's (priced at the layers it ran).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 from dataclasses import replace
 from pathlib import Path
 
 from shared.costfit import PrefillPoint, errors, fit
-from shared.costmodel import CostModel
+from shared.costmodel import CostModel, GpuSpec, get_model
 
 DATA = Path(__file__).resolve().parent.parent / "docs" / "calibration" / "h200-llama-3-8b.json"
 
@@ -68,8 +72,16 @@ def decode_section(raw: dict, cost: CostModel) -> dict:
     return {"measured": "decode" in raw, "points": rows}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--decode", default=None, help="a decode sweep's JSON (bench_step_cost.py --decode-sweep)")
+    args = ap.parse_args(argv)
     raw = json.loads(DATA.read_text())
+    decode_raw, decode_cost = raw, None
+    if args.decode:  # the sweep's model at the layers it ran, on its GPU's preset
+        decode_raw = json.loads(Path(args.decode).read_text())
+        decode_cost = CostModel(replace(get_model(decode_raw["model"]), layers=decode_raw["layers"]),
+                                GpuSpec(**decode_raw["preset_gpu"]))
     points = [PrefillPoint(p["new_tokens"], p["cached_depth"], p["seconds"]) for p in raw["prefill"]]
     measured = [p.seconds for p in points]
     cost = CostModel.from_names(raw["model"], "h200")
@@ -93,7 +105,7 @@ def main() -> None:
         "fitted_efficiency": {"linear": round(e.linear, 4), "attention": round(e.attention, 4),
                               "kv_read": round(e.kv_read, 4),
                               "overhead_s": e.overhead_s},
-        "decode": decode_section(raw, cost),
+        "decode": decode_section(decode_raw, decode_cost or cost),
     }, indent=1))
 
 

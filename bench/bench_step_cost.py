@@ -150,7 +150,8 @@ def decode_sweep_main(bench, spec, layers: int, kind: str, args) -> int:
     at_layers = CostModel(replace(spec, layers=layers), gpu)
     out = {"device": bench.device_name, "torch": torch.__version__, "method": f"{METHOD}; {METHOD_NOTE}",
            "model": spec.name, "layers": layers, "memory_bandwidth_Bps": round(bench.memory_bandwidth()),
-           "preset_gpu": gpu.name, **result, "preset_vs_decode": compare(at_layers, result), "wall_s": round(time.perf_counter() - t0, 1)}
+           "preset_gpu": {k: getattr(gpu, k) for k in ("name", "peak_flops", "hbm_bandwidth", "memory_bytes")},
+           **result, "preset_vs_decode": compare(at_layers, result), "wall_s": round(time.perf_counter() - t0, 1)}
     text = json.dumps(out, indent=1)
     if args.out:
         with open(args.out, "w") as fh:

@@ -33,6 +33,13 @@ def test_the_decode_sweep_writes_the_calibration_format_on_the_cpu(monkeypatch, 
         assert p["seconds"] > 0
     for p in raw["preset_vs_decode"]:
         assert p["error"] == pytest.approx(p["model_s"] / p["seconds"] - 1, abs=1e-3)  # each rounded
+    # bench_costmodel_fit sets every decode form beside the sweep's points
+    load(monkeypatch, "bench_costmodel_fit").main(["--decode", str(out)])
+    decode = json.loads(capsys.readouterr().out)["decode"]
+    assert decode["measured"] and [p["seconds"] for p in decode["points"]] == [p["seconds"] for p in raw["decode"]]
+    for p in decode["points"]:
+        assert set(p) >= {"before_last_round_error", "last_round_error", "preset_error"}
+        assert p["preset_s"] > p["last_round_s"]  # the graph replay's fixed cost
 
 
 def test_each_layer_of_the_sweep_has_its_own_kv(monkeypatch):
