@@ -57,7 +57,7 @@ V0_STEPS = "--step-rule v0"
 # Two 960 GB NVMe drives, striped. The paper names no model; a PCIe 4.0 datacenter drive of that size
 # reads about 6.5 GB/s and writes about 1.5 GB/s sequentially (Samsung PM9A3 960 GB's datasheet), at the
 # sizes FlashGen moves (a block's KV: 0.8-13 MB, 64-320 KiB a layer), not kvemu's 7 / 5 GB/s default.
-DRIVE = "--ssd-read-gbps 6.5 --ssd-write-gbps 1.5"
+DRIVE = "--ssd-drive-read-gbps 6.5 --ssd-drive-write-gbps 1.5"
 TIERS = "--host-cache-gib {host} --ssd-cache-gib {ssd} --ssd-drives {drives} " + DRIVE
 CONFIGS = {
     "vllm_recompute": f"--prefix-caching off --scheduler fcfs {VLLM_V0} {V0_STEPS}",
@@ -126,6 +126,9 @@ def run_point(config: str, flags: str, rate: float, seed: int, opts: dict) -> di
     out = {k: run.get(k) for k in KEYS}
     out["hbm_util_queued"] = out.pop("hbm_utilization_queued")  # HBM held by running requests while some wait
     out["hbm_util_head_blocked"] = out.pop("hbm_utilization_head_blocked")  # ... while the head waits for memory
+    tiers = run.get("tiers") or {}
+    out["tier_recomputed"] = tiers.get("recomputed_from_tier_blocks", 0)  # fetch auto chose recompute
+    out["bytes_moved"] = tiers.get("bytes_moved", {})
     out.update(session_rate=rate, rps=round(sum(r.t < window for r in trace.requests) / window, 4))
     out["meets"] = (not run["saturated"] and run["ttft_p95_s"] is not None and run["ttft_p95_s"] <= opts["slo"])
     return out
@@ -185,7 +188,8 @@ def summarize(name: str, chains: list[dict], common: list[dict]) -> dict:
            "per_seed_rps": rps, "sustainable_session_rate": [b["session_rate"] if b else 0.0 for b in best]}
     doc.update({k: mean_of(found, k) for k in ("ttft_p95_s", "hbm_utilization", "hbm_util_queued", "hbm_util_head_blocked",
                                                 "mean_batch_size", "hbm_block_hit_ratio", "host_block_hit_ratio",
-                                                "ssd_block_hit_ratio", "preemptions", "refused", "requests")})
+                                                "ssd_block_hit_ratio", "preemptions", "refused", "requests",
+                                                "fetched_blocks", "tier_recomputed")})
     doc["engine"] = found[0]["engine"] if found else None
     at = [c["common"] for c in common if c["config"] == name]
     doc["at_common_rate"] = {k: mean_of(at, k) for k in ("rps", "ttft_p95_s", "hbm_utilization",

@@ -496,7 +496,9 @@ class Simulation:
         tiers.update({f"{lv.kind}_blocks": lv.blocks for lv in levels})
         tiers.update({f"{lv.kind}_policy": lv.policy for lv in levels})
         tiers.update({"host_link_gbps": s.host_link_gbps, "bytes_moved": moved,
-                      "demoted_blocks": sum(x.demoted for x in c), "dropped_blocks": sum(x.dropped for x in c)})
+                      "demoted_blocks": sum(x.demoted for x in c), "dropped_blocks": sum(x.dropped for x in c),
+                      # held by a lower level but recomputed: --fetch auto found the restore slower
+                      "recomputed_from_tier_blocks": sum(x.recomputed for x in c)})
         return {**out, "fetched_blocks": sum(hits[1:]), "recomputed_blocks": n - sum(hits), "tiers": tiers}
 
     def _latencies(self, timed: bool) -> dict[str, float | None]:

@@ -24,15 +24,16 @@ TIER_OPTIONS = (
     Option("--ssd-drives", 1, "NVMe drives the SSD tier is striped over: each adds its read and write bandwidth"
                               f" ({SSD_READ_GBPS:g} / {SSD_WRITE_GBPS:g} GB/s, one PCIe 4.0 drive; default 1)", int,
            metavar="N"),
-    Option("--ssd-read-gbps", SSD_READ_GBPS, f"one drive's read rate, GB/s (default {SSD_READ_GBPS:g})", float,
+    Option("--ssd-drive-read-gbps", SSD_READ_GBPS, f"one drive's read rate, GB/s (default {SSD_READ_GBPS:g})", float,
            metavar="GB/S"),
-    Option("--ssd-write-gbps", SSD_WRITE_GBPS, f"one drive's write rate, GB/s (default {SSD_WRITE_GBPS:g}); a drive's"
+    Option("--ssd-drive-write-gbps", SSD_WRITE_GBPS, f"one drive's write rate, GB/s (default {SSD_WRITE_GBPS:g}); a drive's"
                                                " writes share it with its reads", float, metavar="GB/S"),
     Option("--host-link-gbps", None, "host<->GPU bandwidth per direction (default: the GPU preset's)", float,
            metavar="GB/S"),
     Option("--separate-tp-link", False,
            "price a --tp all-reduce over PCIe apart from the host copies (default on a PCIe GPU such as"
-           " a100-80gb-pcie: the two share the link, as they share its lanes)", switch=True),
+           " a100-80gb-pcie: the two share the link, as they share its lanes; elsewhere the all-reduce has a"
+           " link of its own and this changes nothing)", switch=True),
     Option("--no-hbm-caching", False,
            "HBM keeps no KV between requests: each finished request moves down (CachedAttention)", switch=True),
 )
@@ -53,10 +54,10 @@ def tier_settings(args: argparse.Namespace, cost: CostModel, block_size: int) ->
     check_number("--host-cache-gib", args.host_cache_gib, minimum=0)
     check_number("--ssd-cache-gib", args.ssd_cache_gib, minimum=0)
     check_positive_int("--ssd-drives", args.ssd_drives)
-    check_number("--ssd-read-gbps", args.ssd_read_gbps, above=0)
-    check_number("--ssd-write-gbps", args.ssd_write_gbps, above=0)
+    check_number("--ssd-drive-read-gbps", args.ssd_drive_read_gbps, above=0)
+    check_number("--ssd-drive-write-gbps", args.ssd_drive_write_gbps, above=0)
     extra = {} if args.host_link_gbps is None else {"host_link_gbps": args.host_link_gbps}
-    extra.update(ssd_read_gbps=args.ssd_read_gbps * args.ssd_drives, ssd_write_gbps=args.ssd_write_gbps * args.ssd_drives)
+    extra.update(ssd_read_gbps=args.ssd_drive_read_gbps * args.ssd_drives, ssd_write_gbps=args.ssd_drive_write_gbps * args.ssd_drives)
     tiers = tiers_on(cost, block_size, args.host_cache_gib, args.ssd_cache_gib, host_policy=policies["host"],
                      ssd_policy=policies["ssd"], mode=args.tier_mode, fetch=args.fetch,
                      hbm_caching=not args.no_hbm_caching, shared_tp_link=not args.separate_tp_link, **extra)
@@ -73,14 +74,11 @@ def check_tier_flags(args: argparse.Namespace, tiers: TierSettings, cost: CostMo
         if gib > 0 and blocks == 0:
             raise InputError(flag, f"{gib:g} GiB holds 0 blocks of {block_size} tokens of this model's KV (one block is"
                                    f" {one * 1024:.3g} MiB): give at least {_round_up(one)} GiB, or 0 for no tier")
-    for flag, dest in (("--ssd-drives", "ssd_drives"), ("--ssd-read-gbps", "ssd_read_gbps"),
-                       ("--ssd-write-gbps", "ssd_write_gbps")):
+    for flag, dest in (("--ssd-drives", "ssd_drives"), ("--ssd-drive-read-gbps", "ssd_drive_read_gbps"),
+                       ("--ssd-drive-write-gbps", "ssd_drive_write_gbps")):
         default = next(o.default for o in TIER_OPTIONS if o.flag == flag)
         if getattr(args, dest) != default and tiers.ssd_blocks == 0:
             raise InputError(flag, "does nothing without an SSD tier: add --ssd-cache-gib, or drop it")
-    if args.separate_tp_link and not (cost.gpu.tp_over_host_link and cost.tp > 1):
-        raise InputError("--separate-tp-link", f"does nothing here: {cost.gpu.name} at --tp {cost.tp} has no"
-                                               " all-reduce over PCIe; drop it")
     if tiers.enabled:
         return
     given = {option.flag: getattr(args, option.dest) != option.default for option in TIER_OPTIONS}

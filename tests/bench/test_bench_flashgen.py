@@ -61,8 +61,7 @@ def without_sim_only(argv: list[str]) -> list[str]:
 @pytest.mark.parametrize("name", [*fg.CONFIGS, *fg.ABLATIONS])
 def test_each_configuration_builds_the_same_core_in_sim_and_up(name):
     flags = {**fg.CONFIGS, **fg.ABLATIONS}[name]
-    opts = {**OPTS, "model": "opt-30b", "tp": 2} if "separate_tp_link" in name else OPTS  # an all-reduce over PCIe
-    argv = fg.command_line(name, flags, 0.2, 0, opts)
+    argv = fg.command_line(name, flags, 0.2, 0, OPTS)
     sim, live = sim_core(argv), live_core(without_sim_only(argv))
     for f in fields(sim):
         if f.name not in LIVE_ONLY:

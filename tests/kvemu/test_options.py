@@ -152,7 +152,8 @@ def test_every_flag_up_shares_with_a_child_is_forwarded_from_its_record_or_turne
 # lines only: this machine may have no GPU.
 GROUPS = {
     "tiers": ("--host-cache-gib", "--ssd-cache-gib", "--tier-policy", "--tier-mode", "--fetch", "--ssd-drives",
-              "--host-link-gbps", "--no-hbm-caching", "--capacity-gib"),  # --prefix-caching off would hold nothing
+              "--host-link-gbps", "--no-hbm-caching", "--capacity-gib", "--ssd-drive-read-gbps", "--ssd-drive-write-gbps",
+              "--separate-tp-link"),  # --prefix-caching off would hold nothing
     "utilization": ("--gpu-memory-utilization",),
     "torch": ("--backend", "--device", "--layers"),
     "radix": ("--matching", "--page-size"),  # radix takes pages, not --block-size, and LRU only
@@ -274,21 +275,21 @@ def test_up_started_with_every_forwarded_flag_set_passes_each_to_its_children(gr
 
 TIER_FLAGS = ["--host-cache-gib", "2.5", "--ssd-cache-gib", "10.0", "--tier-policy", "host=s3fifo,ssd=lru",
               "--tier-mode", "inclusive", "--fetch", "always", "--host-link-gbps", "12.5", "--ssd-drives", "2",
-              "--no-hbm-caching"]
+              "--ssd-drive-read-gbps", "6.5", "--ssd-drive-write-gbps", "1.5", "--no-hbm-caching", "--separate-tp-link"]
 
 
 def test_up_hands_every_tier_flag_to_the_replicas_from_the_one_definition():
     from kvemu.up import replica_args
 
     a = up_args(["--capacity-blocks", "512", *TIER_FLAGS])
-    assert {o.dest for o in TIER_OPTIONS} == {f.removeprefix("--").replace("-", "_") for f in TIER_FLAGS[::2]} | {
-        "no_hbm_caching"}  # the test sets every tier flag
+    assert {o.dest for o in TIER_OPTIONS} == {f.removeprefix("--").replace("-", "_") for f in TIER_FLAGS[:-2:2]} | {
+        "no_hbm_caching", "separate_tp_link"}  # the test sets every tier flag (the two switches last)
     child = child_args(replica_args(0, 9000, a, None))[1]
     for option in TIER_OPTIONS:
         assert getattr(child, option.dest) == getattr(a, option.dest) != option.default, option.flag
     tiers = child_settings(replica_args(0, 9000, a, None)).tiers
     assert (tiers.mode, tiers.fetch, tiers.host_policy, tiers.hbm_caching) == ("inclusive", "always", "s3fifo", False)
-    assert (tiers.ssd_read_gbps, tiers.ssd_write_gbps) == (14.0, 10.0)  # two drives striped
+    assert (tiers.ssd_read_gbps, tiers.ssd_write_gbps) == (13.0, 3.0)  # two drives striped
 
 
 @pytest.mark.parametrize("command", ["sim", "sweep", "replica", "up"])
