@@ -12,6 +12,7 @@ import signal
 import sys
 import time
 
+from kvemu.options.limits import CAPACITY_OPTIONS
 from kvemu.up import add_cluster_args, bring_up, print_limit_lines, validate
 from loadgen.replay import Replayer, records_json, summarize
 from loadgen.replay_cmd import cluster_report, print_report, replica_stats
@@ -47,13 +48,15 @@ def demo_trace(a) -> Trace:
 def _capacity(a) -> str:
     if a.capacity_blocks:
         return f"{a.capacity_blocks} blocks"
+    if a.capacity_tokens:
+        return f"{a.capacity_tokens} tokens"
     if a.capacity_gib:
         return f"{a.capacity_gib} GiB"
     return f"--gpu-memory-utilization {a.gpu_memory_utilization:g}"
 
 
 def run(a) -> int:
-    if a.capacity_blocks is None and a.capacity_gib is None and a.gpu_memory_utilization is None:  # not a
+    if all(getattr(a, o.dest) is None for o in CAPACITY_OPTIONS):  # not a
         # parser default: --capacity-gib or --gpu-memory-utilization must win
         a.capacity_blocks = 8192  # the presets' 128K-token context cap
     if a.time_scale == 0.05 and a.speedup != 20.0:

@@ -24,7 +24,14 @@ from dataclasses import dataclass, field
 from kvemu.options.backend import BACKEND_OPTIONS
 from kvemu.options.index import CLUSTER
 from kvemu.options.kv_events import add_kv_events_arg, kv_events_argv, kv_events_setting
-from kvemu.options.limits import CAPACITY_BLOCKS, CAPACITY_OPTIONS, MAX_MODEL_LEN, length_warning
+from kvemu.options.limits import (
+    CAPACITY_BLOCKS,
+    CAPACITY_OPTIONS,
+    MAX_MODEL_LEN,
+    capacity_note,
+    length_warning,
+    replica_capacity,
+)
 from kvemu.options.matching import BLOCK_SIZE, HIT_MODE, MATCHING_OPTION, PAGE_SIZE, matching_setting
 from kvemu.options.option import add_options, forward
 from kvemu.options.prefix_caching import PREFIX_CACHING, prefix_caching_setting
@@ -336,7 +343,7 @@ def validate(a) -> None:
         raise InputError("--replicas", f"must be 1-64, got {a.replicas}")
     if not 1 <= a.routers <= 64:
         raise InputError("--routers", f"must be 1-64, got {a.routers}")
-    if a.capacity_blocks is None and a.capacity_gib is None and a.gpu_memory_utilization is None:
+    if all(getattr(a, o.dest) is None for o in CAPACITY_OPTIONS):
         a.capacity_blocks = 20_000
     from kvemu.options.router_flags import routing_settings
     from kvemu.options.serving import serving_settings
@@ -353,8 +360,8 @@ def validate(a) -> None:
     matching = matching_setting(a)
     try:
         serving = serving_settings(argparse.Namespace(**{**vars(a), "host": "127.0.0.1"}), find_token=False)
-        replica = ReplicaSettings(policy=a.policy, capacity_blocks=a.capacity_blocks, capacity_gib=a.capacity_gib,
-                        gpu_memory_utilization=a.gpu_memory_utilization, max_model_len=a.max_model_len,
+        capacity_note(a, matching.block_size, matching.mode)  # a pool of no block or page: one line naming the flag
+        replica = ReplicaSettings(policy=a.policy, **replica_capacity(a, matching.mode), max_model_len=a.max_model_len,
                         model=a.model, gpu=a.gpu, block_size=matching.block_size, hit_mode=matching.hit_mode,
                         time_scale=a.time_scale, scheduler=a.scheduler, watermark=a.watermark, step_rule=a.step_rule,
                         max_loans=a.max_loans, token_budget=a.token_budget,
@@ -369,6 +376,7 @@ def validate(a) -> None:
         raise InputError(flag, exc.message) from None
     # the replicas print these to their logs; up (and demo) print them once, when the checks are done
     a.limit_lines = [*([replica.kv_budget().line()] if a.gpu_memory_utilization is not None else []),
+                     *filter(None, [capacity_note(a, matching.block_size, matching.mode)]),
                      *filter(None, [length_warning(replica.asked_max_model_len(), a.max_model_len is not None,
                                                    replica.resolved_capacity_blocks(), matching.block_size)])]
     tiers = tier_settings(a, CostModel.from_names(a.model, a.gpu), matching.block_size)  # the replicas' tier flags, checked here

@@ -9,7 +9,7 @@ import sys
 from kvemu.options.backend import BACKEND_OPTIONS
 from kvemu.options.index import CLUSTER
 from kvemu.options.kv_events import add_kv_events_arg
-from kvemu.options.limits import CAPACITY_OPTIONS, MAX_MODEL_LEN, length_warning
+from kvemu.options.limits import CAPACITY_OPTIONS, MAX_MODEL_LEN, capacity_note, length_warning, replica_capacity
 from kvemu.options.matching import add_matching_args, matching_setting
 from kvemu.options.option import add_options
 from kvemu.options.prefix_caching import PREFIX_CACHING, prefix_caching_setting
@@ -68,10 +68,10 @@ def settings_from_args(args):
     matching = matching_setting(args)
     tiers = tier_settings(args, CostModel.from_names(args.model, args.gpu), matching.block_size)
     prefix_caching = prefix_caching_setting(args, tiers, args.backend)  # refusals name the flag
+    capacity_note(args, matching.block_size, matching.mode)  # a pool of no block or page: refused, naming the flag
     return ReplicaSettings(
         replica_id=args.replica_id or f"replica-{args.port}", port=args.port, policy=args.policy,
-        policy_params=params, capacity_blocks=args.capacity_blocks, capacity_gib=args.capacity_gib,
-        gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len, model=args.model,
+        policy_params=params, **replica_capacity(args, matching.mode), max_model_len=args.max_model_len, model=args.model,
         gpu=gpu_setting(args), block_size=matching.block_size, hit_mode=matching.hit_mode, matching=matching.mode,
         time_scale=args.time_scale, token_budget=args.token_budget, max_running=args.max_running,
         max_waiting=args.max_waiting, scheduler=args.scheduler, watermark=args.watermark, max_loans=args.max_loans,
@@ -107,8 +107,12 @@ def run(args) -> int:
 
     sock = bind(settings.serving.host, settings.port)
     print_limits(settings)
+    note = capacity_note(args, settings.block_size, settings.matching)
+    if note:
+        print(note, file=sys.stderr, flush=True)
     print(token_line(args), file=sys.stderr, flush=True)
-    print(f"replica {settings.replica_id} ({settings.policy}, {settings.resolved_capacity_blocks()} blocks)"
+    unit = "pages" if settings.matching == "radix" else "blocks"
+    print(f"replica {settings.replica_id} ({settings.policy}, {settings.resolved_capacity_blocks():,} {unit})"
           f" on http://{settings.serving.host}:{settings.port}", file=sys.stderr, flush=True)
     serve(app, sock)
     return 0

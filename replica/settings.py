@@ -51,7 +51,8 @@ class ReplicaSettings:
     port: int = 8100
     policy: str = "lru"
     policy_params: tuple[tuple[str, object], ...] = ()
-    capacity_blocks: int | None = None
+    capacity_blocks: int | None = None  # in the pool's unit: blocks of block_size tokens (pages under radix)
+    capacity_tokens: int | None = None  # rounded down to whole blocks (pages)
     capacity_gib: float | None = None
     # vLLM's capacity rule: this fraction of each GPU's memory, less weights and activations (CostModel.kv_budget)
     gpu_memory_utilization: float | None = None
@@ -99,12 +100,15 @@ class ReplicaSettings:
             raise InputError("replica_id", "must be 1-128 characters")
         if not (0 <= self.port <= 65535):
             raise InputError("port", f"must be 0-65535, got {self.port}")
-        if sum(x is not None for x in (self.capacity_blocks, self.capacity_gib, self.gpu_memory_utilization)) != 1:
-            raise InputError("capacity", "give exactly one of capacity_blocks, capacity_gib or gpu_memory_utilization")
+        if sum(x is not None for x in (self.capacity_blocks, self.capacity_tokens, self.capacity_gib,
+                                       self.gpu_memory_utilization)) != 1:
+            raise InputError("capacity", "give exactly one of capacity_blocks, capacity_tokens, capacity_gib or"
+                                         " gpu_memory_utilization")
         if self.max_model_len is not None:
             check_positive_int("max_model_len", self.max_model_len)
-        if self.capacity_blocks is not None:
-            check_positive_int("capacity_blocks", self.capacity_blocks)
+        for name in ("capacity_blocks", "capacity_tokens"):
+            if getattr(self, name) is not None:
+                check_positive_int(name, getattr(self, name))
         if self.capacity_gib is not None and not 0 < self.capacity_gib < float("inf"):
             raise InputError("capacity_gib", f"must be a finite number > 0, got {self.capacity_gib}")
         check_watermark(self.watermark)
@@ -128,6 +132,9 @@ class ReplicaSettings:
         CostModel.from_names(self.model, self.gpu)  # unknown names list the valid ones
         if self.capacity_gib is not None and self.resolved_capacity_blocks() <= 0:
             raise InputError("capacity_gib", "is smaller than one KV block of this model")
+        if self.capacity_tokens is not None and self.resolved_capacity_blocks() <= 0:
+            raise InputError("capacity_tokens", f"is less than one {'page' if self.matching == 'radix' else 'block'}"
+                                                f" of {self.block_size} tokens")
         if self.gpu_memory_utilization is not None:
             self.kv_budget().check()  # nothing left for KV: one line naming the flag
 
@@ -148,6 +155,8 @@ class ReplicaSettings:
     def resolved_capacity_blocks(self) -> int:
         if self.capacity_blocks is not None:
             return self.capacity_blocks
+        if self.capacity_tokens is not None:
+            return self.capacity_tokens // self.block_size
         if self.capacity_gib is not None:
             return self.cost_model().gib_to_blocks(self.capacity_gib, self.block_size)
         return self.kv_budget().check()  # exactly one of the three is set (__post_init__)

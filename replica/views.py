@@ -221,6 +221,10 @@ async def stats(request: web.Request) -> web.Response:
             row["session"] = session_label(row["session"], s.serving.cluster_token)
     out.update({
         "replica_id": s.replica_id, "model": state.cost.model.name, "gpu": state.cost.gpu.name,
+        # the pool's capacity_blocks (its own unit: blocks of block_size tokens, pages under radix) as
+        # tokens and bytes too, which mean one memory in either matching mode
+        "capacity_tokens": state.pool.capacity * s.block_size,
+        "capacity_bytes": state.pool.capacity * state.cost.block_bytes(s.block_size),
         "capacity_gib": state.cost.blocks_to_gib(state.pool.capacity, s.block_size),
         "time_scale": s.time_scale, "uptime_s": time.time() - state.started,
         "scheduler": {**state.scheduler.stats(),

@@ -7,8 +7,9 @@ import json
 import os
 import sys
 
-from kvemu.options.limits import GPU_MEMORY_UTILIZATIONS, MAX_MODEL_LEN, length_warning
+from kvemu.options.limits import MAX_MODEL_LEN, SIM_CAPACITY_OPTIONS, capacity_in_tokens, length_warning, pool_units
 from kvemu.options.matching import add_matching_args, matching_setting, source_unit
+from kvemu.options.option import add_options
 from kvemu.options.prefix_caching import PREFIX_CACHING, prefix_caching_setting
 from kvemu.options.response_kv import add_response_kv_arg
 from kvemu.options.reuse import add_sim_reuse_args, sim_reuse
@@ -33,10 +34,7 @@ from sim.simulator import SimSettings, saturation_warning, simulate
 
 def add_emulation_args(p: argparse.ArgumentParser) -> None:
     """Capacity, model and replica scheduler settings shared by sim and sweep."""
-    cap = p.add_mutually_exclusive_group(required=True)
-    cap.add_argument("--capacity-blocks", metavar="N1,N2,...", help="per-replica capacity in blocks")
-    cap.add_argument("--capacity-gib", metavar="G1,G2,...", help="per-replica capacity in GiB of KV (uses --model)")
-    GPU_MEMORY_UTILIZATIONS.add(cap)
+    add_options(p.add_mutually_exclusive_group(required=True), SIM_CAPACITY_OPTIONS)
     MAX_MODEL_LEN.add(p)
     p.add_argument("--model", default="qwen3-coder-30b-a3b")
     add_gpu_args(p)
@@ -100,8 +98,13 @@ def split_numbers(text: str, conv, field: str) -> list:
 
 
 def capacities(args, block_size: int) -> list[int]:
-    if args.capacity_blocks:
-        return split_numbers(args.capacity_blocks, int, "--capacity-blocks")
+    """Each capacity the flags ask for, in the pool's own unit: blocks of ``block_size`` tokens, pages under
+    radix (``--capacity-blocks`` there counts blocks of 16 tokens: kvemu.options.limits)."""
+    for flag in ("--capacity-blocks", "--capacity-tokens"):
+        given = getattr(args, flag[2:].replace("-", "_"))
+        if given:
+            mode = matching_setting(args).mode
+            return [_units(flag, n, block_size, mode) for n in split_numbers(given, int, flag)]
     cost = CostModel.from_names(args.model, args.gpu)
     if args.gpu_memory_utilization:  # vLLM's capacity rule: printed at start, refused when nothing is left
         budgets = [cost.kv_budget(u, args.token_budget, args.max_running, block_size)
@@ -114,6 +117,17 @@ def capacities(args, block_size: int) -> list[int]:
     if min(blocks) <= 0:
         raise InputError("--capacity-gib", "smaller than one block of this model")
     return blocks
+
+
+def _units(flag: str, value: int, block_size: int, mode: str) -> int:
+    """One --capacity-blocks / --capacity-tokens value in the pool's unit, with a note where not exact."""
+    tokens = capacity_in_tokens(flag, value, mode)
+    if tokens is None:
+        return value
+    units, note = pool_units(flag, value, tokens, block_size, mode)
+    if note:
+        print(note, file=sys.stderr)
+    return units
 
 
 def warn_lengths(args, caps: list[int], block_size: int) -> None:

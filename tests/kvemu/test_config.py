@@ -34,7 +34,7 @@ def sample(action: argparse.Action) -> str:
 def test_every_flag_is_settable_in_the_file(tmp_path, command, configure):
     opts = options(configure)
     # the other member of each mutually exclusive group is set
-    exclusive = {"workload", "capacity-gib", "gpu-memory-utilization"}
+    exclusive = {"workload", "capacity-tokens", "capacity-gib", "gpu-memory-utilization"}
     keys = {name: sample(a) for name, a in opts.items() if name not in exclusive}
     path = tmp_path / "all.toml"
     path.write_text("".join(f"{name.replace('-', '_')} = {value}\n" for name, value in keys.items()))

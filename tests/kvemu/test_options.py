@@ -105,7 +105,7 @@ def non_default(option: Option) -> list[str]:
                "--time-scale": "0.0", "--parse-workers": "0", "--max-model-len": "4096", "--policy": "s3fifo",
                "--admin-token": "admin-secret", "--cluster": "prod", "--routing": "session",
                "--set": "bounded_load_factor=1.5", "--tier-policy": "host=s3fifo,ssd=lru", "--host-link-gbps": "12.5",
-               "--capacity-blocks": "512", "--capacity-gib": "2.0", "--gpu-memory-utilization": "0.5",
+               "--capacity-blocks": "512", "--capacity-tokens": "8192", "--capacity-gib": "2.0", "--gpu-memory-utilization": "0.5",
                "--device": "cuda", "--layers": "2", "--block-size": "32", "--page-size": "4"}
     if option.flag in special:
         return [option.flag, special[option.flag]]
@@ -155,6 +155,7 @@ GROUPS = {
               "--host-link-gbps", "--no-hbm-caching", "--capacity-gib", "--ssd-drive-read-gbps", "--ssd-drive-write-gbps",
               "--separate-tp-link"),  # --prefix-caching off would hold nothing
     "utilization": ("--gpu-memory-utilization",),
+    "tokens": ("--capacity-tokens",),
     "torch": ("--backend", "--device", "--layers"),
     "radix": ("--matching", "--page-size"),  # radix takes pages, not --block-size, and LRU only
 }
@@ -235,7 +236,7 @@ def up_cmdlines(a: argparse.Namespace) -> list[list[str]]:
 def test_up_hands_every_flag_it_forwards_to_the_children_that_use_it(group):
     a = up_args(group_argv(group), check=group != "torch")  # torch and CUDA need not be here: not checked
     compared = check_children_got(group_options(group), a, up_cmdlines(a), settings=group != "torch")
-    assert compared >= {"default": 30, "tiers": 3, "utilization": 1, "torch": 0, "radix": 1}[group]
+    assert compared >= {"default": 30, "tiers": 3, "utilization": 1, "tokens": 1, "torch": 0, "radix": 1}[group]
 
 
 def test_every_forwarded_flag_is_in_one_group_and_each_group_is_set():
@@ -365,3 +366,17 @@ def test_each_levels_routing_hit_cost_comes_from_the_level_registry_and_its_name
         with pytest.raises(InputError) as err:
             routing_settings(16, [pair])
         assert err.value.field == field
+
+
+def test_capacity_blocks_under_radix_is_blocks_of_16_tokens_for_up_and_its_replicas():
+    # 100 blocks of 16 tokens: 400 pages of 4; 1,600 tokens are 1 page of 1,024 (and a note says so)
+    a = up_args(["--matching", "radix", "--page-size", "4", "--capacity-blocks", "100"])
+    replica = child_settings(up_cmdlines(a)[0])
+    assert (replica.capacity_blocks, replica.capacity_tokens, replica.resolved_capacity_blocks()) == (None, 1600, 400)
+    assert not any(line.startswith("note:") for line in a.limit_lines)
+    a = up_args(["--matching", "radix", "--page-size", "1024", "--capacity-blocks", "100", "--max-model-len", "1024"])
+    assert child_settings(up_cmdlines(a)[0]).resolved_capacity_blocks() == 1
+    assert a.limit_lines == ["note: --capacity-blocks 100 (1,600 tokens) is not a whole number of pages of 1024"
+                             " tokens: the pool holds 1 (1,024 tokens)"]
+    blocks = child_settings(up_cmdlines(up_args(["--capacity-blocks", "100"]))[0])
+    assert (blocks.capacity_blocks, blocks.resolved_capacity_blocks()) == (100, 100)

@@ -46,7 +46,8 @@ def test_a_pool_smaller_than_one_request_of_the_window_warns_in_one_line_and_ser
     warning = [x for x in lines if x.startswith("warning:")]
     assert warning == ["warning: the model's context window (262,144 tokens) needs 16,384 KV blocks of 16 tokens but"
                        " the pool holds 100 (1,600 tokens), where vLLM would refuse to start: give a larger capacity"
-                       " (--capacity-gib / --capacity-blocks / --gpu-memory-utilization) or --max-model-len 1,600 or"
+                       " (--capacity-gib / --capacity-tokens / --capacity-blocks / --gpu-memory-utilization) or"
+                       " --max-model-len 1,600 or"
                        " less; going on with 1,600 tokens as the limit"]
 
 

@@ -87,3 +87,35 @@ def test_a_router_that_hashes_in_other_units_says_so_in_its_log(cluster):
     log = router.proc.stderr.read().decode()
     assert "matches by radix of 1 tokens but this router hashes blocks of 16" in log
     assert "--matching / --page-size / --block-size" in log
+
+
+def _stats_and_stderr(*flags: str, capacity_blocks: int | None = None):
+    from tests.conftest import free_port
+    from tests.support.procs import Proc
+
+    port = free_port()
+    capacity = ("--capacity-blocks", str(capacity_blocks)) if capacity_blocks else ()
+    rep = Proc(["-m", "replica", "--port", str(port), "--time-scale", "0", *capacity, *flags], port)
+    try:
+        rep.wait_healthy()
+        _, stats = http_json("GET", rep.url + "/stats")
+    finally:
+        rep.stop()
+    assert rep.proc.stderr is not None
+    return stats, rep.proc.stderr.read().decode()
+
+
+def test_stats_report_capacity_in_the_pools_unit_and_in_tokens_and_bytes():
+    """--capacity-blocks 100 is 100 blocks of 16 tokens under radix too: 1,600 pages of one token;
+    --capacity-tokens 1000 is 62 blocks of 16 (992 tokens), which the replica says at start.
+    qwen3-coder-30b-a3b's KV: 98,304 bytes a token."""
+    stats, err = _stats_and_stderr(*RADIX, capacity_blocks=100)
+    assert (stats["capacity_blocks"], stats["block_size"]) == (1600, 1)
+    assert (stats["capacity_tokens"], stats["capacity_bytes"]) == (1600, 1600 * 98_304)
+    assert stats["capacity_gib"] == pytest.approx(1600 * 98_304 / 2**30)
+    assert "(lru, 1,600 pages)" in err and "note:" not in err
+    stats, err = _stats_and_stderr("--capacity-tokens", "1000", "--max-model-len", "512")
+    assert (stats["capacity_blocks"], stats["block_size"], stats["capacity_tokens"]) == (62, 16, 992)
+    assert stats["capacity_bytes"] == 992 * 98_304
+    assert ("note: --capacity-tokens 1,000 is not a whole number of blocks of 16 tokens: the pool holds 62"
+            " (992 tokens)") in err.splitlines()

@@ -62,3 +62,49 @@ def test_what_radix_cannot_run_is_refused_in_one_line(flags, message):
     assert message in done.stderr
     assert "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith("error: ")
+
+
+# qwen3-coder-30b-a3b (the default model): 2 (K and V) x 48 layers x 4 KV heads x 128 x 2 bytes a token
+KV_BYTES_PER_TOKEN = 98_304
+
+
+def test_capacity_blocks_is_one_memory_under_blocks_and_radix(tmp_path):
+    """--capacity-blocks 4000 is 4,000 blocks of 16 tokens in either mode (under radix, 64,000 pages of one
+    token): the same tokens and bytes, and the issue's chat run hits within 0.01 in both (it was 0.840
+    against 0.090 when radix read the number as pages)."""
+    chat = ("--workload", "chat", "--duration", "300", "--seed", "4", "--capacity-blocks", "4000", "--quiet")
+    runs = {}
+    for name, flags in (("blocks", ()), ("radix", ("--matching", "radix", "--page-size", "1"))):
+        out = tmp_path / f"{name}.json"
+        done = run_kvemu("sim", *chat, *flags, "--json", str(out))
+        assert done.returncode == 0, done.stderr
+        assert "note:" not in done.stderr  # 64,000 tokens are whole pages of 1: exact, nothing to say
+        runs[name] = json.loads(out.read_text())["runs"][0]
+    blocks, radix = runs["blocks"], runs["radix"]
+    assert (blocks["capacity_blocks"], blocks["block_size"]) == (4000, 16)
+    assert (radix["capacity_blocks"], radix["block_size"]) == (64_000, 1)  # the pool's own unit: pages
+    for run in (blocks, radix):
+        assert (run["capacity_tokens"], run["capacity_bytes"]) == (64_000, 64_000 * KV_BYTES_PER_TOKEN)
+        assert run["capacity_gib"] == round(64_000 * KV_BYTES_PER_TOKEN / 2**30, 3) == 5.859
+    assert radix["token_hit_ratio"] == pytest.approx(blocks["token_hit_ratio"], abs=0.01)
+
+
+def test_a_capacity_that_is_not_whole_pages_or_blocks_is_rounded_down_and_said(tmp_path):
+    # 4,000 blocks of 16 = 64,000 tokens = 62 pages of 1,024 (63,488 tokens); 1,000 tokens = 62 blocks of 16
+    out = tmp_path / "run.json"
+    done = run_kvemu("sim", *CHAT[:-3], "--capacity-blocks", "4000", "--matching", "radix", "--page-size", "1024",
+                     "--max-model-len", "8192", "--quiet", "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines()[0] == ("note: --capacity-blocks 4,000 (64,000 tokens) is not a whole number of"
+                                           " pages of 1024 tokens: the pool holds 62 (63,488 tokens)")
+    run = json.loads(out.read_text())["runs"][0]
+    assert (run["capacity_blocks"], run["capacity_tokens"]) == (62, 63_488)
+    done = run_kvemu("sim", *CHAT[:-3], "--capacity-tokens", "1000", "--max-model-len", "512", "--quiet",
+                     "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines()[0] == ("note: --capacity-tokens 1,000 is not a whole number of blocks of 16"
+                                           " tokens: the pool holds 62 (992 tokens)")
+    assert json.loads(out.read_text())["runs"][0]["capacity_tokens"] == 992
+    done = run_kvemu("sim", *CHAT[:-3], "--capacity-tokens", "10", "--quiet")
+    assert (done.returncode, done.stderr.strip()) == (
+        2, "error: --capacity-tokens: 10 tokens is less than one block of 16 tokens: give more")

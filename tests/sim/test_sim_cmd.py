@@ -155,7 +155,8 @@ def test_requests_over_max_model_len_are_refused_and_counted_in_the_json_table_a
     # 400 blocks hold 6,400 tokens, short of llama-3-8b's 8,192: one line, then 6,400 is that pool's limit
     assert captured.err.splitlines()[0] == (
         "warning: the model's context window (8,192 tokens) needs 512 KV blocks of 16 tokens but the pool holds 400"
-        " (6,400 tokens), where vLLM would refuse to start: give a larger capacity (--capacity-gib / --capacity-blocks"
+        " (6,400 tokens), where vLLM would refuse to start: give a larger capacity (--capacity-gib / --capacity-tokens"
+        " / --capacity-blocks"
         " / --gpu-memory-utilization) or --max-model-len 6,400 or less; going on with 6,400 tokens as the limit")
     small = sum(r.input_tokens + max(r.output_tokens, 1) > 6400 for r in trace.requests)
     runs = json.loads(out_json.read_text())["runs"]
