@@ -45,7 +45,8 @@ def simulate(trace: Trace, policies: Iterable[str] = ("lru",), capacity_blocks: 
     defaults every command has (``response_kv="keep"``, as a colocated vLLM)."""
     tiers = settings.get("tiers", TierSettings())
     routing_cfg = routing_settings_of(trace.block_size, [f"{k}={v}" for k, v in (routing_settings or {}).items()],
-                                      tiers.levels() if isinstance(tiers, TierSettings) else None)
+                                      tiers.levels() if isinstance(tiers, TierSettings) else None,
+                                      str(settings.get("matching", "blocks")))
     known = {f.name for f in dataclasses.fields(SimSettings)}
     for name in settings:
         if name not in known:

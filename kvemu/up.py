@@ -382,7 +382,7 @@ def validate(a) -> None:
     tiers = tier_settings(a, CostModel.from_names(a.model, a.gpu), matching.block_size)  # the replicas' tier flags, checked here
     prefix_caching_setting(a, tiers, a.backend)  # as each replica checks it
     get_strategy(a.routing)
-    routing_settings(matching.block_size, a.set)
+    routing_settings(matching.block_size, a.set, mode=matching.mode)
     wanted = [("--port", a.port)] if getattr(a, "port", 0) else []
     if a.replica_base_port:
         wanted += [("--replica-base-port", a.replica_base_port + i) for i in range(a.replicas)]

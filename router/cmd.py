@@ -38,7 +38,7 @@ def settings_from_args(args):
     from router.settings import RouterSettings
 
     matching = matching_setting(args)  # the replicas' hashing unit: a block, or a radix page
-    routing = routing_settings(matching.block_size, args.set)  # the replicas' levels: host DRAM, SSD
+    routing = routing_settings(matching.block_size, args.set, mode=matching.mode)  # levels: host DRAM, SSD
     replicas = tuple(u.strip() for u in args.replicas.split(",") if u.strip())
     return RouterSettings(replicas=replicas, port=args.port, routing=args.routing, index=args.index,
                           cluster=args.cluster, block_size=matching.block_size, matching=matching.mode, routing_settings=routing,

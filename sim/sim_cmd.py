@@ -212,7 +212,7 @@ def runs_of(args) -> tuple[Trace, list[SimSettings]]:
     warn_lengths(args, caps, trace.block_size)
     params = tuple((k, coerce(v)) for k, v in parse_pairs(args.policy_param).items())
     tiers = tier_settings(args, CostModel.from_names(args.model, args.gpu), trace.block_size)
-    routing = routing_settings(trace.block_size, args.routing_set, tiers.levels())
+    routing = routing_settings(trace.block_size, args.routing_set, tiers.levels(), matching.mode)
     prefix_caching = prefix_caching_setting(args, tiers)
     grid = [SimSettings(capacity_blocks=c, policy=pol, policy_params=params, replicas=args.replicas, routing=args.routing,
                         hit_mode=matching.hit_mode, matching=matching.mode, seed=args.seed, model=args.model, gpu=args.gpu,

@@ -31,6 +31,7 @@ from router.strategies import ReplicaState, RouteRequest, RoutingSettings, Routi
 from shared import compiled_modules
 from shared.costmodel import CostModel
 from shared.gc_tuning import gc_paused
+from shared.hashing import DEFAULT_BLOCK_SIZE
 from shared.histogram import LogHistogram
 from shared.index import EventBatch, MemoryIndex
 from shared.index.base import DEFAULT_MAX_REPLICAS
@@ -202,8 +203,9 @@ class Simulation:
         self.index = PoolIndex([r.replica_id for r in self.replicas], settings.capacity_blocks) \
             if indexed and self._kernels is None else None
         self._ids = [r.replica_id for r in self.replicas]
-        routing = settings.routing_settings or RoutingSettings(  # each level's hit cost: the level registry's
-            block_size=trace.block_size, level_hit_costs=level_hit_costs(settings.tiers.levels()))
+        routing = settings.routing_settings or RoutingSettings(  # as kvemu.options.router_flags builds them
+            block_size=trace.block_size, level_hit_costs=level_hit_costs(settings.tiers.levels()),
+            load_block_size=DEFAULT_BLOCK_SIZE if settings.matching == "radix" else 0)
         self.router = RoutingStep(spec, routing, settings.seed)
         self.progress = progress
         self.e2e = LogHistogram()

@@ -76,7 +76,8 @@ def workload_identity(trace: Trace, duration_s: float) -> dict:
 # default, so results written before them keep their ids and `--resume` still finds them.
 LATER_DEFAULTS = {"scheduler": "fcfs", "prefix_caching": "on", "max_model_len": None}
 # The same within nested settings: memory levels below SSD, and their routing hit costs.
-LATER_NESTED_DEFAULTS = {("tiers", "deeper"): (), ("routing_settings", "deeper_hit_costs"): ()}
+LATER_NESTED_DEFAULTS = {("tiers", "deeper"): (), ("routing_settings", "deeper_hit_costs"): (),
+                         ("routing_settings", "load_block_size"): 0}
 
 
 def settings_dict(s: SimSettings) -> dict:

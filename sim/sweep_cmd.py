@@ -120,7 +120,7 @@ def _identity(args, trace) -> tuple[dict, dict]:
 def build_grid(args, trace, identity: dict, policies, routings, replicas, caps) -> list:
     matching = matching_setting(args)
     tiers = tier_settings(args, CostModel.from_names(args.model, args.gpu), trace.block_size)
-    routing = routing_settings(trace.block_size, args.routing_set, tiers.levels())
+    routing = routing_settings(trace.block_size, args.routing_set, tiers.levels(), matching.mode)
     prefix_caching = prefix_caching_setting(args, tiers)
     points: dict[str, Point] = {}
     for rt in routings:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import fields, replace
 
+from kvemu.options.limits import RADIX_BLOCK_TOKENS
 from kvemu.options.option import Option
 from replica.core.tiers.levels import LevelSettings, level_hit_costs
 from replica.core.tiers.stack import TierSettings
@@ -37,19 +38,22 @@ ROUTER_OPTIONS = (
 
 
 def routing_settings(block_size: int, pairs: Iterable[str] | None,
-                     levels: Sequence[LevelSettings] | None = None) -> RoutingSettings:
+                     levels: Sequence[LevelSettings] | None = None, mode: str = "blocks") -> RoutingSettings:
     """``--set`` (router, up) or ``--routing-set`` (sim, sweep) pairs onto the strategies' settings, for
     prompts hashed in ``block_size`` tokens. Each memory level's hit cost starts at its kind's in the
     level registry (``replica.core.tiers.levels``), for ``levels`` (default: the ones the tier flags
     make, host DRAM then SSD; the router does not know which its replicas have), by index: the
     strategies know levels only by index. ``<level name>_hit_cost=C`` sets one level's
     (``host_hit_cost``, ``ssd_hit_cost``, the names they had as fields), ``deeper_hit_costs=C3,C4,...``
-    those below SSD, ``level_hit_costs=C1,C2,...`` the whole list."""
+    those below SSD, ``level_hit_costs=C1,C2,...`` the whole list. Under radix (``mode``),
+    ``in_flight_weight`` counts blocks of ``RADIX_BLOCK_TOKENS`` tokens, as ``--capacity-blocks`` does."""
     levels = TierSettings().levels() if levels is None else tuple(levels)
     by_name = {f"{level.kind}_hit_cost": k for k, level in reversed(list(enumerate(levels)))}  # the first of a kind
     given = parse_pairs(pairs)
     named = {name: given.pop(name) for name in list(given) if name in by_name or name == "deeper_hit_costs"}
-    settings = apply_overrides(RoutingSettings(block_size=block_size, level_hit_costs=level_hit_costs(levels)), given)
+    load_block = RADIX_BLOCK_TOKENS if mode == "radix" else 0
+    settings = apply_overrides(RoutingSettings(block_size=block_size, level_hit_costs=level_hit_costs(levels),
+                                               load_block_size=load_block), given)
     costs = list(settings.level_hit_costs)
     for name, raw in named.items():
         at, values = (2, raw.split(",")) if name == "deeper_hit_costs" else (by_name[name], [raw])

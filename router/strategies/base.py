@@ -91,6 +91,10 @@ class RoutingSettings:
     overlap_weight: float = 1.0
     # Blocks of load charged per in-flight request, on top of its queued tokens.
     in_flight_weight: float = 1.0
+    # Tokens of the block in_flight_weight counts (0: block_size). Radix pages set 16, vLLM's block, so
+    # that pages of 1 do not make an in-flight request weigh 16x less than blocks of 16 do
+    # (kvemu.options.router_flags.routing_settings).
+    load_block_size: int = 0
     # SGLang's imbalance guard (its current defaults): least-loaded routing when
     # max - min > abs AND max > rel * min, over in-flight requests of healthy replicas.
     balance_abs_threshold: int = 64
@@ -113,8 +117,16 @@ class RoutingSettings:
     # simulator from its own level list; () here (nothing known of the levels) prices them as misses.
     level_hit_costs: tuple[float, ...] = ()
 
+    @property
+    def in_flight_cost(self) -> float:
+        """What one in-flight request adds to a replica's load, in blocks of ``block_size`` tokens."""
+        if self.load_block_size:
+            return self.in_flight_weight * self.load_block_size / self.block_size
+        return self.in_flight_weight
+
     def __post_init__(self) -> None:
         check_positive_int("block_size", self.block_size)
+        check_int("load_block_size", self.load_block_size, 0)
         check_number("overlap_weight", self.overlap_weight, 0.0)
         check_number("in_flight_weight", self.in_flight_weight, 0.0)
         check_int("balance_abs_threshold", self.balance_abs_threshold, 0)

@@ -12,6 +12,7 @@ from level k (1 host DRAM, 2 SSD, ...): such a hit is priced by its fetch time, 
 ``hit_cost`` is ``RoutingSettings.level_hit_costs``, by level index (the level registry's costs,
 ``replica.core.tiers.levels``, unless ``--set <level>_hit_cost=C`` says otherwise).
     load(r) = in_flight_weight * in_flight(r) + queued_tokens(r) / block_size
+                (in_flight_weight in blocks of load_block_size tokens where it is set: radix pages)
 
 Read it as a rough time-to-first-token on r: the prefill work already queued ahead of
 the request plus the blocks it must compute itself, with each running request charged
@@ -51,7 +52,7 @@ def is_imbalanced(max_load: float, min_load: float, settings: RoutingSettings) -
 def replica_cost(replica: ReplicaState, cached: int, num_blocks: int, settings: RoutingSettings) -> float:
     """The cost above for one replica; for /cluster views and tests, not the hot loop."""
     return (settings.overlap_weight * (num_blocks - cached)
-            + settings.in_flight_weight * replica.in_flight
+            + settings.in_flight_cost * replica.in_flight
             + replica.queued_tokens / settings.block_size)
 
 
@@ -65,7 +66,7 @@ def cache_aware(
 ) -> RouteDecision:
     nb = request.num_blocks if request.num_blocks > 0 else 0
     w = settings.overlap_weight
-    per_req = settings.in_flight_weight
+    per_req = settings.in_flight_cost
     inv_bs = 1.0 / settings.block_size
     get = overlap.get
     tiered = len(overlap) > 0 and any("#" in k for k in overlap)

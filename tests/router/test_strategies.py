@@ -406,3 +406,19 @@ def test_a_level_beyond_the_hit_cost_list_costs_as_a_miss():
     assert route("cache_aware", reps, RouteRequest(num_blocks=10), overlap, listed).replica_id == "b"
     assert route("cache_aware", reps, RouteRequest(num_blocks=10), overlap,
                  RoutingSettings(level_hit_costs=(0.1, 0.5))).replica_id == "a"
+
+
+def test_in_flight_weight_counts_blocks_of_load_block_size_tokens_where_set():
+    # radix pages of 1 count vLLM's blocks of 16: one in-flight request weighs 16 pages, as it weighs one
+    # block of 16; unset, the hashing unit's blocks
+    assert RoutingSettings(block_size=1, in_flight_weight=2.0, load_block_size=16).in_flight_cost == 32.0
+    assert RoutingSettings(block_size=16, in_flight_weight=2.0, load_block_size=16).in_flight_cost == 2.0
+    assert RoutingSettings(block_size=512, in_flight_weight=2.0).in_flight_cost == 2.0
+    # a: 3 in flight, prompt of 40 pages cached on neither -> 40 + 3 * 16 = 88; b: 5 pages queued, idle -> 45
+    reps = [ReplicaState("a", in_flight=3), ReplicaState("b", queued_tokens=5)]
+    pages = RoutingSettings(block_size=1, load_block_size=16, balance_abs_threshold=100)
+    assert route("cache_aware", reps, RouteRequest(num_blocks=40), {"a": 0}, pages).replica_id == "b"
+    # a holds 38 of the 40: 2 + 48 = 50 against b's 45: still b; without the 16, a's 2 + 3 = 5 wins
+    assert route("cache_aware", reps, RouteRequest(num_blocks=40), {"a": 38}, pages).replica_id == "b"
+    unscaled = RoutingSettings(block_size=1, balance_abs_threshold=100)
+    assert route("cache_aware", reps, RouteRequest(num_blocks=40), {"a": 38}, unscaled).replica_id == "a"

@@ -108,3 +108,19 @@ def test_a_capacity_that_is_not_whole_pages_or_blocks_is_rounded_down_and_said(t
     done = run_kvemu("sim", *CHAT[:-3], "--capacity-tokens", "10", "--quiet")
     assert (done.returncode, done.stderr.strip()) == (
         2, "error: --capacity-tokens: 10 tokens is less than one block of 16 tokens: give more")
+
+
+def test_cache_aware_routes_radix_pages_of_one_as_it_routes_blocks_of_16(tmp_path):
+    """in_flight_weight counts blocks of 16 tokens under radix too: pages of 1 do not make an in-flight
+    request 16x lighter. Four replicas on the chat preset: the hit ratio within 0.005 of blocks' and
+    nearly every routing decision the same (when a request weighed one page: 0.611 against 0.574)."""
+    runs = {}
+    for name, flags in (("blocks", ()), ("radix", ("--matching", "radix", "--page-size", "1"))):
+        out = tmp_path / f"{name}.json"
+        done = run_kvemu("sim", "--workload", "chat", "--duration", "300", "--seed", "4", "--replicas", "4",
+                         "--capacity-gib", "1", "--quiet", *flags, "--json", str(out))
+        assert done.returncode == 0, done.stderr
+        runs[name] = json.loads(out.read_text())["runs"][0]
+    assert runs["radix"]["token_hit_ratio"] == pytest.approx(runs["blocks"]["token_hit_ratio"], abs=0.005)
+    blocks, radix = runs["blocks"]["routing_decisions"], runs["radix"]["routing_decisions"]
+    assert abs(blocks["cache_hit"] - radix["cache_hit"]) <= 2, (blocks, radix)
