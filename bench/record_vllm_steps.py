@@ -65,19 +65,53 @@ def model_dir(preset: str) -> Path:
     return d
 
 
+def _driver_env() -> dict:
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
+
+
 def record(workloads: list[dict], preset: str) -> list[dict]:
     """vLLM's traces of ``workloads`` ({"header", "steps"} each), from one run of the driver."""
     py = venv_python()
-    job = {"model_dir": str(model_dir(preset)), "workloads": [expand(w) for w in workloads]}
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
-    out = subprocess.run([str(py), str(DRIVER)], input=json.dumps(job), capture_output=True, text=True, env=env)
+    lines = [json.dumps({"model_dir": str(model_dir(preset))})] + [json.dumps(expand(w)) for w in workloads]
+    out = subprocess.run([str(py), str(DRIVER)], input="\n".join(lines) + "\n", capture_output=True, text=True,
+                         env=_driver_env())
     if out.returncode:
         raise SystemExit(f"vLLM's driver failed:\n{out.stderr[-4000:]}")
     return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
 
 
+class LiveRecorder:
+    """One driver kept running: ``record(workload)`` answers at once (the hypothesis test's recorder)."""
+
+    def __init__(self, py: Path, preset: str = "llama-3-8b") -> None:
+        self.proc = subprocess.Popen([str(py), str(DRIVER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True, env=_driver_env())
+        self._send({"model_dir": str(model_dir(preset))})
+
+    def _send(self, obj: dict) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(obj) + "\n")
+        self.proc.stdin.flush()
+
+    def record(self, workload: dict) -> dict:
+        self._send(expand(workload))
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("vLLM's driver ended (run bench/vllm_step_driver.py by hand to see why)")
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
 def _w(name: str, requests: list[dict], aborts: list[dict] | None = None, **settings) -> dict:
-    return {"name": name, "settings": {**DEFAULTS, **settings}, "requests": requests, "aborts": aborts or []}
+    s = {**DEFAULTS, **settings}
+    # vLLM refuses to start when its pool (less the null block) cannot hold one max_model_len request
+    s["max_model_len"] = min(s["max_model_len"], (s["num_blocks"] - 1) * s["block_size"])
+    return {"name": name, "settings": s, "requests": requests, "aborts": aborts or []}
 
 
 def _r(rid: str, arrive: int, prompt: list, out: int, tag: int | None = None) -> dict:

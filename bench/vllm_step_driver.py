@@ -1,9 +1,9 @@
 """Drive vLLM's own v1 scheduler step by step (run by bench/record_vllm_steps.py inside its vLLM
 virtualenv; it imports vLLM and the standard library only, never kvemu).
 
-Reads one JSON object on stdin: ``{"model_dir", "workloads": [workload, ...]}``, each workload as
+Reads JSON lines on stdin: first ``{"model_dir"}``, then one workload a line as
 bench/record_vllm_steps.py writes it (settings, requests with token ids, arrival and abort steps).
-Writes one JSON line per workload to stdout: its header (vLLM's version, the settings) and its steps.
+Answers each with one JSON line on stdout: its header (vLLM's version, the settings) and its steps.
 
 The scheduler is built as vLLM's unit tests build one (tests/v1/core/utils.py ``create_scheduler``):
 a model config read from a local config.json with no weights and no tokenizer, a KV cache config of
@@ -121,10 +121,11 @@ def run(model_dir: str, w: dict) -> dict:
 
 
 def main() -> None:
-    job = json.load(sys.stdin)
-    for w in job["workloads"]:
-        sys.stdout.write(json.dumps(run(job["model_dir"], w)) + "\n")
-        sys.stdout.flush()
+    model_dir = json.loads(sys.stdin.readline())["model_dir"]
+    for line in sys.stdin:  # one workload a line, answered at once (a test keeps one driver running)
+        if line.strip():
+            sys.stdout.write(json.dumps(run(model_dir, json.loads(line))) + "\n")
+            sys.stdout.flush()
 
 
 if __name__ == "__main__":

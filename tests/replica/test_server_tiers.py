@@ -26,7 +26,9 @@ def test_evicted_blocks_come_back_from_host_and_are_counted():
         generate(proc.url, 1000, 4)  # B: 4 blocks, the pool is full
         generate(proc.url, 2000, 4)  # C: evicts all of A (the least recently used), demoted to host
         again = generate(proc.url, 0, 4)  # A again: restored from host, not recomputed
-        assert again["cached_tokens"] == 64  # restored blocks count as cached, as vLLM reports them
+        # restored blocks count as cached, as vLLM reports them; a prompt cached whole computes its last
+        # block again (vLLM's hit stops a token short of the prompt, in whole blocks): 3 of its 4 blocks
+        assert again["cached_tokens"] == 48
         status, st = http_json("GET", proc.url + "/stats")
         tiers = st["tiers"]
         assert tiers["host_blocks"] == 6 and tiers["mode"] == "exclusive" and tiers["host_policy"] == "lru"

@@ -216,6 +216,9 @@ def prefill_segments(req: SchedRequest, hit_idx: list[int], block_size: int, ext
     if end > start:
         segments.append([start, end - start])
     if not segments:
-        # Everything cached: the last prompt token is still run to produce logits (vLLM).
-        segments.append([max(req.input_tokens - 1, 0), 1])
+        # Everything cached: vLLM caps a hit at the prompt's length less one token (the last is run to
+        # produce logits) and hits are whole blocks, so the last block is computed again.
+        end = req.input_tokens + extra
+        start = max(end - 1, 0) // block_size * block_size
+        segments.append([start, max(end - start, 1)])
     return segments

@@ -258,18 +258,25 @@ class Scheduler(ReorderLoans):
                 result.decoded = [(r, min(steps, r.base + r.output_tokens - tick)) for r in self._decoders.values()]
             self._tick += steps
             self._retire(result, end)
+        self._complete(completed, result, end)
+        return result
+
+    def _complete(self, completed: list[SchedRequest], result: StepResult, end: float) -> None:
+        """Requests whose prefill this step finished: each samples a token (its first, or the next one
+        of a request recomputed after a preemption: vLLM's prefill of prompt and output yields one)."""
         for r in completed:
-            if r.resumed:  # recomputed after a preemption: decoding goes on, no second first token
-                self._add_decoder(r)
-                continue
-            r.t_first_token = end
-            r.generated = 1
-            result.first_tokens.append(r)
-            if r.output_tokens <= 1:
+            if r.resumed:  # no second first token
+                r.generated += 1
+                if self.report_decoded:
+                    result.decoded.append((r, 1))
+            else:
+                r.t_first_token = end
+                r.generated = 1
+                result.first_tokens.append(r)
+            if r.generated >= r.output_tokens:
                 self._release(r, result, end)
             else:
                 self._add_decoder(r)
-        return result
 
     def stats(self) -> dict:
         """Counters since start: what /stats, /metrics and the simulator report."""
@@ -299,8 +306,16 @@ class Scheduler(ReorderLoans):
     def _admit(self, now: float) -> None:
         max_running = self.settings.max_running
         reorder = self.settings.admission == "reorder"
-        v0 = self._v0  # v0: whole prompts within the step's budget (v0_steps)
-        while self.waiting and self.num_running < max_running:
+        # vLLM schedules a waiting request only while the step's token budget has room after the running
+        # requests' tokens (a decode each, the rest of their prefills): one admitted beyond it would hold
+        # its blocks, and look up its hits, steps before it computes anything. reorder (FlashGen) admits
+        # into idle memory whatever the budget, as it always has.
+        left = self.settings.token_budget - len(self._done_at) - sum(s[1] for r in self.prefilling for s in r.segments) \
+            if not reorder else 1
+        v0 = self._v0  # v0: whole prompts within the step's budget, decoders not counted (a prefill step)
+        if v0 is not None:
+            left = v0.left
+        while self.waiting and self.num_running < max_running and left > 0:
             req = self.waiting[0]
             if v0 is not None and not v0.takes(req):
                 break
@@ -318,6 +333,8 @@ class Scheduler(ReorderLoans):
                 break
             self.waiting.popleft()
             self._start(req, now)
+            if not reorder:
+                left -= sum(s[1] for s in req.segments)
             if self._promoted:
                 self._catch_up()
 
@@ -372,8 +389,9 @@ class Scheduler(ReorderLoans):
                 reused = sorted(alloc.hit_idx + plan.restored_idx)
             # kept until its first chunk runs: the step asks its transfers' ends then (links are shared)
             req.plan = plan if plan.waits else None
-        req.cached_tokens = min(len(reused) * self.pool.block_size, req.input_tokens)
         req.segments = prefill_segments(req, reused, self.pool.block_size, req.generated if req.resumed else 0)
+        # a prompt cached whole computes its last block again (prefill_segments): not cached, as vLLM counts it
+        req.cached_tokens = min(len(reused) * self.pool.block_size, req.input_tokens, req.segments[-1][0])
         todo = sum(s[1] for s in req.segments)
         self.queued_prefill_tokens -= prefill_len(req) - todo
         self.prefill_tokens += todo
@@ -498,19 +516,23 @@ class Scheduler(ReorderLoans):
         """Release a request's blocks once it left running (``_leave_running``); where response KV is
         kept, the full blocks it generated are cached (returned). Preemption and abort alike."""
         assert r.alloc is not None
-        # decoding: its full blocks beyond the prompt hold computed KV (the last one is partial); prefilling: none new
-        filled = r.kept if prefilling else min(r.kept + max(r.extra_blocks - 1, 0), len(r.response_hashes))
-        self.pool.release(r.alloc, now)
+        # decoding: the full blocks of its computed KV (prompt and every generated token but the last)
+        # beyond the prompt's; prefilling: none new
+        full = (r.input_tokens + r.generated - 1) // self.pool.block_size - len(r.hashes)
+        filled = r.kept if prefilling else min(max(full, r.kept), len(r.response_hashes))
         self.decode_kv.forget(r)
-        r.alloc = None
         stored: list[int] = []
         if filled and self.keep_response_kv and self._store is not None:
+            # cached before the prompt is released, as a finish's (``_release``): vLLM frees a request's
+            # blocks tail first, so its generated blocks are evicted before the prompt they extend
             stored = self._store.store(r.response_hashes[r.kept:filled], r.session, now)
             if stored and self.timer is not None:  # a backend with real K/V computes theirs
                 self.timer.stored(r, stored)
             if self.tiers is not None:
                 self.tiers.produced(stored, now)
             r.kept = filled
+        self.pool.release(r.alloc, now)
+        r.alloc = None
         return stored
 
     def _prefill_chunks(self, budget: int, now: float, decoders: int,

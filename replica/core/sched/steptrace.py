@@ -65,7 +65,8 @@ def scheduler_for(settings: dict, cost: CostModel | None = None) -> Scheduler:
     """kvemu's scheduler with vLLM's settings: a block pool of ``num_blocks`` with vLLM's free-queue
     order (LRU), prefix hits only, response KV cached (vLLM caches every full block it computes)."""
     bs, caching = settings["block_size"], settings["prefix_caching"]
-    pool = BlockPool(settings["num_blocks"], LRUPolicy(), block_size=bs, hit_mode="prefix", emit_events=False,
+    # vLLM's block pool keeps one of its num_gpu_blocks as the null block, never handed out
+    pool = BlockPool(settings["num_blocks"] - 1, LRUPolicy(), block_size=bs, hit_mode="prefix", emit_events=False,
                      prefix_caching=caching)
     sched_settings = SchedulerSettings(token_budget=settings["max_num_batched_tokens"],
                                        max_running=settings["max_num_seqs"],

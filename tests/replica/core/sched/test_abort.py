@@ -91,21 +91,22 @@ def test_abort_while_prefilling_keeps_the_blocks_it_computed_and_drops_the_rest(
 
 
 def test_abort_while_prefilling_leaves_blocks_another_running_request_holds():
-    """A (10 blocks) and B (A's first 6) are admitted together; A prefills 64 tokens (blocks 0-3),
-    B's turn has not come. A's abort drops blocks 6-9; 4 and 5 stay, pinned by B, which finishes."""
-    pool, sched = make(capacity=100, token_budget=64)
+    """B (6 blocks) and A (B's 6, then 4 more) are admitted in one step of 128 tokens: B prefills its 96,
+    A finds B's blocks and computes 32 tokens (blocks 6 and 7). A's abort drops blocks 8 and 9 (never
+    computed); 6 and 7 stay cached, 0-5 stay pinned by B, which finishes."""
+    pool, sched = make(capacity=100, token_budget=128)
     a, b = req(1, 10, out=2), req(2, 6, out=2)
-    sched.submit(a)
     sched.submit(b)
+    sched.submit(a)
     now = sched.step(0.0).duration
-    assert list(sched.prefilling) == [a, b] and a.segments == [[64, 96]]
+    assert list(sched.prefilling) == [a] and a.segments == [[128, 32]] and a.cached_tokens == 96
     assert sched.abort(a, now) is True
-    assert list(sched.prefilling) == [b] and sched.queued_prefill_tokens == sum(s[1] for s in b.segments)
-    assert set(pool.resident) == set(range(6)) and pool.pin_counts == {h: 1 for h in range(6)}
+    assert not sched.prefilling and sched.queued_prefill_tokens == 0
+    assert set(pool.resident) == set(range(8)) and pool.pin_counts == {h: 1 for h in range(6)}
     finished, _ = drain(sched, now)
     assert finished == [b] and b.generated == 2
     idle(pool, sched)
-    assert set(pool.resident) == set(range(6))
+    assert set(pool.resident) == set(range(8))
 
 
 def test_abort_while_decoding_frees_its_decode_blocks_and_keeps_its_prompt_cached():

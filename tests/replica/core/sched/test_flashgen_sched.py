@@ -69,11 +69,11 @@ def random_reorder(seed, max_loans):
     return reqs, sched
 
 
-@pytest.mark.parametrize("seed", [0, 2, 3, 4])
+@pytest.mark.parametrize("seed", [2, 3, 4, 5])
 def test_no_request_is_lent_memory_more_than_max_loans_times(seed):
-    # unbounded, one request of these runs is lent memory (and taken back) 3 times
+    # unbounded, one request of each of these runs is lent memory (and taken back) more than twice
     reqs, _ = random_reorder(seed, 100)
-    assert max(r.loans for r in reqs) == 3
+    assert max(r.loans for r in reqs) >= 3
     for bound in (1, 2):
         reqs, sched = random_reorder(seed, bound)
         assert max(r.loans for r in reqs) == bound

@@ -69,14 +69,16 @@ def test_cached_prefix_only_prefills_the_rest():
     assert second.t_first_token == pytest.approx(COST.prefill_time(71, 128))
 
 
-def test_fully_cached_prompt_still_runs_one_token():
+def test_fully_cached_prompt_computes_its_last_block_again():
+    # vLLM caps a hit at the prompt less one token (the last is run for its logits) in whole blocks:
+    # a 64-token prompt cached whole hits 3 blocks and computes the 4th
     pool, sched = make()
     sched.submit(req(1, 4, out=1))
     drain(sched)
     again = req(2, 4, out=1)
     sched.submit(again)
     results, _ = drain(sched)
-    assert results[0].prefill_tokens == 1 and again.cached_tokens == 64
+    assert results[0].prefill_tokens == 16 and again.cached_tokens == 48
 
 
 def test_admission_waits_for_pinned_blocks():
@@ -128,7 +130,8 @@ def test_decode_fills_blocks_and_the_latest_admitted_is_preempted_when_none_is_l
     steps (tick 16). Step 2: A (admitted first) needs its block, B (admitted last) is preempted
     with 17 tokens generated, A gets the block, nothing is admitted, and A decodes its last 3
     tokens and finishes. Step 3: B is re-admitted (its 4 prompt blocks are still cached), takes
-    2 blocks for its 81 tokens and recomputes its 17 generated tokens; 3 decode steps finish it."""
+    2 blocks for its 81 tokens and recomputes its 17 generated tokens, which yields its 18th (vLLM
+    samples after a recompute as after any prefill); 2 decode steps finish it."""
     pool, sched = make(capacity=10)
     a, b = req(1, 4, out=20, base=0), req(2, 4, out=20, base=100)
     sched.submit(a)
@@ -148,7 +151,7 @@ def test_decode_fills_blocks_and_the_latest_admitted_is_preempted_when_none_is_l
         step = sched.step(now)
         now += step.duration
         res.append(step)
-    assert res[-1].finished == [b] and b.generated == 20 and sum(r.steps for r in res[4:]) == 3
+    assert res[-1].finished == [b] and b.generated == 20 and sum(r.steps for r in res[4:]) == 2
     assert sched.stats()["preemptions"] == 1 and sched.stats()["admissions"] == 3
     assert pool.private == 0 and not pool.pin_counts
 
@@ -239,11 +242,11 @@ def test_reorder_fills_idle_memory_then_preempts_for_the_head():
     assert s.preemptions == 1 and s.generated == 3 and sched.num_waiting == 1
     assert told == [(3, None)]  # told after its blocks were released
     # H evicted R's 6 blocks (LRU: released before S's) into the 4 free ones. Step 4: S re-admitted
-    # hits its 4 blocks and recomputes its 5-token tail and its 3 tokens; no second first token;
-    # steps 5-6 decode tokens 4 and 5: S is done 2 steps before fcfs.
+    # hits its 4 blocks and recomputes its 5-token tail and its 3 tokens, which yields token 4; no
+    # second first token; step 5 decodes token 5: S is done 3 steps before fcfs.
     res4 = sched.step(now, now)
     assert s.cached_tokens == 64 and res4.prefill_tokens == 5 + 3 and res4.first_tokens == []
-    assert steps_until(sched, lambda res: s in res.finished, now + res4.duration)[0] == 1  # steps 5, 6
+    assert steps_until(sched, lambda res: s in res.finished, now + res4.duration)[0] == 0  # step 5
     st = sched.stats()
     assert (st["preemptions"], st["promotions"], st["admissions"]) == (1, 1, 4)
     assert (st["prefill_tokens"], st["readmission_prefill_tokens"]) == (101 + 69 + 160 + 8, 8)
