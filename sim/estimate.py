@@ -334,6 +334,7 @@ class ScmModel:
     response_blocks: int = _SCM.response_blocks
     max_turns: int = _SCM.max_turns
     block_size: int = _SCM.block_size  # only for mirroring the preset: the model counts blocks
+    block_tokens: int = _SCM.block_tokens  # the same
     think_dist: str = "exponential"
     think_sigma: float = 1.0
     turn_dist: str = "geometric"

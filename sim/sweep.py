@@ -68,10 +68,14 @@ def file_identity(path: str, fmt: str, block_size: int) -> dict:
 def workload_identity(trace: Trace, duration_s: float) -> dict:
     """A generated trace is fixed by its preset's resolved parameters, duration and seed."""
     meta = trace.meta
-    return {"workload": meta.get("workload", trace.source), "params": meta.get("params", {}),
+    params = {k: v for k, v in meta.get("params", {}).items() if LATER_PARAMS.get(k, ...) != v}
+    return {"workload": meta.get("workload", trace.source), "params": params,
             "duration_s": float(duration_s), "seed": meta.get("seed"), "block_size": trace.block_size}
 
 
+# Preset parameters added after sweeps were first written, left out at their default (scm's block of
+# the model, which was block_size until block_size became the hashing unit alone).
+LATER_PARAMS = {"block_tokens": 16}
 # Settings added after sweeps were first written: left out of a point's identity at their
 # default, so results written before them keep their ids and `--resume` still finds them.
 LATER_DEFAULTS = {"scheduler": "fcfs", "prefix_caching": "on", "max_model_len": None}

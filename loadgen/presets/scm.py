@@ -8,6 +8,11 @@ turn adds ``prompt_blocks`` full blocks of prompt; every turn but the last adds
 is ``j*(prompt_blocks+response_blocks) + prompt_blocks`` blocks, all full (the paper's
 theoretical model has no unhashable tail).  Think times are exponential with mean
 ``think_mean`` seconds.  There is no system prompt: conversations share nothing.
+
+A block of the model is ``block_tokens`` tokens (16); ``block_size`` is only the unit the trace is
+hashed in (``--block-size`` / ``--page-size`` set it), so the workload's tokens stay the same whatever
+the matching mode cuts them into, as every preset's do (they moved with it before: pages of 1 made
+every prompt 16x shorter). Give both to hash the model's blocks one to one at another size.
 """
 
 from __future__ import annotations
@@ -40,7 +45,8 @@ class ScmPreset:
     prompt_blocks: int = 8  # k, full blocks of new prompt per turn
     response_blocks: int = 16  # m, full blocks of response per turn
     max_turns: int = 100_000  # only bites when p is within ~1e-4 of 1
-    block_size: int = 16
+    block_size: int = 16  # tokens a hashed block (the trace's unit)
+    block_tokens: int = 16  # tokens a block of the model (what prompt_blocks and response_blocks count)
 
     def __post_init__(self):
         require_positive(self, "arrival_rate", "think_mean")
@@ -51,13 +57,14 @@ class ScmPreset:
         require_int(self, "response_blocks", 0)
         require_int(self, "max_turns", 1)
         require_int(self, "block_size", 1)
+        require_int(self, "block_tokens", 1)
 
     def plan(self, rng: np.random.Generator, duration_s: float) -> SessionBatch:
         starts = poisson_starts(rng, self.arrival_rate, duration_s)
         n = len(starts)
         turns = np.minimum(rng.geometric(1.0 - self.continue_prob, size=n), self.max_turns).astype(np.int64)
         total = int(turns.sum())
-        prompt = np.full(total, self.prompt_blocks * self.block_size, dtype=np.int64)
-        output = np.full(total, self.response_blocks * self.block_size, dtype=np.int64)
+        prompt = np.full(total, self.prompt_blocks * self.block_tokens, dtype=np.int64)
+        output = np.full(total, self.response_blocks * self.block_tokens, dtype=np.int64)
         gap = rng.exponential(self.think_mean, size=total)
         return make_batch("multi", starts, turns, np.full(n, -1), prompt, output, gap, _NO_CATALOG)

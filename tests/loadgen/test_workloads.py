@@ -155,12 +155,23 @@ def test_single_system_prompt_popularity_is_zipf_mandelbrot():
 def test_scm_block_counts_are_exact():
     k, m = 3, 5
     trace = generate("scm", 3000, seed=2, overrides={"prompt_blocks": str(k), "response_blocks": str(m),
-                                                     "block_size": "32"})
+                                                     "block_size": "32", "block_tokens": "32"})
     for r in trace.requests:
         assert len(r.hash_ids) == r.turn * (k + m) + k
         assert r.input_tokens == 32 * len(r.hash_ids)
         assert r.output_tokens == 32 * m
         assert r.kind == "multi"
+
+
+def test_scm_tokens_stay_the_same_whatever_block_size_hashes_them():
+    # block_size is the hashing unit alone (--block-size / --page-size): 3 blocks of the model's 16
+    # tokens are 48 tokens a prompt at any block size, 3 hashed blocks of 16, 48 pages of 1, 1 of 32
+    base = {"prompt_blocks": "3", "response_blocks": "2", "continue_prob": "0"}
+    by_size = {b: generate("scm", 600, seed=5, overrides={**base, "block_size": str(b)}) for b in (1, 16, 32)}
+    for b, trace in by_size.items():
+        assert {(r.input_tokens, r.output_tokens) for r in trace.requests} == {(48, 32)}
+        assert {len(r.hash_ids) for r in trace.requests} == {48 // b}
+    assert len(by_size[1].requests) == len(by_size[16].requests) > 0
 
 
 def test_scm_turns_arrivals_and_think_time_match_the_model():
@@ -185,10 +196,11 @@ def test_scm_turns_arrivals_and_think_time_match_the_model():
 
 def test_scm_accepts_every_parameter_by_name():
     values = {"arrival_rate": "0.7", "think_mean": "12.5", "continue_prob": "0.25", "prompt_blocks": "2",
-              "response_blocks": "0", "block_size": "8", "max_turns": "3"}
+              "response_blocks": "0", "block_size": "8", "block_tokens": "8", "max_turns": "3"}
     params = get_preset("scm", values)
     assert (params.arrival_rate, params.think_mean, params.continue_prob) == (0.7, 12.5, 0.25)
-    assert (params.prompt_blocks, params.response_blocks, params.block_size, params.max_turns) == (2, 0, 8, 3)
+    assert (params.prompt_blocks, params.response_blocks, params.block_size, params.block_tokens,
+            params.max_turns) == (2, 0, 8, 8, 3)
     trace = generate("scm", 600, seed=1, overrides=values)
     assert trace.block_size == 8
     assert all(len(r.hash_ids) == 2 * (r.turn + 1) and r.turn < 3 for r in trace.requests)
