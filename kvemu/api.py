@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
+from kvemu.options.limits import RADIX_BLOCK_TOKENS, pool_units
 from kvemu.options.router_flags import routing_settings as routing_settings_of
 from loadgen.formats import read_trace
 from loadgen.trace import Trace
@@ -42,11 +43,16 @@ def simulate(trace: Trace, policies: Iterable[str] = ("lru",), capacity_blocks: 
 
     ``settings`` are ``SimSettings`` fields (``max_running``, ``token_budget``, ``hit_mode``,
     ``model``, ``gpu``, ``causal``, ``seed``, ``reuse``, ``cache_only``, ``response_kv``), with the
-    defaults every command has (``response_kv="keep"``, as a colocated vLLM)."""
+    defaults every command has (``response_kv="keep"``, as a colocated vLLM). ``capacity_blocks`` counts
+    blocks of 16 tokens under ``matching="radix"`` too, turned into pages, as ``kvemu sim`` does: the run
+    dicts' ``capacity_blocks`` are the pool's pages then, ``capacity_tokens`` the same in either mode."""
     tiers = settings.get("tiers", TierSettings())
+    mode = str(settings.get("matching", "blocks"))
+    capacity_blocks = [c if mode != "radix" else pool_units("capacity_blocks", c, c * RADIX_BLOCK_TOKENS,
+                                                           trace.block_size, mode)[0] for c in capacity_blocks]
     routing_cfg = routing_settings_of(trace.block_size, [f"{k}={v}" for k, v in (routing_settings or {}).items()],
                                       tiers.levels() if isinstance(tiers, TierSettings) else None,
-                                      str(settings.get("matching", "blocks")))
+                                      mode)
     known = {f.name for f in dataclasses.fields(SimSettings)}
     for name in settings:
         if name not in known:

@@ -51,3 +51,9 @@ def test_bad_input_names_the_field():
         api.simulate(trace, ["lur"], [1000])
     with pytest.raises(InputError, match="^capacity_blocks: give exactly one"):
         api.estimate(arrival_rate=1.0)
+
+
+def test_capacity_blocks_under_radix_are_blocks_of_16_tokens_as_on_the_command_line():
+    trace = api.generate_trace("chat", duration_s=30, seed=1, block_size=1)  # cut into pages of one token
+    (row,) = api.simulate(trace, capacity_blocks=[100], matching="radix", hit_mode="prefix", cache_only=True)
+    assert (row["capacity_blocks"], row["block_size"], row["capacity_tokens"]) == (1600, 1, 1600)
