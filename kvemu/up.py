@@ -378,7 +378,8 @@ def validate(a) -> None:
     a.limit_lines = [*([replica.kv_budget().line()] if a.gpu_memory_utilization is not None else []),
                      *filter(None, [capacity_note(a, matching.block_size, matching.mode)]),
                      *filter(None, [length_warning(replica.asked_max_model_len(), a.max_model_len is not None,
-                                                   replica.resolved_capacity_blocks(), matching.block_size)])]
+                                                   replica.resolved_capacity_blocks(), matching.block_size,
+                                                   matching.mode)])]
     tiers = tier_settings(a, CostModel.from_names(a.model, a.gpu), matching.block_size)  # the replicas' tier flags, checked here
     prefix_caching_setting(a, tiers, a.backend)  # as each replica checks it
     get_strategy(a.routing)

@@ -91,7 +91,7 @@ def print_limits(settings, out=None) -> None:
     if settings.gpu_memory_utilization is not None:
         print(settings.kv_budget().line(), file=out, flush=True)
     warning = length_warning(settings.asked_max_model_len(), settings.max_model_len is not None,
-                             settings.resolved_capacity_blocks(), settings.block_size)
+                             settings.resolved_capacity_blocks(), settings.block_size, settings.matching)
     if warning:
         print(warning, file=out, flush=True)
 
@@ -112,7 +112,7 @@ def run(args) -> int:
         print(note, file=sys.stderr, flush=True)
     print(token_line(args), file=sys.stderr, flush=True)
     unit = "pages" if settings.matching == "radix" else "blocks"
-    print(f"replica {settings.replica_id} ({settings.policy}, {settings.resolved_capacity_blocks():,} {unit})"
+    print(f"replica {settings.replica_id} ({settings.policy}, {settings.resolved_capacity_blocks()} {unit})"
           f" on http://{settings.serving.host}:{settings.port}", file=sys.stderr, flush=True)
     serve(app, sock)
     return 0

@@ -136,7 +136,7 @@ def warn_lengths(args, caps: list[int], block_size: int) -> None:
     if args.max_model_len is not None and args.max_model_len < 1:
         raise InputError("--max-model-len", f"must be a positive integer, got {args.max_model_len}")
     asked = args.max_model_len or CostModel.from_names(args.model, args.gpu).model.max_context
-    warning = length_warning(asked, args.max_model_len is not None, caps, block_size)
+    warning = length_warning(asked, args.max_model_len is not None, caps, block_size, matching_setting(args).mode)
     if warning:
         print(warning, file=sys.stderr)
 
@@ -251,7 +251,7 @@ def run_serial(trace: Trace, grid: list[SimSettings], quiet: bool) -> list[dict]
     """The cells one after another in this process, with a progress bar over each one's requests."""
     runs = []
     for i, settings in enumerate(grid, 1):
-        label = f"[{i}/{len(grid)}] {settings.policy} @ {settings.capacity_blocks} blocks"
+        label = f"[{i}/{len(grid)}] {settings.policy} @ {_capacity(settings)}"
         progress = None if quiet else ProgressBar(label, len(trace.requests), "req")
         runs.append(simulate(trace, settings, progress))
     return runs
@@ -266,15 +266,20 @@ def run_parallel(trace: Trace, grid: list[SimSettings], jobs: int, quiet: bool) 
     def finished(index: int, run: dict) -> None:
         runs[index] = run
         s = grid[index]
-        bar.note(f"  {s.policy} @ {s.capacity_blocks:,} blocks: block hit {run['block_hit_ratio']:.4f}, {run['wall_s']:.1f} s")
+        bar.note(f"  {s.policy} @ {_capacity(s)}: block hit {run['block_hit_ratio']:.4f}, {run['wall_s']:.1f} s")
         bar.update()
 
     try:
         pool.run(trace, grid, finished)
     except CellError as exc:
         s = grid[exc.index]
-        raise KvemuError(f"{s.policy} @ {s.capacity_blocks} blocks failed: {exc.error!r}") from exc
+        raise KvemuError(f"{s.policy} @ {_capacity(s)} failed: {exc.error!r}") from exc
     return [r for r in runs if r is not None]
+
+
+def _capacity(s: SimSettings) -> str:
+    """A run's capacity in the pool's own unit, named: blocks, or pages under radix."""
+    return f"{s.capacity_blocks:,} {'pages' if s.matching == 'radix' else 'blocks'}"
 
 
 def print_table(runs: list[dict], out) -> None:

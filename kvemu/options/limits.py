@@ -67,7 +67,8 @@ def pool_units(flag: str, value: int, tokens: int, unit: int, mode: str) -> tupl
                    f" ({units * unit:,} tokens)")
 
 
-def length_warning(asked: int, from_flag: bool, capacities: int | list[int], block_size: int) -> str | None:
+def length_warning(asked: int, from_flag: bool, capacities: int | list[int], block_size: int,
+                   mode: str = "blocks") -> str | None:
     """One line where a pool of ``capacities`` blocks (or the smallest of several) cannot hold one
     request of ``asked`` tokens (vLLM would refuse to start), with both numbers and the two ways out;
     None where every pool can."""
@@ -81,7 +82,8 @@ def length_warning(asked: int, from_flag: bool, capacities: int | list[int], blo
     more = f" (and {len(short) - 1} larger capacit{'y' if len(short) == 2 else 'ies'} short of it too)" \
         if len(short) > 1 else ""
     limit = f"{pool_tokens:,} tokens as the limit" if len(short) == 1 else "each such pool's size as its limit"
-    return (f"warning: {what} needs {need:,} KV blocks of {block_size} tokens but the pool holds {short[0]:,}"
+    unit = f"KV {'pages' if mode == 'radix' else 'blocks'} of {block_size} token{'s' if block_size > 1 else ''}"
+    return (f"warning: {what} needs {need:,} {unit} but the pool holds {short[0]:,}"
             f" ({pool_tokens:,} tokens){more}, where vLLM would refuse to start: give a larger capacity"
             f" ({CAPACITY_WAYS_OUT}) or --max-model-len {pool_tokens:,} or less; going on with {limit}")
 

@@ -113,7 +113,7 @@ def test_stats_report_capacity_in_the_pools_unit_and_in_tokens_and_bytes():
     assert (stats["capacity_blocks"], stats["block_size"]) == (1600, 1)
     assert (stats["capacity_tokens"], stats["capacity_bytes"]) == (1600, 1600 * 98_304)
     assert stats["capacity_gib"] == pytest.approx(1600 * 98_304 / 2**30)
-    assert "(lru, 1,600 pages)" in err and "note:" not in err
+    assert "(lru, 1600 pages)" in err and "note:" not in err
     stats, err = _stats_and_stderr("--capacity-tokens", "1000", "--max-model-len", "512")
     assert (stats["capacity_blocks"], stats["block_size"], stats["capacity_tokens"]) == (62, 16, 992)
     assert stats["capacity_bytes"] == 992 * 98_304
