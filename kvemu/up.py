@@ -118,13 +118,17 @@ class Cluster:
     token: str = ""
     token_path: str | None = None  # the shared file the token is in; None for a token given
     admin_token: str = ""  # the replicas' /admin/* token ("": admin endpoints off)
+    redis_password: str = ""  # a given Redis URL's password, kept off the children's command lines
 
     def start(self, child: Child, log_dir: str) -> None:
+        from shared.index.redis_index import PASSWORD_ENV
+
         log = open(os.path.join(log_dir, f"{child.name}.log"), "ab")
         # Secrets in the environment, which only the owner reads (/proc/PID/environ), never on a
         # command line every user can read (/proc/PID/cmdline)
         env = {**os.environ, **({"KVEMU_CLUSTER_TOKEN": self.token} if self.token else {}),
-               **({ADMIN_TOKEN_ENV: self.admin_token} if self.admin_token else {})}
+               **({ADMIN_TOKEN_ENV: self.admin_token} if self.admin_token else {}),
+               **({PASSWORD_ENV: self.redis_password} if self.redis_password else {})}
         child.proc = subprocess.Popen(child.args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                       preexec_fn=_child_setup(os.getpid()), env=env)
         self.children.append(child)
@@ -214,7 +218,10 @@ def bring_up(a, log_dir: str | None = None) -> Cluster:
     if not cluster.token:
         cluster.token, cluster.token_path = shared_cluster_token()
     try:
-        index = _index_for(a, cluster, log_dir)
+        from shared.index.redis_index import split_password
+
+        index, password = split_password(_index_for(a, cluster, log_dir))
+        cluster.redis_password = password or ""
         for i in range(a.replicas):
             port = a.replica_base_port + i if a.replica_base_port else free_port()
             url = f"http://127.0.0.1:{port}"

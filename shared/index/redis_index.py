@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
 import struct
 from collections.abc import AsyncIterator, Sequence
@@ -44,6 +45,24 @@ GC_CHUNK = 256
 _DRAIN_CHUNK = 4096
 
 
+# The password of a Redis URL that has none, so that a process need not carry it on its command line,
+# which every user of the host can read: `kvemu up` hands a given URL's password on so
+# (split_password), and an operator may set it for `kvemu router` / `kvemu replica` alike.
+PASSWORD_ENV = "KVEMU_REDIS_PASSWORD"
+
+
+def split_password(url: str) -> tuple[str, str | None]:
+    """``url`` without its password, and the password (None where it has none)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url, None
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    user = f"{parts.username}@" if parts.username else ""
+    return urlunsplit((parts.scheme, user + host, parts.path, parts.query, parts.fragment)), parts.password
+
+
 class _SharedPools:
     """One connection pool per (URL, event loop) in a process, shared by every index on it.
 
@@ -58,13 +77,15 @@ class _SharedPools:
         loop = asyncio.get_running_loop()
         entry = self._pools.get((url, id(loop)))
         if entry is None:
+            password = os.environ.get(PASSWORD_ENV) if urlsplit(url).password is None else None
+            extra = {"password": password} if password else {}
             pool = aioredis.BlockingConnectionPool.from_url(
                 # No socket_timeout: redis-py wraps every read and write in its own timer
                 # (2.5x the cost of a PING under uvloop); _guard bounds each call instead.
                 url, max_connections=size, timeout=timeout, decode_responses=True,
                 socket_connect_timeout=min(timeout, 2.0),
                 # A short retry rides out a dropped connection; a dead server fails fast.
-                retry=Retry(ExponentialBackoff(cap=0.2, base=0.01), 2),
+                retry=Retry(ExponentialBackoff(cap=0.2, base=0.01), 2), **extra,
             )
             entry = self._pools[(url, id(loop))] = [pool, loop, 0]
         entry[2] += 1

@@ -333,3 +333,27 @@ def test_no_token_is_on_any_child_command_line_and_the_admin_endpoints_take_it(u
         resync = urls[name] + "/kv/resync"
         assert http("POST", resync)[0] == 401
         assert http("POST", resync, headers={"Authorization": f"Bearer {cluster_token}"})[0] == 200
+
+
+def test_a_redis_password_given_in_the_url_reaches_the_children_in_their_environment(up_procs, redis_server):
+    """`--index redis://:PASSWORD@...`: the children's command lines carry the URL without it (they read it
+    from KVEMU_REDIS_PASSWORD), and they still index into that Redis."""
+    import redis
+
+    password = "redis-pw-5d2c9e"
+    admin = redis.Redis.from_url(redis_server.url)
+    admin.config_set("requirepass", password)
+    try:
+        url = redis_server.url.replace("redis://", f"redis://:{password}@")
+        up = up_procs("--replicas", "1", "--index", url, "--cluster", "pw-test", "--capacity-blocks", "256",
+                      "--time-scale", "0", "--port", str(free_port()))
+        urls = up.ready()
+        procs = descendants(up.proc.pid)
+        assert len(procs) == 2 and all(password not in cmd for cmd in procs.values()), procs
+        assert all(f"--index {redis_server.url}" in cmd for cmd in procs.values()), procs
+        tokens = list(range(64))
+        generate_via(urls["router"], tokens)
+        wait_for(lambda: redis_lookup(url, "pw-test", block_hashes(tokens)) == {"replica-0": 4}, what="indexed")
+    finally:
+        redis.Redis.from_url(redis_server.url, password=password).config_set("requirepass", "")
+        admin.close()

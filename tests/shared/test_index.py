@@ -521,3 +521,12 @@ def test_redis_bad_url_is_an_input_error(url):
 def test_redis_url_password_is_not_shown():
     idx = RedisIndex("redis://user:secret@127.0.0.1:1/0")
     assert "secret" not in idx.safe_url and "127.0.0.1:1" in idx.safe_url
+
+
+def test_a_redis_urls_password_splits_off_for_the_environment():
+    from shared.index.redis_index import split_password
+
+    assert split_password("redis://:s3cret@127.0.0.1:6379/0") == ("redis://127.0.0.1:6379/0", "s3cret")
+    assert split_password("rediss://ops:pw@redis-host/2?ssl_cert_reqs=none") == (
+        "rediss://ops@redis-host/2?ssl_cert_reqs=none", "pw")
+    assert split_password("redis://127.0.0.1:6379/0") == ("redis://127.0.0.1:6379/0", None)
