@@ -110,6 +110,8 @@ def mode_tables(doc: dict) -> str:
                 (f"wall time, {n_mixes} runs (s)", "wall_s", "{:.0f}")]
         for label, key, f in rows:
             vals = [part["summary"][n].get(key) for n in names]
+            if all(v is None for v in vals):  # e.g. the gap to Belady in a run without it
+                continue
             out.append(f"| **{label}** | " + " | ".join("" if v is None else f.format(v) for v in vals) + " | |")
         out.append(f"\nStatic wins: LRU {part['wins']['lru']}, S3-FIFO {part['wins']['s3fifo']}.\n")
     if "ablations" in doc:
