@@ -148,6 +148,8 @@ def golden_workloads() -> list[dict]:
         _w("multi_turn_hits_response", [_r("t1", 0, [[90, 300]], 64, tag=91),
                                         _r("t2", 80, [[90, 300], [91, 64], [92, 50]], 20)]),
         _w("many_chunks", [_r(f"c{i}", 0, [[100 + i, 700]], 12) for i in range(10)]),
+        _w("preempted_mid_prefill", [_r("d", 0, [[110, 400]], 200), _r("long", 1, [[111, 2100]], 10)],
+           num_blocks=160, max_num_batched_tokens=64),
     ]
 
 

@@ -432,8 +432,14 @@ class Scheduler(ReorderLoans):
 
         Where response KV is kept, the full blocks it generated stay cached as vLLM v1 keeps every
         full block (``kept``: its re-admission looks them up, in HBM and, with inclusive tiers, in
-        the host copies made as they filled, restoring rather than recomputing what is found)."""
+        the host copies made as they filled, restoring rather than recomputing what is found).
+        Preempted while prefilling, the prompt blocks it inserted whose KV it had not computed leave
+        the pool, as an abort's (vLLM caches a block only once it schedules the block's tokens)."""
+        uncomputed = self._uncomputed(r)
         self._free_blocks(r, now, self._leave_running(r))
+        remove = getattr(self.pool, "remove", None)
+        if uncomputed and remove is not None:
+            remove(uncomputed, computed=False)
         r.preemptions += 1
         self.preemptions += 1
         r.t_queued = now

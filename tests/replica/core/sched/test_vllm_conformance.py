@@ -21,7 +21,8 @@ def read(path: Path) -> tuple[dict, list[dict]]:
 def test_the_golden_files_cover_the_cases_the_issue_names():
     names = {p.stem for p in FILES}
     assert len(names) >= 12
-    for must in ("shared_prefix_together", "shared_prefix_apart", "long_prompts_beside_decodes", "small_pool_preempts",
+    for must in ("preempted_mid_prefill",
+                 "shared_prefix_together", "shared_prefix_apart", "long_prompts_beside_decodes", "small_pool_preempts",
                  "prefix_caching_off", "max_num_seqs_binding", "abort_mid_prefill", "abort_mid_decode",
                  "over_model_len"):
         assert must in names
@@ -38,6 +39,11 @@ def test_the_cases_exercise_what_they_are_named_for():
     assert total("prefix_caching_off_small_pool", "preempted") >= 1
     assert total("over_model_len", "refused") == 1
     assert total("abort_mid_prefill", "aborted") == total("abort_mid_decode", "aborted") == 1
+    mid = read(GOLDEN / "preempted_mid_prefill.jsonl")[1]
+    cut = next(s["step"] for s in mid if s["preempted"] == ["long"])
+    assert mid[cut - 1]["scheduled"]["long"] == 63  # a chunk, its prompt not done
+    # re-admitted, it finds the blocks its chunks computed (1,936 of its 2,100 tokens), not the ones it never reached
+    assert [s["cached"] for s in mid if "long" in s["cached"]] == [{"long": 0}, {"long": 1936}]
     hits = read(GOLDEN / "shared_prefix_together.jsonl")[1][0]["cached"]
     assert hits == {"a0": 0, "a1": 512, "a2": 512, "a3": 512}  # admitted in one step, behind a0's blocks
     off = read(GOLDEN / "prefix_caching_off.jsonl")[1][0]["cached"]
