@@ -38,10 +38,10 @@ import statistics
 import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
+from kvemu import sim_cmd
 from loadgen.stats import conversation_shape
 from shared.costmodel import CostModel
 from shared.progress import ProgressBar
-from sim import sim_cmd
 from sim.simulator import simulate
 
 GB = 1e9

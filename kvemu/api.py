@@ -70,8 +70,8 @@ def estimate(trace: Trace | None = None, *, capacity_blocks: int | None = None,
     From the ``scm`` model (``scm_params`` are its parameters, plus ``think_dist``, ``turn_dist``,
     ...) or, with ``trace``, from primitives measured on it. Give ``capacity_blocks`` for the hit
     ratio, or ``target_hit_ratio`` for the capacity that reaches it."""
+    from kvemu.estimate_cmd import estimate_doc
     from sim.estimate import ScmModel, capacity_for, workload_from_trace
-    from sim.estimate_cmd import estimate_doc
 
     if (capacity_blocks is None) == (target_hit_ratio is None):
         raise InputError("capacity_blocks", "give exactly one of capacity_blocks or target_hit_ratio")

@@ -10,24 +10,24 @@ import argparse
 import importlib
 import sys
 
-from shared.cli import run_parsed
-from shared.config import config_argv
+from kvemu.options.config_file import config_argv
+from kvemu.program import run_parsed
 from shared.errors import KvemuError
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "gen": ("loadgen.gen_cmd", "generate a workload preset into a trace JSONL file"),
-    "trace-stats": ("loadgen.stats_cmd", "summarise a trace: requests, blocks, reuse, sessions"),
-    "audit": ("loadgen.audit_cmd", "prompt-cache audit of a request log (OpenAI bodies): where prompts part, why, hit ratios"),
+    "gen": ("kvemu.gen_cmd", "generate a workload preset into a trace JSONL file"),
+    "trace-stats": ("kvemu.stats_cmd", "summarise a trace: requests, blocks, reuse, sessions"),
+    "audit": ("kvemu.audit_cmd", "prompt-cache audit of a request log (OpenAI bodies): where prompts part, why, hit ratios"),
     "demo": ("kvemu.demo", "up + replay a short built-in workload + report, then shut down"),
     "up": ("kvemu.up", "start a router and N replicas as local processes"),
-    "replay": ("loadgen.replay_cmd", "replay a trace or preset against a running cluster"),
-    "router": ("router.cmd", "run the cache-aware router in front of replicas"),
-    "replica": ("replica.cmd", "run one replica: an emulated GPU serving over HTTP"),
+    "replay": ("kvemu.replay_cmd", "replay a trace or preset against a running cluster"),
+    "router": ("kvemu.router_cmd", "run the cache-aware router in front of replicas"),
+    "replica": ("kvemu.replica_cmd", "run one replica: an emulated GPU serving over HTTP"),
     "kv-events": ("kvemu.kv_events_cmd", "print vLLM's KV events (--kv-events-config) from a replica or vLLM as JSON lines"),
-    "sim": ("sim.sim_cmd", "virtual-time run of policies x capacities over a trace or preset"),
-    "sweep": ("sim.sweep_cmd", "policies x capacities x routings x replica counts in parallel, resumable"),
-    "estimate": ("sim.estimate_cmd", "mean-field LRU hit ratio (or capacity for a target) of scm or a trace"),
+    "sim": ("kvemu.sim_cmd", "virtual-time run of policies x capacities over a trace or preset"),
+    "sweep": ("kvemu.sweep_cmd", "policies x capacities x routings x replica counts in parallel, resumable"),
+    "estimate": ("kvemu.estimate_cmd", "mean-field LRU hit ratio (or capacity for a target) of scm or a trace"),
     "calibrate": ("kvemu.calibrate", "time a model's layers on this device (torch) and fit the cost model: a device profile"),
 }
 

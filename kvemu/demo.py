@@ -13,12 +13,12 @@ import sys
 import time
 
 from kvemu.options.limits import CAPACITY_OPTIONS
+from kvemu.program import check_outputs
+from kvemu.replay_cmd import cluster_report, print_report, replica_stats
 from kvemu.up import add_cluster_args, bring_up, print_limit_lines, validate
 from loadgen.replay import Replayer, records_json, summarize
-from loadgen.replay_cmd import cluster_report, print_report, replica_stats
 from loadgen.trace import Trace
 from loadgen.workloads import generate
-from shared.cli import check_outputs
 from shared.errors import KvemuError
 from shared.overrides import parse_pairs
 
@@ -96,8 +96,8 @@ def run(a) -> int:
 def _summary_png(a, trace, summary: dict, report: dict, records) -> None:
     """The one summary figure the demo ends with, and where it is."""
     try:
+        from kvemu.replay_cmd import plot_context
         from loadgen.plots import plot_replay
-        from loadgen.replay_cmd import plot_context
 
         ctx = plot_context(trace, trace.requests, a.speedup, report, source=f"{a.workload} preset")
         plot_replay(summary, records, a.plot, ctx)

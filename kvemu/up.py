@@ -22,6 +22,8 @@ import urllib.request
 from dataclasses import dataclass, field
 
 from kvemu.options.backend import BACKEND_OPTIONS
+from kvemu.options.config_file import add_config_arg
+from kvemu.options.gpu import add_gpu_args, gpu_setting
 from kvemu.options.index import CLUSTER
 from kvemu.options.kv_events import add_kv_events_arg, kv_events_argv, kv_events_setting
 from kvemu.options.limits import (
@@ -38,15 +40,14 @@ from kvemu.options.prefix_caching import PREFIX_CACHING, prefix_caching_setting
 from kvemu.options.replica_flags import ADMIN_TOKEN, ADMIN_TOKEN_ENV, MODEL, POLICY, TIME_SCALE, given_admin_token
 from kvemu.options.response_kv import RESPONSE_KV_OPTION
 from kvemu.options.reuse import SHARDS_RATE
-from kvemu.options.router_flags import ROUTER_OPTIONS, ROUTING_OPTIONS
+from kvemu.options.router_flags import ROUTING_OPTIONS
 from kvemu.options.scheduler import LIVE_SCHEDULER_OPTIONS, check_scheduler_flags
 from kvemu.options.serving import SERVER_OPTIONS, given_cluster_token
 from kvemu.options.tiers import TIER_OPTIONS, add_tier_args, tier_settings
+from kvemu.router_cmd import ROUTER_OPTIONS
 from replica.backends import check_backend, check_backend_flags
-from shared.config import add_config_arg
 from shared.costmodel import CostModel
 from shared.errors import InputError, KvemuError
-from shared.gpuargs import add_gpu_args, gpu_setting
 from shared.runtime_dir import shared_cluster_token
 
 PR_SET_PDEATHSIG = 1
@@ -68,7 +69,7 @@ TRANSFORMED = {
     "--index": "memory, redis or a URL: the router gets memory or the Redis URL, each replica the URL (none with memory)",
     "--cluster-token": "through the environment (KVEMU_CLUSTER_TOKEN), never on a command line other users can read",
     "--admin-token": "through the environment (KVEMU_ADMIN_TOKEN), as the cluster token",
-    "--gpu": "--gpu, --gpu-file and --tp become one --gpu NAME@tpN (shared.gpuargs.gpu_setting)",
+    "--gpu": "--gpu, --gpu-file and --tp become one --gpu NAME@tpN (kvemu.options.gpu.gpu_setting)",
     "--gpu-file": "as --gpu",
     "--tp": "as --gpu",
     "--kv-events-config": "replica i gets the config with the endpoints' ports plus i (kv_events_argv)",

@@ -1,23 +1,12 @@
-"""Where requests come from, for every command that takes them: a trace file or a generated preset."""
+"""Where requests come from, for every command that takes them: a trace file or a generated preset
+(its flags are ``kvemu.options.source``)."""
 
 from __future__ import annotations
-
-import argparse
 
 from loadgen.formats import TOKEN_FORMATS, detect_format, read_trace
 from loadgen.trace import HASHES_U64, Trace
 from shared.errors import InputError
 from shared.overrides import parse_pairs
-
-
-def add_source_args(p: argparse.ArgumentParser, duration: float = 600.0) -> None:
-    """Where requests come from: a trace file or a generated preset (sim, sweep, replay)."""
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--workload", metavar="NAME", help="a workload preset (see `kvemu gen --list`)")
-    src.add_argument("--trace", metavar="FILE", help="a trace file")
-    p.add_argument("--format", default="auto", help="trace format: auto, kvemu, mooncake, bailian")
-    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="preset parameter (repeatable)")
-    p.add_argument("--duration", type=float, default=duration, help="seconds of workload to generate (with --workload)")
 
 
 def load_source(args, unit: int | None = None, tokens: bool = False) -> Trace:

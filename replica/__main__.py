@@ -1,5 +1,5 @@
 import sys
 
-from replica.cmd import main
+from kvemu.replica_cmd import main
 
 sys.exit(main())

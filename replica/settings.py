@@ -31,9 +31,9 @@ from replica.core.sched.sched_types import (
     max_model_len_for,
 )
 from replica.core.tiers.stack import TierSettings
-from replica.vllm_events import KvEventsConfig
 from shared.costmodel import CostModel, KvBudget
 from shared.errors import InputError, UnknownNameError
+from shared.kv_events_config import KvEventsConfig
 from shared.serving import ServingSettings
 from shared.validate import check_positive_int
 

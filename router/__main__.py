@@ -1,5 +1,5 @@
 import sys
 
-from router.cmd import main
+from kvemu.router_cmd import main
 
 sys.exit(main())

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from router.limits import ClientLimits
-from router.strategies import RoutingSettings, get_strategy
+from router.strategies import DEFAULT_STRATEGY, RoutingSettings, get_strategy
 from shared.errors import InputError
 from shared.serving import ServingSettings
 from shared.validate import check_positive_int
@@ -16,7 +16,7 @@ from shared.validate import check_positive_int
 class RouterSettings:
     replicas: tuple[str, ...]
     port: int = 8000
-    routing: str = "cache_aware"
+    routing: str = DEFAULT_STRATEGY
     index: str = "memory"  # or redis://host:port/db
     cluster: str = "default"
     block_size: int = 16  # the replicas' hashing unit: a block, or a radix page (matching)
@@ -70,6 +70,6 @@ class RouterSettings:
         return ClientLimits(self.client_max_in_flight, self.client_rate, self.client_burst)
 
     def strategy_settings(self) -> RoutingSettings:
-        """The strategies' settings: router/cmd.py builds them with each memory level's hit cost from the
+        """The strategies' settings: kvemu/router_cmd.py builds them with each memory level's hit cost from the
         level registry (kvemu.options.router_flags.routing_settings); without them, levels cost as misses."""
         return self.routing_settings or RoutingSettings(block_size=self.block_size)

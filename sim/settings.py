@@ -13,7 +13,7 @@ from replica.core.build import (
     DEFAULT_RESPONSE_KV,
     DEFAULT_SHARDS_RATE,
     RESPONSE_KV,
-    REUSE_MODES,
+    SIM_REUSE_MODES,
     CoreSettings,
     check_choice,
     check_matching,
@@ -35,9 +35,6 @@ from replica.core.tiers.stack import TierSettings
 from router.strategies import RoutingSettings, strategy_spec
 from shared.costmodel import CostModel
 from shared.validate import check_number, check_positive_int
-
-# The core's reuse modes, and "auto": sampled in batching mode, off in cache-only mode (SimSettings.reuse_mode)
-SIM_REUSE_MODES = ("auto", *REUSE_MODES)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,10 +1,12 @@
 """The layout's rules, checked on the source: arrows point down, no cycles, nothing outside the repo.
 
 kvemu (CLI) -> router, replica (processes) and sim (virtual time) -> replica.core and
-router.strategies (pure) -> shared; loadgen imports shared only. The command-line front ends
-of the processes and the simulator (``FRONT_ENDS``) are CLI too: they, and nothing else below
-kvemu, take their flags from ``kvemu.options``, which defines each choice and its flag once and
-imports no front end. Imports inside functions
+router.strategies (pure) -> shared; loadgen imports shared only. Every command-line front end
+lives in kvemu (``kvemu.replica_cmd``, ``kvemu.router_cmd``, ``kvemu.sim_cmd``, ...); a process
+package's ``__main__`` (``python -m replica``) is an entry point that nothing imports, so it
+belongs to the CLI layer and may call its front end. The flag vocabulary, ``kvemu.options``,
+defines each choice and its flag once and imports only the pure core, shared and itself: no
+process, no simulator, no front end. There is no list of exceptions. Imports inside functions
 count too (they are still dependencies); ``if TYPE_CHECKING:`` blocks do not.
 """
 
@@ -68,29 +70,55 @@ def top(name: str) -> str:
     return name.split(".")[0]
 
 
-@pytest.mark.parametrize("pkg, forbidden", [
-    ("loadgen", {"replica", "router", "sim", "kvemu"}),
-    ("shared", {"replica", "router", "sim", "kvemu", "loadgen"}),
-    ("replica", {"kvemu", "sim", "router", "loadgen"}),
-    ("router", {"kvemu", "sim", "replica", "loadgen"}),
-    ("sim", {"kvemu"}),
-])
-def test_arrows_point_down(pkg, forbidden):
-    bad = sorted((m, t) for m, ts in GRAPH.items() if top(m) == pkg for t in ts if top(t) in forbidden
-                 and not (m in FRONT_ENDS and t.startswith("kvemu.options")))
-    assert not bad
+LAYERS_BELOW_CLI = {
+    "loadgen": {"replica", "router", "sim", "kvemu"},
+    "shared": {"replica", "router", "sim", "kvemu", "loadgen"},
+    "replica": {"kvemu", "sim", "router", "loadgen"},
+    "router": {"kvemu", "sim", "replica", "loadgen"},
+    "sim": {"kvemu"},
+}
+CORE = ("replica.core", "router.strategies")
 
 
-FRONT_ENDS = {"replica.cmd", "router.cmd", "sim.sim_cmd", "sim.sweep_cmd"}
+def is_entry_point(name: str) -> bool:
+    """``python -m PACKAGE``'s module: run, never imported, so it is CLI wherever it sits."""
+    return name.endswith(".__main__")
 
 
-def test_the_flag_vocabulary_imports_no_front_end():
-    """``kvemu.options`` sits below every command: it may read settings and the core's values,
-    never a command (that would be a cycle through the CLI)."""
+def upward_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    return sorted((m, t) for m, ts in graph.items() if top(m) in LAYERS_BELOW_CLI and not is_entry_point(m)
+                  for t in ts if top(t) in LAYERS_BELOW_CLI[top(m)])
+
+
+def test_arrows_point_down():
+    assert upward_imports(GRAPH) == []
+
+
+def test_an_upward_import_fails_the_layout():
+    """The rule is live: a process module importing the vocabulary, or the simulator importing the CLI, is caught."""
+    planted = {**GRAPH, "replica.app": GRAPH["replica.app"] | {"kvemu.options.serving"},
+               "sim.cells": GRAPH["sim.cells"] | {"kvemu.sim_cmd"}}
+    assert upward_imports(planted) == [("replica.app", "kvemu.options.serving"), ("sim.cells", "kvemu.sim_cmd")]
+
+
+def test_every_front_end_lives_in_the_cli():
+    """No module below kvemu builds an argument parser: the front ends are all in one home."""
+    bad = [name for name, path in modules().items() if top(name) != "kvemu" and not is_entry_point(name)
+           and "argparse" in external_imports(path)]
+    assert bad == []
+    entries = {name for name in GRAPH if is_entry_point(name) and top(name) != "kvemu"}
+    assert entries == {"replica.__main__", "router.__main__"}
+    for name in entries:  # thin: one import of its front end
+        assert {top(t) for t in GRAPH[name]} == {"kvemu"}, name
+
+
+def test_the_flag_vocabulary_imports_only_the_core_and_shared():
+    """``kvemu.options`` sits below every command and beside the core: it may read the core's values and
+    shared settings, never a process, the simulator or a command (that would run arrows back up)."""
     bad = sorted((m, t) for m, ts in GRAPH.items() if m.startswith("kvemu.options") for t in ts
-                 if t in FRONT_ENDS or (top(t) == "kvemu" and not t.startswith("kvemu.options")))
-    assert not bad
-    assert all(m in GRAPH for m in FRONT_ENDS)
+                 if not (t.startswith("kvemu.options") or top(t) == "shared"
+                         or any(t == c or t.startswith(c + ".") for c in CORE)))
+    assert bad == []
 
 
 def external_imports(path: Path) -> set[str]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 
 from kvemu.options.option import Option
-from replica.vllm_events import KvEventsConfig
+from shared.kv_events_config import KvEventsConfig
 
 KV_EVENTS_CONFIG = Option(
     "--kv-events-config", None, metavar="JSON",

@@ -1,7 +1,7 @@
 """The replica's own flags `kvemu up` also takes and hands to every replica: its eviction policy,
 model and emulated clock, and the admin token (which up hands on in the environment; block size and
 matching: ``kvemu.options.matching``). Capacity, the GPU, tiers and the backend have their own modules
-(``kvemu.options.limits``, ``shared.gpuargs``, ``kvemu.options.tiers``, ``kvemu.options.backend``)."""
+(``kvemu.options.limits``, ``kvemu.options.gpu``, ``kvemu.options.tiers``, ``kvemu.options.backend``)."""
 
 from __future__ import annotations
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 import argparse
 
 from kvemu.options.option import Option
-from replica.core.build import DEFAULT_SHARDS_RATE
-from sim.simulator import SIM_REUSE_MODES
+from replica.core.build import DEFAULT_SHARDS_RATE, SIM_REUSE_MODES
 
 REUSE = Option("--reuse", "auto", choices=SIM_REUSE_MODES,
                help="reuse distances for the miss-ratio curve: SHARDS-sampled (within 0.01 of exact), exact, or off"

@@ -1,39 +1,28 @@
-"""The router's own flags: its routing strategy and settings, how often it samples its replicas
-(health, dashboard) and the per-client limits (router/limits.py, off by default), for `kvemu router`
-and `kvemu up`. Their defaults are ``RouterSettings``'s own, read from the dataclass."""
+"""The routing flags every command that routes takes (`kvemu router`, `kvemu up`, `kvemu sim`,
+`kvemu sweep`): the strategy and its settings (``--set``), built into the strategies'
+``RoutingSettings``. The router process's own flags (health and dashboard intervals, per-client
+limits) are in its front end, ``kvemu.router_cmd``, with ``RouterSettings``'s defaults."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import fields, replace
+from dataclasses import replace
 
 from kvemu.options.limits import RADIX_BLOCK_TOKENS
 from kvemu.options.option import Option
 from replica.core.tiers.levels import LevelSettings, level_hit_costs
 from replica.core.tiers.stack import TierSettings
-from router.settings import RouterSettings
-from router.strategies import SPECS, RoutingSettings
+from router.strategies import DEFAULT_STRATEGY, SPECS, RoutingSettings
 from shared.errors import InputError
 from shared.overrides import apply_overrides, parse_pairs
 from shared.validate import check_probability
 
-_ROUTER = {f.name: f.default for f in fields(RouterSettings)}
-ROUTING = Option("--routing", _ROUTER["routing"], help=f"routing strategy: {', '.join(SPECS)} (default {_ROUTER['routing']})")
+ROUTING = Option("--routing", DEFAULT_STRATEGY,
+                 help=f"routing strategy: {', '.join(SPECS)} (default {DEFAULT_STRATEGY})")
 SET = Option("--set", (), metavar="NAME=VALUE", repeat=True,
              help="routing setting, e.g. bounded_load_factor=1.25, balance_abs_threshold=64, ssd_hit_cost=0.3 (a memory"
                   " level's by its name: host_hit_cost, ssd_hit_cost; once per setting)")
 ROUTING_OPTIONS = (ROUTING, SET)
-ROUTER_OPTIONS = (
-    Option("--health-interval", _ROUTER["health_interval_s"], type=float, help="seconds between replica health checks"),
-    Option("--dashboard-interval", _ROUTER["dashboard_interval_s"], type=float,
-           help="seconds between the samples /dashboard draws (each reads every replica's /stats)"),
-    Option("--client-max-in-flight", _ROUTER["client_max_in_flight"], type=int,
-           help="routed requests one client address may have at once; 429 beyond (default 0: no limit)"),
-    Option("--client-rate", _ROUTER["client_rate"], type=float,
-           help="requests/s one client address may send on average; 429 beyond (default 0: no limit)"),
-    Option("--client-burst", _ROUTER["client_burst"], type=int,
-           help="requests one client may send at once under --client-rate (default: the rate rounded up)"),
-)
 
 
 

@@ -28,6 +28,9 @@ from shared.errors import InputError
 DEFAULT_HIT_MODE = "holes"  # of pool.HIT_MODES: a cached block is a hit wherever it sits in the prompt
 # Reuse distances: SHARDS-sampled at shards_rate (bounded memory), exact, or none.
 REUSE_MODES = ("sampled", "exact", "off")
+# What a simulator run may ask for: the core's modes, and "auto": sampled in batching mode, off in
+# cache-only mode (sim.settings.SimSettings.reuse_mode decides)
+SIM_REUSE_MODES = ("auto", *REUSE_MODES)
 DEFAULT_SHARDS_RATE = 0.1  # keeps the sampled miss-ratio curve within 0.02 of the exact one
 RESPONSE_KV = ("keep", "drop")
 # Every command's and every settings class's default: a colocated vLLM keeps each response's KV in its

@@ -9,10 +9,10 @@ from dataclasses import fields
 import pytest
 
 from bench import bench_flashgen as fg
+from kvemu import sim_cmd
 from kvemu import up as up_cmd
 from replica import cmd as replica_cmd
 from shared.costmodel import CostModel
-from sim import sim_cmd
 from sim.simulator import core_settings
 
 OPTS = {"model": "opt-13b", "gpu": "a100-80gb-pcie", "tp": 1, "host_gb": 224.0, "ssd_gb": 1920.0, "drives": 2,

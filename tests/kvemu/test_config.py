@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from kvemu import up
+from kvemu import sweep_cmd, up
 from kvemu.cli import main, parse_args
-from sim import sweep_cmd
 
 REPO = Path(__file__).resolve().parents[2]
 

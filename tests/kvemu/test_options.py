@@ -13,9 +13,9 @@ import pytest
 
 from kvemu.options.matching import matching_setting
 from kvemu.options.option import Option
-from kvemu.options.router_flags import ROUTER_OPTIONS
 from kvemu.options.serving import SERVER_OPTIONS
 from kvemu.options.tiers import TIER_OPTIONS
+from kvemu.router_cmd import ROUTER_OPTIONS
 from kvemu.up import TO_BOTH, TO_REPLICAS, TO_ROUTER, TRANSFORMED
 from replica.core.build import CoreSettings
 from replica.core.sched.sched_types import ADMISSIONS, SchedulerSettings
@@ -24,7 +24,7 @@ from router.settings import RouterSettings
 from shared.serving import ServingSettings
 from sim.simulator import SimSettings
 
-COMMANDS = {"sim": "sim.sim_cmd", "sweep": "sim.sweep_cmd", "replica": "replica.cmd", "up": "kvemu.up",
+COMMANDS = {"sim": "kvemu.sim_cmd", "sweep": "kvemu.sweep_cmd", "replica": "kvemu.replica_cmd", "up": "kvemu.up",
             "demo": "kvemu.demo"}
 
 # Defaults that differ on purpose, and why; every other flag two commands share has one default.
@@ -116,7 +116,7 @@ def non_default(option: Option) -> list[str]:
     raise AssertionError(f"no non-default value for {option.flag}: add one to non_default")
 
 
-CHILDREN = {"replica": "replica.cmd", "router": "router.cmd"}
+CHILDREN = {"replica": "kvemu.replica_cmd", "router": "kvemu.router_cmd"}
 FORWARDED = {"replica": (*TO_REPLICAS, *TO_BOTH), "router": (*TO_BOTH, *TO_ROUTER)}
 EVERY_FORWARDED = tuple(dict.fromkeys((*TO_REPLICAS, *TO_BOTH, *TO_ROUTER)))
 
@@ -295,7 +295,7 @@ def test_up_hands_every_tier_flag_to_the_replicas_from_the_one_definition():
 
 @pytest.mark.parametrize("command", ["sim", "sweep", "replica", "up"])
 def test_vllm_length_and_capacity_flags_are_on_every_command_that_runs_replicas(command):
-    module = importlib.import_module({"sim": "sim.sim_cmd", "sweep": "sim.sweep_cmd", "replica": "replica.cmd",
+    module = importlib.import_module({"sim": "kvemu.sim_cmd", "sweep": "kvemu.sweep_cmd", "replica": "kvemu.replica_cmd",
                                       "up": "kvemu.up"}[command])
     p = argparse.ArgumentParser()
     module.configure(p)

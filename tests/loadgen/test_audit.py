@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from kvemu.audit_cmd import audit_json, format_table
 from loadgen.audit import MODE_NAMES, MODES, Mode, audit_log, common_prefix, cut_volatile
-from loadgen.audit_cmd import audit_json, format_table
 from loadgen.request_log import SAMPLE_LOG, resolve_log
 from shared import tokenizer
 from tests.support.kvemu_cli import run_kvemu

@@ -9,10 +9,10 @@ import asyncio
 import pytest
 from matplotlib.colors import to_hex
 
+from kvemu.replay_cmd import cluster_report, plot_context
 from kvemu.up import add_cluster_args, bring_up, validate
 from loadgen.plots import replay_figure
 from loadgen.replay import Replayer, sessions_of, summarize
-from loadgen.replay_cmd import cluster_report, plot_context
 from loadgen.workloads import generate
 from shared.plotting import PALETTE, REPLICA_BAR, REPLICA_LINE, duration_text, pyplot
 from tests.support.plots import ceiling_of, check_readable, legend_labels

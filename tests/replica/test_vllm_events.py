@@ -21,10 +21,11 @@ import zmq
 
 from kvemu.options.kv_events import kv_events_argv
 from replica.core.cache.pool import KvEvent
-from replica.vllm_events import EventTranslator, KvEventsConfig, binds, offset_port
+from replica.vllm_events import EventTranslator, binds
 from shared import tokenizer, vllm_hashing
 from shared.errors import InputError
 from shared.hashing import block_hashes
+from shared.kv_events_config import KvEventsConfig, offset_port
 from tests.conftest import free_port
 from tests.support.procs import REPO, http_json, start_replica
 

@@ -64,7 +64,7 @@ def test_sim_prices_time_with_the_profile(tmp_path, capsys):
 def test_the_gpu_setting_carries_the_profile_path_and_tp(tmp_path, monkeypatch):
     import argparse
 
-    from shared.gpuargs import gpu_setting
+    from kvemu.options.gpu import gpu_setting
 
     path = _profile(tmp_path)
     monkeypatch.chdir(tmp_path)

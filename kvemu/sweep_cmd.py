@@ -16,25 +16,26 @@ import os
 import sys
 from contextlib import closing
 
+from kvemu.options.config_file import add_config_arg
+from kvemu.options.gpu import gpu_setting
 from kvemu.options.matching import matching_setting, source_unit
 from kvemu.options.prefix_caching import prefix_caching_setting
 from kvemu.options.reuse import add_sweep_reuse_arg, sweep_reuse
 from kvemu.options.router_flags import routing_settings
 from kvemu.options.scheduler import check_scheduler_flags
+from kvemu.options.source import add_source_args
 from kvemu.options.tiers import tier_settings
+from kvemu.sim_cmd import add_emulation_args, capacities, check_no_ops, split_numbers, warn_lengths
 from loadgen.formats import detect_format
-from loadgen.source import add_source_args, load_source
+from loadgen.source import load_source
 from replica.core.cache.policies import policy_class
 from router.strategies import get_strategy
-from shared.config import add_config_arg
 from shared.costmodel import CostModel
 from shared.errors import InputError
-from shared.gpuargs import gpu_setting
 from shared.overrides import parse_pairs
 from shared.validate import check_positive
 from sim.cells import Runner
 from sim.dask_cells import open_runner
-from sim.sim_cmd import add_emulation_args, capacities, check_no_ops, split_numbers, warn_lengths
 from sim.simulator import SimSettings, saturation_warning
 from sim.sweep import (
     MRC,

@@ -7,6 +7,8 @@ import json
 import os
 import sys
 
+from kvemu.options.config_file import add_config_arg
+from kvemu.options.gpu import add_gpu_args, gpu_setting
 from kvemu.options.limits import MAX_MODEL_LEN, SIM_CAPACITY_OPTIONS, capacity_in_tokens, length_warning, pool_units
 from kvemu.options.matching import add_matching_args, matching_setting, source_unit
 from kvemu.options.option import add_options
@@ -15,17 +17,16 @@ from kvemu.options.response_kv import add_response_kv_arg
 from kvemu.options.reuse import add_sim_reuse_args, sim_reuse
 from kvemu.options.router_flags import routing_settings
 from kvemu.options.scheduler import add_scheduler_args, check_scheduler_flags
+from kvemu.options.source import add_source_args
 from kvemu.options.tiers import add_tier_args, tier_settings
-from loadgen.source import add_source_args, load_source, trace_name
+from kvemu.program import check_outputs
+from loadgen.source import load_source, trace_name
 from loadgen.trace import Trace
 from replica.core.cache.policies import policy_class
 from router.strategies import get_strategy
-from shared.cli import check_outputs
-from shared.config import add_config_arg
 from shared.costmodel import CostModel
 from shared.errors import InputError, KvemuError
 from shared.gc_tuning import gc_paused
-from shared.gpuargs import add_gpu_args, gpu_setting
 from shared.overrides import coerce, parse_pairs
 from shared.progress import ProgressBar
 from sim.cells import CellError, LocalPool

@@ -11,9 +11,10 @@ import sys
 import time
 import urllib.request
 
+from kvemu.options.source import add_source_args
+from kvemu.program import check_outputs
 from loadgen.replay import Record, Replayer, records_json, summarize
-from loadgen.source import add_source_args, load_source
-from shared.cli import check_outputs
+from loadgen.source import load_source
 from shared.errors import InputError, KvemuError
 from shared.ratios import ratio
 

@@ -7,6 +7,7 @@ import logging
 import sys
 
 from kvemu.options.backend import BACKEND_OPTIONS
+from kvemu.options.gpu import add_gpu_args, gpu_setting
 from kvemu.options.index import CLUSTER
 from kvemu.options.kv_events import add_kv_events_arg
 from kvemu.options.limits import CAPACITY_OPTIONS, MAX_MODEL_LEN, capacity_note, length_warning, replica_capacity
@@ -19,7 +20,6 @@ from kvemu.options.reuse import SHARDS_RATE
 from kvemu.options.scheduler import add_scheduler_args
 from kvemu.options.serving import add_server_args
 from kvemu.options.tiers import add_tier_args
-from shared.gpuargs import add_gpu_args, gpu_setting
 from shared.overrides import coerce, parse_pairs
 
 
@@ -122,6 +122,6 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m replica``: the same program as ``kvemu replica``."""
     import sys as _sys
 
-    from shared.cli import run_module
+    from kvemu.program import run_module
 
     return run_module(_sys.modules[__name__], "python -m replica", "run one replica: an emulated GPU serving over HTTP", argv)

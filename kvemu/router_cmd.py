@@ -6,15 +6,32 @@ import argparse
 import logging
 import os
 import sys
+from dataclasses import fields
 
 from kvemu.options.index import CLUSTER
 from kvemu.options.matching import BLOCK_SIZE, MATCHING_OPTION, PAGE_SIZE, matching_setting
-from kvemu.options.option import add_options, forward
-from kvemu.options.router_flags import ROUTER_OPTIONS, ROUTING_OPTIONS
+from kvemu.options.option import Option, add_options, forward
+from kvemu.options.router_flags import ROUTING_OPTIONS
 from kvemu.options.serving import SERVER_OPTIONS, add_server_args, token_line
+from router.settings import RouterSettings
 from shared.errors import InputError
 
 MATCHING = (MATCHING_OPTION, PAGE_SIZE, BLOCK_SIZE)  # the router hashes prompts as its replicas do
+
+# The router process's own flags (kvemu router, kvemu up): how often it samples its replicas (health,
+# dashboard) and the per-client limits (router/limits.py, off by default), RouterSettings's defaults.
+_ROUTER = {f.name: f.default for f in fields(RouterSettings)}
+ROUTER_OPTIONS = (
+    Option("--health-interval", _ROUTER["health_interval_s"], type=float, help="seconds between replica health checks"),
+    Option("--dashboard-interval", _ROUTER["dashboard_interval_s"], type=float,
+           help="seconds between the samples /dashboard draws (each reads every replica's /stats)"),
+    Option("--client-max-in-flight", _ROUTER["client_max_in_flight"], type=int,
+           help="routed requests one client address may have at once; 429 beyond (default 0: no limit)"),
+    Option("--client-rate", _ROUTER["client_rate"], type=float,
+           help="requests/s one client address may send on average; 429 beyond (default 0: no limit)"),
+    Option("--client-burst", _ROUTER["client_burst"], type=int,
+           help="requests one client may send at once under --client-rate (default: the rate rounded up)"),
+)
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -35,7 +52,6 @@ def configure(p: argparse.ArgumentParser) -> None:
 def settings_from_args(args):
     from kvemu.options.router_flags import routing_settings
     from kvemu.options.serving import serving_settings
-    from router.settings import RouterSettings
 
     matching = matching_setting(args)  # the replicas' hashing unit: a block, or a radix page
     routing = routing_settings(matching.block_size, args.set, mode=matching.mode)  # levels: host DRAM, SSD
@@ -93,6 +109,6 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m router``: the same program as ``kvemu router``."""
     import sys as _sys
 
-    from shared.cli import run_module
+    from kvemu.program import run_module
 
     return run_module(_sys.modules[__name__], "python -m router", "run the cache-aware router in front of replicas", argv)

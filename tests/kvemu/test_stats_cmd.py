@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from loadgen import stats_cmd
+from kvemu import stats_cmd
 from tests.conftest import MOONCAKE_CONVERSATION as CONVERSATION
 from tests.conftest import MOONCAKE_SYNTHETIC as SYNTHETIC
 
