@@ -114,6 +114,10 @@ class Scheduler(ReorderLoans):
         self._dec_input = 0  # sum of input_tokens over decoders
         self._dec_base = 0  # sum of base over decoders
         self.decode_kv = DecodeBlocks(pool, self.settings.decode_kv)
+        # a preemption mid-prefill drops the blocks it never computed (_preempt) where the pool can remove
+        # them (the oracle policies' compiled twin cannot: the Python pool keeps them too, so both agree)
+        policy = getattr(getattr(pool, "pool", pool), "policy", None)
+        self._drops_uncomputed: bool = hasattr(pool, "remove") and getattr(policy, "drops_uncomputed", True)
         self._admitted = 0  # admissions so far: each request's admit_seq
         # Statistics (``stats``).
         self.preemptions = 0
@@ -435,11 +439,10 @@ class Scheduler(ReorderLoans):
         the host copies made as they filled, restoring rather than recomputing what is found).
         Preempted while prefilling, the prompt blocks it inserted whose KV it had not computed leave
         the pool, as an abort's (vLLM caches a block only once it schedules the block's tokens)."""
-        uncomputed = self._uncomputed(r)
+        uncomputed = self._uncomputed(r) if self._drops_uncomputed else []
         self._free_blocks(r, now, self._leave_running(r))
-        remove = getattr(self.pool, "remove", None)
-        if uncomputed and remove is not None:
-            remove(uncomputed, computed=False)
+        if uncomputed:
+            self.pool.remove(uncomputed, computed=False)
         r.preemptions += 1
         self.preemptions += 1
         r.t_queued = now

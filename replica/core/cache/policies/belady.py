@@ -62,6 +62,9 @@ class BeladyPolicy(EvictionPolicy):
     name = "belady"
     needs_future = True
     takes_pins = True
+    # a preempted request's uncomputed blocks stay (Scheduler._preempt): the compiled twin's next-use
+    # order has no removal, and both pools must report the same
+    drops_uncomputed = False
 
     def __init__(self) -> None:
         self.clear()
@@ -119,6 +122,9 @@ class BeladyComputePolicy(EvictionPolicy):
     name = "belady_compute"
     needs_future = True
     takes_pins = True
+    # a preempted request's uncomputed blocks stay (Scheduler._preempt): the compiled twin's next-use
+    # order has no removal, and both pools must report the same
+    drops_uncomputed = False
 
     def __init__(self) -> None:
         self.clear()

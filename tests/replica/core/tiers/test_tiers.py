@@ -111,9 +111,9 @@ def test_a_restore_overlaps_prefill_compute_layer_by_layer():
         core = core_with_tiers(gbps, host_blocks=8, fetch="always")
         run_request(core, 1, [1, 2, 3], 0.0)
         run_request(core, 2, [4, 5, 6], 1.0)  # demotes 3 and 2 to host
-        step = run_request(core, 3, [1, 2, 3], 2.0)  # 1 hit; 2, 3 restored; the last token recomputed
+        step = run_request(core, 3, [1, 2, 3], 2.0)  # 1 hit; 2, 3 restored; the last block recomputed (vLLM)
         transfer = 2 * BLOCK / (gbps * 1e9)
-        compute = COST.prefill_time(1, 47)
+        compute = COST.prefill_time(16, 32)
         assert (transfer > compute) == (gbps == 0.1)
         layers = COST.model.layers
         # the copy starts with the step, layer by layer: the step waits for the first layer's
