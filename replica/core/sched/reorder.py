@@ -14,6 +14,7 @@ from mypy_extensions import mypyc_attr
 
 from replica.core.cache.pool import PoolBusyError
 from replica.core.sched.sched_types import SchedRequest
+from replica.core.sched.v0_steps import StepBudget
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # its subclass Scheduler allows them
@@ -29,7 +30,7 @@ class ReorderLoans:
     _promoted_orders: list[int]
     _lent: dict[int, int]
     _dirty: bool
-    _v0: Any  # v0_steps.StepBudget while a v0 step admits, else None
+    _v0: StepBudget | None  # while a v0 step admits, else None
 
     # Scheduler defines these; declared abstract on the mixin (not under TYPE_CHECKING) so that mypyc, which
     # compiles this class (shared/compiled_modules.py), sees them.
