@@ -9,9 +9,8 @@ from dataclasses import fields
 import pytest
 
 from bench import bench_flashgen as fg
-from kvemu import sim_cmd
+from kvemu import replica_cmd, sim_cmd
 from kvemu import up as up_cmd
-from replica import cmd as replica_cmd
 from shared.costmodel import CostModel
 from sim.simulator import core_settings
 
