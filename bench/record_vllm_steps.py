@@ -5,7 +5,7 @@
     python bench/record_vllm_steps.py --check         # the golden files against kvemu (no vLLM needed)
 
 vLLM runs in a virtualenv of its own (``.vllm-venv`` in the repository root, or ``$KVEMU_VLLM_VENV``),
-made here with the pinned version when absent; the project never imports vLLM (bench/vllm_step_driver.py
+made here with the pinned version when absent; the project never imports vLLM (bench/in_vllm_venv/step_driver.py
 runs inside that virtualenv and reads the workloads on stdin). The model is a config.json written
 from kvemu's preset (``--model``), no weights; the hub stays offline.
 """
@@ -29,7 +29,7 @@ from shared.errors import InputError  # noqa: E402
 
 VLLM_VERSION = "0.33.0"
 GOLDEN = REPO / "tests" / "replica" / "core" / "sched" / "vllm_golden"
-DRIVER = Path(__file__).resolve().parent / "vllm_step_driver.py"
+DRIVER = Path(__file__).resolve().parent / "in_vllm_venv" / "step_driver.py"  # apart from bench/*.py: it imports vLLM
 DEFAULTS = {"block_size": 16, "num_blocks": 1000, "max_num_batched_tokens": 2048, "max_num_seqs": 16,
             "max_model_len": 8192, "prefix_caching": True}
 
@@ -98,7 +98,7 @@ class LiveRecorder:
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if not line:
-            raise RuntimeError("vLLM's driver ended (run bench/vllm_step_driver.py by hand to see why)")
+            raise RuntimeError("vLLM's driver ended (run bench/in_vllm_venv/step_driver.py by hand to see why)")
         return json.loads(line)
 
     def close(self) -> None:

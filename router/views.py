@@ -16,6 +16,7 @@ from router.state import ROUTER, RouterState
 from router.strategies import NoHealthyReplica, RouteRequest
 from shared import protocol
 from shared.auth import session_label, wants_raw_sessions
+from shared.hashing import reusable_prefix_tokens
 from shared.httpkit import read_raw, respond
 from shared.index import IndexUnavailable, MemoryIndex
 from shared.offload import OFFLOAD
@@ -74,7 +75,9 @@ async def _route(request: web.Request, state: RouterState) -> web.StreamResponse
         try:
             # a client that goes closes the replica's connection: the replica aborts the request (vLLM does)
             async with until_client_gone(request):
-                resp = await _forward(request, state, rep, raw, decision, predicted)
+                expected = reusable_prefix_tokens(decision.predicted_cached_blocks * state.settings.block_size,
+                                                  spec.prompt_tokens, state.settings.block_size) if predicted else None
+                resp = await _forward(request, state, rep, raw, decision, expected)
             rep.busy_strikes = 0
             return resp
         except ClientGone:
@@ -127,7 +130,9 @@ async def _decide(state: RouterState, spec: protocol.GenerateSpec, request_view:
     return decision, replicas[pos], predicted
 
 
-async def _forward(request: web.Request, state, rep, raw: bytes, decision, predicted: bool) -> web.StreamResponse:
+async def _forward(request: web.Request, state, rep, raw: bytes, decision,
+                   expected: int | None) -> web.StreamResponse:
+    """The request on ``rep``; ``expected``: the cached tokens the index predicts there (None: no prediction)."""
     headers = {k: request.headers[k] for k in _FORWARD_HEADERS if k in request.headers}
     try:
         upstream = await state.cluster.session.post(rep.url + request.path, data=raw, headers=headers,
@@ -139,8 +144,8 @@ async def _forward(request: web.Request, state, rep, raw: bytes, decision, predi
             raise ReplicaBusy()
         if upstream.status >= 500:
             raise ReplicaFailed(f"replica answered {upstream.status}")
-        if predicted:
-            _record_prediction(state, upstream, decision)
+        if expected is not None:
+            _record_prediction(state, upstream, expected)
         out_headers = {"Content-Type": upstream.headers.get("Content-Type", "application/json"),
                        "X-Kvemu-Replica": rep.replica_id, "X-Kvemu-Route-Reason": decision.reason}
         if upstream.headers.get("Content-Type", "").startswith("text/event-stream"):
@@ -179,10 +184,10 @@ async def _pass_stream(request, upstream, out_headers: dict, state) -> web.Strea
     return resp
 
 
-def _record_prediction(state, upstream, decision) -> None:
+def _record_prediction(state, upstream, expected: int) -> None:
     actual = upstream.headers.get("X-Kvemu-Cached-Tokens")
     if actual is not None and actual.isdigit():
-        state.metrics.record_prediction(decision.predicted_cached_blocks * state.settings.block_size, int(actual))
+        state.metrics.record_prediction(expected, int(actual))
 
 
 # ---- monitoring ------------------------------------------------------------------------

@@ -17,6 +17,13 @@ import xxhash
 from shared.errors import InputError
 
 DEFAULT_BLOCK_SIZE = 16
+
+
+def reusable_prefix_tokens(held_tokens: int, prompt_tokens: int, block_size: int) -> int:
+    """The cached tokens a prefix of ``held_tokens`` gives a prompt of ``prompt_tokens``: vLLM caps a hit at
+    the prompt less one token (the last runs to produce logits) and hits are whole blocks, so a prompt
+    cached whole computes its last block again (the scheduler's ``prefill_segments`` applies the same)."""
+    return max(0, min(held_tokens, max(prompt_tokens - 1, 0) // block_size * block_size))
 # Fixed root so the first block of every prompt chains from the same value.
 ROOT_HASH = 0x6B76656D75000000  # b"kvemu" as the high bytes
 _MAX_TOKEN = 2**32 - 1

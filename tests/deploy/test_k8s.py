@@ -164,7 +164,7 @@ def environment(env: dict[str, str]):
 
 def parse(module: str, argv: list[str], env: dict[str, str]):
     """``python -m <module> argv`` as far as its settings (argument parser, then validation)."""
-    cmd = importlib.import_module(f"{module}.cmd")
+    cmd = importlib.import_module(f"kvemu.{module}_cmd")  # what `python -m <module>` runs
     p = argparse.ArgumentParser(prog=f"python -m {module}")
     cmd.configure(p)
     err = io.StringIO()

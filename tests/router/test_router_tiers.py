@@ -44,6 +44,6 @@ def test_a_block_demoted_to_host_is_a_host_hit_the_router_prices(backend, reques
         status, headers, out = generate(router.url, PROMPT)
         assert status == 200, out
         assert (headers["X-Kvemu-Replica"], headers["X-Kvemu-Route-Reason"]) == ("a", "load_over_cache")
-        assert out["cached_tokens"] == 64  # restored from host
+        assert out["cached_tokens"] == 48  # restored from host, but for the last block: a prompt cached whole recomputes it (vLLM)
     finally:
         stop_all(router, a, b)

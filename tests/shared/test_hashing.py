@@ -97,3 +97,14 @@ def test_xxh3_u64_equals_xxhash_on_packed_u64():
     for seed in (0, 1, 0xDEADBEEF, 2**63 + 5, 2**64 - 1):
         want = [xxhash.xxh3_64_intdigest(struct.pack("<Q", v), seed) for v in values]
         assert xxh3_u64(np.array(values, dtype=np.uint64), seed).tolist() == want
+
+
+def test_a_prompt_cached_whole_reuses_all_but_its_last_block():
+    from shared.hashing import reusable_prefix_tokens
+
+    assert reusable_prefix_tokens(160, 160, 16) == 144  # 10 blocks held, the 10th computed again
+    assert reusable_prefix_tokens(160, 170, 16) == 160  # a partial tail runs: every held block is a hit
+    assert reusable_prefix_tokens(48, 64, 16) == 48  # less than the whole prompt held: all of it
+    assert reusable_prefix_tokens(16, 16, 16) == 0  # one block, held: nothing reused
+    assert reusable_prefix_tokens(5, 5, 1) == 4  # radix pages of one token: the last token runs
+    assert reusable_prefix_tokens(0, 0, 16) == 0
