@@ -22,7 +22,8 @@ DEFAULT_BLOCK_SIZE = 16
 def reusable_prefix_tokens(held_tokens: int, prompt_tokens: int, block_size: int) -> int:
     """The cached tokens a prefix of ``held_tokens`` gives a prompt of ``prompt_tokens``: vLLM caps a hit at
     the prompt less one token (the last runs to produce logits) and hits are whole blocks, so a prompt
-    cached whole computes its last block again (the scheduler's ``prefill_segments`` applies the same)."""
+    cached whole computes its last block again. One rule: the scheduler's ``prefill_segments`` and the
+    router's prediction both use it."""
     return max(0, min(held_tokens, max(prompt_tokens - 1, 0) // block_size * block_size))
 # Fixed root so the first block of every prompt chains from the same value.
 ROOT_HASH = 0x6B76656D75000000  # b"kvemu" as the high bytes

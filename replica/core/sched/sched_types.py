@@ -10,6 +10,7 @@ from typing import Protocol
 from replica.core.cache.pool import Allocation
 from replica.core.tiers.stack import FetchPlan
 from shared.errors import InputError, KvemuError
+from shared.hashing import reusable_prefix_tokens
 from shared.validate import check_number, check_positive_int
 
 # Admission orders: fcfs (vLLM) or reorder (FlashGen, Jeong and Ahn, ASPLOS 2025). The flag that
@@ -216,9 +217,8 @@ def prefill_segments(req: SchedRequest, hit_idx: list[int], block_size: int, ext
     if end > start:
         segments.append([start, end - start])
     if not segments:
-        # Everything cached: vLLM caps a hit at the prompt's length less one token (the last is run to
-        # produce logits) and hits are whole blocks, so the last block is computed again.
+        # Everything cached: the last block is computed again (the one rule, reusable_prefix_tokens)
         end = req.input_tokens + extra
-        start = max(end - 1, 0) // block_size * block_size
+        start = reusable_prefix_tokens(end, end, block_size)
         segments.append([start, max(end - start, 1)])
     return segments
