@@ -99,7 +99,7 @@ class SchedRequest:
     __slots__ = ("rid", "hashes", "input_tokens", "output_tokens", "arrival", "session", "next_use", "position",
                  "alloc", "segments", "cached_tokens", "generated", "base", "ready_at", "restore_start",
                  "response_hashes", "plan", "t_admitted", "t_first_token", "t_finished", "order", "t_queued",
-                 "waited", "preemptions", "admit_seq", "extra_blocks", "grow_at", "kept", "loans")
+                 "waited", "preemptions", "admit_seq", "extra_blocks", "grow_at", "kept", "loans", "hold")
 
     def __init__(self, rid: int, hashes: Sequence[int], input_tokens: int, output_tokens: int, arrival: float,
                  session: str | None = None, next_use: Sequence[float] | None = None, position: float | None = None,
@@ -139,6 +139,10 @@ class SchedRequest:
         # block) and its re-admission looks them up after its prompt's, in HBM and below.
         self.kept = 0
         self.loans = 0  # reorder: times it was admitted ahead of its turn (at most max_loans)
+        # A prefill instance's request (disaggregated P/D): when it finishes its blocks stay pinned until
+        # the KV transfer to the decode instance ends (``Scheduler.release_held``), as vLLM's NIXL
+        # connector holds them; False everywhere else.
+        self.hold = False
 
     def __repr__(self) -> str:
         return (f"SchedRequest(rid={self.rid!r}, session={self.session!r}, blocks={len(self.hashes)},"

@@ -628,11 +628,24 @@ class Scheduler(ReorderLoans):
             stored = pool.store(r.response_hashes, r.session, end)
             if stored and self.timer is not None:
                 self.timer.stored(r, stored)
+        result.finished.append(r)
+        if r.hold:  # a prefill instance's: pinned until its KV has crossed to the decode instance
+            return
         self.pool.release(r.alloc, end)
         if self.tiers is not None:
             self.tiers.produced(stored, end)
             self.tiers.released(r.alloc.hashes, stored, end)
-        result.finished.append(r)
+        self._dirty = True
+
+    def release_held(self, r: SchedRequest, now: float) -> None:
+        """The KV transfer of a finished prefill request (``hold``) ended: its blocks go back, cached."""
+        if r.alloc is None:
+            return
+        r.hold = False
+        self.pool.release(r.alloc, now)
+        if self.tiers is not None:
+            self.tiers.released(r.alloc.hashes, [], now)
+        r.alloc = None
         self._dirty = True
 
     def _decode_time(self, batch: int, kv_tokens: int, steps: int) -> float:

@@ -54,6 +54,7 @@ class Link:
     per_copy_s: float = 0.0  # latency each copy call adds to its transfer
     latency_s: float = 0.0  # base latency of every transfer
     bytes_moved: int = 0
+    busy_s: float = 0.0  # seconds with a transfer in its bandwidth phase, settled up to the link's clock
     _t: float = 0.0  # the link's clock: settled up to here
     _v: float = 0.0  # service each transfer in flight has received by _t (seconds at full bandwidth)
     _active: list[Transfer] = field(default_factory=list)  # in flight, by mark
@@ -67,11 +68,13 @@ class Link:
             done = t + (first.mark - v) * len(active)
             if done > now:
                 break
+            self.busy_s += done - t
             t, v = done, first.mark
             first.end = done + first.latency
             active.pop(0)
         if active and now > t:
             v += (now - t) / len(active)
+            self.busy_s += now - t
         self._t, self._v = max(t, now), v
 
     def start(self, now: float, nbytes: int, copies: int = 0, rate: float | None = None) -> Transfer:
@@ -120,3 +123,8 @@ class Link:
     @property
     def in_flight(self) -> int:
         return len(self._active)
+
+    def utilization(self, now: float, since: float = 0.0) -> float:
+        """The fraction of ``[since, now]`` the link spent moving bytes (settled up to ``now``)."""
+        self._advance(now)
+        return self.busy_s / (now - since) if now > since else 0.0
