@@ -1,0 +1,152 @@
+"""The disaggregated prefill / decode flags (replica/core/disagg.py), one definition for `kvemu sim`,
+`sweep`, `up`, `router` and `replica`:
+
+* the topology (sim, sweep, up): ``--prefill-replicas P --decode-replicas D`` beside ``--replicas``
+  (colocated ones; 0 by default once P/D is asked for), and each pool's own shape where it differs from
+  the cluster's: ``--prefill-gpu`` / ``--decode-gpu`` (a preset, ``@tpN`` allowed), ``--prefill-tp`` /
+  ``--decode-tp``, ``--prefill-capacity-gib`` / ``--decode-capacity-gib`` and ``--prefill-host-cache-gib`` /
+  ``--decode-host-cache-gib``;
+* the decider (sim, up, router): ``--pd-decider`` and ``--pd-threshold-tokens``;
+* the link (sim, up, replica): ``--pd-link-gbps``, ``--pd-link-latency-us`` and ``--pd-transfer``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from kvemu.options.option import Option, add_options
+from replica.core.disagg import (
+    DEFAULT_PD_DECIDER,
+    DEFAULT_PD_LATENCY_S,
+    DEFAULT_PD_THRESHOLD_BLOCKS,
+    PD_DECIDERS,
+    PD_TRANSFERS,
+    ROLES,
+    PdCluster,
+    PdSettings,
+    PoolShape,
+    Topology,
+)
+from shared.costmodel import CostModel
+from shared.errors import InputError
+from shared.validate import check_number
+
+PD_TOPOLOGY_OPTIONS = (
+    Option("--prefill-replicas", 0, "prefill instances of a disaggregated (P/D) cluster (default 0: none)", int,
+           metavar="P"),
+    Option("--decode-replicas", 0, "decode instances of a P/D cluster (default 0: none)", int, metavar="D"),
+)
+PD_SHAPE_OPTIONS = tuple(
+    Option(f"--{role}-{what}", None, f"the {role} pool's {text} (default: the cluster's {flag})", kind, metavar=meta)
+    for role in ("prefill", "decode")
+    for what, text, flag, kind, meta in (
+        ("gpu", "GPU preset", "--gpu", str, "NAME"),
+        ("tp", "tensor-parallel GPUs per instance", "--tp", int, "N"),
+        ("capacity-gib", "GiB of KV per instance", "capacity", float, "G"),
+        ("host-cache-gib", "host DRAM KV tier per instance, GiB", "--host-cache-gib", float, "G"),
+    ))
+PD_DECIDER_OPTIONS = (
+    Option("--pd-decider", DEFAULT_PD_DECIDER, "P/D: which prompts go through a remote prefill: always, never, or"
+           " prefix (llm-d's rule: when the tokens the decode instance lacks exceed --pd-threshold-tokens;"
+           f" default {DEFAULT_PD_DECIDER})", choices=PD_DECIDERS),
+    Option("--pd-threshold-tokens", None, "P/D prefix decider: remote prefill above this many tokens the decode"
+           f" instance lacks (default {DEFAULT_PD_THRESHOLD_BLOCKS} blocks' worth)", int, metavar="N"),
+)
+PD_LINK_OPTIONS = (
+    Option("--pd-link-gbps", None, "P/D transfer network: Gb/s of each instance's NIC per GPU (default: the GPU's"
+           " NIC generation, 400 for H100 / H200, 200 for A100; times --tp)", float, metavar="GB/S"),
+    Option("--pd-link-latency-us", DEFAULT_PD_LATENCY_S * 1e6, "P/D transfer base latency, microseconds (default"
+           f" {DEFAULT_PD_LATENCY_S * 1e6:g}, NIXL over RDMA)", float, metavar="US"),
+    Option("--pd-transfer", "missing", "P/D: the KV that crosses: missing (only what the decode instance lacks,"
+           " as vLLM's NIXL connector reads) or full (the whole prompt)", choices=PD_TRANSFERS),
+)
+ROLE_OPTION = Option("--role", "both", "this replica's role: both (prefills and decodes its requests), prefill or"
+                     " decode (a disaggregated P/D cluster)", choices=ROLES)
+
+
+def add_pd_args(p: argparse.ArgumentParser, *, topology: bool = True, decider: bool = True, link: bool = True) -> None:
+    g = p.add_argument_group("disaggregated prefill / decode (P/D)")
+    if topology:
+        add_options(g, PD_TOPOLOGY_OPTIONS + PD_SHAPE_OPTIONS)
+    if decider:
+        add_options(g, PD_DECIDER_OPTIONS)
+    if link:
+        add_options(g, PD_LINK_OPTIONS)
+
+
+def pd_settings(args: argparse.Namespace) -> PdSettings:
+    """The decider and link flags as one validated ``PdSettings`` (flags a command lacks keep their default)."""
+    latency_us = getattr(args, "pd_link_latency_us", DEFAULT_PD_LATENCY_S * 1e6)
+    check_number("--pd-link-latency-us", latency_us, minimum=0)
+    link = getattr(args, "pd_link_gbps", None)
+    if link is not None:
+        check_number("--pd-link-gbps", link, above=0)
+    threshold = getattr(args, "pd_threshold_tokens", None)
+    if threshold is not None and threshold < 0:
+        raise InputError("--pd-threshold-tokens", f"must be an integer >= 0, got {threshold}")
+    return PdSettings(decider=getattr(args, "pd_decider", DEFAULT_PD_DECIDER), threshold_tokens=threshold,
+                      link_gbps=link, link_latency_s=latency_us / 1e6, transfer=getattr(args, "pd_transfer", "missing"))
+
+
+def topology(args: argparse.Namespace, replicas: int) -> Topology:
+    """The cluster's replicas: ``replicas`` colocated ones (the --replicas flag, which defaults to 0 once
+    P/D pools are asked for) beside the pools."""
+    return Topology(replicas, args.prefill_replicas, args.decode_replicas)
+
+
+def colocated_default(args: argparse.Namespace, given: int | None, default: int) -> int:
+    """``--replicas`` as given, else ``default`` for a colocated cluster and 0 beside P/D pools."""
+    if given is not None:
+        return given
+    return 0 if (args.prefill_replicas or args.decode_replicas) else default
+
+
+def pd_cluster(args: argparse.Namespace, gpu: str, cost_of, block_size: int, tiers_for) -> PdCluster | None:
+    """The P/D pools the flags ask for (None: a colocated cluster), refusing per-pool flags that would do
+    nothing. ``cost_of(gpu) -> CostModel`` prices a pool's GPU; ``tiers_for(cost, host_gib)`` builds its tiers."""
+    shape_flags = {o.dest: o.flag for o in PD_SHAPE_OPTIONS}
+    if not (args.prefill_replicas or args.decode_replicas):
+        given = [flag for dest, flag in shape_flags.items() if getattr(args, dest, None) is not None]
+        if given:
+            raise InputError(given[0], "shapes a P/D pool, but no pool was asked for: give --prefill-replicas P"
+                                       " --decode-replicas D, or drop it")
+        return None
+    return PdCluster(args.prefill_replicas, args.decode_replicas, pd_settings(args),
+                     _shape(args, "prefill", gpu, cost_of, block_size, tiers_for),
+                     _shape(args, "decode", gpu, cost_of, block_size, tiers_for))
+
+
+def _shape(args, role: str, gpu: str, cost_of, block_size: int, tiers_for) -> PoolShape:
+    pool_gpu, tp = getattr(args, f"{role}_gpu"), getattr(args, f"{role}_tp")
+    gib, host = getattr(args, f"{role}_capacity_gib"), getattr(args, f"{role}_host_cache_gib")
+    if tp is not None and tp < 1:
+        raise InputError(f"--{role}-tp", f"must be an integer >= 1, got {tp}")
+    base = pool_gpu or gpu.split("@tp")[0]
+    if tp is None and pool_gpu is None:
+        resolved = gpu
+    else:
+        tp = tp or (int(gpu.split("@tp")[1]) if "@tp" in gpu and pool_gpu is None else 1)
+        resolved = base if tp == 1 else f"{base}@tp{tp}"
+    cost: CostModel = cost_of(resolved)  # an unknown preset fails here, naming it
+    blocks = None
+    if gib is not None:
+        check_number(f"--{role}-capacity-gib", gib, above=0)
+        blocks = cost.gib_to_blocks(gib, block_size)
+        if blocks < 1:
+            raise InputError(f"--{role}-capacity-gib", f"{gib:g} GiB holds no block of {block_size} tokens of this model")
+    tiers = None
+    if host is not None:
+        check_number(f"--{role}-host-cache-gib", host, minimum=0)
+        tiers = tiers_for(cost, host)
+    return PoolShape(None if resolved == gpu else resolved, blocks, tiers)
+
+
+def with_role_defaults(shape: PoolShape, **cluster) -> dict:
+    """A pool's settings: the cluster's ``cluster`` values where the shape leaves them (None)."""
+    out = dict(cluster)
+    for f in dataclasses.fields(shape):
+        value = getattr(shape, f.name)
+        if value is not None:
+            out[f.name] = value
+    return out
