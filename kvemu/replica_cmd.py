@@ -13,6 +13,7 @@ from kvemu.options.kv_events import add_kv_events_arg
 from kvemu.options.limits import CAPACITY_OPTIONS, MAX_MODEL_LEN, capacity_note, length_warning, replica_capacity
 from kvemu.options.matching import add_matching_args, matching_setting
 from kvemu.options.option import add_options
+from kvemu.options.pd import add_replica_pd_args, replica_pd_settings
 from kvemu.options.prefix_caching import PREFIX_CACHING, prefix_caching_setting
 from kvemu.options.replica_flags import ADMIN_TOKEN, MODEL, POLICY, TIME_SCALE, given_admin_token
 from kvemu.options.response_kv import add_response_kv_arg
@@ -48,6 +49,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_options(p, BACKEND_OPTIONS)
     add_server_args(p)
     add_kv_events_arg(p)
+    add_replica_pd_args(p)
     p.add_argument("--log-level", default="warning")
 
 
@@ -81,7 +83,7 @@ def settings_from_args(args):
         serving=serving_settings(args), backend=args.backend,
         device=args.device, layers=args.layers,
         tiers=tiers, response_kv=args.response_kv, prefix_caching=prefix_caching,
-        kv_events=kv_events_setting(args))
+        kv_events=kv_events_setting(args), **replica_pd_settings(args))
 
 
 def print_limits(settings, out=None) -> None:
@@ -94,6 +96,9 @@ def print_limits(settings, out=None) -> None:
                              settings.resolved_capacity_blocks(), settings.block_size, settings.matching)
     if warning:
         print(warning, file=out, flush=True)
+    if settings.role == "prefill" and settings.response_kv == "keep":
+        print("role prefill: response KV is not stored (--response-kv keep does not apply: a prefill instance's"
+              " responses are decoded elsewhere)", file=out, flush=True)
 
 
 def run(args) -> int:
@@ -112,7 +117,8 @@ def run(args) -> int:
         print(note, file=sys.stderr, flush=True)
     print(token_line(args), file=sys.stderr, flush=True)
     unit = "pages" if settings.matching == "radix" else "blocks"
-    print(f"replica {settings.replica_id} ({settings.policy}, {settings.resolved_capacity_blocks()} {unit})"
+    role = "" if settings.role == "both" else f", role {settings.role}"
+    print(f"replica {settings.replica_id} ({settings.policy}, {settings.resolved_capacity_blocks()} {unit}{role})"
           f" on http://{settings.serving.host}:{settings.port}", file=sys.stderr, flush=True)
     serve(app, sock)
     return 0

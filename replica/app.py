@@ -6,7 +6,7 @@ import asyncio
 
 from aiohttp import web
 
-from replica import compat_views, views
+from replica import compat_views, pd_views, views
 from replica.runtime import RUNTIME, SETTINGS, ReplicaRuntime
 from replica.settings import ReplicaSettings
 from shared import serve
@@ -49,6 +49,18 @@ async def kv_events_ctx(app: web.Application):
         await asyncio.to_thread(publisher.shutdown)
 
 
+async def pd_ctx(app: web.Application):
+    """P/D: one client session for every pull this replica makes (replica/pd.py); at shutdown every held
+    prefill is released, nothing stays pinned."""
+    import aiohttp
+
+    pd = app[RUNTIME].pd
+    pd.session = aiohttp.ClientSession()
+    yield
+    pd.release_all()
+    await pd.session.close()
+
+
 async def _stop(task: asyncio.Task, timeout: float = 5.0) -> None:
     """Cancel a background task and wait for it, but never forever."""
     task.cancel()
@@ -72,6 +84,8 @@ def make_app(settings: ReplicaSettings) -> web.Application:
     app.cleanup_ctx.append(engine_ctx)
     app.cleanup_ctx.append(index_ctx)
     app.cleanup_ctx.append(kv_events_ctx)
+    app.cleanup_ctx.append(pd_ctx)
     views.add_routes(app)
+    app.router.add_post("/kv/pull", pd_views.kv_pull)  # P/D: a decode instance reads a held prefill's KV
     compat_views.add_routes(app)  # SGLang's and vLLM's auxiliary endpoints (sglang-router's worker API)
     return app

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from replica.core.build import ReplicaCore
 from replica.core.cache.pool import KvEvent
+from replica.core.sched import remote_kv
 from replica.core.sched.scheduler import SchedRequest, StepResult
 
 INF = float("inf")
@@ -33,16 +34,23 @@ class Handle:
     tokens: asyncio.Queue | None = None  # streaming: counts of new tokens, None at the end
     wall_first_token: float = 0.0
     wall_done: float = 0.0
+    # P/D: a prefill for a remote decode, its answer's kv_transfer_params once held (replica/pd.py);
+    # a decode after a remote prefill, the emulated time its KV arrived (-1: it did not come over the network)
+    kv_transfer_params: dict | None = None
+    kv_arrived: float = -1.0
 
     def timings(self) -> dict:
         r = self.req
-        return {
+        out = {
             "queue_time_s": max(r.waited, 0.0),  # every wait, if it was preempted and queued again
             "ttft_s": r.t_first_token - r.arrival,
             "e2e_s": r.t_finished - r.arrival,
             "wall_ttft_s": self.wall_first_token - self.wall_submitted,
             "wall_e2e_s": self.wall_done - self.wall_submitted,
         }
+        if self.kv_arrived >= 0:  # a decode after a remote prefill: the part of its TTFT spent waiting for KV
+            out["kv_wait_s"] = self.kv_arrived - r.arrival
+        return out
 
 
 @dataclass(slots=True)
@@ -87,25 +95,92 @@ class Engine:
         return self._emu_now
 
     # ---- requests ---------------------------------------------------------------
-    def submit(self, hashes, prompt_tokens: int, max_tokens: int, session: str | None, stream: bool,
-               response_hashes=None) -> Handle:
-        """Queue a request; raises InputError subclasses (pool too small, queue full)."""
-        loop = asyncio.get_running_loop()
+    def _leave_idle(self) -> None:
+        """Fold the idle wall time into the emulated clock exactly once, when work arrives."""
         if not self.sched.has_work():
-            # Leaving idle: fold the idle wall time into the emulated clock exactly once.
             self._emu_now = self.now()
             self._wall_idle_since = time.monotonic()
             self._reanchor()
-        now = self._emu_now
-        req = SchedRequest(next(self._ids), hashes, prompt_tokens, max_tokens, now, session)
+
+    def _request(self, hashes, prompt_tokens: int, max_tokens: int, session: str | None,
+                 response_hashes) -> SchedRequest:
+        req = SchedRequest(next(self._ids), hashes, prompt_tokens, max_tokens, self._emu_now, session)
         if response_hashes:
             req.response_hashes = response_hashes
-        self.sched.submit(req)
+        return req
+
+    def _handle(self, req: SchedRequest, stream: bool) -> Handle:
+        loop = asyncio.get_running_loop()
         handle = Handle(req, time.monotonic(), loop.create_future(), loop.create_future(),
                         asyncio.Queue() if stream else None)
         self.handles[req.rid] = handle
+        return handle
+
+    def submit(self, hashes, prompt_tokens: int, max_tokens: int, session: str | None, stream: bool,
+               response_hashes=None, hold: bool = False) -> Handle:
+        """Queue a request; raises InputError subclasses (pool too small, queue full). ``hold``: a prefill
+        for a remote decode, whose blocks stay pinned when it finishes until ``release_held``."""
+        self._leave_idle()
+        req = self._request(hashes, prompt_tokens, max_tokens, session, response_hashes)
+        req.hold = hold
+        self.sched.submit(req)
+        handle = self._handle(req, stream)
         self._wake.set()
         return handle
+
+    # ---- disaggregated prefill / decode (replica/pd.py) ----------------------------
+    def reserve(self, hashes, prompt_tokens: int, max_tokens: int, session: str | None, stream: bool,
+                response_hashes=None) -> Handle | None:
+        """A decode after a remote prefill: its blocks taken for the KV about to arrive (vLLM's
+        WAITING_FOR_REMOTE_KVS, ``remote_kv.reserve``); None when the pool cannot hold them now."""
+        self._emu_now = self.now()  # the clock where the request arrives (folding idle time is idempotent)
+        self._wall_idle_since = time.monotonic()
+        req = self._request(hashes, prompt_tokens, max_tokens, session, response_hashes)
+        if not remote_kv.reserve(self.sched, req, self._emu_now):
+            return None
+        return self._handle(req, stream)
+
+    def arrived(self, handle: Handle, at: float) -> None:
+        """Its KV is in (at emulated ``at``): the request computes its last prompt token, then decodes."""
+        self._leave_idle()
+        if self.time_scale <= 0 and not self.sched.has_work():  # no pacing: the clock jumps to the delivery
+            self._emu_now = max(self._emu_now, at)
+            self._reanchor()
+        handle.kv_arrived = max(at, handle.req.arrival)
+        remote_kv.arrived(self.sched, handle.req, self._emu_now)
+        self._wake.set()
+
+    def cancel_remote(self, handle: Handle) -> None:
+        """Its KV will never arrive: the blocks go back (``remote_kv.cancel``), and those inserted for it
+        leave the pool and the index."""
+        if self.handles.pop(handle.req.rid, None) is None:
+            return
+        remote_kv.cancel(self.sched, handle.req, self.now())
+        self.publish_events()
+        self._wake.set()
+
+    def release_held(self, req: SchedRequest) -> None:
+        """A prefill for a remote decode is done with (pulled, timed out, or its client left): its
+        blocks go back, cached."""
+        if req.hold:
+            self.sched.release_held(req, max(self._step_end, self.now()))
+            self._wake.set()  # the room may admit a waiting request
+
+    def clock(self) -> float:
+        """The emulated time of this wall instant (between steps too: ``now`` moves only at step ends)."""
+        if self.time_scale > 0 and self.sched.has_work():
+            return max(self._emu_now, self._anchor_emu + (time.monotonic() - self._anchor_wall) / self.time_scale)
+        return self.now()
+
+    async def until(self, finish: Callable[[], float]) -> float:
+        """Sleep until the emulated clock reaches ``finish()``, asked again at each wake-up (a link's
+        later transfers delay it), ``time_scale`` wall seconds per emulated one; its last answer."""
+        while True:
+            end = finish()
+            ahead = end - self.clock()
+            if ahead <= 0 or self.time_scale <= 0:
+                return end
+            await asyncio.sleep(ahead * self.time_scale)
 
     def abort(self, handle: Handle) -> bool:
         """The client went away: its request leaves the scheduler wherever it is (vLLM aborts it),
@@ -116,6 +191,7 @@ class Engine:
         if self.handles.get(rid) is not handle:
             return False
         if not self.sched.abort(handle.req, max(self._step_end, self._emu_now)):
+            self.release_held(handle.req)  # finished in the step under way: a held prefill nobody will pull
             return False
         del self.handles[rid]
         self.counters.aborted += 1

@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, disable_cre
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from replica.core.sched.scheduler import SchedRequest
+from replica.pd import FAILOVER_REASONS
 
 disable_created_metrics()  # *_created series only add noise for scrapers
 
@@ -61,6 +62,12 @@ class ReplicaMetrics:
         self.success.inc()
 
 
+def _one(kind, name: str, doc: str, values: list[str], value: float):
+    fam = kind(name, doc, labels=LABELS)
+    fam.add_metric(values, value)
+    return fam
+
+
 class ReplicaCollector:
     def __init__(self, state) -> None:
         self.state = state
@@ -74,14 +81,10 @@ class ReplicaCollector:
         values = [st.settings.model, st.settings.replica_id]
 
         def counter(name, doc, value):
-            fam = CounterMetricFamily(name, doc, labels=LABELS)
-            fam.add_metric(values, value)
-            return fam
+            return _one(CounterMetricFamily, name, doc, values, value)
 
         def gauge(name, doc, value):
-            fam = GaugeMetricFamily(name, doc, labels=LABELS)
-            fam.add_metric(values, value)
-            return fam
+            return _one(GaugeMetricFamily, name, doc, values, value)
 
         yield counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", m.tokens_queried)
         yield counter("vllm:prefix_cache_hits", "Prompt tokens served from the prefix cache.", m.tokens_hit)
@@ -113,6 +116,48 @@ class ReplicaCollector:
         yield from self._reuse(values)
         yield from self._adaptive(values)
         yield from self._tiers(values)
+        yield from self._pd(values)
+
+    def _pd(self, values: list[str]):
+        """Disaggregated prefill / decode (replica/pd.py): this instance's NIC and its remote requests
+        (vLLM's NIXL names where it has one; its xfer-time and bytes histograms are the PdRuntime's own)."""
+        pd = self.state.pd
+        c = pd.counters
+        role = GaugeMetricFamily("kvemu:pd_role", "This replica's role (1 on the series of its role).",
+                                 labels=LABELS + ["role"])
+        for name in ("both", "prefill", "decode"):
+            role.add_metric([*values, name], float(self.state.settings.role == name))
+        yield role
+        stats = {"send": pd.link_stats(pd.send, pd.sent_transfers), "recv": pd.link_stats(pd.recv, pd.recv_transfers)}
+        for name, doc, key, kind in (
+                ("kvemu:pd_transfers", "KV transfers per NIC direction (send: pulls served as a prefill instance;"
+                 " recv: KV received as a decode instance).", "transfers", CounterMetricFamily),
+                ("kvemu:pd_bytes", "KV bytes per NIC direction.", "bytes", CounterMetricFamily),
+                ("kvemu:pd_link_busy_seconds", "Emulated seconds the NIC direction moved bytes.", "busy_s",
+                 CounterMetricFamily),
+                ("kvemu:pd_link_utilization", "Fraction of the emulated run the NIC direction moved bytes.",
+                 "utilization", GaugeMetricFamily)):
+            fam = kind(name, doc, labels=LABELS + ["direction"])
+            for direction, row in stats.items():
+                fam.add_metric([*values, direction], row[key])
+            yield fam
+        fails = CounterMetricFamily("kvemu:pd_failovers", "Decodes after a remote prefill that prefilled locally"
+                                    " instead, by reason (no_room, unreachable, unknown_request, prefill_error).",
+                                    labels=LABELS + ["reason"])
+        for reason in FAILOVER_REASONS:
+            fails.add_metric([*values, reason], c.failovers[reason])
+        yield fails
+        failed = sum(c.failovers[r] for r in FAILOVER_REASONS if r != "no_room")
+        yield _one(CounterMetricFamily, "vllm:nixl_num_failed_transfers", "KV pulls that failed (the decode"
+                   " prefilled locally).", values, failed)
+        yield _one(CounterMetricFamily, "vllm:nixl_num_kv_expired_reqs", "Held prefills whose KV no decode instance read before"
+                   " --pd-hold-timeout-s (prefill instance).", values, c.expired)
+        yield _one(GaugeMetricFamily, "kvemu:pd_requests_waiting_for_remote_kv", "Decodes reserved, waiting for"
+                   " their KV (vLLM's WAITING_FOR_REMOTE_KVS).", values, c.waiting_for_kv)
+        yield _one(GaugeMetricFamily, "kvemu:pd_held_requests", "Finished prefills holding their blocks for a"
+                   " decode instance's pull.", values, len(pd.held))
+        yield _one(GaugeMetricFamily, "kvemu:pd_held_blocks", "Blocks those held prefills pin.", values,
+                   pd.held_blocks)
 
     def _tiers(self, values: list[str]):
         tiers = self.state.core.tiers

@@ -11,7 +11,8 @@ from aiohttp import web
 from replica.core.build import build_core
 from replica.engine import Engine
 from replica.events import EventFeed
-from replica.prom import ReplicaCollector, ReplicaMetrics
+from replica.pd import PdRuntime
+from replica.prom import LABELS, ReplicaCollector, ReplicaMetrics
 from replica.settings import ReplicaSettings
 from replica.shipper import RedisShipper
 from replica.vllm_events import EventTranslator, ZmqEventPublisher
@@ -46,6 +47,8 @@ class ReplicaRuntime:
         self.engine = Engine(self.core, settings.time_scale,
                              on_events=self.feed.publish if self.vllm_events is None else self._publish_both,
                              on_first_token=self._first_token, on_finished=self.prom.finished)
+        # disaggregated prefill / decode: this instance's NIC, held prefills, remote decodes (replica/pd.py)
+        self.pd = PdRuntime(settings, self.engine, self.cost.kv_bytes_per_token, self.registry, LABELS)
         self.registry.register(ReplicaCollector(self))
         self.started = time.time()
         self.rejected: dict[str, int] = {}

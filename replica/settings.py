@@ -19,6 +19,7 @@ from replica.core.build import (
 )
 from replica.core.cache.policies import policy_class, policy_names
 from replica.core.cache.pool import HIT_MODES
+from replica.core.disagg import PdSettings, check_role
 from replica.core.sched.sched_types import (
     DEFAULT_ADMISSION,
     DEFAULT_MAX_LOANS,
@@ -31,11 +32,15 @@ from replica.core.sched.sched_types import (
     max_model_len_for,
 )
 from replica.core.tiers.stack import TierSettings
-from shared.costmodel import CostModel, KvBudget
+from shared.costmodel import CostModel, KvBudget, split_tp
 from shared.errors import InputError, UnknownNameError
 from shared.kv_events_config import KvEventsConfig
 from shared.serving import ServingSettings
-from shared.validate import check_positive_int
+from shared.validate import check_number, check_positive_int
+
+# vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT: a prefill instance frees a finished request's blocks if no
+# decode instance has read them by then (wall-clock seconds, as vLLM's)
+DEFAULT_PD_HOLD_TIMEOUT_S = 480.0
 
 
 def live_policy_names() -> list[str]:
@@ -90,6 +95,10 @@ class ReplicaSettings:
     device: str = "cpu"  # the torch backend's device
     layers: int | None = None  # the torch backend runs this many of the model's layers (None: all)
     kv_events: KvEventsConfig | None = None  # vLLM's KV events over ZMQ (--kv-events-config); None: off
+    # disaggregated prefill / decode (replica/pd.py): both (colocated), prefill or decode
+    role: str = "both"
+    pd: PdSettings = PdSettings()  # this instance's NIC (link Gb/s per GPU, latency) and what crosses it
+    pd_hold_timeout_s: float = DEFAULT_PD_HOLD_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if self.policy not in live_policy_names():  # an oracle needs the future: `kvemu sim` only
@@ -129,6 +138,8 @@ class ReplicaSettings:
         if self.index is not None and not self.index.startswith(("redis://", "rediss://", "unix://")):
             raise InputError("index", f"expected a redis:// URL, got {self.index!r}")
         check_backend(self.backend, self.layers)
+        check_role(self.role)
+        check_number("pd_hold_timeout_s", self.pd_hold_timeout_s, above=0)
         CostModel.from_names(self.model, self.gpu)  # unknown names list the valid ones
         if self.capacity_gib is not None and self.resolved_capacity_blocks() <= 0:
             raise InputError("capacity_gib", "is smaller than one KV block of this model")
@@ -146,8 +157,20 @@ class ReplicaSettings:
             max_running=self.max_running, max_waiting=self.max_waiting, scheduler=self.scheduler,
             watermark=self.watermark, max_loans=self.max_loans, step_rule=self.step_rule, reuse="sampled",
             shards_rate=self.shards_rate, shards_max_tracked=self.shards_max_tracked, seed=self.seed, emit_events=True,
-            tier_events=True, oracles=False, tiers=self.tiers, response_kv=self.response_kv,
+            tier_events=True, oracles=False, tiers=self.tiers, response_kv=self.stored_response_kv,
             prefix_caching=self.prefix_caching, max_model_len=self.resolved_max_model_len(), matching=self.matching)
+
+    @property
+    def stored_response_kv(self) -> str:
+        """What the replica does with response KV: a prefill instance never stores it (its responses are one
+        token, decoded elsewhere), whatever ``response_kv`` says."""
+        return "drop" if self.role == "prefill" else self.response_kv
+
+    def nic_bytes_per_s(self) -> float:
+        """This instance's NIC, each direction (``PdSettings.nic_bytes_per_s``: --pd-link-gbps per GPU x tp,
+        else the GPU preset's NIC generation)."""
+        gpu, tp = split_tp(self.gpu)
+        return self.pd.nic_bytes_per_s(gpu, tp)
 
     def cost_model(self) -> CostModel:
         return CostModel.from_names(self.model, self.gpu)

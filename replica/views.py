@@ -9,9 +9,11 @@ import uuid
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from replica import pd_views
 from replica.core.cache.policies import make_policy
 from replica.engine import Handle
 from replica.httputil import require_admin
+from replica.pd import KvTransferParams, transfer_params
 from replica.runtime import RUNTIME, SETTINGS, ReplicaRuntime
 from replica.settings import ReplicaSettings
 from shared import protocol
@@ -36,8 +38,9 @@ def _limits(request) -> tuple[int, int]:
     return s.serving.max_prompt_tokens, s.serving.max_output_tokens
 
 
-async def _parse(request: web.Request) -> protocol.GenerateSpec:
-    """Big bodies are parsed off the event loop (shared/offload.py)."""
+async def _parse(request: web.Request) -> tuple[protocol.GenerateSpec, KvTransferParams | None]:
+    """Big bodies are parsed off the event loop (shared/offload.py); with them, vLLM's
+    ``kv_transfer_params`` where the body has them (replica/pd.py)."""
     raw = await read_raw(request)
     settings = _settings(request)
     spec = await request.app[OFFLOAD].parse(request, raw, settings.block_size, _limits(request))
@@ -45,14 +48,14 @@ async def _parse(request: web.Request) -> protocol.GenerateSpec:
         raise InputError("block_hashes", f"this replica matches prompts token by token (--matching radix, pages of"
                                          f" {settings.block_size}), which block hashes cannot be cut into: send"
                                          " token_ids, a completion prompt or chat messages")
-    return spec
+    return spec, transfer_params(raw, request.content_type or "")
 
 
-def _submit(request: web.Request, spec: protocol.GenerateSpec) -> Handle:
-    keep = _settings(request).response_kv == "keep"
+def _submit(request: web.Request, spec: protocol.GenerateSpec, hold: bool = False) -> Handle:
+    keep = _settings(request).stored_response_kv == "keep"  # a prefill replica never stores it
     state = _state(request)
     handle = state.engine.submit(spec.hashes, spec.prompt_tokens, spec.max_tokens, spec.session, spec.stream,
-                                 spec.response_hashes if keep else None)
+                                 spec.response_hashes if keep else None, hold)
     state.register_blocks(spec.hashes, spec.response_hashes if keep else None, spec.block_tokens)
     return handle
 
@@ -67,6 +70,20 @@ async def _until(request: web.Request, handle: Handle, fut) -> bool:
     except ClientGone:
         _state(request).engine.abort(handle)
         return False
+
+
+async def _start(request: web.Request) -> tuple[protocol.GenerateSpec, Handle | None]:
+    """Parse and submit, as a plain request or either leg of a disaggregated one (replica/pd_views.py).
+    A None handle: the client left while its KV was on the way."""
+    spec, params = await _parse(request)
+    return spec, await pd_views.start(request, spec, params, _submit)
+
+
+def _held(request: web.Request, handle: Handle) -> dict:
+    """The prefill leg of a remote decode: its blocks held for the pull, and what its answer carries."""
+    if handle.kv_transfer_params is None and handle.req.hold:
+        _state(request).pd.hold(handle)
+    return {"kv_transfer_params": handle.kv_transfer_params} if handle.kv_transfer_params is not None else {}
 
 
 def _gone() -> web.Response:
@@ -84,15 +101,16 @@ def _usage(handle: Handle) -> dict:
 # ---- native --------------------------------------------------------------------------
 async def generate(request: web.Request) -> web.StreamResponse:
     s = _settings(request)
-    spec = await _parse(request)
-    handle = _submit(request, spec)
-    if not await _until(request, handle, handle.done):
+    _spec, handle = await _start(request)
+    if handle is None or not await _until(request, handle, handle.done):
         return _gone()
     r = handle.req
-    assert r.alloc is not None  # a finished request was admitted
+    alloc = r.alloc
     body = {"replica_id": s.replica_id, "prompt_tokens": r.input_tokens, "output_tokens": r.output_tokens,
             "cached_tokens": r.cached_tokens, "prompt_blocks": len(r.hashes),
-            "cached_blocks": len(r.alloc.hit_idx), "holes": r.alloc.holes, **handle.timings()}
+            # (a held prefill's blocks may have been pulled and released, its allocation gone, by now)
+            "cached_blocks": len(alloc.hit_idx) if alloc is not None else None,
+            "holes": alloc.holes if alloc is not None else None, **handle.timings(), **_held(request, handle)}
     resp = respond(request, body)
     resp.headers.update(_replica_headers(s.replica_id, handle))
     return resp
@@ -114,8 +132,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def _openai(request: web.Request, chat: bool) -> web.StreamResponse:
     s = _settings(request)
-    spec = await _parse(request)
-    handle = _submit(request, spec)
+    spec, handle = await _start(request)
+    if handle is None:
+        return _gone()
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     created = int(time.time())
     if spec.stream:
@@ -127,7 +146,7 @@ async def _openai(request: web.Request, chat: bool) -> web.StreamResponse:
               else {"index": 0, "text": text, "finish_reason": "length", "logprobs": None})
     body = {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
             "model": spec.model, "choices": [choice], "usage": _usage(handle),
-            "kvemu": {"replica_id": s.replica_id, **handle.timings()}}
+            "kvemu": {"replica_id": s.replica_id, **handle.timings()}, **_held(request, handle)}
     return web.json_response(body, headers=_replica_headers(s.replica_id, handle))
 
 
@@ -149,14 +168,14 @@ async def _stream(request, handle: Handle, spec, rid: str, created: int, chat: b
     try:
         async with until_client_gone(request):
             await resp.prepare(request)
-            await _write_events(resp, handle, spec, head, chat, s.replica_id)
+            await _write_events(resp, handle, spec, head, chat, s.replica_id, request)
     except (ConnectionResetError, ClientGone):  # the client left, or was cut off for not reading (shared/serve.py)
         _state(request).engine.abort(handle)  # a no-op once it finished (the end was being written)
     return resp
 
 
 async def _write_events(resp: web.StreamResponse, handle: Handle, spec, head: dict, chat: bool,
-                        replica_id: str) -> None:
+                        replica_id: str, request: web.Request) -> None:
     sent = 0
     assert handle.tokens is not None  # a streamed request has a token queue
     while True:
@@ -173,7 +192,8 @@ async def _write_events(resp: web.StreamResponse, handle: Handle, spec, head: di
         await resp.write(_sse({**head, "choices": [choice]}))
     end = ({"index": 0, "delta": {}, "finish_reason": "length"} if chat
            else {"index": 0, "text": "", "finish_reason": "length", "logprobs": None})
-    await resp.write(_sse({**head, "choices": [end], "kvemu": {"replica_id": replica_id, **handle.timings()}}))
+    await resp.write(_sse({**head, "choices": [end], "kvemu": {"replica_id": replica_id, **handle.timings()},
+                           **_held(request, handle)}))
     if spec.include_usage:  # as OpenAI sends it: a last chunk with no choices, only when asked
         await resp.write(_sse({**head, "choices": [], "usage": _usage(handle)}))
     await resp.write(b"data: [DONE]\n\n")
@@ -199,7 +219,7 @@ async def models(request: web.Request) -> web.Response:
 async def health(request: web.Request) -> web.Response:
     state = _state(request)
     s = _settings(request)
-    return web.json_response({"status": "ok", "replica_id": s.replica_id, "epoch": state.feed.epoch,
+    return web.json_response({"status": "ok", "replica_id": s.replica_id, "role": s.role, "epoch": state.feed.epoch,
                               "policy": state.pool.policy.name, "model": s.model, "capacity_blocks": state.pool.capacity,
                               "block_size": s.block_size, "matching": s.matching, "running": state.scheduler.num_running,
                               "waiting": state.scheduler.num_waiting, "kv_usage": state.pool.usage()})
@@ -236,6 +256,7 @@ async def stats(request: web.Request) -> web.Response:
                       "emulated_now_s": state.engine.now()},
         "events": state.feed.stats(), "rejected_by_field": dict(state.rejected),
         "ttft": state.ttft_recent.summary(), "policy_switches": list(state.policy_switches),
+        "role": s.role, "pd": state.pd.stats(),
     })
     if state.vllm_events is not None:  # --kv-events-config: vLLM's KV events over ZMQ
         out["kv_events"] = state.vllm_events.stats()

@@ -150,3 +150,22 @@ def with_role_defaults(shape: PoolShape, **cluster) -> dict:
         if value is not None:
             out[f.name] = value
     return out
+
+
+# ---- the replica's own (kvemu replica; kvemu up hands them to its P/D replicas) -----------------------------
+PD_HOLD_TIMEOUT_OPTION = Option(
+    "--pd-hold-timeout-s", 480.0, "P/D prefill instance: wall seconds a finished prefill's blocks wait for a decode"
+    " instance's pull before they are released (vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT; default 480)", float,
+    metavar="S")
+REPLICA_PD_OPTIONS = (ROLE_OPTION, *PD_LINK_OPTIONS, PD_HOLD_TIMEOUT_OPTION)
+
+
+def add_replica_pd_args(p: argparse.ArgumentParser) -> None:
+    """``kvemu replica``'s P/D flags: its role, its NIC and what crosses it, the hold timeout."""
+    add_options(p.add_argument_group("disaggregated prefill / decode (P/D)"), REPLICA_PD_OPTIONS)
+
+
+def replica_pd_settings(args: argparse.Namespace) -> dict:
+    """The ``ReplicaSettings`` fields those flags give (``role``, ``pd``, ``pd_hold_timeout_s``)."""
+    check_number("--pd-hold-timeout-s", args.pd_hold_timeout_s, above=0)
+    return {"role": args.role, "pd": pd_settings(args), "pd_hold_timeout_s": args.pd_hold_timeout_s}

@@ -1,0 +1,329 @@
+"""A live replica's side of disaggregated prefill and decode (replica/core/disagg.py), on vLLM's wire.
+
+A client (vLLM's disaggregated proxy, llm-d's routing sidecar, kvemu's router) drives a request in two
+legs, as vLLM's NIXL connector expects:
+
+1. **Prefill leg**, to a ``prefill`` (or ``both``) replica, with ``"kv_transfer_params":
+   {"do_remote_decode": true}``: the prompt is computed with ``max_tokens`` forced to 1, and the request's
+   blocks stay pinned when it finishes (``SchedRequest.hold``). Its answer carries what NIXL's
+   ``request_finished`` returns: ``{"do_remote_prefill": true, "do_remote_decode": false,
+   "remote_engine_id": <replica id>, "remote_block_ids": [...], "remote_host", "remote_port",
+   "remote_request_id", "tp_size"}``. ``remote_block_ids`` are the held blocks' positions in the prompt
+   (an emulated pool has no physical block ids; their count is what a decoder may read).
+2. **Decode leg**, to a ``decode`` (or ``both``) replica, with those parameters: the replica reserves the
+   request's blocks (``remote_kv.reserve``, vLLM's WAITING_FOR_REMOTE_KVS), then pulls the KV it lacks:
+   ``POST http://remote_host:remote_port/kv/pull`` (cluster token) with ``{"remote_request_id", "bytes",
+   "decoder"}``. The prefill replica prices ``bytes`` on its NIC's send ``Link`` and answers when they are
+   sent (``{"ok": true, "send_s"}``), releasing the held blocks; meanwhile the decode replica prices the
+   same bytes on its own receive ``Link``. The KV is delivered when both are done; the request then
+   computes its last prompt token and decodes (``remote_kv.arrived``). A pull that fails (prefill instance
+   unreachable, the request unknown to it, any other error) or a reservation that does not fit falls back
+   to a local prefill, counted by reason.
+
+Held blocks never stay pinned: a pull releases them whatever happens to it, an unpulled request is released
+after ``--pd-hold-timeout-s`` (vLLM's ``VLLM_NIXL_ABORT_REQUEST_TIMEOUT``, 480 s, wall clock), a prefill
+whose client left is released at once, and shutdown releases what is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import uuid
+from collections import Counter as Tally
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from prometheus_client import CollectorRegistry, Histogram
+
+from replica.core.sched.remote_kv import held_blocks
+from replica.core.sched.sched_types import SchedRequest
+from replica.core.tiers.link import Link
+from replica.engine import Engine, Handle
+from replica.settings import ReplicaSettings
+from shared.errors import InputError
+
+KV_PARAMS = "kv_transfer_params"
+FAILOVER_REASONS = ("no_room", "unreachable", "unknown_request", "prefill_error")
+# vLLM's NIXL histograms (vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py, NixlPromMetrics)
+XFER_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0)
+BYTES_BUCKETS = tuple(float(1 << k) for k in range(20, 36, 2))  # 1 MiB .. 16 GiB
+
+
+@dataclass(frozen=True, slots=True)
+class KvTransferParams:
+    """A request's ``kv_transfer_params`` (vLLM's field names; others are ignored, as vLLM ignores them)."""
+
+    do_remote_decode: bool = False
+    do_remote_prefill: bool = False
+    remote_engine_id: str | None = None
+    remote_host: str | None = None
+    remote_port: int | None = None
+    remote_request_id: str | None = None
+    remote_block_ids: tuple[int, ...] = ()
+    tp_size: int | None = None
+
+
+def transfer_params(raw: bytes, content_type: str) -> KvTransferParams | None:
+    """The body's ``kv_transfer_params`` (None: absent or null); the body is decoded again only when
+    it names them, so a plain request pays one substring search."""
+    if KV_PARAMS.encode() not in raw:
+        return None
+    from shared.protocol import decode_body
+
+    return parse_params(decode_body(raw, content_type).get(KV_PARAMS))
+
+
+def _field(obj: dict, name: str, kind: type, what: str) -> Any:
+    value = obj.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
+        raise InputError(f"{KV_PARAMS}.{name}", f"expected {what}, got {value!r:.60}")
+    return value
+
+
+def _block_ids(value: Any) -> tuple[int, ...]:
+    """A list of block ids, or (vLLM with several KV cache groups) a list of such lists, flattened."""
+    if value is None:
+        return ()
+    name = f"{KV_PARAMS}.remote_block_ids"
+    if not isinstance(value, list | tuple):
+        raise InputError(name, f"expected a list of integers, got {type(value).__name__}")
+    flat = [x for group in value for x in (group if isinstance(group, list | tuple) else (group,))]
+    for i, x in enumerate(flat):
+        if isinstance(x, bool) or not isinstance(x, int) or x < 0:
+            raise InputError(f"{name}[{i}]", f"expected a block id (an integer >= 0), got {x!r:.40}")
+    return tuple(flat)
+
+
+def parse_params(value: Any) -> KvTransferParams | None:
+    """``kv_transfer_params`` checked field by field: a 400 naming the field, before anything is pinned."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise InputError(KV_PARAMS, f"expected an object, got {type(value).__name__}")
+    decode = _field(value, "do_remote_decode", bool, "true or false") or False
+    prefill = _field(value, "do_remote_prefill", bool, "true or false") or False
+    if decode and prefill:
+        raise InputError(f"{KV_PARAMS}.do_remote_prefill", "a request is prefilled here for a remote decode"
+                         " (do_remote_decode) or decoded here after a remote prefill (do_remote_prefill), not both")
+    port = _field(value, "remote_port", int, "a port number")
+    if port is not None and not 1 <= port <= 65535:
+        raise InputError(f"{KV_PARAMS}.remote_port", f"must be 1-65535, got {port}")
+    tp = _field(value, "tp_size", int, "an integer >= 1")
+    if tp is not None and tp < 1:
+        raise InputError(f"{KV_PARAMS}.tp_size", f"must be >= 1, got {tp}")
+    engine = value.get("remote_engine_id")
+    if engine is not None and (isinstance(engine, bool) or not isinstance(engine, str | int)):
+        raise InputError(f"{KV_PARAMS}.remote_engine_id", f"expected a string, got {engine!r:.60}")
+    params = KvTransferParams(decode, prefill, None if engine is None else str(engine),
+                              _field(value, "remote_host", str, "a host name or address"), port,
+                              _field(value, "remote_request_id", str, "a string"),
+                              _block_ids(value.get("remote_block_ids")), tp)
+    if prefill:
+        for name in ("remote_host", "remote_port", "remote_request_id"):
+            if not getattr(params, name):
+                raise InputError(f"{KV_PARAMS}.{name}", "missing: do_remote_prefill needs the prefill instance's"
+                                 " remote_host, remote_port and remote_request_id (its answer's kv_transfer_params)")
+    return params
+
+
+def check_role(role: str, params: KvTransferParams) -> None:
+    """A prefill replica decodes nothing remote, a decode replica prefills for no one: 400 naming the flag."""
+    if params.do_remote_decode and role == "decode":
+        raise InputError(f"{KV_PARAMS}.do_remote_decode", "this replica's role is decode: it does not prefill for"
+                         " another instance (send the prefill leg to a prefill or both replica)")
+    if params.do_remote_prefill and role == "prefill":
+        raise InputError(f"{KV_PARAMS}.do_remote_prefill", "this replica's role is prefill: it does not decode"
+                         " after a remote prefill (send the decode leg to a decode or both replica)")
+
+
+@dataclass(slots=True)
+class Held:
+    """A finished prefill whose blocks wait for a decode instance's pull."""
+
+    req: SchedRequest
+    timer: asyncio.TimerHandle
+
+
+@dataclass(slots=True)
+class PdCounters:
+    held_total: int = 0  # prefills held for a remote decode
+    expired: int = 0  # held prefills nobody pulled before the timeout (vllm:nixl_num_kv_expired_reqs)
+    pulls_unknown: int = 0  # pulls naming a request this replica does not hold
+    remote_requests: int = 0  # decodes whose KV came over the network
+    waiting_for_kv: int = 0  # decodes reserved, their KV not in yet
+    failovers: Tally = field(default_factory=Tally)  # by reason: decodes that prefilled locally instead
+    kv_wait_s: float = 0.0  # emulated seconds remote decodes waited for their KV (reserve to delivery)
+    first_decode_s: float = 0.0  # ... and from delivery to their first token
+    first_tokens: int = 0  # remote decodes whose first token came (first_decode_s's count)
+    last_kv_wait_s: float | None = None
+
+
+class PdRuntime:
+    """One replica's P/D state: its NIC (a ``Link`` per direction, the one link model), the prefills it
+    holds for a pull, the pulls it makes as a decode instance, and what both count."""
+
+    def __init__(self, settings: ReplicaSettings, engine: Engine, kv_bytes_per_token: int,
+                 registry: CollectorRegistry, labels: list[str]) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.kv_bytes_per_token = kv_bytes_per_token
+        bw, latency = settings.nic_bytes_per_s(), settings.pd.link_latency_s
+        self.send = Link(f"{settings.replica_id}:send", bw, latency_s=latency)
+        self.recv = Link(f"{settings.replica_id}:recv", bw, latency_s=latency)
+        self.sent_transfers = self.recv_transfers = 0
+        self.held: dict[str, Held] = {}
+        self.counters = PdCounters()
+        self.session: aiohttp.ClientSession | None = None  # set by the app's pd_ctx
+        values = (settings.model, settings.replica_id)
+        self.xfer_time = Histogram("vllm:nixl_xfer_time_seconds", "Emulated seconds of each KV transfer this"
+                                   " decode instance received (reserve to delivery).", labels, buckets=XFER_BUCKETS,
+                                   registry=registry).labels(*values)
+        self.xfer_bytes = Histogram("vllm:nixl_bytes_transferred", "Bytes of each KV transfer this decode instance"
+                                    " received.", labels, buckets=BYTES_BUCKETS, registry=registry).labels(*values)
+
+    # ---- prefill side ---------------------------------------------------------------
+    def advertised_host(self) -> str:
+        host = self.settings.serving.host
+        return socket.gethostname() if host in ("", "0.0.0.0", "::") else host
+
+    def hold(self, handle: Handle) -> dict:
+        """A finished prefill for a remote decode: keep its blocks for a pull (or the timeout); what its
+        answer's ``kv_transfer_params`` say (NIXL's ``request_finished``)."""
+        req = handle.req
+        rid = f"pd-{self.settings.replica_id}-{uuid.uuid4().hex[:16]}"
+        blocks = len(req.alloc.hashes) if req.alloc is not None and req.hold else 0
+        if req.hold:  # (a prefill whose client left was released already: nothing to pull)
+            timer = asyncio.get_running_loop().call_later(self.settings.pd_hold_timeout_s, self._expire, rid)
+            self.held[rid] = Held(req, timer)
+            self.counters.held_total += 1
+        handle.kv_transfer_params = {
+            "do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": self.settings.replica_id,
+            "remote_block_ids": list(range(blocks)), "remote_host": self.advertised_host(),
+            "remote_port": self.settings.port, "remote_request_id": rid, "tp_size": self.engine_tp()}
+        return handle.kv_transfer_params
+
+    def engine_tp(self) -> int:
+        from shared.costmodel import split_tp
+
+        return split_tp(self.settings.gpu)[1]
+
+    def _expire(self, rid: str) -> None:
+        held = self.held.pop(rid, None)
+        if held is not None:
+            self.counters.expired += 1
+            self.engine.release_held(held.req)
+
+    @property
+    def held_blocks(self) -> int:
+        return sum(len(h.req.alloc.hashes) for h in self.held.values() if h.req.alloc is not None)
+
+    async def pull(self, rid: str, nbytes: int) -> float:
+        """Send ``nbytes`` of held request ``rid`` on this NIC's send link, then release its blocks;
+        the emulated seconds the send took. KeyError: no such request held here."""
+        held = self.held.pop(rid)
+        held.timer.cancel()
+        try:
+            start = self.engine.clock()
+            tr = self.send.start(start, nbytes)
+            self.sent_transfers += 1
+            end = await self.engine.until(lambda: self.send.finish(tr))
+        finally:  # whatever happens to the pull (the decoder left, shutdown), the blocks go back
+            self.engine.release_held(held.req)
+        return end - start
+
+    def release_all(self) -> None:
+        """Shutdown: nothing stays pinned."""
+        for rid in list(self.held):
+            held = self.held.pop(rid)
+            held.timer.cancel()
+            self.engine.release_held(held.req)
+
+    # ---- decode side ----------------------------------------------------------------
+    def transfer_bytes(self, req: SchedRequest) -> int:
+        tokens = self.settings.pd.transfer_tokens(req.input_tokens, held_blocks(req), self.settings.block_size)
+        return tokens * self.kv_bytes_per_token
+
+    async def fetch(self, handle: Handle, params: KvTransferParams) -> str | None:
+        """Pull a reserved request's KV from its prefill instance while pricing it on this NIC's receive
+        link; once both are done the request runs (``Engine.arrived``). None, or why it failed (the
+        caller cancels the reservation and prefills locally)."""
+        req = handle.req
+        nbytes = self.transfer_bytes(req)
+        start = self.engine.clock()
+        tr = self.recv.start(start, nbytes)
+        self.recv_transfers += 1
+        self.counters.waiting_for_kv += 1
+        try:
+            (why, send_s), end = await asyncio.gather(self._post_pull(params, nbytes),
+                                                      self.engine.until(lambda: self.recv.finish(tr)))
+        finally:
+            self.counters.waiting_for_kv -= 1
+        if why is not None:
+            return why
+        delivered = max(end, start + send_s)
+        self.engine.arrived(handle, delivered)
+        wait = handle.kv_arrived - req.arrival
+        c = self.counters
+        c.remote_requests += 1
+        c.kv_wait_s += wait
+        c.last_kv_wait_s = wait
+        self.xfer_time.observe(delivered - start)
+        self.xfer_bytes.observe(nbytes)
+        handle.first_token.add_done_callback(lambda _f: self._first_token(handle))
+        return None
+
+    def _first_token(self, handle: Handle) -> None:
+        self.counters.first_tokens += 1
+        self.counters.first_decode_s += handle.req.t_first_token - handle.kv_arrived
+
+    async def _post_pull(self, params: KvTransferParams, nbytes: int) -> tuple[str | None, float]:
+        host = params.remote_host or ""
+        url = f"http://{f'[{host}]' if ':' in host else host}:{params.remote_port}/kv/pull"
+        token = self.settings.serving.cluster_token or self.settings.admin_token
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        body = {"remote_request_id": params.remote_request_id, "bytes": nbytes, "decoder": self.settings.replica_id}
+        assert self.session is not None, "the app's pd_ctx opens the session"
+        timeout = aiohttp.ClientTimeout(total=self.settings.pd_hold_timeout_s + 60, sock_connect=10)
+        try:
+            async with self.session.post(url, json=body, headers=headers, timeout=timeout) as resp:
+                if resp.status == 404:
+                    return "unknown_request", 0.0
+                if resp.status != 200:
+                    return "prefill_error", 0.0
+                answer = await resp.json()
+                return None, float(answer["send_s"])
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            return "unreachable", 0.0
+        except (ValueError, KeyError, TypeError):  # an answer that is not the pull's
+            return "prefill_error", 0.0
+
+    def failover(self, reason: str) -> None:
+        self.counters.failovers[reason] += 1
+
+    # ---- views ----------------------------------------------------------------------
+    def link_stats(self, link: Link, transfers: int) -> dict:
+        utilization = link.utilization(self.engine.clock())  # settles the link up to now
+        return {"transfers": transfers, "bytes": link.bytes_moved, "in_flight": link.in_flight,
+                "busy_s": link.busy_s, "utilization": utilization}
+
+    def stats(self) -> dict:
+        """``/stats``' ``pd`` part."""
+        s, c = self.settings, self.counters
+        return {
+            "role": s.role, "link_gbps": self.send.bandwidth * 8 / 1e9, "link_latency_us": s.pd.link_latency_s * 1e6,
+            "transfer": s.pd.transfer, "hold_timeout_s": s.pd_hold_timeout_s, "response_kv": s.stored_response_kv,
+            "send": self.link_stats(self.send, self.sent_transfers),
+            "recv": self.link_stats(self.recv, self.recv_transfers),
+            "held_requests": len(self.held), "held_blocks": self.held_blocks, "held_total": c.held_total,
+            "expired": c.expired, "pulls_unknown": c.pulls_unknown, "remote_requests": c.remote_requests,
+            "waiting_for_kv": c.waiting_for_kv, "failovers": {r: c.failovers[r] for r in FAILOVER_REASONS},
+            "ttft_split": {"requests": c.remote_requests, "kv_wait_s_total": c.kv_wait_s,
+                           "kv_wait_s_mean": c.kv_wait_s / c.remote_requests if c.remote_requests else None,
+                           "kv_wait_s_last": c.last_kv_wait_s, "first_tokens": c.first_tokens,
+                           "first_decode_s_total": c.first_decode_s,
+                           "first_decode_s_mean": c.first_decode_s / c.first_tokens if c.first_tokens else None},
+        }
