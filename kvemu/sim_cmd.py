@@ -12,6 +12,7 @@ from kvemu.options.gpu import add_gpu_args, gpu_setting
 from kvemu.options.limits import MAX_MODEL_LEN, SIM_CAPACITY_OPTIONS, capacity_in_tokens, length_warning, pool_units
 from kvemu.options.matching import add_matching_args, matching_setting, source_unit
 from kvemu.options.option import add_options
+from kvemu.options.pd import add_pd_args, colocated_default, pd_cluster, topology
 from kvemu.options.prefix_caching import PREFIX_CACHING, prefix_caching_setting
 from kvemu.options.response_kv import add_response_kv_arg
 from kvemu.options.reuse import add_sim_reuse_args, sim_reuse
@@ -64,12 +65,14 @@ def add_emulation_args(p: argparse.ArgumentParser) -> None:
 def configure(p: argparse.ArgumentParser) -> None:
     add_source_args(p)
     add_config_arg(p)
-    p.add_argument("--replicas", type=int, default=1)
+    p.add_argument("--replicas", type=int, default=None,
+                   help="colocated replicas (default 1; 0 beside --prefill-replicas / --decode-replicas)")
     p.add_argument("--routing", default="cache_aware")
     p.add_argument("--policy", default="lru", help="comma-separated policies, e.g. lru,s3fifo,belady")
     p.add_argument("--policy-param", action="append", default=[], metavar="NAME=VALUE",
                    help="a policy parameter, given to every policy of --policy (e.g. interval_s=300 for adaptive)")
     add_emulation_args(p)
+    add_pd_args(p)
     add_sim_reuse_args(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
@@ -163,13 +166,13 @@ def check_no_ops(args, replicas: list[int]) -> None:
             raise InputError(flag, "does nothing with one replica (every request goes to it): add --replicas N")
 
 
-def validate_names(policies: list[str], replicas: int, routing: str) -> None:
+def validate_names(policies: list[str], replicas: int, routing: str, pd: bool = False) -> None:
     """What needs no trace is checked before any trace is read or capacity computed."""
     if not policies:
         raise InputError("--policy", "is empty")
     for name in policies:
         policy_class(name)
-    if replicas <= 0:
+    if replicas < 0 or (replicas == 0 and not pd):
         raise InputError("--replicas", f"must be a positive integer, got {replicas}")
     get_strategy(routing)
 
@@ -201,9 +204,11 @@ def runs_of(args) -> tuple[Trace, list[SimSettings]]:
     """The trace and the grid of runs ``kvemu sim``'s flags ask for, every flag checked (what
     bench/bench_flashgen.py runs its configurations through, so that each is a command line)."""
     args.gpu = gpu_setting(args)
+    args.replicas = colocated_default(args, args.replicas, 1)
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
-    validate_names(policies, args.replicas, args.routing)
-    check_no_ops(args, [args.replicas])
+    cluster = topology(args, args.replicas)  # the pools' sizes, checked before the trace is read
+    validate_names(policies, args.replicas, args.routing, cluster.disaggregated)
+    check_no_ops(args, [cluster.total])
     check_scheduler_flags(args)
     matching = matching_setting(args)
     trace = load_source(args, source_unit(args, matching), tokens=matching.mode == "radix")
@@ -215,6 +220,9 @@ def runs_of(args) -> tuple[Trace, list[SimSettings]]:
     tiers = tier_settings(args, CostModel.from_names(args.model, args.gpu), trace.block_size)
     routing = routing_settings(trace.block_size, args.routing_set, tiers.levels(), matching.mode)
     prefix_caching = prefix_caching_setting(args, tiers)
+    pd = pd_cluster(args, args.gpu, lambda gpu: CostModel.from_names(args.model, gpu), trace.block_size,
+                    lambda cost, gib: tier_settings(argparse.Namespace(**{**vars(args), "host_cache_gib": gib}), cost,
+                                                    trace.block_size))
     grid = [SimSettings(capacity_blocks=c, policy=pol, policy_params=params, replicas=args.replicas, routing=args.routing,
                         hit_mode=matching.hit_mode, matching=matching.mode, seed=args.seed, model=args.model, gpu=args.gpu,
                         token_budget=args.token_budget, max_running=args.max_running, scheduler=args.scheduler,
@@ -222,7 +230,7 @@ def runs_of(args) -> tuple[Trace, list[SimSettings]]:
                         reuse=sim_reuse(args), causal=args.causal,
                         routing_settings=routing, cache_only=args.cache_only, response_kv=args.response_kv,
                         tiers=tiers, decode_kv=not args.no_decode_kv, prefix_caching=prefix_caching,
-                        max_model_len=args.max_model_len,
+                        max_model_len=args.max_model_len, pd=pd,
                         compiled=not args.python_core)
             for pol in policies for c in caps]  # validates every name before the first run
     return trace, grid
@@ -299,3 +307,20 @@ def print_table(runs: list[dict], out) -> None:
             text = "-" if value is None else fmt.format(value * 1000 if key.startswith("ttft") else value)
             cells.append(text.ljust(w) if i == 0 else text.rjust(w))
         out.write("  ".join(cells) + "\n")
+        if r.get("pd"):
+            out.write(pd_line(r["pd"]) + "\n")
+
+
+def pd_line(pd: dict) -> str:
+    """A P/D run's own lines under its row: the path requests took, TTFT by part, the link."""
+    topo, req, split = pd["topology"], pd["requests"], pd["ttft_split"]
+    pools = f"{topo['prefill']}P:{topo['decode']}D" + (f" + {topo['colocated']} colocated" if topo["colocated"] else "")
+    parts = "  ".join(f"{name} {split[f'{name}_p50_s'] * 1000:,.1f}/{split[f'{name}_p99_s'] * 1000:,.1f}"
+                      for name in ("queue", "prefill", "transfer", "first_decode"))
+    links = pd["links"]
+    busiest = max(links.items(), key=lambda kv: kv[1]["utilization"], default=None)
+    link = f"busiest NIC {busiest[0]} {busiest[1]['utilization']:.1%}" if busiest else "no transfer"
+    return (f"  P/D {pools}: remote {req['remote']:,}, local {req['local']:,}, failover {req['failover']:,};"
+            f" TTFT ms p50/p99 {parts}\n"
+            f"  transfer {pd['transfer_bytes'] / 1e9:,.2f} GB ({pd['transfer_tokens']:,} tokens, {pd['saved_tokens']:,}"
+            f" held by the decoder); {link}")

@@ -20,6 +20,7 @@ from replica.core.build import (
     check_prefix_caching,
 )
 from replica.core.cache.policies import policy_class
+from replica.core.disagg import PdCluster
 from replica.core.sched.sched_types import (
     DEFAULT_ADMISSION,
     DEFAULT_MAX_LOANS,
@@ -34,6 +35,7 @@ from replica.core.sched.v0_steps import check_step_rule
 from replica.core.tiers.stack import TierSettings
 from router.strategies import RoutingSettings, strategy_spec
 from shared.costmodel import CostModel
+from shared.errors import InputError
 from shared.validate import check_number, check_positive_int
 
 
@@ -86,9 +88,18 @@ class SimSettings:
     # decides: LRU, S3-FIFO, Belady or BeladyCompute; no tiers or reorder; kept response KV with LRU or S3-FIFO;
     # 64-bit unsigned hashes); False: the Python pool everywhere.
     compiled: bool = True
+    # A disaggregated cluster: prefill and decode pools beside the ``replicas`` colocated ones (which may
+    # then be 0); None: colocated only (replica/core/disagg.py, sim/pd.py)
+    pd: PdCluster | None = None
 
     def __post_init__(self) -> None:
-        check_positive_int("replicas", self.replicas)
+        if self.pd is None:
+            check_positive_int("replicas", self.replicas)
+        else:
+            self.pd.topology(self.replicas)  # both pools, and a count for each (the one message)
+            if self.cache_only:
+                raise InputError("cache_only", "a P/D cluster moves KV over a link in time: run it in the batching"
+                                               " mode (drop --cache-only)")
         check_positive_int("capacity_blocks", self.capacity_blocks)
         check_choice("response_kv", self.response_kv, RESPONSE_KV)
         check_choice("reuse", self.reuse, SIM_REUSE_MODES)

@@ -157,9 +157,9 @@ class PoolIndex:
 
 
 def _build_replica(i: int, s: SimSettings, block_size: int, cost: CostModel, indexed: bool,
-                   requests: int, hashes_fit: bool) -> _Replica:
+                   requests: int, hashes_fit: bool, replica_id: str = "") -> _Replica:
     core = build_core(core_settings(s, block_size, cost, indexed, requests), cost, hashes_fit=hashes_fit)
-    replica_id = f"replica-{i}"  # the ids `kvemu up` gives, so session routing hashes the same ring
+    replica_id = replica_id or f"replica-{i}"  # the ids `kvemu up` gives, so session routing hashes the same ring
     return _Replica(replica_id, core, core.scheduler, ReplicaState(replica_id, capacity_blocks=s.capacity_blocks),
                     tiers=core.tiers)
 
@@ -172,7 +172,7 @@ class Simulation:
         self.cost = CostModel.from_names(settings.model, settings.gpu)
         self.block_size = trace.block_size
         spec = strategy_spec(settings.routing)
-        indexed = spec.uses_index and settings.replicas > 1  # one replica: its pool is the index
+        indexed = self._wants_index(settings)
         # the compiled pool keys on 64-bit unsigned hashes (build_core's compilable decides with that;
         # no trace pass for a policy it has not compiled)
         compiled = settings.compiled and compiles(settings.policy)
@@ -200,7 +200,8 @@ class Simulation:
         self.responses = response_hashes(trace) if settings.response_kv == "keep" else None
         self.refused = self._refuse()
         self.states = [rep.state for rep in self.replicas]
-        self.index = PoolIndex([r.replica_id for r in self.replicas], settings.capacity_blocks) \
+        self.index = PoolIndex([r.replica_id for r in self.replicas],
+                               max(rep.state.capacity_blocks for rep in self.replicas)) \
             if indexed and self._kernels is None else None
         self._ids = [r.replica_id for r in self.replicas]
         routing = settings.routing_settings or RoutingSettings(  # as kvemu.options.router_flags builds them
@@ -224,17 +225,19 @@ class Simulation:
         run sees, so no pool, policy, oracle or index sees them; kept responses stay those of the whole
         trace. The rule depends only on the request and the settings, so this is what refusing at
         arrival would count (such a request would hold nothing and take no time)."""
-        sched = self.replicas[0].sched
-        limit, cap = sched.settings.max_model_len, sched.pool.capacity
         reqs = self.trace.requests
-        # the cheap test first: within the limit (never above the pool's size) and a prompt the pool holds
-        out = [k for k, r in enumerate(reqs)
-               if not limit or r.input_tokens + max(r.output_tokens, 1) > limit or len(r.hash_ids) > cap]
-        out = [k for k in out if sched.refusal(SchedRequest(
-            k, reqs[k].hash_ids, reqs[k].input_tokens, max(reqs[k].output_tokens, 1), reqs[k].t)) is not None]
+        out: list[int] = []
+        for sched in self._refusers():  # a request any pool it may need refuses is refused
+            limit, cap = sched.settings.max_model_len, sched.pool.capacity
+            # the cheap test first: within the limit (never above the pool's size) and a prompt the pool holds
+            maybe = [k for k, r in enumerate(reqs)
+                     if not limit or r.input_tokens + max(r.output_tokens, 1) > limit or len(r.hash_ids) > cap]
+            out += [k for k in maybe if sched.refusal(SchedRequest(
+                k, reqs[k].hash_ids, reqs[k].input_tokens, max(reqs[k].output_tokens, 1), reqs[k].t)) is not None]
         if not out:
             return 0
         gone = set(out)
+        out = sorted(gone)
         keep = [k for k in range(len(reqs)) if k not in gone]
         self.trace = Trace([reqs[k] for k in keep], self.trace.block_size, self.trace.source, self.trace.meta)
         if self.responses is not None:
@@ -242,6 +245,14 @@ class Simulation:
         if self._flat_hashes is not None:
             self._flat_hashes = hashes_u64([r.hash_ids for r in self.trace.requests])
         return len(out)
+
+    def _wants_index(self, s: SimSettings) -> bool:
+        """Whether routing asks which replica holds a prompt: one replica's pool is its own index."""
+        return strategy_spec(s.routing).uses_index and s.replicas > 1
+
+    def _refusers(self) -> list[Scheduler]:
+        """The schedulers whose refusal rule decides what never runs: every replica's is the same here."""
+        return [self.replicas[0].sched]
 
     def run(self) -> dict:
         future = NextUses(self.trace) if policy_class(self.s.policy).needs_future else None
@@ -340,7 +351,13 @@ class Simulation:
         if len(self.replicas) == 1:  # nothing to choose: no lookup, no strategy (a cache study's hot path)
             self.router.only(self.states[0], view)
             return self.replicas[0], view
-        overlap = {}
+        _, pos = self.router.route(self.states, view, self._overlap(r))
+        return self.replicas[pos], view
+
+    def _overlap(self, r) -> dict[str, int]:
+        """Per replica, the blocks of ``r``'s prompt it holds as routing sees them (HBM's prefix, then
+        ``<id>#k`` for a lower level's run), where the strategy uses the index; else nothing."""
+        overlap: dict[str, int] = {}
         # several replicas: a strategy that uses the index has one (Simulation.__init__)
         if self.index is not None:  # exact and never behind: synced after every allocation
             overlap = self.index.lookup(r.hash_ids)
@@ -357,8 +374,7 @@ class Simulation:
                     if h in held:
                         overlap.update(tiers.lower_overlap(replica_id, hashes, start))
                         break
-        _, pos = self.router.route(self.states, view, overlap)
-        return self.replicas[pos], view
+        return overlap
 
     def _start_step(self, rep: _Replica, now: float, horizon: float, busy: list, seq: int) -> int:
         if not rep.sched.has_work():
@@ -573,4 +589,7 @@ def _duration(seconds: float) -> str:
 
 def simulate(trace: Trace, settings: SimSettings, progress=None) -> dict:
     with gc_paused():  # the trace is built: the collector would find nothing to free in the loop
+        if settings.pd is not None:  # prefill and decode pools (sim/pd.py)
+            from sim.pd import PdSimulation
+            return PdSimulation(trace, settings, progress).run()
         return Simulation(trace, settings, progress).run()

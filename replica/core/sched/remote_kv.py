@@ -69,6 +69,7 @@ def cancel(sched: Scheduler, req: SchedRequest, now: float) -> None:
     alloc = req.alloc
     if alloc is None:
         return
+    sched.decode_kv.forget(req)  # its private blocks (a partial prompt tail) go back with it
     sched.pool.release(alloc, now)
     req.alloc = None
     remove = getattr(sched.pool, "remove", None)

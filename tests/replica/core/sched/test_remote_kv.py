@@ -214,8 +214,6 @@ def test_cancel_gives_the_blocks_back_and_drops_those_inserted_for_it():
     assert pool.pinned == 0 and pool.evictable == 4
 
 
-@pytest.mark.xfail(strict=True, reason="remote_kv.cancel releases the hashed blocks but never the private ones"
-                                       " reserve took (a partial prompt tail): pool.private stays 1")
 def test_cancel_frees_the_private_tail_block():
     pool, sched = make()
     r = req(1, 4, tail=5, out=5)
