@@ -59,7 +59,8 @@ class PdSimulation(Simulation):
         self.prefillers = [rep for rep in self.replicas if self.roles[rep.replica_id] == "prefill"]
         self.dec_states = [rep.state for rep in self.decoders]
         self.pre_states = [rep.state for rep in self.prefillers]
-        self.prefill_router = RoutingStep(strategy_spec(settings.routing), self.router.settings, settings.seed + 1)
+        self.prefill_router = RoutingStep(strategy_spec(self.pd.prefill_routing or settings.routing),
+                                          self.router.settings, settings.seed + 1)
         link = self.pd.settings
         self.network = PdNetwork(link.link_latency_s)
         for rep in self.replicas:
@@ -215,6 +216,7 @@ class PdSimulation(Simulation):
                 continue
             self._arrivals.finished(r.rid, r.t_finished)
             self.e2e.add(r.t_finished - r.arrival)
+            self._add_tpot(r)
             self.last_finish = max(self.last_finish, r.t_finished)
             rep.state.in_flight -= 1
             self.served += 1

@@ -210,6 +210,7 @@ class Simulation:
         self.router = RoutingStep(spec, routing, settings.seed)
         self.progress = progress
         self.e2e = LogHistogram()
+        self.tpot = LogHistogram()  # time per output token after the first, per request (vLLM's TPOT, the ITL's mean)
         self.queue = LogHistogram()
         self.served = 0
         self.first_arrival = self.last_arrival = self.last_finish = 0.0
@@ -402,11 +403,16 @@ class Simulation:
         for r in res.finished:
             self._arrivals.finished(r.rid, r.t_finished)
             self.e2e.add(r.t_finished - r.arrival)
+            self._add_tpot(r)
             self.last_finish = max(self.last_finish, r.t_finished)
             rep.state.in_flight -= 1
             self.served += 1
         rep.state.queued_tokens = rep.sched.queued_prefill_tokens
         rep.state.kv_usage = rep.live_pool.usage()
+
+    def _add_tpot(self, r: SchedRequest) -> None:
+        if r.output_tokens > 1 and r.t_first_token >= 0:
+            self.tpot.add((r.t_finished - r.t_first_token) / (r.output_tokens - 1))
 
     def _engine(self) -> str:
         """``compiled`` where every replica's pools run their compiled twins, ``python`` where none's HBM
@@ -523,10 +529,10 @@ class Simulation:
         ttft = LogHistogram()
         for rep in self.replicas:  # the same counts, minimum and maximum as one cluster-wide histogram
             ttft.merge(rep.ttft)
-        hists = {"ttft": ttft, "queue": self.queue, "e2e": self.e2e}
+        hists = {"ttft": ttft, "queue": self.queue, "e2e": self.e2e, "tpot": self.tpot}
         out: dict[str, float | None] = {}
         for name, q in (("ttft_p50_s", 0.5), ("ttft_p95_s", 0.95), ("ttft_p99_s", 0.99), ("queue_p99_s", 0.99),
-                        ("e2e_p50_s", 0.5), ("e2e_p99_s", 0.99)):
+                        ("e2e_p50_s", 0.5), ("e2e_p99_s", 0.99), ("tpot_p50_s", 0.5), ("tpot_p99_s", 0.99)):
             out[name] = hists[name.split("_")[0]].quantile(q) if timed else None
         return out
 

@@ -28,6 +28,7 @@ from replica.core.disagg import (
     PoolShape,
     Topology,
 )
+from router.strategies import strategy_spec
 from shared.costmodel import CostModel
 from shared.errors import InputError
 from shared.validate import check_number
@@ -47,6 +48,8 @@ PD_SHAPE_OPTIONS = tuple(
         ("host-cache-gib", "host DRAM KV tier per instance, GiB", "--host-cache-gib", float, "G"),
     ))
 PD_DECIDER_OPTIONS = (
+    Option("--prefill-routing", None, "P/D: the routing strategy of the prefill pool (default: --routing's)",
+           metavar="STRATEGY"),
     Option("--pd-decider", DEFAULT_PD_DECIDER, "P/D: which prompts go through a remote prefill: always, never, or"
            " prefix (llm-d's rule: when the tokens the decode instance lacks exceed --pd-threshold-tokens;"
            f" default {DEFAULT_PD_DECIDER})", choices=PD_DECIDERS),
@@ -105,16 +108,19 @@ def colocated_default(args: argparse.Namespace, given: int | None, default: int)
 def pd_cluster(args: argparse.Namespace, gpu: str, cost_of, block_size: int, tiers_for) -> PdCluster | None:
     """The P/D pools the flags ask for (None: a colocated cluster), refusing per-pool flags that would do
     nothing. ``cost_of(gpu) -> CostModel`` prices a pool's GPU; ``tiers_for(cost, host_gib)`` builds its tiers."""
-    shape_flags = {o.dest: o.flag for o in PD_SHAPE_OPTIONS}
     if not (args.prefill_replicas or args.decode_replicas):
-        given = [flag for dest, flag in shape_flags.items() if getattr(args, dest, None) is not None]
+        given = [o.flag for o in PD_SHAPE_OPTIONS + PD_DECIDER_OPTIONS + PD_LINK_OPTIONS
+                 if getattr(args, o.dest, o.default) != o.default]
         if given:
-            raise InputError(given[0], "shapes a P/D pool, but no pool was asked for: give --prefill-replicas P"
+            raise InputError(given[0], "does nothing without P/D pools: give --prefill-replicas P"
                                        " --decode-replicas D, or drop it")
         return None
+    routing = getattr(args, "prefill_routing", None)
+    if routing is not None:
+        strategy_spec(routing)  # an unknown name lists the known ones
     return PdCluster(args.prefill_replicas, args.decode_replicas, pd_settings(args),
                      _shape(args, "prefill", gpu, cost_of, block_size, tiers_for),
-                     _shape(args, "decode", gpu, cost_of, block_size, tiers_for))
+                     _shape(args, "decode", gpu, cost_of, block_size, tiers_for), routing)
 
 
 def _shape(args, role: str, gpu: str, cost_of, block_size: int, tiers_for) -> PoolShape:

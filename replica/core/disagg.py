@@ -241,6 +241,7 @@ class PdCluster:
     settings: PdSettings = PdSettings()
     prefill_pool: PoolShape = PoolShape()
     decode_pool: PoolShape = PoolShape()
+    prefill_routing: str | None = None  # the prefill pool's strategy; None: the cluster's (--routing)
 
     def topology(self, colocated: int) -> Topology:
         return Topology(colocated, self.prefill, self.decode)
