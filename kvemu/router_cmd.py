@@ -11,6 +11,7 @@ from dataclasses import fields
 from kvemu.options.index import CLUSTER
 from kvemu.options.matching import BLOCK_SIZE, MATCHING_OPTION, PAGE_SIZE, matching_setting
 from kvemu.options.option import Option, add_options, forward
+from kvemu.options.pd import PD_DECIDER_OPTIONS, pd_settings
 from kvemu.options.router_flags import ROUTING_OPTIONS
 from kvemu.options.serving import SERVER_OPTIONS, add_server_args, token_line
 from router.settings import RouterSettings
@@ -37,12 +38,14 @@ ROUTER_OPTIONS = (
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
-    p.add_argument("--replicas", required=True, help="comma-separated replica URLs")
+    p.add_argument("--replicas", required=True, help="comma-separated replica URLs, each optionally ROLE=URL (ROLE:"
+                   " both, prefill or decode: a disaggregated P/D cluster; without one, the role the replica reports)")
     p.add_argument("--index", default="memory", help="memory (embedded) or redis://host:port/db")
     add_options(p, (*ROUTING_OPTIONS, CLUSTER, *MATCHING))
     p.add_argument("--seed", type=int, default=None)
     add_server_args(p)
     add_options(p, ROUTER_OPTIONS)
+    add_options(p.add_argument_group("disaggregated prefill / decode (P/D)"), PD_DECIDER_OPTIONS)
     p.add_argument("--workers", type=int, default=1,
                    help="router processes sharing the port; a supervisor restarts any that dies")
     p.add_argument("--listen-fd", type=int, default=None, help=argparse.SUPPRESS)  # a worker's inherited socket
@@ -55,8 +58,9 @@ def settings_from_args(args):
 
     matching = matching_setting(args)  # the replicas' hashing unit: a block, or a radix page
     routing = routing_settings(matching.block_size, args.set, mode=matching.mode)  # levels: host DRAM, SSD
-    replicas = tuple(u.strip() for u in args.replicas.split(",") if u.strip())
-    return RouterSettings(replicas=replicas, port=args.port, routing=args.routing, index=args.index,
+    replicas, roles = replica_roles(args.replicas)
+    return RouterSettings(replicas=replicas, roles=roles, pd=pd_settings(args), prefill_routing=args.prefill_routing,
+                          port=args.port, routing=args.routing, index=args.index,
                           cluster=args.cluster, block_size=matching.block_size, matching=matching.mode, routing_settings=routing,
                           health_interval_s=args.health_interval, dashboard_interval_s=args.dashboard_interval,
                           seed=args.seed, serving=serving_settings(args),
@@ -64,11 +68,29 @@ def settings_from_args(args):
                           client_burst=args.client_burst)
 
 
+def replica_roles(value: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``--replicas``'s URLs and each one's role ("": none given): ``URL`` or ``ROLE=URL``."""
+    from replica.core.disagg import ROLES, check_role
+
+    urls, roles = [], []
+    for item in (u.strip() for u in value.split(",")):
+        if not item:
+            continue
+        role, sep, url = item.partition("=")
+        if not sep or "://" in role:
+            role, url = "", item
+        elif role not in ROLES:
+            check_role(role, "--replicas")
+        urls.append(url.strip())
+        roles.append(role)
+    return tuple(urls), tuple(roles)
+
+
 def worker_args(args) -> list[str]:
     """The arguments a worker gets: this router's, without ``--workers``."""
     out = ["--port", str(args.port), "--host", args.host, "--replicas", args.replicas, "--index", args.index,
            "--log-level", args.log_level,
-           *forward((*ROUTING_OPTIONS, CLUSTER, *MATCHING, *SERVER_OPTIONS, *ROUTER_OPTIONS), args)]
+           *forward((*ROUTING_OPTIONS, CLUSTER, *MATCHING, *SERVER_OPTIONS, *ROUTER_OPTIONS, *PD_DECIDER_OPTIONS), args)]
     if args.seed is not None:
         out += ["--seed", str(args.seed)]
     if args.cluster_token:  # through the environment, not the command line other users can read

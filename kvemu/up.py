@@ -36,6 +36,15 @@ from kvemu.options.limits import (
 )
 from kvemu.options.matching import BLOCK_SIZE, HIT_MODE, MATCHING_OPTION, PAGE_SIZE, matching_setting
 from kvemu.options.option import add_options, forward
+from kvemu.options.pd import (
+    PD_DECIDER_OPTIONS,
+    PD_HOLD_TIMEOUT_OPTION,
+    PD_LINK_OPTIONS,
+    add_pd_args,
+    colocated_default,
+    pd_cluster,
+    topology,
+)
 from kvemu.options.prefix_caching import PREFIX_CACHING, prefix_caching_setting
 from kvemu.options.replica_flags import ADMIN_TOKEN, ADMIN_TOKEN_ENV, MODEL, POLICY, TIME_SCALE, given_admin_token
 from kvemu.options.response_kv import RESPONSE_KV_OPTION
@@ -63,6 +72,7 @@ TO_REPLICAS = (POLICY, MODEL, TIME_SCALE, HIT_MODE, *LIVE_SCHEDULER_OPTIONS, SHA
 # caps, timeouts (the token travels in the environment)
 TO_BOTH = (MATCHING_OPTION, PAGE_SIZE, BLOCK_SIZE, CLUSTER, *SERVER_OPTIONS)
 TO_ROUTER = (*ROUTING_OPTIONS, *ROUTER_OPTIONS)  # strategy and settings, health and dashboard intervals, client limits
+TO_PD_REPLICAS = (*PD_LINK_OPTIONS, PD_HOLD_TIMEOUT_OPTION)  # to prefill and decode replicas only, beside --role
 TRANSFORMED = {
     "--port": "up's router port, given to the router as --port; each replica gets a port of its own",
     "--replicas": "up's: how many replicas to start; the router's: their URLs",
@@ -73,6 +83,10 @@ TRANSFORMED = {
     "--gpu-file": "as --gpu",
     "--tp": "as --gpu",
     "--kv-events-config": "replica i gets the config with the endpoints' ports plus i (kv_events_argv)",
+    **{o.flag: "to the prefill and decode replicas only (with their --role): colocated ones move no KV"
+       for o in TO_PD_REPLICAS},
+    **{o.flag: "to the router only in a P/D cluster (the prefill pool's strategy and the decider: a colocated"
+               " cluster has neither)" for o in PD_DECIDER_OPTIONS},
 }
 
 
@@ -114,6 +128,7 @@ class Cluster:
     children: list[Child] = field(default_factory=list)
     router_url: str = ""
     replica_urls: list[str] = field(default_factory=list)
+    roles: list[str] = field(default_factory=list)  # each replica's, beside its URL
     redis_url: str | None = None
     tmpdir: str | None = None
     token: str = ""
@@ -193,18 +208,44 @@ def start_redis(log_dir: str) -> tuple[Child, str]:
     return child, f"redis://127.0.0.1:{port}/0"
 
 
-def replica_args(i: int, port: int, a, index: str | None) -> list[str]:
+def replica_args(i: int, port: int, a, index: str | None, replica_id: str = "", role: str = "both") -> list[str]:
     """Replica ``i``'s command line: every flag of TO_REPLICAS and TO_BOTH (the capacity one as validate
-    checked and defaulted it), and those of TRANSFORMED as up turns them."""
-    args = [sys.executable, "-m", "replica", "--port", str(port), "--replica-id", f"replica-{i}", "--gpu", a.gpu,
-            *forward((*TO_REPLICAS, *TO_BOTH), a), *kv_events_argv(a, i)]
+    checked and defaulted it), and those of TRANSFORMED as up turns them; a P/D replica gets its pool's
+    shape (``pool_args``), its ``--role`` and the link flags."""
+    pool = pool_args(a, role)
+    args = [sys.executable, "-m", "replica", "--port", str(port), "--replica-id", replica_id or f"replica-{i}",
+            "--gpu", pool.gpu, *forward((*TO_REPLICAS, *TO_BOTH), pool), *kv_events_argv(a, i)]
+    if role != "both":
+        args += ["--role", role, *forward(TO_PD_REPLICAS, a)]
     return args + (["--index", index] if index else [])
 
 
-def router_args(port: int, a, replica_urls: list[str], index: str) -> list[str]:
-    """The router's command line: every flag of TO_ROUTER and TO_BOTH, and --replicas, --index as up turns them."""
-    return [sys.executable, "-m", "router", "--port", str(port), "--replicas", ",".join(replica_urls),
-            "--index", index, "--workers", str(getattr(a, "routers", 1)), *forward((*TO_BOTH, *TO_ROUTER), a)]
+def pool_args(a, role: str):
+    """The flags of a ``role`` pool's replicas: the cluster's, with the pool's own GPU, capacity and host
+    tier where its shape flags gave them (validate's ``a.pd``, kvemu.options.pd)."""
+    shape = a.pd.shape(role) if getattr(a, "pd", None) is not None and role != "both" else None
+    if shape is None:
+        return a
+    out = argparse.Namespace(**vars(a))
+    if shape.gpu is not None:
+        out.gpu = shape.gpu
+    if shape.capacity_blocks is not None:
+        for o in CAPACITY_OPTIONS:
+            setattr(out, o.dest, None)
+        out.capacity_blocks = shape.capacity_blocks
+    host = getattr(a, f"{role}_host_cache_gib", None)
+    if host is not None:
+        out.host_cache_gib = host
+    return out
+
+
+def router_args(port: int, a, replica_urls: list[str], index: str, roles: list[str] | None = None) -> list[str]:
+    """The router's command line: every flag of TO_ROUTER and TO_BOTH, and --replicas (``ROLE=URL`` for a P/D
+    replica), --index as up turns them."""
+    urls = [u if not roles or roles[i] == "both" else f"{roles[i]}={u}" for i, u in enumerate(replica_urls)]
+    return [sys.executable, "-m", "router", "--port", str(port), "--replicas", ",".join(urls),
+            "--index", index, "--workers", str(getattr(a, "routers", 1)), *forward((*TO_BOTH, *TO_ROUTER), a),
+            *(forward(PD_DECIDER_OPTIONS, a) if getattr(a, "pd", None) is not None else [])]
 
 
 def bring_up(a, log_dir: str | None = None) -> Cluster:
@@ -223,22 +264,31 @@ def bring_up(a, log_dir: str | None = None) -> Cluster:
 
         index, password = split_password(_index_for(a, cluster, log_dir))
         cluster.redis_password = password or ""
-        for i in range(a.replicas):
+        members = members_of(a)
+        for i, (replica_id, role) in enumerate(members):
             port = a.replica_base_port + i if a.replica_base_port else free_port()
             url = f"http://127.0.0.1:{port}"
-            cluster.start(Child(f"replica-{i}", replica_args(i, port, a, index if index != "memory" else None),
-                                url), log_dir)
+            args = replica_args(i, port, a, index if index != "memory" else None, replica_id, role)
+            cluster.start(Child(replica_id, args, url), log_dir)
             cluster.replica_urls.append(url)
+            cluster.roles.append(role)
         router_port = a.port or free_port()
         cluster.router_url = f"http://127.0.0.1:{router_port}"
-        router = router_args(router_port, a, cluster.replica_urls, index)
+        router = router_args(router_port, a, cluster.replica_urls, index, cluster.roles)
         cluster.start(Child("router", router, cluster.router_url), log_dir)
         wait_healthy(cluster, cluster.replica_urls + [cluster.router_url], a.start_timeout, log_dir)
-        _wait_router_sees_all(cluster.router_url, a.replicas, a.start_timeout)
+        _wait_router_sees_all(cluster.router_url, len(members), a.start_timeout)
     except BaseException:
         cluster.stop(grace=3.0)
         raise
     return cluster
+
+
+def members_of(a) -> list[tuple[str, str]]:
+    """``(replica id, role)`` of every replica up starts: the topology validate built (colocated ones alone
+    when none was)."""
+    topo = getattr(a, "topology", None)
+    return topo.members() if topo is not None else [(f"replica-{i}", "both") for i in range(a.replicas)]
 
 
 def _index_for(a, cluster: Cluster, log_dir: str) -> str:
@@ -305,7 +355,9 @@ def _wait_router_sees_all(router_url: str, n: int, timeout: float) -> None:
 
 
 def add_cluster_args(p: argparse.ArgumentParser, replicas: int = 4) -> None:
-    p.add_argument("--replicas", type=int, default=replicas)
+    p.add_argument("--replicas", type=int, default=None,
+                   help=f"colocated replicas (default {replicas}; 0 beside --prefill-replicas / --decode-replicas)")
+    p.set_defaults(default_replicas=replicas)
     from replica.settings import live_policy_names
 
     POLICY.add(p, help=f"eviction policy: {', '.join(live_policy_names())} (default {POLICY.default})")
@@ -331,6 +383,8 @@ def add_cluster_args(p: argparse.ArgumentParser, replicas: int = 4) -> None:
     p.add_argument("--replica-base-port", type=int, default=0, help="replica i listens on BASE+i (default: free ports)")
     add_tier_args(p)
     add_kv_events_arg(p)
+    add_pd_args(p)  # the topology, each pool's shape, the decider (the router's) and the link (the P/D replicas')
+    PD_HOLD_TIMEOUT_OPTION.add(p)
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -347,8 +401,7 @@ def validate(a) -> None:
     a.gpu, a.tp = gpu_setting(a), 1  # replicas get the combined setting through --gpu
     check_backend(a.backend, a.layers)  # no torch: one line here, not one per replica
     check_backend_flags(a)
-    if a.replicas <= 0 or a.replicas > 64:
-        raise InputError("--replicas", f"must be 1-64, got {a.replicas}")
+    validate_topology(a)
     if not 1 <= a.routers <= 64:
         raise InputError("--routers", f"must be 1-64, got {a.routers}")
     if all(getattr(a, o.dest) is None for o in CAPACITY_OPTIONS):
@@ -363,7 +416,7 @@ def validate(a) -> None:
     check_scheduler_flags(a)
     kv_events = kv_events_setting(a)  # bad JSON, keys or values: one line before anything starts
     if kv_events is not None:
-        for i in range(a.replicas):
+        for i in range(a.topology.total):
             kv_events.for_rank(i)  # every replica's ports can be offset
     matching = matching_setting(a)
     try:
@@ -392,12 +445,34 @@ def validate(a) -> None:
     prefix_caching_setting(a, tiers, a.backend)  # as each replica checks it
     get_strategy(a.routing)
     routing_settings(matching.block_size, a.set, mode=matching.mode)
+    validate_pools(a, matching.block_size)
     wanted = [("--port", a.port)] if getattr(a, "port", 0) else []
     if a.replica_base_port:
-        wanted += [("--replica-base-port", a.replica_base_port + i) for i in range(a.replicas)]
+        wanted += [("--replica-base-port", a.replica_base_port + i) for i in range(a.topology.total)]
     for flag, port in wanted:
         if not port_free(port):
             raise InputError(flag, f"port {port} on 127.0.0.1 is in use; pick another, or stop what listens there")
+
+
+def validate_topology(a) -> None:
+    """``--replicas`` (0 by default beside P/D pools) and the pools as one ``Topology``: a pool without the
+    other, or no replica at all, is one line (its message)."""
+    a.replicas = colocated_default(a, a.replicas, getattr(a, "default_replicas", 4))
+    if a.replicas < 0 or a.replicas > 64:
+        raise InputError("--replicas", f"must be 0-64, got {a.replicas}")
+    a.topology = topology(a, a.replicas)  # its InputError names the flag
+    if a.topology.total > 64:
+        raise InputError("--replicas", f"at most 64 replicas in all, got {a.topology.total}")
+
+
+def validate_pools(a, block_size: int) -> None:
+    """The P/D pools' shapes, decider and link flags (``a.pd``, None for a colocated cluster), as the router and
+    each P/D replica would check them."""
+    a.pd = pd_cluster(a, a.gpu, lambda gpu: CostModel.from_names(a.model, gpu), block_size,
+                      lambda cost, host: tier_settings(argparse.Namespace(**{**vars(a), "host_cache_gib": host}), cost,
+                                                       block_size))
+    if a.pd is not None and not a.pd_hold_timeout_s > 0:
+        raise InputError(PD_HOLD_TIMEOUT_OPTION.flag, f"must be > 0, got {a.pd_hold_timeout_s}")
 
 
 def write_token(cluster: Cluster, a) -> str | None:
@@ -454,8 +529,8 @@ def run(a) -> int:
         token_file = write_token(cluster, a)
         print(f"router   {cluster.router_url}")
         print(f"dashboard {cluster.router_url}/dashboard")
-        for i, url in enumerate(cluster.replica_urls):
-            print(f"replica-{i} {url}")
+        for (replica_id, role), url in zip(members_of(a), cluster.replica_urls, strict=True):
+            print(f"{replica_id} {url}" + (f" ({role})" if role != "both" else ""))
         if cluster.redis_url:
             print(f"redis    {cluster.redis_url}")
         print(f"logs     {cluster.tmpdir}")

@@ -39,6 +39,9 @@ class ReplicaHandle:
     known: bool = False  # answered /health at least once
     busy_until: float = 0.0  # answered 503 + Retry-After (overloaded): routed around until then
     busy_strikes: int = 0  # busy answers in a row: the back-off doubles with each
+    role: str = "both"  # P/D: both, prefill or decode (the command line's, else what /health says)
+    role_given: bool = False  # the command line named it
+    pd_stats: dict = field(default_factory=dict)  # the replica's /stats "pd" section (link, transfers), if any
 
     @property
     def replica_id(self) -> str:
@@ -50,8 +53,9 @@ class Cluster:
         self.settings = settings
         self.index = index
         self.metrics = metrics
-        self.replicas = [ReplicaHandle(url.rstrip("/"), ReplicaState(url.rstrip("/"), healthy=False))
-                         for url in settings.replicas]
+        self.replicas = [ReplicaHandle(url.rstrip("/"), ReplicaState(url.rstrip("/"), healthy=False),
+                                       role=settings.role_of(i) or "both", role_given=bool(settings.role_of(i)))
+                         for i, url in enumerate(settings.replicas)]
         self.session: aiohttp.ClientSession = None  # type: ignore[assignment]  # opened in the app's cleanup_ctx
         token = settings.serving.cluster_token
         self.auth = {"Authorization": f"Bearer {token}"} if token else {}  # for replicas' internal endpoints
@@ -68,6 +72,15 @@ class Cluster:
 
     def healthy(self) -> list[ReplicaHandle]:
         return [r for r in self.replicas if r.state.healthy]
+
+    @property
+    def disaggregated(self) -> bool:
+        """A P/D cluster: some replica prefills for others (router/pd.py routes its requests)."""
+        return any(r.role == "prefill" for r in self.replicas)
+
+    def pool(self, role: str) -> list[ReplicaHandle]:
+        """``prefill``: the prefill instances; ``decode``: every replica that decodes (decode and both)."""
+        return [r for r in self.replicas if (r.role == "prefill") == (role == "prefill")]
 
     # ---- health ---------------------------------------------------------------------
     async def health_loop(self) -> None:
@@ -101,6 +114,7 @@ class Cluster:
             rep.state.replica_id = replica_id
         rejoined = not rep.state.healthy
         rep.epoch, rep.known, rep.failures = epoch, True, 0
+        self._learn_role(rep, body)
         rep.health, rep.last_check = body, time.monotonic()
         rep.state.kv_usage = float(body.get("kv_usage", 0.0))
         rep.state.capacity_blocks = int(body.get("capacity_blocks", 0))
@@ -114,6 +128,17 @@ class Cluster:
             self._check_matching(rep, body)
             await self._request_resync(rep)
         self._healthy_event.set()
+
+    @staticmethod
+    def _learn_role(rep: ReplicaHandle, body: dict) -> None:
+        """The role the replica reports wins: it is what it does (a command line that says otherwise is logged)."""
+        said = body.get("role")
+        if not isinstance(said, str) or said not in ("both", "prefill", "decode") or said == rep.role:
+            return
+        if rep.role_given:
+            log.warning("replica %s at %s reports role %s but the router was told %s: routing it as %s",
+                        rep.replica_id, rep.url, said, rep.role, said)
+        rep.role = said
 
     async def _request_resync(self, rep: ReplicaHandle) -> None:
         try:

@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 disable_created_metrics()  # *_created series only add noise for scrapers
 
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
+TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 # name -> help of the plain counters (each is kvemu_router_<name>_total)
@@ -75,6 +76,18 @@ class RouterMetrics:
         self._counters = {name: Counter(f"kvemu_router_{name}", doc, registry=own) for name, doc in COUNTERS.items()}
         self._gauges = {name: Gauge(f"kvemu_router_replica_{name}", doc, ["replica_id"], registry=own,
                                     multiprocess_mode=mode) for name, (doc, mode) in GAUGES.items()}
+        # P/D (router/pd.py): decisions per pool, the path each request took, and the TTFT split the router sees
+        self.pd_decisions = Counter("kvemu_router_pd_decisions", "P/D routing decisions per pool.", ["pool", "reason"],
+                                    registry=own)
+        self.pd_paths = Counter("kvemu_router_pd_requests", "P/D requests by how they were prefilled: remote (a"
+                                " prefill instance), local (the decider kept it on the decoder), colocated (a"
+                                " replica of role both), fallback (no prefill instance could).", ["path"],
+                                registry=own)
+        self.pd_prefill_seconds = Histogram("kvemu_router_pd_prefill_seconds", "Wall seconds of a remote prefill"
+                                            " request (sent to answered).", buckets=TTFT_BUCKETS, registry=own)
+        self.pd_decode_first_byte = Histogram("kvemu_router_pd_decode_first_byte_seconds", "Wall seconds from"
+                                              " sending the decode request to its first byte (its first token when"
+                                              " streamed).", ["path"], buckets=TTFT_BUCKETS, registry=own)
         self.cluster: Any = None  # the Cluster, set by the app
 
     def count(self, name: str, n: float = 1) -> None:
@@ -84,6 +97,15 @@ class RouterMetrics:
 
     def decided(self, strategy: str, reason: str) -> None:
         self.decisions.labels(strategy, reason).inc()
+
+    def pd_decided(self, pool: str, reason: str) -> None:
+        self.pd_decisions.labels(pool, reason).inc()
+
+    def pd_path(self, path: str) -> None:
+        self.pd_paths.labels(path).inc()
+
+    def pd_first_byte(self, path: str, seconds: float) -> None:
+        self.pd_decode_first_byte.labels(path).observe(seconds)
 
     def outcome(self, outcome: str) -> None:
         self.requests.labels(outcome).inc()
@@ -117,6 +139,11 @@ class RouterMetrics:
                     totals.decisions[labels["reason"]] = totals.decisions.get(labels["reason"], 0) + value
                 elif name == "kvemu_router_requests_total":
                     totals.requests[labels["outcome"]] = totals.requests.get(labels["outcome"], 0) + value
+                elif name == "kvemu_router_pd_requests_total":
+                    totals.pd_paths[labels["path"]] = totals.pd_paths.get(labels["path"], 0) + value
+                elif name == "kvemu_router_pd_decisions_total":
+                    pool = totals.pd_decisions.setdefault(labels["pool"], {})
+                    pool[labels["reason"]] = pool.get(labels["reason"], 0) + value
                 elif name == "kvemu_router_replica_in_flight":
                     totals.in_flight[labels["replica_id"]] = value
                 elif name == "kvemu_router_replica_queued_tokens":
@@ -156,7 +183,7 @@ class GuardMirror:
 class RouterTotals:
     """What ``/cluster`` and the dashboard show for the whole router."""
 
-    __slots__ = ("decisions", "in_flight", "queued_tokens", "requests", "routed")
+    __slots__ = ("decisions", "in_flight", "pd_decisions", "pd_paths", "queued_tokens", "requests", "routed")
 
     def __init__(self) -> None:
         self.routed: dict[str, float] = {}
@@ -164,6 +191,8 @@ class RouterTotals:
         self.requests: dict[str, float] = {}  # by outcome
         self.in_flight: dict[str, float] = {}
         self.queued_tokens: dict[str, float] = {}
+        self.pd_paths: dict[str, float] = {}  # P/D requests by path (router/pd.py)
+        self.pd_decisions: dict[str, dict[str, float]] = {}  # pool -> reason -> decisions
 
 
 # ---- the cluster's vLLM series, merged from the replicas at scrape time --------------------

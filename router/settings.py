@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from router.limits import ClientLimits
@@ -10,6 +11,11 @@ from router.strategies import DEFAULT_STRATEGY, RoutingSettings, get_strategy
 from shared.errors import InputError
 from shared.serving import ServingSettings
 from shared.validate import check_positive_int
+
+if TYPE_CHECKING:
+    from replica.core.disagg import PdSettings  # the decider kvemu builds and hands in (router.pd)
+
+ROLES = ("both", "prefill", "decode")  # replica.core.disagg.ROLES, which the router process does not import
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +45,12 @@ class RouterSettings:
     client_rate: float = 0.0  # requests/s one client address may send (token bucket, 429 beyond); 0 = no limit
     client_burst: int = 0  # the bucket's size; 0 = the rate rounded up
     seed: int | None = None
+    # P/D (router/pd.py): each replica URL's role as the command line gave it ("" or no entry: the role the
+    # replica reports on /health), and the decider (replica.core.disagg.PdSettings, from kvemu.options.pd;
+    # None: every request a P/D cluster takes goes through a remote prefill)
+    roles: tuple[str, ...] = ()
+    pd: PdSettings | Any = None
+    prefill_routing: str | None = None  # the prefill pool's strategy (None: ``routing``)
 
     def __post_init__(self) -> None:
         if not self.replicas:
@@ -47,9 +59,14 @@ class RouterSettings:
             parts = urlsplit(url)
             if parts.scheme not in ("http", "https") or not parts.netloc:
                 raise InputError("replicas", f"expected http://host:port, got {url!r}")
+        if len(self.roles) > len(self.replicas) or any(r and r not in ROLES for r in self.roles):
+            raise InputError("replicas", f"a role is one of {', '.join(ROLES)} before a replica URL (role=URL),"
+                                         f" got {', '.join(r for r in self.roles if r not in ROLES) or 'too many'}")
         if len(set(self.replicas)) != len(self.replicas):
             raise InputError("replicas", "a replica URL is listed twice")
         get_strategy(self.routing)
+        if self.prefill_routing is not None:
+            get_strategy(self.prefill_routing)
         if not (0 <= self.port <= 65535):
             raise InputError("port", f"must be 0-65535, got {self.port}")
         if self.index != "memory" and not self.index.startswith(("redis://", "rediss://", "unix://")):
@@ -65,6 +82,10 @@ class RouterSettings:
         if not 0 <= self.retries <= 5:
             raise InputError("retries", f"must be 0-5, got {self.retries}")
         self.client_limits()  # checks the client_* fields
+
+    def role_of(self, i: int) -> str:
+        """The role the command line gave replica ``i`` ("": none, its /health says)."""
+        return self.roles[i] if i < len(self.roles) else ""
 
     def client_limits(self) -> ClientLimits:
         return ClientLimits(self.client_max_in_flight, self.client_rate, self.client_burst)

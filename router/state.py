@@ -25,6 +25,11 @@ class RouterState:
         self.cluster = Cluster(settings, self.index, self.metrics)
         self.metrics.cluster = self.cluster
         self.router = RoutingStep(strategy_spec(settings.routing), settings.strategy_settings(), settings.seed)
+        # P/D: the prefill pool's own step (its round-robin turn, sessions and decision counts apart from the
+        # decode pool's, which ``router`` routes); unused in a colocated cluster
+        self.prefill_router = RoutingStep(strategy_spec(settings.prefill_routing or settings.routing),
+                                          settings.strategy_settings(),
+                                          None if settings.seed is None else settings.seed + 1)
         self.started = time.time()
         self.request_timeout = aiohttp.ClientTimeout(total=settings.request_timeout_s)  # one, not one per request
         limits = settings.client_limits()

@@ -11,9 +11,11 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from router import pd
 from router.metrics import merge_vllm, replica_metrics_texts
 from router.state import ROUTER, RouterState
 from router.strategies import NoHealthyReplica, RouteRequest
+from router.upstream import ReplicaBusy, ReplicaFailed, check_status
 from shared import protocol
 from shared.auth import session_label, wants_raw_sessions
 from shared.hashing import reusable_prefix_tokens
@@ -23,15 +25,6 @@ from shared.offload import OFFLOAD
 from shared.serve import ClientGone, until_client_gone
 
 _FORWARD_HEADERS = ("Content-Type", "Accept", "X-Session-Id", "Authorization")
-
-
-class ReplicaFailed(Exception):
-    """The replica did not answer (connection error, timeout, 5xx before any byte)."""
-
-
-class ReplicaBusy(Exception):
-    """The replica answered 503 with Retry-After (its queue or connection cap is full): overload,
-    not failure. Try another, keep its index entries, and leave it alone for a while."""
 
 
 def _state(request: web.Request) -> RouterState:
@@ -62,6 +55,11 @@ async def _route(request: web.Request, state: RouterState) -> web.StreamResponse
     spec = await request.app[OFFLOAD].parse(request, raw, state.settings.block_size, limits)
     excluded: set[str] = set()
     request_view = RouteRequest(spec.session, len(spec.hashes), spec.prompt_tokens)
+    if state.cluster.disaggregated:  # prefill instances: router/pd.py runs the request's two legs
+        overlap, predicted = await _lookup(state, spec, state.settings.pd is not None)
+        return await pd.route(request, state, raw, spec, request_view, overlap, predicted)
+    if b"kv_transfer_params" in raw:  # the router owns the transfer: a client may not steer it (router/pd.py)
+        pd.client_params(protocol.decode_body(raw, request.content_type or ""))
     failures = busy = 0
     while failures <= state.settings.retries and busy < len(state.cluster.replicas):
         if failures or busy:
@@ -106,9 +104,22 @@ def _load_gauges(state: RouterState, rep) -> None:
 async def _decide(state: RouterState, spec: protocol.GenerateSpec, request_view: RouteRequest, excluded: set[str]):
     """(decision, replica, predicted): ``predicted`` is False when the index was not consulted
     (a strategy that ignores it, or the index unavailable), so there is no prediction to score."""
+    overlap, predicted = await _lookup(state, spec)
+    now = time.monotonic()
+    replicas = [r for r in state.cluster.replicas if r.replica_id not in excluded and r.busy_until <= now]
+    if not replicas:  # every replica backing off: try them anyway rather than refuse
+        replicas = [r for r in state.cluster.replicas if r.replica_id not in excluded]
+    decision, pos = state.router.route([r.state for r in replicas], request_view, overlap)
+    state.metrics.decided(state.settings.routing, decision.reason)
+    return decision, replicas[pos], predicted
+
+
+async def _lookup(state: RouterState, spec: protocol.GenerateSpec, decider: bool = False) -> tuple[dict[str, int], bool]:
+    """The index's overlap per replica, when the strategy reads it (or ``decider``: P/D's prefix decider
+    reads the decoder's); and whether it was consulted."""
     overlap: dict[str, int] = {}
     predicted = False
-    if state.router.uses_index and spec.hashes:
+    if (state.router.uses_index or decider) and spec.hashes:
         t0 = time.perf_counter()
         try:
             if isinstance(state.index, MemoryIndex):  # in-process and never blocks: no task, no timer
@@ -121,13 +132,7 @@ async def _decide(state: RouterState, spec: protocol.GenerateSpec, request_view:
         except (TimeoutError, IndexUnavailable):
             state.metrics.count("index_errors")
             state.metrics.count("load_only_decisions")
-    now = time.monotonic()
-    replicas = [r for r in state.cluster.replicas if r.replica_id not in excluded and r.busy_until <= now]
-    if not replicas:  # every replica backing off: try them anyway rather than refuse
-        replicas = [r for r in state.cluster.replicas if r.replica_id not in excluded]
-    decision, pos = state.router.route([r.state for r in replicas], request_view, overlap)
-    state.metrics.decided(state.settings.routing, decision.reason)
-    return decision, replicas[pos], predicted
+    return overlap, predicted
 
 
 async def _forward(request: web.Request, state, rep, raw: bytes, decision,
@@ -140,10 +145,7 @@ async def _forward(request: web.Request, state, rep, raw: bytes, decision,
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
         raise ReplicaFailed(f"{type(exc).__name__}: {exc}") from None
     async with upstream:
-        if upstream.status == 503 and "Retry-After" in upstream.headers:
-            raise ReplicaBusy()
-        if upstream.status >= 500:
-            raise ReplicaFailed(f"replica answered {upstream.status}")
+        check_status(upstream.status, upstream.headers)
         if expected is not None:
             _record_prediction(state, upstream, expected)
         out_headers = {"Content-Type": upstream.headers.get("Content-Type", "application/json"),
@@ -250,7 +252,7 @@ def cluster_summary(state, raw_sessions: bool = False) -> dict:
                   kv_mean, 0.05), ("routed", routed[r.replica_id], routed_mean, 20))
         reasons = [name for name, value, mean, floor in checks
                    if r.state.healthy and mean and value > factor * mean and value - mean >= floor]
-        rows.append({"replica_id": r.replica_id, "url": r.url, "healthy": r.state.healthy,
+        rows.append({"replica_id": r.replica_id, "url": r.url, "healthy": r.state.healthy, "role": r.role,
                      "in_flight": in_flight[r.replica_id], "queued_tokens": queued[r.replica_id],
                      "kv_usage": r.health.get("kv_usage", 0.0), "running": r.health.get("running", 0),
                      "waiting": r.health.get("waiting", 0), "routed": routed[r.replica_id],
@@ -259,7 +261,21 @@ def cluster_summary(state, raw_sessions: bool = False) -> dict:
     return {"routing": state.settings.routing, "replicas": rows, "healthy": len(healthy),
             "workers": _workers(), "requests": {k: int(v) for k, v in sorted(totals.requests.items())},
             "imbalance": {"in_flight": load_ratio, "kv_usage": kv_ratio, "routed": routed_ratio},
-            "hotspot_factor": factor, "hotspots": [row["replica_id"] for row in rows if row["hotspot"]]}
+            "hotspot_factor": factor, "hotspots": [row["replica_id"] for row in rows if row["hotspot"]],
+            **({"pd": pd_summary(state, totals)} if state.cluster.disaggregated else {})}
+
+
+def pd_summary(state, totals) -> dict:
+    """A P/D cluster's pools (each replica's role), decisions per pool, the path requests took, and the
+    transfer link as the replicas' /stats report it (their ``pd`` section)."""
+    pools: dict[str, list[str]] = {"prefill": [], "decode": [], "both": []}
+    for r in state.cluster.replicas:
+        pools.setdefault(r.role, []).append(r.replica_id)
+    decider = state.settings.pd
+    paths = {p: int(totals.pd_paths.get(p, 0)) for p in pd.PD_PATHS}
+    return {"pools": pools, "decider": getattr(decider, "decider", "always"), "paths": paths,
+            "decisions": {pool: {k: int(v) for k, v in sorted(by.items())} for pool, by in totals.pd_decisions.items()},
+            "link": {r.replica_id: r.pd_stats for r in state.cluster.replicas if r.pd_stats}}
 
 
 def _workers() -> int:
@@ -283,6 +299,7 @@ async def _refresh_footprints(state) -> None:
                 if resp.status == 200:
                     st = await resp.json()
                     rep.top_sessions = st.get("top_sessions", [])
+                    rep.pd_stats = st.get("pd") or {}
                     rep.health["kv_usage"] = st.get("usage", rep.health.get("kv_usage", 0.0))
         except (TimeoutError, aiohttp.ClientError, ValueError):
             pass

@@ -1,0 +1,400 @@
+"""Disaggregated prefill / decode through the router: vLLM's ``kv_transfer_params`` wire, driven as
+llm-d's routing sidecar and vLLM's disaggregated proxy drive it.
+
+A request to a cluster with prefill instances (``Cluster.disaggregated``):
+
+1. the decode instance is chosen by the routing strategy over the decode pool (decode and colocated
+   replicas; ``cache_aware`` reads the index's overlap of that pool: what each decoder already holds);
+2. the decider (``RouterSettings.pd``, replica.core.disagg's ``PdSettings.remote``) is asked with the
+   prompt and the tokens the chosen decoder holds (the index's prediction); a colocated (``both``)
+   decoder always prefills its own requests;
+3. if remote, a prefill instance is chosen by the strategy over the prefill pool (its own
+   ``RoutingStep``), sent the request non-streaming with ``max_tokens: 1`` and
+   ``kv_transfer_params: {"do_remote_decode": true, "do_remote_prefill": false}``; its answer's
+   ``kv_transfer_params`` name the held KV;
+4. the client's request goes to the decoder with those ``kv_transfer_params`` (the decoder pulls the
+   KV), and the decoder's answer is passed back, streamed as it comes.
+
+Both pools count the request in flight from the decision until the instance answered. A prefill
+instance that is busy or failed is skipped for another; with none left, or an answer without
+``kv_transfer_params``, the decoder prefills locally (counted: ``fallback``).
+
+A client's own ``kv_transfer_params``: the router runs the transfer, so a client may not steer it.
+``null``, ``{}`` and ``{"do_remote_decode": false, "do_remote_prefill": false}`` (what some clients
+send by default) are ignored; anything else is a 400 naming the field.
+
+What the client reads for a remote request: the decoder's answer, with the hit that counts (the prefill
+instance's cached tokens: where the prompt was computed) in ``usage.prompt_tokens_details.cached_tokens``
+(``cached_tokens`` / ``cached_blocks`` on ``/generate``) and ``X-Kvemu-Cached-Tokens``; on ``/generate``
+``ttft_s`` and ``e2e_s`` add the prefill's ``e2e_s`` (the time to first token the client saw, in
+emulated seconds), and ``pd`` says what each side did. ``X-Kvemu-Pd`` names the path taken and
+``X-Kvemu-Prefill-Replica`` the prefill instance.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import msgpack
+from aiohttp import web
+
+from router.cluster import ReplicaHandle
+from router.strategies import NoHealthyReplica, RouteRequest, RoutingStep
+from router.strategies.base import cached_blocks
+from router.upstream import ReplicaBusy, ReplicaFailed, check_status
+from shared import protocol
+from shared.errors import InputError
+from shared.hashing import reusable_prefix_tokens
+from shared.serve import ClientGone, until_client_gone
+
+PARAMS = "kv_transfer_params"
+PD_PATHS = ("remote", "local", "colocated", "fallback")  # how a request of a P/D cluster was prefilled
+PREFILL_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False}
+_HEADERS = ("Authorization", "X-Session-Id")
+# what the prefill request drops: it computes the prompt and one token, in one answer
+_PREFILL_DROPS = ("stream", "stream_options", "max_completion_tokens", "output_tokens", "response_token_ids",
+                  "response_block_hashes", "min_tokens")
+
+
+@dataclass(slots=True)
+class Prefilled:
+    """A remote prefill's answer: who computed it, what it held, and the parameters the decoder sends."""
+
+    replica_id: str
+    params: dict
+    cached_tokens: int | None  # the prefill instance's hit (None: it did not say)
+    cached_blocks: int | None
+    e2e_s: float  # emulated seconds the prefill took (its /generate timing; 0 when not reported)
+    wall_s: float
+
+
+class UpstreamRefused(Exception):
+    """A replica answered 4xx: the request itself is wrong; the client gets the answer as it is."""
+
+    def __init__(self, status: int, body: bytes, content_type: str) -> None:
+        super().__init__(status)
+        self.status, self.body, self.content_type = status, body, content_type
+
+
+def client_params(obj: dict) -> None:
+    """Refuse a client's ``kv_transfer_params`` that would steer the router's transfer (module docstring)."""
+    value = obj.get(PARAMS)
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        raise InputError(PARAMS, f"expected an object, got {type(value).__name__}")
+    if all(k in PREFILL_PARAMS and v is False for k, v in value.items()):
+        return
+    raise InputError(PARAMS, "is set by the router of a P/D cluster, which runs the prefill and the KV transfer"
+                             " itself; send the request without it (or with both do_remote_* false), or send it"
+                             " to a replica directly")
+
+
+def encode(obj: dict, content_type: str) -> bytes:
+    if content_type.startswith((protocol.MSGPACK, "application/x-msgpack")):
+        return msgpack.packb(obj)
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def decoded(body: bytes, content_type: str) -> dict | None:
+    """A replica's answer as an object (None: not one)."""
+    try:
+        obj = protocol.decode_body(body, content_type)
+    except InputError:
+        return None
+    return obj
+
+
+def prefill_body(obj: dict) -> dict:
+    out = {k: v for k, v in obj.items() if k not in _PREFILL_DROPS}
+    out["max_tokens"] = 1
+    out[PARAMS] = dict(PREFILL_PARAMS)
+    return out
+
+
+def decoder_cached_tokens(overlap: dict, replica_id: str, num_blocks: int, prompt_tokens: int, block_size: int) -> int:
+    """The prompt tokens the decoder would not compute, as the index predicts them."""
+    return reusable_prefix_tokens(cached_blocks(overlap, replica_id, num_blocks) * block_size, prompt_tokens,
+                                  block_size)
+
+
+def goes_remote(state, rep: ReplicaHandle, spec: protocol.GenerateSpec, overlap: dict) -> bool:
+    """The decider, for the chosen decoder (a colocated replica prefills its own requests)."""
+    if rep.role != "decode":
+        return False
+    decider = state.settings.pd
+    if decider is None:
+        return True
+    bs = state.settings.block_size
+    return bool(decider.remote(spec.prompt_tokens, decoder_cached_tokens(overlap, rep.replica_id, len(spec.hashes),
+                                                                         spec.prompt_tokens, bs), bs))
+
+
+def pick(state, step: RoutingStep, pool: list[ReplicaHandle], excluded: set[str], request_view: RouteRequest,
+         overlap: dict, pool_name: str) -> ReplicaHandle:
+    """The strategy's choice in ``pool`` (counted in flight, and as a decision of that pool)."""
+    now = time.monotonic()
+    reps = [r for r in pool if r.replica_id not in excluded and r.busy_until <= now and r.state.healthy]
+    if not reps:  # every one backing off: try them anyway rather than refuse
+        reps = [r for r in pool if r.replica_id not in excluded and r.state.healthy]
+    if not reps:
+        raise NoHealthyReplica(len(pool))
+    decision, pos = step.route([r.state for r in reps], request_view, overlap)
+    state.metrics.pd_decided(pool_name, decision.reason)
+    if pool_name == "decode":  # the router's decisions (the dashboard's), as a colocated cluster counts them
+        state.metrics.decided(state.settings.routing, decision.reason)
+    state.metrics.sent(reps[pos].replica_id)
+    return reps[pos]
+
+
+async def remote_prefill(request: web.Request, state, obj: dict, spec: protocol.GenerateSpec,
+                         request_view: RouteRequest, overlap: dict) -> Prefilled | None:
+    """A prefill instance computes the prompt and holds its KV (None: none could: the decoder prefills)."""
+    pool = state.cluster.pool("prefill")
+    excluded: set[str] = set()
+    failures = busy = 0
+    ctype = request.content_type or "application/json"
+    data = encode(prefill_body(obj), ctype)
+    headers = {"Content-Type": ctype, **{k: request.headers[k] for k in _HEADERS if k in request.headers}}
+    while failures <= state.settings.retries and busy < len(pool):
+        try:
+            rep = pick(state, state.prefill_router, pool, excluded, request_view, overlap, "prefill")
+        except NoHealthyReplica:
+            break
+        try:
+            got = await _prefill_on(state, rep, request.path, data, headers, spec, overlap)
+            rep.busy_strikes = 0
+            return got
+        except ReplicaBusy:
+            excluded.add(rep.replica_id)
+            state.cluster.mark_busy(rep)
+            busy += 1
+        except ReplicaFailed as exc:
+            excluded.add(rep.replica_id)
+            await state.cluster.mark_failed(rep, str(exc), immediate=True)
+            failures += 1
+        finally:
+            state.prefill_router.done(rep.state, request_view)
+    return None
+
+
+async def _prefill_on(state, rep: ReplicaHandle, path: str, data: bytes, headers: dict, spec, overlap) -> Prefilled | None:
+    t0 = time.monotonic()
+    try:
+        async with state.cluster.session.post(rep.url + path, data=data, headers=headers,
+                                              timeout=state.request_timeout) as resp:
+            check_status(resp.status, resp.headers)
+            body = await resp.read()
+            ctype = resp.headers.get("Content-Type", "application/json")
+            actual = resp.headers.get("X-Kvemu-Cached-Tokens")
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        raise ReplicaFailed(f"{type(exc).__name__}: {exc}") from None
+    wall = time.monotonic() - t0
+    state.metrics.pd_prefill_seconds.observe(wall)
+    if resp.status >= 400:
+        raise UpstreamRefused(resp.status, body, ctype)
+    answer = decoded(body, ctype) or {}
+    params = answer.get(PARAMS)
+    if not isinstance(params, dict) or not params.get("do_remote_prefill"):
+        return None  # an instance that does not hold KV for a remote decode: the decoder prefills
+    cached = int(actual) if actual is not None and actual.isdigit() else _usage_cached(answer)
+    if cached is not None and state.router.uses_index:
+        bs = state.settings.block_size
+        state.metrics.record_prediction(decoder_cached_tokens(overlap, rep.replica_id, len(spec.hashes),
+                                                              spec.prompt_tokens, bs), cached)
+    blocks = answer.get("cached_blocks")
+    inner = answer.get("kvemu")
+    kvemu: dict = inner if isinstance(inner, dict) else answer
+    return Prefilled(rep.replica_id, params, cached, blocks if isinstance(blocks, int) else None,
+                     float(kvemu.get("e2e_s", 0.0) or 0.0), wall)
+
+
+def _usage_cached(answer: dict) -> int | None:
+    if isinstance(answer.get("cached_tokens"), int):
+        return answer["cached_tokens"]
+    usage = answer.get("usage")
+    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+    value = details.get("cached_tokens") if isinstance(details, dict) else None
+    return value if isinstance(value, int) else None
+
+
+def with_prefill(answer: dict, pre: Prefilled) -> dict:
+    """The decoder's answer as the client reads it after a remote prefill (module docstring)."""
+    if pre.cached_tokens is not None:
+        usage = answer.get("usage")
+        if isinstance(usage, dict):
+            details = usage.setdefault("prompt_tokens_details", {})
+            if isinstance(details, dict):
+                decoded_hit = details.get("cached_tokens")
+                details["cached_tokens"] = pre.cached_tokens
+                answer.setdefault("kvemu", {})
+                if isinstance(answer["kvemu"], dict):
+                    answer["kvemu"]["pd"] = _pd_note(pre, decoded_hit)
+        if isinstance(answer.get("cached_tokens"), int):  # /generate
+            note = _pd_note(pre, answer["cached_tokens"], answer.get("cached_blocks"))
+            answer["cached_tokens"] = pre.cached_tokens
+            if pre.cached_blocks is not None:
+                answer["cached_blocks"] = pre.cached_blocks
+            for key in ("ttft_s", "e2e_s"):
+                if isinstance(answer.get(key), (int, float)):
+                    answer[key] += pre.e2e_s
+            answer["pd"] = note
+    return answer
+
+
+def _pd_note(pre: Prefilled, decoder_tokens: Any, decoder_blocks: Any = None) -> dict:
+    note = {"prefill_replica_id": pre.replica_id, "prefill_cached_tokens": pre.cached_tokens,
+            "prefill_e2e_s": pre.e2e_s, "decoder_cached_tokens": decoder_tokens}
+    if decoder_blocks is not None:
+        note["decoder_cached_blocks"] = decoder_blocks
+    return note
+
+
+def rewrite_event(event: bytes, pre: Prefilled) -> bytes:
+    """One server-sent event of the decoder's stream: its usage chunk (if asked for) gets the prefill's hit."""
+    if b"prompt_tokens_details" not in event or not event.startswith(b"data: "):
+        return event
+    try:
+        obj = json.loads(event[6:])
+    except ValueError:
+        return event
+    if not isinstance(obj, dict):
+        return event
+    return b"data: " + json.dumps(with_prefill(obj, pre), separators=(",", ":")).encode()
+
+
+# ---- the request's path ----------------------------------------------------------------------
+async def route(request: web.Request, state, raw: bytes, spec: protocol.GenerateSpec, request_view: RouteRequest,
+                overlap: dict, predicted: bool) -> web.StreamResponse:
+    """Route one request of a P/D cluster: the decoder, then (if the decider says so) a remote prefill."""
+    obj = protocol.decode_body(raw, request.content_type or "")
+    client_params(obj)
+    if PARAMS in obj:  # a harmless one (client_params): not passed on
+        del obj[PARAMS]
+        raw = encode(obj, request.content_type or "")
+    pool = state.cluster.pool("decode")
+    excluded: set[str] = set()
+    failures = busy = 0
+    while failures <= state.settings.retries and busy < len(pool):
+        if failures or busy:
+            state.metrics.count("retries")
+        try:
+            rep = pick(state, state.router, pool, excluded, request_view, overlap, "decode")
+        except NoHealthyReplica:
+            break
+        try:
+            async with until_client_gone(request):
+                resp = await _serve(request, state, rep, obj, raw, spec, request_view, overlap, predicted)
+            rep.busy_strikes = 0
+            return resp
+        except ClientGone:
+            state.metrics.outcome("client_disconnected")
+            return web.Response(status=499)
+        except UpstreamRefused as refused:
+            state.metrics.outcome("client_error")
+            return web.Response(body=refused.body, status=refused.status, headers={"Content-Type": refused.content_type})
+        except ReplicaBusy:
+            excluded.add(rep.replica_id)
+            state.cluster.mark_busy(rep)
+            busy += 1
+        except ReplicaFailed as exc:
+            excluded.add(rep.replica_id)
+            await state.cluster.mark_failed(rep, str(exc), immediate=True)
+            failures += 1
+        finally:
+            state.router.done(rep.state, request_view)
+    state.metrics.outcome("busy" if busy and not failures else "unavailable")
+    body = protocol.error_body(503, None, "no healthy decode replica could take the request; retry shortly")
+    return web.json_response(body, status=503, headers={"Retry-After": "1"})
+
+
+async def _serve(request, state, rep: ReplicaHandle, obj: dict, raw: bytes, spec, request_view, overlap: dict,
+                 predicted: bool) -> web.StreamResponse:
+    pre = None
+    if rep.role != "decode":
+        path = "colocated"
+    elif goes_remote(state, rep, spec, overlap):
+        pre = await remote_prefill(request, state, obj, spec, request_view, overlap)
+        path = "remote" if pre is not None else "fallback"
+    else:
+        path = "local"
+    state.metrics.pd_path(path)
+    data = raw if pre is None else encode({**obj, PARAMS: pre.params}, request.content_type or "")
+    expected = None
+    if pre is None and predicted:
+        expected = decoder_cached_tokens(overlap, rep.replica_id, len(spec.hashes), spec.prompt_tokens,
+                                         state.settings.block_size)
+    return await _decode_on(request, state, rep, data, path, pre, expected)
+
+
+async def _decode_on(request, state, rep: ReplicaHandle, data: bytes, path: str, pre: Prefilled | None,
+                     expected: int | None) -> web.StreamResponse:
+    headers = {k: request.headers[k] for k in ("Content-Type", "Accept", *_HEADERS) if k in request.headers}
+    t0 = time.monotonic()
+    try:
+        upstream = await state.cluster.session.post(rep.url + request.path, data=data, headers=headers,
+                                                    timeout=state.request_timeout)
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        raise ReplicaFailed(f"{type(exc).__name__}: {exc}") from None
+    async with upstream:
+        check_status(upstream.status, upstream.headers)
+        state.metrics.pd_first_byte(path, time.monotonic() - t0)
+        actual = upstream.headers.get("X-Kvemu-Cached-Tokens")
+        if expected is not None and actual is not None and actual.isdigit():
+            state.metrics.record_prediction(expected, int(actual))
+        ctype = upstream.headers.get("Content-Type", "application/json")
+        out = {"Content-Type": ctype, "X-Kvemu-Replica": rep.replica_id, "X-Kvemu-Pd": path}
+        if pre is not None:
+            out["X-Kvemu-Prefill-Replica"] = pre.replica_id
+            actual = str(pre.cached_tokens) if pre.cached_tokens is not None else actual
+        if actual is not None:
+            out["X-Kvemu-Cached-Tokens"] = actual
+        if ctype.startswith("text/event-stream"):
+            return await _pass_stream(request, upstream, out, state, pre)
+        try:
+            body = await upstream.read()
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise ReplicaFailed(f"connection lost: {exc}") from None
+    if pre is not None and upstream.status == 200:
+        answer = decoded(body, ctype)
+        if answer is not None:
+            body = encode(with_prefill(answer, pre), ctype)
+    state.metrics.outcome("ok" if upstream.status < 400 else "client_error")
+    return web.Response(body=body, status=upstream.status, headers=out)
+
+
+async def _pass_stream(request, upstream, out_headers: dict, state, pre: Prefilled | None) -> web.StreamResponse:
+    """The decoder's stream as it comes; after a remote prefill its usage chunk carries the prefill's hit."""
+    resp = web.StreamResponse(status=upstream.status, headers={**out_headers, "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    pending = b""
+    try:
+        async for chunk in upstream.content.iter_any():
+            if pre is not None:
+                pending += chunk
+                *events, pending = pending.split(b"\n\n")
+                chunk = b"".join(rewrite_event(e, pre) + b"\n\n" for e in events)
+            try:
+                await resp.write(chunk)
+            except ConnectionResetError:
+                raise ClientGone() from None
+        if pending:
+            await resp.write(pending)
+    except (TimeoutError, aiohttp.ClientError):
+        state.metrics.outcome("failed_mid_stream")
+        try:
+            await resp.write(b'data: {"error": {"message": "replica failed mid-stream", "code": 502}}\n\n')
+            await resp.write_eof()
+        except ConnectionResetError:
+            pass
+        return resp
+    state.metrics.outcome("ok")
+    try:
+        await resp.write_eof()
+    except ConnectionResetError:
+        pass
+    return resp
