@@ -529,8 +529,8 @@ def run(a) -> int:
         token_file = write_token(cluster, a)
         print(f"router   {cluster.router_url}")
         print(f"dashboard {cluster.router_url}/dashboard")
-        for (replica_id, role), url in zip(members_of(a), cluster.replica_urls, strict=True):
-            print(f"{replica_id} {url}" + (f" ({role})" if role != "both" else ""))
+        for (replica_id, _), url in zip(members_of(a), cluster.replica_urls, strict=True):
+            print(f"{replica_id} {url}")  # a P/D replica's id names its role (prefill-i, decode-i)
         if cluster.redis_url:
             print(f"redis    {cluster.redis_url}")
         print(f"logs     {cluster.tmpdir}")
