@@ -188,10 +188,9 @@ class Engine:
         effect where the step under way ends (the next one is planned without it). False: nothing
         to abort, as it finished, or finishes in the step under way (its answer is ready: a finish)."""
         rid = handle.req.rid
-        if self.handles.get(rid) is not handle:
-            return False
-        if not self.sched.abort(handle.req, max(self._step_end, self._emu_now)):
-            self.release_held(handle.req)  # finished in the step under way: a held prefill nobody will pull
+        if self.handles.get(rid) is not handle or not self.sched.abort(handle.req, max(self._step_end, self._emu_now)):
+            if handle.kv_transfer_params is None:  # a finished prefill held for a pull nobody was told of
+                self.release_held(handle.req)
             return False
         del self.handles[rid]
         self.counters.aborted += 1

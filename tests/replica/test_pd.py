@@ -241,3 +241,45 @@ def test_a_client_that_leaves_while_its_kv_crosses_leaves_nothing_pinned(pd):
         assert stats(slow)["scheduler"]["running"] == 0
     finally:
         assert slow.stop() == 0
+
+
+def indexed(proc) -> set[int]:
+    """The blocks a router's index holds for ``proc`` after reading its whole event feed."""
+    out: set[int] = set()
+    feed = http_json("GET", proc.url + "/kv/events?after=0&limit=4096", headers=cluster_auth())[1]
+    for batch in feed["batches"]:
+        for kind, hashes, *level in batch["events"]:
+            if level:
+                continue
+            if kind == "cleared":
+                out.clear()
+            elif kind == "stored":
+                out.update(hashes)
+            elif kind == "removed":
+                out.difference_update(hashes)
+    return out
+
+
+def test_both_instances_publish_what_they_store_on_their_own_feeds(pd):
+    from shared.hashing import block_hashes
+
+    p, d = pd
+    tokens = prompt(11)
+    status, _, data = http("POST", p.url + "/v1/completions", {"prompt": tokens, "max_tokens": 1, "stream": True,
+                                                              "kv_transfer_params": PROXY_PREFILL})
+    assert status == 200
+    chunks = [json.loads(e) for e in sse_events(data)[:-1]]
+    params = chunks[-1]["kv_transfer_params"]  # a streamed prefill leg: on the last chunk, with the finish
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length" and params["do_remote_prefill"] is True
+    status, _ = http_json("POST", d.url + "/v1/completions",
+                          {"prompt": tokens, "max_tokens": 3, "kv_transfer_params": params})
+    assert status == 200
+    hashes = set(block_hashes(tokens, 16))
+    wait_for(lambda: hashes <= indexed(p) and hashes <= indexed(d), what="both feeds")
+    # a failed pull: the reservation's blocks leave the feed, the local prefill's come back
+    lost = prompt(12)
+    params = {**params, "remote_request_id": "pd-p0-gone"}
+    assert http_json("POST", d.url + "/v1/completions",
+                     {"prompt": lost, "max_tokens": 3, "kv_transfer_params": params})[0] == 200
+    wait_for(lambda: set(block_hashes(lost, 16)) <= indexed(d), what="the local prefill's blocks")
+    assert not set(block_hashes(lost, 16)) & indexed(p)
