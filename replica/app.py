@@ -6,7 +6,7 @@ import asyncio
 
 from aiohttp import web
 
-from replica import compat_views, pd_views, views
+from replica import compat_views, pd_views, sglang_pd, views
 from replica.runtime import RUNTIME, SETTINGS, ReplicaRuntime
 from replica.settings import ReplicaSettings
 from shared import serve
@@ -87,5 +87,6 @@ def make_app(settings: ReplicaSettings) -> web.Application:
     app.cleanup_ctx.append(pd_ctx)
     views.add_routes(app)
     app.router.add_post("/kv/pull", pd_views.kv_pull)  # P/D: a decode instance reads a held prefill's KV
+    sglang_pd.install(app)  # P/D on SGLang's wire: /kv/bootstrap (replica/sglang_pd.py)
     compat_views.add_routes(app)  # SGLang's and vLLM's auxiliary endpoints (sglang-router's worker API)
     return app

@@ -9,7 +9,7 @@ import uuid
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from replica import pd_views
+from replica import pd_views, sglang_pd
 from replica.core.cache.policies import make_policy
 from replica.engine import Handle
 from replica.httputil import require_admin
@@ -48,7 +48,10 @@ async def _parse(request: web.Request) -> tuple[protocol.GenerateSpec, KvTransfe
         raise InputError("block_hashes", f"this replica matches prompts token by token (--matching radix, pages of"
                                          f" {settings.block_size}), which block hashes cannot be cut into: send"
                                          " token_ids, a completion prompt or chat messages")
-    return spec, transfer_params(raw, request.content_type or "")
+    params = transfer_params(raw, request.content_type or "")
+    if params is None:  # SGLang's bootstrap fields (sglang-router's P/D mode), where the body has them
+        params = await sglang_pd.bootstrap_params(request, raw)
+    return spec, params
 
 
 def _submit(request: web.Request, spec: protocol.GenerateSpec, hold: bool = False) -> Handle:
@@ -83,6 +86,7 @@ def _held(request: web.Request, handle: Handle) -> dict:
     """The prefill leg of a remote decode: its blocks held for the pull, and what its answer carries."""
     if handle.kv_transfer_params is None and handle.req.hold:
         _state(request).pd.hold(handle)
+        sglang_pd.held(request, handle)
     return {"kv_transfer_params": handle.kv_transfer_params} if handle.kv_transfer_params is not None else {}
 
 
