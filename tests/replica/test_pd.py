@@ -283,3 +283,27 @@ def test_both_instances_publish_what_they_store_on_their_own_feeds(pd):
                      {"prompt": lost, "max_tokens": 3, "kv_transfer_params": params})[0] == 200
     wait_for(lambda: set(block_hashes(lost, 16)) <= indexed(d), what="the local prefill's blocks")
     assert not set(block_hashes(lost, 16)) & indexed(p)
+
+
+def test_two_transfers_at_once_share_the_decoders_nic(pd):
+    """One 160-token prompt's KV (15,728,640 bytes) takes 0.5 s on a 0.25165824 Gb/s NIC; two started
+    together share it and both arrive after 1 s (processor sharing: each at half the bandwidth)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    p, _ = pd
+    d = start_replica("--role", "decode", "--pd-link-gbps", "0.25165824", time_scale=1.0, capacity_blocks=100)
+    try:
+        alone = prefill_leg(p, {"prompt": prompt(13)})["kv_transfer_params"]
+        out = http_json("POST", d.url + "/v1/completions", {"prompt": prompt(13), "max_tokens": 2,
+                                                           "kv_transfer_params": alone})[1]
+        assert out["kvemu"]["kv_wait_s"] == pytest.approx(0.5 + LATENCY, abs=0.02)
+        legs = [(prompt(s), prefill_leg(p, {"prompt": prompt(s)})["kv_transfer_params"]) for s in (14, 15)]
+        with ThreadPoolExecutor(2) as pool:
+            outs = list(pool.map(lambda leg: http_json("POST", d.url + "/v1/completions", {
+                "prompt": leg[0], "max_tokens": 2, "kv_transfer_params": leg[1]})[1], legs))
+        for o in outs:
+            assert o["kvemu"]["kv_wait_s"] == pytest.approx(1.0 + LATENCY, abs=0.05)
+        assert stats(d)["pd"]["recv"]["transfers"] == 3 and stats(d)["pinned_blocks"] == 0
+        assert stats(p)["pinned_blocks"] == 0
+    finally:
+        assert d.stop() == 0
