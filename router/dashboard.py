@@ -33,7 +33,7 @@ COUNTERS = ("requests", "block_accesses", "block_hits", "recompute_cost_total_s"
             "evictions")
 # per-replica series drawn over time, each a value per sample (None: no value that interval)
 REPLICA_SERIES = ("kv_usage", "hit_ratio", "csr", "running", "waiting", "ttft_p50_s", "ttft_p99_s",
-                  "evictions_per_s", "event_lag")
+                  "evictions_per_s", "event_lag", "link_bytes_per_s")
 CLUSTER_SERIES = ("imbalance_in_flight", "imbalance_kv_usage", "imbalance_routed", "index_entries", "hotspots")
 
 
@@ -63,6 +63,9 @@ class Dashboard:
 
     async def sample(self, state) -> dict:
         stats = await _fetch_stats(state)
+        for rep in state.cluster.replicas:  # the P/D link as /cluster shows it (its "pd" part), from this sample
+            if rep.replica_id in stats:
+                rep.pd_stats = stats[rep.replica_id].get("pd") or {}
         now = time.time()
         base = self._baseline(now)
         summary = cluster_summary(state)
@@ -76,6 +79,7 @@ class Dashboard:
             if st is not None:
                 self.latest[replica_id] = st
                 counters[replica_id] = {k: st.get(k, 0) for k in COUNTERS}
+                counters[replica_id]["link_bytes"] = _link_bytes(st)
             prev = base["counters"].get(replica_id) if base else None
             replicas[replica_id] = _replica_point(row, st, counters.get(replica_id), prev,
                                                   now - base["t"] if base else 0.0)
@@ -110,7 +114,8 @@ class Dashboard:
         return {"now": time.time(), "interval_s": self.interval_s, "routing": state.settings.routing,
                 "index": last["index"] if last else {}, "decisions": last["decisions"] if last else {},
                 "hotspots": last["summary"]["hotspots"] if last else [],
-                "hotspot_factor": state.settings.hotspot_factor, "replicas": rows, "history": hist}
+                "hotspot_factor": state.settings.hotspot_factor, "replicas": rows, "history": hist,
+                "pd": last["summary"].get("pd") if last else None}
 
 
 def _series(values) -> list:
@@ -134,7 +139,15 @@ def _replica_point(row: dict, st: dict | None, cur: dict | None, prev: dict | No
         point["hit_ratio"] = d["block_hits"] / acc if acc > 0 else None
         point["csr"] = d["recompute_cost_saved_s"] / cost if cost > 0 else None
         point["evictions_per_s"] = max(d["evictions"], 0) / dt
+        if "link_bytes" in cur and "link_bytes" in prev and st.get("pd", {}).get("role", "both") != "both":
+            point["link_bytes_per_s"] = max(cur["link_bytes"] - prev["link_bytes"], 0) / dt
     return point
+
+
+def _link_bytes(st: dict) -> float:
+    """Bytes a P/D replica's NIC moved, both directions (its /stats ``pd`` section)."""
+    pd = st.get("pd") or {}
+    return float(sum((pd.get(side) or {}).get("bytes", 0) for side in ("send", "recv")))
 
 
 def _detail(st: dict | None) -> dict:
@@ -149,7 +162,7 @@ def _detail(st: dict | None) -> dict:
         "block_hit_ratio": st.get("block_hit_ratio"), "csr": st.get("csr"), "requests": st.get("requests"),
         "evictions": st.get("evictions"), "ttft": st.get("ttft"), "top_sessions": st.get("top_sessions", []),
         "mrc": mrc, "reuse_distance_log2": reuse.get("distance_log2", {}), "reuse_accesses": reuse.get("accesses"),
-        "policy_switches": st.get("policy_switches", []),
+        "policy_switches": st.get("policy_switches", []), "pd": st.get("pd"),
     }}
 
 

@@ -229,6 +229,53 @@ function switchesTable(d) {
   fillTable("policy_switches", rows);
 }
 
+// ---- P/D: a panel per pool and one for the transfer link (hidden in a colocated cluster) ----------------
+function pdPanels(d) {
+  const pd = d.pd;
+  panel("pd_pools").hidden = !pd;
+  panel("pd_link").hidden = !pd;
+  if (!pd) return;
+  document.getElementById("pd-decider").textContent = pd.decider;
+  document.getElementById("pd-paths").textContent = "Requests: " +
+    Object.entries(pd.paths).map(([k, v]) => `${fmt(v)} ${k}`).join(", ") + ".";
+  const rows = [];
+  for (const [pool, ids] of Object.entries(pd.pools)) {
+    if (!ids.length) continue;
+    const reps = d.replicas.filter((r) => ids.includes(r.replica_id));
+    const up = reps.filter((r) => r.healthy);
+    const mean = (xs) => (xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : null);
+    const ttft = up.map((r) => (r.stats && r.stats.ttft ? r.stats.ttft.p50_s : null)).filter((v) => v !== null);
+    const decided = pd.decisions[pool === "prefill" ? "prefill" : "decode"] || {};
+    const tr = document.createElement("tr");
+    tr.dataset.pool = pool;
+    tr.append(cell(pool === "both" ? "colocated" : pool, "text"), cell(ids.join(", "), "text"), cell(`${up.length} / ${reps.length}`),
+      cell(fmt(up.reduce((a, r) => a + (r.running || 0), 0))), cell(fmt(up.reduce((a, r) => a + (r.waiting || 0), 0))),
+      cell(fmt(mean(up.map((r) => r.kv_usage * 100)), 1) + "%"), cell(fmt(ttft.length ? Math.max(...ttft) : null, 3)),
+      cell(pool === "both" ? "(decode pool's)" : Object.entries(decided).map(([k, v]) => `${k} ${fmt(v)}`).join(", ") || "–", "text"));
+    rows.push(tr);
+  }
+  fillTable("pd_pools", rows);
+  const ids = Object.keys(d.history.replicas).filter((rid) => {
+    const row = d.replicas.find((r) => r.replica_id === rid);
+    return row && row.role !== "both";
+  });
+  draw("pd_link", {y: {label: "bytes / s"}, series: ids.map((rid) => ({label: label(d, rid), color: colorFor(rid)}))},
+    [d.history.t].concat(ids.map((rid) => d.history.replicas[rid].link_bytes_per_s)));
+  const links = d.replicas.filter((r) => r.role !== "both").map((r) => {
+    const p = (r.stats && r.stats.pd) || {};
+    const send = p.send || {}, recv = p.recv || {};
+    const pct = (v) => (v === undefined || v === null ? "–" : fmt(v * 100, 2) + "%");
+    const failovers = Object.values(p.failovers || {}).reduce((a, b) => a + b, 0);
+    const tr = document.createElement("tr");
+    tr.dataset.replica = r.replica_id;
+    tr.append(cell(r.replica_id, "text"), cell(r.role, "text"), cell(fmt(send.bytes) + " B"), cell(fmt(send.transfers)),
+      cell(pct(send.utilization)), cell(fmt(recv.bytes) + " B"), cell(fmt(recv.transfers)), cell(pct(recv.utilization)),
+      cell(fmt(p.held_requests)), cell(fmt(failovers)));
+    return tr;
+  });
+  document.querySelector("#pd_link tbody").replaceChildren(...links);
+}
+
 function header(d) {
   const up = d.replicas.filter((r) => r.healthy).length;
   const s = (d.replicas.find((r) => r.stats) || {}).stats || {};
@@ -246,6 +293,7 @@ function render(d) {
   for (const rid of Object.keys(d.history.replicas)) colorFor(rid);  // never-seen replicas (URL ids) get none
   header(d);
   replicaTable(d);
+  pdPanels(d);
   timeCharts(d);
   clusterCharts(d);
   mrcChart(d);
