@@ -40,7 +40,8 @@ from loadgen.workloads import generate
 from replica.core.build import RESPONSE_KV
 from shared.errors import KvemuError
 from shared.progress import ProgressBar
-from sim.simulator import SimSettings, simulate
+from sim.run import simulate
+from sim.simulator import SimSettings
 
 Mix = tuple[float, float, float]
 

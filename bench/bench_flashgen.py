@@ -42,7 +42,7 @@ from kvemu import sim_cmd
 from loadgen.stats import conversation_shape
 from shared.costmodel import CostModel
 from shared.progress import ProgressBar
-from sim.simulator import simulate
+from sim.run import simulate
 
 GB = 1e9
 GIB = 1024**3

@@ -42,7 +42,7 @@ from kvemu import sim_cmd
 from loadgen.trace import Trace, TraceRequest
 from shared.progress import ProgressBar
 from sim.estimate import ScmModel, estimate
-from sim.simulator import simulate
+from sim.run import simulate
 
 GPUS = 4
 # The cluster every point shares (the model and GPU: kvemu's defaults, qwen3-coder-30b-a3b on H200).

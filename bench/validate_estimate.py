@@ -28,7 +28,8 @@ from loadgen.trace import Trace
 from loadgen.workloads import generate
 from shared.overrides import apply_overrides, parse_pairs
 from sim.estimate import ScmModel, estimate
-from sim.simulator import SimSettings, simulate
+from sim.run import simulate
+from sim.simulator import SimSettings
 
 
 def _hits(trace: Trace, capacity: int) -> tuple[float, int]:

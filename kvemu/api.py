@@ -20,8 +20,8 @@ from loadgen.workloads import generate
 from replica.core.tiers.stack import TierSettings
 from shared.errors import InputError
 from shared.overrides import apply_overrides
+from sim.run import simulate as _simulate
 from sim.simulator import SimSettings
-from sim.simulator import simulate as _simulate
 
 __all__ = ["Trace", "load_trace", "generate_trace", "simulate", "estimate"]
 

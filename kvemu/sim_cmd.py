@@ -31,7 +31,8 @@ from shared.gc_tuning import gc_paused
 from shared.overrides import coerce, parse_pairs
 from shared.progress import ProgressBar
 from sim.cells import CellError, LocalPool
-from sim.simulator import SimSettings, saturation_warning, simulate
+from sim.run import simulate
+from sim.simulator import SimSettings, saturation_warning
 
 
 def add_emulation_args(p: argparse.ArgumentParser) -> None:

@@ -22,7 +22,8 @@ from typing import Protocol
 
 from loadgen.trace import Trace
 from shared.errors import KvemuError
-from sim.simulator import SimSettings, simulate
+from sim.run import simulate
+from sim.simulator import SimSettings
 
 OnDone = Callable[[int, dict], None]
 

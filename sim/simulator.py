@@ -30,7 +30,6 @@ from replica.core.tiers.stack import TierStack
 from router.strategies import ReplicaState, RouteRequest, RoutingSettings, RoutingStep, strategy_spec
 from shared import compiled_modules
 from shared.costmodel import CostModel
-from shared.gc_tuning import gc_paused
 from shared.hashing import DEFAULT_BLOCK_SIZE
 from shared.histogram import LogHistogram
 from shared.index import EventBatch, MemoryIndex
@@ -40,7 +39,7 @@ from sim.settings import SIM_REUSE_MODES, SimSettings, core_settings, max_model_
 
 # SimSettings and what resolves it live in sim/settings.py; importing them from here keeps working
 __all__ = ["SIM_REUSE_MODES", "NextUses", "SimSettings", "Simulation", "core_settings", "max_model_len",
-           "saturation_warning", "simulate"]
+           "saturation_warning"]
 
 INF = float("inf")
 @dataclass(slots=True)
@@ -591,11 +590,3 @@ def _duration(seconds: float) -> str:
         if seconds >= size:
             return f"{seconds / size:.1f} {unit}"
     return f"{seconds:.1f} s"
-
-
-def simulate(trace: Trace, settings: SimSettings, progress=None) -> dict:
-    with gc_paused():  # the trace is built: the collector would find nothing to free in the loop
-        if settings.pd is not None:  # prefill and decode pools (sim/pd.py)
-            from sim.pd import PdSimulation
-            return PdSimulation(trace, settings, progress).run()
-        return Simulation(trace, settings, progress).run()

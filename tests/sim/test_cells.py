@@ -12,7 +12,8 @@ from loadgen.formats import read_trace, write_kvemu
 from loadgen.trace import Trace, TraceRequest
 from loadgen.workloads import generate
 from sim.cells import CellError, LocalPool
-from sim.simulator import SimSettings, simulate
+from sim.run import simulate
+from sim.simulator import SimSettings
 
 CELLS = ["--policy", "lru,s3fifo", "--capacity-blocks", "600,1200,2400", "--quiet"]
 

@@ -28,7 +28,8 @@ from sim.estimate import (
     turn_counts,
     workload_from_trace,
 )
-from sim.simulator import SimSettings, simulate
+from sim.run import simulate
+from sim.simulator import SimSettings
 
 # k = 1 prompt block and m = 2 response blocks per turn, p = 0.75 (E[M] = 4):
 # E[B] = (k + pm)/q = 10, A_H = p(k + pm)/q² = 30, A_R = (k + pm)/q² = 40

@@ -24,7 +24,8 @@ from __future__ import annotations
 import functools
 
 from loadgen.workloads import generate
-from sim.simulator import SimSettings, simulate
+from sim.run import simulate
+from sim.simulator import SimSettings
 
 ONLINE = ("lru", "s3fifo", "arc", "session_lru", "random_compute", "partial_node")
 

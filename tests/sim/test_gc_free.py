@@ -7,7 +7,8 @@ import pytest
 
 from loadgen.formats import read_trace
 from loadgen.trace import Trace
-from sim.simulator import SimSettings, simulate
+from sim.run import simulate
+from sim.simulator import SimSettings
 
 
 def cyclic_garbage_after(trace: Trace, settings: SimSettings) -> int:

@@ -11,8 +11,8 @@ from kvemu.cli import main
 from loadgen.trace import Trace, TraceRequest
 from replica.core.disagg import PdCluster, PdSettings, PoolShape
 from shared.costmodel import CostModel
+from sim.run import simulate
 from sim.settings import SimSettings
-from sim.simulator import simulate
 
 MODEL, GPU = "llama-3-8b", "h200"
 BS = 16

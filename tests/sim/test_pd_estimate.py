@@ -18,7 +18,8 @@ from loadgen.trace import Trace
 from loadgen.workloads import generate
 from replica.core.disagg import PdCluster, PdSettings, PoolShape
 from sim.estimate import ScmModel, estimate
-from sim.simulator import SimSettings, simulate
+from sim.run import simulate
+from sim.simulator import SimSettings
 
 VALIDATE = {"continue_prob": 0.5, "prompt_blocks": 2, "response_blocks": 4}  # as tests/sim/test_estimate.py
 

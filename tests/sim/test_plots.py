@@ -16,7 +16,8 @@ from loadgen.trace import infinite_cache_hit_ratio
 from loadgen.workloads import generate
 from shared.plotting import PALETTE, REPLICA_BAR, REPLICA_LINE, pyplot
 from sim.plots import capacity_figure
-from sim.simulator import SimSettings, simulate
+from sim.run import simulate
+from sim.simulator import SimSettings
 from sim.sweep import mean_field, read_records
 from sim.sweep_plots import sweep_figure
 from tests.support.plots import ceiling_of, check_readable, legend_labels, line_colors

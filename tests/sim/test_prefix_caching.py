@@ -8,7 +8,8 @@ import pytest
 from loadgen.trace import Trace, TraceRequest
 from replica.core.tiers.stack import TierSettings
 from shared.errors import InputError
-from sim.simulator import SimSettings, Simulation, simulate
+from sim.run import simulate
+from sim.simulator import SimSettings, Simulation
 from sim.sweep import point_id, settings_dict
 
 

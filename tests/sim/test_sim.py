@@ -7,7 +7,8 @@ from loadgen.trace import Trace, TraceRequest
 from replica.core.compiled import pool as compiled_pool
 from replica.core.tiers.stack import TierSettings
 from shared.errors import InputError, UnknownNameError
-from sim.simulator import NextUses, SimSettings, Simulation, simulate
+from sim.run import simulate
+from sim.simulator import NextUses, SimSettings, Simulation
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,8 @@ import pytest
 
 from kvemu.cli import main
 from loadgen.trace import Trace, TraceRequest
-from sim.simulator import SimSettings, simulate
+from sim.run import simulate
+from sim.simulator import SimSettings
 
 CAP = 300
 INTERVAL = 300.0

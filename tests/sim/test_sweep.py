@@ -20,7 +20,8 @@ from loadgen.formats import read_trace, write_kvemu
 from loadgen.trace import Trace, TraceRequest
 from loadgen.workloads import generate
 from router.strategies import RoutingSettings
-from sim.simulator import SimSettings, simulate
+from sim.run import simulate
+from sim.simulator import SimSettings
 from sim.sweep import CSV_COLUMNS, file_identity, mean_field, point_id, read_records
 from sim.sweep_plots import combined_mrc
 
@@ -222,7 +223,7 @@ def test_cache_only_table_shows_no_ttft_as_a_dash(trace_file, tmp_path, capsys):
 def test_point_ids_of_default_settings_predate_the_scheduler_setting(trace_file):
     ident = file_identity(str(trace_file), "kvemu", 16)
     fcfs = SimSettings(capacity_blocks=600)
-    before = {k: v for k, v in dataclasses.asdict(fcfs).items() if k not in ("scheduler", "max_model_len", "prefix_caching")}
+    before = {k: v for k, v in dataclasses.asdict(fcfs).items() if k not in ("scheduler", "max_model_len", "prefix_caching", "pd")}
     del before["tiers"]["deeper"]  # nor memory levels below SSD
     blob = json.dumps({"trace": ident, "settings": before}, sort_keys=True, default=str, separators=(",", ":"))
     assert point_id(ident, fcfs) == hashlib.sha256(blob.encode()).hexdigest()[:16]  # as before `scheduler`

@@ -1,0 +1,17 @@
+"""``simulate``: one run of a trace in virtual time, on the simulator that fits the cluster: colocated
+replicas (sim/simulator.py) or prefill and decode pools beside them (sim/pd.py)."""
+
+from __future__ import annotations
+
+from loadgen.trace import Trace
+from shared.gc_tuning import gc_paused
+from sim.pd import PdSimulation
+from sim.settings import SimSettings
+from sim.simulator import Simulation
+
+
+def simulate(trace: Trace, settings: SimSettings, progress=None) -> dict:
+    with gc_paused():  # the trace is built: the collector would find nothing to free in the loop
+        if settings.pd is not None:
+            return PdSimulation(trace, settings, progress).run()
+        return Simulation(trace, settings, progress).run()
