@@ -26,7 +26,8 @@ def test_sim_names_and_replicas_are_checked_before_capacity():
     line = _error_line("sim", "--workload", "chat", "--duration", "5", "--capacity-gib", "0.00001", "--policy", "nope")
     assert line.startswith("error: unknown policy 'nope'; valid: ")
     assert _error_line("sim", "--workload", "chat", "--duration", "5", "--capacity-gib", "0.00001",
-                       "--replicas", "0") == "error: --replicas: must be a positive integer, got 0"
+                       "--replicas", "0") == ("error: --replicas: the cluster has no replica: give --replicas N or"
+                                             " --prefill-replicas P --decode-replicas D")
 
 
 # Issue 25, item 5: a flag that would do nothing is refused in one line naming it and why; a flag

@@ -48,30 +48,30 @@ def test_a_pd_cluster_needs_no_colocated_replica():
 
 def test_prefill_without_decode_is_refused():
     assert refused(Topology, prefill=1) == (
-        "decode_replicas", "a P/D cluster needs both pools: 1 prefill replicas but no decode replica;"
+        "--decode-replicas", "a P/D cluster needs both pools: 1 prefill replicas but no decode replica;"
                            " give --decode-replicas N (N >= 1), or neither for a colocated cluster")
 
 
 def test_decode_without_prefill_is_refused():
     assert refused(Topology, colocated=0, decode=2) == (
-        "prefill_replicas", "a P/D cluster needs both pools: 2 decode replicas but no prefill replica;"
+        "--prefill-replicas", "a P/D cluster needs both pools: 2 decode replicas but no prefill replica;"
                             " give --prefill-replicas N (N >= 1), or neither for a colocated cluster")
 
 
 def test_no_replica_is_refused():
     assert refused(Topology, colocated=0) == (
-        "replicas", "the cluster has no replica: give --replicas N or --prefill-replicas P --decode-replicas D")
+        "--replicas", "the cluster has no replica: give --replicas N or --prefill-replicas P --decode-replicas D")
 
 
 @pytest.mark.parametrize(("kw", "field", "got"), [
-    ({"colocated": -1}, "replicas", "-1"),
-    ({"prefill": -1, "decode": 1}, "prefill_replicas", "-1"),
-    ({"prefill": 1, "decode": -2}, "decode_replicas", "-2"),
-    ({"colocated": True}, "replicas", "True"),
-    ({"prefill": True, "decode": True}, "prefill_replicas", "True"),
-    ({"decode": False}, "decode_replicas", "False"),
-    ({"colocated": 1.0}, "replicas", "1.0"),
-    ({"colocated": "2"}, "replicas", "'2'"),
+    ({"colocated": -1}, "--replicas", "-1"),
+    ({"prefill": -1, "decode": 1}, "--prefill-replicas", "-1"),
+    ({"prefill": 1, "decode": -2}, "--decode-replicas", "-2"),
+    ({"colocated": True}, "--replicas", "True"),
+    ({"prefill": True, "decode": True}, "--prefill-replicas", "True"),
+    ({"decode": False}, "--decode-replicas", "False"),
+    ({"colocated": 1.0}, "--replicas", "1.0"),
+    ({"colocated": "2"}, "--replicas", "'2'"),
 ])
 def test_a_count_that_is_not_an_integer_at_least_zero_is_refused(kw, field, got):
     assert refused(Topology, **kw) == (field, f"must be an integer >= 0, got {got}")
