@@ -17,13 +17,14 @@ from kvemu.options.router_flags import routing_settings as routing_settings_of
 from loadgen.formats import read_trace
 from loadgen.trace import Trace
 from loadgen.workloads import generate
+from replica.core.disagg import PdCluster, PdSettings, PoolShape
 from replica.core.tiers.stack import TierSettings
 from shared.errors import InputError
 from shared.overrides import apply_overrides
 from sim.run import simulate as _simulate
 from sim.simulator import SimSettings
 
-__all__ = ["Trace", "load_trace", "generate_trace", "simulate", "estimate"]
+__all__ = ["PdCluster", "PdSettings", "PoolShape", "Trace", "load_trace", "generate_trace", "simulate", "estimate"]
 
 
 def load_trace(path: str, fmt: str = "auto", block_size: int | None = None) -> Trace:
@@ -37,7 +38,7 @@ def generate_trace(workload: str, duration_s: float = 600.0, seed: int = 0, **pa
 
 
 def simulate(trace: Trace, policies: Iterable[str] = ("lru",), capacity_blocks: Iterable[int] = (20_000,), *,
-             replicas: int = 1, routing: str = "cache_aware", routing_settings: dict | None = None,
+             replicas: int | None = None, routing: str = "cache_aware", routing_settings: dict | None = None,
              **settings) -> list[dict]:
     """One virtual-time run per (policy, capacity), in that order: the rows of ``kvemu sim --json``.
 
@@ -45,7 +46,12 @@ def simulate(trace: Trace, policies: Iterable[str] = ("lru",), capacity_blocks: 
     ``model``, ``gpu``, ``causal``, ``seed``, ``reuse``, ``cache_only``, ``response_kv``), with the
     defaults every command has (``response_kv="keep"``, as a colocated vLLM). ``capacity_blocks`` counts
     blocks of 16 tokens under ``matching="radix"`` too, turned into pages, as ``kvemu sim`` does: the run
-    dicts' ``capacity_blocks`` are the pool's pages then, ``capacity_tokens`` the same in either mode."""
+    dicts' ``capacity_blocks`` are the pool's pages then, ``capacity_tokens`` the same in either mode.
+
+    A disaggregated cluster: ``pd=PdCluster(prefill, decode, PdSettings(...))`` (``replicas``, the colocated
+    ones, then defaults to 0; ``docs/pd.md``)."""
+    if replicas is None:
+        replicas = 0 if settings.get("pd") is not None else 1
     tiers = settings.get("tiers", TierSettings())
     mode = str(settings.get("matching", "blocks"))
     capacity_blocks = [c if mode != "radix" else pool_units("capacity_blocks", c, c * RADIX_BLOCK_TOKENS,

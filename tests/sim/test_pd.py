@@ -131,3 +131,13 @@ def test_kvemu_sim_runs_a_pd_cluster_and_refuses_half_of_one(tmp_path, capsys):
     assert main(["sim", "--workload", "chat", "--duration", "60", "--capacity-blocks", "4000", "--quiet",
                  "--prefill-replicas", "1", "--decode-replicas", "1", "--cache-only"]) == 2
     assert "batching mode" in capsys.readouterr().err
+
+
+def test_the_python_api_runs_a_pd_cluster():
+    from kvemu.api import PdCluster, PdSettings, generate_trace
+    from kvemu.api import simulate as api_simulate
+    trace = generate_trace("chat", duration_s=60, seed=3)
+    [run] = api_simulate(trace, ["lru"], [4000], pd=PdCluster(2, 2, PdSettings(decider="always")), model=MODEL)
+    assert run["pd"]["topology"] == {"colocated": 0, "prefill": 2, "decode": 2}
+    assert run["pd"]["requests"]["remote"] == run["served"] == len(trace.requests) - run["refused"]
+    assert [p["pinned_blocks"] for p in run["per_replica"]] == [0, 0, 0, 0]
