@@ -80,7 +80,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="run the policy x capacity cells in this many processes at once (default: all cores)")
     p.add_argument("--json", metavar="FILE", help="write {\"runs\": [...]} here ('-' for stdout)")
     p.add_argument("--csv", metavar="FILE.csv", help="the main scalar columns of every run, one row each")
-    p.add_argument("--plot", metavar="FILE.png", help="hit ratio and CSR against capacity per policy")
+    p.add_argument("--plot", metavar="FILE.png", help="hit ratio and CSR against capacity per policy (a P/D cluster:"
+                   " also FILE-pd.png, its TTFT split and pools)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
 
@@ -255,6 +256,11 @@ def _write_outputs(args, trace: Trace, runs: list[dict]) -> None:
         from sim.sweep_plots import ceiling
         plot_capacity_curves(runs, args.plot, trace_name(trace.source), ceiling(trace, args.response_kv))
         print(f"plot written to {args.plot}", file=sys.stderr)
+        if runs[0].get("pd"):  # a P/D run: its TTFT split and pools beside it, FILE-pd.png
+            from sim.pd_plots import plot_pd_runs
+            path = os.path.splitext(args.plot)[0] + "-pd.png"
+            plot_pd_runs(runs, path, trace_name(trace.source))
+            print(f"plot written to {path}", file=sys.stderr)
 
 
 def run_serial(trace: Trace, grid: list[SimSettings], quiet: bool) -> list[dict]:

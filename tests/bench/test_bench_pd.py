@@ -14,7 +14,8 @@ def test_tiny_study_end_to_end(tmp_path, capsys):
     out = tmp_path / "pd.json"
     rc = bp.main(["--workloads", "chat", "--configs", "colocated,1P:3D always", "--parts", "goodput,estimate",
                   "--duration", "30", "--doublings", "0", "--steps", "0", "--start-scale", "0.05",
-                  "--estimate-capacities", "4000", "--estimate-sessions", "50", "--jobs", "1", "--out", str(out)])
+                  "--estimate-capacities", "4000", "--estimate-sessions", "50", "--jobs", "1", "--out", str(out),
+                  "--plots", str(tmp_path)])
     assert rc == 0
     doc = json.loads(out.read_text())
     assert doc == json.loads(capsys.readouterr().out)  # stdout and --out carry the same document
@@ -40,3 +41,6 @@ def test_tiny_study_end_to_end(tmp_path, capsys):
     assert set(est) == {"pd", "colocated"} and est["pd"]["failover"] == 0
     assert est["pd"]["estimate"] == est["colocated"]["estimate"]  # one estimate, two simulated caches
     assert est["pd"]["difference"] == round(est["pd"]["sim_steady"] - est["pd"]["estimate"], 5)
+    # the figures of the parts it ran (no link or routing part: none of theirs)
+    assert sorted(p.name for p in tmp_path.glob("pd-*.png")) == ["pd-estimate.png", "pd-goodput.png",
+                                                                 "pd-ttft-split.png"]
