@@ -36,15 +36,7 @@ from kvemu.options.limits import (
 )
 from kvemu.options.matching import BLOCK_SIZE, HIT_MODE, MATCHING_OPTION, PAGE_SIZE, matching_setting
 from kvemu.options.option import add_options, forward
-from kvemu.options.pd import (
-    PD_DECIDER_OPTIONS,
-    PD_HOLD_TIMEOUT_OPTION,
-    PD_LINK_OPTIONS,
-    add_pd_args,
-    colocated_default,
-    pd_cluster,
-    topology,
-)
+from kvemu.options.pd import PD_DECIDER_OPTIONS, PD_HOLD_TIMEOUT_OPTION, PD_LINK_OPTIONS, add_pd_args
 from kvemu.options.prefix_caching import PREFIX_CACHING, prefix_caching_setting
 from kvemu.options.replica_flags import ADMIN_TOKEN, ADMIN_TOKEN_ENV, MODEL, POLICY, TIME_SCALE, given_admin_token
 from kvemu.options.response_kv import RESPONSE_KV_OPTION
@@ -54,6 +46,7 @@ from kvemu.options.scheduler import LIVE_SCHEDULER_OPTIONS, check_scheduler_flag
 from kvemu.options.serving import SERVER_OPTIONS, given_cluster_token
 from kvemu.options.tiers import TIER_OPTIONS, add_tier_args, tier_settings
 from kvemu.router_cmd import ROUTER_OPTIONS
+from kvemu.up_pd import members_of, pool_args, validate_pools, validate_topology
 from replica.backends import check_backend, check_backend_flags
 from shared.costmodel import CostModel
 from shared.errors import InputError, KvemuError
@@ -220,23 +213,6 @@ def replica_args(i: int, port: int, a, index: str | None, replica_id: str = "", 
     return args + (["--index", index] if index else [])
 
 
-def pool_args(a, role: str):
-    """The flags of a ``role`` pool's replicas: the cluster's, with the pool's own GPU, capacity and host
-    tier where its shape flags gave them (validate's ``a.pd``, kvemu.options.pd)."""
-    shape = a.pd.shape(role) if getattr(a, "pd", None) is not None and role != "both" else None
-    if shape is None:
-        return a
-    out = argparse.Namespace(**vars(a))
-    if shape.gpu is not None:
-        out.gpu = shape.gpu
-    if shape.capacity_blocks is not None:
-        for o in CAPACITY_OPTIONS:
-            setattr(out, o.dest, None)
-        out.capacity_blocks = shape.capacity_blocks
-    host = getattr(a, f"{role}_host_cache_gib", None)
-    if host is not None:
-        out.host_cache_gib = host
-    return out
 
 
 def router_args(port: int, a, replica_urls: list[str], index: str, roles: list[str] | None = None) -> list[str]:
@@ -284,11 +260,6 @@ def bring_up(a, log_dir: str | None = None) -> Cluster:
     return cluster
 
 
-def members_of(a) -> list[tuple[str, str]]:
-    """``(replica id, role)`` of every replica up starts: the topology validate built (colocated ones alone
-    when none was)."""
-    topo = getattr(a, "topology", None)
-    return topo.members() if topo is not None else [(f"replica-{i}", "both") for i in range(a.replicas)]
 
 
 def _index_for(a, cluster: Cluster, log_dir: str) -> str:
@@ -454,25 +425,8 @@ def validate(a) -> None:
             raise InputError(flag, f"port {port} on 127.0.0.1 is in use; pick another, or stop what listens there")
 
 
-def validate_topology(a) -> None:
-    """``--replicas`` (0 by default beside P/D pools) and the pools as one ``Topology``: a pool without the
-    other, or no replica at all, is one line (its message)."""
-    a.replicas = colocated_default(a, a.replicas, getattr(a, "default_replicas", 4))
-    if a.replicas < 0 or a.replicas > 64:
-        raise InputError("--replicas", f"must be 0-64, got {a.replicas}")
-    a.topology = topology(a, a.replicas)  # its InputError names the flag
-    if a.topology.total > 64:
-        raise InputError("--replicas", f"at most 64 replicas in all, got {a.topology.total}")
 
 
-def validate_pools(a, block_size: int) -> None:
-    """The P/D pools' shapes, decider and link flags (``a.pd``, None for a colocated cluster), as the router and
-    each P/D replica would check them."""
-    a.pd = pd_cluster(a, a.gpu, lambda gpu: CostModel.from_names(a.model, gpu), block_size,
-                      lambda cost, host: tier_settings(argparse.Namespace(**{**vars(a), "host_cache_gib": host}), cost,
-                                                       block_size))
-    if a.pd is not None and not a.pd_hold_timeout_s > 0:
-        raise InputError(PD_HOLD_TIMEOUT_OPTION.flag, f"must be > 0, got {a.pd_hold_timeout_s}")
 
 
 def write_token(cluster: Cluster, a) -> str | None:
