@@ -263,6 +263,75 @@ def summary(chain: dict) -> dict:
     return doc
 
 
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1000:,.0f}" if x >= 0.01 else f"{x * 1000:.1f}"
+
+
+def tables(doc: dict) -> str:
+    """The document's results as markdown tables (what docs/pd.md shows)."""
+    out: list[str] = []
+    if doc.get("goodput"):
+        names = list(next(iter(doc["goodput"].values())))
+        out += ["| workload (objectives) | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+        for w, by in doc["goodput"].items():
+            o = doc["objectives"][w]
+            cells = [f"{by[n]['goodput_rps']:.3g}{'+' if by[n]['capped'] else ''}" if n in by else "-" for n in names]
+            out.append(f"| {w} (TTFT p99 <= {o['ttft_p99_s']:g} s, TPOT p99 <= {o['tpot_p99_s'] * 1000:g} ms) | "
+                       + " | ".join(cells) + " |")
+        out += ["", "| workload | configuration | rate | req/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | hit ratio"
+                " | remote / local / failover | TTFT split p50 ms: queue, prefill, transfer, first decode |",
+                "|---|---|---|---|---|---|---|---|---|"]
+        for w, by in doc["goodput"].items():
+            for n, g in by.items():
+                a = g["at_goodput"]
+                if not a:
+                    out.append(f"| {w} | {n} | none met | | | | | | |")
+                    continue
+                pd = a.get("pd")
+                req = f"{pd['requests']['remote']:,} / {pd['requests']['local']:,} / {pd['requests']['failover']:,}" \
+                    if pd else "-"
+                split = ", ".join(_ms(pd["ttft_split"][f"{k}_p50_s"]) for k in ("queue", "prefill", "transfer",
+                                                                                  "first_decode")) if pd else "-"
+                out.append(f"| {w} | {n} | {a['rate']:.4g} | {a['rps']:.3g} | {_ms(a['ttft_p50_s'])} / "
+                           f"{_ms(a['ttft_p99_s'])} | {_ms(a['tpot_p50_s'])} / {_ms(a['tpot_p99_s'])} | "
+                           f"{a['token_hit_ratio']:.3f} | {req} | {split} |")
+    if doc.get("link"):
+        link = doc["link"]
+        out += ["", f"Link ({link['config']}, {link['workload']}; split at rate {link['rate']}):", "",
+                "| NIC Gb/s | goodput req/s | TTFT p50 / p99 ms | transfer p50 / p99 ms | prefill p50 / p99 ms"
+                " | queue p50 / p99 ms | busiest NIC busy |", "|---|---|---|---|---|---|---|"]
+        for g, v in link["gbps"].items():
+            a, gp = v["at_rate"], v["goodput"]
+            sp = a["pd"]["ttft_split"] if a else {}
+            out.append(f"| {g} | {gp['goodput_rps'] if gp else '-'} | "
+                       + (f"{_ms(a['ttft_p50_s'])} / {_ms(a['ttft_p99_s'])} | "
+                          f"{_ms(sp['transfer_p50_s'])} / {_ms(sp['transfer_p99_s'])} | "
+                          f"{_ms(sp['prefill_p50_s'])} / {_ms(sp['prefill_p99_s'])} | "
+                          f"{_ms(sp['queue_p50_s'])} / {_ms(sp['queue_p99_s'])} | "
+                          f"{a['pd']['busiest_link_utilization']:.1%} |" if a else "- | - | - | - | - |"))
+    if doc.get("routing"):
+        out += ["", "| workload | configuration | rate | prefill routing | prefill pool token hit | TTFT p50 / p99 ms"
+                " | TPOT p99 ms | meets |", "|---|---|---|---|---|---|---|---|"]
+        for w, by in doc["routing"].items():
+            for c, v in by.items():
+                for r in ("cache_aware", "round_robin"):
+                    a = v[r]
+                    out.append(f"| {w} | {c} | {v['rate']:.4g} | {r} | "
+                               f"{a['pd']['pools']['prefill']['token_hit_ratio']:.3f} | {_ms(a['ttft_p50_s'])} / "
+                               f"{_ms(a['ttft_p99_s'])} | {_ms(a['tpot_p99_s'])} | {a['meets']} |")
+    if doc.get("estimate"):
+        out += ["", "| capacity (blocks) | estimate | 1 prefill instance (sim) | difference | colocated, response KV"
+                " dropped (sim) | difference |", "|---|---|---|---|---|---|"]
+        pts = {(p["mode"], p["capacity_blocks"]): p for p in doc["estimate"]["points"]}
+        for cap in sorted({c for _, c in pts}):
+            pd, co = pts.get(("pd", cap)), pts.get(("colocated", cap))
+            est = (pd or co or {}).get("estimate")
+            out.append(f"| {cap:,} | {est:.4f} | "
+                       + (f"{pd['sim_steady']:.4f} | {pd['difference']:+.4f} | " if pd else "- | - | ")
+                       + (f"{co['sim_steady']:.4f} | {co['difference']:+.4f} |" if co else "- | - |"))
+    return "\n".join(out)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated: chat, agent, mooncake")
@@ -279,7 +348,18 @@ def main(argv=None) -> int:
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     p.add_argument("--out", default=None, help="also write the JSON here")
     p.add_argument("--plots", default=None, metavar="DIR", help="draw pd-*.png into DIR")
+    p.add_argument("--from", dest="from_json", default=None, metavar="FILE",
+                   help="run nothing: read a document this script wrote, print its tables (markdown) and draw --plots")
     a = p.parse_args(argv)
+    if a.from_json:
+        with open(a.from_json) as fh:
+            loaded = json.load(fh)
+        print(tables(loaded))
+        if a.plots:
+            from sim.pd_plots import plot_study
+            for path in plot_study(loaded, a.plots):
+                print(f"plot written to {path}", file=sys.stderr)
+        return 0
     workloads = [w for w in a.workloads.split(",") if w]
     configs = [c for c in a.configs.split(",") if c]
     parts = {x for x in a.parts.split(",") if x}

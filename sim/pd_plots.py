@@ -66,40 +66,41 @@ def goodput_figure(doc: dict):
     return fig
 
 
-def _split_bars(ax, labels: list[str], splits: list[dict | None], ttfts: list[tuple[float | None, float | None]],
+def _split_bars(ax, labels: list[str], splits: list[dict | None], ttfts: list[float | None],
                 quantile: str = "p50") -> None:
-    """Stacked bars of the TTFT parts' quantiles (ms), with the whole TTFT's p50 and p99 as markers."""
+    """Stacked bars of the TTFT parts' quantile (ms), with the whole TTFT's same quantile as a marker."""
     left = [0.0] * len(labels)
     for part in PARTS:
         widths = [_ms(s[f"{part}_{quantile}_s"]) if s else 0.0 for s in splits]
         ax.barh(labels, widths, left=left, color=PART_COLORS[part], label=PART_LABELS[part])
         left = [a + b for a, b in zip(left, widths)]
-    ys = range(len(labels))
-    ax.plot([_ms(t[0]) for t in ttfts], ys, "k|", ms=14, mew=2, label="TTFT p50 (every request)")
-    ax.plot([_ms(t[1]) for t in ttfts], ys, "kd", ms=5, label="TTFT p99 (every request)")
+    ax.plot([_ms(t) for t in ttfts], range(len(labels)), "kd", ms=6, label="TTFT of every request, same quantile")
     ax.invert_yaxis()
     ax.grid(axis="x", alpha=0.3)
+    ax.set_xlabel(f"milliseconds (emulated), {quantile} of each part stacked")
 
 
 def ttft_split_figure(doc: dict):
-    """Per workload, at each configuration's goodput: the p50 of each part of a remote-prefill request's TTFT."""
+    """Per workload, at each configuration's goodput: each part of a remote-prefill request's TTFT, its
+    p50 (top row) and its p99 (bottom row)."""
     plt = pyplot()
     goodput = doc["goodput"]
-    fig, axes = plt.subplots(1, len(goodput), figsize=(5.6 * len(goodput), 4.6), squeeze=False)
-    for ax, (w, configs) in zip(axes[0], goodput.items()):
+    fig, axes = plt.subplots(2, len(goodput), figsize=(5.6 * len(goodput), 8.4), squeeze=False)
+    for col, (w, configs) in enumerate(goodput.items()):
         names = [n for n in configs if configs[n]["at_goodput"]]
         ats = [configs[n]["at_goodput"] for n in names]
         labels = [f"{n}\n{a['rps']:.3g} req/s" for n, a in zip(names, ats)]
-        _split_bars(ax, labels, [a.get("pd", {}).get("ttft_split") for a in ats],
-                    [(a["ttft_p50_s"], a["ttft_p99_s"]) for a in ats])
-        ax.set_xlabel("milliseconds (emulated)")
-        ax.set_title(f"{WORKLOAD_TITLES.get(w, w)}: at each configuration's goodput", fontsize=9)
-        ax.tick_params(axis="y", labelsize=8)
+        splits = [a.get("pd", {}).get("ttft_split") for a in ats]
+        for row, q in enumerate(("p50", "p99")):
+            ax = axes[row][col]
+            _split_bars(ax, labels, splits, [a[f"ttft_{q}_s"] for a in ats], q)
+            ax.set_title(f"{WORKLOAD_TITLES.get(w, w)}: TTFT {q}, at each configuration's goodput", fontsize=9)
+            ax.tick_params(axis="y", labelsize=8)
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=6, fontsize=8, frameon=False)
-    fig.suptitle("TTFT split of remote-prefill requests (p50 of each part, stacked; colocated has no split)",
-                 fontsize=11)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.legend(handles, labels, loc="lower center", ncol=5, fontsize=8, frameon=False)
+    fig.suptitle("TTFT split of remote-prefill requests (colocated: no split, its TTFT only; the parts' quantiles"
+                 " stacked need not add up to the TTFT's)", fontsize=11)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
     return fig
 
 
@@ -108,15 +109,15 @@ def link_figure(doc: dict):
     plt = pyplot()
     link = doc["link"]
     gbps = list(link["gbps"])
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.6))
+    fig, (ax0, ax1, ax2) = plt.subplots(1, 3, figsize=(17, 4.8))
     ats = [link["gbps"][g]["at_rate"] for g in gbps]
     labels = [f"{g} Gb/s" for g in gbps]
-    _split_bars(ax1, labels, [a["pd"]["ttft_split"] if a else None for a in ats],
-                [(a["ttft_p50_s"], a["ttft_p99_s"]) if a else (None, None) for a in ats])
-    ax1.set_xlabel("milliseconds (emulated)")
     rate = link["rate"]
-    ax1.set_title(f"TTFT split (p50 of each part) at one load: {rate:g}x the trace's rate\n"
-                  f"(2P:2D's goodput at the default 400 Gb/s)", fontsize=9)
+    for ax, q in ((ax0, "p50"), (ax1, "p99")):
+        _split_bars(ax, labels, [a["pd"]["ttft_split"] if a else None for a in ats],
+                    [a[f"ttft_{q}_s"] if a else None for a in ats], q)
+        ax.set_title(f"TTFT split, {q}, at {rate:g}x the trace's rate\n(2P:2D's goodput at the default 400 Gb/s)",
+                     fontsize=9)
     xs = [float(g) for g in gbps]
     good = [link["gbps"][g]["goodput"]["goodput_rps"] if link["gbps"][g]["goodput"] else None for g in gbps]
     ax2.plot(xs, good, marker="o", color=PALETTE[1], label="goodput")
@@ -134,8 +135,8 @@ def link_figure(doc: dict):
     h2, l2 = twin.get_legend_handles_labels()
     ax2.legend(h1 + h2, l1 + l2, fontsize=8, loc="center right")
     ax2.set_title(f"Goodput by link bandwidth ({_objective(doc, link['workload'])})", fontsize=9)
-    handles, labels = ax1.get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=6, fontsize=8, frameon=False)
+    handles, labels = ax0.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=5, fontsize=8, frameon=False)
     fig.suptitle(f"The KV transfer link: {link['config']} on the {WORKLOAD_TITLES.get(link['workload'])}", fontsize=11)
     fig.tight_layout(rect=(0, 0.06, 1, 1))
     return fig
@@ -154,7 +155,9 @@ def routing_figure(doc: dict):
         p99 = [v[strat]["ttft_p99_s"] * 1000 for _, _, v in rows]
         off = [y + (i - 0.5) * h for y in ys]
         ax1.barh(off, hits, height=h, color=PALETTE[i], label=strat)
-        ax2.plot(p99, off, "o", color=PALETTE[i], ms=7, label=strat)
+        for x, y, (_, _, v) in zip(p99, off, rows):
+            ax2.plot([x], [y], "o", color=PALETTE[i], ms=7, mfc=PALETTE[i] if v[strat]["meets"] else "white")
+        ax2.plot([], [], "o", color=PALETTE[i], ms=7, label=strat)
     for ax in (ax1, ax2):
         ax.set_yticks(list(ys), labels, fontsize=8)
         ax.invert_yaxis()
@@ -165,6 +168,8 @@ def routing_figure(doc: dict):
     ax2.grid(axis="x", which="minor", alpha=0.15)
     ax2.set_xlabel("TTFT p99 (ms, emulated; log scale)")
     ax1.legend(fontsize=8, title="--prefill-routing", title_fontsize=8)
+    ax2.plot([], [], "o", color="0.4", mfc="white", ms=7, label="hollow: misses an objective")
+    ax2.legend(fontsize=8, loc="lower right")
     fig.suptitle("Routing on the prefill pool, at each configuration's goodput load (decode pool: cache_aware)",
                  fontsize=11)
     fig.tight_layout()
@@ -236,12 +241,12 @@ def pd_runs_figure(runs: list[dict], source: str):
     the hit ratio, KV use and busy fraction."""
     plt = pyplot()
     runs = [r for r in runs if r.get("pd")]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 1.0 * len(runs) + 3.2))
+    fig, (ax0, ax1, ax2) = plt.subplots(1, 3, figsize=(17, 1.0 * len(runs) + 3.2))
     labels = [f"{r['policy']} @ {r['capacity_blocks']:,}" for r in runs]
-    _split_bars(ax1, labels, [r["pd"]["ttft_split"] for r in runs], [(r["ttft_p50_s"], r["ttft_p99_s"]) for r in runs])
-    ax1.set_xlabel("milliseconds (emulated)")
-    ax1.set_title("TTFT split of remote-prefill requests (p50 of each part)", fontsize=9)
-    ax1.legend(fontsize=7, loc="lower right")
+    for ax, q in ((ax0, "p50"), (ax1, "p99")):
+        _split_bars(ax, labels, [r["pd"]["ttft_split"] for r in runs], [r[f"ttft_{q}_s"] for r in runs], q)
+        ax.set_title(f"TTFT split of remote-prefill requests, {q}", fontsize=9)
+    ax0.legend(fontsize=7, loc="lower right")
     metrics = (("token_hit_ratio", "token hit ratio"), ("kv_usage_mean", "mean KV use"),
                ("busy_fraction", "busy fraction"))
     rows = [(lab, role, pool) for lab, r in zip(labels, runs) for role, pool in r["pd"]["pools"].items()]

@@ -41,6 +41,8 @@ def test_tiny_study_end_to_end(tmp_path, capsys):
     assert set(est) == {"pd", "colocated"} and est["pd"]["failover"] == 0
     assert est["pd"]["estimate"] == est["colocated"]["estimate"]  # one estimate, two simulated caches
     assert est["pd"]["difference"] == round(est["pd"]["sim_steady"] - est["pd"]["estimate"], 5)
+    text = bp.tables(doc)  # the markdown of docs/pd.md
+    assert "| chat (TTFT p99 <= 1 s, TPOT p99 <= 50 ms) |" in text and "| 4,000 |" in text
     # the figures of the parts it ran (no link or routing part: none of theirs)
     assert sorted(p.name for p in tmp_path.glob("pd-*.png")) == ["pd-estimate.png", "pd-goodput.png",
                                                                  "pd-ttft-split.png"]
