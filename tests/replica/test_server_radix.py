@@ -63,7 +63,9 @@ def test_a_radix_replica_refuses_block_hashes_and_says_what_to_send(cluster):
 def test_a_preset_replayed_on_radix_replicas_goes_as_tokens_and_hits_as_the_simulator_says(cluster, tmp_path):
     router, _ = cluster
     preset = ("--workload", "chat", "--duration", "15", "--set", "session_rate=1", "--seed", "3")
-    done = run_kvemu("replay", "--url", router.url, *preset, "--speedup", "100", "--quiet", "--json",
+    # at 25x: at 100x a loaded machine (two busy cores beside it) left the replay's pacing behind and the
+    # live hit ratio fell to 0.88-0.90, before and after P/D alike
+    done = run_kvemu("replay", "--url", router.url, *preset, "--speedup", "25", "--quiet", "--json",
                      str(tmp_path / "live.json"), timeout=120)
     assert done.returncode == 0, done.stderr
     live = json.loads((tmp_path / "live.json").read_text())["summary"]
