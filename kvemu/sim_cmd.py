@@ -85,7 +85,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
 
-def split_numbers(text: str, conv, field: str) -> list:
+def split_numbers(text: str, conv, field: str, minimum_zero: bool = False) -> list:
+    """A comma-separated list of finite positive numbers (``minimum_zero``: 0 allowed too)."""
     out = []
     for part in text.split(","):
         part = part.strip()
@@ -95,8 +96,8 @@ def split_numbers(text: str, conv, field: str) -> list:
             value = conv(part)
         except ValueError:
             raise InputError(field, f"expected a comma-separated list of numbers, got {part!r}") from None
-        if not 0 < value < float("inf"):  # also refuses nan
-            raise InputError(field, f"must be a finite positive number, got {part}")
+        if not (0 <= value if minimum_zero else 0 < value) or not value < float("inf"):  # also refuses nan
+            raise InputError(field, f"must be a finite {'number >= 0' if minimum_zero else 'positive number'}, got {part}")
         out.append(value)
     if not out:
         raise InputError(field, "is empty")

@@ -19,6 +19,7 @@ from contextlib import closing
 from kvemu.options.config_file import add_config_arg
 from kvemu.options.gpu import gpu_setting
 from kvemu.options.matching import matching_setting, source_unit
+from kvemu.options.pd import add_pd_args, pd_cluster, topology
 from kvemu.options.prefix_caching import prefix_caching_setting
 from kvemu.options.reuse import add_sweep_reuse_arg, sweep_reuse
 from kvemu.options.router_flags import routing_settings
@@ -58,8 +59,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_config_arg(p)
     p.add_argument("--policy", default="lru", metavar="P1,P2,...", help="eviction policies, e.g. lru,s3fifo,belady")
     p.add_argument("--routing", default="cache_aware", metavar="R1,R2,...", help="routing strategies")
-    p.add_argument("--replicas", default="1", metavar="K1,K2,...", help="replica counts")
+    p.add_argument("--replicas", default=None, metavar="K1,K2,...",
+                   help="replica counts (colocated ones; default 1, or 0 beside --prefill-replicas / --decode-replicas)")
     add_emulation_args(p)
+    add_pd_args(p)
     add_sweep_reuse_arg(p)
     p.add_argument("--seed", type=int, default=0, help="workload and routing seed")
     p.add_argument("--out", required=True, metavar="FILE.jsonl", help="results, one JSON line per point")
@@ -123,11 +126,14 @@ def build_grid(args, trace, identity: dict, policies, routings, replicas, caps) 
     tiers = tier_settings(args, CostModel.from_names(args.model, args.gpu), trace.block_size)
     routing = routing_settings(trace.block_size, args.routing_set, tiers.levels(), matching.mode)
     prefix_caching = prefix_caching_setting(args, tiers)
+    pd = pd_cluster(args, args.gpu, lambda gpu: CostModel.from_names(args.model, gpu), trace.block_size,
+                    lambda cost, gib: tier_settings(argparse.Namespace(**{**vars(args), "host_cache_gib": gib}), cost,
+                                                    trace.block_size))
     points: dict[str, Point] = {}
     for rt in routings:
         for k in replicas:
             # one replica: every routing sends everything to it, so its points run once
-            route = routings[0] if k == 1 else rt
+            route = routings[0] if k == 1 and pd is None else rt
             for pol in policies:
                 for c in caps:
                     s = SimSettings(capacity_blocks=c, policy=pol, replicas=k, routing=route, hit_mode=matching.hit_mode,
@@ -137,7 +143,7 @@ def build_grid(args, trace, identity: dict, policies, routings, replicas, caps) 
                                     reuse=sweep_reuse(args), routing_settings=routing,
                                     causal=args.causal, cache_only=args.cache_only, response_kv=args.response_kv,
                                     tiers=tiers, decode_kv=not args.no_decode_kv, prefix_caching=prefix_caching,
-                                    max_model_len=args.max_model_len,
+                                    max_model_len=args.max_model_len, pd=pd,
                                     compiled=not args.python_core)
                     p = make_point(identity, s)
                     points.setdefault(p.id, p)
@@ -148,9 +154,10 @@ def run(args) -> int:
     args.gpu = gpu_setting(args)
     policies = _names(args.policy, "--policy", policy_class)
     routings = _names(args.routing, "--routing", get_strategy)
-    replicas = list(dict.fromkeys(split_numbers(args.replicas, int, "--replicas")))
+    pools = bool(args.prefill_replicas or args.decode_replicas)  # colocated replicas may be 0 beside P/D pools
+    replicas = list(dict.fromkeys(split_numbers(args.replicas or ("0" if pools else "1"), int, "--replicas", pools)))
     _check_scalars(args)
-    check_no_ops(args, replicas)
+    check_no_ops(args, [topology(args, k).total for k in replicas])  # one message for a half P/D cluster
     _check_paths(args)
     if args.plot:
         from sim.sweep_plots import require_matplotlib
@@ -167,7 +174,7 @@ def _sweep(args, runner: Runner, policies: list[str], routings: list[str], repli
     warn_lengths(args, caps, trace.block_size)
     identity, info = _identity(args, trace)
     grid = build_grid(args, trace, identity, policies, routings, replicas, caps)
-    if 1 in replicas and len(routings) > 1 and not args.quiet:
+    if 1 in replicas and len(routings) > 1 and not args.quiet and not (args.prefill_replicas or args.decode_replicas):
         print(f"sweep: with 1 replica every routing sends everything to it: those points run once, as"
               f" {routings[0]} ({(len(routings) - 1) * len(policies) * len(caps)} fewer runs)", file=sys.stderr)
     sources = mrc_sources(identity, grid) if args.plot else []

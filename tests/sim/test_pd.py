@@ -141,3 +141,15 @@ def test_the_python_api_runs_a_pd_cluster():
     assert run["pd"]["topology"] == {"colocated": 0, "prefill": 2, "decode": 2}
     assert run["pd"]["requests"]["remote"] == run["served"] == len(trace.requests) - run["refused"]
     assert [p["pinned_blocks"] for p in run["per_replica"]] == [0, 0, 0, 0]
+
+
+def test_kvemu_sweep_runs_its_grid_on_a_pd_cluster(tmp_path):
+    out = tmp_path / "s.jsonl"
+    assert main(["sweep", "--workload", "chat", "--duration", "60", "--capacity-blocks", "2000,4000", "--quiet",
+                 "--prefill-replicas", "1", "--decode-replicas", "2", "--jobs", "1", "--out", str(out)]) == 0
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(r["capacity_blocks"] for r in records) == [2000, 4000]
+    assert all(r["pd"]["topology"] == {"colocated": 0, "prefill": 1, "decode": 2} and r["replicas"] == 0
+               for r in records)
+    assert main(["sweep", "--workload", "chat", "--duration", "60", "--capacity-blocks", "2000", "--quiet",
+                 "--decode-replicas", "2", "--out", str(tmp_path / "x.jsonl")]) == 2
