@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -18,6 +19,7 @@ from kvemu.options.response_kv import add_response_kv_arg
 from kvemu.options.reuse import add_sim_reuse_args, sim_reuse
 from kvemu.options.router_flags import routing_settings
 from kvemu.options.scheduler import add_scheduler_args, check_scheduler_flags
+from kvemu.options.shared_pool import add_shared_args, shared_settings
 from kvemu.options.source import add_source_args
 from kvemu.options.tiers import add_tier_args, tier_settings
 from kvemu.program import check_outputs
@@ -74,6 +76,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="a policy parameter, given to every policy of --policy (e.g. interval_s=300 for adaptive)")
     add_emulation_args(p)
     add_pd_args(p)
+    add_shared_args(p)
     add_sim_reuse_args(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
@@ -169,6 +172,13 @@ def check_no_ops(args, replicas: list[int]) -> None:
             raise InputError(flag, "does nothing with one replica (every request goes to it): add --replicas N")
 
 
+def _cluster_size(args) -> int:
+    """Replicas of the cluster the flags ask for (the largest of a sweep's), colocated and P/D alike."""
+    counts = args.replicas if isinstance(args.replicas, int) else max(
+        split_numbers(str(args.replicas or "1"), int, "--replicas", True))
+    return counts + args.prefill_replicas + args.decode_replicas
+
+
 def validate_names(policies: list[str], replicas: int, routing: str, pd: bool = False) -> None:
     """What needs no trace is checked before any trace is read or capacity computed."""
     if not policies:
@@ -220,12 +230,15 @@ def runs_of(args) -> tuple[Trace, list[SimSettings]]:
     caps = capacities(args, trace.block_size)
     warn_lengths(args, caps, trace.block_size)
     params = tuple((k, coerce(v)) for k, v in parse_pairs(args.policy_param).items())
-    tiers = tier_settings(args, CostModel.from_names(args.model, args.gpu), trace.block_size)
+    cost = CostModel.from_names(args.model, args.gpu)
+    tiers = dataclasses.replace(tier_settings(args, cost, trace.block_size),
+                                shared=shared_settings(args, cost, trace.block_size, _cluster_size(args)))
     routing = routing_settings(trace.block_size, args.routing_set, tiers.levels(), matching.mode)
     prefix_caching = prefix_caching_setting(args, tiers)
     pd = pd_cluster(args, args.gpu, lambda gpu: CostModel.from_names(args.model, gpu), trace.block_size,
-                    lambda cost, gib: tier_settings(argparse.Namespace(**{**vars(args), "host_cache_gib": gib}), cost,
-                                                    trace.block_size))
+                    lambda cost, gib: dataclasses.replace(tier_settings(
+                        argparse.Namespace(**{**vars(args), "host_cache_gib": gib}), cost, trace.block_size),
+                        shared=tiers.shared))
     grid = [SimSettings(capacity_blocks=c, policy=pol, policy_params=params, replicas=args.replicas, routing=args.routing,
                         hit_mode=matching.hit_mode, matching=matching.mode, seed=args.seed, model=args.model, gpu=args.gpu,
                         token_budget=args.token_budget, max_running=args.max_running, scheduler=args.scheduler,
@@ -317,6 +330,18 @@ def print_table(runs: list[dict], out) -> None:
         out.write("  ".join(cells) + "\n")
         if r.get("pd"):
             out.write(pd_line(r["pd"]) + "\n")
+        if r.get("tiers", {}).get("shared"):
+            out.write(shared_line(r) + "\n")
+
+
+def shared_line(run: dict) -> str:
+    """A run with a shared store: what its blocks came from and what the store did."""
+    stores = run["tiers"]["shared"]
+    used, cap = sum(x["used_blocks"] for x in stores), sum(x["blocks"] for x in stores)
+    return (f"  shared store{'s' if len(stores) > 1 else ''}: {run['shared_block_hit_ratio']:.4f} of blocks read from it"
+            f" (every level {run['all_levels_block_hit_ratio']:.4f}); {used:,}/{cap:,} blocks held,"
+            f" {sum(x['evictions'] for x in stores):,} chunks evicted, {sum(x['refused_writes'] for x in stores):,} writes"
+            f" refused, {sum(x['bytes_moved'] for x in stores) / 1e9:,.1f} GB through it")
 
 
 def pd_line(pd: dict) -> str:

@@ -12,6 +12,7 @@ results file and resuming, ``sim/sweep_plots.py`` for the figure.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from contextlib import closing
@@ -24,9 +25,10 @@ from kvemu.options.prefix_caching import prefix_caching_setting
 from kvemu.options.reuse import add_sweep_reuse_arg, sweep_reuse
 from kvemu.options.router_flags import routing_settings
 from kvemu.options.scheduler import check_scheduler_flags
+from kvemu.options.shared_pool import add_shared_args, shared_settings
 from kvemu.options.source import add_source_args
 from kvemu.options.tiers import tier_settings
-from kvemu.sim_cmd import add_emulation_args, capacities, check_no_ops, split_numbers, warn_lengths
+from kvemu.sim_cmd import _cluster_size, add_emulation_args, capacities, check_no_ops, split_numbers, warn_lengths
 from loadgen.formats import detect_format
 from loadgen.source import load_source
 from replica.core.cache.policies import policy_class
@@ -63,6 +65,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="replica counts (colocated ones; default 1, or 0 beside --prefill-replicas / --decode-replicas)")
     add_emulation_args(p)
     add_pd_args(p)
+    add_shared_args(p)
     add_sweep_reuse_arg(p)
     p.add_argument("--seed", type=int, default=0, help="workload and routing seed")
     p.add_argument("--out", required=True, metavar="FILE.jsonl", help="results, one JSON line per point")
@@ -123,12 +126,15 @@ def _identity(args, trace) -> tuple[dict, dict]:
 
 def build_grid(args, trace, identity: dict, policies, routings, replicas, caps) -> list:
     matching = matching_setting(args)
-    tiers = tier_settings(args, CostModel.from_names(args.model, args.gpu), trace.block_size)
+    cost = CostModel.from_names(args.model, args.gpu)
+    tiers = dataclasses.replace(tier_settings(args, cost, trace.block_size),
+                                shared=shared_settings(args, cost, trace.block_size, _cluster_size(args)))
     routing = routing_settings(trace.block_size, args.routing_set, tiers.levels(), matching.mode)
     prefix_caching = prefix_caching_setting(args, tiers)
     pd = pd_cluster(args, args.gpu, lambda gpu: CostModel.from_names(args.model, gpu), trace.block_size,
-                    lambda cost, gib: tier_settings(argparse.Namespace(**{**vars(args), "host_cache_gib": gib}), cost,
-                                                    trace.block_size))
+                    lambda cost, gib: dataclasses.replace(tier_settings(
+                        argparse.Namespace(**{**vars(args), "host_cache_gib": gib}), cost, trace.block_size),
+                        shared=tiers.shared))
     points: dict[str, Point] = {}
     for rt in routings:
         for k in replicas:

@@ -92,11 +92,12 @@ class PdSimulation(Simulation):
 
     def _build(self, s: SimSettings, events: bool, hashes_fit: bool) -> list[_Replica]:
         out = []
+        stores = self._shared_stores(s.tiers, len(self.roles))
         for i, (replica_id, _) in enumerate(self.roles.items()):
             ps = self._pool_settings(replica_id)
             cost = self.costs.setdefault(replica_id, CostModel.from_names(ps.model, ps.gpu))
             out.append(_build_replica(i, ps, self.trace.block_size, cost, events, len(self.trace.requests),
-                                      hashes_fit, replica_id))
+                                      hashes_fit, replica_id, stores[i] if stores else None))
         return out
 
     def _wants_index(self, s: SimSettings) -> bool:

@@ -26,7 +26,8 @@ from replica.core.cache.types import Lookup
 from replica.core.compiled.pool import CompiledPool, compiles, hashes_fit, hashes_u64, prefix_matches
 from replica.core.sched.scheduler import SchedRequest, Scheduler, StepResult
 from replica.core.tiers.levels import level_hit_costs
-from replica.core.tiers.stack import TierStack
+from replica.core.tiers.shared import SharedStore
+from replica.core.tiers.stack import TierSettings, TierStack
 from router.strategies import ReplicaState, RouteRequest, RoutingSettings, RoutingStep, strategy_spec
 from shared import compiled_modules
 from shared.costmodel import CostModel
@@ -156,8 +157,9 @@ class PoolIndex:
 
 
 def _build_replica(i: int, s: SimSettings, block_size: int, cost: CostModel, indexed: bool,
-                   requests: int, hashes_fit: bool, replica_id: str = "") -> _Replica:
-    core = build_core(core_settings(s, block_size, cost, indexed, requests), cost, hashes_fit=hashes_fit)
+                   requests: int, hashes_fit: bool, replica_id: str = "", shared: SharedStore | None = None) -> _Replica:
+    core = build_core(core_settings(s, block_size, cost, indexed, requests), cost, hashes_fit=hashes_fit,
+                      shared=shared)
     replica_id = replica_id or f"replica-{i}"  # the ids `kvemu up` gives, so session routing hashes the same ring
     return _Replica(replica_id, core, core.scheduler, ReplicaState(replica_id, capacity_blocks=s.capacity_blocks),
                     tiers=core.tiers)
@@ -215,8 +217,21 @@ class Simulation:
         self.first_arrival = self.last_arrival = self.last_finish = 0.0
 
     def _build(self, s: SimSettings, events: bool, hashes_fit: bool) -> list[_Replica]:
-        return [_build_replica(i, s, self.trace.block_size, self.cost, events, len(self.trace.requests), hashes_fit)
+        stores = self._shared_stores(s.tiers, s.replicas)
+        return [_build_replica(i, s, self.trace.block_size, self.cost, events, len(self.trace.requests), hashes_fit,
+                               shared=stores[i] if stores else None)
                 for i in range(s.replicas)]
+
+    def _shared_stores(self, tiers: TierSettings, replicas: int) -> list[SharedStore]:
+        """Each replica's shared store, in replica order: one for the cluster, or one per ``scope`` replicas
+        (none without a shared level); kept in ``self.stores``."""
+        shared = tiers.shared
+        if shared is None:
+            self.stores: list[SharedStore] = []
+            return []
+        per = shared.scope or replicas
+        self.stores = [SharedStore(shared, emit_events=False) for _ in range(-(-replicas // per))]
+        return [self.stores[i // per] for i in range(replicas)]
 
     def _refuse(self) -> int:
         """Refuse, ahead of the run, every request that could never run on these replicas
@@ -504,6 +519,7 @@ class Simulation:
         if not stacks:
             out: dict = {"hbm_block_hit_ratio": ratio(counts.block_hits, counts.block_accesses)}
             out.update({f"{lv.kind}_block_hit_ratio": 0.0 for lv in levels})
+            out["all_levels_block_hit_ratio"] = out["hbm_block_hit_ratio"]
             return {**out, "fetched_blocks": 0, "recomputed_blocks": counts.block_accesses - counts.block_hits}
         c = [t.counters for t in stacks]
         n = sum(x.accessed_blocks for x in c)
@@ -515,9 +531,12 @@ class Simulation:
         s = stacks[0].settings
         out = {"hbm_block_hit_ratio": ratio(hits[0], n)}
         out.update({f"{lv.kind}_block_hit_ratio": ratio(hits[k], n) for k, lv in enumerate(levels, 1)})
+        out["all_levels_block_hit_ratio"] = ratio(sum(hits), n)  # reused from any level: what was not recomputed
         tiers: dict = {"mode": s.mode, "fetch": s.fetch}
         tiers.update({f"{lv.kind}_blocks": lv.blocks for lv in levels})
         tiers.update({f"{lv.kind}_policy": lv.policy for lv in levels})
+        if self.stores:  # the shared level's stores, as many as its scope makes
+            tiers["shared"] = [store.stats() for store in self.stores]
         tiers.update({"host_link_gbps": s.host_link_gbps, "bytes_moved": moved,
                       "demoted_blocks": sum(x.demoted for x in c), "dropped_blocks": sum(x.dropped for x in c),
                       # held by a lower level but recomputed: --fetch auto found the restore slower

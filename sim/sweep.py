@@ -80,7 +80,7 @@ LATER_PARAMS = {"block_tokens": 16}
 # default, so results written before them keep their ids and `--resume` still finds them.
 LATER_DEFAULTS = {"scheduler": "fcfs", "prefix_caching": "on", "max_model_len": None, "pd": None}
 # The same within nested settings: memory levels below SSD, and their routing hit costs.
-LATER_NESTED_DEFAULTS = {("tiers", "deeper"): (), ("routing_settings", "deeper_hit_costs"): (),
+LATER_NESTED_DEFAULTS = {("tiers", "deeper"): (), ("tiers", "shared"): None, ("routing_settings", "deeper_hit_costs"): (),
                          ("routing_settings", "load_block_size"): 0}
 
 

@@ -20,6 +20,7 @@ from replica.core.sched.sched_types import (
     DEFAULT_WATERMARK,
 )
 from replica.core.sched.scheduler import Scheduler, SchedulerSettings, check_admission
+from replica.core.tiers.shared import SharedStore
 from replica.core.tiers.stack import TierSettings, TierStack
 from shared.costmodel import CostModel
 from shared.errors import InputError
@@ -222,12 +223,14 @@ def _reuse_tracker(s: CoreSettings) -> ReuseDistanceTracker | ShardsTracker | No
     return None
 
 
-def build_core(s: CoreSettings, cost: CostModel, *, hashes_fit: bool = True) -> ReplicaCore:
+def build_core(s: CoreSettings, cost: CostModel, *, hashes_fit: bool = True,
+               shared: SharedStore | None = None) -> ReplicaCore:
     """Metrics, policy, pool and scheduler, wired the same way wherever a replica runs.
 
     The metrics (CSR) and cost-aware policies share one depth-cost table from the cost model.
     ``hashes_fit``: every block hash the core will see is a 64-bit unsigned integer (the simulator
     knows its trace's); with ``s.compiled``, ``compilable`` decides whether the compiled twin runs.
+    ``shared``: the store of a shared level (``s.tiers.shared``), one object for every replica it serves.
     """
     policy = make_policy(s.policy, **dict(s.policy_params))
     if policy.needs_future and not s.oracles:
@@ -239,7 +242,7 @@ def build_core(s: CoreSettings, cost: CostModel, *, hashes_fit: bool = True) -> 
     pool = BlockPool(s.capacity_blocks, policy, block_size=bs, hit_mode=s.hit_mode, metrics=metrics,
                      emit_events=s.emit_events, block_cost=costs,
                      prefix_caching=s.prefix_caching == "on")
-    tiers = TierStack(s.tiers, pool, cost.block_bytes(bs), costs, s.tier_events) if s.tiers.enabled else None
+    tiers = TierStack(s.tiers, pool, cost.block_bytes(bs), costs, s.tier_events, shared) if s.tiers.enabled else None
     why = why_not(pool, tiers=tiers is not None, keeps_response_kv=s.response_kv == "keep",
                   hbm_caching=s.tiers.hbm_caching, hashes_fit=hashes_fit) if s.compiled else None
     fast = CompiledPool(pool) if s.compiled and why is None else None

@@ -42,7 +42,7 @@ from __future__ import annotations
 from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import Protocol
+from typing import Protocol, cast
 
 from replica.core.cache.costs import DepthCosts
 from replica.core.cache.policies import make_policy, policy_class
@@ -50,6 +50,7 @@ from replica.core.cache.pool import Allocation, BlockPool, KvEvent
 from replica.core.cache.types import Lookup
 from replica.core.tiers.levels import SSD_READ_GBPS, SSD_WRITE_GBPS, LevelSettings, level_kind
 from replica.core.tiers.link import Link, Transfer
+from replica.core.tiers.shared import SharedSettings, SharedStore
 from shared.errors import InputError
 from shared.index.base import level_key, lower_run_counts
 from shared.validate import check_number
@@ -89,6 +90,8 @@ class TierSettings:
     # (0: the all-reduce has a link of its own, or there is none).
     tp_bytes_per_token: float = 0.0
     tp_comm_s_per_token: float = 0.0
+    # The store the cluster's replicas share, the last level (replica/core/tiers/shared.py); None: none
+    shared: SharedSettings | None = None
 
     def __post_init__(self) -> None:
         for name in ("host_blocks", "ssd_blocks"):
@@ -103,6 +106,8 @@ class TierSettings:
             check_number(name, getattr(self, name), above=0)
         for name in ("tp_bytes_per_token", "tp_comm_s_per_token"):
             check_number(name, getattr(self, name), minimum=0)
+        if any(level.kind == "shared" for level in self.deeper):
+            raise InputError("deeper", "the shared level is set by TierSettings.shared (it is the last level)")
         if any(level_kind(level.kind).host_memory for level in self.deeper):
             raise InputError("deeper", "host memory is level 1 and only level 1 (the device link's other end)")
         for level in self.levels():
@@ -114,7 +119,9 @@ class TierSettings:
         return (LevelSettings("host", self.host_blocks, self.host_policy, self.host_link_gbps, self.host_link_gbps,
                               self.host_copy_overhead_s),
                 LevelSettings("ssd", self.ssd_blocks, self.ssd_policy, self.ssd_read_gbps, self.ssd_write_gbps),
-                *self.deeper)
+                *self.deeper,
+                *((LevelSettings("shared", self.shared.blocks, "lru", self.shared.nic_gbps / 8,
+                                 self.shared.nic_gbps / 8),) if self.shared is not None else ()))
 
     @property
     def enabled(self) -> bool:
@@ -239,6 +246,12 @@ class Level:
     serving: LevelPool
     link: Link | None  # its own link up; None: host memory, whose link is the device link
     write_bw: float  # bytes/s a write down to it takes on ``link``
+    # the shared store's aggregate link, which every replica's transfers to it cross too (None: own level)
+    pool_link: Link | None = None
+
+    @property
+    def shared(self) -> bool:
+        return self.pool_link is not None
 
     @property
     def held(self) -> Container[int]:
@@ -254,7 +267,8 @@ class TierStack:
     """The levels below one HBM pool; see the module docstring."""
 
     def __init__(self, settings: TierSettings, hbm: BlockPool, block_bytes: int,
-                 recompute_cost: Callable[[int], float], emit_events: bool = False) -> None:
+                 recompute_cost: Callable[[int], float], emit_events: bool = False,
+                 shared: SharedStore | None = None) -> None:
         self.settings = settings
         self.emit_events = emit_events  # the tier pools' stored / removed events, for a router's index
         self.hbm = hbm
@@ -275,18 +289,32 @@ class TierStack:
         # level configured without capacity keeps its link, so every link is reported (0 bytes).
         self._links = {lv.kind: Link(lv.kind, lv.read * GB, lv.per_copy_s)
                        for lv in configured if not level_kind(lv.kind).host_memory}
+        if settings.shared is not None:  # a read starts with the store's metadata round trip
+            self._links["shared"].latency_s = settings.shared.ttfb_s
         # The levels that hold blocks, in order: where demotions go.
-        self.levels = [Level(k, lv.kind, BlockPool(lv.blocks, make_policy(lv.policy), emit_events=emit_events),
-                             self._links.get(lv.kind), lv.write * GB)
-                       for k, lv in enumerate(configured, 1) if lv.blocks > 0]
+        self.levels = [self._level(k, lv, emit_events, shared) for k, lv in enumerate(configured, 1) if lv.blocks > 0]
         self._now = 0.0
         # reads staged from SSD (or any level behind host memory) for waiting requests, by block hash
         self._staged: dict[int, tuple[Link, Transfer]] = {}
         self.copies: TierCopies | None = None  # a backend with real K/V executes the moves
         hbm.evicted_sink = self._hbm_evicted
         for k, level in enumerate(self.levels):
-            level.pool.evicted_sink = self._spiller(level, self.levels[k + 1] if k + 1 < len(self.levels) else None)
+            if not level.shared:  # the shared store's evictions leave the cluster
+                level.pool.evicted_sink = self._spiller(level, self.levels[k + 1] if k + 1 < len(self.levels) else None)
         self.queries: LevelQueries = HeldLevels([lv.held for lv in self.levels])
+
+    def _level(self, k: int, lv: LevelSettings, emit_events: bool, shared: SharedStore | None) -> Level:
+        if lv.kind != "shared":
+            return Level(k, lv.kind, BlockPool(lv.blocks, make_policy(lv.policy), emit_events=emit_events),
+                         self._links.get(lv.kind), lv.write * GB)
+        if shared is None:
+            raise InputError("shared", "a shared level needs its store: the simulator or the pool service gives it")
+        return Level(k, lv.kind, cast(LevelPool, shared), self._links["shared"], lv.write * GB, shared.link)
+
+    @property
+    def shared(self) -> Level | None:
+        """The shared store's level, where there is one (always the last)."""
+        return self.levels[-1] if self.levels and self.levels[-1].shared else None
 
     def serve_levels_with(self, twin: Callable[[str, BlockPool], LevelPool | None],
                           queries: Callable[[list], LevelQueries]) -> None:
@@ -295,6 +323,8 @@ class TierStack:
         where every level has one, ``queries`` of their list answers the stack's ``LevelQueries``."""
         twins = []
         for level in self.levels:
+            if level.shared:  # one store for many replicas: no twin of its own
+                continue
             fast = twin(level.name, level.pool)
             if fast is not None:
                 level.serving = fast
@@ -318,12 +348,16 @@ class TierStack:
     # ---- events (a router's index learns what each level holds) ---------------------
     def drain_events(self) -> list[KvEvent]:
         """The level pools' ``stored`` / ``removed`` events since the last drain, tagged with their level index."""
-        return [KvEvent(e.kind, e.hashes, lv.index) for lv in self.levels for e in lv.pool.drain_events()]
+        # the shared store's residency is the store's to publish, not each replica's
+        return [KvEvent(e.kind, e.hashes, lv.index) for lv in self.levels if not lv.shared
+                for e in lv.pool.drain_events()]
 
     def snapshot_events(self) -> list[KvEvent]:
         """``stored`` of every block each level holds (a resync), dropping the events not yet drained."""
         out = []
         for lv in self.levels:
+            if lv.shared:
+                continue
             lv.pool.drain_events()
             if lv.pool.resident:
                 out.append(KvEvent("stored", tuple(lv.pool.resident), lv.index))
@@ -362,6 +396,10 @@ class TierStack:
         """A request finished (its prompt's ``hashes``, then the response blocks it ``stored``). Without
         HBM caching its blocks no other request holds leave HBM for the tiers below (written down
         first in exclusive mode)."""
+        shared = self.shared
+        if shared is not None and self.settings.shared is not None and self.settings.shared.write == "through":
+            self._now = max(self._now, now)  # LMCache's write-through: what it computed, in chunks from depth 0
+            self._store(shared, [*hashes, *stored] if self.settings.shared.chunk_blocks == 1 else hashes, "hbm")
         if self.settings.hbm_caching:  # the default: nothing to do, so nothing joined
             return
         self._now = max(self._now, now)
@@ -386,6 +424,8 @@ class TierStack:
             self.d2h.start(self._now, nbytes, copies=len(new))
         if level.link is not None:
             level.link.start(self._now, nbytes, rate=level.write_bw)
+        if level.pool_link is not None:
+            level.pool_link.start(self._now, nbytes)
         if room > 0 and self.copies is not None:
             self.copies.copy(src, level.name, [h for h in new[:room] if h in held])
         if len(new) > room:  # no room even after evicting: on to the next level, or gone
@@ -510,9 +550,11 @@ class TierStack:
         if level.link is not None:
             unstaged = sum(1 for h in run if h not in plan.staged)
             if unstaged:
-                tr = level.link.start(self._now, unstaged * self.block_bytes)
-                plan.started.append((level.link, tr))
-                plan.waits.append((level.link, tr))
+                for link in (level.link, level.pool_link):  # the shared store's aggregate too
+                    if link is not None:
+                        tr = link.start(self._now, unstaged * self.block_bytes)
+                        plan.started.append((link, tr))
+                        plan.waits.append((link, tr))
             plan.waits.extend(reads)
         tr = self.h2d.start(self._now, nbytes, copies=len(run))
         plan.started.append((self.h2d, tr))
@@ -529,6 +571,8 @@ class TierStack:
             return host
         todo = blocks if unstaged is None else unstaged
         read = level.link.estimate(now, todo * bb) if todo else 0.0
+        if todo and level.pool_link is not None:  # the shared store's aggregate, as busy as the cluster makes it
+            read = max(read, level.pool_link.estimate(now, todo * bb))
         staged = max((link.finish(tr) - now for link, tr in reads), default=0.0)
         return max(read, staged, host)
 
@@ -566,7 +610,9 @@ class TierStack:
             "dropped_blocks": c.dropped, "bytes_moved": {link.name: link.bytes_moved for link in self.links()},
         })
         for lv in self.levels:
-            out[f"{lv.name}_blocks"] = lv.pool.capacity
+            out[f"{lv.name}_blocks"] = lv.serving.capacity
+            if lv.shared:  # the store's own figures are the store's (SharedStore.stats)
+                continue
             out[f"{lv.name}_used_blocks"] = lv.pool.used
             out[f"{lv.name}_policy"] = lv.pool.policy.name
         return out

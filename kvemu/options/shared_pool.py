@@ -1,0 +1,73 @@
+"""The shared KV level's flags (replica/core/tiers/shared.py), for `kvemu sim` and `sweep`:
+``--shared-cache-gib`` (the store's capacity; 0, the default: none), ``--shared-chunk-tokens``,
+``--shared-eviction``, ``--shared-write``, ``--shared-nic-gbps``, ``--shared-pool-gbps``,
+``--shared-ttfb-us`` and ``--shared-scope``."""
+
+from __future__ import annotations
+
+import argparse
+
+from kvemu.options.option import Option, add_options
+from replica.core.tiers.shared import (
+    DEFAULT_NIC_GBPS,
+    DEFAULT_POOL_GBPS,
+    DEFAULT_TTFB_S,
+    SHARED_EVICTIONS,
+    SHARED_WRITES,
+    SharedSettings,
+)
+from shared.costmodel import CostModel
+from shared.errors import InputError
+from shared.validate import check_number
+
+SHARED_OPTIONS = (
+    Option("--shared-cache-gib", 0.0, "a KV store every replica reads and writes (Mooncake's store, LMCache's remote"
+           " level), GiB in all, below each replica's own tiers (default 0: none)", float, metavar="G"),
+    Option("--shared-chunk-tokens", None, "its objects: chunks of N tokens of a prompt, a multiple of the block size"
+           " (LMCache 256; default one block); chunks of several blocks need --shared-write through", int,
+           metavar="N"),
+    Option("--shared-eviction", "mooncake", "mooncake: from a 90% high watermark evict 5% of objects, least"
+           " recently used first, skipping those read in the last 10 s; lru: one at a time", choices=SHARED_EVICTIONS),
+    Option("--shared-write", "evict", "evict: a replica writes what its last own level evicts; through: every full"
+           " chunk it computes (LMCache's write-through at prefill)", choices=SHARED_WRITES),
+    Option("--shared-nic-gbps", DEFAULT_NIC_GBPS, f"each replica's link to the store, Gb/s per direction (default"
+           f" {DEFAULT_NIC_GBPS:g})", float, metavar="GB/S"),
+    Option("--shared-pool-gbps", DEFAULT_POOL_GBPS, f"the store's aggregate bandwidth, Gb/s per direction, shared by"
+           f" every replica's transfers (default {DEFAULT_POOL_GBPS:g})", float, metavar="GB/S"),
+    Option("--shared-ttfb-us", DEFAULT_TTFB_S * 1e6, f"a read's metadata round trip to the store, microseconds"
+           f" (default {DEFAULT_TTFB_S * 1e6:g})", float, metavar="US"),
+    Option("--shared-scope", 0, "replicas per store: 0, one store for the cluster (default); K, one per K replicas"
+           " in id order", int, metavar="K"),
+)
+
+
+def add_shared_args(p: argparse.ArgumentParser) -> None:
+    add_options(p.add_argument_group("a KV store shared by the replicas"), SHARED_OPTIONS)
+
+
+def shared_settings(args: argparse.Namespace, cost: CostModel, block_size: int, replicas: int) -> SharedSettings | None:
+    """The flags as one validated ``SharedSettings`` (capacity and chunks in blocks of ``block_size``); None
+    without a store, refusing the flags that would shape one."""
+    gib = check_number("--shared-cache-gib", args.shared_cache_gib, minimum=0)
+    if gib == 0:
+        given = [o.flag for o in SHARED_OPTIONS[1:] if getattr(args, o.dest) != o.default]
+        if given:
+            raise InputError(given[0], "shapes a shared KV store, but there is none: give --shared-cache-gib G")
+        return None
+    blocks = cost.gib_to_blocks(gib, block_size)
+    if blocks < 1:
+        raise InputError("--shared-cache-gib", f"{gib:g} GiB holds no block of {block_size} tokens of this model")
+    chunk = args.shared_chunk_tokens
+    if chunk is not None and (chunk < block_size or chunk % block_size):
+        raise InputError("--shared-chunk-tokens", f"must be a multiple of the block size ({block_size} tokens),"
+                                                  f" got {chunk}")
+    if chunk is not None and chunk > block_size and args.shared_write == "evict":
+        raise InputError("--shared-write", f"chunks of {chunk} tokens are written whole, at prefill: give --shared-write"
+                                           " through (a replica's evictions come a block at a time)")
+    scope = args.shared_scope
+    if scope < 0 or scope > replicas:
+        raise InputError("--shared-scope", f"must be 0 (the whole cluster) or a group size of 1 to {replicas} replicas"
+                                           f" (the cluster has {replicas}), got {scope}")
+    ttfb = check_number("--shared-ttfb-us", args.shared_ttfb_us, minimum=0)
+    return SharedSettings(blocks, (chunk or block_size) // block_size, args.shared_eviction, args.shared_write,
+                          args.shared_nic_gbps, args.shared_pool_gbps, ttfb / 1e6, scope)

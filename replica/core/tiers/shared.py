@@ -1,0 +1,206 @@
+"""A KV level shared by the replicas of a cluster (or of a group of them): Mooncake's store, LMCache's
+remote level, SGLang's HiCache storage. Pure and synchronous, like every level.
+
+It is the last level of every replica's hierarchy (``TierStack``), below its own host DRAM and SSD,
+and one ``SharedStore`` object serves every replica of its scope: what one replica writes, every
+other one reads. What differs from a replica's own level:
+
+* **Objects, not blocks.** The store holds chunks of ``chunk_blocks`` consecutive blocks of a prompt
+  (LMCache's 256-token chunks, a Mooncake trace's 512-token ids; 1: one block each), keyed by the
+  hash of the chunk's last block (the chained hash names the whole prefix up to it). A block counts as
+  held only inside a resident chunk, so a lookup reuses whole chunks.
+* **Writes**: ``evict`` (the default) writes what a replica evicts from its last own level (blocks,
+  one chunk each: evictions come a block at a time, so chunks of several blocks need ``through``);
+  ``through`` writes every full chunk a replica computes, at prefill, as LMCache stores.
+* **Eviction**: ``mooncake``, Mooncake's store: once a write lifts the store above its high watermark
+  (90% of its capacity), it evicts 5% of its objects in approximate-LRU order (least recently
+  written or read first), skipping objects under a read lease (10 s after a lookup that read them);
+  a write that finds no room even so is refused (counted), as Mooncake's put fails when full.
+  ``lru``: the least recently used unleased object goes, one at a time, until the write fits.
+* **Never removed on a fetch**: a read leaves the object where it is (the other replicas want it).
+* **Its links**: each replica's NIC (the level's own link in the replica's stack) and the store's
+  aggregate bandwidth (``link``: one ``Link`` shared by every replica's transfers), both shared by
+  the transfers in flight; a read starts with a metadata round trip to the store's master (``ttfb_s``).
+
+Defaults (``SharedSettings``): 400 Gb/s per replica (a ConnectX-7, as a P/D link), 80 GB/s aggregate
+and 0.1 ms to first byte (NVIDIA's aisimulate's cluster-shared host level, its own modelling
+assumptions), chunks of one block.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from replica.core.cache.pool import Allocation, KvEvent
+from replica.core.cache.types import Lookup
+from replica.core.tiers.link import Link
+from shared.errors import InputError
+from shared.validate import check_int, check_number
+
+SHARED_EVICTIONS = ("mooncake", "lru")
+SHARED_WRITES = ("evict", "through")
+DEFAULT_NIC_GBPS = 400.0  # Gb/s per replica
+DEFAULT_POOL_GBPS = 640.0  # Gb/s aggregate (80 GB/s)
+DEFAULT_TTFB_S = 1e-4
+HIGH_WATERMARK = 0.9
+EVICT_FRACTION = 0.05
+LEASE_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class SharedSettings:
+    """The shared level: capacity in blocks, its objects, writes, eviction and links."""
+
+    blocks: int
+    chunk_blocks: int = 1
+    eviction: str = "mooncake"
+    write: str = "evict"
+    nic_gbps: float = DEFAULT_NIC_GBPS  # each replica's link to the store, Gb/s per direction
+    pool_gbps: float = DEFAULT_POOL_GBPS  # the store's aggregate, Gb/s per direction
+    ttfb_s: float = DEFAULT_TTFB_S
+    scope: int = 0  # replicas per store: 0, one store for the whole cluster; k, one per k replicas in id order
+
+    def __post_init__(self) -> None:
+        check_int("shared_blocks", self.blocks, minimum=1)
+        check_int("shared_chunk_blocks", self.chunk_blocks, minimum=1)
+        check_int("shared_scope", self.scope, minimum=0)
+        if self.eviction not in SHARED_EVICTIONS:
+            raise InputError("shared_eviction", f"must be one of {', '.join(SHARED_EVICTIONS)}, got {self.eviction!r}")
+        if self.write not in SHARED_WRITES:
+            raise InputError("shared_write", f"must be one of {', '.join(SHARED_WRITES)}, got {self.write!r}")
+        if self.chunk_blocks > 1 and self.write == "evict":
+            raise InputError("shared_write", "chunks of several blocks are written whole, at prefill: use write"
+                                             " 'through' (evictions come a block at a time)")
+        if self.chunk_blocks > self.blocks:
+            raise InputError("shared_blocks", f"{self.blocks} blocks hold no chunk of {self.chunk_blocks} blocks")
+        check_number("shared_nic_gbps", self.nic_gbps, above=0)
+        check_number("shared_pool_gbps", self.pool_gbps, above=0)
+        check_number("shared_ttfb_s", self.ttfb_s, minimum=0)
+
+
+@dataclass(slots=True)
+class SharedCounters:
+    writes: int = 0  # chunks written (new)
+    refused: int = 0  # chunks a write found no room for
+    reads: int = 0  # chunks read by a fetch
+    evictions: int = 0  # chunks evicted
+    lookups: int = 0
+
+
+@dataclass(eq=False)
+class SharedStore:
+    """One shared store (see the module docstring); a ``LevelPool`` for every replica's ``TierStack``."""
+
+    settings: SharedSettings
+    link: Link = field(init=False)  # the aggregate bandwidth every replica's transfers share
+    emit_events: bool = True
+    chunks: OrderedDict[int, tuple[int, ...]] = field(default_factory=OrderedDict)  # key -> blocks, LRU first
+    held: dict[int, int] = field(default_factory=dict)  # block hash -> its chunk's key
+    leases: dict[int, float] = field(default_factory=dict)  # chunk key -> lease end
+    events: list[KvEvent] = field(default_factory=list)
+    counters: SharedCounters = field(default_factory=SharedCounters)
+
+    def __post_init__(self) -> None:
+        s = self.settings
+        self.link = Link("shared_pool", s.pool_gbps * 1e9 / 8, latency_s=0.0)
+
+    # ---- the LevelPool protocol ------------------------------------------------------
+    @property
+    def capacity(self) -> int:
+        return self.settings.blocks
+
+    @property
+    def pinned(self) -> int:
+        return 0  # a read lease protects from eviction but holds no room
+
+    @property
+    def used(self) -> int:
+        return len(self.held)
+
+    def absent(self, hashes: Sequence[int]) -> list[int]:
+        return [h for h in hashes if h not in self.held]
+
+    def admit(self, hashes: Sequence[int], now: float = 0.0) -> None:
+        self.admit_absent(hashes, now)
+
+    def admit_absent(self, hashes: Sequence[int], now: float = 0.0) -> list[int]:
+        """A write of ``hashes`` (a prompt's blocks from depth 0 for chunks of several blocks): the full
+        chunks not held are stored where room is made; returns the blocks newly written (what crosses)."""
+        n = self.settings.chunk_blocks
+        written: list[int] = []
+        for i in range(0, len(hashes) - n + 1, n):
+            chunk = tuple(hashes[i:i + n])
+            key = chunk[-1]
+            if key in self.chunks:
+                self.chunks.move_to_end(key)
+                continue
+            if not self._room_for(n, now):
+                self.counters.refused += 1
+                continue
+            self.chunks[key] = chunk
+            for h in chunk:
+                self.held[h] = key
+            written.extend(chunk)
+            self.counters.writes += 1
+            if self.emit_events:
+                self.events.append(KvEvent("stored", chunk))
+        if written and self.settings.eviction == "mooncake" and self.used > HIGH_WATERMARK * self.capacity:
+            self._evict(max(1, int(EVICT_FRACTION * len(self.chunks))), now)
+        return written
+
+    def acquire(self, lookup: Lookup) -> Allocation:
+        """A fetch of ``lookup.hashes`` (all held): their chunks are read, each under a lease."""
+        until = lookup.now + LEASE_S
+        keys = dict.fromkeys(self.held[h] for h in lookup.hashes if h in self.held)
+        for key in keys:
+            self.chunks.move_to_end(key)
+            self.leases[key] = until
+        self.counters.reads += len(keys)
+        return Allocation(lookup.hashes, [], [], [], lookup.session)
+
+    def release(self, alloc: Allocation, now: float = 0.0) -> None:
+        """Nothing to give back: a lease ends with time (Mooncake's), not with the read."""
+
+    def remove(self, hashes: Sequence[int], computed: bool = True) -> None:
+        """A fetched block stays in the shared store: other replicas read it too."""
+
+    def settle(self) -> SharedStore:
+        return self
+
+    def drain_events(self) -> list[KvEvent]:
+        out, self.events = self.events, []
+        return out
+
+    # ---- eviction ------------------------------------------------------------------
+    def _room_for(self, blocks: int, now: float) -> bool:
+        over = self.used + blocks - self.capacity
+        if over > 0:
+            self._evict(-(-over // self.settings.chunk_blocks), now)
+        return self.used + blocks <= self.capacity
+
+    def _evict(self, chunks: int, now: float) -> None:
+        """Evict up to ``chunks`` objects, least recently used first, skipping those under a lease."""
+        gone: list[int] = []
+        for key in list(self.chunks):
+            if len(gone) >= chunks:
+                break
+            if self.leases.get(key, -1.0) > now:
+                continue
+            self.leases.pop(key, None)
+            blocks = self.chunks.pop(key)
+            for h in blocks:
+                del self.held[h]
+            gone.extend(blocks)
+            self.counters.evictions += 1
+        if gone and self.emit_events:
+            self.events.append(KvEvent("removed", tuple(gone)))
+
+    def stats(self) -> dict:
+        c = self.counters
+        return {"blocks": self.capacity, "used_blocks": self.used, "chunks": len(self.chunks),
+                "chunk_blocks": self.settings.chunk_blocks, "eviction": self.settings.eviction,
+                "write": self.settings.write, "writes": c.writes, "refused_writes": c.refused, "reads": c.reads,
+                "evictions": c.evictions, "bytes_moved": self.link.bytes_moved,
+                "nic_gbps": self.settings.nic_gbps, "pool_gbps": self.settings.pool_gbps}
