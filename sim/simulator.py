@@ -448,6 +448,8 @@ class Simulation:
             st["ttft_p50_s"] = None if timed is None else rep.ttft.quantile(0.5)
             st["ttft_p99_s"] = None if timed is None else rep.ttft.quantile(0.99)
             st["busy_s"] = rep.busy_s
+            if rep.tiers is not None:  # LMCache's hits per level, in tokens: where each prompt block came from
+                st["hit_tokens_by_level"] = self._hit_tokens(rep.tiers)
             per.append(st)
             counts += m.counts()
             requests, evictions, holes = requests + m.requests, evictions + m.evictions, holes + m.holes_total
@@ -510,6 +512,15 @@ class Simulation:
             "model": self.cost.model.name,
             "gpu": self.cost.gpu.name,
         }
+
+    def _hit_tokens(self, tiers: TierStack) -> dict[str, int]:
+        """Tokens of admitted prompts' blocks by where they came from: HBM, each lower level by name, or
+        recomputed (blocks of ``block_size`` tokens; a prompt's partial tail is never reused)."""
+        c, bs = tiers.counters, self.block_size
+        out = {"hbm": c.hits[0] * bs}
+        out.update({name: c.hits[k] * bs for k, name in enumerate(tiers.names, 1)})
+        out["recomputed"] = (c.accessed_blocks - sum(c.hits)) * bs
+        return out
 
     def _tier_report(self, counts: CacheCounts) -> dict:
         """Per-level hit ratios over block accesses (without tiers, HBM's is the block hit ratio),
