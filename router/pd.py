@@ -45,7 +45,7 @@ from aiohttp import web
 from router.cluster import ReplicaHandle
 from router.strategies import NoHealthyReplica, RouteRequest, RoutingStep
 from router.strategies.base import cached_blocks
-from router.upstream import ReplicaBusy, ReplicaFailed, check_status
+from router.upstream import ReplicaBusy, ReplicaFailed, check_status, end_stream
 from shared import protocol
 from shared.errors import InputError
 from shared.hashing import reusable_prefix_tokens
@@ -385,16 +385,5 @@ async def _pass_stream(request, upstream, out_headers: dict, state, pre: Prefill
         if pending:
             await resp.write(pending)
     except (TimeoutError, aiohttp.ClientError):
-        state.metrics.outcome("failed_mid_stream")
-        try:
-            await resp.write(b'data: {"error": {"message": "replica failed mid-stream", "code": 502}}\n\n')
-            await resp.write_eof()
-        except ConnectionResetError:
-            pass
-        return resp
-    state.metrics.outcome("ok")
-    try:
-        await resp.write_eof()
-    except ConnectionResetError:
-        pass
-    return resp
+        return await end_stream(resp, state.metrics, failed=True)
+    return await end_stream(resp, state.metrics, failed=False)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from aiohttp import web
+
+MID_STREAM_ERROR = b'data: {"error": {"message": "replica failed mid-stream", "code": 502}}\n\n'
+
 
 class ReplicaFailed(Exception):
     """The replica did not answer (connection error, timeout, 5xx before any byte)."""
@@ -18,3 +22,16 @@ def check_status(status: int, headers) -> None:
         raise ReplicaBusy()
     if status >= 500:
         raise ReplicaFailed(f"replica answered {status}")
+
+
+async def end_stream(resp: web.StreamResponse, metrics, failed: bool) -> web.StreamResponse:
+    """End a relayed stream: cleanly, or, when the replica failed mid-stream (too late to retry), with the
+    error told to the client in-band rather than a silent end. A client already gone changes nothing."""
+    metrics.outcome("failed_mid_stream" if failed else "ok")
+    try:
+        if failed:
+            await resp.write(MID_STREAM_ERROR)
+        await resp.write_eof()
+    except ConnectionResetError:
+        pass
+    return resp

@@ -15,7 +15,7 @@ from router import pd
 from router.metrics import merge_vllm, replica_metrics_texts
 from router.state import ROUTER, RouterState
 from router.strategies import NoHealthyReplica, RouteRequest
-from router.upstream import ReplicaBusy, ReplicaFailed, check_status
+from router.upstream import ReplicaBusy, ReplicaFailed, check_status, end_stream
 from shared import protocol
 from shared.auth import session_label, wants_raw_sessions
 from shared.hashing import reusable_prefix_tokens
@@ -170,20 +170,8 @@ async def _pass_stream(request, upstream, out_headers: dict, state) -> web.Strea
             except ConnectionResetError:  # the client hung up: leaving closes the replica's stream
                 raise ClientGone() from None
     except (TimeoutError, aiohttp.ClientError):
-        # Too late to retry: tell the client in-band rather than end the stream silently.
-        state.metrics.outcome("failed_mid_stream")
-        try:
-            await resp.write(b'data: {"error": {"message": "replica failed mid-stream", "code": 502}}\n\n')
-            await resp.write_eof()
-        except ConnectionResetError:
-            pass
-        return resp
-    state.metrics.outcome("ok")
-    try:
-        await resp.write_eof()
-    except ConnectionResetError:
-        pass
-    return resp
+        return await end_stream(resp, state.metrics, failed=True)
+    return await end_stream(resp, state.metrics, failed=False)
 
 
 def _record_prediction(state, upstream, expected: int) -> None:
