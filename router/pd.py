@@ -25,8 +25,8 @@ send by default) are ignored; anything else is a 400 naming the field.
 
 What the client reads for a remote request: the decoder's answer, with the hit that counts (the prefill
 instance's cached tokens: where the prompt was computed) in ``usage.prompt_tokens_details.cached_tokens``
-(``cached_tokens`` / ``cached_blocks`` on ``/generate``) and ``X-Kvemu-Cached-Tokens``; on ``/generate``
-``ttft_s`` and ``e2e_s`` add the prefill's ``e2e_s`` (the time to first token the client saw, in
+(``cached_tokens`` / ``cached_blocks`` on ``/generate``) and ``X-Kvemu-Cached-Tokens``; ``ttft_s`` and
+``e2e_s`` (on ``/generate``, and in the OpenAI answers' ``kvemu`` section) add the prefill's ``e2e_s`` (the time to first token the client saw, in
 emulated seconds), and ``pd`` says what each side did. ``X-Kvemu-Pd`` names the path taken and
 ``X-Kvemu-Prefill-Replica`` the prefill instance.
 """
@@ -234,16 +234,22 @@ def with_prefill(answer: dict, pre: Prefilled) -> dict:
                 answer.setdefault("kvemu", {})
                 if isinstance(answer["kvemu"], dict):
                     answer["kvemu"]["pd"] = _pd_note(pre, decoded_hit)
+                    _add_prefill_time(answer["kvemu"], pre)
         if isinstance(answer.get("cached_tokens"), int):  # /generate
             note = _pd_note(pre, answer["cached_tokens"], answer.get("cached_blocks"))
             answer["cached_tokens"] = pre.cached_tokens
             if pre.cached_blocks is not None:
                 answer["cached_blocks"] = pre.cached_blocks
-            for key in ("ttft_s", "e2e_s"):
-                if isinstance(answer.get(key), (int, float)):
-                    answer[key] += pre.e2e_s
+            _add_prefill_time(answer, pre)
             answer["pd"] = note
     return answer
+
+
+def _add_prefill_time(times: dict, pre: Prefilled) -> None:
+    """The time to first token and end to end the client saw include the remote prefill."""
+    for key in ("ttft_s", "e2e_s"):
+        if isinstance(times.get(key), (int, float)):
+            times[key] += pre.e2e_s
 
 
 def _pd_note(pre: Prefilled, decoder_tokens: Any, decoder_blocks: Any = None) -> dict:

@@ -80,6 +80,8 @@ def test_openai_sdk_through_remote_prefill_reports_the_prefill_hit(pd_up):
     assert again.headers["x-kvemu-pd"] == "remote" and hit > 0 and int(again.headers["x-kvemu-cached-tokens"]) == hit
     extra = again.parse().model_extra or {}
     assert extra["kvemu"]["pd"]["prefill_cached_tokens"] == hit
+    # the time to first token the client saw includes the remote prefill
+    assert extra["kvemu"]["ttft_s"] >= extra["kvemu"]["pd"]["prefill_e2e_s"] > 0
 
     # streamed, with usage asked for: the usage chunk carries the prefill's hit too
     chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=5, stream=True,
