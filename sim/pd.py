@@ -68,6 +68,7 @@ class PdSimulation(Simulation):
                 gpu, tp = split_tp(self._gpu(rep.replica_id))
                 self.network.add(rep.replica_id, link.nic_bytes_per_s(gpu, tp))
         self.flights: dict[int, _Flight] = {}
+        self.routed = dict.fromkeys(self.roles, 0)  # requests each instance was given (decoded, or prefilled)
         self.counts = {"remote": 0, "local": 0, "failover": 0}
         self.transfer_bytes = self.transfer_tokens = self.saved_tokens = 0
         self.split = {name: LogHistogram() for name in ("queue", "prefill", "transfer", "first_decode")}
@@ -176,6 +177,7 @@ class PdSimulation(Simulation):
         overlap = self._overlap(r)
         _, pos = self.router.route(self.dec_states, view, overlap)
         d = self.decoders[pos]
+        self.routed[d.replica_id] += 1
         nxt, at = (future.of(k), future.position(k)) if future else (None, None)
         dec = SchedRequest(k, r.hash_ids, r.input_tokens, max(r.output_tokens, 1), t, r.session, nxt, at)
         if self.responses is not None:
@@ -188,6 +190,7 @@ class PdSimulation(Simulation):
         self.counts["remote"] += 1
         _, ppos = self.prefill_router.route(self.pre_states, view, overlap)
         p = self.prefillers[ppos]
+        self.routed[p.replica_id] += 1
         pre = SchedRequest(k, r.hash_ids, r.input_tokens, 1, t, r.session, nxt, at)
         pre.hold = True
         self.flights[k] = _Flight(pre, dec, p, d)
@@ -282,6 +285,11 @@ class PdSimulation(Simulation):
         for st in out["per_replica"]:
             st["role"] = self.roles[st["replica"]]
             st["gpu"] = self._gpu(st["replica"])
+            # ``requests`` counts the prompts its pool looked up (a decode instance's remote ones are not)
+            st["routed"] = self.routed[st["replica"]]
+        routed = [self.routed[rep.replica_id] for rep in self.decoders]  # every request is decoded once
+        mean = sum(routed) / len(routed)
+        out["load_imbalance"] = max(routed) / mean if mean else 0.0
         out["routing_decisions"] = {"decode": out["routing_decisions"],
                                     "prefill": dict(sorted(self.prefill_router.decisions.items()))}
         out["pd"] = self._pd_report()
@@ -315,7 +323,10 @@ class PdSimulation(Simulation):
             ttft.merge(rep.ttft)
         span = max(self.last_finish - self.first_arrival, 1e-12)
         cap = sum(rep.state.capacity_blocks for rep in reps)
+        routed = [self.routed[rep.replica_id] for rep in reps]
+        mean = sum(routed) / len(routed)
         return {"replicas": len(reps), "gpu": self._gpu(reps[0].replica_id),
+                "routed": sum(routed), "load_imbalance": max(routed) / mean if mean else 0.0,
                 "capacity_blocks": reps[0].state.capacity_blocks, **counts.ratios(),
                 "preemptions": sum(rep.sched.preemptions for rep in reps),
                 "kv_usage_mean": sum(rep.sched.pinned_block_s for rep in reps) / (span * cap),

@@ -610,9 +610,13 @@ def saturation_warning(runs: list[dict]) -> str | None:
     w = max(bad, key=lambda r: r["drain_s"])
     which = f"{w['policy']} @ {w['capacity_blocks']:,} blocks"
     head = f"warning: {which}" if len(bad) == 1 else f"warning: {len(bad)} of {len(runs)} runs (worst: {which})"
+    more = f"--replicas (now {w['replicas']})"
+    if w.get("pd"):  # a P/D run: the pool whose queue grew is the one to widen
+        topo = w["pd"]["topology"]
+        more = f"--prefill-replicas (now {topo['prefill']}) or --decode-replicas (now {topo['decode']})"
     return (f"{head}: the replica queue grew without bound (the last request finished {_duration(w['drain_s'])}"
             f" after the last arrival, over a {_duration(w['arrival_span_s'])} trace), so TTFT is mostly queueing;"
-            f" raise --max-running (now {w['max_running']}) or --replicas (now {w['replicas']}), or lower the load")
+            f" raise --max-running (now {w['max_running']}) or {more}, or lower the load")
 
 
 def _duration(seconds: float) -> str:

@@ -30,7 +30,7 @@ from replica.core.disagg import (
 )
 from router.strategies import strategy_spec
 from shared.costmodel import CostModel
-from shared.errors import InputError
+from shared.errors import InputError, KvemuError
 from shared.validate import check_number
 
 PD_TOPOLOGY_OPTIONS = (
@@ -58,7 +58,7 @@ PD_DECIDER_OPTIONS = (
 )
 PD_LINK_OPTIONS = (
     Option("--pd-link-gbps", None, "P/D transfer network: Gb/s of each instance's NIC per GPU (default: the GPU's"
-           " NIC generation, 400 for H100 / H200, 200 for A100; times --tp)", float, metavar="GB/S"),
+           " NIC generation, 400 for H100 / H200, 200 for A100; times --tp)", float, metavar="GBIT/S"),
     Option("--pd-link-latency-us", DEFAULT_PD_LATENCY_S * 1e6, "P/D transfer base latency, microseconds (default"
            f" {DEFAULT_PD_LATENCY_S * 1e6:g}, NIXL over RDMA)", float, metavar="US"),
     Option("--pd-transfer", "missing", "P/D: the KV that crosses: missing (only what the decode instance lacks,"
@@ -117,7 +117,10 @@ def pd_cluster(args: argparse.Namespace, gpu: str, cost_of, block_size: int, tie
         return None
     routing = getattr(args, "prefill_routing", None)
     if routing is not None:
-        strategy_spec(routing)  # an unknown name lists the known ones
+        try:
+            strategy_spec(routing)  # an unknown name lists the known ones
+        except KvemuError as exc:
+            raise InputError("--prefill-routing", str(exc)) from None
     return PdCluster(args.prefill_replicas, args.decode_replicas, pd_settings(args),
                      _shape(args, "prefill", gpu, cost_of, block_size, tiers_for),
                      _shape(args, "decode", gpu, cost_of, block_size, tiers_for), routing)
@@ -134,8 +137,11 @@ def _shape(args, role: str, gpu: str, cost_of, block_size: int, tiers_for) -> Po
     else:
         tp = tp or (int(gpu.split("@tp")[1]) if "@tp" in gpu and pool_gpu is None else 1)
         resolved = base if tp == 1 else f"{base}@tp{tp}"
-    cost: CostModel = cost_of(resolved)  # an unknown preset fails here, naming it
-    blocks = None
+    try:
+        cost: CostModel = cost_of(resolved)  # an unknown preset fails here, naming it and the flag
+    except KvemuError as exc:
+        raise InputError(f"--{role}-gpu" if pool_gpu else f"--{role}-tp", str(exc)) from None
+    blocks = _own_budget(args, role, cost, block_size) if resolved != gpu and gib is None else None
     if gib is not None:
         check_number(f"--{role}-capacity-gib", gib, above=0)
         blocks = cost.gib_to_blocks(gib, block_size)
@@ -146,6 +152,22 @@ def _shape(args, role: str, gpu: str, cost_of, block_size: int, tiers_for) -> Po
         check_number(f"--{role}-host-cache-gib", host, minimum=0)
         tiers = tiers_for(cost, host)
     return PoolShape(None if resolved == gpu else resolved, blocks, tiers)
+
+
+def _own_budget(args, role: str, cost: CostModel, block_size: int) -> int | None:
+    """A pool on another GPU than the cluster's, sized by vLLM's memory rule: its own GPU's KV under the
+    one ``--gpu-memory-utilization`` asked (None: the capacity was given in blocks, tokens or GiB, the
+    same memory on every GPU)."""
+    util = getattr(args, "gpu_memory_utilization", None)
+    if not util:
+        return None
+    values = [float(x) for x in str(util).split(",") if x.strip()]
+    if len(values) != 1:
+        raise InputError(f"--{role}-capacity-gib", f"the {role} pool runs another GPU: with several"
+                                                   " --gpu-memory-utilization values, give its capacity")
+    budget = cost.kv_budget(values[0], getattr(args, "token_budget", 8192), getattr(args, "max_running", 256),
+                            block_size)
+    return budget.check()
 
 
 def with_role_defaults(shape: PoolShape, **cluster) -> dict:

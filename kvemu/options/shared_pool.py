@@ -31,9 +31,9 @@ SHARED_OPTIONS = (
     Option("--shared-write", "evict", "evict: a replica writes what its last own level evicts; through: every full"
            " chunk it computes (LMCache's write-through at prefill)", choices=SHARED_WRITES),
     Option("--shared-nic-gbps", DEFAULT_NIC_GBPS, f"each replica's link to the store, Gb/s per direction (default"
-           f" {DEFAULT_NIC_GBPS:g})", float, metavar="GB/S"),
+           f" {DEFAULT_NIC_GBPS:g})", float, metavar="GBIT/S"),
     Option("--shared-pool-gbps", DEFAULT_POOL_GBPS, f"the store's aggregate bandwidth, Gb/s per direction, shared by"
-           f" every replica's transfers (default {DEFAULT_POOL_GBPS:g})", float, metavar="GB/S"),
+           f" every replica's transfers (default {DEFAULT_POOL_GBPS:g})", float, metavar="GBIT/S"),
     Option("--shared-ttfb-us", DEFAULT_TTFB_S * 1e6, f"a read's metadata round trip to the store, microseconds"
            f" (default {DEFAULT_TTFB_S * 1e6:g})", float, metavar="US"),
     Option("--shared-scope", 0, "replicas per store: 0, one store for the cluster (default); K, one per K replicas"

@@ -84,8 +84,8 @@ class Topology:
                 raise InputError(flag, f"must be an integer >= 0, got {value!r}")
         if (self.prefill > 0) != (self.decode > 0):
             missing, given = ("decode", "prefill") if self.prefill else ("prefill", "decode")
-            raise InputError(f"--{missing}-replicas", f"a P/D cluster needs both pools: {getattr(self, given)} {given}"
-                                                    f" replicas but no {missing} replica; give --{missing}-replicas N"
+            raise InputError(f"--{missing}-replicas", f"a P/D cluster needs both pools: {given} replicas"
+                                                    f" ({getattr(self, given)}) but no {missing} replica; give --{missing}-replicas N"
                                                     f" (N >= 1), or neither for a colocated cluster")
         if self.colocated + self.decode == 0:
             raise InputError("--replicas", "the cluster has no replica: give --replicas N or"
