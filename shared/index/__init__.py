@@ -18,6 +18,7 @@ from shared.index.base import (
     IndexUnavailable,
     PrefixIndex,
     ReplicaIndexState,
+    StoreScope,
 )
 from shared.index.memory import MemoryIndex
 
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "KINDS", "ApplyResult", "EventBatch", "IndexEvent", "IndexUnavailable", "MemoryIndex",
-    "PrefixIndex", "RedisIndex", "ReplicaIndexState", "make_index",
+    "PrefixIndex", "RedisIndex", "ReplicaIndexState", "StoreScope", "make_index",
 ]
 
 _INT_OPTIONS = ("max_entries", "max_replicas")

@@ -33,6 +33,18 @@ first), as ``"<id>#1"``, ``"<id>#2"``, ... (``level_key``): what the simulator's
 ``TierStack.lower_overlap`` gives and what ``cache_aware`` prices by each level's hit cost. The
 index knows levels by index only; their names are the replica's (replica/core/tiers/levels.py).
 
+Shared stores: a KV store several replicas share (Mooncake's store, LMCache's remote level; the
+last level of each replica's hierarchy, replica/core/tiers/shared.py) publishes its own feed under
+its own id, untagged (its events' levels, if any, are ignored). ``add_store(StoreScope(id, level,
+replicas))`` declares that id a store: its blocks are one set (no HBM entry, bounded by
+``max_entries`` like every entry, under the same epoch / sequence / gap rules), and a lookup
+answers, for every replica it serves (``replicas``; empty: every replica the index knows), the run
+of the prompt after that replica's own prefix (HBM, then its own levels, then the store: the
+store is the last level, ``level`` its index) as ``"<id>#<level>"``: ``lower_run_counts`` over the
+replica's levels with the store appended (``store_levels``), what ``TierStack.lower_overlap``
+answers in virtual time, where the store is the stack's last level. A store never answers as a
+replica. A replica served by several stores is served by the first declared.
+
 Bound: at most ``max_entries`` (block hash, replica) pairs and ``max_replicas`` replicas.
 When full, the index refuses new entries for the replica being applied and counts them
 as ``dropped_entries`` rather than evicting other replicas' entries: evicting would
@@ -179,6 +191,40 @@ def lower_run_counts(hashes: Sequence[int], start: int, levels: Sequence[Contain
     return counts
 
 
+EMPTY: frozenset[int] = frozenset()
+
+
+def store_levels(lower: Sequence[Container[int]], store: Container[int], level: int) -> list[Container[int]]:
+    """A replica's own levels below HBM (``lower[k]``: level k + 1) with a shared store at index ``level`` (the
+    last): the list ``lower_run_counts`` walks for a replica a store serves (levels the replica lacks, empty)."""
+    own = list(lower[:level - 1])
+    return [*own, *([EMPTY] * (level - 1 - len(own))), store]
+
+
+@dataclass(frozen=True, slots=True)
+class StoreScope:
+    """A shared store's feed (``store_id``) and whom it serves: ``level``, its index below HBM in each replica's
+    hierarchy (the last: one more than the replicas' configured levels, 3 after host DRAM and SSD), and
+    ``replicas`` (empty: every replica the index knows; else a scope group)."""
+
+    store_id: str
+    level: int
+    replicas: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        _check_text("store_id", self.store_id)
+        if type(self.level) is not int or not 1 <= self.level <= MAX_LEVEL:
+            raise InputError("level", f"a shared store's level must be 1..{MAX_LEVEL}, got {self.level!r}")
+        if not isinstance(self.replicas, tuple):
+            raise InputError("replicas", f"must be a tuple of replica ids, got {type(self.replicas).__name__}")
+        for rid in self.replicas:
+            _check_text("replicas", rid)
+            if "," in rid:
+                raise InputError("replicas", f"a replica id served by a store has no comma, got {rid!r}")
+        if self.store_id in self.replicas:
+            raise InputError("replicas", f"store {self.store_id!r} cannot serve itself")
+
+
 def lower_counts(blocks: Sequence[int]) -> tuple[int, ...]:
     """Blocks per level below HBM, level 1 first, without trailing zeros (both backends' ``lower_blocks``)."""
     counts = list(blocks)
@@ -270,6 +316,11 @@ class PrefixIndex(Protocol):
         levels, ``"<id>#1"``, ``"<id>#2"``, ... (``level_key``) count the blocks of the run
         right after that prefix which each level holds (the upper level first; the run ends
         at a block none holds); zero counts are omitted."""
+        ...
+
+    async def add_store(self, scope: StoreScope) -> None:
+        """Declare ``scope.store_id``'s feed a shared store's (its blocks one set, answered for the replicas it
+        serves; see the module docstring). Entries it had as a replica are cleared; idempotent."""
         ...
 
     async def clear_replica(self, replica_id: str) -> int:

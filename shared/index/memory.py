@@ -4,7 +4,9 @@ Block hashes are chained, so a hash already names its whole prefix and a flat ma
 enough (no radix tree).  A lookup walks the prompt's hashes once, AND-ing the candidate
 mask; a replica's prefix length is the position where its bit first drops out.  Lower
 memory levels (1 host DRAM, 2 SSD, ...) are plain per-replica sets: after the HBM walk, each replica that
-has any walks on from its HBM prefix, as the simulator's ``TierStack.lower_overlap`` does.  Every
+has any walks on from its HBM prefix, as the simulator's ``TierStack.lower_overlap`` does. A shared
+store (``add_store``) is a feed like a replica's whose blocks are one plain set (no bit in the table):
+each replica it serves walks its own levels and then the store's set.  Every
 method is synchronous underneath (``*_sync``, for the virtual-time simulator); the async
 methods only wrap them, so they never yield and each call is atomic on the event loop.
 """
@@ -24,14 +26,16 @@ from shared.index.base import (
     EventBatch,
     IndexEvent,
     ReplicaIndexState,
+    StoreScope,
     lower_counts,
     lower_overlap,
+    store_levels,
 )
 from shared.validate import check_positive_int
 
 
 class _Replica:
-    __slots__ = ("replica_id", "slot", "bit", "epoch", "last_seq", "held", "lower", "synced",
+    __slots__ = ("replica_id", "slot", "bit", "epoch", "last_seq", "held", "lower", "synced", "store",
                  "gaps", "epoch_changes", "duplicate_batches", "dropped_entries", "applied_events")
 
     def __init__(self, replica_id: str, slot: int, epoch: str) -> None:
@@ -43,6 +47,7 @@ class _Replica:
         self.held: set[int] = set()
         self.lower: list[set[int]] = []  # lower[k]: the blocks of level k + 1 (grown as levels appear)
         self.synced = True
+        self.store = False  # a shared store's feed: ``held`` is its blocks, with no bit in the table
         self.gaps = self.epoch_changes = self.duplicate_batches = 0
         self.dropped_entries = self.applied_events = 0
 
@@ -63,6 +68,8 @@ class MemoryIndex:
         self._tiered: dict[str, _Replica] = {}  # replicas holding blocks in a lower tier
         self._entries = 0
         self._counters = dict.fromkeys((*COUNTERS, "lookups"), 0)
+        self._stores: dict[str, StoreScope] = {}  # shared stores, in the order declared
+        self._served: dict[str, tuple[_Replica, int]] | None = None  # replica id -> (its store, level); lazily
 
     # ---- async protocol ------------------------------------------------------------
     async def apply(self, batch: EventBatch) -> ApplyResult:
@@ -73,6 +80,9 @@ class MemoryIndex:
 
     async def clear_replica(self, replica_id: str) -> int:
         return self.clear_replica_sync(replica_id)
+
+    async def add_store(self, scope: StoreScope) -> None:
+        self.add_store_sync(scope)
 
     async def replicas(self) -> dict[str, ReplicaIndexState]:
         return self.replicas_sync()
@@ -130,10 +140,44 @@ class MemoryIndex:
         if len(hashes) == 0:
             return {}
         out = self._hbm_prefixes(hashes)
+        served = self._served_by() if self._stores else {}
         if self._tiered:
             for rid, rep in self._tiered.items():
-                out.update(lower_overlap(rid, hashes, out.get(rid, 0), rep.lower))
+                if rid not in served:  # a served replica walks its levels with its store's below
+                    out.update(lower_overlap(rid, hashes, out.get(rid, 0), rep.lower))
+        n = len(hashes)
+        for rid, (store, level) in served.items():
+            start = out.get(rid, 0)
+            if start >= n:
+                continue
+            rep = self._reps.get(rid)
+            levels = store_levels(rep.lower if rep is not None else (), store.held, level)
+            h = hashes[start]
+            if any(h in held for held in levels):  # most replicas hold nothing after their prefix: no walk
+                out.update(lower_overlap(rid, hashes, start, levels))
         return out
+
+    def add_store_sync(self, scope: StoreScope) -> None:
+        rep = self._reps.get(scope.store_id)
+        if rep is not None and not rep.store:  # known as a replica until now: its entries were a replica's
+            self._drop_entries(rep)
+            rep.store, rep.synced = True, False
+        self._stores[scope.store_id] = scope
+        self._served = None
+
+    def _served_by(self) -> dict[str, tuple[_Replica, int]]:
+        """Each replica a store serves (the first declared that does), with that store's feed and level."""
+        if self._served is None:
+            served: dict[str, tuple[_Replica, int]] = {}
+            for scope in self._stores.values():
+                store = self._reps.get(scope.store_id)
+                if store is None:
+                    continue
+                ids = scope.replicas or [rid for rid, r in self._reps.items() if not r.store]
+                for rid in ids:
+                    served.setdefault(rid, (store, scope.level))
+            self._served = served
+        return self._served
 
     def _hbm_prefixes(self, hashes: Sequence[int]) -> dict[str, int]:
         get = self._table.get
@@ -159,6 +203,7 @@ class MemoryIndex:
         self._drop_entries(rep)
         self._names[rep.slot] = None
         heapq.heappush(self._free, rep.slot)
+        self._served = None
         return blocks
 
     def replicas_sync(self) -> dict[str, ReplicaIndexState]:
@@ -199,10 +244,14 @@ class MemoryIndex:
             slot = len(self._names)
             self._names.append(replica_id)
         rep = self._reps[replica_id] = _Replica(replica_id, slot, epoch)
+        rep.store = replica_id in self._stores
+        self._served = None
         return rep
 
     def _apply_event(self, rep: _Replica, ev: IndexEvent) -> int:
         """Apply one event; returns how many new entries were refused for lack of room."""
+        if rep.store:
+            return self._apply_store(rep, ev)
         if ev.level:
             return self._apply_lower(rep, ev)
         table = self._table
@@ -221,6 +270,20 @@ class MemoryIndex:
                     self._unset(table, h, keep)
             return 0
         self._drop_entries(rep)  # cleared: the replica will re-send what it still holds
+        rep.synced = True
+        return 0
+
+    def _apply_store(self, rep: _Replica, ev: IndexEvent) -> int:
+        """A shared store's event (any level it names is the store's): its one set, no bit in the table."""
+        held = rep.held
+        if ev.kind == "stored":
+            return self._admit(rep, held, ev.hashes)[1]
+        if ev.kind == "removed":
+            before = len(held)
+            held.difference_update(ev.hashes)
+            self._entries -= before - len(held)
+            return 0
+        self._drop_entries(rep)
         rep.synced = True
         return 0
 
@@ -255,6 +318,10 @@ class MemoryIndex:
         return new, dropped
 
     def _drop_entries(self, rep: _Replica) -> None:
+        if rep.store:
+            self._entries -= len(rep.held)
+            rep.held = set()
+            return
         table = self._table
         keep = ~rep.bit
         for h in rep.held:

@@ -33,6 +33,7 @@ from shared.index.base import (
     EventBatch,
     IndexUnavailable,
     ReplicaIndexState,
+    StoreScope,
     lower_counts,
 )
 from shared.validate import check_positive_int
@@ -133,6 +134,8 @@ class RedisIndex:
         self._scripts: dict[str, Any] = {}
         self._fast: pipelined.PipelinedConnection | None = None  # lookups only (the hot path)
         self._lookups = 0
+        self._stores: dict[str, StoreScope] = {}  # this process's shared stores, in the order declared
+        self._store_args: list[Any] = []  # their scopes as the lookup script takes them
 
     # ---- protocol -----------------------------------------------------------------------
     async def apply(self, batch: EventBatch) -> ApplyResult:
@@ -165,7 +168,7 @@ class RedisIndex:
 
     async def _slow_lookup(self, blob: str) -> list:
         async with self._guard():
-            return await self._scripts["lookup"](args=[self.prefix, blob])
+            return await self._scripts["lookup"](args=[self.prefix, blob, *self._store_args])
 
     async def _fast_lookup(self, blob: str) -> list:
         """EVALSHA on the shared pipelined connection: the router's per-request round trip."""
@@ -175,7 +178,8 @@ class RedisIndex:
             self._fast = pipelined.PipelinedConnection(self.url, min(self.timeout, 2.0))
         try:
             async with asyncio.timeout(self.timeout):
-                reply = await self._fast.call("EVALSHA", self._scripts["lookup"].sha, 0, self.prefix, blob)
+                reply = await self._fast.call("EVALSHA", self._scripts["lookup"].sha, 0, self.prefix, blob,
+                                              *self._store_args)
                 return reply  # type: ignore[return-value]  # the script returns a RESP array
         except pipelined.ReplyError as e:
             if "NOSCRIPT" in str(e):  # Redis restarted empty: redis-py's path loads the script
@@ -185,6 +189,14 @@ class RedisIndex:
             raise IndexUnavailable(self.safe_url, f"no reply within {self.timeout}s") from None
         except (OSError, ConnectionError) as e:
             raise IndexUnavailable(self.safe_url, f"{type(e).__name__}: {e}") from None
+
+    async def add_store(self, scope: StoreScope) -> None:
+        """Declare the store in Redis (its batches, whoever ships them, are a store's from now on) and answer
+        its scope in this process's lookups (the scope travels with each lookup: a router's, from its flags)."""
+        async with self._guard():
+            await self._scripts["declare"](args=[self.prefix, scope.store_id])
+        self._stores[scope.store_id] = scope
+        self._store_args = [a for sc in self._stores.values() for a in (sc.store_id, str(sc.level), ",".join(sc.replicas))]
 
     async def clear_replica(self, replica_id: str) -> int:
         async with self._guard():
@@ -256,7 +268,7 @@ class RedisIndex:
         self._client = aioredis.Redis(connection_pool=self._pool)
         # register_script: EVALSHA, with SCRIPT LOAD on NOSCRIPT (e.g. after a restart).
         self._scripts = {name: self._client.register_script(getattr(scripts, name.upper()))
-                         for name in ("apply", "lookup", "forget", "collect", "state")}
+                         for name in ("apply", "lookup", "forget", "collect", "state", "declare")}
 
 
 def _check_url(url: Any) -> None:

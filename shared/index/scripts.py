@@ -9,6 +9,8 @@ Key layout, all under ``P = kvemu:<cluster>:`` (hashes as 16 hex digits):
                        level events; no bitmaps)
     P lv:<slot>        SET of the levels whose lo: set is not empty
     P tiered           SET of slots that hold blocks in a lower level
+    P stores           HASH store_id -> 1: the feeds that are shared stores' (``add_store``); a store
+                       has a slot and meta like a replica, its blocks in held:<slot> with no bitmaps
     P r:<replica_id>   HASH epoch, last_seq, slot, synced and per-replica counters
     P replicas         HASH replica_id -> slot       P slots   HASH slot -> replica_id
     P free             LIST of free slots            P next_slot  counter
@@ -24,6 +26,9 @@ left) and AND them in Lua; a replica's prefix length is where its bit first drop
 That is ~3 commands for a 64-block prompt whatever the number of replicas. Then each slot in
 ``tiered`` walks the sets of its levels (``lv:``, upper level first) from its HBM prefix
 (SMISMEMBER in doubling chunks) for the run of blocks they hold, reported as ``<id>#<lvl>``.
+Shared stores: the caller passes each store's scope (its id, its level, the replicas it serves,
+none: every replica that is no store); each served replica walks its own levels (below the
+store's) and then the store's held set, from its HBM prefix, answered as ``<id>#<lvl>`` per level.
 
 Clearing a replica (restart, gap, ``cleared`` event, ``clear_replica``) renames its held
 set onto the GC queue: O(1) and atomic; its lower-tier sets are UNLINKed (they carry no
@@ -64,9 +69,12 @@ local function gc(budget)
     local slot = string.sub(item, 1, string.find(item, ':', 1, true) - 1)
     local gkey, held = P .. 'gc:' .. item, P .. 'held:' .. slot
     local hs = redis.call('SPOP', gkey, budget - done)
+    -- a shared store in the slot now sets no bits: none of the lingering ones is its own
+    local owner = redis.call('HGET', P .. 'slots', slot)
+    local store = owner and redis.call('HEXISTS', P .. 'stores', owner) == 1
     for _, h in ipairs(hs) do
       -- The slot's current occupant may hold the block again: the bit is then its own.
-      if redis.call('SISMEMBER', held, h) == 0 then unset(h, slot) end
+      if store or redis.call('SISMEMBER', held, h) == 0 then unset(h, slot) end
     end
     done = done + #hs
     if redis.call('HINCRBY', P .. 'dirty', slot, -#hs) <= 0 then redis.call('HDEL', P .. 'dirty', slot) end
@@ -116,6 +124,8 @@ local meta, stats = P .. 'r:' .. rid, P .. 'stats'
 redis.call('HINCRBY', stats, 'batches', 1)
 local cur = redis.call('HMGET', meta, 'epoch', 'last_seq', 'slot', 'synced')
 local slot, reset, skip, synced, lower_gone = cur[3], '', 0, cur[4] == '1', 0
+-- a shared store's feed: its blocks are held:<slot> with no bitmaps, whatever level its events name
+local store = redis.call('HEXISTS', P .. 'stores', rid) == 1
 if not slot then
   if redis.call('HLEN', P .. 'replicas') >= max_replicas then return {'full', 0, 0, 0} end
   slot = redis.call('LPOP', P .. 'free') or fmt(redis.call('INCR', P .. 'next_slot') - 1)
@@ -151,6 +161,7 @@ local dropped = 0
 for e = 1, n do
   local code, blob = ARGV[7 + 2 * e], ARGV[8 + 2 * e]
   local kind, tier, cnt = string.sub(code, 1, 1), string.sub(code, 3), #blob / 16
+  if store and tier ~= '' then tier = '' end
   if e <= skip then
   elseif tier ~= '' then
     local lkey = P .. 'lo:' .. slot .. ':' .. tier
@@ -187,7 +198,7 @@ for e = 1, n do
       local h = string.sub(blob, 16 * j - 15, 16 * j)
       if entries < max_entries then
         if redis.call('SADD', held, h) == 1 then
-          redis.call('SETBIT', P .. 'b:' .. h, slot, 1)
+          if not store then redis.call('SETBIT', P .. 'b:' .. h, slot, 1) end
           entries = entries + 1
         end
       elseif redis.call('SISMEMBER', held, h) == 0 then
@@ -198,7 +209,7 @@ for e = 1, n do
     for j = 1, cnt do
       local h = string.sub(blob, 16 * j - 15, 16 * j)
       if redis.call('SREM', held, h) == 1 then
-        unset(h, slot)
+        if not store then unset(h, slot) end
         entries = entries - 1
       end
     end
@@ -221,7 +232,8 @@ redis.call('SET', P .. 'entries', fmt(entries))
 return {reset, applied, dropped, synced and 1 or 0}
 """
 
-# ARGV: P, the prompt's hashes as one string of 16-hex-digit fields.
+# ARGV: P, the prompt's hashes as one string of 16-hex-digit fields, then per shared store: its id, its level
+# and the replicas it serves as a comma list ('' : every replica that is no store).
 # Returns {replica_id, prefix_length, ...} for lengths > 0, then {"<id>#<level>", run, ...}.
 LOOKUP = """
 local P, blob, FIRST, MAXCHUNK = ARGV[1], ARGV[2], %d, %d
@@ -295,7 +307,7 @@ if #found > 0 then
         if m < #hit then break end
       end
     end
-    if n > 0 and names[k] then
+    if n > 0 and names[k] and redis.call('HEXISTS', P .. 'stores', names[k]) == 0 then
       out[#out + 1] = names[k]
       out[#out + 1] = n
       prefix[slots[k]] = n
@@ -303,30 +315,76 @@ if #found > 0 then
   end
 end
 
--- Lower levels: from each tiered slot's HBM prefix, the run its level sets hold (upper level first).
-for _, slot in ipairs(redis.call('SMEMBERS', P .. 'tiered')) do
-  local name = redis.call('HGET', P .. 'slots', slot)
-  local levels, counts = redis.call('SMEMBERS', P .. 'lv:' .. slot), {}
-  for k, l in ipairs(levels) do levels[k] = tonumber(l) end
-  table.sort(levels)
-  for k = 1, #levels do counts[k] = 0 end
-  local i, chunk, going = (prefix[slot] or 0) + 1, FIRST, name ~= false
+-- The run from position i of the prompt that the sets `keys` (levels `nums`, upper first) hold: name#level counts.
+local function walk_levels(name, i, keys, nums)
+  local counts, chunk, going = {}, FIRST, true
+  for k = 1, #keys do counts[k] = 0 end
   while going and i <= last do
     local stop, held = math.min(i + chunk - 1, last), {}
-    for k, l in ipairs(levels) do
-      held[k] = redis.call('SMISMEMBER', P .. 'lo:' .. slot .. ':' .. l, unpack(hs, i, stop))
-    end
+    for k, key in ipairs(keys) do held[k] = redis.call('SMISMEMBER', key, unpack(hs, i, stop)) end
     for j = 1, stop - i + 1 do
       local k = 1
-      while k <= #levels and held[k][j] ~= 1 do k = k + 1 end
-      if k > #levels then going = false break end
+      while k <= #keys and held[k][j] ~= 1 do k = k + 1 end
+      if k > #keys then going = false break end
       counts[k] = counts[k] + 1
     end
     i, chunk = stop + 1, math.min(chunk * 2, MAXCHUNK)
   end
-  for k, l in ipairs(levels) do
-    if counts[k] > 0 then out[#out + 1] = name .. '#' .. l; out[#out + 1] = counts[k] end
+  for k = 1, #keys do
+    if counts[k] > 0 then out[#out + 1] = name .. '#' .. nums[k]; out[#out + 1] = counts[k] end
   end
+end
+
+-- A slot's own levels below HBM, upper first (below `cap` only, when a store is the level at `cap`).
+local function own_levels(slot, cap)
+  local keys, nums = {}, {}
+  if not slot then return keys, nums end
+  local levels = redis.call('SMEMBERS', P .. 'lv:' .. slot)
+  for k, l in ipairs(levels) do levels[k] = tonumber(l) end
+  table.sort(levels)
+  for _, l in ipairs(levels) do
+    if not cap or l < cap then keys[#keys + 1] = P .. 'lo:' .. slot .. ':' .. l; nums[#nums + 1] = l end
+  end
+  return keys, nums
+end
+
+-- Shared stores (ARGV from 3: store_id, level, the replicas it serves as a comma list, '' for all): each
+-- replica served, by the first store listed that serves it, with its store's level and held set.
+local served, order = {}, {}
+for a = 3, #ARGV, 3 do
+  local sid, lvl, csv = ARGV[a], tonumber(ARGV[a + 1]), ARGV[a + 2]
+  local sslot = redis.call('HGET', P .. 'replicas', sid)
+  if sslot and redis.call('HEXISTS', P .. 'stores', sid) == 1 and redis.call('SCARD', P .. 'held:' .. sslot) > 0 then
+    local names = {}
+    if csv == '' then
+      local all = redis.call('HGETALL', P .. 'replicas')
+      for k = 1, #all, 2 do
+        if redis.call('HEXISTS', P .. 'stores', all[k]) == 0 then names[#names + 1] = all[k] end
+      end
+    else
+      for name in string.gmatch(csv, '[^,]+') do names[#names + 1] = name end
+    end
+    for _, name in ipairs(names) do
+      if not served[name] then served[name] = {P .. 'held:' .. sslot, lvl}; order[#order + 1] = name end
+    end
+  end
+end
+
+-- Lower levels: from each tiered slot's HBM prefix, the run its level sets hold (upper level first).
+for _, slot in ipairs(redis.call('SMEMBERS', P .. 'tiered')) do
+  local name = redis.call('HGET', P .. 'slots', slot)
+  if name and not served[name] then
+    local keys, nums = own_levels(slot, nil)
+    walk_levels(name, (prefix[slot] or 0) + 1, keys, nums)
+  end
+end
+-- Replicas a store serves: their own levels, then the store's.
+for _, name in ipairs(order) do
+  local slot = redis.call('HGET', P .. 'replicas', name)
+  local keys, nums = own_levels(slot, served[name][2])
+  keys[#keys + 1] = served[name][1]
+  nums[#nums + 1] = served[name][2]
+  walk_levels(name, ((slot and prefix[slot]) or 0) + 1, keys, nums)
 end
 return out
 """ % (LOOKUP_FIRST_CHUNK, LOOKUP_MAX_CHUNK)  # noqa: UP031  (Lua braces make str.format awkward)
@@ -344,6 +402,21 @@ redis.call('HDEL', P .. 'replicas', rid)
 redis.call('HDEL', P .. 'slots', slot)
 redis.call('RPUSH', P .. 'free', slot)
 return blocks
+"""
+
+# ARGV: P, store_id.  Declares the feed a shared store's; entries it had as a replica are cleared (not synced
+# until its next cleared event).  Returns 1 when newly declared.
+DECLARE = _PRELUDE + """
+local sid = ARGV[2]
+if redis.call('HSETNX', P .. 'stores', sid, '1') == 0 then return 0 end
+local meta = P .. 'r:' .. sid
+local slot = redis.call('HGET', meta, 'slot')
+if slot then
+  retire(slot)
+  redis.call('DECRBY', P .. 'entries', drop_lower(slot))
+  redis.call('HSET', meta, 'synced', '0')
+end
+return 1
 """
 
 # ARGV: P, budget.  Returns {unlinked, retired sets still queued}.
