@@ -150,8 +150,8 @@ class MemoryIndex:
             start = out.get(rid, 0)
             if start >= n:
                 continue
-            rep = self._reps.get(rid)
-            levels = store_levels(rep.lower if rep is not None else (), store.held, level)
+            own = self._reps.get(rid)
+            levels = store_levels(own.lower if own is not None else (), store.held, level)
             h = hashes[start]
             if any(h in held for held in levels):  # most replicas hold nothing after their prefix: no walk
                 out.update(lower_overlap(rid, hashes, start, levels))
