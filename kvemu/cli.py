@@ -24,6 +24,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("kvemu.replay_cmd", "replay a trace or preset against a running cluster"),
     "router": ("kvemu.router_cmd", "run the cache-aware router in front of replicas"),
     "replica": ("kvemu.replica_cmd", "run one replica: an emulated GPU serving over HTTP"),
+    "pool": ("kvemu.pool_cmd", "run the shared KV pool (the store every replica of its scope reads and writes)"),
     "kv-events": ("kvemu.kv_events_cmd", "print vLLM's KV events (--kv-events-config) from a replica or vLLM as JSON lines"),
     "sim": ("kvemu.sim_cmd", "virtual-time run of policies x capacities over a trace or preset"),
     "sweep": ("kvemu.sweep_cmd", "policies x capacities x routings x replica counts in parallel, resumable"),

@@ -20,6 +20,7 @@ from kvemu.options.response_kv import add_response_kv_arg
 from kvemu.options.reuse import SHARDS_RATE
 from kvemu.options.scheduler import add_scheduler_args
 from kvemu.options.serving import add_server_args
+from kvemu.options.shared_pool import add_replica_shared_args
 from kvemu.options.tiers import add_tier_args
 from shared.overrides import coerce, parse_pairs
 
@@ -50,15 +51,19 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_server_args(p)
     add_kv_events_arg(p)
     add_replica_pd_args(p)
+    add_replica_shared_args(p)
     p.add_argument("--log-level", default="warning")
 
 
 
 
 def settings_from_args(args):
+    import dataclasses
+
     from kvemu.options.kv_events import kv_events_setting
     from kvemu.options.scheduler import check_scheduler_flags
     from kvemu.options.serving import serving_settings
+    from kvemu.options.shared_pool import replica_shared_settings
     from kvemu.options.tiers import tier_settings
     from replica.backends import check_backend_flags
     from replica.settings import ReplicaSettings
@@ -68,7 +73,9 @@ def settings_from_args(args):
     check_scheduler_flags(args)
     params = tuple((k, coerce(v)) for k, v in parse_pairs(args.policy_param).items())
     matching = matching_setting(args)
-    tiers = tier_settings(args, CostModel.from_names(args.model, args.gpu), matching.block_size)
+    cost = CostModel.from_names(args.model, args.gpu)
+    tiers = dataclasses.replace(tier_settings(args, cost, matching.block_size),
+                                shared=replica_shared_settings(args, cost, matching.block_size))
     prefix_caching = prefix_caching_setting(args, tiers, args.backend)  # refusals name the flag
     capacity_note(args, matching.block_size, matching.mode)  # a pool of no block or page: refused, naming the flag
     return ReplicaSettings(
@@ -83,7 +90,7 @@ def settings_from_args(args):
         serving=serving_settings(args), backend=args.backend,
         device=args.device, layers=args.layers,
         tiers=tiers, response_kv=args.response_kv, prefix_caching=prefix_caching,
-        kv_events=kv_events_setting(args), **replica_pd_settings(args))
+        kv_events=kv_events_setting(args), shared_pool_url=args.shared_pool_url, **replica_pd_settings(args))
 
 
 def print_limits(settings, out=None) -> None:
@@ -107,6 +114,10 @@ def run(args) -> int:
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     settings = settings_from_args(args)
+    if settings.shared_pool_url is not None and settings.tiers.shared is not None:  # down at start: one line
+        from replica.kvpool.client import check_pool
+
+        check_pool(settings.shared_pool_url, settings.tiers.shared, settings.cost_model().block_bytes(settings.block_size))
     app = make_app(settings)  # make_policy turns a bad --policy-param into an InputError
     from shared.serve import bind, serve
 

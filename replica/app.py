@@ -61,6 +61,17 @@ async def pd_ctx(app: web.Application):
     await pd.session.close()
 
 
+async def shared_pool_ctx(app: web.Application):
+    """The shared KV pool's client (replica/kvpool/client.py): its feed into the mirror, writes and reads out."""
+    client = app[RUNTIME].shared_pool
+    if client is None:
+        yield
+        return
+    task = asyncio.create_task(client.run(), name="shared-pool")
+    yield
+    await _stop(task)
+
+
 async def _stop(task: asyncio.Task, timeout: float = 5.0) -> None:
     """Cancel a background task and wait for it, but never forever."""
     task.cancel()
@@ -85,6 +96,7 @@ def make_app(settings: ReplicaSettings) -> web.Application:
     app.cleanup_ctx.append(index_ctx)
     app.cleanup_ctx.append(kv_events_ctx)
     app.cleanup_ctx.append(pd_ctx)
+    app.cleanup_ctx.append(shared_pool_ctx)
     views.add_routes(app)
     app.router.add_post("/kv/pull", pd_views.kv_pull)  # P/D: a decode instance reads a held prefill's KV
     sglang_pd.install(app)  # P/D on SGLang's wire: /kv/bootstrap (replica/sglang_pd.py)

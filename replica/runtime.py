@@ -11,6 +11,8 @@ from aiohttp import web
 from replica.core.build import build_core
 from replica.engine import Engine
 from replica.events import EventFeed
+from replica.kvpool.client import PoolClient
+from replica.kvpool.mirror import MirrorStore
 from replica.pd import PdRuntime
 from replica.prom import LABELS, ReplicaCollector, ReplicaMetrics
 from replica.settings import ReplicaSettings
@@ -24,7 +26,10 @@ class ReplicaRuntime:
     def __init__(self, settings: ReplicaSettings) -> None:
         self.settings = settings
         self.cost = settings.cost_model()
-        self.core = build_core(settings.core_settings(), self.cost)
+        # the shared KV level, live: a mirror of the pool process's store (replica/kvpool/)
+        shared = settings.tiers.shared
+        self.shared_store = MirrorStore(shared, emit_events=False) if shared is not None else None
+        self.core = build_core(settings.core_settings(), self.cost, shared=self.shared_store)
         self.pool = self.core.pool
         self.scheduler = self.core.scheduler
         self.backend = None
@@ -49,6 +54,10 @@ class ReplicaRuntime:
                              on_first_token=self._first_token, on_finished=self.prom.finished)
         # disaggregated prefill / decode: this instance's NIC, held prefills, remote decodes (replica/pd.py)
         self.pd = PdRuntime(settings, self.engine, self.cost.kv_bytes_per_token, self.registry, LABELS)
+        self.shared_pool: PoolClient | None = None
+        if self.shared_store is not None and settings.shared_pool_url is not None:
+            self.shared_pool = PoolClient(settings.shared_pool_url, self.shared_store, settings.replica_id,
+                                          settings.serving.cluster_token, self.engine.now)
         self.registry.register(ReplicaCollector(self))
         self.started = time.time()
         self.rejected: dict[str, int] = {}

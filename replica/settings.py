@@ -99,6 +99,8 @@ class ReplicaSettings:
     role: str = "both"
     pd: PdSettings = PdSettings()  # this instance's NIC (link Gb/s per GPU, latency) and what crosses it
     pd_hold_timeout_s: float = DEFAULT_PD_HOLD_TIMEOUT_S
+    # the shared KV pool's process (replica/kvpool/service.py), where tiers.shared is set: its URL
+    shared_pool_url: str | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in live_policy_names():  # an oracle needs the future: `kvemu sim` only
@@ -140,6 +142,11 @@ class ReplicaSettings:
         check_backend(self.backend, self.layers)
         check_role(self.role)
         check_number("pd_hold_timeout_s", self.pd_hold_timeout_s, above=0)
+        if (self.tiers.shared is None) != (self.shared_pool_url is None):
+            raise InputError("shared_pool_url", "a shared level (tiers.shared) and the pool's URL go together: a"
+                                                " live replica's shared level is a `kvemu pool` process")
+        if self.shared_pool_url is not None and not self.shared_pool_url.startswith(("http://", "https://")):
+            raise InputError("shared_pool_url", f"expected an http:// URL, got {self.shared_pool_url!r}")
         CostModel.from_names(self.model, self.gpu)  # unknown names list the valid ones
         if self.capacity_gib is not None and self.resolved_capacity_blocks() <= 0:
             raise InputError("capacity_gib", "is smaller than one KV block of this model")

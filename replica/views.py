@@ -226,7 +226,9 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok", "replica_id": s.replica_id, "role": s.role, "epoch": state.feed.epoch,
                               "policy": state.pool.policy.name, "model": s.model, "capacity_blocks": state.pool.capacity,
                               "block_size": s.block_size, "matching": s.matching, "running": state.scheduler.num_running,
-                              "waiting": state.scheduler.num_waiting, "kv_usage": state.pool.usage()})
+                              "waiting": state.scheduler.num_waiting, "kv_usage": state.pool.usage(),
+                              # the shared KV pool: ok, unreachable (serving from its own levels) or connecting
+                              **({"shared_pool": state.shared_pool.state} if state.shared_pool is not None else {})})
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -272,6 +274,8 @@ async def stats(request: web.Request) -> web.Response:
         out["index_shipper"] = state.shipper.stats()
     if state.core.tiers is not None:
         out["tiers"] = state.core.tiers.stats()
+    if state.shared_pool is not None:  # the shared KV pool as this replica sees it (replica/kvpool/client.py)
+        out["shared_pool"] = state.shared_pool.stats()
     return respond(request, out)
 
 

@@ -1,7 +1,9 @@
-"""The shared KV level's flags (replica/core/tiers/shared.py), for `kvemu sim` and `sweep`:
+"""The shared KV level's flags (replica/core/tiers/shared.py), for `kvemu sim`, `sweep` and `up`:
 ``--shared-cache-gib`` (the store's capacity; 0, the default: none), ``--shared-chunk-tokens``,
 ``--shared-eviction``, ``--shared-write``, ``--shared-nic-gbps``, ``--shared-pool-gbps``,
-``--shared-ttfb-us`` and ``--shared-scope``."""
+``--shared-ttfb-us`` and ``--shared-scope``. Live, the store is a `kvemu pool` process
+(replica/kvpool/service.py): it takes ``STORE_OPTIONS`` (every flag but the scope, which is up's: one pool per
+group), and a replica takes them too with ``--shared-pool-url`` (its pool), so both shape one store alike."""
 
 from __future__ import annotations
 
@@ -41,16 +43,44 @@ SHARED_OPTIONS = (
 )
 
 
+# what shapes one store (a pool process and each replica using it take these): every flag but the scope
+STORE_OPTIONS = tuple(o for o in SHARED_OPTIONS if o.flag != "--shared-scope")
+SHARED_POOL_URL = Option("--shared-pool-url", None, "the shared KV pool (a `kvemu pool` process) this replica"
+                         " reads and writes; give it the pool's --shared-* flags too (kvemu up does)", metavar="URL")
+
+
 def add_shared_args(p: argparse.ArgumentParser) -> None:
     add_options(p.add_argument_group("a KV store shared by the replicas"), SHARED_OPTIONS)
 
 
-def shared_settings(args: argparse.Namespace, cost: CostModel, block_size: int, replicas: int) -> SharedSettings | None:
+def add_replica_shared_args(p: argparse.ArgumentParser) -> None:
+    """A replica's: its pool's URL and the flags that shape the store (the pool's own)."""
+    group = p.add_argument_group("the shared KV pool (kvemu pool) below this replica's own tiers")
+    SHARED_POOL_URL.add(group)
+    add_options(group, STORE_OPTIONS)
+
+
+def add_pool_args(p: argparse.ArgumentParser) -> None:
+    add_options(p.add_argument_group("the store"), STORE_OPTIONS)
+
+
+def replica_shared_settings(args: argparse.Namespace, cost: CostModel, block_size: int) -> SharedSettings | None:
+    """A replica's shared level: None without ``--shared-pool-url``; with it, ``--shared-cache-gib`` too."""
+    url = args.shared_pool_url
+    if url is None:
+        return shared_settings(args, cost, block_size, None)  # the shaping flags without a store: refused
+    if not args.shared_cache_gib:
+        raise InputError("--shared-pool-url", "needs the pool's --shared-cache-gib (and its other --shared-* flags)")
+    return shared_settings(args, cost, block_size, None)
+
+
+def shared_settings(args: argparse.Namespace, cost: CostModel, block_size: int,
+                    replicas: int | None) -> SharedSettings | None:
     """The flags as one validated ``SharedSettings`` (capacity and chunks in blocks of ``block_size``); None
     without a store, refusing the flags that would shape one."""
     gib = check_number("--shared-cache-gib", args.shared_cache_gib, minimum=0)
     if gib == 0:
-        given = [o.flag for o in SHARED_OPTIONS[1:] if getattr(args, o.dest) != o.default]
+        given = [o.flag for o in SHARED_OPTIONS[1:] if getattr(args, o.dest, o.default) != o.default]
         if given:
             raise InputError(given[0], "shapes a shared KV store, but there is none: give --shared-cache-gib G")
         return None
@@ -64,8 +94,8 @@ def shared_settings(args: argparse.Namespace, cost: CostModel, block_size: int, 
     if chunk is not None and chunk > block_size and args.shared_write == "evict":
         raise InputError("--shared-write", f"chunks of {chunk} tokens are written whole, at prefill: give --shared-write"
                                            " through (a replica's evictions come a block at a time)")
-    scope = args.shared_scope
-    if scope < 0 or scope > replicas:
+    scope = getattr(args, "shared_scope", 0)
+    if replicas is not None and (scope < 0 or scope > replicas):
         raise InputError("--shared-scope", f"must be 0 (the whole cluster) or a group size of 1 to {replicas} replicas"
                                            f" (the cluster has {replicas}), got {scope}")
     ttfb = check_number("--shared-ttfb-us", args.shared_ttfb_us, minimum=0)

@@ -1,0 +1,66 @@
+"""``kvemu pool``: run the shared KV pool process (replica/kvpool/service.py), the live store of the level every
+replica of its scope reads and writes (issue 45). ``kvemu up --shared-cache-gib G`` starts one per scope group;
+a replica uses it with ``--shared-pool-url`` and the same ``--shared-*`` flags."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from kvemu.options.gpu import add_gpu_args, gpu_setting
+from kvemu.options.matching import BLOCK_SIZE
+from kvemu.options.replica_flags import MODEL, TIME_SCALE
+from kvemu.options.serving import add_server_args
+from kvemu.options.shared_pool import add_pool_args, shared_settings
+from shared.errors import InputError
+from shared.hashing import DEFAULT_BLOCK_SIZE
+
+DEFAULT_PORT = 8300
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
+    p.add_argument("--pool-id", default=None, help="the id its event feed publishes under (default shared-pool)")
+    MODEL.add(p)
+    add_gpu_args(p)
+    BLOCK_SIZE.add(p)
+    TIME_SCALE.add(p, help="wall seconds per emulated second, the replicas' (its leases and link run on it)")
+    add_pool_args(p)
+    add_server_args(p)
+    p.add_argument("--log-level", default="warning")
+
+
+def settings_from_args(args):
+    from kvemu.options.serving import serving_settings
+    from replica.kvpool.service import DEFAULT_POOL_ID, PoolSettings
+    from shared.costmodel import CostModel
+
+    gpu = gpu_setting(args)
+    cost = CostModel.from_names(args.model, gpu)
+    block_size = args.block_size or DEFAULT_BLOCK_SIZE
+    if not args.shared_cache_gib:
+        raise InputError("--shared-cache-gib", "a pool needs a capacity: give --shared-cache-gib G (G > 0)")
+    shared = shared_settings(args, cost, block_size, None)
+    assert shared is not None
+    return PoolSettings(shared=shared, block_bytes=cost.block_bytes(block_size), block_size=block_size,
+                        pool_id=args.pool_id or DEFAULT_POOL_ID, port=args.port, time_scale=args.time_scale,
+                        serving=serving_settings(args))
+
+
+def run(args) -> int:
+    from kvemu.options.serving import token_line
+    from replica.kvpool.service import make_app
+    from shared.serve import bind, serve
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    settings = settings_from_args(args)
+    app = make_app(settings)
+    sock = bind(settings.serving.host, settings.port)
+    print(token_line(args), file=sys.stderr, flush=True)
+    s = settings.shared
+    print(f"pool {settings.pool_id} ({s.blocks} blocks, chunks of {s.chunk_blocks}, {s.eviction}, write {s.write})"
+          f" on http://{settings.serving.host}:{settings.port}", file=sys.stderr, flush=True)
+    serve(app, sock)
+    return 0
