@@ -48,13 +48,13 @@ def test_a_pd_cluster_needs_no_colocated_replica():
 
 def test_prefill_without_decode_is_refused():
     assert refused(Topology, prefill=1) == (
-        "--decode-replicas", "a P/D cluster needs both pools: 1 prefill replicas but no decode replica;"
+        "--decode-replicas", "a P/D cluster needs both pools: prefill replicas (1) but no decode replica;"
                            " give --decode-replicas N (N >= 1), or neither for a colocated cluster")
 
 
 def test_decode_without_prefill_is_refused():
     assert refused(Topology, colocated=0, decode=2) == (
-        "--prefill-replicas", "a P/D cluster needs both pools: 2 decode replicas but no prefill replica;"
+        "--prefill-replicas", "a P/D cluster needs both pools: decode replicas (2) but no prefill replica;"
                             " give --prefill-replicas N (N >= 1), or neither for a colocated cluster")
 
 
