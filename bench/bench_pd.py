@@ -1,4 +1,4 @@
-"""Disaggregated prefill / decode in virtual time: the study of issue 44, item 6 (docs/pd.md).
+"""Disaggregated prefill / decode in virtual time: the study in docs/pd.md.
 
 Every point is one `kvemu sim` command line (parsed and checked by its own parser, as
 bench/bench_flashgen.py does), on kvemu's default model and GPU (qwen3-coder-30b-a3b on one H200 per
