@@ -546,6 +546,8 @@ class Simulation:
         tiers: dict = {"mode": s.mode, "fetch": s.fetch}
         tiers.update({f"{lv.kind}_blocks": lv.blocks for lv in levels})
         tiers.update({f"{lv.kind}_policy": lv.policy for lv in levels})
+        if s.shared is not None:  # the store's own eviction, not a block policy
+            tiers["shared_policy"] = s.shared.eviction
         if self.stores:  # the shared level's stores, as many as its scope makes
             tiers["shared"] = [store.stats() for store in self.stores]
         tiers.update({"host_link_gbps": s.host_link_gbps, "bytes_moved": moved,

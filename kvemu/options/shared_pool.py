@@ -28,7 +28,7 @@ SHARED_OPTIONS = (
     Option("--shared-chunk-tokens", None, "its objects: chunks of N tokens of a prompt, a multiple of the block size"
            " (LMCache 256; default one block); chunks of several blocks need --shared-write through", int,
            metavar="N"),
-    Option("--shared-eviction", "mooncake", "mooncake: from a 90% high watermark evict 5% of objects, least"
+    Option("--shared-eviction", "mooncake", "mooncake: from a 90%% high watermark evict 5%% of objects, least"
            " recently used first, skipping those read in the last 10 s; lru: one at a time", choices=SHARED_EVICTIONS),
     Option("--shared-write", "evict", "evict: a replica writes what its last own level evicts; through: every full"
            " chunk it computes (LMCache's write-through at prefill)", choices=SHARED_WRITES),
@@ -99,5 +99,7 @@ def shared_settings(args: argparse.Namespace, cost: CostModel, block_size: int,
         raise InputError("--shared-scope", f"must be 0 (the whole cluster) or a group size of 1 to {replicas} replicas"
                                            f" (the cluster has {replicas}), got {scope}")
     ttfb = check_number("--shared-ttfb-us", args.shared_ttfb_us, minimum=0)
+    check_number("--shared-nic-gbps", args.shared_nic_gbps, above=0)
+    check_number("--shared-pool-gbps", args.shared_pool_gbps, above=0)
     return SharedSettings(blocks, (chunk or block_size) // block_size, args.shared_eviction, args.shared_write,
                           args.shared_nic_gbps, args.shared_pool_gbps, ttfb / 1e6, scope)

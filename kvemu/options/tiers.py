@@ -79,7 +79,7 @@ def check_tier_flags(args: argparse.Namespace, tiers: TierSettings, cost: CostMo
         default = next(o.default for o in TIER_OPTIONS if o.flag == flag)
         if getattr(args, dest) != default and tiers.ssd_blocks == 0:
             raise InputError(flag, "does nothing without an SSD tier: add --ssd-cache-gib, or drop it")
-    if tiers.enabled:
+    if tiers.enabled or getattr(args, "shared_cache_gib", 0) > 0:  # a shared store is a level below HBM too
         return
     given = {option.flag: getattr(args, option.dest) != option.default for option in TIER_OPTIONS}
     for flag in ("--no-hbm-caching", "--tier-policy", "--tier-mode", "--fetch", "--host-link-gbps", "--separate-tp-link"):

@@ -14,8 +14,9 @@ other one reads. What differs from a replica's own level:
   ``through`` writes every full chunk a replica computes, at prefill, as LMCache stores.
 * **Eviction**: ``mooncake``, Mooncake's store: once a write lifts the store above its high watermark
   (90% of its capacity), it evicts 5% of its objects in approximate-LRU order (least recently
-  written or read first), skipping objects under a read lease (10 s after a lookup that read them);
-  a write that finds no room even so is refused (counted), as Mooncake's put fails when full.
+  written or read first), skipping objects under a read lease (10 s after a lookup that read them)
+  and those the write itself stored; a write that finds no room even so is refused (counted), as
+  Mooncake's put fails when full.
   ``lru``: the least recently used unleased object goes, one at a time, until the write fits.
 * **Never removed on a fetch**: a read leaves the object where it is (the other replicas want it).
 * **Its links**: each replica's NIC (the level's own link in the replica's stack) and the store's
@@ -86,7 +87,6 @@ class SharedCounters:
     refused: int = 0  # chunks a write found no room for
     reads: int = 0  # chunks read by a fetch
     evictions: int = 0  # chunks evicted
-    lookups: int = 0
 
 
 @dataclass(eq=False)
@@ -130,16 +130,20 @@ class SharedStore:
         chunks not held are stored where room is made; returns the blocks newly written (what crosses)."""
         n = self.settings.chunk_blocks
         written: list[int] = []
+        keys: set[int] = set()  # the chunks this write stored: never its own victims (their bytes crossed to stay)
         for i in range(0, len(hashes) - n + 1, n):
             chunk = tuple(hashes[i:i + n])
             key = chunk[-1]
             if key in self.chunks:
                 self.chunks.move_to_end(key)
                 continue
-            if not self._room_for(n, now):
+            if any(h in self.held for h in chunk):  # cut elsewhere than a held chunk: never re-key a block
+                continue
+            if not self._room_for(n, now, keys):
                 self.counters.refused += 1
                 continue
             self.chunks[key] = chunk
+            keys.add(key)
             for h in chunk:
                 self.held[h] = key
             written.extend(chunk)
@@ -147,7 +151,7 @@ class SharedStore:
             if self.emit_events:
                 self.events.append(KvEvent("stored", chunk))
         if written and self.settings.eviction == "mooncake" and self.used > HIGH_WATERMARK * self.capacity:
-            self._evict(max(1, int(EVICT_FRACTION * len(self.chunks))), now)
+            self._evict(max(1, int(EVICT_FRACTION * len(self.chunks))), now, keys)
         return written
 
     def acquire(self, lookup: Lookup) -> Allocation:
@@ -174,20 +178,23 @@ class SharedStore:
         return out
 
     # ---- eviction ------------------------------------------------------------------
-    def _room_for(self, blocks: int, now: float) -> bool:
+    def _room_for(self, blocks: int, now: float, protect: set[int]) -> bool:
         over = self.used + blocks - self.capacity
         if over > 0:
-            self._evict(-(-over // self.settings.chunk_blocks), now)
+            self._evict(-(-over // self.settings.chunk_blocks), now, protect)
         return self.used + blocks <= self.capacity
 
-    def _evict(self, chunks: int, now: float) -> None:
-        """Evict up to ``chunks`` objects, least recently used first, skipping those under a lease."""
+    def _evict(self, chunks: int, now: float, protect: set[int]) -> None:
+        """Evict up to ``chunks`` objects, least recently used first, skipping those under a lease (and the
+        chunks whose key is in ``protect``)."""
         gone: list[int] = []
+        evicted = 0
         for key in list(self.chunks):
-            if len(gone) >= chunks:
+            if evicted >= chunks:
                 break
-            if self.leases.get(key, -1.0) > now:
+            if self.leases.get(key, -1.0) > now or key in protect:
                 continue
+            evicted += 1
             self.leases.pop(key, None)
             blocks = self.chunks.pop(key)
             for h in blocks:

@@ -377,7 +377,7 @@ class TierStack:
 
     def _hbm_evicted(self, victims: Sequence[int]) -> None:
         if self.settings.mode == "exclusive" and victims:
-            if not self.levels:
+            if not self.levels or self._written_through(self.levels[0]):
                 self.counters.dropped += len(victims)
                 return
             self.counters.demoted += len(victims)
@@ -386,11 +386,15 @@ class TierStack:
     def _spiller(self, level: Level, below: Level | None) -> Callable[[Sequence[int]], None]:
         """A level's eviction sink: on to the level below, or out of the hierarchy from the last."""
         def spill(victims: Sequence[int]) -> None:
-            if below is None:
+            if below is None or self._written_through(below):
                 self.counters.dropped += len(victims)
             else:
                 self._store(below, victims, level.name)
         return spill
+
+    def _written_through(self, level: Level) -> bool:
+        """A shared store written through (at prefill) takes no evictions: what it should hold it got."""
+        return level.shared and self.settings.shared is not None and self.settings.shared.write == "through"
 
     def released(self, hashes: Sequence[int], stored: Sequence[int], now: float) -> None:
         """A request finished (its prompt's ``hashes``, then the response blocks it ``stored``). Without
@@ -446,7 +450,7 @@ class TierStack:
         self._now = max(self._now, now)
         for k, first, end in self.queries.runs(hashes, self.hbm_lookup.missing(hashes)):
             link = levels[k].link
-            if link is None:
+            if link is None or levels[k].shared:  # the shared store is read at admission, over both its links
                 continue
             todo = [h for h in hashes[first:end] if h not in staged]
             if todo:

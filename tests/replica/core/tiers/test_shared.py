@@ -130,12 +130,15 @@ def test_crossing_the_90_percent_watermark_evicts_5_percent_of_the_objects_least
 
 
 def test_the_watermark_is_checked_once_after_a_write_of_many():
-    """One write of 95 blocks into an empty store of 100: all fit, then 95 > 90 evicts int(0.05 x 95) =
-    int(4.75) = 4, leaving 91 (a sweep of 5% need not bring it back under the watermark)."""
+    """One write of 95 blocks into an empty store of 100: all fit, and 95 > 90 sweeps, but a write's own
+    chunks are never its victims: 95 stay. The next write (one block) sweeps int(0.05 x 96) = 4 of the
+    older ones, least recent first."""
     s = store(100)
     assert s.admit_absent(list(range(95)), 0.0) == list(range(95))
-    assert s.used == 91 and sorted(s.absent(range(95))) == [0, 1, 2, 3]
-    assert s.counters.writes == 95 and s.counters.evictions == 4
+    assert s.used == 95 and s.counters.evictions == 0
+    assert s.admit_absent([95], 1.0) == [95]
+    assert s.used == 92 and sorted(s.absent(range(96))) == [0, 1, 2, 3]
+    assert s.counters.writes == 96 and s.counters.evictions == 4
 
 
 def test_a_small_store_evicts_at_least_one_object():
@@ -225,17 +228,16 @@ def test_under_lru_a_write_into_a_full_store_of_leased_chunks_is_refused():
     assert sorted(s.held) == [1, 2, 3, 4] and s.counters.evictions == 0
 
 
-def test_a_mooncake_write_over_the_watermark_with_every_older_chunk_leased_evicts_what_it_just_wrote():
-    """Current behaviour, worked by hand (a modelling choice, reported): 10 blocks, 1..9 written and read at
-    t=0. Blocks 10, 11, 12 in one write at t=1: 10 fits (10 blocks), 11 needs one block, and the only
-    unleased chunk is 10; 12 evicts 11 the same way; then 10 > 9.0 sweeps max(1, int(0.5)) = 1: 12. The
-    write answers all three as written (they crossed the link) though none is held."""
+def test_a_mooncake_write_over_the_watermark_with_every_older_chunk_leased_keeps_what_it_stored():
+    """10 blocks, 1..9 written and read at t=0 (leased until 10). Blocks 10, 11, 12 in one write at t=1: 10
+    fits; 11 needs a block, but every older chunk is leased and 10 is this write's own: refused, as 12; the
+    sweep over the watermark finds nothing it may evict. Only 10 crossed, and it is held."""
     s = store(10)
     s.admit_absent(list(range(1, 10)), 0.0)
     s.acquire(Lookup(list(range(1, 10)), now=0.0))
-    assert s.admit_absent([10, 11, 12], 1.0) == [10, 11, 12]
-    assert sorted(s.held) == list(range(1, 10))
-    assert (s.counters.writes, s.counters.evictions, s.counters.refused) == (12, 3, 0)
+    assert s.admit_absent([10, 11, 12], 1.0) == [10]
+    assert sorted(s.held) == list(range(1, 11))
+    assert (s.counters.writes, s.counters.evictions, s.counters.refused) == (10, 0, 2)
 
 
 # ---- LRU ---------------------------------------------------------------------------------------
