@@ -44,9 +44,12 @@ from kvemu.options.reuse import SHARDS_RATE
 from kvemu.options.router_flags import ROUTING_OPTIONS
 from kvemu.options.scheduler import LIVE_SCHEDULER_OPTIONS, check_scheduler_flags
 from kvemu.options.serving import SERVER_OPTIONS, given_cluster_token
+from kvemu.options.shared_pool import add_shared_args
 from kvemu.options.tiers import TIER_OPTIONS, add_tier_args, tier_settings
 from kvemu.router_cmd import ROUTER_OPTIONS
 from kvemu.up_pd import members_of, pool_args, validate_pools, validate_topology
+from kvemu.up_pool import TRANSFORMED_SHARED, pool_groups, pool_id, replica_shared_argv, validate_shared
+from kvemu.up_pool import pool_args as shared_pool_args
 from replica.backends import check_backend, check_backend_flags
 from shared.costmodel import CostModel
 from shared.errors import InputError, KvemuError
@@ -80,6 +83,7 @@ TRANSFORMED = {
        for o in TO_PD_REPLICAS},
     **{o.flag: "to the router only in a P/D cluster (the prefill pool's strategy and the decider: a colocated"
                " cluster has neither)" for o in PD_DECIDER_OPTIONS},
+    **TRANSFORMED_SHARED,
 }
 
 
@@ -123,6 +127,7 @@ class Cluster:
     replica_urls: list[str] = field(default_factory=list)
     roles: list[str] = field(default_factory=list)  # each replica's, beside its URL
     redis_url: str | None = None
+    pool_urls: list[str] = field(default_factory=list)  # the shared KV pools (kvemu/up_pool.py)
     tmpdir: str | None = None
     token: str = ""
     token_path: str | None = None  # the shared file the token is in; None for a token given
@@ -210,7 +215,7 @@ def replica_args(i: int, port: int, a, index: str | None, replica_id: str = "", 
             "--gpu", pool.gpu, *forward((*TO_REPLICAS, *TO_BOTH), pool), *kv_events_argv(a, i)]
     if role != "both":
         args += ["--role", role, *forward(TO_PD_REPLICAS, a)]
-    return args + (["--index", index] if index else [])
+    return args + (["--index", index] if index else []) + replica_shared_argv(a, i)
 
 
 
@@ -240,6 +245,7 @@ def bring_up(a, log_dir: str | None = None) -> Cluster:
 
         index, password = split_password(_index_for(a, cluster, log_dir))
         cluster.redis_password = password or ""
+        start_pools(cluster, a, log_dir)
         members = members_of(a)
         for i, (replica_id, role) in enumerate(members):
             port = a.replica_base_port + i if a.replica_base_port else free_port()
@@ -260,6 +266,19 @@ def bring_up(a, log_dir: str | None = None) -> Cluster:
     return cluster
 
 
+
+
+def start_pools(cluster: Cluster, a, log_dir: str) -> None:
+    """The shared KV pools first (kvemu/up_pool.py): every replica checks its pool at start."""
+    a.shared_pool_urls = []
+    for k in range(pool_groups(a)):
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        cluster.start(Child(pool_id(a, k), shared_pool_args(a, k, port), url), log_dir)
+        a.shared_pool_urls.append(url)
+        cluster.pool_urls.append(url)
+    if cluster.pool_urls:
+        wait_healthy(cluster, cluster.pool_urls, a.start_timeout, log_dir)
 
 
 def _index_for(a, cluster: Cluster, log_dir: str) -> str:
@@ -356,6 +375,7 @@ def add_cluster_args(p: argparse.ArgumentParser, replicas: int = 4) -> None:
     add_kv_events_arg(p)
     add_pd_args(p)  # the topology, each pool's shape, the decider (the router's) and the link (the P/D replicas')
     PD_HOLD_TIMEOUT_OPTION.add(p)
+    add_shared_args(p)  # the shared KV pool: up starts it (kvemu/up_pool.py)
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -417,6 +437,7 @@ def validate(a) -> None:
     get_strategy(a.routing)
     routing_settings(matching.block_size, a.set, mode=matching.mode)
     validate_pools(a, matching.block_size)
+    validate_shared(a, matching.block_size)
     wanted = [("--port", a.port)] if getattr(a, "port", 0) else []
     if a.replica_base_port:
         wanted += [("--replica-base-port", a.replica_base_port + i) for i in range(a.topology.total)]
@@ -487,6 +508,8 @@ def run(a) -> int:
             print(f"{replica_id} {url}")  # a P/D replica's id names its role (prefill-i, decode-i)
         if cluster.redis_url:
             print(f"redis    {cluster.redis_url}")
+        for k, url in enumerate(cluster.pool_urls):
+            print(f"{pool_id(a, k)} {url}")
         print(f"logs     {cluster.tmpdir}")
         if token_file:
             print(f"token    {token_file}")
