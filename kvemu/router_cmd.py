@@ -34,6 +34,14 @@ ROUTER_OPTIONS = (
            help="requests one client may send at once under --client-rate (default: the rate rounded up)"),
 )
 
+# The shared KV pools the replicas use (issue 45), a flag of the router alone: `kvemu up` starts the pools and
+# passes each one's URL (and scope group) to the router.
+SHARED_POOL = Option("--shared-pool", (), metavar="URL[=ID,...]", repeat=True,
+                     help="a shared KV pool (`kvemu pool`) the replicas use: the router follows its event feed (with a Redis"
+                          " index, reads what the pool ships there) so that cache_aware prices a hit in it (shared_hit_cost),"
+                          " and /cluster and the dashboard show it; once per pool; =ID,... the replica ids it serves (a"
+                          " --shared-scope group; default every replica)")
+
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8000)
@@ -45,6 +53,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None)
     add_server_args(p)
     add_options(p, ROUTER_OPTIONS)
+    add_options(p, (SHARED_POOL,))
     add_options(p.add_argument_group("disaggregated prefill / decode (P/D)"), PD_DECIDER_OPTIONS)
     p.add_argument("--workers", type=int, default=1,
                    help="router processes sharing the port; a supervisor restarts any that dies")
@@ -53,11 +62,14 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def settings_from_args(args):
-    from kvemu.options.router_flags import routing_settings
+    from kvemu.options.router_flags import live_levels, routing_settings
     from kvemu.options.serving import serving_settings
 
     matching = matching_setting(args)  # the replicas' hashing unit: a block, or a radix page
-    routing = routing_settings(matching.block_size, args.set, mode=matching.mode)  # levels: host DRAM, SSD
+    pools = shared_pools(args.shared_pool)
+    # levels: host DRAM, SSD, and the shared store last where there is one, as kvemu sim prices them
+    levels = live_levels(bool(pools))
+    routing = routing_settings(matching.block_size, args.set, levels, mode=matching.mode)
     replicas, roles = replica_roles(args.replicas)
     return RouterSettings(replicas=replicas, roles=roles, pd=pd_settings(args), prefill_routing=args.prefill_routing,
                           port=args.port, routing=args.routing, index=args.index,
@@ -65,7 +77,21 @@ def settings_from_args(args):
                           health_interval_s=args.health_interval, dashboard_interval_s=args.dashboard_interval,
                           seed=args.seed, serving=serving_settings(args),
                           client_max_in_flight=args.client_max_in_flight, client_rate=args.client_rate,
-                          client_burst=args.client_burst)
+                          client_burst=args.client_burst, shared_pools=pools,
+                          shared_level=len(levels) if pools else 0)
+
+
+def shared_pools(values) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """``--shared-pool`` values: each pool's URL and the replica ids it serves (none: every replica)."""
+    out = []
+    for value in values:
+        url, sep, ids = value.strip().partition("=")
+        served = tuple(i.strip() for i in ids.split(",") if i.strip())
+        if sep and not served:
+            raise InputError("--shared-pool", f"{value!r}: give the replica ids after '=' (URL=replica-0,replica-1)"
+                                              " or none (the pool serves every replica)")
+        out.append((url.strip().rstrip("/"), served))
+    return tuple(out)
 
 
 def replica_roles(value: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -90,7 +116,8 @@ def worker_args(args) -> list[str]:
     """The arguments a worker gets: this router's, without ``--workers``."""
     out = ["--port", str(args.port), "--host", args.host, "--replicas", args.replicas, "--index", args.index,
            "--log-level", args.log_level,
-           *forward((*ROUTING_OPTIONS, CLUSTER, *MATCHING, *SERVER_OPTIONS, *ROUTER_OPTIONS, *PD_DECIDER_OPTIONS), args)]
+           *forward((*ROUTING_OPTIONS, CLUSTER, *MATCHING, *SERVER_OPTIONS, *ROUTER_OPTIONS, *PD_DECIDER_OPTIONS,
+                     SHARED_POOL), args)]
     if args.seed is not None:
         out += ["--seed", str(args.seed)]
     if args.cluster_token:  # through the environment, not the command line other users can read

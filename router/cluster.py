@@ -4,6 +4,12 @@ Each replica is known by the id it reports on ``/health``. A replica that fails 
 checks (``unhealthy_after`` in a row, or a refused connection) is taken out of routing
 and its index entries are cleared; it rejoins when a check passes again. A new epoch
 on ``/health`` means the replica restarted with an empty cache: its entries are cleared.
+
+Shared KV pools (``settings.shared_pools``, `kvemu pool`): each is known by the id its ``/health``
+reports (``pool_id``), declared to the index as a store serving its replicas (``StoreScope``), and,
+with the embedded index, its ``/kv/events`` feed is followed as a replica's is (same batches, same
+gap and resync rules). A pool that fails its checks has its entries cleared (a pool that dies loses
+what it held); a new epoch (restarted, empty) clears them too.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import msgpack
 
 from router.settings import RouterSettings
 from router.strategies import ReplicaState
-from shared.index import EventBatch, IndexUnavailable
+from shared.index import EventBatch, IndexUnavailable, StoreScope
 
 LONG_POLL_MS = 1000  # how long a replica holds a feed read with nothing new
 log = logging.getLogger("kvemu.router.cluster")
@@ -42,10 +48,38 @@ class ReplicaHandle:
     role: str = "both"  # P/D: both, prefill or decode (the command line's, else what /health says)
     role_given: bool = False  # the command line named it
     pd_stats: dict = field(default_factory=dict)  # the replica's /stats "pd" section (link, transfers), if any
+    tier_stats: dict = field(default_factory=dict)  # its /stats "tiers" section (hits by level), if it has levels
 
     @property
     def replica_id(self) -> str:
         return self.state.replica_id
+
+
+def _following(feed: ReplicaHandle | PoolHandle) -> bool:
+    """Whether its feed is read now: a healthy replica, or a healthy pool the index knows as a store."""
+    return feed.healthy and bool(feed.declared) if isinstance(feed, PoolHandle) else feed.state.healthy
+
+
+@dataclass(slots=True)
+class PoolHandle:
+    """A shared KV pool as the router sees it: its feed, like a replica's, and its last ``/stats``."""
+
+    url: str
+    serves: tuple[str, ...]  # replica ids of its scope group; (): every replica
+    store_id: str = ""  # the id its feed publishes under (its /health's pool_id); "" until it answered
+    epoch: str = ""
+    healthy: bool = False
+    declared: str = ""  # the store id the index was told of (add_store)
+    failures: int = 0
+    feed_cursor: int = 0
+    feed_lag_events: int = 0
+    resync_asked_at: int = -1
+    health: dict = field(default_factory=dict)
+    stats: dict = field(default_factory=dict)  # its last /stats (the dashboard's sampler reads it)
+
+    @property
+    def name(self) -> str:
+        return self.store_id or self.url
 
 
 class Cluster:
@@ -60,6 +94,7 @@ class Cluster:
         token = settings.serving.cluster_token
         self.auth = {"Authorization": f"Bearer {token}"} if token else {}  # for replicas' internal endpoints
         self._healthy_event = asyncio.Event()
+        self.pools = [PoolHandle(url.rstrip("/"), serves) for url, serves in settings.shared_pools]
 
     def by_id(self, replica_id: str) -> ReplicaHandle | None:
         for r in self.replicas:
@@ -85,8 +120,72 @@ class Cluster:
     # ---- health ---------------------------------------------------------------------
     async def health_loop(self) -> None:
         while True:
-            await asyncio.gather(*(self.check(r) for r in self.replicas), return_exceptions=True)
+            await asyncio.gather(*(self.check(r) for r in self.replicas), *(self.check_pool(p) for p in self.pools),
+                                 return_exceptions=True)
             await asyncio.sleep(self.settings.health_interval_s)
+
+    # ---- shared KV pools ------------------------------------------------------------------
+    async def check_pool(self, pool: PoolHandle) -> None:
+        timeout = aiohttp.ClientTimeout(total=self.settings.health_timeout_s)
+        try:
+            async with self.session.get(pool.url + "/health", timeout=timeout) as resp:
+                body = await resp.json() if resp.status == 200 else None
+        except (aiohttp.ClientConnectorError, ConnectionRefusedError):
+            await self.pool_failed(pool, "connection refused", immediate=True)
+            return
+        except (TimeoutError, aiohttp.ClientError, ValueError):
+            body = None
+        store_id = str(body.get("pool_id") or body.get("replica_id") or "") if isinstance(body, dict) else ""
+        if not body or body.get("status") != "ok" or not store_id:
+            await self.pool_failed(pool, "health check failed")
+            return
+        epoch = str(body.get("epoch", ""))
+        if pool.store_id and (store_id != pool.store_id or epoch != pool.epoch):
+            log.warning("shared pool %s restarted (epoch %s -> %s): clearing its index entries", store_id, pool.epoch,
+                        epoch)
+            await self._clear_pool(pool)
+        pool.store_id, pool.epoch, pool.failures, pool.health = store_id, epoch, 0, body
+        level = body.get("level")
+        if isinstance(level, int) and level != self.settings.shared_level and not pool.healthy:
+            log.warning("shared pool %s publishes level %s but the router prices the shared level as %s: the router's"
+                        " is used", store_id, level, self.settings.shared_level)
+        if pool.declared != store_id:
+            try:
+                await self.index.add_store(StoreScope(store_id, self.settings.shared_level, pool.serves))
+                pool.declared = store_id
+            except IndexUnavailable:
+                self.metrics.count("index_errors")
+        if not pool.healthy:
+            pool.healthy = True
+            log.info("shared pool %s at %s is healthy", store_id, pool.url)
+            await self._post(pool.url + "/kv/resync")  # the index may lack what it holds: a full republish
+        self.metrics.pool(store_id, healthy=1.0)
+
+    async def pool_failed(self, pool: PoolHandle, reason: str, immediate: bool = False) -> None:
+        pool.failures += 1
+        if pool.healthy and (immediate or pool.failures >= self.settings.unhealthy_after):
+            log.warning("shared pool %s at %s taken out: %s (what it held is lost to routing)", pool.name, pool.url,
+                        reason)
+            pool.healthy = False
+            self.metrics.count("pool_failures")
+            self.metrics.pool(pool.name, healthy=0.0)
+            await self._clear_pool(pool)
+
+    async def _clear_pool(self, pool: PoolHandle) -> None:
+        pool.feed_cursor = 0
+        if pool.store_id:
+            try:
+                await self.index.clear_replica(pool.store_id)
+            except IndexUnavailable:
+                self.metrics.count("index_errors")
+
+    async def _post(self, url: str) -> None:
+        try:
+            async with self.session.post(url, headers=self.auth,
+                                         timeout=aiohttp.ClientTimeout(total=self.settings.health_timeout_s)):
+                pass
+        except (TimeoutError, aiohttp.ClientError):
+            pass  # the next rejoin tries again; meanwhile the index only under-reports
 
     async def check(self, rep: ReplicaHandle) -> None:
         timeout = aiohttp.ClientTimeout(total=self.settings.health_timeout_s)
@@ -141,12 +240,7 @@ class Cluster:
         rep.role = said
 
     async def _request_resync(self, rep: ReplicaHandle) -> None:
-        try:
-            async with self.session.post(rep.url + "/kv/resync", headers=self.auth,
-                                         timeout=aiohttp.ClientTimeout(total=self.settings.health_timeout_s)):
-                pass
-        except (TimeoutError, aiohttp.ClientError):
-            pass  # the next rejoin tries again; meanwhile the index only under-reports
+        await self._post(rep.url + "/kv/resync")
 
     def mark_busy(self, rep: ReplicaHandle) -> None:
         """Overloaded, not failed: keep it in the cluster and its entries in the index, back off."""
@@ -192,16 +286,17 @@ class Cluster:
     async def feed_loop(self) -> None:
         """One long-polling reader per replica: a quiet replica is asked about once a second
         (``LONG_POLL_MS``), a busy one as soon as it has a new batch."""
-        await asyncio.gather(*(self._feed_reader(r) for r in self.replicas))
+        await asyncio.gather(*(self._feed_reader(r) for r in self.replicas), *(self._feed_reader(p) for p in self.pools))
 
-    async def _feed_reader(self, rep: ReplicaHandle) -> None:
+    async def _feed_reader(self, rep: ReplicaHandle | PoolHandle) -> None:
         while True:
-            if not rep.state.healthy:
+            if not _following(rep):
                 await asyncio.sleep(self.settings.poll_interval_s)
                 continue
             started = time.monotonic()
             try:
-                more = await self.poll_feed(rep, wait_ms=LONG_POLL_MS)
+                more = await (self.poll_pool_feed(rep, wait_ms=LONG_POLL_MS) if isinstance(rep, PoolHandle)
+                              else self.poll_feed(rep, wait_ms=LONG_POLL_MS))
             except Exception:  # noqa: BLE001 - one replica's bad answer must not stop its reader for good
                 log.warning("reading %s's event feed failed", rep.url, exc_info=True)
                 more = False
@@ -245,3 +340,35 @@ class Cluster:
             self.metrics.replica(rep.replica_id, event_lag=lag)
         rep.feed_lag_events = lag
         return rep.feed_lag_events > 0
+
+    async def poll_pool_feed(self, pool: PoolHandle, wait_ms: int = 0) -> bool:
+        """A shared pool's feed, as ``poll_feed`` reads a replica's (its batches apply to the store's set: the
+        index was told the id is a store's before the first read)."""
+        url = f"{pool.url}/kv/events?after={pool.feed_cursor}&limit=512" + (f"&wait={wait_ms}" if wait_ms else "")
+        timeout = aiohttp.ClientTimeout(total=2.0 + wait_ms / 1000)
+        try:
+            async with self.session.get(url, headers={"Accept": "application/msgpack", **self.auth},
+                                        timeout=timeout) as resp:
+                if resp.status != 200:
+                    return False
+                feed = msgpack.unpackb(await resp.read(), raw=False)
+        except (TimeoutError, aiohttp.ClientError, ValueError):
+            return False
+        if feed.get("epoch") != pool.epoch or feed.get("replica_id", pool.store_id) != pool.store_id:
+            await self.check_pool(pool)  # restarted between health checks: its stale entries go at once
+            return False
+        applied_to = pool.feed_cursor
+        if int(feed.get("oldest_seq", 1)) > applied_to + 1 and pool.resync_asked_at < applied_to + 1:
+            pool.resync_asked_at = applied_to + 1
+            self.metrics.count("event_gaps")
+            await self._post(pool.url + "/kv/resync")
+        for b in feed.get("batches", []):
+            batch = EventBatch(pool.store_id, pool.epoch, b["seq"], b["events"])
+            result = self.index.apply_sync(batch)
+            self.metrics.count("events_applied", result.applied)
+            self.metrics.count("event_gaps", int(result.reset == "gap"))
+            applied_to = max(applied_to, batch.last_seq)
+        pool.feed_cursor = applied_to
+        pool.feed_lag_events = max(int(feed.get("next_seq", 1)) - 1 - applied_to, 0)
+        self.metrics.pool(pool.store_id, event_lag=pool.feed_lag_events)
+        return pool.feed_lag_events > 0

@@ -20,7 +20,7 @@ import aiohttp
 from aiohttp import web
 
 from router.state import ROUTER
-from router.views import cluster_summary
+from router.views import cluster_summary, refresh_pool_stats
 from shared.errors import InputError
 from shared.index import MemoryIndex
 
@@ -35,6 +35,8 @@ COUNTERS = ("requests", "block_accesses", "block_hits", "recompute_cost_total_s"
 REPLICA_SERIES = ("kv_usage", "hit_ratio", "csr", "running", "waiting", "ttft_p50_s", "ttft_p99_s",
                   "evictions_per_s", "event_lag", "link_bytes_per_s")
 CLUSTER_SERIES = ("imbalance_in_flight", "imbalance_kv_usage", "imbalance_routed", "index_entries", "hotspots")
+# per shared KV pool (--shared-pool), over time: its occupancy, the bytes it holds, its aggregate link's bytes/s
+POOL_SERIES = ("occupancy", "used_bytes", "link_bytes_per_s", "evictions_per_s")
 
 
 class Dashboard:
@@ -63,9 +65,12 @@ class Dashboard:
 
     async def sample(self, state) -> dict:
         stats = await _fetch_stats(state)
-        for rep in state.cluster.replicas:  # the P/D link as /cluster shows it (its "pd" part), from this sample
+        pools = state.cluster.pools
+        await asyncio.gather(*(refresh_pool_stats(state, p) for p in pools if p.healthy))
+        for rep in state.cluster.replicas:  # the P/D link and the levels as /cluster shows them, from this sample
             if rep.replica_id in stats:
                 rep.pd_stats = stats[rep.replica_id].get("pd") or {}
+                rep.tier_stats = stats[rep.replica_id].get("tiers") or {}
         now = time.time()
         base = self._baseline(now)
         summary = cluster_summary(state)
@@ -94,7 +99,9 @@ class Dashboard:
                  "cluster": {"imbalance_in_flight": imb["in_flight"], "imbalance_kv_usage": imb["kv_usage"],
                              "imbalance_routed": imb["routed"], "index_entries": index.get("entries"),
                              "hotspots": len(summary["hotspots"])},
-                 "summary": summary, "index": index}
+                 "summary": summary, "index": index,
+                 "pools": {p.name: _pool_point(p, base["pools"].get(p.name) if base else None,
+                                               now - base["t"] if base else 0.0) for p in pools}}
         self.samples.append(point)
         return point
 
@@ -108,6 +115,9 @@ class Dashboard:
                                           for k in REPLICA_SERIES} for replica_id in replica_ids},
                 "cluster": {k: _series(s["cluster"][k] for s in samples) for k in CLUSTER_SERIES},
                 "decisions_per_s": {r: _series(s["decisions_per_s"].get(r) for s in samples) for r in reasons}}
+        pool_ids = list(dict.fromkeys(pid for s in samples for pid in s["pools"]))
+        hist["pools"] = {pid: {k: _series(s["pools"].get(pid, {}).get(k) for s in samples) for k in POOL_SERIES}
+                         for pid in pool_ids}
         rows = []
         for row in (last["summary"]["replicas"] if last else []):
             rows.append({**row, **_detail(self.latest.get(row["replica_id"]))})
@@ -115,7 +125,8 @@ class Dashboard:
                 "index": last["index"] if last else {}, "decisions": last["decisions"] if last else {},
                 "hotspots": last["summary"]["hotspots"] if last else [],
                 "hotspot_factor": state.settings.hotspot_factor, "replicas": rows, "history": hist,
-                "pd": last["summary"].get("pd") if last else None}
+                "pd": last["summary"].get("pd") if last else None,
+                "shared_pools": last["summary"].get("shared_pools", []) if last else []}
 
 
 def _series(values) -> list:
@@ -141,6 +152,22 @@ def _replica_point(row: dict, st: dict | None, cur: dict | None, prev: dict | No
         point["evictions_per_s"] = max(d["evictions"], 0) / dt
         if "link_bytes" in cur and "link_bytes" in prev and st.get("pd", {}).get("role", "both") != "both":
             point["link_bytes_per_s"] = max(cur["link_bytes"] - prev["link_bytes"], 0) / dt
+    return point
+
+
+def _pool_point(pool, prev: dict | None, dt: float) -> dict:
+    """A shared pool's sample: occupancy and bytes held now, its link's bytes/s and evictions/s since ``prev``
+    (cumulative counters; a pool that restarted, its counters down, gets no rate that interval)."""
+    st = pool.stats if pool.healthy else {}
+    blocks, used = st.get("blocks"), st.get("used_blocks")
+    point = {"occupancy": used / blocks if blocks and used is not None else None, "used_bytes": st.get("used_bytes"),
+             "bytes_moved": st.get("bytes_moved"), "evictions": st.get("evictions"), "link_bytes_per_s": None,
+             "evictions_per_s": None}
+    if prev is not None and dt > 0:
+        for total, rate in (("bytes_moved", "link_bytes_per_s"), ("evictions", "evictions_per_s")):
+            now_v, was = point[total], prev.get(total)
+            if isinstance(now_v, int | float) and isinstance(was, int | float) and now_v >= was:
+                point[rate] = (now_v - was) / dt
     return point
 
 

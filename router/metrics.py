@@ -39,6 +39,7 @@ COUNTERS = {
     "replica_failures": "Replicas taken out by health checks.",
     "replica_restarts": "Replica restarts detected (new epoch).",
     "replica_busy": "Answers of 503 + Retry-After (overloaded): retried elsewhere.",
+    "pool_failures": "Shared KV pools taken out by health checks (their index entries cleared).",
 }
 # per-replica gauges: name -> (help, how workers combine)
 GaugeMode = Literal["livesum", "livemax"]
@@ -48,6 +49,11 @@ GAUGES: dict[str, tuple[str, GaugeMode]] = {
     "kv_usage": ("KV usage reported by the replica.", "livemax"),
     "healthy": ("1 when routable (by any live worker).", "livemax"),
     "event_lag": ("Events published but not yet applied (the slowest worker's index).", "livemax"),
+}
+# per shared KV pool (--shared-pool): name -> (help, how workers combine)
+POOL_GAUGES: dict[str, tuple[str, GaugeMode]] = {
+    "healthy": ("1 when the shared pool answers its health checks (by any live worker).", "livemax"),
+    "event_lag": ("The shared pool's events published but not yet applied (the slowest worker's index).", "livemax"),
 }
 
 
@@ -76,6 +82,8 @@ class RouterMetrics:
         self._counters = {name: Counter(f"kvemu_router_{name}", doc, registry=own) for name, doc in COUNTERS.items()}
         self._gauges = {name: Gauge(f"kvemu_router_replica_{name}", doc, ["replica_id"], registry=own,
                                     multiprocess_mode=mode) for name, (doc, mode) in GAUGES.items()}
+        self._pool_gauges = {name: Gauge(f"kvemu_router_shared_pool_{name}", doc, ["pool_id"], registry=own,
+                                         multiprocess_mode=mode) for name, (doc, mode) in POOL_GAUGES.items()}
         # P/D (router/pd.py): decisions per pool, the path each request took, and the TTFT split the router sees
         self.pd_decisions = Counter("kvemu_router_pd_decisions", "P/D routing decisions per pool.", ["pool", "reason"],
                                     registry=own)
@@ -117,6 +125,11 @@ class RouterMetrics:
         """Per-replica gauges (``GAUGES``) as this worker sees them now."""
         for name, value in values.items():
             self._gauges[name].labels(replica_id).set(value)
+
+    def pool(self, pool_id: str, **values: float) -> None:
+        """Per shared pool gauges (``POOL_GAUGES``) as this worker sees them now."""
+        for name, value in values.items():
+            self._pool_gauges[name].labels(pool_id).set(value)
 
     def record_prediction(self, predicted_tokens: int, actual_tokens: int) -> None:
         self.predictions.inc()

@@ -250,7 +250,47 @@ def cluster_summary(state, raw_sessions: bool = False) -> dict:
             "workers": _workers(), "requests": {k: int(v) for k, v in sorted(totals.requests.items())},
             "imbalance": {"in_flight": load_ratio, "kv_usage": kv_ratio, "routed": routed_ratio},
             "hotspot_factor": factor, "hotspots": [row["replica_id"] for row in rows if row["hotspot"]],
-            **({"pd": pd_summary(state, totals)} if state.cluster.disaggregated else {})}
+            **({"pd": pd_summary(state, totals)} if state.cluster.disaggregated else {}),
+            **({"shared_pools": shared_pools_summary(state)} if state.cluster.pools else {})}
+
+
+def shared_pools_summary(state) -> list[dict]:
+    """Each shared KV pool: whom it serves, its feed as the router follows it, its occupancy and evictions (its
+    last ``/stats``: ``SharedStore.stats()`` and the pool's own figures), and the blocks the replicas it serves
+    found at each level (hits by level, from their ``/stats`` ``tiers``: HBM, host, SSD, the shared store)."""
+    index = state.index.replicas_sync() if state.embedded else {}
+    out = []
+    for p in state.cluster.pools:
+        st = p.stats
+        serves = [r for r in state.cluster.replicas if not p.serves or r.replica_id in p.serves]
+        blocks, used = st.get("blocks") or p.health.get("blocks") or 0, st.get("used_blocks", p.health.get("used_blocks"))
+        known = index.get(p.store_id)
+        out.append({
+            "pool_id": p.name, "url": p.url, "healthy": p.healthy, "epoch": p.epoch, "level": state.settings.shared_level,
+            "serves": list(p.serves) or "all", "event_lag": p.feed_lag_events,
+            "index_blocks": known.blocks if known is not None else None,
+            "index_synced": known.synced if known is not None else None,
+            "blocks": blocks, "used_blocks": used, "occupancy": (used / blocks) if blocks and used is not None else None,
+            "used_bytes": st.get("used_bytes"), "chunks": st.get("chunks"), "chunk_blocks": st.get("chunk_blocks"),
+            "eviction": st.get("eviction"), "write": st.get("write"), "writes": st.get("writes"),
+            "refused_writes": st.get("refused_writes"), "reads": st.get("reads"), "evictions": st.get("evictions"),
+            "bytes_moved": st.get("bytes_moved"), "at_risk": st.get("at_risk"),
+            "hits_by_level": hits_by_level(r.tier_stats for r in serves if r.state.healthy),
+        })
+    return out
+
+
+def hits_by_level(tiers) -> dict[str, int]:
+    """Blocks found at each level (``hbm``, ``host``, ``ssd``, ``shared``, ...) summed over replicas' ``tiers``
+    stats (``accessed_blocks`` times each ``<level>_block_hit_ratio``)."""
+    out: dict[str, int] = {}
+    for t in tiers:
+        n = t.get("accessed_blocks") or 0
+        for key, value in t.items():
+            if key.endswith("_block_hit_ratio") and key != "all_levels_block_hit_ratio" and isinstance(value, float | int):
+                name = key[:-len("_block_hit_ratio")]
+                out[name] = out.get(name, 0) + round(value * n)
+    return out
 
 
 def pd_summary(state, totals) -> dict:
@@ -288,11 +328,26 @@ async def _refresh_footprints(state) -> None:
                     st = await resp.json()
                     rep.top_sessions = st.get("top_sessions", [])
                     rep.pd_stats = st.get("pd") or {}
+                    rep.tier_stats = st.get("tiers") or {}
                     rep.health["kv_usage"] = st.get("usage", rep.health.get("kv_usage", 0.0))
         except (TimeoutError, aiohttp.ClientError, ValueError):
             pass
 
-    await asyncio.gather(*(one(r) for r in state.cluster.replicas if r.state.healthy))
+    await asyncio.gather(*(one(r) for r in state.cluster.replicas if r.state.healthy),
+                         *(refresh_pool_stats(state, p) for p in state.cluster.pools if p.healthy))
+
+
+async def refresh_pool_stats(state, pool) -> None:
+    """A shared pool's ``/stats`` into its handle (what /cluster and the dashboard show of it)."""
+    try:
+        async with state.cluster.session.get(pool.url + "/stats", headers=state.cluster.auth,
+                                             timeout=aiohttp.ClientTimeout(total=1.0)) as resp:
+            if resp.status == 200:
+                st = await resp.json()
+                if isinstance(st, dict):
+                    pool.stats = st
+    except (TimeoutError, aiohttp.ClientError, ValueError):
+        pass
 
 
 def add_routes(app: web.Application) -> None:

@@ -11,6 +11,7 @@ from dataclasses import replace
 from kvemu.options.limits import RADIX_BLOCK_TOKENS
 from kvemu.options.option import Option
 from replica.core.tiers.levels import LevelSettings, level_hit_costs
+from replica.core.tiers.shared import SharedSettings
 from replica.core.tiers.stack import TierSettings
 from router.strategies import DEFAULT_STRATEGY, SPECS, RoutingSettings
 from shared.errors import InputError
@@ -23,7 +24,11 @@ SET = Option("--set", (), metavar="NAME=VALUE", repeat=True,
              help="routing setting, e.g. bounded_load_factor=1.25, balance_abs_threshold=64, ssd_hit_cost=0.3 (a memory"
                   " level's by its name: host_hit_cost, ssd_hit_cost; once per setting)")
 ROUTING_OPTIONS = (ROUTING, SET)
-
+def live_levels(shared: bool) -> tuple[LevelSettings, ...]:
+    """The levels below HBM a live replica's stack configures (``TierSettings.levels()``: host DRAM, SSD, and the
+    shared store last where there is one), as the router prices them: the list ``kvemu sim`` passes for the
+    same cluster (its capacities do not matter to routing)."""
+    return TierSettings(shared=SharedSettings(blocks=1) if shared else None).levels()
 
 
 def routing_settings(block_size: int, pairs: Iterable[str] | None,

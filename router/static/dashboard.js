@@ -276,6 +276,38 @@ function pdPanels(d) {
   document.querySelector("#pd_link tbody").replaceChildren(...links);
 }
 
+// ---- shared KV pools: occupancy over time, bytes held, the link, and a table (hidden without one) ------------
+function poolPanels(d) {
+  const pools = d.shared_pools || [];
+  for (const name of ["shared_pools", "shared_pool_bytes", "shared_pool_link"]) panel(name).hidden = !pools.length;
+  if (!pools.length) return;
+  const hist = d.history.pools || {};
+  const ids = Object.keys(hist);
+  const color = (i) => OTHER_COLORS[i % OTHER_COLORS.length];
+  const series = (key, scale) => [d.history.t].concat(ids.map((pid) => hist[pid][key].map((v) => (v === null ? null : v * scale))));
+  draw("shared_pools", {y: {label: "occupancy (%)", range: [0, 100]}, series: ids.map((pid, i) => ({label: pid, color: color(i)}))},
+    series("occupancy", 100));
+  draw("shared_pool_bytes", {y: {label: "GiB", top: 0.01}, series: ids.map((pid, i) => ({label: pid, color: color(i)}))},
+    series("used_bytes", 1 / 2 ** 30));
+  draw("shared_pool_link", {y: {label: "bytes / s"}, series: ids.map((pid, i) => ({label: pid, color: color(i)}))},
+    series("link_bytes_per_s", 1));
+  const rows = pools.map((p) => {
+    const tr = document.createElement("tr");
+    tr.dataset.pool = p.pool_id;
+    const hits = Object.entries(p.hits_by_level || {}).map(([k, v]) => `${k} ${fmt(v)}`).join(", ") || "–";
+    const held = p.used_blocks === null || p.used_blocks === undefined ? "–"
+      : `${fmt(p.used_blocks)} / ${fmt(p.blocks)} blocks` + (p.used_bytes ? ` (${fmt(p.used_bytes / 2 ** 30, 2)} GiB)` : "");
+    tr.append(cell(p.pool_id, "text"), badge(p.healthy ? "up" : "down", p.healthy ? "" : "down"),
+      cell(Array.isArray(p.serves) ? p.serves.join(", ") : "every replica", "text"),
+      cell(p.occupancy === null ? "–" : fmt(p.occupancy * 100, 1) + "%"), cell(held), cell(fmt(p.chunks)),
+      cell(fmt(p.writes)), cell(fmt(p.refused_writes)), cell(fmt(p.reads)), cell(fmt(p.evictions)), cell(hits, "text"),
+      cell(fmt(p.event_lag)));
+    return tr;
+  });
+  document.querySelector("#shared_pools_table tbody").replaceChildren(...rows);
+  panel("shared_pools").dataset.rows = String(rows.length);
+}
+
 function header(d) {
   const up = d.replicas.filter((r) => r.healthy).length;
   const s = (d.replicas.find((r) => r.stats) || {}).stats || {};
@@ -294,6 +326,7 @@ function render(d) {
   header(d);
   replicaTable(d);
   pdPanels(d);
+  poolPanels(d);
   timeCharts(d);
   clusterCharts(d);
   mrcChart(d);
