@@ -14,6 +14,14 @@ socket on ``replay_endpoint`` answers ``[id, "", start_seq]`` with every kept ba
 sequence number on, then ``[id, "", -1, ""]``. ``medium`` names the memory level: ``GPU`` (HBM),
 ``CPU`` (host DRAM), ``DISK`` (SSD), so a tier-aware consumer sees demotions.
 
+A shared KV pool (`kvemu pool`, the store every replica of its scope reads and writes) publishes its own
+events, as Mooncake's master publishes its store's puts and evictions: ``store_publisher`` gives the pool
+process a publisher on its own endpoint whose every event has medium ``SHARED`` (``SHARED_MEDIUM``): a
+level no replica owns, so a consumer keys it by the publisher (the pool's endpoint) and its medium, never as
+a replica's GPU blocks. A replica never publishes the shared level (its residency is the pool's). The pool
+knows blocks by kvemu's hashes only (replicas write hashes, not tokens), so its events carry those and no
+token ids, as a replica's do for requests that carried only block hashes.
+
 As in vLLM the PUB socket binds when the endpoint has a wildcard (``*``, ``::``) or is ``ipc://``
 or ``inproc://`` and connects otherwise. Without ``endpoint`` kvemu binds ``tcp://127.0.0.1:5557``
 (vLLM's default, ``tcp://*:5557``, would listen on every interface). ``kvemu up`` gives replica
@@ -48,6 +56,9 @@ log = logging.getLogger("kvemu.replica.vllm_events")
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 MEDIA = ("GPU", "CPU", "DISK")  # level 0, 1, 2; deeper levels are named by their kind
+# The medium of a shared KV pool's blocks (its kind's name, as deeper levels are named): vLLM's medium is a free
+# string (its offloading connector says "GPU" and "CPU"), and neither vLLM, LMCache nor Dynamo names remote storage
+SHARED_MEDIUM = "SHARED"
 
 
 
@@ -70,8 +81,10 @@ class EventTranslator:
     table of blocks registered but not (or no longer) held."""
 
     def __init__(self, block_size: int, encoding: str = "map", algo: str = vllm_hashing.DEFAULT_HASH_ALGO,
-                 seed: str = vllm_hashing.DEFAULT_SEED, level_names: Sequence[str] = (), pending_max: int = 1 << 17):
+                 seed: str = vllm_hashing.DEFAULT_SEED, level_names: Sequence[str] = (), pending_max: int = 1 << 17,
+                 medium: str | None = None):
         self.block_size = block_size
+        self.medium = medium  # every event's medium, whatever its level (a shared store's: SHARED_MEDIUM)
         self.encoding = encoding
         self._fn = vllm_hashing.hash_function(algo)
         self._none = vllm_hashing.none_hash(algo, seed)
@@ -160,6 +173,8 @@ class EventTranslator:
         return info.external
 
     def _medium_of(self, level: int) -> str:
+        if self.medium is not None:
+            return self.medium
         if level < len(self.media):
             return self.media[level]
         return MEDIA[level] if level < len(MEDIA) else f"L{level}"
@@ -169,6 +184,16 @@ class EventTranslator:
         if self.encoding == "array":
             return [tag, *values.values()]
         return {"type": tag, **values}
+
+
+def store_publisher(config: KvEventsConfig, block_size: int) -> ZmqEventPublisher:
+    """vLLM's KV events of a shared KV pool, on the pool's own endpoint (``config``, from its ``--kv-events-config``):
+    ``publish(store.drain_events())`` after each change (``stored`` / ``removed``, any level: all are the pool's,
+    medium ``SHARED``; ``cleared`` when it starts over), ``shutdown()`` when it stops. Raises InputError naming
+    ``--kv-events-config`` when the endpoint cannot be opened."""
+    translator = EventTranslator(block_size, config.event_encoding, config.hash_algo, config.hash_seed,
+                                 medium=SHARED_MEDIUM)
+    return ZmqEventPublisher(config, translator)
 
 
 def _medium(level: int, kind: str) -> str:
