@@ -188,13 +188,14 @@ class SharedStore:
         """Evict up to ``chunks`` objects, least recently used first, skipping those under a lease (and the
         chunks whose key is in ``protect``)."""
         gone: list[int] = []
-        evicted = 0
-        for key in list(self.chunks):
-            if evicted >= chunks:
+        victims: list[int] = []
+        for key in self.chunks:  # from the least recently used, without copying every key for a few victims
+            if len(victims) >= chunks:
                 break
             if self.leases.get(key, -1.0) > now or key in protect:
                 continue
-            evicted += 1
+            victims.append(key)
+        for key in victims:
             self.leases.pop(key, None)
             blocks = self.chunks.pop(key)
             for h in blocks:
