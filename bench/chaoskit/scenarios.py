@@ -15,6 +15,7 @@ import urllib.request
 
 from .cluster import Cluster, get_json
 from .load import OpenLoop
+from .pool import pool_kill
 
 
 def _with_cluster(cluster: Cluster, fn) -> dict:
@@ -288,6 +289,7 @@ SCENARIOS = {
     "slow_clients": lambda a: slow_clients(a.rate, a.duration, readers=2 if a.short else 4),
     "big_prompts": lambda a: big_prompts(a.rate, a.duration, senders=1 if a.short else 2),
     "soak": lambda a: soak(a.rate, a.soak_seconds, workers=a.router_workers),
+    "pool_kill": lambda a: pool_kill(a.rate, a.duration),  # the shared KV pool (bench/chaoskit/pool.py)
 }
 
 _ = asyncio  # the load runs its own loop in a thread
