@@ -6,6 +6,11 @@ feed queues a resync (``cleared`` + ``stored`` of every resident block) and the 
 backs off; the index notices the sequence gap, clears this replica and rebuilds it from
 the resync once Redis is back. A heartbeat carrying the next sequence number lets the
 index notice a gap even when no events flow.
+
+A shared KV pool's process ships its store's feed the same way, with ``store`` (its ``StoreScope``): the
+shipper declares the id a store's (``RedisIndex.add_store``) before its first batch, so the index keeps its
+blocks as the store's one set; ``state`` is anything with ``feed`` (an ``EventFeed`` in ``push`` mode) and
+``settings.replica_id`` (the pool's id).
 """
 
 from __future__ import annotations
@@ -16,14 +21,16 @@ import time
 
 from replica.events import EventFeed, FeedBatch
 from shared.histogram import LogHistogram
-from shared.index import EventBatch, IndexUnavailable, RedisIndex
+from shared.index import EventBatch, IndexUnavailable, RedisIndex, StoreScope
 
 log = logging.getLogger("kvemu.replica.shipper")
 
 
 class RedisShipper:
-    def __init__(self, state, url: str, cluster: str, heartbeat_s: float = 1.0) -> None:
+    def __init__(self, state, url: str, cluster: str, heartbeat_s: float = 1.0, store: StoreScope | None = None) -> None:
         self.feed: EventFeed = state.feed
+        self.store = store  # a shared pool's feed: declared to the index before its first batch
+        self._declared = store is None
         self.replica_id = state.settings.replica_id
         self.index = RedisIndex(url, cluster=cluster)
         self.url = url
@@ -63,6 +70,13 @@ class RedisShipper:
                 await asyncio.sleep(self._backoff)
 
     async def _ship(self, batches: list[FeedBatch]) -> bool:
+        if not self._declared and self.store is not None:
+            try:
+                await self.index.add_store(self.store)
+            except IndexUnavailable as exc:
+                self._failed(str(exc), lost=len(batches))
+                return False
+            self._declared = True
         for i, b in enumerate(batches):
             batch = EventBatch(self.replica_id, self.feed.epoch, b.seq,
                                b.events)  # EventBatch validates the (kind, hashes) pairs

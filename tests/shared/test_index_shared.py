@@ -188,3 +188,34 @@ def test_random_residency_answers_as_the_simulators_tier_stack(make):
                 assert got == want, (trial, prompt)
 
     run(make, body)
+
+
+def test_a_pool_ships_its_feed_to_redis_with_the_replicas_shipper(redis_server):
+    """The pool process, with a Redis index, ships its store's feed as a replica does (replica/shipper.py, given
+    its StoreScope): declared a store before its first batch, its blocks answer the replicas it serves."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from replica.core.cache.pool import KvEvent
+    from replica.events import EventFeed
+    from replica.shipper import RedisShipper
+    from shared.index import RedisIndex
+
+    async def body():
+        cluster = "pool" + str(random.getrandbits(32))
+        feed = EventFeed("shared-pool", lambda: [], mode="push")
+        shipper = RedisShipper(SimpleNamespace(feed=feed, settings=SimpleNamespace(replica_id="shared-pool")),
+                               redis_server.url, cluster, store=StoreScope("shared-pool", SHARED))
+        router = RedisIndex(redis_server.url, cluster=cluster)
+        try:
+            await router.apply(batch("A", 0, ev("stored", H1)))
+            feed.publish([KvEvent("stored", (H1, H2, H3), SHARED)])
+            assert await shipper._ship(feed.pop_ready())
+            await router.add_store(StoreScope("shared-pool", SHARED, ("A",)))
+            assert await router.lookup([H1, H2, H3, H4]) == {"A": 1, "A#3": 2}
+            assert (await router.replicas())["shared-pool"].blocks == 3
+        finally:
+            await shipper.close()
+            await router.close()
+
+    asyncio.run(body())
