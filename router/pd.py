@@ -26,8 +26,8 @@ send by default) are ignored; anything else is a 400 naming the field.
 What the client reads for a remote request: the decoder's answer, with the hit that counts (the prefill
 instance's cached tokens: where the prompt was computed) in ``usage.prompt_tokens_details.cached_tokens``
 (``cached_tokens`` / ``cached_blocks`` on ``/generate``) and ``X-Kvemu-Cached-Tokens``; ``ttft_s`` and
-``e2e_s`` (on ``/generate``, and in the OpenAI answers' ``kvemu`` section) add the prefill's ``e2e_s`` (the time to first token the client saw, in
-emulated seconds), and ``pd`` says what each side did. ``X-Kvemu-Pd`` names the path taken and
+``e2e_s`` (on ``/generate``, and in the OpenAI answers' ``kvemu`` section) add the prefill's ``e2e_s``
+(the time to first token the client saw, in emulated seconds), and ``pd`` says what each side did. ``X-Kvemu-Pd`` names the path taken and
 ``X-Kvemu-Prefill-Replica`` the prefill instance.
 """
 
