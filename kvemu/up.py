@@ -48,7 +48,7 @@ from kvemu.options.shared_pool import add_shared_args
 from kvemu.options.tiers import TIER_OPTIONS, add_tier_args, tier_settings
 from kvemu.router_cmd import ROUTER_OPTIONS
 from kvemu.up_pd import members_of, pool_args, validate_pools, validate_topology
-from kvemu.up_pool import TRANSFORMED_SHARED, pool_groups, pool_id, replica_shared_argv, validate_shared
+from kvemu.up_pool import TRANSFORMED_SHARED, pool_groups, pool_id, replica_shared_argv, router_shared_argv, validate_shared
 from kvemu.up_pool import pool_args as shared_pool_args
 from replica.backends import check_backend, check_backend_flags
 from shared.costmodel import CostModel
@@ -226,7 +226,7 @@ def router_args(port: int, a, replica_urls: list[str], index: str, roles: list[s
     urls = [u if not roles or roles[i] == "both" else f"{roles[i]}={u}" for i, u in enumerate(replica_urls)]
     return [sys.executable, "-m", "router", "--port", str(port), "--replicas", ",".join(urls),
             "--index", index, "--workers", str(getattr(a, "routers", 1)), *forward((*TO_BOTH, *TO_ROUTER), a),
-            *(forward(PD_DECIDER_OPTIONS, a) if getattr(a, "pd", None) is not None else [])]
+            *(forward(PD_DECIDER_OPTIONS, a) if getattr(a, "pd", None) is not None else []), *router_shared_argv(a)]
 
 
 def bring_up(a, log_dir: str | None = None) -> Cluster:

@@ -1,4 +1,4 @@
-"""``kvemu up``'s shared KV pool part (issue 45): with ``--shared-cache-gib G`` up starts the pool processes
+"""``kvemu up``'s shared KV pool part: with ``--shared-cache-gib G`` up starts the pool processes
 (``kvemu pool``, replica/kvpool/service.py) before the replicas, one for the cluster or one per
 ``--shared-scope K`` replicas in id order (as ``kvemu sim`` groups them), and points each replica at its
 group's pool with the same store flags. The cluster token reaches the pools in the environment, as it
@@ -59,3 +59,19 @@ def replica_shared_argv(a, i: int) -> list[str]:
     per = a.shared.scope or a.topology.total
     return ["--shared-pool-url", urls[i // per], *forward(STORE_OPTIONS, a)]
 
+
+
+def router_shared_argv(a) -> list[str]:
+    """The router's ``--shared-pool`` per pool: its URL, with its group's replica ids where there are
+    several pools (one pool serves every replica), so the index answers each replica its own pool's run."""
+    urls = getattr(a, "shared_pool_urls", None)
+    if not urls:
+        return []
+    if len(urls) == 1:
+        return ["--shared-pool", urls[0]]
+    per, total = a.shared.scope, a.topology.total
+    ids = [replica_id for replica_id, _ in a.topology.members()]
+    out: list[str] = []
+    for k, url in enumerate(urls):
+        out += ["--shared-pool", f"{url}={','.join(ids[k * per:min((k + 1) * per, total)])}"]
+    return out
