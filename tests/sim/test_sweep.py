@@ -225,6 +225,7 @@ def test_point_ids_of_default_settings_predate_the_scheduler_setting(trace_file)
     fcfs = SimSettings(capacity_blocks=600)
     before = {k: v for k, v in dataclasses.asdict(fcfs).items() if k not in ("scheduler", "max_model_len", "prefix_caching", "pd")}
     del before["tiers"]["deeper"]  # nor memory levels below SSD
+    del before["tiers"]["shared"]  # nor a shared KV store
     blob = json.dumps({"trace": ident, "settings": before}, sort_keys=True, default=str, separators=(",", ":"))
     assert point_id(ident, fcfs) == hashlib.sha256(blob.encode()).hexdigest()[:16]  # as before `scheduler`
     assert point_id(ident, SimSettings(capacity_blocks=600, scheduler="reorder")) != point_id(ident, fcfs)
