@@ -1,5 +1,5 @@
 """``kvemu pool``: run the shared KV pool process (replica/kvpool/service.py), the live store of the level every
-replica of its scope reads and writes (issue 45). ``kvemu up --shared-cache-gib G`` starts one per scope group;
+replica of its scope reads and writes. ``kvemu up --shared-cache-gib G`` starts one per scope group;
 a replica uses it with ``--shared-pool-url`` and the same ``--shared-*`` flags."""
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ ROUTER_OPTIONS = (
            help="requests one client may send at once under --client-rate (default: the rate rounded up)"),
 )
 
-# The shared KV pools the replicas use (issue 45), a flag of the router alone: `kvemu up` starts the pools and
+# The shared KV pools the replicas use, a flag of the router alone: `kvemu up` starts the pools and
 # passes each one's URL (and scope group) to the router.
 SHARED_POOL = Option("--shared-pool", (), metavar="URL[=ID,...]", repeat=True,
                      help="a shared KV pool (`kvemu pool`) the replicas use: the router follows its event feed (with a Redis"

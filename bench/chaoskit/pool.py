@@ -1,4 +1,4 @@
-"""The shared KV pool's chaos scenario (issue 45): SIGKILL the `kvemu pool` process under load, start it
+"""The shared KV pool's chaos scenario: SIGKILL the `kvemu pool` process under load, start it
 again later; clients lose nothing (replicas serve from their own levels meanwhile), every replica says
 ``"shared_pool": "unreachable"`` in /health while it is gone and resyncs when it is back, nothing stays pinned."""
 

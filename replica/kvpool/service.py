@@ -1,4 +1,4 @@
-"""``kvemu pool``: the process that holds a cluster's shared KV level (issue 45) live.
+"""``kvemu pool``: the process that holds a cluster's shared KV level live.
 
 One aiohttp app holds ONE ``SharedStore`` (replica/core/tiers/shared.py, the very class one object of which
 serves every simulated replica of its scope in ``kvemu sim``) and its aggregate ``Link``. Replicas talk to it
