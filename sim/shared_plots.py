@@ -47,7 +47,9 @@ class _Axis:
 
         ax.set_xscale("log", base=2)
         blocks = sorted(self.ticks)
-        ax.set_xticks([self.x(b) for b in blocks], [self.ticks[b] for b in blocks], fontsize=8)
+        # W and W/0.9 sit close on a log axis: the latter's label on a second line
+        ax.set_xticks([self.x(b) for b in blocks], [("\n" if self.ticks[b] == "W/0.9" else "") + self.ticks[b]
+                                                     for b in blocks], fontsize=8)
         ax.xaxis.set_minor_locator(mticker.NullLocator())
         ax.set_xlim(self.zero / 1.4, max(self.x(b) for b in blocks) * 1.4)
         ax.set_xlabel("pool size (W: the trace's working set; W/0.9: no watermark eviction)", fontsize=8)
