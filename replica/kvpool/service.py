@@ -187,7 +187,7 @@ class PoolRuntime:
         for chunk in chunks:
             key = chunk[-1]
             if key in store.chunks:
-                store.chunks.move_to_end(key)
+                store.touch(key)
                 c.present += 1
                 continue
             new = store.admit_absent(chunk, now)

@@ -14,9 +14,9 @@ other one reads. What differs from a replica's own level:
   ``through`` writes every full chunk a replica computes, at prefill, as LMCache stores.
 * **Eviction**: ``mooncake``, Mooncake's store: once a write lifts the store above its high watermark
   (90% of its capacity), it evicts 5% of its objects in approximate-LRU order (least recently
-  written or read first), skipping objects under a read lease (10 s after a lookup that read them)
-  and those the write itself stored; a write that finds no room even so is refused (counted), as
-  Mooncake's put fails when full.
+  written or read first), skipping objects under a read lease (10 s after a lookup that read them;
+  one re-enters the order when its lease ends, as if read then) and those the write itself stored;
+  a write that finds no room even so is refused (counted), as Mooncake's put fails when full.
   ``lru``: the least recently used unleased object goes, one at a time, until the write fits.
 * **Never removed on a fetch**: a read leaves the object where it is (the other replicas want it).
 * **Its links**: each replica's NIC (the level's own link in the replica's stack) and the store's
@@ -30,6 +30,7 @@ assumptions), chunks of one block.
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -96,9 +97,14 @@ class SharedStore:
     settings: SharedSettings
     link: Link = field(init=False)  # the aggregate bandwidth every replica's transfers share
     emit_events: bool = True
-    chunks: OrderedDict[int, tuple[int, ...]] = field(default_factory=OrderedDict)  # key -> blocks, LRU first
+    chunks: OrderedDict[int, tuple[int, ...]] = field(default_factory=OrderedDict)  # key -> blocks, as written
     held: dict[int, int] = field(default_factory=dict)  # block hash -> its chunk's key
     leases: dict[int, float] = field(default_factory=dict)  # chunk key -> lease end
+    # The chunks eviction may take, least recently used first. A chunk under a read lease leaves it (an
+    # eviction never walks past leased chunks) and re-enters at the most recent end when its lease ends,
+    # as if read then: ``_parked`` holds (lease end, key), stale entries skipped.
+    _order: OrderedDict[int, None] = field(default_factory=OrderedDict)
+    _parked: list[tuple[float, int]] = field(default_factory=list)
     events: list[KvEvent] = field(default_factory=list)
     counters: SharedCounters = field(default_factory=SharedCounters)
 
@@ -135,7 +141,7 @@ class SharedStore:
             chunk = tuple(hashes[i:i + n])
             key = chunk[-1]
             if key in self.chunks:
-                self.chunks.move_to_end(key)
+                self.touch(key)
                 continue
             if any(h in self.held for h in chunk):  # cut elsewhere than a held chunk: never re-key a block
                 continue
@@ -143,6 +149,7 @@ class SharedStore:
                 self.counters.refused += 1
                 continue
             self.chunks[key] = chunk
+            self._order[key] = None
             keys.add(key)
             for h in chunk:
                 self.held[h] = key
@@ -159,10 +166,29 @@ class SharedStore:
         until = lookup.now + LEASE_S
         keys = dict.fromkeys(self.held[h] for h in lookup.hashes if h in self.held)
         for key in keys:
-            self.chunks.move_to_end(key)
+            self._order.pop(key, None)
             self.leases[key] = until
+            heapq.heappush(self._parked, (until, key))
         self.counters.reads += len(keys)
         return Allocation(lookup.hashes, [], [], [], lookup.session)
+
+    def eviction_order(self) -> list[int]:
+        """The chunks eviction may take, least recently used first (leased ones are not among them)."""
+        return list(self._order)
+
+    def touch(self, key: int) -> None:
+        """A write of a chunk the store holds: it becomes the most recently used (a leased one stays parked)."""
+        if key in self._order:
+            self._order.move_to_end(key)
+
+    def _unpark(self, now: float) -> None:
+        """Chunks whose lease ended by ``now`` re-enter the eviction order, in the order their leases end."""
+        parked = self._parked
+        while parked and parked[0][0] <= now:
+            until, key = heapq.heappop(parked)
+            if self.leases.get(key) == until and key in self.chunks:  # not renewed since, still held
+                del self.leases[key]
+                self._order[key] = None
 
     def release(self, alloc: Allocation, now: float = 0.0) -> None:
         """Nothing to give back: a lease ends with time (Mooncake's), not with the read."""
@@ -187,17 +213,18 @@ class SharedStore:
     def _evict(self, chunks: int, now: float, protect: set[int]) -> None:
         """Evict up to ``chunks`` objects, least recently used first, skipping those under a lease (and the
         chunks whose key is in ``protect``)."""
+        self._unpark(now)
         gone: list[int] = []
         victims: list[int] = []
-        for key in self.chunks:  # from the least recently used, without copying every key for a few victims
+        for key in self._order:  # from the least recently used; leased chunks are not here
             if len(victims) >= chunks:
                 break
-            if self.leases.get(key, -1.0) > now or key in protect:
-                continue
+            if key in protect:  # this write's own: the most recent, at the end
+                break
             victims.append(key)
         for key in victims:
-            self.leases.pop(key, None)
-            blocks = self.chunks.pop(key)
+            del self._order[key]
+            blocks = self.chunks.pop(key, ())
             for h in blocks:
                 del self.held[h]
             gone.extend(blocks)

@@ -100,7 +100,7 @@ def test_a_rewrite_of_a_held_chunk_moves_it_to_the_most_recently_used_end():
     s = store(100)
     write_one_by_one(s, [1, 2, 3])
     assert s.admit_absent([1], 1.0) == []
-    assert list(s.chunks) == [2, 3, 1]
+    assert s.eviction_order() == [2, 3, 1]
 
 
 def test_admit_is_admit_absent_without_the_answer():
@@ -164,7 +164,7 @@ def test_a_read_leases_its_chunks_for_10_s_and_makes_them_most_recent():
     alloc = s.acquire(Lookup([1, 2, 3, 4], session="a", now=5.0))
     assert list(alloc.hashes) == [1, 2, 3, 4] and alloc.hit_idx == [] and alloc.session == "a"
     assert s.leases == {2: 15.0, 4: 15.0}
-    assert list(s.chunks) == [6, 2, 4] and s.counters.reads == 2
+    assert s.eviction_order() == [6] and s.counters.reads == 2  # 2 and 4 leave the order while leased
     s.release(alloc, 6.0)  # a lease ends with time, not with the read
     assert s.leases == {2: 15.0, 4: 15.0}
     s.remove([1, 2, 3, 4])  # a fetched block stays for the other replicas
@@ -180,24 +180,25 @@ def test_a_read_of_a_block_it_does_not_hold_takes_no_lease():
 
 
 def test_the_watermark_sweep_skips_leased_chunks_until_their_lease_ends():
-    """Blocks 0..89 written at t=0; 0 and 1 read at t=1 (leased to 11); 2..89 rewritten at t=2 (held: made
-    most recent, nothing crosses), so the LRU order is 0, 1, 2, ..., 89. Block 90 at t=3 lifts the store to
-    91: the sweep of 4 skips 0 and 1 (leased) and takes 2, 3, 4, 5. At t=11 the lease has ended (a lease
-    protects while its end is after now): 91, 92, 93 bring it back to 90, 94 to 91, and the sweep of 4
-    takes 0, 1, 6, 7."""
+    """Blocks 0..89 written at t=0; 0 and 1 read at t=1 (leased to 11: out of the eviction order); 2..89
+    rewritten at t=2 (held: made most recent, nothing crosses). Block 90 at t=3 lifts the store to 91: the
+    sweep of 4 takes 2, 3, 4, 5. At t=11 the lease has ended (a lease protects while its end is after now):
+    91, 92, 93 bring it back to 90, 94 to 91; 0 and 1 re-enter the order at its recent end (as if read at
+    11), after 94, and the sweep of 4 takes 6, 7, 8, 9."""
     s = store(100)
     s.admit_absent(list(range(90)), 0.0)
     s.acquire(Lookup([0, 1], now=1.0))
     assert s.admit_absent(list(range(2, 90)), 2.0) == []
-    assert list(s.chunks)[:3] == [0, 1, 2]
+    assert s.eviction_order()[:2] == [2, 3]
     s.admit_absent([90], 3.0)
     assert s.used == 87 and sorted(s.absent(range(91))) == [2, 3, 4, 5]
     assert s.leases == {0: 11.0, 1: 11.0}
     write_one_by_one(s, [91, 92, 93], 11.0)
     assert s.used == 90
     s.admit_absent([94], 11.0)
-    assert s.used == 87 and sorted(s.absent(range(95))) == [0, 1, 2, 3, 4, 5, 6, 7]
-    assert s.leases == {}  # an evicted chunk's lease goes with it
+    assert s.used == 87 and sorted(s.absent(range(95))) == [2, 3, 4, 5, 6, 7, 8, 9]
+    assert s.eviction_order()[-3:] == [94, 0, 1]
+    assert s.leases == {}  # an ended lease is forgotten
     assert s.counters.evictions == 8
 
 
