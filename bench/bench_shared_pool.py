@@ -1,5 +1,4 @@
-"""A KV store shared by the cluster, and what it does to routing: the study of issue 45, item 5
-(docs/shared-pool.md).
+"""A KV store shared by the cluster, and what it does to routing: the study in docs/shared-pool.md.
 
 Every point is one `kvemu sim` command line (parsed and checked by `sim`'s own parser, as
 bench/bench_pd.py does), on kvemu's default model and GPU (qwen3-coder-30b-a3b on one H200 per replica,
