@@ -9,6 +9,7 @@ import logging
 import sys
 
 from kvemu.options.gpu import add_gpu_args, gpu_setting
+from kvemu.options.index import CLUSTER
 from kvemu.options.matching import BLOCK_SIZE
 from kvemu.options.replica_flags import MODEL, TIME_SCALE
 from kvemu.options.serving import add_server_args
@@ -28,6 +29,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     BLOCK_SIZE.add(p)
     TIME_SCALE.add(p, help="wall seconds per emulated second, the replicas' (its leases and link run on it)")
     add_pool_args(p)
+    p.add_argument("--index", default=None, help="redis://host:port/db: publish what the pool holds to a shared Redis"
+                                                 " index too, as replicas do (default: routers read its feed)")
+    CLUSTER.add(p)
     add_server_args(p)
     p.add_argument("--log-level", default="warning")
 
@@ -46,7 +50,7 @@ def settings_from_args(args):
     assert shared is not None
     return PoolSettings(shared=shared, block_bytes=cost.block_bytes(block_size), block_size=block_size,
                         pool_id=args.pool_id or DEFAULT_POOL_ID, port=args.port, time_scale=args.time_scale,
-                        serving=serving_settings(args))
+                        serving=serving_settings(args), index=args.index, cluster=args.cluster)
 
 
 def run(args) -> int:

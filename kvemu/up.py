@@ -245,7 +245,7 @@ def bring_up(a, log_dir: str | None = None) -> Cluster:
 
         index, password = split_password(_index_for(a, cluster, log_dir))
         cluster.redis_password = password or ""
-        start_pools(cluster, a, log_dir)
+        start_pools(cluster, a, log_dir, index)
         members = members_of(a)
         for i, (replica_id, role) in enumerate(members):
             port = a.replica_base_port + i if a.replica_base_port else free_port()
@@ -268,13 +268,15 @@ def bring_up(a, log_dir: str | None = None) -> Cluster:
 
 
 
-def start_pools(cluster: Cluster, a, log_dir: str) -> None:
-    """The shared KV pools first (kvemu/up_pool.py): every replica checks its pool at start."""
+def start_pools(cluster: Cluster, a, log_dir: str, index: str) -> None:
+    """The shared KV pools first (kvemu/up_pool.py): every replica checks its pool at start. With a Redis
+    index each pool ships what it holds there too, as the replicas do."""
     a.shared_pool_urls = []
     for k in range(pool_groups(a)):
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        cluster.start(Child(pool_id(a, k), shared_pool_args(a, k, port), url), log_dir)
+        redis = ["--index", index, "--cluster", a.cluster] if index != "memory" else []
+        cluster.start(Child(pool_id(a, k), shared_pool_args(a, k, port) + redis, url), log_dir)
         a.shared_pool_urls.append(url)
         cluster.pool_urls.append(url)
     if cluster.pool_urls:

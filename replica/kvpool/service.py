@@ -52,6 +52,7 @@ start empty, as the new store does). A replica's death costs the pool nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -93,6 +94,8 @@ class PoolSettings:
     serving: ServingSettings = ServingSettings()
     event_batch_max: int = 512
     feed_max_batches: int = 4096
+    index: str | None = None  # a Redis index the pool's feed is shipped to too (routers reading Redis see it)
+    cluster: str = "default"  # that index's key namespace
 
     def __post_init__(self) -> None:
         if not self.pool_id or len(self.pool_id) > 128:
@@ -134,6 +137,11 @@ class PoolRuntime:
         self.feed = EventFeed(settings.pool_id, self.snapshot, batch_max, settings.feed_max_batches, mode="poll",
                               max_hashes=max(1 << 18, 2 * settings.shared.blocks + 1024))
         self.feed.listener = self._wake
+        # With a Redis index, a second feed of the same events is shipped there (replica/shipper.py), as a
+        # replica's is; the polled feed above stays for the replicas' mirrors and any router that follows it.
+        self.index_feed = EventFeed(settings.pool_id, self.chunks_held, batch_max, settings.feed_max_batches,
+                                    mode="push", max_hashes=max(1 << 18, 2 * settings.shared.blocks + 1024)) \
+            if settings.index else None
         self._changed: asyncio.Future | None = None
         self.counters = PoolCounters()
         self.started = time.time()
@@ -158,10 +166,17 @@ class PoolRuntime:
         self.store.drain_events()
         return [KvEvent("stored", chunk, SHARED_LEVEL) for chunk in self.store.chunks.values()]
 
+    def chunks_held(self) -> list[KvEvent]:
+        """``stored`` of every chunk held, the store's pending events left for ``publish`` (the Redis feed's
+        resync: the polled feed's would drop them)."""
+        return [KvEvent("stored", chunk, SHARED_LEVEL) for chunk in self.store.chunks.values()]
+
     def publish(self) -> None:
         events = [KvEvent(e.kind, e.hashes, SHARED_LEVEL) for e in self.store.drain_events()]
         if events:
             self.feed.publish(events)
+            if self.index_feed is not None:
+                self.index_feed.publish(events)
 
     def _wake(self) -> None:
         fut, self._changed = self._changed, None
@@ -389,6 +404,31 @@ async def lifecycle_ctx(app: web.Application):
                 " carry on with their own levels", s.pool_id, lost["chunks"], lost["blocks"], lost["bytes"])
 
 
+async def index_ctx(app: web.Application):
+    """With a Redis index: the pool's events shipped there as a store's (declared before the first batch)."""
+    rt = app[POOL]
+    url = rt.settings.index
+    if rt.index_feed is None or url is None:
+        yield
+        return
+    from types import SimpleNamespace
+
+    from replica.shipper import RedisShipper
+    from shared.index.base import StoreScope
+
+    s = rt.settings
+    state = SimpleNamespace(feed=rt.index_feed, settings=SimpleNamespace(replica_id=s.pool_id))
+    shipper = RedisShipper(state, url, s.cluster, store=StoreScope(s.pool_id, SHARED_LEVEL))
+    task = asyncio.create_task(shipper.run(), name="pool-index-shipper")
+    yield
+    shipper.stop()
+    await shipper.flush(timeout=5.0)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await shipper.close()
+
+
 def make_app(settings: PoolSettings) -> web.Application:
     app = web.Application(middlewares=[guard_middleware, errors_middleware],
                           client_max_size=settings.serving.max_body_bytes)
@@ -400,6 +440,7 @@ def make_app(settings: PoolSettings) -> web.Application:
     app[REGISTRY] = registry
     app[BODY_LIMIT] = settings.serving.max_body_bytes
     app.cleanup_ctx.append(lifecycle_ctx)
+    app.cleanup_ctx.append(index_ctx)
     app.router.add_post("/kv/write", write)
     app.router.add_post("/kv/read", read)
     app.router.add_get("/kv/events", kv_events)
