@@ -50,9 +50,11 @@ def test_roles_from_health_the_prefix_decider_and_a_dead_prefill_instance():
         first, headers = generate(router, tokens, "a")
         assert headers["X-Kvemu-Pd"] == "remote" and first["pd"]["prefill_replica_id"] == "prefill-0"
         # the decoder now holds the prompt (the KV it received): it lacks 16 + 32 tokens, not over 64: local
-        wait_for(lambda: generate(router, tokens + list(range(1000, 1032)), "a")[1]["X-Kvemu-Pd"] == "local",
-                 timeout=5.0, what="a local decision once the index has the decoder's blocks")
-        assert paths(router)["remote"] == 1 and paths(router)["local"] >= 1
+        # (once the router's index has the decoder's blocks: until then a try goes remote, and is counted)
+        tries: list[str] = []
+        wait_for(lambda: tries.append(generate(router, tokens + list(range(1000, 1032)), "a")[1]["X-Kvemu-Pd"])
+                 or tries[-1] == "local", timeout=5.0, what="a local decision once the index has the decoder's blocks")
+        assert paths(router)["remote"] == 1 + tries.count("remote") and paths(router)["local"] >= 1
 
         unpinned(prefill, decode)
         prefill.stop()  # a dead prefill instance: the decoder prefills its requests itself
