@@ -18,10 +18,11 @@ from __future__ import annotations
 import bisect
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
 from replica.core.cache.pool import KvEvent
+from shared.httpkit import query_int
 from shared.index.base import event_to_wire
 
 
@@ -162,3 +163,19 @@ def _chunks(events: list[KvEvent], batch_max: int) -> Iterable[list[KvEvent]]:
         size += max(len(hashes), 1)
     if batch:
         yield batch
+
+
+async def read_feed(request, feed: EventFeed, feed_id: str, changed: Callable[[float], Awaitable[None]]) -> dict:
+    """One read of a feed over HTTP (``GET /kv/events``, a replica's or a shared pool's): the batches after
+    ``after`` (at most ``limit``); with ``wait=MS`` a long poll that answers when a batch comes or after MS
+    (``changed``), so a follower asks about once a second while nothing happens instead of every 20 ms."""
+    after = query_int(request, "after", 0, 0, 2**62)
+    limit = query_int(request, "limit", 256, 1, 4096)
+    wait_ms = query_int(request, "wait", 0, 0, 10_000)
+    feed.reads += 1
+    batches = feed.since(after, limit)
+    if not batches and wait_ms and feed.next_seq <= after + 1:
+        await changed(wait_ms / 1000)
+        batches = feed.since(after, limit)
+    return {"replica_id": feed_id, "epoch": feed.epoch, "oldest_seq": feed.oldest_seq, "next_seq": feed.next_seq,
+            "batches": [b.to_wire() for b in batches]}

@@ -12,6 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from replica import pd_views, sglang_pd
 from replica.core.cache.policies import make_policy
 from replica.engine import Handle
+from replica.events import read_feed
 from replica.httputil import require_admin
 from replica.pd import KvTransferParams, transfer_params
 from replica.runtime import RUNTIME, SETTINGS, ReplicaRuntime
@@ -19,7 +20,7 @@ from replica.settings import ReplicaSettings
 from shared import protocol
 from shared.auth import require_cluster_token, session_label, wants_raw_sessions
 from shared.errors import InputError
-from shared.httpkit import read_body, read_raw, respond
+from shared.httpkit import query_int, read_body, read_raw, respond
 from shared.offload import OFFLOAD
 from shared.serve import ClientGone, until_client_gone
 from shared.tokenizer import filler_piece, filler_text
@@ -239,7 +240,7 @@ async def metrics(request: web.Request) -> web.Response:
 async def stats(request: web.Request) -> web.Response:
     state = _state(request)
     s = _settings(request)
-    top = _query_int(request, "top", 10, 1, 1000)
+    top = query_int(request, "top", 10, 1, 1000)
     out = state.pool.stats(top_k=top)
     out["private_blocks"] = state.pool.private  # held by running requests beyond their hashed blocks (decode KV)
     if not wants_raw_sessions(request, s.serving.cluster_token):
@@ -279,36 +280,11 @@ async def stats(request: web.Request) -> web.Response:
     return respond(request, out)
 
 
-def _query_int(request, name: str, default: int, lo: int, hi: int) -> int:
-    raw = request.query.get(name)
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise InputError(name, f"expected an integer, got {raw!r:.40}") from None
-    if not lo <= value <= hi:
-        raise InputError(name, f"must be between {lo} and {hi}")
-    return value
-
-
 async def kv_events(request: web.Request) -> web.Response:
     """The embedded index's feed: batches after sequence number ``after`` (cluster token)."""
     require_cluster_token(request, _settings(request).serving.cluster_token, _settings(request).admin_token)
     state = _state(request)
-    after = _query_int(request, "after", 0, 0, 2**62)
-    limit = _query_int(request, "limit", 256, 1, 4096)
-    # wait=MS: a long poll; with nothing new yet, answer when a batch comes (or after MS). A router
-    # worker then asks about once a second while the replica is idle instead of every 20 ms.
-    wait_ms = _query_int(request, "wait", 0, 0, 10_000)
-    state.feed.reads += 1
-    batches = state.feed.since(after, limit)
-    if not batches and wait_ms and state.feed.next_seq <= after + 1:
-        await state.feed_changed(wait_ms / 1000)
-        batches = state.feed.since(after, limit)
-    return respond(request, {"replica_id": _settings(request).replica_id, "epoch": state.feed.epoch,
-                             "oldest_seq": state.feed.oldest_seq, "next_seq": state.feed.next_seq,
-                             "batches": [b.to_wire() for b in batches]})
+    return respond(request, await read_feed(request, state.feed, _settings(request).replica_id, state.feed_changed))
 
 
 async def kv_resync(request: web.Request) -> web.Response:

@@ -80,6 +80,20 @@ async def read_body(request: web.Request) -> dict:
     return protocol.decode_body(await read_raw(request), request.content_type or "")
 
 
+def query_int(request: web.Request, name: str, default: int, lo: int, hi: int) -> int:
+    """An integer query parameter within ``[lo, hi]`` (``default`` when absent), else a 400 naming it."""
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InputError(name, f"expected an integer, got {raw!r:.40}") from None
+    if not lo <= value <= hi:
+        raise InputError(name, f"must be between {lo} and {hi}")
+    return value
+
+
 def wants_msgpack(request: web.Request) -> bool:
     accept = request.headers.get("Accept", "")
     return protocol.MSGPACK in accept or (request.content_type == protocol.MSGPACK and "json" not in accept)

@@ -65,7 +65,7 @@ from replica.core.cache.pool import KvEvent
 from replica.core.cache.types import Lookup
 from replica.core.tiers.shared import SharedSettings, SharedStore
 from replica.core.tiers.stack import TierSettings
-from replica.events import EventFeed
+from replica.events import EventFeed, read_feed
 from shared import serve
 from shared.auth import require_cluster_token
 from shared.errors import InputError
@@ -342,34 +342,11 @@ async def read(request: web.Request) -> web.Response:
     return respond(request, answer)
 
 
-def _query_int(request: web.Request, name: str, default: int, lo: int, hi: int) -> int:
-    raw = request.query.get(name)
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise InputError(name, f"expected an integer, got {raw!r:.40}") from None
-    if not lo <= value <= hi:
-        raise InputError(name, f"must be between {lo} and {hi}")
-    return value
-
-
 async def kv_events(request: web.Request) -> web.Response:
     """The store's events, in a replica's feed format (see the module docstring)."""
     _guard(request)
     rt = _rt(request)
-    after = _query_int(request, "after", 0, 0, 2**62)
-    limit = _query_int(request, "limit", 256, 1, 4096)
-    wait_ms = _query_int(request, "wait", 0, 0, 10_000)
-    rt.feed.reads += 1
-    batches = rt.feed.since(after, limit)
-    if not batches and wait_ms and rt.feed.next_seq <= after + 1:
-        await rt.changed(wait_ms / 1000)
-        batches = rt.feed.since(after, limit)
-    return respond(request, {"replica_id": rt.settings.pool_id, "epoch": rt.feed.epoch,
-                             "oldest_seq": rt.feed.oldest_seq, "next_seq": rt.feed.next_seq,
-                             "batches": [b.to_wire() for b in batches]})
+    return respond(request, await read_feed(request, rt.feed, rt.settings.pool_id, rt.changed))
 
 
 async def kv_resync(request: web.Request) -> web.Response:
