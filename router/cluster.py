@@ -125,16 +125,23 @@ class Cluster:
             await asyncio.sleep(self.settings.health_interval_s)
 
     # ---- shared KV pools ------------------------------------------------------------------
-    async def check_pool(self, pool: PoolHandle) -> None:
+    async def _health(self, url: str) -> tuple[dict | None, bool]:
+        """A process's ``/health`` answer (None: none, or not a 200), and whether the connection was refused."""
         timeout = aiohttp.ClientTimeout(total=self.settings.health_timeout_s)
         try:
-            async with self.session.get(pool.url + "/health", timeout=timeout) as resp:
+            async with self.session.get(url + "/health", timeout=timeout) as resp:
                 body = await resp.json() if resp.status == 200 else None
         except (aiohttp.ClientConnectorError, ConnectionRefusedError):
+            return None, True
+        except (TimeoutError, aiohttp.ClientError, ValueError):
+            return None, False
+        return body if isinstance(body, dict) else None, False
+
+    async def check_pool(self, pool: PoolHandle) -> None:
+        body, refused = await self._health(pool.url)
+        if refused:
             await self.pool_failed(pool, "connection refused", immediate=True)
             return
-        except (TimeoutError, aiohttp.ClientError, ValueError):
-            body = None
         store_id = str(body.get("pool_id") or body.get("replica_id") or "") if isinstance(body, dict) else ""
         if not body or body.get("status") != "ok" or not store_id:
             await self.pool_failed(pool, "health check failed")
@@ -188,15 +195,10 @@ class Cluster:
             pass  # the next rejoin tries again; meanwhile the index only under-reports
 
     async def check(self, rep: ReplicaHandle) -> None:
-        timeout = aiohttp.ClientTimeout(total=self.settings.health_timeout_s)
-        try:
-            async with self.session.get(rep.url + "/health", timeout=timeout) as resp:
-                body = await resp.json() if resp.status == 200 else None
-        except (aiohttp.ClientConnectorError, ConnectionRefusedError):
+        body, refused = await self._health(rep.url)
+        if refused:
             await self.mark_failed(rep, "connection refused", immediate=True)
             return
-        except (TimeoutError, aiohttp.ClientError, ValueError):
-            body = None
         if not body or body.get("status") != "ok":
             await self.mark_failed(rep, "health check failed")
             return
