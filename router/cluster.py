@@ -306,17 +306,24 @@ class Cluster:
                 # answered at once with nothing (an error, or a replica that does not long-poll): pace it
                 await asyncio.sleep(self.settings.poll_interval_s)
 
-    async def poll_feed(self, rep: ReplicaHandle, wait_ms: int = 0) -> bool:
-        """Apply new batches; True when the replica has more waiting. ``wait_ms``: a long poll."""
-        url = f"{rep.url}/kv/events?after={rep.feed_cursor}&limit=512" + (f"&wait={wait_ms}" if wait_ms else "")
+    async def _read_feed(self, base: str, after: int, wait_ms: int) -> dict | None:
+        """One read of a replica's or a pool's ``/kv/events`` after ``after`` (msgpack); None: no usable answer."""
+        url = f"{base}/kv/events?after={after}&limit=512" + (f"&wait={wait_ms}" if wait_ms else "")
         timeout = aiohttp.ClientTimeout(total=2.0 + wait_ms / 1000)
         try:
             async with self.session.get(url, headers={"Accept": "application/msgpack", **self.auth},
                                         timeout=timeout) as resp:
                 if resp.status != 200:
-                    return False
+                    return None
                 feed = msgpack.unpackb(await resp.read(), raw=False)
         except (TimeoutError, aiohttp.ClientError, ValueError):
+            return None
+        return feed if isinstance(feed, dict) else None
+
+    async def poll_feed(self, rep: ReplicaHandle, wait_ms: int = 0) -> bool:
+        """Apply new batches; True when the replica has more waiting. ``wait_ms``: a long poll."""
+        feed = await self._read_feed(rep.url, rep.feed_cursor, wait_ms)
+        if feed is None:
             return False
         if feed.get("epoch") != rep.epoch:
             # Restarted between health checks: check now so its stale entries go at once.
@@ -346,15 +353,8 @@ class Cluster:
     async def poll_pool_feed(self, pool: PoolHandle, wait_ms: int = 0) -> bool:
         """A shared pool's feed, as ``poll_feed`` reads a replica's (its batches apply to the store's set: the
         index was told the id is a store's before the first read)."""
-        url = f"{pool.url}/kv/events?after={pool.feed_cursor}&limit=512" + (f"&wait={wait_ms}" if wait_ms else "")
-        timeout = aiohttp.ClientTimeout(total=2.0 + wait_ms / 1000)
-        try:
-            async with self.session.get(url, headers={"Accept": "application/msgpack", **self.auth},
-                                        timeout=timeout) as resp:
-                if resp.status != 200:
-                    return False
-                feed = msgpack.unpackb(await resp.read(), raw=False)
-        except (TimeoutError, aiohttp.ClientError, ValueError):
+        feed = await self._read_feed(pool.url, pool.feed_cursor, wait_ms)
+        if feed is None:
             return False
         if feed.get("epoch") != pool.epoch or feed.get("replica_id", pool.store_id) != pool.store_id:
             await self.check_pool(pool)  # restarted between health checks: its stale entries go at once
