@@ -94,6 +94,10 @@ def print_report(summary: dict, report: dict, out=sys.stdout) -> None:
     out.write(f"load imbalance (max/mean requests) {summary['load_imbalance']:.2f}")
     if report.get("hotspots") is not None:
         out.write(f"   hotspots: {', '.join(report['hotspots']) or 'none'}")
+    if summary.get("pd_paths"):  # a P/D cluster: how requests went, and which prefill instance took the remote ones
+        paths = ", ".join(f"{path} {n:,}" for path, n in summary["pd_paths"].items())
+        prefills = ", ".join(f"{rid} {n:,}" for rid, n in summary["prefill_replicas"].items()) or "none"
+        out.write(f"\nP/D paths: {paths}   remote prefills by instance: {prefills}")
     # requests: answered by the replica; aborted: the replica's count of clients that left (timed out here)
     out.write("\n\n  this run         requests  tok_hit  blk_hit     CSR  evictions  aborted\n")
     empty = {"requests": 0, "token_hit_ratio": 0.0, "block_hit_ratio": 0.0}

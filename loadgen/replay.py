@@ -43,6 +43,10 @@ class Record:
     sent_at_s: float
     error: str = ""
     timed_out: bool = False  # no answer within the timeout: dropped (the replica aborts it)
+    # a P/D cluster's path (the router's X-Kvemu-Pd: remote, local, fallback, colocated; "" otherwise) and the
+    # prefill instance of a remote one
+    pd_path: str = ""
+    prefill_replica: str = ""
 
 
 class Progress:
@@ -158,6 +162,8 @@ class Replayer:
                 data = await resp.read()
                 rec.status = resp.status
                 rec.replica = resp.headers.get("X-Kvemu-Replica", "")
+                rec.pd_path = resp.headers.get("X-Kvemu-Pd", "")
+                rec.prefill_replica = resp.headers.get("X-Kvemu-Prefill-Replica", "")
                 if resp.status == 200:
                     out = msgpack.unpackb(data)
                     rec.cached_tokens, rec.cached_blocks = out["cached_tokens"], out["cached_blocks"]
@@ -205,7 +211,21 @@ def summarize(records: list[Record]) -> dict:
         "wall_latency_p50_s": wall.quantile(0.5), "wall_latency_p99_s": wall.quantile(0.99),
         "load_imbalance": max(loads) / mean if mean else 0.0,
         "per_replica": dict(sorted(per.items())),
+        **_pd_summary(ok),
     }
+
+
+def _pd_summary(ok: list[Record]) -> dict:
+    """A P/D cluster's answers by path and remote prefills by prefill instance (nothing for a colocated one)."""
+    if not any(r.pd_path for r in ok):
+        return {}
+    paths: dict[str, int] = defaultdict(int)
+    prefills: dict[str, int] = defaultdict(int)
+    for r in ok:
+        paths[r.pd_path or "unknown"] += 1
+        if r.prefill_replica:
+            prefills[r.prefill_replica] += 1
+    return {"pd_paths": dict(sorted(paths.items())), "prefill_replicas": dict(sorted(prefills.items()))}
 
 
 def records_json(records: list[Record]) -> list[dict]:

@@ -166,6 +166,9 @@ def test_live_pd_hit_ratios_match_the_simulator(tmp_path):
               f" paths {causal['pd']['requests']}")
     print(report)
     assert live["failed"] == 0 and live["requests"] == causal["served"], report
+    # the replay counts the paths the router reports (its X-Kvemu-Pd): every request took one
+    assert sum(live["pd_paths"].values()) == live["requests"] and live["pd_paths"]["remote"] > 50, report
+    assert set(live["prefill_replicas"]) == {"prefill-0"}, report
     assert abs(live["token_hit_ratio"] - causal["token_hit_ratio"]) <= TOL, report
     assert abs(live["block_hit_ratio"] - causal["block_hit_ratio"]) <= TOL, report
 
