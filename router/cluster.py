@@ -24,6 +24,7 @@ import msgpack
 
 from router.settings import RouterSettings
 from router.strategies import ReplicaState
+from router.upstream import ReplicaBusy, ReplicaFailed
 from shared.index import EventBatch, IndexUnavailable, StoreScope
 
 LONG_POLL_MS = 1000  # how long a replica holds a feed read with nothing new
@@ -250,6 +251,15 @@ class Cluster:
         backoff = min(self.settings.busy_backoff_s * 2 ** (rep.busy_strikes - 1), 2.0)
         rep.busy_until = time.monotonic() + backoff
         self.metrics.count("replica_busy")
+
+    async def set_aside(self, rep: ReplicaHandle, exc: ReplicaBusy | ReplicaFailed) -> bool:
+        """A replica that could not take a request: busy backs off, failed is taken out at once (a request
+        path retries elsewhere). Returns whether it was busy."""
+        if isinstance(exc, ReplicaBusy):
+            self.mark_busy(rep)
+            return True
+        await self.mark_failed(rep, str(exc), immediate=True)
+        return False
 
     async def mark_failed(self, rep: ReplicaHandle, reason: str, immediate: bool = False) -> None:
         rep.failures += 1

@@ -45,7 +45,7 @@ from aiohttp import web
 from router.cluster import ReplicaHandle
 from router.strategies import NoHealthyReplica, RouteRequest, RoutingStep
 from router.strategies.base import cached_blocks
-from router.upstream import ReplicaBusy, ReplicaFailed, check_status, end_stream
+from router.upstream import ReplicaBusy, ReplicaFailed, check_status, end_stream, no_replica_answer
 from shared import protocol
 from shared.errors import InputError
 from shared.hashing import reusable_prefix_tokens
@@ -169,14 +169,12 @@ async def remote_prefill(request: web.Request, state, obj: dict, spec: protocol.
             got = await _prefill_on(state, rep, request.path, data, headers, spec, overlap)
             rep.busy_strikes = 0
             return got
-        except ReplicaBusy:
+        except (ReplicaBusy, ReplicaFailed) as exc:
             excluded.add(rep.replica_id)
-            state.cluster.mark_busy(rep)
-            busy += 1
-        except ReplicaFailed as exc:
-            excluded.add(rep.replica_id)
-            await state.cluster.mark_failed(rep, str(exc), immediate=True)
-            failures += 1
+            if await state.cluster.set_aside(rep, exc):
+                busy += 1
+            else:
+                failures += 1
         finally:
             state.prefill_router.done(rep.state, request_view)
     return None
@@ -303,19 +301,15 @@ async def route(request: web.Request, state, raw: bytes, spec: protocol.Generate
         except UpstreamRefused as refused:
             state.metrics.outcome("client_error")
             return web.Response(body=refused.body, status=refused.status, headers={"Content-Type": refused.content_type})
-        except ReplicaBusy:
+        except (ReplicaBusy, ReplicaFailed) as exc:
             excluded.add(rep.replica_id)
-            state.cluster.mark_busy(rep)
-            busy += 1
-        except ReplicaFailed as exc:
-            excluded.add(rep.replica_id)
-            await state.cluster.mark_failed(rep, str(exc), immediate=True)
-            failures += 1
+            if await state.cluster.set_aside(rep, exc):
+                busy += 1
+            else:
+                failures += 1
         finally:
             state.router.done(rep.state, request_view)
-    state.metrics.outcome("busy" if busy and not failures else "unavailable")
-    body = protocol.error_body(503, None, "no healthy decode replica could take the request; retry shortly")
-    return web.json_response(body, status=503, headers={"Retry-After": "1"})
+    return no_replica_answer(state.metrics, busy, failures, "decode ")
 
 
 async def _serve(request, state, rep: ReplicaHandle, obj: dict, raw: bytes, spec, request_view, overlap: dict,

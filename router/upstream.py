@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from shared import protocol
+
 MID_STREAM_ERROR = b'data: {"error": {"message": "replica failed mid-stream", "code": 502}}\n\n'
 
 
@@ -35,3 +37,10 @@ async def end_stream(resp: web.StreamResponse, metrics, failed: bool) -> web.Str
     except ConnectionResetError:
         pass
     return resp
+
+
+def no_replica_answer(metrics, busy: int, failures: int, which: str = "") -> web.Response:
+    """Every replica a request could go to was busy or failed: 503 with Retry-After, counted by cause."""
+    metrics.outcome("busy" if busy and not failures else "unavailable")
+    body = protocol.error_body(503, None, f"no healthy {which}replica could take the request; retry shortly")
+    return web.json_response(body, status=503, headers={"Retry-After": "1"})

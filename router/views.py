@@ -15,7 +15,7 @@ from router import pd
 from router.metrics import merge_vllm, replica_metrics_texts
 from router.state import ROUTER, RouterState
 from router.strategies import NoHealthyReplica, RouteRequest
-from router.upstream import ReplicaBusy, ReplicaFailed, check_status, end_stream
+from router.upstream import ReplicaBusy, ReplicaFailed, check_status, end_stream, no_replica_answer
 from shared import protocol
 from shared.auth import session_label, wants_raw_sessions
 from shared.hashing import reusable_prefix_tokens
@@ -81,20 +81,16 @@ async def _route(request: web.Request, state: RouterState) -> web.StreamResponse
         except ClientGone:
             state.metrics.outcome("client_disconnected")
             return web.Response(status=499)  # nobody reads it
-        except ReplicaBusy:
+        except (ReplicaBusy, ReplicaFailed) as exc:
             excluded.add(rep.replica_id)
-            state.cluster.mark_busy(rep)
-            busy += 1
-        except ReplicaFailed as exc:
-            excluded.add(rep.replica_id)
-            await state.cluster.mark_failed(rep, str(exc), immediate=True)
-            failures += 1
+            if await state.cluster.set_aside(rep, exc):
+                busy += 1
+            else:
+                failures += 1
         finally:
             state.router.done(rep.state, request_view)
             _load_gauges(state, rep)
-    state.metrics.outcome("busy" if busy and not failures else "unavailable")
-    body = protocol.error_body(503, None, "no healthy replica could take the request; retry shortly")
-    return web.json_response(body, status=503, headers={"Retry-After": "1"})
+    return no_replica_answer(state.metrics, busy, failures)
 
 
 def _load_gauges(state: RouterState, rep) -> None:
