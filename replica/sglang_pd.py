@@ -12,8 +12,10 @@ kvemu maps that onto the vLLM-style legs replica/pd.py already runs:
   decode (``do_remote_decode``: one token, its blocks held); once held, the room is bound to the
   ``kv_transfer_params`` its answer carries;
 * a **decode** replica receiving one asks ``GET http://{bootstrap_host}:{bootstrap_port}/kv/bootstrap?room=R``
-  (the cluster token), which answers those ``kv_transfer_params`` as soon as the prefill replica has
-  held the room (it waits for it: the two legs arrive in either order), then runs the decode leg
+  (the cluster token, presented only where ``bootstrap_host:bootstrap_port`` is one of its ``--pd-peers``: an
+  address from a request is never sent a secret; without ``--pd-peers`` it asks no bootstrap), which
+  answers those ``kv_transfer_params`` as soon as the prefill replica has held the room (it waits for
+  it: the two legs arrive in either order), then runs the decode leg
   with them (the pull over ``/kv/pull``, as after a vLLM proxy's prefill);
 * a colocated (``both``) replica ignores the fields and serves the request whole.
 
@@ -112,23 +114,29 @@ async def bootstrap_params(request: web.Request, raw: bytes) -> KvTransferParams
 
 
 async def _fetch_room(request: web.Request, host: str, port: int, room: int) -> Any:
+    """The room's parameters from its prefill replica's bootstrap endpoint. The cluster token goes only to a
+    peer this replica was given (``--pd-peers``), never to an address a request chose; any failure is one
+    answer, so the fields cannot probe what listens where."""
     settings = request.app[SETTINGS]
-    token = settings.serving.cluster_token or settings.admin_token
+    state = request.app[RUNTIME]
+    if settings.pd_peers is None:
+        raise InputError(ROOM, "this decode replica asks a bootstrap only of the prefill replicas it was given:"
+                               " start it with --pd-peers naming them (HOST:PORT, comma-separated)")
+    state.pd.check_peer(host, port, "bootstrap_host")
+    token = settings.serving.cluster_token
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    session = request.app[RUNTIME].pd.session
+    session = state.pd.session
     assert session is not None, "the app's pd_ctx opens the session"
-    url = f"http://{host}:{port}/kv/bootstrap"
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}/kv/bootstrap"
     try:
         async with session.get(url, params={"room": str(room)}, headers=headers,
                                timeout=aiohttp.ClientTimeout(total=BOOTSTRAP_WAIT_S + 5)) as resp:
-            body = await resp.json(content_type=None) if resp.status in (200, 404) else None
-            status = resp.status
-    except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
-        raise InputError(ROOM, f"the bootstrap server {host}:{port} (the prefill replica) did not answer:"
-                               f" {type(exc).__name__}") from None
-    if status != 200 or not isinstance(body, dict) or not isinstance(body.get(KV_PARAMS), dict):
-        raise InputError(ROOM, f"room {room} was not prefilled at {host}:{port} within {BOOTSTRAP_WAIT_S:g} s"
-                               f" (answer {status}): is bootstrap_port that prefill replica's HTTP port?")
+            body = await resp.json(content_type=None) if resp.status == 200 else None
+    except (TimeoutError, aiohttp.ClientError, ValueError):
+        body = None
+    if not isinstance(body, dict) or not isinstance(body.get(KV_PARAMS), dict):
+        raise InputError(ROOM, f"room {room} was not prefilled at {host}:{port} within {BOOTSTRAP_WAIT_S:g} s:"
+                               " is bootstrap_port that prefill replica's HTTP port, and is it running?")
     return body[KV_PARAMS]
 
 
@@ -143,7 +151,7 @@ async def bootstrap(request: web.Request) -> web.Response:
     """``GET /kv/bootstrap?room=R`` (cluster token): the room's ``kv_transfer_params`` once its prefill is
     held here (waits up to ``BOOTSTRAP_WAIT_S``); 404 when it is not."""
     settings = request.app[SETTINGS]
-    require_cluster_token(request, settings.serving.cluster_token, settings.admin_token)
+    require_cluster_token(request, settings.serving.cluster_token)
     raw = request.query.get("room", "")
     if not raw.isdigit() or int(raw) >= 2**64:
         raise InputError("room", f"expected the bootstrap_room integer, got {raw!r:.40}")

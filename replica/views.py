@@ -228,6 +228,7 @@ async def health(request: web.Request) -> web.Response:
                               "policy": state.pool.policy.name, "model": s.model, "capacity_blocks": state.pool.capacity,
                               "block_size": s.block_size, "matching": s.matching, "running": state.scheduler.num_running,
                               "waiting": state.scheduler.num_waiting, "kv_usage": state.pool.usage(),
+                              **state.pd.hold_health(),  # P/D: what prefills held for remote decodes pin
                               # the shared KV pool: ok, unreachable (serving from its own levels) or connecting
                               **({"shared_pool": state.shared_pool.state} if state.shared_pool is not None else {})})
 
@@ -282,7 +283,7 @@ async def stats(request: web.Request) -> web.Response:
 
 async def kv_events(request: web.Request) -> web.Response:
     """The embedded index's feed: batches after sequence number ``after`` (cluster token)."""
-    require_cluster_token(request, _settings(request).serving.cluster_token, _settings(request).admin_token)
+    require_cluster_token(request, _settings(request).serving.cluster_token)
     state = _state(request)
     return respond(request, await read_feed(request, state.feed, _settings(request).replica_id, state.feed_changed))
 
@@ -290,7 +291,7 @@ async def kv_events(request: web.Request) -> web.Response:
 async def kv_resync(request: web.Request) -> web.Response:
     """Republish the whole resident set (``cleared`` + ``stored``): routers call it when they
     (re)gain sight of this replica. Cluster token; asks in a row cost one resync."""
-    require_cluster_token(request, _settings(request).serving.cluster_token, _settings(request).admin_token)
+    require_cluster_token(request, _settings(request).serving.cluster_token)
     state = _state(request)
     state.feed.request_resync()
     return web.json_response({"epoch": state.feed.epoch, "next_seq": state.feed.next_seq,

@@ -58,7 +58,7 @@ async def _route(request: web.Request, state: RouterState) -> web.StreamResponse
     if state.cluster.disaggregated:  # prefill instances: router/pd.py runs the request's two legs
         overlap, predicted = await _lookup(state, spec, state.settings.pd is not None)
         return await pd.route(request, state, raw, spec, request_view, overlap, predicted)
-    if b"kv_transfer_params" in raw:  # the router owns the transfer: a client may not steer it (router/pd.py)
+    if pd.steers_transfer(raw):  # the router owns the transfer: a client may not steer it (router/pd.py)
         pd.client_params(protocol.decode_body(raw, request.content_type or ""))
     failures = busy = 0
     while failures <= state.settings.retries and busy < len(state.cluster.replicas):

@@ -27,14 +27,15 @@ def bearer_ok(request: web.Request, *tokens: str | None) -> bool:
     return any(t and hmac.compare_digest(given, f"Bearer {t}".encode()) for t in tokens)
 
 
-def require_cluster_token(request: web.Request, token: str | None, admin_token: str | None = None) -> None:
-    """The cluster (or admin) token, always: 401 naming what to send without it; 403 where this
-    process has neither configured (nothing could open the endpoint)."""
-    if not token and not admin_token:
+def require_cluster_token(request: web.Request, token: str | None) -> None:
+    """The cluster token, always: 401 naming what to send without it; 403 where this process has none
+    configured (nothing could open the endpoint). The admin token opens /admin/* only: each token its own
+    endpoints, so a leaked one opens no more than its own."""
+    if not token:
         raise web.HTTPForbidden(reason="internal endpoint: this process has no cluster token; start it with"
                                        " --cluster-token or KVEMU_CLUSTER_TOKEN (from the command line it finds or"
                                        " makes the shared one in its runtime directory)")
-    if not bearer_ok(request, token, admin_token):
+    if not bearer_ok(request, token):
         raise web.HTTPUnauthorized(reason=missing_token_reason(request, "internal endpoint"),
                                    headers={"WWW-Authenticate": "Bearer"})
 

@@ -38,9 +38,12 @@ SERVER_OPTIONS = (
 )
 
 TOKEN_ENV = "KVEMU_CLUSTER_TOKEN"
+COMMAND_LINE_TOKEN_WARNING = (f"warning: --cluster-token is readable by every user of this host (ps, /proc/PID/cmdline);"
+                              f" prefer {TOKEN_ENV} in the environment, or the runtime directory's token file")
 _TOKEN_HELP = ("shared by the cluster's routers and replicas: guards /kv/* (or KVEMU_CLUSTER_TOKEN); required with a"
                " --host beyond loopback; default on loopback: the one in the runtime directory's cluster-token file"
-               " (KVEMU_RUNTIME_DIR, else ~/.local/share/kvemu/runtime), made there by the first process to start")
+               " (KVEMU_RUNTIME_DIR, else ~/.local/share/kvemu/runtime), made there by the first process to start;"
+               f" warning: a token on a command line is readable by every user of this host: prefer {TOKEN_ENV}")
 
 
 def add_server_args(p: argparse.ArgumentParser, token_help: str = _TOKEN_HELP) -> None:
@@ -68,7 +71,7 @@ def cluster_token(args: argparse.Namespace) -> str | None:
 def token_line(args: argparse.Namespace) -> str:
     """What a process prints on stderr at start: where its cluster token is."""
     if getattr(args, "cluster_token", None):
-        return "cluster token: from --cluster-token"
+        return "cluster token: from --cluster-token; " + COMMAND_LINE_TOKEN_WARNING
     if os.environ.get(TOKEN_ENV):
         return f"cluster token: from {TOKEN_ENV}"
     return f"cluster token: {cluster_token_path()}"

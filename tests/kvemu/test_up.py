@@ -324,14 +324,21 @@ def test_no_token_is_on_any_child_command_line_and_the_admin_endpoints_take_it(u
     procs = descendants(up.proc.pid)
     names = [cmd.split()[2] if " -m " in cmd else os.path.basename(cmd.split()[0]) for cmd in procs.values()]
     assert sorted(names) == ["redis-server", "replica", "replica", "router", "router", "router"], procs
-    for cmd in procs.values():
+    for pid, cmd in procs.items():
         assert cluster_token not in cmd and admin_token not in cmd, cmd
+        with open(f"/proc/{pid}/environ", "rb") as fh:  # each child gets only the secrets it uses
+            env = fh.read()
+        kind = "redis" if "redis-server" in cmd else cmd.split()[2]
+        assert (cluster_token.encode() in env) == (kind != "redis"), cmd
+        assert (admin_token.encode() in env) == (kind == "replica"), cmd
+    assert "warning: --cluster-token" in up.stderr() and "KVEMU_CLUSTER_TOKEN" in up.stderr()
     for name in ("replica-0", "replica-1"):
         reset = urls[name] + "/admin/reset"
         assert http("POST", reset)[0] == 401
         assert http("POST", reset, headers={"Authorization": f"Bearer {admin_token}"})[0] == 200
         resync = urls[name] + "/kv/resync"
         assert http("POST", resync)[0] == 401
+        assert http("POST", resync, headers={"Authorization": f"Bearer {admin_token}"})[0] == 401  # its own only
         assert http("POST", resync, headers={"Authorization": f"Bearer {cluster_token}"})[0] == 200
 
 

@@ -15,7 +15,7 @@ import pytest
 from shared import protocol, tokenizer
 from tests.conftest import free_port
 from tests.support.cluster import metric, scrape, sse_events, stop_all, wait_for
-from tests.support.procs import cluster_auth, http, http_json, start_replica
+from tests.support.procs import Listener, cluster_auth, http, http_json, start_replica
 
 pytestmark = pytest.mark.slow
 
@@ -55,10 +55,11 @@ def test_the_proxy_flow_gives_a_full_answer_and_releases_the_prefill_blocks(pd):
     first = prefill_leg(p, {"prompt": tokens})
     params = first["kv_transfer_params"]
     assert first["usage"]["completion_tokens"] == 1
-    assert {k: v for k, v in params.items() if k != "remote_request_id"} == {
+    assert {k: v for k, v in params.items() if k not in ("remote_request_id", "kvemu_transfer_token")} == {
         "do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": "p0",
         "remote_block_ids": list(range(10)), "remote_host": "127.0.0.1", "remote_port": p.port, "tp_size": 1}
     assert params["remote_request_id"].startswith("pd-p0-")
+    assert len(params["kvemu_transfer_token"]) == 32  # the hold's own credential: 24 random bytes, base64url
     held = stats(p)
     assert held["pinned_blocks"] == 10 and held["pd"]["held_requests"] == 1 and held["pd"]["held_blocks"] == 10
 
@@ -188,16 +189,80 @@ def test_a_failed_pull_falls_back_to_a_local_prefill_and_counts_it(pd, reason):
     assert stats(d)["pinned_blocks"] == 0 and stats(d)["pd"]["waiting_for_kv"] == 0
 
 
-def test_the_pull_endpoint_needs_the_token_and_names_bad_fields(pd):
+def test_the_pull_endpoint_needs_the_holds_credential_and_names_bad_fields(pd):
     p, _ = pd
     body = {"remote_request_id": "pd-p0-x", "bytes": 10, "decoder": "d0"}
-    assert http("POST", p.url + "/kv/pull", body)[0] == 401
     for bad, field in (({"bytes": "10"}, "bytes"), ({"bytes": -1}, "bytes"), ({"remote_request_id": None},
                        "remote_request_id"), ({"decoder": 3}, "decoder")):
         status, out = http_json("POST", p.url + "/kv/pull", {**body, **bad}, headers=cluster_auth())
         assert status == 400 and out["error"]["param"] == field
-    status, out = http_json("POST", p.url + "/kv/pull", body, headers=cluster_auth())
+    status, out = http_json("POST", p.url + "/kv/pull", body)  # not held: nothing to open, whatever is presented
     assert status == 404 and out["error"]["param"] == "remote_request_id" and "pd-p0-x" in out["error"]["message"]
+    params = prefill_leg(p, {"prompt": prompt(10)})["kv_transfer_params"]
+    held = {**body, "remote_request_id": params["remote_request_id"], "bytes": 0}
+    assert http("POST", p.url + "/kv/pull", held)[0] == 401
+    assert http("POST", p.url + "/kv/pull", held, headers={"Authorization": "Bearer secret"})[0] == 401  # admin's
+    other = prefill_leg(p, {"prompt": prompt(11)})["kv_transfer_params"]  # another hold's credential opens nothing
+    assert http("POST", p.url + "/kv/pull", held,
+                headers={"Authorization": f"Bearer {other['kvemu_transfer_token']}"})[0] == 401
+    own = {"Authorization": f"Bearer {params['kvemu_transfer_token']}"}
+    assert http_json("POST", p.url + "/kv/pull", held, headers=own)[0] == 200
+    assert http_json("POST", p.url + "/kv/pull", {**held, "remote_request_id": other["remote_request_id"]},
+                     headers=cluster_auth())[0] == 200  # the cluster's own tools
+    assert stats(p)["pinned_blocks"] == 0
+
+
+def _secrets() -> list[bytes]:
+    return [cluster_auth()["Authorization"].split()[1].encode(), b"secret"]  # the cluster and admin tokens
+
+
+def test_no_request_has_a_replica_send_a_token_to_an_address_it_names(pd):
+    """The probe's paths: kv_transfer_params and SGLang's bootstrap fields naming a listener. The decoder
+    contacts it for a pull (no --pd-peers here) but presents only the credential the request carried."""
+    p, d = pd
+    listener = Listener()
+    try:
+        remote = {"do_remote_prefill": True, "remote_host": "127.0.0.1", "remote_port": listener.port,
+                  "remote_request_id": "x"}
+        for seed, params in ((12, remote), (16, {**remote, "kvemu_transfer_token": "client-chosen"})):
+            status, out = http_json("POST", d.url + "/v1/completions",
+                                    {"prompt": prompt(seed), "max_tokens": 2, "kv_transfer_params": params})
+            assert status == 200 and out["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # prefilled here
+        sglang = {"prompt": prompt(13), "max_tokens": 2, "bootstrap_room": 777, "bootstrap_host": "127.0.0.1",
+                  "bootstrap_port": listener.port}
+        status, out = http_json("POST", d.url + "/v1/completions", sglang)
+        assert status == 400 and out["error"]["param"] == "bootstrap_room" and "--pd-peers" in out["error"]["message"]
+        wait_for(lambda: len(listener.received) == 2, timeout=5, what="the two pulls")
+        heads = [r.lower() for r in listener.received]
+        assert all(head.startswith(b"post /kv/pull ") for head in heads)
+        assert b"authorization" not in heads[0] and b"authorization: bearer client-chosen" in heads[1]
+        assert not any(token in r for r in listener.received for token in _secrets())
+    finally:
+        listener.close()
+    assert stats(d)["pinned_blocks"] == 0
+
+
+@pytest.mark.parametrize("role", ["decode", "both"])
+def test_with_peers_a_replica_contacts_no_other_address(pd, role):
+    p, _ = pd
+    rep = start_replica("--role", role, "--pd-peers", f"http://127.0.0.1:{p.port}", capacity_blocks=100)
+    listener = Listener()
+    try:
+        remote = {"do_remote_prefill": True, "remote_host": "127.0.0.1", "remote_port": listener.port,
+                  "remote_request_id": "x"}
+        status, out = http_json("POST", rep.url + "/v1/completions",
+                                {"prompt": prompt(14), "max_tokens": 2, "kv_transfer_params": remote})
+        assert status == 400 and out["error"]["param"] == "kv_transfer_params.remote_host", out
+        assert f"127.0.0.1:{listener.port} is not a prefill instance" in out["error"]["message"]
+        params = prefill_leg(p, {"prompt": prompt(15)})["kv_transfer_params"]  # a peer's hold: pulled as ever
+        status, out = http_json("POST", rep.url + "/v1/completions",
+                                {"prompt": prompt(15), "max_tokens": 2, "kv_transfer_params": params})
+        assert status == 200 and out["usage"]["prompt_tokens_details"]["cached_tokens"] == 159
+        time.sleep(0.3)
+        assert listener.received == []
+    finally:
+        listener.close()
+        rep.stop()
 
 
 def test_roles_show_in_health_server_info_and_metrics(pd):

@@ -24,10 +24,10 @@ pytestmark = pytest.mark.slow
 MODEL = "qwen3-coder-30b-a3b"
 
 
-def _replica(stack: contextlib.ExitStack, replica_id: str, role: str) -> Proc:
+def _replica(stack: contextlib.ExitStack, replica_id: str, role: str, *extra: str) -> Proc:
     port = free_port()
     proc = Proc(["-m", "replica", "--port", str(port), "--capacity-blocks", "3000", "--time-scale", "0",
-                 "--replica-id", replica_id, "--role", role], port)
+                 "--replica-id", replica_id, "--role", role, *extra], port)
     stack.callback(proc.stop, timeout=10.0)
     proc.wait_healthy()
     return proc
@@ -88,7 +88,9 @@ def sglang_pd():
     pytest.importorskip("sglang_router", reason="the dev extra installs sglang-router")
     with tempfile.TemporaryDirectory(prefix="kvemu-sglang-pd-") as log_dir, contextlib.ExitStack() as stack:
         prefill = [_replica(stack, "prefill-0", "prefill")]
-        decode = [_replica(stack, f"decode-{i}", "decode") for i in range(2)]
+        # a decode replica asks a bootstrap (with the cluster token) only of the prefill replicas it was given
+        peers = ",".join(f"127.0.0.1:{p.port}" for p in prefill)
+        decode = [_replica(stack, f"decode-{i}", "decode", "--pd-peers", peers) for i in range(2)]
         router = PdRouter(prefill, decode, log_dir)
         stack.callback(router.stop)
         workers = router.wait_workers(3)
@@ -143,10 +145,10 @@ def test_a_decode_leg_without_a_reachable_bootstrap_server_is_a_400(sglang_pd):
     body = {"prompt": "hello there", "max_tokens": 2, "bootstrap_room": 7}
     status, out = http_json("POST", decode[0].url + "/v1/completions", body)
     assert status == 400 and out["error"]["param"] == "bootstrap_port", out
-    dead = free_port()
+    dead = free_port()  # not one of its --pd-peers: refused before any connection
     status, out = http_json("POST", decode[0].url + "/v1/completions",
                             {**body, "bootstrap_host": "127.0.0.1", "bootstrap_port": dead})
-    assert status == 400 and out["error"]["param"] == "bootstrap_room" and f"127.0.0.1:{dead}" in out["error"]["message"]
+    assert status == 400 and out["error"]["param"] == "bootstrap_host" and f"127.0.0.1:{dead}" in out["error"]["message"]
     status, out = http_json("POST", decode[0].url + "/v1/completions", {**body, "bootstrap_room": "seven"})
     assert status == 400 and out["error"]["param"] == "bootstrap_room"
     assert stats(decode[0].url)["pinned_blocks"] == 0

@@ -89,3 +89,44 @@ def start_replica(*extra: str, capacity_blocks: int = 2000, time_scale: float = 
     proc = Proc(args + list(extra), port)
     proc.wait_healthy()
     return proc
+
+
+class Listener:
+    """A plain TCP listener on loopback that records what every connection sends (the first 64 KiB) and
+    answers HTTP 200 ``{}``: where a request would have a process send something to an address it chose."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.received: list[bytes] = []
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:  # closed
+                return
+            with conn:
+                conn.settimeout(2.0)
+                data = b""
+                try:
+                    while b"\r\n\r\n" not in data and len(data) < 65536:
+                        chunk = conn.recv(4096)
+                        if not chunk:
+                            break
+                        data += chunk
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n"
+                                 b"Connection: close\r\n\r\n{}")
+                except OSError:
+                    pass
+                self.received.append(data)
+
+    def close(self) -> None:
+        self.sock.close()
