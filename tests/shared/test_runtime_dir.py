@@ -177,7 +177,7 @@ def test_a_given_token_is_used_and_nothing_is_written(where, monkeypatch):
 
     monkeypatch.delenv("KVEMU_CLUSTER_TOKEN", raising=False)
     args = argparse.Namespace(cluster_token="given", host="127.0.0.1")
-    assert cluster_token(args) == "given" and token_line(args) == "cluster token: from --cluster-token"
+    assert cluster_token(args) == "given" and token_line(args).startswith("cluster token: from --cluster-token; warning")
     monkeypatch.setenv("KVEMU_CLUSTER_TOKEN", "from-env")
     args.cluster_token = None
     assert cluster_token(args) == "from-env" and token_line(args) == "cluster token: from KVEMU_CLUSTER_TOKEN"
