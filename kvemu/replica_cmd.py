@@ -127,6 +127,9 @@ def run(args) -> int:
     if note:
         print(note, file=sys.stderr, flush=True)
     print(token_line(args), file=sys.stderr, flush=True)
+    if getattr(args, "admin_token", None):
+        print("warning: --admin-token is readable by every user of this host (ps, /proc/PID/cmdline); prefer"
+              " KVEMU_ADMIN_TOKEN in the environment", file=sys.stderr, flush=True)
     unit = "pages" if settings.matching == "radix" else "blocks"
     role = "" if settings.role == "both" else f", role {settings.role}"
     print(f"replica {settings.replica_id} ({settings.policy}, {settings.resolved_capacity_blocks()} {unit}{role})"
