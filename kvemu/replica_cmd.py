@@ -128,8 +128,10 @@ def run(args) -> int:
         print(note, file=sys.stderr, flush=True)
     print(token_line(args), file=sys.stderr, flush=True)
     if getattr(args, "admin_token", None):
-        print("warning: --admin-token is readable by every user of this host (ps, /proc/PID/cmdline); prefer"
-              " KVEMU_ADMIN_TOKEN in the environment", file=sys.stderr, flush=True)
+        from kvemu.options.replica_flags import ADMIN_TOKEN, ADMIN_TOKEN_ENV
+        from kvemu.options.serving import command_line_token_warning
+
+        print(command_line_token_warning(ADMIN_TOKEN.flag, ADMIN_TOKEN_ENV), file=sys.stderr, flush=True)
     unit = "pages" if settings.matching == "radix" else "blocks"
     role = "" if settings.role == "both" else f", role {settings.role}"
     print(f"replica {settings.replica_id} ({settings.policy}, {settings.resolved_capacity_blocks()} {unit}{role})"
