@@ -40,14 +40,15 @@ async def errors_middleware(request: web.Request, handler):
             if len(rejections) < 256 or key in rejections:  # bounded: field names come from clients
                 rejections[key] = rejections.get(key, 0) + 1
         # "the limit": read_raw's size refusals (a bare "limit" is in "malformed JSON (Expecting ',' delimiter)")
-        status = 413 if exc.field == "body" and "the limit" in exc.message else 400
+        # (an InputError subclass may carry its own status: a client over a per-client share gets 429)
+        status = 413 if exc.field == "body" and "the limit" in exc.message else getattr(exc, "status", 400)
         return web.json_response(protocol.error_body(status, exc.field, str(exc)), status=status)
     except UnknownNameError as exc:
         return web.json_response(protocol.error_body(400, exc.kind, str(exc)), status=400)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        field = "body" if exc.status in (408, 413, 429) else None
+        field = "body" if exc.status in (408, 413, 429) else "Content-Type" if exc.status == 415 else None
         kept = {k: v for k, v in exc.headers.items() if k.lower() in ("allow", "www-authenticate", "retry-after")}
         resp = web.json_response(protocol.error_body(exc.status, field, exc.reason or str(exc)), status=exc.status,
                                  headers=kept)
@@ -58,8 +59,28 @@ async def errors_middleware(request: web.Request, handler):
         return web.json_response(protocol.error_body(503, None, str(exc)), status=503, headers={"Retry-After": "1"})
 
 
+# Media types read as a body, beside a missing Content-Type (read as JSON, as always). Form-encoded is
+# what `curl -d` and Python's urllib send when not told: read as JSON, like a missing type. Octet-stream
+# is what aiohttp's client sends for bytes given no type (the router forwards a body without one so).
+_BODY_TYPES = frozenset({"application/json", protocol.MSGPACK, "application/x-msgpack",
+                         "application/x-www-form-urlencoded", "application/octet-stream"})
+
+
+def check_content_type(request: web.Request) -> None:
+    """A body sent as something else (text/plain, a multipart form, XML) is a 415 naming the header
+    (vLLM's and SGLang's FastAPI servers refuse it too, with a 422), not text parsed as JSON by chance."""
+    if "Content-Type" not in request.headers:
+        return
+    kind = request.content_type  # lower case, parameters (charset) dropped
+    if kind in _BODY_TYPES or (kind.startswith("application/") and kind.endswith("+json")):
+        return
+    raise web.HTTPUnsupportedMediaType(reason=f"Content-Type: {kind[:60]!r} bodies are not read; send Content-Type:"
+                                              f" application/json (or {protocol.MSGPACK})")
+
+
 async def read_raw(request: web.Request) -> bytes:
     """The request body under the app's size limit (a router forwards these bytes as they are)."""
+    check_content_type(request)
     limit = request.app[BODY_LIMIT]
     if request.content_length is not None and request.content_length > limit:
         raise InputError("body", f"is {request.content_length} bytes; the limit is {limit}")

@@ -7,6 +7,8 @@ becomes an ``InputError`` naming the field, which the app answers with a 4xx JSO
 from __future__ import annotations
 
 import json
+import math
+import re
 from array import array
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +23,9 @@ from shared.hashing import ROOT_HASH, block_hashes
 MSGPACK = "application/msgpack"
 MAX_U64 = 2**64 - 1
 _U32 = next(code for code in "IL" if array(code).itemsize == 4)  # an array of unsigned 32-bit ints
+# A msgpack float64 (0xcb) or float32 (0xca) whose exponent bits are all ones: NaN or an infinity. A
+# match may also be bytes inside a string or an integer; then the decoded body is looked through.
+_MSGPACK_NON_FINITE = re.compile(rb"\xcb[\x7f\xff][\xf0-\xff]|\xca[\x7f\xff][\x80-\xff]")
 
 
 @dataclass(slots=True)
@@ -44,6 +49,8 @@ class GenerateSpec:
 
 
 def decode_body(raw: bytes, content_type: str) -> dict:
+    """A JSON or msgpack object. A number that is NaN or infinite anywhere in it (``NaN``,
+    ``Infinity``, ``1e400``, or a msgpack float) is a 400 naming its field: no field takes one."""
     if not raw:
         raise InputError("body", "is empty; expected a JSON or msgpack object")
     if content_type.startswith(MSGPACK) or content_type.startswith("application/x-msgpack"):
@@ -51,21 +58,52 @@ def decode_body(raw: bytes, content_type: str) -> dict:
             obj = msgpack.unpackb(raw, raw=False, strict_map_key=False)
         except Exception as exc:  # msgpack raises several unrelated types
             raise InputError("body", f"malformed msgpack ({type(exc).__name__})") from None
+        suspect = _MSGPACK_NON_FINITE.search(raw) is not None
     else:
         try:
-            obj = orjson.loads(raw)  # 2-3x the standard decoder; what it refuses gets the exact answer below
-        except orjson.JSONDecodeError:
-            obj = _decode_json_exactly(raw)
+            obj, suspect = orjson.loads(raw), False  # orjson refuses NaN, Infinity and 1e400: none here
+        except orjson.JSONDecodeError:  # 2-3x the standard decoder; what it refuses gets the exact answer below
+            obj, suspect = _decode_json_exactly(raw)
     if not isinstance(obj, dict):
         raise InputError("body", f"expected an object, got {type(obj).__name__}")
+    if suspect:
+        _refuse_non_finite(obj)
     return obj
 
 
-def _decode_json_exactly(raw: bytes) -> Any:
+def _refuse_non_finite(obj: dict) -> None:
+    """The first NaN or infinite number in ``obj`` (in the body's order), as a 400 naming where it is."""
+    todo: list[tuple[Any, str]] = [(obj, "")]
+    while todo:  # a loop, not recursion: a body may nest as deep as its decoder allows
+        value, path = todo.pop()
+        if isinstance(value, float):
+            if not math.isfinite(value):
+                shown = "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+                raise InputError(path or "body", f"is {shown}; send a finite number (JSON has no NaN or Infinity)")
+        elif isinstance(value, dict):
+            todo.extend(reversed([(v, f"{path}.{k}" if path else str(k)[:64]) for k, v in value.items()]))
+        elif isinstance(value, list):
+            todo.extend(reversed([(v, f"{path}[{i}]") for i, v in enumerate(value) if type(v) in (float, dict, list)]))
+
+
+def _decode_json_exactly(raw: bytes) -> tuple[Any, bool]:
     """The standard decoder, for what orjson refuses but JSON allows (integers beyond 64 bits,
-    NaN, lone surrogates), and for the error message that names the problem."""
+    lone surrogates, NaN and numbers too large for a float, which are then refused by name), and for
+    the error message that names the problem. Also says whether a number was NaN or infinite."""
+    non_finite: list[str] = []
+
+    def constant(text: str) -> float:  # NaN, Infinity, -Infinity
+        non_finite.append(text)
+        return float(text)
+
+    def number(text: str) -> float:
+        value = float(text)
+        if not math.isfinite(value):  # 1e400
+            non_finite.append(text)
+        return value
+
     try:
-        return json.loads(raw)
+        return json.loads(raw, parse_constant=constant, parse_float=number), bool(non_finite)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InputError("body", f"malformed JSON ({getattr(exc, 'msg', exc)})") from None
     except RecursionError:

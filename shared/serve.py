@@ -3,7 +3,9 @@ use is one error line, ``SO_REUSEPORT`` lets several router workers share a port
 guard in front of every connection that a slow or greedy client cannot outlast.
 
 The guard wraps aiohttp's protocol: it refuses connections beyond ``max_connections``
-(a 503 written straight to the socket), closes a connection whose request head has not
+(a 503 written straight to the socket), unless the newcomer's address holds fewer than
+``max_connections_per_client`` and another holds more: then that other address's oldest
+connection without a request in progress makes room (``ConnGuard.make_room``). It closes a connection whose request head has not
 arrived within ``header_timeout_s`` of it opening or of its previous response, and cuts
 one whose client stops reading: when the transport's buffer has stayed above its
 high-water mark (the transport paused the writer) for ``write_timeout_s``, the
@@ -11,6 +13,9 @@ connection is aborted, so the handler's pending write fails and its coroutine en
 instead of waiting forever (a stream stuck behind a client that does not read holds its
 replica's stream and memory). Costs nothing while clients read: the timer is armed only
 while writing is paused. Bodies get their own deadline in ``httpkit.read_raw``.
+
+A request head aiohttp's parser refuses (a negative Content-Length, a malformed line) is
+answered with the same JSON error as every other 4xx, naming the header (``_JsonErrors``).
 
 aiohttp does not cancel a handler whose client disconnects (``handler_cancellation`` is off, as
 it is by default): a handler that waits (for a replica's answer, for an emulated request to
@@ -25,10 +30,12 @@ import socket
 from dataclasses import dataclass
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from shared.errors import InputError, KvemuError
 from shared.gc_tuning import settle_gc
+from shared.protocol import error_body
 
 _REFUSAL_BODY = (b'{"error":{"message":"too many open connections; retry shortly","type":"server_error",'
                  b'"param":null,"code":503}}')
@@ -42,32 +49,40 @@ class ConnLimits:
     header_timeout_s: float = 10.0  # the request head must arrive within this
     body_timeout_s: float = 30.0  # the whole body must arrive within this (httpkit.read_raw)
     write_timeout_s: float = 30.0  # a client that keeps the send buffer full (reads nothing) this long is cut off
+    # Once max_connections are open, an address holding fewer than this may take a connection
+    # from the address holding the most, if that one holds more (ConnGuard.make_room).
+    max_connections_per_client: int = 256
 
 
 class _Guarded(asyncio.Protocol):
     """One connection: delegates to aiohttp's handler, with a deadline for each request head."""
 
-    __slots__ = ("guard", "inner", "transport", "timer", "refused", "idle", "write_timer", "lost")
+    __slots__ = ("guard", "inner", "transport", "client", "timer", "refused", "idle", "busy", "write_timer", "lost")
 
     def __init__(self, guard: ConnGuard, inner) -> None:
         self.guard, self.inner = guard, inner
         self.transport = None
+        self.client = ""  # the peer's address (no port): what the per-client share counts
         self.timer: asyncio.TimerHandle | None = None
         self.refused = False
         self.idle = False  # between requests: the next byte starts the next head's deadline
+        self.busy = False  # a handler is running for one of its requests (guard_middleware)
         self.write_timer: asyncio.TimerHandle | None = None  # armed while the transport has paused writing
         self.lost: asyncio.Future | None = None  # done when the connection goes (made when asked for)
 
     def connection_made(self, transport) -> None:
         self.transport = transport
         g = self.guard
-        if len(g.open) >= g.limits.max_connections:
+        peer = transport.get_extra_info("peername")
+        self.client = str(peer[0]) if isinstance(peer, tuple) and peer else "local"
+        if len(g.open) >= g.limits.max_connections and not g.make_room(self.client):
             self.refused = True
             g.refused += 1
+            g.count_cut(self.client)
             transport.write(_REFUSAL)
             transport.close()
             return
-        g.open[transport] = self
+        g.add(self)
         self.arm()
         self.inner.connection_made(transport)
 
@@ -102,10 +117,18 @@ class _Guarded(asyncio.Protocol):
         self._stop_write_timer()
         if self.refused:
             return
-        self.guard.open.pop(self.transport, None)
+        self.guard.remove(self)
         self.inner.connection_lost(exc)
         if self.lost is not None and not self.lost.done():
             self.lost.set_result(None)
+
+    def shed(self) -> None:
+        """Close this connection to make room for another address's (``ConnGuard.make_room``)."""
+        self.guard.remove(self)  # at once: the next newcomer must not pick it again before it is gone
+        assert self.transport is not None  # it is open: make_room found it among them
+        if not self.idle:  # it is sending a head (or has yet to): that request gets the refusal as its answer
+            self.transport.write(_REFUSAL)
+        self.transport.close()  # an idle keep-alive connection is just closed, as its keep-alive timeout would
 
     def lost_future(self) -> asyncio.Future:
         """A future done when this connection is lost (the client closed it, or it was cut)."""
@@ -139,22 +162,73 @@ class _Guarded(asyncio.Protocol):
             self.transport.abort()  # the handler's pending write raises; nothing else waits on it
 
 
+_CLIENTS_COUNTED = 64  # addresses the per-client count names; later ones are counted as "other"
+
+
 class ConnGuard:
     """Open connections of one server, and counters a /metrics or a test can read."""
 
     def __init__(self, limits: ConnLimits) -> None:
         self.limits = limits
         self.open: dict = {}  # transport -> _Guarded
+        self.clients: dict[str, dict] = {}  # address -> its open connections (transport -> _Guarded), oldest first
         self.refused = 0
+        self.shed = 0  # connections closed to make room for another address (make_room)
         self.timed_out = 0
         self.write_timed_out = 0
+        self.cut_by_client: dict[str, int] = {}  # address -> its connections refused or shed (bounded)
 
     def factory(self, server):
-        return lambda: _Guarded(self, server())
+        def connection() -> _Guarded:
+            inner = server()
+            if type(inner) is RequestHandler:  # aiohttp offers no way to give the server another class
+                inner.__class__ = _JsonErrors
+            return _Guarded(self, inner)
+        return connection
+
+    def add(self, conn: _Guarded) -> None:
+        self.open[conn.transport] = conn
+        self.clients.setdefault(conn.client, {})[conn.transport] = conn
+
+    def remove(self, conn: _Guarded) -> None:
+        if self.open.pop(conn.transport, None) is None:
+            return  # shed already
+        mine = self.clients[conn.client]
+        del mine[conn.transport]
+        if not mine:
+            del self.clients[conn.client]
+
+    def make_room(self, client: str) -> bool:
+        """The cap is reached and ``client`` connects: if it holds fewer than its share and the
+        address holding the most holds more, close that address's oldest connection without a
+        request in progress (True). Below the cap nobody is refused, so one address (a router's
+        pool to a replica, a load generator on loopback) may use all of it; at the cap, one
+        address's idle connections cannot lock every other address out. Work in progress is
+        never cut for it: an address whose surplus connections all have requests running keeps them."""
+        share = self.limits.max_connections_per_client
+        if len(self.clients.get(client, ())) >= share:
+            return False
+        most = max(self.clients.values(), key=len, default={})
+        if len(most) <= share:
+            return False
+        victim = next((conn for conn in most.values() if not conn.busy), None)
+        if victim is None:
+            return False
+        self.shed += 1
+        self.count_cut(victim.client)
+        victim.shed()
+        return True
+
+    def count_cut(self, client: str) -> None:
+        key = client if client in self.cut_by_client or len(self.cut_by_client) < _CLIENTS_COUNTED else "other"
+        self.cut_by_client[key] = self.cut_by_client.get(key, 0) + 1
 
     def stats(self) -> dict:
-        return {"open": len(self.open), "refused": self.refused, "timed_out": self.timed_out,
-                "write_timed_out": self.write_timed_out, "max_connections": self.limits.max_connections}
+        return {"open": len(self.open), "clients": len(self.clients), "refused": self.refused, "shed": self.shed,
+                "timed_out": self.timed_out, "write_timed_out": self.write_timed_out,
+                "max_connections": self.limits.max_connections,
+                "max_connections_per_client": self.limits.max_connections_per_client,
+                "cut_by_client": dict(self.cut_by_client)}
 
 
 class GuardCollector:
@@ -169,11 +243,20 @@ class GuardCollector:
     def collect(self):
         g = self.guard
         cut = CounterMetricFamily(f"{self.prefix}connections_cut", "Client connections the server cut: request head"
-                                  " too slow, client not reading its response, or over the connection cap.",
+                                  " too slow, client not reading its response, over the connection cap, or closed at the cap for"
+                                  " another address (its address held more than its share).",
                                   labels=["reason"])
-        for reason, n in (("head_timeout", g.timed_out), ("write_timeout", g.write_timed_out), ("over_cap", g.refused)):
+        for reason, n in (("head_timeout", g.timed_out), ("write_timeout", g.write_timed_out), ("over_cap", g.refused),
+                          ("over_client_share", g.shed)):
             cut.add_metric([reason], n)
         yield cut
+        by_client = CounterMetricFamily(f"{self.prefix}connections_cut_by_client", "Connections refused at the"
+                                        " connection cap or closed to make room for another address, by client"
+                                        f" address (the first {_CLIENTS_COUNTED}; later ones as other).",
+                                        labels=["client"])
+        for client, n in g.cut_by_client.items():
+            by_client.add_metric([client], n)
+        yield by_client
         yield GaugeMetricFamily(f"{self.prefix}open_connections", "Open client connections.", value=len(g.open))
 
 
@@ -243,6 +326,7 @@ async def guard_middleware(request: web.Request, handler):
     conn = request.app[GUARD].open.get(request.transport)
     if conn is not None:
         conn.disarm()
+        conn.busy = True  # make_room never closes it while its request runs
     status = 500
     try:
         resp = await handler(request)
@@ -250,9 +334,34 @@ async def guard_middleware(request: web.Request, handler):
         return resp
     finally:
         if conn is not None:
+            conn.busy = False
             conn.disarm(idle=True)
             if status == 408:  # a body too slow: close once the answer is out, do not linger for the rest
                 asyncio.get_running_loop().call_later(0.1, conn.transport.close)
+
+
+class _JsonErrors(RequestHandler):
+    """aiohttp's handler, whose answer to a head its parser refuses (a negative or non-numeric
+    Content-Length, a malformed request line or header) is the project's JSON error naming the
+    header, not aiohttp's plain text, and logged without a traceback (a client's mistake)."""
+
+    __slots__ = ()
+
+    def handle_error(self, request, status=500, exc=None, message=None):
+        if status >= 500 or request.writer.output_size > 0:  # a bug, or an answer begun: aiohttp's own way
+            return super().handle_error(request, status, exc, message)
+        first = str(message or exc or "").strip().split("\n", 1)[0].strip().rstrip(":")[:200]
+        field = next((h for h in _HEAD_FIELDS if h.lower() in first.lower()), None)
+        if field == "Content-Length":
+            text = f"Content-Length: must be the body's size in bytes, a decimal integer of 0 or more ({first})"
+        else:
+            text = f"{field or 'request'}: malformed HTTP/1.1 request head ({first}); send a well-formed one"
+        resp = web.json_response(error_body(status, field, text), status=status)
+        resp.force_close()  # the parser cannot find the next request after a bad head
+        return resp
+
+
+_HEAD_FIELDS = ("Content-Length", "Transfer-Encoding", "Content-Type", "Host")
 
 
 class _GuardedSite(web.BaseSite):

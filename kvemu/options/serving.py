@@ -30,6 +30,10 @@ SERVER_OPTIONS = (
     Option("--max-prompt-tokens", _D["max_prompt_tokens"], type=int, help="longer prompts are refused (400)"),
     Option("--max-output-tokens", _D["max_output_tokens"], type=int, help="a larger max_tokens is refused (400)"),
     Option("--max-connections", _D["max_connections"], type=int, help="open connections beyond which new ones get 503"),
+    Option("--max-connections-per-client", _D["max_connections_per_client"], type=int,
+           help="a client address's share of --max-connections (default: a quarter of it): below the cap any address"
+                " may open more; at the cap, an address holding fewer than this takes the oldest idle connection of"
+                " the address holding the most, if that one holds more, and one holding this many gets 503"),
     Option("--header-timeout", _D["header_timeout_s"], type=float, help="seconds for a request head to arrive"),
     Option("--body-timeout", _D["body_timeout_s"], type=float, help="seconds for a request body to arrive"),
     Option("--write-timeout", _D["write_timeout_s"], type=float,
@@ -86,4 +90,5 @@ def serving_settings(args: argparse.Namespace, find_token: bool = True) -> Servi
         offload_bytes=args.offload_bytes, large_bodies_per_client=args.large_bodies_per_client,
         max_body_bytes=args.max_body_bytes, max_prompt_tokens=args.max_prompt_tokens,
         max_output_tokens=args.max_output_tokens, max_connections=args.max_connections,
+        max_connections_per_client=args.max_connections_per_client,
         header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout, write_timeout_s=args.write_timeout)

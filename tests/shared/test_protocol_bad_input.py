@@ -110,3 +110,26 @@ def test_tools_nested_too_deeply_to_render_are_a_400_naming_them():
     with _pytest.raises(_InputError, match="nested too deeply") as exc:
         _protocol.parse_openai(obj, True, 16, (1 << 20, 4096), None)
     assert exc.value.field == "tools"
+
+
+@pytest.mark.parametrize("raw, ctype, field, shown", [
+    (b'{"temperature": NaN}', "application/json", "temperature", "NaN"),
+    (b'{"top_p": Infinity}', "application/json", "top_p", "Infinity"),
+    (b'{"seed": -1e400}', "application/json", "seed", "-Infinity"),  # too large for a float: infinite
+    (b'{"messages": [{"role": "user", "x": {"y": [1, NaN]}}]}', "application/json", "messages[0].x.y[1]", "NaN"),
+    (msgpack.packb({"seed": float("-inf")}), protocol.MSGPACK, "seed", "-Infinity"),
+    (msgpack.packb({"a": [1, {"b": float("nan")}]}, use_single_float=True), protocol.MSGPACK, "a[1].b", "NaN"),
+])
+def test_a_non_finite_number_anywhere_is_refused_naming_where(raw, ctype, field, shown):
+    with pytest.raises(InputError) as err:
+        protocol.decode_body(raw, ctype)
+    assert (err.value.field, err.value.message) == (field, f"is {shown}; send a finite number (JSON has no NaN or"
+                                                           " Infinity)")
+
+
+def test_finite_floats_and_bytes_that_only_look_like_a_msgpack_nan_pass():
+    assert protocol.decode_body(b'{"temperature": 0.7, "n": 1e308}', "application/json") == {"temperature": 0.7,
+                                                                                              "n": 1e308}
+    raw = msgpack.packb({"token_ids": [0xCB7FF0]})  # a float64 NaN's first bytes, inside an integer
+    assert b"\xcb\x7f\xf0" in raw
+    assert protocol.decode_body(raw, protocol.MSGPACK) == {"token_ids": [0xCB7FF0]}

@@ -1,5 +1,6 @@
 """Slow and greedy clients against real processes: heads and bodies have deadlines, connections
-a cap, and a port in use is one error line (issue 17, items 5 and 10)."""
+a cap shared fairly between client addresses, heads and bodies aiohttp or the decoder refuse are
+JSON errors naming the header or field, and a port in use is one error line."""
 
 import json
 import socket
@@ -7,12 +8,14 @@ import subprocess
 import sys
 import time
 
+import msgpack
 import pytest
 
 from tests.support.cluster import metric, scrape, start_router, stop_all
-from tests.support.procs import REPO, http_json, start_replica
+from tests.support.procs import REPO, http, http_json, start_replica
 
-LIMITS = ("--header-timeout", "0.5", "--body-timeout", "0.5", "--write-timeout", "0.5", "--max-connections", "8")
+LIMITS = ("--header-timeout", "0.5", "--body-timeout", "0.5", "--write-timeout", "0.5", "--max-connections", "8",
+          "--max-connections-per-client", "3")
 
 
 @pytest.fixture(scope="module")
@@ -23,9 +26,21 @@ def servers():
     stop_all(router, rep)
 
 
-def _connect(url: str) -> socket.socket:
+def _connect(url: str, source: str = "") -> socket.socket:
+    """A connection from ``source`` (any 127.0.0.x is this host's loopback: another client address)."""
     host, port = url.removeprefix("http://").split(":")
-    s = socket.create_connection((host, int(port)), timeout=5)
+    s = socket.create_connection((host, int(port)), timeout=5, source_address=(source, 0))
+    return s
+
+
+HEALTH = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+def _idle(url: str, source: str) -> socket.socket:
+    """A keep-alive connection that was answered once and now sits idle (no head deadline runs)."""
+    s = _connect(url, source)
+    s.sendall(HEALTH)
+    assert s.recv(4096).startswith(b"HTTP/1.1 200")
     return s
 
 
@@ -139,3 +154,110 @@ def test_port_in_use_is_one_error_line(module, extra):
     assert out.stderr.strip().splitlines()[-1] == (f"error: port {port} on 127.0.0.1 is in use; pick another with"
                                                    " --port, or stop what listens there")
     assert "Traceback" not in out.stderr
+
+
+def _closed_now(s: socket.socket) -> bool:
+    s.settimeout(0.05)
+    try:
+        return s.recv(4096) == b""
+    except TimeoutError:
+        return False
+
+
+def _refused(url: str, source: str) -> bool:
+    _, got = _closed_after(_connect(url, source), 2.0)
+    return got.startswith(b"HTTP/1.1 503 Service Unavailable\r\n") and b"Retry-After: 1" in got
+
+
+def test_at_the_cap_a_greedy_address_makes_room_for_another(servers):
+    """The operator's probe (one address holding the whole cap locked everyone else out) at small
+    scale on the router, whose clients are only this test's: cap 8, each address's share 3 (LIMITS)."""
+    url = servers["router"].url
+    cut = "kvemu_router_connections_cut_total"
+    by_client = "kvemu_router_connections_cut_by_client_total"
+    before = scrape(url)
+    greedy = [_idle(url, "127.0.0.2") for _ in range(8)]  # the whole cap, one address
+    assert _refused(url, "127.0.0.2")  # at the cap and over its share: its ninth is refused
+    # Another address, a fresh connection per request: all answered. The first found the cap full and
+    # took the greedy address's oldest idle connection (8 -> 7 + 1); once it closed, there was room.
+    for _ in range(5):
+        s = _connect(url, "127.0.0.3")
+        s.sendall(HEALTH.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n"))
+        assert _closed_after(s, 5.0)[1].startswith(b"HTTP/1.1 200")
+        s.close()
+    # It holds three: the first fits (7 + 1), the next two take one greedy connection each (5 + 3);
+    # its fourth, at its share, is refused.
+    mine = [_idle(url, "127.0.0.3") for _ in range(3)]
+    assert _refused(url, "127.0.0.3")
+    assert [_closed_now(s) for s in greedy] == [True] * 3 + [False] * 5  # the oldest idle ones, closed
+    for s in greedy[3:] + mine:  # the rest still serve
+        s.sendall(HEALTH)
+        assert s.recv(4096).startswith(b"HTTP/1.1 200")
+    for s in greedy + mine:
+        s.close()
+    time.sleep(0.2)
+    after = scrape(url)
+    assert metric(after, cut, reason="over_client_share") - metric(before, cut, reason="over_client_share") == 3
+    assert metric(after, cut, reason="over_cap") - metric(before, cut, reason="over_cap") == 2
+    assert metric(after, by_client, client="127.0.0.2") - metric(before, by_client, client="127.0.0.2") == 4
+    assert metric(after, by_client, client="127.0.0.3") - metric(before, by_client, client="127.0.0.3") == 1
+
+
+def _post(url: str, path: str, raw: bytes, headers: dict) -> tuple[int, dict]:
+    status, _, data = http("POST", url + path, raw=raw, headers=headers)
+    return status, json.loads(data)["error"] if status >= 400 else json.loads(data)
+
+
+@pytest.mark.parametrize("which", ["replica", "router"])
+def test_a_non_finite_number_is_a_400_naming_its_field(servers, which):
+    url = servers[which].url
+    for raw, field in ((b'{"prompt": "hi", "max_tokens": 1, "temperature": NaN}', "temperature"),
+                       (b'{"prompt": "hi", "max_tokens": 1, "top_p": Infinity}', "top_p"),
+                       (b'{"prompt": "hi", "max_tokens": 1, "seed": -1e400}', "seed")):
+        status, err = _post(url, "/v1/completions", raw, {"Content-Type": "application/json"})
+        assert (status, err["param"]) == (400, field), err
+    raw = msgpack.packb({"token_ids": [1, 2], "temperature": float("nan")})
+    status, err = _post(url, "/generate", raw, {"Content-Type": "application/msgpack"})
+    assert (status, err["param"], err["message"]) == (400, "temperature", "temperature: is NaN; send a finite number"
+                                                                           " (JSON has no NaN or Infinity)")
+
+
+@pytest.mark.parametrize("which", ["replica", "router"])
+def test_a_body_that_is_not_json_or_msgpack_is_a_415_naming_the_header(servers, which):
+    url, body = servers[which].url, json.dumps({"token_ids": [1, 2], "max_tokens": 1}).encode()
+    status, err = _post(url, "/generate", body, {"Content-Type": "text/plain; charset=utf-8"})
+    assert (status, err["param"], err["code"]) == (415, "Content-Type", 415)
+    assert err["message"] == ("Content-Type: 'text/plain' bodies are not read; send Content-Type: application/json"
+                              " (or application/msgpack)")
+    # what real clients send stays read as JSON: curl -d's and urllib's default form type, aiohttp's
+    # bytes default, none at all, a charset parameter, and a +json type
+    for ctype in ("application/x-www-form-urlencoded", "application/octet-stream", None,
+                  "application/json; charset=utf-8", "application/vnd.kvemu+json"):
+        status, out = _post(url, "/generate", body, {} if ctype is None else {"Content-Type": ctype})
+        assert status == 200 and out["output_tokens"] == 1, (ctype, out)
+
+
+@pytest.mark.parametrize("which", ["replica", "router"])
+def test_a_negative_content_length_is_a_json_400_naming_the_header(servers, which):
+    s = _connect(servers[which].url)
+    s.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: -5\r\n\r\n{}")
+    waited, got = _closed_after(s, 5.0)
+    s.close()
+    head, _, body = got.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.0 400 Bad Request\r\n") and b"Content-Type: application/json" in head
+    err = json.loads(body)["error"]
+    assert (err["param"], err["code"], err["type"]) == ("Content-Length", 400, "invalid_request_error")
+    assert err["message"].startswith("Content-Length: must be the body's size in bytes, a decimal integer of 0 or more")
+    assert waited < 2.0  # answered and closed at once
+
+
+def test_each_address_share_is_a_quarter_of_the_cap_unless_given():
+    from shared.errors import InputError
+    from shared.serving import ServingSettings
+
+    assert ServingSettings().conn_limits().max_connections_per_client == 1024  # 4096 / 4
+    assert ServingSettings(max_connections=8).conn_limits().max_connections_per_client == 2
+    assert ServingSettings(max_connections=3).conn_limits().max_connections_per_client == 1
+    assert ServingSettings(max_connections=8, max_connections_per_client=5).conn_limits().max_connections_per_client == 5
+    with pytest.raises(InputError, match="max_connections_per_client"):
+        ServingSettings(max_connections_per_client=0)
