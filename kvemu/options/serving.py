@@ -42,8 +42,15 @@ SERVER_OPTIONS = (
 )
 
 TOKEN_ENV = "KVEMU_CLUSTER_TOKEN"
-COMMAND_LINE_TOKEN_WARNING = (f"warning: --cluster-token is readable by every user of this host (ps, /proc/PID/cmdline);"
-                              f" prefer {TOKEN_ENV} in the environment, or the runtime directory's token file")
+
+
+def command_line_token_warning(flag: str, env: str) -> str:
+    """What a process prints when a token came on its command line, which every local user can read."""
+    return (f"warning: {flag} is readable by every user of this host (ps, /proc/PID/cmdline); prefer {env} in"
+            " the environment")
+
+
+COMMAND_LINE_TOKEN_WARNING = command_line_token_warning("--cluster-token", TOKEN_ENV)
 _TOKEN_HELP = ("shared by the cluster's routers and replicas: guards /kv/* (or KVEMU_CLUSTER_TOKEN); required with a"
                " --host beyond loopback; default on loopback: the one in the runtime directory's cluster-token file"
                " (KVEMU_RUNTIME_DIR, else ~/.local/share/kvemu/runtime), made there by the first process to start;"
