@@ -83,10 +83,10 @@ def start_replica(*extra: str, capacity_blocks: int = 2000, time_scale: float = 
                   replica_id: str | None = None) -> Proc:
     port = port or free_port()
     args = ["-m", "replica", "--port", str(port), "--capacity-blocks", str(capacity_blocks),
-            "--time-scale", str(time_scale), "--admin-token", "secret"]
+            "--time-scale", str(time_scale)]
     if replica_id:
         args += ["--replica-id", replica_id]
-    proc = Proc(args + list(extra), port)
+    proc = Proc(args + list(extra), port, env={"KVEMU_ADMIN_TOKEN": "secret"})  # not on its command line
     proc.wait_healthy()
     return proc
 
