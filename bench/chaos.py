@@ -13,6 +13,23 @@ connection per request, 10 s client timeout) and injects one fault:
   big_prompts                                two clients sending 1M-token prompts back to back
   soak                                       --soak-seconds of load through --router-workers
                                              workers (2), RSS sampled every 5 s
+  pool_kill                                  SIGKILL the shared KV pool at 1/3, restart it at 2/3
+
+The operator's probes (``--scenarios probes``; not in the default set) start ``kvemu up`` as a user does
+and send ``--probe-rate`` requests/s for ``--probe-duration`` s of /v1/completions, half streamed:
+
+  ssrf_probe          requests naming a local listener (SGLang's bootstrap_host/port, vLLM's
+                      kv_transfer_params): connections it got, how many carried the cluster token; the
+                      port-scan check (closed / open non-HTTP / HTTP port: the same answers?)
+  pinning_client      prompts held for a remote decode straight at a prefill replica, never pulled
+  abandoning_client   clients closing their connection mid-request through a P/D router
+  pool_kill_up        SIGKILL up's shared KV pool at 1/3
+  replica_kill_up     SIGKILL a colocated replica, then (P/D) a prefill instance, at 1/3
+  frozen_replica      SIGSTOP a replica for 10 s under load (the router's first-byte timeout where it has one)
+
+Each probe reports sent, answered, refused (a 4xx or 503), failed by cause, lost (neither answered nor
+cleanly refused: a stream cut without [DONE], a reset, a timeout, a 5xx other than 503) and pinned_after
+(blocks prefill replicas still hold for a remote decode after the load).
 
 For each: requests sent / answered / failed by cause (timeout, reset, refused, http_<code>),
 recovery times (``index_consistent_s``: until the router has taken a dead replica out and
@@ -22,6 +39,7 @@ by more than 10 % over its last half.  ``--short`` is the CI version (about 2 mi
 
     .venv/bin/python bench/chaos.py                       # every scenario, 100 req/s, 15 s each
     .venv/bin/python bench/chaos.py --soak-seconds 600 --scenarios soak
+    .venv/bin/python bench/chaos.py --short --scenarios probes    # the probes, about 2 minutes
 """
 
 from __future__ import annotations
@@ -34,7 +52,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.chaoskit.scenarios import SCENARIOS  # noqa: E402
+from bench.chaoskit.scenarios import PROBES, SCENARIOS  # noqa: E402
+
+DEFAULT = [n for n in SCENARIOS if n not in PROBES]
+GROUPS = {"probes": list(PROBES), "all": list(SCENARIOS)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,16 +64,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=15.0, help="seconds of load per scenario")
     p.add_argument("--soak-seconds", type=float, default=120.0)
     p.add_argument("--router-workers", type=int, default=2, help="router workers in the soak")
-    p.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated, from: " + ", ".join(SCENARIOS))
-    p.add_argument("--short", action="store_true", help="CI: 40 req/s, 3 s per scenario, a 20 s soak")
+    p.add_argument("--probe-rate", type=float, default=20.0, help="requests per second in the probes")
+    p.add_argument("--probe-duration", type=float, default=15.0, help="seconds of load per probe")
+    p.add_argument("--scenarios", default=",".join(DEFAULT),
+                   help="comma-separated, from: " + ", ".join(SCENARIOS) + "; or probes (the last six), all")
+    p.add_argument("--short", action="store_true", help="CI: 40 req/s, 3 s per scenario, a 20 s soak; probes:"
+                                                        " 10 req/s for 8 s")
     a = p.parse_args(argv)
     if a.short:
         a.rate, a.duration, a.soak_seconds = 40.0, 3.0, 20.0
-    names = [n.strip() for n in a.scenarios.split(",") if n.strip()]
+        a.probe_rate, a.probe_duration = 10.0, 8.0
+    names = [m for n in a.scenarios.split(",") if n.strip() for m in GROUPS.get(n.strip(), [n.strip()])]
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
         p.error(f"unknown scenario(s) {unknown}; valid: {', '.join(SCENARIOS)}")
-    out = {"rate": a.rate, "duration_s": a.duration, "scenarios": {}}
+    out = {"rate": a.rate, "duration_s": a.duration, "probe_rate": a.probe_rate, "probe_duration_s": a.probe_duration,
+           "scenarios": {}}
     for name in names:
         t0 = time.monotonic()
         result = SCENARIOS[name](a)

@@ -154,10 +154,13 @@ class Cluster:
         raise RuntimeError(f"{what}: not within {timeout} s (logs in {self.dir})")
 
     def kill_replica(self, i: int) -> None:
-        self.replicas[i].send_signal(signal.SIGKILL)
-        self.replicas[i].wait()
+        proc = self.replicas[i]
+        assert proc is not None, f"replica {i} was never started"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
 
     def router_workers(self) -> list[int]:
+        assert self.router is not None, "start() starts the router"
         return children(self.router.pid) if self.workers > 1 else [self.router.pid]
 
     def pids(self) -> dict[str, int]:

@@ -13,9 +13,12 @@ import threading
 import time
 import urllib.request
 
+from .abandon import abandoning_client
 from .cluster import Cluster, get_json
 from .load import OpenLoop
 from .pool import pool_kill
+from .probe import frozen_replica, pinning_client, pool_kill_up, replica_kill_up
+from .ssrf import ssrf_probe
 
 
 def _with_cluster(cluster: Cluster, fn) -> dict:
@@ -55,6 +58,7 @@ def redis_restart(rate: float, duration: float, outage_s: float = 3.0) -> dict:
     def run(c: Cluster) -> dict:
         load = OpenLoop(c.url, rate, duration).start()
         _at(load.t0, duration / 3)
+        assert c.redis is not None, "a cluster with the Redis index"
         c.redis.stop()
         time.sleep(outage_s)
         c.redis.start()
@@ -234,9 +238,9 @@ def big_prompts(rate: float, duration: float, senders: int = 2) -> dict:
             t.start()
         health = []
         while time.monotonic() - load.t0 < duration:
-            t = time.monotonic()
+            asked = time.monotonic()
             get_json(c.url + "/health", timeout=10)
-            health.append(time.monotonic() - t)
+            health.append(time.monotonic() - asked)
             time.sleep(0.1)
         stop.set()
         for t in threads:
@@ -290,6 +294,15 @@ SCENARIOS = {
     "big_prompts": lambda a: big_prompts(a.rate, a.duration, senders=1 if a.short else 2),
     "soak": lambda a: soak(a.rate, a.soak_seconds, workers=a.router_workers),
     "pool_kill": lambda a: pool_kill(a.rate, a.duration),  # the shared KV pool (bench/chaoskit/pool.py)
+    # the operator's probes: `kvemu up` as a user starts it (bench/chaoskit/probe.py, ssrf.py); --probe-rate,
+    # --probe-duration
+    "ssrf_probe": lambda a: ssrf_probe(),
+    "pinning_client": lambda a: pinning_client(16 if a.short else 32, a.probe_rate, a.probe_duration),
+    "abandoning_client": lambda a: abandoning_client(20 if a.short else 40, a.probe_rate / 2),
+    "pool_kill_up": lambda a: pool_kill_up(a.probe_rate, a.probe_duration),
+    "replica_kill_up": lambda a: replica_kill_up(a.probe_rate, a.probe_duration),
+    "frozen_replica": lambda a: frozen_replica(a.probe_rate, max(a.probe_duration, 15.0)),
 }
+PROBES = ("ssrf_probe", "pinning_client", "abandoning_client", "pool_kill_up", "replica_kill_up", "frozen_replica")
 
 _ = asyncio  # the load runs its own loop in a thread
