@@ -36,7 +36,13 @@ from kvemu.options.limits import (
 )
 from kvemu.options.matching import BLOCK_SIZE, HIT_MODE, MATCHING_OPTION, PAGE_SIZE, matching_setting
 from kvemu.options.option import add_options, forward
-from kvemu.options.pd import PD_DECIDER_OPTIONS, PD_HOLD_TIMEOUT_OPTION, PD_LINK_OPTIONS, add_pd_args
+from kvemu.options.pd import (
+    PD_DECIDER_OPTIONS,
+    PD_HOLD_SHARE_OPTION,
+    PD_HOLD_TIMEOUT_OPTION,
+    PD_LINK_OPTIONS,
+    add_pd_args,
+)
 from kvemu.options.prefix_caching import PREFIX_CACHING, prefix_caching_setting
 from kvemu.options.replica_flags import ADMIN_TOKEN, ADMIN_TOKEN_ENV, MODEL, POLICY, TIME_SCALE, given_admin_token
 from kvemu.options.response_kv import RESPONSE_KV_OPTION
@@ -68,7 +74,7 @@ TO_REPLICAS = (POLICY, MODEL, TIME_SCALE, HIT_MODE, *LIVE_SCHEDULER_OPTIONS, SHA
 # caps, timeouts (the token travels in the environment)
 TO_BOTH = (MATCHING_OPTION, PAGE_SIZE, BLOCK_SIZE, CLUSTER, *SERVER_OPTIONS)
 TO_ROUTER = (*ROUTING_OPTIONS, *ROUTER_OPTIONS)  # strategy and settings, health and dashboard intervals, client limits
-TO_PD_REPLICAS = (*PD_LINK_OPTIONS, PD_HOLD_TIMEOUT_OPTION)  # to prefill and decode replicas only, beside --role
+TO_PD_REPLICAS = (*PD_LINK_OPTIONS, PD_HOLD_TIMEOUT_OPTION, PD_HOLD_SHARE_OPTION)  # to P/D replicas only, beside --role
 TRANSFORMED = {
     "--port": "up's router port, given to the router as --port; each replica gets a port of its own",
     "--replicas": "up's: how many replicas to start; the router's: their URLs",
@@ -377,6 +383,7 @@ def add_cluster_args(p: argparse.ArgumentParser, replicas: int = 4) -> None:
     add_kv_events_arg(p)
     add_pd_args(p)  # the topology, each pool's shape, the decider (the router's) and the link (the P/D replicas')
     PD_HOLD_TIMEOUT_OPTION.add(p)
+    PD_HOLD_SHARE_OPTION.add(p)
     add_shared_args(p)  # the shared KV pool: up starts it (kvemu/up_pool.py)
 
 

@@ -7,10 +7,11 @@ from __future__ import annotations
 import argparse
 
 from kvemu.options.limits import CAPACITY_OPTIONS
-from kvemu.options.pd import PD_HOLD_TIMEOUT_OPTION, colocated_default, pd_cluster, topology
+from kvemu.options.pd import PD_HOLD_SHARE_OPTION, PD_HOLD_TIMEOUT_OPTION, colocated_default, pd_cluster, topology
 from kvemu.options.tiers import tier_settings
 from shared.costmodel import CostModel
 from shared.errors import InputError
+from shared.validate import check_number
 
 
 def pool_args(a, role: str):
@@ -58,3 +59,5 @@ def validate_pools(a, block_size: int) -> None:
                                                        block_size))
     if a.pd is not None and not a.pd_hold_timeout_s > 0:
         raise InputError(PD_HOLD_TIMEOUT_OPTION.flag, f"must be > 0, got {a.pd_hold_timeout_s}")
+    if a.pd is not None:
+        check_number(PD_HOLD_SHARE_OPTION.flag, a.pd_hold_share, maximum=1, above=0)

@@ -99,6 +99,7 @@ def make_app(settings: ReplicaSettings) -> web.Application:
     app.cleanup_ctx.append(shared_pool_ctx)
     views.add_routes(app)
     app.router.add_post("/kv/pull", pd_views.kv_pull)  # P/D: a decode instance reads a held prefill's KV
+    app.router.add_post("/kv/release", pd_views.kv_release)  # P/D: the router ends a hold nobody will pull
     sglang_pd.install(app)  # P/D on SGLang's wire: /kv/bootstrap (replica/sglang_pd.py)
     compat_views.add_routes(app)  # SGLang's and vLLM's auxiliary endpoints (sglang-router's worker API)
     return app

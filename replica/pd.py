@@ -22,7 +22,9 @@ legs, as vLLM's NIXL connector expects:
 
 Held blocks never stay pinned: a pull releases them whatever happens to it, an unpulled request is released
 after ``--pd-hold-timeout-s`` (vLLM's ``VLLM_NIXL_ABORT_REQUEST_TIMEOUT``, 480 s, wall clock), a prefill
-whose client left is released at once, and shutdown releases what is left.
+whose client left is released at once, kvemu's router releases each of its holds once the decode leg ended
+(``POST /kv/release``), and shutdown releases what is left. A client without the cluster token may hold at
+most ``--pd-hold-share`` of the pool (replica/pd_share.py), and ``/health`` says when holds exhaust it.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from replica.core.sched.remote_kv import held_blocks
 from replica.core.sched.sched_types import SchedRequest
 from replica.core.tiers.link import Link
 from replica.engine import Engine, Handle
+from replica.pd_share import EXHAUSTED_AT, HoldNames, HoldShares
 from replica.settings import ReplicaSettings
 from shared.errors import InputError
 
@@ -160,6 +163,7 @@ class PdCounters:
     first_decode_s: float = 0.0  # ... and from delivery to their first token
     first_tokens: int = 0  # remote decodes whose first token came (first_decode_s's count)
     last_kv_wait_s: float | None = None
+    released: int = 0  # holds ended by a /kv/release before any pull (the router's decode leg ended first)
 
 
 class PdRuntime:
@@ -177,6 +181,9 @@ class PdRuntime:
         self.sent_transfers = self.recv_transfers = 0
         self.held: dict[str, Held] = {}
         self.counters = PdCounters()
+        # what one client without the cluster token may hold (replica/pd_share.py)
+        self.shares = HoldShares(settings.pd_hold_share, settings.resolved_capacity_blocks(), self._may_hold)
+        self.names = HoldNames(self._may_hold)  # the legs kvemu's router named, to release them by name
         self.session: aiohttp.ClientSession | None = None  # set by the app's pd_ctx
         values = (settings.model, settings.replica_id)
         self.xfer_time = Histogram("vllm:nixl_xfer_time_seconds", "Emulated seconds of each KV transfer this"
@@ -216,6 +223,46 @@ class PdRuntime:
         if held is not None:
             self.counters.expired += 1
             self.engine.release_held(held.req)
+
+    def release(self, rid: str) -> int | None:
+        """The hold ``rid`` released before any pull (the router's decode leg ended without one): its
+        block count, or None where it is not held (pulled already, timed out, never held here)."""
+        held = self.held.pop(rid, None)
+        if held is None:
+            return None
+        held.timer.cancel()
+        blocks = len(held.req.alloc.hashes) if held.req.alloc is not None else 0
+        self.counters.released += 1
+        self.engine.release_held(held.req)
+        return blocks
+
+    def release_named(self, name: str) -> int | None:
+        """The prefill leg kvemu's router named ``name`` released, wherever it is: held (by its request id),
+        or still queued or computing, or done and not yet held (aborted: it never will be). Its block count,
+        or None where it holds nothing (and a leg of that name that comes later is refused)."""
+        handle = self.names.pop(name)
+        if handle is None:
+            return None
+        if handle.kv_transfer_params is not None:  # answered: held under its request id, if at all
+            return self.release(handle.kv_transfer_params["remote_request_id"])
+        if not self._may_hold(handle.req):
+            return None
+        blocks = len(handle.req.alloc.hashes) if handle.req.alloc is not None else 0
+        self.counters.released += 1
+        self.engine.abort(handle)
+        return blocks
+
+    def _may_hold(self, req: SchedRequest) -> bool:
+        """Whether a prefill leg may still hold blocks: queued or running (its handle is the engine's), or
+        finished with its blocks held (``hold`` clears when they go back; an abort takes its allocation)."""
+        return req.hold and (req.rid in self.engine.handles or req.alloc is not None)
+
+    def hold_health(self) -> dict:
+        """``/health``'s part: the distinct blocks holds pin (two holds of one prompt pin its blocks once), their
+        share of the pool, and ``holds: exhausted`` from ``EXHAUSTED_AT`` on (routers then send it no prompts)."""
+        pinned = len({h for held in self.held.values() if held.req.alloc is not None for h in held.req.alloc.hashes})
+        usage = pinned / self.shares.capacity
+        return {"held_blocks": pinned, "held_usage": usage, "holds": "exhausted" if usage >= EXHAUSTED_AT else "ok"}
 
     @property
     def held_blocks(self) -> int:
@@ -319,7 +366,8 @@ class PdRuntime:
             "send": self.link_stats(self.send, self.sent_transfers),
             "recv": self.link_stats(self.recv, self.recv_transfers),
             "held_requests": len(self.held), "held_blocks": self.held_blocks, "held_total": c.held_total,
-            "expired": c.expired, "pulls_unknown": c.pulls_unknown, "remote_requests": c.remote_requests,
+            "expired": c.expired, "released": c.released, "hold_share": self.shares.stats(),
+            "pulls_unknown": c.pulls_unknown, "remote_requests": c.remote_requests,
             "waiting_for_kv": c.waiting_for_kv, "failovers": {r: c.failovers[r] for r in FAILOVER_REASONS},
             "ttft_split": {"requests": c.remote_requests, "kv_wait_s_total": c.kv_wait_s,
                            "kv_wait_s_mean": c.kv_wait_s / c.remote_requests if c.remote_requests else None,

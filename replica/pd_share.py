@@ -10,21 +10,29 @@ or its client left). The check is at admission because that is where a refusal c
 already computed would be wasted, and counting queued legs too keeps a burst of them from overshooting.
 Beyond the share the prefill leg gets a 429 naming the flag. Requests that present the cluster token
 (kvemu's own router, which also releases each hold as soon as its decode leg ends) are not counted.
+
+kvemu's router names each prefill leg (``X-Kvemu-Hold-Id``, ``HoldNames``) and releases it by that name
+(``POST /kv/release {"hold_id"}``), so a hold whose answer it never read (its client left between the legs,
+or it gave up on the instance) ends too.
 """
 
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from replica.core.sched.sched_types import SchedRequest
+from replica.engine import Handle
 from shared.errors import InputError
 
 FLAG = "--pd-hold-share"
 # held_usage from which /health says the holds exhaust the pool: what is left cannot admit a long prompt, so a
 # router sends it none until holds end (router/cluster.py)
 EXHAUSTED_AT = 0.9
+HOLD_NAME = "X-Kvemu-Hold-Id"  # the name kvemu's router gives each prefill leg (HoldNames)
+NAMES_KEPT = 4096  # names released before their leg was seen, remembered (and named legs kept before a sweep)
 SWEEP_AT = 4096  # client entries kept before those whose holds all ended are dropped (a scan of many addresses)
 
 
@@ -91,3 +99,32 @@ class HoldShares:
     def stats(self) -> dict:
         return {"share": self.share, "limit_blocks": self.limit, "clients": len(self.by_client),
                 "refused": self.refused}
+
+
+class HoldNames:
+    """The prefill legs kvemu's router named (``X-Kvemu-Hold-Id``, with the cluster token), so that it can end
+    what one holds when it never read the answer, which names the hold (its client left mid-leg, or it gave up
+    on a slow prefill instance): by name, before or after the hold exists. A name released before its leg
+    arrived is remembered (the ``NAMES_KEPT`` latest), and such a leg refused."""
+
+    def __init__(self, live: Callable[[SchedRequest], bool]) -> None:
+        self.live = live
+        self.legs: dict[str, Handle] = {}
+        self.dropped: OrderedDict[str, None] = OrderedDict()
+
+    def released_already(self, name: str) -> bool:
+        return name in self.dropped
+
+    def add(self, name: str, handle: Handle) -> None:
+        if len(self.legs) >= NAMES_KEPT:  # names whose release never came: kept while their request may hold
+            self.legs = {n: h for n, h in self.legs.items() if self.live(h.req)}
+        self.legs[name] = handle
+
+    def pop(self, name: str) -> Handle | None:
+        """The leg named ``name`` (None: not seen yet, or released already; remembered as released)."""
+        handle = self.legs.pop(name, None)
+        if handle is None:
+            self.dropped[name] = None
+            if len(self.dropped) > NAMES_KEPT:
+                self.dropped.popitem(last=False)
+        return handle

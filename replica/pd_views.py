@@ -1,5 +1,6 @@
 """HTTP side of disaggregated prefill and decode (replica/pd.py): the pull endpoint a decode instance
-calls on a prefill instance, and how a generation request is started in either leg."""
+calls on a prefill instance, the release endpoint kvemu's router calls there once a decode leg ended, and
+how a generation request is started in either leg."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from aiohttp import web
 
 from replica.engine import Handle
 from replica.pd import KV_PARAMS, KvTransferParams, check_role
+from replica.pd_share import HOLD_NAME
 from replica.runtime import RUNTIME, SETTINGS
 from shared import protocol
-from shared.auth import require_cluster_token
+from shared.auth import bearer_ok, require_cluster_token
 from shared.errors import InputError
 from shared.httpkit import read_body
 from shared.serve import ClientGone, until_client_gone
@@ -48,6 +50,37 @@ async def kv_pull(request: web.Request) -> web.Response:
     return web.json_response({"ok": True, "send_s": send_s, "replica_id": settings.replica_id})
 
 
+async def kv_release(request: web.Request) -> web.Response:
+    """``POST /kv/release`` (cluster token): nothing will pull a hold any more (kvemu's router: the decode leg
+    ended, answered, failed or its client gone; or the prefill leg did, unread). Body ``{"remote_request_id":
+    str}``, or ``{"hold_id": str}``, the name the router gave the leg (``X-Kvemu-Hold-Id``), which also ends a
+    leg still queued or computing, and refuses one not arrived yet. Answers 200 ``{"released": bool, "blocks":
+    int, "replica_id"}``, released false where nothing was held (the decoder's pull released it, it timed out,
+    or it never held anything here)."""
+    settings = request.app[SETTINGS]
+    require_cluster_token(request, settings.serving.cluster_token)
+    obj = await read_body(request)
+    pd = request.app[RUNTIME].pd
+    if obj.get("hold_id") is not None:  # kvemu's router names its legs: it may not have read the answer
+        blocks = pd.release_named(_name(obj.get("hold_id"), "hold_id"))
+    else:
+        rid = obj.get("remote_request_id")
+        if not isinstance(rid, str) or not rid:
+            raise InputError("remote_request_id", f"expected the id a prefill answer's {KV_PARAMS} gave (or"
+                                                  f" hold_id: the {HOLD_NAME} of its leg), got {rid!r:.60}")
+        blocks = pd.release(rid)
+    return web.json_response({"released": blocks is not None, "blocks": blocks or 0,
+                              "replica_id": settings.replica_id})
+
+
+def _name(value, field: str) -> str:
+    """A prefill leg's name as kvemu's router gives it (a uuid's hex): it is kept, so it is checked."""
+    if not isinstance(value, str) or not 0 < len(value) <= 64 or not value.isascii() or not value.isalnum():
+        raise InputError(field, f"expected the {HOLD_NAME} of a prefill leg (up to 64 letters and digits),"
+                                f" got {value!r:.60}")
+    return value
+
+
 async def start(request: web.Request, spec: protocol.GenerateSpec, params: KvTransferParams | None,
                 submit: Submit) -> Handle | None:
     """Start a generation request: plainly, as the prefill leg of a remote decode, or as the decode leg
@@ -57,8 +90,30 @@ async def start(request: web.Request, spec: protocol.GenerateSpec, params: KvTra
     check_role(request.app[SETTINGS].role, params)
     if params.do_remote_decode:  # vLLM's proxy asks for one token; the decode leg generates the rest
         spec.max_tokens = 1
-        return submit(request, spec, hold=True)
+        return _prefill_leg(request, spec, submit)
     return await _decode_leg(request, spec, params, submit)
+
+
+def _prefill_leg(request: web.Request, spec: protocol.GenerateSpec, submit: Submit) -> Handle:
+    """A prefill whose blocks are held for a remote decode: from a client without the cluster token, only
+    within its share of the pool (--pd-hold-share, replica/pd_share.py; a 429 beyond it)."""
+    pd = request.app[RUNTIME].pd
+    if bearer_ok(request, request.app[SETTINGS].serving.cluster_token):  # kvemu's router: it releases its holds
+        name = request.headers.get(HOLD_NAME)
+        if name is None:
+            return submit(request, spec, hold=True)
+        if pd.names.released_already(_name(name, HOLD_NAME)):
+            raise InputError(HOLD_NAME, "this prefill leg was released before it arrived (the router gave up on"
+                                        " it): nothing will pull what it would hold")
+        handle = submit(request, spec, hold=True)
+        pd.names.add(name, handle)
+        return handle
+    shares = pd.shares
+    client, blocks = request.remote or "?", len(spec.hashes)
+    shares.check(client, blocks)
+    handle = submit(request, spec, hold=True)
+    shares.add(client, handle.req, blocks)
+    return handle
 
 
 async def _decode_leg(request: web.Request, spec: protocol.GenerateSpec, params: KvTransferParams,

@@ -19,7 +19,7 @@ from replica.core.build import (
 )
 from replica.core.cache.policies import policy_class, policy_names
 from replica.core.cache.pool import HIT_MODES
-from replica.core.disagg import PdSettings, check_role
+from replica.core.disagg import DEFAULT_PD_HOLD_SHARE, PdSettings, check_role
 from replica.core.sched.sched_types import (
     DEFAULT_ADMISSION,
     DEFAULT_MAX_LOANS,
@@ -99,6 +99,9 @@ class ReplicaSettings:
     role: str = "both"
     pd: PdSettings = PdSettings()  # this instance's NIC (link Gb/s per GPU, latency) and what crosses it
     pd_hold_timeout_s: float = DEFAULT_PD_HOLD_TIMEOUT_S
+    # one client address without the cluster token may hold at most this fraction of the pool for remote
+    # decodes (replica/pd_share.py)
+    pd_hold_share: float = DEFAULT_PD_HOLD_SHARE
     # the shared KV pool's process (replica/kvpool/service.py), where tiers.shared is set: its URL
     shared_pool_url: str | None = None
 
@@ -142,6 +145,7 @@ class ReplicaSettings:
         check_backend(self.backend, self.layers)
         check_role(self.role)
         check_number("pd_hold_timeout_s", self.pd_hold_timeout_s, above=0)
+        check_number("pd_hold_share", self.pd_hold_share, maximum=1, above=0)
         if (self.tiers.shared is None) != (self.shared_pool_url is None):
             raise InputError("shared_pool_url", "a shared level (tiers.shared) and the pool's URL go together: a"
                                                 " live replica's shared level is a `kvemu pool` process")

@@ -50,10 +50,20 @@ class ReplicaHandle:
     role_given: bool = False  # the command line named it
     pd_stats: dict = field(default_factory=dict)  # the replica's /stats "pd" section (link, transfers), if any
     tier_stats: dict = field(default_factory=dict)  # its /stats "tiers" section (hits by level), if it has levels
+    # P/D: its /health says prefills held for remote decodes exhaust its pool (replica/pd_share.py): routed around
+    # until they end, yet healthy, its index entries kept
+    holds_exhausted: bool = False
 
     @property
     def replica_id(self) -> str:
         return self.state.replica_id
+
+
+def unexhausted(reps: list[ReplicaHandle]) -> list[ReplicaHandle]:
+    """``reps`` less those whose pools holds for remote decodes exhaust, unless none healthy would be left:
+    a request waiting there for room still beats no answer."""
+    fresh = [r for r in reps if not r.holds_exhausted]
+    return fresh if any(r.state.healthy for r in fresh) else reps
 
 
 def _following(feed: ReplicaHandle | PoolHandle) -> bool:
@@ -220,7 +230,9 @@ class Cluster:
         rep.health, rep.last_check = body, time.monotonic()
         rep.state.kv_usage = float(body.get("kv_usage", 0.0))
         rep.state.capacity_blocks = int(body.get("capacity_blocks", 0))
-        self.metrics.replica(replica_id, kv_usage=rep.state.kv_usage, healthy=1.0)
+        self._read_holds(rep, body)
+        self.metrics.replica(replica_id, kv_usage=rep.state.kv_usage, healthy=1.0,
+                             held_usage=float(body.get("held_usage", 0.0)))
         if rejoined:
             # First sight, or back after being taken out (its entries were cleared): the index
             # may lack blocks it still holds, so ask for a full republish. Healthy before the
@@ -230,6 +242,17 @@ class Cluster:
             self._check_matching(rep, body)
             await self._request_resync(rep)
         self._healthy_event.set()
+
+    def _read_holds(self, rep: ReplicaHandle, body: dict) -> None:
+        """Whether prefills held for remote decodes exhaust its pool (``holds``): routed around while they do.
+        Not a failure: it answers, and what it caches stays in the index."""
+        exhausted = body.get("holds") == "exhausted"
+        if exhausted != rep.holds_exhausted:
+            log.warning("replica %s at %s: held prefills %s (held_usage %.3f)", rep.replica_id, rep.url,
+                        "exhaust its KV pool: routing around it" if exhausted else "no longer exhaust its KV pool",
+                        float(body.get("held_usage", 0.0)))
+            self.metrics.count("holds_exhausted", int(exhausted))
+        rep.holds_exhausted = exhausted
 
     @staticmethod
     def _learn_role(rep: ReplicaHandle, body: dict) -> None:

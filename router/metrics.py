@@ -40,6 +40,8 @@ COUNTERS = {
     "replica_restarts": "Replica restarts detected (new epoch).",
     "replica_busy": "Answers of 503 + Retry-After (overloaded): retried elsewhere.",
     "pool_failures": "Shared KV pools taken out by health checks (their index entries cleared).",
+    "holds_exhausted": "Times a replica's /health said prefills held for remote decodes exhaust its KV pool (routed"
+                       " around until they end, its index entries kept).",
 }
 # per-replica gauges: name -> (help, how workers combine)
 GaugeMode = Literal["livesum", "livemax"]
@@ -48,6 +50,7 @@ GAUGES: dict[str, tuple[str, GaugeMode]] = {
     "queued_tokens": ("Prompt tokens routed, not done.", "livesum"),
     "kv_usage": ("KV usage reported by the replica.", "livemax"),
     "healthy": ("1 when routable (by any live worker).", "livemax"),
+    "held_usage": ("Share of the replica's KV pool prefills held for remote decodes pin (P/D).", "livemax"),
     "event_lag": ("Events published but not yet applied (the slowest worker's index).", "livemax"),
 }
 # per shared KV pool (--shared-pool): name -> (help, how workers combine)
@@ -96,6 +99,13 @@ class RouterMetrics:
         self.pd_decode_first_byte = Histogram("kvemu_router_pd_decode_first_byte_seconds", "Wall seconds from"
                                               " sending the decode request to its first byte (its first token when"
                                               " streamed).", ["path"], buckets=TTFT_BUCKETS, registry=own)
+        self.pd_releases = Counter("kvemu_router_pd_releases", "Holds the router asked a prefill instance to release"
+                                   " once their decode leg ended: released (no pull had), not_held (the decoder's"
+                                   " pull had released it), failed (no answer).", ["outcome"], registry=own)
+        # each restart the health checks saw (a new epoch on /health), per process; each worker counts what its own
+        # checks see (under --workers N, N per restart): /cluster's ``restarts`` are the answering worker's
+        self.restarts = Counter("kvemu_router_restarts", "Restarts of a replica or shared pool the health checks saw"
+                                " (a new epoch on its /health: its cache started empty).", ["kind", "id"], registry=own)
         self.cluster: Any = None  # the Cluster, set by the app
 
     def count(self, name: str, n: float = 1) -> None:
@@ -111,6 +121,9 @@ class RouterMetrics:
 
     def pd_path(self, path: str) -> None:
         self.pd_paths.labels(path).inc()
+
+    def pd_release(self, outcome: str) -> None:
+        self.pd_releases.labels(outcome).inc()
 
     def pd_first_byte(self, path: str, seconds: float) -> None:
         self.pd_decode_first_byte.labels(path).observe(seconds)
@@ -154,6 +167,8 @@ class RouterMetrics:
                     totals.requests[labels["outcome"]] = totals.requests.get(labels["outcome"], 0) + value
                 elif name == "kvemu_router_pd_requests_total":
                     totals.pd_paths[labels["path"]] = totals.pd_paths.get(labels["path"], 0) + value
+                elif name == "kvemu_router_pd_releases_total":
+                    totals.pd_releases[labels["outcome"]] = totals.pd_releases.get(labels["outcome"], 0) + value
                 elif name == "kvemu_router_pd_decisions_total":
                     pool = totals.pd_decisions.setdefault(labels["pool"], {})
                     pool[labels["reason"]] = pool.get(labels["reason"], 0) + value
@@ -196,7 +211,8 @@ class GuardMirror:
 class RouterTotals:
     """What ``/cluster`` and the dashboard show for the whole router."""
 
-    __slots__ = ("decisions", "in_flight", "pd_decisions", "pd_paths", "queued_tokens", "requests", "routed")
+    __slots__ = ("decisions", "in_flight", "pd_decisions", "pd_paths", "pd_releases", "queued_tokens", "requests",
+                 "routed")
 
     def __init__(self) -> None:
         self.routed: dict[str, float] = {}
@@ -206,6 +222,7 @@ class RouterTotals:
         self.queued_tokens: dict[str, float] = {}
         self.pd_paths: dict[str, float] = {}  # P/D requests by path (router/pd.py)
         self.pd_decisions: dict[str, dict[str, float]] = {}  # pool -> reason -> decisions
+        self.pd_releases: dict[str, float] = {}  # holds the router released, by outcome (router/pd.py)
 
 
 # ---- the cluster's vLLM series, merged from the replicas at scrape time --------------------

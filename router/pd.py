@@ -17,7 +17,18 @@ A request to a cluster with prefill instances (``Cluster.disaggregated``):
 
 Both pools count the request in flight from the decision until the instance answered. A prefill
 instance that is busy or failed is skipped for another; with none left, or an answer without
-``kv_transfer_params``, the decoder prefills locally (counted: ``fallback``).
+``kv_transfer_params``, the decoder prefills locally (counted: ``fallback``). So is one whose pool holds
+for remote decodes exhaust (its ``/health`` says ``holds: exhausted``): a prompt sent there would wait
+for room that may not come before the holds time out.
+
+Holds end with their decode leg: once it ends, however (answered, failed and retried on another decoder,
+its client gone), the router asks the prefill instance to release the hold (``POST /kv/release``, in the
+background, counted in ``kvemu_router_pd_releases_total{outcome}``): a no-op where the decoder's pull
+released it, as it usually has. Each prefill leg is named (``X-Kvemu-Hold-Id``) and released by that name,
+so a leg whose answer the router never read (its client left between the legs, the instance stopped
+answering) is released too, aborted if still computing. The prefill leg carries the cluster token, so the
+prefill instance's per-client share (``--pd-hold-share``, replica/pd_share.py) bounds third-party
+clients, not the router.
 
 A client's own ``kv_transfer_params``: the router runs the transfer, so a client may not steer it.
 ``null``, ``{}`` and ``{"do_remote_decode": false, "do_remote_prefill": false}`` (what some clients
@@ -33,8 +44,10 @@ instance's cached tokens: where the prompt was computed) in ``usage.prompt_token
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +55,7 @@ import aiohttp
 import msgpack
 from aiohttp import web
 
-from router.cluster import ReplicaHandle
+from router.cluster import ReplicaHandle, unexhausted
 from router.strategies import NoHealthyReplica, RouteRequest, RoutingStep
 from router.strategies.base import cached_blocks
 from router.upstream import ReplicaBusy, ReplicaFailed, check_status, end_stream, no_replica_answer
@@ -55,6 +68,9 @@ PARAMS = "kv_transfer_params"
 PD_PATHS = ("remote", "local", "colocated", "fallback")  # how a request of a P/D cluster was prefilled
 PREFILL_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False}
 _HEADERS = ("Authorization", "X-Session-Id")
+HOLD_NAME = "X-Kvemu-Hold-Id"  # a prefill leg's name, which its release names (replica/pd_share.py's HoldNames)
+RELEASE_TIMEOUT_S = 2.0  # a release is one dict lookup on the prefill instance: longer means it is in trouble
+_RELEASES: set[asyncio.Task] = set()  # releases in flight (release_hold)
 # what the prefill request drops: it computes the prompt and one token, in one answer
 _PREFILL_DROPS = ("stream", "stream_options", "max_completion_tokens", "output_tokens", "response_token_ids",
                   "response_block_hashes", "min_tokens")
@@ -70,6 +86,8 @@ class Prefilled:
     cached_blocks: int | None
     e2e_s: float  # emulated seconds the prefill took (its /generate timing; 0 when not reported)
     wall_s: float
+    url: str = ""  # the prefill instance's, where its hold is released once the decode leg ends ...
+    hold_id: str = ""  # ... by the name the router gave the leg (X-Kvemu-Hold-Id)
 
 
 class UpstreamRefused(Exception):
@@ -138,9 +156,13 @@ def pick(state, step: RoutingStep, pool: list[ReplicaHandle], excluded: set[str]
          overlap: dict, pool_name: str) -> ReplicaHandle:
     """The strategy's choice in ``pool`` (counted in flight, and as a decision of that pool)."""
     now = time.monotonic()
-    reps = [r for r in pool if r.replica_id not in excluded and r.busy_until <= now and r.state.healthy]
+    usable = [r for r in pool if r.replica_id not in excluded and r.state.healthy]
+    # a prefill instance whose holds exhaust its pool is skipped (the decoder prefills instead); a decoder
+    # only while another is left
+    usable = [r for r in usable if not r.holds_exhausted] if pool_name == "prefill" else unexhausted(usable)
+    reps = [r for r in usable if r.busy_until <= now]
     if not reps:  # every one backing off: try them anyway rather than refuse
-        reps = [r for r in pool if r.replica_id not in excluded and r.state.healthy]
+        reps = usable
     if not reps:
         raise NoHealthyReplica(len(pool))
     decision, pos = step.route([r.state for r in reps], request_view, overlap)
@@ -159,23 +181,37 @@ async def remote_prefill(request: web.Request, state, obj: dict, spec: protocol.
     failures = busy = 0
     ctype = request.content_type or "application/json"
     data = encode(prefill_body(obj), ctype)
-    headers = {"Content-Type": ctype, **{k: request.headers[k] for k in _HEADERS if k in request.headers}}
+    # the cluster token in place of the client's Authorization: a prefill instance bounds the holds of clients
+    # without it (--pd-hold-share); the router's are bounded by their decode legs (release_hold)
+    headers = {"Content-Type": ctype, **{k: request.headers[k] for k in _HEADERS if k in request.headers},
+               **state.cluster.auth}
     while failures <= state.settings.retries and busy < len(pool):
         try:
             rep = pick(state, state.prefill_router, pool, excluded, request_view, overlap, "prefill")
         except NoHealthyReplica:
             break
+        name = uuid.uuid4().hex  # the leg's name on the instance (X-Kvemu-Hold-Id), to release it by
+        unread = True  # until its answer is read (the client left, the instance failed): released by name
         try:
-            got = await _prefill_on(state, rep, request.path, data, headers, spec, overlap)
+            got = await _prefill_on(state, rep, request.path, data, {**headers, HOLD_NAME: name}, spec, overlap)
+            unread = False
+            if got is not None:  # released once its decode leg ends (_serve)
+                got.url, got.hold_id = rep.url, name
             rep.busy_strikes = 0
             return got
+        except UpstreamRefused:
+            unread = False  # refused: nothing held
+            raise
         except (ReplicaBusy, ReplicaFailed) as exc:
+            unread = isinstance(exc, ReplicaFailed)  # busy: refused before admission
             excluded.add(rep.replica_id)
             if await state.cluster.set_aside(rep, exc):
                 busy += 1
             else:
                 failures += 1
         finally:
+            if unread:
+                release_hold(state, rep.url, name)
             state.prefill_router.done(rep.state, request_view)
     return None
 
@@ -328,7 +364,33 @@ async def _serve(request, state, rep: ReplicaHandle, obj: dict, raw: bytes, spec
     if pre is None and predicted:
         expected = decoder_cached_tokens(overlap, rep.replica_id, len(spec.hashes), spec.prompt_tokens,
                                          state.settings.block_size)
-    return await _decode_on(request, state, rep, data, path, pre, expected)
+    try:
+        return await _decode_on(request, state, rep, data, path, pre, expected)
+    finally:  # the decode leg ended (answered, failed, its client gone): nothing will pull the hold any more
+        if pre is not None:
+            release_hold(state, pre.url, pre.hold_id)
+
+
+def release_hold(state, url: str, name: str) -> None:
+    """Ask the prefill instance at ``url`` to release what the leg named ``name`` holds (``POST /kv/release``),
+    in the background: a no-op where the decoder's pull released it, else its blocks go back now rather than
+    at --pd-hold-timeout-s (a leg still computing is aborted, one not arrived yet refused when it does)."""
+    task = asyncio.get_running_loop().create_task(_release(state, url, name))
+    _RELEASES.add(task)  # (the loop keeps only a weak reference to a task)
+    task.add_done_callback(_RELEASES.discard)
+
+
+async def _release(state, url: str, name: str) -> None:
+    try:
+        async with state.cluster.session.post(url + "/kv/release", json={"hold_id": name},
+                                              headers=state.cluster.auth,
+                                              timeout=aiohttp.ClientTimeout(total=RELEASE_TIMEOUT_S)) as resp:
+            answer = await resp.json() if resp.status == 200 else None
+    except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
+        answer = None
+    # failed: the hold ends at the prefill instance's --pd-hold-timeout-s, or when it restarts
+    outcome = "failed" if not isinstance(answer, dict) else "released" if answer.get("released") else "not_held"
+    state.metrics.pd_release(outcome)
 
 
 async def _decode_on(request, state, rep: ReplicaHandle, data: bytes, path: str, pre: Prefilled | None,

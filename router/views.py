@@ -12,6 +12,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from router import pd
+from router.cluster import unexhausted
 from router.metrics import merge_vllm, replica_metrics_texts
 from router.state import ROUTER, RouterState
 from router.strategies import NoHealthyReplica, RouteRequest
@@ -102,9 +103,11 @@ async def _decide(state: RouterState, spec: protocol.GenerateSpec, request_view:
     (a strategy that ignores it, or the index unavailable), so there is no prediction to score."""
     overlap, predicted = await _lookup(state, spec)
     now = time.monotonic()
-    replicas = [r for r in state.cluster.replicas if r.replica_id not in excluded and r.busy_until <= now]
+    # (one whose pool prefills held for remote decodes exhaust only where no other is left: router/cluster.py)
+    candidates = unexhausted([r for r in state.cluster.replicas if r.replica_id not in excluded])
+    replicas = [r for r in candidates if r.busy_until <= now]
     if not replicas:  # every replica backing off: try them anyway rather than refuse
-        replicas = [r for r in state.cluster.replicas if r.replica_id not in excluded]
+        replicas = candidates
     decision, pos = state.router.route([r.state for r in replicas], request_view, overlap)
     state.metrics.decided(state.settings.routing, decision.reason)
     return decision, replicas[pos], predicted
@@ -241,7 +244,10 @@ def cluster_summary(state, raw_sessions: bool = False) -> dict:
                      "kv_usage": r.health.get("kv_usage", 0.0), "running": r.health.get("running", 0),
                      "waiting": r.health.get("waiting", 0), "routed": routed[r.replica_id],
                      "event_lag": r.feed_lag_events, "top_sessions": _sessions(r.top_sessions, raw_sessions, state),
-                     "hotspot": bool(reasons), "hotspot_reasons": reasons})
+                     # P/D: what prefills held for remote decodes pin there; "exhausted": routed around
+                     "held_blocks": r.health.get("held_blocks", 0), "held_usage": r.health.get("held_usage", 0.0),
+                     "holds": r.health.get("holds", "ok"),
+                     "hotspot": bool(reasons), "hotspot_reasons": reasons, "restarts": r.restarts})
     return {"routing": state.settings.routing, "replicas": rows, "healthy": len(healthy),
             "workers": _workers(), "requests": {k: int(v) for k, v in sorted(totals.requests.items())},
             "imbalance": {"in_flight": load_ratio, "kv_usage": kv_ratio, "routed": routed_ratio},
@@ -299,6 +305,7 @@ def pd_summary(state, totals) -> dict:
     paths = {p: int(totals.pd_paths.get(p, 0)) for p in pd.PD_PATHS}
     return {"pools": pools, "decider": getattr(decider, "decider", "always"), "paths": paths,
             "decisions": {pool: {k: int(v) for k, v in sorted(by.items())} for pool, by in totals.pd_decisions.items()},
+            "releases": {k: int(totals.pd_releases.get(k, 0)) for k in ("released", "not_held", "failed")},
             "link": {r.replica_id: r.pd_stats for r in state.cluster.replicas if r.pd_stats}}
 
 

@@ -18,6 +18,7 @@ import dataclasses
 from kvemu.options.option import Option, add_options
 from replica.core.disagg import (
     DEFAULT_PD_DECIDER,
+    DEFAULT_PD_HOLD_SHARE,
     DEFAULT_PD_LATENCY_S,
     DEFAULT_PD_THRESHOLD_BLOCKS,
     PD_DECIDERS,
@@ -185,15 +186,22 @@ PD_HOLD_TIMEOUT_OPTION = Option(
     "--pd-hold-timeout-s", 480.0, "P/D prefill instance: wall seconds a finished prefill's blocks wait for a decode"
     " instance's pull before they are released (vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT; default 480)", float,
     metavar="S")
-REPLICA_PD_OPTIONS = (ROLE_OPTION, *PD_LINK_OPTIONS, PD_HOLD_TIMEOUT_OPTION)
+PD_HOLD_SHARE_OPTION = Option(
+    "--pd-hold-share", DEFAULT_PD_HOLD_SHARE, "P/D prefill instance: the fraction of its KV pool one client address"
+    " without the cluster token may hold in prefills for remote decodes at once (queued, running and held, counted"
+    " by prompt blocks); a prefill leg beyond it gets 429. kvemu's router presents the token and is not bounded;"
+    f" 1 leaves only the pool's own limit (default {DEFAULT_PD_HOLD_SHARE:g})", float, metavar="F")
+REPLICA_PD_OPTIONS = (ROLE_OPTION, *PD_LINK_OPTIONS, PD_HOLD_TIMEOUT_OPTION, PD_HOLD_SHARE_OPTION)
 
 
 def add_replica_pd_args(p: argparse.ArgumentParser) -> None:
-    """``kvemu replica``'s P/D flags: its role, its NIC and what crosses it, the hold timeout."""
+    """``kvemu replica``'s P/D flags: its role, its NIC and what crosses it, the hold timeout and share."""
     add_options(p.add_argument_group("disaggregated prefill / decode (P/D)"), REPLICA_PD_OPTIONS)
 
 
 def replica_pd_settings(args: argparse.Namespace) -> dict:
-    """The ``ReplicaSettings`` fields those flags give (``role``, ``pd``, ``pd_hold_timeout_s``)."""
+    """The ``ReplicaSettings`` fields those flags give (``role``, ``pd``, ``pd_hold_timeout_s``, ``pd_hold_share``)."""
     check_number("--pd-hold-timeout-s", args.pd_hold_timeout_s, above=0)
-    return {"role": args.role, "pd": pd_settings(args), "pd_hold_timeout_s": args.pd_hold_timeout_s}
+    check_number(PD_HOLD_SHARE_OPTION.flag, args.pd_hold_share, maximum=1, above=0)
+    return {"role": args.role, "pd": pd_settings(args), "pd_hold_timeout_s": args.pd_hold_timeout_s,
+            "pd_hold_share": args.pd_hold_share}

@@ -49,6 +49,9 @@ PD_TRANSFERS = ("missing", "full")
 DEFAULT_PD_DECIDER = "prefix"
 DEFAULT_PD_THRESHOLD_BLOCKS = 16  # llm-d's prefix decider threshold, in blocks of the model's block size
 DEFAULT_PD_LATENCY_S = 50e-6  # BLIS's P/D transfer base latency ("NIXL RDMA")
+# a live prefill instance: the fraction of its pool one client without the cluster token may hold for remote
+# decodes (replica/pd_share.py); kvemu's router sends the token, a third-party proxy is one such client
+DEFAULT_PD_HOLD_SHARE = 0.25
 # Gb/s of one GPU's NIC, by GPU preset (the module docstring says where each comes from)
 NIC_GBPS = {"h200": 400.0, "h100": 400.0, "a100-80gb": 200.0, "a100-80gb-pcie": 200.0, "ascend-910b2": 200.0}
 DEFAULT_NIC_GBPS = 400.0  # a device profile from `kvemu calibrate` names no NIC: ConnectX-7

@@ -372,3 +372,83 @@ def test_two_transfers_at_once_share_the_decoders_nic(pd):
         assert stats(p)["pinned_blocks"] == 0
     finally:
         assert d.stop() == 0
+
+
+def test_a_client_without_the_token_holds_at_most_its_share_and_the_release_endpoint_ends_holds():
+    """A pool of 100 blocks at --pd-hold-share 0.25: a client without the cluster token may hold 25 blocks,
+    two 10-block prefill legs; a third is refused (30 > 25), one with the token is not. /health counts what
+    holds pin: 90 of 100 blocks is exhausted."""
+    p = start_replica("--role", "prefill", "--pd-hold-share", "0.25", capacity_blocks=100, replica_id="p1")
+    try:
+        first, _ = (prefill_leg(p, {"prompt": prompt(s)})["kv_transfer_params"] for s in (20, 21))
+        status, out = http_json("POST", p.url + "/v1/completions", {"prompt": prompt(22), "max_tokens": 1,
+                                                                   "kv_transfer_params": PROXY_PREFILL})
+        assert status == 429 and out["error"]["param"] == "pd_hold_share", out
+        assert "holds 20 blocks" in out["error"]["message"] and "--pd-hold-share 0.25" in out["error"]["message"]
+        status, out = http_json("POST", p.url + "/v1/completions", {"prompt": prompt(22), "max_tokens": 1,
+                                                                   "kv_transfer_params": PROXY_PREFILL},
+                                headers=cluster_auth())
+        assert status == 200 and out["kv_transfer_params"]["do_remote_prefill"] is True  # the router's way
+        health = http_json("GET", p.url + "/health")[1]
+        assert (health["held_blocks"], health["held_usage"], health["holds"]) == (30, 0.3, "ok")
+
+        release = {"remote_request_id": first["remote_request_id"]}
+        assert http("POST", p.url + "/kv/release", release)[0] == 401
+        status, out = http_json("POST", p.url + "/kv/release", {"remote_request_id": 7}, headers=cluster_auth())
+        assert status == 400 and out["error"]["param"] == "remote_request_id"
+        assert http_json("POST", p.url + "/kv/release", release, headers=cluster_auth()) == (
+            200, {"released": True, "blocks": 10, "replica_id": "p1"})
+        assert http_json("POST", p.url + "/kv/release", release, headers=cluster_auth()) == (
+            200, {"released": False, "blocks": 0, "replica_id": "p1"})
+        prefill_leg(p, {"prompt": prompt(23)})  # 20 of 25 again: admitted
+        for s in range(24, 30):  # with the token: 30 + 60 blocks held
+            assert http_json("POST", p.url + "/generate", {"token_ids": prompt(s), "kv_transfer_params":
+                                                          PROXY_PREFILL}, headers=cluster_auth())[0] == 200
+        health = http_json("GET", p.url + "/health")[1]
+        assert (health["status"], health["held_blocks"], health["held_usage"], health["holds"]) == (
+            "ok", 90, 0.9, "exhausted")
+        pd_stats = stats(p)["pd"]
+        assert pd_stats["released"] == 1 and pd_stats["hold_share"]["refused"] == 1
+        assert pd_stats["held_requests"] == 9 and stats(p)["pinned_blocks"] == 90
+    finally:
+        assert p.stop() == 0
+
+
+def test_kvemu_routers_named_legs_are_released_by_name_wherever_they_are():
+    """A leg the router named (X-Kvemu-Hold-Id) is released by that name: held (its blocks back), still
+    computing (aborted), or not arrived yet (refused when it does)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    p = start_replica("--role", "prefill", capacity_blocks=4000, replica_id="p2", time_scale=1.0)
+    try:
+        def leg(name: str, tokens: list[int], timeout: float = 30.0):
+            return http_json("POST", p.url + "/generate", {"token_ids": tokens, "kv_transfer_params": PROXY_PREFILL},
+                             headers={**cluster_auth(), "X-Kvemu-Hold-Id": name}, timeout=timeout)
+
+        def release(name: str):
+            return http_json("POST", p.url + "/kv/release", {"hold_id": name}, headers=cluster_auth())
+
+        assert leg("held", prompt(30))[0] == 200 and stats(p)["pd"]["held_blocks"] == 10
+        assert release("held") == (200, {"released": True, "blocks": 10, "replica_id": "p2"})
+        assert stats(p)["pd"]["held_blocks"] == 0 and stats(p)["pinned_blocks"] == 0
+
+        assert release("early") == (200, {"released": False, "blocks": 0, "replica_id": "p2"})
+        status, out = leg("early", prompt(31))
+        assert status == 400 and out["error"]["param"] == "X-Kvemu-Hold-Id"
+        status, out = leg("no spaces", prompt(31))
+        assert status == 400 and out["error"]["param"] == "X-Kvemu-Hold-Id"
+
+        long = prompt(32, blocks=2000)  # 32,000 tokens: emulated seconds of prefill at time scale 1
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(lambda: leg("computing", long, timeout=1.0))
+            wait_for(lambda: stats(p)["scheduler"]["running"] == 1, what="the long prefill running")
+            status, out = release("computing")
+            assert status == 200 and out["released"] is True and out["blocks"] > 0
+            with pytest.raises(OSError):  # aborted: no answer (kvemu's router had left it already)
+                waiting.result()
+        wait_for(lambda: stats(p)["scheduler"]["running"] == 0, what="the abort")
+        s = stats(p)
+        assert s["scheduler"]["aborted"] == 1 and s["pinned_blocks"] == 0 and s["pd"]["held_requests"] == 0
+        assert s["pd"]["released"] == 2
+    finally:
+        assert p.stop() == 0

@@ -1,13 +1,17 @@
 """The router's P/D path (router/pd.py) against real replicas on loopback: roles learned from the replicas'
 /health when the command line names none, the prefix decider keeping a prompt the decoder holds local,
 a dead prefill instance falling back to a local prefill (counted), a colocated replica beside the pools
-prefilling its own requests, and nothing pinned afterwards."""
+prefilling its own requests, nothing pinned afterwards; and holds bounded by their decode legs: released by
+the router when the client leaves or the decode leg fails, and a replica whose pool holds exhaust routed
+around, not taken out."""
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 
-from tests.support.cluster import start_router, stop_all, wait_for
+from tests.support.cluster import cluster_row, metric, scrape, start_router, stop_all, wait_for
 from tests.support.procs import cluster_auth, http, http_json, start_replica
 
 pytestmark = pytest.mark.slow
@@ -84,3 +88,113 @@ def test_a_colocated_replica_beside_the_pools_prefills_its_own_requests():
         unpinned(prefill, decode)
     finally:
         stop_all(router, prefill, decode, both)
+
+
+def pd_stats(proc) -> dict:
+    return http_json("GET", proc.url + "/stats")[1]["pd"]
+
+
+def releases(router) -> dict:
+    return http_json("GET", router.url + "/cluster")[1]["pd"]["releases"]
+
+
+def test_a_client_that_leaves_a_frozen_decoder_has_its_prefill_hold_released():
+    prefill = start_replica("--role", "prefill", replica_id="prefill-0")
+    decode = start_replica("--role", "decode", replica_id="decode-0")
+    router = None
+    try:
+        router = start_router([f"prefill={prefill.url}", f"decode={decode.url}"], "--pd-decider", "always",
+                              health_interval=60)  # checked once: the frozen decoder stays routable
+        decode.proc.send_signal(signal.SIGSTOP)
+        try:
+            with pytest.raises(OSError):  # TimeoutError: the client gives up on the decode leg and closes
+                http("POST", router.url + "/generate", {"token_ids": list(range(320)), "max_tokens": 2}, timeout=1.0)
+            wait_for(lambda: pd_stats(prefill)["held_blocks"] == 0, timeout=2.0, what="the hold released")
+        finally:
+            decode.proc.send_signal(signal.SIGCONT)
+        held = pd_stats(prefill)
+        assert (held["held_total"], held["released"], held["expired"]) == (1, 1, 0)
+        wait_for(lambda: releases(router) == {"released": 1, "not_held": 0, "failed": 0}, timeout=5.0,
+                 what="the release counted")
+        unpinned(prefill, decode)  # the thawed decoder's pull finds nothing held and its client gone
+    finally:
+        stop_all(router, prefill, decode)
+
+
+def test_a_decode_leg_that_fails_has_its_prefill_hold_released_before_the_retry():
+    prefill = start_replica("--role", "prefill", replica_id="prefill-0")
+    dead = start_replica("--role", "decode", replica_id="decode-0")
+    decode = start_replica("--role", "decode", replica_id="decode-1")
+    router = None
+    try:
+        router = start_router([f"prefill={prefill.url}", f"decode={dead.url}", f"decode={decode.url}"],
+                              "--pd-decider", "always", routing="round_robin", health_interval=60)
+        dead.stop(signal.SIGKILL)  # round robin tries decode-0 first: refused, retried with a new prefill
+        _, headers = generate(router, list(range(320)), "a")
+        assert headers["X-Kvemu-Replica"] == "decode-1" and headers["X-Kvemu-Pd"] == "remote"
+        # the first hold released by the router, the second by decode-1's pull (the router's ask: a no-op)
+        wait_for(lambda: releases(router) == {"released": 1, "not_held": 1, "failed": 0}, timeout=5.0,
+                 what="both releases counted")
+        held = pd_stats(prefill)
+        assert (held["held_total"], held["released"], held["held_requests"], held["expired"]) == (2, 1, 0, 0)
+        unpinned(prefill, decode)
+    finally:
+        stop_all(router, prefill, dead, decode)
+
+
+def pin(proc, holds: int) -> list[str]:
+    """``holds`` 10-block prefill legs held on ``proc`` and never pulled (with the cluster token: no share)."""
+    return [http_json("POST", proc.url + "/generate", {"token_ids": [90_000 + 1000 * s + i for i in range(160)],
+                                                       "kv_transfer_params": {"do_remote_decode": True}},
+                      headers=cluster_auth())[1]["kv_transfer_params"]["remote_request_id"] for s in range(holds)]
+
+
+def test_a_prefill_instance_whose_holds_exhaust_its_pool_is_routed_around_not_taken_out():
+    full = start_replica("--role", "prefill", capacity_blocks=100, replica_id="prefill-0")
+    other = start_replica("--role", "prefill", replica_id="prefill-1")
+    decode = start_replica("--role", "decode", replica_id="decode-0")
+    router = None
+    try:
+        router = start_router([f"prefill={full.url}", f"prefill={other.url}", f"decode={decode.url}"],
+                              "--pd-decider", "always", routing="round_robin")
+        rids = pin(full, 9)  # 90 of its 100 blocks
+        wait_for(lambda: cluster_row(router.url, "prefill-0")["holds"] == "exhausted", timeout=5.0,
+                 what="the router reading the exhausted holds")
+        for i in range(4):  # round robin would alternate: every prompt goes to the other instance
+            _, headers = generate(router, list(range(i * 1000, i * 1000 + 200)), f"s{i}")
+            assert headers["X-Kvemu-Prefill-Replica"] == "prefill-1"
+        row = cluster_row(router.url, "prefill-0")
+        assert row["healthy"] and (row["held_blocks"], row["held_usage"]) == (90, 0.9)
+        samples = scrape(router.url)
+        assert metric(samples, "kvemu_router_replica_failures_total") == 0
+        assert metric(samples, "kvemu_router_holds_exhausted_total") == 1
+        assert metric(samples, "kvemu_router_replica_held_usage", replica_id="prefill-0") == 0.9
+        for rid in rids:
+            assert http_json("POST", full.url + "/kv/release", {"remote_request_id": rid},
+                             headers=cluster_auth())[1]["released"] is True
+        wait_for(lambda: cluster_row(router.url, "prefill-0")["holds"] == "ok", timeout=5.0, what="the recovery")
+        seen = {generate(router, list(range(i * 1000, i * 1000 + 200)), f"t{i}")[1]["X-Kvemu-Prefill-Replica"]
+                for i in range(10, 12)}
+        assert seen == {"prefill-0", "prefill-1"}
+        unpinned(full, other, decode)
+    finally:
+        stop_all(router, full, other, decode)
+
+
+def test_a_colocated_replica_whose_holds_exhaust_its_pool_is_routed_around():
+    full = start_replica(capacity_blocks=100, replica_id="replica-0")
+    other = start_replica(replica_id="replica-1")
+    router = None
+    try:
+        router = start_router([full.url, other.url], routing="round_robin")
+        rids = pin(full, 9)  # a third-party proxy's prefill legs on a colocated replica
+        wait_for(lambda: cluster_row(router.url, "replica-0")["holds"] == "exhausted", timeout=5.0,
+                 what="the router reading the exhausted holds")
+        for i in range(3):
+            _, headers = generate(router, list(range(i * 1000, i * 1000 + 200)), f"s{i}")
+            assert headers["X-Kvemu-Replica"] == "replica-1"
+        for rid in rids:
+            http_json("POST", full.url + "/kv/release", {"remote_request_id": rid}, headers=cluster_auth())
+        wait_for(lambda: cluster_row(router.url, "replica-0")["holds"] == "ok", timeout=5.0, what="the recovery")
+    finally:
+        stop_all(router, full, other)
