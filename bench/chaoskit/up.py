@@ -6,6 +6,7 @@ KV blocks the replicas hold for a remote decode, read from their ``/stats`` (and
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,8 +42,9 @@ class Up:
                                      stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, text=True)
         threading.Thread(target=self._read, daemon=True).start()
         if not self._ready.wait(self.timeout) or READY not in self.lines:
+            why = f"kvemu up {' '.join(self.args)} did not start: {self.lines[-5:]} {self.err_tail()}"
             self.stop()
-            raise RuntimeError(f"kvemu up {' '.join(self.args)} did not start: {self.lines[-5:]} {self.err_tail()}")
+            raise RuntimeError(why)
         return self
 
     def _read(self) -> None:
@@ -104,17 +106,17 @@ class Up:
         return pid
 
     def stop(self) -> int | None:
-        """SIGTERM up (it stops its children), SIGKILL after 30 s; its exit status."""
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
+        """SIGTERM up (it stops its children), SIGKILL after 30 s; its exit status. The runtime directory
+        (the token) goes; up keeps its own logs only when it failed (the path on its ``logs`` line)."""
+        if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        return self.proc.returncode
+        shutil.rmtree(self.dir, ignore_errors=True)
+        return None if self.proc is None else self.proc.returncode
 
 
 def healthy(url: str, timeout: float = 1.0) -> bool:
