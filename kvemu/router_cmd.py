@@ -32,6 +32,12 @@ ROUTER_OPTIONS = (
            help="requests/s one client address may send on average; 429 beyond (default 0: no limit)"),
     Option("--client-burst", _ROUTER["client_burst"], type=int,
            help="requests one client may send at once under --client-rate (default: the rate rounded up)"),
+    Option("--upstream-first-byte-timeout", _ROUTER["upstream_first_byte_timeout_s"], type=float, metavar="S",
+           help="seconds a replica may keep a request without its answer starting (a stream's first token; a"
+                " non-streamed answer, sent whole when done) or a stream without its next bytes before the router asks"
+                " its /health: one that does not answer is set aside and the request retried on another replica (a"
+                " stream already started ends with an error event and [DONE]); one that answers is waited for again,"
+                " so a long generation never trips it (default %(default)s)"),
 )
 
 # The shared KV pools the replicas use, a flag of the router alone: `kvemu up` starts the pools and
@@ -78,6 +84,7 @@ def settings_from_args(args):
                           seed=args.seed, serving=serving_settings(args),
                           client_max_in_flight=args.client_max_in_flight, client_rate=args.client_rate,
                           client_burst=args.client_burst, shared_pools=pools,
+                          upstream_first_byte_timeout_s=args.upstream_first_byte_timeout,
                           shared_level=len(levels) if pools else 0)
 
 

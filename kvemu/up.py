@@ -2,7 +2,9 @@
 
 Children run in their own process group with PR_SET_PDEATHSIG, so they die with this
 process even if it is killed with SIGKILL; on Ctrl-C or SIGTERM every child gets SIGTERM
-(in-flight requests finish), then SIGKILL after a grace period. No orphans.
+(in-flight requests finish), then SIGKILL after a grace period. No orphans. A child that
+dies meanwhile is started again on the same command line (kvemu/up_supervise.py); up stops
+everything only for one that cannot start.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ from kvemu.router_cmd import ROUTER_OPTIONS
 from kvemu.up_pd import members_of, pool_args, validate_pools, validate_topology
 from kvemu.up_pool import TRANSFORMED_SHARED, pool_groups, pool_id, replica_shared_argv, router_shared_argv, validate_shared
 from kvemu.up_pool import pool_args as shared_pool_args
+from kvemu.up_supervise import RESTART_ATTEMPTS, RestartPolicy, Supervisor
 from replica.backends import check_backend, check_backend_flags
 from shared.costmodel import CostModel
 from shared.errors import InputError, KvemuError
@@ -151,7 +154,13 @@ class Cluster:
                **({PASSWORD_ENV: self.redis_password} if self.redis_password else {})}
         child.proc = subprocess.Popen(child.args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                       preexec_fn=_child_setup(os.getpid()), env=env)
+        log.close()  # the child has its own copy; a restarted child gets a new one
         self.children.append(child)
+
+    def respawn(self, child: Child) -> None:
+        """``child`` again, after it died: the same command line (so the same port), environment and log."""
+        self.children.remove(child)
+        self.start(child, self.tmpdir or tempfile.gettempdir())
 
     def stop(self, grace: float = 15.0) -> None:
         alive = [(c.name, c.proc) for c in self.children if c.proc is not None and c.proc.poll() is None]
@@ -392,6 +401,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_config_arg(p)
     p.add_argument("--port", type=int, default=8000, help="router port")
     p.add_argument("--keep-logs", action="store_true", help="keep the log directory after a clean stop")
+    p.add_argument("--restart-attempts", type=int, default=RESTART_ATTEMPTS, metavar="N",
+                   help="a child that dies (replica, shared pool, router, private redis) is started again on its port,"
+                        " waiting 0.5 s doubling to 10 s; up stops everything once N restarts in a row died before"
+                        " answering (0: no restart, the first child that dies stops everything; default %(default)s)")
     p.add_argument("--token-file", default=None, metavar="PATH",
                    help="also write the cluster token to PATH (mode 0600); without it the token line names the shared"
                         " file in the runtime directory; not written when the token was given")
@@ -431,7 +444,7 @@ def validate(a) -> None:
         RouterSettings(replicas=("http://127.0.0.1:1",), block_size=matching.block_size, serving=serving,
                        health_interval_s=a.health_interval, dashboard_interval_s=a.dashboard_interval,
                        client_max_in_flight=a.client_max_in_flight, client_rate=a.client_rate,
-                       client_burst=a.client_burst)
+                       client_burst=a.client_burst, upstream_first_byte_timeout_s=a.upstream_first_byte_timeout)
     except InputError as exc:  # a field's name is its flag's, less the "_s" of seconds
         flag = exc.field if exc.field.startswith("--") else f"--{exc.field.removesuffix('_s').replace('_', '-')}"
         raise InputError(flag, exc.message) from None
@@ -486,6 +499,7 @@ def print_limit_lines(a) -> None:
 
 def run(a) -> int:
     validate(a)
+    policy = RestartPolicy(attempts=a.restart_attempts)
     print_limit_lines(a)
     stop = {"now": False, "starting": True}
 
@@ -523,10 +537,11 @@ def run(a) -> int:
         if token_file:
             print(f"token    {token_file}")
         print("press Ctrl-C to stop", flush=True)
+        supervisor = Supervisor(cluster, policy)
         while not stop["now"]:
-            dead = cluster.dead()
-            if dead:
-                print(f"error: {dead[0].name} exited with code {dead[0].exit_code}; stopping", file=sys.stderr)
+            failed = supervisor.step()
+            if failed:
+                print(f"error: {failed}; stopping (logs kept in {cluster.tmpdir})", file=sys.stderr, flush=True)
                 return 1
             time.sleep(0.2)
     finally:

@@ -28,6 +28,7 @@ from router.upstream import ReplicaBusy, ReplicaFailed
 from shared.index import EventBatch, IndexUnavailable, StoreScope
 
 LONG_POLL_MS = 1000  # how long a replica holds a feed read with nothing new
+PROBE_REUSE_S = 0.5  # a probe's answer serves every request that asks this soon after it was sent (Cluster.probe)
 log = logging.getLogger("kvemu.router.cluster")
 
 
@@ -50,6 +51,9 @@ class ReplicaHandle:
     role_given: bool = False  # the command line named it
     pd_stats: dict = field(default_factory=dict)  # the replica's /stats "pd" section (link, transfers), if any
     tier_stats: dict = field(default_factory=dict)  # its /stats "tiers" section (hits by level), if it has levels
+    restarts: int = 0  # new epochs its /health reported: restarts with an empty cache (what /cluster shows)
+    probe: asyncio.Task | None = None  # the /health probe requests waiting on it share (Cluster.probe)
+    probe_at: float = 0.0  # when it was sent (loop time)
     # P/D: its /health says prefills held for remote decodes exhaust its pool (replica/pd_share.py): routed around
     # until they end, yet healthy, its index entries kept
     holds_exhausted: bool = False
@@ -87,6 +91,7 @@ class PoolHandle:
     resync_asked_at: int = -1
     health: dict = field(default_factory=dict)
     stats: dict = field(default_factory=dict)  # its last /stats (the dashboard's sampler reads it)
+    restarts: int = 0  # new epochs its /health reported: restarted, what it held lost
 
     @property
     def name(self) -> str:
@@ -162,6 +167,8 @@ class Cluster:
             log.warning("shared pool %s restarted (epoch %s -> %s): clearing its index entries", store_id, pool.epoch,
                         epoch)
             await self._clear_pool(pool)
+            pool.restarts += 1
+            self.metrics.restarted("shared_pool", store_id)
         pool.store_id, pool.epoch, pool.failures, pool.health = store_id, epoch, 0, body
         level = body.get("level")
         if isinstance(level, int) and level != self.settings.shared_level and not pool.healthy:
@@ -197,6 +204,21 @@ class Cluster:
             except IndexUnavailable:
                 self.metrics.count("index_errors")
 
+    def probe(self, rep: ReplicaHandle) -> asyncio.Task:
+        """Whether ``rep`` answers ``/health`` now (True: status ok), for requests that have waited long on it
+        (router.upstream.Watch): one probe per replica at a time, shared by every request that asks meanwhile.
+        Not a health check: the request that gives up sets the replica aside (``set_aside``)."""
+        loop = asyncio.get_running_loop()
+        # one answered within PROBE_REUSE_S is as good as a new one: at most a few probes a second per replica,
+        # however many requests wait on it
+        if rep.probe is None or (rep.probe.done() and loop.time() - rep.probe_at > PROBE_REUSE_S):
+            rep.probe, rep.probe_at = loop.create_task(self._answers(rep.url)), loop.time()
+        return rep.probe
+
+    async def _answers(self, url: str) -> bool:
+        body, _ = await self._health(url)
+        return body is not None and body.get("status") == "ok"
+
     async def _post(self, url: str) -> None:
         try:
             async with self.session.post(url, headers=self.auth,
@@ -222,6 +244,8 @@ class Cluster:
                         epoch)
             await self._clear(rep)
             self.metrics.count("replica_restarts")
+            rep.restarts += 1
+            self.metrics.restarted("replica", replica_id)
         if not rep.known or replica_id != rep.replica_id:
             rep.state.replica_id = replica_id
         rejoined = not rep.state.healthy

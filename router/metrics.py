@@ -128,6 +128,10 @@ class RouterMetrics:
     def pd_first_byte(self, path: str, seconds: float) -> None:
         self.pd_decode_first_byte.labels(path).observe(seconds)
 
+    def restarted(self, kind: str, process_id: str) -> None:
+        """``kind`` ("replica" or "shared_pool") ``process_id`` came back with a new epoch."""
+        self.restarts.labels(kind, process_id).inc()
+
     def outcome(self, outcome: str) -> None:
         self.requests.labels(outcome).inc()
 

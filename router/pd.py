@@ -58,7 +58,7 @@ from aiohttp import web
 from router.cluster import ReplicaHandle, unexhausted
 from router.strategies import NoHealthyReplica, RouteRequest, RoutingStep
 from router.strategies.base import cached_blocks
-from router.upstream import ReplicaBusy, ReplicaFailed, check_status, end_stream, no_replica_answer
+from router.upstream import ReplicaBusy, ReplicaFailed, Watch, check_status, failure, no_replica_answer, pass_stream
 from shared import protocol
 from shared.errors import InputError
 from shared.hashing import reusable_prefix_tokens
@@ -218,15 +218,16 @@ async def remote_prefill(request: web.Request, state, obj: dict, spec: protocol.
 
 async def _prefill_on(state, rep: ReplicaHandle, path: str, data: bytes, headers: dict, spec, overlap) -> Prefilled | None:
     t0 = time.monotonic()
-    try:
-        async with state.cluster.session.post(rep.url + path, data=data, headers=headers,
-                                              timeout=state.request_timeout) as resp:
+    try:  # watched: a prefill instance that stops answering fails the leg over (router.upstream.Watch)
+        async with Watch(state.cluster, rep, state.settings.upstream_first_byte_timeout_s), \
+                state.cluster.session.post(rep.url + path, data=data, headers=headers,
+                                           timeout=state.request_timeout) as resp:
             check_status(resp.status, resp.headers)
             body = await resp.read()
             ctype = resp.headers.get("Content-Type", "application/json")
             actual = resp.headers.get("X-Kvemu-Cached-Tokens")
-    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-        raise ReplicaFailed(f"{type(exc).__name__}: {exc}") from None
+    except (TimeoutError, aiohttp.ClientError, OSError, ReplicaFailed) as exc:
+        raise failure(exc) from None
     wall = time.monotonic() - t0
     state.metrics.pd_prefill_seconds.observe(wall)
     if resp.status >= 400:
@@ -397,11 +398,13 @@ async def _decode_on(request, state, rep: ReplicaHandle, data: bytes, path: str,
                      expected: int | None) -> web.StreamResponse:
     headers = {k: request.headers[k] for k in ("Content-Type", "Accept", *_HEADERS) if k in request.headers}
     t0 = time.monotonic()
+    watch = Watch(state.cluster, rep, state.settings.upstream_first_byte_timeout_s)  # as views._forward's
     try:
-        upstream = await state.cluster.session.post(rep.url + request.path, data=data, headers=headers,
-                                                    timeout=state.request_timeout)
-    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-        raise ReplicaFailed(f"{type(exc).__name__}: {exc}") from None
+        async with watch:
+            upstream = await state.cluster.session.post(rep.url + request.path, data=data, headers=headers,
+                                                        timeout=state.request_timeout)
+    except (TimeoutError, aiohttp.ClientError, OSError, ReplicaFailed) as exc:
+        raise failure(exc) from None
     async with upstream:
         check_status(upstream.status, upstream.headers)
         state.metrics.pd_first_byte(path, time.monotonic() - t0)
@@ -416,36 +419,17 @@ async def _decode_on(request, state, rep: ReplicaHandle, data: bytes, path: str,
         if actual is not None:
             out["X-Kvemu-Cached-Tokens"] = actual
         if ctype.startswith("text/event-stream"):
-            return await _pass_stream(request, upstream, out, state, pre)
+            # after a remote prefill its usage chunk carries the prefill's hit
+            rewrite = (lambda event: rewrite_event(event, pre)) if pre is not None else None
+            return await pass_stream(request, upstream, out, state.metrics, watch, rewrite)
         try:
-            body = await upstream.read()
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            raise ReplicaFailed(f"connection lost: {exc}") from None
+            async with watch:
+                body = await upstream.read()
+        except (TimeoutError, aiohttp.ClientError, ReplicaFailed) as exc:
+            raise ReplicaFailed(f"connection lost: {failure(exc)}") from None
     if pre is not None and upstream.status == 200:
         answer = decoded(body, ctype)
         if answer is not None:
             body = encode(with_prefill(answer, pre), ctype)
     state.metrics.outcome("ok" if upstream.status < 400 else "client_error")
     return web.Response(body=body, status=upstream.status, headers=out)
-
-
-async def _pass_stream(request, upstream, out_headers: dict, state, pre: Prefilled | None) -> web.StreamResponse:
-    """The decoder's stream as it comes; after a remote prefill its usage chunk carries the prefill's hit."""
-    resp = web.StreamResponse(status=upstream.status, headers={**out_headers, "Cache-Control": "no-cache"})
-    await resp.prepare(request)
-    pending = b""
-    try:
-        async for chunk in upstream.content.iter_any():
-            if pre is not None:
-                pending += chunk
-                *events, pending = pending.split(b"\n\n")
-                chunk = b"".join(rewrite_event(e, pre) + b"\n\n" for e in events)
-            try:
-                await resp.write(chunk)
-            except ConnectionResetError:
-                raise ClientGone() from None
-        if pending:
-            await resp.write(pending)
-    except (TimeoutError, aiohttp.ClientError):
-        return await end_stream(resp, state.metrics, failed=True)
-    return await end_stream(resp, state.metrics, failed=False)

@@ -33,7 +33,12 @@ class RouterSettings:
     unhealthy_after: int = 2  # consecutive failed checks (a refused connection counts at once)
     poll_interval_s: float = 0.02  # embedded index: how often replicas' event feeds are read
     index_timeout_s: float = 0.05  # a slower index lookup routes on load alone
-    request_timeout_s: float = 600.0
+    request_timeout_s: float = 600.0  # the most a request may take on one replica, whatever it answers meanwhile
+    # after this long without the answer starting (a stream's first token; a non-streamed answer, which a replica
+    # sends whole once done) or without a stream's next bytes, the replica is asked whether it is alive: one that
+    # does not answer /health is given up (a non-streamed request is retried elsewhere), one that does is waited
+    # for again (router.upstream.Watch). A frozen replica holds a request this long plus a health timeout or two
+    upstream_first_byte_timeout_s: float = 5.0
     retries: int = 1  # failed replicas tried per request beyond the first (busy ones do not count)
     busy_backoff_s: float = 0.05  # a replica that answered 503 + Retry-After is skipped this long (doubling)
     hotspot_factor: float = 1.5
@@ -77,7 +82,7 @@ class RouterSettings:
         if self.index != "memory" and not self.index.startswith(("redis://", "rediss://", "unix://")):
             raise InputError("index", f"expected memory or redis://..., got {self.index!r}")
         for name in ("health_interval_s", "health_timeout_s", "poll_interval_s", "index_timeout_s",
-                     "request_timeout_s", "hotspot_factor", "dashboard_interval_s", "busy_backoff_s"):
+                     "request_timeout_s", "upstream_first_byte_timeout_s", "hotspot_factor", "dashboard_interval_s", "busy_backoff_s"):
             if not getattr(self, name) > 0:
                 raise InputError(name, f"must be > 0, got {getattr(self, name)}")
         if self.matching not in ("blocks", "radix"):

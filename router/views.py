@@ -16,7 +16,7 @@ from router.cluster import unexhausted
 from router.metrics import merge_vllm, replica_metrics_texts
 from router.state import ROUTER, RouterState
 from router.strategies import NoHealthyReplica, RouteRequest
-from router.upstream import ReplicaBusy, ReplicaFailed, check_status, end_stream, no_replica_answer
+from router.upstream import ReplicaBusy, ReplicaFailed, Watch, check_status, failure, no_replica_answer, pass_stream
 from shared import protocol
 from shared.auth import session_label, wants_raw_sessions
 from shared.hashing import reusable_prefix_tokens
@@ -136,13 +136,16 @@ async def _lookup(state: RouterState, spec: protocol.GenerateSpec, decider: bool
 
 async def _forward(request: web.Request, state, rep, raw: bytes, decision,
                    expected: int | None) -> web.StreamResponse:
-    """The request on ``rep``; ``expected``: the cached tokens the index predicts there (None: no prediction)."""
+    """The request on ``rep``; ``expected``: the cached tokens the index predicts there (None: no prediction).
+    Watched (router.upstream.Watch): a replica that stops answering fails the request over, or ends its stream."""
     headers = {k: request.headers[k] for k in _FORWARD_HEADERS if k in request.headers}
+    watch = Watch(state.cluster, rep, state.settings.upstream_first_byte_timeout_s)
     try:
-        upstream = await state.cluster.session.post(rep.url + request.path, data=raw, headers=headers,
-                                                    timeout=state.request_timeout)
-    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-        raise ReplicaFailed(f"{type(exc).__name__}: {exc}") from None
+        async with watch:
+            upstream = await state.cluster.session.post(rep.url + request.path, data=raw, headers=headers,
+                                                        timeout=state.request_timeout)
+    except (TimeoutError, aiohttp.ClientError, OSError, ReplicaFailed) as exc:
+        raise failure(exc) from None
     async with upstream:
         check_status(upstream.status, upstream.headers)
         if expected is not None:
@@ -150,27 +153,14 @@ async def _forward(request: web.Request, state, rep, raw: bytes, decision,
         out_headers = {"Content-Type": upstream.headers.get("Content-Type", "application/json"),
                        "X-Kvemu-Replica": rep.replica_id, "X-Kvemu-Route-Reason": decision.reason}
         if upstream.headers.get("Content-Type", "").startswith("text/event-stream"):
-            return await _pass_stream(request, upstream, out_headers, state)
+            return await pass_stream(request, upstream, out_headers, state.metrics, watch)
         try:
-            body = await upstream.read()
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            raise ReplicaFailed(f"connection lost: {exc}") from None
+            async with watch:
+                body = await upstream.read()
+        except (TimeoutError, aiohttp.ClientError, ReplicaFailed) as exc:
+            raise ReplicaFailed(f"connection lost: {failure(exc)}") from None
     state.metrics.outcome("ok" if upstream.status < 400 else "client_error")
     return web.Response(body=body, status=upstream.status, headers=out_headers)
-
-
-async def _pass_stream(request, upstream, out_headers: dict, state) -> web.StreamResponse:
-    resp = web.StreamResponse(status=upstream.status, headers={**out_headers, "Cache-Control": "no-cache"})
-    await resp.prepare(request)
-    try:
-        async for chunk in upstream.content.iter_any():
-            try:
-                await resp.write(chunk)
-            except ConnectionResetError:  # the client hung up: leaving closes the replica's stream
-                raise ClientGone() from None
-    except (TimeoutError, aiohttp.ClientError):
-        return await end_stream(resp, state.metrics, failed=True)
-    return await end_stream(resp, state.metrics, failed=False)
 
 
 def _record_prediction(state, upstream, expected: int) -> None:
@@ -268,7 +258,8 @@ def shared_pools_summary(state) -> list[dict]:
         blocks, used = st.get("blocks") or p.health.get("blocks") or 0, st.get("used_blocks", p.health.get("used_blocks"))
         known = index.get(p.store_id)
         out.append({
-            "pool_id": p.name, "url": p.url, "healthy": p.healthy, "epoch": p.epoch, "level": state.settings.shared_level,
+            "pool_id": p.name, "url": p.url, "healthy": p.healthy, "epoch": p.epoch, "restarts": p.restarts,
+            "level": state.settings.shared_level,
             "serves": list(p.serves) or "all", "event_lag": p.feed_lag_events,
             "index_blocks": known.blocks if known is not None else None,
             "index_synced": known.synced if known is not None else None,

@@ -87,7 +87,7 @@ def test_flags_default_to_the_settings_fields():
         assert option.default == serving[field] == replica[option.dest], option.flag
     router = _field_defaults(RouterSettings)
     for option in ROUTER_OPTIONS:
-        assert option.default == router[option.dest + ("_s" if option.dest.endswith("interval") else "")]
+        assert option.default == router[option.dest + ("_s" if option.dest.endswith(("interval", "timeout")) else "")]
 
 
 def test_one_max_waiting_and_one_admission_vocabulary():

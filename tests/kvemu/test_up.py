@@ -16,7 +16,7 @@ from shared.costmodel import CostModel
 from shared.hashing import block_hashes
 from tests.conftest import free_port
 from tests.support.cluster import redis_lookup, wait_for
-from tests.support.kvemu_cli import Up, alive, run_kvemu, wait_dead
+from tests.support.kvemu_cli import Up, alive, children_of, run_kvemu, wait_dead
 from tests.support.procs import http, http_json
 
 # Real processes on loopback: an end-to-end test (CI runs it; `-m "not slow"` skips it locally).
@@ -166,15 +166,103 @@ def test_bad_flags_exit_2_with_one_error_line(flags, field):
     assert res.stdout == ""
 
 
-def test_a_dying_child_stops_the_rest_and_exits_1(up_procs):
-    up = up_procs("--replicas", "2", "--capacity-blocks", "256", "--time-scale", "0", "--port", str(free_port()))
+def test_with_no_restart_attempts_a_dying_child_stops_the_rest_and_exits_1(up_procs):
+    up = up_procs("--replicas", "2", "--capacity-blocks", "256", "--time-scale", "0", "--restart-attempts", "0",
+                  "--port", str(free_port()))
     urls = up.ready()
     check_healthy(urls, 2)
     victim = next(p for p, c in up.children.items() if "--replica-id replica-1" in c)
     os.kill(victim, signal.SIGKILL)
     assert up.wait(30) == 1
-    assert "replica-1 exited" in up.stderr() and "Traceback" not in up.stderr()
+    assert f"error: replica-1 exited with code -9 (SIGKILL); stopping (logs kept in {urls['logs']})" in up.stderr()
+    assert "Traceback" not in up.stderr()
     assert wait_dead(up.children, 2.0) == {}
+    shutil.rmtree(urls["logs"], ignore_errors=True)
+
+
+def _cluster(router: str) -> dict:
+    return http_json("GET", router + "/cluster", timeout=5.0)[1]
+
+
+def test_up_restarts_a_killed_replica_and_shared_pool_on_their_ports_and_keeps_serving(up_procs):
+    up = up_procs("--replicas", "2", "--capacity-blocks", "256", "--time-scale", "0", "--shared-cache-gib", "1",
+                  "--health-interval", "0.2", "--port", str(free_port()))
+    urls = up.ready()
+    check_healthy(urls, 2)
+    killed = {p: c for p, c in up.children.items() if "--replica-id replica-1" in c or " pool " in c}
+    assert len(killed) == 2
+    for pid in killed:
+        os.kill(pid, signal.SIGKILL)
+    # replica-0 serves meanwhile: the router routes around replica-1, replicas go on without their pool
+    for i in range(10):
+        assert generate_via(urls["router"], list(range(i * 100, i * 100 + 40)), session=f"s{i}")["output_tokens"] == 2
+
+    def restarted() -> bool:
+        body = _cluster(urls["router"])
+        rows = {r["replica_id"]: r for r in body["replicas"]}
+        return (rows["replica-1"]["healthy"] and [p["restarts"] for p in body["shared_pools"]] == [1]
+                and (rows["replica-0"]["restarts"], rows["replica-1"]["restarts"]) == (0, 1))
+
+    wait_for(restarted, timeout=20, what="replica-1 and the shared pool restarted and counted in /cluster")
+    now = {p: c for p, c in children_of_up(up).items() if p not in up.children}
+    assert sorted(now.values()) == sorted(killed.values())  # the same command lines, so the same ports
+    up.children.update(now)
+    text = http("GET", urls["router"] + "/metrics")[2].decode()
+    assert 'kvemu_router_restarts_total{id="replica-1",kind="replica"} 1.0' in text
+    assert 'kvemu_router_restarts_total{id="shared-pool",kind="shared_pool"} 1.0' in text
+    err = up.stderr()
+    for name in ("replica-1", "shared-pool"):
+        assert f"kvemu up: {name} exited with code -9 (SIGKILL); restarting it in 0.5 s (attempt 1)" in err
+        with open(os.path.join(urls["logs"], f"{name}.log")) as fh:  # the child's log says it too
+            assert f"--- kvemu up: {name} exited with code -9 (SIGKILL); restarting it in 0.5 s (attempt 1) ---" in fh.read()
+    assert http_json("GET", urls["replica-1"] + "/health")[1]["status"] == "ok"
+    up.signal(signal.SIGTERM)
+    assert up.wait(30) == 0, up.stderr()
+    assert wait_dead(up.children, 2.0) == {}, "children outlived kvemu up"
+
+
+def test_up_stops_once_a_child_cannot_start_naming_it_and_its_last_log_line(up_procs):
+    up = up_procs("--replicas", "2", "--capacity-blocks", "256", "--time-scale", "0", "--restart-attempts", "2",
+                  "--port", str(free_port()))
+    urls = up.ready()
+    port = int(urls["replica-1"].rsplit(":", 1)[1])
+    victim = next(p for p, c in up.children.items() if "--replica-id replica-1" in c)
+    os.kill(victim, signal.SIGKILL)
+    with socket.socket() as blocker:  # its port taken: every restart of it exits at once
+        blocker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        _bind(blocker, port)
+        blocker.listen()
+        up.children.update(children_of_up(up))
+        assert up.wait(40) == 1, up.stderr()
+    lines = up.stderr().splitlines()
+    assert lines[-4:] == [
+        "kvemu up: replica-1 exited with code -9 (SIGKILL); restarting it in 0.5 s (attempt 1)",
+        "kvemu up: replica-1 exited with code 2; restarting it in 1 s (attempt 2)",
+        f"error: replica-1 cannot start: it exited 2 times in a row before answering (last with code 2): port {port} on"
+        f" 127.0.0.1 is in use; pick another with --port, or stop what listens there; stopping (logs kept in"
+        f" {urls['logs']})",
+        "stopped"], lines
+    assert wait_dead(up.children, 2.0) == {}
+    shutil.rmtree(urls["logs"], ignore_errors=True)
+
+
+def children_of_up(up: Up) -> dict[int, str]:
+    return children_of(up.proc.pid)
+
+
+def _bind(sock: socket.socket, port: int) -> None:
+    """Bind ``port`` as soon as the process killed on it has let it go."""
+    import time
+
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            sock.bind(("127.0.0.1", port))
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
 def test_sigterm_during_start_up_stops_everything_at_once(up_procs):

@@ -3,6 +3,7 @@ the same port; a Redis index that goes away and comes back. Nothing may be lost:
 request is answered 200, or 503 with Retry-After."""
 
 import json
+import os
 import signal
 import threading
 import time
@@ -253,15 +254,85 @@ def test_a_stream_cut_by_a_dying_replica_ends_with_an_in_band_error():
             t.join(30)
         by_replica = {h["X-Kvemu-Replica"]: (s, sse_events(d)) for s, h, d in results.values()}
         status, events = by_replica["sA"]
-        assert status == 200 and events[-1] != "[DONE]"
-        assert json.loads(events[-1])["error"]["code"] == 502  # the client is told, not left hanging
-        assert len(events) >= 2  # it had streamed some chunks before
+        # the client is told, as OpenAI's API tells it, then [DONE]: an SDK raises the error, a reader stops
+        assert status == 200 and json.loads(events[-2]) == CUT and events[-1] == "[DONE]"
+        assert len(events) >= 4  # it had streamed some chunks before, each whole
+        assert all(json.loads(e)["choices"][0]["text"] for e in events[:-2])
         status, events = by_replica["sB"]
         assert status == 200 and events[-1] == "[DONE]"
         assert json.loads(events[-2])["usage"]["completion_tokens"] == 80
         text = http("GET", router.url + "/metrics")[2].decode()
         assert 'kvemu_router_requests_total{outcome="failed_mid_stream"} 1.0' in text
     finally:
+        stop_all(router, *reps)
+
+
+CUT = {"error": {"message": "the replica serving this stream failed before it ended; the answer is incomplete: send"
+                            " the request again", "type": "server_error", "param": None, "code": 502}}
+
+
+def test_a_frozen_replica_is_given_up_after_the_first_byte_timeout_and_a_slow_one_is_not():
+    # a dense 70B model decodes ~30 ms a token on an H200 (time scale 1): 60 tokens take ~1.8 s
+    reps = [start_replica("--model", "llama-3-70b", capacity_blocks=500, time_scale=1.0, replica_id=rid)
+            for rid in ("zA", "zB")]
+    router = None
+    try:
+        router = start_router([r.url for r in reps], "--upstream-first-byte-timeout", "0.4")
+        marker = list(range(600_000, 600_000 + 160))
+        m0 = scrape(router.url)
+        t0 = time.monotonic()
+        status, headers, out = generate(router.url, marker, max_tokens=60)
+        took = time.monotonic() - t0
+        # slower than the timeout, but its replica answers /health all along: waited for, not retried
+        assert status == 200 and out["output_tokens"] == 60 and took > 3 * 0.4, took
+        victim_id = headers["X-Kvemu-Replica"]
+        victim, other = (reps[0], reps[1]) if victim_id == "zA" else (reps[1], reps[0])
+        wait_indexed(router.url, [r.url for r in reps])  # the marker routes to the victim (cache_hit)
+        assert metric(scrape(router.url), "kvemu_router_retries_total") == metric(m0, "kvemu_router_retries_total")
+
+        os.kill(victim.proc.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        status, headers, out = generate(router.url, marker, max_tokens=1, timeout=10)
+        took = time.monotonic() - t0
+        print(f"\nfrozen replica: answered by {headers.get('X-Kvemu-Replica')} after {took:.2f} s")
+        assert status == 200 and headers["X-Kvemu-Replica"] != victim_id
+        # the timeout, then a probe of /health that times out (1 s), then the other replica: nothing near the freeze
+        assert 0.4 + 1.0 <= took < 0.4 + 1.0 + 1.5, took
+        assert metric(scrape(router.url), "kvemu_router_retries_total") == metric(m0, "kvemu_router_retries_total") + 1
+        assert cluster_row(router.url, victim_id)["healthy"] is False  # set aside
+    finally:
+        for r in reps:
+            os.kill(r.proc.pid, signal.SIGCONT)
+        stop_all(router, *reps)
+
+
+def test_a_stream_whose_replica_freezes_ends_with_an_error_the_openai_sdk_raises():
+    import openai
+
+    reps = [start_replica("--model", "llama-3-70b", capacity_blocks=500, time_scale=1.0, replica_id=rid)
+            for rid in ("yA", "yB")]
+    router = None
+    try:
+        router = start_router([r.url for r in reps], "--upstream-first-byte-timeout", "0.4", routing="round_robin")
+        client = openai.OpenAI(base_url=router.url + "/v1", api_key="unused", max_retries=0, timeout=30)
+        stream = client.completions.create(model="m", prompt="stream until the replica freezes " * 4, max_tokens=150,
+                                           stream=True)
+        texts = [next(iter(stream)).choices[0].text]  # its first token: the stream is on a replica
+        victim_id = next(rid for rid in ("yA", "yB") if cluster_row(router.url, rid)["in_flight"] == 1)
+        os.kill(reps[("yA", "yB").index(victim_id)].proc.pid, signal.SIGSTOP)
+        frozen = time.monotonic()
+        with pytest.raises(openai.APIError) as err:
+            for chunk in stream:
+                texts.append(chunk.choices[0].text)
+        took = time.monotonic() - frozen
+        assert err.value.message == CUT["error"]["message"] and err.value.body == CUT["error"]
+        assert all(texts) and len(texts) < 150
+        assert took < 0.4 + 1.0 + 1.5, took  # the timeout, a /health probe's, a little: not the 600 s total
+        text = http("GET", router.url + "/metrics")[2].decode()
+        assert 'kvemu_router_requests_total{outcome="failed_mid_stream"} 1.0' in text
+    finally:
+        for r in reps:
+            os.kill(r.proc.pid, signal.SIGCONT)
         stop_all(router, *reps)
 
 
