@@ -5,6 +5,8 @@ streamed, each request ending in one outcome. What a client can tell apart:
 * ``http_<code>``: an answer with that status; a 4xx or a 503 is a clean refusal (the client knows it was
   not served and may retry), any other 5xx is not;
 * ``cut``: a 200 stream that ended without ``[DONE]`` (or a 200 body that is not whole JSON);
+* ``stream_error``: a 200 stream that ended with an error event (the router's word that the replica serving
+  it failed mid-stream) and ``[DONE]``: told, but not served, so counted as lost;
 * ``reset`` (the connection died mid-request), ``timeout`` (no end within the client's timeout),
   ``conn_refused`` (nothing listening).
 
@@ -57,10 +59,11 @@ async def outcome_of(resp: aiohttp.ClientResponse, stream: bool) -> str:
         except ValueError:
             return "cut"
         return "ok"
-    done = False
+    done = error = False
     async for line in resp.content:
         done = done or line.strip() == b"data: [DONE]"
-    return "ok" if done else "cut"
+        error = error or line.startswith(b'data: {"error"')
+    return "cut" if not done else "stream_error" if error else "ok"
 
 
 async def send(http: aiohttp.ClientSession, url: str, body: dict) -> str:
