@@ -51,7 +51,13 @@ from kvemu.options.response_kv import RESPONSE_KV_OPTION
 from kvemu.options.reuse import SHARDS_RATE
 from kvemu.options.router_flags import ROUTING_OPTIONS
 from kvemu.options.scheduler import LIVE_SCHEDULER_OPTIONS, check_scheduler_flags
-from kvemu.options.serving import SERVER_OPTIONS, given_cluster_token
+from kvemu.options.serving import (
+    COMMAND_LINE_TOKEN_WARNING,
+    SERVER_OPTIONS,
+    TOKEN_ENV,
+    command_line_token_warning,
+    given_cluster_token,
+)
 from kvemu.options.shared_pool import add_shared_args
 from kvemu.options.tiers import TIER_OPTIONS, add_tier_args, tier_settings
 from kvemu.router_cmd import ROUTER_OPTIONS
@@ -121,6 +127,7 @@ class Child:
     args: list[str]
     url: str = ""
     proc: subprocess.Popen | None = None
+    kind: str = "replica"  # replica, router, pool or redis: which secrets it is handed (Cluster.child_env)
 
     @property
     def exit_code(self) -> int | None:
@@ -144,14 +151,8 @@ class Cluster:
     redis_password: str = ""  # a given Redis URL's password, kept off the children's command lines
 
     def start(self, child: Child, log_dir: str) -> None:
-        from shared.index.redis_index import PASSWORD_ENV
-
         log = open(os.path.join(log_dir, f"{child.name}.log"), "ab")
-        # Secrets in the environment, which only the owner reads (/proc/PID/environ), never on a
-        # command line every user can read (/proc/PID/cmdline)
-        env = {**os.environ, **({"KVEMU_CLUSTER_TOKEN": self.token} if self.token else {}),
-               **({ADMIN_TOKEN_ENV: self.admin_token} if self.admin_token else {}),
-               **({PASSWORD_ENV: self.redis_password} if self.redis_password else {})}
+        env = self.child_env(child.kind)
         child.proc = subprocess.Popen(child.args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                       preexec_fn=_child_setup(os.getpid()), env=env)
         log.close()  # the child has its own copy; a restarted child gets a new one
@@ -161,6 +162,21 @@ class Cluster:
         """``child`` again, after it died: the same command line (so the same port), environment and log."""
         self.children.remove(child)
         self.start(child, self.tmpdir or tempfile.gettempdir())
+
+    def child_env(self, kind: str) -> dict[str, str]:
+        """A child's environment: the secrets it uses and no other (the admin token opens a replica's
+        /admin/*, the pools and the router have none; redis-server none at all), in the environment,
+        which only the owner reads (/proc/PID/environ), never on a command line every user can read."""
+        from shared.index.redis_index import PASSWORD_ENV
+
+        env = {k: v for k, v in os.environ.items() if k not in (TOKEN_ENV, ADMIN_TOKEN_ENV, PASSWORD_ENV)}
+        if self.token and kind != "redis":
+            env[TOKEN_ENV] = self.token
+        if self.admin_token and kind == "replica":
+            env[ADMIN_TOKEN_ENV] = self.admin_token
+        if self.redis_password and kind != "redis":
+            env[PASSWORD_ENV] = self.redis_password
+        return env
 
     def stop(self, grace: float = 15.0) -> None:
         alive = [(c.name, c.proc) for c in self.children if c.proc is not None and c.proc.poll() is None]
@@ -217,17 +233,20 @@ def start_redis(log_dir: str) -> tuple[Child, str]:
                          " or pass --index redis://host:port/0 for a Redis you run yourself")
     port = free_port()
     child = Child("redis", [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                            "--dir", log_dir])
+                            "--dir", log_dir], kind="redis")
     return child, f"redis://127.0.0.1:{port}/0"
 
 
-def replica_args(i: int, port: int, a, index: str | None, replica_id: str = "", role: str = "both") -> list[str]:
+def replica_args(i: int, port: int, a, index: str | None, replica_id: str = "", role: str = "both",
+                 peers: list[str] | None = None) -> list[str]:
     """Replica ``i``'s command line: every flag of TO_REPLICAS and TO_BOTH (the capacity one as validate
     checked and defaulted it), and those of TRANSFORMED as up turns them; a P/D replica gets its pool's
-    shape (``pool_args``), its ``--role`` and the link flags."""
+    shape (``pool_args``), its ``--role`` and the link flags. ``peers``: the cluster's replicas, the only
+    addresses a request may have it contact for KV (--pd-peers)."""
     pool = pool_args(a, role)
     args = [sys.executable, "-m", "replica", "--port", str(port), "--replica-id", replica_id or f"replica-{i}",
-            "--gpu", pool.gpu, *forward((*TO_REPLICAS, *TO_BOTH), pool), *kv_events_argv(a, i)]
+            "--gpu", pool.gpu, *forward((*TO_REPLICAS, *TO_BOTH), pool), *kv_events_argv(a, i),
+            *(["--pd-peers", ",".join(peers)] if peers else [])]
     if role != "both":
         args += ["--role", role, *forward(TO_PD_REPLICAS, a)]
     return args + (["--index", index] if index else []) + replica_shared_argv(a, i)
@@ -262,17 +281,18 @@ def bring_up(a, log_dir: str | None = None) -> Cluster:
         cluster.redis_password = password or ""
         start_pools(cluster, a, log_dir, index)
         members = members_of(a)
-        for i, (replica_id, role) in enumerate(members):
-            port = a.replica_base_port + i if a.replica_base_port else free_port()
+        ports = [a.replica_base_port + i if a.replica_base_port else free_port() for i in range(len(members))]
+        peers = [f"127.0.0.1:{port}" for port in ports]  # the roster: no request sends a replica elsewhere
+        for i, ((replica_id, role), port) in enumerate(zip(members, ports, strict=True)):
             url = f"http://127.0.0.1:{port}"
-            args = replica_args(i, port, a, index if index != "memory" else None, replica_id, role)
+            args = replica_args(i, port, a, index if index != "memory" else None, replica_id, role, peers)
             cluster.start(Child(replica_id, args, url), log_dir)
             cluster.replica_urls.append(url)
             cluster.roles.append(role)
         router_port = a.port or free_port()
         cluster.router_url = f"http://127.0.0.1:{router_port}"
         router = router_args(router_port, a, cluster.replica_urls, index, cluster.roles)
-        cluster.start(Child("router", router, cluster.router_url), log_dir)
+        cluster.start(Child("router", router, cluster.router_url, kind="router"), log_dir)
         wait_healthy(cluster, cluster.replica_urls + [cluster.router_url], a.start_timeout, log_dir)
         _wait_router_sees_all(cluster.router_url, len(members), a.start_timeout)
     except BaseException:
@@ -291,7 +311,7 @@ def start_pools(cluster: Cluster, a, log_dir: str, index: str) -> None:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         redis = ["--index", index, "--cluster", a.cluster] if index != "memory" else []
-        cluster.start(Child(pool_id(a, k), shared_pool_args(a, k, port) + redis, url), log_dir)
+        cluster.start(Child(pool_id(a, k), shared_pool_args(a, k, port) + redis, url, kind="pool"), log_dir)
         a.shared_pool_urls.append(url)
         cluster.pool_urls.append(url)
     if cluster.pool_urls:
@@ -382,7 +402,9 @@ def add_cluster_args(p: argparse.ArgumentParser, replicas: int = 4) -> None:
     p.add_argument("--cluster-token", default=None,
                    help="token the router and replicas share for /kv/* (default: KVEMU_CLUSTER_TOKEN, else the one in"
                         " the runtime directory's cluster-token file, shared with every kvemu process of this user"
-                        " on this host: KVEMU_RUNTIME_DIR, else ~/.local/share/kvemu/runtime)")
+                        " on this host: KVEMU_RUNTIME_DIR, else ~/.local/share/kvemu/runtime); warning: a token on a"
+                        " command line is readable by every user of this host (ps, /proc/PID/cmdline): prefer"
+                        " KVEMU_CLUSTER_TOKEN, which up hands on in the environment")
     ADMIN_TOKEN.add(p)  # handed to the replicas in the environment (TRANSFORMED)
     p.add_argument("--routers", type=int, default=1,
                    help="router processes sharing the router port; a supervisor restarts any that dies")
@@ -501,6 +523,10 @@ def run(a) -> int:
     validate(a)
     policy = RestartPolicy(attempts=a.restart_attempts)
     print_limit_lines(a)
+    if getattr(a, "cluster_token", None):
+        print(COMMAND_LINE_TOKEN_WARNING, file=sys.stderr, flush=True)
+    if getattr(a, "admin_token", None):
+        print(command_line_token_warning(ADMIN_TOKEN.flag, ADMIN_TOKEN_ENV), file=sys.stderr, flush=True)
     stop = {"now": False, "starting": True}
 
     def on_signal(signum, frame):

@@ -12,13 +12,21 @@ legs, as vLLM's NIXL connector expects:
    (an emulated pool has no physical block ids; their count is what a decoder may read).
 2. **Decode leg**, to a ``decode`` (or ``both``) replica, with those parameters: the replica reserves the
    request's blocks (``remote_kv.reserve``, vLLM's WAITING_FOR_REMOTE_KVS), then pulls the KV it lacks:
-   ``POST http://remote_host:remote_port/kv/pull`` (cluster token) with ``{"remote_request_id", "bytes",
-   "decoder"}``. The prefill replica prices ``bytes`` on its NIC's send ``Link`` and answers when they are
-   sent (``{"ok": true, "send_s"}``), releasing the held blocks; meanwhile the decode replica prices the
+   ``POST http://remote_host:remote_port/kv/pull`` with ``{"remote_request_id", "bytes", "decoder"}``,
+   presenting the transfer's own credential (below). The prefill replica prices ``bytes`` on its NIC's
+   send ``Link`` and answers when they are sent (``{"ok": true, "send_s"}``), releasing the held blocks;
+   meanwhile the decode replica prices the
    same bytes on its own receive ``Link``. The KV is delivered when both are done; the request then
    computes its last prompt token and decodes (``remote_kv.arrived``). A pull that fails (prefill instance
    unreachable, the request unknown to it, any other error) or a reservation that does not fit falls back
    to a local prefill, counted by reason.
+
+**No secret to an address a request names.** ``remote_host`` / ``remote_port`` come from a request, so a
+decoder never presents the cluster token there: a prefill instance issues each hold its own random credential
+(``kvemu_transfer_token`` in the answer's ``kv_transfer_params``, beside NIXL's fields; third-party proxies pass
+those parameters on whole) and ``/kv/pull`` takes it for that one request (or the cluster token, from the
+cluster's own tools). With ``--pd-peers`` a decoder contacts only the prefill instances listed there (`kvemu up`
+lists its own); any other address is a 400 before any connection, the same answer whatever listens there.
 
 Held blocks never stay pinned: a pull releases them whatever happens to it, an unpulled request is released
 after ``--pd-hold-timeout-s`` (vLLM's ``VLLM_NIXL_ABORT_REQUEST_TIMEOUT``, 480 s, wall clock), a prefill
@@ -30,6 +38,8 @@ most ``--pd-hold-share`` of the pool (replica/pd_share.py), and ``/health`` says
 from __future__ import annotations
 
 import asyncio
+import hmac
+import secrets
 import socket
 import uuid
 from collections import Counter as Tally
@@ -48,6 +58,8 @@ from replica.settings import ReplicaSettings
 from shared.errors import InputError
 
 KV_PARAMS = "kv_transfer_params"
+TRANSFER_TOKEN = "kvemu_transfer_token"  # a hold's own credential, in its kv_transfer_params (module docstring)
+_TOKEN_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
 FAILOVER_REASONS = ("no_room", "unreachable", "unknown_request", "prefill_error")
 # vLLM's NIXL histograms (vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py, NixlPromMetrics)
 XFER_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0)
@@ -66,6 +78,7 @@ class KvTransferParams:
     remote_request_id: str | None = None
     remote_block_ids: tuple[int, ...] = ()
     tp_size: int | None = None
+    transfer_token: str | None = None  # the hold's credential its prefill instance issued (kvemu's; others have none)
 
 
 def transfer_params(raw: bytes, content_type: str) -> KvTransferParams | None:
@@ -101,6 +114,16 @@ def _block_ids(value: Any) -> tuple[int, ...]:
     return tuple(flat)
 
 
+def _transfer_token(value: Any) -> str | None:
+    """A hold's credential as a prefill instance issues it (``secrets.token_urlsafe``): it goes in a header."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 0 < len(value) <= 128 or not _TOKEN_CHARS.issuperset(value):
+        raise InputError(f"{KV_PARAMS}.{TRANSFER_TOKEN}", "expected the token a prefill answer's kv_transfer_params"
+                                                          " gave (letters, digits, - and _), passed on as it was")
+    return value
+
+
 def parse_params(value: Any) -> KvTransferParams | None:
     """``kv_transfer_params`` checked field by field: a 400 naming the field, before anything is pinned."""
     if value is None:
@@ -124,7 +147,8 @@ def parse_params(value: Any) -> KvTransferParams | None:
     params = KvTransferParams(decode, prefill, None if engine is None else str(engine),
                               _field(value, "remote_host", str, "a host name or address"), port,
                               _field(value, "remote_request_id", str, "a string"),
-                              _block_ids(value.get("remote_block_ids")), tp)
+                              _block_ids(value.get("remote_block_ids")), tp,
+                              _transfer_token(value.get(TRANSFER_TOKEN)))
     if prefill:
         for name in ("remote_host", "remote_port", "remote_request_id"):
             if not getattr(params, name):
@@ -149,6 +173,7 @@ class Held:
 
     req: SchedRequest
     timer: asyncio.TimerHandle
+    token: str  # the credential its pull presents (TRANSFER_TOKEN)
 
 
 @dataclass(slots=True)
@@ -203,15 +228,22 @@ class PdRuntime:
         req = handle.req
         rid = f"pd-{self.settings.replica_id}-{uuid.uuid4().hex[:16]}"
         blocks = len(req.alloc.hashes) if req.alloc is not None and req.hold else 0
+        token = secrets.token_urlsafe(24)
         if req.hold:  # (a prefill whose client left was released already: nothing to pull)
             timer = asyncio.get_running_loop().call_later(self.settings.pd_hold_timeout_s, self._expire, rid)
-            self.held[rid] = Held(req, timer)
+            self.held[rid] = Held(req, timer, token)
             self.counters.held_total += 1
         handle.kv_transfer_params = {
             "do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": self.settings.replica_id,
             "remote_block_ids": list(range(blocks)), "remote_host": self.advertised_host(),
-            "remote_port": self.settings.port, "remote_request_id": rid, "tp_size": self.engine_tp()}
+            "remote_port": self.settings.port, "remote_request_id": rid, "tp_size": self.engine_tp(),
+            TRANSFER_TOKEN: token}
         return handle.kv_transfer_params
+
+    def may_pull(self, rid: str, given: str) -> bool:
+        """Whether ``Authorization`` value ``given`` opens the pull of held request ``rid``: its own credential."""
+        held = self.held.get(rid)
+        return held is not None and hmac.compare_digest(given.encode(), f"Bearer {held.token}".encode())
 
     def engine_tp(self) -> int:
         from shared.costmodel import split_tp
@@ -290,6 +322,14 @@ class PdRuntime:
             self.engine.release_held(held.req)
 
     # ---- decode side ----------------------------------------------------------------
+    def check_peer(self, host: str, port: int, field: str) -> None:
+        """A 400 naming ``field`` for an address outside ``--pd-peers`` (when given), before any connection:
+        the same answer whatever listens there, so a request cannot use this replica to probe ports."""
+        peers = self.settings.pd_peers
+        if peers is not None and f"{host.strip('[]').lower()}:{port}" not in peers:
+            raise InputError(field, f"{host}:{port} is not a prefill instance this replica knows (--pd-peers);"
+                                    " send the parameters its prefill leg's answer gave, or add it to --pd-peers")
+
     def transfer_bytes(self, req: SchedRequest) -> int:
         tokens = self.settings.pd.transfer_tokens(req.input_tokens, held_blocks(req), self.settings.block_size)
         return tokens * self.kv_bytes_per_token
@@ -330,7 +370,8 @@ class PdRuntime:
     async def _post_pull(self, params: KvTransferParams, nbytes: int) -> tuple[str | None, float]:
         host = params.remote_host or ""
         url = f"http://{f'[{host}]' if ':' in host else host}:{params.remote_port}/kv/pull"
-        token = self.settings.serving.cluster_token or self.settings.admin_token
+        # the hold's own credential, never the cluster token: the address came from a request
+        token = params.transfer_token
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         body = {"remote_request_id": params.remote_request_id, "bytes": nbytes, "decoder": self.settings.replica_id}
         assert self.session is not None, "the app's pd_ctx opens the session"

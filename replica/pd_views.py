@@ -23,23 +23,27 @@ MAX_PULL_BYTES = 1 << 50
 
 
 async def kv_pull(request: web.Request) -> web.Response:
-    """``POST /kv/pull`` (cluster token): a decode instance reads a held prefill's KV. Body
+    """``POST /kv/pull`` (the hold's own credential, or the cluster token): a decode instance reads a held
+    prefill's KV. Body
     ``{"remote_request_id": str, "bytes": int >= 0, "decoder": str}``; answers ``{"ok": true, "send_s":
     emulated seconds on this NIC's send link}`` once sent, the blocks released. 404: not held here
     (never prefilled for a remote decode, pulled already, or timed out)."""
     settings = request.app[SETTINGS]
-    require_cluster_token(request, settings.serving.cluster_token, settings.admin_token)
+    pd = request.app[RUNTIME].pd
     obj = await read_body(request)
     rid = obj.get("remote_request_id")
     if not isinstance(rid, str) or not rid:
         raise InputError("remote_request_id", f"expected the id a prefill answer's {KV_PARAMS} gave, got {rid!r:.60}")
+    # A held request opens to its own credential (or the cluster token); an id not held is a 404 below
+    # whatever is presented (a pull after the timeout carries a credential that opens nothing now)
+    if rid in pd.held and not pd.may_pull(rid, request.headers.get("Authorization", "")):
+        require_cluster_token(request, settings.serving.cluster_token)
     nbytes = obj.get("bytes")
     if isinstance(nbytes, bool) or not isinstance(nbytes, int) or not 0 <= nbytes <= MAX_PULL_BYTES:
         raise InputError("bytes", f"expected an integer in [0, 2**50], got {nbytes!r:.40}")
     decoder = obj.get("decoder")
     if not isinstance(decoder, str) or not decoder:
         raise InputError("decoder", f"expected the decode instance's id, got {decoder!r:.60}")
-    pd = request.app[RUNTIME].pd
     if rid not in pd.held:
         pd.counters.pulls_unknown += 1
         return web.json_response(protocol.error_body(
@@ -119,6 +123,7 @@ def _prefill_leg(request: web.Request, spec: protocol.GenerateSpec, submit: Subm
 async def _decode_leg(request: web.Request, spec: protocol.GenerateSpec, params: KvTransferParams,
                       submit: Submit) -> Handle | None:
     state = request.app[RUNTIME]
+    state.pd.check_peer(params.remote_host or "", params.remote_port or 0, f"{KV_PARAMS}.remote_host")
     keep = state.settings.stored_response_kv == "keep"
     response_hashes = spec.response_hashes if keep else None
     handle = state.engine.reserve(spec.hashes, spec.prompt_tokens, spec.max_tokens, spec.session, spec.stream,

@@ -102,6 +102,8 @@ class ReplicaSettings:
     # one client address without the cluster token may hold at most this fraction of the pool for remote
     # decodes (replica/pd_share.py)
     pd_hold_share: float = DEFAULT_PD_HOLD_SHARE
+    # the prefill instances (host:port) a decode instance may contact for a request's KV; None: any (replica/pd.py)
+    pd_peers: tuple[str, ...] | None = None
     # the shared KV pool's process (replica/kvpool/service.py), where tiers.shared is set: its URL
     shared_pool_url: str | None = None
 

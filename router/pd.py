@@ -32,7 +32,9 @@ clients, not the router.
 
 A client's own ``kv_transfer_params``: the router runs the transfer, so a client may not steer it.
 ``null``, ``{}`` and ``{"do_remote_decode": false, "do_remote_prefill": false}`` (what some clients
-send by default) are ignored; anything else is a 400 naming the field.
+send by default) are ignored; anything else is a 400 naming the field. SGLang's ``bootstrap_host``,
+``bootstrap_port`` and ``bootstrap_room`` are refused the same way (they would have a decode replica call
+an address the client chose), in a colocated cluster too.
 
 What the client reads for a remote request: the decoder's answer, with the hit that counts (the prefill
 instance's cached tokens: where the prompt was computed) in ``usage.prompt_tokens_details.cached_tokens``
@@ -67,6 +69,7 @@ from shared.serve import ClientGone, until_client_gone
 PARAMS = "kv_transfer_params"
 PD_PATHS = ("remote", "local", "colocated", "fallback")  # how a request of a P/D cluster was prefilled
 PREFILL_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False}
+BOOTSTRAP_FIELDS = ("bootstrap_host", "bootstrap_port", "bootstrap_room")  # SGLang's P/D wire (replica/sglang_pd.py)
 _HEADERS = ("Authorization", "X-Session-Id")
 HOLD_NAME = "X-Kvemu-Hold-Id"  # a prefill leg's name, which its release names (replica/pd_share.py's HoldNames)
 RELEASE_TIMEOUT_S = 2.0  # a release is one dict lookup on the prefill instance: longer means it is in trouble
@@ -99,7 +102,12 @@ class UpstreamRefused(Exception):
 
 
 def client_params(obj: dict) -> None:
-    """Refuse a client's ``kv_transfer_params`` that would steer the router's transfer (module docstring)."""
+    """Refuse a client's ``kv_transfer_params`` or SGLang bootstrap fields, which would steer the router's
+    transfer (module docstring) or have a replica call an address the client chose."""
+    for name in BOOTSTRAP_FIELDS:
+        if obj.get(name) is not None:
+            raise InputError(name, "SGLang's bootstrap fields are set by a P/D router for its own prefill"
+                                   " instances, never taken from a client: send the request without them")
     value = obj.get(PARAMS)
     if value is None:
         return
@@ -110,6 +118,11 @@ def client_params(obj: dict) -> None:
     raise InputError(PARAMS, "is set by the router of a P/D cluster, which runs the prefill and the KV transfer"
                              " itself; send the request without it (or with both do_remote_* false), or send it"
                              " to a replica directly")
+
+
+def steers_transfer(raw: bytes) -> bool:
+    """Whether a body may name transfer fields (one substring search each; client_params decides)."""
+    return PARAMS.encode() in raw or b"bootstrap_" in raw
 
 
 def encode(obj: dict, content_type: str) -> bytes:

@@ -191,7 +191,12 @@ PD_HOLD_SHARE_OPTION = Option(
     " without the cluster token may hold in prefills for remote decodes at once (queued, running and held, counted"
     " by prompt blocks); a prefill leg beyond it gets 429. kvemu's router presents the token and is not bounded;"
     f" 1 leaves only the pool's own limit (default {DEFAULT_PD_HOLD_SHARE:g})", float, metavar="F")
-REPLICA_PD_OPTIONS = (ROLE_OPTION, *PD_LINK_OPTIONS, PD_HOLD_TIMEOUT_OPTION, PD_HOLD_SHARE_OPTION)
+PD_PEERS_OPTION = Option(
+    "--pd-peers", None, "P/D decode instance: the prefill instances (HOST:PORT or URL, comma-separated) it may pull KV"
+    " from or ask SGLang's bootstrap of; any other address a request names is refused before any connection"
+    " (`kvemu up` lists its own replicas). Default: any address for a pull, which presents only the transfer's own"
+    " credential; a bootstrap needs the cluster token, presented only to these peers", str, metavar="PEERS")
+REPLICA_PD_OPTIONS = (ROLE_OPTION, *PD_LINK_OPTIONS, PD_HOLD_TIMEOUT_OPTION, PD_HOLD_SHARE_OPTION, PD_PEERS_OPTION)
 
 
 def add_replica_pd_args(p: argparse.ArgumentParser) -> None:
@@ -200,8 +205,25 @@ def add_replica_pd_args(p: argparse.ArgumentParser) -> None:
 
 
 def replica_pd_settings(args: argparse.Namespace) -> dict:
-    """The ``ReplicaSettings`` fields those flags give (``role``, ``pd``, ``pd_hold_timeout_s``, ``pd_hold_share``)."""
+    """The ``ReplicaSettings`` fields those flags give (``role``, ``pd``, ``pd_hold_timeout_s``, ``pd_hold_share``,
+    ``pd_peers``)."""
     check_number("--pd-hold-timeout-s", args.pd_hold_timeout_s, above=0)
     check_number(PD_HOLD_SHARE_OPTION.flag, args.pd_hold_share, maximum=1, above=0)
     return {"role": args.role, "pd": pd_settings(args), "pd_hold_timeout_s": args.pd_hold_timeout_s,
-            "pd_hold_share": args.pd_hold_share}
+            "pd_hold_share": args.pd_hold_share,
+            "pd_peers": peers_setting(args.pd_peers)}
+
+
+def peers_setting(text: str | None) -> tuple[str, ...] | None:
+    """``--pd-peers`` as ``host:port`` addresses (None: not given, any address). A URL's scheme and path go."""
+    if text is None:
+        return None
+    peers = []
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        host, sep, port = item.split("://")[-1].split("/")[0].rpartition(":")
+        if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise InputError(PD_PEERS_OPTION.flag, f"expected HOST:PORT or http://HOST:PORT, got {item!r:.80}")
+        peers.append(f"{host.strip('[]').lower()}:{int(port)}")
+    if not peers:
+        raise InputError(PD_PEERS_OPTION.flag, "names no peer; leave it out to allow any address")
+    return tuple(peers)

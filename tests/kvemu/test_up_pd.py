@@ -11,7 +11,7 @@ import pytest
 from tests.conftest import free_port
 from tests.support.cluster import wait_for
 from tests.support.kvemu_cli import Up, run_kvemu
-from tests.support.procs import cluster_auth, http, http_json
+from tests.support.procs import Listener, cluster_auth, http, http_json
 
 pytestmark = pytest.mark.slow
 MODEL = "qwen3-coder-30b-a3b"
@@ -135,6 +135,31 @@ def test_a_client_may_not_steer_the_transfer(pd_up):
     for harmless in (None, {}, {"do_remote_decode": False, "do_remote_prefill": False}):
         status, out = http_json("POST", urls["router"] + "/v1/completions", {**body, "kv_transfer_params": harmless})
         assert status == 200, out
+    idle(urls)
+
+
+def test_no_request_has_any_process_send_anything_to_an_address_it_names(pd_up):
+    """The probe's four paths against `kvemu up`'s cluster: through the router, SGLang's bootstrap fields;
+    straight to a decode replica, those and kv_transfer_params naming a listener. The router refuses the
+    fields; each replica knows its cluster's roster (--pd-peers) and refuses any other address."""
+    _, urls = pd_up
+    listener = Listener()
+    try:
+        chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+        sglang = {"bootstrap_room": 777, "bootstrap_host": "127.0.0.1", "bootstrap_port": listener.port}
+        status, out = http_json("POST", urls["router"] + "/v1/chat/completions", {**chat, **sglang})
+        assert status == 400 and out["error"]["param"] == "bootstrap_host", out
+        remote = {"do_remote_prefill": True, "remote_host": "127.0.0.1", "remote_port": listener.port,
+                  "remote_request_id": "x"}
+        for extra, field in ((sglang, "bootstrap_host"), ({"kv_transfer_params": remote},
+                                                           "kv_transfer_params.remote_host")):
+            status, out = http_json("POST", urls["decode-0"] + "/v1/chat/completions", {**chat, **extra})
+            assert status == 400 and out["error"]["param"] == field, out
+        status, out = http_json("POST", urls["router"] + "/v1/chat/completions", chat)  # the cluster's own path
+        assert status == 200, out
+        assert listener.received == []
+    finally:
+        listener.close()
     idle(urls)
 
 
