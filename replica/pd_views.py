@@ -55,20 +55,23 @@ async def kv_pull(request: web.Request) -> web.Response:
 
 
 async def kv_release(request: web.Request) -> web.Response:
-    """``POST /kv/release`` (cluster token): nothing will pull a hold any more (kvemu's router: the decode leg
+    """``POST /kv/release`` (cluster token; for one ``remote_request_id``, also that hold's own credential, so
+    a third-party proxy that gives up can let go of what it asked for): nothing will pull a hold any more (kvemu's router: the decode leg
     ended, answered, failed or its client gone; or the prefill leg did, unread). Body ``{"remote_request_id":
     str}``, or ``{"hold_id": str}``, the name the router gave the leg (``X-Kvemu-Hold-Id``), which also ends a
     leg still queued or computing, and refuses one not arrived yet. Answers 200 ``{"released": bool, "blocks":
     int, "replica_id"}``, released false where nothing was held (the decoder's pull released it, it timed out,
     or it never held anything here)."""
     settings = request.app[SETTINGS]
-    require_cluster_token(request, settings.serving.cluster_token)
     obj = await read_body(request)
     pd = request.app[RUNTIME].pd
+    rid = obj.get("remote_request_id")
+    if obj.get("hold_id") is not None or not isinstance(rid, str) or not pd.may_pull(
+            rid, request.headers.get("Authorization", "")):
+        require_cluster_token(request, settings.serving.cluster_token)
     if obj.get("hold_id") is not None:  # kvemu's router names its legs: it may not have read the answer
         blocks = pd.release_named(_name(obj.get("hold_id"), "hold_id"))
     else:
-        rid = obj.get("remote_request_id")
         if not isinstance(rid, str) or not rid:
             raise InputError("remote_request_id", f"expected the id a prefill answer's {KV_PARAMS} gave (or"
                                                   f" hold_id: the {HOLD_NAME} of its leg), got {rid!r:.60}")

@@ -27,6 +27,7 @@ prefill replica, or that is never held there within the wait, is a 400 naming ``
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -46,19 +47,29 @@ _REQUEST_ROOM = "kvemu_sglang_room"  # where a prefill leg's room rides on its a
 
 class Rooms:
     """A prefill replica's rooms: each one's ``kv_transfer_params`` once its prefill is held, awaited by
-    the decode leg's bootstrap ask (which may come first). An unclaimed room goes after ``ttl_s``."""
+    the decode leg's bootstrap ask (which may come first). An unclaimed room goes after ``ttl_s``, and the
+    hold bound to it with it (``on_unclaimed``: no decoder can learn its parameters any more)."""
 
-    def __init__(self, ttl_s: float = 2 * BOOTSTRAP_WAIT_S) -> None:
+    def __init__(self, ttl_s: float = 2 * BOOTSTRAP_WAIT_S,
+                 on_unclaimed: Callable[[str], object] | None = None) -> None:
         self.ttl_s = ttl_s
         self.rooms: dict[int, asyncio.Future] = {}
+        self.on_unclaimed = on_unclaimed
 
     def _future(self, room: int) -> asyncio.Future:
         fut = self.rooms.get(room)
         if fut is None:
             loop = asyncio.get_running_loop()
             fut = self.rooms[room] = loop.create_future()
-            loop.call_later(self.ttl_s, self.rooms.pop, room, None)
+            loop.call_later(self.ttl_s, self._expire, room, fut)
         return fut
+
+    def _expire(self, room: int, fut: asyncio.Future) -> None:
+        if self.rooms.get(room) is not fut:  # claimed (and perhaps the room number used again)
+            return
+        del self.rooms[room]
+        if fut.done() and self.on_unclaimed is not None:
+            self.on_unclaimed(fut.result()["remote_request_id"])
 
     def bind(self, room: int, params: dict) -> None:
         fut = self._future(room)
@@ -163,5 +174,5 @@ async def bootstrap(request: web.Request) -> web.Response:
 
 
 def install(app: web.Application) -> None:
-    app[ROOMS] = Rooms()
+    app[ROOMS] = Rooms(on_unclaimed=lambda rid: app[RUNTIME].pd.release(rid))
     app.router.add_get("/kv/bootstrap", bootstrap)

@@ -207,6 +207,12 @@ def test_the_pull_endpoint_needs_the_holds_credential_and_names_bad_fields(pd):
                 headers={"Authorization": f"Bearer {other['kvemu_transfer_token']}"})[0] == 401
     own = {"Authorization": f"Bearer {params['kvemu_transfer_token']}"}
     assert http_json("POST", p.url + "/kv/pull", held, headers=own)[0] == 200
+    third = prefill_leg(p, {"prompt": prompt(17)})["kv_transfer_params"]  # a proxy letting go of its own hold
+    release = {"remote_request_id": third["remote_request_id"]}
+    assert http("POST", p.url + "/kv/release", release, headers=own)[0] == 401  # another hold's credential
+    assert http_json("POST", p.url + "/kv/release", release,
+                     headers={"Authorization": f"Bearer {third['kvemu_transfer_token']}"}) == (
+        200, {"released": True, "blocks": 10, "replica_id": "p0"})
     assert http_json("POST", p.url + "/kv/pull", {**held, "remote_request_id": other["remote_request_id"]},
                      headers=cluster_auth())[0] == 200  # the cluster's own tools
     assert stats(p)["pinned_blocks"] == 0
