@@ -55,12 +55,24 @@ def _capacity(a) -> str:
     return f"--gpu-memory-utilization {a.gpu_memory_utilization:g}"
 
 
-def run(a) -> int:
+DEMO_BLOCKS = 8192  # blocks of 16 tokens: the presets' 128K-token context cap
+DEMO_MAX_MODEL_LEN = 131_072  # what DEMO_BLOCKS hold, and the presets' longest request
+
+
+def demo_defaults(a) -> None:
+    """The demo's own sizing where the flags give none: a pool of DEMO_BLOCKS and a context limit it holds,
+    so its replicas start as vLLM would (the model's 262,144-token window would not fit such a pool)."""
     if all(getattr(a, o.dest) is None for o in CAPACITY_OPTIONS):  # not a
         # parser default: --capacity-gib or --gpu-memory-utilization must win
-        a.capacity_blocks = 8192  # the presets' 128K-token context cap
+        a.capacity_blocks = DEMO_BLOCKS
+        if a.max_model_len is None:
+            a.max_model_len = DEMO_MAX_MODEL_LEN
     if a.time_scale == 0.05 and a.speedup != 20.0:
         a.time_scale = 1.0 / a.speedup  # keep emulated GPU time in step with compressed trace time
+
+
+def run(a) -> int:
+    demo_defaults(a)
     validate(a)
     check_outputs(a, ("--json", "--plot"))
     if not a.quiet:
@@ -68,8 +80,10 @@ def run(a) -> int:
     started = time.monotonic()
     trace = demo_trace(a)
     say = (lambda *_: None) if a.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    limit = f" (context limit {a.max_model_len:,} tokens)" if a.max_model_len else ""
     say(f"demo: {len(trace.requests):,} requests of the {a.workload!r} workload ({a.duration:.0f} s of trace time,"
-        f" replayed {a.speedup:g}x faster) on {a.replicas} replicas x {_capacity(a)}, {a.policy}, {a.routing} routing")
+        f" replayed {a.speedup:g}x faster) on {a.replicas} replicas x {_capacity(a)}{limit}, {a.policy},"
+        f" {a.routing} routing")
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     cluster = bring_up(a)
     try:
