@@ -157,6 +157,10 @@ _DENSE = {
     "llama-3-8b": (32, 32, 8, 128, 4096, 14336, 128256),
     # meta-llama/Meta-Llama-3-70B, untied
     "llama-3-70b": (80, 64, 8, 128, 8192, 28672, 128256),
+    # meta-llama/Llama-3.1-8B: Llama-3-8B's shape, untied, a 131,072-token window (rope_scaling llama3)
+    "llama-3.1-8b": (32, 32, 8, 128, 4096, 14336, 128256),
+    # Qwen/Qwen3-32B: head_dim 128 set explicitly (hidden 5120 / 64 heads is 80), untied
+    "qwen3-32b": (64, 64, 8, 128, 5120, 25600, 151936),
     # Qwen/Qwen3-8B: head_dim 128 set explicitly, tie_word_embeddings false
     "qwen3-8b": (36, 32, 8, 128, 4096, 12288, 151936),
     # The models of FlashGen. meta-llama/Llama-2-13b-hf (multi-head), Llama-2-70b-hf (GQA), untied.
@@ -169,9 +173,11 @@ _OPT = {"opt-13b": (40, 40, 40, 128, 5120, 20480, 50272), "opt-30b": (48, 56, 56
 # Context windows: each model's config.json max_position_embeddings on Hugging Face (vLLM's
 # default --max-model-len): meta-llama/Meta-Llama-3-8B and -70B 8192; Qwen/Qwen3-8B 40960;
 # meta-llama/Llama-2-13b-hf and -70b-hf 4096; facebook/opt-13b and opt-30b 2048;
-# Qwen/Qwen3-Coder-30B-A3B-Instruct 262144. The tiny shapes are not real models: 32768, chosen here.
+# Qwen/Qwen3-Coder-30B-A3B-Instruct 262144; meta-llama/Llama-3.1-8B 131072; Qwen/Qwen3-32B and
+# Qwen/Qwen3-30B-A3B 40960. The tiny shapes are not real models: 32768, chosen here.
 CONTEXT = {"llama-3-8b": 8192, "llama-3-70b": 8192, "qwen3-8b": 40960, "llama-2-13b": 4096, "llama-2-70b": 4096,
-           "opt-13b": 2048, "opt-30b": 2048, "qwen3-coder-30b-a3b": 262144, "tiny": 32768, "tiny-moe": 32768}
+           "opt-13b": 2048, "opt-30b": 2048, "qwen3-coder-30b-a3b": 262144, "tiny": 32768, "tiny-moe": 32768,
+           "llama-3.1-8b": 131072, "qwen3-32b": 40960, "qwen3-30b-a3b": 40960}
 
 MODELS: dict[str, ModelSpec] = {
     m.name: m
@@ -183,6 +189,9 @@ MODELS: dict[str, ModelSpec] = {
         # 768, 8 a token, 4 KV heads, untied
         ModelSpec("qwen3-coder-30b-a3b", 48, 32, 4, 128, 2048, 768, 151936, 128, 8, efficiency=MOE_H200,
                   max_context=CONTEXT["qwen3-coder-30b-a3b"]),
+        # Qwen/Qwen3-30B-A3B: the same shape, a 40,960-token window
+        ModelSpec("qwen3-30b-a3b", 48, 32, 4, 128, 2048, 768, 151936, 128, 8, efficiency=MOE_H200,
+                  max_context=CONTEXT["qwen3-30b-a3b"]),
         # Tiny shapes for CPU tests and `kvemu calibrate --device cpu` (not real models).
         ModelSpec("tiny", 4, 4, 2, 32, 256, 512, 1024, max_context=CONTEXT["tiny"]),
         ModelSpec("tiny-moe", 4, 4, 2, 32, 256, 256, 1024, 8, 2, max_context=CONTEXT["tiny-moe"]),
@@ -194,14 +203,31 @@ GPUS: dict[str, GpuSpec] = {
     g.name: g
     for g in (
         # A100 80GB SXM: 81,920 MiB. PCIe 4 host link: about half the H200's.
-        GpuSpec("a100-80gb", 312e12, 2.039e12, 81920 * MIB, 300e9, 25e9),
+        GpuSpec("a100-80gb", 312e12, 2.039e12, 81920 * MIB, 300e9, 25e9, pcie_gen=4),
         # A100 80GB PCIe (FlashGen's instance, Azure's NC A100 v4: two of them, no NVLink bridge):
         # 1,935 GB/s HBM2e; GPU to GPU and host to GPU both over PCIe 4.0 x16, 31.5 GB/s a direction
         # on the wire, about 25 GB/s in large pinned copies (what the SXM preset's host link assumes).
-        GpuSpec("a100-80gb-pcie", 312e12, 1.935e12, 81920 * MIB, 25e9, 25e9, tp_over_host_link=True),
-        GpuSpec("h100", 989e12, 3.35e12, 81559 * MIB),  # H100 SXM 80GB HBM3: 81,559 MiB
-        GpuSpec("h200", 989e12, 4.8e12, 143771 * MIB),  # H200 SXM 141GB HBM3e: 143,771 MiB
+        GpuSpec("a100-80gb-pcie", 312e12, 1.935e12, 81920 * MIB, 25e9, 25e9, tp_over_host_link=True, pcie_gen=4),
+        GpuSpec("h100", 989e12, 3.35e12, 81559 * MIB, pcie_gen=5),  # H100 SXM 80GB HBM3: 81,559 MiB
+        GpuSpec("h200", 989e12, 4.8e12, 143771 * MIB, pcie_gen=5),  # H200 SXM 141GB HBM3e: 143,771 MiB
         GpuSpec("ascend-910b2", 376e12, 1.6e12, 65536 * MIB, 196e9, 25e9),  # 910B2: 65,536 MB HBM
+        # Cards without NVLink (docs/sources.md has each datasheet): a --tp all-reduce crosses PCIe, priced
+        # at the large pinned copy rate of the card's PCIe generation (the host link's): 25 GB/s on 4.0 x16
+        # (as a100-80gb-pcie), 55.5 GB/s on 5.0 x16 (the H200's measured host copies). Peak: dense BF16
+        # tensor FLOP/s with FP32 accumulate, as vLLM's GEMMs run (no sparsity figure).
+        # GeForce RTX 4090 (Ada whitepaper): 165.2 TFLOPS (FP32 accumulate runs at half the FP16-accumulate
+        # rate on GeForce), 1,008 GB/s GDDR6X, 24,564 MiB; PCIe 4.0 x16 and no peer-to-peer.
+        GpuSpec("rtx-4090", 165.2e12, 1.008e12, 24564 * MIB, 25e9, 25e9, tp_over_host_link=True, pcie_gen=4,
+                peer_to_peer=False),
+        # RTX PRO 6000 Blackwell Server Edition: 1,597 GB/s GDDR7, 97,887 MiB; 4 x its 120 TFLOPS FP32 (GB202's
+        # tensor rate at FP32 accumulate, full on the professional cards); PCIe 5.0 x16. The Workstation
+        # Edition runs faster: 1,792 GB/s and 125 TFLOPS FP32 (500 dense BF16).
+        GpuSpec("rtx-pro-6000", 480e12, 1.597e12, 97887 * MIB, 55.5e9, 55.5e9, tp_over_host_link=True, pcie_gen=5),
+        # L40S (datasheet): 362.05 TFLOPS dense BF16, 864 GB/s GDDR6, 46,068 MiB; PCIe 4.0 x16.
+        GpuSpec("l40s", 362.05e12, 0.864e12, 46068 * MIB, 25e9, 25e9, tp_over_host_link=True, pcie_gen=4),
+        # H100 PCIe (datasheet): 756 TFLOPS dense BF16 (1,513 with sparsity), 2.0 TB/s HBM2e, 81,559 MiB;
+        # PCIe 5.0 x16. Assumed without the optional NVLink bridge (600 GB/s between a pair of cards).
+        GpuSpec("h100-pcie", 756e12, 2.0e12, 81559 * MIB, 55.5e9, 55.5e9, tp_over_host_link=True, pcie_gen=5),
     )
 }
 
@@ -212,6 +238,8 @@ _ALIASES = {
     "a100": "a100-80gb",
     "a100-pcie": "a100-80gb-pcie",
     "910b2": "ascend-910b2",
+    "llama3.1-8b": "llama-3.1-8b",
+    "4090": "rtx-4090",
 }
 
 

@@ -57,6 +57,11 @@ class Efficiency:
                 raise InputError(name, f"must be a finite number >= 0, got {getattr(self, name)}")
 
 
+# Bytes/s of one PCIe lane, one direction, after line coding: 3.0 8 GT/s and 4.0 16 GT/s and 5.0 32 GT/s,
+# all 128b/130b (PCI-SIG's base specifications). A x16 link: 15.75, 31.5 and 63.0 GB/s.
+PCIE_LANE_BYTES_PER_S = {3: 8e9 / 8 * 128 / 130, 4: 16e9 / 8 * 128 / 130, 5: 32e9 / 8 * 128 / 130}
+
+
 @dataclass(frozen=True, slots=True)
 class GpuSpec:
     name: str
@@ -74,8 +79,26 @@ class GpuSpec:
     # copies, so the tier stack prices the all-reduce on the host link beside them (link_bandwidth then
     # says what the all-reduce gets alone)
     tp_over_host_link: bool = False
+    # The card's host link (0: not recorded, as on a profile from `kvemu calibrate`): PCIe generation and
+    # lanes, what a --tp all-reduce crosses on a card without NVLink. False: the GPUs cannot read each
+    # other's memory over PCIe (GeForce cards: the driver turns peer-to-peer off), so NCCL stages each
+    # transfer through host memory. Recorded for pricing the all-reduce over PCIe; ``link_bandwidth``
+    # is what the cost model reads today.
+    pcie_gen: int = 0
+    pcie_lanes: int = 16
+    peer_to_peer: bool = True
+
+    @property
+    def pcie_bytes_per_s(self) -> float:
+        """One direction of the card's PCIe link on the wire (0.0 where the generation is not recorded)."""
+        return PCIE_LANE_BYTES_PER_S.get(self.pcie_gen, 0.0) * self.pcie_lanes
 
     def __post_init__(self) -> None:
+        if self.pcie_gen != 0 and self.pcie_gen not in PCIE_LANE_BYTES_PER_S:
+            raise InputError("pcie_gen", f"must be 0 (not recorded) or one of {sorted(PCIE_LANE_BYTES_PER_S)},"
+                                         f" got {self.pcie_gen!r}")
+        if self.pcie_lanes not in (1, 2, 4, 8, 16):
+            raise InputError("pcie_lanes", f"must be 1, 2, 4, 8 or 16, got {self.pcie_lanes!r}")
         if not isinstance(self.host_copy_overhead_s, int | float) or not 0 <= self.host_copy_overhead_s < float("inf"):
             raise InputError("host_copy_overhead_s", f"must be a finite number >= 0, got {self.host_copy_overhead_s!r}")
         for name in ("peak_flops", "hbm_bandwidth", "memory_bytes", "link_bandwidth", "host_bandwidth"):

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.costmodel import GPUS, MODELS, CostModel, Efficiency, StepWork, get_gpu, get_model
+from shared.costmodel import GPUS, MODELS, CostModel, Efficiency, GpuSpec, StepWork, get_gpu, get_model
 from shared.errors import InputError, UnknownNameError
 
 
@@ -12,9 +12,10 @@ def test_llama3_70b_fp16_kv_bytes_per_token():
 
 
 def test_presets_exist():
-    for name in ("llama-3-8b", "llama-3-70b", "qwen3-8b", "qwen3-coder-30b-a3b"):
+    for name in ("llama-3-8b", "llama-3-70b", "qwen3-8b", "qwen3-coder-30b-a3b", "llama-3.1-8b", "qwen3-32b",
+                 "qwen3-30b-a3b"):
         assert name in MODELS
-    for name in ("a100-80gb", "h100", "h200", "ascend-910b2"):
+    for name in ("a100-80gb", "h100", "h200", "ascend-910b2", "rtx-4090", "rtx-pro-6000", "l40s", "h100-pcie"):
         assert name in GPUS
 
 
@@ -99,6 +100,9 @@ def test_preset_shapes_give_the_published_parameter_counts():
     assert opt13.total_params == pytest.approx(12.85e9, rel=0.005)
     assert opt30.total_params == pytest.approx(29.97e9, rel=0.005)
     assert opt13.total_params == 40 * (4 * 5120 * 5120 + 2 * 5120 * 20480) + 50272 * 5120
+    assert get_model("llama-3.1-8b").total_params == pytest.approx(8.03e9, rel=0.01)
+    assert get_model("qwen3-32b").total_params == pytest.approx(32.8e9, rel=0.01)
+    assert get_model("qwen3-30b-a3b").total_params == pytest.approx(30.5e9, rel=0.01)
     moe = get_model("qwen3-coder-30b-a3b")
     assert moe.total_params == pytest.approx(30.5e9, rel=0.01)
     # parameters one token touches: every layer with its active experts, and the LM head
@@ -115,6 +119,30 @@ def test_gpu_memory_is_what_the_device_reports():
     assert get_gpu("h100").memory_bytes == 81559 * mib
     assert get_gpu("h200").memory_bytes == 143771 * mib
     assert get_gpu("ascend-910b2").memory_bytes == 65536 * mib
+    assert get_gpu("rtx-4090").memory_bytes == 24564 * mib
+    assert get_gpu("rtx-pro-6000").memory_bytes == 97887 * mib
+    assert get_gpu("l40s").memory_bytes == 46068 * mib
+    assert get_gpu("h100-pcie").memory_bytes == 81559 * mib
+
+
+def test_cards_without_nvlink_price_the_tp_all_reduce_over_their_pcie_link():
+    # datasheet rates: dense BF16 (FP32 accumulate) and memory bandwidth
+    assert [(get_gpu(g).peak_flops, get_gpu(g).hbm_bandwidth) for g in ("rtx-4090", "rtx-pro-6000", "l40s", "h100-pcie")] \
+        == [(165.2e12, 1.008e12), (480e12, 1.597e12), (362.05e12, 0.864e12), (756e12, 2.0e12)]
+    for name, gen, p2p in (("rtx-4090", 4, False), ("rtx-pro-6000", 5, True), ("l40s", 4, True), ("h100-pcie", 5, True)):
+        g = get_gpu(name)
+        assert (g.tp_over_host_link, g.pcie_gen, g.pcie_lanes, g.peer_to_peer) == (True, gen, 16, p2p)
+        assert g.link_bandwidth == g.host_bandwidth == (25e9 if gen == 4 else 55.5e9)
+    # PCIe 4.0 x16: 16 GT/s x 16 lanes x 128/130 / 8 bits = 31.51 GB/s a direction; 5.0 twice that
+    assert get_gpu("l40s").pcie_bytes_per_s == pytest.approx(31.5077e9, rel=1e-5)
+    assert get_gpu("h100-pcie").pcie_bytes_per_s == 2 * get_gpu("l40s").pcie_bytes_per_s
+    assert get_gpu("h200").pcie_gen == 5 and not get_gpu("h200").tp_over_host_link
+    # llama-3.1-8b at --tp 2 on an RTX 4090: two all-reduces of 4,096 bf16 activations a layer, half of
+    # each crossing the link: 32 x 2 x 2 x 1/2 x 4096 x 2 B / 25 GB/s = 20.97 us a token (NVLink would be 1.2 us)
+    comm = CostModel.from_names("llama-3.1-8b", "rtx-4090@tp2").step_parts(StepWork(decoders=1)).comm
+    assert comm == pytest.approx(32 * 2 * 2 * 0.5 * 4096 * 2 / 25e9)
+    with pytest.raises(InputError, match="pcie_gen"):
+        GpuSpec("x", 1e12, 1e12, 1e9, pcie_gen=7)
 
 
 def test_moe_decode_reads_only_the_experts_the_batch_touches():
@@ -251,4 +279,5 @@ def test_gpu_memory_utilization_with_tp_splits_weights_and_activations_and_refus
 def test_every_preset_has_its_published_context_window():
     assert {name: m.max_context for name, m in MODELS.items()} == {
         "llama-3-8b": 8192, "llama-3-70b": 8192, "qwen3-8b": 40960, "llama-2-13b": 4096, "llama-2-70b": 4096,
-        "opt-13b": 2048, "opt-30b": 2048, "qwen3-coder-30b-a3b": 262144, "tiny": 32768, "tiny-moe": 32768}
+        "opt-13b": 2048, "opt-30b": 2048, "qwen3-coder-30b-a3b": 262144, "tiny": 32768, "tiny-moe": 32768,
+        "llama-3.1-8b": 131072, "qwen3-32b": 40960, "qwen3-30b-a3b": 40960}
