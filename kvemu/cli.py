@@ -1,7 +1,8 @@
 """``kvemu`` console script: one subcommand per module, imported lazily.
 
 Each subcommand module exposes ``configure(parser)`` and ``run(args) -> int``.
-User errors (``KvemuError``) print one ``error:`` line and exit 2, never a traceback.
+User errors (``KvemuError``) print one ``error:`` line and exit 2, never a traceback; so do the
+command line's own mistakes (``kvemu.program.Parser``: a misspelt flag gets the one meant).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import importlib
 import sys
 
 from kvemu.options.config_file import config_argv
-from kvemu.program import run_parsed
+from kvemu.program import Parser, run_parsed
 from shared.errors import KvemuError
 
 # name -> (module, one-line help)
@@ -35,7 +36,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 
 def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
     """Only the chosen subcommand's module is imported: `kvemu gen` never loads aiohttp."""
-    parser = argparse.ArgumentParser(prog="kvemu", description="Emulate an LLM serving cluster built around its KV cache.")
+    parser = Parser(prog="kvemu", description="Emulate an LLM serving cluster built around its KV cache.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, (module_name, help_text) in SUBCOMMANDS.items():
@@ -45,6 +47,17 @@ def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
             module.configure(sp)
             sp.set_defaults(_run=module.run)
     return parser
+
+
+def version() -> str:
+    """The installed distribution's version (pyproject.toml's), or a word saying there is none."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("kvemu")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "(not installed: pip install -e .)"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -8,13 +8,67 @@ points both run them through here, so the processes never import the CLI package
 from __future__ import annotations
 
 import argparse
+import difflib
 import errno
 import os
+import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import ModuleType
+from typing import NoReturn
 
 from shared.errors import InputError, KvemuError
+
+# What a required group of flags gives, by a flag of it: named in the line that asks for one of them.
+GROUP_MEANING = {"--capacity-blocks": "the KV capacity of each replica", "--trace": "the requests"}
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose mistakes are one ``error:`` line, as every other mistake is: what is
+    wrong, the flag or command meant where one was misspelt (difflib), else where the full list is
+    (``--help``), instead of a usage block of 40 lines above argparse's own line. Exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {self.explain(message)}\n")
+
+    def explain(self, message: str) -> str:
+        unknown = re.fullmatch(r"unrecognized arguments: (.*)", message)
+        if unknown:
+            flags = [f for p in self._parsers() for a in p._actions for f in a.option_strings]
+            args = unknown.group(1).split()
+            for arg in (a for a in args if a.startswith("-")):
+                close = difflib.get_close_matches(arg.split("=", 1)[0], flags, n=1)
+                if close:
+                    return f"unknown flag {arg.split('=', 1)[0]}: did you mean {close[0]}?"
+            return f"unrecognized argument{'s' if len(args) > 1 else ''} {' '.join(args)} ({self._help()})"
+        names = [name for action in self._actions if isinstance(action, argparse._SubParsersAction)
+                 for name in action.choices]
+        if message == "the following arguments are required: COMMAND":
+            return f"give a command, one of {', '.join(names)} ({self.prog} --help says what each does)"
+        choice = re.fullmatch(r"argument COMMAND: invalid choice: '([^']*)'.*", message, re.S)
+        if choice:
+            close = difflib.get_close_matches(choice.group(1), names, n=1)
+            hint = f"did you mean {close[0]}?" if close else f"one of {', '.join(names)}"
+            return f"unknown command {choice.group(1)!r}: {hint}"
+        group = re.fullmatch(r"one of the arguments (.*) is required", message)
+        if group:
+            flags = group.group(1).split()
+            meaning = next((GROUP_MEANING[f] for f in flags if f in GROUP_MEANING), None)
+            listed = ", ".join(flags[:-1]) + f" or {flags[-1]}" if len(flags) > 1 else flags[0]
+            return f"give one of {listed}" + (f" ({meaning})" if meaning else "") + f"; {self._help()}"
+        return f"{message} ({self._help()})"
+
+    def _parsers(self) -> Iterator[argparse.ArgumentParser]:
+        """This parser and its subcommands' (only the chosen one has flags: the others are never configured)."""
+        yield self
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    yield from Parser._parsers(sub)
+
+    def _help(self) -> str:
+        chosen = [p for p in self._parsers() if p is not self and len(p._actions) > 1]
+        return f"{(chosen[0] if chosen else self).prog} --help lists every flag"
 
 
 def run_parsed(run: Callable[[argparse.Namespace], int | None], args: argparse.Namespace) -> int:
@@ -33,7 +87,7 @@ def run_parsed(run: Callable[[argparse.Namespace], int | None], args: argparse.N
 
 def run_module(module: ModuleType, prog: str, description: str, argv: list[str] | None = None) -> int:
     """A subcommand module as a program of its own (``python -m replica ...``)."""
-    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser = Parser(prog=prog, description=description)
     module.configure(parser)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     return run_parsed(module.run, args)

@@ -9,11 +9,12 @@ import dataclasses
 import json
 import sys
 import time
+import urllib.parse
 import urllib.request
 
 from kvemu.options.source import add_source_args
 from kvemu.program import check_outputs
-from loadgen.replay import Record, Replayer, records_json, summarize
+from loadgen.replay import GIVE_UP_S, Record, Replayer, Unreachable, records_json, summarize
 from loadgen.source import load_source
 from shared.errors import InputError, KvemuError
 from shared.ratios import ratio
@@ -29,10 +30,24 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
                    help="per-request limit: a request not answered by then is dropped (its connection closed, so"
                         " the replica aborts it) and counted as timed out")
+    p.add_argument("--give-up-after", type=float, default=GIVE_UP_S, metavar="SECONDS",
+                   help="stop when every request for this long failed to connect (the cluster stopped or its port"
+                        f" closed), report what finished and say why; 0: keep sending (default {GIVE_UP_S:g})")
     p.add_argument("--json", metavar="OUT", help="summary and per-request records")
     p.add_argument("--csv", metavar="OUT.csv", help="the per-request records, one row each")
     p.add_argument("--plot", metavar="OUT.png", help="per-replica load and TTFT distribution")
     p.add_argument("--quiet", action="store_true")
+
+
+def base_url(flag: str, url: str) -> str:
+    """``url`` without its trailing slash, once it names a server the replay can speak to: a URL without
+    a scheme (``127.0.0.1:8000``) would otherwise read as no server answering."""
+    parts = urllib.parse.urlsplit(url)
+    if "://" not in url and not url.lower().startswith(("http:", "https:")):
+        raise InputError(flag, f"{url!r} has no scheme: give http://{url}")
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise InputError(flag, f"expected http://HOST:PORT (a router's or a replica's), got {url!r}")
+    return url.rstrip("/")
 
 
 def fetch_json(url: str, timeout: float = 5.0):
@@ -158,8 +173,10 @@ def run(args) -> int:
         raise InputError("--connections", f"must be >= 1, got {args.connections}")
     if not args.timeout > 0:
         raise InputError("--timeout", f"must be > 0 seconds, got {args.timeout}")
+    if not args.give_up_after >= 0 or args.give_up_after == float("inf"):
+        raise InputError("--give-up-after", f"must be >= 0 seconds (0: never), got {args.give_up_after}")
     check_outputs(args)
-    url = args.url.rstrip("/")
+    url = base_url("--url", args.url)
     if fetch_json(url + "/health") is None:
         raise KvemuError(f"no kvemu router or replica answers at {args.url} (is `kvemu up` running?)")
     matching, block_size = cluster_matching(url)
@@ -172,24 +189,38 @@ def run(args) -> int:
                          f" start it with `kvemu up --block-size {trace.block_size}`")
     before = replica_stats(url)
     replayer = Replayer(args.url, trace, args.speedup, args.max_requests, args.connections, args.timeout,
-                        progress=not args.quiet, tokens=tokens)
-    interrupted = False
+                        progress=not args.quiet, tokens=tokens, give_up_s=args.give_up_after)
+    interrupted, gone = False, None
     try:
         records = asyncio.run(replayer.run())
     except KeyboardInterrupt:  # stop sending; report and save what finished
         interrupted, records = True, list(replayer.records)
         print(f"replay: interrupted after {len(records):,} of {replayer.total:,} requests; reporting those",
               file=sys.stderr)
+    except Unreachable as exc:  # the cluster went away: sending on would only add failures
+        gone, records = exc, list(replayer.records)
     summary = summarize(records)
     summary["interrupted"] = interrupted
+    summary["stopped"] = f"no request could connect for {gone.seconds:.1f} s: {gone.cause}" if gone else None
     if summary["timed_out"]:  # the replicas abort what timed out as they see its connection close: let them
         time.sleep(0.2)
     report = cluster_report(url, before)
     print_report(summary, report)
     write_outputs(args, trace, summary, report, records)
+    if gone is not None:
+        print(stopped_line(args, gone, len(records), replayer.total), file=sys.stderr)
     if interrupted:
         return 130
     return 0 if summary["failed"] == 0 else 1
+
+
+def stopped_line(args, gone: Unreachable, done: int, total: int) -> str:
+    """The one line that says the replay gave up on a cluster that went away: why, and what it kept."""
+    kept = [f"{what} in {path}" for what, path in (("records and summary", args.json), ("rows", args.csv),
+                                                    ("figure", args.plot)) if path]
+    return (f"replay: stopped after {done:,} of {total:,} requests: none could connect to {args.url} for"
+            f" {gone.seconds:.0f} s ({gone.cause}); is the cluster still up? The report covers those {done:,};"
+            f" {', '.join(kept) if kept else 'nothing written (--json FILE keeps the records)'}")
 
 
 def write_outputs(args, trace, summary: dict, report: dict, records) -> None:

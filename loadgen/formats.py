@@ -387,6 +387,30 @@ def detect_format(path: str | Path) -> str:
     raise TraceFormatError(p, 0, "file", "empty trace: no requests")
 
 
+# What one id of a hash format stands for where its file does not say (kvemu JSONL says so in its header).
+_FORMAT_BLOCK_SIZES = {"mooncake": MOONCAKE_BLOCK_SIZE, "bailian": BAILIAN_BLOCK_SIZE}
+
+
+def read_at_block_size(path: str | Path, fmt: str, block_size: int | None, flag: str = "--block-size") -> Trace:
+    """A trace whose blocks are ``block_size`` tokens, for a run whose pool counts blocks of that size (None:
+    the trace's own). A request log is cut at it; a trace of hashes is not re-cut, since each id stands for
+    its own block's tokens, which the trace does not have: one that states another size (its format's, or
+    a kvemu header's) is refused, naming ``flag``; one that states none (a kvemu JSONL without a header's
+    ``block_size``) is read as having blocks of ``block_size``."""
+    name = detect_format(path) if fmt == "auto" else fmt
+    if block_size is None or name in TOKEN_FORMATS:
+        return read_trace(path, name, block_size)
+    trace = read_trace(path, name)
+    own = _FORMAT_BLOCK_SIZES.get(name) or trace.meta.get("block_size")
+    if own is None:
+        trace.block_size = block_size
+    elif int(own) != block_size:
+        raise InputError(flag, f"{path}'s hash ids each stand for a block of {own} tokens, which cannot be cut into"
+                               f" blocks of {block_size}: drop {flag} (the run takes the trace's {own}), or study"
+                               f" {block_size}-token blocks on a preset (--workload) or a request log (--format openai)")
+    return trace
+
+
 def read_trace(path: str | Path, fmt: str = "auto", block_size: int | None = None) -> Trace:
     """Read a trace in any supported format; ``fmt="auto"`` looks at the first record."""
     if fmt != "auto" and fmt not in _READERS:

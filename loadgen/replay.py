@@ -49,12 +49,41 @@ class Record:
     prefill_replica: str = ""
 
 
+def _names(cls: type) -> set[str]:
+    """The names of ``cls`` and of every class below it."""
+    names = {cls.__name__}
+    subclasses: list[type] = cls.__subclasses__()
+    for sub in subclasses:
+        names |= _names(sub)
+    return names
+
+
+# aiohttp's errors for a connection that was never made (refused, no route, no such host): a record keeps
+# the error's type name first (``Replayer._send``), which is how a failure's cause is told apart.
+CANNOT_CONNECT = frozenset(_names(aiohttp.ClientConnectorError))
+
+
+def failure(rec: Record) -> str:
+    """A failed request's cause in two words, for the progress line ("" for an answer): ``cannot
+    connect``, ``HTTP 503``, ``timed out``, or the client error's type."""
+    if rec.status == 200:
+        return ""
+    if rec.timed_out:
+        return "timed out"
+    if rec.status:
+        return f"HTTP {rec.status}"
+    kind = rec.error.split(":", 1)[0]
+    return "cannot connect" if kind in CANNOT_CONNECT else kind or "failed"
+
+
 class Progress:
-    """Progress over the requests (the shared reporter: rate-based ETA), with failures and how far
-    sending runs behind the trace's schedule (a cluster that cannot keep up makes sessions start late)."""
+    """Progress over the requests (the shared reporter: rate-based ETA), with failures by cause (the
+    commonest two: "failed 443 (cannot connect 440, HTTP 503 3)") and how far sending runs behind the
+    trace's schedule (a cluster that cannot keep up makes sessions start late)."""
 
     def __init__(self, total: int, enabled: bool) -> None:
         self.done = self.failed = 0
+        self.causes: dict[str, int] = defaultdict(int)
         self.behind_s = 0.0
         self.bar = ProgressBar("replay", total, "req", enabled=enabled)
 
@@ -62,11 +91,16 @@ class Progress:
         """A request left ``late_s`` seconds after its scheduled time (trace time / speed-up)."""
         self.behind_s = max(late_s, 0.0)
 
-    def tick(self, ok: bool) -> None:
+    def tick(self, cause: str = "") -> None:
+        """A request ended: answered (``cause`` "") or failed for ``cause`` (``failure``)."""
         self.done += 1
-        self.failed += 0 if ok else 1
+        if cause:
+            self.failed += 1
+            self.causes[cause] += 1
         schedule = f"behind schedule {self.behind_s:.1f}s" if self.behind_s >= 1.0 else "on schedule"
-        self.bar.set_postfix(f"failed {self.failed}, {schedule}")
+        top = sorted(self.causes.items(), key=lambda kv: -kv[1])[:2]
+        why = f" ({', '.join(f'{c} {n}' for c, n in top)})" if top else ""
+        self.bar.set_postfix(f"failed {self.failed}{why}, {schedule}")
         self.bar.update()
 
     def close(self) -> None:
@@ -90,10 +124,21 @@ def sessions_of(trace: Trace, max_requests: int | None) -> dict[str, list[TraceR
     return by
 
 
+GIVE_UP_S = 5.0  # kvemu up starts a dead router again within a second or two: longer than that, it is gone
+
+
+class Unreachable(Exception):
+    """Every request for ``seconds`` failed to connect (the last with ``cause``): the cluster is gone."""
+
+    def __init__(self, seconds: float, cause: str) -> None:
+        super().__init__(f"no request could connect for {seconds:.1f} s ({cause})")
+        self.seconds, self.cause = seconds, cause
+
+
 class Replayer:
     def __init__(self, url: str, trace: Trace, speedup: float, max_requests: int | None = None,
                  connections: int = 256, timeout_s: float = 600.0, progress: bool = True,
-                 tokens: bool = False) -> None:
+                 tokens: bool = False, give_up_s: float = GIVE_UP_S) -> None:
         self.url = url.rstrip("/")
         self.trace = trace
         self.tokens = tokens  # send token ids (the trace is cut into blocks of one token)
@@ -107,18 +152,39 @@ class Replayer:
         self.progress = Progress(self.total, progress)
         self.slots = asyncio.Semaphore(connections)
         self.t0 = 0.0
+        self.give_up_s = give_up_s  # 0: never give up
+        self.down_since: float | None = None  # when the first of the connect failures since the last answer was sent
 
     async def run(self) -> list[Record]:
-        """Every request's record; on cancellation (Ctrl-C) the ones finished so far stay in
-        ``self.records``, and the in-flight ones are dropped."""
+        """Every request's record; on cancellation (Ctrl-C), or ``Unreachable`` when no request could
+        connect for ``give_up_s``, the ones finished so far stay in ``self.records``, and the in-flight
+        ones are dropped."""
         conn = aiohttp.TCPConnector(limit=self.connections)
         try:
             async with aiohttp.ClientSession(connector=conn, timeout=self.timeout) as http:
                 self.t0 = time.monotonic()
-                await asyncio.gather(*(self._session(http, reqs) for reqs in self.sessions.values()))
+                tasks = [asyncio.ensure_future(self._session(http, reqs)) for reqs in self.sessions.values()]
+                try:
+                    await asyncio.gather(*tasks)
+                except Unreachable:
+                    for task in tasks:
+                        task.cancel()
+                    await asyncio.gather(*tasks, return_exceptions=True)
+                    raise
         finally:
             self.progress.close()
         return self.records
+
+    def _watch(self, rec: Record, sent: float) -> None:
+        """Raise ``Unreachable`` once every request sent over ``give_up_s`` failed to connect. An answer
+        (any status) starts the count again; other failures (a connection cut) leave it as it is."""
+        if rec.status:
+            self.down_since = None
+        elif failure(rec) == "cannot connect":
+            if self.down_since is None:
+                self.down_since = sent
+            elif self.give_up_s and time.monotonic() - self.down_since >= self.give_up_s:
+                raise Unreachable(time.monotonic() - self.down_since, rec.error)
 
     async def _session(self, http: aiohttp.ClientSession, reqs: list[TraceRequest]) -> None:
         first = reqs[0]
@@ -131,10 +197,12 @@ class Replayer:
                 due = time.monotonic()
             prev_t = r.t
             async with self.slots:  # a free connection: how late this request leaves is the schedule lag
-                self.progress.sent(time.monotonic() - due)
+                sent = time.monotonic()
+                self.progress.sent(sent - due)
                 rec = await self._send(http, r)
             self.records.append(rec)
-            self.progress.tick(rec.status == 200)
+            self.progress.tick(failure(rec))
+            self._watch(rec, sent)
 
     @staticmethod
     async def _sleep_until(deadline: float) -> None:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from loadgen.formats import TOKEN_FORMATS, detect_format, read_trace
+from loadgen.formats import TOKEN_FORMATS, detect_format, read_at_block_size
 from loadgen.trace import HASHES_U64, Trace
 from shared.errors import InputError
 from shared.overrides import parse_pairs
@@ -11,13 +11,13 @@ from shared.overrides import parse_pairs
 
 def load_source(args, unit: int | None = None, tokens: bool = False) -> Trace:
     """The requests ``args`` name. ``unit``: the tokens per block (or radix page) to hash prompts in, for
-    sources that carry their tokens (presets are cut at it; a trace of hashes is read as having blocks of
-    that size, as ``trace-stats --block-size``). ``tokens``: the run matches by token (radix), which a
+    sources that carry their tokens (presets are cut at it; a trace of hashes keeps its own, and one that
+    states another is refused: ``read_at_block_size``). ``tokens``: the run matches by token (radix), which a
     trace of block hashes cannot give: refused, naming what can."""
     if args.trace:
         fmt = detect_format(args.trace) if args.format == "auto" else args.format
-        # a trace of hashes is only labelled with a block size (and under radix not re-cut at all)
-        trace = read_trace(args.trace, fmt, unit if fmt in TOKEN_FORMATS or not tokens else None)
+        # a trace of hashes keeps its own block size (and under radix is refused just below)
+        trace = read_at_block_size(args.trace, fmt, unit if fmt in TOKEN_FORMATS or not tokens else None)
         if tokens and not trace.meta.get("tokens"):
             raise InputError("--matching", f"radix matches prompts token by token, but {trace_name(args.trace)} carries"
                                            f" only block hashes ({trace.block_size} tokens a block), which cannot be"
