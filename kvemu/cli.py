@@ -31,6 +31,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sweep": ("kvemu.sweep_cmd", "policies x capacities x routings x replica counts in parallel, resumable"),
     "estimate": ("kvemu.estimate_cmd", "mean-field LRU hit ratio (or capacity for a target) of scm or a trace"),
     "calibrate": ("kvemu.calibrate", "time a model's layers on this device (torch) and fit the cost model: a device profile"),
+    "compare": ("kvemu.compare_cmd", "a measured run beside a predicted one of the same requests: TTFT, TPOT, E2E errors"),
 }
 
 
