@@ -44,9 +44,10 @@ from typing import NamedTuple
 from shared.devprofile import is_profile_path, load_profile
 from shared.devspecs import Efficiency, GpuSpec
 from shared.errors import InputError, UnknownNameError
+from shared.hf_config import is_config_path, load_config
 
 __all__ = ["Efficiency", "GpuSpec", "ModelSpec", "CostModel", "KvBudget", "StepWork", "StepParts", "layered_finish", "MODELS", "GPUS",
-           "get_model", "get_gpu"]
+           "get_model", "get_gpu", "model_from_config"]
 
 GIB = 1024**3
 
@@ -251,8 +252,35 @@ def _lookup(table: dict, kind: str, name: str):
     return table[key]
 
 
+def model_preset(name: str) -> str | None:
+    """The preset ``name`` names (an alias resolved), None where it names none."""
+    key = name.strip().lower()
+    key = _ALIASES.get(key, key)
+    return key if key in MODELS else None
+
+
 def get_model(name: str) -> ModelSpec:
-    return _lookup(MODELS, "model", name)
+    """A preset by name, or the shape a Hugging Face config.json (or a folder holding one) describes."""
+    key = model_preset(name)
+    if key is not None:
+        return MODELS[key]
+    if is_config_path(name):
+        return model_from_config(name)
+    raise UnknownNameError("model", name, list(MODELS), "; or the path of a model's config.json")
+
+
+def model_from_config(path: str) -> ModelSpec:
+    """The ``ModelSpec`` of a config.json (``shared.hf_config``) with the efficiencies of its kind (the dense
+    or the MoE fit). A shape equal to a preset's, context window included, is that preset, name and all, so
+    a device profile fitted for the preset applies to the file and the other way round."""
+    h = load_config(path)
+    spec = ModelSpec(h.name, h.layers, h.q_heads, h.kv_heads, h.head_dim, h.hidden, h.intermediate, h.vocab,
+                     h.experts, h.active_experts, h.dtype_bytes, MOE_H200 if h.experts else DENSE_H200,
+                     h.mlp_matrices, h.tied_embeddings, h.max_context)
+    for preset in MODELS.values():
+        if replace(spec, name=preset.name, efficiency=preset.efficiency) == preset:
+            return preset
+    return spec
 
 
 def get_gpu(name: str) -> GpuSpec:
@@ -402,8 +430,8 @@ class CostModel:
 
     @classmethod
     def from_names(cls, model: str = "qwen3-coder-30b-a3b", gpu: str = "h200", **kw) -> CostModel:
-        """``gpu`` is a preset name or a device profile file from ``kvemu calibrate`` (JSON),
-        optionally with ``@tpN``."""
+        """``model`` is a preset name or a Hugging Face config.json (``get_model``); ``gpu`` a preset name or a
+        device profile file from ``kvemu calibrate`` (JSON), optionally with ``@tpN``."""
         gpu, tp = split_tp(gpu)
         kw.setdefault("tp", tp)
         m = get_model(model)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from shared.costmodel import get_gpu, split_tp
+from shared.costmodel import GPUS, get_gpu, split_tp
 from shared.devprofile import is_profile_path, load_profile
 from shared.errors import InputError
 
@@ -14,7 +14,8 @@ from shared.errors import InputError
 def add_gpu_args(p) -> None:
     """``--gpu NAME|FILE.json``, ``--gpu-file FILE`` and ``--tp N``, for every command that prices time."""
     p.add_argument("--gpu", default="h200",
-                   help="GPU preset (h200, h100, a100-80gb, ascend-910b2) or a device profile from `kvemu calibrate`")
+                   help=f"GPU preset ({', '.join(GPUS)}) or a device profile from `kvemu calibrate`; a card without"
+                        " NVLink prices --tp's all-reduce on its PCIe link")
     p.add_argument("--gpu-file", dest="gpu", default=argparse.SUPPRESS, metavar="FILE",
                    help="a device profile written by `kvemu calibrate` (the same as --gpu FILE)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs per replica (splits the work; adds all-reduces)")

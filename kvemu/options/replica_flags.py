@@ -8,11 +8,24 @@ from __future__ import annotations
 import os
 
 from kvemu.options.option import Option
+from shared.costmodel import model_preset
+from shared.hf_config import is_config_path
 
 DEFAULT_POLICY = "lru"
 DEFAULT_MODEL = "qwen3-coder-30b-a3b"
 
-MODEL = Option("--model", DEFAULT_MODEL, help=f"model shape the cost model and KV bytes use (default {DEFAULT_MODEL})")
+
+def model_arg(value: str) -> str:
+    """A preset name as given; a config.json path made absolute, so a child started elsewhere reads the
+    same file (the file itself is read and checked where the command builds its cost model)."""
+    if model_preset(value) is not None or not is_config_path(value):
+        return value
+    return os.path.abspath(value)
+
+
+MODEL = Option("--model", DEFAULT_MODEL, type=model_arg, metavar="NAME|CONFIG.json",
+               help="model shape the cost model and KV bytes use: a preset (llama-3.1-8b, qwen3-32b, qwen3-30b-a3b,"
+                    f" ...; default {DEFAULT_MODEL}) or a Hugging Face config.json, or the folder holding it")
 TIME_SCALE = Option("--time-scale", 1.0, type=float, help="wall seconds per emulated second (0 = no sleeping)")
 
 

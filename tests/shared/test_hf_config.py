@@ -1,0 +1,186 @@
+"""Models from a Hugging Face config.json: the published configs read into exactly their presets' shapes,
+and what kvemu cannot model yet refused in one line naming the field and the file."""
+
+import json
+import os
+
+import pytest
+
+from kvemu.options.replica_flags import MODEL, model_arg
+from shared.costmodel import DENSE_H200, MODELS, CostModel, get_model
+from shared.errors import InputError, UnknownNameError
+from shared.hf_config import load_config, model_name
+
+# meta-llama/Llama-3.1-8B's config.json, the fields that size the model
+LLAMA_31_8B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+               "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+               "vocab_size": 128256, "max_position_embeddings": 131072, "tie_word_embeddings": False,
+               "torch_dtype": "bfloat16",
+               "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                "original_max_position_embeddings": 8192, "rope_type": "llama3"}}
+QWEN3_32B = {"architectures": ["Qwen3ForCausalLM"], "head_dim": 128, "hidden_size": 5120, "intermediate_size": 25600,
+             "max_position_embeddings": 40960, "max_window_layers": 64, "model_type": "qwen3", "num_attention_heads": 64,
+             "num_hidden_layers": 64, "num_key_value_heads": 8, "rope_scaling": None, "sliding_window": None,
+             "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_sliding_window": False, "vocab_size": 151936}
+QWEN3_30B_A3B = {"architectures": ["Qwen3MoeForCausalLM"], "decoder_sparse_step": 1, "head_dim": 128,
+                 "hidden_size": 2048, "intermediate_size": 6144, "max_position_embeddings": 40960,
+                 "mlp_only_layers": [], "model_type": "qwen3_moe", "moe_intermediate_size": 768,
+                 "num_attention_heads": 32, "num_experts": 128, "num_experts_per_tok": 8, "num_hidden_layers": 48,
+                 "num_key_value_heads": 4, "rope_scaling": None, "sliding_window": None, "tie_word_embeddings": False,
+                 "torch_dtype": "bfloat16", "use_sliding_window": False, "vocab_size": 151936}
+OPT_13B = {"architectures": ["OPTForCausalLM"], "do_layer_norm_before": True, "ffn_dim": 20480, "hidden_size": 5120,
+           "max_position_embeddings": 2048, "model_type": "opt", "num_attention_heads": 40, "num_hidden_layers": 40,
+           "torch_dtype": "float16", "vocab_size": 50272, "word_embed_proj_dim": 5120}
+QWEN25_7B = {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 3584, "intermediate_size": 18944,
+             "max_position_embeddings": 32768, "max_window_layers": 28, "num_attention_heads": 28,
+             "num_hidden_layers": 28, "num_key_value_heads": 4, "sliding_window": 131072, "tie_word_embeddings": False,
+             "torch_dtype": "bfloat16", "use_sliding_window": False, "vocab_size": 152064}
+MISTRAL_7B_V01 = {"architectures": ["MistralForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
+                  "max_position_embeddings": 32768, "num_attention_heads": 32, "num_hidden_layers": 32,
+                  "num_key_value_heads": 8, "sliding_window": 4096, "torch_dtype": "bfloat16", "vocab_size": 32000}
+
+
+def _write(tmp_path, config: dict, name: str = "config.json", folder: str = "model") -> str:
+    path = tmp_path / folder / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+def test_llama_3_1_8b_config_is_the_preset_with_its_kv_bytes(tmp_path):
+    m = get_model(_write(tmp_path, LLAMA_31_8B, "Llama-3.1-8B.config.json"))
+    assert m == MODELS["llama-3.1-8b"]  # every field: shape, window, dtype, efficiencies, name
+    # 2 (K and V) x 32 layers x 8 KV heads x 128 head_dim x 2 bytes (bfloat16)
+    assert m.kv_bytes_per_token == 2 * 32 * 8 * 128 * 2 == 131_072
+    # llama3 rope scaling is already in max_position_embeddings: vLLM's default max-model-len is it
+    assert m.max_context == 131_072
+
+
+@pytest.mark.parametrize(("config", "preset", "kv_bytes"), [
+    (QWEN3_32B, "qwen3-32b", 2 * 64 * 8 * 128 * 2),  # head_dim 128 as given, not 5120 / 64 = 80
+    (QWEN3_30B_A3B, "qwen3-30b-a3b", 2 * 48 * 4 * 128 * 2),  # 128 experts of 768, 8 a token
+    (OPT_13B, "opt-13b", 2 * 40 * 40 * 128 * 2),  # multi-head, two-matrix MLP, tied by OPT's default
+])
+def test_published_configs_read_into_their_presets(tmp_path, config, preset, kv_bytes):
+    m = get_model(_write(tmp_path, config))
+    assert m == MODELS[preset] and m.kv_bytes_per_token == kv_bytes
+
+
+def test_a_model_without_a_preset_takes_its_folders_name_and_the_dense_fit(tmp_path):
+    path = _write(tmp_path, QWEN25_7B, folder="Qwen2.5-7B-Instruct")
+    m = get_model(path)
+    # head_dim 3584 / 28 = 128; the sliding_window is off (use_sliding_window false)
+    assert (m.name, m.layers, m.q_heads, m.kv_heads, m.head_dim, m.hidden, m.intermediate, m.vocab) == \
+        ("Qwen2.5-7B-Instruct", 28, 28, 4, 128, 3584, 18944, 152064)
+    assert (m.experts, m.mlp_matrices, m.tied_embeddings, m.max_context, m.efficiency) == (0, 3, False, 32768, DENSE_H200)
+    assert m.kv_bytes_per_token == 2 * 28 * 4 * 128 * 2 == 57_344
+    # the published 7.61B: 28 x (attention 29,360,128 + MLP 203,685,888) + 2 x 152,064 x 3,584
+    assert m.total_params == 28 * (29_360_128 + 203_685_888) + 2 * 152_064 * 3584 == 7_615_283_200
+    # a folder holding config.json is the same model; so is the CLI's absolute path of a relative one
+    assert get_model(os.path.dirname(path)) == m
+    cost = CostModel.from_names(path, "rtx-4090")
+    assert cost.model == m and cost.gpu.name == "rtx-4090"
+
+
+def test_rope_scaling_that_stretches_the_window_multiplies_it_as_vllm_does(tmp_path):
+    yarn = dict(QWEN3_32B, rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768})
+    assert get_model(_write(tmp_path, yarn)).max_context == 131_072  # 32,768 x 4
+    linear = dict(QWEN3_32B, rope_scaling={"type": "linear", "factor": 2.0})
+    assert get_model(_write(tmp_path, linear, folder="linear")).max_context == 81_920
+
+
+def test_names_from_where_the_file_lies():
+    snapshot = "/hf/hub/models--Qwen--Qwen3-14B/snapshots/" + "a" * 40 + "/config.json"
+    assert model_name(snapshot) == "Qwen3-14B"
+    assert model_name("/m/Qwen3-14B/config.json") == "Qwen3-14B"
+    assert model_name("/m/Llama-3.1-8B.config.json") == "Llama-3.1-8B"
+    assert model_name("/m/mine.json") == "mine"
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    (dict(MISTRAL_7B_V01), "'sliding_window' is 4096 (< max_position_embeddings 32768): sliding-window attention is"
+                           " not modelled yet"),
+    (dict(QWEN3_32B, use_sliding_window=True, sliding_window=4096), "'sliding_window' is 4096"),
+    (dict(QWEN3_32B, layer_types=["full_attention", "sliding_attention"]),
+     "'layer_types' has layers other than full_attention (sliding-window layers): not modelled yet"),
+    (dict(LLAMA_31_8B, architectures=["DeepseekV3ForCausalLM"], kv_lora_rank=512),
+     "'kv_lora_rank' is set: multi-head latent attention (MLA) is not modelled yet"),
+    (dict(LLAMA_31_8B, architectures=["Gemma2ForCausalLM"]),
+     "'architectures' is ['Gemma2ForCausalLM']: an architecture kvemu cannot model yet; it reads LlamaForCausalLM,"
+     " MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, OPTForCausalLM"),
+    ({k: v for k, v in LLAMA_31_8B.items() if k != "num_hidden_layers"},
+     "'num_hidden_layers' is missing: kvemu needs it to size the model"),
+    (dict(LLAMA_31_8B, num_key_value_heads=0), "'num_key_value_heads' must be an integer >= 1, got 0"),
+    (dict(LLAMA_31_8B, num_key_value_heads=5), "'num_key_value_heads' (5) must divide num_attention_heads (32)"),
+    (dict(LLAMA_31_8B, hidden_size=4100), "'head_dim' is missing and hidden_size 4100 is not a multiple of"
+                                          " num_attention_heads 32"),
+    (dict(LLAMA_31_8B, quantization_config={"quant_method": "fp8"}), "'quantization_config' is set"),
+    (dict(LLAMA_31_8B, torch_dtype="float8_e4m3fn"), "'torch_dtype' is 'float8_e4m3fn'"),
+    (dict(QWEN3_30B_A3B, mlp_only_layers=[0, 1]), "'mlp_only_layers' puts dense MLP layers among the MoE ones"),
+    ({k: v for k, v in QWEN3_30B_A3B.items() if k != "num_experts"}, "'num_experts' is missing"),
+    (dict(OPT_13B, word_embed_proj_dim=512), "'word_embed_proj_dim' differs from hidden_size 5120"),
+])
+def test_what_cannot_be_modelled_is_refused_naming_the_field_and_the_file(tmp_path, change, expected):
+    path = _write(tmp_path, change)
+    with pytest.raises(InputError) as err:
+        get_model(path)
+    assert err.value.field == "--model"
+    assert str(err.value).startswith(f"--model: {path}: {expected}") and "\n" not in str(err.value)
+
+
+def test_unreadable_files_and_unknown_names(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(InputError, match=f"--model: {bad} is not a readable JSON config.json"):
+        get_model(str(bad))
+    with pytest.raises(InputError, match="no model preset or config.json"):
+        get_model(str(tmp_path / "absent" / "config.json"))
+    with pytest.raises(UnknownNameError, match="; or the path of a model's config.json"):
+        get_model("llama-4")
+
+
+def test_the_flag_makes_a_config_path_absolute_and_leaves_presets_as_names(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _write(tmp_path, LLAMA_31_8B)
+    assert model_arg("model/config.json") == str(tmp_path / "model" / "config.json")
+    assert model_arg("Llama-3.1-8B") == "Llama-3.1-8B" and model_arg("llama3-8b") == "llama3-8b"
+    assert MODEL.type is model_arg
+    # a file changed on disk is read again
+    path = str(tmp_path / "model" / "config.json")
+    assert load_config(path).layers == 32
+    stat = os.stat(path)
+    _write(tmp_path, dict(LLAMA_31_8B, num_hidden_layers=16))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    assert load_config(path).layers == 16
+
+
+@pytest.mark.parametrize("command", [
+    ("sim", "--workload", "chat", "--duration", "5", "--capacity-blocks", "2000", "--quiet"),
+    ("sweep", "--workload", "chat", "--duration", "5", "--capacity-blocks", "2000", "--quiet", "--out", "unused"),
+    ("replica", "--capacity-blocks", "100"),
+    ("up", "--port", "0"),
+    ("estimate", "--capacity-blocks", "2000"),
+])
+def test_every_command_taking_a_model_refuses_a_bad_config_in_one_line(tmp_path, capsys, command):
+    from kvemu.cli import main
+
+    path = _write(tmp_path, MISTRAL_7B_V01)
+    capsys.readouterr()
+    assert main([*command, "--model", path]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: --model: {path}: 'sliding_window' is 4096 (< max_position_embeddings 32768):" \
+                  " sliding-window attention is not modelled yet\n"
+
+
+def test_sim_runs_a_config_json_as_its_preset(tmp_path, capsys):
+    from kvemu.cli import main
+
+    path = _write(tmp_path, LLAMA_31_8B, "Llama-3.1-8B.config.json")
+    runs = []
+    for model in (path, "llama-3.1-8b"):
+        out = tmp_path / f"{len(runs)}.json"
+        assert main(["sim", "--workload", "chat", "--duration", "30", "--gpu", "rtx-4090", "--gpu-memory-utilization",
+                     "0.9", "--model", model, "--quiet", "--json", str(out)]) == 0
+        runs.append({k: v for k, v in json.loads(out.read_text())["runs"][0].items() if k != "wall_s"})
+    capsys.readouterr()
+    assert runs[0] == runs[1] and runs[0]["model"] == "llama-3.1-8b" and runs[0]["served"] > 0
