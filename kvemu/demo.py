@@ -91,7 +91,7 @@ def run(a) -> int:
         before = replica_stats(cluster.router_url)
         replayer = Replayer(cluster.router_url, trace, a.speedup, progress=not a.quiet)
         records = asyncio.run(replayer.run())
-        summary = summarize(records)
+        summary = summarize(records, trace.block_size)
         report = cluster_report(cluster.router_url, before)
     finally:
         cluster.stop()

@@ -20,8 +20,10 @@ import dataclasses
 import json
 import math
 
+from kvemu.options.replica_flags import DEFAULT_MODEL, MODEL
 from loadgen.formats import read_trace
 from loadgen.stats import Distribution
+from shared.costmodel import get_model
 from shared.errors import InputError
 from shared.overrides import apply_overrides, parse_pairs
 from sim.estimate import ScmModel, capacity_for, estimate, turn_counts, workload_from_trace
@@ -40,6 +42,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     cap.add_argument("--target-hit-ratio", metavar="H", help="target hit ratio -> the capacity that reaches it")
     p.add_argument("--practical", action="store_true",
                    help="the paper's practical variant: one unhashable tail block per turn (A_H - E[M-1])")
+    MODEL.add(p, help=f"the model whose KV bytes turn blocks into GiB (default {DEFAULT_MODEL})")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
@@ -88,16 +91,21 @@ def run(args: argparse.Namespace) -> int:
         capacity = capacity_for(work, target, args.practical)
     else:
         capacity = _number(args.capacity_blocks, "--capacity-blocks", int)
-    doc = estimate_doc(work, inputs, capacity, target, args.practical)
+    doc = estimate_doc(work, inputs, capacity, target, args.practical, args.model)
     print(json.dumps(doc, indent=1) if args.json else format_table(doc))
     return 0
 
 
-def estimate_doc(work, inputs: dict, capacity: int, target: float | None, practical: bool) -> dict:
-    """The estimate at ``capacity`` as one JSON-ready dict (what ``--json`` prints)."""
+def estimate_doc(work, inputs: dict, capacity: int, target: float | None, practical: bool,
+                 model: str = DEFAULT_MODEL) -> dict:
+    """The estimate at ``capacity`` as one JSON-ready dict (what ``--json`` prints): blocks, and the bytes a block
+    of ``model``'s KV takes (blocks of the trace's, or the modelled preset's, size)."""
     est = estimate(work, capacity, practical)
-    doc = {"variant": est.variant, "capacity_blocks": capacity, "hit_ratio": est.hit_ratio, "h_max": est.h_max,
-           "characteristic_time_s": _finite(est.characteristic_time_s)}
+    block_size = inputs["block_size"] if "block_size" in inputs else inputs["params"]["block_size"]
+    block_bytes = get_model(model).kv_bytes_per_token * block_size
+    doc = {"variant": est.variant, "capacity_blocks": capacity, "capacity_gib": capacity * block_bytes / GIB,
+           "model": model, "block_size": block_size, "block_bytes": block_bytes,
+           "hit_ratio": est.hit_ratio, "h_max": est.h_max, "characteristic_time_s": _finite(est.characteristic_time_s)}
     if target is not None:
         doc["target_hit_ratio"] = target
     doc.update(work.describe())
@@ -112,18 +120,33 @@ def format_table(doc: dict) -> str:
         shape += f", sigma {think['sigma']:g}"
     t_c = doc["characteristic_time_s"]
     reusable = "A_H^hash" if doc["variant"] == "practical" else "A_H"
+
+    def size(blocks: float) -> str:
+        gib = blocks * doc["block_bytes"] / GIB
+        return f"{blocks:,.2f} blocks ({gib:,.2f} GiB)" if gib >= 1 else f"{blocks:,.2f} blocks ({gib:.3f} GiB)"
     lines = [f"mean-field whole-conversation LRU estimate ({doc['variant']} variant), source {doc['source']}"]
     if "target_hit_ratio" in doc:
         lines.append(f"target hit ratio   {doc['target_hit_ratio']:.4f}")
     lines += [
-        f"capacity           {doc['capacity_blocks']:,} blocks",
+        f"capacity           {doc['capacity_blocks']:,} blocks ({doc['capacity_gib']:,.2f} GiB: {doc['block_size']}-token"
+        f" blocks of {doc['model']}'s KV, {doc['block_bytes'] / 2**20:,.2f} MiB each)",
         f"hit ratio          {doc['hit_ratio']:.4f}   (h_max = {reusable}/A_R = {doc['h_max']:.4f})",
         f"characteristic T   {'inf' if t_c is None else f'{t_c:,.2f}'} s",
         f"arrival rate       {doc['arrival_rate']:.4g} sessions/s",
         f"turns E[M]         {doc['E_M']:.4g}",
         f"think time         {shape}",
-        f"E[B]               {doc['E_B']:,.2f} blocks per session",
-        f"A_H / A_H^hash     {doc['A_H']:,.2f} / {doc['A_H_hash']:,.2f} blocks",
-        f"A_R                {doc['A_R']:,.2f} blocks",
+        f"E[B]               {size(doc['E_B'])} per session",
+        f"A_H / A_H^hash     {size(doc['A_H'])} / {size(doc['A_H_hash'])} per session",
+        f"A_R                {size(doc['A_R'])} per session",
+        "",
+        *LEGEND,
     ]
     return "\n".join(lines)
+
+
+GIB = 2**30
+# The model's symbols (sim/estimate.py, after the mean-field LRU analysis of multi-turn conversations), per session.
+LEGEND = ("  E[B]: blocks a session ever inserts (its last prompt's); A_H: blocks of history a next turn can reuse",
+          "  (A_H^hash: A_H less one unhashable tail block per turn, the practical variant's); A_R: every prompt block",
+          "  looked up (the hit ratio's denominator); h_max = A_H / A_R: an infinite cache's hit ratio; characteristic T:",
+          "  how long an unused block stays cached at this capacity; hit ratio: prompt blocks found in the cache (HBM)")

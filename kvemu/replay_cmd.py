@@ -73,7 +73,18 @@ def replica_stats(url: str) -> dict[str, dict]:
         if st:
             out[st["replica_id"]] = {k: st.get(k) or 0 for k in LIFETIME_KEYS}
             out[st["replica_id"]]["aborted"] = (st.get("scheduler") or {}).get("aborted", 0)
+            if st.get("tiers"):  # memory below HBM: blocks looked up, and found at any level
+                out[st["replica_id"]]["levels"] = level_hits(st["tiers"])
     return out
+
+
+def level_hits(tiers: dict) -> dict[str, int]:
+    """A replica's ``/stats`` ``tiers`` as counts: blocks looked up, and found in HBM or any level below
+    (``accessed_blocks`` times each ``<level>_block_hit_ratio``, as /cluster's hits by level)."""
+    n = tiers.get("accessed_blocks") or 0
+    found = sum(round(v * n) for k, v in tiers.items() if k.endswith("_block_hit_ratio")
+                and k != "all_levels_block_hit_ratio" and isinstance(v, float | int))
+    return {"accessed_blocks": n, "found_blocks": found}
 
 
 def cluster_report(url: str, before: dict[str, dict]) -> dict:
@@ -81,8 +92,13 @@ def cluster_report(url: str, before: dict[str, dict]) -> dict:
     lifetime counters, and the router's hotspot view."""
     cluster = fetch_json(url + "/cluster")
     replicas, total, saved = {}, 0.0, 0.0
+    accessed = found = 0  # over this run, on replicas with memory below HBM
     for replica_id, life in replica_stats(url).items():
         was = before.get(replica_id, {})
+        if "levels" in life:
+            old = was.get("levels", {})
+            accessed += life["levels"]["accessed_blocks"] - old.get("accessed_blocks", 0)
+            found += life["levels"]["found_blocks"] - old.get("found_blocks", 0)
         d_total = life["recompute_cost_total_s"] - was.get("recompute_cost_total_s", 0.0)
         d_saved = life["recompute_cost_saved_s"] - was.get("recompute_cost_saved_s", 0.0)
         total, saved = total + d_total, saved + d_saved
@@ -90,7 +106,9 @@ def cluster_report(url: str, before: dict[str, dict]) -> dict:
                                         "evictions": life["evictions"] - was.get("evictions", 0),
                                         "aborted": life["aborted"] - was.get("aborted", 0)},
                                 "lifetime": life}
+    # all levels: the block hit ratio over HBM and every level below it (None: no replica has one)
     return {"csr": ratio(saved, total), "replicas": replicas,
+            "all_levels_block_hit_ratio": ratio(found, accessed) if accessed else None,
             "imbalance": cluster["imbalance"] if cluster else None,
             "hotspots": cluster["hotspots"] if cluster else None,
             "routing": cluster["routing"] if cluster else None}
@@ -102,8 +120,11 @@ def print_report(summary: dict, report: dict, out=sys.stdout) -> None:
     timed_out = f", {summary['timed_out']:,} timed out" if summary.get("timed_out") else ""
     out.write(f"requests        {summary['requests']:,} ({summary['ok']:,} ok, {summary['failed']:,} failed{timed_out})"
               + ("   INTERRUPTED: partial run" if summary.get("interrupted") else "") + "\n")
-    out.write(f"token hit ratio {summary['token_hit_ratio']:.4f}   block hit ratio {summary['block_hit_ratio']:.4f}"
-              f"   CSR {report['csr']:.4f}\n")
+    out.write(f"token hit ratio (HBM) {summary['token_hit_ratio']:.4f}   block hit ratio (HBM)"
+              f" {summary['block_hit_ratio']:.4f}   CSR {report['csr']:.4f}\n")
+    if report.get("all_levels_block_hit_ratio") is not None:  # host, SSD or a shared pool below HBM
+        out.write(f"all levels (HBM + lower): block hit ratio {report['all_levels_block_hit_ratio']:.4f}"
+                  f"   prompt tokens cached (the replicas' cached_tokens) {summary['cached_token_ratio']:.4f}\n")
     out.write(f"TTFT (emulated) p50 {summary['ttft_p50_s'] * 1000:.1f} ms   p99 {summary['ttft_p99_s'] * 1000:.1f} ms"
               f"   wall latency p50 {summary['wall_latency_p50_s'] * 1000:.1f} ms\n")
     out.write(f"load imbalance (max/mean requests) {summary['load_imbalance']:.2f}")
@@ -114,6 +135,7 @@ def print_report(summary: dict, report: dict, out=sys.stdout) -> None:
         prefills = ", ".join(f"{rid} {n:,}" for rid, n in summary["prefill_replicas"].items()) or "none"
         out.write(f"\nP/D paths: {paths}   remote prefills by instance: {prefills}")
     # requests: answered by the replica; aborted: the replica's count of clients that left (timed out here)
+    # tok_hit, blk_hit: HBM's, as in the headline
     out.write("\n\n  this run         requests  tok_hit  blk_hit     CSR  evictions  aborted\n")
     empty = {"requests": 0, "token_hit_ratio": 0.0, "block_hit_ratio": 0.0}
     aborting = {replica_id for replica_id, rep in report["replicas"].items() if rep["run"].get("aborted")}
@@ -199,7 +221,7 @@ def run(args) -> int:
               file=sys.stderr)
     except Unreachable as exc:  # the cluster went away: sending on would only add failures
         gone, records = exc, list(replayer.records)
-    summary = summarize(records)
+    summary = summarize(records, block_size if block_size is not None else trace.block_size)
     summary["interrupted"] = interrupted
     summary["stopped"] = f"no request could connect for {gone.seconds:.1f} s: {gone.cause}" if gone else None
     if summary["timed_out"]:  # the replicas abort what timed out as they see its connection close: let them

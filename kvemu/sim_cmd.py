@@ -33,6 +33,7 @@ from shared.gc_tuning import gc_paused
 from shared.overrides import coerce, parse_pairs
 from shared.progress import ProgressBar
 from sim.cells import CellError, LocalPool
+from sim.pd import cluster_label
 from sim.run import simulate
 from sim.simulator import SimSettings, saturation_warning
 
@@ -313,8 +314,9 @@ def _capacity(s: SimSettings) -> str:
 
 
 def print_table(runs: list[dict], out) -> None:
-    """Hit ratios, CSR, holes, and TTFT in emulated milliseconds (the JSON keeps seconds)."""
-    cols = [("policy", "{}", 14), ("capacity_blocks", "{:,}", 10), ("replicas", "{}", 3),
+    """Hit ratios, CSR, holes, and TTFT in emulated milliseconds (the JSON keeps seconds), the lines a row
+    of a P/D cluster or of lower memory levels has under it, and the legend of the columns."""
+    cols = [("policy", "{}", 14), ("capacity_blocks", "{:,}", 10), ("replicas", "{}", 5),
             ("block_hit_ratio", "{:.4f}", 8), ("token_hit_ratio", "{:.4f}", 8), ("csr", "{:.4f}", 8),
             ("holes/req", "{:.2f}", 9), ("ttft_p50_s", "{:,.1f}", 14), ("ttft_p99_s", "{:,.1f}", 14),
             ("load_imbalance", "{:.2f}", 6), ("refused", "{:,}", 7)]
@@ -324,22 +326,48 @@ def print_table(runs: list[dict], out) -> None:
     for r in runs:
         cells = []
         for i, (key, fmt, w) in enumerate(cols):
-            value = r["holes"]["mean_per_request"] if key == "holes/req" else r[key]
+            value = r["holes"]["mean_per_request"] if key == "holes/req" else \
+                cluster_label(r) if key == "replicas" else r[key]
             text = "-" if value is None else fmt.format(value * 1000 if key.startswith("ttft") else value)
             cells.append(text.ljust(w) if i == 0 else text.rjust(w))
         out.write("  ".join(cells) + "\n")
         if r.get("pd"):
             out.write(pd_line(r["pd"]) + "\n")
-        if r.get("tiers", {}).get("shared"):
-            out.write(shared_line(r) + "\n")
+        line = levels_line(r)
+        if line:
+            out.write(line + "\n")
+    out.write(table_legend(runs) + "\n")
 
 
-def shared_line(run: dict) -> str:
-    """A run with a shared store: what its blocks came from and what the store did."""
-    stores = run["tiers"]["shared"]
+def table_legend(runs: list[dict], lines_under: bool = True) -> str:
+    """What the columns of ``kvemu sim``'s and ``kvemu sweep``'s tables are (docs/glossary.md has each at
+    length); the P/D and lower-level parts only where a run has them (``lines_under``: the table prints each
+    row's lower levels under it, as sim's does)."""
+    pd = any(r.get("pd") for r in runs)
+    lower = lines_under and any(r.get("tiers") for r in runs)
+    return ("  blk_hit, tok_hit: prompt blocks, tokens found in HBM" + (" (every level: the line under a row)" if lower
+                                                                       else "")
+            + "; CSR: prefill compute HBM hits saved / all of it\n"
+            "  holes/req: gaps recomputed before a reused block, per request; R: replicas"
+            + (" (P/D: prefill P:decode D)" if pd else "") + "; imbal: max / mean requests per replica"
+            + (" (P/D: the decode pool)" if pd else "")
+            + "\n  ttft: emulated ms; refused: never run (over --max-model-len or the pool); more: docs/glossary.md")
+
+
+def levels_line(run: dict) -> str | None:
+    """A run with memory below HBM: the block hit ratio of each level and of every level (HBM + lower, what was not
+    recomputed), and what a shared store did; None without lower levels."""
+    tiers = run.get("tiers")
+    if not tiers:
+        return None
+    kinds = [k for k in ("host", "ssd", "shared") if (tiers.get(f"{k}_blocks") or 0) > 0]
+    hits = ", ".join(f"{k} {run[f'{k}_block_hit_ratio']:.4f}" for k in ("hbm", *kinds))
+    line = f"  block hit ratio by level: {hits}; all levels (HBM + lower) {run['all_levels_block_hit_ratio']:.4f}"
+    stores = tiers.get("shared")
+    if not stores:
+        return line
     used, cap = sum(x["used_blocks"] for x in stores), sum(x["blocks"] for x in stores)
-    return (f"  shared store{'s' if len(stores) > 1 else ''}: {run['shared_block_hit_ratio']:.4f} of blocks read from it"
-            f" (every level {run['all_levels_block_hit_ratio']:.4f}); {used:,}/{cap:,} blocks held,"
+    return (line + f"\n  shared store{'s' if len(stores) > 1 else ''}: {used:,}/{cap:,} blocks held,"
             f" {sum(x['evictions'] for x in stores):,} chunks evicted, {sum(x['refused_writes'] for x in stores):,} writes"
             f" refused, {sum(x['bytes_moved'] for x in stores) / 1e9:,.1f} GB through it")
 

@@ -28,7 +28,15 @@ from kvemu.options.scheduler import check_scheduler_flags
 from kvemu.options.shared_pool import add_shared_args, shared_settings
 from kvemu.options.source import add_source_args
 from kvemu.options.tiers import tier_settings
-from kvemu.sim_cmd import _cluster_size, add_emulation_args, capacities, check_no_ops, split_numbers, warn_lengths
+from kvemu.sim_cmd import (
+    _cluster_size,
+    add_emulation_args,
+    capacities,
+    check_no_ops,
+    split_numbers,
+    table_legend,
+    warn_lengths,
+)
 from loadgen.formats import detect_format
 from loadgen.source import load_source
 from replica.core.cache.policies import policy_class
@@ -39,6 +47,7 @@ from shared.overrides import parse_pairs
 from shared.validate import check_positive
 from sim.cells import Runner
 from sim.dask_cells import open_runner
+from sim.pd import cluster_label
 from sim.simulator import SimSettings, saturation_warning
 from sim.sweep import (
     MRC,
@@ -190,7 +199,7 @@ def _sweep(args, runner: Runner, policies: list[str], routings: list[str], repli
     if not args.quiet:
         skipped = f", {len(grid) + len(extra) - len(todo)} already in {args.out}" if args.resume else ""
         torn = f" ({bad} unreadable line(s) ignored)" if bad else ""
-        print(f"sweep: {len(grid)} grid points + {len(extra)} MRC run(s){skipped}{torn}; "
+        print(f"sweep: {len(grid)} grid points{_extras(extra)}{skipped}{torn}; "
               f"running {len(todo)} on {runner.where(len(todo))}", file=sys.stderr)
     progress = Progress(len(todo), args.quiet)
     try:
@@ -203,11 +212,22 @@ def _sweep(args, runner: Runner, policies: list[str], routings: list[str], repli
     return 0
 
 
+def _extras(extra: list) -> str:
+    """The runs beyond the grid, said for what they are: --plot's miss-ratio curve needs reuse distances, which
+    the grid's runs do not track (``--reuse-distances`` makes them)."""
+    if not extra:
+        return ""
+    n = len(extra)
+    return (f" + {n} run{'s' if n > 1 else ''} marked +reuse (LRU at the largest capacity, tracking reuse distances"
+            f" for the figure's miss-ratio curve: one per routing and replica count; not in the table)")
+
+
 def _outputs(args, trace, grid: list, sources: list) -> None:
     """The table of this grid's points, the CSV of every point in --out, and the figure."""
     records, _ = read_records(args.out)
     mine = [records[p.id] for p in grid]
     print_table(sorted(mine, key=sort_key), sys.stdout)
+    sys.stdout.write(table_legend(mine, lines_under=False) + "\n")
     warning = saturation_warning(mine)
     if warning:
         print(warning, file=sys.stderr)
@@ -223,7 +243,7 @@ def _outputs(args, trace, grid: list, sources: list) -> None:
 
 
 TABLE = [("policy", "policy", "{}", 14), ("capacity_blocks", "capacity", "{:,}", 9), ("routing", "routing", "{}", 11),
-         ("replicas", "R", "{}", 3), ("block_hit_ratio", "blk_hit", "{:.4f}", 7),
+         ("replicas", "R", "{}", 5), ("block_hit_ratio", "blk_hit", "{:.4f}", 7),
          ("token_hit_ratio", "tok_hit", "{:.4f}", 7), ("csr", "CSR", "{:.4f}", 7), ("holes", "holes/req", "{:.2f}", 9),
          ("ttft_p50_s", "ttft_p50_ms", "{:,.1f}", 14), ("ttft_p99_s", "ttft_p99_ms", "{:,.1f}", 14),
          ("load_imbalance", "imbal", "{:.2f}", 5), ("refused", "refused", "{:,}", 7), ("wall_s", "wall_s", "{:.1f}", 6)]
@@ -238,7 +258,8 @@ def print_table(records: list[dict], out) -> None:
     for rec in records:
         values = []
         for key, _, fmt, _ in TABLE:
-            value = rec["holes"]["mean_per_request"] if key == "holes" else rec.get(key)  # refused: not in old records
+            value = rec["holes"]["mean_per_request"] if key == "holes" else cluster_label(rec) if key == "replicas" \
+                else rec.get(key)  # refused: not in old records
             if value is None:  # e.g. no TTFT in a cache-only run: it has no clock
                 values.append("-")
             else:

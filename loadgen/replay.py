@@ -247,21 +247,29 @@ class Replayer:
         return rec
 
 
-def summarize(records: list[Record]) -> dict:
+def summarize(records: list[Record], block_size: int) -> dict:
+    """The run's figures. Hit ratios are HBM's, as ``kvemu sim`` and each replica's ``/stats`` define them
+    (shared/ratios.py): ``block_hit_ratio`` the prompt blocks found in HBM (``cached_blocks``) over those looked up,
+    ``token_hit_ratio`` their tokens (``block_size`` each, the replicas' block or page, at most the prompt) over
+    prompt tokens. ``cached_token_ratio``: the replicas' ``cached_tokens`` over prompt tokens, what vLLM's usage
+    reports: prompt tokens not computed, from HBM or a lower level (host, SSD, a shared pool), a prompt cached
+    whole computing its last block again."""
     ok = [r for r in records if r.status == 200]
     ttft, wall = LogHistogram(), LogHistogram()
     per: dict[str, dict] = defaultdict(lambda: {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0,
-                                                "prompt_blocks": 0, "cached_blocks": 0})
+                                                "prompt_blocks": 0, "cached_blocks": 0, "hit_tokens": 0})
     for r in ok:
         ttft.add(r.ttft_s)
         wall.add(r.wall_s)
         p = per[r.replica]
         p["requests"] += 1
         for key in ("prompt_tokens", "cached_tokens", "prompt_blocks", "cached_blocks"):
-            p[key] += getattr(r, key)
+            p[key] += getattr(r, key) or 0  # (cached_blocks: None where a replica could not say)
+        p["hit_tokens"] += min((r.cached_blocks or 0) * block_size, r.prompt_tokens)
     for p in per.values():
-        p["token_hit_ratio"] = p["cached_tokens"] / p["prompt_tokens"] if p["prompt_tokens"] else 0.0
-        p["block_hit_ratio"] = p["cached_blocks"] / p["prompt_blocks"] if p["prompt_blocks"] else 0.0
+        p["token_hit_ratio"] = ratio(p["hit_tokens"], p["prompt_tokens"])
+        p["block_hit_ratio"] = ratio(p["cached_blocks"], p["prompt_blocks"])
+        p["cached_token_ratio"] = ratio(p["cached_tokens"], p["prompt_tokens"])
     loads = [p["requests"] for p in per.values()]
     mean = sum(loads) / len(loads) if loads else 0.0
     tokens = sum(r.prompt_tokens for r in ok)
@@ -273,8 +281,9 @@ def summarize(records: list[Record]) -> dict:
         "requests": len(records), "ok": len(ok), "failed": len(records) - len(ok),
         "timed_out": sum(r.timed_out for r in records),
         "statuses": {str(k): v for k, v in sorted(statuses.items())},
-        "token_hit_ratio": ratio(sum(r.cached_tokens for r in ok), tokens),
-        "block_hit_ratio": ratio(sum(r.cached_blocks for r in ok), blocks),
+        "token_hit_ratio": ratio(sum(p["hit_tokens"] for p in per.values()), tokens),
+        "block_hit_ratio": ratio(sum(p["cached_blocks"] for p in per.values()), blocks),
+        "cached_token_ratio": ratio(sum(r.cached_tokens for r in ok), tokens),
         "ttft_p50_s": ttft.quantile(0.5), "ttft_p99_s": ttft.quantile(0.99),
         "wall_latency_p50_s": wall.quantile(0.5), "wall_latency_p99_s": wall.quantile(0.99),
         "load_imbalance": max(loads) / mean if mean else 0.0,

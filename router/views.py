@@ -221,12 +221,15 @@ def cluster_summary(state, raw_sessions: bool = False) -> dict:
 
     load_ratio, load_mean = ratio([in_flight[r.replica_id] for r in healthy])
     kv_ratio, kv_mean = ratio([r.health.get("kv_usage", 0.0) for r in healthy])
-    routed_ratio, routed_mean = ratio([routed[r.replica_id] for r in healthy])
+    # routed: over the replicas that decode (colocated ones and a P/D cluster's decode pool), which every request
+    # reaches once, as `kvemu replay` and `kvemu sim` count it; a prefill pool's is apart ("pd")
+    routed_ratio, routed_mean = ratio([routed[r.replica_id] for r in healthy if r.role != "prefill"])
+    prefill_mean = ratio([routed[r.replica_id] for r in healthy if r.role == "prefill"])[1]
     rows = []
     for r in reps:
         # Far above the mean, and by more than noise: a few requests do not make a hotspot.
         checks = (("in_flight", in_flight[r.replica_id], load_mean, 2), ("kv_usage", r.health.get("kv_usage", 0.0),
-                  kv_mean, 0.05), ("routed", routed[r.replica_id], routed_mean, 20))
+                  kv_mean, 0.05), ("routed", routed[r.replica_id], prefill_mean if r.role == "prefill" else routed_mean, 20))
         reasons = [name for name, value, mean, floor in checks
                    if r.state.healthy and mean and value > factor * mean and value - mean >= floor]
         rows.append({"replica_id": r.replica_id, "url": r.url, "healthy": r.state.healthy, "role": r.role,
@@ -286,6 +289,12 @@ def hits_by_level(tiers) -> dict[str, int]:
     return out
 
 
+def _max_over_mean(values: list[int]) -> float:
+    """Max / mean (1 = even), 0 for nothing routed."""
+    mean = sum(values) / len(values) if values else 0.0
+    return max(values) / mean if mean else 0.0
+
+
 def pd_summary(state, totals) -> dict:
     """A P/D cluster's pools (each replica's role), decisions per pool, the path requests took, and the
     transfer link as the replicas' /stats report it (their ``pd`` section)."""
@@ -294,7 +303,13 @@ def pd_summary(state, totals) -> dict:
         pools.setdefault(r.role, []).append(r.replica_id)
     decider = state.settings.pd
     paths = {p: int(totals.pd_paths.get(p, 0)) for p in pd.PD_PATHS}
+    healthy = {r.replica_id for r in state.cluster.replicas if r.state.healthy}
+    routed = {pool: [int(totals.routed.get(rid, 0)) for rid in ids if rid in healthy] for pool, ids in pools.items()}
     return {"pools": pools, "decider": getattr(decider, "decider", "always"), "paths": paths,
+            # max / mean requests routed over each pool's healthy replicas (the decode pool's with the colocated
+            # ones is /cluster's imbalance.routed)
+            "imbalance_routed": {"prefill": _max_over_mean(routed["prefill"]),
+                                 "decode": _max_over_mean(routed["decode"] + routed["both"])},
             "decisions": {pool: {k: int(v) for k, v in sorted(by.items())} for pool, by in totals.pd_decisions.items()},
             "releases": {k: int(totals.pd_releases.get(k, 0)) for k in ("released", "not_held", "failed")},
             "link": {r.replica_id: r.pd_stats for r in state.cluster.replicas if r.pd_stats}}

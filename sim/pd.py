@@ -29,6 +29,7 @@ from replica.core.sched.scheduler import SchedRequest, Scheduler
 from router.strategies import RouteRequest, RoutingStep, strategy_spec
 from shared.costmodel import CostModel, split_tp
 from shared.histogram import LogHistogram
+from shared.plotting import replicas_phrase
 from shared.ratios import CacheCounts
 from sim.settings import SimSettings
 from sim.simulator import INF, NextUses, Simulation, _Arrivals, _build_replica, _Replica
@@ -332,3 +333,20 @@ class PdSimulation(Simulation):
                 "kv_usage_mean": sum(rep.sched.pinned_block_s for rep in reps) / (span * cap),
                 "busy_fraction": sum(rep.busy_s for rep in reps) / (span * len(reps)),
                 "ttft_p50_s": ttft.quantile(0.5), "ttft_p99_s": ttft.quantile(0.99)}
+
+
+def cluster_label(run: dict) -> str:
+    """A run's replicas as the tables and figures name them: ``4``, or a P/D cluster's pools, ``2P:2D``
+    (``2P:2D+1``: one colocated replica beside them); ``run["replicas"]`` counts only colocated ones."""
+    topo = (run.get("pd") or {}).get("topology")
+    if not topo:
+        return str(run["replicas"])
+    return f"{topo['prefill']}P:{topo['decode']}D" + (f"+{topo['colocated']}" if topo["colocated"] else "")
+
+
+def cluster_phrase(run: dict) -> str:
+    """What a figure's title says of a run's cluster: '1 replica', '4 replicas, cache_aware routing', or
+    'P/D 2P:2D (prefill:decode instances), cache_aware routing'."""
+    if not (run.get("pd") or {}).get("topology"):
+        return replicas_phrase(run["replicas"], run["routing"])
+    return f"P/D {cluster_label(run)} (prefill:decode instances), {run['routing']} routing"

@@ -162,7 +162,7 @@ def routing_figure(doc: dict):
         ax.set_yticks(list(ys), labels, fontsize=8)
         ax.invert_yaxis()
         ax.grid(axis="x", alpha=0.3)
-    ax1.set_xlabel("prefill pool's token hit ratio")
+    ax1.set_xlabel("prefill pool's token hit ratio (HBM)")
     ax1.set_xlim(0, 1)
     ax2.set_xscale("log")
     ax2.grid(axis="x", which="minor", alpha=0.15)
@@ -203,7 +203,7 @@ def estimate_figure(doc: dict):
         _log_x(ax, caps, [f"{c:,}" for c in caps])
         ax.set_xlabel("KV capacity (blocks of 16 tokens)")
         ax.grid(alpha=0.3)
-    ax1.set_ylabel("block hit ratio (steady state)")
+    ax1.set_ylabel("block hit ratio (HBM, steady state)")
     ax1.set_ylim(0, 1)
     ax1.legend(fontsize=7, loc="upper left")
     ax2.axhline(0, color="k", lw=0.8)
@@ -247,7 +247,7 @@ def pd_runs_figure(runs: list[dict], source: str):
         _split_bars(ax, labels, [r["pd"]["ttft_split"] for r in runs], [r[f"ttft_{q}_s"] for r in runs], q)
         ax.set_title(f"TTFT split of remote-prefill requests, {q}", fontsize=9)
     ax0.legend(fontsize=7, loc="lower right")
-    metrics = (("token_hit_ratio", "token hit ratio"), ("kv_usage_mean", "mean KV use"),
+    metrics = (("token_hit_ratio", "token hit ratio (HBM)"), ("kv_usage_mean", "mean KV use"),
                ("busy_fraction", "busy fraction"))
     rows = [(lab, role, pool) for lab, r in zip(labels, runs) for role, pool in r["pd"]["pools"].items()]
     h = 0.8 / len(metrics)

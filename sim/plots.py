@@ -10,9 +10,9 @@ from shared.plotting import (
     ceiling_line,
     hit_mode_entry,
     pyplot,
-    replicas_phrase,
     thin_overlapping_ticks,
 )
+from sim.pd import cluster_phrase
 
 
 def capacity_figure(runs: list[dict], source: str, ceiling: float | None = None):
@@ -32,7 +32,7 @@ def capacity_figure(runs: list[dict], source: str, ceiling: float | None = None)
     first = runs[0]
     ceiling_line(axes[0], ceiling, [r["block_hit_ratio"] for r in runs])
     axes[1].set_ylim(0, min(max(max(r["csr"] for r in runs) * 1.12, 0.05), 1.05))
-    labels = (("block hit ratio", "block hit ratio (fraction of block accesses)"),
+    labels = (("block hit ratio (HBM)", "fraction of block accesses found in HBM"),
               ("compute-savings ratio (CSR)", "CSR (prefill compute saved / total)"))
     for ax, (title, ylabel) in zip(axes, labels):
         capacity_axis(ax, caps, first.get("block_size"))
@@ -43,7 +43,7 @@ def capacity_figure(runs: list[dict], source: str, ceiling: float | None = None)
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 4), fontsize=9, frameon=False)
     policies = ", ".join(by_policy)
-    fig.suptitle(f"{source}: {policies} by capacity; {replicas_phrase(first['replicas'], first['routing'])}; "
+    fig.suptitle(f"{source}: {policies} by capacity; {cluster_phrase(first)}; "
                  f"{first['model']} on {first['gpu']}", fontsize=11)
     fig.tight_layout(rect=(0, 0.05 + 0.035 * ((len(labels) - 1) // 4), 1, 1))
     thin_overlapping_ticks(fig)

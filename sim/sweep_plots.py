@@ -30,9 +30,9 @@ from shared.plotting import (
     ceiling_line,
     hit_mode_entry,
     pyplot,
-    replicas_phrase,
     thin_overlapping_ticks,
 )
+from sim.pd import cluster_phrase
 
 MAX_PANELS = 4
 # routings that keep a conversation on one replica, so R replicas of N blocks act like one
@@ -113,12 +113,12 @@ def _load_chart(ax, rec: dict) -> None:
     ax.set_xlabel("replica")
     ax2 = ax.twinx()
     ax2.plot(names, [p["block_hit_ratio"] for p in per], "o-", color=REPLICA_LINE,
-             label="block hit ratio (line, right axis)")
+             label="block hit ratio, HBM (line, right axis)")
     ax2.set_ylim(0, 1.05)
-    ax2.set_ylabel("block hit ratio")
+    ax2.set_ylabel("block hit ratio (HBM)")
     # two lines: one would be wider than its panel and be cut at the figure's left edge
     ax.set_title(f"per replica: {rec['policy']} at {rec['capacity_blocks']:,} blocks\n"
-                 f"{replicas_phrase(rec['replicas'], rec['routing'])} (imbalance {rec['load_imbalance']:.2f})",
+                 f"{cluster_phrase(rec)} (imbalance {rec['load_imbalance']:.2f})",
                  fontsize=10)
     lines = ax.get_legend_handles_labels()
     more = ax2.get_legend_handles_labels()
@@ -183,11 +183,11 @@ def sweep_figure(records: list[dict], mrc_records: list[dict], mean_field=None, 
     for combo, ax_h, ax_c, ax_t in zip(shown, hit_axes, csr_axes, ttft_axes):
         recs = groups[combo]
         caps = sorted({r["capacity_blocks"] for r in recs})
-        where = replicas_phrase(combo[1], combo[0])
+        where = cluster_phrase(recs[0])
         _policy_lines(ax_h, recs, "block_hit_ratio", colors)
         _overlays(ax_h, combo, caps, mrc_by.get(combo), mean_field)
         ceiling_line(ax_h, ceiling, [y for line in ax_h.get_lines() for y in line.get_ydata()])
-        _style(ax_h, caps, "block hit ratio (fraction of block accesses)", f"block hit ratio, {where}", bs)
+        _style(ax_h, caps, "fraction of block accesses found in HBM", f"block hit ratio, {where}", bs)
         _policy_lines(ax_c, recs, "csr", colors)
         ax_c.set_ylim(0, min(max(max(r["csr"] for r in recs) * 1.12, 0.05), 1.05))
         _style(ax_c, caps, "CSR (prefill compute saved / total)", f"compute-savings ratio, {where}", bs)

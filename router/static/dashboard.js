@@ -96,7 +96,7 @@ function label(d, rid) {
 
 function timeCharts(d) {
   const simple = [["kv_usage", "kv_usage", {label: "KV usage (%)", range: [0, 100]}, 100],
-    ["hit_ratio", "hit_ratio", {label: "hit ratio", range: [0, 1]}, 1], ["csr", "csr", {label: "CSR", range: [0, 1]}, 1],
+    ["hit_ratio", "hit_ratio", {label: "block hit ratio (HBM)", range: [0, 1]}, 1], ["csr", "csr", {label: "CSR", range: [0, 1]}, 1],
     ["running", "running", {label: "requests", integer: true}, 1], ["waiting", "waiting", {label: "requests", integer: true}, 1],
     ["evictions", "evictions_per_s", {label: "blocks / s"}, 1], ["index_lag", "event_lag", {label: "events", integer: true}, 1]];
   for (const [name, key, y, scale] of simple) {

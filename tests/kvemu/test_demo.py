@@ -41,7 +41,7 @@ def test_demo_reports_and_shuts_down_within_a_minute(tmp_path):
     assert sorted(c.split(" -m ")[1].split()[0] for c in children.values()) == ["replica"] * 4 + ["router"]
     assert leftover == {}, f"processes outlived kvemu demo: {leftover}"
 
-    m = re.search(r"token hit ratio (\d\.\d+)\s+block hit ratio (\d\.\d+)\s+CSR (\d\.\d+)", stdout)
+    m = re.search(r"token hit ratio \(HBM\) (\d\.\d+)\s+block hit ratio \(HBM\) (\d\.\d+)\s+CSR (\d\.\d+)", stdout)
     assert m, stdout
     token_hit, block_hit, csr = map(float, m.groups())
     assert 0.3 < token_hit <= 1 and 0.3 < block_hit <= 1 and 0.3 < csr <= 1

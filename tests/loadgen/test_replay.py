@@ -116,7 +116,7 @@ def test_records_and_summary_have_exact_cached_tokens(cluster, tmp_path):
     assert set(doc["cluster"]["replicas"]["replica-0"]) == {"run", "lifetime"} and doc["cluster"]["hotspots"] == []
     assert 0 < doc["cluster"]["csr"] <= 1 and doc["summary"]["interrupted"] is False
     # The printed report carries the same numbers.
-    assert f"token hit ratio {s['token_hit_ratio']:.4f}" in res.stdout
+    assert f"token hit ratio (HBM) {s['token_hit_ratio']:.4f}" in res.stdout
     assert "replica-0" in res.stdout and "6 (6 ok, 0 failed)" in res.stdout
 
 

@@ -36,7 +36,7 @@ def replayed(tmp_path_factory):
     finally:
         cluster.stop()
     sent = [r for reqs in sessions_of(trace, MAX_REQUESTS).values() for r in reqs]
-    return summarize(records), records, plot_context(trace, sent, SPEEDUP, report), sent
+    return summarize(records, trace.block_size), records, plot_context(trace, sent, SPEEDUP, report), sent
 
 
 def test_replay_figure(replayed, tmp_path):

@@ -198,3 +198,27 @@ def test_a_colocated_replica_whose_holds_exhaust_its_pool_is_routed_around():
         wait_for(lambda: cluster_row(router.url, "replica-0")["holds"] == "ok", timeout=5.0, what="the recovery")
     finally:
         stop_all(router, full, other)
+
+
+def test_routed_imbalance_is_the_decode_pools_as_the_replay_counts_it():
+    """/cluster's imbalance.routed is max / mean requests over the replicas that decode, what `kvemu replay` (by
+    each answer's X-Kvemu-Replica) and `kvemu sim` report; the prefill pool's is apart. 3 requests round robin:
+    decode-0 2, decode-1 1 (2 / 1.5 = 1.333); counting prefill-0's 3 too it was 3 / 2 = 1.5."""
+    prefill = start_replica("--role", "prefill", replica_id="prefill-0")
+    decoders = [start_replica("--role", "decode", replica_id=f"decode-{i}") for i in range(2)]
+    router = None
+    try:
+        router = start_router([f"prefill={prefill.url}", *(f"decode={d.url}" for d in decoders)], "--pd-decider",
+                              "always", routing="round_robin")
+        answered: dict[str, int] = {}
+        for i in range(3):
+            _, headers = generate(router, list(range(i * 1000, i * 1000 + 200)), f"s{i}")
+            answered[headers["X-Kvemu-Replica"]] = answered.get(headers["X-Kvemu-Replica"], 0) + 1
+        assert sorted(answered.values()) == [1, 2]
+        cluster = http_json("GET", router.url + "/cluster")[1]
+        assert {r["replica_id"]: r["routed"] for r in cluster["replicas"]}["prefill-0"] == 3
+        assert cluster["imbalance"]["routed"] == pytest.approx(2 / 1.5)
+        assert cluster["pd"]["imbalance_routed"] == pytest.approx({"prefill": 1.0, "decode": 2 / 1.5})
+        unpinned(prefill, *decoders)
+    finally:
+        stop_all(router, prefill, *decoders)

@@ -44,7 +44,8 @@ def test_parallel_cells_give_the_serial_runs_in_grid_order(trace_file, tmp_path,
     assert all(r["requests"] == r["served"] == 740 for r in parallel)
     # and the table printed on stdout is the same
     out = capsys.readouterr().out.splitlines()
-    assert len(out) == 2 * 7 and out[:7] == out[7:]
+    n = 1 + 6 + 3  # the header, the six runs, the legend
+    assert len(out) == 2 * n and out[:n] == out[n:]
 
 
 def test_more_jobs_than_cells_and_a_single_cell(trace_file, tmp_path):

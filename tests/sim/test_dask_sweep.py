@@ -59,8 +59,8 @@ def test_dask_records_equal_the_process_pool_records(cluster, trace_file, tmp_pa
     assert len(lines(remote)) == POINTS
     assert by_id_without_wall(remote) == by_id_without_wall(local)
     out = capsys.readouterr().out.splitlines()
-    assert len(out) == 2 * (POINTS + 1)  # the same table (wall_s aside) from both
-    half = POINTS + 1
+    half = 1 + POINTS + 3  # the header, the points, the legend
+    assert len(out) == 2 * half  # the same table (wall_s aside) from both
     assert [line.rsplit(None, 1)[0] for line in out[:half]] == [line.rsplit(None, 1)[0] for line in out[half:]]
 
 

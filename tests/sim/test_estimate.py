@@ -259,6 +259,27 @@ def test_cli_json_mirrors_the_preset_flags(capsys):
     assert doc["inputs"]["params"]["arrival_rate"] == 1.5
 
 
+def test_cli_table_gives_gib_beside_blocks_and_says_what_each_symbol_is(capsys):
+    # llama-3-8b: 32 layers x 8 KV heads x 128 x 2 bytes x (K, V) = 128 KiB a token, 2 MiB a block of 16 tokens;
+    # the scm model above: A_H = 30, A_R = 40, E[B] = 10 blocks a session
+    rc = main(["estimate", "--set", "arrival_rate=1.5", "--set", "think_mean=45", "--set", "continue_prob=0.75",
+               "--set", "prompt_blocks=1", "--set", "response_blocks=2", "--capacity-blocks", "2275",
+               "--model", "llama-3-8b"])
+    assert rc == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == "capacity           2,275 blocks (4.44 GiB: 16-token blocks of llama-3-8b's KV, 2.00 MiB each)"
+    assert "E[B]               10.00 blocks (0.020 GiB) per session" in lines
+    assert "A_H / A_H^hash     30.00 blocks (0.059 GiB) / 27.00 blocks (0.053 GiB) per session" in lines
+    assert "A_R                40.00 blocks (0.078 GiB) per session" in lines
+    legend = " ".join(lines[lines.index("") + 1:])
+    for symbol in ("E[B]:", "A_H:", "A_H^hash:", "A_R:", "h_max = A_H / A_R:", "characteristic T:", "hit ratio:"):
+        assert symbol in legend
+    assert main(["estimate", "--set", "arrival_rate=1.5", "--capacity-blocks", "2275", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)  # the default model: 96 KiB a token, 1.5 MiB a block
+    assert (doc["model"], doc["block_size"], doc["block_bytes"]) == ("qwen3-coder-30b-a3b", 16, 1_572_864)
+    assert doc["capacity_gib"] == pytest.approx(2275 * 1.5 / 1024)
+
+
 def test_cli_target_hit_ratio_and_practical(capsys):
     args = ["estimate", "--set", "continue_prob=0.75", "--set", "prompt_blocks=1", "--set", "response_blocks=2",
             "--set", "think_dist=lognormal", "--set", "think_sigma=1.5", "--target-hit-ratio", "0.4", "--practical",

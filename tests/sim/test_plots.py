@@ -45,9 +45,9 @@ def test_sim_figure(trace_file, tmp_path, replicas, routing, where):
         check_readable(fig)
         assert fig._suptitle.get_text() == f"scm.jsonl: lru, s3fifo by capacity; {where}; qwen3-coder-30b-a3b on h200"
         hit, csr = fig.axes
-        assert (hit.get_title(), csr.get_title()) == ("block hit ratio", "compute-savings ratio (CSR)")
+        assert (hit.get_title(), csr.get_title()) == ("block hit ratio (HBM)", "compute-savings ratio (CSR)")
         assert hit.get_xlabel() == csr.get_xlabel() == "KV capacity per replica (blocks of 16 tokens)"
-        assert hit.get_ylabel() == "block hit ratio (fraction of block accesses)"
+        assert hit.get_ylabel() == "fraction of block accesses found in HBM"
         assert csr.get_ylabel() == "CSR (prefill compute saved / total)"
         assert [t.get_text() for t in hit.get_xticklabels()] == ["600", "1.2K", "2.4K"]
         assert [t.get_text() for t in fig.legends[0].get_texts()] == ["lru", "s3fifo",
@@ -83,7 +83,7 @@ def test_sweep_figure(trace_file, tmp_path):
         for where in wheres:  # one 1-replica panel, not one per routing
             hit = titled[f"block hit ratio, {where}"]
             assert ceiling_of(hit) == pytest.approx(ceiling)
-            assert hit.get_ylabel() == "block hit ratio (fraction of block accesses)"
+            assert hit.get_ylabel() == "fraction of block accesses found in HBM"
             assert titled[f"compute-savings ratio, {where}"].get_ylabel() == "CSR (prefill compute saved / total)"
             ttft = titled[f"time to first token, {where}\np50 solid, p99 dashed"]
             assert ttft.get_ylabel() == "TTFT (s, emulated)"
@@ -98,7 +98,7 @@ def test_sweep_figure(trace_file, tmp_path):
                    and r["capacity_blocks"] == 2400)
         assert load.get_title() == ("per replica: lru at 2,400 blocks\n2 replicas, cache_aware routing "
                                     f"(imbalance {run['load_imbalance']:.2f})")  # two lines: fits its panel
-        assert legend_labels(load) == ["requests routed (bars, left axis)", "block hit ratio (line, right axis)"]
+        assert legend_labels(load) == ["requests routed (bars, left axis)", "block hit ratio, HBM (line, right axis)"]
         policy_colors = set(line_colors(titled["block hit ratio, 1 replica"], ("_", "LRU", "infinite")).values())
         assert len(policy_colors) == 2
         assert to_hex(load.patches[0].get_facecolor()) == REPLICA_BAR.lower() not in policy_colors

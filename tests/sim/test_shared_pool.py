@@ -157,8 +157,10 @@ def test_kvemu_sim_with_a_shared_store_prints_its_line_and_writes_its_figures(tr
     assert main(sim_argv(trace_file, "--shared-cache-gib", "1", "--shared-write", "through", "--json", str(out))) == 0
     text = capsys.readouterr().out
     # 1 GiB of 2 MiB blocks: 512; 20 held; 20 writes of 2 MiB through the store (0.04 GB)
-    assert ("  shared store: 0.3333 of blocks read from it (every level 0.3333); 20/512 blocks held, 0 chunks"
-            " evicted, 0 writes refused, 0.1 GB through it") in text.splitlines()
+    # turn 0 on replica-0 misses its 10 blocks; turn 1 on replica-1 reads those 10 of its 20 from the store
+    lines = text.splitlines()
+    at = lines.index("  block hit ratio by level: hbm 0.0000, shared 0.3333; all levels (HBM + lower) 0.3333")
+    assert lines[at + 1] == "  shared store: 20/512 blocks held, 0 chunks evicted, 0 writes refused, 0.1 GB through it"
     [r] = json.loads(out.read_text())["runs"]
     assert r["shared_block_hit_ratio"] == pytest.approx(1 / 3) and r["tiers"]["shared"][0]["blocks"] == 512
     assert (r["tiers"]["shared"][0]["nic_gbps"], r["tiers"]["shared"][0]["pool_gbps"]) == (400.0, 640.0)
@@ -169,7 +171,8 @@ def test_kvemu_sim_shared_flags_reach_the_store(trace_file, tmp_path, capsys):
     assert main(sim_argv(trace_file, "--shared-cache-gib", "1", "--shared-write", "through", "--shared-chunk-tokens",
                          "64", "--shared-eviction", "lru", "--shared-nic-gbps", "100", "--shared-pool-gbps", "200",
                          "--shared-ttfb-us", "50", "--shared-scope", "1", "--json", str(out))) == 0
-    assert "  shared stores: 0.0000 of blocks read from it" in capsys.readouterr().out
+    text = capsys.readouterr().out  # a store per replica (--shared-scope 1): neither reads the other's blocks
+    assert "  block hit ratio by level: hbm 0.0000, shared 0.0000; all levels (HBM + lower) 0.0000\n  shared stores:" in text
     first, second = json.loads(out.read_text())["runs"][0]["tiers"]["shared"]
     assert (first["chunk_blocks"], first["eviction"], first["write"], first["nic_gbps"], first["pool_gbps"]) == \
         (4, "lru", "through", 100.0, 200.0)
