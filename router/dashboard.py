@@ -11,6 +11,7 @@ counters went down) gets no value for that window rather than a negative one.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections import deque
@@ -21,6 +22,7 @@ from aiohttp import web
 
 from router.state import ROUTER
 from router.views import cluster_summary, refresh_pool_stats
+from shared.auth import session_label, wants_raw_sessions
 from shared.errors import InputError
 from shared.index import MemoryIndex
 
@@ -105,7 +107,9 @@ class Dashboard:
         self.samples.append(point)
         return point
 
-    def view(self, state, points: int) -> dict:
+    def view(self, state, points: int, raw_sessions: bool = False) -> dict:
+        """The last ``points`` samples and the latest detail; session ids as keyed hashes (as /cluster shows
+        them) unless ``raw_sessions`` (asked with the cluster token)."""
         samples = list(self.samples)[-points:]
         last = samples[-1] if samples else None
         replica_ids = list(dict.fromkeys(replica_id for s in samples for replica_id in s["replicas"]))
@@ -119,8 +123,10 @@ class Dashboard:
         hist["pools"] = {pid: {k: _series(s["pools"].get(pid, {}).get(k) for s in samples) for k in POOL_SERIES}
                          for pid in pool_ids}
         rows = []
+        token = state.settings.serving.cluster_token
+        label = (lambda s: s) if raw_sessions or not token else (lambda s: session_label(s, token))
         for row in (last["summary"]["replicas"] if last else []):
-            rows.append({**row, **_detail(self.latest.get(row["replica_id"]))})
+            rows.append({**row, **_detail(self.latest.get(row["replica_id"]), label)})
         return {"now": time.time(), "interval_s": self.interval_s, "routing": state.settings.routing,
                 "index": last["index"] if last else {}, "decisions": last["decisions"] if last else {},
                 "hotspots": last["summary"]["hotspots"] if last else [],
@@ -177,17 +183,19 @@ def _link_bytes(st: dict) -> float:
     return float(sum((pd.get(side) or {}).get("bytes", 0) for side in ("send", "recv")))
 
 
-def _detail(st: dict | None) -> dict:
-    """What the page shows of a replica's last /stats besides the series."""
+def _detail(st: dict | None, label) -> dict:
+    """What the page shows of a replica's last /stats besides the series (its top sessions' ids as
+    ``label`` shows them)."""
     if st is None:
         return {"stats": None}
     reuse = st.get("reuse") or {}
     mrc = [p for p in reuse.get("mrc", []) if p[0] >= 1]
+    top = [{**row, "session": label(row.get("session"))} for row in st.get("top_sessions", [])]
     return {"stats": {
         "policy": st.get("policy", {}).get("name"), "capacity_blocks": st.get("capacity_blocks"),
         "capacity_gib": st.get("capacity_gib"), "model": st.get("model"), "gpu": st.get("gpu"),
         "block_hit_ratio": st.get("block_hit_ratio"), "csr": st.get("csr"), "requests": st.get("requests"),
-        "evictions": st.get("evictions"), "ttft": st.get("ttft"), "top_sessions": st.get("top_sessions", []),
+        "evictions": st.get("evictions"), "ttft": st.get("ttft"), "top_sessions": top,
         "mrc": mrc, "reuse_distance_log2": reuse.get("distance_log2", {}), "reuse_accesses": reuse.get("accesses"),
         "policy_switches": st.get("policy_switches", []), "pd": st.get("pd"),
     }}
@@ -196,9 +204,12 @@ def _detail(st: dict | None) -> dict:
 
 
 async def _fetch_stats(state) -> dict[str, dict]:
+    # the sessions as sent where the router holds the token (the page hashes them, but where asked with it)
+    raw = "&sessions=raw" if state.settings.serving.cluster_token else ""
+
     async def one(rep):
         try:
-            async with state.cluster.session.get(f"{rep.url}/stats?top={TOP_SESSIONS}",
+            async with state.cluster.session.get(f"{rep.url}/stats?top={TOP_SESSIONS}{raw}", headers=state.cluster.auth,
                                                  timeout=aiohttp.ClientTimeout(total=1.0)) as resp:
                 if resp.status == 200:
                     return rep.replica_id, await resp.json()
@@ -221,16 +232,26 @@ async def _redis_stats(state) -> dict:
 DASHBOARD = web.AppKey("dashboard", Dashboard)
 
 
-async def page(request: web.Request) -> web.FileResponse:
-    return web.FileResponse(STATIC / "dashboard.html", headers={"Cache-Control": "no-cache"})
+FIRST_DATA = '<script id="first-data" type="application/json">null</script>'
+
+
+async def page(request: web.Request) -> web.Response:
+    """The page with the data of this moment inlined (what /dashboard/data would answer, session ids hashed),
+    which it draws before its load event: a first screenshot, or a first look, need not wait for a poll."""
+    first = json.dumps(request.app[DASHBOARD].view(request.app[ROUTER], HISTORY)).replace("<", "\\u003c")
+    html = (STATIC / "dashboard.html").read_text().replace(FIRST_DATA, FIRST_DATA.replace("null", first), 1)
+    resp = web.Response(text=html, content_type="text/html", headers={"Cache-Control": "no-cache"})
+    resp.enable_compression()
+    return resp
 
 
 async def data(request: web.Request) -> web.Response:
     raw = request.query.get("points", str(HISTORY))
     if not raw.isdigit() or not 1 <= int(raw) <= HISTORY:
         raise InputError("points", f"expected an integer between 1 and {HISTORY}, got {raw!r:.40}")
-    dash = request.app[DASHBOARD]
-    resp = web.json_response(dash.view(request.app[ROUTER], int(raw)), headers={"Cache-Control": "no-store"})
+    state = request.app[ROUTER]
+    view = request.app[DASHBOARD].view(state, int(raw), wants_raw_sessions(request, state.settings.serving.cluster_token))
+    resp = web.json_response(view, headers={"Cache-Control": "no-store"})
     resp.enable_compression()  # gzip when the browser accepts it: the history is repetitive numbers
     return resp
 

@@ -8,6 +8,11 @@ const REPLICA_COLORS = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "
 // cluster-wide series (reasons, imbalance kinds): hues no replica line uses
 const OTHER_COLORS = ["#6a3d9a", "#8c564b", "#444444", "#e7298a", "#a6761d", "#999933", "#17becf"];
 const clock = (unixS) => new Date(unixS * 1000).toLocaleTimeString([], {hour12: false});
+// /dashboard?sessions=raw#token=T: session ids as sent, asked for with the cluster token, which is kept in this
+// tab only (sessionStorage) and taken out of the address bar, so it is in no URL sent, logged or shared.
+const RAW = new URLSearchParams(location.search).get("sessions") === "raw";
+const TOKEN_KEY = "kvemu-cluster-token";
+let rawSessions = RAW;
 const charts = {};
 const replicaColor = {};
 let lastOk = 0;
@@ -335,9 +340,33 @@ function render(d) {
   switchesTable(d);
 }
 
+function clusterToken() {
+  const m = location.hash.match(/(?:^#|&)token=([^&]*)/);
+  if (m) {
+    sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(m[1]));
+    history.replaceState(null, "", location.pathname + location.search);
+  }
+  return sessionStorage.getItem(TOKEN_KEY) || "";
+}
+
+async function fetchData() {
+  if (!rawSessions) return fetch("/dashboard/data", {cache: "no-store"});
+  const resp = await fetch("/dashboard/data?sessions=raw",
+    {cache: "no-store", headers: {Authorization: `Bearer ${clusterToken()}`}});
+  const note = document.getElementById("sessions-note");
+  if (resp.status === 401 || resp.status === 403) {  // no token, or not this cluster's: hashed ids, and why
+    rawSessions = false;
+    note.textContent = `Raw session ids refused (${resp.status}): open /dashboard?sessions=raw#token=TOKEN with this`
+      + " cluster's token (the file kvemu up prints beside token). Showing keyed hashes.";
+    return fetchData();
+  }
+  note.textContent = "Session ids as sent (asked with the cluster token).";
+  return resp;
+}
+
 async function tick() {
   try {
-    const resp = await fetch("/dashboard/data", {cache: "no-store"});
+    const resp = await fetchData();
     if (resp.ok) { render(await resp.json()); lastOk = Date.now(); }
   } catch (e) {
     // the router is unreachable: say so below, keep polling
@@ -358,4 +387,8 @@ window.addEventListener("resize", () => {
 });
 
 window.kvemuDashboard = {charts};  // for tests and the curious: the uPlot instances by panel
-tick();
+// The page comes with the data of its moment (the router inlines it, session ids hashed): drawn now, before
+// the load event, so a screenshot taken at load has it; polling takes over from there.
+const first = JSON.parse(document.getElementById("first-data").textContent);
+if (first && !RAW) { render(first); lastOk = Date.now(); }
+setTimeout(tick, first && !RAW ? POLL_MS : 0);
