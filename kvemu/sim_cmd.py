@@ -297,7 +297,7 @@ def run_parallel(trace: Trace, grid: list[SimSettings], jobs: int, quiet: bool) 
     def finished(index: int, run: dict) -> None:
         runs[index] = run
         s = grid[index]
-        bar.note(f"  {s.policy} @ {_capacity(s)}: block hit {run['block_hit_ratio']:.4f}, {run['wall_s']:.1f} s")
+        bar.note(f"  {s.policy} @ {_capacity(s)}: block hit (HBM) {run['block_hit_ratio']:.4f}, {run['wall_s']:.1f} s")
         bar.update()
 
     try:

@@ -50,7 +50,9 @@ class Point:
     def describe(self) -> str:
         s = self.settings
         extra = " +reuse" if self.kind == MRC else ""
-        return f"{s.policy} @ {s.capacity_blocks:,} blocks, {s.routing} x{s.replicas}{extra}"
+        # a P/D cluster by its pools (its colocated replicas, s.replicas, are often none)
+        where = f"{s.pd.prefill}P:{s.pd.decode}D" + (f"+{s.replicas}" if s.replicas else "") if s.pd else f"x{s.replicas}"
+        return f"{s.policy} @ {s.capacity_blocks:,} blocks, {s.routing} {where}{extra}"
 
 
 # ---------------------------------------------------------------- identities
@@ -216,7 +218,7 @@ class Progress:
         return self.bar.done
 
     def __call__(self, point: Point, rec: dict) -> None:
-        self.bar.note(f"  {point.describe()}: block hit {rec['block_hit_ratio']:.4f}, {rec['wall_s']:.1f} s")
+        self.bar.note(f"  {point.describe()}: block hit (HBM) {rec['block_hit_ratio']:.4f}, {rec['wall_s']:.1f} s")
         self.bar.update()
 
 

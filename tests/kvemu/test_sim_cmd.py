@@ -193,3 +193,23 @@ def test_a_run_on_the_python_pool_says_why_in_one_line(capsys):
     assert len(notes) == 1 and reason in notes[0]
     assert main([*SIM, "--quiet"]) == 0
     assert not compiled_pool.compiled() or "note: " not in capsys.readouterr().err
+
+
+def test_a_pd_cluster_is_shown_by_its_pools_and_the_legend_says_what_the_columns_are(tmp_path, capsys):
+    out = tmp_path / "pd.json"
+    assert main(["sim", "--workload", "scm", "--duration", "120", "--prefill-replicas", "1", "--decode-replicas", "2",
+                 "--capacity-blocks", "2000", "--max-model-len", "32000", "--no-reuse-distances", "--quiet",
+                 "--json", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    [run] = json.loads(out.read_text())["runs"]
+    assert run["replicas"] == 0 and run["pd"]["topology"] == {"colocated": 0, "prefill": 1, "decode": 2}
+    row = lines[1].split()
+    assert row[2] == "1P:2D"  # it printed R 0
+    # imbal: max / mean requests over the decode pool, every request decoded once
+    decoded = [p["routed"] for p in run["per_replica"] if p["role"] == "decode"]
+    assert sum(decoded) == run["served"]  # (counting prefill-0 too, max / mean would be far higher)
+    assert row[9] == f"{max(decoded) / (sum(decoded) / 2):.2f}" == f"{run['load_imbalance']:.2f}"
+    legend = lines[-3:]
+    assert legend[0].startswith("  blk_hit, tok_hit: prompt blocks, tokens found in HBM; CSR:")
+    assert "R: replicas (P/D: prefill P:decode D)" in legend[1] and "(P/D: the decode pool)" in legend[1]
+    assert legend[2].endswith("more: docs/glossary.md")

@@ -141,12 +141,19 @@ def test_bad_input_is_one_error_line_and_exit_2_before_any_work(change, field, t
     assert not out.exists()
 
 
-def test_plot_writes_a_png_with_an_mrc_run_per_combination(trace_file, tmp_path):
+def test_plot_writes_a_png_with_an_mrc_run_per_combination(trace_file, tmp_path, capsys):
     out, png = tmp_path / "r.jsonl", tmp_path / "sweep.png"
     argv = ["sweep", "--trace", str(trace_file), "--policy", "lru,s3fifo", "--capacity-blocks", "600,1200,2400",
-            "--routing", "session", "--replicas", "1,2", "--max-running", "1", "--jobs", "2", "--quiet",
+            "--routing", "session", "--replicas", "1,2", "--max-running", "1", "--jobs", "2",
             "--out", str(out), "--plot", str(png)]
     assert main(argv) == 0
+    captured = capsys.readouterr()
+    # the runs beyond the grid are said for what they are (it said "12 grid points + 2 MRC run(s)")
+    assert next(line for line in captured.err.splitlines() if line.startswith("sweep:")) == (
+        "sweep: 12 grid points + 2 runs marked +reuse (LRU at the largest capacity, tracking reuse distances for the"
+        " figure's miss-ratio curve: one per routing and replica count; not in the table); running 14 on 2 worker(s)")
+    table = captured.out.splitlines()
+    assert len(table) == 1 + 12 + 3 and table[13].startswith("  blk_hit, tok_hit: prompt blocks, tokens found in HBM;")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     recs = lines(out)
     mrc = [r for r in recs if r["kind"] == "mrc"]
