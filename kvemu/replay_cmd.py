@@ -12,6 +12,7 @@ import time
 import urllib.parse
 import urllib.request
 
+from kvemu.options.requests_out import add_requests_out_arg, requests_out
 from kvemu.options.source import add_source_args
 from kvemu.program import check_outputs
 from loadgen.replay import GIVE_UP_S, Record, Replayer, Unreachable, records_json, summarize
@@ -36,6 +37,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="OUT", help="summary and per-request records")
     p.add_argument("--csv", metavar="OUT.csv", help="the per-request records, one row each")
     p.add_argument("--plot", metavar="OUT.png", help="per-replica load and TTFT distribution")
+    add_requests_out_arg(p, help="speak OpenAI's streamed /v1/completions (to vLLM, SGLang or kvemu alike) and write"
+                                 " one JSON line per request: index, arrival_s, first_token_s, finish_s (seconds from"
+                                 " the replay's start), input_tokens, output_tokens, cached_tokens, preemptions, replica"
+                                 " (null where the server does not say); the same fields as `kvemu sim --requests-out`")
     p.add_argument("--quiet", action="store_true")
 
 
@@ -199,8 +204,14 @@ def run(args) -> int:
         raise InputError("--give-up-after", f"must be >= 0 seconds (0: never), got {args.give_up_after}")
     check_outputs(args)
     url = base_url("--url", args.url)
+    records_path = requests_out(args)
+    if records_path:  # any OpenAI-compatible server: kvemu's own /health and /generate are not needed
+        from kvemu.replay_openai import run_openai
+
+        return run_openai(args, url, records_path, fetch_json, write_outputs)
     if fetch_json(url + "/health") is None:
-        raise KvemuError(f"no kvemu router or replica answers at {args.url} (is `kvemu up` running?)")
+        raise KvemuError(f"no kvemu router or replica answers at {args.url} (is `kvemu up` running? Another"
+                         " OpenAI-compatible server: add --requests-out FILE)")
     matching, block_size = cluster_matching(url)
     tokens = matching == "radix"  # the replicas cut token ids into their pages: send tokens
     trace = load_source(args, 1 if tokens else None, tokens=tokens)

@@ -15,6 +15,7 @@ from kvemu.options.matching import add_matching_args, matching_setting, source_u
 from kvemu.options.option import add_options
 from kvemu.options.pd import add_pd_args, colocated_default, pd_cluster, topology
 from kvemu.options.prefix_caching import PREFIX_CACHING, prefix_caching_setting
+from kvemu.options.requests_out import add_requests_out_arg, requests_out
 from kvemu.options.response_kv import add_response_kv_arg
 from kvemu.options.reuse import add_sim_reuse_args, sim_reuse
 from kvemu.options.router_flags import routing_settings
@@ -84,6 +85,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="run the policy x capacity cells in this many processes at once (default: all cores)")
     p.add_argument("--json", metavar="FILE", help="write {\"runs\": [...]} here ('-' for stdout)")
     p.add_argument("--csv", metavar="FILE.csv", help="the main scalar columns of every run, one row each")
+    add_requests_out_arg(p)
     p.add_argument("--plot", metavar="FILE.png", help="hit ratio and CSR against capacity per policy (a P/D cluster:"
                    " also FILE-pd.png, its TTFT split and pools)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -199,10 +201,17 @@ def run(args) -> int:
     # the trace's millions of fresh objects three times (young, middle, oldest generation) and free
     # nothing (a run makes no cycles: tests/sim/test_gc_free.py); 0.2-0.4 s of a cache-only run of a
     # 20x trace. Freed by reference counting before the collector is back, the trace is not traversed.
+    records_path = requests_out(args)
+    if records_path and args.cache_only:
+        raise InputError("--requests-out", "a --cache-only run has no clock, so no request has a time: drop one of the two")
     with gc_paused():
         trace, grid = runs_of(args)
-        runs = run_serial(trace, grid, args.quiet) if args.jobs == 1 or len(grid) == 1 else \
+        if records_path and len(grid) > 1:
+            raise InputError("--requests-out", f"writes one run's requests, but the flags ask for {len(grid)} runs"
+                                               " (policies x capacities): give one --policy and one capacity")
+        runs = run_serial(trace, grid, args.quiet, bool(records_path)) if args.jobs == 1 or len(grid) == 1 else \
             run_parallel(trace, grid, args.jobs, args.quiet)
+        records = runs[0].pop("request_records") if records_path else None
         print_table(runs, sys.stderr if args.json == "-" else sys.stdout)  # stdout carries only the JSON then
         warning = saturation_warning(runs)
         if warning:
@@ -210,6 +219,8 @@ def run(args) -> int:
         for reason in dict.fromkeys(r["engine_reason"] for r in runs if r.get("engine_reason")):
             print(f"note: the Python pool ran, slower, with the same results: {reason}", file=sys.stderr)
         _write_outputs(args, trace, runs)
+        if records_path:
+            write_records(records_path, records or [], runs[0])
         del trace
     return 0
 
@@ -278,14 +289,27 @@ def _write_outputs(args, trace: Trace, runs: list[dict]) -> None:
             print(f"plot written to {path}", file=sys.stderr)
 
 
-def run_serial(trace: Trace, grid: list[SimSettings], quiet: bool) -> list[dict]:
-    """The cells one after another in this process, with a progress bar over each one's requests."""
+def run_serial(trace: Trace, grid: list[SimSettings], quiet: bool, records: bool = False) -> list[dict]:
+    """The cells one after another in this process, with a progress bar over each one's requests; ``records``:
+    each run with its per-request results (``request_records``)."""
     runs = []
     for i, settings in enumerate(grid, 1):
         label = f"[{i}/{len(grid)}] {settings.policy} @ {_capacity(settings)}"
         progress = None if quiet else ProgressBar(label, len(trace.requests), "req")
-        runs.append(simulate(trace, settings, progress))
+        runs.append(simulate(trace, settings, progress, records))
     return runs
+
+
+def write_records(path: str, records: list, run: dict) -> None:
+    """``--requests-out``: the file, and one line on stderr with the run's exact means."""
+    from loadgen.request_metrics import write_requests
+
+    n = write_requests(path, records)
+    lat = run.get("latency") or {}
+    means = ", ".join(f"{name} {lat[f'{key}_mean_s'] * 1000:,.1f} ms" for name, key in
+                      (("TTFT", "ttft"), ("TPOT", "tpot"), ("E2E", "e2e")) if lat.get(f"{key}_mean_s") is not None)
+    span = f"; makespan {lat['makespan_s']:,.1f} s" if lat.get("makespan_s") is not None else ""
+    print(f"requests: {n:,} written to {path}" + (f" (mean {means}{span})" if means else ""), file=sys.stderr)
 
 
 def run_parallel(trace: Trace, grid: list[SimSettings], jobs: int, quiet: bool) -> list[dict]:

@@ -11,6 +11,10 @@ for the partial last block.  There are no session ids; ``loadgen.sessions`` infe
 Qwen-Bailian (alibaba-edu/qwen-bailian-usagetraces-anon): ``chat_id``, ``parent_chat_id``
 (-1 for a root), ``timestamp`` (s), ``input_length``, ``output_length``, ``type``, ``turn``,
 ``hash_ids`` = one salted SipHash id per 16-token block of the whole prompt, NOT chained.
+
+Two formats carry token ids, not hashes, and are cut into blocks of any size: ``openai`` (request logs,
+``loadgen.log_trace``) and ``llmservingsim`` (``input_tok_ids``, ``output_toks``, ``arrival_time_ns``,
+optional ``output_tok_ids``: ``loadgen.token_trace``).
 """
 
 from __future__ import annotations
@@ -35,8 +39,9 @@ from shared.hashing import ROOT_HASH, chain_ids
 KVEMU_DEFAULT_BLOCK_SIZE = 16
 MOONCAKE_BLOCK_SIZE = 512
 BAILIAN_BLOCK_SIZE = 16
-FORMATS = ("kvemu", "mooncake", "bailian", "openai")
-TOKEN_FORMATS = ("openai",)  # formats that carry tokens, not hashes: cut into blocks of any size on read
+FORMATS = ("kvemu", "mooncake", "bailian", "openai", "llmservingsim")
+# formats that carry tokens, not hashes: cut into blocks of any size on read
+TOKEN_FORMATS = ("openai", "llmservingsim")
 _KINDS = (None, "single", "multi", "agent")
 _U64 = 2**64
 _INT_ONLY = {int}
@@ -367,7 +372,15 @@ def read_openai(path: str | Path, block_size: int | None = None) -> Trace:
     return read_openai_log(path, block_size)
 
 
-_READERS = {"kvemu": read_kvemu, "mooncake": read_mooncake, "bailian": read_bailian, "openai": read_openai}
+def read_llmservingsim(path: str | Path, block_size: int | None = None) -> Trace:
+    """LLMServingSim's token-id workloads (``loadgen.token_trace``): exact prompts, arrivals and output lengths."""
+    from loadgen.token_trace import read_llmservingsim as read
+
+    return read(path, block_size)
+
+
+_READERS = {"kvemu": read_kvemu, "mooncake": read_mooncake, "bailian": read_bailian, "openai": read_openai,
+            "llmservingsim": read_llmservingsim}
 
 
 def detect_format(path: str | Path) -> str:
@@ -376,6 +389,8 @@ def detect_format(path: str | Path) -> str:
     for lineno, obj in iter_json_lines(p):
         if "messages" in obj or "prompt" in obj or isinstance(obj.get("body"), dict):  # a request log
             return "openai"
+        if "input_tok_ids" in obj or "arrival_time_ns" in obj:  # token ids: LLMServingSim's workloads
+            return "llmservingsim"
         if "kvemu_trace" in obj or "session" in obj or "input_tokens" in obj:
             return "kvemu"
         if "chat_id" in obj or "parent_chat_id" in obj:
@@ -419,7 +434,7 @@ def read_trace(path: str | Path, fmt: str = "auto", block_size: int | None = Non
         raise InputError("block_size", f"must be a positive integer, got {block_size!r}")
     name = detect_format(path) if fmt == "auto" else fmt
     key = None
-    if trace_cache.cache_dir() is not None:
+    if trace_cache.cache_dir() is not None and name != "llmservingsim":  # the cache keeps no token ids
         key = trace_cache.cache_key(resolve_trace(path), name, block_size)
         cached = trace_cache.load(key)
         if cached is not None:

@@ -142,22 +142,31 @@ def stats(values: Sequence[float] | np.ndarray) -> dict[str, float | None]:
 
 
 def summarize(records: Sequence[RequestRecord], itl: Sequence[float] | np.ndarray | None = None) -> dict:
-    """The run's figures from its requests: ``<metric>_<mean|p50|p90|p99>_s`` for TTFT, TPOT, E2E and (where
-    ``itl`` is given) ITL, None where no request has it; the makespan and the throughput in requests and output
-    tokens per second."""
-    done = [r for r in records if r.finish_s is not None]
-    series = {
-        "ttft": [t for r in records if (t := r.ttft_s) is not None],
-        "tpot": [t for r in done if (t := r.tpot_s) is not None],
-        "e2e": [r.finish_s - r.arrival_s for r in done if r.finish_s is not None],
-        "itl": [] if itl is None else itl,
-    }
-    out: dict = {"requests": len(records), "finished": len(done)}
+    """The run's figures from its requests (``summary_of``); a request that never finished counts in
+    ``requests`` only."""
+    done = [r for r in records if r.first_token_s is not None and r.finish_s is not None]
+    return summary_of(len(records), np.array([r.arrival_s for r in done], dtype=np.float64),
+                      np.array([r.first_token_s for r in done], dtype=np.float64),
+                      np.array([r.finish_s for r in done], dtype=np.float64),
+                      np.array([r.output_tokens for r in done], dtype=np.int64), itl)
+
+
+def summary_of(requests: int, arrival: np.ndarray, first_token: np.ndarray, finish: np.ndarray,
+               output_tokens: np.ndarray, itl: Sequence[float] | np.ndarray | None = None) -> dict:
+    """The run's figures from the columns of its finished requests (seconds; one entry a request):
+    ``<metric>_<mean|p50|p90|p99>_s`` for TTFT, TPOT, E2E and (where ``itl`` is given) ITL, None where no request
+    has it; the makespan and the throughput in requests and output tokens per second. The definitions are the
+    module's (its docstring)."""
+    many = output_tokens > 1
+    series = {"ttft": first_token - arrival, "e2e": finish - arrival,
+              "tpot": (finish[many] - first_token[many]) / (output_tokens[many] - 1),
+              "itl": np.asarray(itl if itl is not None else (), dtype=np.float64)}
+    out: dict = {"requests": requests, "finished": int(finish.size)}
     for name in METRICS:
         for key, value in stats(series[name]).items():
             out[f"{name}_{key}_s"] = value if name != "itl" or itl is not None else None
-    span = (max(r.finish_s for r in done if r.finish_s is not None) - min(r.arrival_s for r in done)) if done else 0.0
-    out["makespan_s"] = span if done else None
-    out["throughput_rps"] = len(done) / span if span > 0 else None
-    out["output_tokens_per_s"] = sum(r.output_tokens for r in done) / span if span > 0 else None
+    span = float(finish.max() - arrival.min()) if finish.size else 0.0
+    out["makespan_s"] = span if finish.size else None
+    out["throughput_rps"] = finish.size / span if span > 0 else None
+    out["output_tokens_per_s"] = int(output_tokens.sum()) / span if span > 0 else None
     return out

@@ -17,6 +17,9 @@ class TraceRequest:
     input_tokens: int
     output_tokens: int
     kind: str | None = None  # single | multi | agent
+    # The prompt's token ids, then the output's where the trace gives them (token-id traces, e.g.
+    # LLMServingSim's workloads); None for traces of hashes. The response's blocks hash from them.
+    token_ids: list[int] | None = None
 
 
 # A ``Trace.meta`` key: True where every ``hash_ids`` entry is known to be an int in [0, 2**64) (the
@@ -50,9 +53,10 @@ def response_hashes(trace: Trace) -> list[list[int]]:
     next turn continues the conversation, so when that turn's prompt extends this one, its
     blocks at those depths are the response's. Otherwise (the last turn, or a next prompt that
     does not extend this one) they get hashes of their own, chained after the prompt, that no
-    later prompt shares. A request whose response completes no block gets none.
+    later prompt shares. Where the trace gives the response's token ids (``token_ids``), its blocks hash
+    from them, as vLLM's prefix cache hashes them. A request whose response completes no block gets none.
     """
-    from shared.hashing import chain_ids, content_id
+    from shared.hashing import ROOT_HASH, block_hashes, chain_ids, content_id
 
     reqs = trace.requests
     bs = trace.block_size
@@ -77,6 +81,12 @@ def response_hashes(trace: Trace) -> list[list[int]]:
             continue
         r = reqs[k]
         own = r.hash_ids
+        ids = r.token_ids
+        if ids is not None and len(ids) >= r.input_tokens + r.output_tokens:
+            # the response's own tokens, hashed as vLLM hashes every full block: a later prompt that contains
+            # them hits, whatever its session
+            out[k] = block_hashes(ids[len(own) * bs:r.input_tokens + r.output_tokens], bs, own[-1] if own else ROOT_HASH)
+            continue
         j = nxt.get(k)
         later = reqs[j].hash_ids if j is not None else None
         if later is not None and len(later) > len(own) and later[:len(own)] == own:

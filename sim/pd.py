@@ -221,7 +221,7 @@ class PdSimulation(Simulation):
                 continue
             self._arrivals.finished(r.rid, r.t_finished)
             self.e2e.add(r.t_finished - r.arrival)
-            self._add_tpot(r)
+            self._finished(r, rep.replica_id)
             self.last_finish = max(self.last_finish, r.t_finished)
             rep.state.in_flight -= 1
             self.served += 1

@@ -10,8 +10,12 @@ from sim.settings import SimSettings
 from sim.simulator import Simulation
 
 
-def simulate(trace: Trace, settings: SimSettings, progress=None) -> dict:
+def simulate(trace: Trace, settings: SimSettings, progress=None, records: bool = False) -> dict:
+    """The run's report; ``records``: with each request's results under ``request_records``
+    (``loadgen.request_metrics.RequestRecord``, one per request of ``trace``, in its order)."""
     with gc_paused():  # the trace is built: the collector would find nothing to free in the loop
-        if settings.pd is not None:
-            return PdSimulation(trace, settings, progress).run()
-        return Simulation(trace, settings, progress).run()
+        sim = PdSimulation(trace, settings, progress) if settings.pd is not None else Simulation(trace, settings, progress)
+        run = sim.run()
+        if records:
+            run["request_records"] = sim.request_records()
+        return run

@@ -18,6 +18,7 @@ from itertools import chain
 import numpy as np
 from mypy_extensions import mypyc_attr
 
+from loadgen.request_metrics import RequestRecord
 from loadgen.trace import HASHES_U64, Trace, response_hashes
 from replica.core.build import ReplicaCore, build_core
 from replica.core.cache.policies import policy_class
@@ -36,6 +37,7 @@ from shared.histogram import LogHistogram
 from shared.index import EventBatch, MemoryIndex
 from shared.index.base import DEFAULT_MAX_REPLICAS
 from shared.ratios import CacheCounts, ratio
+from sim.requests import FinishedRequests
 from sim.settings import SIM_REUSE_MODES, SimSettings, core_settings, max_model_len
 
 # SimSettings and what resolves it live in sim/settings.py; importing them from here keeps working
@@ -199,6 +201,8 @@ class Simulation:
         self._tier_pools = [(rep.replica_id, rep.tiers, [lv.held for lv in rep.tiers.levels])
                             for rep in self.replicas if rep.tiers is not None]
         self.responses = response_hashes(trace) if settings.response_kv == "keep" else None
+        self.source_trace = trace  # as read: the per-request results name every request of it
+        self.trace_index: list[int] | None = None  # the source's index of each request run (None: all, in order)
         self.refused = self._refuse()
         self.states = [rep.state for rep in self.replicas]
         self.index = PoolIndex([r.replica_id for r in self.replicas],
@@ -215,6 +219,7 @@ class Simulation:
         self.queue = LogHistogram()
         self.served = 0
         self.first_arrival = self.last_arrival = self.last_finish = 0.0
+        self.finished_requests = FinishedRequests()  # each finished request's times: exact figures, --requests-out
 
     def _build(self, s: SimSettings, events: bool, hashes_fit: bool) -> list[_Replica]:
         stores = self._shared_stores(s.tiers, s.replicas)
@@ -254,6 +259,7 @@ class Simulation:
         gone = set(out)
         out = sorted(gone)
         keep = [k for k in range(len(reqs)) if k not in gone]
+        self.trace_index = keep
         self.trace = Trace([reqs[k] for k in keep], self.trace.block_size, self.trace.source, self.trace.meta)
         if self.responses is not None:
             self.responses = [self.responses[k] for k in keep]
@@ -417,16 +423,22 @@ class Simulation:
         for r in res.finished:
             self._arrivals.finished(r.rid, r.t_finished)
             self.e2e.add(r.t_finished - r.arrival)
-            self._add_tpot(r)
+            self._finished(r, rep.replica_id)
             self.last_finish = max(self.last_finish, r.t_finished)
             rep.state.in_flight -= 1
             self.served += 1
         rep.state.queued_tokens = rep.sched.queued_prefill_tokens
         rep.state.kv_usage = rep.live_pool.usage()
 
-    def _add_tpot(self, r: SchedRequest) -> None:
+    def _finished(self, r: SchedRequest, replica_id: str) -> None:
+        """``r`` finished on ``replica_id``: its TPOT, and its times kept for the exact figures."""
         if r.output_tokens > 1 and r.t_first_token >= 0:
             self.tpot.add((r.t_finished - r.t_first_token) / (r.output_tokens - 1))
+        self.finished_requests.add(r, replica_id)
+
+    def request_records(self) -> list[RequestRecord]:
+        """One record per request of the trace as read, in its order (``kvemu sim --requests-out``)."""
+        return self.finished_requests.records(self.source_trace, self.trace_index)
 
     def _engine(self) -> str:
         """``compiled`` where every replica's pools run their compiled twins, ``python`` where none's HBM
@@ -469,6 +481,8 @@ class Simulation:
             **self._tier_report(counts),
             **self._latencies(timed is not None),
             **self._throughput(timed is not None, preemptions),
+            # exact means and percentiles from every request (the *_p50_s above are the histograms')
+            "latency": self.finished_requests.summary(len(self.source_trace.requests)) if timed else None,
             "load_imbalance": (max(reqs) / mean_load) if mean_load else 0.0,
             "arrival_span_s": self.last_arrival - self.first_arrival,
             "drain_s": max(self.last_finish - self.last_arrival, 0.0),
