@@ -8,6 +8,10 @@ and decoders in one packed forward, ``--mixed``), and on a GPU the host<->device
 copies of KV blocks (pinned; one whole copy and one copy per block, scattered). It fits the
 step form of the cost model (one forward per step) to all of them (shared/costfit.py), prints each point's fit error, and writes a
 device profile that ``--gpu FILE`` / ``--gpu-file FILE`` loads in sim, sweep, replica and up.
+
+``--from-profile DIR`` fits the same form to an operator profile someone published instead
+(LLMServingSim's or Vidur's; no torch, no device): each of its steps priced as that simulator
+sums its operators, the kinds weighed as a serving run exercises them (``--kind-weights``).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import random
 import sys
 from dataclasses import asdict, replace
 
+from kvemu.options.gpu import add_gpu_args
 from shared.costfit import DecodePoint, PrefillPoint, StepPoint, errors, fit
 from shared.costmodel import CostModel, GpuSpec, get_model
 from shared.devprofile import DeviceProfile, load_profile, save_profile
@@ -33,11 +38,20 @@ GRIDS = {  # (new tokens, cached depths, batches, contexts per sequence, mixed s
     "cuda": ("512,1024,4096,8192", "0,16384,65536", "1,8,32,128", "1024,8192",
              "16x64@0;4x256@0;1x512@0+64d@1024;1x512@0+64d@8192;2x1024@8192+32d@4096"),
 }
+DEFAULT_WEIGHTS = "prefill=0.05,decode=0.75,mixed=0.20"
 MIXED_HELP = ("mixed steps, one forward each, separated by ';': each a '+' of KxN@C (K prefill chunks of N new "
               "tokens after C cached) and Bd@T (B decoders of T context tokens each)")
 
 
 def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--from-profile", default=None, metavar="DIR",
+                   help="fit to a published operator profile instead of timing this device: LLMServingSim's "
+                        "perf/<hw>/<org>/<model>/<dtype>/ folder, or Vidur's (bench/data/vidur); needs no torch")
+    add_gpu_args(p)
+    p.set_defaults(gpu=None)  # --from-profile: the GPU the profile was measured on (by default, its own name)
+    p.add_argument("--kind-weights", default=DEFAULT_WEIGHTS, metavar="prefill=W,decode=W,mixed=W",
+                   help=f"--from-profile: each kind's share of the fit (default {DEFAULT_WEIGHTS}: a serving run's "
+                        "share of GPU time in steps of that kind; docs/calibration.md)")
     p.add_argument("--device", default="cuda", help="cuda (a GPU, default), cuda:N, or cpu")
     p.add_argument("--model", default=None, help="model preset (default: llama-3-8b on a GPU, tiny on the CPU)")
     p.add_argument("--layers", type=int, default=None, help="run this many of the model's layers (default: all); "
@@ -55,7 +69,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, default=None,
                    help="passes over the whole grid, each point's minimum kept (default: 5 on the CPU, 1 on a GPU)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=None, metavar="FILE.json", help="device profile (default: profile-DEVICE-MODEL.json)")
+    p.add_argument("-o", "--out", default=None, metavar="FILE.json",
+                   help="device profile (default: profile-DEVICE-MODEL.json)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -105,6 +120,17 @@ def _torch():
 
 
 def run(args) -> int:
+    if args.from_profile is not None:
+        from kvemu.calibrate_profile import run_from_profile
+
+        return run_from_profile(args)
+    if args.gpu is not None or args.tp != 1:
+        raise InputError("--gpu" if args.gpu is not None else "--tp",
+                         "only with --from-profile: without it calibrate measures this device's own rates")
+    return _run_on_device(args)
+
+
+def _run_on_device(args) -> int:
     torch = _torch()
     from replica.backends import calibration as cal
 

@@ -41,10 +41,12 @@ class StepPoint:
     chunks: tuple[tuple[int, int], ...]
     contexts: tuple[int, ...]  # per decoder, the KV tokens it attends
     seconds: float
+    attention: bool = True  # False: a forward timed without its attention (Vidur's layer profiles)
 
     @property
     def work(self) -> StepWork:
-        return StepWork.of(self.chunks, len(self.contexts), sum(self.contexts))
+        w = StepWork.of(self.chunks, len(self.contexts), sum(self.contexts))
+        return w if self.attention else w._replace(attn_pairs=0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,10 +76,18 @@ def as_steps(points: Sequence[StepPoint | PrefillPoint | DecodePoint]) -> list[S
     return [p if isinstance(p, StepPoint) else p.step for p in points]
 
 
-def nnls_relative(features: np.ndarray, seconds: np.ndarray) -> np.ndarray:
-    """Non-negative coefficients minimising sum(((features @ coef) - seconds) / seconds)^2."""
+def nnls_relative(features: np.ndarray, seconds: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+    """Non-negative coefficients minimising sum(w ((features @ coef) - seconds) / seconds)^2)."""
     a = features / seconds[:, None]
     b = np.ones(len(seconds))
+    if weights is not None:
+        root = np.sqrt(weights)
+        a, b = a * root[:, None], b * root
+    if len(b) > a.shape[1] + 1:
+        # thousands of points (an operator profile): the triangle of [a | b]'s QR has the same
+        # residual for every subset of columns, so each subset is solved on it, not on every row
+        _, r = np.linalg.qr(np.column_stack([a, b]))
+        a, b = r[:, :-1], r[:, -1]
     best, best_err = np.zeros(features.shape[1]), float("inf")
     cols = [j for j in range(features.shape[1]) if np.any(features[:, j] > 0)]
     for k in range(1, len(cols) + 1):
@@ -120,8 +130,8 @@ def step_features(cost: CostModel, steps: Sequence[StepPoint]) -> tuple[np.ndarr
     return np.array(rows, dtype=float), np.array(known, dtype=float)
 
 
-def _fit_round(x_all: np.ndarray, seconds: np.ndarray, eff: Efficiency,
-               products_per_seq: bool) -> tuple[np.ndarray, np.ndarray]:
+def _fit_round(x_all: np.ndarray, seconds: np.ndarray, eff: Efficiency, products_per_seq: bool,
+               weights: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Each step on the side of the roofline ``eff`` puts it on: the coefficients, and which
     terms some step could see. A decode-only step on the compute side prices its products and
     attention at ``eff`` (known): the products' rates are fitted on steps that prefill."""
@@ -141,14 +151,16 @@ def _fit_round(x_all: np.ndarray, seconds: np.ndarray, eff: Efficiency,
     else:
         x[:, 0] += x[:, 1]  # decode products at the prefill's `linear`
         x[:, 1] = 0.0
-    return nnls_relative(x, rest), np.any(x > 0, axis=0)
+    return nnls_relative(x, rest, weights), np.any(x > 0, axis=0)
 
 
 def fit(cost: CostModel, points: Sequence[StepPoint | PrefillPoint | DecodePoint], source: str = "",
-        rounds: int = 6, decode: Sequence[DecodePoint] = ()) -> Efficiency:
+        rounds: int = 6, decode: Sequence[DecodePoint] = (), weights: Sequence[float] | None = None) -> Efficiency:
     """``cost``'s efficiency with every term of the step form fitted to ``points`` (and ``decode``,
-    kept for callers that pass prefill and decode points apart)."""
+    kept for callers that pass prefill and decode points apart); ``weights``, one a point of
+    ``points``, weigh their squared relative errors (default: all 1)."""
     steps = as_steps([*points, *decode])
+    w = None if weights is None else np.concatenate([np.asarray(weights, dtype=float), np.ones(len(decode))])
     x_all, known = step_features(cost, steps)
     seconds = np.maximum(np.array([s.seconds for s in steps]) - known, 1e-12)
     prior = cost.efficiency
@@ -158,7 +170,7 @@ def fit(cost: CostModel, points: Sequence[StepPoint | PrefillPoint | DecodePoint
     for per_seq in (False, True):
         eff = replace(prior, decode_linear=CAP if per_seq else None)
         for _ in range(rounds):
-            coef, seen = _fit_round(x_all, seconds, eff, per_seq)
+            coef, seen = _fit_round(x_all, seconds, eff, per_seq, w)
             eff = replace(eff, linear=_inverse(coef[0], seen[0], prior.linear),
                           attention=_inverse(coef[2], seen[2], prior.attention),
                           kv_read=_inverse(coef[3], seen[3], prior.kv_read),
@@ -167,7 +179,8 @@ def fit(cost: CostModel, points: Sequence[StepPoint | PrefillPoint | DecodePoint
                           decode_seq_s=float(coef[6]), overhead_s=float(coef[7]) if seen[7] else prior.overhead_s,
                           decode_overhead_s=float(coef[8]), source=source or prior.source)
             fitted = cost.with_efficiency(eff)
-            err = sum((fitted.step_time(s.work) / s.seconds - 1) ** 2 for s in steps)
+            rel = np.array([fitted.step_time(s.work) / s.seconds - 1 for s in steps])
+            err = float(np.sum(rel**2 if w is None else w * rel**2))
             if err < best_err:
                 best, best_err = eff, err
     return best
