@@ -376,7 +376,7 @@ def read_llmservingsim(path: str | Path, block_size: int | None = None) -> Trace
     """LLMServingSim's token-id workloads (``loadgen.token_trace``): exact prompts, arrivals and output lengths."""
     from loadgen.token_trace import read_llmservingsim as read
 
-    return read(path, block_size)
+    return read(path, iter_json_lines(path), block_size)
 
 
 _READERS = {"kvemu": read_kvemu, "mooncake": read_mooncake, "bailian": read_bailian, "openai": read_openai,

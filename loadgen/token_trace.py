@@ -14,6 +14,7 @@ hits, as in vLLM.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 from loadgen.trace import Trace, TraceRequest
@@ -69,13 +70,12 @@ def parse_line(path: str, lineno: int, obj: dict, index: int, block_size: int) -
                         token_ids=tokens)
 
 
-def read_llmservingsim(path: str | Path, block_size: int | None = None) -> Trace:
-    from loadgen.formats import iter_json_lines
-
+def read_llmservingsim(path: str | Path, lines: Iterable[tuple[int, dict]], block_size: int | None = None) -> Trace:
+    """The trace of ``path``, whose (line number, object) pairs are ``lines`` (``loadgen.formats.iter_json_lines``)."""
     p = str(path)
     bs = block_size or DEFAULT_BLOCK_SIZE
     requests: list[TraceRequest] = []
-    for lineno, obj in iter_json_lines(p):
+    for lineno, obj in lines:
         r = parse_line(p, lineno, obj, len(requests), bs)
         if requests and r.t < requests[-1].t:
             raise TraceFormatError(p, lineno, "arrival_time_ns", f"{obj['arrival_time_ns']} is before the line"
