@@ -74,3 +74,14 @@ def test_replay_requests_out_against_a_real_replica(tmp_path, capsys):
         assert due <= r.arrival_s < due + 0.5
         assert r.first_token_s is not None and r.finish_s is not None
         assert r.arrival_s < r.first_token_s <= r.finish_s
+
+
+def test_a_pd_run_writes_the_same_fields_from_its_decode_instances(tmp_path):
+    trace = write_lines(tmp_path / "w.jsonl", sample_lines())
+    out, runs = tmp_path / "pd.jsonl", tmp_path / "runs.json"
+    assert main([*SIM, "--trace", trace, "--prefill-replicas", "1", "--decode-replicas", "1", "--requests-out", str(out),
+                 "--json", str(runs)]) == 0
+    recs = read_requests(out)
+    assert [r.replica for r in recs] == ["decode-0"] * 3 + [None, "decode-0"]  # the first token comes from there
+    assert [r.arrival_s for r in recs] == [0.0, 10.0, 20.0, 30.0, 30.0]
+    assert json.loads(runs.read_text())["runs"][0]["latency"] == summarize(recs)
