@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import random
 import sys
 from dataclasses import asdict, replace
@@ -27,7 +26,7 @@ from dataclasses import asdict, replace
 from kvemu.options.gpu import add_gpu_args
 from shared.costfit import DecodePoint, PrefillPoint, StepPoint, errors, fit
 from shared.costmodel import CostModel, GpuSpec, get_model
-from shared.devprofile import DeviceProfile, load_profile, save_profile
+from shared.devprofile import DeviceProfile, merged_profile, save_profile
 from shared.errors import InputError
 from shared.progress import ProgressBar
 from shared.validate import check_positive_int
@@ -183,7 +182,7 @@ def _run_on_device(args) -> int:
                                                        "decode": [asdict(p) for p in decode],
                                                        "mixed": [asdict(p) for p in mixed]}},
              "fit_errors": {spec.name: fit_errors}}
-    save_profile(_merged(out, DeviceProfile(gpu, {spec.name: eff}, extra)), out)
+    save_profile(merged_profile(out, DeviceProfile(gpu, {spec.name: eff}, extra)), out)
     print(f"wrote {out}: use it as --gpu-file {out} (with --model {spec.name})")
     return 0
 
@@ -200,20 +199,6 @@ def _grids(args, kind: str) -> tuple[list[tuple[int, int]], list[tuple[int, int]
     batches = [b for b in _ints(args.batches or grid[2], "--batches") if b > 0]
     contexts = _ints(args.contexts or grid[3], "--contexts")
     return [(n, c) for n in new_tokens for c in depths], [(b, t) for b in batches for t in contexts]
-
-
-def _merged(path: str, new: DeviceProfile) -> DeviceProfile:
-    """A profile already at ``path`` for the same device keeps its other models: one file can
-    hold every model calibrated on a GPU (the device's rates are the latest run's)."""
-    if not os.path.exists(path):
-        return new
-    old = load_profile(path)
-    if old.extra.get("device") != new.extra.get("device"):
-        return new
-    extra = dict(new.extra)
-    for key in ("calibrated", "points", "fit_errors"):
-        extra[key] = {**old.extra.get(key, {}), **new.extra.get(key, {})}
-    return DeviceProfile(new.gpu, {**old.models, **new.models}, extra)
 
 
 def with_host_link(gpu: GpuSpec, link: dict) -> GpuSpec:

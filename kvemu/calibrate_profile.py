@@ -19,7 +19,7 @@ import numpy as np
 from shared import profiles_llmservingsim as lss
 from shared.costfit import StepPoint, fit
 from shared.costmodel import GPUS, CostModel, GpuSpec, ModelSpec, get_gpu, get_model
-from shared.devprofile import DeviceProfile, is_profile_path, load_profile, save_profile
+from shared.devprofile import DeviceProfile, is_profile_path, load_profile, merged_profile, save_profile
 from shared.errors import InputError, KvemuError
 from shared.profiles_vidur import is_vidur, read_vidur
 
@@ -143,9 +143,7 @@ def run_from_profile(args) -> int:
              "calibrated": {model: {**{k: v for k, v in info.items() if k != "skew"}, "tp": tp,
                                     "kind_weights": shares, "layers": spec.layers}},
              "fit_errors": {model: {**errors, **({"skew_attention": info["skew"]} if info.get("skew", {}).get("points") else {})}}}
-    from kvemu.calibrate import _merged
-
-    save_profile(_merged(out, DeviceProfile(gpu, {model: eff}, extra)), out)
+    save_profile(merged_profile(out, DeviceProfile(gpu, {model: eff}, extra)), out)
     print(f"wrote {out}: use it as --gpu-file {out} (with --model {model})")
     return 0
 

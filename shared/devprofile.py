@@ -86,3 +86,16 @@ def _build(cls, raw, where: str):
     except TypeError as exc:
         raise InputError(FIELD, f"{where}: {exc}") from None
 
+
+def merged_profile(path: str, new: DeviceProfile) -> DeviceProfile:
+    """A profile already at ``path`` for the same device keeps its other models: one file can
+    hold every model calibrated on a GPU (the device's rates are the latest run's)."""
+    if not os.path.exists(path):
+        return new
+    old = load_profile(path)
+    if old.extra.get("device") != new.extra.get("device"):
+        return new
+    extra = dict(new.extra)
+    for key in ("calibrated", "points", "fit_errors"):
+        extra[key] = {**old.extra.get(key, {}), **new.extra.get(key, {})}
+    return DeviceProfile(new.gpu, {**old.models, **new.models}, extra)
