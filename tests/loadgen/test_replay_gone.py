@@ -41,6 +41,7 @@ def test_no_request_connecting_for_the_give_up_time_stops_the_replay():
     assert gone.value.cause.startswith("ClientConnectorError: Cannot connect to host 127.0.0.1:")
 
 
+@pytest.mark.slow  # a replica process killed under a kvemu replay process: about 4 s
 def test_a_cluster_killed_under_a_replay_stops_it_with_one_line(tmp_path):
     rep = start_replica(capacity_blocks=2000)
     out = tmp_path / "run.json"

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 from shared.auth import session_label
 from shared.runtime_dir import cluster_token_path, read_token_file
 from tests.router.test_dashboard import DRAWN_PIXELS_JS, chromium  # noqa: F401 - chromium is a fixture
@@ -20,6 +22,7 @@ def _sessions(page) -> list[str]:
     return page.eval_on_selector_all("#top_sessions tbody tr", "rows => rows.map(r => r.cells[1].textContent)")
 
 
+@pytest.mark.slow  # real processes and a browser: about 6 s
 def test_the_page_draws_its_first_data_before_load_and_raw_sessions_with_the_token(chromium, tmp_path):  # noqa: F811
     rep = start_replica(capacity_blocks=500, replica_id="first-0")
     router = None
