@@ -9,6 +9,22 @@ from dataclasses import dataclass
 from typing import Any
 
 _SAME = object()
+# The Namespace attribute that holds the dests of tracked options (``Option.track``) given on the command
+# line or in a --config file: a setting that fills in defaults (--vllm-version) leaves those alone.
+GIVEN = "given_flags"
+
+
+class _StoreGiven(argparse._StoreAction):
+    """argparse's store, which also notes that the flag was given."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        super().__call__(parser, namespace, values, option_string)
+        setattr(namespace, GIVEN, frozenset((*getattr(namespace, GIVEN, ()), self.dest)))
+
+
+def given(args: argparse.Namespace, dest: str) -> bool:
+    """Whether the tracked option stored under ``dest`` was given (not left at its default)."""
+    return dest in getattr(args, GIVEN, ())
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +37,7 @@ class Option:
     metavar: str | None = None
     switch: bool = False  # a flag without a value (store_true): forwarded only when set
     repeat: bool = False  # a flag given once per value (action="append"; the default: a tuple of them)
+    track: bool = False  # note in the parsed arguments when it is given (``given``)
 
     @property
     def dest(self) -> str:
@@ -38,6 +55,8 @@ class Option:
         if self.repeat:  # a fresh list per parse: argparse appends to the default it is given
             kw["default"] = list(kw["default"] or ())
             kw["action"] = "append"
+        if self.track:
+            kw["action"] = _StoreGiven
         if self.type is not None:
             kw["type"] = self.type
         if self.choices is not None:

@@ -19,9 +19,10 @@ from replica.core.tiers.stack import TierSettings
 from shared.errors import InputError
 
 PREFIX_CACHING = Option(
-    "--prefix-caching", DEFAULT_PREFIX_CACHING, choices=CHOICES,
+    "--prefix-caching", DEFAULT_PREFIX_CACHING, choices=CHOICES, track=True,  # --vllm-version fills it in if not given
     help="on: blocks stay cached and are shared between requests (vLLM --enable-prefix-caching); off: each request"
-         f" computes and holds all of its own blocks, freed when it ends (hit ratio 0); default {DEFAULT_PREFIX_CACHING}")
+         f" computes and holds all of its own blocks, freed when it ends (hit ratio 0); default {DEFAULT_PREFIX_CACHING}"
+         " (given, wins over --vllm-version)")
 
 
 def prefix_caching_setting(args: argparse.Namespace, tiers: TierSettings | None = None,

@@ -107,7 +107,7 @@ def non_default(option: Option) -> list[str]:
                "--set": "bounded_load_factor=1.5", "--tier-policy": "host=s3fifo,ssd=lru", "--host-link-gbps": "12.5",
                "--capacity-blocks": "512", "--capacity-tokens": "8192", "--capacity-gib": "2.0", "--gpu-memory-utilization": "0.5",
                "--device": "cuda", "--layers": "2", "--block-size": "32", "--page-size": "4",
-               "--max-connections-per-client": "64"}
+               "--max-connections-per-client": "64", "--vllm-version": "0.2.3"}
     if option.flag in special:
         return [option.flag, special[option.flag]]
     if option.choices:
