@@ -17,7 +17,10 @@ cached ones) and its decoders (``B`` sequences attending ``K`` KV tokens in all)
   head_dim dtype`` bytes (one copy per query head, as attention kernels without GQA sharing
   read it) at ``kv_read`` x HBM bandwidth (on an H200 this read did not overlap the
   attention's compute: without it a few new tokens over a long prefix come out ~25% fast);
-* tensor parallelism: two ring all-reduces of every token's activations per layer;
+* tensor parallelism: two all-reduces a layer (after the attention's output projection and the MLP's down
+  projection, MoE layers alike) and one after the input embedding, each of the step's ``T x hidden``
+  activations in the dtype, priced as NCCL picks and runs it on the GPUs' link (shared/collectives.py:
+  a per-call latency, then the link's measured bus bandwidth);
 * fixed costs once per step: ``overhead_s`` per layer when the step runs eagerly,
   ``decode_overhead_s`` when it replays a captured CUDA graph (a decode-only step, or any step
   of at most ``graph_tokens`` tokens); ``decode_seq_s`` per layer and decoder (a CPU pays
@@ -41,9 +44,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
+from shared.collectives import LinkModel, all_reduce_seconds, link_of
 from shared.devprofile import is_profile_path, load_profile
 from shared.devspecs import Efficiency, GpuSpec
 from shared.errors import InputError, UnknownNameError
+from shared.gpu_presets import GPUS
 from shared.hf_config import is_config_path, load_config
 
 __all__ = ["Efficiency", "GpuSpec", "ModelSpec", "CostModel", "KvBudget", "StepWork", "StepParts", "layered_finish", "MODELS", "GPUS",
@@ -196,39 +201,6 @@ MODELS: dict[str, ModelSpec] = {
         # Tiny shapes for CPU tests and `kvemu calibrate --device cpu` (not real models).
         ModelSpec("tiny", 4, 4, 2, 32, 256, 512, 1024, max_context=CONTEXT["tiny"]),
         ModelSpec("tiny-moe", 4, 4, 2, 32, 256, 256, 1024, 8, 2, max_context=CONTEXT["tiny-moe"]),
-    )
-}
-
-# Device memory as the device reports it (nvidia-smi / npu-smi, MiB), not the marketing GB.
-GPUS: dict[str, GpuSpec] = {
-    g.name: g
-    for g in (
-        # A100 80GB SXM: 81,920 MiB. PCIe 4 host link: about half the H200's.
-        GpuSpec("a100-80gb", 312e12, 2.039e12, 81920 * MIB, 300e9, 25e9, pcie_gen=4),
-        # A100 80GB PCIe (FlashGen's instance, Azure's NC A100 v4: two of them, no NVLink bridge):
-        # 1,935 GB/s HBM2e; GPU to GPU and host to GPU both over PCIe 4.0 x16, 31.5 GB/s a direction
-        # on the wire, about 25 GB/s in large pinned copies (what the SXM preset's host link assumes).
-        GpuSpec("a100-80gb-pcie", 312e12, 1.935e12, 81920 * MIB, 25e9, 25e9, tp_over_host_link=True, pcie_gen=4),
-        GpuSpec("h100", 989e12, 3.35e12, 81559 * MIB, pcie_gen=5),  # H100 SXM 80GB HBM3: 81,559 MiB
-        GpuSpec("h200", 989e12, 4.8e12, 143771 * MIB, pcie_gen=5),  # H200 SXM 141GB HBM3e: 143,771 MiB
-        GpuSpec("ascend-910b2", 376e12, 1.6e12, 65536 * MIB, 196e9, 25e9),  # 910B2: 65,536 MB HBM
-        # Cards without NVLink (docs/sources.md has each datasheet): a --tp all-reduce crosses PCIe, priced
-        # at the large pinned copy rate of the card's PCIe generation (the host link's): 25 GB/s on 4.0 x16
-        # (as a100-80gb-pcie), 55.5 GB/s on 5.0 x16 (the H200's measured host copies). Peak: dense BF16
-        # tensor FLOP/s with FP32 accumulate, as vLLM's GEMMs run (no sparsity figure).
-        # GeForce RTX 4090 (Ada whitepaper): 165.2 TFLOPS (FP32 accumulate runs at half the FP16-accumulate
-        # rate on GeForce), 1,008 GB/s GDDR6X, 24,564 MiB; PCIe 4.0 x16 and no peer-to-peer.
-        GpuSpec("rtx-4090", 165.2e12, 1.008e12, 24564 * MIB, 25e9, 25e9, tp_over_host_link=True, pcie_gen=4,
-                peer_to_peer=False),
-        # RTX PRO 6000 Blackwell Server Edition: 1,597 GB/s GDDR7, 97,887 MiB; 4 x its 120 TFLOPS FP32 (GB202's
-        # tensor rate at FP32 accumulate, full on the professional cards); PCIe 5.0 x16. The Workstation
-        # Edition runs faster: 1,792 GB/s and 125 TFLOPS FP32 (500 dense BF16).
-        GpuSpec("rtx-pro-6000", 480e12, 1.597e12, 97887 * MIB, 55.5e9, 55.5e9, tp_over_host_link=True, pcie_gen=5),
-        # L40S (datasheet): 362.05 TFLOPS dense BF16, 864 GB/s GDDR6, 46,068 MiB; PCIe 4.0 x16.
-        GpuSpec("l40s", 362.05e12, 0.864e12, 46068 * MIB, 25e9, 25e9, tp_over_host_link=True, pcie_gen=4),
-        # H100 PCIe (datasheet): 756 TFLOPS dense BF16 (1,513 with sparsity), 2.0 TB/s HBM2e, 81,559 MiB;
-        # PCIe 5.0 x16. Assumed without the optional NVLink bridge (600 GB/s between a pair of cards).
-        GpuSpec("h100-pcie", 756e12, 2.0e12, 81559 * MIB, 55.5e9, 55.5e9, tp_over_host_link=True, pcie_gen=5),
     )
 }
 
@@ -404,7 +376,8 @@ class _Units(NamedTuple):
     decode_kv: float  # per decode KV token read
     attention: float  # per query-key pair
     kv_read: float  # per cached prefix token
-    comm: float  # per token
+    comm_calls: int  # all-reduces a step (0: no --tp)
+    comm_bytes: float  # one all-reduce's message per token
     per_decoder: float  # decode_seq_s over the layers
     eager: float  # fixed, eager step
     graphed: float  # fixed, graph replay
@@ -421,12 +394,17 @@ class CostModel:
     # MoE: expected distinct experts per token count, a power per call otherwise (the simulator
     # prices hundreds of thousands of steps over a few thousand distinct counts)
     _experts: dict[int, float] = field(init=False, repr=False, compare=False)
+    # --tp: the link the all-reduces cross, and a step's all-reduce seconds per token count (bounded)
+    _link: LinkModel = field(init=False, repr=False, compare=False)
+    _comm: dict[int, float] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.tp, int) or self.tp < 1:
             raise InputError("tp", f"must be an integer >= 1, got {self.tp!r}")
         object.__setattr__(self, "_u", self._units())
         object.__setattr__(self, "_experts", {})
+        object.__setattr__(self, "_link", link_of(self.gpu))
+        object.__setattr__(self, "_comm", {})
 
     @classmethod
     def from_names(cls, model: str = "qwen3-coder-30b-a3b", gpu: str = "h200", **kw) -> CostModel:
@@ -506,7 +484,6 @@ class CostModel:
         L, peak, hbm = m.layers, g.peak_flops * tp, g.hbm_bandwidth * tp  # the work splits over tp GPUs
         bw = hbm * e.memory
         token_flops = 2.0 * L * m.layer_params(m.active_experts or None)
-        comm = L * 2 * 2 * (tp - 1) / tp * m.hidden * m.dtype_bytes / g.link_bandwidth if tp > 1 else 0.0
         return _Units(
             prefill_linear=token_flops / (peak * e.linear), decode_linear=token_flops / (peak * e.decode_linear_eff),
             head_read=m.head_params * m.dtype_bytes / bw, head_linear=2.0 * m.head_params / (peak * e.linear),
@@ -515,7 +492,8 @@ class CostModel:
             decode_kv=self.kv_bytes_per_token / (hbm * e.decode_kv_eff),
             attention=4.0 * m.q_heads * m.head_dim * L / (peak * e.attention),
             kv_read=L * 2 * m.q_heads * m.head_dim * m.dtype_bytes / (hbm * e.kv_read),
-            comm=comm, per_decoder=L * e.decode_seq_s, eager=L * e.overhead_s, graphed=L * e.decode_overhead_s,
+            comm_calls=2 * L + 1 if tp > 1 else 0, comm_bytes=float(m.hidden * m.dtype_bytes),
+            per_decoder=L * e.decode_seq_s, eager=L * e.overhead_s, graphed=L * e.decode_overhead_s,
             graph_tokens=e.graph_tokens)
 
     def step_parts(self, work: StepWork) -> StepParts:
@@ -532,7 +510,7 @@ class CostModel:
             weights=weights, decode_kv=work.decode_kv * u.decode_kv,
             linear=work.prefill_tokens * u.prefill_linear + work.decoders * u.decode_linear,
             head=(work.prefill_seqs + work.decoders) * u.head_linear, decode_attention=work.decode_kv * u.attention,
-            attention=work.attn_pairs * u.attention, kv_read=work.cached_tokens * u.kv_read, comm=t * u.comm,
+            attention=work.attn_pairs * u.attention, kv_read=work.cached_tokens * u.kv_read, comm=self.all_reduce_s(t),
             overhead=fixed + work.decoders * u.per_decoder)
 
     def step_time(self, work: StepWork) -> float:
@@ -548,7 +526,36 @@ class CostModel:
                    + (work.prefill_seqs + work.decoders) * u.head_linear + work.decode_kv * u.attention)
         fixed = u.graphed if t <= u.graph_tokens or not work.prefill_seqs else u.eager
         return (max(weights, compute) + work.attn_pairs * u.attention + work.cached_tokens * u.kv_read
-                + t * u.comm + fixed + work.decoders * u.per_decoder)
+                + self.all_reduce_s(t) + fixed + work.decoders * u.per_decoder)
+
+    def all_reduce_s(self, tokens: int) -> float:
+        """Seconds of a step's --tp all-reduces over ``tokens`` tokens (0.0 without --tp), remembered per
+        token count (bounded)."""
+        u = self._u
+        if not u.comm_calls or tokens <= 0:
+            return 0.0
+        known = self._comm
+        s = known.get(tokens)
+        if s is None:
+            if len(known) >= 1 << 16:
+                known.clear()
+            s = known[tokens] = u.comm_calls * all_reduce_seconds(self._link, self.tp, tokens * u.comm_bytes)
+        return s
+
+    @property
+    def link(self) -> LinkModel:
+        """The link a --tp group's all-reduces cross (shared/collectives.py)."""
+        return self._link
+
+    def tp_link_per_token(self) -> tuple[float, float]:
+        """A step's all-reduces per token at the link's bus bandwidth, without their per-call latency: (seconds,
+        bytes each direction over the ``tp`` GPUs' links together; a ring sends 2 (tp-1)/tp of each message).
+        What the tier stack shares with host copies on a card whose all-reduce crosses PCIe."""
+        u = self._u
+        if not u.comm_calls:
+            return 0.0, 0.0
+        per_gpu = u.comm_calls * 2.0 * (self.tp - 1) / self.tp * u.comm_bytes
+        return per_gpu / self._link.bus_bytes_per_s, per_gpu * self.tp
 
     def _touched_experts(self, tokens: int) -> float:
         """``model.touched_experts``, remembered per token count (bounded)."""

@@ -60,6 +60,8 @@ class Efficiency:
 # Bytes/s of one PCIe lane, one direction, after line coding: 3.0 8 GT/s and 4.0 16 GT/s and 5.0 32 GT/s,
 # all 128b/130b (PCI-SIG's base specifications). A x16 link: 15.75, 31.5 and 63.0 GB/s.
 PCIE_LANE_BYTES_PER_S = {3: 8e9 / 8 * 128 / 130, 4: 16e9 / 8 * 128 / 130, 5: 32e9 / 8 * 128 / 130}
+# What GpuSpec.tp_link may name ("" : derived, see ``link_kind``)
+TP_LINKS = ("", "nvlink3", "nvlink4", "nvlink", "hccs", "pcie")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +70,9 @@ class GpuSpec:
     peak_flops: float  # dense bf16/fp16 FLOP/s
     hbm_bandwidth: float  # bytes/s
     memory_bytes: float
-    link_bandwidth: float = 450e9  # GPU-GPU bytes/s per direction (NVLink), for --tp all-reduces
+    # GPU-GPU line rate, bytes/s a direction: the bus bandwidth of a --tp all-reduce over an NVLink-class link
+    # ``link_kind`` names no measurement for ("nvlink", "hccs"), and over PCIe where ``pcie_gen`` is 0
+    link_bandwidth: float = 450e9
     # Host <-> device copies from pinned memory: bytes/s per direction of one large copy, and
     # the cost of each copy call (what makes small KV blocks slow). Defaults: one H200 measured,
     # docs/calibration/h200-llama-3-8b.json (55.5 GB/s; 512 x 2 MiB copies 51.1 GB/s, 4096 x
@@ -76,17 +80,26 @@ class GpuSpec:
     host_bandwidth: float = 55.5e9
     host_copy_overhead_s: float = 5e-6
     # True: the GPUs of a --tp replica talk over PCIe (no NVLink bridge), the same lanes as the host
-    # copies, so the tier stack prices the all-reduce on the host link beside them (link_bandwidth then
+    # copies, so the tier stack prices the all-reduce on the host link beside them (shared/collectives.py
     # says what the all-reduce gets alone)
     tp_over_host_link: bool = False
     # The card's host link (0: not recorded, as on a profile from `kvemu calibrate`): PCIe generation and
     # lanes, what a --tp all-reduce crosses on a card without NVLink. False: the GPUs cannot read each
     # other's memory over PCIe (GeForce cards: the driver turns peer-to-peer off), so NCCL stages each
-    # transfer through host memory. Recorded for pricing the all-reduce over PCIe; ``link_bandwidth``
-    # is what the cost model reads today.
+    # transfer through host memory. shared/collectives.py prices the all-reduce from these.
     pcie_gen: int = 0
     pcie_lanes: int = 16
     peer_to_peer: bool = True
+    # The link between the GPUs of a --tp group (shared/collectives.py): "nvlink3" (A100 SXM), "nvlink4" (H100 and
+    # H200 SXM), "nvlink" or "hccs" (another NVLink-class link, at ``link_bandwidth``), "pcie" (no NVLink: the
+    # PCIe fields above); "" (a profile that does not say): "pcie" where ``tp_over_host_link``, else "nvlink".
+    tp_link: str = ""
+
+    @property
+    def link_kind(self) -> str:
+        if self.tp_link:
+            return self.tp_link
+        return "pcie" if self.tp_over_host_link else "nvlink"
 
     @property
     def pcie_bytes_per_s(self) -> float:
@@ -97,6 +110,8 @@ class GpuSpec:
         if self.pcie_gen != 0 and self.pcie_gen not in PCIE_LANE_BYTES_PER_S:
             raise InputError("pcie_gen", f"must be 0 (not recorded) or one of {sorted(PCIE_LANE_BYTES_PER_S)},"
                                          f" got {self.pcie_gen!r}")
+        if self.tp_link not in TP_LINKS:
+            raise InputError("tp_link", f"must be one of {', '.join(repr(k) for k in TP_LINKS)}, got {self.tp_link!r}")
         if self.pcie_lanes not in (1, 2, 4, 8, 16):
             raise InputError("pcie_lanes", f"must be 1, 2, 4, 8 or 16, got {self.pcie_lanes!r}")
         if not isinstance(self.host_copy_overhead_s, int | float) or not 0 <= self.host_copy_overhead_s < float("inf"):

@@ -8,7 +8,7 @@ import argparse
 from kvemu.options.option import Option, add_options
 from replica.core.tiers.levels import SSD_READ_GBPS, SSD_WRITE_GBPS
 from replica.core.tiers.stack import FETCH_MODES, TIER_MODES, TierSettings
-from shared.costmodel import CostModel, StepWork
+from shared.costmodel import CostModel
 from shared.errors import InputError
 from shared.validate import check_number, check_positive_int
 
@@ -102,12 +102,13 @@ def tiers_on(cost: CostModel, block_size: int, host_gib: float, ssd_gib: float, 
     each of ``tp`` GPUs has its own) and per-copy cost unless ``settings`` say otherwise. On a GPU
     whose ``--tp`` all-reduce crosses PCIe, the host link carries it too (unless ``shared_tp_link``
     is False): the bytes of each step's token, per direction over the ``tp`` GPUs' links, and the
-    seconds per token the cost model prices it at alone."""
+    seconds per token they take alone at the link's bus bandwidth (``CostModel.tp_link_per_token``: the
+    all-reduces' per-call latency stays in the step, it holds no bytes on the link)."""
     settings.setdefault("host_link_gbps", cost.gpu.host_bandwidth * cost.tp / 1e9)
     settings.setdefault("host_copy_overhead_s", cost.gpu.host_copy_overhead_s)
     if shared_tp_link and cost.gpu.tp_over_host_link and cost.tp > 1:
-        comm = cost.step_parts(StepWork(decoders=1)).comm  # one token's all-reduce alone, seconds
-        settings.setdefault("tp_comm_s_per_token", comm)
-        settings.setdefault("tp_bytes_per_token", comm * cost.gpu.link_bandwidth * cost.tp)
+        seconds, nbytes = cost.tp_link_per_token()
+        settings.setdefault("tp_comm_s_per_token", seconds)
+        settings.setdefault("tp_bytes_per_token", nbytes)
     return TierSettings(host_blocks=cost.gib_to_blocks(host_gib, block_size),
                         ssd_blocks=cost.gib_to_blocks(ssd_gib, block_size), **settings)

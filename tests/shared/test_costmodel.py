@@ -137,10 +137,11 @@ def test_cards_without_nvlink_price_the_tp_all_reduce_over_their_pcie_link():
     assert get_gpu("l40s").pcie_bytes_per_s == pytest.approx(31.5077e9, rel=1e-5)
     assert get_gpu("h100-pcie").pcie_bytes_per_s == 2 * get_gpu("l40s").pcie_bytes_per_s
     assert get_gpu("h200").pcie_gen == 5 and not get_gpu("h200").tp_over_host_link
-    # llama-3.1-8b at --tp 2 on an RTX 4090: two all-reduces of 4,096 bf16 activations a layer, half of
-    # each crossing the link: 32 x 2 x 2 x 1/2 x 4096 x 2 B / 25 GB/s = 20.97 us a token (NVLink would be 1.2 us)
+    # llama-3.1-8b at --tp 2 on an RTX 4090 (no peer-to-peer: through host memory): 65 all-reduces (two a layer,
+    # one after the embedding) of 4,096 bf16 activations a token; one token's goes LL, 6.6 us + 2 hops of
+    # 1.0 us + the measured 21.5 / 14 us, at half of 13 GB/s: 12.9 us each, 0.84 ms a step (NVLink: 0.51 ms)
     comm = CostModel.from_names("llama-3.1-8b", "rtx-4090@tp2").step_parts(StepWork(decoders=1)).comm
-    assert comm == pytest.approx(32 * 2 * 2 * 0.5 * 4096 * 2 / 25e9)
+    assert comm == pytest.approx(65 * ((6.6 + 2 * (1.0 + 21.5 / 14)) * 1e-6 + 8192 / 6.5e9))
     with pytest.raises(InputError, match="pcie_gen"):
         GpuSpec("x", 1e12, 1e12, 1e9, pcie_gen=7)
 
@@ -186,8 +187,9 @@ def test_tensor_parallel_splits_the_work_and_adds_the_all_reduces():
     two_chunks = two.step_parts(StepWork.of([(4096, 0), (4096, 0)]))
     assert two_chunks.comm == pytest.approx(p2.comm)
     assert p2.attention == pytest.approx(p1.attention / 2)
-    # 80 layers x 2 all-reduces x 2(tp-1)/tp x 8192 x 8192 x 2 bytes over 450 GB/s
-    assert p2.comm == pytest.approx(80 * 2 * 1 * 8192 * 8192 * 2 / 450e9)
+    # 161 all-reduces (2 in each of 80 layers, 1 after the embedding) of 8192 x 8192 x 2 bytes over NVLink 4:
+    # NCCL's Simple ring, 8.4 + 2 x 3.4 us, then 2(tp-1)/tp of the bytes at the measured 370 GB/s
+    assert p2.comm == pytest.approx(161 * (15.2e-6 + 1 * 8192 * 8192 * 2 / 370e9))
     assert one.prefill_time(8192) / 2 < two.prefill_time(8192) < one.prefill_time(8192)
     with pytest.raises(InputError, match="tp"):
         CostModel.from_names("llama-3-70b", "h200@tp0")
