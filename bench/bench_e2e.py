@@ -140,7 +140,10 @@ def rtx4090_configs(engine: Engine, profile: Path) -> list[Config]:
 
 def distserve_configs(tmp: Path, extra: str) -> list[Config]:
     """DistServe's workloads as kvemu traces (bench/distserve_trace.py), datasheet A100, kvemu's defaults."""
-    from distserve_trace import read_workload  # bench/'s sibling, imported only when these runs are asked for
+    try:  # bench/'s sibling, imported only when these runs are asked for
+        from distserve_trace import read_workload
+    except ImportError as exc:
+        raise SystemExit(f"error: the DistServe runs need bench/distserve_trace.py ({exc}); or give --runs rtx4090") from None
 
     from loadgen.formats import write_kvemu
 
