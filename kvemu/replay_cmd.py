@@ -139,6 +139,11 @@ def print_report(summary: dict, report: dict, out=sys.stdout) -> None:
         paths = ", ".join(f"{path} {n:,}" for path, n in summary["pd_paths"].items())
         prefills = ", ".join(f"{rid} {n:,}" for rid, n in summary["prefill_replicas"].items()) or "none"
         out.write(f"\nP/D paths: {paths}   remote prefills by instance: {prefills}")
+    moves = summary.get("session_moves")
+    if moves and moves["turns"]:  # where a session's cache was left behind, and the router's reason for it
+        why = ", ".join(f"{reason} {n:,}" for reason, n in moves["by_reason"].items())
+        out.write(f"\nturns that left their session's replica {moves['left']:,} of {moves['turns']:,}"
+                  + (f" ({why})" if why else ""))
     # requests: answered by the replica; aborted: the replica's count of clients that left (timed out here)
     # tok_hit, blk_hit: HBM's, as in the headline
     out.write("\n\n  this run         requests  tok_hit  blk_hit     CSR  evictions  aborted\n")

@@ -47,6 +47,7 @@ class Record:
     # prefill instance of a remote one
     pd_path: str = ""
     prefill_replica: str = ""
+    route_reason: str = ""  # why the router chose the replica (its X-Kvemu-Route-Reason: cache_hit, ...; "" direct)
 
 
 def _names(cls: type) -> set[str]:
@@ -232,6 +233,7 @@ class Replayer:
                 rec.replica = resp.headers.get("X-Kvemu-Replica", "")
                 rec.pd_path = resp.headers.get("X-Kvemu-Pd", "")
                 rec.prefill_replica = resp.headers.get("X-Kvemu-Prefill-Replica", "")
+                rec.route_reason = resp.headers.get("X-Kvemu-Route-Reason", "")
                 if resp.status == 200:
                     out = msgpack.unpackb(data)
                     rec.cached_tokens, rec.cached_blocks = out["cached_tokens"], out["cached_blocks"]
@@ -288,8 +290,28 @@ def summarize(records: list[Record], block_size: int) -> dict:
         "wall_latency_p50_s": wall.quantile(0.5), "wall_latency_p99_s": wall.quantile(0.99),
         "load_imbalance": max(loads) / mean if mean else 0.0,
         "per_replica": dict(sorted(per.items())),
+        "session_moves": session_moves(ok),
         **_pd_summary(ok),
     }
+
+
+def session_moves(ok: list[Record]) -> dict:
+    """Later turns of sessions (answered, after an answered turn of theirs) and those answered by another replica
+    than the turn before, by the router's reason for the move ("unknown" where no router said): what a
+    cache-aware run gave up of its ceiling, and why (load_over_cache, imbalance_guard, session_overflow, ...)."""
+    turns: dict[str, list[Record]] = defaultdict(list)
+    for r in ok:
+        if r.session:
+            turns[r.session].append(r)
+    later = 0
+    by_reason: dict[str, int] = defaultdict(int)
+    for recs in turns.values():
+        recs.sort(key=lambda r: r.turn)
+        for prev, r in zip(recs, recs[1:]):
+            later += 1
+            if r.replica != prev.replica:
+                by_reason[r.route_reason or "unknown"] += 1
+    return {"turns": later, "left": sum(by_reason.values()), "by_reason": dict(sorted(by_reason.items()))}
 
 
 def _pd_summary(ok: list[Record]) -> dict:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable
+from typing import cast
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -20,7 +22,7 @@ from replica.settings import ReplicaSettings
 from shared import protocol
 from shared.auth import require_cluster_token, session_label, wants_raw_sessions
 from shared.errors import InputError
-from shared.httpkit import query_int, read_body, read_raw, respond
+from shared.httpkit import query_int, read_body, read_raw, respond, wants_msgpack
 from shared.offload import OFFLOAD
 from shared.serve import ClientGone, until_client_gone
 from shared.tokenizer import filler_piece, filler_text
@@ -107,17 +109,47 @@ def _usage(handle: Handle) -> dict:
 async def generate(request: web.Request) -> web.StreamResponse:
     s = _settings(request)
     _spec, handle = await _start(request)
-    if handle is None or not await _until(request, handle, handle.done):
+    if handle is None:
         return _gone()
+    if protocol.HEAD_AT_FIRST_TOKEN in request.headers:
+        ctype = protocol.MSGPACK if wants_msgpack(request) else "application/json; charset=utf-8"  # as respond's
+        return await _head_at_first_token(request, handle, ctype,
+                                          lambda: cast(bytes, respond(request, _generate_body(request, handle)).body))
+    if not await _until(request, handle, handle.done):
+        return _gone()
+    resp = respond(request, _generate_body(request, handle))
+    resp.headers.update(_replica_headers(s.replica_id, handle))
+    return resp
+
+
+def _generate_body(request: web.Request, handle: Handle) -> dict:
     r = handle.req
     alloc = r.alloc
-    body = {"replica_id": s.replica_id, "prompt_tokens": r.input_tokens, "output_tokens": r.output_tokens,
-            "cached_tokens": r.cached_tokens, "prompt_blocks": len(r.hashes),
+    return {"replica_id": _settings(request).replica_id, "prompt_tokens": r.input_tokens,
+            "output_tokens": r.output_tokens, "cached_tokens": r.cached_tokens, "prompt_blocks": len(r.hashes),
             # (a held prefill's blocks may have been pulled and released, its allocation gone, by now)
             "cached_blocks": len(alloc.hit_idx) if alloc is not None else None,
             "holes": alloc.holes if alloc is not None else None, **handle.timings(), **_held(request, handle)}
-    resp = respond(request, body)
-    resp.headers.update(_replica_headers(s.replica_id, handle))
+
+
+async def _head_at_first_token(request: web.Request, handle: Handle, content_type: str,
+                               body: Callable[[], bytes]) -> web.StreamResponse:
+    """A non-streamed answer whose status and headers leave at the first token, as a stream's do, and whose body
+    leaves at the end: what the router asks (``protocol.HEAD_AT_FIRST_TOKEN``) to learn when the prefill ended, so
+    that a decoding request stops counting as queued prefill (router/strategies/step.py). A client that leaves
+    aborts the request, as it does a streamed one."""
+    if not await _until(request, handle, handle.first_token):
+        return _gone()
+    resp = web.StreamResponse(headers={"Content-Type": content_type,
+                                       **_replica_headers(_settings(request).replica_id, handle)})
+    try:
+        async with until_client_gone(request):
+            await resp.prepare(request)
+            await handle.done
+            await resp.write(body())
+            await resp.write_eof()
+    except (ConnectionResetError, ClientGone):
+        _state(request).engine.abort(handle)  # a no-op once it finished (the end was being written)
     return resp
 
 
@@ -144,15 +176,24 @@ async def _openai(request: web.Request, chat: bool) -> web.StreamResponse:
     created = int(time.time())
     if spec.stream:
         return await _stream(request, handle, spec, rid, created, chat)
+    if protocol.HEAD_AT_FIRST_TOKEN in request.headers:
+        return await _head_at_first_token(request, handle, "application/json; charset=utf-8",
+                                          lambda: json.dumps(_completion(request, handle, spec, rid, created,
+                                                                         chat)).encode())
     if not await _until(request, handle, handle.done):
         return _gone()
+    return web.json_response(_completion(request, handle, spec, rid, created, chat),
+                             headers=_replica_headers(s.replica_id, handle))
+
+
+def _completion(request: web.Request, handle: Handle, spec, rid: str, created: int, chat: bool) -> dict:
+    """A non-streamed OpenAI answer, once the request is done."""
     text = filler_text(handle.req.output_tokens, _text_seed(handle))
     choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"} if chat
               else {"index": 0, "text": text, "finish_reason": "length", "logprobs": None})
-    body = {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
+    return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
             "model": spec.model, "choices": [choice], "usage": _usage(handle),
-            "kvemu": {"replica_id": s.replica_id, **handle.timings()}, **_held(request, handle)}
-    return web.json_response(body, headers=_replica_headers(s.replica_id, handle))
+            "kvemu": {"replica_id": _settings(request).replica_id, **handle.timings()}, **_held(request, handle)}
 
 
 def _text_seed(handle: Handle) -> int:

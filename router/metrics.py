@@ -47,7 +47,8 @@ COUNTERS = {
 GaugeMode = Literal["livesum", "livemax"]
 GAUGES: dict[str, tuple[str, GaugeMode]] = {
     "in_flight": ("Requests in flight per replica.", "livesum"),
-    "queued_tokens": ("Prompt tokens routed, not done.", "livesum"),
+    "queued_tokens": ("Prefill tokens routed whose first token is not out (prompt less the predicted hit).",
+                      "livesum"),
     "kv_usage": ("KV usage reported by the replica.", "livemax"),
     "healthy": ("1 when routable (by any live worker).", "livemax"),
     "held_usage": ("Share of the replica's KV pool prefills held for remote decodes pin (P/D).", "livemax"),
@@ -77,6 +78,13 @@ class RouterMetrics:
         self.index_latency = Histogram("kvemu_router_index_lookup_seconds", "Prefix index lookup latency.",
                                        buckets=LATENCY_BUCKETS, registry=own)
         self.decisions = Counter("kvemu_router_decisions", "Routing decisions.", ["strategy", "reason"], registry=own)
+        # a session's later turns (its earlier one routed by this router) and those sent to another replica than
+        # the earlier one's, by the decision's reason: why a cache-aware run sits below its ceiling
+        self.session_turns = Counter("kvemu_router_session_turns", "Requests of a session the router routed"
+                                     " before (its later turns).", registry=own)
+        self.session_moves = Counter("kvemu_router_session_moves", "Later turns of a session sent to another"
+                                     " replica than its previous turn, by the decision's reason.", ["reason"],
+                                     registry=own)
         self.requests = Counter("kvemu_router_requests", "Requests by outcome.", ["outcome"], registry=own)
         self.routed = Counter("kvemu_router_routed", "Requests sent to each replica (retries included).",
                               ["replica_id"], registry=own)
@@ -115,6 +123,12 @@ class RouterMetrics:
 
     def decided(self, strategy: str, reason: str) -> None:
         self.decisions.labels(strategy, reason).inc()
+
+    def session_turn(self, moved_by: str) -> None:
+        """A later turn of a session was routed; ``moved_by``: the reason it left its replica ("" if it stayed)."""
+        self.session_turns.inc()
+        if moved_by:
+            self.session_moves.labels(moved_by).inc()
 
     def pd_decided(self, pool: str, reason: str) -> None:
         self.pd_decisions.labels(pool, reason).inc()
@@ -167,6 +181,10 @@ class RouterMetrics:
                     totals.routed[labels["replica_id"]] = totals.routed.get(labels["replica_id"], 0) + value
                 elif name == "kvemu_router_decisions_total":
                     totals.decisions[labels["reason"]] = totals.decisions.get(labels["reason"], 0) + value
+                elif name == "kvemu_router_session_turns_total":
+                    totals.session_turns += value
+                elif name == "kvemu_router_session_moves_total":
+                    totals.session_moves[labels["reason"]] = totals.session_moves.get(labels["reason"], 0) + value
                 elif name == "kvemu_router_requests_total":
                     totals.requests[labels["outcome"]] = totals.requests.get(labels["outcome"], 0) + value
                 elif name == "kvemu_router_pd_requests_total":
@@ -216,7 +234,7 @@ class RouterTotals:
     """What ``/cluster`` and the dashboard show for the whole router."""
 
     __slots__ = ("decisions", "in_flight", "pd_decisions", "pd_paths", "pd_releases", "queued_tokens", "requests",
-                 "routed")
+                 "routed", "session_moves", "session_turns")
 
     def __init__(self) -> None:
         self.routed: dict[str, float] = {}
@@ -227,6 +245,8 @@ class RouterTotals:
         self.pd_paths: dict[str, float] = {}  # P/D requests by path (router/pd.py)
         self.pd_decisions: dict[str, dict[str, float]] = {}  # pool -> reason -> decisions
         self.pd_releases: dict[str, float] = {}  # holds the router released, by outcome (router/pd.py)
+        self.session_turns = 0.0  # later turns of sessions (router/views.py's _decide)
+        self.session_moves: dict[str, float] = {}  # of them, sent to another replica than the turn before, by reason
 
 
 # ---- the cluster's vLLM series, merged from the replicas at scrape time --------------------

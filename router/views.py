@@ -76,7 +76,7 @@ async def _route(request: web.Request, state: RouterState) -> web.StreamResponse
             async with until_client_gone(request):
                 expected = reusable_prefix_tokens(decision.predicted_cached_blocks * state.settings.block_size,
                                                   spec.prompt_tokens, state.settings.block_size) if predicted else None
-                resp = await _forward(request, state, rep, raw, decision, expected)
+                resp = await _forward(request, state, rep, raw, decision, expected, request_view)
             rep.busy_strikes = 0
             return resp
         except ClientGone:
@@ -108,8 +108,11 @@ async def _decide(state: RouterState, spec: protocol.GenerateSpec, request_view:
     replicas = [r for r in candidates if r.busy_until <= now]
     if not replicas:  # every replica backing off: try them anyway rather than refuse
         replicas = candidates
+    turns = state.router.session_turns
     decision, pos = state.router.route([r.state for r in replicas], request_view, overlap)
     state.metrics.decided(state.settings.routing, decision.reason)
+    if state.router.session_turns != turns:  # a later turn of a session: did it leave its replica, and why
+        state.metrics.session_turn(state.router.last_moved)
     return decision, replicas[pos], predicted
 
 
@@ -135,10 +138,13 @@ async def _lookup(state: RouterState, spec: protocol.GenerateSpec, decider: bool
 
 
 async def _forward(request: web.Request, state, rep, raw: bytes, decision,
-                   expected: int | None) -> web.StreamResponse:
+                   expected: int | None, request_view: RouteRequest) -> web.StreamResponse:
     """The request on ``rep``; ``expected``: the cached tokens the index predicts there (None: no prediction).
-    Watched (router.upstream.Watch): a replica that stops answering fails the request over, or ends its stream."""
+    Watched (router.upstream.Watch): a replica that stops answering fails the request over, or ends its stream.
+    The replica's head comes at the first token, streamed or not (``protocol.HEAD_AT_FIRST_TOKEN``): the request's
+    prefill stops counting as queued on ``rep`` then (router/strategies/step.py), as in the simulator."""
     headers = {k: request.headers[k] for k in _FORWARD_HEADERS if k in request.headers}
+    headers[protocol.HEAD_AT_FIRST_TOKEN] = "1"
     watch = Watch(state.cluster, rep, state.settings.upstream_first_byte_timeout_s)
     try:
         async with watch:
@@ -146,6 +152,8 @@ async def _forward(request: web.Request, state, rep, raw: bytes, decision,
                                                         timeout=state.request_timeout)
     except (TimeoutError, aiohttp.ClientError, OSError, ReplicaFailed) as exc:
         raise failure(exc) from None
+    state.router.prefilled(rep.state, request_view)  # its head: the first token is out (or it was refused)
+    _load_gauges(state, rep)
     async with upstream:
         check_status(upstream.status, upstream.headers)
         if expected is not None:
@@ -245,6 +253,9 @@ def cluster_summary(state, raw_sessions: bool = False) -> dict:
             "workers": _workers(), "requests": {k: int(v) for k, v in sorted(totals.requests.items())},
             "imbalance": {"in_flight": load_ratio, "kv_usage": kv_ratio, "routed": routed_ratio},
             "hotspot_factor": factor, "hotspots": [row["replica_id"] for row in rows if row["hotspot"]],
+            # later turns of sessions, and those that left their session's replica, by the decision that moved them
+            "session_moves": {"turns": int(totals.session_turns), "left": int(sum(totals.session_moves.values())),
+                              "by_reason": {k: int(v) for k, v in sorted(totals.session_moves.items())}},
             **({"pd": pd_summary(state, totals)} if state.cluster.disaggregated else {}),
             **({"shared_pools": shared_pools_summary(state)} if state.cluster.pools else {})}
 

@@ -21,6 +21,9 @@ from shared.errors import InputError
 from shared.hashing import ROOT_HASH, block_hashes
 
 MSGPACK = "application/msgpack"
+# A router's request header: answer a non-streamed request's status and headers at its first token, as a stream
+# does, and its body at the end, so that the router's load count sees the prefill end (router/strategies/step.py)
+HEAD_AT_FIRST_TOKEN = "X-Kvemu-Head-At-First-Token"
 MAX_U64 = 2**64 - 1
 _U32 = next(code for code in "IL" if array(code).itemsize == 4)  # an array of unsigned 32-bit ints
 # A msgpack float64 (0xcb) or float32 (0xca) whose exponent bits are all ones: NaN or an infinity. A

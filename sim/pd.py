@@ -174,7 +174,7 @@ class PdSimulation(Simulation):
 
     def _arrive(self, k: int, t: float, future: NextUses | None, kick: list[_Replica]) -> None:
         r = self.trace.requests[k]
-        view = RouteRequest(r.session, len(r.hash_ids), r.input_tokens)
+        view = self._views[k] = RouteRequest(r.session, len(r.hash_ids), r.input_tokens)
         overlap = self._overlap(r)
         _, pos = self.router.route(self.dec_states, view, overlap)
         d = self.decoders[pos]
@@ -223,9 +223,10 @@ class PdSimulation(Simulation):
             self.e2e.add(r.t_finished - r.arrival)
             self._finished(r, rep.replica_id)
             self.last_finish = max(self.last_finish, r.t_finished)
-            rep.state.in_flight -= 1
+            self.router.done(rep.state, self._views.pop(r.rid))
             self.served += 1
             self.flights.pop(r.rid, None)
+        # (the pools' queues are their schedulers' own: P/D's live path, router/pd.py, learns no first token)
         rep.state.queued_tokens = rep.sched.queued_prefill_tokens
         rep.state.kv_usage = rep.live_pool.usage()
         kick.append(rep)
@@ -267,7 +268,8 @@ class PdSimulation(Simulation):
 
     def _release_prefill(self, fl: _Flight, now: float, kick: list[_Replica]) -> None:
         fl.p.sched.release_held(fl.pre, now)
-        fl.p.state.in_flight -= 1
+        self.prefill_router.done(fl.p.state, self._views[fl.dec.rid])
+        fl.p.state.queued_tokens = fl.p.sched.queued_prefill_tokens
         self._sync(fl.p)
         kick.append(fl.p)  # its queue may have waited for those blocks
 

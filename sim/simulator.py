@@ -29,7 +29,7 @@ from replica.core.sched.scheduler import SchedRequest, Scheduler, StepResult
 from replica.core.tiers.levels import level_hit_costs
 from replica.core.tiers.shared import SharedStore
 from replica.core.tiers.stack import TierSettings, TierStack
-from router.strategies import ReplicaState, RouteRequest, RoutingSettings, RoutingStep, strategy_spec
+from router.strategies import ReplicaState, RouteRequest, RoutingSettings, RoutingStep, session_moves, strategy_spec
 from shared import compiled_modules
 from shared.costmodel import CostModel
 from shared.hashing import DEFAULT_BLOCK_SIZE
@@ -213,6 +213,9 @@ class Simulation:
             block_size=trace.block_size, level_hit_costs=level_hit_costs(settings.tiers.levels()),
             load_block_size=DEFAULT_BLOCK_SIZE if settings.matching == "radix" else 0)
         self.router = RoutingStep(spec, routing, settings.seed)
+        # each request's routing view from its routing to its end: the router's load counts take it back at
+        # its first token (its prefill) and its end (in flight), as the live router does (router/strategies/step.py)
+        self._views: dict[int, RouteRequest] = {}
         self.progress = progress
         self.e2e = LogHistogram()
         self.tpot = LogHistogram()  # time per output token after the first, per request (vLLM's TPOT, the ITL's mean)
@@ -302,13 +305,12 @@ class Simulation:
                 self.first_arrival = t
             self.last_arrival = t
             r = reqs[k]
-            rep, _ = self._route(r)
+            rep, self._views[k] = self._route(r)
             req = SchedRequest(k, r.hash_ids, r.input_tokens, max(r.output_tokens, 1), t, r.session,
                                future.of(k) if future else None, future.position(k) if future else None)
             if self.responses is not None:
                 req.response_hashes = self.responses[k]
             rep.sched.submit(req)  # what could never run was refused before the run (_refuse)
-            rep.state.queued_tokens = rep.sched.queued_prefill_tokens
             if rep.busy_until == INF and rep not in idle:
                 idle.append(rep)
             if idle and arrivals.peek() > t:  # every request arriving at t is queued: one step takes them all
@@ -417,17 +419,18 @@ class Simulation:
         res = rep.pending
         assert res is not None  # only a started step completes
         rep.pending = None
+        views = self._views
         for r in res.first_tokens:  # the cluster's TTFT is the replicas' merged at the end
             rep.ttft.add(r.t_first_token - r.arrival)
             self.queue.add(r.waited)  # admission - arrival, unless preempted before its first token
+            self.router.prefilled(rep.state, views[r.rid])
         for r in res.finished:
             self._arrivals.finished(r.rid, r.t_finished)
             self.e2e.add(r.t_finished - r.arrival)
             self._finished(r, rep.replica_id)
             self.last_finish = max(self.last_finish, r.t_finished)
-            rep.state.in_flight -= 1
+            self.router.done(rep.state, views.pop(r.rid))
             self.served += 1
-        rep.state.queued_tokens = rep.sched.queued_prefill_tokens
         rep.state.kv_usage = rep.live_pool.usage()
 
     def _finished(self, r: SchedRequest, replica_id: str) -> None:
@@ -488,6 +491,7 @@ class Simulation:
             "drain_s": max(self.last_finish - self.last_arrival, 0.0),
             "saturated": self._saturated(per),
             "routing_decisions": dict(sorted(self.router.decisions.items())),
+            "session_moves": session_moves(self.router),
             "per_replica": per,
             "wall_s": round(wall_s, 3),
         }

@@ -34,7 +34,7 @@ from router.strategies.base import (
     least_loaded_pick,
 )
 from router.strategies.prefix import cache_aware, is_imbalanced, replica_cost
-from router.strategies.step import RoutingStep, StrategySpec
+from router.strategies.step import RoutingStep, StrategySpec, prefill_tokens, session_moves
 from shared.errors import UnknownNameError
 
 # Each strategy declares what it needs: callers ask ``uses_index`` instead of testing names.
@@ -81,9 +81,11 @@ __all__ = [
     "least_loaded",
     "least_loaded_pick",
     "load_bound",
+    "prefill_tokens",
     "random_choice",
     "replica_cost",
     "round_robin",
     "session_affinity",
+    "session_moves",
     "strategy_spec",
 ]

@@ -1,29 +1,45 @@
-"""Cache-aware routing: Dynamo's cost function behind SGLang's imbalance guard.
+"""Cache-aware routing: Dynamo's cost function, with SGLang's imbalance guard weighed in prefill work.
 
 Cost of sending the request to healthy replica r, in **blocks of prefill work**::
 
     cost(r) = overlap_weight * blocks_to_prefill(r) + load(r)
     blocks_to_prefill(r) = num_blocks - overlap[r]          (overlap clamped to [0, num_blocks])
                            - sum over levels k >= 1 of (1 - hit_cost[k]) * lower[r][k]
+    load(r) = queued_tokens(r) / block_size + in_flight_weight * in_flight(r)
+                (in_flight_weight in blocks of load_block_size tokens where it is set: radix pages)
 
 ``lower[r][k]`` (the overlap map's ``"<id>#<k>"`` entries, present only for replicas with
 memory levels below HBM) counts the prompt's blocks after the HBM prefix that r can restore
 from level k (1 host DRAM, 2 SSD, ...): such a hit is priced by its fetch time, not as free.
 ``hit_cost`` is ``RoutingSettings.level_hit_costs``, by level index (the level registry's costs,
 ``replica.core.tiers.levels``, unless ``--set <level>_hit_cost=C`` says otherwise).
-    load(r) = in_flight_weight * in_flight(r) + queued_tokens(r) / block_size
-                (in_flight_weight in blocks of load_block_size tokens where it is set: radix pages)
 
-Read it as a rough time-to-first-token on r: the prefill work already queued ahead of
-the request plus the blocks it must compute itself, with each running request charged
-``in_flight_weight`` blocks for the decode time it steals.  ``overlap_weight`` > 1 favours
-cache hits (better TTFT for long shared prefixes, more skew), < 1 favours balance.
-Lowest cost wins; equal costs are broken uniformly at random.
+Read it as a rough time to first token on r, priced as the replicas' own steps price work
+(shared/costmodel.py): past the step's fixed floor (the weights' read), a step's time grows with the
+tokens of its prefill chunks, so a block queued ahead and a block of the request's own prefill cost
+about the same, and a cached block saves one. ``queued_tokens(r)`` is the prefill routed to r whose
+first token is not out yet, each request's prompt less the prefix the index said r holds
+(router/strategies/step.py: the live router and the simulator count it alike, as Dynamo's router
+counts a worker's prefill tokens until ``mark_prefill_completed``). A request past its first token
+is a decoder: in a mixed step it adds one token's products, its KV read and a per-sequence cost, about
+0.2 of a 16-token block on qwen3-coder-30b-a3b / H200 with a 2k-token context and a 512-token chunk (up
+to 2-3 blocks at 20k tokens), so ``in_flight_weight`` (1 block a request) prices it from above: a
+prefix hit of more blocks than the replicas' in-flight spread always wins where nothing queues.
+``overlap_weight`` > 1 favours cache hits (better TTFT for long shared prefixes, more skew), < 1
+favours balance. Lowest cost wins; equal costs are broken uniformly at random.
 
-Before the cost is used, SGLang's guard looks at in-flight requests over healthy
-replicas: when ``max - min > balance_abs_threshold`` AND ``max > balance_rel_threshold *
-min`` (both strict), the cache is ignored and the least-loaded replica is taken, so a
-hot prefix cannot pin every request on one replica however large its cache advantage.
+The imbalance guard is SGLang's test on in-flight requests over healthy replicas: ``max - min >
+balance_abs_threshold`` AND ``max > balance_rel_threshold * min`` (both strict). SGLang then ignores
+the cache and takes the least-loaded replica (its cost has no load term: the guard is its only
+balance). Here the guard takes the least-loaded replica only when the cheapest replica's queued
+prefill is more than the prefill its hit saves over that replica, ``queued_tokens(best) /
+block_size > overlap_weight * (blocks_to_prefill(least) - blocks_to_prefill(best))``; otherwise the
+cheapest stays. Decoders (in-flight requests with nothing queued) barely slow a prefill, so an
+in-flight spread alone never gives a hit away (it did: on the README tour's replay the live router
+moved a third of the sessions' later turns for a balance that bought no TTFT). As the cost already
+weighs the queue, the guard fires only where the least-loaded replica queues too: it then trades some
+TTFT for the in-flight spread SGLang bounds. A hot prefix still spreads, through the cost's in-flight
+term, once the spread exceeds its hit.
 """
 
 from __future__ import annotations
@@ -74,7 +90,7 @@ def cache_aware(
     saves = [(f"#{k}", 1.0 - cost) for k, cost in enumerate(settings.level_hit_costs, 1)] if tiered else []
     # One pass: cost argmin (reservoir tie-break), in-flight spread, longest overlap.
     best = None
-    best_cost = 0.0
+    best_cost = best_todo = 0.0
     best_ov = max_ov = ties = 0
     lo = hi = 0
     for r in replicas:
@@ -100,17 +116,30 @@ def cache_aware(
         if ov > max_ov:
             max_ov = ov
         if best is None or cost < best_cost:
-            best, best_cost, best_ov, ties = r, cost, ov, 1
+            best, best_cost, best_todo, best_ov, ties = r, cost, todo, ov, 1
         elif cost == best_cost:
             ties += 1
             if rng.random() * ties < 1.0:
-                best, best_ov = r, ov
+                best, best_todo, best_ov = r, todo, ov
     if best is None:
         raise NoHealthyReplica(len(replicas))
     if is_imbalanced(hi, lo, settings):
         pick = least_loaded_pick(replicas, rng)
-        return RouteDecision(pick.replica_id, "imbalance_guard", cached_blocks(overlap, pick.replica_id, nb))
+        if pick is not best and best.queued_tokens * inv_bs > w * (_to_prefill(pick.replica_id, nb, overlap, saves)
+                                                                   - best_todo):
+            return RouteDecision(pick.replica_id, "imbalance_guard", cached_blocks(overlap, pick.replica_id, nb))
     return RouteDecision(best.replica_id, _reason(best_ov, max_ov), best_ov)
+
+
+def _to_prefill(replica_id: str, nb: int, overlap: Mapping[str, int], saves: list[tuple[str, float]]) -> float:
+    """``blocks_to_prefill`` of one replica, as the loop above computes it (the same order of sums)."""
+    ov = overlap.get(replica_id, 0)
+    ov = 0 if ov <= 0 else (ov if ov < nb else nb)
+    todo = float(nb - ov)
+    saved = 0.0
+    for suffix, save in saves:
+        saved += save * overlap.get(replica_id + suffix, 0)
+    return todo - saved
 
 
 def _reason(chosen_overlap: int, longest_overlap: int) -> str:

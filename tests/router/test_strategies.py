@@ -17,10 +17,13 @@ from router.strategies import (
     RouteRequest,
     RouterMemory,
     RoutingSettings,
+    RoutingStep,
     get_strategy,
     is_imbalanced,
     load_bound,
     replica_cost,
+    session_moves,
+    strategy_spec,
 )
 from shared.errors import InputError, KvemuError, UnknownNameError
 from shared.overrides import apply_overrides
@@ -135,14 +138,51 @@ def test_cache_aware_prefers_a_less_loaded_replica_when_the_overlap_advantage_is
 def test_imbalance_guard_fires_exactly_past_both_thresholds(hot, cold, fires):
     settings = RoutingSettings(balance_abs_threshold=4, balance_rel_threshold=1.5)
     assert is_imbalanced(hot, cold, settings) is fires
-    # "hot" holds the whole 1000-block prompt, so on cost alone it always wins:
-    # hot = 0 + hot_in_flight, cold = 1000 + cold_in_flight.
-    reps = replicas(("hot", hot), ("cold", cold))
-    d = route("cache_aware", reps, RouteRequest("s", 1000, 16000), {"hot": 1000}, settings=settings)
+    # "hot" holds the whole 100-block prompt: its hit saves 100 blocks of prefill over "cold".
+    request, overlap = RouteRequest("s", 100, 1600), {"hot": 100}
+    # Both queue: hot 1760 tokens (110 blocks, more than its hit saves), cold 1920 (120). On cost hot wins,
+    # hot = 0 + hot_in_flight + 110 < cold = 100 + cold_in_flight + 120; past both thresholds the guard sends
+    # the request to the least-loaded replica, as SGLang's does.
+    reps = replicas(("hot", hot, 1760), ("cold", cold, 1920))
+    d = route("cache_aware", reps, request, overlap, settings=settings)
     if fires:
         assert (d.replica_id, d.reason, d.predicted_cached_blocks) == ("cold", "imbalance_guard", 0)
     else:
-        assert (d.replica_id, d.reason, d.predicted_cached_blocks) == ("hot", "cache_hit", 1000)
+        assert (d.replica_id, d.reason, d.predicted_cached_blocks) == ("hot", "cache_hit", 100)
+
+
+@pytest.mark.parametrize("hot_queued, cold_queued", [(0, 0), (0, 1920), (1600, 1920), (1584, 160)])
+def test_imbalance_guard_keeps_a_hit_whose_replica_queues_no_more_than_the_hit_saves(hot_queued, cold_queued):
+    # In-flight 16 against 10 crosses both thresholds (spread 6 > 4, 16 > 15), but hot's queue is at most
+    # 100 blocks (1600 tokens), what its 100-block hit saves over cold: decoders barely slow a prefill, so the
+    # hit stays (each case also cheapest on cost: hot = 0 + 16 + hot_queued / 16 < cold = 100 + 10 + cold_queued / 16).
+    settings = RoutingSettings(balance_abs_threshold=4, balance_rel_threshold=1.5)
+    reps = replicas(("hot", 16, hot_queued), ("cold", 10, cold_queued))
+    d = route("cache_aware", reps, RouteRequest("s", 100, 1600), {"hot": 100}, settings=settings)
+    assert (d.replica_id, d.reason, d.predicted_cached_blocks) == ("hot", "cache_hit", 100)
+
+
+def test_imbalance_guard_weighs_the_queue_against_what_the_hit_saves_over_the_least_loaded_replica():
+    # cold holds 60 of the 100 blocks: hot's hit saves only 40 blocks over it. hot queues 720 tokens (45 blocks
+    # > 40), cold 960 (60): cost hot = 0 + 16 + 45 = 61 < cold = 40 + 10 + 60 = 110, but past both thresholds
+    # the guard moves it; with 640 queued (40 blocks, not more than the 40 saved) the hit stays.
+    settings = RoutingSettings(balance_abs_threshold=4, balance_rel_threshold=1.5)
+    request, overlap = RouteRequest("s", 100, 1600), {"hot": 100, "cold": 60}
+    d = route("cache_aware", replicas(("hot", 16, 720), ("cold", 10, 960)), request, overlap, settings=settings)
+    assert (d.replica_id, d.reason, d.predicted_cached_blocks) == ("cold", "imbalance_guard", 60)
+    d = route("cache_aware", replicas(("hot", 16, 640), ("cold", 10, 960)), request, overlap, settings=settings)
+    assert (d.replica_id, d.reason, d.predicted_cached_blocks) == ("hot", "cache_hit", 100)
+
+
+def test_in_flight_requests_do_not_outweigh_a_longer_hit_when_nothing_queues():
+    # The tour's second turn: 32 blocks, 24 of them (the first turn's prompt and answer) on "home". home has 20
+    # more requests in flight than "idle", all decoding (nothing queued): home = 8 + 25 = 33 < idle = 32 + 5 = 37.
+    reps = replicas(("home", 25), ("idle", 5))
+    d = route("cache_aware", reps, RouteRequest("s", 32, 512), {"home": 24})
+    assert (d.replica_id, d.reason) == ("home", "cache_hit")
+    # The same spread with one 512-token prefill queued on home (32 blocks): home = 8 + 25 + 32 = 65 > 37.
+    d = route("cache_aware", replicas(("home", 25, 512), ("idle", 5)), RouteRequest("s", 32, 512), {"home": 24})
+    assert (d.replica_id, d.reason) == ("idle", "load_over_cache")
 
 
 def test_imbalance_guard_ignores_unhealthy_replicas():
@@ -422,3 +462,46 @@ def test_in_flight_weight_counts_blocks_of_load_block_size_tokens_where_set():
     assert route("cache_aware", reps, RouteRequest(num_blocks=40), {"a": 38}, pages).replica_id == "b"
     unscaled = RoutingSettings(block_size=1, balance_abs_threshold=100)
     assert route("cache_aware", reps, RouteRequest(num_blocks=40), {"a": 38}, unscaled).replica_id == "a"
+
+
+# ---------------------------------------------------------------- one routing step's load counts
+
+
+def test_a_step_counts_a_requests_prefill_as_queued_until_its_first_token():
+    # 40-block prompt of 640 tokens; "b" holds 30 blocks: its prefill there is 640 - 30 * 16 = 160 tokens.
+    step = RoutingStep(strategy_spec("cache_aware"), RoutingSettings())
+    a, b = ReplicaState("a"), ReplicaState("b")
+    first, second = RouteRequest("s", 40, 640), RouteRequest("t", 40, 650)
+    decision, pos = step.route([a, b], first, {"b": 30})
+    assert (decision.replica_id, pos, b.in_flight, b.queued_tokens) == ("b", 1, 1, 160)
+    # a second request, nothing cached anywhere: a (cost 40) beats b (40 + 1 + 160 / 16 = 51), all 650 queued
+    step.route([a, b], second, {})
+    assert (a.in_flight, a.queued_tokens) == (1, 650)
+    step.prefilled(b, first)  # b's first token: decoding, nothing queued, still in flight
+    step.prefilled(b, first)  # (once only)
+    assert (b.in_flight, b.queued_tokens) == (1, 0)
+    step.done(b, first)
+    step.done(a, second)  # answered without a head first (a replica that sends none): all of it goes then
+    assert (a.in_flight, a.queued_tokens, b.in_flight, b.queued_tokens) == (0, 0, 0, 0)
+    # a fully cached prompt queues nothing; a strategy without the index (its caller looks nothing up) queues
+    # the whole prompt
+    step.route([a, b], RouteRequest("u", 40, 640), {"a": 40, "b": 40})
+    assert a.queued_tokens + b.queued_tokens == 0
+    blind = RoutingStep(strategy_spec("least_loaded"), RoutingSettings())
+    blind.route([a], first, {})
+    assert a.queued_tokens == 640
+
+
+def test_a_step_counts_the_turns_that_leave_their_sessions_replica_by_reason():
+    step = RoutingStep(strategy_spec("cache_aware"), RoutingSettings())
+    a, b = ReplicaState("a"), ReplicaState("b")
+    turn = RouteRequest("s", 10, 160)
+    step.route([a, b], turn, {"a": 10})  # first turn: nothing to leave
+    assert (step.session_turns, step.last_moved) == (0, "")
+    step.route([a, b], turn, {"a": 10})  # stays on a
+    assert (step.session_turns, step.last_moved) == (1, "")
+    a.queued_tokens += 1600  # a's queue (100 blocks) outweighs its 10-block hit: b, and the turn left a
+    d, _ = step.route([a, b], turn, {"a": 10})
+    assert (d.replica_id, d.reason, step.last_moved) == ("b", "load_over_cache", "load_over_cache")
+    step.route([a, b], RouteRequest(None, 10, 160), {})  # no session: not a turn
+    assert session_moves(step) == {"turns": 2, "left": 1, "by_reason": {"load_over_cache": 1}}
