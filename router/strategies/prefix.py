@@ -17,29 +17,35 @@ from level k (1 host DRAM, 2 SSD, ...): such a hit is priced by its fetch time, 
 Read it as a rough time to first token on r, priced as the replicas' own steps price work
 (shared/costmodel.py): past the step's fixed floor (the weights' read), a step's time grows with the
 tokens of its prefill chunks, so a block queued ahead and a block of the request's own prefill cost
-about the same, and a cached block saves one. ``queued_tokens(r)`` is the prefill routed to r whose
-first token is not out yet, each request's prompt less the prefix the index said r holds
-(router/strategies/step.py: the live router and the simulator count it alike, as Dynamo's router
-counts a worker's prefill tokens until ``mark_prefill_completed``). A request past its first token
-is a decoder: in a mixed step it adds one token's products, its KV read and a per-sequence cost, about
-0.2 of a 16-token block on qwen3-coder-30b-a3b / H200 with a 2k-token context and a 512-token chunk (up
-to 2-3 blocks at 20k tokens), so ``in_flight_weight`` (1 block a request) prices it from above: a
-prefix hit of more blocks than the replicas' in-flight spread always wins where nothing queues.
-``overlap_weight`` > 1 favours cache hits (better TTFT for long shared prefixes, more skew), < 1
-favours balance. Lowest cost wins; equal costs are broken uniformly at random.
+about the same, and a cached block saves one. ``overlap_weight`` > 1 favours cache hits (better TTFT
+for long shared prefixes, more skew), < 1 favours balance. Lowest cost wins; equal costs are broken
+uniformly at random.
+
+Dynamo's KV router prices a worker as ``overlap_score_weight * prefill_blocks + decode_blocks``:
+its prefill blocks are the prompts routed there less their cached prefix, counted from routing until
+the first token (``mark_prefill_completed``), its decode blocks the active sequences' KV.
+``queued_tokens(r)`` is that prefill count (router/strategies/step.py; the live router learns the first
+token from the replica's answer head, the simulator from its step, so both count alike). It used to be
+the whole prompt of every request in flight until its answer ended, so each decoding request weighed
+its full prompt: on the README tour's replay the live router sent 57 of 122 later turns away from their
+session's replica (``load_over_cache``) for a balance that bought no TTFT, token hit ratio 0.40 against
+session affinity's 0.60; counted until the first token, none leave and it hits 0.654, its ceiling. For
+decode load the in-flight term stands in for Dynamo's decode blocks: in a mixed step a decoder adds one
+token's products, its KV read and a per-sequence cost, about 0.2 of a 16-token block on
+qwen3-coder-30b-a3b / H200 with a 2k-token context and a 512-token chunk (2-3 blocks at 20k tokens), so
+``in_flight_weight`` (1 block a request) prices it from above without knowing the model: a prefix hit of
+more blocks than the replicas' in-flight spread wins where nothing queues.
 
 The imbalance guard is SGLang's test on in-flight requests over healthy replicas: ``max - min >
 balance_abs_threshold`` AND ``max > balance_rel_threshold * min`` (both strict). SGLang then ignores
 the cache and takes the least-loaded replica (its cost has no load term: the guard is its only
 balance). Here the guard takes the least-loaded replica only when the cheapest replica's queued
 prefill is more than the prefill its hit saves over that replica, ``queued_tokens(best) /
-block_size > overlap_weight * (blocks_to_prefill(least) - blocks_to_prefill(best))``; otherwise the
-cheapest stays. Decoders (in-flight requests with nothing queued) barely slow a prefill, so an
-in-flight spread alone never gives a hit away (it did: on the README tour's replay the live router
-moved a third of the sessions' later turns for a balance that bought no TTFT). As the cost already
-weighs the queue, the guard fires only where the least-loaded replica queues too: it then trades some
-TTFT for the in-flight spread SGLang bounds. A hot prefix still spreads, through the cost's in-flight
-term, once the spread exceeds its hit.
+block_size > overlap_weight * (blocks_to_prefill(least) - blocks_to_prefill(best))``, and otherwise
+leaves the cheapest: decoders barely slow a prefill, so an in-flight spread alone never gives a hit
+away. As the cost already weighs the queue, the guard now fires only where the least-loaded replica
+queues too; it then trades some TTFT for the in-flight spread SGLang bounds. A hot prefix still spreads,
+through the cost's in-flight term, once the spread exceeds its hit.
 """
 
 from __future__ import annotations
