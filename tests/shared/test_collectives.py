@@ -2,6 +2,7 @@
 
 import pytest
 
+from kvemu.options.tiers import tiers_on
 from shared.collectives import LinkModel, all_reduce, candidate, link_of
 from shared.costmodel import CostModel, GpuSpec, StepWork, get_gpu
 from shared.errors import InputError
@@ -92,3 +93,6 @@ def test_a_step_price_includes_the_all_reduces_on_the_link():
     # 129 x 2 (2-1)/2 x 10,240 bytes a GPU = 1,320,960 bytes, 32.9 us at 40.1 GB/s; both GPUs' links together
     seconds, nbytes = cm.tp_link_per_token()
     assert (seconds, nbytes) == (pytest.approx(1320960 / 40.1e9), 2 * 1320960)
+    tiers = tiers_on(cm, 16, 8.0, 0.0)
+    assert (tiers.tp_comm_s_per_token, tiers.tp_bytes_per_token) == (seconds, nbytes)
+    assert tiers_on(cm, 16, 8.0, 0.0, shared_tp_link=False).tp_bytes_per_token == 0.0
