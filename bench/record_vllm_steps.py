@@ -150,7 +150,34 @@ def golden_workloads() -> list[dict]:
         _w("many_chunks", [_r(f"c{i}", 0, [[100 + i, 700]], 12) for i in range(10)]),
         _w("preempted_mid_prefill", [_r("d", 0, [[110, 400]], 200), _r("long", 1, [[111, 2100]], 10)],
            num_blocks=160, max_num_batched_tokens=64),
+        # the next turn (its prompt holds t1's whole output) arrives while t1 still decodes: it finds
+        # the 28 blocks t1 has filled so far (448 tokens), not only t1's 18 prompt blocks
+        _w("overlapping_turns", [_r("t1", 0, [[90, 300]], 200, tag=91),
+                                 _r("t2", 150, [[90, 300], [91, 200], [92, 50]], 20)]),
+        # 200 requests of 63 sessions, 2,035 evictions in a 700-block pool; 103 later turns (of 45 sessions)
+        # arrive while the turn before still decodes
+        chat_workload(random.Random(52), "multi_turn_chat", num_blocks=700),
     ]
+
+
+def chat_workload(rng: random.Random, name: str, requests: int = 200, span: int = 1500, **settings) -> dict:
+    """A multi-turn chat of ``requests`` requests: sessions of 1 to 6 turns, each turn's prompt the
+    previous turn's prompt, its whole output and a new message; a session's next turn arrives 5 to 120
+    steps after the previous one, often while that one still decodes (agents' parallel calls); sessions
+    start over ``span`` steps."""
+    reqs: list[dict] = []
+    session = 0
+    while len(reqs) < requests:
+        session += 1
+        tag = 2000 + 100 * session
+        prompt: list = [[tag, rng.randint(40, 400)]]
+        t = rng.randint(0, span)
+        for turn in range(min(rng.randint(1, 6), requests - len(reqs))):
+            out = rng.randint(8, 180)
+            reqs.append(_r(f"s{session}t{turn}", t, [list(x) for x in prompt], out, tag=tag + 50 + turn))
+            prompt += [[tag + 50 + turn, out], [tag + 1 + turn, rng.randint(10, 150)]]
+            t += rng.randint(5, 120)
+    return _w(name, reqs, **{"num_blocks": 600, "max_num_batched_tokens": 512, "max_num_seqs": 16, **settings})
 
 
 def random_workload(rng: random.Random, name: str) -> dict:

@@ -4,7 +4,8 @@ calls on the pool, then replay them through one small shadow cache per candidate
 A shadow cache is a real ``BlockPool`` (no events) with a real policy instance, and it is given the
 calls the replica's pool ran, in their order (``PoolOp``, from ``BlockPool`` itself): lookups served
 alone (``serve``, the simulator's cache-only path), lookups held while their request runs
-(``acquire`` ... ``release``: the shadow pins them as long), and the response blocks a finished request
+(``acquire`` ... ``release``: the shadow pins them as long), the blocks a running request's decoding
+fills (``fill`` ... ``release``: pinned as long, no lookup), and the response blocks a finished request
 stores (``store``: not a lookup; the pool's own rule of what it inserts, applied to the shadow's
 residency). So a response kept in the replica's cache is kept in the shadow's, and where the scheduler
 stores it before it releases the prompt (vLLM frees a finished request's blocks tail first) the
@@ -32,7 +33,7 @@ from typing import NamedTuple
 
 from replica.core.cache.policies import make_policy
 from replica.core.cache.pool import BlockPool, PoolBusyError
-from replica.core.cache.types import ACQUIRE, RELEASE, SERVE, STORE, Allocation, Lookup, PoolOp
+from replica.core.cache.types import ACQUIRE, FILL, RELEASE, SERVE, STORE, Allocation, Lookup, PoolOp
 
 _MODULUS = 1 << 24
 _MIX = 0x9E3779B97F4A7C15  # a multiplicative hash spreads structured ids over the sample space
@@ -94,6 +95,11 @@ class ShadowRecorder:
             if kept:
                 self.calls.append(ShadowCall(STORE, kept, op.now, 0, op.session))
             return
+        if kind == FILL:  # no lookup: pinned as the replica pins them, until their release
+            key = id(op.hashes)
+            self._open[key] = self._open.get(key, 0) + 1
+            self.calls.append(ShadowCall(FILL, kept, op.now, key, op.session))
+            return
         self._room_sum += capacity - op.private
         self._samples += 1
         if not kept:
@@ -136,6 +142,13 @@ def shadow_pool(calls: Sequence[ShadowCall], capacity: int, policy: str,
             stack = held.get(key)
             if stack:
                 pool.release(stack.pop(), now)
+            continue
+        if kind == FILL:  # a running request's filled blocks: held, never a lookup
+            try:
+                if len(hashes) <= capacity:
+                    held.setdefault(key, []).append(pool.acquire(Lookup(hashes, session, now, record=False)))
+            except PoolBusyError:  # its pinned blocks fill the shadow: the blocks stay out, as a lookup's would
+                pass
             continue
         total += len(hashes)
         lookup = Lookup(hashes if len(hashes) <= capacity else hashes[:capacity], session, now)

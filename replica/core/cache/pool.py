@@ -23,11 +23,11 @@ from types import MappingProxyType
 from replica.core.cache.costs import DepthCosts
 from replica.core.cache.metrics import PoolMetrics
 from replica.core.cache.policies.base import EvictionPolicy, hand_over
-from replica.core.cache.types import ACQUIRE, RELEASE, SERVE, STORE, Access, Allocation, KvEvent, Lookup, PolicyContext, PoolOp
+from replica.core.cache.types import ACQUIRE, FILL, RELEASE, SERVE, STORE, Access, Allocation, KvEvent, Lookup, PolicyContext, PoolOp
 from shared.errors import InputError, KvemuError
 from shared.validate import check_positive_int
 
-__all__ = ["HIT_MODES", "Allocation", "BlockPool", "KvEvent", "PoolBusyError", "PoolCapacityError"]
+__all__ = ["HIT_MODES", "Allocation", "BlockPool", "KvEvent", "PoolBusyError", "PoolCapacityError", "fill_picks"]
 
 HIT_MODES = ("prefix", "holes")
 
@@ -183,9 +183,10 @@ class BlockPool:
         ``lookup.extra`` unhashed blocks (``take_private``) with them."""
         return self._allocate(lookup, hold=True)
 
-    def _allocate(self, lookup: Lookup, hold: bool) -> Allocation:
+    def _allocate(self, lookup: Lookup, hold: bool, kind: int = ACQUIRE) -> Allocation:
         """``hold``: pin the blocks until ``release``; otherwise (``serve`` with nothing pinned or
-        private) they are only kept out of this request's own evictions."""
+        private) they are only kept out of this request's own evictions. ``kind``: what a policy that
+        observes the pool hears a held allocation as (``ACQUIRE``, or ``FILL``)."""
         if not self.prefix_caching:
             return self._acquire_private(lookup)
         hashes, session, now, extra, position = lookup.hashes, lookup.session, lookup.now, lookup.extra, lookup.position
@@ -224,7 +225,7 @@ class BlockPool:
         policy = self.policy
         policy.on_access(Access(hashes, touched, new_idx, now, session, lookup.next_use))
         if policy.observes_pool:
-            policy.on_pool_op(PoolOp(ACQUIRE if hold else SERVE, hashes, now, self.private, session))
+            policy.on_pool_op(PoolOp(kind if hold else SERVE, hashes, now, self.private, session))
         if lookup.record:  # a preempted request's re-admission is not another request for the hit ratios
             self.metrics.record_request(alloc, n, lookup.input_tokens, now)
         return alloc
@@ -312,6 +313,21 @@ class BlockPool:
         if self.policy.observes_pool:  # every block it was given: a shadow applies this rule to its own residency
             self.policy.on_pool_op(PoolOp(STORE, hashes, now, self.private, session))
         return new
+
+    def fill(self, hashes: Sequence[int], session: str | None = None, now: float = 0.0) -> Allocation | None:
+        """Blocks a running request's decoding just filled become hashed blocks, findable at once (vLLM
+        caches every full block in the step that computes its last token). Each was one of the pool's
+        private blocks, held by that request: ``fill_picks`` says which it now pins instead (a lookup of
+        them, not recorded, with one private block given back for each: no eviction); one another running
+        request pins stays private (vLLM keeps both copies). Returns the allocation of the blocks it
+        pinned, for the request to release with its own (None: none, or prefix caching off)."""
+        if not self.prefix_caching:
+            return None
+        take = fill_picks(hashes, self.pins_of(hashes))
+        if not take:
+            return None
+        self.free_private(len(take))
+        return self._allocate(Lookup(take, session, now, record=False), hold=True, kind=FILL)
 
     def serve(self, lookup: Lookup) -> Allocation:
         """Acquire and release at once: a request served alone (the simulator's cache-only path).
@@ -496,6 +512,14 @@ class BlockPool:
         reused.difference_update(hashes)
         if evicted:
             self.metrics.one_hit_evictions += len(hashes) - (before - len(reused))
+
+
+def fill_picks(hashes: Sequence[int], pins: Sequence[int]) -> list[int]:
+    """Of the blocks a request just filled (``hashes``, with how many running requests pin each), those
+    it pins in place of its private blocks: each not yet resident, or cached and unpinned (the same room
+    either way), once. One another running request pins stays a private block: vLLM holds a second copy
+    of it, so the room it takes is the same as there. The one rule, for the pool and its compiled twin."""
+    return [h for h, p in dict.fromkeys(zip(hashes, pins)) if not p]
 
 
 def _leading_run(idx: list[int]) -> list[int]:

@@ -83,6 +83,8 @@ class PoolOp(NamedTuple):
     stay pinned until its ``RELEASE``; both carry the same ``hashes`` object, ``Allocation.hashes``, which
     pairs them), ``STORE`` (``BlockPool.store``: every response block it was given, resident or not).
     ``private``: the unhashed blocks the pool holds after the call (decode KV), which no hashed block can use.
+    ``FILL`` (``BlockPool.fill``): blocks a running request just filled, pinned by it until its ``RELEASE``
+    (the same ``hashes`` object pairs them); no lookup.
     """
 
     kind: int
@@ -92,7 +94,7 @@ class PoolOp(NamedTuple):
     session: str | None = None
 
 
-SERVE, ACQUIRE, RELEASE, STORE = range(4)
+SERVE, ACQUIRE, RELEASE, STORE, FILL = range(5)
 
 
 @dataclass(slots=True)
@@ -143,11 +145,12 @@ class SchedulerPool(Protocol):
 
 @runtime_checkable
 class ResponseStore(Protocol):
-    """A pool that caches a finished request's response blocks (``BlockPool.store``; the compiled
-    twin does not: ``build_core`` gives a scheduler that keeps response KV the Python pool)."""
+    """A pool that caches the blocks a request's decoding fills: as they fill (``BlockPool.fill``) and
+    what is left when it ends (``BlockPool.store``); the compiled twin does both with LRU and S3-FIFO."""
 
     def store(self, hashes: Sequence[int], session: str | None = None, now: float = 0.0) -> list[int]: ...
+    def fill(self, hashes: Sequence[int], session: str | None = None, now: float = 0.0) -> Allocation | None: ...
 
 
-__all__ = ["ACQUIRE", "RELEASE", "SERVE", "STORE", "Access", "Allocation", "KvEvent", "Lookup", "PolicyContext",
+__all__ = ["ACQUIRE", "FILL", "RELEASE", "SERVE", "STORE", "Access", "Allocation", "KvEvent", "Lookup", "PolicyContext",
            "PoolOp", "ResponseStore", "SchedulerPool"]

@@ -3,7 +3,7 @@
 A ``BlockPool`` call costs microseconds of interpreter work whatever the dict and deque
 operations under it, and a virtual-time run makes millions of them; cache simulators
 (libCacheSim) run theirs in C. ``CompiledPool`` answers the calls a scheduler makes
-(``acquire``, ``release``, ``take_private``, ``free_private``, the room queries) and the
+(``acquire``, ``release``, ``take_private``, ``free_private``, ``fill``, ``store``, the room queries) and the
 cache-only replay (``serve_requests``, a whole trace in one call) from ``_pool.Pool``
 (``_pool.c``, built at install where a C compiler is present). ``settle`` writes what it
 reached into the Python pool it was made from: the same resident blocks in the same order,
@@ -17,7 +17,8 @@ that decides it: an empty pool and a fresh policy of exactly a class with an ada
 to ship (several replicas are asked directly: ``prefix_matches``), lower tiers only with HBM caching (fed each
 call's evictions, asked ``missing``; a tier level's own pool runs a twin too, with LRU or S3-FIFO: ``why_not(level=True)``,
 ``KernelLevels``), response KV kept
-only with LRU or S3-FIFO (``store``), prefix caching on (either admission order: the scheduler
+only with LRU or S3-FIFO (``store``; ``fill`` is ``BlockPool.fill``'s rule over the kernel's
+calls), prefix caching on (either admission order: the scheduler
 asks ``pins_of``), and
 block hashes that are 64-bit unsigned integers (the simulator checks a trace's). ``build_core`` asks it; the simulator
 reports which ran (``engine`` in its JSON); ``--python-core`` asks for the Python pool.
@@ -34,7 +35,7 @@ import numpy as np
 from replica.core.analysis.shards import ShardsTracker
 from replica.core.cache.metrics import PoolMetrics
 from replica.core.cache.policies import policy_class
-from replica.core.cache.pool import BlockPool, PoolBusyError, PoolCapacityError
+from replica.core.cache.pool import BlockPool, PoolBusyError, PoolCapacityError, fill_picks
 from replica.core.cache.types import Allocation, Lookup
 from replica.core.compiled.adapters import ADAPTERS, MISSING, adapter_for
 from replica.core.compiled.adapters import kernel_module as _pool
@@ -349,6 +350,14 @@ class CompiledPool:
             if self._sink is not None:
                 self._feed()
         return stored
+
+    def fill(self, hashes: Sequence[int], session: str | None = None, now: float = 0.0) -> Allocation | None:
+        """``BlockPool.fill``: the same rule (``fill_picks``) and the same calls, on the kernel."""
+        take = fill_picks(hashes, self._kernel.pins_of(hashes))
+        if not take:
+            return None
+        self.free_private(len(take))
+        return self.acquire(Lookup(take, session, now, record=False))
 
     def serve(self, lookup: Lookup) -> Allocation:
         alloc = self.acquire(lookup)

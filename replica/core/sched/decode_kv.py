@@ -3,39 +3,44 @@
 A request's KV fills ``ceil(tokens / block_size)`` blocks: at admission its prompt (the hashed
 full blocks plus a partial last one) and, if it was preempted after its first token, the tokens
 it had generated; then one more each time decoding crosses a block boundary. The blocks beyond
-the hashed ones are the pool's ``private`` blocks: they take room (evicting cached blocks) but
-are never cached or indexed. When a decode step needs a block and none is free or evictable, the
-scheduler preempts (``Scheduler._grow_now``).
+the hashed ones are the pool's ``private`` blocks: they take room (evicting cached blocks). When a
+decode step needs a block and none is free or evictable, the scheduler preempts
+(``Scheduler._grow_now``).
 
-Per step the work is proportional to the blocks handed out: each decoding request sits in a heap
-by the decode tick at which it next needs a block (at tick ``t`` it writes the KV of token
-``t - base``, so it holds ``input_tokens + t - base`` tokens).
+Where response KV is kept (``fills``), each of those blocks is hashed once decoding has filled it
+(its hash is the next of ``SchedRequest.response_hashes``): vLLM caches every full block in the step
+that schedules its last token, so a request arriving while this one still decodes finds it. ``filled``
+says which blocks are full by a tick; the scheduler hands them to the pool (``BlockPool.fill``), which
+pins them in place of private blocks (``SchedRequest.fill_pins``).
+
+Per step the work is proportional to the blocks handed out and filled: each decoding request sits in
+a heap by the decode tick at which it next needs a block and in another by the tick at which its
+next block is full (at tick ``t`` it writes the KV of token ``t - base``, so it holds
+``input_tokens + t - base`` tokens).
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
 
 from replica.core.cache.types import SchedulerPool
 from replica.core.sched.sched_types import SchedRequest
 
 
 class DecodeBlocks:
-    def __init__(self, pool: SchedulerPool, enabled: bool = True) -> None:
+    def __init__(self, pool: SchedulerPool, enabled: bool = True, fills: bool = False) -> None:
         self.pool = pool
         self.enabled = enabled  # False: no request ever holds a block beyond its hashed ones
+        self.fills = enabled and fills  # blocks are hashed as decoding fills them (response KV kept)
         self.block_size = pool.block_size
         self._heap: list[tuple[int, int, SchedRequest]] = []  # (tick, admission number, request)
-        # Told each time one of a request's blocks beyond its hashed ones becomes full (the request and
-        # that block's place among them, 0 first): the scheduler names it and copies it down (FlashGen).
-        self.on_filled: Callable[[SchedRequest, int], None] | None = None
+        self._full: list[tuple[int, int, SchedRequest]] = []  # (tick its next block is full, admission, request)
 
     def need(self, r: SchedRequest, generated: int) -> int:
-        """Blocks beyond its hashed ones that ``r`` needs holding ``generated`` tokens after its prompt."""
+        """Private blocks beyond its hashed ones that ``r`` needs holding ``generated`` tokens after its prompt."""
         if not self.enabled:
             return 0
-        return max(0, -(-(r.input_tokens + generated) // self.block_size) - len(r.hashes) - r.kept)
+        return max(0, -(-(r.input_tokens + generated) // self.block_size) - len(r.hashes) - r.kept - r.fill_pins)
 
     def most(self, r: SchedRequest) -> int:
         """Blocks ``r`` holds at its last decode step (its last token's KV is never written)."""
@@ -43,18 +48,51 @@ class DecodeBlocks:
 
     def track(self, r: SchedRequest) -> None:
         """A decoding request: queue the tick of its next block, unless it finishes first."""
-        t = r.base + (len(r.hashes) + r.kept + r.extra_blocks) * self.block_size - r.input_tokens + 1
+        held = len(r.hashes) + r.kept + r.fill_pins + r.extra_blocks
+        t = r.base + held * self.block_size - r.input_tokens + 1
         if self.enabled and t < r.base + r.output_tokens:
             r.grow_at = t
             heapq.heappush(self._heap, (t, r.admit_seq, r))
         else:
             r.grow_at = -1
 
+    def start(self, r: SchedRequest) -> None:
+        """``r`` starts (or, after a preemption, resumes) decoding: queue its next block and its next full one."""
+        self.track(r)
+        self._track_full(r)
+
+    def _track_full(self, r: SchedRequest) -> None:
+        """Queue the tick whose step fills ``r``'s next response block (its KV then holds the block's last
+        token), unless it has no hash or ``r`` finishes first (its last token's KV is never written)."""
+        t = r.base + (len(r.hashes) + r.full + 1) * self.block_size - r.input_tokens
+        if self.fills and r.full < len(r.response_hashes) and t < r.base + r.output_tokens:
+            r.fill_at = t
+            heapq.heappush(self._full, (t, r.admit_seq, r))
+        else:
+            r.fill_at = -1
+
+    def filled(self, tick: int) -> list[tuple[SchedRequest, list[int]]]:
+        """The blocks decoding fills in the steps up to ``tick`` (each request's, in the order their first
+        is due): the hashes of each request's newly full response blocks. ``full`` moves past them."""
+        heap, bs, out = self._full, self.block_size, []
+        while heap and heap[0][0] <= tick:
+            t, seq, r = heapq.heappop(heap)
+            if t != r.fill_at or seq != r.admit_seq:  # stale: preempted, finished or re-admitted
+                continue
+            last = min(tick, r.base + r.output_tokens - 1)  # the tick of its last step
+            full = min(len(r.response_hashes), (r.input_tokens + last - r.base) // bs - len(r.hashes))
+            out.append((r, list(r.response_hashes[r.full:full])))
+            r.full = full
+            self._track_full(r)
+        return out
+
     def forget(self, r: SchedRequest) -> None:
-        """``r`` stopped running (finished or preempted): its blocks go back to the pool."""
+        """``r`` stopped running (finished or preempted): its private blocks go back to the pool (the
+        scheduler releases its hashed ones)."""
         self.pool.free_private(r.extra_blocks)
         r.extra_blocks = 0
         r.grow_at = -1
+        r.fill_at = -1
 
     def due(self, tick: int) -> SchedRequest | None:
         """The next request (oldest admission first) that needs a block at a tick up to ``tick``."""
@@ -72,8 +110,6 @@ class DecodeBlocks:
         self.pool.take_private(1)
         r.extra_blocks += 1
         self.track(r)
-        if self.on_filled is not None and r.extra_blocks > 1:  # the block before the new one is full
-            self.on_filled(r, r.extra_blocks - 2)
         return True
 
     def ahead(self, tick: int, steps: int) -> int:
@@ -101,11 +137,4 @@ class DecodeBlocks:
             heapq.heappush(self._heap, (t, r.admit_seq, r))
         if taken:
             self.pool.take_private(len(taken))
-            if self.on_filled is not None:  # each new block means the one before it is full (by the run's end)
-                for _, r in taken:
-                    r.extra_blocks -= 1
-                for _, r in taken:
-                    r.extra_blocks += 1
-                    if r.extra_blocks > 1:
-                        self.on_filled(r, r.extra_blocks - 2)
         return end - tick

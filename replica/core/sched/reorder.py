@@ -96,7 +96,8 @@ class ReorderLoans:
             return
         lent = self._lent
         assert r.alloc is not None
-        for h in r.alloc.hashes:
+        # its allocation's blocks, and those it pinned as decoding filled them while lent (``_fill_due``)
+        for h in [*r.alloc.hashes, *(h for alloc in r.fills for h in alloc.hashes)]:
             left = lent[h] - 1
             if left:
                 lent[h] = left

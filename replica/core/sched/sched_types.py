@@ -99,7 +99,8 @@ class SchedRequest:
     __slots__ = ("rid", "hashes", "input_tokens", "output_tokens", "arrival", "session", "next_use", "position",
                  "alloc", "segments", "cached_tokens", "generated", "base", "ready_at", "restore_start",
                  "response_hashes", "plan", "t_admitted", "t_first_token", "t_finished", "order", "t_queued",
-                 "waited", "preemptions", "admit_seq", "extra_blocks", "grow_at", "kept", "loans", "hold")
+                 "waited", "preemptions", "admit_seq", "extra_blocks", "grow_at", "kept", "loans", "hold", "full", "fills",
+                 "fill_pins", "fill_at", "dups")
 
     def __init__(self, rid: int, hashes: Sequence[int], input_tokens: int, output_tokens: int, arrival: float,
                  session: str | None = None, next_use: Sequence[float] | None = None, position: float | None = None,
@@ -132,12 +133,23 @@ class SchedRequest:
         self.waited = 0.0  # seconds spent waiting, over every admission
         self.preemptions = 0
         self.admit_seq = 0  # admission number (the most recent is preempted first)
-        self.extra_blocks = 0  # blocks held beyond its hashed ones: partial prompt tail, decode KV
+        self.extra_blocks = 0  # private blocks held beyond its hashed ones: partial prompt tail, decode KV
         self.grow_at = -1  # decode tick at which it next needs a block (-1: none; see DecodeBlocks)
         # Response blocks (``response_hashes[:kept]``) its allocation holds as hashed blocks: a request
         # preempted while decoding keeps the full blocks it generated cached (vLLM v1 hashes every full
         # block) and its re-admission looks them up after its prompt's, in HBM and below.
         self.kept = 0
+        # Blocks its decoding fills are hashed as they fill (``DecodeBlocks.filled``, ``BlockPool.fill``):
+        # ``response_hashes[:full]`` are full so far (the first ``kept`` in its allocation); the pool's
+        # allocations of those it pinned in place of private blocks, released with its own, latest first;
+        # how many blocks those hold; the decode tick at which its next block is full (-1: none).
+        self.full = 0
+        self.fills: list[Allocation] = []
+        self.fill_pins = 0
+        self.fill_at = -1
+        # Filled blocks it holds as private blocks because another running request pinned the same hash
+        # (vLLM: two copies); it pins the hashed one once that request lets go (``Scheduler._adopt``).
+        self.dups: list[int] = []
         self.loans = 0  # reorder: times it was admitted ahead of its turn (at most max_loans)
         # A prefill instance's request (disaggregated P/D): when it finishes its blocks stay pinned until
         # the KV transfer to the decode instance ends (``Scheduler.release_held``), as vLLM's NIXL

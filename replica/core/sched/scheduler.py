@@ -47,12 +47,12 @@ host / SSD restore), ``complete`` after it (transfers queued; restored blocks co
 from __future__ import annotations
 
 import heapq
-from collections import deque  # type: ignore[attr-defined]  # C helper Counter uses
+from collections import _count_elements, deque  # type: ignore[attr-defined]  # C helper Counter uses
 from collections.abc import Callable, Sequence
 
 from mypy_extensions import mypyc_attr
 
-from replica.core.cache.pool import PoolBusyError, PoolCapacityError
+from replica.core.cache.pool import Allocation, PoolBusyError, PoolCapacityError
 from replica.core.cache.types import Lookup, ResponseStore, SchedulerPool
 from replica.core.sched.decode_kv import DecodeBlocks
 from replica.core.sched.reorder import ReorderLoans
@@ -113,7 +113,8 @@ class Scheduler(ReorderLoans):
         self._seq = 0
         self._dec_input = 0  # sum of input_tokens over decoders
         self._dec_base = 0  # sum of base over decoders
-        self.decode_kv = DecodeBlocks(pool, self.settings.decode_kv)
+        # where response KV is kept, the blocks decoding fills are hashed as they fill (``_fill_due``)
+        self.decode_kv = DecodeBlocks(pool, self.settings.decode_kv, fills=keep_response_kv and self._store is not None)
         # a preemption mid-prefill drops the blocks it never computed (_preempt) where the pool can remove
         # them (the oracle policies' compiled twin cannot: the Python pool keeps them too, so both agree)
         policy = getattr(getattr(pool, "pool", pool), "policy", None)
@@ -149,8 +150,7 @@ class Scheduler(ReorderLoans):
         self._chunks: list[tuple[SchedRequest, int, int]] = []  # (request, start, tokens) of this step, for it
         self._restoring: list[FetchPlan] = []  # the restores this step's chunks wait on (tiers)
         self._now = 0.0  # the start of the step being planned
-        if tiers is not None and keep_response_kv and tiers.settings.mode == "inclusive":
-            self.decode_kv.on_filled = self._filled  # FlashGen: decode blocks copied down as they fill
+        self._dups: dict[int, SchedRequest] = {}  # id -> decoders holding private copies of filled blocks
 
     # ---- queue ------------------------------------------------------------------
     def refusal(self, req: SchedRequest) -> InputError | None:
@@ -214,8 +214,12 @@ class Scheduler(ReorderLoans):
             decoding = not self._v0_admit(now)
             if decoding:
                 self._grow_now(now)
-        elif not self._grow_now(now):  # vLLM admits nothing in a step that preempted
-            self._admit(now)
+                self._fill_due(self._tick, now)
+        else:
+            preempted = self._grow_now(now)
+            self._fill_due(self._tick, now)  # before admissions: they may hit what decoding just filled
+            if not preempted:  # vLLM admits nothing in a step that preempted
+                self._admit(now)
         queued = bool(self.waiting)
         n_dec = len(self._done_at) if decoding else 0
         budget = self.settings.token_budget - n_dec
@@ -227,6 +231,7 @@ class Scheduler(ReorderLoans):
             steps = self._decode_run_length(n_dec, kv_tokens, now, horizon)
             if steps > 1:
                 steps = self.decode_kv.ahead(self._tick, steps)
+                self._fill_due(self._tick + steps - 1, now)  # no request looks up before the run ends
         tiers = self.tiers
         if prefill_tokens:  # one forward over the chunks and the decode tokens
             duration = self.cost.step_time(work)
@@ -414,12 +419,70 @@ class Scheduler(ReorderLoans):
         those running requests already pin (a cached unpinned block was evictable room)."""
         return len(hashes) - sum(map(bool, self.pool.pins_of(hashes))) + extra
 
-    def _filled(self, r: SchedRequest, j: int) -> None:
-        """Decode filled ``r``'s ``j``-th block beyond its hashed ones: with inclusive tiers its KV is
-        copied to the first level below now (FlashGen), so a preemption or HBM eviction loses nothing."""
-        i = r.kept + j
-        if i < len(r.response_hashes) and self.tiers is not None:
-            self.tiers.produced([r.response_hashes[i]], self._now)
+    def _fill_due(self, tick: int, now: float) -> None:
+        """The blocks decoders fill in the steps up to ``tick`` are hashed and findable at once: vLLM
+        caches every full block in the step that schedules its last token, before that step admits
+        anyone, so a turn arriving while the one before it still decodes hits what it generated so far.
+        The pool pins them in place of the request's private blocks (``BlockPool.fill``; KV events as they
+        fill). With inclusive tiers each is copied to the first level below as it fills (FlashGen), so a
+        preemption or HBM eviction loses nothing."""
+        store = self._store
+        if store is None:
+            return
+        for r, hashes in self.decode_kv.filled(tick):
+            want = [*r.dups, *hashes] if r.dups else hashes  # shallowest first: the pool's release order
+            self._pin_filled(r, store.fill(want, r.session, now), want)
+            if self.tiers is not None:
+                self.tiers.produced(hashes, now)
+
+    def _pin_filled(self, r: SchedRequest, alloc: Allocation | None, hashes: list[int]) -> None:
+        """``r`` pins the filled blocks of ``alloc`` in place of as many private blocks; those of ``hashes``
+        it does not pin (another running request pins them) it holds as private copies (``dups``, which
+        ``hashes`` includes)."""
+        taken: Sequence[int] = ()
+        if alloc is not None:
+            taken = alloc.hashes
+            n = len(taken)
+            r.fills.append(alloc)
+            r.fill_pins += n
+            r.extra_blocks -= n
+            if r.order in self._promoted:  # lent memory (reorder): these go back with it
+                _count_elements(self._lent, taken)
+        if len(taken) < len(hashes):
+            r.dups = [h for h in hashes if h not in taken] if taken else list(hashes)
+            self._dups[id(r)] = r
+        elif r.dups:
+            r.dups = []
+            del self._dups[id(r)]
+
+    def _adopt(self, now: float) -> None:
+        """Blocks were released: a decoder holding a private copy of a filled block whose other holder let
+        go pins the hashed block instead (vLLM keeps its own copy cached, so the hash stays findable as
+        long as either copy is, and the room either takes is the same)."""
+        store = self._store
+        assert store is not None
+        for r in list(self._dups.values()):
+            dups = r.dups
+            self._pin_filled(r, store.fill(dups, r.session, now), dups)
+
+    def _unpin(self, r: SchedRequest, now: float) -> list[int]:
+        """Release ``r``'s hashed blocks: those it pinned as decoding filled them (the deepest first, as
+        vLLM frees a request's blocks tail first), then its allocation's. Returns the filled ones."""
+        assert r.alloc is not None
+        filled: list[int] = []
+        for alloc in reversed(r.fills):
+            self.pool.release(alloc, now)
+        for alloc in r.fills:
+            filled.extend(alloc.hashes)
+        r.fills = []
+        r.fill_pins = 0
+        if r.dups:  # its private copies went back with its private blocks (``DecodeBlocks.forget``)
+            r.dups = []
+            del self._dups[id(r)]
+        self.pool.release(r.alloc, now)
+        if self._dups:
+            self._adopt(now)
+        return filled
 
     def _extra_at_admission(self, req: SchedRequest) -> int:
         return self.decode_kv.need(req, req.generated if req.resumed else 0)
@@ -523,7 +586,9 @@ class Scheduler(ReorderLoans):
 
     def _free_blocks(self, r: SchedRequest, now: float, prefilling: bool) -> list[int]:
         """Release a request's blocks once it left running (``_leave_running``); where response KV is
-        kept, the full blocks it generated are cached (returned). Preemption and abort alike."""
+        kept, the full blocks it generated stay cached (returned: those decoding filled, hashed as they
+        filled, and those it stored now, which another request held or which were evicted since).
+        Preemption and abort alike."""
         assert r.alloc is not None
         # decoding: the full blocks of its computed KV (prompt and every generated token but the last)
         # beyond the prompt's; prefilling: none new
@@ -531,18 +596,20 @@ class Scheduler(ReorderLoans):
         filled = r.kept if prefilling else min(max(full, r.kept), len(r.response_hashes))
         self.decode_kv.forget(r)
         stored: list[int] = []
+        pinned = [h for alloc in r.fills for h in alloc.hashes]
         if filled and self.keep_response_kv and self._store is not None:
             # cached before the prompt is released, as a finish's (``_release``): vLLM frees a request's
             # blocks tail first, so its generated blocks are evicted before the prompt they extend
             stored = self._store.store(r.response_hashes[r.kept:filled], r.session, now)
-            if stored and self.timer is not None:  # a backend with real K/V computes theirs
-                self.timer.stored(r, stored)
+            if (stored or pinned) and self.timer is not None:  # a backend with real K/V computes theirs
+                self.timer.stored(r, [*pinned, *stored])
             if self.tiers is not None:
                 self.tiers.produced(stored, now)
             r.kept = filled
-        self.pool.release(r.alloc, now)
+        self._unpin(r, now)
         r.alloc = None
-        return stored
+        r.full = r.kept
+        return [*pinned, *stored]
 
     def _prefill_chunks(self, budget: int, now: float, decoders: int,
                         decode_kv: int) -> tuple[StepWork, list[tuple[float, float]], list[SchedRequest]]:
@@ -597,7 +664,7 @@ class Scheduler(ReorderLoans):
         self._decoders[id(r)] = r
         self._dec_input += r.input_tokens
         self._dec_base += r.base
-        self.decode_kv.track(r)
+        self.decode_kv.start(r)
 
     def _retire(self, result: StepResult, end: float) -> None:
         """Decoders whose last token came in this step finish at its end (in admission order)."""
@@ -617,24 +684,26 @@ class Scheduler(ReorderLoans):
             self._unlend(r)
         self.decode_kv.forget(r)
         stored: list[int] = []
+        pinned = [h for alloc in r.fills for h in alloc.hashes]
         if self.keep_response_kv and r.response_hashes:  # colocated vLLM: the response's KV stays cached
             pool = self._store
-            if pool is None:  # build_core compiles no pool that keeps response KV
+            if pool is None:  # a pool that cannot keep response KV
                 raise TypeError(f"{type(self.pool).__name__} cannot keep response KV")
-            # Stored before the prompt is released: vLLM frees a finished sequence's blocks tail first
-            # (generated, then prompt): the response's blocks leave before the prompt they extend, so a
-            # block never leaves before the blocks chained after it (SGLang's radix tree evicts leaves
-            # only: the same order).
+            # What decoding filled is cached already (``_fill_due``); the rest (blocks another request
+            # held as it filled them, or a last block the client's hashes cover) is stored now, before
+            # the prompt is released: vLLM frees a finished sequence's blocks tail first (generated,
+            # then prompt): the response's blocks leave before the prompt they extend, so a block never
+            # leaves before the blocks chained after it (SGLang's radix tree evicts leaves only: the same order).
             stored = pool.store(r.response_hashes, r.session, end)
-            if stored and self.timer is not None:
-                self.timer.stored(r, stored)
+            if (stored or pinned) and self.timer is not None:
+                self.timer.stored(r, [*pinned, *stored])
         result.finished.append(r)
         if r.hold:  # a prefill instance's: pinned until its KV has crossed to the decode instance
             return
-        self.pool.release(r.alloc, end)
+        self._unpin(r, end)
         if self.tiers is not None:
             self.tiers.produced(stored, end)
-            self.tiers.released(r.alloc.hashes, stored, end)
+            self.tiers.released(r.alloc.hashes, [*pinned, *stored], end)
         self._dirty = True
 
     def release_held(self, r: SchedRequest, now: float) -> None:
@@ -642,9 +711,9 @@ class Scheduler(ReorderLoans):
         if r.alloc is None:
             return
         r.hold = False
-        self.pool.release(r.alloc, now)
+        filled = self._unpin(r, now)
         if self.tiers is not None:
-            self.tiers.released(r.alloc.hashes, [], now)
+            self.tiers.released(r.alloc.hashes, filled, now)
         r.alloc = None
         self._dirty = True
 

@@ -175,7 +175,7 @@ def test_a_hash_the_compiled_pool_cannot_key_is_a_clear_error_and_changes_nothin
     assert state(fast) == before
 
 
-def random_calls(seed: int, capacity: int, n: int = 700, stores: bool = False):
+def random_calls(seed: int, capacity: int, n: int = 700, stores: bool = False, fills: bool = False):
     """What a batching scheduler does to its pool: requests admitted (some refused for room), held
     while others come, decode KV taken and given back, released in another order; a re-admission
     that is not recorded."""
@@ -195,6 +195,12 @@ def random_calls(seed: int, capacity: int, n: int = 700, stores: bool = False):
         if stores and rng.random() < 0.4:  # a response: new blocks after the prompt, some already cached, a repeat
             extra = [rng.randrange(1 << 63) for _ in range(rng.randint(0, capacity // 2))]
             calls.append(("store", r.hash_ids[-2:] + extra + extra[:1], r.session, r.t))
+        if fills and rng.random() < 0.5:  # blocks decoding filled: new ones, a cached one, one another request pins
+            running = [calls[j][1].hash_ids for j in held[:-1] if calls[j][0] == "acquire"]
+            other = rng.choice(running) if running else []
+            new = [rng.randrange(1 << 63) for _ in range(rng.randint(0, 3))]
+            calls.append(("fill", new[:1] + r.hash_ids[-1:] + other[:1] + new[1:] + new[:1], r.session, r.t))
+            held.append(len(calls) - 1)
     return calls + [("release", i) for i in held]
 
 
@@ -213,12 +219,20 @@ def run_calls(pool, calls, random_uses: bool = True) -> list:
             elif call[0] == "release":
                 if call[1] in allocs:
                     a, extra = allocs.pop(call[1])
-                    pool.release(a, 0.0)
+                    if a is not None:
+                        pool.release(a, 0.0)
                     pool.free_private(extra)
                     private -= extra
                 out.append(None)
             elif call[0] == "store":
                 out.append(pool.store(call[1], call[2], call[3]))
+            elif call[0] == "fill":  # private blocks its request held, some of them hashed now
+                _, hashes, session, t = call
+                pool.take_private(len(hashes))
+                a = pool.fill(hashes, session, t)
+                left = len(hashes) - (len(a.hashes) if a is not None else 0)
+                allocs[i], private = (a, left), private + left
+                out.append(None if a is None else (list(a.hashes), a.hit_idx, a.new_idx, a.touched_idx))
             else:
                 pool.take_private(call[1])
                 pool.free_private(call[1])
@@ -277,6 +291,33 @@ def test_stored_responses_as_a_scheduler_keeps_them_give_the_same_pool(policy, p
         stored = [x for c, x in zip(calls, results) if c[0] == "store"]
         assert any(stored) and any(isinstance(x, list) and not x for x in stored)  # some insert, some find no room
         assert state(got) == state(expected)
+
+
+@needs_compiled
+@pytest.mark.parametrize("policy,params", STORE_CASES, ids=lambda c: str(c))
+@pytest.mark.parametrize("hit_mode", ["holes", "prefix"])
+def test_blocks_filled_as_decoding_fills_them_give_the_same_pool(policy, params, hit_mode):
+    """``fill`` between a scheduler's calls (blocks a running request's decoding filled: new ones, one
+    cached and unpinned, one another request pins, a repeat), with stored responses: what each fill pins
+    and the whole pool after, compiled and Python."""
+    for seed, capacity in ((7, 30), (8, 64), (9, 150)):
+        calls = random_calls(seed, capacity, stores=True, fills=True)
+        def make(capacity=capacity):
+            return BlockPool(capacity, make_policy(policy, **params), hit_mode=hit_mode, emit_events=False,
+                             metrics=PoolMetrics(block_size=16, block_cost=lambda d: 1.0 + d % 3),
+                             block_cost=lambda d: 1.0 + d % 3)
+
+        expected, got = make(), CompiledPool(make())
+        results = run_calls(expected, calls, random_uses=False)
+        assert run_calls(got, calls, random_uses=False) == results
+        filled = [(c[1], x) for c, x in zip(calls, results) if c[0] == "fill" and isinstance(x, tuple)
+                  and isinstance(x[0], list)]
+        assert any(x[2] for _, x in filled)  # some insert new blocks
+        assert any(x[3] for _, x in filled)  # some pin cached ones
+        assert any(len(x[0]) < len(set(asked)) for asked, x in filled)  # some leave one private: another pins it
+        assert state(got) == state(expected)
+        assert (got.room, got.free, got.pinned, got.private) == (expected.room, expected.free, expected.pinned,
+                                                                 expected.private)
 
 
 @needs_compiled

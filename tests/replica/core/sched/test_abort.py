@@ -133,7 +133,8 @@ def test_abort_while_decoding_frees_its_decode_blocks_and_keeps_its_prompt_cache
 def test_abort_while_decoding_keeps_the_full_response_blocks_it_generated_where_response_kv_is_kept():
     """Response KV kept (colocated vLLM): 64 prompt tokens, 70 out, whose 4 full response blocks
     a finish would cache. After 40 tokens (103 tokens' KV written: 2 full response blocks and a
-    partial third) the abort caches those 2 only, as vLLM v1 keeps every full block it computed."""
+    partial third) those 2 are hashed and pinned already (decoding filled them: 7 blocks held, 6 of
+    them hashed, 1 private) and the abort leaves them cached, as vLLM v1 keeps every full block it computed."""
     pool, sched = make(capacity=100, keep_response_kv=True)
     r = req(1, 4, out=70)
     r.response_hashes = [1000, 1001, 1002, 1003]
@@ -141,7 +142,8 @@ def test_abort_while_decoding_keeps_the_full_response_blocks_it_generated_where_
     now = 0.0
     while sched._tick - r.base < 40 or not r.resumed:
         now += sched.step(now, now).duration
-    assert r.extra_blocks == 3 and pool.private == 3
+    assert (r.extra_blocks, r.fill_pins, pool.private, pool.pinned) == (1, 2, 1, 6)
+    assert pool.prefix_match([0, 1, 2, 3, 1000, 1001, 1002]) == 6
     assert sched.abort(r, now) is True
     idle(pool, sched)
     assert set(pool.resident) == {0, 1, 2, 3, 1000, 1001} and pool.evictable == 6

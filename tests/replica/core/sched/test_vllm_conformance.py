@@ -21,7 +21,7 @@ def read(path: Path) -> tuple[dict, list[dict]]:
 def test_the_golden_files_cover_the_cases_the_issue_names():
     names = {p.stem for p in FILES}
     assert len(names) >= 12
-    for must in ("preempted_mid_prefill",
+    for must in ("preempted_mid_prefill", "overlapping_turns", "multi_turn_chat",
                  "shared_prefix_together", "shared_prefix_apart", "long_prompts_beside_decodes", "small_pool_preempts",
                  "prefix_caching_off", "max_num_seqs_binding", "abort_mid_prefill", "abort_mid_decode",
                  "over_model_len"):
@@ -48,6 +48,16 @@ def test_the_cases_exercise_what_they_are_named_for():
     assert hits == {"a0": 0, "a1": 512, "a2": 512, "a3": 512}  # admitted in one step, behind a0's blocks
     off = read(GOLDEN / "prefix_caching_off.jsonl")[1][0]["cached"]
     assert set(off.values()) == {0}
+    # a turn arriving at step 150 while the one before still decodes: t1's 18 prompt blocks and the 10
+    # response blocks its decoding filled by then (300 + 150 tokens' KV), not the prompt's 288 tokens only
+    overlap = read(GOLDEN / "overlapping_turns.jsonl")[1]
+    assert overlap[150]["cached"] == {"t2": 448} and "t1" in overlap[150]["scheduled"]
+    header, chat = read(GOLDEN / "multi_turn_chat.jsonl")
+    reqs = header["workload"]["requests"]
+    done = {rid: s["step"] for s in chat for rid in s["finished"]}
+    early = [r for r in reqs if not r["id"].endswith("t0")
+             and done[r["id"][:r["id"].index("t")] + f"t{int(r['id'].split('t')[1]) - 1}"] > r["arrive"]]
+    assert len(reqs) == 200 and len(early) == 103  # next turns that arrive while the turn before decodes
 
 
 @pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
