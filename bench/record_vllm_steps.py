@@ -3,6 +3,7 @@
     python bench/record_vllm_steps.py --all           # re-record tests/replica/core/sched/vllm_golden/
     python bench/record_vllm_steps.py --random 200    # 200 random workloads: agreement, preemptions (JSON)
     python bench/record_vllm_steps.py --check         # the golden files against kvemu (no vLLM needed)
+    python bench/record_vllm_steps.py --chat 600 --seed 52   # a 200-request multi-turn chat, 600-block pool
 
 vLLM runs in a virtualenv of its own (``.vllm-venv`` in the repository root, or ``$KVEMU_VLLM_VENV``),
 made here with the pinned version when absent; the project never imports vLLM (bench/in_vllm_venv/step_driver.py
@@ -221,6 +222,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--all", action="store_true", help="re-record the golden files")
     p.add_argument("--random", type=int, default=0, metavar="N", help="record N random workloads and compare")
     p.add_argument("--check", action="store_true", help="compare the golden files with kvemu (no vLLM)")
+    p.add_argument("--chat", type=int, default=0, metavar="BLOCKS",
+                   help="record a 200-request multi-turn chat (chat_workload, --seed) with a pool of BLOCKS and compare")
+    p.add_argument("--chat-span", type=int, default=1500, metavar="STEPS", help="--chat: sessions start over STEPS")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", default="llama-3-8b", help="kvemu model preset the config.json is written from")
     a = p.parse_args(argv)
@@ -241,6 +245,9 @@ def main(argv: list[str] | None = None) -> None:
             header, steps = read_golden(path)
             per[path.stem] = compare(kvemu_trace(header["workload"]), steps)
         result["golden"] = per
+    if a.chat:
+        w = chat_workload(random.Random(a.seed), "chat", span=a.chat_span, num_blocks=a.chat)
+        result["chat"] = compare(kvemu_trace(w), record([w], a.model)[0]["steps"])
     if a.random:
         rng = random.Random(a.seed)
         ws = [random_workload(rng, f"random{i}") for i in range(a.random)]

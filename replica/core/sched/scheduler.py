@@ -209,17 +209,7 @@ class Scheduler(ReorderLoans):
         ending no later than ``horizon``). The caller waits ``duration`` afterwards."""
         self._now = now
         self._blocked = False
-        decoding = True
-        if self.settings.step_rule == "v0":  # a step prefills or decodes (v0_steps)
-            decoding = not self._v0_admit(now)
-            if decoding:
-                self._grow_now(now)
-                self._fill_due(self._tick, now)
-        else:
-            preempted = self._grow_now(now)
-            self._fill_due(self._tick, now)  # before admissions: they may hit what decoding just filled
-            if not preempted:  # vLLM admits nothing in a step that preempted
-                self._admit(now)
+        decoding = self._begin(now)
         queued = bool(self.waiting)
         n_dec = len(self._done_at) if decoding else 0
         budget = self.settings.token_budget - n_dec
@@ -269,6 +259,21 @@ class Scheduler(ReorderLoans):
             self._retire(result, end)
         self._complete(completed, result, end)
         return result
+
+    def _begin(self, now: float) -> bool:
+        """What a step does before its chunks: decoders get the blocks they need (preempting when none is
+        left) and hash the blocks they fill, then waiting requests are admitted. Whether the step decodes."""
+        if self.settings.step_rule == "v0":  # a step prefills or decodes (v0_steps)
+            if self._v0_admit(now):
+                return False
+            self._grow_now(now)
+            self._fill_due(self._tick, now)
+            return True
+        preempted = self._grow_now(now)
+        self._fill_due(self._tick, now)  # before admissions: they may hit what decoding just filled
+        if not preempted:  # vLLM admits nothing in a step that preempted
+            self._admit(now)
+        return True
 
     def _complete(self, completed: list[SchedRequest], result: StepResult, end: float) -> None:
         """Requests whose prefill this step finished: each samples a token (its first, or the next one
