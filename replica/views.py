@@ -307,6 +307,8 @@ async def stats(request: web.Request) -> web.Response:
         "ttft": state.ttft_recent.summary(), "policy_switches": list(state.policy_switches),
         "role": s.role, "pd": state.pd.stats(),
     })
+    if s.gpu_memory_utilization is not None:  # vLLM's memory rule sized the pool: its terms, bytes per GPU
+        out["memory_rule"] = s.kv_budget().breakdown()
     if state.vllm_events is not None:  # --kv-events-config: vLLM's KV events over ZMQ
         out["kv_events"] = state.vllm_events.stats()
     if state.backend is not None:  # --backend torch: what the real kernels did

@@ -44,12 +44,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
+from shared import memory_rule
 from shared.collectives import LinkModel, all_reduce_seconds, link_of
 from shared.devprofile import is_profile_path, load_profile
 from shared.devspecs import Efficiency, GpuSpec
 from shared.errors import InputError, UnknownNameError
 from shared.gpu_presets import GPUS
 from shared.hf_config import is_config_path, load_config
+from shared.memory_rule import KvBudget
 
 __all__ = ["Efficiency", "GpuSpec", "ModelSpec", "CostModel", "KvBudget", "StepWork", "StepParts", "layered_finish", "MODELS", "GPUS",
            "get_model", "get_gpu", "model_from_config"]
@@ -269,42 +271,6 @@ def split_tp(spec: str) -> tuple[str, int]:
     return base, int(tp)
 
 
-@dataclass(frozen=True, slots=True)
-class KvBudget:
-    """The KV capacity ``--gpu-memory-utilization`` gives (``CostModel.kv_budget``), bytes per GPU."""
-
-    utilization: float
-    device_bytes: float  # one GPU's memory, as the device reports it
-    tp: int
-    weight_bytes: float  # one GPU's share of the weights
-    activation_bytes: float  # the profiling step's peak on one GPU
-    kv_bytes: float  # left for KV on one GPU (<= 0: nothing)
-    blocks: int  # KV blocks of the replica, over its tp GPUs
-    block_size: int
-    model: str
-    gpu: str
-
-    def line(self) -> str:
-        """What a command prints at start: per GPU, then the replica's (tp GPUs) in GiB and blocks."""
-        per = (f"{self.utilization:g} x {self.device_bytes / GIB:.2f} GiB of {self.gpu} - {self.weight_bytes / GIB:.2f}"
-               f" GiB weights - {self.activation_bytes / GIB:.2f} GiB activations = {self.kv_bytes / GIB:.2f} GiB of KV"
-               f" per GPU")
-        replica = f"x {self.tp} GPUs (--tp {self.tp}) = {self.tp * self.kv_bytes / GIB:.2f} GiB" if self.tp > 1 else ""
-        return f"capacity ({self.model}): {per}{' ' + replica if replica else ''}: {self.blocks:,} blocks of" \
-               f" {self.block_size} tokens"
-
-    def check(self) -> int:
-        """The blocks, or a one-line refusal when nothing is left for KV."""
-        if self.blocks < 1:
-            raise InputError("--gpu-memory-utilization",
-                             f"nothing left for KV: {self.utilization:g} x {self.device_bytes / GIB:.2f} GiB of"
-                             f" {self.gpu} = {self.utilization * self.device_bytes / GIB:.2f} GiB per GPU, but"
-                             f" {self.model}'s weights take {self.weight_bytes / GIB:.2f} GiB of it and the largest"
-                             f" step's activations {self.activation_bytes / GIB:.2f} GiB (--tp {self.tp}); raise it,"
-                             f" or --tp, or take a smaller model")
-        return self.blocks
-
-
 class StepWork(NamedTuple):
     """What one step computes, summed over its sequences (``of`` builds it from the chunks)."""
 
@@ -466,17 +432,8 @@ class CostModel:
         return tokens * d * (hidden + max(attn, mlp)) + sampled * m.vocab * (d + 8)
 
     def kv_budget(self, utilization: float, token_budget: int, max_seqs: int, block_size: int) -> KvBudget:
-        """vLLM's capacity rule (``--gpu-memory-utilization``): KV = ``utilization`` x each GPU's
-        memory less its share of the weights and the peak activation memory of the largest step
-        (``activation_bytes``), over ``tp`` GPUs."""
-        if not 0 < utilization <= 1:  # also refuses nan
-            raise InputError("--gpu-memory-utilization", f"must be in (0, 1], got {utilization}")
-        weights = self.model.weight_bytes / self.tp
-        act = self.activation_bytes(token_budget, min(max_seqs, token_budget))
-        kv_gpu = utilization * self.gpu.memory_bytes - weights - act
-        blocks = max(0, int(kv_gpu * self.tp // self.block_bytes(block_size)))
-        return KvBudget(utilization, self.gpu.memory_bytes, self.tp, weights, act, kv_gpu, blocks, block_size,
-                        self.model.name, self.gpu.name)
+        """vLLM's capacity rule (``--gpu-memory-utilization``), term by term: shared/memory_rule.py."""
+        return memory_rule.kv_budget(self, utilization, token_budget, max_seqs, block_size)
 
     # ---- one step ---------------------------------------------------------------
     def _units(self) -> _Units:

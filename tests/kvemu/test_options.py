@@ -316,7 +316,7 @@ def test_up_hands_gpu_memory_utilization_and_max_model_len_to_every_replica():
     validate(a)
     replica = child_settings(replica_args(0, 8100, a, None))
     assert (replica.gpu_memory_utilization, replica.capacity_blocks, replica.max_model_len) == (0.85, None, 2048)
-    assert replica.resolved_max_model_len() == 2048 and a.limit_lines[0].startswith("capacity (llama-3-8b): 0.85 x")
+    assert replica.resolved_max_model_len() == 2048 and a.limit_lines[0].startswith("capacity (llama-3-8b): ceil(0.85 x")
 
 
 def test_up_puts_neither_token_on_a_childs_command_line_but_in_its_environment(tmp_path):

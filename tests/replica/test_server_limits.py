@@ -56,14 +56,14 @@ def test_gpu_memory_utilization_sizes_the_pool_and_is_printed_at_start():
                 "--gpu-memory-utilization", "0.9", "--time-scale", "0"], 0)
     s = ReplicaSettings(model="llama-3-8b", gpu="h200", gpu_memory_utilization=0.9)
     blocks = s.resolved_capacity_blocks()
-    assert blocks == 56_482  # tests/shared/test_costmodel.py works it out by hand
+    assert blocks == 56_225  # shared/memory_rule.py's terms (tests/shared/test_memory_rule.py works them by hand)
     lines = _wait_lines(rep, 3)
-    assert lines[0] == ("capacity (llama-3-8b): 0.9 x 140.40 GiB of h200 - 14.96 GiB weights - 1.09 GiB activations"
-                        " = 110.32 GiB of KV per GPU: 56,482 blocks of 16 tokens")
+    assert lines[0] == ("capacity (llama-3-8b): ceil(0.9 x 139.94 GiB of h200) - 14.96 GiB weights - 0.92 GiB"
+                        " activations - 0.25 GiB non-torch = 109.81 GiB of KV per GPU: 56,225 blocks of 16 tokens")
     assert lines[1].startswith("cluster token: ")  # where the internal endpoints' token is
     assert f"({s.policy}, {blocks} blocks)" in lines[2]
     budget = CostModel.from_names("llama-3-8b", "h200").kv_budget(0.9, 8192, 256, 16)
-    assert round(budget.kv_bytes / GIB, 2) == 110.32
+    assert round(budget.kv_bytes / GIB, 2) == 109.81
 
 
 def _wait_lines(proc: Proc, n: int) -> list[str]:

@@ -244,40 +244,6 @@ def test_host_copies_match_the_h200_link_measurements():
 
 
 
-def test_gpu_memory_utilization_capacity_of_llama_3_8b_on_one_h200_worked_by_hand():
-    # vLLM's rule: KV = U x device memory - weights - the profiling step's peak activations
-    device = 143771 * 1024**2  # nvidia-smi's MiB
-    attn = 4096 * (32 + 2 * 8) * 128 + 32 * 128 * 4096  # fused QKV and output projections
-    mlp = 3 * 4096 * 14336  # SwiGLU
-    params = 32 * (attn + mlp) + 2 * 128256 * 4096  # layers, input embedding and LM head (untied)
-    weights = 2 * params
-    assert weights == 16_059_990_016
-    # 8192 tokens (the token budget) x bf16 x (residual + normed hidden, 2 x 4096, plus the wider of
-    # attention (48 + 32) x 128 and the MLP 3 x 14336); 256 sampled rows x the vocab x (bf16 + 2 fp32)
-    act = 8192 * 2 * (2 * 4096 + max(10240, 43008)) + 256 * 128256 * (2 + 8)
-    assert act == 1_167_196_160
-    kv = 0.9 * device - weights - act
-    block = 2 * 32 * 8 * 128 * 2 * 16  # K and V, 32 layers, 8 KV heads of 128, bf16, 16 tokens
-    b = CostModel.from_names("llama-3-8b", "h200").kv_budget(0.9, 8192, 256, 16)
-    assert (b.weight_bytes, b.activation_bytes, b.kv_bytes) == (weights, act, kv)
-    assert b.blocks == int(kv // block) == 56_482 and b.check() == 56_482
-
-
-def test_gpu_memory_utilization_with_tp_splits_weights_and_activations_and_refuses_when_nothing_is_left():
-    one = CostModel.from_names("llama-3-70b", "a100-80gb")
-    two = CostModel.from_names("llama-3-70b", "a100-80gb@tp2")
-    b = two.kv_budget(0.9, 8192, 256, 16)
-    assert b.weight_bytes == one.model.weight_bytes / 2
-    assert b.blocks == int(2 * b.kv_bytes // two.block_bytes(16)) == 2_081
-    assert "per GPU x 2 GPUs (--tp 2) = 10.16 GiB: 2,081 blocks of 16 tokens" in b.line()
-    with pytest.raises(InputError) as err:
-        one.kv_budget(0.9, 8192, 256, 16).check()
-    assert err.value.field == "--gpu-memory-utilization" and "nothing left for KV" in str(err.value)
-    for bad in (0.0, 1.5, float("nan")):
-        with pytest.raises(InputError):
-            one.kv_budget(bad, 8192, 256, 16)
-
-
 def test_every_preset_has_its_published_context_window():
     assert {name: m.max_context for name, m in MODELS.items()} == {
         "llama-3-8b": 8192, "llama-3-70b": 8192, "qwen3-8b": 40960, "llama-2-13b": 4096, "llama-2-70b": 4096,
