@@ -17,8 +17,10 @@ import math
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
-from replica.core.vllm_versions import ACTIVATIONS, GRAPH_MEMORY, NON_TORCH, WEIGHTS
 from shared.errors import InputError
+
+# The rule's terms, by name (replica/core/vllm_versions.py says which each vLLM release subtracts)
+WEIGHTS, ACTIVATIONS, NON_TORCH, GRAPH_MEMORY = "weights", "activations", "non-torch memory", "CUDA-graph memory"
 
 if TYPE_CHECKING:
     from shared.costmodel import CostModel

@@ -21,6 +21,7 @@ import re
 from dataclasses import dataclass
 
 from shared.errors import InputError
+from shared.memory_rule import ACTIVATIONS, GRAPH_MEMORY, NON_TORCH, WEIGHTS
 
 Version = tuple[int, int, int]
 GIB = 1024**3
@@ -29,9 +30,9 @@ NEWEST: Version = (0, 33, 0)  # bench/record_vllm_steps.py's VLLM_VERSION: docs/
 
 # What a row says of a feature: not in that release, in it but off unless asked for, on by default.
 ABSENT, OFF, ON = "absent", "off", "on"
-# The memory rule's terms, subtracted from gpu_memory_utilization x the GPU's memory to size the KV cache.
-WEIGHTS, ACTIVATIONS, NON_TORCH, GRAPH_MEMORY = "weights", "activations", "non-torch memory", "CUDA-graph memory"
-PRICED_TERMS = (WEIGHTS, ACTIVATIONS)  # what CostModel.kv_budget computes
+# The memory rule's terms (shared/memory_rule.py prices them), subtracted from gpu_memory_utilization x the
+# GPU's memory to size the KV cache.
+PRICED_TERMS = (WEIGHTS, ACTIVATIONS, NON_TORCH)  # what shared.memory_rule prices (CUDA-graph memory: not yet)
 
 
 @dataclass(frozen=True, slots=True)
