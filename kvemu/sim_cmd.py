@@ -31,6 +31,7 @@ from router.strategies import get_strategy
 from shared.costmodel import CostModel
 from shared.errors import InputError, KvemuError
 from shared.gc_tuning import gc_paused
+from shared.memory_rule import KvBudget
 from shared.overrides import coerce, parse_pairs
 from shared.progress import ProgressBar
 from sim.cells import CellError, LocalPool
@@ -120,8 +121,7 @@ def capacities(args, block_size: int) -> list[int]:
             return [_units(flag, n, block_size, mode) for n in split_numbers(given, int, flag)]
     cost = CostModel.from_names(args.model, args.gpu)
     if args.gpu_memory_utilization:  # vLLM's capacity rule: printed at start, refused when nothing is left
-        budgets = [cost.kv_budget(u, args.token_budget, args.max_running, block_size)
-                   for u in split_numbers(args.gpu_memory_utilization, float, "--gpu-memory-utilization")]
+        budgets = memory_rules(args, block_size)
         blocks = [b.check() for b in budgets]
         for b in budgets:
             print(b.line(), file=sys.stderr)
@@ -130,6 +130,24 @@ def capacities(args, block_size: int) -> list[int]:
     if min(blocks) <= 0:
         raise InputError("--capacity-gib", "smaller than one block of this model")
     return blocks
+
+
+def memory_rules(args, block_size: int) -> list[KvBudget]:
+    """vLLM's memory rule at each ``--gpu-memory-utilization`` value, in the order given (the grid's capacities)."""
+    cost = CostModel.from_names(args.model, args.gpu)
+    return [cost.kv_budget(u, args.token_budget, args.max_running, block_size)
+            for u in split_numbers(args.gpu_memory_utilization, float, "--gpu-memory-utilization")]
+
+
+def attach_memory_rules(args, runs: list[dict], block_size: int) -> None:
+    """Each run sized by vLLM's memory rule carries its terms (``memory_rule``, as ``/stats`` does): the
+    grid is policies x capacities, so run i has capacity i mod the count. A P/D run's pools are sized
+    per role (kvemu.options.pd), so only a colocated run carries it."""
+    if not args.gpu_memory_utilization or any(r.get("pd") for r in runs):
+        return
+    rules = [b.breakdown() for b in memory_rules(args, block_size)]
+    for i, run in enumerate(runs):
+        run["memory_rule"] = rules[i % len(rules)]
 
 
 def _units(flag: str, value: int, block_size: int, mode: str) -> int:
@@ -218,6 +236,7 @@ def run(args) -> int:
             print(warning, file=sys.stderr)
         for reason in dict.fromkeys(r["engine_reason"] for r in runs if r.get("engine_reason")):
             print(f"note: the Python pool ran, slower, with the same results: {reason}", file=sys.stderr)
+        attach_memory_rules(args, runs, trace.block_size)
         _write_outputs(args, trace, runs)
         if records_path:
             write_records(records_path, records or [], runs[0])

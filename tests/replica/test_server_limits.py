@@ -3,6 +3,8 @@ prompt plus max_tokens exceeds it with a 400 naming the limit and the request's 
 router passes it on), the one-line start-up warning where the pool cannot hold one request of
 that length, and ``--gpu-memory-utilization`` printed at start."""
 
+import json
+
 from replica.settings import ReplicaSettings
 from shared.costmodel import GIB, CostModel
 from tests.support.cluster import start_router, stop_all
@@ -64,6 +66,38 @@ def test_gpu_memory_utilization_sizes_the_pool_and_is_printed_at_start():
     assert f"({s.policy}, {blocks} blocks)" in lines[2]
     budget = CostModel.from_names("llama-3-8b", "h200").kv_budget(0.9, 8192, 256, 16)
     assert round(budget.kv_bytes / GIB, 2) == 109.81
+
+
+def test_stats_and_the_sim_json_carry_the_memory_rule_terms(tmp_path):
+    """The terms behind the pool's size, bytes per GPU, where vLLM's memory rule sized it: the replica's
+    ``/stats`` and each run of ``kvemu sim --json`` (llama-3-8b, H200 at 0.9: 56,225 blocks, as above)."""
+    from kvemu.cli import main
+    from tests.conftest import free_port
+
+    port = free_port()
+    rep = Proc(["-m", "replica", "--port", str(port), "--model", "llama-3-8b", "--gpu", "h200",
+                "--gpu-memory-utilization", "0.9", "--time-scale", "0"], port)
+    try:
+        rep.wait_healthy()
+        _, st = http_json("GET", rep.url + "/stats")
+    finally:
+        rep.stop()
+    rule = st["memory_rule"]
+    # ceil(0.9 x 150,255,697,920) - 16,062,619,648 weights - 986,447,872 (the sampler run's peak, above the
+    # forward's 838,860,800) - 268,435,456 non-torch = 117,912,625,152 bytes; over 2 MiB a block: 56,225
+    assert (rule["requested_bytes"], rule["weight_bytes"], rule["activation_bytes"]) == (135_230_128_128, 16_062_619_648,
+                                                                                         986_447_872)
+    assert (rule["kv_bytes"], rule["blocks"], rule["terms"]) == (117_912_625_152, 56_225,
+                                                                 ["weights", "activations", "non-torch memory"])
+    out = tmp_path / "sim.json"
+    assert main(["sim", "--workload", "scm", "--duration", "60", "--quiet", "--model", "llama-3-8b", "--gpu", "h200",
+                 "--gpu-memory-utilization", "0.9,0.5", "--json", str(out)]) == 0
+    runs = json.loads(out.read_text())["runs"]
+    assert runs[0]["memory_rule"] == rule
+    # 0.5: ceil(0.5 x 150,255,697,920) = 75,127,848,960, less the same terms = 57,810,345,984 bytes: 27,566 blocks
+    assert [(r["capacity_blocks"], r["memory_rule"]["utilization"], r["memory_rule"]["blocks"]) for r in runs] == \
+        [(56_225, 0.9, 56_225), (27_566, 0.5, 27_566)]
+    assert runs[1]["memory_rule"]["kv_bytes"] == 57_810_345_984
 
 
 def _wait_lines(proc: Proc, n: int) -> list[str]:
