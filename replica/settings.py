@@ -59,7 +59,8 @@ class ReplicaSettings:
     capacity_blocks: int | None = None  # in the pool's unit: blocks of block_size tokens (pages under radix)
     capacity_tokens: int | None = None  # rounded down to whole blocks (pages)
     capacity_gib: float | None = None
-    # vLLM's capacity rule: this fraction of each GPU's memory, less weights and activations (CostModel.kv_budget)
+    # vLLM's capacity rule: this fraction of each GPU's memory as CUDA reports it, less weights (with norms and the
+    # rotary cache), the profiling run's peak activations and non-torch memory (shared/memory_rule.py)
     gpu_memory_utilization: float | None = None
     # vLLM's length rule: prompt plus max_tokens beyond it is refused (None: the model's context window;
     # the pool's size where that is smaller: resolved_max_model_len)
