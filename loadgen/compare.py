@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from loadgen.request_metrics import PERCENTILES, RequestRecord, read_requests, summarize
+from loadgen.request_metrics import PERCENTILES, RequestRecord, object_line, read_requests, summarize
 from shared.errors import InputError, KvemuError, TraceFormatError
 from shared.validate import check_int, check_number
 
@@ -174,12 +174,7 @@ def _read_llmservingsim(path: str, data: bytes) -> list[RequestRecord]:
     for line, text in enumerate(data.splitlines(), 1):
         if not text.strip():
             continue
-        try:
-            obj = orjson.loads(text)
-        except orjson.JSONDecodeError as exc:
-            raise TraceFormatError(path, line, "line", f"malformed JSON ({exc})") from None
-        if not isinstance(obj, dict):
-            raise TraceFormatError(path, line, "line", "expected a JSON object")
+        obj = object_line(path, line, text)
         rid = obj.get("request_id")
         found = re.search(r"(\d+)$", rid) if isinstance(rid, str) else None
         if found is None:

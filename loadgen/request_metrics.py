@@ -107,13 +107,19 @@ def read_requests(path: str | Path) -> list[RequestRecord]:
     return out
 
 
-def parse_record(path: str, lineno: int, line: bytes) -> RequestRecord:
+def object_line(path: str, lineno: int, line: bytes) -> dict:
+    """One line of a JSON-lines file as an object, or one line naming the file and line."""
     try:
         obj = orjson.loads(line)
     except orjson.JSONDecodeError as exc:
         raise TraceFormatError(path, lineno, "line", f"malformed JSON ({exc})") from None
     if not isinstance(obj, dict):
         raise TraceFormatError(path, lineno, "line", "expected a JSON object")
+    return obj
+
+
+def parse_record(path: str, lineno: int, line: bytes) -> RequestRecord:
+    obj = object_line(path, lineno, line)
     extra = sorted(set(obj) - set(FIELDS))
     if extra:
         raise TraceFormatError(path, lineno, extra[0], f"not a per-request field (they are: {', '.join(FIELDS)})")
