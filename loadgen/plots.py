@@ -49,7 +49,12 @@ def _per_replica(ax, summary: dict, ceiling: float | None) -> None:
     ax.set_title("per replica: requests routed and block hit ratio", fontsize=10)
     h1, l1 = ax.get_legend_handles_labels()
     h2, l2 = ax2.get_legend_handles_labels()
-    ax.legend(h1 + h2, l1 + l2, fontsize=8, loc="lower right")
+    # room above the ratios and bars for the legend (ticks only where ratios can be)
+    top = ax2.get_ylim()[1]
+    ax2.set_yticks([t for t in ax2.get_yticks() if 0 <= t <= top + 1e-9])
+    ax2.set_ylim(0, top * 1.35)
+    ax.set_ylim(0, max(per[n]["requests"] for n in names) * 1.35 if names else 1)
+    ax.legend(h1 + h2, l1 + l2, fontsize=8, loc="upper center", ncol=2)
 
 
 def _over_time(ax, records, ceiling: float | None) -> None:
@@ -83,14 +88,21 @@ def _ttft(ax, summary: dict, records) -> None:
     if ttfts:
         ax.plot(ttfts, [i / len(ttfts) for i in range(1, len(ttfts) + 1)], color=PALETTE[2], label="all requests")
         if ttfts[0] > 0:
+            import matplotlib.ticker as mticker
+
             ax.set_xscale("log")
+            # labels at 1, 2 and 5 of each decade, read as durations; matplotlib's own minor labels (2x10^-2,
+            # 3x10^-2, ...) overlap on a span under a decade
+            ax.xaxis.set_major_locator(mticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+            ax.xaxis.set_major_formatter(mticker.FuncFormatter(lambda v, _pos: duration_text(v)))
+            ax.xaxis.set_minor_formatter(mticker.NullFormatter())
         for q, ls in (("p50", ":"), ("p99", "--")):
             v = summary[f"ttft_{q}_s"]
             ax.axvline(v, color=CEILING, ls=ls, lw=1.2, label=f"{q} = {duration_text(v)}")
         ax.legend(fontsize=8, loc="lower right")
     ax.set_ylim(0, 1.02)
     ax.set_title("emulated time to first token (CDF)", fontsize=10)
-    ax.set_xlabel("TTFT (s, emulated)")
+    ax.set_xlabel("TTFT (emulated; log scale when all are above 0)")
     ax.set_ylabel("fraction of requests with TTFT ≤ x")
     ax.grid(alpha=0.3)
 
