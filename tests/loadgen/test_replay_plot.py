@@ -64,7 +64,8 @@ def test_replay_figure(replayed, tmp_path):
         assert labels[0].startswith("per ") and labels[0].endswith(" s window")
         assert labels[1:] == ["since the start", f"infinite cache, whole replay: {c:.3f}"]
         assert ttft.get_title() == "emulated time to first token (CDF)"
-        assert (ttft.get_xlabel(), ttft.get_ylabel()) == ("TTFT (emulated; log scale when all are above 0)", "fraction of requests with TTFT ≤ x")
+        assert (ttft.get_xlabel(), ttft.get_ylabel()) == ("TTFT (emulated; log scale when all are above 0)",
+                                                          "fraction of requests with TTFT ≤ x")
         fig.canvas.draw()  # the x axis reads as durations, and no minor label crowds them
         shown = [t.get_text() for t in ttft.get_xticklabels() if t.get_visible() and t.get_text()]
         assert shown and all(text.endswith((" ms", " s")) for text in shown), shown
