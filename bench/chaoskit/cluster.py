@@ -143,15 +143,10 @@ class Cluster:
             return -1
 
     def wait(self, pred, what: str, timeout: float = 30.0) -> float:
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout:
-            try:
-                if pred():
-                    return time.monotonic() - t0
-            except (OSError, ValueError):
-                pass
-            time.sleep(0.02)
-        raise RuntimeError(f"{what}: not within {timeout} s (logs in {self.dir})")
+        took = wait_until(pred, timeout, every=0.02)
+        if took is None:
+            raise RuntimeError(f"{what}: not within {timeout} s (logs in {self.dir})")
+        return took
 
     def kill_replica(self, i: int) -> None:
         proc = self.replicas[i]
@@ -189,3 +184,16 @@ class Cluster:
         if self.redis:
             self.redis.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def wait_until(pred, timeout: float, every: float = 0.1) -> float | None:
+    """Seconds until ``pred()`` held, None if it did not within ``timeout``."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        try:
+            if pred():
+                return time.monotonic() - t0
+        except (OSError, ValueError):
+            pass
+        time.sleep(every)
+    return None

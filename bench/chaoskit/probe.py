@@ -18,9 +18,9 @@ from collections.abc import Callable
 
 import aiohttp
 
-from .cluster import REPO, get_json
+from .cluster import REPO, get_json, wait_until
 from .traffic import Traffic, send
-from .up import Up, healthy, held, wait_until
+from .up import Up, healthy, held
 
 PD = ("--prefill-replicas", "1", "--decode-replicas", "1")
 LONG = (300, 600)  # unique tokens after the shared prefix: more than 16 blocks a decoder lacks, so a P/D router

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 
 from .cluster import REPO, children, free_port, get_json
 
@@ -145,17 +144,3 @@ def held(up: Up) -> dict:
     # None where a replica did not answer (up stopped them all, say): not a 0 nobody measured
     total = None if any("error" in v for v in per.values()) else sum(v["held_blocks"] or 0 for v in per.values())
     return {"held_blocks": total, "per_replica": per}
-
-
-def wait_until(pred, timeout: float, every: float = 0.1) -> float | None:
-    """Seconds until ``pred()`` held, None if it did not within ``timeout``."""
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        try:
-            if pred():
-                return time.monotonic() - t0
-        except (OSError, ValueError):
-            pass
-        time.sleep(every)
-    return None
-
