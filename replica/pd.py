@@ -167,6 +167,11 @@ def check_role(role: str, params: KvTransferParams) -> None:
                          " after a remote prefill (send the decode leg to a decode or both replica)")
 
 
+def _blocks(req: SchedRequest) -> int:
+    """The blocks a request's allocation holds (none once they went back)."""
+    return len(req.alloc.hashes) if req.alloc is not None else 0
+
+
 @dataclass(slots=True)
 class Held:
     """A finished prefill whose blocks wait for a decode instance's pull."""
@@ -250,8 +255,16 @@ class PdRuntime:
 
         return split_tp(self.settings.gpu)[1]
 
-    def _expire(self, rid: str) -> None:
+    def _unhold(self, rid: str) -> Held | None:
+        """Hold ``rid`` taken off the held list with its timer stopped (None: not held here); the caller
+        gives its blocks back."""
         held = self.held.pop(rid, None)
+        if held is not None:
+            held.timer.cancel()
+        return held
+
+    def _expire(self, rid: str) -> None:
+        held = self._unhold(rid)
         if held is not None:
             self.counters.expired += 1
             self.engine.release_held(held.req)
@@ -259,11 +272,10 @@ class PdRuntime:
     def release(self, rid: str) -> int | None:
         """The hold ``rid`` released before any pull (the router's decode leg ended without one): its
         block count, or None where it is not held (pulled already, timed out, never held here)."""
-        held = self.held.pop(rid, None)
+        held = self._unhold(rid)
         if held is None:
             return None
-        held.timer.cancel()
-        blocks = len(held.req.alloc.hashes) if held.req.alloc is not None else 0
+        blocks = _blocks(held.req)
         self.counters.released += 1
         self.engine.release_held(held.req)
         return blocks
@@ -279,7 +291,7 @@ class PdRuntime:
             return self.release(handle.kv_transfer_params["remote_request_id"])
         if not self._may_hold(handle.req):
             return None
-        blocks = len(handle.req.alloc.hashes) if handle.req.alloc is not None else 0
+        blocks = _blocks(handle.req)
         self.counters.released += 1
         self.engine.abort(handle)
         return blocks
@@ -298,13 +310,14 @@ class PdRuntime:
 
     @property
     def held_blocks(self) -> int:
-        return sum(len(h.req.alloc.hashes) for h in self.held.values() if h.req.alloc is not None)
+        return sum(_blocks(h.req) for h in self.held.values())
 
     async def pull(self, rid: str, nbytes: int) -> float:
         """Send ``nbytes`` of held request ``rid`` on this NIC's send link, then release its blocks;
         the emulated seconds the send took. KeyError: no such request held here."""
-        held = self.held.pop(rid)
-        held.timer.cancel()
+        held = self._unhold(rid)
+        if held is None:
+            raise KeyError(rid)
         try:
             start = self.engine.clock()
             tr = self.send.start(start, nbytes)
@@ -317,9 +330,9 @@ class PdRuntime:
     def release_all(self) -> None:
         """Shutdown: nothing stays pinned."""
         for rid in list(self.held):
-            held = self.held.pop(rid)
-            held.timer.cancel()
-            self.engine.release_held(held.req)
+            held = self._unhold(rid)
+            if held is not None:
+                self.engine.release_held(held.req)
 
     # ---- decode side ----------------------------------------------------------------
     def check_peer(self, host: str, port: int, field: str) -> None:
