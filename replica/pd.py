@@ -11,13 +11,13 @@ legs, as vLLM's NIXL connector expects:
    "remote_request_id", "tp_size"}``. ``remote_block_ids`` are the held blocks' positions in the prompt
    (an emulated pool has no physical block ids; their count is what a decoder may read).
 2. **Decode leg**, to a ``decode`` (or ``both``) replica, with those parameters: the replica reserves the
-   request's blocks (``remote_kv.reserve``, vLLM's WAITING_FOR_REMOTE_KVS), then pulls the KV it lacks:
+   request's blocks (``Scheduler.reserve_remote``, vLLM's WAITING_FOR_REMOTE_KVS), then pulls the KV it lacks:
    ``POST http://remote_host:remote_port/kv/pull`` with ``{"remote_request_id", "bytes", "decoder"}``,
    presenting the transfer's own credential (below). The prefill replica prices ``bytes`` on its NIC's
    send ``Link`` and answers when they are sent (``{"ok": true, "send_s"}``), releasing the held blocks;
    meanwhile the decode replica prices the
    same bytes on its own receive ``Link``. The KV is delivered when both are done; the request then
-   computes its last prompt token and decodes (``remote_kv.arrived``). A pull that fails (prefill instance
+   computes its last prompt token and decodes (``Scheduler.remote_arrived``). A pull that fails (prefill instance
    unreachable, the request unknown to it, any other error) or a reservation that does not fit falls back
    to a local prefill, counted by reason.
 
@@ -44,117 +44,22 @@ import socket
 import uuid
 from collections import Counter as Tally
 from dataclasses import dataclass, field
-from typing import Any
 
 import aiohttp
 from prometheus_client import CollectorRegistry, Histogram
 
-from replica.core.sched.remote_kv import held_blocks
 from replica.core.sched.sched_types import SchedRequest
 from replica.core.tiers.link import Link
 from replica.engine import Engine, Handle
 from replica.pd_share import EXHAUSTED_AT, HoldNames, HoldShares
 from replica.settings import ReplicaSettings
 from shared.errors import InputError
+from shared.protocol import KV_PARAMS, TRANSFER_TOKEN, KvTransferParams
 
-KV_PARAMS = "kv_transfer_params"
-TRANSFER_TOKEN = "kvemu_transfer_token"  # a hold's own credential, in its kv_transfer_params (module docstring)
-_TOKEN_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
 FAILOVER_REASONS = ("no_room", "unreachable", "unknown_request", "prefill_error")
 # vLLM's NIXL histograms (vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py, NixlPromMetrics)
 XFER_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0)
 BYTES_BUCKETS = tuple(float(1 << k) for k in range(20, 36, 2))  # 1 MiB .. 16 GiB
-
-
-@dataclass(frozen=True, slots=True)
-class KvTransferParams:
-    """A request's ``kv_transfer_params`` (vLLM's field names; others are ignored, as vLLM ignores them)."""
-
-    do_remote_decode: bool = False
-    do_remote_prefill: bool = False
-    remote_engine_id: str | None = None
-    remote_host: str | None = None
-    remote_port: int | None = None
-    remote_request_id: str | None = None
-    remote_block_ids: tuple[int, ...] = ()
-    tp_size: int | None = None
-    transfer_token: str | None = None  # the hold's credential its prefill instance issued (kvemu's; others have none)
-
-
-def transfer_params(raw: bytes, content_type: str) -> KvTransferParams | None:
-    """The body's ``kv_transfer_params`` (None: absent or null); the body is decoded again only when
-    it names them, so a plain request pays one substring search."""
-    if KV_PARAMS.encode() not in raw:
-        return None
-    from shared.protocol import decode_body
-
-    return parse_params(decode_body(raw, content_type).get(KV_PARAMS))
-
-
-def _field(obj: dict, name: str, kind: type, what: str) -> Any:
-    value = obj.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
-        raise InputError(f"{KV_PARAMS}.{name}", f"expected {what}, got {value!r:.60}")
-    return value
-
-
-def _block_ids(value: Any) -> tuple[int, ...]:
-    """A list of block ids, or (vLLM with several KV cache groups) a list of such lists, flattened."""
-    if value is None:
-        return ()
-    name = f"{KV_PARAMS}.remote_block_ids"
-    if not isinstance(value, list | tuple):
-        raise InputError(name, f"expected a list of integers, got {type(value).__name__}")
-    flat = [x for group in value for x in (group if isinstance(group, list | tuple) else (group,))]
-    for i, x in enumerate(flat):
-        if isinstance(x, bool) or not isinstance(x, int) or x < 0:
-            raise InputError(f"{name}[{i}]", f"expected a block id (an integer >= 0), got {x!r:.40}")
-    return tuple(flat)
-
-
-def _transfer_token(value: Any) -> str | None:
-    """A hold's credential as a prefill instance issues it (``secrets.token_urlsafe``): it goes in a header."""
-    if value is None:
-        return None
-    if not isinstance(value, str) or not 0 < len(value) <= 128 or not _TOKEN_CHARS.issuperset(value):
-        raise InputError(f"{KV_PARAMS}.{TRANSFER_TOKEN}", "expected the token a prefill answer's kv_transfer_params"
-                                                          " gave (letters, digits, - and _), passed on as it was")
-    return value
-
-
-def parse_params(value: Any) -> KvTransferParams | None:
-    """``kv_transfer_params`` checked field by field: a 400 naming the field, before anything is pinned."""
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise InputError(KV_PARAMS, f"expected an object, got {type(value).__name__}")
-    decode = _field(value, "do_remote_decode", bool, "true or false") or False
-    prefill = _field(value, "do_remote_prefill", bool, "true or false") or False
-    if decode and prefill:
-        raise InputError(f"{KV_PARAMS}.do_remote_prefill", "a request is prefilled here for a remote decode"
-                         " (do_remote_decode) or decoded here after a remote prefill (do_remote_prefill), not both")
-    port = _field(value, "remote_port", int, "a port number")
-    if port is not None and not 1 <= port <= 65535:
-        raise InputError(f"{KV_PARAMS}.remote_port", f"must be 1-65535, got {port}")
-    tp = _field(value, "tp_size", int, "an integer >= 1")
-    if tp is not None and tp < 1:
-        raise InputError(f"{KV_PARAMS}.tp_size", f"must be >= 1, got {tp}")
-    engine = value.get("remote_engine_id")
-    if engine is not None and (isinstance(engine, bool) or not isinstance(engine, str | int)):
-        raise InputError(f"{KV_PARAMS}.remote_engine_id", f"expected a string, got {engine!r:.60}")
-    params = KvTransferParams(decode, prefill, None if engine is None else str(engine),
-                              _field(value, "remote_host", str, "a host name or address"), port,
-                              _field(value, "remote_request_id", str, "a string"),
-                              _block_ids(value.get("remote_block_ids")), tp,
-                              _transfer_token(value.get(TRANSFER_TOKEN)))
-    if prefill:
-        for name in ("remote_host", "remote_port", "remote_request_id"):
-            if not getattr(params, name):
-                raise InputError(f"{KV_PARAMS}.{name}", "missing: do_remote_prefill needs the prefill instance's"
-                                 " remote_host, remote_port and remote_request_id (its answer's kv_transfer_params)")
-    return params
 
 
 def check_role(role: str, params: KvTransferParams) -> None:
@@ -344,7 +249,8 @@ class PdRuntime:
                                     " send the parameters its prefill leg's answer gave, or add it to --pd-peers")
 
     def transfer_bytes(self, req: SchedRequest) -> int:
-        tokens = self.settings.pd.transfer_tokens(req.input_tokens, held_blocks(req), self.settings.block_size)
+        tokens = self.settings.pd.transfer_tokens(req.input_tokens, self.engine.sched.reserved_hits(req),
+                                                    self.settings.block_size)
         return tokens * self.kv_bytes_per_token
 
     async def fetch(self, handle: Handle, params: KvTransferParams) -> str | None:

@@ -31,7 +31,6 @@ FLAG = "--pd-hold-share"
 # held_usage from which /health says the holds exhaust the pool: what is left cannot admit a long prompt, so a
 # router sends it none until holds end (router/cluster.py)
 EXHAUSTED_AT = 0.9
-HOLD_NAME = "X-Kvemu-Hold-Id"  # the name kvemu's router gives each prefill leg (HoldNames)
 NAMES_KEPT = 4096  # names released before their leg was seen, remembered (and named legs kept before a sweep)
 SWEEP_AT = 4096  # client entries kept before those whose holds all ended are dropped (a scan of many addresses)
 

@@ -9,13 +9,13 @@ from collections.abc import Callable
 from aiohttp import web
 
 from replica.engine import Handle
-from replica.pd import KV_PARAMS, KvTransferParams, check_role
-from replica.pd_share import HOLD_NAME
+from replica.pd import check_role
 from replica.runtime import RUNTIME, SETTINGS
 from shared import protocol
 from shared.auth import bearer_ok, require_cluster_token
 from shared.errors import InputError
 from shared.httpkit import read_body
+from shared.protocol import HOLD_NAME, KV_PARAMS, KvTransferParams
 from shared.serve import ClientGone, until_client_gone
 
 Submit = Callable[..., Handle]

@@ -34,13 +34,13 @@ import aiohttp
 from aiohttp import web
 
 from replica.engine import Handle
-from replica.pd import KV_PARAMS, KvTransferParams, parse_params
 from replica.runtime import RUNTIME, SETTINGS
 from shared import protocol
 from shared.auth import require_cluster_token
 from shared.errors import InputError
+from shared.protocol import BOOTSTRAP_FIELDS, KV_PARAMS, KvTransferParams, parse_params
 
-ROOM = "bootstrap_room"
+HOST, PORT, ROOM = BOOTSTRAP_FIELDS  # SGLang's names: the prefill server's address, the pair's id
 BOOTSTRAP_WAIT_S = 60.0  # how long a decode leg waits for its room's prefill (SGLang's bootstrap timeout is 300)
 _REQUEST_ROOM = "kvemu_sglang_room"  # where a prefill leg's room rides on its aiohttp request
 
@@ -96,11 +96,11 @@ def _room_fields(obj: dict) -> tuple[int, str | None, int | None] | None:
     if isinstance(room, bool) or not isinstance(room, int) or not 0 <= room < 2**64:
         raise InputError(ROOM, f"expected an integer in [0, 2**64) (SGLang's batch form, a list, is not emulated),"
                                f" got {room!r:.40}")
-    host, port = obj.get("bootstrap_host"), obj.get("bootstrap_port")
+    host, port = obj.get(HOST), obj.get(PORT)
     if host is not None and not isinstance(host, str):
-        raise InputError("bootstrap_host", f"expected a host name, got {host!r:.40}")
+        raise InputError(HOST, f"expected a host name, got {host!r:.40}")
     if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536):
-        raise InputError("bootstrap_port", f"expected a port number, got {port!r:.40}")
+        raise InputError(PORT, f"expected a port number, got {port!r:.40}")
     return room, host, port
 
 
@@ -117,9 +117,9 @@ async def bootstrap_params(request: web.Request, raw: bytes) -> KvTransferParams
         request[_REQUEST_ROOM] = room
         return KvTransferParams(do_remote_decode=True)
     if not host or port is None:
-        raise InputError("bootstrap_port", "a decode replica needs the prefill server's bootstrap_host and"
-                                           " bootstrap_port (give sglang-router the prefill replica's HTTP port after"
-                                           " its URL: --prefill URL PORT)")
+        raise InputError(PORT, "a decode replica needs the prefill server's bootstrap_host and"
+                               " bootstrap_port (give sglang-router the prefill replica's HTTP port after"
+                               " its URL: --prefill URL PORT)")
     params = await _fetch_room(request, host, port, room)
     return parse_params(params)
 
@@ -133,7 +133,7 @@ async def _fetch_room(request: web.Request, host: str, port: int, room: int) -> 
     if settings.pd_peers is None:
         raise InputError(ROOM, "this decode replica asks a bootstrap only of the prefill replicas it was given:"
                                " start it with --pd-peers naming them (HOST:PORT, comma-separated)")
-    state.pd.check_peer(host, port, "bootstrap_host")
+    state.pd.check_peer(host, port, HOST)
     token = settings.serving.cluster_token
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     session = state.pd.session

@@ -16,7 +16,6 @@ from replica.core.cache.policies import make_policy
 from replica.engine import Handle
 from replica.events import read_feed
 from replica.httputil import require_admin
-from replica.pd import KvTransferParams, transfer_params
 from replica.runtime import RUNTIME, SETTINGS, ReplicaRuntime
 from replica.settings import ReplicaSettings
 from shared import protocol
@@ -24,6 +23,7 @@ from shared.auth import require_cluster_token, session_label, wants_raw_sessions
 from shared.errors import InputError
 from shared.httpkit import query_int, read_body, read_raw, respond, wants_msgpack
 from shared.offload import OFFLOAD
+from shared.protocol import CACHED_TOKENS_HEADER, REPLICA_HEADER, KvTransferParams, transfer_params
 from shared.serve import ClientGone, until_client_gone
 from shared.tokenizer import filler_piece, filler_text
 
@@ -155,7 +155,7 @@ async def _head_at_first_token(request: web.Request, handle: Handle, content_typ
 
 def _replica_headers(replica_id: str, handle: Handle) -> dict:
     """Lets a router learn the actual reuse without parsing the body (predicted vs actual)."""
-    return {"X-Kvemu-Replica": replica_id, "X-Kvemu-Cached-Tokens": str(handle.req.cached_tokens)}
+    return {REPLICA_HEADER: replica_id, CACHED_TOKENS_HEADER: str(handle.req.cached_tokens)}
 
 
 # ---- OpenAI-compatible ----------------------------------------------------------------

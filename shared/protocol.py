@@ -2,6 +2,8 @@
 
 Bodies are JSON or msgpack (``Content-Type: application/msgpack``). Every problem
 becomes an ``InputError`` naming the field, which the app answers with a 4xx JSON error.
+The names both sides of the wire spell (kvemu's ``X-Kvemu-*`` headers, vLLM's ``kv_transfer_params``
+and their parsing, SGLang's bootstrap fields) are defined here once.
 """
 
 from __future__ import annotations
@@ -24,6 +26,17 @@ MSGPACK = "application/msgpack"
 # A router's request header: answer a non-streamed request's status and headers at its first token, as a stream
 # does, and its body at the end, so that the router's load count sees the prefill end (router/strategies/step.py)
 HEAD_AT_FIRST_TOKEN = "X-Kvemu-Head-At-First-Token"
+REPLICA_HEADER = "X-Kvemu-Replica"  # an answer's: the replica that served it
+CACHED_TOKENS_HEADER = "X-Kvemu-Cached-Tokens"  # an answer's: the prompt tokens found cached where it was prefilled
+ROUTE_REASON_HEADER = "X-Kvemu-Route-Reason"  # the router's answer: why it chose that replica
+PD_PATH_HEADER = "X-Kvemu-Pd"  # the router's answer in a P/D cluster: how the prompt was prefilled
+PREFILL_REPLICA_HEADER = "X-Kvemu-Prefill-Replica"  # ... and where, after a remote prefill
+HOLD_NAME = "X-Kvemu-Hold-Id"  # the name kvemu's router gives a prefill leg, which its release names
+DP_RANK_HEADER = "X-data-parallel-rank"  # vLLM's: the data-parallel rank of the engine a request goes to
+KV_PARAMS = "kv_transfer_params"  # vLLM's P/D field (KvTransferParams)
+TRANSFER_TOKEN = "kvemu_transfer_token"  # a hold's own credential, in its kv_transfer_params (replica/pd.py)
+BOOTSTRAP_FIELDS = ("bootstrap_host", "bootstrap_port", "bootstrap_room")  # SGLang's P/D wire (replica/sglang_pd.py)
+_TOKEN_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
 MAX_U64 = 2**64 - 1
 _U32 = next(code for code in "IL" if array(code).itemsize == 4)  # an array of unsigned 32-bit ints
 # A msgpack float64 (0xcb) or float32 (0xca) whose exponent bits are all ones: NaN or an infinity. A
@@ -400,3 +413,93 @@ def _continuation(tokens: list[int], hashes: list[int], max_tokens: int, chat: b
 def error_body(status: int, field: str | None, message: str) -> dict:
     kind = "invalid_request_error" if status < 500 else "server_error"
     return {"error": {"message": message, "type": kind, "param": field, "code": status}}
+
+
+# ---- kv_transfer_params: vLLM's P/D wire (replica/pd.py drives it, router/pd.py sends it) -------------------
+@dataclass(frozen=True, slots=True)
+class KvTransferParams:
+    """A request's ``kv_transfer_params`` (vLLM's field names; others are ignored, as vLLM ignores them)."""
+
+    do_remote_decode: bool = False
+    do_remote_prefill: bool = False
+    remote_engine_id: str | None = None
+    remote_host: str | None = None
+    remote_port: int | None = None
+    remote_request_id: str | None = None
+    remote_block_ids: tuple[int, ...] = ()
+    tp_size: int | None = None
+    transfer_token: str | None = None  # the hold's credential its prefill instance issued (kvemu's; others have none)
+
+
+def transfer_params(raw: bytes, content_type: str) -> KvTransferParams | None:
+    """The body's ``kv_transfer_params`` (None: absent or null); the body is decoded again only when
+    it names them, so a plain request pays one substring search."""
+    if KV_PARAMS.encode() not in raw:
+        return None
+    return parse_params(decode_body(raw, content_type).get(KV_PARAMS))
+
+
+def _param(obj: dict, name: str, kind: type, what: str) -> Any:
+    value = obj.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
+        raise InputError(f"{KV_PARAMS}.{name}", f"expected {what}, got {value!r:.60}")
+    return value
+
+
+def _block_ids(value: Any) -> tuple[int, ...]:
+    """A list of block ids, or (vLLM with several KV cache groups) a list of such lists, flattened."""
+    if value is None:
+        return ()
+    name = f"{KV_PARAMS}.remote_block_ids"
+    if not isinstance(value, list | tuple):
+        raise InputError(name, f"expected a list of integers, got {type(value).__name__}")
+    flat = [x for group in value for x in (group if isinstance(group, list | tuple) else (group,))]
+    for i, x in enumerate(flat):
+        if isinstance(x, bool) or not isinstance(x, int) or x < 0:
+            raise InputError(f"{name}[{i}]", f"expected a block id (an integer >= 0), got {x!r:.40}")
+    return tuple(flat)
+
+
+def _transfer_token(value: Any) -> str | None:
+    """A hold's credential as a prefill instance issues it (``secrets.token_urlsafe``): it goes in a header."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 0 < len(value) <= 128 or not _TOKEN_CHARS.issuperset(value):
+        raise InputError(f"{KV_PARAMS}.{TRANSFER_TOKEN}", "expected the token a prefill answer's kv_transfer_params"
+                                                          " gave (letters, digits, - and _), passed on as it was")
+    return value
+
+
+def parse_params(value: Any) -> KvTransferParams | None:
+    """``kv_transfer_params`` checked field by field: a 400 naming the field, before anything is pinned."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise InputError(KV_PARAMS, f"expected an object, got {type(value).__name__}")
+    decode = _param(value, "do_remote_decode", bool, "true or false") or False
+    prefill = _param(value, "do_remote_prefill", bool, "true or false") or False
+    if decode and prefill:
+        raise InputError(f"{KV_PARAMS}.do_remote_prefill", "a request is prefilled here for a remote decode"
+                         " (do_remote_decode) or decoded here after a remote prefill (do_remote_prefill), not both")
+    port = _param(value, "remote_port", int, "a port number")
+    if port is not None and not 1 <= port <= 65535:
+        raise InputError(f"{KV_PARAMS}.remote_port", f"must be 1-65535, got {port}")
+    tp = _param(value, "tp_size", int, "an integer >= 1")
+    if tp is not None and tp < 1:
+        raise InputError(f"{KV_PARAMS}.tp_size", f"must be >= 1, got {tp}")
+    engine = value.get("remote_engine_id")
+    if engine is not None and (isinstance(engine, bool) or not isinstance(engine, str | int)):
+        raise InputError(f"{KV_PARAMS}.remote_engine_id", f"expected a string, got {engine!r:.60}")
+    params = KvTransferParams(decode, prefill, None if engine is None else str(engine),
+                              _param(value, "remote_host", str, "a host name or address"), port,
+                              _param(value, "remote_request_id", str, "a string"),
+                              _block_ids(value.get("remote_block_ids")), tp,
+                              _transfer_token(value.get(TRANSFER_TOKEN)))
+    if prefill:
+        for name in ("remote_host", "remote_port", "remote_request_id"):
+            if not getattr(params, name):
+                raise InputError(f"{KV_PARAMS}.{name}", "missing: do_remote_prefill needs the prefill instance's"
+                                 " remote_host, remote_port and remote_request_id (its answer's kv_transfer_params)")
+    return params
