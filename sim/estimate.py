@@ -45,8 +45,8 @@ from statistics import NormalDist
 
 import numpy as np
 
-from loadgen.presets.common import require_int, require_positive, require_probability
-from loadgen.presets.scm import ScmPreset
+from loadgen.presets.common import require_int, require_positive
+from loadgen.presets.scm import ScmPreset, check_scm_conversations
 from loadgen.trace import Trace
 from shared.errors import InputError
 
@@ -372,14 +372,7 @@ class ScmModel:
 
 
 def _check_scm(m: ScmModel) -> None:
-    require_positive(m, "arrival_rate", "think_mean")
-    require_probability(m, "continue_prob")
-    if m.continue_prob >= 1:
-        raise InputError("continue_prob", "must be < 1 (conversations must end)")
-    require_int(m, "prompt_blocks", 1)
-    require_int(m, "response_blocks", 0)
-    require_int(m, "max_turns", 1)
-    require_int(m, "block_size", 1)
+    check_scm_conversations(m)
     require_int(m, "turns", 1)
     if m.think_dist not in THINK_DISTS:
         raise InputError("think_dist", f"must be one of {', '.join(THINK_DISTS)}, got {m.think_dist!r}")

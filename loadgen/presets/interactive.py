@@ -8,8 +8,9 @@ a rounded log-normal given by its median and mean (ShareGPT: median 3, mean 7, a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -43,6 +44,19 @@ def _check_catalog(p) -> None:
     require_nonnegative(p, "system_sigma", "zipf_q")
 
 
+def _check_multi_turn(p, *messages: str) -> None:
+    """A chat or agent profile: its turns, gaps, catalog and the lengths of its ``messages`` (each a
+    ``NAME_median`` and ``NAME_sigma``) and responses; a turn-count median and mean no spread can give
+    fail here, not when sampling."""
+    require_positive(p, "turns_median", "turns_mean", "gap_median", *(f"{m}_median" for m in messages),
+                     "response_median")
+    require_nonnegative(p, "gap_sigma", *(f"{m}_sigma" for m in messages), "response_sigma")
+    require_int(p, "max_turns", 1, MAX_TURNS_CAP)
+    require_int(p, "max_context", 1)
+    _check_catalog(p)
+    rounded_lognormal_sigma(float(p.turns_median), float(p.turns_mean), p.max_turns)
+
+
 @dataclass(frozen=True)
 class ChatProfile:
     """Human multi-turn chat (ShareGPT-like): median 3 turns, mean 7, gaps of tens of seconds."""
@@ -64,12 +78,7 @@ class ChatProfile:
     max_context: int = 131072  # a session ends at the turn that would exceed it
 
     def __post_init__(self):
-        require_positive(self, "turns_median", "turns_mean", "gap_median", "prompt_median", "response_median")
-        require_nonnegative(self, "gap_sigma", "prompt_sigma", "response_sigma")
-        require_int(self, "max_turns", 1, MAX_TURNS_CAP)
-        require_int(self, "max_context", 1)
-        _check_catalog(self)
-        rounded_lognormal_sigma(float(self.turns_median), float(self.turns_mean), self.max_turns)
+        _check_multi_turn(self, "prompt")
 
     def mean_turns(self) -> float:
         sigma = rounded_lognormal_sigma(float(self.turns_median), float(self.turns_mean), self.max_turns)
@@ -103,13 +112,7 @@ class AgentProfile:
     max_context: int = 131072
 
     def __post_init__(self):
-        require_positive(self, "turns_median", "turns_mean", "gap_median", "task_median", "tool_median",
-                         "response_median")
-        require_nonnegative(self, "gap_sigma", "task_sigma", "tool_sigma", "response_sigma")
-        require_int(self, "max_turns", 1, MAX_TURNS_CAP)
-        require_int(self, "max_context", 1)
-        _check_catalog(self)
-        rounded_lognormal_sigma(float(self.turns_median), float(self.turns_mean), self.max_turns)
+        _check_multi_turn(self, "task", "tool")
 
     mean_turns = ChatProfile.mean_turns
 
@@ -172,46 +175,43 @@ def _check_rate(p, name: str) -> None:
     require_int(p, "block_size", 1)
 
 
+class _PoissonStarts:
+    """What makes a profile a preset: its sessions start as a Poisson process at the rate in the field
+    named ``RATE`` (the preset's dataclass adds that field and ``block_size``)."""
+
+    RATE: ClassVar[str]
+    sample: Callable[[np.random.Generator, np.ndarray], SessionBatch]  # the profile's
+
+    def __post_init__(self):
+        super().__post_init__()  # the profile's checks
+        _check_rate(self, self.RATE)
+
+    def plan(self, rng: np.random.Generator, duration_s: float) -> SessionBatch:
+        return self.sample(rng, poisson_starts(rng, getattr(self, self.RATE), duration_s))
+
+
 @dataclass(frozen=True)
-class ChatPreset(ChatProfile):
+class ChatPreset(_PoissonStarts, ChatProfile):
     __doc__ = ChatProfile.__doc__
+    RATE = "session_rate"
     session_rate: float = 0.2  # new sessions per second (≈1.4 requests/s)
     block_size: int = 16
 
-    def __post_init__(self):
-        super().__post_init__()
-        _check_rate(self, "session_rate")
-
-    def plan(self, rng: np.random.Generator, duration_s: float) -> SessionBatch:
-        return self.sample(rng, poisson_starts(rng, self.session_rate, duration_s))
-
 
 @dataclass(frozen=True)
-class AgentPreset(AgentProfile):
+class AgentPreset(_PoissonStarts, AgentProfile):
     __doc__ = AgentProfile.__doc__
+    RATE = "session_rate"
     session_rate: float = 0.05  # ≈1.25 requests/s
     block_size: int = 16
 
-    def __post_init__(self):
-        super().__post_init__()
-        _check_rate(self, "session_rate")
-
-    def plan(self, rng: np.random.Generator, duration_s: float) -> SessionBatch:
-        return self.sample(rng, poisson_starts(rng, self.session_rate, duration_s))
-
 
 @dataclass(frozen=True)
-class SinglePreset(SingleProfile):
+class SinglePreset(_PoissonStarts, SingleProfile):
     __doc__ = SingleProfile.__doc__
+    RATE = "request_rate"
     request_rate: float = 1.5
     block_size: int = 16
-
-    def __post_init__(self):
-        super().__post_init__()
-        _check_rate(self, "request_rate")
-
-    def plan(self, rng: np.random.Generator, duration_s: float) -> SessionBatch:
-        return self.sample(rng, poisson_starts(rng, self.request_rate, duration_s))
 
 
 _MIX_KINDS = ("single", "multi", "agent")

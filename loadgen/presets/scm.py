@@ -35,6 +35,19 @@ from shared.errors import InputError
 _NO_CATALOG = Catalog([], np.zeros(0, dtype=np.int64), np.zeros(0))
 
 
+def check_scm_conversations(p) -> None:
+    """The conversation fields the ``scm`` preset shares with the estimator's model (sim/estimate.py's
+    ``ScmModel``): rates, the turn law and blocks per turn, each a one-line error naming the field."""
+    require_positive(p, "arrival_rate", "think_mean")
+    require_probability(p, "continue_prob")
+    if p.continue_prob >= 1:
+        raise InputError("continue_prob", "must be < 1 (conversations must end)")
+    require_int(p, "prompt_blocks", 1)
+    require_int(p, "response_blocks", 0)
+    require_int(p, "max_turns", 1)
+    require_int(p, "block_size", 1)
+
+
 @dataclass(frozen=True)
 class ScmPreset:
     """The mean-field paper's SCM: Poisson conversations, geometric turns, fixed blocks per turn, exponential think time."""
@@ -49,14 +62,7 @@ class ScmPreset:
     block_tokens: int = 16  # tokens a block of the model (what prompt_blocks and response_blocks count)
 
     def __post_init__(self):
-        require_positive(self, "arrival_rate", "think_mean")
-        require_probability(self, "continue_prob")
-        if self.continue_prob >= 1:
-            raise InputError("continue_prob", "must be < 1 (conversations must end)")
-        require_int(self, "prompt_blocks", 1)
-        require_int(self, "response_blocks", 0)
-        require_int(self, "max_turns", 1)
-        require_int(self, "block_size", 1)
+        check_scm_conversations(self)
         require_int(self, "block_tokens", 1)
 
     def plan(self, rng: np.random.Generator, duration_s: float) -> SessionBatch:
