@@ -171,3 +171,25 @@ def all_reduce(link: LinkModel, ranks: int, nbytes: float) -> AllReduce:
 
 def all_reduce_seconds(link: LinkModel, ranks: int, nbytes: float) -> float:
     return all_reduce(link, ranks, nbytes).seconds
+
+
+# ---- all-to-all (expert parallelism's dispatch and combine) ------------------------------------------------
+# NCCL runs an all-to-all as grouped point-to-point sends, one to each other rank, which its tuner does not
+# price; kvemu prices it as ``latency + off-rank bytes / (ALL_TO_ALL_FRACTION x B)``. The bandwidth: nccl-tests
+# alltoall_perf on 4 H100s (NVLink 4) reached a bus bandwidth of 335-338 GB/s at 500 MB (NVIDIA/nccl#2169),
+# 0.905 of the 370 GB/s ring all-reduce bus bandwidth of the same link (NVLINK_BUS); that ratio is applied to
+# every link's ``B`` (no all-to-all measurement over PCIe is used here). The latency: NCCL's base latency of a
+# Simple ring call plus one Simple hop per peer (r - 1 sends), from the tables above, plus the link's measured
+# extra per hop over PCIe: the per-call cost a small dispatch pays.
+ALL_TO_ALL_FRACTION = 335.0 / 370.0
+
+
+def all_to_all_seconds(link: LinkModel, ranks: int, off_rank_bytes: float) -> float:
+    """One all-to-all in which each of ``ranks`` GPUs sends ``off_rank_bytes`` to the others (in all); 0.0 for
+    one rank or no bytes. nccl-tests' busbw of an all-to-all is its per-rank buffer x (r - 1) / r over the time,
+    so ``off_rank_bytes`` over the bus bandwidth is that form."""
+    if ranks <= 1 or off_rank_bytes <= 0:
+        return 0.0
+    latency = (BASE_US["ring", "Simple"] + (ranks - 1) * HOP_US[link.nvlink]["ring", "Simple"]) * US \
+        + (ranks - 1) * link.hop_extra_s
+    return latency + off_rank_bytes / (ALL_TO_ALL_FRACTION * link.bus_bytes_per_s)

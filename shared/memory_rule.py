@@ -110,20 +110,28 @@ class KvBudget:
                              f" {self.gpu} = {self.requested_bytes / GIB:.2f} GiB per GPU, but"
                              f" {self.model}'s weights take {self.weight_bytes / GIB:.2f} GiB of it, the largest"
                              f" step's activations {self.activation_bytes / GIB:.2f} GiB and non-torch memory"
-                             f" {self.non_torch_bytes / GIB:.2f} GiB (--tp {self.tp}); raise it, or --tp, or take"
-                             f" a smaller model")
+                             f" {self.non_torch_bytes / GIB:.2f} GiB (--tp {self.tp}); raise it ({self.utilization:g}"
+                             " where no capacity flag is given, vLLM's default), or --tp, or take a smaller model, or"
+                             " give the KV capacity itself (--capacity-gib / --capacity-tokens / --capacity-blocks)")
         return self.blocks
 
 
-def weight_bytes(cost: CostModel) -> float:
+def weight_bytes(cost: CostModel, expert_ranks: int = 0) -> float:
     """What loading the model takes on one GPU: its share of the matrices and embeddings, plus what every
     GPU holds whole: the RMSNorm weights (two a layer and the final one) and, on a rotary model, the
     cos/sin cache vLLM builds for the whole window (max_position_embeddings x head_dim in the dtype:
-    32 MiB for Llama-3.1's 131,072 positions, which vLLM 0.19.0's 14.99 GiB for Llama-3.1-8B includes)."""
+    32 MiB for Llama-3.1's 131,072 positions, which vLLM 0.19.0's 14.99 GiB for Llama-3.1-8B includes).
+    ``expert_ranks``: the GPUs a MoE model's experts are split over (expert parallelism: DP x TP,
+    shared/expert_parallel.py); 0: over the --tp GPUs, as the rest."""
     m = cost.model
     norms = (2 * m.layers + 1) * m.hidden * m.dtype_bytes
-    rotary = m.max_context * m.head_dim * m.dtype_bytes if m.mlp_matrices == 3 else 0  # OPT: learned positions
-    return m.weight_bytes / cost.tp + norms + rotary
+    rope_dim = m.mla.qk_rope_head_dim if m.mla is not None else m.head_dim
+    rotary = m.max_context * rope_dim * m.dtype_bytes if m.mlp_matrices == 3 else 0  # OPT: learned positions
+    experts = m.moe_layers * m.experts * m.expert_params * m.layer_weight_bytes
+    # MLA's down projections are whole on every GPU (shared/model_kinds.py), not split
+    whole = m.layers * m.mla.replicated_params(m.hidden) * m.layer_weight_bytes if m.mla is not None else 0
+    return ((m.weight_bytes - experts) / cost.tp + experts / (expert_ranks or cost.tp) + whole * (1 - 1 / cost.tp)
+            + norms + rotary)
 
 
 def activation_parts(cost: CostModel, tokens: int, rows: int) -> tuple[float, float]:
@@ -137,13 +145,14 @@ def activation_parts(cost: CostModel, tokens: int, rows: int) -> tuple[float, fl
 
 
 def kv_budget(cost: CostModel, utilization: float, token_budget: int, max_seqs: int, block_size: int,
-              terms: tuple[str, ...] = (WEIGHTS, ACTIVATIONS, NON_TORCH)) -> KvBudget:
-    """vLLM's rule with the terms of a release (``VllmRules.memory_terms``; weights and activations always)."""
+              terms: tuple[str, ...] = (WEIGHTS, ACTIVATIONS, NON_TORCH), expert_ranks: int = 0) -> KvBudget:
+    """vLLM's rule with the terms of a release (``VllmRules.memory_terms``; weights and activations always);
+    ``expert_ranks`` as ``weight_bytes``: each DP rank of an expert-parallel group holds its share of experts."""
     if not 0 < utilization <= 1:  # also refuses nan
         raise InputError("--gpu-memory-utilization", f"must be in (0, 1], got {utilization}")
     device, source = cuda_total_bytes(cost.gpu.name, cost.gpu.memory_bytes)
     requested = float(math.ceil(device * utilization))
-    weights = weight_bytes(cost)
+    weights = weight_bytes(cost, expert_ranks)
     forward, sampler = activation_parts(cost, token_budget, min(max_seqs, token_budget))
     act = max(forward, sampler)
     other = non_torch_bytes(cost.tp) if NON_TORCH in terms else 0.0

@@ -1,0 +1,93 @@
+"""Expert parallelism (vLLM's ``--enable-expert-parallel``) priced on top of the cost model.
+
+With ``--data-parallel-size D`` and ``--tp T`` a MoE model's experts are split over ``EP = D x T`` GPUs
+(each holds ``experts / EP`` of every MoE layer) while attention stays replicated per DP rank and split by
+TP. Each DP rank runs its own batch of ``t_r`` tokens; in every MoE layer the ranks send each token to the
+ranks that hold its ``top-k`` experts (dispatch) and take the results back (combine), so the ranks step in
+lockstep. One rank's step, per DP rank (a ``--tp`` group of T GPUs, as the cost model prices a replica):
+
+* everything but the experts is the cost model's step over the rank's own tokens (attention, dense
+  projections, LM head, KV reads, the --tp all-reduces, fixed costs);
+* expert weights read: the rank's ``experts / D`` local experts that the whole group's ``t_g = sum t_r``
+  tokens touch, ``touched(t_g) / D`` expert matrices (``ModelSpec.touched_experts``: uniform routing),
+  in place of ``touched(t_r)`` out of all experts;
+* expert products: ``t_g x top-k / D`` token-expert products land on the rank, in place of its own
+  ``t_r x top-k`` (equal when the ranks are balanced);
+* the step is then the cost model's roofline over these terms (``StepParts.total``).
+
+The group's step is the slowest rank's plus the all-to-alls: per MoE layer one dispatch and one combine,
+each ``t x hidden x dtype x top-k x (EP - 1) / EP`` bytes off each GPU (the largest rank's ``t``: the
+collective ends when its last sender does), priced by ``shared.collectives.all_to_all_seconds`` on the
+GPU's link. An idle rank runs vLLM's dummy batch (``execute_dummy_batch``: one token) so that its experts
+and collectives take part (``DUMMY_WORK``).
+
+Left out: expert load imbalance (routing is taken as uniform), the EPLB redundant experts, DeepEP's and
+pplx's kernels (their latencies differ from NCCL's), overlap of the all-to-all with computation (vLLM's
+dual-batch overlap), and layers that are dense in a MoE model (every layer is taken as MoE).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from shared.collectives import all_to_all_seconds
+from shared.costmodel import CostModel, ModelSpec, StepWork
+from shared.errors import InputError
+
+# vLLM's dummy batch on an idle DP rank: one decode token (``_dummy_run(1)``), here over one KV token
+DUMMY_WORK = StepWork(decoders=1, decode_kv=1)
+DISPATCH_AND_COMBINE = 2  # all-to-alls per MoE layer
+
+
+def check_expert_parallel(model: ModelSpec, enabled: bool, data_parallel_size: int,
+                          field: str = "--enable-expert-parallel") -> None:
+    """Expert parallelism needs experts and DP ranks to split them over; else it is a flag that would do nothing."""
+    if not enabled:
+        return
+    if not model.moe:
+        raise InputError(field, f"{model.name} is dense (no experts to split): a flag that would do nothing; drop it")
+    if data_parallel_size < 2:
+        raise InputError(field, "kvemu splits experts over DP ranks: give --data-parallel-size 2 or more (over --tp"
+                                " alone it is a flag that would do nothing here)")
+
+
+def expert_bytes(model: ModelSpec) -> float:
+    """Every MoE layer's experts, in bytes (0 for a dense model)."""
+    return float(model.layers * model.experts * model.expert_params * model.dtype_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class ExpertParallel:
+    """The pricing of one DP group's lockstep step: ``dp`` ranks, each priced by ``cost`` (its --tp group)."""
+
+    cost: CostModel
+    dp: int
+
+    @property
+    def ep(self) -> int:
+        """GPUs the experts are split over: DP x TP."""
+        return self.dp * self.cost.tp
+
+    def rank_step_s(self, work: StepWork, group_tokens: int) -> float:
+        """One rank's step over its ``work`` while the whole group computes ``group_tokens`` tokens."""
+        parts = self.cost.step_parts(work)
+        m, t = self.cost.model, work.tokens
+        if not m.moe or t <= 0:
+            return parts.total
+        c = self.cost
+        per_expert = m.layers * m.expert_params * m.dtype_bytes / (c.gpu.hbm_bandwidth * c.tp * c.efficiency.memory)
+        weights = parts.weights + per_expert * (m.touched_experts(group_tokens) / self.dp - m.touched_experts(t))
+        share = m.active_experts * m.expert_params / m.layer_params(m.active_experts)  # experts' part of a token
+        linear = parts.linear * (1.0 - share + share * group_tokens / (self.dp * t))
+        return replace(parts, weights=weights, linear=linear).total
+
+    def dummy_step_s(self, group_tokens: int) -> float:
+        """An idle rank's dummy batch (``DUMMY_WORK``)."""
+        return self.rank_step_s(DUMMY_WORK, group_tokens)
+
+    def all_to_all_s(self, max_rank_tokens: int) -> float:
+        """A step's dispatches and combines over every MoE layer, the largest rank's tokens each."""
+        m = self.cost.model
+        ep = self.ep
+        off_rank = max_rank_tokens * m.hidden * m.dtype_bytes * m.active_experts * (ep - 1) / ep
+        return DISPATCH_AND_COMBINE * m.layers * all_to_all_seconds(self.cost.link, ep, off_rank)
