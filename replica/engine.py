@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 from replica.core.build import ReplicaCore
 from replica.core.cache.pool import KvEvent
-from replica.core.sched import remote_kv
 from replica.core.sched.scheduler import SchedRequest, StepResult
 
 INF = float("inf")
@@ -132,11 +131,11 @@ class Engine:
     def reserve(self, hashes, prompt_tokens: int, max_tokens: int, session: str | None, stream: bool,
                 response_hashes=None) -> Handle | None:
         """A decode after a remote prefill: its blocks taken for the KV about to arrive (vLLM's
-        WAITING_FOR_REMOTE_KVS, ``remote_kv.reserve``); None when the pool cannot hold them now."""
+        WAITING_FOR_REMOTE_KVS, ``Scheduler.reserve_remote``); None when the pool cannot hold them now."""
         self._emu_now = self.now()  # the clock where the request arrives (folding idle time is idempotent)
         self._wall_idle_since = time.monotonic()
         req = self._request(hashes, prompt_tokens, max_tokens, session, response_hashes)
-        if not remote_kv.reserve(self.sched, req, self._emu_now):
+        if not self.sched.reserve_remote(req, self._emu_now):
             return None
         return self._handle(req, stream)
 
@@ -147,15 +146,15 @@ class Engine:
             self._emu_now = max(self._emu_now, at)
             self._reanchor()
         handle.kv_arrived = max(at, handle.req.arrival)
-        remote_kv.arrived(self.sched, handle.req, self._emu_now)
+        self.sched.remote_arrived(handle.req, self._emu_now)
         self._wake.set()
 
     def cancel_remote(self, handle: Handle) -> None:
-        """Its KV will never arrive: the blocks go back (``remote_kv.cancel``), and those inserted for it
+        """Its KV will never arrive: the blocks go back (``Scheduler.cancel_remote``), and those inserted for it
         leave the pool and the index."""
         if self.handles.pop(handle.req.rid, None) is None:
             return
-        remote_kv.cancel(self.sched, handle.req, self.now())
+        self.sched.cancel_remote(handle.req, self.now())
         self.publish_events()
         self._wake.set()
 

@@ -30,6 +30,7 @@ MODULES = (
     "shared.costmodel",
     "replica.core.sched.sched_types",
     "replica.core.sched.decode_kv",
+    "replica.core.sched.admission",
     "replica.core.sched.reorder",
     "replica.core.sched.scheduler",
     "router.strategies.prefix",

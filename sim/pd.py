@@ -6,7 +6,7 @@ vLLM's disaggregated serving: the decode instance is routed first (the strategy 
 and the colocated replicas, which prefill their own requests), the decider says whether the prompt
 goes through a remote prefill, the prefill instance is routed (the strategy over the prefill pool),
 computes the prompt (one output token, its blocks held), and when it finishes the decode instance
-reserves the prompt's blocks (``remote_kv.reserve``: a local prefill on the decode instance when it
+reserves the prompt's blocks (``Scheduler.reserve_remote``: a local prefill on the decode instance when it
 cannot, counted as a failover), the KV it lacks crosses the network (``PdNetwork``: each NIC direction
 shared by the transfers on it), the prefill instance's blocks go back, and the decode instance
 computes the prompt's last token (its first token) and decodes.
@@ -24,7 +24,6 @@ import time
 from dataclasses import dataclass
 
 from replica.core.disagg import PdNetwork, PdTransfer
-from replica.core.sched import remote_kv
 from replica.core.sched.scheduler import SchedRequest, Scheduler
 from router.strategies import RouteRequest, RoutingStep, strategy_spec
 from shared.costmodel import CostModel, split_tp
@@ -235,14 +234,14 @@ class PdSimulation(Simulation):
         """The prefill finished: the decode instance reserves the prompt's blocks and the KV it lacks
         starts across; without room there, the decode instance prefills it itself (a failover)."""
         d, bs = fl.d, self.block_size
-        if not remote_kv.reserve(d.sched, fl.dec, now):
+        if not d.sched.reserve_remote(fl.dec, now):
             self.counts["failover"] += 1
             self._release_prefill(fl, now, kick)
             del self.flights[fl.dec.rid]
             self._submit(d, fl.dec, kick)
             return
         self._sync(d)
-        held = remote_kv.held_blocks(fl.dec)
+        held = d.sched.reserved_hits(fl.dec)
         tokens = self.pd.settings.transfer_tokens(fl.dec.input_tokens, held, bs)
         self.saved_tokens += fl.dec.input_tokens - tokens
         nbytes = tokens * self.cost.kv_bytes_per_token
@@ -262,7 +261,7 @@ class PdSimulation(Simulation):
         self.split["prefill"].add(pre.t_first_token - pre.arrival - pre.waited)
         self.split["transfer"].add(now - pre.t_first_token)
         self._release_prefill(fl, now, kick)
-        remote_kv.arrived(fl.d.sched, fl.dec, now)
+        fl.d.sched.remote_arrived(fl.dec, now)
         fl.d.state.queued_tokens = fl.d.sched.queued_prefill_tokens
         kick.append(fl.d)
 

@@ -7,51 +7,29 @@ from __future__ import annotations
 import heapq
 from abc import abstractmethod
 from collections import _count_elements  # type: ignore[attr-defined]  # C helper Counter uses
-from collections.abc import Sequence
-from typing import Any
 
 from mypy_extensions import mypyc_attr
 
 from replica.core.cache.pool import PoolBusyError
+from replica.core.sched.admission import Admission
 from replica.core.sched.sched_types import SchedRequest
-from replica.core.sched.v0_steps import StepBudget
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # its subclass Scheduler allows them
-class ReorderLoans:
-    """Mixed into ``Scheduler``; every attribute it uses is the scheduler's."""
+class ReorderLoans(Admission):
+    """A base of ``Scheduler``, on its admission (``Admission``); every attribute it uses is the scheduler's."""
 
     # the scheduler's attributes and methods these use (set in Scheduler.__init__ / defined there)
-    waiting: Any
-    settings: Any
-    pool: Any
     promotions: int
     _promoted: dict[int, SchedRequest]
     _promoted_orders: list[int]
     _lent: dict[int, int]
-    _dirty: bool
-    _v0: StepBudget | None  # while a v0 step admits, else None
 
     # Scheduler defines these; declared abstract on the mixin (not under TYPE_CHECKING) so that mypyc, which
     # compiles this class (shared/compiled_modules.py), sees them.
     @property
     @abstractmethod
     def num_running(self) -> int: ...
-
-    @abstractmethod
-    def _acquire(self, req: SchedRequest, now: float, reserve: int = 0) -> None: ...
-
-    @abstractmethod
-    def _start(self, req: SchedRequest, now: float) -> None: ...
-
-    @abstractmethod
-    def _kv_hashes(self, r: SchedRequest) -> Sequence[int]: ...
-
-    @abstractmethod
-    def _extra_at_admission(self, req: SchedRequest) -> int: ...
-
-    @abstractmethod
-    def _fits(self, req: SchedRequest) -> bool: ...
 
     @abstractmethod
     def _preempt(self, r: SchedRequest, now: float) -> None: ...

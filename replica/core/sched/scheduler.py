@@ -32,7 +32,9 @@ admission first; when none is free or evictable, the most recently admitted runn
 preempted (recompute, as below; it may be the one that needed the block) until it fits, and no
 request is admitted in that step (vLLM's recompute preemption, under ``fcfs`` and ``reorder``
 alike). A request longer than ``max_model_len`` (prompt plus max_tokens, vLLM's length rule), or
-whose prompt and output could never fit the pool, is refused at ``submit``.
+whose prompt and output could never fit the pool, is refused at ``submit``. How a request enters, from
+the queue or (P/D's decode side, vLLM's ``WAITING_FOR_REMOTE_KVS``) with its KV computed elsewhere
+(``reserve_remote``, ``remote_arrived``, ``cancel_remote``), is one bookkeeping: admission.py.
 
 A request whose client went away is aborted (``abort``, vLLM's abort): it leaves the scheduler
 wherever it is and never finishes; its blocks go back as vLLM frees them (what it computed stays
@@ -52,14 +54,13 @@ from collections.abc import Callable, Sequence
 
 from mypy_extensions import mypyc_attr
 
-from replica.core.cache.pool import Allocation, PoolBusyError, PoolCapacityError
-from replica.core.cache.types import Lookup, ResponseStore, SchedulerPool
+from replica.core.cache.pool import Allocation, PoolBusyError
+from replica.core.cache.types import ResponseStore, SchedulerPool
 from replica.core.sched.decode_kv import DecodeBlocks
 from replica.core.sched.reorder import ReorderLoans
 from replica.core.sched.sched_types import (
     ADMISSIONS,
     SCHEDULERS,
-    ContextLengthError,
     QueueFullError,
     SchedRequest,
     SchedulerSettings,
@@ -67,13 +68,10 @@ from replica.core.sched.sched_types import (
     StepTimer,
     check_admission,
     prefill_len,
-    prefill_segments,
 )
 from replica.core.sched.v0_steps import StepBudget
-from replica.core.sched.v0_steps import refusal as v0_refusal
 from replica.core.tiers.stack import FetchPlan, TierStack
 from shared.costmodel import CostModel, StepWork, layered_finish
-from shared.errors import InputError
 
 __all__ = ["ADMISSIONS", "SCHEDULERS", "QueueFullError", "SchedRequest", "Scheduler", "SchedulerSettings", "StepResult",
            "StepTimer", "check_admission"]
@@ -119,15 +117,10 @@ class Scheduler(ReorderLoans):
         # them (the oracle policies' compiled twin cannot: the Python pool keeps them too, so both agree)
         policy = getattr(getattr(pool, "pool", pool), "policy", None)
         self._drops_uncomputed: bool = hasattr(pool, "remove") and getattr(policy, "drops_uncomputed", True)
-        self._admitted = 0  # admissions so far: each request's admit_seq
-        # Statistics (``stats``).
+        # Statistics (``stats``); admission's own (refused, admissions, waits, prefill tokens): admission.py
+        self._init_admission()
         self.preemptions = 0
-        self.refused = 0  # requests that could never run here (``refusal``)
         self.promotions = 0  # admissions out of arrival order (reorder)
-        self.admissions = 0
-        self.queue_wait_s = 0.0  # seconds waited, summed over admissions
-        self.prefill_tokens = 0  # tokens admissions had to prefill (cache misses, holes, tails)
-        self.readmission_prefill_tokens = 0  # ... of them, by re-admissions after a preemption
         self.pinned_block_s = 0.0  # blocks held by running requests x step time: time-averaged HBM use
         self.queued_block_s = 0.0  # ... over the steps that began with requests waiting (FlashGen's idle memory)
         self.queued_s = 0.0  # seconds of those steps
@@ -137,7 +130,6 @@ class Scheduler(ReorderLoans):
         self._v0: StepBudget | None = None  # step_rule v0: what this step's admissions may still prefill
         self.batch_steps = 0  # running requests x steps: over ``steps``, the mean batch size
         self.steps = 0
-        self._order = 0
         # reorder: requests admitted ahead of a blocked head (by order), the heap of their orders
         # (lazy: stale entries are skipped) and how many of them pin each block.
         self._promoted: dict[int, SchedRequest] = {}
@@ -152,41 +144,7 @@ class Scheduler(ReorderLoans):
         self._now = 0.0  # the start of the step being planned
         self._dups: dict[int, SchedRequest] = {}  # id -> decoders holding private copies of filled blocks
 
-    # ---- queue ------------------------------------------------------------------
-    def refusal(self, req: SchedRequest) -> InputError | None:
-        """Why ``req`` can never run here, or None: vLLM's length rule (prompt plus max_tokens over
-        ``max_model_len``), then a prompt or output the whole pool could never hold (a trace whose
-        hashes say more than its token counts). Every such request is refused, never cut short: vLLM
-        stops a sequence at max_model_len only when max_tokens was left to it, and a trace's
-        output and a client's max_tokens are always given here."""
-        limit = self.settings.max_model_len
-        if limit and req.input_tokens + req.output_tokens > limit:
-            return ContextLengthError(limit, req.input_tokens, req.output_tokens)
-        if len(req.hashes) > self.pool.capacity:
-            return PoolCapacityError(len(req.hashes), self.pool.capacity)
-        if (most := self.decode_kv.most(req)) > self.pool.capacity:
-            return PoolCapacityError(most, self.pool.capacity, "max_tokens")
-        if self.settings.step_rule == "v0":
-            return v0_refusal(req, self.settings.token_budget)
-        return None
-
-    def submit(self, req: SchedRequest) -> None:
-        """Queue a request; one that can never run here (``refusal``) is refused (counted in ``refused``)."""
-        if len(self.waiting) >= self.settings.max_waiting:
-            raise QueueFullError(self.settings.max_waiting)
-        if (why := self.refusal(req)) is not None:
-            self.refused += 1
-            raise why
-        self._order += 1
-        req.order = self._order
-        req.t_queued = req.arrival
-        self.waiting.append(req)
-        self.queued_prefill_tokens += req.input_tokens
-        if self.tiers is not None:  # a lower level's reads are staged while it waits (FlashGen)
-            self.tiers.stage(req.hashes, req.arrival)
-        if len(self.waiting) <= self.settings.reorder_window + 1:  # within reach of _promote
-            self._dirty = True
-
+    # ---- queue (submit, and reserve_remote for KV computed elsewhere: admission.py) ----------
     def has_work(self) -> bool:
         return bool(self.waiting or self.prefilling or self._done_at)
 
@@ -361,69 +319,6 @@ class Scheduler(ReorderLoans):
             self._v0 = None
         return bool(self.prefilling)
 
-    def _acquire(self, req: SchedRequest, now: float, reserve: int = 0) -> None:
-        """Allocate ``req``'s blocks, leaving at least ``reserve`` blocks of room (and vLLM v0's
-        watermark), or raise ``PoolBusyError``."""
-        extra = self._extra_at_admission(req)
-        hashes = self._kv_hashes(req)
-        reserve = max(reserve, int(self.settings.watermark * self.pool.capacity))
-        if reserve and self.pool.room - self._takes(hashes, extra) < reserve:
-            raise PoolBusyError("the admission would leave less room than the reserve")
-        tiers = self.tiers
-        req.plan = tiers.plan(hashes, now) if tiers is not None else None
-        try:
-            req.alloc = self.pool.acquire(Lookup(hashes, req.session, now, req.input_tokens, not req.preemptions,
-                                                 extra, req.next_use, req.position))
-        except PoolBusyError:
-            if req.plan is not None and tiers is not None:
-                tiers.cancel(req.plan)
-                req.plan = None
-            raise
-        req.extra_blocks = extra
-
-    def _start(self, req: SchedRequest, now: float) -> None:
-        """An admitted request (its blocks acquired) joins the prefill queue."""
-        assert req.alloc is not None
-        req.t_admitted = now
-        if self._v0 is not None:
-            self._v0.took(req)
-        self._admitted += 1
-        req.admit_seq = self._admitted
-        wait = now - req.t_queued
-        req.waited += wait
-        self.queue_wait_s += wait
-        self.admissions += 1
-        reused = req.alloc.hit_idx
-        plan, tiers = req.plan, self.tiers
-        if plan is not None and tiers is not None:
-            alloc = req.alloc
-            tiers.complete(plan, alloc.hashes, alloc.hit_idx, alloc.new_idx, now, record=not req.preemptions)
-            req.ready_at, req.restore_start = plan.ready_at, plan.started_at
-            if plan.restored_idx:  # restored blocks count as reused: only the rest is computed
-                reused = sorted(alloc.hit_idx + plan.restored_idx)
-            # kept until its first chunk runs: the step asks its transfers' ends then (links are shared)
-            req.plan = plan if plan.waits else None
-        req.segments = prefill_segments(req, reused, self.pool.block_size, req.generated if req.resumed else 0)
-        # a prompt cached whole computes its last block again (prefill_segments): not cached, as vLLM counts it
-        req.cached_tokens = min(len(reused) * self.pool.block_size, req.input_tokens, req.segments[-1][0])
-        todo = sum(s[1] for s in req.segments)
-        self.queued_prefill_tokens -= prefill_len(req) - todo
-        self.prefill_tokens += todo
-        if req.preemptions:
-            self.readmission_prefill_tokens += todo
-        self.prefilling.append(req)
-        self._dirty = True
-
-    def _kv_hashes(self, r: SchedRequest) -> Sequence[int]:
-        """The hashed blocks ``r`` looks up when admitted: its prompt's, then the response blocks it
-        generated before a preemption (``kept``)."""
-        return [*r.hashes, *r.response_hashes[:r.kept]] if r.kept else r.hashes
-
-    def _takes(self, hashes: Sequence[int], extra: int) -> int:
-        """Blocks of room an allocation of ``hashes`` (and ``extra`` private ones) uses up: all but
-        those running requests already pin (a cached unpinned block was evictable room)."""
-        return len(hashes) - sum(map(bool, self.pool.pins_of(hashes))) + extra
-
     def _fill_due(self, tick: int, now: float) -> None:
         """The blocks decoders fill in the steps up to ``tick`` are hashed and findable at once: vLLM
         caches every full block in the step that schedules its last token, before that step admits
@@ -488,14 +383,6 @@ class Scheduler(ReorderLoans):
         if self._dups:
             self._adopt(now)
         return filled
-
-    def _extra_at_admission(self, req: SchedRequest) -> int:
-        return self.decode_kv.need(req, req.generated if req.resumed else 0)
-
-    def _fits(self, req: SchedRequest) -> bool:
-        pool = self.pool
-        return pool.pinned + pool.private + self._takes(self._kv_hashes(req), self._extra_at_admission(req)) \
-            <= pool.capacity
 
     def _preempt(self, r: SchedRequest, now: float) -> None:
         """Recompute preemption (vLLM): release the request's blocks, keep the tokens it
