@@ -45,6 +45,7 @@ from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from shared import memory_rule
+from shared import model_kinds as kinds
 from shared.collectives import LinkModel, all_reduce_seconds, link_of
 from shared.devprofile import is_profile_path, load_profile
 from shared.devspecs import Efficiency, GpuSpec
@@ -52,6 +53,7 @@ from shared.errors import InputError, UnknownNameError
 from shared.gpu_presets import GPUS
 from shared.hf_config import is_config_path, load_config
 from shared.memory_rule import KvBudget
+from shared.model_kinds import MlaDims, kv_element_bytes
 
 __all__ = ["Efficiency", "GpuSpec", "ModelSpec", "CostModel", "KvBudget", "StepWork", "StepParts", "layered_finish", "MODELS", "GPUS",
            "get_model", "get_gpu", "model_from_config"]
@@ -104,6 +106,14 @@ class ModelSpec:
     tied_embeddings: bool = False  # the LM head is the input embedding (one matrix resident)
     # The context window (config.json's max_position_embeddings): vLLM's default max_model_len
     max_context: int = 0
+    # DeepSeek's MoE: ``dense_layers`` layers (first_k_dense_replace) have a dense MLP of ``dense_intermediate``;
+    # each MoE layer also runs ``shared_experts`` experts on every token
+    dense_layers: int = 0
+    dense_intermediate: int = 0
+    shared_experts: int = 0
+    mla: MlaDims | None = None  # multi-head latent attention (shared/model_kinds.py); None: full attention
+    fp8_weights: bool = False  # the decoder layers' weights in FP8 (config.json's quantization_config fp8)
+    kv_cache_dtype: str = "auto"  # --kv-cache-dtype (shared/model_kinds.py)
 
     @property
     def moe(self) -> bool:
@@ -111,7 +121,9 @@ class ModelSpec:
 
     @property
     def attn_params(self) -> int:
-        """Per layer: fused QKV and output projections."""
+        """Per layer: fused QKV and output projections (MLA: its latent projections)."""
+        if self.mla is not None:
+            return self.mla.attn_params(self.hidden, self.q_heads)
         return self.hidden * (self.q_heads + 2 * self.kv_heads) * self.head_dim + self.q_heads * self.head_dim * self.hidden
 
     @property
@@ -133,13 +145,25 @@ class ModelSpec:
         if not self.moe:
             return self.attn_params + self.expert_params
         n = self.experts if experts is None else experts
-        return self.attn_params + self.router_params + n * self.expert_params
+        return self.attn_params + self.router_params + (n + self.shared_experts) * self.expert_params
+
+    @property
+    def moe_layers(self) -> int:
+        return self.layers - self.dense_layers if self.moe else 0
+
+    def stack_params(self, experts: float | None = None) -> float:
+        """Every layer's, each MoE layer with ``experts`` experts (``layer_params``); dense layers among MoE
+        ones (``dense_layers``) with their own MLP."""
+        if not self.dense_layers:
+            return self.layers * self.layer_params(experts)
+        dense = self.attn_params + self.mlp_matrices * self.hidden * self.dense_intermediate
+        return self.moe_layers * self.layer_params(experts) + self.dense_layers * dense
 
     @property
     def total_params(self) -> float:
         """Resident parameters: every layer and expert, the input embedding and the LM head (one
         matrix when they are tied). Norms, biases and learned positions are left out (<0.1%)."""
-        return self.layers * self.layer_params() + (1 if self.tied_embeddings else 2) * self.head_params
+        return self.stack_params() + (1 if self.tied_embeddings else 2) * self.head_params
 
     def touched_experts(self, tokens: int) -> float:
         """Expected distinct experts ``tokens`` tokens route to (uniform routing)."""
@@ -149,11 +173,19 @@ class ModelSpec:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
+        """One copy of a token's KV over every layer (MLA: its one latent; shared/model_kinds.py)."""
+        return self.layers * kinds.kv_values(self) * kv_element_bytes(self.kv_cache_dtype, self.dtype_bytes)
+
+    @property
+    def layer_weight_bytes(self) -> int:
+        """Bytes a decoder layer's weight takes (FP8's block scales, 4 bytes a 128 x 128 block, left out)."""
+        return 1 if self.fp8_weights else self.dtype_bytes
 
     @property
     def weight_bytes(self) -> float:
-        return self.total_params * self.dtype_bytes
+        """The layers' weights at ``layer_weight_bytes`` each; the embedding and LM head in the dtype."""
+        heads = (1 if self.tied_embeddings else 2) * self.head_params * self.dtype_bytes
+        return self.stack_params() * self.layer_weight_bytes + heads
 
 
 # Each shape is its published Hugging Face config.json (num_hidden_layers, num_attention_heads,
@@ -182,10 +214,11 @@ _OPT = {"opt-13b": (40, 40, 40, 128, 5120, 20480, 50272), "opt-30b": (48, 56, 56
 # default --max-model-len): meta-llama/Meta-Llama-3-8B and -70B 8192; Qwen/Qwen3-8B 40960;
 # meta-llama/Llama-2-13b-hf and -70b-hf 4096; facebook/opt-13b and opt-30b 2048;
 # Qwen/Qwen3-Coder-30B-A3B-Instruct 262144; meta-llama/Llama-3.1-8B 131072; Qwen/Qwen3-32B and
-# Qwen/Qwen3-30B-A3B 40960. The tiny shapes are not real models: 32768, chosen here.
+# Qwen/Qwen3-30B-A3B 40960; deepseek-ai/DeepSeek-V3 163840 (YaRN: 4096 x 40). The tiny shapes are not
+# real models: 32768, chosen here.
 CONTEXT = {"llama-3-8b": 8192, "llama-3-70b": 8192, "qwen3-8b": 40960, "llama-2-13b": 4096, "llama-2-70b": 4096,
            "opt-13b": 2048, "opt-30b": 2048, "qwen3-coder-30b-a3b": 262144, "tiny": 32768, "tiny-moe": 32768,
-           "llama-3.1-8b": 131072, "qwen3-32b": 40960, "qwen3-30b-a3b": 40960}
+           "llama-3.1-8b": 131072, "qwen3-32b": 40960, "qwen3-30b-a3b": 40960, "deepseek-v3": 163840}
 
 MODELS: dict[str, ModelSpec] = {
     m.name: m
@@ -200,6 +233,13 @@ MODELS: dict[str, ModelSpec] = {
         # Qwen/Qwen3-30B-A3B: the same shape, a 40,960-token window
         ModelSpec("qwen3-30b-a3b", 48, 32, 4, 128, 2048, 768, 151936, 128, 8, efficiency=MOE_H200,
                   max_context=CONTEXT["qwen3-30b-a3b"]),
+        # deepseek-ai/DeepSeek-V3 (bench/data/models/deepseek-v3/config.json): MLA (kv_lora_rank 512, rope 64, nope
+        # 128, v 128, q_lora_rank 1536) over 128 heads; 3 dense layers of 18432, then 58 MoE layers of 256 experts of
+        # 2048, 8 a token, and one shared expert; FP8 weights (quantization_config fp8), untied. The MTP layer
+        # (num_nextn_predict_layers) is not loaded without speculative decoding, so not here.
+        ModelSpec("deepseek-v3", 61, 128, 128, 192, 7168, 2048, 129280, 256, 8, efficiency=MOE_H200,
+                  max_context=CONTEXT["deepseek-v3"], dense_layers=3, dense_intermediate=18432, shared_experts=1,
+                  mla=MlaDims(512, 64, 128, 128, 1536), fp8_weights=True),
         # Tiny shapes for CPU tests and `kvemu calibrate --device cpu` (not real models).
         ModelSpec("tiny", 4, 4, 2, 32, 256, 512, 1024, max_context=CONTEXT["tiny"]),
         ModelSpec("tiny-moe", 4, 4, 2, 32, 256, 256, 1024, 8, 2, max_context=CONTEXT["tiny-moe"]),
@@ -234,7 +274,16 @@ def model_preset(name: str) -> str | None:
 
 
 def get_model(name: str) -> ModelSpec:
-    """A preset by name, or the shape a Hugging Face config.json (or a folder holding one) describes."""
+    """A preset by name, or the shape a Hugging Face config.json (or a folder holding one) describes; a
+    ``@kv=DTYPE`` after either is its --kv-cache-dtype (shared/model_kinds.py)."""
+    name, kv_dtype = kinds.split_kv_dtype(name)
+    spec = _named_model(name)
+    if kv_dtype == "auto":
+        return spec
+    return replace(spec, kv_cache_dtype=kinds.check_kv_cache_dtype(kv_dtype, spec.name, spec.mla is not None))
+
+
+def _named_model(name: str) -> ModelSpec:
     key = model_preset(name)
     if key is not None:
         return MODELS[key]
@@ -250,7 +299,8 @@ def model_from_config(path: str) -> ModelSpec:
     h = load_config(path)
     spec = ModelSpec(h.name, h.layers, h.q_heads, h.kv_heads, h.head_dim, h.hidden, h.intermediate, h.vocab,
                      h.experts, h.active_experts, h.dtype_bytes, MOE_H200 if h.experts else DENSE_H200,
-                     h.mlp_matrices, h.tied_embeddings, h.max_context)
+                     h.mlp_matrices, h.tied_embeddings, h.max_context, h.dense_layers, h.dense_intermediate,
+                     h.shared_experts, h.mla, h.fp8_weights)
     for preset in MODELS.values():
         if replace(spec, name=preset.name, efficiency=preset.efficiency) == preset:
             return preset
@@ -340,7 +390,8 @@ class _Units(NamedTuple):
     base_weights: float  # layer weights but the experts (dense: all of them)
     per_expert: float  # one expert over all layers (0: dense)
     decode_kv: float  # per decode KV token read
-    attention: float  # per query-key pair
+    attention: float  # per query-key pair of a prefill chunk
+    decode_attention: float  # per decoder's context token (MLA: the absorbed form)
     kv_read: float  # per cached prefix token
     comm_calls: int  # all-reduces a step (0: no --tp)
     comm_bytes: float  # one all-reduce's message per token
@@ -397,8 +448,14 @@ class CostModel:
     def kv_bytes_per_token(self) -> int:
         return self.model.kv_bytes_per_token
 
+    @property
+    def kv_bytes_per_gpu_token(self) -> float:
+        """A token's KV on each of the --tp GPUs: its share of the KV heads, or all of MLA's latent."""
+        return self.kv_bytes_per_token * kinds.kv_copies(self.model, self.tp) / self.tp
+
     def block_bytes(self, block_size: int) -> int:
-        return self.kv_bytes_per_token * block_size
+        """One block's KV over the replica's GPUs (every copy a --tp group keeps)."""
+        return int(self.kv_bytes_per_token * kinds.kv_copies(self.model, self.tp)) * block_size
 
     def gib_to_blocks(self, gib: float, block_size: int) -> int:
         if not 0 <= gib < float("inf"):  # also refuses nan
@@ -423,10 +480,13 @@ class CostModel:
         CUDA-graph memory, which vLLM also subtracts; so this capacity is an upper bound by that much."""
         m, tp, d = self.model, self.tp, self.model.dtype_bytes
         hidden = 2 * m.hidden
-        attn = ((m.q_heads + 2 * m.kv_heads) * m.head_dim + m.q_heads * m.head_dim) / tp
+        attn = (m.mla.activation_width(m.q_heads) if m.mla is not None
+                else (m.q_heads + 2 * m.kv_heads) * m.head_dim + m.q_heads * m.head_dim) / tp
         mlp_width = (3 if m.mlp_matrices == 3 else 2) * m.intermediate / tp
         if m.moe:
             mlp = m.active_experts * (mlp_width + m.hidden) + m.experts * 4 / d
+            if m.dense_layers:  # a dense layer's MLP (DeepSeek's first layers) may be the larger set
+                mlp = max(mlp, (3 if m.mlp_matrices == 3 else 2) * m.dense_intermediate / tp)
         else:
             mlp = mlp_width
         return tokens * d * (hidden + max(attn, mlp)) + sampled * m.vocab * (d + 8)
@@ -440,15 +500,18 @@ class CostModel:
         m, e, g, tp = self.model, self.efficiency, self.gpu, self.tp
         L, peak, hbm = m.layers, g.peak_flops * tp, g.hbm_bandwidth * tp  # the work splits over tp GPUs
         bw = hbm * e.memory
-        token_flops = 2.0 * L * m.layer_params(m.active_experts or None)
+        token_flops = 2.0 * m.stack_params(m.active_experts or None)
+        # MLA's prefill up-projects each cached prefix token's latent (shared/model_kinds.py)
+        context_s = L * m.mla.context_flops(m.q_heads) / (peak * e.linear) if m.mla is not None else 0.0
         return _Units(
             prefill_linear=token_flops / (peak * e.linear), decode_linear=token_flops / (peak * e.decode_linear_eff),
             head_read=m.head_params * m.dtype_bytes / bw, head_linear=2.0 * m.head_params / (peak * e.linear),
-            base_weights=L * m.layer_params(0 if m.moe else None) * m.dtype_bytes / bw,
-            per_expert=L * m.expert_params * m.dtype_bytes / bw if m.moe else 0.0,
-            decode_kv=self.kv_bytes_per_token / (hbm * e.decode_kv_eff),
-            attention=4.0 * m.q_heads * m.head_dim * L / (peak * e.attention),
-            kv_read=L * 2 * m.q_heads * m.head_dim * m.dtype_bytes / (hbm * e.kv_read),
+            base_weights=m.stack_params(0 if m.moe else None) * m.layer_weight_bytes / bw,
+            per_expert=m.moe_layers * m.expert_params * m.layer_weight_bytes / bw if m.moe else 0.0,
+            decode_kv=self.kv_bytes_per_token * kinds.kv_copies(m, tp) / (hbm * e.decode_kv_eff),
+            attention=kinds.pair_flops(m, decode=False) * L / (peak * e.attention),
+            decode_attention=kinds.pair_flops(m, decode=True) * L / (peak * e.attention),
+            kv_read=L * kinds.context_read_bytes(m) / (hbm * e.kv_read) + context_s,
             comm_calls=2 * L + 1 if tp > 1 else 0, comm_bytes=float(m.hidden * m.dtype_bytes),
             per_decoder=L * e.decode_seq_s, eager=L * e.overhead_s, graphed=L * e.decode_overhead_s,
             graph_tokens=e.graph_tokens)
@@ -466,7 +529,7 @@ class CostModel:
         return StepParts(
             weights=weights, decode_kv=work.decode_kv * u.decode_kv,
             linear=work.prefill_tokens * u.prefill_linear + work.decoders * u.decode_linear,
-            head=(work.prefill_seqs + work.decoders) * u.head_linear, decode_attention=work.decode_kv * u.attention,
+            head=(work.prefill_seqs + work.decoders) * u.head_linear, decode_attention=work.decode_kv * u.decode_attention,
             attention=work.attn_pairs * u.attention, kv_read=work.cached_tokens * u.kv_read, comm=self.all_reduce_s(t),
             overhead=fixed + work.decoders * u.per_decoder)
 
@@ -480,7 +543,7 @@ class CostModel:
         if u.per_expert:
             weights += u.per_expert * self._touched_experts(t)
         compute = (work.prefill_tokens * u.prefill_linear + work.decoders * u.decode_linear
-                   + (work.prefill_seqs + work.decoders) * u.head_linear + work.decode_kv * u.attention)
+                   + (work.prefill_seqs + work.decoders) * u.head_linear + work.decode_kv * u.decode_attention)
         fixed = u.graphed if t <= u.graph_tokens or not work.prefill_seqs else u.eager
         return (max(weights, compute) + work.attn_pairs * u.attention + work.cached_tokens * u.kv_read
                 + self.all_reduce_s(t) + fixed + work.decoders * u.per_decoder)
@@ -531,9 +594,9 @@ class CostModel:
         if new_tokens < 0 or cached_depth < 0:
             raise InputError("new_tokens", "token counts must be >= 0")
         m = self.model
-        linear = 2.0 * new_tokens * m.layer_params(m.active_experts or None) * m.layers
+        linear = 2.0 * new_tokens * m.stack_params(m.active_experts or None)
         pairs = new_tokens * cached_depth + new_tokens * (new_tokens - 1) / 2
-        return linear, 4.0 * m.q_heads * m.head_dim * m.layers * pairs
+        return linear, kinds.pair_flops(m, decode=False) * m.layers * pairs
 
     def prefill_parts(self, new_tokens: int, cached_depth: int = 0) -> StepParts:
         return self.step_parts(StepWork.of([(new_tokens, cached_depth)]))

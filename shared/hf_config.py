@@ -7,8 +7,14 @@ What is read, per architecture (``architectures[0]``):
   absent: one KV head per query head, as transformers reads it), ``head_dim`` (absent: ``hidden_size /
   num_attention_heads``), ``hidden_size``, ``intermediate_size`` (a SwiGLU MLP), ``vocab_size``,
   ``tie_word_embeddings`` (absent: false, these classes' default);
-* Qwen3-MoE (``Qwen3MoeForCausalLM``): the same attention, and every layer's MLP routed over
-  ``num_experts`` experts of ``moe_intermediate_size``, ``num_experts_per_tok`` a token;
+* Qwen3-MoE (``Qwen3MoeForCausalLM``): the same attention, and the MLP routed over ``num_experts`` experts of
+  ``moe_intermediate_size``, ``num_experts_per_tok`` a token, but in the layers ``mlp_only_layers`` and
+  ``decoder_sparse_step`` make dense (an MLP of ``intermediate_size``);
+* DeepSeek-V2 / V3 and Kimi K2 (``DeepseekV2ForCausalLM``, ``DeepseekV3ForCausalLM``): multi-head latent
+  attention (``kv_lora_rank``, ``qk_rope_head_dim``, ``qk_nope_head_dim``, ``v_head_dim``, ``q_lora_rank``;
+  shared/model_kinds.py) over ``num_attention_heads`` heads; ``first_k_dense_replace`` dense layers of
+  ``intermediate_size``, then MoE layers of ``n_routed_experts`` experts of ``moe_intermediate_size``,
+  ``num_experts_per_tok`` a token, plus ``n_shared_experts`` every token runs (``moe_layer_freq`` 1);
 * OPT (``OPTForCausalLM``): multi-head attention, a two-matrix MLP of ``ffn_dim``, the LM head tied to the
   input embedding unless ``tie_word_embeddings`` is false;
 * every one: ``max_position_embeddings`` as vLLM's default ``--max-model-len`` (times a linear, dynamic or
@@ -16,10 +22,14 @@ What is read, per architecture (``architectures[0]``):
   ``torch_dtype`` (or ``dtype``): 2 bytes for bfloat16 and float16, and for float32 too, since vLLM's
   ``--dtype auto`` serves a float32 checkpoint in 16 bits.
 
+A ``quantization_config`` of ``quant_method`` fp8 (DeepSeek-V3's: E4M3 in 128 x 128 blocks) makes the decoder
+layers' weights one byte each (their block scales, 4 bytes a block of 16,384 weights, left out); the embedding and
+the LM head stay in the dtype. The FP8 products are priced at the card's 16-bit peak (an upper bound on their time).
+
 What kvemu cannot price yet is refused in one line naming the field and the file: sliding-window layers
-(``sliding_window`` where it applies, ``layer_types`` with sliding attention), MLA (``kv_lora_rank``),
-quantized weights (``quantization_config``), MoE models with dense layers among the routed ones, OPT's
-embedding projections, an architecture not listed above, a required field missing or not a positive integer.
+(``sliding_window`` where it applies, ``layer_types`` with sliding attention), other quantized weights
+(``quantization_config``), DeepSeek's ``moe_layer_freq`` other than 1, OPT's embedding projections, an
+architecture not listed above, a required field missing or not a positive integer.
 """
 
 from __future__ import annotations
@@ -29,13 +39,16 @@ import os
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 from shared.errors import InputError
+from shared.model_kinds import MlaDims
 
 FIELD = "--model"
 LLAMA_LIKE = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
-ARCHITECTURES = (*LLAMA_LIKE, "Qwen3MoeForCausalLM", "OPTForCausalLM")
+# DeepSeek-V2 / V3 (Kimi K2's config.json names DeepseekV3ForCausalLM too): MLA, DeepSeek's MoE
+DEEPSEEK = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
+ARCHITECTURES = (*LLAMA_LIKE, "Qwen3MoeForCausalLM", *DEEPSEEK, "OPTForCausalLM")
 # torch dtype name -> bytes a weight and a KV element take as vLLM serves it by default (--dtype auto)
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 2}
 # rope_scaling types whose factor vLLM multiplies the context window by (``_get_and_verify_max_len``)
@@ -62,6 +75,22 @@ class HfShape:
     mlp_matrices: int  # 3: SwiGLU; 2: OPT's fc1 -> ReLU -> fc2
     tied_embeddings: bool
     max_context: int
+    dense_layers: int = 0  # MoE models: layers with a dense MLP of dense_intermediate among the routed ones
+    dense_intermediate: int = 0
+    shared_experts: int = 0
+    mla: MlaDims | None = None
+    fp8_weights: bool = False
+
+
+class MlpShape(NamedTuple):
+    """A config's MLP fields (``_Reader.mlp``)."""
+
+    intermediate: int  # the MLP's width (MoE: one expert's)
+    experts: int = 0
+    active: int = 0
+    dense_layers: int = 0
+    dense_intermediate: int = 0
+    shared_experts: int = 0
 
 
 def is_config_path(spec: str) -> bool:
@@ -134,11 +163,10 @@ class _Reader:
         """Refuse what prices attention or weights otherwise than full attention over 16-bit weights (before
         the architecture: a DeepSeek file is better told it is MLA than that its class is unknown)."""
         raw = self.raw
-        if raw.get("kv_lora_rank") is not None:
-            raise self.refuse("kv_lora_rank", "is set: multi-head latent attention (MLA) is not modelled yet")
-        if raw.get("quantization_config") is not None:
-            raise self.refuse("quantization_config", "is set: quantized weights are not modelled yet (kvemu prices"
-                                                     " 16-bit weights)")
+        quant = raw.get("quantization_config")
+        if quant is not None and not (isinstance(quant, dict) and quant.get("quant_method") == "fp8"):
+            raise self.refuse("quantization_config", "is set and not fp8: quantized weights other than FP8 are not"
+                                                     " modelled yet (kvemu prices 16-bit or FP8 weights)")
         types = raw.get("layer_types")
         if isinstance(types, list) and any(t != "full_attention" for t in types):
             raise self.refuse("layer_types", "has layers other than full_attention (sliding-window layers):"
@@ -193,27 +221,61 @@ class _Reader:
                                           f" num_attention_heads {heads}")
         else:
             head_dim = hidden // heads
-        experts = active = 0
-        if opt:
+        mlp = self.mlp(arch, hidden, layers)
+        mla = self.mla() if arch in DEEPSEEK else None
+        if mla is not None:  # the query/key head: its dims without and with rotary
+            head_dim = mla.qk_nope_head_dim + mla.qk_rope_head_dim
+        return HfShape(name=model_name(self.path), path=self.path, architecture=arch, layers=layers, q_heads=heads,
+                       kv_heads=kv_heads, head_dim=head_dim, hidden=hidden, intermediate=mlp.intermediate,
+                       vocab=self.positive("vocab_size"), experts=mlp.experts, active_experts=mlp.active,
+                       dtype_bytes=self.dtype_bytes(), mlp_matrices=2 if opt else 3,
+                       tied_embeddings=self.flag("tie_word_embeddings", opt), max_context=self.max_context(),
+                       dense_layers=mlp.dense_layers, dense_intermediate=mlp.dense_intermediate,
+                       shared_experts=mlp.shared_experts, mla=mla,
+                       fp8_weights=self.raw.get("quantization_config") is not None)
+
+    def mlp(self, arch: str, hidden: int, layers: int) -> MlpShape:
+        if arch == "OPTForCausalLM":
             if self.positive("word_embed_proj_dim", hidden) != hidden:
                 raise self.refuse("word_embed_proj_dim", f"differs from hidden_size {hidden}: OPT's embedding"
                                                          " projections are not modelled yet")
-            intermediate = self.positive("ffn_dim")
-        elif arch == "Qwen3MoeForCausalLM":
-            experts, active = self.positive("num_experts"), self.positive("num_experts_per_tok")
-            intermediate = self.positive("moe_intermediate_size")
-            if active > experts:
-                raise self.refuse("num_experts_per_tok", f"({active}) exceeds num_experts ({experts})")
-            if self.positive("decoder_sparse_step", 1) != 1 or self.raw.get("mlp_only_layers"):
-                raise self.refuse("mlp_only_layers" if self.raw.get("mlp_only_layers") else "decoder_sparse_step",
-                                  "puts dense MLP layers among the MoE ones: not modelled yet (every layer routed)")
-        else:
-            intermediate = self.positive("intermediate_size")
-        return HfShape(name=model_name(self.path), path=self.path, architecture=arch, layers=layers, q_heads=heads,
-                       kv_heads=kv_heads, head_dim=head_dim, hidden=hidden, intermediate=intermediate,
-                       vocab=self.positive("vocab_size"), experts=experts, active_experts=active,
-                       dtype_bytes=self.dtype_bytes(), mlp_matrices=2 if opt else 3,
-                       tied_embeddings=self.flag("tie_word_embeddings", opt), max_context=self.max_context())
+            return MlpShape(self.positive("ffn_dim"))
+        if arch == "Qwen3MoeForCausalLM":
+            # Qwen3-MoE routes layer i unless it is in mlp_only_layers or (i + 1) % decoder_sparse_step != 0
+            step, only = self.positive("decoder_sparse_step", 1), self.raw.get("mlp_only_layers") or []
+            if not isinstance(only, list) or not all(isinstance(i, int) and 0 <= i < layers for i in only):
+                raise self.refuse("mlp_only_layers", f"must be a list of layer indices below {layers}")
+            dense = sum(1 for i in range(layers) if i in only or (i + 1) % step)
+            return self.experts("num_experts", "moe_intermediate_size", dense, layers, 0)
+        if arch in DEEPSEEK:
+            if self.positive("moe_layer_freq", 1) != 1:
+                raise self.refuse("moe_layer_freq", "is not 1: MoE layers between dense ones are not modelled yet")
+            dense = self.count("first_k_dense_replace")
+            return self.experts("n_routed_experts", "moe_intermediate_size", dense, layers,
+                                self.count("n_shared_experts"))
+        return MlpShape(self.positive("intermediate_size"))
+
+    def experts(self, count: str, width: str, dense: int, layers: int, shared: int) -> MlpShape:
+        experts, active = self.positive(count), self.positive("num_experts_per_tok")
+        if active > experts:
+            raise self.refuse("num_experts_per_tok", f"({active}) exceeds {count} ({experts})")
+        if dense >= layers:
+            raise self.refuse("first_k_dense_replace" if count == "n_routed_experts" else "mlp_only_layers",
+                              f"leaves no MoE layer among the {layers}")
+        dense_width = self.positive("intermediate_size") if dense else 0
+        return MlpShape(self.positive(width), experts, active, dense, dense_width, shared)
+
+    def count(self, field: str) -> int:
+        """An integer >= 0 (absent: 0)."""
+        value = self.raw.get(field)
+        if value is None or value == 0:
+            return 0
+        return self.positive(field)
+
+    def mla(self) -> MlaDims:
+        """DeepSeek's MLA fields (q_lora_rank null: the query projected directly, as DeepSeek-V2-Lite)."""
+        return MlaDims(self.positive("kv_lora_rank"), self.positive("qk_rope_head_dim"),
+                       self.positive("qk_nope_head_dim"), self.positive("v_head_dim"), self.count("q_lora_rank"))
 
 
 _SNAPSHOT = re.compile(r"^[0-9a-f]{40}$")

@@ -39,6 +39,12 @@ MISTRAL_7B_V01 = {"architectures": ["MistralForCausalLM"], "hidden_size": 4096, 
                   "max_position_embeddings": 32768, "num_attention_heads": 32, "num_hidden_layers": 32,
                   "num_key_value_heads": 8, "sliding_window": 4096, "torch_dtype": "bfloat16", "vocab_size": 32000}
 
+# deepseek-ai/DeepSeek-V3's config.json as published (bench/data/models/README.md)
+DEEPSEEK_V3_PATH = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "data", "models", "deepseek-v3",
+                                "config.json")
+with open(DEEPSEEK_V3_PATH, encoding="utf-8") as _fh:
+    DEEPSEEK_V3 = json.load(_fh)
+
 
 def _write(tmp_path, config: dict, name: str = "config.json", folder: str = "model") -> str:
     path = tmp_path / folder / name
@@ -103,20 +109,23 @@ def test_names_from_where_the_file_lies():
     (dict(QWEN3_32B, use_sliding_window=True, sliding_window=4096), "'sliding_window' is 4096"),
     (dict(QWEN3_32B, layer_types=["full_attention", "sliding_attention"]),
      "'layer_types' has layers other than full_attention (sliding-window layers): not modelled yet"),
-    (dict(LLAMA_31_8B, architectures=["DeepseekV3ForCausalLM"], kv_lora_rank=512),
-     "'kv_lora_rank' is set: multi-head latent attention (MLA) is not modelled yet"),
+    (dict(DEEPSEEK_V3, moe_layer_freq=2), "'moe_layer_freq' is not 1: MoE layers between dense ones are not"
+                                          " modelled yet"),
+    ({k: v for k, v in DEEPSEEK_V3.items() if k != "qk_rope_head_dim"}, "'qk_rope_head_dim' is missing"),
+    (dict(DEEPSEEK_V3, first_k_dense_replace=61), "'first_k_dense_replace' leaves no MoE layer among the 61"),
     (dict(LLAMA_31_8B, architectures=["Gemma2ForCausalLM"]),
      "'architectures' is ['Gemma2ForCausalLM']: an architecture kvemu cannot model yet; it reads LlamaForCausalLM,"
-     " MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, OPTForCausalLM"),
+     " MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, DeepseekV2ForCausalLM,"
+     " DeepseekV3ForCausalLM, OPTForCausalLM"),
     ({k: v for k, v in LLAMA_31_8B.items() if k != "num_hidden_layers"},
      "'num_hidden_layers' is missing: kvemu needs it to size the model"),
     (dict(LLAMA_31_8B, num_key_value_heads=0), "'num_key_value_heads' must be an integer >= 1, got 0"),
     (dict(LLAMA_31_8B, num_key_value_heads=5), "'num_key_value_heads' (5) must divide num_attention_heads (32)"),
     (dict(LLAMA_31_8B, hidden_size=4100), "'head_dim' is missing and hidden_size 4100 is not a multiple of"
                                           " num_attention_heads 32"),
-    (dict(LLAMA_31_8B, quantization_config={"quant_method": "fp8"}), "'quantization_config' is set"),
+    (dict(LLAMA_31_8B, quantization_config={"quant_method": "awq"}), "'quantization_config' is set and not fp8"),
     (dict(LLAMA_31_8B, torch_dtype="float8_e4m3fn"), "'torch_dtype' is 'float8_e4m3fn'"),
-    (dict(QWEN3_30B_A3B, mlp_only_layers=[0, 1]), "'mlp_only_layers' puts dense MLP layers among the MoE ones"),
+    (dict(QWEN3_30B_A3B, mlp_only_layers=[48]), "'mlp_only_layers' must be a list of layer indices below 48"),
     ({k: v for k, v in QWEN3_30B_A3B.items() if k != "num_experts"}, "'num_experts' is missing"),
     (dict(OPT_13B, word_embed_proj_dim=512), "'word_embed_proj_dim' differs from hidden_size 5120"),
 ])
