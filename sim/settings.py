@@ -21,6 +21,7 @@ from replica.core.build import (
 )
 from replica.core.cache.policies import policy_class
 from replica.core.disagg import PdCluster
+from replica.core.dp import DpSettings
 from replica.core.sched.sched_types import (
     DEFAULT_ADMISSION,
     DEFAULT_MAX_LOANS,
@@ -91,6 +92,11 @@ class SimSettings:
     # A disaggregated cluster: prefill and decode pools beside the ``replicas`` colocated ones (which may
     # then be 0); None: colocated only (replica/core/disagg.py, sim/pd.py)
     pd: PdCluster | None = None
+    # vLLM's --data-parallel-size: each replica (instance) is this many ranks, each its own scheduler and pool
+    # of ``capacity_blocks``, balanced as vLLM's DP coordinator does; ``expert_parallel``: the ranks of a MoE
+    # model split its experts and step in lockstep (replica/core/dp.py, sim/dp.py)
+    data_parallel_size: int = 1
+    expert_parallel: bool = False
 
     def __post_init__(self) -> None:
         if self.pd is None:
@@ -114,6 +120,15 @@ class SimSettings:
         if self.max_model_len is not None:
             check_positive_int("max_model_len", self.max_model_len)
         strategy_spec(self.routing)
+        self._check_parallel()
+
+    def _check_parallel(self) -> None:
+        DpSettings(self.data_parallel_size, self.expert_parallel)  # a size >= 1; EP with 2 ranks or more
+        if self.data_parallel_size > 1 and self.pd is not None:
+            raise InputError("data_parallel_size", "DP ranks inside P/D instances are not emulated: drop one of them")
+        if self.data_parallel_size > 1 and self.cache_only:
+            raise InputError("data_parallel_size", "DP ranks are balanced by their queues, which the cache-only mode"
+                                                   " has not: run it in the batching mode (drop --cache-only)")
 
     @property
     def reuse_mode(self) -> str:
