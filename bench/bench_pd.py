@@ -31,18 +31,20 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import json
-import os
 import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from pathlib import Path
 from typing import Any
 
-from kvemu import sim_cmd
-from loadgen.trace import Trace, TraceRequest
-from shared.progress import ProgressBar
-from sim.estimate import ScmModel, estimate
-from sim.run import simulate
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.study_output import add_study_flags, emit, show_saved  # noqa: E402
+from kvemu import sim_cmd  # noqa: E402
+from loadgen.trace import Trace, TraceRequest  # noqa: E402
+from shared.progress import ProgressBar  # noqa: E402
+from sim.estimate import ScmModel, estimate  # noqa: E402
+from sim.run import simulate  # noqa: E402
 
 GPUS = 4
 # The cluster every point shares (the model and GPU: kvemu's defaults, qwen3-coder-30b-a3b on H200).
@@ -332,6 +334,13 @@ def tables(doc: dict) -> str:
     return "\n".join(out)
 
 
+def draw(doc: dict, folder: str) -> None:
+    from sim.pd_plots import plot_study
+
+    for path in plot_study(doc, folder):
+        print(f"plot written to {path}", file=sys.stderr)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated: chat, agent, mooncake")
@@ -345,20 +354,9 @@ def main(argv=None) -> int:
     p.add_argument("--estimate-sessions", type=int, default=10_000,
                    help="scm sessions arriving in each estimate point's steady window")
     p.add_argument("--estimate-capacities", default=",".join(map(str, ESTIMATE_CAPACITIES)))
-    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
-    p.add_argument("--out", default=None, help="also write the JSON here")
-    p.add_argument("--plots", default=None, metavar="DIR", help="draw pd-*.png into DIR")
-    p.add_argument("--from", dest="from_json", default=None, metavar="FILE",
-                   help="run nothing: read a document this script wrote, print its tables (markdown) and draw --plots")
+    add_study_flags(p, "pd-*.png")
     a = p.parse_args(argv)
-    if a.from_json:
-        with open(a.from_json) as fh:
-            loaded = json.load(fh)
-        print(tables(loaded))
-        if a.plots:
-            from sim.pd_plots import plot_study
-            for path in plot_study(loaded, a.plots):
-                print(f"plot written to {path}", file=sys.stderr)
+    if show_saved(a, tables, draw):
         return 0
     workloads = [w for w in a.workloads.split(",") if w]
     configs = [c for c in a.configs.split(",") if c]
@@ -444,15 +442,9 @@ def main(argv=None) -> int:
                            "max_abs_difference": {mode: max((abs(r["difference"]) for r in est if r["mode"] == mode),
                                                             default=None) for mode in ("pd", "colocated")}}
     doc["wall_s"] = round(time.perf_counter() - t0, 1)
-    text = json.dumps(doc, indent=1)
-    print(text)
-    if a.out:
-        with open(a.out, "w") as fh:
-            fh.write(text + "\n")
+    emit(doc, a.out)
     if a.plots:
-        from sim.pd_plots import plot_study
-        for path in plot_study(doc, a.plots):
-            print(f"plot written to {path}", file=sys.stderr)
+        draw(doc, a.plots)
     return 0
 
 

@@ -27,9 +27,7 @@ The JSON (stdout, or --out FILE) keeps every point; --plots DIR draws docs/share
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
 import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -40,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bench_pd import build  # noqa: E402  (one `kvemu sim` command line -> trace, settings)
 from bench.bench_sim_e2e import build_trace  # noqa: E402  (the Mooncake trace N times over)
+from bench.study_output import add_study_flags, emit, show_saved  # noqa: E402
 from loadgen.trace import Trace, infinite_cache_hit_ratio, response_hashes  # noqa: E402
 from shared.costmodel import CostModel  # noqa: E402
 from shared.progress import ProgressBar  # noqa: E402
@@ -315,18 +314,9 @@ def main(argv=None) -> int:
     p.add_argument("--agent-rate", type=float, default=1.0, help="agent sessions/s")
     p.add_argument("--head", type=int, default=0, help="only the first N requests of each trace (a quick look)")
     p.add_argument("--work", default="scratch/shared-pool", help="where the 20x trace is written (once)")
-    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
-    p.add_argument("--out", default=None, help="also write the JSON here")
-    p.add_argument("--plots", default=None, metavar="DIR", help="draw shared-pool-*.png into DIR")
-    p.add_argument("--from", dest="from_json", default=None, metavar="FILE",
-                   help="run nothing: read a document this script wrote, print its tables (markdown) and draw --plots")
+    add_study_flags(p, "shared-pool-*.png")
     a = p.parse_args(argv)
-    if a.from_json:
-        with open(a.from_json) as fh:
-            loaded = json.load(fh)
-        print(tables(loaded))
-        if a.plots:
-            draw(loaded, a.plots)
+    if show_saved(a, tables, draw):
         return 0
     workloads = [w for w in a.workloads.split(",") if w]
     routings = [r for r in a.routings.split(",") if r]
@@ -436,11 +426,7 @@ def main(argv=None) -> int:
             at = {q["pool_blocks"] for q in ev}
             doc["write"][w] = ev + [q for q in doc["grid"][w] if q["pool_blocks"] in at]
     doc["wall_s"] = round(time.perf_counter() - t0, 1)
-    text = json.dumps(doc, indent=1)
-    print(text)
-    if a.out:
-        with open(a.out, "w") as fh:
-            fh.write(text + "\n")
+    emit(doc, a.out)
     if a.plots:
         draw(doc, a.plots)
     return 0

@@ -19,16 +19,19 @@ Every figure is measured in this run: nothing is read from a file.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
-from kvemu.calibrate import GRIDS, describe_step, parse_mixed
-from shared.costfit import StepPoint, errors, fit
-from shared.costmodel import CostModel, GpuSpec, StepWork, get_gpu, get_model
-from shared.progress import ProgressBar
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.study_output import emit  # noqa: E402
+from kvemu.calibrate import GRIDS, describe_step, parse_mixed  # noqa: E402
+from shared.costfit import StepPoint, errors, fit  # noqa: E402
+from shared.costmodel import CostModel, GpuSpec, StepWork, get_gpu, get_model  # noqa: E402
+from shared.progress import ProgressBar  # noqa: E402
 
 TEST_SHAPES = {  # --mixed syntax: held out of the fit
     "cpu": "16x64@0;4x256@0;1x1024@0;1d@512;8d@512;32d@256;32d@1024;1x64@0+16d@512;1x256@512+32d@256;4x64@1024+8d@1024",
@@ -124,11 +127,7 @@ def main(argv: list[str] | None = None) -> int:
                                   for k in ("measured_s", "model_s", "old_clock_s")},
         "h200_preset_llama_3_8b": preset_ratios(),
     }
-    text = json.dumps(out, indent=1)
-    if args.out:
-        with open(args.out, "w") as fh:
-            fh.write(text + "\n")
-    print(text)
+    emit(out, args.out)
     return 0
 
 
@@ -152,11 +151,7 @@ def decode_sweep_main(bench, spec, layers: int, kind: str, args) -> int:
            "model": spec.name, "layers": layers, "memory_bandwidth_Bps": round(bench.memory_bandwidth()),
            "preset_gpu": {k: getattr(gpu, k) for k in ("name", "peak_flops", "hbm_bandwidth", "memory_bytes")},
            **result, "preset_vs_decode": compare(at_layers, result), "wall_s": round(time.perf_counter() - t0, 1)}
-    text = json.dumps(out, indent=1)
-    if args.out:
-        with open(args.out, "w") as fh:
-            fh.write(text + "\n")
-    print(text)
+    emit(out, args.out)
     return 0
 
 

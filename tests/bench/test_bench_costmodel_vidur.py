@@ -2,24 +2,12 @@
 a layer, and kvemu's price of the same work (layers only, no attention), worked by hand."""
 
 import csv
-import importlib.util
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
 
-
-def load(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCH))
-    spec = importlib.util.spec_from_file_location("bench_script_vidur", BENCH / "bench_costmodel_vidur.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_one_token_through_llama_3_8b_on_an_a100_by_hand(monkeypatch):
-    vidur = load(monkeypatch)
+def test_one_token_through_llama_3_8b_on_an_a100_by_hand(load_bench):
+    vidur = load_bench("bench_costmodel_vidur")
     with vidur.DATA.open() as fh:
         rows = list(csv.DictReader(fh))
     assert len(rows) == 52 and {(r["gpu"], r["kvemu_model"]) for r in rows} == {

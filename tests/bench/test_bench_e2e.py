@@ -1,22 +1,14 @@
 """bench/bench_e2e.py: the shipped RTX 4090 run of vLLM predicted from the GPU's datasheet and from its
 operator profile, each with vLLM's reported KV blocks and with kvemu's memory rule."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
 
 @pytest.fixture
-def e2e(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCH))
-    spec = importlib.util.spec_from_file_location("bench_script_e2e", BENCH / "bench_e2e.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def e2e(load_bench):
+    return load_bench("bench_e2e")
 
 
 def test_the_engine_is_the_runs_own(e2e):

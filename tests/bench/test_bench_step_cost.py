@@ -1,26 +1,14 @@
 """bench/bench_step_cost.py --decode-sweep on the CPU (the smoke check of the GPU sweep): it writes
 the calibration file's format, every layer with its own K/V, and prices each point by the model."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
 
-
-def load(monkeypatch, name):
-    monkeypatch.syspath_prepend(str(BENCH))  # as `python bench/x.py` runs it: its siblings import
-    spec = importlib.util.spec_from_file_location(f"bench_script_{name}", BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_the_decode_sweep_writes_the_calibration_format_on_the_cpu(monkeypatch, tmp_path, capsys):
+def test_the_decode_sweep_writes_the_calibration_format_on_the_cpu(load_bench, tmp_path, capsys):
     pytest.importorskip("torch")
-    bench = load(monkeypatch, "bench_step_cost")
+    bench = load_bench("bench_step_cost")
     out = tmp_path / "sweep.json"
     assert bench.main(["--device", "cpu", "--decode-sweep", "--batches", "1,2", "--contexts", "8,32",
                        "--out", str(out)]) == 0
@@ -34,7 +22,7 @@ def test_the_decode_sweep_writes_the_calibration_format_on_the_cpu(monkeypatch, 
     for p in raw["preset_vs_decode"]:
         assert p["error"] == pytest.approx(p["model_s"] / p["seconds"] - 1, abs=1e-3)  # each rounded
     # bench_costmodel_fit sets every decode form beside the sweep's points
-    load(monkeypatch, "bench_costmodel_fit").main(["--decode", str(out)])
+    load_bench("bench_costmodel_fit").main(["--decode", str(out)])
     decode = json.loads(capsys.readouterr().out)["decode"]
     assert decode["measured"] and [p["seconds"] for p in decode["points"]] == [p["seconds"] for p in raw["decode"]]
     for p in decode["points"]:
@@ -42,9 +30,9 @@ def test_the_decode_sweep_writes_the_calibration_format_on_the_cpu(monkeypatch, 
         assert p["preset_s"] > p["last_round_s"]  # the graph replay's fixed cost
 
 
-def test_each_layer_of_the_sweep_has_its_own_kv(monkeypatch):
+def test_each_layer_of_the_sweep_has_its_own_kv(load_bench):
     torch = pytest.importorskip("torch")
-    sweep = load(monkeypatch, "decode_sweep")
+    sweep = load_bench("decode_sweep")
     from replica.backends.calibration import Calibrator
     from shared.costmodel import get_model
 
