@@ -173,23 +173,22 @@ def all_reduce_seconds(link: LinkModel, ranks: int, nbytes: float) -> float:
     return all_reduce(link, ranks, nbytes).seconds
 
 
-# ---- all-to-all (expert parallelism's dispatch and combine) ------------------------------------------------
-# NCCL runs an all-to-all as grouped point-to-point sends, one to each other rank, which its tuner does not
-# price; kvemu prices it as ``latency + off-rank bytes / (ALL_TO_ALL_FRACTION x B)``. The bandwidth: nccl-tests
-# alltoall_perf on 4 H100s (NVLink 4) reached a bus bandwidth of 335-338 GB/s at 500 MB (NVIDIA/nccl#2169),
-# 0.905 of the 370 GB/s ring all-reduce bus bandwidth of the same link (NVLINK_BUS); that ratio is applied to
-# every link's ``B`` (no all-to-all measurement over PCIe is used here). The latency: NCCL's base latency of a
-# Simple ring call plus one Simple hop per peer (r - 1 sends), from the tables above, plus the link's measured
-# extra per hop over PCIe: the per-call cost a small dispatch pays.
-ALL_TO_ALL_FRACTION = 335.0 / 370.0
 
-
-def all_to_all_seconds(link: LinkModel, ranks: int, off_rank_bytes: float) -> float:
-    """One all-to-all in which each of ``ranks`` GPUs sends ``off_rank_bytes`` to the others (in all); 0.0 for
-    one rank or no bytes. nccl-tests' busbw of an all-to-all is its per-rank buffer x (r - 1) / r over the time,
-    so ``off_rank_bytes`` over the bus bandwidth is that form."""
-    if ranks <= 1 or off_rank_bytes <= 0:
+# ---- expert parallelism's dispatch and combine ---------------------------------------------------------------
+# vLLM's default all2all backend (``--all2all-backend allgather_reducescatter``, AgRsAll2AllManager in
+# vllm/distributed/device_communicators/all2all.py) dispatches by an all-gather of every DP rank's hidden states
+# (each rank then runs its local experts over every rank's tokens) and combines by a reduce-scatter of the
+# outputs. NCCL prices both as a ring of r - 1 steps (nsteps in src/graph/tuning.cc): ``base + (r - 1) x hop``
+# latency, and the whole gathered message of r x n bytes at the ring's algorithm bandwidth ``bus x r / (r - 1)``,
+# that is ``(r - 1) x n / bus``; the fastest protocol runs, as for the all-reduce.
+def all_gather_seconds(link: LinkModel, ranks: int, rank_bytes: float) -> float:
+    """An all-gather (or reduce-scatter) in which each of ``ranks`` GPUs contributes ``rank_bytes``; 0.0 for one
+    rank or no bytes."""
+    if ranks <= 1 or rank_bytes <= 0:
         return 0.0
-    latency = (BASE_US["ring", "Simple"] + (ranks - 1) * HOP_US[link.nvlink]["ring", "Simple"]) * US \
-        + (ranks - 1) * link.hop_extra_s
-    return latency + off_rank_bytes / (ALL_TO_ALL_FRACTION * link.bus_bytes_per_s)
+    best = float("inf")
+    for protocol in link.protocols:
+        latency = (BASE_US["ring", protocol] + (ranks - 1) * HOP_US[link.nvlink]["ring", protocol]) * US \
+            + (ranks - 1) * link.hop_extra_s
+        best = min(best, latency + rank_bytes * ranks / (_bus(link, "ring", protocol) * ranks / (ranks - 1)))
+    return best

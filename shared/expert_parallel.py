@@ -8,18 +8,21 @@ lockstep. One rank's step, per DP rank (a ``--tp`` group of T GPUs, as the cost 
 
 * everything but the experts is the cost model's step over the rank's own tokens (attention, dense
   projections, LM head, KV reads, the --tp all-reduces, fixed costs);
-* expert weights read: the rank's ``experts / D`` local experts that the whole group's ``t_g = sum t_r``
-  tokens touch, ``touched(t_g) / D`` expert matrices (``ModelSpec.touched_experts``: uniform routing),
-  in place of ``touched(t_r)`` out of all experts;
-* expert products: ``t_g x top-k / D`` token-expert products land on the rank, in place of its own
-  ``t_r x top-k`` (equal when the ranks are balanced);
-* the step is then the cost model's roofline over these terms (``StepParts.total``).
+* its MoE layers (``CostModel.moe_layer_s``, the fused-MoE kernel as measured: shared/moe_cost.py) on
+  each of its GPUs at the GPU's share of the group: the ``experts / EP`` local experts that the whole
+  group's ``t_g = sum t_r`` tokens touch, ``touched(t_g) / EP`` (``ModelSpec.touched_experts``: uniform
+  routing), and ``t_g x top-k / EP`` token-expert products, ``t_g / EP`` tokens' worth, in place of the
+  step's own ``touched(t_r) / T`` and ``t_r / T`` (equal products when the ranks are balanced).
 
-The group's step is the slowest rank's plus the all-to-alls: per MoE layer one dispatch and one combine,
-each ``t x hidden x dtype x top-k x (EP - 1) / EP`` bytes off each GPU (the largest rank's ``t``: the
-collective ends when its last sender does), priced by ``shared.collectives.all_to_all_seconds`` on the
-GPU's link. An idle rank runs vLLM's dummy batch (``execute_dummy_batch``: one token) so that its experts
-and collectives take part (``DUMMY_WORK``).
+The group's step is the slowest rank's plus the all-to-alls as vLLM's default backend runs them
+(``allgather_reducescatter``): per MoE layer a dispatch, an all-gather of every DP rank's hidden states
+(``t x hidden x dtype`` bytes a rank, the largest rank's ``t``: each ring step waits on its share), and a combine, a reduce-scatter
+of the same size, each priced by ``shared.collectives.all_gather_seconds`` on the GPU's link (NCCL's ring:
+per-call latency, then ``(D - 1) x t x hidden x dtype`` over the link's bus bandwidth). The bytes do not
+scale with top-k: every token goes to every rank, which runs its local experts over all of them. DeepEP's
+and pplx's dispatch (a token sent once to each rank holding one of its experts) is not modelled. An idle
+rank runs vLLM's dummy batch (``execute_dummy_batch``: one token) so that its experts and collectives take
+part (``DUMMY_WORK``).
 
 Left out: expert load imbalance (routing is taken as uniform), the EPLB redundant experts, DeepEP's and
 pplx's kernels (their latencies differ from NCCL's), overlap of the all-to-all with computation (vLLM's
@@ -30,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from shared.collectives import all_to_all_seconds
+from shared.collectives import all_gather_seconds
 from shared.costmodel import CostModel, ModelSpec, StepWork
 from shared.errors import InputError
 
@@ -71,23 +74,19 @@ class ExpertParallel:
     def rank_step_s(self, work: StepWork, group_tokens: int) -> float:
         """One rank's step over its ``work`` while the whole group computes ``group_tokens`` tokens."""
         parts = self.cost.step_parts(work)
-        m, t = self.cost.model, work.tokens
-        if not m.moe or t <= 0:
+        m, ep = self.cost.model, self.ep
+        if not m.moe or work.tokens <= 0:
             return parts.total
-        c = self.cost
-        per_expert = m.layers * m.expert_params * m.dtype_bytes / (c.gpu.hbm_bandwidth * c.tp * c.efficiency.memory)
-        weights = parts.weights + per_expert * (m.touched_experts(group_tokens) / self.dp - m.touched_experts(t))
-        share = m.active_experts * m.expert_params / m.layer_params(m.active_experts)  # experts' part of a token
-        linear = parts.linear * (1.0 - share + share * group_tokens / (self.dp * t))
-        return replace(parts, weights=weights, linear=linear).total
+        moe = m.moe_layers * self.cost.moe_layer_s(group_tokens / ep, m.touched_experts(group_tokens) / ep)
+        return replace(parts, moe=moe).total
 
     def dummy_step_s(self, group_tokens: int) -> float:
         """An idle rank's dummy batch (``DUMMY_WORK``)."""
         return self.rank_step_s(DUMMY_WORK, group_tokens)
 
     def all_to_all_s(self, max_rank_tokens: int) -> float:
-        """A step's dispatches and combines over every MoE layer, the largest rank's tokens each."""
+        """A step's dispatches and combines over every MoE layer: all-gathers and reduce-scatters over the DP
+        ranks of the largest rank's tokens' hidden states."""
         m = self.cost.model
-        ep = self.ep
-        off_rank = max_rank_tokens * m.hidden * m.dtype_bytes * m.active_experts * (ep - 1) / ep
-        return DISPATCH_AND_COMBINE * m.layers * all_to_all_seconds(self.cost.link, ep, off_rank)
+        rank_bytes = max_rank_tokens * m.hidden * m.dtype_bytes
+        return DISPATCH_AND_COMBINE * m.layers * all_gather_seconds(self.cost.link, self.dp, rank_bytes)

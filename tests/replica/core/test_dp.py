@@ -33,13 +33,14 @@ def test_a_lockstep_step_is_the_slowest_rank_and_its_dummy_plus_the_all_to_alls(
     # + 32 = 848 FLOP -> 0.0848 s. Rank 0: 0.1345 + 0.0096 = 0.1441 s.
     # The dummy (1 decoder, 1 KV token): weights 72 + 16 + 46.5 = 134.5 B plus 8 B of KV -> 0.1425 s; products
     # 240 x (0.6 + 0.4 x 5/2) + 32 + 16 = 432 FLOP -> 0.0432 s. Rank 1: 0.1425 s.
-    # All-to-all: a dispatch and a combine over the layer, each (8.4 + 1 x 3.4) us of NCCL's Simple ring latency
-    # plus 4 tokens x 4 x 1 byte x top-1 x 1/2 off-rank = 8 bytes at 335 GB/s.
+    # All-to-all, as vLLM's default backend: an all-gather and a reduce-scatter over the layer, each of the larger
+    # rank's 4 tokens x hidden 4 x 1 byte = 16 bytes a rank, 32 in all. NCCL's ring over NVLink 4 picks LL: latency
+    # 6.6 + 1 hop x 0.6 = 7.2 us, bandwidth min(141 GB/s LL cap, 370 / 2) x 2 / 1 = 282 GB/s (Simple: 11.8 us).
     group = _group(expert_parallel=True)
     req = SchedRequest(1, [11], 4, 2, 0.0)
     assert group.submit(req) == 0
     step = group.lockstep_step(0.0)
-    a2a = 2 * (11.8e-6 + 8 / 335e9)
+    a2a = 2 * (7.2e-6 + 32 / 282e9)
     assert step.rank_s == pytest.approx([0.1441, 0.1425], rel=1e-12)
     assert step.all_to_all_s == pytest.approx(a2a, rel=1e-9)
     assert step.duration == pytest.approx(0.1441 + a2a, rel=1e-12)
