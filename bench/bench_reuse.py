@@ -20,8 +20,12 @@ from replica.core.analysis.reuse import ReuseDistanceTracker, log_capacities
 from replica.core.analysis.shards import ShardsTracker
 
 
-def session_trace(n_requests: int, seed: int = 0) -> list[list[int]]:
-    """Multi-turn sessions over 200 shared system prompts; ~100 blocks per request."""
+def session_trace(n_requests: int, seed: int = 0, root: int | None = None) -> list[list[int]]:
+    """Multi-turn sessions over 200 shared system prompts; ~100 blocks per request, 64-bit random ids
+    (tests/replica/core/analysis/test_reuse.py checks SHARDS on it too).
+
+    ``root``, if given, is a block put first in every request (a shared chat-template block).
+    """
     rng = random.Random(seed)
     prompts = [[rng.getrandbits(64) for _ in range(rng.randint(4, 16))] for _ in range(200)]
     sessions: list[dict] = []
@@ -34,7 +38,7 @@ def session_trace(n_requests: int, seed: int = 0) -> list[list[int]]:
         else:
             s = rng.choice(sessions)
         s["blocks"].extend(rng.getrandbits(64) for _ in range(rng.randint(4, 40)))
-        out.append(list(s["blocks"]))
+        out.append(([root] if root is not None else []) + s["blocks"])
         s["left"] -= 1
         if s["left"] <= 0:
             sessions.remove(s)

@@ -9,6 +9,7 @@ from collections import OrderedDict
 import numpy as np
 import pytest
 
+from bench.bench_reuse import session_trace  # the bench's workload: ~100 blocks a request in sessions
 from replica.core.analysis.reuse import INF, ReuseDistanceTracker, _Fenwick, log_capacities
 from replica.core.analysis.shards import ShardsTracker
 
@@ -72,30 +73,6 @@ def overlapping_trace(n_requests, universe, seed):
         if len(conv) > 48:  # conversation ends; a fresh one starts from its prompt
             del conv[5:]
         out.append(list(dict.fromkeys(conv)))
-    return out
-
-
-def session_trace(n_requests, seed, root=None):
-    """~100 blocks per request: sessions over 200 system prompts, 64-bit random ids.
-
-    ``root``, if given, is a block put first in every request (a shared chat-template block).
-    """
-    rng = random.Random(seed)
-    prompts = [[rng.getrandbits(64) for _ in range(rng.randint(4, 16))] for _ in range(200)]
-    sessions: list[dict] = []
-    out = []
-    for _ in range(n_requests):
-        if len(sessions) < 100 or rng.random() < 0.2:
-            prompt = list(rng.choice(prompts))
-            s = {"blocks": prompt, "left": int(rng.expovariate(1 / 6)) + 1}
-            sessions.append(s)
-        else:
-            s = rng.choice(sessions)
-        s["blocks"].extend(rng.getrandbits(64) for _ in range(rng.randint(4, 40)))
-        out.append(([root] if root is not None else []) + s["blocks"])
-        s["left"] -= 1
-        if s["left"] <= 0:
-            sessions.remove(s)
     return out
 
 
