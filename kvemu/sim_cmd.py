@@ -13,6 +13,7 @@ from kvemu.options.gpu import add_gpu_args, gpu_setting
 from kvemu.options.limits import MAX_MODEL_LEN, SIM_CAPACITY_OPTIONS, capacity_in_tokens, length_warning, pool_units
 from kvemu.options.matching import add_matching_args, matching_setting, source_unit
 from kvemu.options.option import add_options
+from kvemu.options.parallel import add_parallel_args, expert_ranks, parallel_setting
 from kvemu.options.pd import add_pd_args, colocated_default, pd_cluster, topology
 from kvemu.options.prefix_caching import PREFIX_CACHING, prefix_caching_setting
 from kvemu.options.requests_out import add_requests_out_arg, requests_out
@@ -28,6 +29,7 @@ from loadgen.source import load_source, trace_name
 from loadgen.trace import Trace
 from replica.core.cache.policies import policy_class
 from router.strategies import get_strategy
+from shared import memory_rule
 from shared.costmodel import CostModel
 from shared.errors import InputError, KvemuError
 from shared.gc_tuning import gc_paused
@@ -66,6 +68,7 @@ def add_emulation_args(p: argparse.ArgumentParser) -> None:
     add_response_kv_arg(p)
     PREFIX_CACHING.add(p)
     add_tier_args(p)
+    add_parallel_args(p)
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -135,7 +138,8 @@ def capacities(args, block_size: int) -> list[int]:
 def memory_rules(args, block_size: int) -> list[KvBudget]:
     """vLLM's memory rule at each ``--gpu-memory-utilization`` value, in the order given (the grid's capacities)."""
     cost = CostModel.from_names(args.model, args.gpu)
-    return [cost.kv_budget(u, args.token_budget, args.max_running, block_size)
+    ranks = expert_ranks(parallel_setting(args, cost.model), cost.tp)  # each rank's share of the experts
+    return [memory_rule.kv_budget(cost, u, args.token_budget, args.max_running, block_size, expert_ranks=ranks)
             for u in split_numbers(args.gpu_memory_utilization, float, "--gpu-memory-utilization")]
 
 
@@ -266,6 +270,7 @@ def runs_of(args) -> tuple[Trace, list[SimSettings]]:
                                 shared=shared_settings(args, cost, trace.block_size, _cluster_size(args)))
     routing = routing_settings(trace.block_size, args.routing_set, tiers.levels(), matching.mode)
     prefix_caching = prefix_caching_setting(args, tiers)
+    dp = parallel_setting(args, cost.model)
     pd = pd_cluster(args, args.gpu, lambda gpu: CostModel.from_names(args.model, gpu), trace.block_size,
                     lambda cost, gib: dataclasses.replace(tier_settings(
                         argparse.Namespace(**{**vars(args), "host_cache_gib": gib}), cost, trace.block_size),
@@ -277,8 +282,8 @@ def runs_of(args) -> tuple[Trace, list[SimSettings]]:
                         reuse=sim_reuse(args), causal=args.causal,
                         routing_settings=routing, cache_only=args.cache_only, response_kv=args.response_kv,
                         tiers=tiers, decode_kv=not args.no_decode_kv, prefix_caching=prefix_caching,
-                        max_model_len=args.max_model_len, pd=pd,
-                        compiled=not args.python_core)
+                        max_model_len=args.max_model_len, pd=pd, data_parallel_size=dp.size,
+                        expert_parallel=dp.expert_parallel, compiled=not args.python_core)
             for pol in policies for c in caps]  # validates every name before the first run
     return trace, grid
 

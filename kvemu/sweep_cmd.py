@@ -20,6 +20,7 @@ from contextlib import closing
 from kvemu.options.config_file import add_config_arg
 from kvemu.options.gpu import gpu_setting
 from kvemu.options.matching import matching_setting, source_unit
+from kvemu.options.parallel import parallel_setting
 from kvemu.options.pd import add_pd_args, pd_cluster, topology
 from kvemu.options.prefix_caching import prefix_caching_setting
 from kvemu.options.reuse import add_sweep_reuse_arg, sweep_reuse
@@ -140,6 +141,7 @@ def build_grid(args, trace, identity: dict, policies, routings, replicas, caps) 
                                 shared=shared_settings(args, cost, trace.block_size, _cluster_size(args)))
     routing = routing_settings(trace.block_size, args.routing_set, tiers.levels(), matching.mode)
     prefix_caching = prefix_caching_setting(args, tiers)
+    dp = parallel_setting(args, cost.model)
     pd = pd_cluster(args, args.gpu, lambda gpu: CostModel.from_names(args.model, gpu), trace.block_size,
                     lambda cost, gib: dataclasses.replace(tier_settings(
                         argparse.Namespace(**{**vars(args), "host_cache_gib": gib}), cost, trace.block_size),
@@ -158,8 +160,8 @@ def build_grid(args, trace, identity: dict, policies, routings, replicas, caps) 
                                     reuse=sweep_reuse(args), routing_settings=routing,
                                     causal=args.causal, cache_only=args.cache_only, response_kv=args.response_kv,
                                     tiers=tiers, decode_kv=not args.no_decode_kv, prefix_caching=prefix_caching,
-                                    max_model_len=args.max_model_len, pd=pd,
-                                    compiled=not args.python_core)
+                                    max_model_len=args.max_model_len, pd=pd, data_parallel_size=dp.size,
+                                    expert_parallel=dp.expert_parallel, compiled=not args.python_core)
                     p = make_point(identity, s)
                     points.setdefault(p.id, p)
     return list(points.values())
