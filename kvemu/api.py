@@ -9,10 +9,12 @@ returned as rows (one dict per run) instead of printed. See docs/python-api.md.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from collections.abc import Iterable
 
-from kvemu.options.limits import RADIX_BLOCK_TOKENS, pool_units
+from kvemu.options.kv_cache_dtype import model_setting
+from kvemu.options.limits import DEFAULT_GPU_MEMORY_UTILIZATION, RADIX_BLOCK_TOKENS, pool_units
 from kvemu.options.router_flags import routing_settings as routing_settings_of
 from loadgen.formats import read_trace
 from loadgen.trace import Trace
@@ -37,9 +39,9 @@ def generate_trace(workload: str, duration_s: float = 600.0, seed: int = 0, **pa
     return generate(workload, duration_s, seed, {k: str(v) for k, v in params.items()})
 
 
-def simulate(trace: Trace, policies: Iterable[str] = ("lru",), capacity_blocks: Iterable[int] = (20_000,), *,
+def simulate(trace: Trace, policies: Iterable[str] = ("lru",), capacity_blocks: Iterable[int] | None = None, *,
              replicas: int | None = None, routing: str = "cache_aware", routing_settings: dict | None = None,
-             **settings) -> list[dict]:
+             kv_cache_dtype: str = "auto", **settings) -> list[dict]:
     """One virtual-time run per (policy, capacity), in that order: the rows of ``kvemu sim --json``.
 
     ``settings`` are ``SimSettings`` fields (``max_running``, ``token_budget``, ``hit_mode``,
@@ -47,15 +49,24 @@ def simulate(trace: Trace, policies: Iterable[str] = ("lru",), capacity_blocks: 
     defaults every command has (``response_kv="keep"``, as a colocated vLLM). ``capacity_blocks`` counts
     blocks of 16 tokens under ``matching="radix"`` too, turned into pages, as ``kvemu sim`` does: the run
     dicts' ``capacity_blocks`` are the pool's pages then, ``capacity_tokens`` the same in either mode.
+    Without ``capacity_blocks``: vLLM's default, the pool ``gpu_memory_utilization`` 0.9 of the model's GPU
+    leaves (``default_blocks``), as every command without a capacity flag.
 
     A disaggregated cluster: ``pd=PdCluster(prefill, decode, PdSettings(...))`` (``replicas``, the colocated
-    ones, then defaults to 0; ``docs/pd.md``)."""
+    ones, then defaults to 0; ``docs/pd.md``). ``kv_cache_dtype``: ``--kv-cache-dtype`` (``fp8``: one byte a KV
+    value), carried in ``model`` as the commands carry it."""
+    if kv_cache_dtype != "auto":
+        model = settings.get("model") or next(f.default for f in dataclasses.fields(SimSettings) if f.name == "model")
+        settings["model"] = model_setting(argparse.Namespace(model=str(model), kv_cache_dtype=kv_cache_dtype))
     if replicas is None:
         replicas = 0 if settings.get("pd") is not None else 1
     tiers = settings.get("tiers", TierSettings())
     mode = str(settings.get("matching", "blocks"))
-    capacity_blocks = [c if mode != "radix" else pool_units("capacity_blocks", c, c * RADIX_BLOCK_TOKENS,
-                                                           trace.block_size, mode)[0] for c in capacity_blocks]
+    if capacity_blocks is None:
+        capacity_blocks = [default_blocks(trace.block_size, **settings)]
+    else:
+        capacity_blocks = [c if mode != "radix" else pool_units("capacity_blocks", c, c * RADIX_BLOCK_TOKENS,
+                                                               trace.block_size, mode)[0] for c in capacity_blocks]
     routing_cfg = routing_settings_of(trace.block_size, [f"{k}={v}" for k, v in (routing_settings or {}).items()],
                                       tiers.levels() if isinstance(tiers, TierSettings) else None,
                                       mode)
@@ -67,6 +78,19 @@ def simulate(trace: Trace, policies: Iterable[str] = ("lru",), capacity_blocks: 
                         routing_settings=routing_cfg, **settings)
             for p in policies for c in capacity_blocks]  # every name checked before the first run
     return [_simulate(trace, s) for s in grid]
+
+
+def default_blocks(block_size: int, **settings) -> int:
+    """The blocks (pages under radix) vLLM's memory rule leaves at its default ``gpu_memory_utilization`` for
+    ``settings``' model, GPU, token budget and running limit (``SimSettings``' defaults where not given): what
+    ``kvemu sim`` runs with no capacity flag. Refused in one line where nothing is left for KV."""
+    from shared.costmodel import CostModel
+
+    defaults = {f.name: f.default for f in dataclasses.fields(SimSettings)}
+    pick = {name: settings.get(name, defaults[name]) for name in ("model", "gpu", "token_budget", "max_running")}
+    cost = CostModel.from_names(str(pick["model"]), str(pick["gpu"]))
+    return cost.kv_budget(DEFAULT_GPU_MEMORY_UTILIZATION, int(pick["token_budget"]), int(pick["max_running"]),
+                          block_size).check()
 
 
 def estimate(trace: Trace | None = None, *, capacity_blocks: int | None = None,

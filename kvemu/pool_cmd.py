@@ -10,6 +10,7 @@ import sys
 
 from kvemu.options.gpu import add_gpu_args, gpu_setting
 from kvemu.options.index import CLUSTER
+from kvemu.options.kv_cache_dtype import KV_CACHE_DTYPE, model_setting
 from kvemu.options.matching import BLOCK_SIZE
 from kvemu.options.replica_flags import MODEL, TIME_SCALE
 from kvemu.options.serving import add_server_args
@@ -25,6 +26,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
     p.add_argument("--pool-id", default=None, help="the id its event feed publishes under (default shared-pool)")
     MODEL.add(p)
+    KV_CACHE_DTYPE.add(p)
     add_gpu_args(p)
     BLOCK_SIZE.add(p)
     TIME_SCALE.add(p, help="wall seconds per emulated second, the replicas' (its leases and link run on it)")
@@ -41,7 +43,7 @@ def settings_from_args(args):
     from replica.kvpool.service import DEFAULT_POOL_ID, PoolSettings
     from shared.costmodel import CostModel
 
-    gpu = gpu_setting(args)
+    gpu, args.model = gpu_setting(args), model_setting(args)
     cost = CostModel.from_names(args.model, gpu)
     block_size = args.block_size or DEFAULT_BLOCK_SIZE
     if not args.shared_cache_gib:

@@ -9,8 +9,16 @@ import sys
 from kvemu.options.backend import BACKEND_OPTIONS
 from kvemu.options.gpu import add_gpu_args, gpu_setting
 from kvemu.options.index import CLUSTER
+from kvemu.options.kv_cache_dtype import KV_CACHE_DTYPE, model_setting
 from kvemu.options.kv_events import add_kv_events_arg
-from kvemu.options.limits import CAPACITY_OPTIONS, MAX_MODEL_LEN, capacity_note, length_warning, replica_capacity
+from kvemu.options.limits import (
+    CAPACITY_OPTIONS,
+    MAX_MODEL_LEN,
+    capacity_note,
+    default_capacity,
+    length_warning,
+    replica_capacity,
+)
 from kvemu.options.matching import add_matching_args, matching_setting
 from kvemu.options.option import add_options
 from kvemu.options.pd import add_replica_pd_args, replica_pd_settings
@@ -33,9 +41,10 @@ def configure(p: argparse.ArgumentParser) -> None:
 
     POLICY.add(p, help=f"eviction policy: {', '.join(live_policy_names())} (default {POLICY.default})")
     p.add_argument("--policy-param", action="append", default=[], metavar="NAME=VALUE")
-    add_options(p.add_mutually_exclusive_group(required=True), CAPACITY_OPTIONS)
+    add_options(p.add_mutually_exclusive_group(), CAPACITY_OPTIONS)  # none: vLLM's default (default_capacity)
     MAX_MODEL_LEN.add(p)
     MODEL.add(p)
+    KV_CACHE_DTYPE.add(p)
     add_gpu_args(p)
     add_matching_args(p)
     TIME_SCALE.add(p)
@@ -69,8 +78,10 @@ def settings_from_args(args):
     from replica.settings import ReplicaSettings
     from shared.costmodel import CostModel
 
+    args.model = model_setting(args)
     check_backend_flags(args)
     check_scheduler_flags(args)
+    default_capacity(args)
     params = tuple((k, coerce(v)) for k, v in parse_pairs(args.policy_param).items())
     matching = matching_setting(args)
     cost = CostModel.from_names(args.model, args.gpu)
@@ -94,7 +105,7 @@ def settings_from_args(args):
 
 
 def print_limits(settings, out=None) -> None:
-    """On stderr at start: the capacity --gpu-memory-utilization gives, and the one-line warning
+    """On stderr at start: the capacity --gpu-memory-utilization (or its default) gives, and the one-line warning
     where the pool cannot hold one request of max_model_len (kvemu.options.limits)."""
     out = out or sys.stderr
     if settings.gpu_memory_utilization is not None:

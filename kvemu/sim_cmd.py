@@ -10,7 +10,15 @@ import sys
 
 from kvemu.options.config_file import add_config_arg
 from kvemu.options.gpu import add_gpu_args, gpu_setting
-from kvemu.options.limits import MAX_MODEL_LEN, SIM_CAPACITY_OPTIONS, capacity_in_tokens, length_warning, pool_units
+from kvemu.options.kv_cache_dtype import KV_CACHE_DTYPE, model_setting
+from kvemu.options.limits import (
+    MAX_MODEL_LEN,
+    SIM_CAPACITY_OPTIONS,
+    capacity_in_tokens,
+    default_capacity,
+    length_warning,
+    pool_units,
+)
 from kvemu.options.matching import add_matching_args, matching_setting, source_unit
 from kvemu.options.option import add_options
 from kvemu.options.parallel import add_parallel_args, expert_ranks, parallel_setting
@@ -43,10 +51,12 @@ from sim.simulator import SimSettings, saturation_warning
 
 
 def add_emulation_args(p: argparse.ArgumentParser) -> None:
-    """Capacity, model and replica scheduler settings shared by sim and sweep."""
-    add_options(p.add_mutually_exclusive_group(required=True), SIM_CAPACITY_OPTIONS)
+    """Capacity, model and replica scheduler settings shared by sim and sweep (no capacity flag: vLLM's
+    default, kvemu.options.limits.default_capacity)."""
+    add_options(p.add_mutually_exclusive_group(), SIM_CAPACITY_OPTIONS)
     MAX_MODEL_LEN.add(p)
     p.add_argument("--model", default="qwen3-coder-30b-a3b")
+    KV_CACHE_DTYPE.add(p)
     add_gpu_args(p)
     add_matching_args(p)
     p.add_argument("--cache-only", action="store_true",
@@ -251,7 +261,8 @@ def run(args) -> int:
 def runs_of(args) -> tuple[Trace, list[SimSettings]]:
     """The trace and the grid of runs ``kvemu sim``'s flags ask for, every flag checked (what
     bench/bench_flashgen.py runs its configurations through, so that each is a command line)."""
-    args.gpu = gpu_setting(args)
+    args.gpu, args.model = gpu_setting(args), model_setting(args)
+    default_capacity(args, listed=True)  # before the P/D pools are sized: one on another GPU follows the same rule
     args.replicas = colocated_default(args, args.replicas, 1)
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
     cluster = topology(args, args.replicas)  # the pools' sizes, checked before the trace is read

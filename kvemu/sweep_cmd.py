@@ -19,6 +19,8 @@ from contextlib import closing
 
 from kvemu.options.config_file import add_config_arg
 from kvemu.options.gpu import gpu_setting
+from kvemu.options.kv_cache_dtype import model_setting
+from kvemu.options.limits import default_capacity
 from kvemu.options.matching import matching_setting, source_unit
 from kvemu.options.parallel import parallel_setting
 from kvemu.options.pd import add_pd_args, pd_cluster, topology
@@ -168,7 +170,8 @@ def build_grid(args, trace, identity: dict, policies, routings, replicas, caps) 
 
 
 def run(args) -> int:
-    args.gpu = gpu_setting(args)
+    args.gpu, args.model = gpu_setting(args), model_setting(args)
+    default_capacity(args, listed=True)  # no capacity flag: vLLM's default, as kvemu sim
     policies = _names(args.policy, "--policy", policy_class)
     routings = _names(args.routing, "--routing", get_strategy)
     pools = bool(args.prefill_replicas or args.decode_replicas)  # colocated replicas may be 0 beside P/D pools

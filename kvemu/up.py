@@ -27,12 +27,13 @@ from kvemu.options.backend import BACKEND_OPTIONS
 from kvemu.options.config_file import add_config_arg
 from kvemu.options.gpu import add_gpu_args, gpu_setting
 from kvemu.options.index import CLUSTER
+from kvemu.options.kv_cache_dtype import KV_CACHE_DTYPE, model_setting
 from kvemu.options.kv_events import add_kv_events_arg, kv_events_argv, kv_events_setting
 from kvemu.options.limits import (
-    CAPACITY_BLOCKS,
     CAPACITY_OPTIONS,
     MAX_MODEL_LEN,
     capacity_note,
+    default_capacity,
     length_warning,
     replica_capacity,
 )
@@ -93,6 +94,7 @@ TRANSFORMED = {
     "--gpu": "--gpu, --gpu-file and --tp become one --gpu NAME@tpN (kvemu.options.gpu.gpu_setting)",
     "--gpu-file": "as --gpu",
     "--tp": "as --gpu",
+    "--kv-cache-dtype": "joins --model as one --model NAME@kv=DTYPE (kvemu.options.kv_cache_dtype.model_setting)",
     "--kv-events-config": "replica i gets the config with the endpoints' ports plus i (kv_events_argv)",
     **{o.flag: "to the prefill and decode replicas only (with their --role): colocated ones move no KV"
        for o in TO_PD_REPLICAS},
@@ -393,9 +395,9 @@ def add_cluster_args(p: argparse.ArgumentParser, replicas: int = 4) -> None:
 
     POLICY.add(p, help=f"eviction policy: {', '.join(live_policy_names())} (default {POLICY.default})")
     capacity = p.add_mutually_exclusive_group()
-    CAPACITY_BLOCKS.add(capacity, help=f"{CAPACITY_BLOCKS.help} (default 20,000)")
-    add_options(capacity, CAPACITY_OPTIONS[1:])
+    add_options(capacity, CAPACITY_OPTIONS)  # none: vLLM's default (default_capacity)
     add_gpu_args(p)
+    KV_CACHE_DTYPE.add(p)
     add_options(p, BACKEND_OPTIONS)
     add_options(p, [o for o in TO_REPLICAS if o not in (POLICY, *CAPACITY_OPTIONS, *TIER_OPTIONS, *BACKEND_OPTIONS)])
     add_options(p, (MATCHING_OPTION, PAGE_SIZE, BLOCK_SIZE))
@@ -438,13 +440,13 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 def validate(a) -> None:
     a.gpu, a.tp = gpu_setting(a), 1  # replicas get the combined setting through --gpu
+    a.model, a.kv_cache_dtype = model_setting(a), "auto"  # ... and through --model
     check_backend(a.backend, a.layers)  # no torch: one line here, not one per replica
     check_backend_flags(a)
+    default_capacity(a)  # before the P/D pools are sized: one on another GPU follows the same rule
     validate_topology(a)
     if not 1 <= a.routers <= 64:
         raise InputError("--routers", f"must be 1-64, got {a.routers}")
-    if all(getattr(a, o.dest) is None for o in CAPACITY_OPTIONS):
-        a.capacity_blocks = 20_000
     from kvemu.options.router_flags import routing_settings
     from kvemu.options.serving import serving_settings
     from replica.settings import ReplicaSettings

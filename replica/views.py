@@ -22,6 +22,7 @@ from shared import protocol
 from shared.auth import require_cluster_token, session_label, wants_raw_sessions
 from shared.errors import InputError
 from shared.httpkit import query_int, read_body, read_raw, respond, wants_msgpack
+from shared.model_kinds import served_model
 from shared.offload import OFFLOAD
 from shared.protocol import CACHED_TOKENS_HEADER, REPLICA_HEADER, KvTransferParams, transfer_params
 from shared.serve import ClientGone, until_client_gone
@@ -259,14 +260,15 @@ def models_body(names: list[str], created: int) -> dict:
 
 async def models(request: web.Request) -> web.Response:
     state = _state(request)
-    return web.json_response(models_body([_settings(request).model], int(state.started)))
+    return web.json_response(models_body([served_model(_settings(request).model)], int(state.started)))
 
 
 async def health(request: web.Request) -> web.Response:
     state = _state(request)
     s = _settings(request)
     return web.json_response({"status": "ok", "replica_id": s.replica_id, "role": s.role, "epoch": state.feed.epoch,
-                              "policy": state.pool.policy.name, "model": s.model, "capacity_blocks": state.pool.capacity,
+                              "policy": state.pool.policy.name, "model": served_model(s.model),
+                              "capacity_blocks": state.pool.capacity,
                               "block_size": s.block_size, "matching": s.matching, "running": state.scheduler.num_running,
                               "waiting": state.scheduler.num_waiting, "kv_usage": state.pool.usage(),
                               **state.pd.hold_health(),  # P/D: what prefills held for remote decodes pin
@@ -289,7 +291,8 @@ async def stats(request: web.Request) -> web.Response:
         for row in out["top_sessions"]:
             row["session"] = session_label(row["session"], s.serving.cluster_token)
     out.update({
-        "replica_id": s.replica_id, "model": state.cost.model.name, "gpu": state.cost.gpu.name,
+        "replica_id": s.replica_id, "model": state.cost.model.name, "kv_cache_dtype": state.cost.model.kv_cache_dtype,
+        "gpu": state.cost.gpu.name,
         # the pool's capacity_blocks (its own unit: blocks of block_size tokens, pages under radix) as
         # tokens and bytes too, which mean one memory in either matching mode
         "capacity_tokens": state.pool.capacity * s.block_size,

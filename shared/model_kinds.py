@@ -155,3 +155,8 @@ def with_kv_dtype(model: str, kv_cache_dtype: str) -> str:
     if dtype == "auto":
         dtype = given
     return base if dtype == "auto" else f"{base}{KV_SUFFIX}{dtype}"
+
+
+def served_model(setting: str) -> str:
+    """The name a replica serves under (``/v1/models``, ``/health``): the model setting without its KV dtype."""
+    return setting.rpartition(KV_SUFFIX)[0] or setting

@@ -237,9 +237,8 @@ class Simulation:
         if shared is None:
             self.stores: list[SharedStore] = []
             return []
-        per = shared.scope or replicas
-        self.stores = [SharedStore(shared, emit_events=False) for _ in range(-(-replicas // per))]
-        return [self.stores[i // per] for i in range(replicas)]
+        self.stores = [SharedStore(shared, emit_events=False) for _ in shared.groups(replicas)]
+        return [self.stores[shared.group_of(i, replicas)] for i in range(replicas)]
 
     def _refuse(self) -> int:
         """Refuse, ahead of the run, every request that could never run on these replicas
@@ -528,6 +527,7 @@ class Simulation:
             "step_engine_reason": compiled_modules.reason() or None,
             "block_size": self.block_size,
             "model": self.cost.model.name,
+            "kv_cache_dtype": self.cost.model.kv_cache_dtype,
             "gpu": self.cost.gpu.name,
         }
 

@@ -7,11 +7,23 @@ from shared.validate import check_positive_int
 
 
 def check_backend_flags(a) -> None:
-    """``--device`` and ``--layers`` shape the torch backend only: refused (one line) without it."""
+    """``--device`` and ``--layers`` shape the torch backend only: refused (one line) without it. The torch
+    backend's layer stack is GQA attention with a KV tensor in the model's dtype: a model or KV dtype it cannot
+    run (MLA, --kv-cache-dtype fp8) is refused with it, rather than run as something else."""
     if a.backend != "torch":
         for flag, given in (("--device", a.device != "cpu"), ("--layers", a.layers is not None)):
             if given:
                 raise InputError(flag, "does nothing without the torch backend: add --backend torch")
+        return
+    from shared.costmodel import get_model
+
+    model = get_model(getattr(a, "model", "tiny"))
+    if model.kv_cache_dtype != "auto":
+        raise InputError("--kv-cache-dtype", "the torch backend keeps its KV in the model's dtype: leave it auto, or"
+                                             " use the emulated backend")
+    if model.mla is not None:
+        raise InputError("--backend", f"the torch backend's layers have no multi-head latent attention, which"
+                                      f" {model.name} uses: use the emulated backend")
 
 
 def check_backend(backend: str, layers: int | None) -> None:

@@ -72,3 +72,13 @@ def test_capacity_blocks_under_radix_are_blocks_of_16_tokens_as_on_the_command_l
     trace = api.generate_trace("chat", duration_s=30, seed=1, block_size=1)  # cut into pages of one token
     (row,) = api.simulate(trace, capacity_blocks=[100], matching="radix", hit_mode="prefix", cache_only=True)
     assert (row["capacity_blocks"], row["block_size"], row["capacity_tokens"]) == (1600, 1, 1600)
+
+
+def test_kv_cache_dtype_halves_a_blocks_bytes_and_the_row_says_so():
+    trace = api.generate_trace("chat", duration_s=20, seed=1)
+    bf16, fp8 = (api.simulate(trace, capacity_blocks=[64], model="tiny", kv_cache_dtype=d)[0] for d in ("auto", "fp8"))
+    # tiny: 4 layers x 2 KV heads x 32 values x K and V = 512 values a token; 64 blocks of 16 tokens
+    assert (bf16["kv_cache_dtype"], bf16["capacity_bytes"]) == ("auto", 64 * 16 * 512 * 2)
+    assert (fp8["kv_cache_dtype"], fp8["capacity_bytes"]) == ("fp8", 64 * 16 * 512 * 1)
+    with pytest.raises(InputError, match="--kv-cache-dtype: unknown KV cache dtype 'int4'"):
+        api.simulate(trace, capacity_blocks=[64], model="tiny", kv_cache_dtype="int4")
