@@ -102,10 +102,15 @@ def build_trace(path: Path, copies: int) -> dict:
     return {"requests": len(rows) * copies, "block_accesses": accesses, "bytes": path.stat().st_size}
 
 
+# libCacheSim and the floor count every resident block a request asks for as a hit, wherever it sits:
+# kvemu's holes count (its default is vLLM's prefix count, which stops at the first miss)
+SAME_COUNT = ["--hit-mode", "holes"]
+
+
 def kvemu_cmd(trace: Path, policy: str, cap: int, out: Path, cache_only: bool, reuse: bool = True,
               pycore: bool = False, drop: bool = False) -> list[str]:
     cmd = [sys.executable, "-m", "kvemu", "sim", "--trace", str(trace), "--policy", policy,
-           "--capacity-blocks", str(cap), "--quiet", "--json", str(out)]
+           "--capacity-blocks", str(cap), *SAME_COUNT, "--quiet", "--json", str(out)]
     return (cmd + (["--cache-only"] if cache_only else []) + ([] if reuse else ["--reuse", "off"])
             + (["--python-core"] if pycore else []) + (["--response-kv", "drop"] if drop else []))
 
@@ -129,7 +134,7 @@ def cluster_cmd(mode: str, trace: Path, cap: int, out: Path, repo: Path = REPO) 
     args, reads_trace = CLUSTER[mode]
     python = sys.executable
     source = ["--trace", str(trace), "--capacity-blocks", str(cap)] if reads_trace else []
-    return [python, "-m", "kvemu", "sim", *source, "--policy", "lru", "--quiet", "--json", str(out), *args]
+    return [python, "-m", "kvemu", "sim", *source, "--policy", "lru", *SAME_COUNT, "--quiet", "--json", str(out), *args]
 
 
 def run_mode(mode: str, trace: Path, work: Path, cap: int, repo: Path = REPO) -> dict:

@@ -2,6 +2,8 @@
 ``--max-model-len N`` (a request whose prompt plus max_tokens exceeds it is refused; default the
 model's context window) and ``--gpu-memory-utilization U`` (the KV capacity vLLM's profiling run
 leaves: ``shared.costmodel.CostModel.kv_budget``; an alternative to --capacity-gib / --capacity-blocks).
+With no capacity flag at all every command sizes the pool as vLLM does by default, at
+``DEFAULT_GPU_MEMORY_UTILIZATION`` (``default_capacity``).
 
 vLLM refuses to start where the KV pool cannot hold one request of ``max_model_len`` tokens; kvemu
 prints ``length_warning``'s one line and goes on with the pool's size as the limit
@@ -16,8 +18,12 @@ from shared.hashing import DEFAULT_BLOCK_SIZE
 MAX_MODEL_LEN = Option("--max-model-len", None, type=int, metavar="N",
                        help="vLLM's length rule: a request whose prompt plus max_tokens exceeds N tokens is refused"
                             " (live: 400; virtual: counted as refused); default: the model's context window")
+# vLLM's default gpu_memory_utilization: the capacity of every command (sim, sweep, replica, up, the Python
+# API) where no capacity flag is given, through the one memory rule (shared/memory_rule.py)
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 _UTIL_HELP = ("KV capacity as vLLM sizes it: U x each GPU's memory, less its share of the weights and the activation"
-              " memory of the largest step (--token-budget tokens), over --tp GPUs; 0 < U <= 1 (docs/capacity.md)")
+              " memory of the largest step (--token-budget tokens), over --tp GPUs; 0 < U <= 1 (docs/capacity.md);"
+              f" default {DEFAULT_GPU_MEMORY_UTILIZATION:g}, vLLM's, where no capacity flag is given")
 GPU_MEMORY_UTILIZATION = Option("--gpu-memory-utilization", None, type=float, metavar="U", help=_UTIL_HELP)
 # sim and sweep take a list, as their other capacity flags do
 GPU_MEMORY_UTILIZATIONS = Option("--gpu-memory-utilization", None, metavar="U1,U2,...", help=_UTIL_HELP)
@@ -29,8 +35,8 @@ _BLOCKS_HELP = (f"KV blocks of --block-size tokens per replica (under --matching
                 " tokens, turned into pages)")
 _TOKENS_HELP = "KV tokens per replica, in either --matching (rounded down to whole blocks or pages)"
 _GIB_HELP = "GiB of KV per replica (uses --model)"
-# A live replica's KV capacity: exactly one of these (a mutually exclusive group; kvemu up gives
-# --capacity-blocks 20000 where none is)
+# A replica's KV capacity: at most one of these (a mutually exclusive group); none is
+# --gpu-memory-utilization DEFAULT_GPU_MEMORY_UTILIZATION (default_capacity)
 CAPACITY_BLOCKS = Option("--capacity-blocks", None, _BLOCKS_HELP, int)
 CAPACITY_TOKENS = Option("--capacity-tokens", None, _TOKENS_HELP, int)
 CAPACITY_GIB = Option("--capacity-gib", None, _GIB_HELP, float)
@@ -41,6 +47,18 @@ SIM_CAPACITY_OPTIONS = (Option("--capacity-blocks", None, _BLOCKS_HELP, metavar=
                         Option("--capacity-gib", None, _GIB_HELP, metavar="G1,G2,..."), GPU_MEMORY_UTILIZATIONS)
 
 CAPACITY_WAYS_OUT = "--capacity-gib / --capacity-tokens / --capacity-blocks / --gpu-memory-utilization"
+
+
+def default_capacity(args, listed: bool = False) -> bool:
+    """Where none of the capacity flags is given, vLLM's default: ``--gpu-memory-utilization``
+    ``DEFAULT_GPU_MEMORY_UTILIZATION`` (``listed``: as sim's and sweep's comma-separated text), so that the
+    start line, the JSON's ``memory_rule`` and a P/D pool on another GPU follow the one rule as for the flag.
+    True where the default was taken."""
+    if any(getattr(args, o.dest, None) is not None for o in CAPACITY_OPTIONS):
+        return False
+    value = DEFAULT_GPU_MEMORY_UTILIZATION
+    args.gpu_memory_utilization = f"{value:g}" if listed else value
+    return True
 
 
 def capacity_in_tokens(flag: str, value: int, mode: str) -> int | None:

@@ -33,8 +33,8 @@ BLOCK_SIZE = Option("--block-size", None, type=int, metavar="N",
                     help=f"with --matching blocks: tokens per KV block (default {DEFAULT_BLOCK_SIZE})")
 HIT_MODE = Option("--hit-mode", None, choices=HIT_MODES,
                   help=f"prefix: only a prompt's leading run of cached blocks is reused (vLLM, SGLang); holes: every"
-                       f" cached block is, the gaps between them recomputed (default {DEFAULT_HIT_MODE}; prefix with"
-                       " --matching radix)")
+                       " cached block is, the gaps between them recomputed (the \"When Fancy Eviction Fails\""
+                       f" analysis' count; --matching blocks only); default {DEFAULT_HIT_MODE}, vLLM's")
 MATCHING_OPTIONS = (MATCHING_OPTION, PAGE_SIZE, BLOCK_SIZE, HIT_MODE)
 
 

@@ -26,7 +26,10 @@ from shared.costmodel import CostModel
 from shared.errors import InputError
 
 # The choices a core is built with, each defined once here; their flags are in kvemu/options/.
-DEFAULT_HIT_MODE = "holes"  # of pool.HIT_MODES: a cached block is a hit wherever it sits in the prompt
+# Of pool.HIT_MODES: vLLM's and SGLang's rule, only a prompt's leading run of cached blocks is reused;
+# "holes" (every cached block is a hit wherever it sits, the gaps recomputed) is kept for the "When Fancy
+# Eviction Fails" analysis, which counts hits that way, and must be asked for
+DEFAULT_HIT_MODE = "prefix"
 # Reuse distances: SHARDS-sampled at shards_rate (bounded memory), exact, or none.
 REUSE_MODES = ("sampled", "exact", "off")
 # What a simulator run may ask for: the core's modes, and "auto": sampled in batching mode, off in

@@ -82,18 +82,18 @@ def test_a_misspelt_flag_or_command_gets_the_one_meant(capsys):
     assert _error(capsys).startswith("error: give a command, one of gen, trace-stats, ")
 
 
-CAPACITY = ("error: give one of --capacity-blocks, --capacity-tokens, --capacity-gib or --gpu-memory-utilization"
-            " (the KV capacity of each replica); kvemu {} --help lists every flag\n")
+# (no capacity flag is no mistake: vLLM's default, tests/kvemu/test_default_capacity.py)
+SOURCE = "error: give one of --workload or --trace (the requests); kvemu {} --help lists every flag\n"
 
 
-@pytest.mark.parametrize("argv", [("sim", "--workload", "chat"), ("replica",)])
-def test_no_capacity_is_one_line_naming_the_flags(capsys, argv):
-    assert _error(capsys, *argv) == CAPACITY.format(argv[0])
+@pytest.mark.parametrize("argv", [("sim",), ("sweep", "--out", "x.jsonl")])
+def test_no_requests_is_one_line_naming_the_flags(capsys, argv):
+    assert _error(capsys, *argv) == SOURCE.format(argv[0])
 
 
 def test_a_real_process_prints_one_line_not_a_usage_block():
-    out = run_kvemu("sim", "--workload", "chat", timeout=30)
-    assert (out.returncode, out.stdout, out.stderr) == (2, "", CAPACITY.format("sim"))
+    out = run_kvemu("sim", timeout=30)
+    assert (out.returncode, out.stdout, out.stderr) == (2, "", SOURCE.format("sim"))
 
 
 @pytest.mark.parametrize("url", ["127.0.0.1:8000", "localhost:8000"])
