@@ -99,6 +99,8 @@ def _llmservingsim(args, tp: int) -> tuple[GpuSpec, ModelSpec, dict[str, list[St
     info = {"format": "llmservingsim", "folder": profile.folder, "device": profile.device,
             "profiled_model": profile.meta.get("model"), "vllm_version": profile.meta.get("vllm_version"),
             "kv_capacity_tokens": blocks * block, "skew": summary(lss.skew_errors(profile, blocks * block))}
+    if spec.moe and profile.moe is not None:  # the MoE layer as measured: the profile prices it from the table
+        info["moe_table"] = tuple(tuple(row) for row in profile.moe.tolist())
     return gpu, spec, points, info
 
 
@@ -123,7 +125,8 @@ def run_from_profile(args) -> int:
     read = _vidur if is_vidur(args.from_profile) else _llmservingsim
     gpu, spec, points, info = read(args, tp)
     cost = CostModel(spec, gpu, tp=tp)
-    cost = cost.with_efficiency(replace(cost.efficiency, graph_tokens=0, source=""))
+    moe_table = info.pop("moe_table", cost.efficiency.moe_table)
+    cost = cost.with_efficiency(replace(cost.efficiency, graph_tokens=0, source="", moe_table=moe_table))
     # the profile ran one GPU a rank: its steps have no all-reduce, so add the model's own (the fit
     # takes it out again as known; kvemu prices it from the link)
     points = {k: [replace(p, seconds=p.seconds + cost.step_parts(p.work).comm) for p in v] for k, v in points.items()}

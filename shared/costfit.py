@@ -13,9 +13,11 @@ depends on the fit, so a few rounds settle it. A term no point can see keeps its
 efficiency; a term the fit sets to zero gets efficiency ``CAP`` (it costs nothing measurable).
 Two forms of the decoders' products are tried, the better kept: on the roofline's compute
 side at the prefill's ``linear`` (a GPU), or paid per sequence on top of the reads
-(``decode_linear`` at the cap, the cost in ``decode_seq_s``: a CPU). A dense model reads the
-same weights every step, so graphed steps cannot tell that read from their fixed cost: the read
-takes it all (``decode_overhead_s`` 0).
+(``decode_linear`` at the cap, the cost in ``decode_seq_s``: a CPU). A model reads the same
+weights every step (an MoE model's routed experts are its MoE layers', priced apart), so graphed steps
+cannot tell that read from their fixed cost: the read takes it all (``decode_overhead_s`` 0). The
+MoE layers (shared/moe_cost.py: the efficiency's measured table, or its fitted constants) and the
+all-reduces are known, not fitted: taken out of each step's seconds.
 """
 
 from __future__ import annotations
@@ -114,8 +116,10 @@ _UNIT = Efficiency(1.0, 1.0, 1.0, 1.0, 0.0, 0.0)
 def step_features(cost: CostModel, steps: Sequence[StepPoint]) -> tuple[np.ndarray, np.ndarray]:
     """Per step, at efficiency 1: its terms in ``TERMS`` order (both sides of the roofline),
     then the decoders' attention (on the compute side) and the prefill chunks; and each step's known seconds (the
-    all-reduces, priced from the link, not fitted)."""
-    unit = cost.with_efficiency(replace(_UNIT, graph_tokens=cost.efficiency.graph_tokens))
+    all-reduces, priced from the link, and the MoE layers, from the efficiency's MoE table or constants)."""
+    e = cost.efficiency
+    unit = cost.with_efficiency(replace(_UNIT, graph_tokens=e.graph_tokens, moe_floor_s=e.moe_floor_s,
+                                        moe_memory=e.moe_memory_eff, moe_linear=e.moe_linear_eff, moe_table=e.moe_table))
     layers, graph_tokens = cost.model.layers, cost.efficiency.graph_tokens
     rows, known = [], []
     for s in steps:
@@ -126,7 +130,7 @@ def step_features(cost: CostModel, steps: Sequence[StepPoint]) -> tuple[np.ndarr
         rows.append([p.linear - decode_lin + p.head, decode_lin, p.attention, p.kv_read, p.weights, p.decode_kv,
                      w.decoders * layers, 0.0 if graphed else layers, layers if graphed else 0.0, p.decode_attention,
                      w.prefill_seqs])
-        known.append(p.comm)
+        known.append(p.comm + p.moe)
     return np.array(rows, dtype=float), np.array(known, dtype=float)
 
 
@@ -160,12 +164,14 @@ def fit(cost: CostModel, points: Sequence[StepPoint | PrefillPoint | DecodePoint
     kept for callers that pass prefill and decode points apart); ``weights``, one a point of
     ``points``, weigh their squared relative errors (default: all 1)."""
     steps = as_steps([*points, *decode])
+    # the MoE layers are known at the prior's rates: pinned, so that fitting `memory` and `linear` leaves them be
+    cost = cost.with_efficiency(replace(cost.efficiency, moe_memory=cost.efficiency.moe_memory_eff,
+                                        moe_linear=cost.efficiency.moe_linear_eff))
     w = None if weights is None else np.concatenate([np.asarray(weights, dtype=float), np.ones(len(decode))])
     x_all, known = step_features(cost, steps)
     seconds = np.maximum(np.array([s.seconds for s in steps]) - known, 1e-12)
     prior = cost.efficiency
-    if not cost.model.moe:
-        x_all[:, 8] = 0.0  # a dense model's graphed steps: the weight read takes the fixed cost
+    x_all[:, 8] = 0.0  # graphed steps: the weight read (the same every step) takes the fixed cost
     best, best_err = prior, float("inf")
     for per_seq in (False, True):
         eff = replace(prior, decode_linear=CAP if per_seq else None)

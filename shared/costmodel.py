@@ -54,6 +54,7 @@ from shared.gpu_presets import GPUS
 from shared.hf_config import is_config_path, load_config
 from shared.memory_rule import KvBudget
 from shared.model_kinds import MlaDims, kv_element_bytes
+from shared.moe_cost import FUSED_MOE_H200, MoeKernel
 
 __all__ = ["Efficiency", "GpuSpec", "ModelSpec", "CostModel", "KvBudget", "StepWork", "StepParts", "layered_finish", "MODELS", "GPUS",
            "get_model", "get_gpu", "model_from_config"]
@@ -76,13 +77,17 @@ GRAPH_NODE_S = 0.5e-6
 # ``memory``: at batch 1 Vidur's H100 profile has llama-2-70b's GEMVs at 0.86 of HBM, and with them
 # the norms, rotary and activation, at 0.80 (docs/calibration.md, "Decode at small batch").
 GRAPH_LAYER_S = GRAPH_NODES_PER_LAYER * GRAPH_NODE_S
+_K = FUSED_MOE_H200  # every H200 preset's fused-MoE layer, tiny-moe's too (bench/fit_moe.py)
 DENSE_H200 = Efficiency(0.6432, 0.3415, 0.2162, 0.80, 5.09e-5, GRAPH_LAYER_S,
-                        "llama-3-8b layer stack, 1x H200, PyTorch SDPA (docs/calibration.md)")
+                        "llama-3-8b layer stack, 1x H200, PyTorch SDPA (docs/calibration.md)",
+                        moe_floor_s=_K.floor_s, moe_memory=_K.memory, moe_linear=_K.linear)
 # When Fancy Eviction Fails (arXiv 2609.28870; Qwen3-Coder-30B-A3B on one H200: 8K tokens from
 # scratch 166 ms, after a 64K cached prefix 966 ms), measured on a serving stack whose attention
-# reads the prefix at HBM speed (kv_read 0.8). Two points, two unknowns (linear, attention): exact on both.
-MOE_H200 = Efficiency(0.3871, 0.5427, 0.80, 0.80, 0.0, 0.0,
-                      "When Fancy Eviction Fails: Qwen3-Coder-30B-A3B, 1x H200, 8K prefill at depth 0 and 64K")
+# reads the prefix at HBM speed (kv_read 0.8). Two points, two unknowns (linear, attention), the fused-MoE
+# layer priced apart (bench/fit_moe.py solves them): exact on both.
+MOE_H200 = Efficiency(0.3124, 0.5427, 0.80, 0.80, 0.0, 0.0,
+                      "When Fancy Eviction Fails: Qwen3-Coder-30B-A3B, 1x H200, 8K prefill at depth 0 and 64K",
+                        moe_floor_s=_K.floor_s, moe_memory=_K.memory, moe_linear=_K.linear)
 
 
 MIB = 1024**2
@@ -357,7 +362,7 @@ class StepWork(NamedTuple):
 class StepParts:
     """Seconds of one step by term, summed over the layers (see the module docstring)."""
 
-    weights: float  # layer weights (touched experts) and LM head
+    weights: float  # layer weights (MoE: but the routed experts) and LM head
     decode_kv: float  # decoders' KV read
     linear: float  # products over the step's tokens (layers only)
     head: float  # the LM head's products, once a sequence
@@ -366,6 +371,7 @@ class StepParts:
     kv_read: float  # the prefill chunks' cached prefix read
     comm: float
     overhead: float  # fixed costs of the step and per decoder
+    moe: float = 0.0  # the fused-MoE layers, kernels of their own beside the roofline (shared/moe_cost.py)
 
     @property
     def memory_side(self) -> float:
@@ -377,7 +383,8 @@ class StepParts:
 
     @property
     def total(self) -> float:
-        return max(self.memory_side, self.compute_side) + self.attention + self.kv_read + self.comm + self.overhead
+        return (max(self.memory_side, self.compute_side) + self.moe + self.attention + self.kv_read + self.comm
+                + self.overhead)
 
 
 class _Units(NamedTuple):
@@ -388,7 +395,7 @@ class _Units(NamedTuple):
     head_read: float  # LM head, once per step
     head_linear: float  # LM head products, per sequence
     base_weights: float  # layer weights but the experts (dense: all of them)
-    per_expert: float  # one expert over all layers (0: dense)
+    moe_token: float  # the MoE layers' products a token of a long prefill (0: dense)
     decode_kv: float  # per decode KV token read
     attention: float  # per query-key pair of a prefill chunk
     decode_attention: float  # per decoder's context token (MLA: the absorbed form)
@@ -408,9 +415,10 @@ class CostModel:
     eff: Efficiency | None = None  # None: the model's own, else the dense H200 fit
     tp: int = 1
     _u: _Units = field(init=False, repr=False, compare=False)
-    # MoE: expected distinct experts per token count, a power per call otherwise (the simulator
-    # prices hundreds of thousands of steps over a few thousand distinct counts)
-    _experts: dict[int, float] = field(init=False, repr=False, compare=False)
+    # MoE: the fused-MoE layer, and a step's MoE layers per token count (a power and a max per call otherwise;
+    # the simulator prices hundreds of thousands of steps over a few thousand distinct counts)
+    _moe_kernel: MoeKernel | None = field(init=False, repr=False, compare=False)
+    _moe: dict[int, float] = field(init=False, repr=False, compare=False)
     # --tp: the link the all-reduces cross, and a step's all-reduce seconds per token count (bounded)
     _link: LinkModel = field(init=False, repr=False, compare=False)
     _comm: dict[int, float] = field(init=False, repr=False, compare=False)
@@ -418,8 +426,12 @@ class CostModel:
     def __post_init__(self) -> None:
         if not isinstance(self.tp, int) or self.tp < 1:
             raise InputError("tp", f"must be an integer >= 1, got {self.tp!r}")
+        m, e, g = self.model, self.efficiency, self.gpu
+        object.__setattr__(self, "_moe_kernel", MoeKernel.of(
+            e.moe_floor_s, e.moe_memory_eff, e.moe_linear_eff, e.moe_table, m.expert_params * m.layer_weight_bytes,
+            2.0 * m.active_experts * m.expert_params, g.hbm_bandwidth, g.peak_flops) if m.moe else None)
         object.__setattr__(self, "_u", self._units())
-        object.__setattr__(self, "_experts", {})
+        object.__setattr__(self, "_moe", {})
         object.__setattr__(self, "_link", link_of(self.gpu))
         object.__setattr__(self, "_comm", {})
 
@@ -500,14 +512,15 @@ class CostModel:
         m, e, g, tp = self.model, self.efficiency, self.gpu, self.tp
         L, peak, hbm = m.layers, g.peak_flops * tp, g.hbm_bandwidth * tp  # the work splits over tp GPUs
         bw = hbm * e.memory
-        token_flops = 2.0 * m.stack_params(m.active_experts or None)
+        token_flops = 2.0 * m.stack_params(0 if m.moe else None)  # the routed experts: the MoE layer's own
+        kernel = self._moe_kernel
         # MLA's prefill up-projects each cached prefix token's latent (shared/model_kinds.py)
         context_s = L * m.mla.context_flops(m.q_heads) / (peak * e.linear) if m.mla is not None else 0.0
         return _Units(
             prefill_linear=token_flops / (peak * e.linear), decode_linear=token_flops / (peak * e.decode_linear_eff),
             head_read=m.head_params * m.dtype_bytes / bw, head_linear=2.0 * m.head_params / (peak * e.linear),
             base_weights=m.stack_params(0 if m.moe else None) * m.layer_weight_bytes / bw,
-            per_expert=m.moe_layers * m.expert_params * m.layer_weight_bytes / bw if m.moe else 0.0,
+            moe_token=m.moe_layers * kernel.token_slope_s() / tp if kernel is not None else 0.0,
             decode_kv=self.kv_bytes_per_token * kinds.kv_copies(m, tp) / (hbm * e.decode_kv_eff),
             attention=kinds.pair_flops(m, decode=False) * L / (peak * e.attention),
             decode_attention=kinds.pair_flops(m, decode=True) * L / (peak * e.attention),
@@ -523,15 +536,13 @@ class CostModel:
             return StepParts(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
         u = self._u
         weights = u.base_weights + u.head_read
-        if u.per_expert:  # the experts the union of the step's tokens routes to
-            weights += u.per_expert * self._touched_experts(t)
         fixed = u.graphed if t <= u.graph_tokens or not work.prefill_seqs else u.eager
         return StepParts(
             weights=weights, decode_kv=work.decode_kv * u.decode_kv,
             linear=work.prefill_tokens * u.prefill_linear + work.decoders * u.decode_linear,
             head=(work.prefill_seqs + work.decoders) * u.head_linear, decode_attention=work.decode_kv * u.decode_attention,
             attention=work.attn_pairs * u.attention, kv_read=work.cached_tokens * u.kv_read, comm=self.all_reduce_s(t),
-            overhead=fixed + work.decoders * u.per_decoder)
+            overhead=fixed + work.decoders * u.per_decoder, moe=self._moe_s(t))
 
     def step_time(self, work: StepWork) -> float:
         """Seconds of one step: ``step_parts(work).total`` without building the parts (the hot path)."""
@@ -540,12 +551,10 @@ class CostModel:
             return 0.0
         u = self._u
         weights = u.base_weights + u.head_read + work.decode_kv * u.decode_kv
-        if u.per_expert:
-            weights += u.per_expert * self._touched_experts(t)
         compute = (work.prefill_tokens * u.prefill_linear + work.decoders * u.decode_linear
                    + (work.prefill_seqs + work.decoders) * u.head_linear + work.decode_kv * u.decode_attention)
         fixed = u.graphed if t <= u.graph_tokens or not work.prefill_seqs else u.eager
-        return (max(weights, compute) + work.attn_pairs * u.attention + work.cached_tokens * u.kv_read
+        return (max(weights, compute) + self._moe_s(t) + work.attn_pairs * u.attention + work.cached_tokens * u.kv_read
                 + self.all_reduce_s(t) + fixed + work.decoders * u.per_decoder)
 
     def all_reduce_s(self, tokens: int) -> float:
@@ -577,15 +586,25 @@ class CostModel:
         per_gpu = u.comm_calls * 2.0 * (self.tp - 1) / self.tp * u.comm_bytes
         return per_gpu / self._link.bus_bytes_per_s, per_gpu * self.tp
 
-    def _touched_experts(self, tokens: int) -> float:
-        """``model.touched_experts``, remembered per token count (bounded)."""
-        known = self._experts
-        e = known.get(tokens)
-        if e is None:
+    def moe_layer_s(self, tokens: float, experts: float) -> float:
+        """One MoE layer on one GPU: ``tokens`` tokens' products over their experts, ``experts`` whole experts'
+        weights read (shared/moe_cost.py); 0.0 for a dense model. Under --tp a step asks at tokens / tp and
+        experts / tp (each GPU a slice of every expert); under expert parallelism, a rank at its own."""
+        kernel = self._moe_kernel
+        return 0.0 if kernel is None else kernel.seconds(tokens, experts)
+
+    def _moe_s(self, tokens: int) -> float:
+        """A step's MoE layers over ``tokens`` tokens and the experts they touch, remembered per count (bounded)."""
+        if self._moe_kernel is None:
+            return 0.0
+        known = self._moe
+        s = known.get(tokens)
+        if s is None:
             if len(known) >= 1 << 16:
                 known.clear()
-            e = known[tokens] = self.model.touched_experts(tokens)
-        return e
+            m, tp = self.model, self.tp
+            s = known[tokens] = m.moe_layers * self.moe_layer_s(tokens / tp, m.touched_experts(tokens) / tp)
+        return s
 
     # ---- one request's prefill, one decode step: the step with one chunk / no chunk ----------
     def prefill_flops(self, new_tokens: int, cached_depth: int = 0) -> tuple[float, float]:
@@ -614,7 +633,7 @@ class CostModel:
         its share of a long prefill's compute (products compute-bound, attention over
         the block's own tokens and the prefix before it), without per-step costs."""
         p = self.prefill_parts(block_size, block_index * block_size)
-        return p.linear + p.attention
+        return p.linear + p.attention + block_size * self._u.moe_token
 
 
 def layered_finish(compute: float, restores: Iterable[tuple[float, float]], layers: int) -> float:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shared.errors import InputError
+from shared.moe_cost import table_rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +33,22 @@ class Efficiency:
     # tokens (its default largest capture size; mixed steps piecewise, attention outside the
     # graph). A calibrated profile: the largest decode batch it timed through a graph (0 on a CPU).
     graph_tokens: int = 512
+    # The fused-MoE layer (shared/moe_cost.py), a layer and step: a fixed cost, then the touched experts'
+    # weights at ``moe_memory`` x HBM bandwidth or their tokens' products at ``moe_linear`` x peak, whichever
+    # is slower (None: ``memory``'s, ``linear``'s); or, where an operator profile measured the layer,
+    # ``moe_table``: rows of (tokens, experts touched, microseconds), which replaces the three
+    moe_floor_s: float = 0.0
+    moe_memory: float | None = None
+    moe_linear: float | None = None
+    moe_table: tuple[tuple[float, float, float], ...] = ()
+
+    @property
+    def moe_memory_eff(self) -> float:
+        return self.memory if self.moe_memory is None else self.moe_memory
+
+    @property
+    def moe_linear_eff(self) -> float:
+        return self.linear if self.moe_linear is None else self.moe_linear
 
     @property
     def decode_kv_eff(self) -> float:
@@ -46,15 +63,16 @@ class Efficiency:
             value = getattr(self, name)
             if not 0 < value < float("inf"):
                 raise InputError(name, f"efficiency must be a finite number > 0, got {value}")
-        for name in ("decode_kv", "decode_linear"):
+        for name in ("decode_kv", "decode_linear", "moe_memory", "moe_linear"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, int | float) and 0 < value < float("inf")):
                 raise InputError(name, f"efficiency must be a finite number > 0 or null, got {value!r}")
         if not isinstance(self.graph_tokens, int) or isinstance(self.graph_tokens, bool) or self.graph_tokens < 0:
             raise InputError("graph_tokens", f"must be an integer >= 0, got {self.graph_tokens!r}")
-        for name in ("overhead_s", "decode_overhead_s", "decode_seq_s"):
+        for name in ("overhead_s", "decode_overhead_s", "decode_seq_s", "moe_floor_s"):
             if not 0 <= getattr(self, name) < float("inf"):
                 raise InputError(name, f"must be a finite number >= 0, got {getattr(self, name)}")
+        object.__setattr__(self, "moe_table", table_rows(self.moe_table))  # a profile's JSON gives lists
 
 
 # Bytes/s of one PCIe lane, one direction, after line coding: 3.0 8 GT/s and 4.0 16 GT/s and 5.0 32 GT/s,

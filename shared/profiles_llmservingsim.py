@@ -31,6 +31,7 @@ import numpy as np
 from shared.costfit import StepPoint
 from shared.costmodel import ModelSpec
 from shared.errors import InputError
+from shared.moe_cost import MoeTable
 
 FIELD = "--from-profile"
 PER_LAYER = ("layernorm", "qkv_proj", "qk_norm", "rotary_emb", "o_proj", "gate_up_proj", "act_fn", "down_proj")
@@ -146,18 +147,13 @@ def interp(x: np.ndarray, y: np.ndarray, at: np.ndarray) -> np.ndarray:
     return out
 
 
-def _moe_us(profile: OperatorProfile, tokens: np.ndarray, experts: np.ndarray) -> np.ndarray:
-    """The MoE block at ``tokens`` tokens touching ``experts`` experts: linear in each axis."""
+def _moe_us(profile: OperatorProfile, spec: ModelSpec, tokens: np.ndarray) -> np.ndarray:
+    """The MoE block of steps of ``tokens`` tokens over the experts they touch (uniform routing), as kvemu
+    prices it (shared/moe_cost.py): linear in tokens, then in experts; one rank of ``--tp N`` at tokens / N
+    and experts / N (its simulator splits the experts over the ranks and looks each rank's share up)."""
     assert profile.moe is not None
-    rows = profile.moe
-    levels = np.unique(rows[:, 1])
-    at_level = []  # per profiled expert count, the block's time at each step's tokens
-    for e in levels:
-        sel = rows[rows[:, 1] == e]
-        order = np.argsort(sel[:, 0])
-        at_level.append(interp(sel[order, 0], sel[order, 2], tokens))
-    grid = np.array(at_level)  # levels x steps
-    return np.array([interp(levels, grid[:, i], np.array([experts[i]]))[0] for i in range(len(tokens))])
+    table, tp = MoeTable.of(profile.moe.tolist()), profile.tp
+    return np.array([table.us_at(t / tp, spec.touched_experts(int(t)) / tp) for t in tokens])
 
 
 def step_us(profile: OperatorProfile, spec: ModelSpec, tokens: np.ndarray, sequences: np.ndarray,
@@ -169,7 +165,7 @@ def step_us(profile: OperatorProfile, spec: ModelSpec, tokens: np.ndarray, seque
         if name in d and not (spec.moe and name in DENSE_MLP):
             layer += interp(*d[name], tokens) * (2 if name in TWICE else 1)
     if spec.moe:
-        layer += _moe_us(profile, tokens, np.array([spec.touched_experts(int(t)) for t in tokens]))
+        layer += _moe_us(profile, spec, tokens)
     once = sum(interp(*d[name], tokens) for name in ONCE)
     head = sum(interp(*profile.per_sequence[name], sequences) for name in ("lm_head", "sampler"))
     return spec.layers * layer + once + head

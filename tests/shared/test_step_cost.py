@@ -40,19 +40,20 @@ def test_a_chunk_rides_along_a_weight_bound_decode_step():
     assert both < alone + LLAMA.prefill_time(64) / 20  # not a second forward
 
 
-def test_moe_weights_are_the_experts_the_union_of_the_steps_tokens_touches():
+def test_moe_layers_read_the_experts_the_union_of_the_steps_tokens_touches():
     cm = CostModel.from_names("qwen3-coder-30b-a3b", "h200")
     m = cm.model
     bw = 4.8e12 * cm.efficiency.memory
-    per_expert = m.layers * m.expert_params * 2 / bw
-    base = (m.layers * m.layer_params(0) + m.vocab * m.hidden) * 2 / bw
+    base = (m.layers * m.layer_params(0) + m.vocab * m.hidden) * 2 / bw  # the weights but the routed experts
     step = StepWork.of([(3, 0), (2, 10)], decoders=4, decode_kv=0)  # 9 tokens in all
     touched = 128 * (1 - (1 - 8 / 128) ** 9)
-    assert cm.step_parts(step).weights == pytest.approx(base + touched * per_expert)
+    assert cm.step_parts(step).weights == pytest.approx(base)
+    # the fused-MoE layers: 17.04 us each and the touched experts at 0.822 x 4.8 TB/s (weight-bound at 9 tokens)
+    assert cm.step_parts(step).moe == pytest.approx(48 * (17.04e-6 + touched * m.expert_params * 2 / (0.822 * 4.8e12)))
     # more than the 8 experts one token touches, fewer than 9 x 8 (tokens share experts)
     assert 8 < touched < 72
     # separately, a 5-token prefill and a 4-decoder step read experts for 5 and for 4 tokens
-    assert cm.step_parts(step).weights < cm.prefill_parts(5, 0).weights + cm.decode_step_time(4, 0)
+    assert cm.step_parts(step).moe < cm.prefill_parts(5, 0).moe + cm.step_parts(StepWork(decoders=4)).moe
 
 
 def test_a_restore_inside_the_step_adds_nothing_and_one_outside_only_what_is_left():
