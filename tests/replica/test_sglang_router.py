@@ -6,13 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import signal
-import subprocess
-import sys
 import tempfile
 import time
-from pathlib import Path
 
 import pytest
 import xxhash
@@ -26,6 +21,7 @@ from shared import tokenizer
 from shared.serving import ServingSettings
 from tests.conftest import free_port
 from tests.support.procs import Proc, http, http_json
+from tests.support.sglang_router import SglangRouter
 
 MODEL = "qwen3-coder-30b-a3b"  # the replica's default --model
 
@@ -344,58 +340,6 @@ def test_an_http2_probe_is_one_line_in_the_log_not_a_traceback(caplog):
 
 
 # ---- the real sglang-router in front of two real replicas ---------------------------------------
-class Router:
-    """``python -m sglang_router.launch_router`` on loopback (its metrics too), in its own process
-    group, logging to a file shown when something fails."""
-
-    def __init__(self, worker_urls: list[str], log_dir: str) -> None:
-        self.port, self.metrics_port = free_port(), free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.metrics_url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        self.log_path = Path(log_dir) / "router.log"
-        self.log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *worker_urls,
-             "--policy", "cache_aware", "--host", "127.0.0.1", "--port", str(self.port),
-             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(self.metrics_port),
-             "--health-check-interval-secs", "2", "--shutdown-grace-period-secs", "1", "--log-level", "info"],
-            cwd=log_dir, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, "NO_COLOR": "1"})
-
-    def tail(self) -> str:
-        return self.log_path.read_text(errors="replace")[-4000:]
-
-    def wait_workers(self, n: int, model: str, timeout: float = 30.0) -> list[dict]:
-        deadline = time.monotonic() + timeout
-        last: object = None
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"sglang-router exited {self.proc.returncode}:\n{self.tail()}")
-            try:
-                status, body = http_json("GET", self.url + "/workers", timeout=2.0)
-            except OSError as exc:
-                last = exc
-            else:
-                last = body
-                workers = body.get("workers", []) if status == 200 and isinstance(body, dict) else []
-                if len(workers) == n and all(w["is_healthy"] and w["model_id"] == model for w in workers):
-                    return workers
-            time.sleep(0.1)
-        raise AssertionError(f"{n} healthy workers serving {model} not registered in {timeout}s (last: {last!r})"
-                             f"\n{self.tail()}")
-
-    def stop(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        self.log.close()
-
-
 def _replica(stack: contextlib.ExitStack, replica_id: str) -> Proc:
     port = free_port()
     proc = Proc(["-m", "replica", "--port", str(port), "--capacity-blocks", "4000", "--time-scale", "0",
@@ -411,7 +355,7 @@ def sglang_cluster():
     # every process is stopped (the stack unwinds) before its log folder goes, pass or fail
     with tempfile.TemporaryDirectory(prefix="kvemu-sglang-") as log_dir, contextlib.ExitStack() as stack:
         replicas = [_replica(stack, f"r{i}") for i in range(2)]
-        router = Router([r.url for r in replicas], log_dir)
+        router = SglangRouter(["--worker-urls", *[r.url for r in replicas], "--policy", "cache_aware"], log_dir)
         stack.callback(router.stop)
         router.wait_workers(2, MODEL)
         yield router, replicas

@@ -6,19 +6,14 @@ decoders answer, and nothing stays pinned or held afterwards."""
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
-import subprocess
-import sys
 import tempfile
-import time
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import free_port
 from tests.support.cluster import wait_for
 from tests.support.procs import Proc, cluster_auth, http_json
+from tests.support.sglang_router import SglangRouter
 
 pytestmark = pytest.mark.slow
 MODEL = "qwen3-coder-30b-a3b"
@@ -33,54 +28,11 @@ def _replica(stack: contextlib.ExitStack, replica_id: str, role: str, *extra: st
     return proc
 
 
-class PdRouter:
-    """``python -m sglang_router.launch_router --pd-disaggregation``: each prefill replica's bootstrap port
-    is its own HTTP port (kvemu runs no separate bootstrap server)."""
-
-    def __init__(self, prefill: list[Proc], decode: list[Proc], log_dir: str) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = Path(log_dir) / "router.log"
-        self.log = open(self.log_path, "wb")
-        args = [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
-                *[x for p in prefill for x in ("--prefill", p.url, str(p.port))],
-                *[x for d in decode for x in ("--decode", d.url)],
-                "--policy", "round_robin", "--host", "127.0.0.1", "--port", str(self.port),
-                "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
-                "--health-check-interval-secs", "2", "--shutdown-grace-period-secs", "1", "--log-level", "info"]
-        self.proc = subprocess.Popen(args, cwd=log_dir, stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True, env={**os.environ, "NO_COLOR": "1"})
-
-    def tail(self) -> str:
-        return self.log_path.read_text(errors="replace")[-4000:]
-
-    def wait_workers(self, n: int, timeout: float = 30.0) -> list[dict]:
-        deadline = time.monotonic() + timeout
-        last: object = None
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"sglang-router exited {self.proc.returncode}:\n{self.tail()}")
-            try:
-                status, body = http_json("GET", self.url + "/workers", timeout=2.0)
-                last = body
-                workers = body.get("workers", []) if status == 200 and isinstance(body, dict) else []
-                if len(workers) == n and all(w["is_healthy"] for w in workers):
-                    return workers
-            except OSError as exc:
-                last = exc
-            time.sleep(0.1)
-        raise AssertionError(f"{n} healthy workers not registered in {timeout}s (last: {last!r})\n{self.tail()}")
-
-    def stop(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        self.log.close()
+def pd_router(prefill: list[Proc], decode: list[Proc], log_dir: str) -> SglangRouter:
+    """sglang-router's P/D mode: each prefill replica's bootstrap port is its own HTTP port (kvemu runs no
+    separate bootstrap server)."""
+    return SglangRouter(["--pd-disaggregation", *[x for p in prefill for x in ("--prefill", p.url, str(p.port))],
+                         *[x for d in decode for x in ("--decode", d.url)], "--policy", "round_robin"], log_dir)
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +43,7 @@ def sglang_pd():
         # a decode replica asks a bootstrap (with the cluster token) only of the prefill replicas it was given
         peers = ",".join(f"127.0.0.1:{p.port}" for p in prefill)
         decode = [_replica(stack, f"decode-{i}", "decode", "--pd-peers", peers) for i in range(2)]
-        router = PdRouter(prefill, decode, log_dir)
+        router = pd_router(prefill, decode, log_dir)
         stack.callback(router.stop)
         workers = router.wait_workers(3)
         yield router, prefill, decode, workers
