@@ -24,15 +24,15 @@ def _group(expert_parallel: bool) -> DpGroup:
 
 
 def test_a_lockstep_step_is_the_slowest_rank_and_its_dummy_plus_the_all_to_alls():
-    # Per token: attention 64 params, router 8, one expert 48 (3 x 4 x 4): 120, of which the expert is 0.4.
-    # Rank 0 prefills 4 tokens; rank 1 is idle and runs a dummy batch of 1 token: the group computes 5 tokens.
-    # Rank 0 alone: weights (72 + 16 head + 48 x touched(4) = 48 x 1.875) = 178 B -> 0.178 s, products 4 x 240
-    # + 32 = 992 FLOP -> 0.0992 s, attention 6 pairs x 16 = 96 FLOP -> 0.0096 s: 0.1876 s.
-    # Under EP its 1 local expert is touched by 5 tokens: 48 x 2 (1 - 1/32) / 2 = 46.5 B in place of 90:
-    # weights 134.5 B -> 0.1345 s; expert products 5 x 1 / 2 = 2.5 in place of 4: 960 x (0.6 + 0.4 x 5/8) = 816,
-    # + 32 = 848 FLOP -> 0.0848 s. Rank 0: 0.1345 + 0.0096 = 0.1441 s.
-    # The dummy (1 decoder, 1 KV token): weights 72 + 16 + 46.5 = 134.5 B plus 8 B of KV -> 0.1425 s; products
-    # 240 x (0.6 + 0.4 x 5/2) + 32 + 16 = 432 FLOP -> 0.0432 s. Rank 1: 0.1425 s.
+    # Per token outside the experts: attention 64 params and router 8, 144 FLOP; LM head 16. The fused-MoE kernel
+    # (shared/moe_cost.py, no fixed cost at these efficiencies): max(experts x 48 B / 1,000 B/s, tokens x 96 FLOP /
+    # 10,000 FLOP/s). Rank 0 prefills 4 tokens; rank 1 is idle and runs a dummy batch of 1 token: 5 tokens in all.
+    # Rank 0 alone: weights 88 B -> 0.088 s (over products 4 x 144 + 32 = 608 FLOP, 0.0608 s), attention 6 pairs
+    # x 16 = 96 FLOP -> 0.0096 s, MoE max(touched(4) = 2 (1 - 1/16) = 1.875 x 0.048, 4 x 0.0096) = 0.09 s: 0.1876 s.
+    # Under EP its GPU gets 5 / 2 tokens' products and its 1 expert is touched by 5 tokens: MoE max(2 (1 - 1/32) / 2
+    # = 0.96875 x 0.048 = 0.0465, 2.5 x 0.0096 = 0.024) = 0.0465 s. Rank 0: 0.088 + 0.0096 + 0.0465 = 0.1441 s.
+    # The dummy (1 decoder, 1 KV token): weights 88 B plus 8 B of KV -> 0.096 s (products 144 + 32 + 16 = 192 FLOP,
+    # 0.0192 s), MoE the same 0.0465 s. Rank 1: 0.1425 s.
     # All-to-all, as vLLM's default backend: an all-gather and a reduce-scatter over the layer, each of the larger
     # rank's 4 tokens x hidden 4 x 1 byte = 16 bytes a rank, 32 in all. NCCL's ring over NVLink 4 picks LL: latency
     # 6.6 + 1 hop x 0.6 = 7.2 us, bandwidth min(141 GB/s LL cap, 370 / 2) x 2 / 1 = 282 GB/s (Simple: 11.8 us).
