@@ -16,8 +16,8 @@ lockstep. One rank's step, per DP rank (a ``--tp`` group of T GPUs, as the cost 
 
 The group's step is the slowest rank's plus the all-to-alls as vLLM's default backend runs them
 (``allgather_reducescatter``): per MoE layer a dispatch, an all-gather of every DP rank's hidden states
-(``t x hidden x dtype`` bytes a rank, the largest rank's ``t``: each ring step waits on its share), and a combine, a reduce-scatter
-of the same size, each priced by ``shared.collectives.all_gather_seconds`` on the GPU's link (NCCL's ring:
+(``t x hidden x dtype`` bytes a rank, the largest rank's ``t``: each ring step waits on its share), and a
+combine, a reduce-scatter of the same size, each priced by ``shared.collectives.all_gather_seconds`` on the GPU's link (NCCL's ring:
 per-call latency, then ``(D - 1) x t x hidden x dtype`` over the link's bus bandwidth). The bytes do not
 scale with top-k: every token goes to every rank, which runs its local experts over all of them. DeepEP's
 and pplx's dispatch (a token sent once to each rank holding one of its experts) is not modelled. An idle
@@ -26,7 +26,7 @@ part (``DUMMY_WORK``).
 
 Left out: expert load imbalance (routing is taken as uniform), the EPLB redundant experts, DeepEP's and
 pplx's kernels (their latencies differ from NCCL's), overlap of the all-to-all with computation (vLLM's
-dual-batch overlap), and layers that are dense in a MoE model (every layer is taken as MoE).
+dual-batch overlap). Dense layers of a MoE model (DeepSeek's first ones) run no MoE kernel and no collective.
 """
 
 from __future__ import annotations
@@ -89,4 +89,4 @@ class ExpertParallel:
         ranks of the largest rank's tokens' hidden states."""
         m = self.cost.model
         rank_bytes = max_rank_tokens * m.hidden * m.dtype_bytes
-        return DISPATCH_AND_COMBINE * m.layers * all_gather_seconds(self.cost.link, self.dp, rank_bytes)
+        return DISPATCH_AND_COMBINE * m.moe_layers * all_gather_seconds(self.cost.link, self.dp, rank_bytes)
