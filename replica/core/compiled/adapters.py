@@ -97,18 +97,18 @@ def _s3fifo_view(p: S3FIFOPolicy, pins: Mapping[int, int]) -> dict[str, Any]:
 
 # ---- Belady: a recorded next use per block; the heap holds the unpinned ones ----------------
 def _belady_params(p: BeladyPolicy) -> dict[str, int] | None:
-    return None if p._nu or p._heap else {}
+    return None if p._rec or p._heap else {}
 
 
 def _belady_load(p: BeladyPolicy, state: State) -> None:
     p.clear()
-    p._nu.update(state["next_use"])
+    p._rec.update(state["next_use"])
     p._rebuild()
 
 
 def _belady_view(p: BeladyPolicy, pins: Mapping[int, int]) -> dict[str, Any]:
     # the heap's layout is its own: what it would hand out is its live entries (an entry may repeat)
-    nu = p._nu
+    nu = p._rec
     return {"next_use": dict(nu), "live": {e for e in p._heap if nu.get(-e[1]) == -e[0] and -e[1] not in pins}}
 
 

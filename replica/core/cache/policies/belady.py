@@ -58,35 +58,45 @@ def _next_uses(acc: Access):
     return [(i, inf if nu is None else nu[i]) for i in idx]
 
 
-class BeladyPolicy(EvictionPolicy):
-    name = "belady"
+class _NextUseOracle(EvictionPolicy):
+    """What both oracles share: the simulator's next uses, pins, and a record per known block (``_rec``,
+    its latest next use) that a pin drops, so the block's heap entries are stale until its release."""
+
     needs_future = True
     takes_pins = True
     # a preempted request's uncomputed blocks stay (Scheduler._preempt): the compiled twin's next-use
     # order has no removal, and both pools must report the same
     drops_uncomputed = False
+    _rec: dict
 
     def __init__(self) -> None:
         self.clear()
 
-    def clear(self) -> None:
-        self._nu: dict[int, float] = {}  # block -> next use
-        self._heap: list[tuple[float, int]] = []  # (-next use, -block) of unpinned blocks: a max-heap
-
     def on_pin(self, hashes) -> None:
-        pop = self._nu.pop
+        pop = self._rec.pop
         for h in hashes:
             pop(h, None)  # its heap entries are stale from now on
+
+    def on_remove(self, h: int) -> None:
+        self._rec.pop(h, None)
+
+
+class BeladyPolicy(_NextUseOracle):
+    name = "belady"
+
+    def clear(self) -> None:
+        self._rec: dict[int, float] = {}  # block -> next use
+        self._heap: list[tuple[float, int]] = []  # (-next use, -block) of unpinned blocks: a max-heap
 
     def on_access(self, acc: Access) -> None:
         hashes, nu = acc.hashes, acc.next_use  # pinned now: enters the heap on release
         if _every_block(acc):  # C-level zips
-            self._nu.update(zip(hashes, repeat(inf) if nu is None else nu))
+            self._rec.update(zip(hashes, repeat(inf) if nu is None else nu))
         else:
-            self._nu.update((hashes[i], t) for i, t in _next_uses(acc))
+            self._rec.update((hashes[i], t) for i, t in _next_uses(acc))
 
     def on_release(self, hashes, now: float) -> None:
-        nu, heap = self._nu, self._heap
+        nu, heap = self._rec, self._heap
         for h in hashes:
             t = nu.get(h)
             if t is not None:
@@ -97,11 +107,11 @@ class BeladyPolicy(EvictionPolicy):
     def _rebuild(self) -> None:
         """The heap of every unpinned block's current next use: no stale entry left."""
         pinned = self.ctx.pinned
-        self._heap = [(-t, -h) for h, t in self._nu.items() if h not in pinned]
+        self._heap = [(-t, -h) for h, t in self._rec.items() if h not in pinned]
         heapify(self._heap)
 
     def victims(self, need: int) -> list[int]:
-        nu, heap, pinned = self._nu, self._heap, self.ctx.pinned
+        nu, heap, pinned = self._rec, self._heap, self.ctx.pinned
         out: list[int] = []
         while len(out) < need:
             if not heap:
@@ -114,20 +124,9 @@ class BeladyPolicy(EvictionPolicy):
             out.append(h)
         return out
 
-    def on_remove(self, h: int) -> None:
-        self._nu.pop(h, None)
 
-
-class BeladyComputePolicy(EvictionPolicy):
+class BeladyComputePolicy(_NextUseOracle):
     name = "belady_compute"
-    needs_future = True
-    takes_pins = True
-    # a preempted request's uncomputed blocks stay (Scheduler._preempt): the compiled twin's next-use
-    # order has no removal, and both pools must report the same
-    drops_uncomputed = False
-
-    def __init__(self) -> None:
-        self.clear()
 
     def clear(self) -> None:
         self._rec: dict[int, tuple[float, int]] = {}  # block -> (next use, depth)
@@ -149,11 +148,6 @@ class BeladyComputePolicy(EvictionPolicy):
             self._heaps.append([])
             self._ver.append(0)
             self._scored_t.append(-inf)
-
-    def on_pin(self, hashes) -> None:
-        pop = self._rec.pop
-        for h in hashes:
-            pop(h, None)  # its heap entries are stale from now on
 
     def on_access(self, acc: Access) -> None:
         hashes, nu = acc.hashes, acc.next_use  # pinned now: enters a heap on release
@@ -301,6 +295,3 @@ class BeladyComputePolicy(EvictionPolicy):
                     heappush(ranked, live)
                     break
         return out
-
-    def on_remove(self, h: int) -> None:
-        self._rec.pop(h, None)
