@@ -5,13 +5,14 @@ one batch). Its inputs (``StepWork``) are its prefill chunks (``n_i`` new tokens
 cached ones) and its decoders (``B`` sequences attending ``K`` KV tokens in all); ``T = sum n_i
 + B`` tokens. Over the layers, per GPU (``tp`` splits heads, MLP and weights):
 
-* weights, read once: every layer's (for MoE the experts the union of the step's ``T`` tokens
-  routes to) and the LM head, at ``memory`` x HBM bandwidth; plus the decoders' KV,
-  ``K x kv_bytes_per_token`` at ``decode_kv`` x HBM bandwidth;
-* products over all ``T`` tokens: ``2 x (attention projections + active MLP)`` FLOPs a token
+* weights, read once: every layer's (MoE: but the routed experts) and the LM head, at ``memory`` x HBM
+  bandwidth; plus the decoders' KV, ``K x kv_bytes_per_token`` at ``decode_kv`` x HBM bandwidth;
+* products over all ``T`` tokens: ``2 x (attention projections + MLP)`` FLOPs a token (MoE: no routed expert)
   (prefill tokens at ``linear`` x peak, decode tokens at ``decode_linear``), the LM head once
   a sequence, and the decoders' attention ``4 q_heads head_dim K`` FLOPs at ``attention`` x
   peak. The step takes whichever of the two is slower (a roofline);
+* MoE layers, kernels of their own: the fused-MoE layer as measured (shared/moe_cost.py) at the step's
+  ``T`` tokens and the experts they touch, over ``tp`` (each GPU a slice of every expert);
 * per prefill sequence, outside the roofline: its attention ``4 q_heads head_dim (n c +
   n(n-1)/2)`` FLOPs at ``attention`` x peak, and its cached prefix's K/V read, ``c x 2 q_heads
   head_dim dtype`` bytes (one copy per query head, as attention kernels without GQA sharing
@@ -587,9 +588,8 @@ class CostModel:
         return per_gpu / self._link.bus_bytes_per_s, per_gpu * self.tp
 
     def moe_layer_s(self, tokens: float, experts: float) -> float:
-        """One MoE layer on one GPU: ``tokens`` tokens' products over their experts, ``experts`` whole experts'
-        weights read (shared/moe_cost.py); 0.0 for a dense model. Under --tp a step asks at tokens / tp and
-        experts / tp (each GPU a slice of every expert); under expert parallelism, a rank at its own."""
+        """One MoE layer on one GPU over ``tokens`` tokens and ``experts`` whole experts (shared/moe_cost.py: what
+        --tp and expert parallelism ask it); 0.0 for a dense model."""
         kernel = self._moe_kernel
         return 0.0 if kernel is None else kernel.seconds(tokens, experts)
 
