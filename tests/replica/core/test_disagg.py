@@ -7,10 +7,12 @@ import pytest
 
 from replica.core.disagg import (
     DEFAULT_PD_LATENCY_S,
+    Nic,
     PdNetwork,
     PdSettings,
     Topology,
     check_role,
+    delivered_at,
     nic_gbps,
 )
 from shared.errors import InputError
@@ -221,25 +223,18 @@ def test_the_default_latency():
     assert net.finish(net.start(2.0, "p", "d", 3 * GB)) == 5.0 + 50e-6
 
 
-def test_one_sender_to_two_decoders_shares_the_senders_nic():
+# Two 1 GB transfers at 0 beside prefill-0 -> decode-0, over 1 GB/s NICs and 0.25 s of latency: each
+# takes 1 s alone, 2 s when the two share a NIC (a sender's or a receiver's).
+@pytest.mark.parametrize("src, dst, each_ends", [
+    ("prefill-0", "decode-1", 2.25),  # one sender to two decoders shares the sender's NIC
+    ("prefill-1", "decode-1", 1.25),  # two senders to two decoders do not share
+    ("prefill-1", "decode-0", 2.25),  # two senders into one decoder share the receiver's NIC
+])
+def test_two_transfers_share_a_nic_only_when_they_have_a_side_in_common(src, dst, each_ends):
     net = network()
     a = net.start(0.0, "prefill-0", "decode-0", GB)
-    b = net.start(0.0, "prefill-0", "decode-1", GB)
-    assert net.finish(a) == 2.25 and net.finish(b) == 2.25
-
-
-def test_two_senders_to_two_decoders_do_not_share():
-    net = network()
-    a = net.start(0.0, "prefill-0", "decode-0", GB)
-    b = net.start(0.0, "prefill-1", "decode-1", GB)
-    assert net.finish(a) == 1.25 and net.finish(b) == 1.25
-
-
-def test_two_senders_into_one_decoder_share_the_receivers_nic():
-    net = network()
-    a = net.start(0.0, "prefill-0", "decode-0", GB)
-    b = net.start(0.0, "prefill-1", "decode-0", GB)
-    assert net.finish(a) == 2.25 and net.finish(b) == 2.25
+    b = net.start(0.0, src, dst, GB)
+    assert net.finish(a) == each_ends and net.finish(b) == each_ends
 
 
 def test_one_started_halfway_through_another_on_the_same_sender():
@@ -309,3 +304,14 @@ def test_an_unknown_instance_is_refused():
         net.start(0.0, "prefill-9", "decode-0", GB)
     assert err.value.message == "no NIC for 'prefill-9'"
     assert net.transfers == 0 and net.stats(1.0) == {}
+
+
+def test_a_nic_is_one_shape_wherever_it_lives_and_a_transfer_is_delivered_when_its_later_side_is():
+    # the live replica holds its own Nic.of, the simulator's network one per instance: the same links
+    nic = Nic.of("decode-0", 5e10, 2e-5)
+    assert (nic.send.name, nic.recv.name) == ("decode-0:send", "decode-0:recv")
+    assert (nic.send.bandwidth, nic.recv.bandwidth, nic.send.latency_s, nic.recv.latency_s) == (5e10, 5e10, 2e-5, 2e-5)
+    net = PdNetwork(latency_s=2e-5)
+    net.add("decode-0", 5e10)
+    assert net.nics["decode-0"] == nic
+    assert delivered_at(2.0, 3.5) == delivered_at(3.5, 2.0) == 3.5
