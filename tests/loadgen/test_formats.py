@@ -248,13 +248,6 @@ def test_empty_file(tmp_path):
             assert exc.value.field == "file"
 
 
-def test_header_only_kvemu_file_is_empty(tmp_path):
-    path = tmp_path / "h.jsonl"
-    path.write_text('{"kvemu_trace": 1, "block_size": 16}\n')
-    with pytest.raises(TraceFormatError, match="no requests"):
-        read_trace(path)
-
-
 def test_missing_file(tmp_path):
     with pytest.raises(InputError) as exc:
         read_trace(tmp_path / "nope.jsonl")
@@ -262,10 +255,14 @@ def test_missing_file(tmp_path):
                               " trace name (mooncake-conversation, mooncake-synthetic)")
 
 
-def test_git_lfs_pointer(tmp_path):
-    path = tmp_path / "lfs.jsonl"
-    path.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:00\nsize 1\n")
-    with pytest.raises(TraceFormatError, match="Git LFS pointer"):
+@pytest.mark.parametrize("content, words", [
+    ('{"kvemu_trace": 1, "block_size": 16}\n', "no requests"),
+    ("version https://git-lfs.github.com/spec/v1\noid sha256:00\nsize 1\n", "Git LFS pointer"),
+], ids=["header-only-kvemu-file", "git-lfs-pointer"])
+def test_a_file_with_no_requests_says_what_it_is(tmp_path, content, words):
+    path = tmp_path / "t.jsonl"
+    path.write_text(content)
+    with pytest.raises(TraceFormatError, match=words):
         read_trace(path)
 
 
