@@ -36,8 +36,7 @@ def pool_groups(a) -> int:
     """How many pools up starts (0 without a shared level)."""
     if getattr(a, "shared", None) is None:
         return 0
-    per = a.shared.scope or a.topology.total
-    return -(-a.topology.total // per)
+    return len(a.shared.groups(a.topology.total))
 
 
 def pool_id(a, k: int) -> str:
@@ -56,8 +55,7 @@ def replica_shared_argv(a, i: int) -> list[str]:
     urls = getattr(a, "shared_pool_urls", None)
     if not urls:
         return []
-    per = a.shared.scope or a.topology.total
-    return ["--shared-pool-url", urls[i // per], *forward(STORE_OPTIONS, a)]
+    return ["--shared-pool-url", urls[a.shared.group_of(i, a.topology.total)], *forward(STORE_OPTIONS, a)]
 
 
 
@@ -69,9 +67,8 @@ def router_shared_argv(a) -> list[str]:
         return []
     if len(urls) == 1:
         return ["--shared-pool", urls[0]]
-    per, total = a.shared.scope, a.topology.total
     ids = [replica_id for replica_id, _ in a.topology.members()]
     out: list[str] = []
-    for k, url in enumerate(urls):
-        out += ["--shared-pool", f"{url}={','.join(ids[k * per:min((k + 1) * per, total)])}"]
+    for url, group in zip(urls, a.shared.groups(a.topology.total), strict=True):
+        out += ["--shared-pool", f"{url}={','.join(ids[group.start:group.stop])}"]
     return out

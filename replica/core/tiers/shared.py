@@ -32,11 +32,13 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
-from replica.core.cache.pool import Allocation, KvEvent
+from replica.core.cache.pool import Allocation, BlockPool, KvEvent
 from replica.core.cache.types import Lookup
+from replica.core.tiers.levels import Level, LevelPool
 from replica.core.tiers.link import Link
 from shared.errors import InputError
 from shared.validate import check_int, check_number
@@ -80,6 +82,20 @@ class SharedSettings:
         check_number("shared_nic_gbps", self.nic_gbps, above=0)
         check_number("shared_pool_gbps", self.pool_gbps, above=0)
         check_number("shared_ttfb_s", self.ttfb_s, minimum=0)
+
+    def groups(self, replicas: int) -> list[range]:
+        """The replicas each store serves, by position in id order (the one grouping the simulator and
+        ``kvemu up`` share): one store for all ``replicas`` (scope 0), or one per ``scope`` of them, the
+        last group the rest."""
+        per = self._group_size(replicas)
+        return [range(first, min(first + per, replicas)) for first in range(0, replicas, per)]
+
+    def group_of(self, replica: int, replicas: int) -> int:
+        """The store (its index in ``groups``) that the replica at position ``replica`` uses."""
+        return replica // self._group_size(replicas)
+
+    def _group_size(self, replicas: int) -> int:
+        return self.scope or max(replicas, 1)
 
 
 @dataclass(slots=True)
@@ -239,3 +255,52 @@ class SharedStore:
                 "write": self.settings.write, "writes": c.writes, "refused_writes": c.refused, "reads": c.reads,
                 "evictions": c.evictions, "bytes_moved": self.link.bytes_moved,
                 "nic_gbps": self.settings.nic_gbps, "pool_gbps": self.settings.pool_gbps}
+
+
+@dataclass(slots=True)
+class SharedLevel(Level):
+    """The shared store as the last level of one replica's stack (``TierStack``): ``serving`` is the store
+    every replica of its scope shares, ``link`` this replica's NIC to it. What it does otherwise than a
+    replica's own level: it is read at admission over both its links (the NIC and the store's aggregate),
+    never staged; written through (``write`` 'through') it takes what a finished request computed and no
+    evictions; its own evictions leave the cluster; it has no compiled twin; its events and figures are
+    the store's to publish (``SharedStore.stats``), not each replica's."""
+
+    pool_link: Link  # the store's aggregate link, which every replica's transfers to it cross too
+    settings: SharedSettings
+    shared: ClassVar[bool] = True
+
+    @property
+    def writes_through(self) -> bool:
+        return self.settings.write == "through"
+
+    @property
+    def staged_link(self) -> Link | None:
+        return None
+
+    def read_links(self) -> tuple[Link, ...]:
+        return (*Level.read_links(self), self.pool_link)
+
+    def write(self, now: float, nbytes: int) -> None:
+        Level.write(self, now, nbytes)
+        self.pool_link.start(now, nbytes)
+
+    def spill_into(self, sink: Callable[[Sequence[int]], None]) -> None:
+        return None
+
+    def through(self, hashes: Sequence[int], stored: Sequence[int]) -> Sequence[int]:
+        """LMCache's write-through: what the request computed, in chunks from depth 0 (its response's
+        blocks only where a chunk is one block: a longer chunk of them would be partial)."""
+        return [*hashes, *stored] if self.settings.chunk_blocks == 1 else hashes
+
+    def serve_with(self, twin: Callable[[str, BlockPool], LevelPool | None]) -> LevelPool | None:
+        return None  # one store for many replicas: no twin of its own
+
+    def drain_events(self) -> list[KvEvent]:
+        return []
+
+    def snapshot_events(self) -> list[KvEvent]:
+        return []
+
+    def report(self, out: dict) -> None:
+        out[f"{self.name}_blocks"] = self.serving.capacity

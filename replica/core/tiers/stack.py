@@ -48,9 +48,9 @@ from replica.core.cache.costs import DepthCosts
 from replica.core.cache.policies import make_policy, policy_class
 from replica.core.cache.pool import Allocation, BlockPool, KvEvent
 from replica.core.cache.types import Lookup
-from replica.core.tiers.levels import SSD_READ_GBPS, SSD_WRITE_GBPS, LevelSettings, level_kind
+from replica.core.tiers.levels import SSD_READ_GBPS, SSD_WRITE_GBPS, Level, LevelPool, LevelSettings, level_kind
 from replica.core.tiers.link import Link, Transfer
-from replica.core.tiers.shared import SharedSettings, SharedStore
+from replica.core.tiers.shared import SharedLevel, SharedSettings, SharedStore
 from shared.errors import InputError
 from shared.index.base import level_key, lower_run_counts
 from shared.validate import check_number
@@ -120,8 +120,8 @@ class TierSettings:
                               self.host_copy_overhead_s),
                 LevelSettings("ssd", self.ssd_blocks, self.ssd_policy, self.ssd_read_gbps, self.ssd_write_gbps),
                 *self.deeper,
-                *((LevelSettings("shared", self.shared.blocks, "lru", self.shared.nic_gbps / 8,
-                                 self.shared.nic_gbps / 8),) if self.shared is not None else ()))
+                *((LevelSettings("shared", self.shared.blocks, "lru", self.shared.nic_gbps / 8, self.shared.nic_gbps / 8,
+                                 latency_s=self.shared.ttfb_s),) if self.shared is not None else ()))
 
     @property
     def enabled(self) -> bool:
@@ -176,25 +176,6 @@ class TierCounters:
         return sum(self.hits[1:])
 
 
-class LevelPool(Protocol):
-    """What the stack asks of a level's pool: the ``BlockPool`` itself, or its compiled twin
-    (``replica.core.compiled.pool.CompiledPool``, which the simulator puts in its place)."""
-
-    capacity: int
-
-    @property
-    def pinned(self) -> int: ...
-    @property
-    def held(self) -> Container[int]: ...
-    def admit(self, hashes: Sequence[int], now: float = 0.0) -> None: ...
-    def acquire(self, lookup: Lookup) -> Allocation: ...
-    def release(self, alloc: Allocation, now: float = 0.0) -> None: ...
-    def remove(self, hashes: Sequence[int], computed: bool = True) -> None: ...
-    def absent(self, hashes: Sequence[int]) -> list[int]: ...
-    def admit_absent(self, hashes: Sequence[int], now: float = 0.0) -> list[int]: ...
-    def settle(self) -> BlockPool: ...
-
-
 class LevelQueries(Protocol):
     """What the stack asks of all its levels at once, level positions in the stack's order."""
 
@@ -235,34 +216,6 @@ class HeldLevels:
         return lower_run_counts(hashes, start, self.held)  # the one definition (indexes use it too)
 
 
-@dataclass(slots=True)
-class Level:
-    """One level below HBM as the stack runs it: ``serving`` takes its calls and ``held`` answers
-    what it holds (the ``BlockPool`` and its resident map, or the pool's compiled twin in both
-    places, see ``TierStack.serve_levels_with``); ``pool`` is the ``BlockPool``, current."""
-
-    index: int  # 1: next to HBM
-    name: str
-    serving: LevelPool
-    link: Link | None  # its own link up; None: host memory, whose link is the device link
-    write_bw: float  # bytes/s a write down to it takes on ``link``
-    # the shared store's aggregate link, which every replica's transfers to it cross too (None: own level)
-    pool_link: Link | None = None
-
-    @property
-    def shared(self) -> bool:
-        return self.pool_link is not None
-
-    @property
-    def held(self) -> Container[int]:
-        return self.serving.held
-
-    @property
-    def pool(self) -> BlockPool:
-        """The level's ``BlockPool``, with what its compiled twin reached written into it."""
-        return self.serving.settle()
-
-
 class TierStack:
     """The levels below one HBM pool; see the module docstring."""
 
@@ -287,10 +240,8 @@ class TierStack:
         self.names = [lv.kind for lv in configured]  # level k is names[k - 1]
         # One link per level behind host memory (one drive: its writes compete with its reads); a
         # level configured without capacity keeps its link, so every link is reported (0 bytes).
-        self._links = {lv.kind: Link(lv.kind, lv.read * GB, lv.per_copy_s)
+        self._links = {lv.kind: Link(lv.kind, lv.read * GB, lv.per_copy_s, lv.latency_s)
                        for lv in configured if not level_kind(lv.kind).host_memory}
-        if settings.shared is not None:  # a read starts with the store's metadata round trip
-            self._links["shared"].latency_s = settings.shared.ttfb_s
         # The levels that hold blocks, in order: where demotions go.
         self.levels = [self._level(k, lv, emit_events, shared) for k, lv in enumerate(configured, 1) if lv.blocks > 0]
         self._now = 0.0
@@ -299,17 +250,18 @@ class TierStack:
         self.copies: TierCopies | None = None  # a backend with real K/V executes the moves
         hbm.evicted_sink = self._hbm_evicted
         for k, level in enumerate(self.levels):
-            if not level.shared:  # the shared store's evictions leave the cluster
-                level.pool.evicted_sink = self._spiller(level, self.levels[k + 1] if k + 1 < len(self.levels) else None)
+            level.spill_into(self._spiller(level, self.levels[k + 1] if k + 1 < len(self.levels) else None))
+        self._through = [level for level in self.levels if level.writes_through]  # written as requests finish
         self.queries: LevelQueries = HeldLevels([lv.held for lv in self.levels])
 
     def _level(self, k: int, lv: LevelSettings, emit_events: bool, shared: SharedStore | None) -> Level:
-        if lv.kind != "shared":
-            return Level(k, lv.kind, BlockPool(lv.blocks, make_policy(lv.policy), emit_events=emit_events),
-                         self._links.get(lv.kind), lv.write * GB)
-        if shared is None:
+        link = self._links.get(lv.kind)
+        if not level_kind(lv.kind).given:
+            return Level(k, lv.kind, BlockPool(lv.blocks, make_policy(lv.policy), emit_events=emit_events), link,
+                         lv.write * GB)
+        if shared is None or self.settings.shared is None:
             raise InputError("shared", "a shared level needs its store: the simulator or the pool service gives it")
-        return Level(k, lv.kind, cast(LevelPool, shared), self._links["shared"], lv.write * GB, shared.link)
+        return SharedLevel(k, lv.kind, cast(LevelPool, shared), link, lv.write * GB, shared.link, self.settings.shared)
 
     @property
     def shared(self) -> Level | None:
@@ -323,11 +275,8 @@ class TierStack:
         where every level has one, ``queries`` of their list answers the stack's ``LevelQueries``."""
         twins = []
         for level in self.levels:
-            if level.shared:  # one store for many replicas: no twin of its own
-                continue
-            fast = twin(level.name, level.pool)
+            fast = level.serve_with(twin)
             if fast is not None:
-                level.serving = fast
                 twins.append(fast)
         self.queries = queries(twins) if twins and len(twins) == len(self.levels) \
             else HeldLevels([lv.held for lv in self.levels])
@@ -348,20 +297,11 @@ class TierStack:
     # ---- events (a router's index learns what each level holds) ---------------------
     def drain_events(self) -> list[KvEvent]:
         """The level pools' ``stored`` / ``removed`` events since the last drain, tagged with their level index."""
-        # the shared store's residency is the store's to publish, not each replica's
-        return [KvEvent(e.kind, e.hashes, lv.index) for lv in self.levels if not lv.shared
-                for e in lv.pool.drain_events()]
+        return [e for lv in self.levels for e in lv.drain_events()]
 
     def snapshot_events(self) -> list[KvEvent]:
         """``stored`` of every block each level holds (a resync), dropping the events not yet drained."""
-        out = []
-        for lv in self.levels:
-            if lv.shared:
-                continue
-            lv.pool.drain_events()
-            if lv.pool.resident:
-                out.append(KvEvent("stored", tuple(lv.pool.resident), lv.index))
-        return out
+        return [e for lv in self.levels for e in lv.snapshot_events()]
 
     @property
     def capacity(self) -> int:
@@ -377,7 +317,7 @@ class TierStack:
 
     def _hbm_evicted(self, victims: Sequence[int]) -> None:
         if self.settings.mode == "exclusive" and victims:
-            if not self.levels or self._written_through(self.levels[0]):
+            if not self.levels or self.levels[0].writes_through:
                 self.counters.dropped += len(victims)
                 return
             self.counters.demoted += len(victims)
@@ -386,24 +326,19 @@ class TierStack:
     def _spiller(self, level: Level, below: Level | None) -> Callable[[Sequence[int]], None]:
         """A level's eviction sink: on to the level below, or out of the hierarchy from the last."""
         def spill(victims: Sequence[int]) -> None:
-            if below is None or self._written_through(below):
+            if below is None or below.writes_through:
                 self.counters.dropped += len(victims)
             else:
                 self._store(below, victims, level.name)
         return spill
 
-    def _written_through(self, level: Level) -> bool:
-        """A shared store written through (at prefill) takes no evictions: what it should hold it got."""
-        return level.shared and self.settings.shared is not None and self.settings.shared.write == "through"
-
     def released(self, hashes: Sequence[int], stored: Sequence[int], now: float) -> None:
         """A request finished (its prompt's ``hashes``, then the response blocks it ``stored``). Without
         HBM caching its blocks no other request holds leave HBM for the tiers below (written down
         first in exclusive mode)."""
-        shared = self.shared
-        if shared is not None and self.settings.shared is not None and self.settings.shared.write == "through":
-            self._now = max(self._now, now)  # LMCache's write-through: what it computed, in chunks from depth 0
-            self._store(shared, [*hashes, *stored] if self.settings.shared.chunk_blocks == 1 else hashes, "hbm")
+        for level in self._through:  # a level written through (the shared store's 'through'): what it computed
+            self._now = max(self._now, now)
+            self._store(level, level.through(hashes, stored), "hbm")
         if self.settings.hbm_caching:  # the default: nothing to do, so nothing joined
             return
         self._now = max(self._now, now)
@@ -426,10 +361,7 @@ class TierStack:
         levels = self.levels
         if level is levels[0]:  # from HBM (through host memory when there is no host level)
             self.d2h.start(self._now, nbytes, copies=len(new))
-        if level.link is not None:
-            level.link.start(self._now, nbytes, rate=level.write_bw)
-        if level.pool_link is not None:
-            level.pool_link.start(self._now, nbytes)
+        level.write(self._now, nbytes)
         if room > 0 and self.copies is not None:
             self.copies.copy(src, level.name, [h for h in new[:room] if h in held])
         if len(new) > room:  # no room even after evicting: on to the next level, or gone
@@ -449,8 +381,8 @@ class TierStack:
             return
         self._now = max(self._now, now)
         for k, first, end in self.queries.runs(hashes, self.hbm_lookup.missing(hashes)):
-            link = levels[k].link
-            if link is None or levels[k].shared:  # the shared store is read at admission, over both its links
+            link = levels[k].staged_link
+            if link is None:
                 continue
             todo = [h for h in hashes[first:end] if h not in staged]
             if todo:
@@ -551,14 +483,14 @@ class TierStack:
         read of what was not staged (the staged reads go on), and the copy into HBM beside it
         (pipelined: the restore is ready when the later of the two ends)."""
         nbytes = len(run) * self.block_bytes
-        if level.link is not None:
+        links = level.read_links()
+        if links:
             unstaged = sum(1 for h in run if h not in plan.staged)
             if unstaged:
-                for link in (level.link, level.pool_link):  # the shared store's aggregate too
-                    if link is not None:
-                        tr = link.start(self._now, unstaged * self.block_bytes)
-                        plan.started.append((link, tr))
-                        plan.waits.append((link, tr))
+                for link in links:
+                    tr = link.start(self._now, unstaged * self.block_bytes)
+                    plan.started.append((link, tr))
+                    plan.waits.append((link, tr))
             plan.waits.extend(reads)
         tr = self.h2d.start(self._now, nbytes, copies=len(run))
         plan.started.append((self.h2d, tr))
@@ -571,12 +503,11 @@ class TierStack:
         read (the staged ``reads`` still to come, and a read of ``unstaged`` blocks, default all)."""
         now, bb = self._now, self.block_bytes
         host = self.h2d.estimate(now, blocks * bb, copies=blocks)
-        if level.link is None:
+        links = level.read_links()
+        if not links:
             return host
         todo = blocks if unstaged is None else unstaged
-        read = level.link.estimate(now, todo * bb) if todo else 0.0
-        if todo and level.pool_link is not None:  # the shared store's aggregate, as busy as the cluster makes it
-            read = max(read, level.pool_link.estimate(now, todo * bb))
+        read = max(link.estimate(now, todo * bb) for link in links) if todo else 0.0
         staged = max((link.finish(tr) - now for link, tr in reads), default=0.0)
         return max(read, staged, host)
 
@@ -614,9 +545,5 @@ class TierStack:
             "dropped_blocks": c.dropped, "bytes_moved": {link.name: link.bytes_moved for link in self.links()},
         })
         for lv in self.levels:
-            out[f"{lv.name}_blocks"] = lv.serving.capacity
-            if lv.shared:  # the store's own figures are the store's (SharedStore.stats)
-                continue
-            out[f"{lv.name}_used_blocks"] = lv.pool.used
-            out[f"{lv.name}_policy"] = lv.pool.policy.name
+            lv.report(out)
         return out

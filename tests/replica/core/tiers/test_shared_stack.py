@@ -229,3 +229,11 @@ def test_the_stores_events_are_not_a_replicas():
     _, b = replica(store, emit_events=True)
     b.released([7], [], 2.0)  # nothing of B's own either way
     assert b.drain_events() == []
+
+
+def test_the_stores_group_replicas_in_id_order_by_scope():
+    # the one grouping the simulator and `kvemu up` share: scope 0 one store, scope k one per k replicas
+    assert SharedSettings(10).groups(5) == [range(0, 5)]
+    assert [SharedSettings(10).group_of(i, 5) for i in range(5)] == [0, 0, 0, 0, 0]
+    assert SharedSettings(10, scope=2).groups(5) == [range(0, 2), range(2, 4), range(4, 5)]
+    assert [SharedSettings(10, scope=2).group_of(i, 5) for i in range(5)] == [0, 0, 1, 1, 2]
