@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from replica.runtime import SETTINGS
-from shared.auth import bearer_ok
+from shared.auth import bearer_ok, unauthorized
 
 
 def require_admin(request: web.Request) -> None:
@@ -14,6 +14,6 @@ def require_admin(request: web.Request) -> None:
     if not token:
         raise web.HTTPForbidden(reason="admin endpoints are disabled: start the replica with an admin token")
     if not bearer_ok(request, token):
-        raise web.HTTPUnauthorized(reason="missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+        raise unauthorized("missing or wrong bearer token")
 
 

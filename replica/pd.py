@@ -16,7 +16,8 @@ legs, as vLLM's NIXL connector expects:
    presenting the transfer's own credential (below). The prefill replica prices ``bytes`` on its NIC's
    send ``Link`` and answers when they are sent (``{"ok": true, "send_s"}``), releasing the held blocks;
    meanwhile the decode replica prices the
-   same bytes on its own receive ``Link``. The KV is delivered when both are done; the request then
+   same bytes on its own receive ``Link``. The KV is delivered when both are done (``disagg.delivered_at``, the
+   simulator's rule too); the request then
    computes its last prompt token and decodes (``Scheduler.remote_arrived``). A pull that fails (prefill instance
    unreachable, the request unknown to it, any other error) or a reservation that does not fit falls back
    to a local prefill, counted by reason.
@@ -38,7 +39,6 @@ most ``--pd-hold-share`` of the pool (replica/pd_share.py), and ``/health`` says
 from __future__ import annotations
 
 import asyncio
-import hmac
 import secrets
 import socket
 import uuid
@@ -48,11 +48,13 @@ from dataclasses import dataclass, field
 import aiohttp
 from prometheus_client import CollectorRegistry, Histogram
 
+from replica.core.disagg import Nic, delivered_at
 from replica.core.sched.sched_types import SchedRequest
 from replica.core.tiers.link import Link
 from replica.engine import Engine, Handle
 from replica.pd_share import EXHAUSTED_AT, HoldNames, HoldShares
 from replica.settings import ReplicaSettings
+from shared.auth import bearer_header, bearer_matches
 from shared.errors import InputError
 from shared.protocol import KV_PARAMS, TRANSFER_TOKEN, KvTransferParams
 
@@ -102,7 +104,7 @@ class PdCounters:
 
 
 class PdRuntime:
-    """One replica's P/D state: its NIC (a ``Link`` per direction, the one link model), the prefills it
+    """One replica's P/D state: its NIC (``disagg.Nic``, as the simulator's network has it), the prefills it
     holds for a pull, the pulls it makes as a decode instance, and what both count."""
 
     def __init__(self, settings: ReplicaSettings, engine: Engine, kv_bytes_per_token: int,
@@ -110,9 +112,7 @@ class PdRuntime:
         self.settings = settings
         self.engine = engine
         self.kv_bytes_per_token = kv_bytes_per_token
-        bw, latency = settings.nic_bytes_per_s(), settings.pd.link_latency_s
-        self.send = Link(f"{settings.replica_id}:send", bw, latency_s=latency)
-        self.recv = Link(f"{settings.replica_id}:recv", bw, latency_s=latency)
+        self.nic = Nic.of(settings.replica_id, settings.nic_bytes_per_s(), settings.pd.link_latency_s)
         self.sent_transfers = self.recv_transfers = 0
         self.held: dict[str, Held] = {}
         self.counters = PdCounters()
@@ -153,7 +153,7 @@ class PdRuntime:
     def may_pull(self, rid: str, given: str) -> bool:
         """Whether ``Authorization`` value ``given`` opens the pull of held request ``rid``: its own credential."""
         held = self.held.get(rid)
-        return held is not None and hmac.compare_digest(given.encode(), f"Bearer {held.token}".encode())
+        return held is not None and bearer_matches(given, held.token)
 
     def engine_tp(self) -> int:
         from shared.costmodel import split_tp
@@ -225,9 +225,9 @@ class PdRuntime:
             raise KeyError(rid)
         try:
             start = self.engine.clock()
-            tr = self.send.start(start, nbytes)
+            tr = self.nic.send.start(start, nbytes)
             self.sent_transfers += 1
-            end = await self.engine.until(lambda: self.send.finish(tr))
+            end = await self.engine.until(lambda: self.nic.send.finish(tr))
         finally:  # whatever happens to the pull (the decoder left, shutdown), the blocks go back
             self.engine.release_held(held.req)
         return end - start
@@ -260,17 +260,17 @@ class PdRuntime:
         req = handle.req
         nbytes = self.transfer_bytes(req)
         start = self.engine.clock()
-        tr = self.recv.start(start, nbytes)
+        tr = self.nic.recv.start(start, nbytes)
         self.recv_transfers += 1
         self.counters.waiting_for_kv += 1
         try:
             (why, send_s), end = await asyncio.gather(self._post_pull(params, nbytes),
-                                                      self.engine.until(lambda: self.recv.finish(tr)))
+                                                      self.engine.until(lambda: self.nic.recv.finish(tr)))
         finally:
             self.counters.waiting_for_kv -= 1
         if why is not None:
             return why
-        delivered = max(end, start + send_s)
+        delivered = delivered_at(start + send_s, end)
         self.engine.arrived(handle, delivered)
         wait = handle.kv_arrived - req.arrival
         c = self.counters
@@ -290,8 +290,7 @@ class PdRuntime:
         host = params.remote_host or ""
         url = f"http://{f'[{host}]' if ':' in host else host}:{params.remote_port}/kv/pull"
         # the hold's own credential, never the cluster token: the address came from a request
-        token = params.transfer_token
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        headers = bearer_header(params.transfer_token)
         body = {"remote_request_id": params.remote_request_id, "bytes": nbytes, "decoder": self.settings.replica_id}
         assert self.session is not None, "the app's pd_ctx opens the session"
         timeout = aiohttp.ClientTimeout(total=self.settings.pd_hold_timeout_s + 60, sock_connect=10)
@@ -321,10 +320,10 @@ class PdRuntime:
         """``/stats``' ``pd`` part."""
         s, c = self.settings, self.counters
         return {
-            "role": s.role, "link_gbps": self.send.bandwidth * 8 / 1e9, "link_latency_us": s.pd.link_latency_s * 1e6,
+            "role": s.role, "link_gbps": self.nic.send.bandwidth * 8 / 1e9, "link_latency_us": s.pd.link_latency_s * 1e6,
             "transfer": s.pd.transfer, "hold_timeout_s": s.pd_hold_timeout_s, "response_kv": s.stored_response_kv,
-            "send": self.link_stats(self.send, self.sent_transfers),
-            "recv": self.link_stats(self.recv, self.recv_transfers),
+            "send": self.link_stats(self.nic.send, self.sent_transfers),
+            "recv": self.link_stats(self.nic.recv, self.recv_transfers),
             "held_requests": len(self.held), "held_blocks": self.held_blocks, "held_total": c.held_total,
             "expired": c.expired, "released": c.released, "hold_share": self.shares.stats(),
             "pulls_unknown": c.pulls_unknown, "remote_requests": c.remote_requests,

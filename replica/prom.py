@@ -128,7 +128,7 @@ class ReplicaCollector:
         for name in ("both", "prefill", "decode"):
             role.add_metric([*values, name], float(self.state.settings.role == name))
         yield role
-        stats = {"send": pd.link_stats(pd.send, pd.sent_transfers), "recv": pd.link_stats(pd.recv, pd.recv_transfers)}
+        stats = {"send": pd.link_stats(pd.nic.send, pd.sent_transfers), "recv": pd.link_stats(pd.nic.recv, pd.recv_transfers)}
         for name, doc, key, kind in (
                 ("kvemu:pd_transfers", "KV transfers per NIC direction (send: pulls served as a prefill instance;"
                  " recv: KV received as a decode instance).", "transfers", CounterMetricFamily),

@@ -36,7 +36,7 @@ from aiohttp import web
 from replica.engine import Handle
 from replica.runtime import RUNTIME, SETTINGS
 from shared import protocol
-from shared.auth import require_cluster_token
+from shared.auth import bearer_header, require_cluster_token
 from shared.errors import InputError
 from shared.protocol import BOOTSTRAP_FIELDS, KV_PARAMS, KvTransferParams, parse_params
 
@@ -134,8 +134,7 @@ async def _fetch_room(request: web.Request, host: str, port: int, room: int) -> 
         raise InputError(ROOM, "this decode replica asks a bootstrap only of the prefill replicas it was given:"
                                " start it with --pd-peers naming them (HOST:PORT, comma-separated)")
     state.pd.check_peer(host, port, HOST)
-    token = settings.serving.cluster_token
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    headers = bearer_header(settings.serving.cluster_token)
     session = state.pd.session
     assert session is not None, "the app's pd_ctx opens the session"
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}/kv/bootstrap"

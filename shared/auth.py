@@ -20,11 +20,31 @@ from aiohttp import web
 from shared.runtime_dir import cluster_token_path
 
 
+def bearer(token: str) -> str:
+    """The ``Authorization`` value that presents ``token``: the one spelling every side sends and checks."""
+    return f"Bearer {token}"
+
+
+def bearer_header(token: str | None) -> dict[str, str]:
+    """The headers that present ``token`` to another process (none without one)."""
+    return {"Authorization": bearer(token)} if token else {}
+
+
+def bearer_matches(given: str, token: str) -> bool:
+    """Whether an ``Authorization`` value presents ``token``, compared in constant time."""
+    return hmac.compare_digest(given.encode(), bearer(token).encode())
+
+
+def unauthorized(reason: str) -> web.HTTPUnauthorized:
+    """The 401 that asks for a bearer token (``reason``: what to send)."""
+    return web.HTTPUnauthorized(reason=reason, headers={"WWW-Authenticate": "Bearer"})
+
+
 def bearer_ok(request: web.Request, *tokens: str | None) -> bool:
     """The one bearer-token check: ``Authorization: Bearer <t>`` for one of the configured
     ``tokens`` (None or empty ones never match), compared in constant time."""
-    given = request.headers.get("Authorization", "").encode()
-    return any(t and hmac.compare_digest(given, f"Bearer {t}".encode()) for t in tokens)
+    given = request.headers.get("Authorization", "")
+    return any(t and bearer_matches(given, t) for t in tokens)
 
 
 def require_cluster_token(request: web.Request, token: str | None) -> None:
@@ -36,8 +56,7 @@ def require_cluster_token(request: web.Request, token: str | None) -> None:
                                        " --cluster-token or KVEMU_CLUSTER_TOKEN (from the command line it finds or"
                                        " makes the shared one in its runtime directory)")
     if not bearer_ok(request, token):
-        raise web.HTTPUnauthorized(reason=missing_token_reason(request, "internal endpoint"),
-                                   headers={"WWW-Authenticate": "Bearer"})
+        raise unauthorized(missing_token_reason(request, "internal endpoint"))
 
 
 def missing_token_reason(request: web.Request, what: str) -> str:
@@ -56,8 +75,7 @@ def wants_raw_sessions(request: web.Request, token: str | None) -> bool:
     if not token:
         raise web.HTTPForbidden(reason="sessions=raw needs a cluster token (start with --cluster-token)")
     if not bearer_ok(request, token):
-        raise web.HTTPUnauthorized(reason=missing_token_reason(request, "sessions=raw"),
-                                   headers={"WWW-Authenticate": "Bearer"})
+        raise unauthorized(missing_token_reason(request, "sessions=raw"))
     return True
 
 

@@ -166,10 +166,22 @@ class PdTransfer:
 
 @dataclass(slots=True)
 class Nic:
-    """One instance's NIC: a ``Link`` per direction."""
+    """One instance's NIC: a ``Link`` per direction (the simulator's network holds every instance's, a live
+    replica its own)."""
 
     send: Link
     recv: Link
+
+    @classmethod
+    def of(cls, replica_id: str, bytes_per_s: float, latency_s: float) -> Nic:
+        return cls(Link(f"{replica_id}:send", bytes_per_s, latency_s=latency_s),
+                   Link(f"{replica_id}:recv", bytes_per_s, latency_s=latency_s))
+
+
+def delivered_at(send_end: float, recv_end: float) -> float:
+    """A KV transfer is delivered when both of its sides are done: the later of the sender's and the
+    receiver's finish (each priced on its own NIC direction)."""
+    return max(send_end, recv_end)
 
 
 @dataclass(slots=True)
@@ -184,8 +196,7 @@ class PdNetwork:
     since: float = 0.0  # when the network started (utilisation's denominator)
 
     def add(self, replica_id: str, bytes_per_s: float) -> None:
-        self.nics[replica_id] = Nic(Link(f"{replica_id}:send", bytes_per_s, latency_s=self.latency_s),
-                                    Link(f"{replica_id}:recv", bytes_per_s, latency_s=self.latency_s))
+        self.nics[replica_id] = Nic.of(replica_id, bytes_per_s, self.latency_s)
 
     def start(self, now: float, src: str, dst: str, nbytes: int) -> PdTransfer:
         if src not in self.nics or dst not in self.nics:
@@ -199,7 +210,7 @@ class PdNetwork:
         delay it: ask again when the projected time comes)."""
         if tr.end >= 0:
             return tr.end
-        return max(self.nics[tr.src].send.finish(tr.send), self.nics[tr.dst].recv.finish(tr.recv))
+        return delivered_at(self.nics[tr.src].send.finish(tr.send), self.nics[tr.dst].recv.finish(tr.recv))
 
     def settle(self, tr: PdTransfer, now: float) -> bool:
         """True when ``tr`` is delivered by ``now`` (both links settled to it): then ``tr.end`` is known."""

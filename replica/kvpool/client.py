@@ -32,6 +32,7 @@ import aiohttp
 
 from replica.core.tiers.shared import SharedSettings
 from replica.kvpool.mirror import MirrorStore
+from shared.auth import bearer_header
 from shared.errors import KvemuError
 
 log = logging.getLogger("kvemu.replica.shared_pool")
@@ -76,7 +77,7 @@ class PoolClient:
         self.url = url.rstrip("/")
         self.mirror = mirror
         self.replica_id = replica_id
-        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.headers = bearer_header(token)
         self.clock = clock
         self.state = "connecting"  # ok | unreachable
         self.epoch = ""
