@@ -32,4 +32,10 @@ def gpu_setting(args) -> str:
         load_profile(base)  # a bad file fails here, naming the flag
     else:
         get_gpu(base)
+    return with_tp(base, tp)
+
+
+def with_tp(base: str, tp: int) -> str:
+    """``NAME@tpN`` (``NAME`` alone for one GPU): how ``--tp`` travels inside the gpu setting, the inverse of
+    ``shared.costmodel.split_tp``."""
     return base if tp == 1 else f"{base}@tp{tp}"

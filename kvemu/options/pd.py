@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+from kvemu.options.gpu import with_tp
 from kvemu.options.option import Option, add_options
 from replica.core.disagg import (
     DEFAULT_PD_DECIDER,
@@ -30,7 +31,7 @@ from replica.core.disagg import (
     Topology,
 )
 from router.strategies import strategy_spec
-from shared.costmodel import CostModel
+from shared.costmodel import CostModel, split_tp
 from shared.errors import InputError, KvemuError
 from shared.validate import check_number
 
@@ -132,12 +133,11 @@ def _shape(args, role: str, gpu: str, cost_of, block_size: int, tiers_for) -> Po
     gib, host = getattr(args, f"{role}_capacity_gib"), getattr(args, f"{role}_host_cache_gib")
     if tp is not None and tp < 1:
         raise InputError(f"--{role}-tp", f"must be an integer >= 1, got {tp}")
-    base = pool_gpu or gpu.split("@tp")[0]
+    cluster_base, cluster_tp = split_tp(gpu)
     if tp is None and pool_gpu is None:
         resolved = gpu
     else:
-        tp = tp or (int(gpu.split("@tp")[1]) if "@tp" in gpu and pool_gpu is None else 1)
-        resolved = base if tp == 1 else f"{base}@tp{tp}"
+        resolved = with_tp(pool_gpu or cluster_base, tp or (cluster_tp if pool_gpu is None else 1))
     try:
         cost: CostModel = cost_of(resolved)  # an unknown preset fails here, naming it and the flag
     except KvemuError as exc:

@@ -381,3 +381,11 @@ def test_capacity_blocks_under_radix_is_blocks_of_16_tokens_for_up_and_its_repli
                              " tokens: the pool holds 1 (1,024 tokens)"]
     blocks = child_settings(up_cmdlines(up_args(["--capacity-blocks", "100"]))[0])
     assert (blocks.capacity_blocks, blocks.resolved_capacity_blocks()) == (100, 100)
+
+
+def test_the_tp_suffix_is_written_and_read_by_one_pair():
+    from kvemu.options.gpu import with_tp
+    from shared.costmodel import split_tp
+
+    assert with_tp("h200", 1) == "h200" and with_tp("h200", 4) == "h200@tp4"
+    assert split_tp(with_tp("h100", 2)) == ("h100", 2) and split_tp("h100") == ("h100", 1)
