@@ -57,21 +57,37 @@ import aiohttp
 import msgpack
 from aiohttp import web
 
-from router.cluster import ReplicaHandle, unexhausted
-from router.strategies import NoHealthyReplica, RouteRequest, RoutingStep
+from router.cluster import ReplicaHandle
+from router.request_path import (
+    NoAnswer,
+    Pool,
+    RequestContext,
+    Rewrite,
+    Target,
+    answer_from,
+    exchange,
+    read_body,
+    record_prediction,
+    relay,
+    try_pool,
+)
 from router.strategies.base import cached_blocks
-from router.upstream import ReplicaBusy, ReplicaFailed, Watch, check_status, failure, no_replica_answer, pass_stream
+from router.upstream import ReplicaBusy, UpstreamRefused
 from shared import protocol
 from shared.errors import InputError
 from shared.hashing import reusable_prefix_tokens
-from shared.serve import ClientGone, until_client_gone
+from shared.protocol import (
+    BOOTSTRAP_FIELDS,
+    CACHED_TOKENS_HEADER,
+    HOLD_NAME,
+    KV_PARAMS,
+    PD_PATH_HEADER,
+    PREFILL_REPLICA_HEADER,
+    REPLICA_HEADER,
+)
 
-PARAMS = "kv_transfer_params"
 PD_PATHS = ("remote", "local", "colocated", "fallback")  # how a request of a P/D cluster was prefilled
 PREFILL_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False}
-BOOTSTRAP_FIELDS = ("bootstrap_host", "bootstrap_port", "bootstrap_room")  # SGLang's P/D wire (replica/sglang_pd.py)
-_HEADERS = ("Authorization", "X-Session-Id")
-HOLD_NAME = "X-Kvemu-Hold-Id"  # a prefill leg's name, which its release names (replica/pd_share.py's HoldNames)
 RELEASE_TIMEOUT_S = 2.0  # a release is one dict lookup on the prefill instance: longer means it is in trouble
 _RELEASES: set[asyncio.Task] = set()  # releases in flight (release_hold)
 # what the prefill request drops: it computes the prompt and one token, in one answer
@@ -93,14 +109,6 @@ class Prefilled:
     hold_id: str = ""  # ... by the name the router gave the leg (X-Kvemu-Hold-Id)
 
 
-class UpstreamRefused(Exception):
-    """A replica answered 4xx: the request itself is wrong; the client gets the answer as it is."""
-
-    def __init__(self, status: int, body: bytes, content_type: str) -> None:
-        super().__init__(status)
-        self.status, self.body, self.content_type = status, body, content_type
-
-
 def client_params(obj: dict) -> None:
     """Refuse a client's ``kv_transfer_params`` or SGLang bootstrap fields, which would steer the router's
     transfer (module docstring) or have a replica call an address the client chose."""
@@ -108,21 +116,21 @@ def client_params(obj: dict) -> None:
         if obj.get(name) is not None:
             raise InputError(name, "SGLang's bootstrap fields are set by a P/D router for its own prefill"
                                    " instances, never taken from a client: send the request without them")
-    value = obj.get(PARAMS)
+    value = obj.get(KV_PARAMS)
     if value is None:
         return
     if not isinstance(value, dict):
-        raise InputError(PARAMS, f"expected an object, got {type(value).__name__}")
+        raise InputError(KV_PARAMS, f"expected an object, got {type(value).__name__}")
     if all(k in PREFILL_PARAMS and v is False for k, v in value.items()):
         return
-    raise InputError(PARAMS, "is set by the router of a P/D cluster, which runs the prefill and the KV transfer"
+    raise InputError(KV_PARAMS, "is set by the router of a P/D cluster, which runs the prefill and the KV transfer"
                              " itself; send the request without it (or with both do_remote_* false), or send it"
                              " to a replica directly")
 
 
 def steers_transfer(raw: bytes) -> bool:
     """Whether a body may name transfer fields (one substring search each; client_params decides)."""
-    return PARAMS.encode() in raw or b"bootstrap_" in raw
+    return KV_PARAMS.encode() in raw or b"bootstrap_" in raw
 
 
 def encode(obj: dict, content_type: str) -> bytes:
@@ -143,7 +151,7 @@ def decoded(body: bytes, content_type: str) -> dict | None:
 def prefill_body(obj: dict) -> dict:
     out = {k: v for k, v in obj.items() if k not in _PREFILL_DROPS}
     out["max_tokens"] = 1
-    out[PARAMS] = dict(PREFILL_PARAMS)
+    out[KV_PARAMS] = dict(PREFILL_PARAMS)
     return out
 
 
@@ -153,114 +161,83 @@ def decoder_cached_tokens(overlap: dict, replica_id: str, num_blocks: int, promp
                                   block_size)
 
 
-def goes_remote(state, rep: ReplicaHandle, spec: protocol.GenerateSpec, overlap: dict) -> bool:
+def goes_remote(state, rep: ReplicaHandle, ctx: RequestContext) -> bool:
     """The decider, for the chosen decoder (a colocated replica prefills its own requests)."""
     if rep.role != "decode":
         return False
     decider = state.settings.pd
     if decider is None:
         return True
-    bs = state.settings.block_size
-    return bool(decider.remote(spec.prompt_tokens, decoder_cached_tokens(overlap, rep.replica_id, len(spec.hashes),
+    bs, spec = state.settings.block_size, ctx.spec
+    return bool(decider.remote(spec.prompt_tokens, decoder_cached_tokens(ctx.overlap, rep.replica_id, len(spec.hashes),
                                                                          spec.prompt_tokens, bs), bs))
 
 
-def pick(state, step: RoutingStep, pool: list[ReplicaHandle], excluded: set[str], request_view: RouteRequest,
-         overlap: dict, pool_name: str) -> ReplicaHandle:
-    """The strategy's choice in ``pool`` (counted in flight, and as a decision of that pool)."""
-    now = time.monotonic()
-    usable = [r for r in pool if r.replica_id not in excluded and r.state.healthy]
-    # a prefill instance whose holds exhaust its pool is skipped (the decoder prefills instead); a decoder
-    # only while another is left
-    usable = [r for r in usable if not r.holds_exhausted] if pool_name == "prefill" else unexhausted(usable)
-    reps = [r for r in usable if r.busy_until <= now]
-    if not reps:  # every one backing off: try them anyway rather than refuse
-        reps = usable
-    if not reps:
-        raise NoHealthyReplica(len(pool))
-    decision, pos = step.route([r.state for r in reps], request_view, overlap)
-    state.metrics.pd_decided(pool_name, decision.reason)
-    if pool_name == "decode":  # the router's decisions (the dashboard's), as a colocated cluster counts them
-        state.metrics.decided(state.settings.routing, decision.reason)
-    state.metrics.sent(reps[pos].replica_id)
-    return reps[pos]
-
-
-async def remote_prefill(request: web.Request, state, obj: dict, spec: protocol.GenerateSpec,
-                         request_view: RouteRequest, overlap: dict) -> Prefilled | None:
+# ---- the prefill leg -----------------------------------------------------------------------------
+async def remote_prefill(state, ctx: RequestContext) -> Prefilled | None:
     """A prefill instance computes the prompt and holds its KV (None: none could: the decoder prefills)."""
-    pool = state.cluster.pool("prefill")
-    excluded: set[str] = set()
-    failures = busy = 0
-    ctype = request.content_type or "application/json"
-    data = encode(prefill_body(obj), ctype)
+    pool = Pool("prefill", state.prefill_router, state.cluster.pool("prefill"))
+    ctype = ctx.content_type or "application/json"
+    data = encode(prefill_body(ctx.body()), ctype)
     # the cluster token in place of the client's Authorization: a prefill instance bounds the holds of clients
     # without it (--pd-hold-share); the router's are bounded by their decode legs (release_hold)
-    headers = {"Content-Type": ctype, **{k: request.headers[k] for k in _HEADERS if k in request.headers},
+    headers = {"Content-Type": ctype, **{k: v for k, v in ctx.headers.items() if k in ("Authorization", "X-Session-Id")},
                **state.cluster.auth}
-    while failures <= state.settings.retries and busy < len(pool):
-        try:
-            rep = pick(state, state.prefill_router, pool, excluded, request_view, overlap, "prefill")
-        except NoHealthyReplica:
-            break
-        name = uuid.uuid4().hex  # the leg's name on the instance (X-Kvemu-Hold-Id), to release it by
-        unread = True  # until its answer is read (the client left, the instance failed): released by name
-        try:
-            got = await _prefill_on(state, rep, request.path, data, {**headers, HOLD_NAME: name}, spec, overlap)
-            unread = False
-            if got is not None:  # released once its decode leg ends (_serve)
-                got.url, got.hold_id = rep.url, name
-            rep.busy_strikes = 0
-            return got
-        except UpstreamRefused:
-            unread = False  # refused: nothing held
-            raise
-        except (ReplicaBusy, ReplicaFailed) as exc:
-            unread = isinstance(exc, ReplicaFailed)  # busy: refused before admission
-            excluded.add(rep.replica_id)
-            if await state.cluster.set_aside(rep, exc):
-                busy += 1
-            else:
-                failures += 1
-        finally:
-            if unread:
-                release_hold(state, rep.url, name)
-            state.prefill_router.done(rep.state, request_view)
-    return None
+
+    async def leg(target: Target) -> Prefilled | None:
+        return await _prefill_leg(state, ctx, target, data, headers)
+
+    try:
+        return await try_pool(state, ctx, pool, leg)
+    except NoAnswer:
+        return None
 
 
-async def _prefill_on(state, rep: ReplicaHandle, path: str, data: bytes, headers: dict, spec, overlap) -> Prefilled | None:
+async def _prefill_leg(state, ctx: RequestContext, target: Target, data: bytes, headers: dict) -> Prefilled | None:
+    """One prefill instance's try, named (``X-Kvemu-Hold-Id``) so that what it holds is released by that name
+    once the decode leg ends, or now where its answer is never read (the client left, the instance failed)."""
+    rep = target.rep
+    name = uuid.uuid4().hex
+    try:
+        got = await _prefill_on(state, ctx, target, data, {**headers, HOLD_NAME: name})
+    except (UpstreamRefused, ReplicaBusy):  # refused, or busy before admission: nothing held
+        raise
+    except BaseException:
+        release_hold(state, rep.url, name)
+        raise
+    if got is not None:  # released once its decode leg ends (_serve)
+        got.url, got.hold_id = rep.url, name
+    return got
+
+
+async def _prefill_on(state, ctx: RequestContext, target: Target, data: bytes, headers: dict) -> Prefilled | None:
     t0 = time.monotonic()
-    try:  # watched: a prefill instance that stops answering fails the leg over (router.upstream.Watch)
-        async with Watch(state.cluster, rep, state.settings.upstream_first_byte_timeout_s), \
-                state.cluster.session.post(rep.url + path, data=data, headers=headers,
-                                           timeout=state.request_timeout) as resp:
-            check_status(resp.status, resp.headers)
-            body = await resp.read()
-            ctype = resp.headers.get("Content-Type", "application/json")
-            actual = resp.headers.get("X-Kvemu-Cached-Tokens")
-    except (TimeoutError, aiohttp.ClientError, OSError, ReplicaFailed) as exc:
-        raise failure(exc) from None
+    async with exchange(state, ctx, target, data, headers) as up:
+        body = await read_body(up)
+        ctype = up.response.headers.get("Content-Type", "application/json")
+        actual = up.response.headers.get(CACHED_TOKENS_HEADER)
+        status = up.response.status
     wall = time.monotonic() - t0
     state.metrics.pd_prefill_seconds.observe(wall)
-    if resp.status >= 400:
-        raise UpstreamRefused(resp.status, body, ctype)
+    if status >= 400:
+        raise UpstreamRefused(status, body, ctype)
     answer = decoded(body, ctype) or {}
-    params = answer.get(PARAMS)
+    params = answer.get(KV_PARAMS)
     if not isinstance(params, dict) or not params.get("do_remote_prefill"):
         return None  # an instance that does not hold KV for a remote decode: the decoder prefills
     cached = int(actual) if actual is not None and actual.isdigit() else _usage_cached(answer)
     if cached is not None and state.router.uses_index:
-        bs = state.settings.block_size
-        state.metrics.record_prediction(decoder_cached_tokens(overlap, rep.replica_id, len(spec.hashes),
-                                                              spec.prompt_tokens, bs), cached)
+        spec = ctx.spec
+        state.metrics.record_prediction(decoder_cached_tokens(ctx.overlap, target.rep.replica_id, len(spec.hashes),
+                                                              spec.prompt_tokens, state.settings.block_size), cached)
     blocks = answer.get("cached_blocks")
     inner = answer.get("kvemu")
     kvemu: dict = inner if isinstance(inner, dict) else answer
-    return Prefilled(rep.replica_id, params, cached, blocks if isinstance(blocks, int) else None,
+    return Prefilled(target.rep.replica_id, params, cached, blocks if isinstance(blocks, int) else None,
                      float(kvemu.get("e2e_s", 0.0) or 0.0), wall)
 
 
+# ---- what the client reads after a remote prefill ----------------------------------------------------
 def _usage_cached(answer: dict) -> int | None:
     if isinstance(answer.get("cached_tokens"), int):
         return answer["cached_tokens"]
@@ -321,65 +298,36 @@ def rewrite_event(event: bytes, pre: Prefilled) -> bytes:
     return b"data: " + json.dumps(with_prefill(obj, pre), separators=(",", ":")).encode()
 
 
+def answer_body(body: bytes, content_type: str, pre: Prefilled) -> bytes:
+    """A whole answer of the decoder after a remote prefill, as the client reads it (``with_prefill``)."""
+    answer = decoded(body, content_type)
+    return body if answer is None else encode(with_prefill(answer, pre), content_type)
+
+
 # ---- the request's path ----------------------------------------------------------------------
-async def route(request: web.Request, state, raw: bytes, spec: protocol.GenerateSpec, request_view: RouteRequest,
-                overlap: dict, predicted: bool) -> web.StreamResponse:
+async def route(state, ctx: RequestContext) -> web.StreamResponse:
     """Route one request of a P/D cluster: the decoder, then (if the decider says so) a remote prefill."""
-    obj = protocol.decode_body(raw, request.content_type or "")
+    obj = ctx.body()
     client_params(obj)
-    if PARAMS in obj:  # a harmless one (client_params): not passed on
-        del obj[PARAMS]
-        raw = encode(obj, request.content_type or "")
-    pool = state.cluster.pool("decode")
-    excluded: set[str] = set()
-    failures = busy = 0
-    while failures <= state.settings.retries and busy < len(pool):
-        if failures or busy:
-            state.metrics.count("retries")
-        try:
-            rep = pick(state, state.router, pool, excluded, request_view, overlap, "decode")
-        except NoHealthyReplica:
-            break
-        try:
-            async with until_client_gone(request):
-                resp = await _serve(request, state, rep, obj, raw, spec, request_view, overlap, predicted)
-            rep.busy_strikes = 0
-            return resp
-        except ClientGone:
-            state.metrics.outcome("client_disconnected")
-            return web.Response(status=499)
-        except UpstreamRefused as refused:
-            state.metrics.outcome("client_error")
-            return web.Response(body=refused.body, status=refused.status, headers={"Content-Type": refused.content_type})
-        except (ReplicaBusy, ReplicaFailed) as exc:
-            excluded.add(rep.replica_id)
-            if await state.cluster.set_aside(rep, exc):
-                busy += 1
-            else:
-                failures += 1
-        finally:
-            state.router.done(rep.state, request_view)
-    return no_replica_answer(state.metrics, busy, failures, "decode ")
+    if KV_PARAMS in obj:  # a harmless one (client_params): not passed on
+        del obj[KV_PARAMS]
+        ctx.raw = encode(obj, ctx.content_type)
+    pool = Pool("decode", state.router, state.cluster.pool("decode"))
+    return await answer_from(state, ctx, pool, lambda target: _serve(state, ctx, target))
 
 
-async def _serve(request, state, rep: ReplicaHandle, obj: dict, raw: bytes, spec, request_view, overlap: dict,
-                 predicted: bool) -> web.StreamResponse:
+async def _serve(state, ctx: RequestContext, target: Target) -> web.StreamResponse:
     pre = None
-    if rep.role != "decode":
+    if target.rep.role != "decode":
         path = "colocated"
-    elif goes_remote(state, rep, spec, overlap):
-        pre = await remote_prefill(request, state, obj, spec, request_view, overlap)
+    elif goes_remote(state, target.rep, ctx):
+        pre = await remote_prefill(state, ctx)
         path = "remote" if pre is not None else "fallback"
     else:
         path = "local"
     state.metrics.pd_path(path)
-    data = raw if pre is None else encode({**obj, PARAMS: pre.params}, request.content_type or "")
-    expected = None
-    if pre is None and predicted:
-        expected = decoder_cached_tokens(overlap, rep.replica_id, len(spec.hashes), spec.prompt_tokens,
-                                         state.settings.block_size)
     try:
-        return await _decode_on(request, state, rep, data, path, pre, expected)
+        return await _decode_on(state, ctx, target, path, pre)
     finally:  # the decode leg ended (answered, failed, its client gone): nothing will pull the hold any more
         if pre is not None:
             release_hold(state, pre.url, pre.hold_id)
@@ -407,42 +355,27 @@ async def _release(state, url: str, name: str) -> None:
     state.metrics.pd_release(outcome)
 
 
-async def _decode_on(request, state, rep: ReplicaHandle, data: bytes, path: str, pre: Prefilled | None,
-                     expected: int | None) -> web.StreamResponse:
-    headers = {k: request.headers[k] for k in ("Content-Type", "Accept", *_HEADERS) if k in request.headers}
+async def _decode_on(state, ctx: RequestContext, target: Target, path: str, pre: Prefilled | None
+                     ) -> web.StreamResponse:
+    rep, spec = target.rep, ctx.spec
+    data = ctx.raw if pre is None else encode({**ctx.body(), KV_PARAMS: pre.params}, ctx.content_type)
+    expected = None
+    if pre is None and ctx.predicted:
+        expected = decoder_cached_tokens(ctx.overlap, rep.replica_id, len(spec.hashes), spec.prompt_tokens,
+                                         state.settings.block_size)
     t0 = time.monotonic()
-    watch = Watch(state.cluster, rep, state.settings.upstream_first_byte_timeout_s)  # as views._forward's
-    try:
-        async with watch:
-            upstream = await state.cluster.session.post(rep.url + request.path, data=data, headers=headers,
-                                                        timeout=state.request_timeout)
-    except (TimeoutError, aiohttp.ClientError, OSError, ReplicaFailed) as exc:
-        raise failure(exc) from None
-    async with upstream:
-        check_status(upstream.status, upstream.headers)
+    async with exchange(state, ctx, target, data, dict(ctx.headers)) as up:
         state.metrics.pd_first_byte(path, time.monotonic() - t0)
-        actual = upstream.headers.get("X-Kvemu-Cached-Tokens")
-        if expected is not None and actual is not None and actual.isdigit():
-            state.metrics.record_prediction(expected, int(actual))
-        ctype = upstream.headers.get("Content-Type", "application/json")
-        out = {"Content-Type": ctype, "X-Kvemu-Replica": rep.replica_id, "X-Kvemu-Pd": path}
+        actual = up.response.headers.get(CACHED_TOKENS_HEADER)
+        record_prediction(state, expected, actual)
+        out = {"Content-Type": up.response.headers.get("Content-Type", "application/json"),
+               REPLICA_HEADER: rep.replica_id, PD_PATH_HEADER: path}
         if pre is not None:
-            out["X-Kvemu-Prefill-Replica"] = pre.replica_id
+            out[PREFILL_REPLICA_HEADER] = pre.replica_id
             actual = str(pre.cached_tokens) if pre.cached_tokens is not None else actual
         if actual is not None:
-            out["X-Kvemu-Cached-Tokens"] = actual
-        if ctype.startswith("text/event-stream"):
-            # after a remote prefill its usage chunk carries the prefill's hit
-            rewrite = (lambda event: rewrite_event(event, pre)) if pre is not None else None
-            return await pass_stream(request, upstream, out, state.metrics, watch, rewrite)
-        try:
-            async with watch:
-                body = await upstream.read()
-        except (TimeoutError, aiohttp.ClientError, ReplicaFailed) as exc:
-            raise ReplicaFailed(f"connection lost: {failure(exc)}") from None
-    if pre is not None and upstream.status == 200:
-        answer = decoded(body, ctype)
-        if answer is not None:
-            body = encode(with_prefill(answer, pre), ctype)
-    state.metrics.outcome("ok" if upstream.status < 400 else "client_error")
-    return web.Response(body=body, status=upstream.status, headers=out)
+            out[CACHED_TOKENS_HEADER] = actual
+        # after a remote prefill the answer (its usage chunk, when streamed) carries the prefill's hit
+        rewrite = None if pre is None else Rewrite(lambda event: rewrite_event(event, pre),
+                                                   lambda body, ctype: answer_body(body, ctype, pre))
+        return await relay(state, ctx, up, out, rewrite)

@@ -29,6 +29,15 @@ class ReplicaBusy(Exception):
     not failure. Try another, keep its index entries, and leave it alone for a while."""
 
 
+class UpstreamRefused(Exception):
+    """A replica answered 4xx to a leg whose answer the router reads (a P/D prefill): the request itself is
+    wrong; the client gets the answer as it is."""
+
+    def __init__(self, status: int, body: bytes, content_type: str) -> None:
+        super().__init__(status)
+        self.status, self.body, self.content_type = status, body, content_type
+
+
 def check_status(status: int, headers) -> None:
     """Raise what a replica's status means for routing: busy (503 + Retry-After) or failed (5xx)."""
     if status == 503 and "Retry-After" in headers:

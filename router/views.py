@@ -5,27 +5,20 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-import time
 
 import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from router import pd
-from router.cluster import unexhausted
 from router.metrics import merge_vllm, replica_metrics_texts
+from router.request_path import Pool, RequestContext, Target, answer_from, exchange, lookup, record_prediction, relay
 from router.state import ROUTER, RouterState
-from router.strategies import NoHealthyReplica, RouteRequest
-from router.upstream import ReplicaBusy, ReplicaFailed, Watch, check_status, failure, no_replica_answer, pass_stream
 from shared import protocol
 from shared.auth import session_label, wants_raw_sessions
 from shared.hashing import reusable_prefix_tokens
 from shared.httpkit import read_raw, respond
-from shared.index import IndexUnavailable, MemoryIndex
 from shared.offload import OFFLOAD
-from shared.serve import ClientGone, until_client_gone
-
-_FORWARD_HEADERS = ("Content-Type", "Accept", "X-Session-Id", "Authorization")
 
 
 def _state(request: web.Request) -> RouterState:
@@ -54,127 +47,30 @@ async def _route(request: web.Request, state: RouterState) -> web.StreamResponse
     raw = await read_raw(request)
     limits = (state.settings.serving.max_prompt_tokens, state.settings.serving.max_output_tokens)
     spec = await request.app[OFFLOAD].parse(request, raw, state.settings.block_size, limits)
-    excluded: set[str] = set()
-    request_view = RouteRequest(spec.session, len(spec.hashes), spec.prompt_tokens)
+    ctx = RequestContext.of(request, raw, spec)
     if state.cluster.disaggregated:  # prefill instances: router/pd.py runs the request's two legs
-        overlap, predicted = await _lookup(state, spec, state.settings.pd is not None)
-        return await pd.route(request, state, raw, spec, request_view, overlap, predicted)
+        await lookup(state, ctx, state.settings.pd is not None)
+        return await pd.route(state, ctx)
     if pd.steers_transfer(raw):  # the router owns the transfer: a client may not steer it (router/pd.py)
-        pd.client_params(protocol.decode_body(raw, request.content_type or ""))
-    failures = busy = 0
-    while failures <= state.settings.retries and busy < len(state.cluster.replicas):
-        if failures or busy:
-            state.metrics.count("retries")
-        try:
-            decision, rep, predicted = await _decide(state, spec, request_view, excluded)
-        except NoHealthyReplica:
-            break
-        state.metrics.sent(rep.replica_id)
-        _load_gauges(state, rep)
-        try:
-            # a client that goes closes the replica's connection: the replica aborts the request (vLLM does)
-            async with until_client_gone(request):
-                expected = reusable_prefix_tokens(decision.predicted_cached_blocks * state.settings.block_size,
-                                                  spec.prompt_tokens, state.settings.block_size) if predicted else None
-                resp = await _forward(request, state, rep, raw, decision, expected, request_view)
-            rep.busy_strikes = 0
-            return resp
-        except ClientGone:
-            state.metrics.outcome("client_disconnected")
-            return web.Response(status=499)  # nobody reads it
-        except (ReplicaBusy, ReplicaFailed) as exc:
-            excluded.add(rep.replica_id)
-            if await state.cluster.set_aside(rep, exc):
-                busy += 1
-            else:
-                failures += 1
-        finally:
-            state.router.done(rep.state, request_view)
-            _load_gauges(state, rep)
-    return no_replica_answer(state.metrics, busy, failures)
+        pd.client_params(ctx.body())
+    await lookup(state, ctx)
+    pool = Pool("replica", state.router, state.cluster.replicas)
+    return await answer_from(state, ctx, pool, lambda target: _forward(state, ctx, target))
 
 
-def _load_gauges(state: RouterState, rep) -> None:
-    state.metrics.replica(rep.replica_id, in_flight=rep.state.in_flight, queued_tokens=rep.state.queued_tokens)
-
-
-async def _decide(state: RouterState, spec: protocol.GenerateSpec, request_view: RouteRequest, excluded: set[str]):
-    """(decision, replica, predicted): ``predicted`` is False when the index was not consulted
-    (a strategy that ignores it, or the index unavailable), so there is no prediction to score."""
-    overlap, predicted = await _lookup(state, spec)
-    now = time.monotonic()
-    # (one whose pool prefills held for remote decodes exhaust only where no other is left: router/cluster.py)
-    candidates = unexhausted([r for r in state.cluster.replicas if r.replica_id not in excluded])
-    replicas = [r for r in candidates if r.busy_until <= now]
-    if not replicas:  # every replica backing off: try them anyway rather than refuse
-        replicas = candidates
-    turns = state.router.session_turns
-    decision, pos = state.router.route([r.state for r in replicas], request_view, overlap)
-    state.metrics.decided(state.settings.routing, decision.reason)
-    if state.router.session_turns != turns:  # a later turn of a session: did it leave its replica, and why
-        state.metrics.session_turn(state.router.last_moved)
-    return decision, replicas[pos], predicted
-
-
-async def _lookup(state: RouterState, spec: protocol.GenerateSpec, decider: bool = False) -> tuple[dict[str, int], bool]:
-    """The index's overlap per replica, when the strategy reads it (or ``decider``: P/D's prefix decider
-    reads the decoder's); and whether it was consulted."""
-    overlap: dict[str, int] = {}
-    predicted = False
-    if (state.router.uses_index or decider) and spec.hashes:
-        t0 = time.perf_counter()
-        try:
-            if isinstance(state.index, MemoryIndex):  # in-process and never blocks: no task, no timer
-                overlap = state.index.lookup_sync(spec.hashes)
-            else:
-                async with asyncio.timeout(state.settings.index_timeout_s):  # no extra task, unlike wait_for
-                    overlap = await state.index.lookup(spec.hashes)
-            state.metrics.index_latency.observe(time.perf_counter() - t0)
-            predicted = True
-        except (TimeoutError, IndexUnavailable):
-            state.metrics.count("index_errors")
-            state.metrics.count("load_only_decisions")
-    return overlap, predicted
-
-
-async def _forward(request: web.Request, state, rep, raw: bytes, decision,
-                   expected: int | None, request_view: RouteRequest) -> web.StreamResponse:
-    """The request on ``rep``; ``expected``: the cached tokens the index predicts there (None: no prediction).
-    Watched (router.upstream.Watch): a replica that stops answering fails the request over, or ends its stream.
-    The replica's head comes at the first token, streamed or not (``protocol.HEAD_AT_FIRST_TOKEN``): the request's
-    prefill stops counting as queued on ``rep`` then (router/strategies/step.py), as in the simulator."""
-    headers = {k: request.headers[k] for k in _FORWARD_HEADERS if k in request.headers}
-    headers[protocol.HEAD_AT_FIRST_TOKEN] = "1"
-    watch = Watch(state.cluster, rep, state.settings.upstream_first_byte_timeout_s)
-    try:
-        async with watch:
-            upstream = await state.cluster.session.post(rep.url + request.path, data=raw, headers=headers,
-                                                        timeout=state.request_timeout)
-    except (TimeoutError, aiohttp.ClientError, OSError, ReplicaFailed) as exc:
-        raise failure(exc) from None
-    state.router.prefilled(rep.state, request_view)  # its head: the first token is out (or it was refused)
-    _load_gauges(state, rep)
-    async with upstream:
-        check_status(upstream.status, upstream.headers)
-        if expected is not None:
-            _record_prediction(state, upstream, expected)
-        out_headers = {"Content-Type": upstream.headers.get("Content-Type", "application/json"),
-                       "X-Kvemu-Replica": rep.replica_id, "X-Kvemu-Route-Reason": decision.reason}
-        if upstream.headers.get("Content-Type", "").startswith("text/event-stream"):
-            return await pass_stream(request, upstream, out_headers, state.metrics, watch)
-        try:
-            async with watch:
-                body = await upstream.read()
-        except (TimeoutError, aiohttp.ClientError, ReplicaFailed) as exc:
-            raise ReplicaFailed(f"connection lost: {failure(exc)}") from None
-    state.metrics.outcome("ok" if upstream.status < 400 else "client_error")
-    return web.Response(body=body, status=upstream.status, headers=out_headers)
-
-
-def _record_prediction(state, upstream, expected: int) -> None:
-    actual = upstream.headers.get("X-Kvemu-Cached-Tokens")
-    if actual is not None and actual.isdigit():
-        state.metrics.record_prediction(expected, int(actual))
+async def _forward(state: RouterState, ctx: RequestContext, target: Target) -> web.StreamResponse:
+    """The request on the target replica, its answer passed on. The replica's head comes at the first token,
+    streamed or not (``protocol.HEAD_AT_FIRST_TOKEN``): the request's prefill stops counting as queued there
+    then (router/strategies/step.py), as in the simulator."""
+    rep, decision, bs = target.rep, target.decision, state.settings.block_size
+    # the cached tokens the index predicts there (None: no prediction)
+    expected = reusable_prefix_tokens(decision.predicted_cached_blocks * bs, ctx.spec.prompt_tokens,
+                                      bs) if ctx.predicted else None
+    async with exchange(state, ctx, target, ctx.raw, {**ctx.headers, protocol.HEAD_AT_FIRST_TOKEN: "1"}) as up:
+        record_prediction(state, expected, up.response.headers.get(protocol.CACHED_TOKENS_HEADER))
+        out = {"Content-Type": up.response.headers.get("Content-Type", "application/json"),
+               protocol.REPLICA_HEADER: rep.replica_id, protocol.ROUTE_REASON_HEADER: decision.reason}
+        return await relay(state, ctx, up, out)
 
 
 # ---- monitoring ------------------------------------------------------------------------
