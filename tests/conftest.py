@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -78,13 +80,22 @@ class RedisServer:
             self.proc = None
 
 
-@pytest.fixture(scope="session")
-def redis_server():
+@contextlib.contextmanager
+def running_redis() -> Iterator[RedisServer]:
+    """A started RedisServer; on leaving, stopped and its data folder removed."""
     server = RedisServer()
     server.start()
-    yield server
-    server.stop()
-    shutil.rmtree(server.dir, ignore_errors=True)
+    try:
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(server.dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    with running_redis() as server:
+        yield server
 
 
 @pytest.fixture(params=sorted(SAMPLE_TRACES))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import shutil
 import uuid
 
 import msgpack
@@ -30,17 +29,14 @@ from shared.index import (
     make_index,
     pipelined,
 )
-from tests.conftest import RedisServer
+from tests.conftest import running_redis
 from tests.support.index_cases import H1, H2, H3, H4, H5, H6, batch, ev, run
 
 
 @pytest.fixture
 def private_redis():
-    server = RedisServer()
-    server.start()
-    yield server
-    server.stop()
-    shutil.rmtree(server.dir, ignore_errors=True)
+    with running_redis() as server:
+        yield server
 
 
 # ---- behaviour, both backends ---------------------------------------------------------------
