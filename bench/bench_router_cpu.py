@@ -6,8 +6,11 @@ of ``--requests`` /generate requests (token ids: 64 shared + 64 unique, ``max_to
 from ``--concurrency`` keep-alive connections, in ``--rounds`` alternating rounds so drift
 on a shared machine hits both; the proxy's CPU time (user + system, from /proc) over the
 round divided by the requests is its cost per request.  ``ratio`` = router / bare.
+With ``--pd`` the router fronts a P/D cluster instead: one prefill and one decode replica, ``--pd-decider
+always``, so each request is its two legs (a prefill, its hold released, then the decode); the bare proxy
+still makes one hop, to the decode replica.
 
-    .venv/bin/python bench/bench_router_cpu.py [--requests 3000] [--rounds 3] [--concurrency 16]
+    .venv/bin/python bench/bench_router_cpu.py [--requests 3000] [--rounds 3] [--concurrency 16] [--pd]
 """
 
 from __future__ import annotations
@@ -68,17 +71,31 @@ async def closed_loop(url: str, n: int, concurrency: int, offset: int) -> float:
         return time.monotonic() - t
 
 
+def start_replicas(pd: bool) -> tuple[list, str]:
+    """The replicas (``--time-scale 0``) and the router's ``--replicas``: one replica, or (``pd``) a prefill and a
+    decode replica, the decode one last."""
+    roles = ("prefill", "decode") if pd else ("both",)
+    procs, urls = [], []
+    for role in roles:
+        port = free_port()
+        procs.append(spawn(["-m", "replica", "--port", str(port), "--capacity-blocks", "200000", "--time-scale", "0",
+                            "--role", role], port))
+        urls.append(f"{role}=http://127.0.0.1:{port}" if pd else f"http://127.0.0.1:{port}")
+    return procs, ",".join(urls)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--requests", type=int, default=3000)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--pd", action="store_true", help="the router in front of a prefill and a decode replica")
     a = p.parse_args()
-    rport, kport, bport = free_port(), free_port(), free_port()
-    replica = spawn(["-m", "replica", "--port", str(rport), "--capacity-blocks", "200000", "--time-scale", "0"], rport)
-    rurl = f"http://127.0.0.1:{rport}"
-    procs = {"router": spawn(["-m", "router", "--port", str(kport), "--replicas", rurl], kport),
-             "bare": spawn(["bench/bare_proxy.py", str(bport), rurl], bport)}
+    kport, bport = free_port(), free_port()
+    replicas, routed = start_replicas(a.pd)
+    rurl = routed.rpartition("=")[2]  # the decode replica's (--pd) or the one replica's URL
+    router = ["-m", "router", "--port", str(kport), "--replicas", routed, *(("--pd-decider", "always") if a.pd else ())]
+    procs = {"router": spawn(router, kport), "bare": spawn(["bench/bare_proxy.py", str(bport), rurl], bport)}
     urls = {"router": f"http://127.0.0.1:{kport}", "bare": f"http://127.0.0.1:{bport}"}
     totals = {k: {"cpu_s": 0.0, "wall_s": 0.0, "requests": 0} for k in procs}
     try:
@@ -92,12 +109,13 @@ def main() -> int:
                 totals[name]["wall_s"] += wall
                 totals[name]["requests"] += a.requests
     finally:
-        for proc in (*procs.values(), replica):
+        for proc in (*procs.values(), *replicas):
             proc.terminate()
             proc.wait(20)
-    out = {k: {"cpu_us_per_req": round(v["cpu_s"] / v["requests"] * 1e6, 1),
+    per = {k: {"cpu_us_per_req": round(v["cpu_s"] / v["requests"] * 1e6, 1),
                "req_per_s": round(v["requests"] / v["wall_s"], 1), **v} for k, v in totals.items()}
-    out["ratio_router_over_bare"] = round(out["router"]["cpu_us_per_req"] / out["bare"]["cpu_us_per_req"], 2)
+    out: dict[str, object] = {**per, "pd": a.pd,
+                              "ratio_router_over_bare": round(per["router"]["cpu_us_per_req"] / per["bare"]["cpu_us_per_req"], 2)}
     print(json.dumps(out, indent=1))
     return 0
 
