@@ -4,31 +4,14 @@ reserves blocks for KV arriving from elsewhere (``Scheduler.reserve_remote``, re
 
 import pytest
 
-from replica.core.cache.policies import make_policy
-from replica.core.cache.pool import BlockPool, PoolCapacityError
+from replica.core.cache.pool import PoolCapacityError
 from replica.core.sched.sched_types import ContextLengthError
-from replica.core.sched.scheduler import SchedRequest, Scheduler, SchedulerSettings
-from shared.costmodel import CostModel
-
-COST = CostModel.from_names("llama-3-8b", "h100")
+from tests.support.sched import COST, drain, req
+from tests.support.sched import make as make_scheduler
 
 
 def make(capacity=100, **kw):
-    pool = BlockPool(capacity, make_policy("lru"), block_size=16, emit_events=False)
-    return pool, Scheduler(pool, COST, SchedulerSettings(**kw))
-
-
-def req(rid, n_blocks, tail=0, out=3, base=0, t=0.0):
-    return SchedRequest(rid, [base + i for i in range(n_blocks)], n_blocks * 16 + tail, out, t)
-
-
-def drain(sched, now=0.0, horizon=float("inf")):
-    results = []
-    while sched.has_work():
-        res = sched.step(now, horizon)
-        results.append(res)
-        now += res.duration
-    return results, now
+    return make_scheduler(capacity, **kw)
 
 
 def warm(sched, n_blocks, base=0, rid=99):

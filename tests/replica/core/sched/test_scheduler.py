@@ -7,28 +7,9 @@ from replica.core.cache.policies import make_policy
 from replica.core.cache.pool import BlockPool, PoolCapacityError
 from replica.core.sched.sched_types import ContextLengthError, max_model_len_for
 from replica.core.sched.scheduler import QueueFullError, SchedRequest, Scheduler, SchedulerSettings
-from shared.costmodel import CostModel, StepWork
+from shared.costmodel import StepWork
 from shared.errors import InputError
-
-COST = CostModel.from_names("llama-3-8b", "h100")
-
-
-def make(capacity=1000, **kw):
-    pool = BlockPool(capacity, make_policy("lru"), block_size=16, emit_events=False)
-    return pool, Scheduler(pool, COST, SchedulerSettings(**kw))
-
-
-def req(rid, n_blocks, tail=0, out=3, base=0, t=0.0):
-    return SchedRequest(rid, [base + i for i in range(n_blocks)], n_blocks * 16 + tail, out, t)
-
-
-def drain(sched, now=0.0, horizon=float("inf")):
-    results = []
-    while sched.has_work():
-        res = sched.step(now, horizon)
-        results.append(res)
-        now += res.duration
-    return results, now
+from tests.support.sched import COST, drain, make, req
 
 
 def test_single_request_timeline():
