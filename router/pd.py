@@ -85,6 +85,7 @@ from shared.protocol import (
     PREFILL_REPLICA_HEADER,
     REPLICA_HEADER,
 )
+from shared.serve import until_client_gone
 
 PD_PATHS = ("remote", "local", "colocated", "fallback")  # how a request of a P/D cluster was prefilled
 PREFILL_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False}
@@ -212,7 +213,8 @@ async def _prefill_leg(state, ctx: RequestContext, target: Target, data: bytes, 
 
 async def _prefill_on(state, ctx: RequestContext, target: Target, data: bytes, headers: dict) -> Prefilled | None:
     t0 = time.monotonic()
-    async with exchange(state, ctx, target, data, headers) as up:
+    up = await exchange(state, ctx, target, data, headers)
+    async with up.response:
         body = await read_body(up)
         ctype = up.response.headers.get("Content-Type", "application/json")
         actual = up.response.headers.get(CACHED_TOKENS_HEADER)
@@ -317,6 +319,11 @@ async def route(state, ctx: RequestContext) -> web.StreamResponse:
 
 
 async def _serve(state, ctx: RequestContext, target: Target) -> web.StreamResponse:
+    async with until_client_gone(ctx.request):  # as every answer_from attempt (router/request_path.py)
+        return await _legs(state, ctx, target)
+
+
+async def _legs(state, ctx: RequestContext, target: Target) -> web.StreamResponse:
     pre = None
     if target.rep.role != "decode":
         path = "colocated"
@@ -364,7 +371,8 @@ async def _decode_on(state, ctx: RequestContext, target: Target, path: str, pre:
         expected = decoder_cached_tokens(ctx.overlap, rep.replica_id, len(spec.hashes), spec.prompt_tokens,
                                          state.settings.block_size)
     t0 = time.monotonic()
-    async with exchange(state, ctx, target, data, dict(ctx.headers)) as up:
+    up = await exchange(state, ctx, target, data, dict(ctx.headers))
+    async with up.response:
         state.metrics.pd_first_byte(path, time.monotonic() - t0)
         actual = up.response.headers.get(CACHED_TOKENS_HEADER)
         record_prediction(state, expected, actual)

@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple, TypeVar
 
@@ -28,7 +27,7 @@ from router.strategies import NoHealthyReplica, RouteDecision, RouteRequest, Rou
 from router.upstream import ReplicaBusy, ReplicaFailed, UpstreamRefused, Watch, check_status, failure, no_replica_answer, pass_stream
 from shared import protocol
 from shared.index import IndexUnavailable, MemoryIndex
-from shared.serve import ClientGone, until_client_gone
+from shared.serve import ClientGone
 
 FORWARD_HEADERS = ("Content-Type", "Accept", "X-Session-Id", "Authorization")  # the client's, passed on
 T = TypeVar("T")
@@ -189,16 +188,12 @@ async def try_pool(state, ctx: RequestContext, pool: Pool, attempt: Callable[[Ta
 
 async def answer_from(state, ctx: RequestContext, pool: Pool,
                       attempt: Callable[[Target], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
-    """The client's answer from the first of ``pool``'s replicas that gives one (``try_pool``). A client that
-    goes closes the replica's connection (the replica aborts the request, as vLLM does); a replica's 4xx that
-    a leg did not pass on itself (``UpstreamRefused``) is the client's answer."""
-
-    async def while_client_waits(target: Target) -> web.StreamResponse:
-        async with until_client_gone(ctx.request):
-            return await attempt(target)
-
+    """The client's answer from the first of ``pool``'s replicas that gives one (``try_pool``). Each attempt runs
+    ``async with until_client_gone(ctx.request)``: a client that goes closes the replica's connection (the
+    replica aborts the request, as vLLM does), answered 499 here; a replica's 4xx that a leg did not pass on
+    itself (``UpstreamRefused``) is the client's answer."""
     try:
-        return await try_pool(state, ctx, pool, while_client_waits)
+        return await try_pool(state, ctx, pool, attempt)
     except ClientGone:
         state.metrics.outcome("client_disconnected")
         return web.Response(status=499)  # nobody reads it
@@ -210,12 +205,11 @@ async def answer_from(state, ctx: RequestContext, pool: Pool,
                                  else f"{pool.name} ")
 
 
-@asynccontextmanager
-async def exchange(state, ctx: RequestContext, target: Target, data: bytes,
-                   headers: dict[str, str]) -> AsyncIterator[Upstream]:
+async def exchange(state, ctx: RequestContext, target: Target, data: bytes, headers: dict[str, str]) -> Upstream:
     """``data`` posted to the target replica (the client's path), watched (router.upstream.Watch: a replica
     that stops answering fails the leg over). At the answer's head the request's prefill stops counting as
-    queued there (router/strategies/step.py); a busy or failed status raises as ``check_status`` says."""
+    queued there (router/strategies/step.py); a busy or failed status raises as ``check_status`` says (the
+    answer released). The caller reads the answer inside ``async with up.response``."""
     rep = target.rep
     if ctx.dp_rank is not None:
         headers[protocol.DP_RANK_HEADER] = str(ctx.dp_rank)
@@ -228,9 +222,13 @@ async def exchange(state, ctx: RequestContext, target: Target, data: bytes,
         raise failure(exc) from None
     target.pool.step.prefilled(rep.state, ctx.view)  # its head: the first token is out (or it was refused)
     load_gauges(state, rep)
-    async with response:
+    try:
         check_status(response.status, response.headers)
-        yield Upstream(response, watch)
+    except (ReplicaBusy, ReplicaFailed):
+        response.release()
+        await response.wait_for_close()
+        raise
+    return Upstream(response, watch)
 
 
 async def read_body(up: Upstream) -> bytes:

@@ -19,6 +19,7 @@ from shared.auth import session_label, wants_raw_sessions
 from shared.hashing import reusable_prefix_tokens
 from shared.httpkit import read_raw, respond
 from shared.offload import OFFLOAD
+from shared.serve import until_client_gone
 
 
 def _state(request: web.Request) -> RouterState:
@@ -66,11 +67,13 @@ async def _forward(state: RouterState, ctx: RequestContext, target: Target) -> w
     # the cached tokens the index predicts there (None: no prediction)
     expected = reusable_prefix_tokens(decision.predicted_cached_blocks * bs, ctx.spec.prompt_tokens,
                                       bs) if ctx.predicted else None
-    async with exchange(state, ctx, target, ctx.raw, {**ctx.headers, protocol.HEAD_AT_FIRST_TOKEN: "1"}) as up:
-        record_prediction(state, expected, up.response.headers.get(protocol.CACHED_TOKENS_HEADER))
-        out = {"Content-Type": up.response.headers.get("Content-Type", "application/json"),
-               protocol.REPLICA_HEADER: rep.replica_id, protocol.ROUTE_REASON_HEADER: decision.reason}
-        return await relay(state, ctx, up, out)
+    async with until_client_gone(ctx.request):
+        up = await exchange(state, ctx, target, ctx.raw, {**ctx.headers, protocol.HEAD_AT_FIRST_TOKEN: "1"})
+        async with up.response:
+            record_prediction(state, expected, up.response.headers.get(protocol.CACHED_TOKENS_HEADER))
+            out = {"Content-Type": up.response.headers.get("Content-Type", "application/json"),
+                   protocol.REPLICA_HEADER: rep.replica_id, protocol.ROUTE_REASON_HEADER: decision.reason}
+            return await relay(state, ctx, up, out)
 
 
 # ---- monitoring ------------------------------------------------------------------------
