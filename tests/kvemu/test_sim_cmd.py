@@ -49,7 +49,7 @@ def test_an_unbounded_queue_is_called_out(capsys):
                  "--no-reuse-distances", "--quiet"]) == 0
     err = capsys.readouterr().err
     assert err == ("warning: lru @ 4,000 blocks: the replica queue grew without bound (the last request finished"
-                   " 2.7 h after the last arrival, over a 58.9 min trace), so TTFT is mostly queueing; raise"
+                   " 3.6 h after the last arrival, over a 58.9 min trace), so TTFT is mostly queueing; raise"
                    " --max-running (now 1) or --replicas (now 1), or lower the load\n")
 
 
