@@ -130,7 +130,7 @@ def pick(state, ctx: RequestContext, pool: Pool, excluded: set[str]) -> Target:
     prefills held for remote decodes exhaust is skipped in the prefill pool (the decoder prefills instead), and
     elsewhere only while another is left (router/cluster.py)."""
     now = time.monotonic()
-    usable = [r for r in pool.replicas if r.replica_id not in excluded]
+    usable = [r for r in pool.replicas if r.replica_id not in excluded] if excluded else pool.replicas
     usable = [r for r in usable if not r.holds_exhausted] if pool.name == "prefill" else unexhausted(usable)
     ready = [r for r in usable if r.busy_until <= now]
     if not any(r.state.healthy for r in ready):  # every healthy one backing off: try them anyway rather than refuse
