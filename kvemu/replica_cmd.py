@@ -21,6 +21,7 @@ from kvemu.options.limits import (
 )
 from kvemu.options.matching import add_matching_args, matching_setting
 from kvemu.options.option import add_options
+from kvemu.options.parallel import add_parallel_args, parallel_setting, ranks_line
 from kvemu.options.pd import add_replica_pd_args, replica_pd_settings
 from kvemu.options.prefix_caching import PREFIX_CACHING, prefix_caching_setting
 from kvemu.options.replica_flags import ADMIN_TOKEN, MODEL, POLICY, TIME_SCALE, given_admin_token
@@ -61,6 +62,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_kv_events_arg(p)
     add_replica_pd_args(p)
     add_replica_shared_args(p)
+    add_parallel_args(p)
     p.add_argument("--log-level", default="warning")
 
 
@@ -101,15 +103,21 @@ def settings_from_args(args):
         serving=serving_settings(args), backend=args.backend,
         device=args.device, layers=args.layers,
         tiers=tiers, response_kv=args.response_kv, prefix_caching=prefix_caching,
-        kv_events=kv_events_setting(args), shared_pool_url=args.shared_pool_url, **replica_pd_settings(args))
+        kv_events=kv_events_setting(args), shared_pool_url=args.shared_pool_url, dp=parallel_setting(args, cost.model),
+        **replica_pd_settings(args))
 
 
 def print_limits(settings, out=None) -> None:
     """On stderr at start: the capacity --gpu-memory-utilization (or its default) gives, and the one-line warning
     where the pool cannot hold one request of max_model_len (kvemu.options.limits)."""
     out = out or sys.stderr
+    each = f"each of the {settings.dp.size} DP ranks: " if settings.dp.size > 1 else ""
     if settings.gpu_memory_utilization is not None:
-        print(settings.kv_budget().line(), file=out, flush=True)
+        print(each + settings.kv_budget().line(), file=out, flush=True)
+    ranks = ranks_line(settings.dp, settings.resolved_capacity_blocks(), "pages" if settings.matching == "radix"
+                       else "blocks")
+    if ranks:
+        print(ranks, file=out, flush=True)
     warning = length_warning(settings.asked_max_model_len(), settings.max_model_len is not None,
                              settings.resolved_capacity_blocks(), settings.block_size, settings.matching)
     if warning:
@@ -145,7 +153,8 @@ def run(args) -> int:
         print(command_line_token_warning(ADMIN_TOKEN.flag, ADMIN_TOKEN_ENV), file=sys.stderr, flush=True)
     unit = "pages" if settings.matching == "radix" else "blocks"
     role = "" if settings.role == "both" else f", role {settings.role}"
-    print(f"replica {settings.replica_id} ({settings.policy}, {settings.resolved_capacity_blocks()} {unit}{role})"
+    ranks = f" x {settings.dp.size} DP ranks" if settings.dp.size > 1 else ""
+    print(f"replica {settings.replica_id} ({settings.policy}, {settings.resolved_capacity_blocks()} {unit}{ranks}{role})"
           f" on http://{settings.serving.host}:{settings.port}", file=sys.stderr, flush=True)
     serve(app, sock)
     return 0

@@ -39,6 +39,8 @@ from kvemu.options.limits import (
 )
 from kvemu.options.matching import BLOCK_SIZE, HIT_MODE, MATCHING_OPTION, PAGE_SIZE, matching_setting
 from kvemu.options.option import add_options, forward
+from kvemu.options.parallel import OPTIONS as PARALLEL_OPTIONS
+from kvemu.options.parallel import parallel_setting, ranks_line
 from kvemu.options.pd import (
     PD_DECIDER_OPTIONS,
     PD_HOLD_SHARE_OPTION,
@@ -78,7 +80,7 @@ PR_SET_PDEATHSIG = 1
 # Every other flag up shares with a child is in TRANSFORMED, which says what up hands on instead;
 # tests/kvemu/test_options.py compares both with the children's parsers.
 TO_REPLICAS = (POLICY, MODEL, TIME_SCALE, HIT_MODE, *LIVE_SCHEDULER_OPTIONS, SHARDS_RATE, RESPONSE_KV_OPTION,
-               PREFIX_CACHING, MAX_MODEL_LEN, *CAPACITY_OPTIONS, *TIER_OPTIONS, *BACKEND_OPTIONS)
+               PREFIX_CACHING, MAX_MODEL_LEN, *CAPACITY_OPTIONS, *TIER_OPTIONS, *BACKEND_OPTIONS, *PARALLEL_OPTIONS)
 # --matching, --page-size, --block-size: the router hashes prompts in the replicas' blocks or pages; --cluster: the Redis keys'
 # namespace (a replica without --index publishes nowhere and ignores it); body limits, connection
 # caps, timeouts (the token travels in the environment)
@@ -95,7 +97,8 @@ TRANSFORMED = {
     "--gpu-file": "as --gpu",
     "--tp": "as --gpu",
     "--kv-cache-dtype": "joins --model as one --model NAME@kv=DTYPE (kvemu.options.kv_cache_dtype.model_setting)",
-    "--kv-events-config": "replica i gets the config with the endpoints' ports plus i (kv_events_argv)",
+    "--kv-events-config": "replica i gets the config with the endpoints' ports plus i x --data-parallel-size"
+                          " (kv_events_argv; each rank adds its own, as vLLM's)",
     **{o.flag: "to the prefill and decode replicas only (with their --role): colocated ones move no KV"
        for o in TO_PD_REPLICAS},
     **{o.flag: "to the router only in a P/D cluster (the prefill pool's strategy and the decider: a colocated"
@@ -247,7 +250,7 @@ def replica_args(i: int, port: int, a, index: str | None, replica_id: str = "", 
     addresses a request may have it contact for KV (--pd-peers)."""
     pool = pool_args(a, role)
     args = [sys.executable, "-m", "replica", "--port", str(port), "--replica-id", replica_id or f"replica-{i}",
-            "--gpu", pool.gpu, *forward((*TO_REPLICAS, *TO_BOTH), pool), *kv_events_argv(a, i),
+            "--gpu", pool.gpu, *forward((*TO_REPLICAS, *TO_BOTH), pool), *kv_events_argv(a, i * a.data_parallel_size),
             *(["--pd-peers", ",".join(peers)] if peers else [])]
     if role != "both":
         args += ["--role", role, *forward(TO_PD_REPLICAS, a)]
@@ -456,9 +459,12 @@ def validate(a) -> None:
     # Everything a child would reject, rejected here in one line before any process starts.
     check_scheduler_flags(a)
     kv_events = kv_events_setting(a)  # bad JSON, keys or values: one line before anything starts
+    dp = parallel_setting(a, CostModel.from_names(a.model, a.gpu).model)
+    if dp.size > 1 and a.topology.disaggregated:
+        raise InputError("--data-parallel-size", "DP ranks inside P/D instances are not emulated: drop one of them")
     if kv_events is not None:
-        for i in range(a.topology.total):
-            kv_events.for_rank(i)  # every replica's ports can be offset
+        for i in range(a.topology.total * dp.size):
+            kv_events.for_rank(i)  # every replica's ranks' ports can be offset
     matching = matching_setting(a)
     try:
         serving = serving_settings(argparse.Namespace(**{**vars(a), "host": "127.0.0.1"}), find_token=False)
@@ -468,7 +474,7 @@ def validate(a) -> None:
                         time_scale=a.time_scale, scheduler=a.scheduler, watermark=a.watermark, step_rule=a.step_rule,
                         max_loans=a.max_loans, token_budget=a.token_budget,
                         max_running=a.max_running, max_waiting=a.max_waiting, shards_rate=a.shards_rate,
-                        response_kv=a.response_kv, serving=serving, matching=matching.mode)
+                        response_kv=a.response_kv, serving=serving, matching=matching.mode, backend=a.backend, dp=dp)
         RouterSettings(replicas=("http://127.0.0.1:1",), block_size=matching.block_size, serving=serving,
                        health_interval_s=a.health_interval, dashboard_interval_s=a.dashboard_interval,
                        client_max_in_flight=a.client_max_in_flight, client_rate=a.client_rate,
@@ -477,7 +483,10 @@ def validate(a) -> None:
         flag = exc.field if exc.field.startswith("--") else f"--{exc.field.removesuffix('_s').replace('_', '-')}"
         raise InputError(flag, exc.message) from None
     # the replicas print these to their logs; up (and demo) print them once, when the checks are done
-    a.limit_lines = [*([replica.kv_budget().line()] if a.gpu_memory_utilization is not None else []),
+    each = f"each of a replica's {dp.size} DP ranks: " if dp.size > 1 else ""
+    a.limit_lines = [*([each + replica.kv_budget().line()] if a.gpu_memory_utilization is not None else []),
+                     *filter(None, [ranks_line(dp, replica.resolved_capacity_blocks(),
+                                               "pages" if matching.mode == "radix" else "blocks")]),
                      *filter(None, [capacity_note(a, matching.block_size, matching.mode)]),
                      *filter(None, [length_warning(replica.asked_max_model_len(), a.max_model_len is not None,
                                                    replica.resolved_capacity_blocks(), matching.block_size,

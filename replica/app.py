@@ -1,4 +1,5 @@
-"""The replica process: one emulated GPU behind aiohttp (``make_app(settings)``)."""
+"""The replica process: one emulated GPU (or ``--data-parallel-size`` ranks of them, replica/dp.py) behind aiohttp
+(``make_app(settings)``)."""
 
 from __future__ import annotations
 
@@ -44,8 +45,7 @@ async def index_ctx(app: web.Application):
 async def kv_events_ctx(app: web.Application):
     """vLLM's KV-event publisher (--kv-events-config): its thread sends what is queued, then closes."""
     yield
-    publisher = app[RUNTIME].vllm_events
-    if publisher is not None:
+    for publisher in app[RUNTIME].vllm_events:  # one a data-parallel rank
         await asyncio.to_thread(publisher.shutdown)
 
 

@@ -84,7 +84,7 @@ def server_info_body(state: ReplicaRuntime, s: ReplicaSettings) -> dict:
     pool = state.core.pool
     return {
         "model_path": name, "served_model_name": name, "tokenizer_path": None, "version": VERSION,
-        "tp_size": state.cost.tp, "dp_size": 1, "pp_size": 1, "load_balance_method": "round_robin",
+        "tp_size": state.cost.tp, "dp_size": len(state.cores), "pp_size": 1, "load_balance_method": "round_robin",
         "disaggregation_mode": "null" if s.role == "both" else s.role, "is_embedding": False, "host": s.serving.host, "port": s.port,
         "context_length": s.resolved_max_model_len(), "max_req_input_len": _max_req_input_len(s),
         "max_total_num_tokens": pool.capacity * s.block_size, "page_size": s.block_size,
@@ -126,22 +126,25 @@ async def model_info(request: web.Request) -> web.Response:
 
 
 def load_body(state: ReplicaRuntime, s: ReplicaSettings) -> list[dict]:
-    """SGLang's ``/get_load``: one entry per data-parallel rank (one here). ``num_tokens`` is SGLang's
-    figure: KV tokens running requests hold (cached blocks no request holds excluded) plus the
+    """SGLang's ``/get_load``: one entry per data-parallel rank (``dp_rank`` None with one). ``num_tokens`` is
+    SGLang's figure: KV tokens running requests hold (cached blocks no request holds excluded) plus the
     prompt tokens of the requests waiting to be admitted."""
-    sched = state.scheduler
-    pool = state.core.pool
-    bs = s.block_size
+    return [_rank_load(core, s.block_size, rank if len(state.cores) > 1 else None)
+            for rank, core in enumerate(state.cores)]
+
+
+def _rank_load(core, bs: int, rank: int | None) -> dict:
+    sched, pool = core.scheduler, core.pool
     running, waiting = sched.num_running, sched.num_waiting
     held = (pool.pinned + pool.private) * bs
     waiting_tokens = sum(r.input_tokens for r in sched.waiting)
     total = pool.capacity * bs
-    return [{"dp_rank": None, "num_reqs": running + waiting, "num_waiting_reqs": waiting,
-             "num_tokens": held + waiting_tokens,
-             # beyond SGLang's four: the parts, and the pool
-             "num_running_reqs": running, "num_used_tokens": held, "num_waiting_tokens": waiting_tokens,
-             "queued_prefill_tokens": sched.queued_prefill_tokens, "num_cached_tokens": pool.evictable * bs,
-             "max_total_num_tokens": total, "token_usage": held / total, "kv_usage": pool.usage()}]
+    return {"dp_rank": rank, "num_reqs": running + waiting, "num_waiting_reqs": waiting,
+            "num_tokens": held + waiting_tokens,
+            # beyond SGLang's four: the parts, and the pool
+            "num_running_reqs": running, "num_used_tokens": held, "num_waiting_tokens": waiting_tokens,
+            "queued_prefill_tokens": sched.queued_prefill_tokens, "num_cached_tokens": pool.evictable * bs,
+            "max_total_num_tokens": total, "token_usage": held / total, "kv_usage": pool.usage()}
 
 
 async def get_load(request: web.Request) -> web.Response:

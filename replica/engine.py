@@ -14,12 +14,25 @@ import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from replica.core.build import ReplicaCore
 from replica.core.cache.pool import KvEvent
+from replica.core.dp import pick_rank
 from replica.core.sched.scheduler import SchedRequest, StepResult
 
 INF = float("inf")
+
+
+class Stepper(Protocol):
+    """What the engine's loop steps: one rank's scheduler, or every rank of an expert-parallel group in
+    lockstep (replica/dp.py)."""
+
+    def has_work(self) -> bool: ...
+
+    def step(self, now: float, horizon: float = INF) -> StepResult: ...
+
+    def abort(self, r: SchedRequest, now: float) -> bool: ...
 
 
 @dataclass(slots=True)
@@ -37,6 +50,7 @@ class Handle:
     # a decode after a remote prefill, the emulated time its KV arrived (-1: it did not come over the network)
     kv_transfer_params: dict | None = None
     kv_arrived: float = -1.0
+    dp_rank: int = 0  # the data-parallel rank it runs on (replica/dp.py; 0 in a replica of one rank)
 
     def timings(self) -> dict:
         r = self.req
@@ -68,6 +82,7 @@ class Engine:
         self.core = core
         self.pool = core.pool
         self.sched = core.scheduler
+        self.stepper: Stepper = core.scheduler  # what the loop steps (replica/dp.py: a lockstep group's ranks)
         self.time_scale = time_scale
         self.on_events = on_events
         self.on_first_token = on_first_token
@@ -89,14 +104,14 @@ class Engine:
     # ---- clock ------------------------------------------------------------------
     def now(self) -> float:
         """Emulated seconds since start."""
-        if self.time_scale > 0 and not self.sched.has_work():
+        if self.time_scale > 0 and not self.stepper.has_work():
             return self._emu_now + (time.monotonic() - self._wall_idle_since) / self.time_scale
         return self._emu_now
 
     # ---- requests ---------------------------------------------------------------
     def _leave_idle(self) -> None:
         """Fold the idle wall time into the emulated clock exactly once, when work arrives."""
-        if not self.sched.has_work():
+        if not self.stepper.has_work():
             self._emu_now = self.now()
             self._wall_idle_since = time.monotonic()
             self._reanchor()
@@ -116,16 +131,26 @@ class Engine:
         return handle
 
     def submit(self, hashes, prompt_tokens: int, max_tokens: int, session: str | None, stream: bool,
-               response_hashes=None, hold: bool = False) -> Handle:
-        """Queue a request; raises InputError subclasses (pool too small, queue full). ``hold``: a prefill
-        for a remote decode, whose blocks stay pinned when it finishes until ``release_held``."""
+               response_hashes=None, hold: bool = False, rank: int | None = None) -> Handle:
+        """Queue a request; raises InputError subclasses (pool too small, queue full, a ``rank`` this engine
+        does not have: vLLM's ``X-data-parallel-rank``). ``hold``: a prefill for a remote decode, whose blocks
+        stay pinned when it finishes until ``release_held``."""
+        rank = self.pick_rank(rank)
         self._leave_idle()
         req = self._request(hashes, prompt_tokens, max_tokens, session, response_hashes)
         req.hold = hold
-        self.sched.submit(req)
+        self._queue(req, rank)
         handle = self._handle(req, stream)
+        handle.dp_rank = rank
         self._wake.set()
         return handle
+
+    def pick_rank(self, asked: int | None) -> int:
+        """The rank a request runs on: this engine's one (a rank named must be 0)."""
+        return pick_rank([self.sched], asked)
+
+    def _queue(self, req: SchedRequest, rank: int) -> None:
+        self.sched.submit(req)
 
     # ---- disaggregated prefill / decode (replica/pd.py) ----------------------------
     def reserve(self, hashes, prompt_tokens: int, max_tokens: int, session: str | None, stream: bool,
@@ -167,7 +192,7 @@ class Engine:
 
     def clock(self) -> float:
         """The emulated time of this wall instant (between steps too: ``now`` moves only at step ends)."""
-        if self.time_scale > 0 and self.sched.has_work():
+        if self.time_scale > 0 and self.stepper.has_work():
             return max(self._emu_now, self._anchor_emu + (time.monotonic() - self._anchor_wall) / self.time_scale)
         return self.now()
 
@@ -187,7 +212,7 @@ class Engine:
         effect where the step under way ends (the next one is planned without it). False: nothing
         to abort, as it finished, or finishes in the step under way (its answer is ready: a finish)."""
         rid = handle.req.rid
-        if self.handles.get(rid) is not handle or not self.sched.abort(handle.req, max(self._step_end, self._emu_now)):
+        if self.handles.get(rid) is not handle or not self.stepper.abort(handle.req, max(self._step_end, self._emu_now)):
             if handle.kv_transfer_params is None:  # a finished prefill held for a pull nobody was told of
                 self.release_held(handle.req)
             return False
@@ -206,7 +231,7 @@ class Engine:
     # ---- loop -------------------------------------------------------------------
     async def run(self) -> None:
         while True:
-            if not self.sched.has_work():
+            if not self.stepper.has_work():
                 self._wall_idle_since = time.monotonic()
                 self._wake.clear()
                 if self._stopping:
@@ -217,7 +242,7 @@ class Engine:
                 self._reanchor()
                 continue
             now = self._emu_now
-            res = self.sched.step(now, now if self.time_scale > 0 else INF)
+            res = self.stepper.step(now, now if self.time_scale > 0 else INF)
             self._step_end = now + res.duration
             self.publish_events()
             await self._pace(now + res.duration)
@@ -274,5 +299,5 @@ class Engine:
         self._stopping = True
         self._wake.set()
         deadline = time.monotonic() + timeout
-        while self.sched.has_work() and time.monotonic() < deadline:
+        while self.stepper.has_work() and time.monotonic() < deadline:
             await asyncio.sleep(0.01)

@@ -11,6 +11,11 @@ When the feed overflows, or Redis refuses a batch, the lost batch is counted and
 next batch is a resync: ``cleared`` followed by ``stored`` for every resident block (per
 memory level: host and SSD blocks as level-tagged ``stored`` events), so an index that noticed
 the sequence gap rebuilds this replica's entries exactly.
+
+Data-parallel ranks (``--data-parallel-size N``, replica/dp.py): each batch holds one rank's events and says
+which (``dp_rank``), with the rank's own sequence number (``rank_seq``) beside the feed's: the index keeps each
+rank as its own entry (``shared.index.base.dp_rank_key``), numbered without gaps, while a reader follows the one
+feed by ``seq``. A resync republishes every rank.
 """
 
 from __future__ import annotations
@@ -18,21 +23,28 @@ from __future__ import annotations
 import bisect
 import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from replica.core.cache.pool import KvEvent
 from shared.httpkit import query_int
 from shared.index.base import event_to_wire
 
+Snapshot = Callable[[], list[KvEvent]]
+
 
 @dataclass(slots=True)
 class FeedBatch:
     seq: int  # sequence number of the batch's first event; events are numbered consecutively
     events: list[KvEvent]
+    dp_rank: int | None = None  # a data-parallel replica's batch: the rank whose events these are
+    rank_seq: int = 0  # ... and that rank's own number of its first event (consecutive per rank)
 
     def to_wire(self) -> dict:
-        return {"seq": self.seq, "events": [event_to_wire(e) for e in self.events]}
+        out: dict = {"seq": self.seq, "events": [event_to_wire(e) for e in self.events]}
+        if self.dp_rank is not None:
+            out["dp_rank"], out["rank_seq"] = self.dp_rank, self.rank_seq
+        return out
 
 
 class EventFeed:
@@ -44,11 +56,15 @@ class EventFeed:
     an overflow loses unshipped batches, so the next publish starts with a resync.
     """
 
-    def __init__(self, replica_id: str, snapshot: Callable[[], list[KvEvent]], batch_max: int = 512,
-                 max_batches: int = 4096, mode: str = "poll", max_hashes: int = 1 << 18) -> None:
+    def __init__(self, replica_id: str, snapshot: Snapshot, batch_max: int = 512,
+                 max_batches: int = 4096, mode: str = "poll", max_hashes: int = 1 << 18,
+                 rank_snapshots: Sequence[Snapshot] = ()) -> None:
         self.replica_id = replica_id
         self.epoch = uuid.uuid4().hex[:16]
         self._snapshot = snapshot  # ``stored`` events of every block held (ReplicaCore.snapshot_events)
+        # a data-parallel replica: each rank's snapshot; its batches carry their rank and the rank's numbers
+        self._rank_snapshots = list(rank_snapshots)
+        self.rank_next_seq = [1] * len(self._rank_snapshots)
         self.batch_max = batch_max
         self.max_batches = max_batches
         # Memory is bounded by hashes held, not only by batches: under load one batch holds
@@ -68,22 +84,17 @@ class EventFeed:
         self._resync_end = 0  # next_seq just after the last resync: equal to next_seq = it is still the newest
         self.listener: Callable[[], None] | None = None  # woken after each publish (the Redis shipper)
 
-    def publish(self, events: list[KvEvent]) -> None:
+    def publish(self, events: list[KvEvent], rank: int | None = None) -> None:
+        """One step's events (of data-parallel ``rank``, in a replica of several ranks)."""
         if self._needs_resync:
             self._needs_resync = False
             self.resyncs += 1
             # The events of this call are already reflected in the resident set.
-            events = [KvEvent("cleared", ()), *self._snapshot()]
-            resync = True
-        else:
-            resync = False
-        for chunk in _chunks(events, self.batch_max):
-            self.batches.append(FeedBatch(self.next_seq, chunk))
-            self.next_seq += len(chunk)
-            self.published_events += len(chunk)
-            self.held_hashes += _hashes_in(chunk)
-        if resync:
+            for part, snapshot in self._resync_parts():
+                self._append([KvEvent("cleared", ()), *snapshot()], part)
             self._resync_end = self.next_seq
+        else:
+            self._append(events, rank)
         overflow = 0
         while len(self.batches) > 1 and (len(self.batches) > self.max_batches or self.held_hashes > self.max_hashes):
             self.held_hashes -= _hashes_in(self.batches.popleft().events)
@@ -96,6 +107,30 @@ class EventFeed:
                 self.expired_batches += overflow
         if self.listener is not None and self.batches:
             self.listener()
+
+    def _resync_parts(self) -> list[tuple[int | None, Snapshot]]:
+        if not self._rank_snapshots:
+            return [(None, self._snapshot)]
+        return list(enumerate(self._rank_snapshots))
+
+    def _append(self, events: list[KvEvent], rank: int | None) -> None:
+        if self._rank_snapshots and rank is None:
+            raise ValueError("a data-parallel replica's events name their rank")
+        for chunk in _chunks(events, self.batch_max):
+            batch = FeedBatch(self.next_seq, chunk)
+            if rank is not None:
+                batch.dp_rank, batch.rank_seq = rank, self.rank_next_seq[rank]
+                self.rank_next_seq[rank] += len(chunk)
+            self.batches.append(batch)
+            self.next_seq += len(chunk)
+            self.published_events += len(chunk)
+            self.held_hashes += _hashes_in(chunk)
+
+    def heartbeats(self) -> list[FeedBatch]:
+        """Empty batches carrying the next numbers (the feed's, or each rank's): an index sees a gap from them."""
+        if not self._rank_snapshots:
+            return [FeedBatch(self.next_seq, [])]
+        return [FeedBatch(self.next_seq, [], rank, n) for rank, n in enumerate(self.rank_next_seq)]
 
     @property
     def resync_pending(self) -> bool:

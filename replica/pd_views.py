@@ -129,8 +129,8 @@ async def _decode_leg(request: web.Request, spec: protocol.GenerateSpec, params:
     state.pd.check_peer(params.remote_host or "", params.remote_port or 0, f"{KV_PARAMS}.remote_host")
     keep = state.settings.stored_response_kv == "keep"
     response_hashes = spec.response_hashes if keep else None
-    handle = state.engine.reserve(spec.hashes, spec.prompt_tokens, spec.max_tokens, spec.session, spec.stream,
-                                  response_hashes)
+    handle = state.pd.engine.reserve(spec.hashes, spec.prompt_tokens, spec.max_tokens, spec.session, spec.stream,
+                                     response_hashes)
     if handle is None:  # the pool cannot hold its blocks now: prefill it here instead
         state.pd.failover("no_room")
         return submit(request, spec)
@@ -139,13 +139,13 @@ async def _decode_leg(request: web.Request, spec: protocol.GenerateSpec, params:
         async with until_client_gone(request):
             why = await state.pd.fetch(handle, params)
     except ClientGone:
-        state.engine.cancel_remote(handle)
+        state.pd.engine.cancel_remote(handle)
         return None
     except BaseException:
-        state.engine.cancel_remote(handle)
+        state.pd.engine.cancel_remote(handle)
         raise
     if why is None:
         return handle
-    state.engine.cancel_remote(handle)
+    state.pd.engine.cancel_remote(handle)
     state.pd.failover(why)
     return submit(request, spec)

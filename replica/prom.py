@@ -1,12 +1,16 @@
 """Prometheus exposition: vLLM's metric names where one exists, kvemu_* for the rest.
 
 Every series carries ``model_name`` and ``replica_id``, so a router (or Prometheus) can merge
-the replicas' series into one cluster view. Cache counters live in the pool's metrics; a
+the replicas' series into one cluster view. vLLM's per-engine series (prefix-cache queries and hits, KV use,
+running, waiting, preemptions) carry ``engine`` too, one series a data-parallel rank (``engine="0"`` with one);
+kvemu's own counters add up every rank's. Cache counters live in the pool's metrics; a
 collector reads them at scrape time, so the serving path touches Prometheus objects only
 when a request produces its first token or finishes.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -68,6 +72,26 @@ def _one(kind, name: str, doc: str, values: list[str], value: float):
     return fam
 
 
+class PoolFigures(NamedTuple):
+    """The cache counters the collector exports, over every data-parallel rank's pool."""
+
+    block_accesses: int
+    block_hits: int
+    csr: float
+    holes_total: int
+    evictions: int
+    one_hit_evictions: int
+
+    @classmethod
+    def of(cls, pools) -> PoolFigures:
+        ms = [pool.metrics for pool in pools]
+        counts = ms[0].counts()
+        for m in ms[1:]:
+            counts = counts + m.counts()
+        return cls(counts.block_accesses, counts.block_hits, counts.csr, sum(m.holes_total for m in ms),
+                   sum(m.evictions for m in ms), sum(m.one_hit_evictions for m in ms))
+
+
 class ReplicaCollector:
     def __init__(self, state) -> None:
         self.state = state
@@ -77,7 +101,7 @@ class ReplicaCollector:
 
     def collect(self):
         st = self.state
-        m = st.pool.metrics
+        m = PoolFigures.of(st.pools)
         values = [st.settings.model, st.settings.replica_id]
 
         def counter(name, doc, value):
@@ -86,30 +110,24 @@ class ReplicaCollector:
         def gauge(name, doc, value):
             return _one(GaugeMetricFamily, name, doc, values, value)
 
-        yield counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", m.tokens_queried)
-        yield counter("vllm:prefix_cache_hits", "Prompt tokens served from the prefix cache.", m.tokens_hit)
-        yield gauge("vllm:kv_cache_usage_perc", "Fraction of KV blocks in use (0-1).", st.pool.usage())
-        yield gauge("vllm:num_requests_running", "Requests running.", st.scheduler.num_running)
-        yield gauge("vllm:num_requests_waiting", "Requests waiting.", st.scheduler.num_waiting)
-        sched = st.scheduler
-        # fcfs admits a request only once all its blocks are allocated: it never preempts (0).
-        yield counter("vllm:num_preemptions", "Requests preempted (reorder scheduler: lent memory taken back).",
-                      sched.preemptions)
+        yield from self._engines(values)
+        scheds = [core.scheduler for core in st.cores]
         # vLLM frees an aborted request and counts no success for it; its finished_reason="abort" series stays 0
         yield counter("kvemu_requests_aborted", "Requests aborted because their client went away (disconnected"
                       " or timed out) before they finished; not in vllm:request_success.", st.engine.counters.aborted)
         yield counter("kvemu_scheduler_promotions", "Requests admitted ahead of a head that did not fit (reorder).",
-                      sched.promotions)
+                      sum(sched.promotions for sched in scheds))
         yield counter("kvemu_pinned_block_seconds", "KV blocks held by running requests x emulated seconds"
-                      " (rate / kvemu_capacity_blocks = time-averaged HBM use).", sched.pinned_block_s)
+                      " (rate / kvemu_capacity_blocks = time-averaged HBM use).", sum(x.pinned_block_s for x in scheds))
         yield counter("kvemu_block_accesses", "Prompt blocks looked up.", m.block_accesses)
         yield counter("kvemu_block_hits", "Prompt blocks reused.", m.block_hits)
         yield gauge("kvemu_csr", "Compute-savings ratio: recompute cost of hits / of all accesses.",
-                    m.counts().csr)
+                    m.csr)
         yield counter("kvemu_holes", "Gaps of recomputed blocks before a reused block.", m.holes_total)
         yield counter("kvemu_evictions", "Blocks evicted.", m.evictions)
         yield counter("kvemu_one_hit_evictions", "Evicted blocks that were never reused.", m.one_hit_evictions)
-        yield gauge("kvemu_capacity_blocks", "KV blocks in the pool.", st.pool.capacity)
+        yield gauge("kvemu_capacity_blocks", "KV blocks in the pool (every data-parallel rank's).",
+                    sum(pool.capacity for pool in st.pools))
         yield counter("kvemu_events_published", "KV events published.", st.feed.published_events)
         yield counter("kvemu_event_batches_dropped", "KV event batches lost (each followed by a resync).",
                       st.feed.dropped_batches)
@@ -117,6 +135,30 @@ class ReplicaCollector:
         yield from self._adaptive(values)
         yield from self._tiers(values)
         yield from self._pd(values)
+
+    def _engines(self, values: list[str]):
+        """vLLM's per-engine series: one a data-parallel rank, labelled ``engine="<rank>"`` as vLLM labels its
+        engine cores (``engine="0"`` in a replica of one rank)."""
+        labels = LABELS + ["engine"]
+        families = (
+            (CounterMetricFamily, "vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+             lambda core: core.pool.metrics.tokens_queried),
+            (CounterMetricFamily, "vllm:prefix_cache_hits", "Prompt tokens served from the prefix cache.",
+             lambda core: core.pool.metrics.tokens_hit),
+            (GaugeMetricFamily, "vllm:kv_cache_usage_perc", "Fraction of KV blocks in use (0-1).",
+             lambda core: core.pool.usage()),
+            (GaugeMetricFamily, "vllm:num_requests_running", "Requests running.",
+             lambda core: core.scheduler.num_running),
+            (GaugeMetricFamily, "vllm:num_requests_waiting", "Requests waiting.",
+             lambda core: core.scheduler.num_waiting),
+            # fcfs admits a request only once all its blocks are allocated: it never preempts (0).
+            (CounterMetricFamily, "vllm:num_preemptions", "Requests preempted (reorder scheduler: lent memory taken"
+             " back).", lambda core: core.scheduler.preemptions))
+        for kind, name, doc, value in families:
+            fam = kind(name, doc, labels=labels)
+            for rank, core in enumerate(self.state.cores):
+                fam.add_metric([*values, str(rank)], value(core))
+            yield fam
 
     def _pd(self, values: list[str]):
         """Disaggregated prefill / decode (replica/pd.py): this instance's NIC and its remote requests

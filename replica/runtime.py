@@ -9,6 +9,7 @@ from collections import deque
 from aiohttp import web
 
 from replica.core.build import build_core
+from replica.dp import DpEngine
 from replica.engine import Engine
 from replica.events import EventFeed
 from replica.kvpool.client import PoolClient
@@ -29,7 +30,10 @@ class ReplicaRuntime:
         # the shared KV level, live: a mirror of the pool process's store (replica/kvpool/)
         shared = settings.tiers.shared
         self.shared_store = MirrorStore(shared, emit_events=False) if shared is not None else None
-        self.core = build_core(settings.core_settings(), self.cost, shared=self.shared_store)
+        # --data-parallel-size: one core a rank, each its own scheduler and pool (replica/dp.py); rank 0's is ``core``
+        self.cores = [build_core(settings.core_settings(), self.cost, shared=self.shared_store)
+                      for _ in range(settings.dp.size)]
+        self.core = self.cores[0]
         self.pool = self.core.pool
         self.scheduler = self.core.scheduler
         self.backend = None
@@ -38,22 +42,32 @@ class ReplicaRuntime:
 
             self.backend = TorchBackend(self.cost.model, self.pool, settings.device, settings.layers,
                                         settings.seed, self.core.tiers).attach(self.scheduler)
+        held = sum(core.capacity_with_tiers for core in self.cores)
         self.feed = EventFeed(settings.replica_id, self.core.snapshot_events, settings.event_batch_max,
                               settings.feed_max_batches, mode="push" if settings.index else "poll",
                               # a resync (every block held, in every tier) must always fit, or it would drop itself
-                              max_hashes=max(settings.feed_max_hashes, 2 * self.core.capacity_with_tiers + 1024))
+                              max_hashes=max(settings.feed_max_hashes, 2 * held + 1024),
+                              rank_snapshots=[core.snapshot_events for core in self.cores] if self.dp_ranks else ())
         self.prom = ReplicaMetrics(settings.model, settings.replica_id)
         self.registry = self.prom.registry
         self.ttft_recent = RecentTtft()
         self._feed_changed: asyncio.Future | None = None  # what long polls of the feed wait on
         if not settings.index:  # poll mode: the feed's listener wakes them (push mode: the Redis shipper)
             self.feed.listener = self._wake_feed_readers
-        self.vllm_events = self._vllm_publisher(settings)
-        self.engine = Engine(self.core, settings.time_scale,
-                             on_events=self.feed.publish if self.vllm_events is None else self._publish_both,
-                             on_first_token=self._first_token, on_finished=self.prom.finished)
-        # disaggregated prefill / decode: this instance's NIC, held prefills, remote decodes (replica/pd.py)
-        self.pd = PdRuntime(settings, self.engine, self.cost.kv_bytes_per_token, self.registry, LABELS)
+        # vLLM's publisher of each rank (--kv-events-config; its port offset by the rank, as vLLM's), or none
+        self.vllm_events = [self._vllm_publisher(settings, rank) for rank in range(settings.dp.size)] \
+            if settings.kv_events is not None else []
+        self.engine: Engine | DpEngine
+        if self.dp_ranks:
+            self.engine = DpEngine(self.cores, self.cost, settings.dp, settings.time_scale, self._publish_rank,
+                                   self._first_token, self.prom.finished)
+            first = self.engine.engines[0]
+        else:
+            first = self.engine = Engine(self.core, settings.time_scale, on_events=self._publish,
+                                         on_first_token=self._first_token, on_finished=self.prom.finished)
+        # disaggregated prefill / decode: this instance's NIC, held prefills, remote decodes (replica/pd.py; one
+        # rank: a replica of several is refused a P/D role)
+        self.pd = PdRuntime(settings, first, self.cost.kv_bytes_per_token, self.registry, LABELS)
         self.shared_pool: PoolClient | None = None
         if self.shared_store is not None and settings.shared_pool_url is not None:
             self.shared_pool = PoolClient(settings.shared_pool_url, self.shared_store, settings.replica_id,
@@ -79,27 +93,56 @@ class ReplicaRuntime:
         except TimeoutError:
             pass
 
-    def _vllm_publisher(self, settings: ReplicaSettings) -> ZmqEventPublisher | None:
-        """vLLM's KV-event publisher where --kv-events-config asks for it (its sockets open here: a port
-        in use is a one-line error at start)."""
+    @property
+    def dp_ranks(self) -> bool:
+        """Several data-parallel ranks (replica/dp.py)."""
+        return len(self.cores) > 1
+
+    @property
+    def pools(self) -> list:
+        """Each rank's KV pool (one in a replica of one rank)."""
+        return [core.pool for core in self.cores]
+
+    @property
+    def running(self) -> int:
+        return sum(core.scheduler.num_running for core in self.cores)
+
+    @property
+    def waiting(self) -> int:
+        return sum(core.scheduler.num_waiting for core in self.cores)
+
+    def kv_usage(self) -> float:
+        """The ranks' mean KV use (the router weighs the replica by it, as the simulator does an instance)."""
+        return sum(pool.usage() for pool in self.pools) / len(self.cores)
+
+    def _vllm_publisher(self, settings: ReplicaSettings, rank: int) -> ZmqEventPublisher:
+        """vLLM's KV-event publisher of data-parallel rank ``rank`` (--kv-events-config): vLLM's endpoints with
+        their ports offset by the rank, its batches stamped with it. Its sockets open here: a port in use is a
+        one-line error at start."""
         config = settings.kv_events
-        if config is None:
-            return None
-        tiers = self.core.tiers
+        assert config is not None
+        core = self.cores[rank]
+        tiers = core.tiers
         translator = EventTranslator(settings.block_size, config.event_encoding, config.hash_algo, config.hash_seed,
                                      tiers.names if tiers is not None else (),
-                                     pending_max=max(1 << 17, 4 * self.core.capacity_with_tiers))
-        return ZmqEventPublisher(config, translator)
+                                     pending_max=max(1 << 17, 4 * core.capacity_with_tiers))
+        return ZmqEventPublisher(config, translator, data_parallel_rank=rank)
 
-    def _publish_both(self, events) -> None:
+    def _publish(self, events) -> None:
         self.feed.publish(events)
-        assert self.vllm_events is not None
-        self.vllm_events.publish(events)
+        for publisher in self.vllm_events:
+            publisher.publish(events)
 
-    def register_blocks(self, hashes, response_hashes, tokens) -> None:
-        """A submitted request's blocks and the tokens they cover, for vLLM's events (a no-op without them)."""
-        if self.vllm_events is not None:
-            self.vllm_events.translator.register([*hashes, *(response_hashes or ())], tokens)
+    def _publish_rank(self, rank: int, events) -> None:
+        self.feed.publish(events, rank)
+        if self.vllm_events:
+            self.vllm_events[rank].publish(events)
+
+    def register_blocks(self, hashes, response_hashes, tokens, rank: int = 0) -> None:
+        """A submitted request's blocks and the tokens they cover, for vLLM's events of its rank (a no-op
+        without them)."""
+        if self.vllm_events:
+            self.vllm_events[rank].translator.register([*hashes, *(response_hashes or ())], tokens)
 
     def _first_token(self, ttft_s: float) -> None:
         self.prom.first_token(ttft_s)

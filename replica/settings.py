@@ -20,6 +20,7 @@ from replica.core.build import (
 from replica.core.cache.policies import policy_class, policy_names
 from replica.core.cache.pool import HIT_MODES
 from replica.core.disagg import DEFAULT_PD_HOLD_SHARE, PdSettings, check_role
+from replica.core.dp import DpSettings
 from replica.core.sched.sched_types import (
     DEFAULT_ADMISSION,
     DEFAULT_MAX_LOANS,
@@ -32,8 +33,10 @@ from replica.core.sched.sched_types import (
     max_model_len_for,
 )
 from replica.core.tiers.stack import TierSettings
+from shared import memory_rule
 from shared.costmodel import CostModel, KvBudget, split_tp
 from shared.errors import InputError, UnknownNameError
+from shared.expert_parallel import check_expert_parallel
 from shared.kv_events_config import KvEventsConfig
 from shared.serving import ServingSettings
 from shared.validate import check_number, check_positive_int
@@ -107,6 +110,9 @@ class ReplicaSettings:
     pd_peers: tuple[str, ...] | None = None
     # the shared KV pool's process (replica/kvpool/service.py), where tiers.shared is set: its URL
     shared_pool_url: str | None = None
+    # --data-parallel-size / --enable-expert-parallel: this many ranks, each its own scheduler and pool of the
+    # capacity above (replica/dp.py)
+    dp: DpSettings = DpSettings()
 
     def __post_init__(self) -> None:
         if self.policy not in live_policy_names():  # an oracle needs the future: `kvemu sim` only
@@ -154,7 +160,8 @@ class ReplicaSettings:
                                                 " live replica's shared level is a `kvemu pool` process")
         if self.shared_pool_url is not None and not self.shared_pool_url.startswith(("http://", "https://")):
             raise InputError("shared_pool_url", f"expected an http:// URL, got {self.shared_pool_url!r}")
-        CostModel.from_names(self.model, self.gpu)  # unknown names list the valid ones
+        cost = CostModel.from_names(self.model, self.gpu)  # unknown names list the valid ones
+        self._check_dp(cost)
         if self.capacity_gib is not None and self.resolved_capacity_blocks() <= 0:
             raise InputError("capacity_gib", "is smaller than one KV block of this model")
         if self.capacity_tokens is not None and self.resolved_capacity_blocks() <= 0:
@@ -162,6 +169,19 @@ class ReplicaSettings:
                                                 f" of {self.block_size} tokens")
         if self.gpu_memory_utilization is not None:
             self.kv_budget().check()  # nothing left for KV: one line naming the flag
+
+    def _check_dp(self, cost: CostModel) -> None:
+        """DP ranks where the live replica runs them: refusals name the flag, as the simulator's do."""
+        check_expert_parallel(cost.model, self.dp.expert_parallel, self.dp.size)
+        if self.dp.size == 1:
+            return
+        flag = "--data-parallel-size"
+        if self.role != "both":
+            raise InputError(flag, "DP ranks inside P/D instances are not emulated: drop one of them")
+        if self.backend != "emulated":
+            raise InputError(flag, f"DP ranks run on the emulated backend only, not {self.backend!r}")
+        if self.shared_pool_url is not None:
+            raise InputError(flag, "DP ranks beside a shared KV pool level are not emulated live: drop one of them")
 
     def core_settings(self) -> CoreSettings:
         """The cache core this replica runs (``replica.core.build``)."""
@@ -201,8 +221,9 @@ class ReplicaSettings:
     def kv_budget(self) -> KvBudget:
         """What ``gpu_memory_utilization`` leaves for KV (vLLM's profiling step; CostModel.kv_budget)."""
         assert self.gpu_memory_utilization is not None
-        return self.cost_model().kv_budget(self.gpu_memory_utilization, self.token_budget, self.max_running,
-                                           self.block_size)
+        cost = self.cost_model()  # under expert parallelism each rank holds its share of the experts
+        return memory_rule.kv_budget(cost, self.gpu_memory_utilization, self.token_budget, self.max_running,
+                                     self.block_size, expert_ranks=self.dp.expert_ranks(cost.tp))
 
     def asked_max_model_len(self) -> int:
         """The length limit asked for: the setting, else the model's context window."""

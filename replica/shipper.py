@@ -22,6 +22,7 @@ import time
 from replica.events import EventFeed, FeedBatch
 from shared.histogram import LogHistogram
 from shared.index import EventBatch, IndexUnavailable, RedisIndex, StoreScope
+from shared.index.base import dp_rank_key
 
 log = logging.getLogger("kvemu.replica.shipper")
 
@@ -64,7 +65,7 @@ class RedisShipper:
             self._wake.clear()
             batches = self.feed.pop_ready()
             if not batches and time.monotonic() - last_beat >= self.heartbeat_s:
-                batches = [FeedBatch(self.feed.next_seq, [])]
+                batches = self.feed.heartbeats()
                 last_beat = time.monotonic()
             if batches and not await self._ship(batches):
                 await asyncio.sleep(self._backoff)
@@ -78,8 +79,8 @@ class RedisShipper:
                 return False
             self._declared = True
         for i, b in enumerate(batches):
-            batch = EventBatch(self.replica_id, self.feed.epoch, b.seq,
-                               b.events)  # EventBatch validates the (kind, hashes) pairs
+            feed_id, seq = index_position(self.replica_id, b)
+            batch = EventBatch(feed_id, self.feed.epoch, seq, b.events)  # validates the (kind, hashes) pairs
             t0 = time.perf_counter()
             try:
                 result = await self.index.apply(batch)
@@ -120,3 +121,11 @@ class RedisShipper:
                 "failures": self.failures, "lost_batches": self.lost_batches, "index_resets": self.index_resets,
                 "last_error": self.last_error,
                 "apply_latency_s": self.apply_latency.summary()}
+
+
+def index_position(replica_id: str, batch: FeedBatch) -> tuple[str, int]:
+    """Where a feed batch goes in the index: the replica's entry and the feed's number, or a data-parallel rank's
+    entry (``dp_rank_key``) and the rank's own number."""
+    if batch.dp_rank is None:
+        return replica_id, batch.seq
+    return dp_rank_key(replica_id, batch.dp_rank), batch.rank_seq

@@ -13,6 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from replica import pd_views, sglang_pd
 from replica.core.cache.policies import make_policy
+from replica.dp import DpEngine, instance_pool_stats
 from replica.engine import Handle
 from replica.events import read_feed
 from replica.httputil import require_admin
@@ -62,9 +63,23 @@ def _submit(request: web.Request, spec: protocol.GenerateSpec, hold: bool = Fals
     keep = _settings(request).stored_response_kv == "keep"  # a prefill replica never stores it
     state = _state(request)
     handle = state.engine.submit(spec.hashes, spec.prompt_tokens, spec.max_tokens, spec.session, spec.stream,
-                                 spec.response_hashes if keep else None, hold)
-    state.register_blocks(spec.hashes, spec.response_hashes if keep else None, spec.block_tokens)
+                                 spec.response_hashes if keep else None, hold, asked_rank(request))
+    state.register_blocks(spec.hashes, spec.response_hashes if keep else None, spec.block_tokens, handle.dp_rank)
     return handle
+
+
+def asked_rank(request: web.Request) -> int | None:
+    """The data-parallel rank vLLM's ``X-data-parallel-rank`` header names (None: the replica balances); a value
+    that is no integer is a 400 naming the header and the ranks (one out of range, the engine's: the same 400)."""
+    value = request.headers.get(protocol.DP_RANK_HEADER)
+    if value is None:
+        return None
+    text = value.strip()
+    digits = text[1:] if text.startswith("-") else text
+    if not (digits.isascii() and digits.isdigit()) or len(digits) > 9:
+        ranks = len(_state(request).cores)
+        raise InputError(protocol.DP_RANK_HEADER, f"must be a rank from 0 to {ranks - 1}, got {value[:40]!r}")
+    return int(text)
 
 
 async def _until(request: web.Request, handle: Handle, fut) -> bool:
@@ -130,7 +145,8 @@ def _generate_body(request: web.Request, handle: Handle) -> dict:
             "output_tokens": r.output_tokens, "cached_tokens": r.cached_tokens, "prompt_blocks": len(r.hashes),
             # (a held prefill's blocks may have been pulled and released, its allocation gone, by now)
             "cached_blocks": len(alloc.hit_idx) if alloc is not None else None,
-            "holes": alloc.holes if alloc is not None else None, **handle.timings(), **_held(request, handle)}
+            "holes": alloc.holes if alloc is not None else None, **handle.timings(), **_held(request, handle),
+            **({"dp_rank": handle.dp_rank} if _state(request).dp_ranks else {})}
 
 
 async def _head_at_first_token(request: web.Request, handle: Handle, content_type: str,
@@ -268,9 +284,10 @@ async def health(request: web.Request) -> web.Response:
     s = _settings(request)
     return web.json_response({"status": "ok", "replica_id": s.replica_id, "role": s.role, "epoch": state.feed.epoch,
                               "policy": state.pool.policy.name, "model": served_model(s.model),
-                              "capacity_blocks": state.pool.capacity,
-                              "block_size": s.block_size, "matching": s.matching, "running": state.scheduler.num_running,
-                              "waiting": state.scheduler.num_waiting, "kv_usage": state.pool.usage(),
+                              "capacity_blocks": sum(pool.capacity for pool in state.pools),
+                              "data_parallel_size": len(state.cores),  # the router keys its index by rank
+                              "block_size": s.block_size, "matching": s.matching, "running": state.running,
+                              "waiting": state.waiting, "kv_usage": state.kv_usage(),
                               **state.pd.hold_health(),  # P/D: what prefills held for remote decodes pin
                               # the shared KV pool: ok, unreachable (serving from its own levels) or connecting
                               **({"shared_pool": state.shared_pool.state} if state.shared_pool is not None else {})})
@@ -285,8 +302,9 @@ async def stats(request: web.Request) -> web.Response:
     state = _state(request)
     s = _settings(request)
     top = query_int(request, "top", 10, 1, 1000)
-    out = state.pool.stats(top_k=top)
-    out["private_blocks"] = state.pool.private  # held by running requests beyond their hashed blocks (decode KV)
+    out = instance_pool_stats(state.pools, top) if state.dp_ranks else state.pool.stats(top_k=top)
+    # held by running requests beyond their hashed blocks (decode KV)
+    out["private_blocks"] = sum(pool.private for pool in state.pools)
     if not wants_raw_sessions(request, s.serving.cluster_token):
         for row in out["top_sessions"]:
             row["session"] = session_label(row["session"], s.serving.cluster_token)
@@ -295,13 +313,13 @@ async def stats(request: web.Request) -> web.Response:
         "gpu": state.cost.gpu.name,
         # the pool's capacity_blocks (its own unit: blocks of block_size tokens, pages under radix) as
         # tokens and bytes too, which mean one memory in either matching mode
-        "capacity_tokens": state.pool.capacity * s.block_size,
-        "capacity_bytes": state.pool.capacity * state.cost.block_bytes(s.block_size),
-        "capacity_gib": state.cost.blocks_to_gib(state.pool.capacity, s.block_size),
+        "capacity_tokens": out["capacity_blocks"] * s.block_size,
+        "capacity_bytes": out["capacity_blocks"] * state.cost.block_bytes(s.block_size),
+        "capacity_gib": state.cost.blocks_to_gib(out["capacity_blocks"], s.block_size),
         "time_scale": s.time_scale, "uptime_s": time.time() - state.started,
         "scheduler": {**state.scheduler.stats(),
-                      "running": state.scheduler.num_running, "waiting": state.scheduler.num_waiting,
-                      "queued_prefill_tokens": state.scheduler.queued_prefill_tokens,
+                      "running": state.running, "waiting": state.waiting,
+                      "queued_prefill_tokens": sum(core.scheduler.queued_prefill_tokens for core in state.cores),
                       "steps": state.engine.counters.steps, "finished": state.engine.counters.finished,
                       "aborted": state.engine.counters.aborted,
                       "emulated_busy_s": state.engine.counters.emulated_busy_s,
@@ -312,8 +330,14 @@ async def stats(request: web.Request) -> web.Response:
     })
     if s.gpu_memory_utilization is not None:  # vLLM's memory rule sized the pool: its terms, bytes per GPU
         out["memory_rule"] = s.kv_budget().breakdown()
-    if state.vllm_events is not None:  # --kv-events-config: vLLM's KV events over ZMQ
-        out["kv_events"] = state.vllm_events.stats()
+    if state.dp_ranks:  # --data-parallel-size: each rank's figures beside the totals above (replica/dp.py)
+        assert isinstance(state.engine, DpEngine)
+        out["data_parallel"] = {"size": s.dp.size, "expert_parallel": s.dp.expert_parallel,
+                                "ranks": state.engine.rank_stats()}
+    if state.vllm_events:  # --kv-events-config: vLLM's KV events over ZMQ (one publisher a rank)
+        out["kv_events"] = state.vllm_events[0].stats()
+        if state.dp_ranks:
+            out["kv_events"]["ranks"] = [publisher.stats() for publisher in state.vllm_events]
     if state.backend is not None:  # --backend torch: what the real kernels did
         out["backend"] = {"name": s.backend, "device": s.device, **state.backend.counters}
         if state.backend.mover is not None:  # the tier copies it made
@@ -341,7 +365,7 @@ async def kv_resync(request: web.Request) -> web.Response:
     state = _state(request)
     state.feed.request_resync()
     return web.json_response({"epoch": state.feed.epoch, "next_seq": state.feed.next_seq,
-                              "resident_blocks": state.pool.used})
+                              "resident_blocks": sum(pool.used for pool in state.pools)})
 
 
 # ---- admin ---------------------------------------------------------------------------
@@ -360,17 +384,19 @@ async def admin_policy(request: web.Request) -> web.Response:
     state = _state(request)
     old = state.pool.policy.name
     state.pool.set_policy(policy, state.engine.now())
+    for pool in state.pools[1:]:  # every data-parallel rank its own instance of the policy
+        pool.set_policy(make_policy(name, **params), state.engine.now())
     state.policy_switches.append({"at": time.time(), "from": old, "to": policy.name})
     return web.json_response({"policy": policy.describe(), "previous": old,
-                              "resident_blocks": state.pool.used})
+                              "resident_blocks": sum(pool.used for pool in state.pools)})
 
 
 async def admin_reset(request: web.Request) -> web.Response:
     require_admin(request)
     state = _state(request)
-    dropped = state.pool.reset()
+    dropped = sum(pool.reset() for pool in state.pools)
     state.engine.publish_events()
-    return web.json_response({"dropped_blocks": dropped, "resident_blocks": state.pool.used})
+    return web.json_response({"dropped_blocks": dropped, "resident_blocks": sum(pool.used for pool in state.pools)})
 
 
 def add_routes(app: web.Application) -> None:

@@ -50,7 +50,7 @@ import zmq
 from replica.core.cache.pool import KvEvent
 from shared import vllm_hashing
 from shared.errors import InputError
-from shared.kv_events_config import DEFAULT_ENDPOINT, KvEventsConfig
+from shared.kv_events_config import DEFAULT_ENDPOINT, KvEventsConfig, offset_port
 
 log = logging.getLogger("kvemu.replica.vllm_events")
 
@@ -216,7 +216,9 @@ class ZmqEventPublisher:
         self.config = config
         self.translator = translator
         self.rank = data_parallel_rank
-        self.endpoint = config.endpoint or DEFAULT_ENDPOINT
+        # vLLM's rule for a DP rank's publisher: its endpoints' ports offset by the rank (ipc / inproc: "_dp<rank>")
+        self.endpoint = offset_port(config.endpoint or DEFAULT_ENDPOINT, data_parallel_rank) or DEFAULT_ENDPOINT
+        self.replay_endpoint = offset_port(config.replay_endpoint, data_parallel_rank)
         self.counters = PublisherCounters()
         self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=config.max_queue_size)
         self._ctx: zmq.Context = zmq.Context.instance()
@@ -228,12 +230,12 @@ class ZmqEventPublisher:
                 self._pub.bind(self.endpoint)
             else:
                 self._pub.connect(self.endpoint)
-            if config.replay_endpoint is not None:
+            if self.replay_endpoint is not None:
                 self._replay = self._ctx.socket(zmq.ROUTER)
-                self._replay.bind(config.replay_endpoint)
+                self._replay.bind(self.replay_endpoint)
         except zmq.ZMQError as exc:
             self._close()
-            where = config.replay_endpoint if self._replay is not None else self.endpoint
+            where = self.replay_endpoint if self._replay is not None else self.endpoint
             raise InputError("--kv-events-config", f"cannot open {where}: {exc.strerror}; give another endpoint"
                                                    " or port") from None
         self._topic = config.topic.encode()
@@ -258,7 +260,8 @@ class ZmqEventPublisher:
 
     def stats(self) -> dict:
         c = self.counters
-        return {"endpoint": self.endpoint, "replay_endpoint": self.config.replay_endpoint, "topic": self.config.topic,
+        return {"endpoint": self.endpoint, "replay_endpoint": self.replay_endpoint, "data_parallel_rank": self.rank,
+                "topic": self.config.topic,
                 "event_encoding": self.config.event_encoding, "hash_algo": self.config.hash_algo,
                 "next_seq": self._next_seq, "batches": c.batches, "events": c.events,
                 "dropped_batches": c.dropped_batches, "replay_requests": c.replay_requests,

@@ -44,6 +44,15 @@ def parallel_setting(args: argparse.Namespace, model: ModelSpec) -> DpSettings:
 
 
 def expert_ranks(dp: DpSettings, tp: int) -> int:
-    """The GPUs each expert layer is split over, for the memory rule: DP x TP under expert parallelism, else 0
-    (the --tp GPUs, as the rest of the weights)."""
-    return dp.size * tp if dp.expert_parallel else 0
+    """The GPUs each expert layer is split over, for the memory rule (``DpSettings.expert_ranks``)."""
+    return dp.expert_ranks(tp)
+
+
+def ranks_line(dp: DpSettings, blocks: int, unit: str = "blocks") -> str | None:
+    """What a live replica of several ranks prints at start, after its capacity (None with one rank)."""
+    if dp.size == 1:
+        return None
+    ep = (" experts split over the ranks' GPUs (each holds its share: the capacity above counts it), ranks in lockstep;"
+          if dp.expert_parallel else "")
+    return (f"data parallel: {dp.size} ranks, each its own scheduler and KV pool of {blocks:,} {unit};{ep} a request"
+            " goes to the rank its X-data-parallel-rank header names, else the least loaded by waiting x 4 + running")

@@ -45,6 +45,11 @@ class DpSettings:
     def lockstep(self) -> bool:
         return self.expert_parallel and self.size > 1
 
+    def expert_ranks(self, tp: int) -> int:
+        """The GPUs each expert layer is split over, for the memory rule: DP x TP under expert parallelism, else 0
+        (the --tp GPUs, as the rest of the weights)."""
+        return self.size * tp if self.expert_parallel else 0
+
 
 def rank_load(sched: Scheduler) -> int:
     """What vLLM's DP coordinator balances on: waiting x 4 + running."""

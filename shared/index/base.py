@@ -167,6 +167,23 @@ def level_key(replica_id: str, level: int) -> str:
     return f"{replica_id}#{level}"
 
 
+DP_RANK_SEP = "/dp"
+
+
+def dp_rank_key(replica_id: str, rank: int) -> str:
+    """The index's entry for data-parallel rank ``rank`` of a replica (``"<id>/dp<rank>"``): each rank holds its own
+    blocks, as Dynamo's KV router keys a worker's blocks by (worker, dp_rank). A replica of one rank keeps its id."""
+    return f"{replica_id}{DP_RANK_SEP}{rank}"
+
+
+def split_dp_rank(key: str) -> tuple[str, int | None]:
+    """``dp_rank_key``'s inverse: (replica id, rank), or (key, None) for an entry that names no rank."""
+    replica_id, sep, rank = key.rpartition(DP_RANK_SEP)
+    if not sep or not rank.isdigit() or not replica_id:
+        return key, None
+    return replica_id, int(rank)
+
+
 def lower_overlap(replica_id: str, hashes: Sequence[int], start: int,
                   levels: Sequence[Container[int]]) -> dict[str, int]:
     """``lower_run_counts`` under ``level_key`` (zero counts omitted): what an index answers a router."""

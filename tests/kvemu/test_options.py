@@ -159,6 +159,7 @@ GROUPS = {
     "tokens": ("--capacity-tokens",),
     "torch": ("--backend", "--device", "--layers"),
     "radix": ("--matching", "--page-size"),  # radix takes pages, not --block-size, and LRU only
+    "parallel": ("--data-parallel-size", "--enable-expert-parallel"),  # experts: a MoE model (the default one)
 }
 GROUP_OF = {flag: group for group, flags in GROUPS.items() for flag in flags}
 
@@ -237,7 +238,8 @@ def up_cmdlines(a: argparse.Namespace) -> list[list[str]]:
 def test_up_hands_every_flag_it_forwards_to_the_children_that_use_it(group):
     a = up_args(group_argv(group), check=group != "torch")  # torch and CUDA need not be here: not checked
     compared = check_children_got(group_options(group), a, up_cmdlines(a), settings=group != "torch")
-    assert compared >= {"default": 30, "tiers": 3, "utilization": 1, "tokens": 1, "torch": 0, "radix": 1}[group]
+    assert compared >= {"default": 30, "tiers": 3, "utilization": 1, "tokens": 1, "torch": 0, "radix": 1,
+                        "parallel": 0}[group]  # parallel: ReplicaSettings.dp holds both (the command lines compared)
 
 
 def test_every_forwarded_flag_is_in_one_group_and_each_group_is_set():
