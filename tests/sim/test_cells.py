@@ -8,22 +8,13 @@ from pathlib import Path
 import pytest
 
 from kvemu.cli import main
-from loadgen.formats import read_trace, write_kvemu
+from loadgen.formats import read_trace
 from loadgen.trace import Trace, TraceRequest
-from loadgen.workloads import generate
 from sim.cells import CellError, LocalPool
 from sim.run import simulate
 from sim.simulator import SimSettings
 
 CELLS = ["--policy", "lru,s3fifo", "--capacity-blocks", "600,1200,2400", "--quiet"]
-
-
-@pytest.fixture(scope="module")
-def trace_file(tmp_path_factory) -> Path:
-    # 740 requests of 300 s of scm conversations, the largest 536 blocks (as tests/sim/test_sweep.py)
-    path = tmp_path_factory.mktemp("cells") / "scm.jsonl"
-    write_kvemu(generate("scm", 300, seed=3, overrides={"arrival_rate": "0.5"}), path)
-    return path
 
 
 def sim_runs(trace_file: Path, out: Path, *extra: str) -> list[dict]:

@@ -14,8 +14,6 @@ from pathlib import Path
 import pytest
 
 from kvemu.cli import main
-from loadgen.formats import write_kvemu
-from loadgen.workloads import generate
 
 distributed = pytest.importorskip("distributed")
 
@@ -23,14 +21,6 @@ GRID = ["--policy", "lru,s3fifo", "--capacity-blocks", "600,2000", "--routing", 
         "--replicas", "1,2", "--quiet"]
 # 2 policies x 2 capacities x (1 replica, whatever the routing + 2 replicas x 2 routings)
 POINTS = 12
-
-
-@pytest.fixture(scope="module")
-def trace_file(tmp_path_factory) -> Path:
-    # 740 requests of 300 s of scm conversations, the largest 536 blocks (as tests/sim/test_sweep.py)
-    path = tmp_path_factory.mktemp("dask") / "scm.jsonl"
-    write_kvemu(generate("scm", 300, seed=3, overrides={"arrival_rate": "0.5"}), path)
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,9 @@ not exact (sub-millisecond sleeps return at once under uvloop), so concurrency d
 
 from __future__ import annotations
 
+import contextlib
 import json
+import urllib.request
 
 import pytest
 
@@ -46,12 +48,49 @@ def sim(trace: str, out, *extra: str, config=CONFIG) -> dict:
     return json.loads(out.read_text())["runs"][0]
 
 
-@pytest.mark.parametrize("workload,seed,capacity", [("scm", "3", "1500"), ("chat", "0", "3000")])
-def test_live_hit_ratios_match_the_simulator(tmp_path, workload, seed, capacity):
-    config = {**CONFIG, "capacity-blocks": capacity}
+def gen(tmp_path, workload: str = "scm", seed: str = "3") -> str:
+    """300 s of the workload preset as a trace file; its path."""
     trace = str(tmp_path / f"{workload}.jsonl")
     res = run_kvemu("gen", "--workload", workload, "--duration", "300", "--seed", seed, "-o", trace)
     assert res.returncode == 0, res.stderr
+    return trace
+
+
+@contextlib.contextmanager
+def live_cluster(config: dict, speedup: float = SPEEDUP):
+    """`kvemu up` with the configuration's flags and ROUTING at a 1/speedup time scale: its URLs. The
+    simulator takes the block size from the trace (16, kvemu gen's default); the cluster is told."""
+    up = Up(*flags(config), "--block-size", "16", *[x for pair in ROUTING for x in ("--set", pair)],
+            "--time-scale", str(1 / speedup), "--port", str(free_port()))
+    try:
+        yield up.ready()
+    finally:
+        up.cleanup()
+
+
+def replay(url: str, trace: str, out=None, speedup: float = SPEEDUP, timeout: float = 120) -> dict | None:
+    """`kvemu replay` of the trace against ``url``; its --json document when ``out`` is given."""
+    res = run_kvemu("replay", "--url", url, "--trace", trace, "--speedup", str(speedup), "--quiet",
+                    *(["--json", str(out)] if out else []), timeout=timeout)
+    assert res.returncode == 0, res.stderr
+    return json.loads(out.read_text()) if out else None
+
+
+def replica_stats(urls: dict) -> list[dict]:
+    return [json.load(urllib.request.urlopen(url + "/stats", timeout=10))
+            for name, url in urls.items() if name.startswith("replica-")]
+
+
+def by_accesses(tiers: list[dict], keys) -> dict[str, float]:
+    """Per-replica ratios weighted by block accesses: the simulator's per-level ratios are over all accesses."""
+    return {key: sum(t[key] * t["accessed_blocks"] for t in tiers) / sum(t["accessed_blocks"] for t in tiers)
+            for key in keys}
+
+
+@pytest.mark.parametrize("workload,seed,capacity", [("scm", "3", "1500"), ("chat", "0", "3000")])
+def test_live_hit_ratios_match_the_simulator(tmp_path, workload, seed, capacity):
+    config = {**CONFIG, "capacity-blocks": capacity}
+    trace = gen(tmp_path, workload, seed)
 
     open_loop = sim(trace, tmp_path / "sim.json", config=config)
     causal = sim(trace, tmp_path / "sim_causal.json", "--causal", config=config)
@@ -64,18 +103,9 @@ def test_live_hit_ratios_match_the_simulator(tmp_path, workload, seed, capacity)
     else:  # the chat trace: response KV is where the next turn hits, so a default that differs shows
         assert causal["block_hit_ratio"] > dropped["block_hit_ratio"] + 2 * TOL
 
-    # The simulator takes the block size from the trace (16, kvemu gen's default); the cluster is told.
-    up = Up(*flags(config), "--block-size", "16", *[x for pair in ROUTING for x in ("--set", pair)], "--time-scale", str(1 / SPEEDUP),
-            "--port", str(free_port()))
-    try:
-        urls = up.ready()
-        live_json = tmp_path / "live.json"
-        res = run_kvemu("replay", "--url", urls["router"], "--trace", trace, "--speedup", str(SPEEDUP), "--quiet",
-                        "--json", str(live_json), timeout=120)
-        assert res.returncode == 0, res.stderr
-    finally:
-        up.cleanup()
-    doc = json.loads(live_json.read_text())
+    with live_cluster(config) as urls:
+        doc = replay(urls["router"], trace, tmp_path / "live.json")
+    assert doc is not None
     live = doc["summary"]
     assert live["failed"] == 0 and live["requests"] == open_loop["requests"]
     assert all(r["run"]["evictions"] > 0 for r in doc["cluster"]["replicas"].values())
@@ -102,34 +132,18 @@ TIER_CONFIG = {**CONFIG, "host-cache-gib": "0.5", "ssd-cache-gib": "1.0",
 
 def test_live_tier_hit_ratios_match_the_simulator(tmp_path):
     """Host and SSD tiers: the same per-tier hit ratios live (every replica's /stats) and in virtual time."""
-    import urllib.request
-
-    trace = str(tmp_path / "scm.jsonl")
-    res = run_kvemu("gen", "--workload", "scm", "--duration", "300", "--seed", "3", "-o", trace)
-    assert res.returncode == 0, res.stderr
+    trace = gen(tmp_path)
     virtual = sim(trace, tmp_path / "sim.json", config=TIER_CONFIG)
     assert virtual["host_block_hit_ratio"] > 0.02 and virtual["tiers"]["demoted_blocks"] > 0
 
-    up = Up(*flags(TIER_CONFIG), "--block-size", "16", *[x for pair in ROUTING for x in ("--set", pair)],
-            "--time-scale", str(1 / SPEEDUP), "--port", str(free_port()))
-    try:
-        urls = up.ready()
-        res = run_kvemu("replay", "--url", urls["router"], "--trace", trace, "--speedup", str(SPEEDUP), "--quiet",
-                        timeout=120)
-        assert res.returncode == 0, res.stderr
-        tiers = [json.load(urllib.request.urlopen(url + "/stats", timeout=10))["tiers"]
-                 for name, url in urls.items() if name.startswith("replica-")]
-    finally:
-        up.cleanup()
-    accessed = [t["hbm_block_hit_ratio"] for t in tiers]
-    assert len(accessed) == 2
-    # per-replica ratios weighted by block accesses: the sim's per-tier ratios are over all accesses
-    live = {}
-    for key in ("hbm_block_hit_ratio", "host_block_hit_ratio", "ssd_block_hit_ratio"):
-        live[key] = sum(t[key] * t["accessed_blocks"] for t in tiers) / sum(t["accessed_blocks"] for t in tiers)
-    report = f"\nlive {live}\nsim  {({k: virtual[k] for k in live})}"
+    with live_cluster(TIER_CONFIG) as urls:
+        replay(urls["router"], trace)
+        tiers = [s["tiers"] for s in replica_stats(urls)]
+    assert len(tiers) == 2
+    measured = by_accesses(tiers, ("hbm_block_hit_ratio", "host_block_hit_ratio", "ssd_block_hit_ratio"))
+    report = f"\nlive {measured}\nsim  {({k: virtual[k] for k in measured})}"
     print(report)
-    for key, value in live.items():
+    for key, value in measured.items():
         assert abs(value - virtual[key]) <= TOL, report
 
 
@@ -144,23 +158,13 @@ def test_live_pd_hit_ratios_match_the_simulator(tmp_path):
     blocks stay held on the one prefill instance until the decode instance has pulled them, and live that
     includes the router's and the pull's HTTP round trips, which a 1/200 time scale stretches 200-fold in
     emulated time, so more of the prefill pool is pinned and other blocks are evicted earlier."""
-    config = PD_CONFIG
-    trace = str(tmp_path / "scm.jsonl")
-    res = run_kvemu("gen", "--workload", "scm", "--duration", "300", "--seed", "3", "-o", trace)
-    assert res.returncode == 0, res.stderr
-    causal = sim(trace, tmp_path / "sim_causal.json", "--causal", config=config)
+    trace = gen(tmp_path)
+    causal = sim(trace, tmp_path / "sim_causal.json", "--causal", config=PD_CONFIG)
     assert causal["pd"]["requests"]["remote"] > 50 and causal["evictions"] > 0
-    up = Up(*flags(config), "--block-size", "16", *[x for pair in ROUTING for x in ("--set", pair)],
-            "--time-scale", str(1 / SPEEDUP), "--port", str(free_port()))
-    try:
-        urls = up.ready()
-        live_json = tmp_path / "live.json"
-        res = run_kvemu("replay", "--url", urls["router"], "--trace", trace, "--speedup", str(SPEEDUP), "--quiet",
-                        "--json", str(live_json), timeout=180)
-        assert res.returncode == 0, res.stderr
-    finally:
-        up.cleanup()
-    live = json.loads(live_json.read_text())["summary"]
+    with live_cluster(PD_CONFIG) as urls:
+        doc = replay(urls["router"], trace, tmp_path / "live.json", timeout=180)
+    assert doc is not None
+    live = doc["summary"]
     report = (f"\nlive  block {live['block_hit_ratio']:.4f} token {live['token_hit_ratio']:.4f}"
               f"\nsim --causal block {causal['block_hit_ratio']:.4f} token {causal['token_hit_ratio']:.4f}"
               f" paths {causal['pd']['requests']}")
@@ -187,41 +191,26 @@ def test_live_shared_pool_hit_ratios_match_the_simulator(tmp_path):
     mirrors lag the pool's evictions by the feed's round trip, about 1 emulated second at a 1/200 time scale,
     in which the pool turns over hundreds of blocks; live then planned about 4,900 reads of blocks the pool
     had already evicted (counted as ``read_missing_blocks``) and the shared ratio came out 0.126 against 0.084."""
-    import urllib.request
-
-    config = SHARED_CONFIG
-    trace = str(tmp_path / "scm.jsonl")
-    res = run_kvemu("gen", "--workload", "scm", "--duration", "300", "--seed", "3", "-o", trace)
-    assert res.returncode == 0, res.stderr
-    causal = sim(trace, tmp_path / "sim_causal.json", "--causal", config=config)
+    trace = gen(tmp_path)
+    causal = sim(trace, tmp_path / "sim_causal.json", "--causal", config=SHARED_CONFIG)
     assert causal["shared_block_hit_ratio"] > 0.05 and causal["tiers"]["shared"][0]["evictions"] > 0
     speedup = SPEEDUP / 4  # 4 replicas and a pool on the CPUs: pacing at 1/200 let HBM drift by 0.016 once
-    up = Up(*flags(config), "--block-size", "16", *[x for pair in ROUTING for x in ("--set", pair)],
-            "--time-scale", str(1 / speedup), "--port", str(free_port()))
-    try:
-        urls = up.ready()
+    with live_cluster(SHARED_CONFIG, speedup) as urls:
         assert "shared-pool" in urls
-        res = run_kvemu("replay", "--url", urls["router"], "--trace", trace, "--speedup", str(speedup), "--quiet",
-                        "--json", str(tmp_path / "live.json"), timeout=180)
-        assert res.returncode == 0, res.stderr
-        stats = [json.load(urllib.request.urlopen(url + "/stats", timeout=10))
-                 for name, url in urls.items() if name.startswith("replica-")]
+        doc = replay(urls["router"], trace, tmp_path / "live.json", speedup, timeout=180)
+        stats = replica_stats(urls)
         pool = json.load(urllib.request.urlopen(urls["shared-pool"] + "/stats", timeout=10))
-    finally:
-        up.cleanup()
+    assert doc is not None
     assert len(stats) == 4 and all(s["shared_pool"]["failures"] == 0 for s in stats)
-    tiers = [s["tiers"] for s in stats]
-    live = {key: sum(t[key] * t["accessed_blocks"] for t in tiers) / sum(t["accessed_blocks"] for t in tiers)
-            for key in ("hbm_block_hit_ratio", "shared_block_hit_ratio")}
-    report = (f"\nlive {live} pool writes {pool['writes']} reads {pool['reads']} evictions {pool['evictions']}"
+    measured = by_accesses([s["tiers"] for s in stats], ("hbm_block_hit_ratio", "shared_block_hit_ratio"))
+    report = (f"\nlive {measured} pool writes {pool['writes']} reads {pool['reads']} evictions {pool['evictions']}"
               f" missing {pool['read_missing_blocks']}"
-              f"\nsim  {({k: causal[k] for k in live})} store {causal['tiers']['shared'][0]}")
+              f"\nsim  {({k: causal[k] for k in measured})} store {causal['tiers']['shared'][0]}")
     print(report)
-    for key, value in live.items():
+    for key, value in measured.items():
         assert abs(value - causal[key]) <= TOL, report
     # the replay's ratios mean what the simulator's do: token and block hit ratios HBM's, every level apart
     # (it printed "token hit ratio 0.6080   block hit ratio 0.3090": the first counted the pool's hits)
-    doc = json.loads((tmp_path / "live.json").read_text())
     replayed = {"token_hit_ratio": doc["summary"]["token_hit_ratio"], "block_hit_ratio": doc["summary"]["block_hit_ratio"],
                 "all_levels_block_hit_ratio": doc["cluster"]["all_levels_block_hit_ratio"]}
     report = f"\nreplay {replayed}\nsim    {({k: causal[k] for k in replayed})}"

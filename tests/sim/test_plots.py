@@ -4,16 +4,13 @@ legends that explain every line, the infinite-cache ceiling unclipped, distinct 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from matplotlib.colors import to_hex
 
 from kvemu.cli import main
-from loadgen.formats import read_trace, write_kvemu
+from loadgen.formats import read_trace
 from loadgen.source import trace_name
 from loadgen.trace import infinite_cache_hit_ratio
-from loadgen.workloads import generate
 from shared.plotting import PALETTE, REPLICA_BAR, REPLICA_LINE, pyplot
 from sim.plots import capacity_figure
 from sim.run import simulate
@@ -24,13 +21,6 @@ from tests.support.plots import ceiling_of, check_readable, legend_labels, line_
 
 HOLES = "hits: a cached block is a hit wherever it sits in the prompt (holes mode)"
 CAPS = (600, 1200, 2400)
-
-
-@pytest.fixture(scope="module")
-def trace_file(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("plots") / "scm.jsonl"  # 740 requests, the largest 536 blocks
-    write_kvemu(generate("scm", 300, seed=3, overrides={"arrival_rate": "0.5"}), path)
-    return path
 
 
 @pytest.mark.parametrize("replicas,routing,where", [(1, "cache_aware", "1 replica"),

@@ -30,14 +30,6 @@ GRID = ["--policy", "lru,s3fifo", "--capacity-blocks", "600,2000", "--routing", 
 
 
 @pytest.fixture(scope="module")
-def trace_file(tmp_path_factory) -> Path:
-    # 740 requests of 300 s of scm conversations, the largest 536 blocks
-    path = tmp_path_factory.mktemp("sweep") / "scm.jsonl"
-    write_kvemu(generate("scm", 300, seed=3, overrides={"arrival_rate": "0.5"}), path)
-    return path
-
-
-@pytest.fixture(scope="module")
 def swept(trace_file, tmp_path_factory) -> Path:
     """One finished 12-point sweep (R=1 runs once, not once per routing); tests copy its results."""
     out = tmp_path_factory.mktemp("swept") / "results.jsonl"
