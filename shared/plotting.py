@@ -19,6 +19,13 @@ def pyplot() -> Any:
     return plt
 
 
+def save_figure(fig, path: str, dpi: int = 110) -> str:
+    """``fig`` written to ``path`` and closed (pyplot keeps every open figure otherwise); the path."""
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
+    return path
+
+
 # ---- what every kvemu figure shares -------------------------------------------------------
 # Distinct colours for the things compared (policies, reasons); per-replica charts use
 # REPLICA_BAR / REPLICA_LINE, which are none of these.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from shared.plotting import PALETTE, pyplot
+from shared.plotting import PALETTE, pyplot, save_figure
 
 PARTS = ("queue", "prefill", "transfer", "first_decode")
 PART_LABELS = {"queue": "queue (prefill instance)", "prefill": "prefill", "transfer": "KV transfer",
@@ -25,12 +25,6 @@ def _log_x(ax, ticks: list[float], labels: list[str]) -> None:
     ax.set_xscale("log")
     ax.set_xticks(ticks, labels)
     ax.xaxis.set_minor_formatter(mticker.NullFormatter())
-
-
-def _save(fig, path: str) -> str:
-    fig.savefig(path, dpi=110)
-    pyplot().close(fig)
-    return path
 
 
 def _objective(doc: dict, w: str) -> str:
@@ -229,7 +223,7 @@ def plot_study(doc: dict, folder: str) -> list[str]:
                             ("link", "pd-link.png", link_figure), ("routing", "pd-routing.png", routing_figure),
                             ("estimate", "pd-estimate.png", estimate_figure)):
         if doc.get(key):
-            out.append(_save(make(doc), os.path.join(folder, name)))
+            out.append(save_figure(make(doc), os.path.join(folder, name)))
     return out
 
 
@@ -271,4 +265,4 @@ def pd_runs_figure(runs: list[dict], source: str):
 
 
 def plot_pd_runs(runs: list[dict], path: str, source: str = "trace") -> None:
-    _save(pd_runs_figure(runs, source), path)
+    save_figure(pd_runs_figure(runs, source), path)

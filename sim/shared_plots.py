@@ -8,18 +8,12 @@ from __future__ import annotations
 import math
 import os
 
-from shared.plotting import PALETTE, pyplot
+from shared.plotting import PALETTE, pyplot, save_figure
 
 ROUTING_COLORS = {"cache_aware": PALETTE[0], "session": PALETTE[2], "round_robin": PALETTE[3]}
 TITLES = {"mooncake": "Mooncake conversation trace", "mooncake-x20": "Mooncake conversation trace x20",
           "agent": "agent preset"}
 GIB = 1 << 30
-
-
-def _save(fig, path: str) -> str:
-    fig.savefig(path, dpi=110)
-    pyplot().close(fig)
-    return path
 
 
 def _title(doc: dict, w: str) -> str:
@@ -239,6 +233,6 @@ def plot_study(doc: dict, folder: str) -> list[str]:
                             ("link", "shared-pool-link.png", link_figure),
                             ("write", "shared-pool-write.png", write_figure)):
         if doc.get(key) and any(doc[key].values()):
-            out.append(_save(make(doc), os.path.join(folder, name)))
+            out.append(save_figure(make(doc), os.path.join(folder, name)))
     return out
 
