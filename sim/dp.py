@@ -13,14 +13,12 @@ rank meanwhile joins at that boundary, as an idle rank's dummy steps keep it in 
 
 from __future__ import annotations
 
-import heapq
-
 from replica.core.dp import DpGroup, DpSettings
 from replica.core.sched.scheduler import StepResult
 from router.strategies import ReplicaState, RouteRequest
 from shared.expert_parallel import check_expert_parallel
 from sim.settings import SimSettings
-from sim.simulator import INF, Simulation, _build_replica, _Replica
+from sim.simulator import INF, STEP_END, Replica, Simulation, build_replica
 
 
 class DpSimulation(Simulation):
@@ -38,20 +36,20 @@ class DpSimulation(Simulation):
         self.lockstep_steps = self.dummy_rank_steps = 0
         self.all_to_all_s = 0.0
 
-    def _build(self, s: SimSettings, events: bool, hashes_fit: bool) -> list[_Replica]:
+    def _build(self, s: SimSettings, events: bool, hashes_fit: bool) -> list[Replica]:
         n = s.data_parallel_size
         stores = self._shared_stores(s.tiers, s.replicas)
         out = []
         for i in range(s.replicas):
             state = ReplicaState(f"replica-{i}", capacity_blocks=s.capacity_blocks * n)
             for r in range(n):
-                rep = _build_replica(i, s, self.trace.block_size, self.cost, events, len(self.trace.requests),
+                rep = build_replica(i, s, self.trace.block_size, self.cost, events, len(self.trace.requests),
                                      hashes_fit, f"replica-{i}/dp{r}", stores[i] if stores else None)
                 rep.state = state  # the router sees the instance
                 out.append(rep)
         return out
 
-    def _route(self, r) -> tuple[_Replica, RouteRequest]:
+    def _route(self, r) -> tuple[Replica, RouteRequest]:
         view = RouteRequest(r.session, len(r.hash_ids), r.input_tokens)
         if len(self.groups) == 1:
             self.router.only(self.states[0], view)
@@ -73,13 +71,14 @@ class DpSimulation(Simulation):
                 out[name] = n
         return out
 
-    def _start_step(self, rep: _Replica, now: float, horizon: float, busy: list, seq: int) -> int:
+    def _start_step(self, rep: Replica, now: float, horizon: float) -> None:
         if not self.dp.lockstep:
-            return super()._start_step(rep, now, horizon, busy, seq)
+            super()._start_step(rep, now, horizon)
+            return
         k = self.group_of[rep.replica_id]
         ranks = self.instances[k]
         if any(x.pending is not None for x in ranks):  # the group's step has not ended on every rank yet
-            return seq
+            return
         step = self.groups[k].lockstep_step(now)
         if self.index is not None:
             for x in ranks:
@@ -87,7 +86,7 @@ class DpSimulation(Simulation):
         if step.duration <= 0:
             for x in ranks:
                 x.busy_until = INF  # nothing could run; the next arrival or completion restarts it
-            return seq
+            return
         self.lockstep_steps += 1
         self.dummy_rank_steps += step.dummies
         self.all_to_all_s += step.all_to_all_s
@@ -96,12 +95,10 @@ class DpSimulation(Simulation):
             x.pending = res if res is not None else StepResult(now, step.duration, 1, 0, [], [], [])
             x.busy_until = end
             x.busy_s += step.duration
-            heapq.heappush(busy, (end, seq, x.replica_id))
-            seq += 1
-        return seq
+            self._schedule(end, STEP_END, x.pos)
 
-    def _complete_step(self, rep: _Replica) -> None:
-        super()._complete_step(rep)
+    def _complete_step(self, rep: Replica, now: float) -> None:
+        super()._complete_step(rep, now)
         ranks = self.instances[self.group_of[rep.replica_id]]
         rep.state.kv_usage = sum(x.live_pool.usage() for x in ranks) / len(ranks)
 

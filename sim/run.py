@@ -1,13 +1,12 @@
 """``simulate``: one run of a trace in virtual time, on the simulator that fits the cluster: colocated
-replicas (sim/simulator.py), prefill and decode pools beside them (sim/pd.py), or instances of DP ranks
-(sim/dp.py)."""
+replicas or prefill and decode pools beside them (sim/simulator.py, whose loop calls sim/pd.py's component
+for P/D), or instances of DP ranks (sim/dp.py)."""
 
 from __future__ import annotations
 
 from loadgen.trace import Trace
 from shared.gc_tuning import gc_paused
 from sim.dp import DpSimulation
-from sim.pd import PdSimulation
 from sim.settings import SimSettings
 from sim.simulator import Simulation
 
@@ -16,10 +15,8 @@ def simulate(trace: Trace, settings: SimSettings, progress=None, records: bool =
     """The run's report; ``records``: with each request's results under ``request_records``
     (``loadgen.request_metrics.RequestRecord``, one per request of ``trace``, in its order)."""
     with gc_paused():  # the trace is built: the collector would find nothing to free in the loop
-        if settings.pd is not None:
-            sim: Simulation = PdSimulation(trace, settings, progress)
-        elif settings.data_parallel_size > 1:
-            sim = DpSimulation(trace, settings, progress)
+        if settings.data_parallel_size > 1:
+            sim: Simulation = DpSimulation(trace, settings, progress)
         else:
             sim = Simulation(trace, settings, progress)
         run = sim.run()

@@ -2,9 +2,16 @@
 
 Each replica is the live replica's own core: a ``BlockPool`` with a policy and a
 ``Scheduler`` whose step times come from the cost model. A virtual clock jumps from
-event to event (arrivals and step ends); the router is the same strategy function the
-live router calls, fed with the replicas' in-flight counts (counted at decision time),
-queued prefill tokens and, for ``cache_aware``, each pool's resident prefix.
+event to event: one loop (``Simulation.run``) takes the next arrival or the next event of one heap
+of typed events, ``(time, seq, kind, who)``: a replica's step ended (``STEP_END``, ``who`` its
+position) or, in a P/D cluster, a transfer's KV may have landed (``KV_DUE``, ``who`` the request);
+ties go to events before arrivals, then to the order they were queued. The router is the same
+strategy function the live router calls, fed with the replicas' in-flight counts (counted at
+decision time), queued prefill tokens and, for ``cache_aware``, each pool's resident prefix.
+
+A P/D cluster (``SimSettings.pd``) runs through the same loop: its component (sim/pd.py, ``PdFlow``)
+says what each instance is, splits an arrival into a remote prefill or a local one, starts a
+transfer when a prefill leg ends and settles it when its event comes; the report is sim/report.py's.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import chain
+from typing import Final
 
 import numpy as np
 from mypy_extensions import mypyc_attr
@@ -29,24 +37,30 @@ from replica.core.sched.scheduler import SchedRequest, Scheduler, StepResult
 from replica.core.tiers.levels import level_hit_costs
 from replica.core.tiers.shared import SharedStore
 from replica.core.tiers.stack import TierSettings, TierStack
-from router.strategies import ReplicaState, RouteRequest, RoutingSettings, RoutingStep, session_moves, strategy_spec
-from shared import compiled_modules
+from router.strategies import ReplicaState, RouteRequest, RoutingSettings, RoutingStep, strategy_spec
 from shared.costmodel import CostModel
 from shared.hashing import DEFAULT_BLOCK_SIZE
 from shared.histogram import LogHistogram
 from shared.index import EventBatch, MemoryIndex
 from shared.index.base import DEFAULT_MAX_REPLICAS
-from shared.ratios import CacheCounts, ratio
+from sim.pd import PdFlow
+from sim.report import run_report, saturation_warning
 from sim.requests import FinishedRequests
 from sim.settings import SIM_REUSE_MODES, SimSettings, core_settings, max_model_len
 
-# SimSettings and what resolves it live in sim/settings.py; importing them from here keeps working
+# SimSettings and what resolves it live in sim/settings.py, the report in sim/report.py; importing them from
+# here keeps working
 __all__ = ["SIM_REUSE_MODES", "NextUses", "SimSettings", "Simulation", "core_settings", "max_model_len",
            "saturation_warning"]
 
 INF = float("inf")
+# the kinds of the loop's events
+STEP_END: Final = 0  # a replica's step ended; who: its position in Simulation.replicas
+KV_DUE: Final = 1  # P/D: a transfer's KV may have landed (PdFlow.kv_due); who: the request's id
+
+
 @dataclass(slots=True)
-class _Replica:
+class Replica:
     replica_id: str
     core: ReplicaCore  # its pools: ``live_pool`` serves, ``pool`` is the Python pool, settled when read
     sched: Scheduler
@@ -56,6 +70,8 @@ class _Replica:
     ttft: LogHistogram = field(default_factory=LogHistogram)
     busy_s: float = 0.0  # emulated seconds spent in scheduler steps
     tiers: TierStack | None = None  # host / SSD below this replica's HBM
+    role: str = "both"  # P/D: "prefill" or "decode" (replica/core/disagg.py ROLES); "both": colocated
+    pos: int = -1  # its place in Simulation.replicas (a STEP_END event's who)
 
     @property
     def pool(self) -> BlockPool:
@@ -158,12 +174,12 @@ class PoolIndex:
         return self.index.lookup_sync(hashes)
 
 
-def _build_replica(i: int, s: SimSettings, block_size: int, cost: CostModel, indexed: bool,
-                   requests: int, hashes_fit: bool, replica_id: str = "", shared: SharedStore | None = None) -> _Replica:
+def build_replica(i: int, s: SimSettings, block_size: int, cost: CostModel, indexed: bool,
+                   requests: int, hashes_fit: bool, replica_id: str = "", shared: SharedStore | None = None) -> Replica:
     core = build_core(core_settings(s, block_size, cost, indexed, requests), cost, hashes_fit=hashes_fit,
                       shared=shared)
     replica_id = replica_id or f"replica-{i}"  # the ids `kvemu up` gives, so session routing hashes the same ring
-    return _Replica(replica_id, core, core.scheduler, ReplicaState(replica_id, capacity_blocks=s.capacity_blocks),
+    return Replica(replica_id, core, core.scheduler, ReplicaState(replica_id, capacity_blocks=s.capacity_blocks),
                     tiers=core.tiers)
 
 
@@ -174,6 +190,8 @@ class Simulation:
         self.s = settings
         self.cost = CostModel.from_names(settings.model, settings.gpu)
         self.block_size = trace.block_size
+        # a P/D cluster's component: its instances' roles and shapes now, its pools and network once they are built
+        self.pd: PdFlow | None = PdFlow(settings) if settings.pd is not None else None
         spec = strategy_spec(settings.routing)
         indexed = self._wants_index(settings)
         # the compiled pool keys on 64-bit unsigned hashes (build_core's compilable decides with that;
@@ -194,6 +212,8 @@ class Simulation:
             self.replicas = self._build(settings, True, True)
             for rep in self.replicas:  # the reason is the first build's: events were never the cause
                 rep.core.why_python = why
+        for pos, rep in enumerate(self.replicas):
+            rep.pos = pos
         kernels = [rep.compiled for rep in self.replicas if rep.compiled is not None]
         self._kernels = kernels if indexed and len(kernels) == len(self.replicas) else None
         self.by_id = {r.replica_id: r for r in self.replicas}
@@ -223,12 +243,30 @@ class Simulation:
         self.served = 0
         self.first_arrival = self.last_arrival = self.last_finish = 0.0
         self.finished_requests = FinishedRequests()  # each finished request's times: exact figures, --requests-out
+        self._events: list[tuple[float, int, int, int]] = []  # the loop's heap: (time, seq, kind, who)
+        self._seq = 0  # events queued so far: equal times go in the order they were queued
+        self._kicked: list[Replica] = []  # idle replicas given work at the current time, started once it is over
+        self._arrivals = _Arrivals([], False)
+        if self.pd is not None:
+            self.pd.attach(self)
 
-    def _build(self, s: SimSettings, events: bool, hashes_fit: bool) -> list[_Replica]:
-        stores = self._shared_stores(s.tiers, s.replicas)
-        return [_build_replica(i, s, self.trace.block_size, self.cost, events, len(self.trace.requests), hashes_fit,
-                               shared=stores[i] if stores else None)
-                for i in range(s.replicas)]
+    def _build(self, s: SimSettings, events: bool, hashes_fit: bool) -> list[Replica]:
+        """The replicas: ``s.replicas`` alike, or a P/D cluster's instances, each with its pool's shape."""
+        pd = self.pd
+        if pd is None:
+            stores = self._shared_stores(s.tiers, s.replicas)
+            return [build_replica(i, s, self.trace.block_size, self.cost, events, len(self.trace.requests), hashes_fit,
+                                  shared=stores[i] if stores else None)
+                    for i in range(s.replicas)]
+        stores = self._shared_stores(s.tiers, len(pd.roles))
+        out = []
+        for i, (replica_id, role) in enumerate(pd.roles.items()):
+            ps, cost = pd.instance_settings(replica_id)
+            rep = build_replica(i, ps, self.trace.block_size, cost, events, len(self.trace.requests), hashes_fit,
+                                replica_id, stores[i] if stores else None)
+            rep.role = role
+            out.append(rep)
+        return out
 
     def _shared_stores(self, tiers: TierSettings, replicas: int) -> list[SharedStore]:
         """Each replica's shared store, in replica order: one for the cluster, or one per ``scope`` replicas
@@ -270,57 +308,99 @@ class Simulation:
         return len(out)
 
     def _wants_index(self, s: SimSettings) -> bool:
-        """Whether routing asks which replica holds a prompt: one replica's pool is its own index."""
-        return strategy_spec(s.routing).uses_index and s.replicas > 1
+        """Whether routing asks which replica holds a prompt: one replica's pool is its own index. P/D's decider
+        asks what the decode instance holds, whatever the strategy."""
+        return s.pd is not None or (strategy_spec(s.routing).uses_index and s.replicas > 1)
 
     def _refusers(self) -> list[Scheduler]:
-        """The schedulers whose refusal rule decides what never runs: every replica's is the same here."""
-        return [self.replicas[0].sched]
+        """The schedulers whose refusal rule decides what never runs: one of each role (every colocated
+        replica's is the same; a P/D cluster's pools may differ)."""
+        firsts: dict[str, Scheduler] = {}
+        for rep in self.replicas:
+            firsts.setdefault(rep.role, rep.sched)
+        return list(firsts.values())
 
     def run(self) -> dict:
         future = NextUses(self.trace) if policy_class(self.s.policy).needs_future else None
         if self.s.cache_only:
             return self._run_cache_only(future)
-        reqs = self.trace.requests
-        busy: list[tuple[float, int, str]] = []  # (step end, tiebreak, replica id)
-        arrivals = _Arrivals(reqs, self.s.causal)
-        self._arrivals = arrivals
-        seq = 0
-        idle: list = []  # idle replicas given a request at the current arrival time, not started yet
         t0 = time.perf_counter()
-        n = len(reqs)
-        for i in range(n + 1):
-            t_next = arrivals.peek()
-            while busy and busy[0][0] <= t_next:
-                end, _, replica_id = heapq.heappop(busy)
-                rep = self.by_id[replica_id]
-                self._complete_step(rep)  # may release a session's next turn (causal)
-                t_next = arrivals.peek()
-                seq = self._start_step(rep, end, t_next, busy, seq)
-            if i == n or t_next == INF:  # INF: a session waits on a request that can never run
-                break
-            t, k = arrivals.pop()
-            if i == 0:
-                self.first_arrival = t
-            self.last_arrival = t
-            r = reqs[k]
-            rep, self._views[k] = self._route(r)
-            req = SchedRequest(k, r.hash_ids, r.input_tokens, max(r.output_tokens, 1), t, r.session,
-                               future.of(k) if future else None, future.position(k) if future else None)
-            if self.responses is not None:
-                req.response_hashes = self.responses[k]
-            rep.sched.submit(req)  # what could never run was refused before the run (_refuse)
-            if rep.busy_until == INF and rep not in idle:
-                idle.append(rep)
-            if idle and arrivals.peek() > t:  # every request arriving at t is queued: one step takes them all
-                for rep in idle:
-                    seq = self._start_step(rep, t, arrivals.peek(), busy, seq)
-                idle.clear()
-            if self.progress and i % 2000 == 0:
-                self.progress(i, n)
+        self._run_events(future)
         if self.progress:
+            n = len(self.trace.requests)
             self.progress(n, n)
         return self._report(time.perf_counter() - t0)
+
+    def _run_events(self, future: NextUses | None) -> None:
+        """The one loop: the next event (events first at equal times) or the next arrival, then the replicas
+        kicked at this time, once nothing else happens at it (every request arriving at a time is queued
+        before a step takes them)."""
+        reqs = self.trace.requests
+        arrivals = self._arrivals = _Arrivals(reqs, self.s.causal)
+        events, kicked, pd = self._events, self._kicked, self.pd
+        n, seen = len(reqs), 0
+        while True:
+            t_arr = arrivals.peek()
+            if events and events[0][0] <= t_arr:
+                now, _, kind, who = heapq.heappop(events)
+                if kind == STEP_END:
+                    self._step_ended(self.replicas[who], now)  # may release a session's next turn (causal)
+                else:
+                    assert pd is not None  # only P/D queues KV_DUE
+                    pd.kv_due(who, now)
+            elif t_arr == INF:  # nothing left; INF too where a session waits on a request that can never run
+                break
+            else:
+                now, k = arrivals.pop()
+                if seen == 0:
+                    self.first_arrival = now
+                self.last_arrival = now
+                self._arrive(k, now, future)
+                seen += 1
+                if self.progress and seen % 2000 == 0:
+                    self.progress(seen, n)
+            if kicked and min(arrivals.peek(), events[0][0] if events else INF) > now:
+                for rep in kicked:
+                    if rep.busy_until == INF:  # a replica kicked twice starts once: it is busy after the first
+                        self._start_step(rep, now, self._horizon(rep))
+                kicked.clear()
+
+    def _schedule(self, at: float, kind: int, who: int) -> None:
+        """Queue an event of ``kind`` (``STEP_END``, ``KV_DUE``) at ``at``."""
+        self._seq += 1
+        heapq.heappush(self._events, (at, self._seq, kind, who))
+
+    def schedule_kv(self, at: float, rid: int) -> None:
+        """P/D: request ``rid``'s transfer is projected to land at ``at`` (``PdFlow.kv_due`` then)."""
+        self._schedule(at, KV_DUE, rid)
+
+    def kick(self, rep: Replica) -> None:
+        """``rep`` was given work: it starts a step once nothing else happens at this time, if idle then."""
+        if self.pd is not None:
+            self._kicked.append(rep)
+        elif rep.busy_until == INF and rep not in self._kicked:
+            self._kicked.append(rep)
+
+    def _horizon(self, rep: Replica) -> float:
+        """How far a decode run started now may fast-forward: to the next arrival; under P/D, to the next event
+        anywhere (a transfer may land then)."""
+        if self.pd is None:
+            return self._arrivals.peek()
+        return min(self._arrivals.peek(), self._events[0][0] if self._events else INF)
+
+    def _arrive(self, k: int, t: float, future: NextUses | None) -> None:
+        """Request ``k`` arrives at ``t``: routed and queued (under P/D, split by ``PdFlow.arrive``)."""
+        r = self.trace.requests[k]
+        req = SchedRequest(k, r.hash_ids, r.input_tokens, max(r.output_tokens, 1), t, r.session,
+                           future.of(k) if future else None, future.position(k) if future else None)
+        if self.responses is not None:
+            req.response_hashes = self.responses[k]
+        if self.pd is not None:
+            self._views[k] = self.pd.arrive(r, req, t, self._overlap(r))
+            return
+        rep, self._views[k] = self._route(r)
+        rep.sched.submit(req)  # what could never run was refused before the run (_refuse)
+        self.kick(rep)
 
     def _run_cache_only(self, future: NextUses | None) -> dict:
         t0 = time.perf_counter()
@@ -368,7 +448,7 @@ class Simulation:
         self.served += done
         return done
 
-    def _route(self, r) -> tuple[_Replica, RouteRequest]:
+    def _route(self, r) -> tuple[Replica, RouteRequest]:
         view = RouteRequest(r.session, len(r.hash_ids), r.input_tokens)
         if len(self.replicas) == 1:  # nothing to choose: no lookup, no strategy (a cache study's hot path)
             self.router.only(self.states[0], view)
@@ -398,38 +478,55 @@ class Simulation:
                         break
         return overlap
 
-    def _start_step(self, rep: _Replica, now: float, horizon: float, busy: list, seq: int) -> int:
+    def _start_step(self, rep: Replica, now: float, horizon: float) -> None:
         if not rep.sched.has_work():
             rep.busy_until = INF
-            return seq
+            return
         res = rep.sched.step(now, horizon)
-        if self.index is not None:
-            self.index.sync(rep.replica_id, rep.pool)
+        self.sync(rep)
         if res.duration <= 0 and not res.finished and not res.first_tokens and not res.decoded:
             rep.busy_until = INF  # nothing could run; the next arrival or completion restarts it
-            return seq
+            return
         rep.busy_until = now + res.duration
         rep.busy_s += res.duration
         rep.pending = res
-        heapq.heappush(busy, (rep.busy_until, seq, rep.replica_id))
-        return seq + 1
+        self._schedule(rep.busy_until, STEP_END, rep.pos)
 
-    def _complete_step(self, rep: _Replica) -> None:
+    def sync(self, rep: Replica) -> None:
+        """The index learns what ``rep``'s pool changed (call after anything that allocates)."""
+        if self.index is not None:
+            self.index.sync(rep.replica_id, rep.pool)
+
+    def _step_ended(self, rep: Replica, now: float) -> None:
+        self._complete_step(rep, now)
+        if self.pd is not None:
+            self.kick(rep)
+        else:  # a colocated replica starts its next step at once
+            self._start_step(rep, now, self._arrivals.peek())
+
+    def _complete_step(self, rep: Replica, now: float) -> None:
         res = rep.pending
         assert res is not None  # only a started step completes
-        rep.pending = None
-        views = self._views
+        rep.pending, rep.busy_until = None, INF
+        views, pd = self._views, self.pd
         for r in res.first_tokens:  # the cluster's TTFT is the replicas' merged at the end
-            rep.ttft.add(r.t_first_token - r.arrival)
-            self.queue.add(r.waited)  # admission - arrival, unless preempted before its first token
-            self.router.prefilled(rep.state, views[r.rid])
+            rep.ttft.add(r.t_first_token - r.arrival)  # a prefill instance's own: its one token
+            if pd is None:
+                self.queue.add(r.waited)  # admission - arrival, unless preempted before its first token
+                self.router.prefilled(rep.state, views[r.rid])
+            else:
+                pd.first_token(rep, r)
         for r in res.finished:
+            if pd is not None and pd.leg_done(rep, r, now):
+                continue  # a prefill leg: its KV crosses to the decode instance
             self._arrivals.finished(r.rid, r.t_finished)
             self.e2e.add(r.t_finished - r.arrival)
             self._finished(r, rep.replica_id)
             self.last_finish = max(self.last_finish, r.t_finished)
             self.router.done(rep.state, views.pop(r.rid))
             self.served += 1
+        if pd is not None:  # (the pools' queues are their schedulers' own: P/D's live path learns no first token)
+            rep.state.queued_tokens = rep.sched.queued_prefill_tokens
         rep.state.kv_usage = rep.live_pool.usage()
 
     def _finished(self, r: SchedRequest, replica_id: str) -> None:
@@ -442,205 +539,5 @@ class Simulation:
         """One record per request of the trace as read, in its order (``kvemu sim --requests-out``)."""
         return self.finished_requests.records(self.source_trace, self.trace_index)
 
-    def _engine(self) -> str:
-        """``compiled`` where every replica's pools run their compiled twins, ``python`` where none's HBM
-        does, else ``mixed`` (``ReplicaCore.engine``)."""
-        engines = {rep.core.engine for rep in self.replicas}
-        return engines.pop() if len(engines) == 1 else "mixed"
-
     def _report(self, wall_s: float) -> dict:
-        per = []
-        timed = None if self.s.cache_only else True  # cache-only has no clock: no latencies to report
-        counts = CacheCounts()
-        requests = evictions = holes = preemptions = 0
-        for rep in self.replicas:
-            st = rep.pool.stats()
-            m = rep.pool.metrics
-            st["replica"] = rep.replica_id
-            st["scheduler"] = rep.sched.stats()
-            preemptions += rep.sched.preemptions
-            st["ttft_p50_s"] = None if timed is None else rep.ttft.quantile(0.5)
-            st["ttft_p99_s"] = None if timed is None else rep.ttft.quantile(0.99)
-            st["busy_s"] = rep.busy_s
-            if rep.tiers is not None:  # LMCache's hits per level, in tokens: where each prompt block came from
-                st["hit_tokens_by_level"] = self._hit_tokens(rep.tiers)
-            per.append(st)
-            counts += m.counts()
-            requests, evictions, holes = requests + m.requests, evictions + m.evictions, holes + m.holes_total
-        reqs = [p["requests"] for p in per]
-        mean_load = sum(reqs) / len(reqs) if reqs else 0
-        return {
-            **self._setup_report(),
-            "requests": requests,
-            "served": self.served,
-            # vLLM's length rule: prompt plus output over max_model_len (or beyond the pool), never run
-            "refused": self.refused,
-            "max_model_len": max_model_len(self.s, self.cost, self.block_size),
-            "block_accesses": counts.block_accesses,
-            **counts.ratios(),
-            "holes": {"total": holes, "mean_per_request": ratio(holes, requests)},
-            "evictions": evictions,
-            **self._tier_report(counts),
-            **self._latencies(timed is not None),
-            **self._throughput(timed is not None, preemptions),
-            # exact means and percentiles from every request (the *_p50_s above are the histograms')
-            "latency": self.finished_requests.summary(len(self.source_trace.requests)) if timed else None,
-            "load_imbalance": (max(reqs) / mean_load) if mean_load else 0.0,
-            "arrival_span_s": self.last_arrival - self.first_arrival,
-            "drain_s": max(self.last_finish - self.last_arrival, 0.0),
-            "saturated": self._saturated(per),
-            "routing_decisions": dict(sorted(self.router.decisions.items())),
-            "session_moves": session_moves(self.router),
-            "per_replica": per,
-            "wall_s": round(wall_s, 3),
-        }
-
-    def _setup_report(self) -> dict:
-        """What ran: the mode, the settings, the pool's capacity (in its own unit, blocks of
-        ``block_size`` tokens, pages under radix, and in tokens and bytes, which mean one memory in
-        every mode) and which engines served."""
-        return {
-            "mode": "cache_only" if self.s.cache_only else "batching",
-            "reuse": self.s.reuse_mode if self.s.reuse_mode != "sampled" else f"sampled (SHARDS, rate {self.s.shards_rate:g})",
-            "policy": self.s.policy,
-            "capacity_blocks": self.s.capacity_blocks,
-            "capacity_tokens": self.s.capacity_blocks * self.block_size,
-            "capacity_bytes": self.s.capacity_blocks * self.cost.block_bytes(self.block_size),
-            "capacity_gib": round(self.cost.blocks_to_gib(self.s.capacity_blocks, self.block_size), 3),
-            "replicas": self.s.replicas,
-            "routing": self.s.routing,
-            "hit_mode": self.s.hit_mode,
-            "matching": self.s.matching,
-            "response_kv": self.s.response_kv,
-            "prefix_caching": self.s.prefix_caching,
-            "max_running": self.s.max_running,
-            "scheduler": None if self.s.cache_only else self.s.scheduler,
-            "decode_kv": None if self.s.cache_only else self.s.decode_kv,
-            # the pool that served: compiled (replica.core.compiled.pool, the same results) or python, and
-            # why not compiled where it was asked for (None: it ran, or --python-core asked for Python)
-            "engine": self._engine(),
-            "engine_reason": next((why for rep in self.replicas for why in (rep.core.why_python,
-                                                                             rep.core.why_python_levels) if why), None),
-            # the scheduler step and this loop: compiled by mypyc from their source, or that source
-            # (shared.compiled_modules: the same results)
-            "step_engine": compiled_modules.status(),
-            "step_engine_reason": compiled_modules.reason() or None,
-            "block_size": self.block_size,
-            "model": self.cost.model.name,
-            "kv_cache_dtype": self.cost.model.kv_cache_dtype,
-            "gpu": self.cost.gpu.name,
-        }
-
-    def _hit_tokens(self, tiers: TierStack) -> dict[str, int]:
-        """Tokens of admitted prompts' blocks by where they came from: HBM, each lower level by name, or
-        recomputed (blocks of ``block_size`` tokens; a prompt's partial tail is never reused)."""
-        c, bs = tiers.counters, self.block_size
-        out = {"hbm": c.hits[0] * bs}
-        out.update({name: c.hits[k] * bs for k, name in enumerate(tiers.names, 1)})
-        out["recomputed"] = (c.accessed_blocks - sum(c.hits)) * bs
-        return out
-
-    def _tier_report(self, counts: CacheCounts) -> dict:
-        """Per-level hit ratios over block accesses (without tiers, HBM's is the block hit ratio),
-        each level under its name (``host_block_hit_ratio``, ...)."""
-        levels = self.s.tiers.levels()
-        stacks = [rep.tiers for rep in self.replicas if rep.tiers is not None]
-        if not stacks:
-            out: dict = {"hbm_block_hit_ratio": ratio(counts.block_hits, counts.block_accesses)}
-            out.update({f"{lv.kind}_block_hit_ratio": 0.0 for lv in levels})
-            out["all_levels_block_hit_ratio"] = out["hbm_block_hit_ratio"]
-            return {**out, "fetched_blocks": 0, "recomputed_blocks": counts.block_accesses - counts.block_hits}
-        c = [t.counters for t in stacks]
-        n = sum(x.accessed_blocks for x in c)
-        hits = [sum(x.hits[k] for x in c) for k in range(len(levels) + 1)]  # hits[0]: HBM
-        moved: dict[str, int] = {}
-        for t in stacks:
-            for link, b in t.stats()["bytes_moved"].items():
-                moved[link] = moved.get(link, 0) + b
-        s = stacks[0].settings
-        out = {"hbm_block_hit_ratio": ratio(hits[0], n)}
-        out.update({f"{lv.kind}_block_hit_ratio": ratio(hits[k], n) for k, lv in enumerate(levels, 1)})
-        out["all_levels_block_hit_ratio"] = ratio(sum(hits), n)  # reused from any level: what was not recomputed
-        tiers: dict = {"mode": s.mode, "fetch": s.fetch}
-        tiers.update({f"{lv.kind}_blocks": lv.blocks for lv in levels})
-        tiers.update({f"{lv.kind}_policy": lv.policy for lv in levels})
-        if s.shared is not None:  # the store's own eviction, not a block policy
-            tiers["shared_policy"] = s.shared.eviction
-        if self.stores:  # the shared level's stores, as many as its scope makes
-            tiers["shared"] = [store.stats() for store in self.stores]
-        tiers.update({"host_link_gbps": s.host_link_gbps, "bytes_moved": moved,
-                      "demoted_blocks": sum(x.demoted for x in c), "dropped_blocks": sum(x.dropped for x in c),
-                      # held by a lower level but recomputed: --fetch auto found the restore slower
-                      "recomputed_from_tier_blocks": sum(x.recomputed for x in c)})
-        return {**out, "fetched_blocks": sum(hits[1:]), "recomputed_blocks": n - sum(hits), "tiers": tiers}
-
-    def _latencies(self, timed: bool) -> dict[str, float | None]:
-        ttft = LogHistogram()
-        for rep in self.replicas:  # the same counts, minimum and maximum as one cluster-wide histogram
-            ttft.merge(rep.ttft)
-        hists = {"ttft": ttft, "queue": self.queue, "e2e": self.e2e, "tpot": self.tpot}
-        out: dict[str, float | None] = {}
-        for name, q in (("ttft_p50_s", 0.5), ("ttft_p95_s", 0.95), ("ttft_p99_s", 0.99), ("queue_p99_s", 0.99),
-                        ("e2e_p50_s", 0.5), ("e2e_p99_s", 0.99), ("tpot_p50_s", 0.5), ("tpot_p99_s", 0.99)):
-            out[name] = hists[name.split("_")[0]].quantile(q) if timed else None
-        return out
-
-    def _throughput(self, timed: bool, preemptions: int) -> dict[str, float | int | None]:
-        """Requests finished per second from the first arrival to the last finish; the fraction of
-        HBM blocks held by running requests, averaged over that span (idle time counts as empty);
-        requests preempted (reorder). ``hbm_utilization_queued``: the same over the steps that began
-        with requests waiting (the memory FlashGen's reordering fills: FCFS leaves it idle behind a
-        head that does not fit); ``hbm_utilization_head_blocked``: over the steps whose head waited for
-        memory (a head may also wait for a step's token budget or max_running); ``mean_batch_size``:
-        requests running per step (prefilling or
-        decoding), over every step. Cache-only runs have no clock: None."""
-        span = self.last_finish - self.first_arrival
-        if not timed:
-            return {"preemptions": None, "throughput_rps": None, "hbm_utilization": None,
-                    "hbm_utilization_queued": None, "hbm_utilization_head_blocked": None, "mean_batch_size": None}
-        scheds = [rep.sched for rep in self.replicas]
-        held = sum(s.pinned_block_s for s in scheds)
-        queued = sum(s.queued_s for s in scheds)
-        blocked = sum(s.blocked_s for s in scheds)
-        return {"preemptions": preemptions, "throughput_rps": ratio(self.served, span),
-                "hbm_utilization": ratio(held, span * self.s.capacity_blocks * len(self.replicas)),
-                "hbm_utilization_queued": ratio(sum(s.queued_block_s for s in scheds), queued * self.s.capacity_blocks)
-                if queued else None,  # None: no request ever waited
-                # the same over the steps whose queue head waited for memory (not for a step's room)
-                "hbm_utilization_head_blocked": ratio(sum(s.blocked_block_s for s in scheds),
-                                                      blocked * self.s.capacity_blocks) if blocked else None,
-                "mean_batch_size": ratio(sum(s.batch_steps for s in scheds), sum(s.steps for s in scheds))}
-
-    def _saturated(self, per: list[dict]) -> bool:
-        """A replica's queue grew without bound: busy nearly all the time requests arrived, and
-        still working through a backlog long after the last one (a tenth of the trace or more)."""
-        span = self.last_arrival - self.first_arrival
-        drain = self.last_finish - self.last_arrival
-        if span <= 0:
-            return False
-        return drain > max(0.1 * span, 60.0) and max(p["busy_s"] for p in per) > 0.9 * span
-
-
-def saturation_warning(runs: list[dict]) -> str | None:
-    """One line for the runs whose replica queue grew without bound (their TTFT is mostly
-    waiting), naming the worst; None when every queue kept up."""
-    bad = [r for r in runs if r.get("saturated")]
-    if not bad:
-        return None
-    w = max(bad, key=lambda r: r["drain_s"])
-    which = f"{w['policy']} @ {w['capacity_blocks']:,} blocks"
-    head = f"warning: {which}" if len(bad) == 1 else f"warning: {len(bad)} of {len(runs)} runs (worst: {which})"
-    more = f"--replicas (now {w['replicas']})"
-    if w.get("pd"):  # a P/D run: the pool whose queue grew is the one to widen
-        topo = w["pd"]["topology"]
-        more = f"--prefill-replicas (now {topo['prefill']}) or --decode-replicas (now {topo['decode']})"
-    return (f"{head}: the replica queue grew without bound (the last request finished {_duration(w['drain_s'])}"
-            f" after the last arrival, over a {_duration(w['arrival_span_s'])} trace), so TTFT is mostly queueing;"
-            f" raise --max-running (now {w['max_running']}) or {more}, or lower the load")
-
-
-def _duration(seconds: float) -> str:
-    for unit, size in (("h", 3600.0), ("min", 60.0)):
-        if seconds >= size:
-            return f"{seconds / size:.1f} {unit}"
-    return f"{seconds:.1f} s"
+        return run_report(self, wall_s)
