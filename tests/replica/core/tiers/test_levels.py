@@ -8,11 +8,11 @@ import pytest
 
 from replica.core.cache.policies import make_policy
 from replica.core.cache.pool import BlockPool, KvEvent
-from replica.core.cache.types import Lookup
 from replica.core.tiers import levels
 from replica.core.tiers.levels import LevelKind, LevelSettings
 from replica.core.tiers.stack import TierSettings, TierStack
 from shared.errors import InputError
+from tests.support.tier_stack import serve
 
 REMOTE = LevelKind("remote", read_gbps=1.0, write_gbps=0.5, in_file=True)
 
@@ -27,13 +27,6 @@ def stack(**tier):
     settings = TierSettings(host_blocks=2, ssd_blocks=2, host_link_gbps=1.0, ssd_read_gbps=1.0, ssd_write_gbps=1.0,
                             deeper=(LevelSettings("remote", blocks=4),), **tier)
     return hbm, TierStack(settings, hbm, block_bytes=10**9, recompute_cost=lambda depth: 100.0, emit_events=True)
-
-
-def serve(hbm, tiers, hashes, now):
-    plan = tiers.plan(hashes, now)
-    alloc = hbm.serve(Lookup(hashes, now=now))
-    tiers.complete(plan, alloc.hashes, alloc.hit_idx, alloc.new_idx, now)
-    return plan
 
 
 def test_a_registered_level_takes_the_blocks_ssd_evicts_and_restores_them(remote):

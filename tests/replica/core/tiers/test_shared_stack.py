@@ -16,6 +16,7 @@ from replica.core.cache.types import Lookup
 from replica.core.tiers.shared import SharedSettings, SharedStore
 from replica.core.tiers.stack import TierSettings, TierStack
 from shared.index.base import level_key
+from tests.support.tier_stack import serve
 
 GB = 10**9
 SHARED = 3  # the shared level's index: host (1) and SSD (2) are configured, empty, above it
@@ -29,13 +30,6 @@ def replica(store: SharedStore, hbm_blocks=3, cost_per_block=100.0, fetch="alway
     settings = TierSettings(host_link_gbps=100.0, fetch=fetch, shared=store.settings, **tier)
     hbm = BlockPool(hbm_blocks, make_policy("lru"), emit_events=False)
     return hbm, TierStack(settings, hbm, GB, lambda depth: cost_per_block, emit_events, shared=store)
-
-
-def serve(hbm, tiers, hashes, now=0.0):
-    plan = tiers.plan(hashes, now)
-    alloc = hbm.serve(Lookup(hashes, now=now))
-    tiers.complete(plan, alloc.hashes, alloc.hit_idx, alloc.new_idx, now)
-    return plan
 
 
 def test_the_shared_level_is_the_last_level_with_its_nic_and_the_stores_aggregate_link():

@@ -15,6 +15,7 @@ from replica.core.sched.scheduler import SchedRequest
 from replica.core.tiers.stack import TierSettings, TierStack
 from shared.costmodel import CostModel
 from shared.errors import InputError
+from tests.support.tier_stack import serve
 
 COST = CostModel.from_names("llama-3-8b", "h200")  # 128 KiB of KV per token: 2 MiB per 16-token block
 BLOCK = 16 * 131072
@@ -25,13 +26,6 @@ def stack(hbm_blocks=4, cost_per_block=1.0, block_bytes=10**9, **tier):
     settings = TierSettings(host_link_gbps=1.0, ssd_read_gbps=1.0, ssd_write_gbps=1.0, **tier)
     hbm = BlockPool(hbm_blocks, make_policy("lru"), emit_events=False)
     return hbm, TierStack(settings, hbm, block_bytes, lambda depth: cost_per_block)
-
-
-def serve(hbm, tiers, hashes, now=0.0):
-    plan = tiers.plan(hashes, now)
-    alloc = hbm.serve(Lookup(hashes, now=now))
-    tiers.complete(plan, alloc.hashes, alloc.hit_idx, alloc.new_idx, now)
-    return plan
 
 
 def test_exclusive_demotes_on_eviction_and_a_fetch_takes_the_block_back_up():
