@@ -27,7 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from shared.costfit import nnls_relative
-from shared.costmodel import MODELS, CostModel, get_gpu
+from shared.costmodel import CostModel, get_gpu
+from shared.model_presets import MODELS
 from shared.moe_cost import FUSED_MOE_H200, MoeFit, MoeKernel
 
 DATA = Path(__file__).resolve().parent / "data"

@@ -18,9 +18,10 @@ import numpy as np
 
 from shared import profiles_llmservingsim as lss
 from shared.costfit import StepPoint, fit
-from shared.costmodel import GPUS, CostModel, GpuSpec, ModelSpec, get_gpu, get_model
+from shared.costmodel import CostModel, GpuSpec, ModelSpec, get_gpu, get_model
 from shared.devprofile import DeviceProfile, is_profile_path, load_profile, merged_profile, save_profile
 from shared.errors import InputError, KvemuError
+from shared.gpu_presets import GPUS
 from shared.profiles_vidur import is_vidur, read_vidur
 
 KINDS = ("prefill", "decode", "mixed")

@@ -27,6 +27,7 @@ from pathlib import Path
 # In dependency order: mypyc compiles them as one group.
 MODULES = (
     "shared.histogram",
+    "shared.model_spec",
     "shared.costmodel",
     "replica.core.sched.sched_types",
     "replica.core.sched.decode_kv",

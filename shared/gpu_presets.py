@@ -1,10 +1,12 @@
 """The GPU presets (``--gpu NAME``): each card's datasheet rates, memory as the device reports it, its
 host link, and the link a ``--tp`` group of it all-reduces over (``tp_link``; shared/collectives.py
-prices it). docs/sources.md names each figure's source; docs/calibration.md tabulates them."""
+prices it). docs/sources.md names each figure's source; docs/calibration.md tabulates them. ``get_gpu``
+names one (an alias, any case); ``split_tp`` reads the ``@tpN`` a gpu setting carries."""
 
 from __future__ import annotations
 
 from shared.devspecs import GpuSpec
+from shared.errors import InputError, UnknownNameError
 
 MIB = 1024**2
 
@@ -49,3 +51,29 @@ GPUS: dict[str, GpuSpec] = {
                 tp_link="pcie"),
     )
 }
+
+_ALIASES = {
+    "a100": "a100-80gb",
+    "a100-pcie": "a100-80gb-pcie",
+    "910b2": "ascend-910b2",
+    "4090": "rtx-4090",
+}
+
+
+def get_gpu(name: str) -> GpuSpec:
+    """A preset by name or alias, any case."""
+    key = name.strip().lower()
+    key = _ALIASES.get(key, key)
+    if key not in GPUS:
+        raise UnknownNameError("gpu", name, list(GPUS))
+    return GPUS[key]
+
+
+def split_tp(spec: str) -> tuple[str, int]:
+    """``"h200@tp2"`` -> ("h200", 2): how ``--tp`` travels inside the gpu setting."""
+    base, sep, tp = spec.rpartition("@tp")
+    if not sep:
+        return spec, 1
+    if not tp.isdigit() or int(tp) < 1:
+        raise InputError("tp", f"must be an integer >= 1, got {tp!r}")
+    return base, int(tp)

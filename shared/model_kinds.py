@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 from shared.errors import InputError
 
 if TYPE_CHECKING:
-    from shared.costmodel import ModelSpec
+    from shared.model_spec import ModelSpec
 
 KV_FLAG = "--kv-cache-dtype"
 # --kv-cache-dtype value -> bytes a KV element takes (0: the model's dtype, vLLM's "auto")

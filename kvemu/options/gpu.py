@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 import os
 
-from shared.costmodel import GPUS, get_gpu, split_tp
 from shared.devprofile import is_profile_path, load_profile
 from shared.errors import InputError
+from shared.gpu_presets import GPUS, get_gpu, split_tp
 
 
 def add_gpu_args(p) -> None:

@@ -8,8 +8,8 @@ from __future__ import annotations
 import os
 
 from kvemu.options.option import Option
-from shared.costmodel import model_preset
 from shared.hf_config import is_config_path
+from shared.model_presets import model_preset
 
 DEFAULT_POLICY = "lru"
 DEFAULT_MODEL = "qwen3-coder-30b-a3b"

@@ -3,8 +3,10 @@ from pathlib import Path
 
 import pytest
 
-from shared.costmodel import GPUS, MODELS, CostModel, Efficiency, GpuSpec, StepWork, get_gpu, get_model
+from shared.costmodel import CostModel, Efficiency, GpuSpec, StepWork, get_gpu, get_model
 from shared.errors import InputError, UnknownNameError
+from shared.gpu_presets import GPUS
+from shared.model_presets import MODELS
 
 
 def test_llama3_70b_fp16_kv_bytes_per_token():

@@ -7,9 +7,10 @@ import os
 import pytest
 
 from kvemu.options.replica_flags import MODEL, model_arg
-from shared.costmodel import DENSE_H200, MODELS, CostModel, get_model
+from shared.costmodel import CostModel, get_model
 from shared.errors import InputError, UnknownNameError
 from shared.hf_config import load_config, model_name
+from shared.model_presets import DENSE_H200, MODELS
 
 # meta-llama/Llama-3.1-8B's config.json, the fields that size the model
 LLAMA_31_8B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,

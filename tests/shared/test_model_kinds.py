@@ -10,9 +10,10 @@ import pytest
 
 from kvemu.options.kv_cache_dtype import model_setting
 from replica.backends import check_backend_flags
-from shared.costmodel import MODELS, CostModel, StepWork, get_gpu, get_model
+from shared.costmodel import CostModel, StepWork, get_gpu, get_model
 from shared.errors import InputError
 from shared.model_kinds import MlaDims, served_model, split_kv_dtype, with_kv_dtype
+from shared.model_presets import MODELS
 
 DEEPSEEK_V3_PATH = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "data", "models", "deepseek-v3",
                                 "config.json")

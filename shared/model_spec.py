@@ -1,0 +1,116 @@
+"""A model's shape (``ModelSpec``): what the cost model prices and what a token's KV takes.
+
+Its parameter counts (attention, MLP or experts, LM head, dense layers among MoE ones), the experts a step's
+tokens touch, and the KV bytes of one token (shared/model_kinds.py: MLA's latent, the KV cache dtype). The
+shipped shapes are in shared/model_presets.py; a Hugging Face config.json gives one (shared/hf_config.py).
+Compiled with the cost model by mypyc (shared/compiled_modules.py): the step's price reads it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shared import model_kinds as kinds
+from shared.devspecs import Efficiency
+from shared.model_kinds import MlaDims, kv_element_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    name: str
+    layers: int
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    hidden: int
+    intermediate: int  # MLP width (MoE: of one expert)
+    vocab: int
+    experts: int = 0  # 0: dense
+    active_experts: int = 0
+    dtype_bytes: int = 2
+    efficiency: Efficiency | None = None  # None: the dense H200 fit
+    mlp_matrices: int = 3  # 3: SwiGLU (gate, up, down); 2: fc1 -> activation -> fc2 (OPT)
+    tied_embeddings: bool = False  # the LM head is the input embedding (one matrix resident)
+    # The context window (config.json's max_position_embeddings): vLLM's default max_model_len
+    max_context: int = 0
+    # DeepSeek's MoE: ``dense_layers`` layers (first_k_dense_replace) have a dense MLP of ``dense_intermediate``;
+    # each MoE layer also runs ``shared_experts`` experts on every token
+    dense_layers: int = 0
+    dense_intermediate: int = 0
+    shared_experts: int = 0
+    mla: MlaDims | None = None  # multi-head latent attention (shared/model_kinds.py); None: full attention
+    fp8_weights: bool = False  # the decoder layers' weights in FP8 (config.json's quantization_config fp8)
+    kv_cache_dtype: str = "auto"  # --kv-cache-dtype (shared/model_kinds.py)
+
+    @property
+    def moe(self) -> bool:
+        return self.experts > 0
+
+    @property
+    def attn_params(self) -> int:
+        """Per layer: fused QKV and output projections (MLA: its latent projections)."""
+        if self.mla is not None:
+            return self.mla.attn_params(self.hidden, self.q_heads)
+        return self.hidden * (self.q_heads + 2 * self.kv_heads) * self.head_dim + self.q_heads * self.head_dim * self.hidden
+
+    @property
+    def expert_params(self) -> int:
+        """One MLP (SwiGLU: gate, up, down; OPT: fc1, fc2); the dense MLP when not MoE."""
+        return self.mlp_matrices * self.hidden * self.intermediate
+
+    @property
+    def router_params(self) -> int:
+        return self.hidden * self.experts
+
+    @property
+    def head_params(self) -> int:
+        """The LM head (hidden -> vocab), read by every step that samples a token."""
+        return self.vocab * self.hidden
+
+    def layer_params(self, experts: float | None = None) -> float:
+        """Per layer with ``experts`` experts (default: all of them; dense: the MLP)."""
+        if not self.moe:
+            return self.attn_params + self.expert_params
+        n = self.experts if experts is None else experts
+        return self.attn_params + self.router_params + (n + self.shared_experts) * self.expert_params
+
+    @property
+    def moe_layers(self) -> int:
+        return self.layers - self.dense_layers if self.moe else 0
+
+    def stack_params(self, experts: float | None = None) -> float:
+        """Every layer's, each MoE layer with ``experts`` experts (``layer_params``); dense layers among MoE
+        ones (``dense_layers``) with their own MLP."""
+        if not self.dense_layers:
+            return self.layers * self.layer_params(experts)
+        dense = self.attn_params + self.mlp_matrices * self.hidden * self.dense_intermediate
+        return self.moe_layers * self.layer_params(experts) + self.dense_layers * dense
+
+    @property
+    def total_params(self) -> float:
+        """Resident parameters: every layer and expert, the input embedding and the LM head (one
+        matrix when they are tied). Norms, biases and learned positions are left out (<0.1%)."""
+        return self.stack_params() + (1 if self.tied_embeddings else 2) * self.head_params
+
+    def touched_experts(self, tokens: int) -> float:
+        """Expected distinct experts ``tokens`` tokens route to (uniform routing)."""
+        if not self.moe:
+            return 0.0
+        return self.experts * (1.0 - (1.0 - self.active_experts / self.experts) ** max(tokens, 0))
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """One copy of a token's KV over every layer (MLA: its one latent; shared/model_kinds.py)."""
+        return self.layers * kinds.kv_values(self) * kv_element_bytes(self.kv_cache_dtype, self.dtype_bytes)
+
+    @property
+    def layer_weight_bytes(self) -> int:
+        """Bytes a decoder layer's weight takes (FP8's block scales, 4 bytes a 128 x 128 block, left out)."""
+        return 1 if self.fp8_weights else self.dtype_bytes
+
+    @property
+    def weight_bytes(self) -> float:
+        """The layers' weights at ``layer_weight_bytes`` each; the embedding and LM head in the dtype."""
+        heads = (1 if self.tied_embeddings else 2) * self.head_params * self.dtype_bytes
+        return self.stack_params() * self.layer_weight_bytes + heads
+
