@@ -5,10 +5,12 @@ replica shows as down, a live policy switch brings its panel up, and the console
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -103,6 +105,16 @@ def _open(browser, url: str, width: int, height: int):
     page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
     page.goto(url + "/dashboard")
     return page, problems
+
+
+def screenshot_panels(page, tmp_path, names: dict[str, str]) -> Path:
+    """Each ``data-panel`` of ``names`` as its PNG in $KVEMU_SCREENSHOTS (where the docs' images are
+    made) or else the test's folder; that folder."""
+    shots = Path(os.environ.get("KVEMU_SCREENSHOTS", tmp_path))
+    shots.mkdir(parents=True, exist_ok=True)
+    for panel, name in names.items():
+        page.locator(f"[data-panel={panel}]").screenshot(path=str(shots / name))
+    return shots
 
 
 def _points(page) -> dict:

@@ -3,13 +3,16 @@ link, drawn from the replicas' /stats ``pd`` section while `kvemu replay` sends 
 
 from __future__ import annotations
 
-import os
 import subprocess
-from pathlib import Path
 
 import pytest
 
-from tests.router.test_dashboard import DRAWN_PIXELS_JS, _open, chromium  # noqa: F401 - chromium is a fixture
+from tests.router.test_dashboard import (  # noqa: F401 - chromium is a fixture
+    DRAWN_PIXELS_JS,
+    _open,
+    chromium,
+    screenshot_panels,
+)
 from tests.support.cluster import start_router, stop_all
 from tests.support.kvemu_cli import REPO, kvemu_cmd
 from tests.support.procs import http_json, start_replica
@@ -44,10 +47,8 @@ def test_pd_panels_in_headless_chromium(chromium, tmp_path):  # noqa: F811 - the
         _, view = http_json("GET", router.url + "/dashboard/data?points=5")
         assert view["pd"]["pools"]["decode"] == ["decode-0", "decode-1"] and view["pd"]["paths"]["remote"] > 0
         assert view["pd"]["link"]["prefill-0"]["send"]["transfers"] > 0
-        shots = Path(os.environ.get("KVEMU_SCREENSHOTS", tmp_path))
-        shots.mkdir(parents=True, exist_ok=True)
-        page.locator("[data-panel=pd_pools]").screenshot(path=str(shots / "dashboard-pd-pools.png"))
-        page.locator("[data-panel=pd_link]").screenshot(path=str(shots / "dashboard-pd-link.png"))
+        shots = screenshot_panels(page, tmp_path, {"pd_pools": "dashboard-pd-pools.png",
+                                                   "pd_link": "dashboard-pd-link.png"})
         assert (shots / "dashboard-pd-link.png").stat().st_size > 10_000
         assert problems == [], problems
     finally:

@@ -8,11 +8,9 @@ fields), so that the router's side is tested on its own; the replicas and the ro
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 import time
 import uuid
-from pathlib import Path
 
 import msgpack
 import pytest
@@ -25,7 +23,12 @@ from replica.core.tiers.stack import TierSettings
 from shared.errors import InputError
 from shared.hashing import block_hashes
 from shared.index import EventBatch, IndexEvent, RedisIndex, StoreScope
-from tests.router.test_dashboard import DRAWN_PIXELS_JS, _open, chromium  # noqa: F401 - chromium is a fixture
+from tests.router.test_dashboard import (  # noqa: F401 - chromium is a fixture
+    DRAWN_PIXELS_JS,
+    _open,
+    chromium,
+    screenshot_panels,
+)
 from tests.support.cluster import generate, start_router, stop_all, wait_for
 from tests.support.procs import free_port, http_json, start_replica
 
@@ -218,10 +221,8 @@ def test_shared_pool_panel_in_headless_chromium(chromium, tmp_path):  # noqa: F8
         assert row[4].startswith("160 / 400 blocks") and "hbm" in row[10], row
         _, view = http_json("GET", router.url + "/dashboard/data?points=5")
         assert view["shared_pools"][0]["used_blocks"] == 160 and view["history"]["pools"]["shared-pool"]["occupancy"][-1] == 0.4
-        shots = Path(os.environ.get("KVEMU_SCREENSHOTS", tmp_path))
-        shots.mkdir(parents=True, exist_ok=True)
-        page.locator("[data-panel=shared_pools]").screenshot(path=str(shots / "dashboard-shared-pool.png"))
-        page.locator("[data-panel=shared_pool_bytes]").screenshot(path=str(shots / "dashboard-shared-pool-bytes.png"))
+        shots = screenshot_panels(page, tmp_path, {"shared_pools": "dashboard-shared-pool.png",
+                                                   "shared_pool_bytes": "dashboard-shared-pool-bytes.png"})
         assert (shots / "dashboard-shared-pool.png").stat().st_size > 10_000
         assert problems == [], problems
     finally:
