@@ -56,6 +56,15 @@ def _closed_after(s: socket.socket, budget: float) -> tuple[float, bytes]:
     return time.monotonic() - t0, got
 
 
+def _sent_then_closed(url: str, raw: bytes, budget: float = 5.0) -> tuple[float, bytes]:
+    """``raw`` sent on a new connection: seconds until the server closed it and what it said before."""
+    s = _connect(url)
+    s.sendall(raw)
+    waited, got = _closed_after(s, budget)
+    s.close()
+    return waited, got
+
+
 @pytest.mark.parametrize("which", ["replica", "router"])
 def test_a_head_sent_byte_by_byte_is_cut_off(servers, which):
     s = _connect(servers[which].url)
@@ -74,10 +83,8 @@ def test_a_head_sent_byte_by_byte_is_cut_off(servers, which):
 
 @pytest.mark.parametrize("which", ["replica", "router"])
 def test_a_body_sent_slowly_gets_408_naming_the_body(servers, which):
-    s = _connect(servers[which].url)
-    s.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
-    waited, got = _closed_after(s, 5.0)
-    s.close()
+    waited, got = _sent_then_closed(servers[which].url, b"POST /generate HTTP/1.1\r\nHost: x\r\n"
+                                    b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
     assert waited < 2.0
     status_line, _, rest = got.partition(b"\r\n")
     assert status_line == b"HTTP/1.1 408 Request Timeout"
@@ -239,10 +246,8 @@ def test_a_body_that_is_not_json_or_msgpack_is_a_415_naming_the_header(servers, 
 
 @pytest.mark.parametrize("which", ["replica", "router"])
 def test_a_negative_content_length_is_a_json_400_naming_the_header(servers, which):
-    s = _connect(servers[which].url)
-    s.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: -5\r\n\r\n{}")
-    waited, got = _closed_after(s, 5.0)
-    s.close()
+    waited, got = _sent_then_closed(servers[which].url, b"POST /generate HTTP/1.1\r\nHost: x\r\n"
+                                    b"Content-Type: application/json\r\nContent-Length: -5\r\n\r\n{}")
     head, _, body = got.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.0 400 Bad Request\r\n") and b"Content-Type: application/json" in head
     err = json.loads(body)["error"]
