@@ -26,6 +26,7 @@ from router.settings import RouterSettings
 from router.strategies import ReplicaState
 from router.upstream import ReplicaBusy, ReplicaFailed
 from shared.index import EventBatch, IndexUnavailable, StoreScope
+from shared.index.base import dp_rank_key
 
 LONG_POLL_MS = 1000  # how long a replica holds a feed read with nothing new
 PROBE_REUSE_S = 0.5  # a probe's answer serves every request that asks this soon after it was sent (Cluster.probe)
@@ -57,6 +58,7 @@ class ReplicaHandle:
     # P/D: its /health says prefills held for remote decodes exhaust its pool (replica/pd_share.py): routed around
     # until they end, yet healthy, its index entries kept
     holds_exhausted: bool = False
+    dp_size: int = 1  # data-parallel ranks (its /health's data_parallel_size): the index keeps one entry a rank
 
     @property
     def replica_id(self) -> str:
@@ -73,6 +75,17 @@ def unexhausted(reps: list[ReplicaHandle]) -> list[ReplicaHandle]:
 def _following(feed: ReplicaHandle | PoolHandle) -> bool:
     """Whether its feed is read now: a healthy replica, or a healthy pool the index knows as a store."""
     return feed.healthy and bool(feed.declared) if isinstance(feed, PoolHandle) else feed.state.healthy
+
+
+def _feed_entry(rep: ReplicaHandle, batch: dict) -> tuple[str, str, int]:
+    """A feed batch's place in the index: the replica's entry and the feed's number, or a data-parallel rank's
+    (``dp_rank_key``) and the rank's own number, as the replica's Redis shipper writes it."""
+    rank = batch.get("dp_rank")
+    if rank is None:
+        return rep.replica_id, rep.epoch, batch["seq"]
+    if type(rank) is not int or not 0 <= rank < rep.dp_size:
+        raise ValueError(f"dp_rank {rank!r} is no rank of {rep.replica_id} ({rep.dp_size})")
+    return dp_rank_key(rep.replica_id, rank), rep.epoch, batch["rank_seq"]
 
 
 @dataclass(slots=True)
@@ -254,6 +267,8 @@ class Cluster:
         rep.health, rep.last_check = body, time.monotonic()
         rep.state.kv_usage = float(body.get("kv_usage", 0.0))
         rep.state.capacity_blocks = int(body.get("capacity_blocks", 0))
+        size = body.get("data_parallel_size", 1)
+        rep.dp_size = size if isinstance(size, int) and 1 <= size <= 1024 else 1
         self._read_holds(rep, body)
         self.metrics.replica(replica_id, kv_usage=rep.state.kv_usage, healthy=1.0,
                              held_usage=float(body.get("held_usage", 0.0)))
@@ -321,6 +336,8 @@ class Cluster:
         rep.feed_cursor = 0
         try:
             await self.index.clear_replica(rep.replica_id)
+            for rank in range(rep.dp_size if rep.dp_size > 1 else 0):  # each data-parallel rank's entry
+                await self.index.clear_replica(dp_rank_key(rep.replica_id, rank))
         except IndexUnavailable:
             self.metrics.count("index_errors")  # a Redis index will see the epoch change or gap later
 
@@ -394,12 +411,11 @@ class Cluster:
             self.metrics.count("event_gaps")
             await self._request_resync(rep)
         for b in feed.get("batches", []):
-            batch = EventBatch(rep.replica_id, rep.epoch, b["seq"],
-                               b["events"])  # validated into IndexEvents
+            batch = EventBatch(*_feed_entry(rep, b), b["events"])  # validated into IndexEvents
             result = self.index.apply_sync(batch)
             self.metrics.count("events_applied", result.applied)
             self.metrics.count("event_gaps", int(result.reset == "gap"))
-            applied_to = max(applied_to, batch.last_seq)
+            applied_to = max(applied_to, b["seq"] + len(batch.events) - 1)  # the feed's number (a rank's differs)
         rep.feed_cursor = applied_to
         lag = max(int(feed.get("next_seq", 1)) - 1 - applied_to, 0)
         if lag != rep.feed_lag_events or applied_to != rep.feed_cursor:

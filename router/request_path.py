@@ -23,7 +23,7 @@ import aiohttp
 from aiohttp import web
 
 from router.cluster import ReplicaHandle, unexhausted
-from router.strategies import NoHealthyReplica, RouteDecision, RouteRequest, RoutingStep
+from router.strategies import NoHealthyReplica, RouteDecision, RouteRequest, RoutingStep, fold_ranks
 from router.upstream import ReplicaBusy, ReplicaFailed, UpstreamRefused, Watch, check_status, failure, no_replica_answer, pass_stream
 from shared import protocol
 from shared.index import IndexUnavailable, MemoryIndex
@@ -46,6 +46,8 @@ class RequestContext:
     predicted: bool = False  # the index was consulted: its prediction is scored against the replica's answer
     obj: dict | None = None  # the body decoded (body()): only where a leg rewrites it
     dp_rank: int | None = None  # the data-parallel rank the request goes to; sent as X-data-parallel-rank
+    # a replica of data-parallel ranks: the rank holding its longest prefix (router.strategies.fold_ranks)
+    ranks: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def of(cls, request: web.Request, raw: bytes, spec: protocol.GenerateSpec) -> RequestContext:
@@ -112,10 +114,11 @@ async def lookup(state, ctx: RequestContext, decider: bool = False) -> None:
     t0 = time.perf_counter()
     try:
         if isinstance(state.index, MemoryIndex):  # in-process and never blocks: no task, no timer
-            ctx.overlap = state.index.lookup_sync(ctx.spec.hashes)
+            overlap = state.index.lookup_sync(ctx.spec.hashes)
         else:
             async with asyncio.timeout(state.settings.index_timeout_s):  # no extra task, unlike wait_for
-                ctx.overlap = await state.index.lookup(ctx.spec.hashes)
+                overlap = await state.index.lookup(ctx.spec.hashes)
+        ctx.overlap, ctx.ranks = fold_ranks(overlap)  # each replica weighed by its best rank
         state.metrics.index_latency.observe(time.perf_counter() - t0)
         ctx.predicted = True
     except (TimeoutError, IndexUnavailable):
@@ -148,6 +151,8 @@ def pick(state, ctx: RequestContext, pool: Pool, excluded: set[str]) -> Target:
             state.metrics.session_turn(step.last_moved)
     rep = ready[pos]
     state.metrics.sent(rep.replica_id)
+    # the rank holding the prefix the decision counted on; none held: the replica balances its ranks
+    ctx.dp_rank = ctx.ranks.get(rep.replica_id) if decision.predicted_cached_blocks > 0 else None
     return Target(pool, rep, decision)
 
 

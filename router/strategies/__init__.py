@@ -34,6 +34,7 @@ from router.strategies.base import (
     least_loaded_pick,
 )
 from router.strategies.prefix import cache_aware, is_imbalanced, replica_cost
+from router.strategies.ranks import fold_ranks
 from router.strategies.step import RoutingStep, StrategySpec, prefill_tokens, session_moves
 from shared.errors import UnknownNameError
 
@@ -76,6 +77,7 @@ __all__ = [
     "Strategy",
     "StrategySpec",
     "cache_aware",
+    "fold_ranks",
     "get_strategy",
     "is_imbalanced",
     "least_loaded",

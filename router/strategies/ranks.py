@@ -1,0 +1,41 @@
+"""Data-parallel ranks in the index's overlap: a replica's ranks each hold their own blocks (the index keys them
+``"<id>/dp<rank>"``, ``shared.index.base.dp_rank_key``), and a router picks (replica, rank) as Dynamo's KV router
+picks (worker, dp_rank): the strategies weigh each replica by its best rank's prefix, and the request goes to that
+rank (vLLM's ``X-data-parallel-rank``). Pure, for the live router and the simulator alike."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from shared.index.base import split_dp_rank
+
+
+def fold_ranks(overlap: Mapping[str, int]) -> tuple[dict[str, int], dict[str, int]]:
+    """``overlap`` with each replica's ranks folded into the replica: its HBM prefix the longest of its ranks', each
+    lower level's run (``"<id>#<level>"``) that same rank's; and per replica the rank holding that prefix (ties to
+    the lowest rank). Keys that name no rank pass unchanged."""
+    best: dict[str, tuple[int, int]] = {}  # replica -> (blocks, rank)
+    out: dict[str, int] = {}
+    for key, n in overlap.items():
+        head, sep, _ = key.partition("#")
+        replica, rank = split_dp_rank(head)
+        if rank is None:
+            if not sep:
+                out[key] = n
+            continue
+        n = 0 if sep else n  # a rank with lower levels only: no HBM prefix
+        if replica not in best or (n, -rank) > (best[replica][0], -best[replica][1]):
+            best[replica] = (n, rank)
+    ranks = {replica: rank for replica, (_, rank) in best.items()}
+    for replica, (n, _) in best.items():
+        out[replica] = n
+    for key, n in overlap.items():
+        head, sep, level = key.partition("#")
+        if not sep:
+            continue
+        replica, rank = split_dp_rank(head)
+        if rank is None:
+            out[key] = n
+        elif ranks.get(replica) == rank:
+            out[f"{replica}#{level}"] = n
+    return out, ranks
