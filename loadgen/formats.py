@@ -2,7 +2,8 @@
 
 kvemu JSONL: an optional first line ``{"kvemu_trace": 1, "block_size": 16, ...}`` (metadata),
 then one request per line with ``t``, ``session``, ``turn``, ``hash_ids``,
-``input_tokens``, ``output_tokens`` and optional ``kind``.
+``input_tokens``, ``output_tokens`` and optional ``kind``; an agent's requests may carry ``id``, ``after`` (the ids
+they wait for) and ``gap_s`` (tool or think time after the last of them finishes): ``loadgen.dependencies``.
 
 Mooncake (kvcache-ai/Mooncake FAST'25 traces): ``timestamp`` (ms), ``input_length``,
 ``output_length``, ``hash_ids`` of 512-token blocks, already prefix-chained, including an id
@@ -29,6 +30,7 @@ from pathlib import Path
 import orjson
 
 from loadgen import trace_cache
+from loadgen.dependencies import check_dependencies, dependency_fields, refuse_other_formats
 from loadgen.jsonlines import json_lines, typed_columns
 from loadgen.sessions import MIN_SHARED_BLOCKS, TAIL_BLOCKS, infer_sessions
 from loadgen.trace import HASHES_U64, Trace, TraceRequest, shared_prefix
@@ -140,7 +142,7 @@ def parse_kvemu_request(path: str, lineno: int, obj: dict, previous: dict[str, l
         hash_ids = before[:shared] + hash_ids  # shares the int objects: 8 bytes per repeated access
     if previous is not None:
         previous[session] = hash_ids
-    return TraceRequest(
+    request = TraceRequest(
         t=float(_field(path, lineno, obj, "t", (int, float), minimum=0)),
         session=session,
         turn=_field(path, lineno, obj, "turn", (int,), minimum=0),
@@ -149,6 +151,10 @@ def parse_kvemu_request(path: str, lineno: int, obj: dict, previous: dict[str, l
         output_tokens=_field(path, lineno, obj, "output_tokens", (int,), minimum=0),
         kind=kind,
     )
+    refuse_other_formats(path, lineno, obj, "kvemu")
+    if "id" in obj or "after" in obj or "gap_s" in obj:
+        request.id, request.after, request.gap_s = dependency_fields(path, lineno, obj)
+    return request
 
 
 def read_kvemu(path: str | Path, block_size: int | None = None) -> Trace:
@@ -156,11 +162,15 @@ def read_kvemu(path: str | Path, block_size: int | None = None) -> Trace:
     requests: list[TraceRequest] = []
     meta: dict = {}
     previous: dict[str, list[int]] = {}  # session -> its latest request's hashes (compact lines)
+    linenos: list[int] = []
     for lineno, obj in iter_json_lines(p):
         if "kvemu_trace" in obj:
             meta = obj
             continue
         requests.append(parse_kvemu_request(p, lineno, obj, previous))
+        linenos.append(lineno)
+    if any(r.id is not None or r.after for r in requests):
+        check_dependencies(p, requests, linenos)
     bs = block_size or int(meta.get("block_size", KVEMU_DEFAULT_BLOCK_SIZE))
     return Trace(requests=requests, block_size=bs, source=p, meta=meta)
 
@@ -189,6 +199,10 @@ def write_kvemu(trace: Trace, path: str | Path, compact: bool = True) -> None:
             rec["input_tokens"], rec["output_tokens"] = r.input_tokens, r.output_tokens
             if r.kind is not None:
                 rec["kind"] = r.kind
+            if r.id is not None:
+                rec["id"] = r.id
+            if r.after:
+                rec["after"], rec["gap_s"] = list(r.after), r.gap_s
             fh.write(orjson.dumps(rec, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
 
 

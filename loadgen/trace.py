@@ -20,6 +20,12 @@ class TraceRequest:
     # The prompt's token ids, then the output's where the trace gives them (token-id traces, e.g.
     # LLMServingSim's workloads); None for traces of hashes. The response's blocks hash from them.
     token_ids: list[int] | None = None
+    # Dependent arrivals (an agent's turns; ``loadgen.dependencies`` checks them, ``loadgen.arrivals`` runs
+    # them): the request's name in its trace, the names it waits for, and the tool or think time after the
+    # last of them finishes. With no ``after`` the request arrives at ``t``.
+    id: str | None = None
+    after: tuple[str, ...] = ()
+    gap_s: float = 0.0
 
 
 # A ``Trace.meta`` key: True where every ``hash_ids`` entry is known to be an int in [0, 2**64) (the
@@ -33,6 +39,12 @@ class Trace:
     block_size: int
     source: str = ""  # file path or workload name
     meta: dict = field(default_factory=dict)
+
+
+def has_dependencies(trace: Trace | Sequence[TraceRequest]) -> bool:
+    """Whether any request waits for another (``after``)."""
+    requests = trace.requests if isinstance(trace, Trace) else trace
+    return any(r.after for r in requests)
 
 
 def shared_prefix(a, b) -> int:

@@ -3,7 +3,8 @@
 Parsing a large JSONL trace (and inferring Mooncake sessions) costs seconds; loading its
 columns back costs a fraction of that. The cache holds, per (file bytes, format, block
 size, cache version), one ``.npz`` of columns: times, turns, token counts, session / kind
-tables and, per request, how many leading hashes it shares with its session's previous
+tables, the dependency fields of the requests that have them (``id``, ``after``, ``gap_s``)
+and, per request, how many leading hashes it shares with its session's previous
 request (``prefix``) and offsets into one ``uint64`` array of the rest. As kvemu's compact
 JSONL, a read rebuilds a turn from its predecessor's list, so the repeated hashes share
 their int objects (8 bytes per repeated access, not a new 32-byte int each). It lives in
@@ -25,7 +26,7 @@ import xxhash
 from loadgen.trace import Trace, TraceRequest, shared_prefix
 from shared.gc_tuning import gc_paused
 
-CACHE_VERSION = 2  # bump when a reader's output for the same bytes changes
+CACHE_VERSION = 3  # bump when a reader's output for the same bytes changes
 
 
 def cache_dir() -> Path | None:
@@ -101,6 +102,9 @@ def _to_columns(trace: Trace) -> dict[str, np.ndarray]:
         "kind_names": np.array(json.dumps(list(kinds))),
         "header": np.array(json.dumps({"block_size": trace.block_size, "source": trace.source,
                                        "meta": trace.meta})),
+        # the few requests that have a name or wait for others: [index, id, after, gap_s]
+        "dependencies": np.array(json.dumps([[k, r.id, list(r.after), r.gap_s] for k, r in enumerate(reqs)
+                                             if r.id is not None or r.after])),
     }
 
 
@@ -110,6 +114,8 @@ def _from_columns(c: dict[str, np.ndarray]) -> Trace:
     kinds = json.loads(str(c["kind_names"]))
     with gc_paused():
         requests = _requests(c, names, kinds, c["hashes"].tolist(), c["starts"].tolist())
+    for k, name, after, gap in json.loads(str(c["dependencies"])):
+        requests[k].id, requests[k].after, requests[k].gap_s = name, tuple(after), gap
     return Trace(requests, header["block_size"], header["source"], header["meta"])
 
 
