@@ -39,11 +39,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.study_output import add_study_flags, emit, show_saved  # noqa: E402
+from bench.study_cli import add_study_flags, draw, emit, known_names, show_saved  # noqa: E402
 from kvemu import sim_cmd  # noqa: E402
 from loadgen.trace import Trace, TraceRequest  # noqa: E402
 from shared.progress import ProgressBar  # noqa: E402
 from sim.estimate import ScmModel, estimate  # noqa: E402
+from sim.pd_plots import plot_study  # noqa: E402
 from sim.run import simulate  # noqa: E402
 
 GPUS = 4
@@ -334,13 +335,6 @@ def tables(doc: dict) -> str:
     return "\n".join(out)
 
 
-def draw(doc: dict, folder: str) -> None:
-    from sim.pd_plots import plot_study
-
-    for path in plot_study(doc, folder):
-        print(f"plot written to {path}", file=sys.stderr)
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated: chat, agent, mooncake")
@@ -356,16 +350,11 @@ def main(argv=None) -> int:
     p.add_argument("--estimate-capacities", default=",".join(map(str, ESTIMATE_CAPACITIES)))
     add_study_flags(p, "pd-*.png")
     a = p.parse_args(argv)
-    if show_saved(a, tables, draw):
+    if show_saved(a, tables, plot_study):
         return 0
-    workloads = [w for w in a.workloads.split(",") if w]
-    configs = [c for c in a.configs.split(",") if c]
-    parts = {x for x in a.parts.split(",") if x}
-    for name, known, given in (("--workloads", WORKLOADS, workloads), ("--configs", CONFIGS, configs),
-                               ("--parts", ("goodput", "link", "routing", "estimate"), parts)):
-        unknown = [x for x in given if x not in known]
-        if unknown:
-            p.error(f"{name}: unknown {', '.join(unknown)}; known: {', '.join(known)}")
+    workloads = known_names(p, "--workloads", a.workloads, WORKLOADS)
+    configs = known_names(p, "--configs", a.configs, CONFIGS)
+    parts = set(known_names(p, "--parts", a.parts, ("goodput", "link", "routing", "estimate")))
     opts = {"duration": a.duration, "seed": a.seed, "start_scale": a.start_scale, "doublings": a.doublings,
             "steps": a.steps, "estimate_sessions": a.estimate_sessions}
     per_search = a.doublings + 1 + a.steps
@@ -444,7 +433,7 @@ def main(argv=None) -> int:
     doc["wall_s"] = round(time.perf_counter() - t0, 1)
     emit(doc, a.out)
     if a.plots:
-        draw(doc, a.plots)
+        draw(plot_study, doc, a.plots)
     return 0
 
 

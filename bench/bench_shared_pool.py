@@ -38,11 +38,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bench_pd import build  # noqa: E402  (one `kvemu sim` command line -> trace, settings)
 from bench.bench_sim_e2e import build_trace  # noqa: E402  (the Mooncake trace N times over)
-from bench.study_output import add_study_flags, emit, show_saved  # noqa: E402
+from bench.study_cli import add_study_flags, draw, emit, known_names, show_saved  # noqa: E402
 from loadgen.trace import Trace, infinite_cache_hit_ratio, response_hashes  # noqa: E402
 from shared.costmodel import CostModel  # noqa: E402
 from shared.progress import ProgressBar  # noqa: E402
 from sim.run import simulate  # noqa: E402
+from sim.shared_plots import plot_study  # noqa: E402
 
 GIB = 1 << 30
 MODEL, GPU = "qwen3-coder-30b-a3b", "h200"  # kvemu's defaults
@@ -294,12 +295,6 @@ def tables(doc: dict) -> str:
     return "\n".join(out)
 
 
-def draw(doc: dict, folder: str) -> None:
-    from sim.shared_plots import plot_study
-    for path in plot_study(doc, folder):
-        print(f"plot written to {path}", file=sys.stderr)
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated: " + ", ".join(WORKLOADS))
@@ -316,16 +311,11 @@ def main(argv=None) -> int:
     p.add_argument("--work", default="scratch/shared-pool", help="where the 20x trace is written (once)")
     add_study_flags(p, "shared-pool-*.png")
     a = p.parse_args(argv)
-    if show_saved(a, tables, draw):
+    if show_saved(a, tables, plot_study):
         return 0
-    workloads = [w for w in a.workloads.split(",") if w]
-    routings = [r for r in a.routings.split(",") if r]
-    parts = {x for x in a.parts.split(",") if x} | {"grid"}
-    for name, known, given in (("--workloads", WORKLOADS, workloads), ("--routings", ROUTINGS, routings),
-                               ("--parts", ("grid", "link", "write"), parts)):
-        unknown = [x for x in given if x not in known]
-        if unknown:
-            p.error(f"{name}: unknown {', '.join(unknown)}; known: {', '.join(known)}")
+    workloads = known_names(p, "--workloads", a.workloads, WORKLOADS)
+    routings = known_names(p, "--routings", a.routings, ROUTINGS)
+    parts = set(known_names(p, "--parts", a.parts, ("grid", "link", "write"))) | {"grid"}
     if "cache_aware" not in routings or "round_robin" not in routings:
         p.error("--routings: the crossover needs cache_aware and round_robin")
     fractions = None if a.fractions is None else tuple(
@@ -428,7 +418,7 @@ def main(argv=None) -> int:
     doc["wall_s"] = round(time.perf_counter() - t0, 1)
     emit(doc, a.out)
     if a.plots:
-        draw(doc, a.plots)
+        draw(plot_study, doc, a.plots)
     return 0
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.study_output import emit  # noqa: E402
+from bench.study_cli import emit  # noqa: E402
 from kvemu.calibrate import GRIDS, describe_step, parse_mixed  # noqa: E402
 from shared.costfit import StepPoint, errors, fit  # noqa: E402
 from shared.costmodel import CostModel, GpuSpec, StepWork, get_gpu, get_model  # noqa: E402
