@@ -69,6 +69,7 @@ from kvemu.up_pool import TRANSFORMED_SHARED, pool_groups, pool_id, replica_shar
 from kvemu.up_pool import pool_args as shared_pool_args
 from kvemu.up_supervise import RESTART_ATTEMPTS, RestartPolicy, Supervisor
 from replica.backends import check_backend, check_backend_flags
+from replica.core.dp import DpSettings
 from shared.costmodel import CostModel
 from shared.errors import InputError, KvemuError
 from shared.runtime_dir import shared_cluster_token
@@ -441,6 +442,19 @@ def configure(p: argparse.ArgumentParser) -> None:
                         " file in the runtime directory; not written when the token was given")
 
 
+def _check_parallel(a) -> DpSettings:
+    """--data-parallel-size and --enable-expert-parallel as each replica checks them, P/D refused; every replica's
+    ranks' KV-event ports can be offset (bad JSON, keys or values: one line before anything starts)."""
+    dp = parallel_setting(a, CostModel.from_names(a.model, a.gpu).model)
+    if dp.size > 1 and a.topology.disaggregated:
+        raise InputError("--data-parallel-size", "DP ranks inside P/D instances are not emulated: drop one of them")
+    kv_events = kv_events_setting(a)
+    if kv_events is not None:
+        for i in range(a.topology.total * dp.size):
+            kv_events.for_rank(i)
+    return dp
+
+
 def validate(a) -> None:
     a.gpu, a.tp = gpu_setting(a), 1  # replicas get the combined setting through --gpu
     a.model, a.kv_cache_dtype = model_setting(a), "auto"  # ... and through --model
@@ -458,13 +472,7 @@ def validate(a) -> None:
 
     # Everything a child would reject, rejected here in one line before any process starts.
     check_scheduler_flags(a)
-    kv_events = kv_events_setting(a)  # bad JSON, keys or values: one line before anything starts
-    dp = parallel_setting(a, CostModel.from_names(a.model, a.gpu).model)
-    if dp.size > 1 and a.topology.disaggregated:
-        raise InputError("--data-parallel-size", "DP ranks inside P/D instances are not emulated: drop one of them")
-    if kv_events is not None:
-        for i in range(a.topology.total * dp.size):
-            kv_events.for_rank(i)  # every replica's ranks' ports can be offset
+    dp = _check_parallel(a)
     matching = matching_setting(a)
     try:
         serving = serving_settings(argparse.Namespace(**{**vars(a), "host": "127.0.0.1"}), find_token=False)

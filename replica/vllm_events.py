@@ -24,8 +24,9 @@ token ids, as a replica's do for requests that carried only block hashes.
 
 As in vLLM the PUB socket binds when the endpoint has a wildcard (``*``, ``::``) or is ``ipc://``
 or ``inproc://`` and connects otherwise. Without ``endpoint`` kvemu binds ``tcp://127.0.0.1:5557``
-(vLLM's default, ``tcp://*:5557``, would listen on every interface). ``kvemu up`` gives replica
-``i`` the endpoint's port plus ``i``, as vLLM offsets it per data-parallel rank.
+(vLLM's default, ``tcp://*:5557``, would listen on every interface). Data-parallel rank ``r`` of a replica
+publishes on the endpoints' ports plus ``r``, its batches stamped with ``r``, as vLLM's publisher of that rank does;
+``kvemu up`` gives replica ``i`` the ports plus ``i`` x the ranks a replica has.
 
 Block hashes: a request that carried tokens publishes them and vLLM's hashes of its blocks
 (``shared.vllm_hashing``), so indexers that recompute hashes from token ids find them; a request

@@ -45,6 +45,11 @@ replica's levels with the store appended (``store_levels``), what ``TierStack.lo
 answers in virtual time, where the store is the stack's last level. A store never answers as a
 replica. A replica served by several stores is served by the first declared.
 
+Data-parallel ranks: a replica of several ranks (``--data-parallel-size``) ships each rank's events as the feed of
+its own entry, ``dp_rank_key(id, rank)`` = ``"<id>/dp<rank>"``, numbered by the rank (so every rule above holds per
+rank); the index treats each as a replica, and a router folds them back into their replica
+(``router.strategies.fold_ranks``), as Dynamo's KV router keys blocks by (worker, dp_rank).
+
 Bound: at most ``max_entries`` (block hash, replica) pairs and ``max_replicas`` replicas.
 When full, the index refuses new entries for the replica being applied and counts them
 as ``dropped_entries`` rather than evicting other replicas' entries: evicting would
