@@ -39,7 +39,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.study_cli import add_study_flags, draw, emit, known_names, show_saved  # noqa: E402
+from bench.study_cli import add_study_flags, known_names, publish, show_saved  # noqa: E402
 from kvemu import sim_cmd  # noqa: E402
 from loadgen.trace import Trace, TraceRequest  # noqa: E402
 from shared.progress import ProgressBar  # noqa: E402
@@ -431,9 +431,7 @@ def main(argv=None) -> int:
                            "max_abs_difference": {mode: max((abs(r["difference"]) for r in est if r["mode"] == mode),
                                                             default=None) for mode in ("pd", "colocated")}}
     doc["wall_s"] = round(time.perf_counter() - t0, 1)
-    emit(doc, a.out)
-    if a.plots:
-        draw(plot_study, doc, a.plots)
+    publish(a, doc, plot_study)
     return 0
 
 

@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bench_pd import build  # noqa: E402  (one `kvemu sim` command line -> trace, settings)
 from bench.bench_sim_e2e import build_trace  # noqa: E402  (the Mooncake trace N times over)
-from bench.study_cli import add_study_flags, draw, emit, known_names, show_saved  # noqa: E402
+from bench.study_cli import add_study_flags, known_names, publish, show_saved  # noqa: E402
 from loadgen.trace import Trace, infinite_cache_hit_ratio, response_hashes  # noqa: E402
 from shared.costmodel import CostModel  # noqa: E402
 from shared.progress import ProgressBar  # noqa: E402
@@ -416,9 +416,7 @@ def main(argv=None) -> int:
             at = {q["pool_blocks"] for q in ev}
             doc["write"][w] = ev + [q for q in doc["grid"][w] if q["pool_blocks"] in at]
     doc["wall_s"] = round(time.perf_counter() - t0, 1)
-    emit(doc, a.out)
-    if a.plots:
-        draw(plot_study, doc, a.plots)
+    publish(a, doc, plot_study)
     return 0
 
 

@@ -61,3 +61,10 @@ def emit(doc: dict, out: str | None) -> None:
     if out:
         with open(out, "w") as fh:
             fh.write(text + "\n")
+
+
+def publish(a: argparse.Namespace, doc: dict, plot_study: PlotStudy) -> None:
+    """A finished study's document: emitted (stdout, ``--out``), its figures drawn into ``--plots``."""
+    emit(doc, a.out)
+    if a.plots:
+        draw(plot_study, doc, a.plots)
