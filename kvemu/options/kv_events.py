@@ -1,7 +1,7 @@
 """``--kv-events-config``: vLLM's KV events over ZMQ, for routers and indexers built for vLLM.
 
 One definition for ``kvemu replica`` and ``kvemu up`` (which gives replica ``i`` the endpoint's
-port plus ``i``, as vLLM offsets it per data-parallel rank). The keys and the wire are vLLM's;
+port plus ``i`` x its data-parallel ranks, each rank adding its own as vLLM offsets it per rank). The keys and the wire are vLLM's;
 ``replica.vllm_events`` says what kvemu adds and where it departs."""
 
 from __future__ import annotations

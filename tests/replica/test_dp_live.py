@@ -65,10 +65,13 @@ def _batches(sub: zmq.Socket) -> list:
 
 
 @pytest.mark.slow
-def test_a_replica_of_two_ranks_serves_publishes_and_reports_each_rank_and_a_router_sends_a_prefix_to_its_rank():
+@pytest.mark.parametrize("lockstep", [(), ("--enable-expert-parallel",)], ids=["engine_a_rank", "lockstep"])
+def test_a_replica_of_two_ranks_serves_publishes_and_reports_each_rank_and_a_router_sends_a_prefix_to_its_rank(
+        lockstep):
     port = free_port()
     config = {"enable_kv_cache_events": True, "endpoint": f"tcp://*:{port}"}
-    rep = start_replica("--data-parallel-size", "2", "--kv-events-config", json.dumps(config), capacity_blocks=200)
+    rep = start_replica("--data-parallel-size", "2", *lockstep, "--kv-events-config", json.dumps(config),
+                        capacity_blocks=200)
     router = None
     ctx = zmq.Context()
     try:
