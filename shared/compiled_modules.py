@@ -33,6 +33,7 @@ MODULES = (
     "replica.core.sched.decode_kv",
     "replica.core.sched.admission",
     "replica.core.sched.reorder",
+    "replica.core.sched.release",
     "replica.core.sched.scheduler",
     "router.strategies.prefix",
     "sim.simulator",
