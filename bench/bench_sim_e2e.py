@@ -24,6 +24,11 @@ times, alternating and each in a fresh interpreter (imports included):
   batching default instead of cache-only; and a chat-preset cluster in batching mode (300 s of session
   starts at 20 sessions/s, 16 replicas of 4 GiB of KV with 64 GiB of host each).
 
+``--pd``: instead of all that, the shipped Mooncake conversation trace (12,031 requests, no copies) as 16
+colocated instances (``kvemu_mooncake16``) and as a P/D cluster of 4 prefill + 12 decode instances
+(``kvemu_mooncake_4p12d``), LRU, ``--capacity`` blocks each, alternating in one run: their best wall times (the
+whole process, and the simulator's own ``sim_s``) and the P/D one's ratio to the colocated one.
+
 Prints JSON: best wall time per mode, the hit ratios, the real-time factor (simulated seconds per
 wall second: the trace's span, and in batching mode its drain too), and the ratios the targets name.
 ``--old PATH``: also run the chat cluster case from another checkout (its own interpreter path and
@@ -33,6 +38,7 @@ a machine without a C compiler runs, the Python pool and the interpreted step), 
 
     python bench/bench_sim_e2e.py [--copies 20] [--capacity 18279] [--repeat 2] [--modes a,b,...] [--old DIR]
                                   [--uncompiled DIR]
+    python bench/bench_sim_e2e.py --pd [--capacity 18279] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -128,9 +134,17 @@ CLUSTER = {
     "kvemu_cluster16_batch_lru_host64": ([*CLUSTER16_BATCH, "--host-cache-gib", "64"], True),
     "kvemu_chat16_host64": (CHAT, False),
 }
+# --pd: the shipped trace itself, colocated and disaggregated (mode -> its cluster's flags)
+PD_SIDE_BY_SIDE = {
+    "kvemu_mooncake16": ["--replicas", "16"],
+    "kvemu_mooncake_4p12d": ["--replicas", "0", "--prefill-replicas", "4", "--decode-replicas", "12"],
+}
 
 
 def cluster_cmd(mode: str, trace: Path, cap: int, out: Path, repo: Path = REPO) -> list[str]:
+    if mode in PD_SIDE_BY_SIDE:
+        return [sys.executable, "-m", "kvemu", "sim", "--trace", "mooncake-conversation", "--capacity-blocks", str(cap),
+                "--policy", "lru", "--routing", "cache_aware", "--quiet", "--json", str(out), *PD_SIDE_BY_SIDE[mode]]
     args, reads_trace = CLUSTER[mode]
     python = sys.executable
     source = ["--trace", str(trace), "--capacity-blocks", str(cap)] if reads_trace else []
@@ -140,7 +154,7 @@ def cluster_cmd(mode: str, trace: Path, cap: int, out: Path, repo: Path = REPO) 
 def run_mode(mode: str, trace: Path, work: Path, cap: int, repo: Path = REPO) -> dict:
     env = dict(os.environ)
     out = work / f"{mode}.json"
-    if mode in CLUSTER:
+    if mode in CLUSTER or mode in PD_SIDE_BY_SIDE:
         env["KVEMU_CACHE_DIR"] = "off"
         env["PYTHONPATH"] = str(repo)
         cmd = cluster_cmd(mode, trace, cap, out, repo)
@@ -191,7 +205,11 @@ def main() -> None:
     ap.add_argument("--old", type=Path, default=None, help="another checkout: its chat cluster case too")
     ap.add_argument("--uncompiled", type=Path, default=None,
                     help="a checkout with nothing built: its batching default too (a machine without a C compiler)")
+    ap.add_argument("--pd", action="store_true",
+                    help="only the shipped Mooncake trace, colocated (16) and P/D (4 prefill + 12 decode), side by side")
     a = ap.parse_args()
+    if a.pd:
+        return pd_side_by_side(a.capacity, a.repeat)
     modes = [m for m in a.modes.split(",") if m]
     with tempfile.TemporaryDirectory(prefix="kvemu-bench-") as tmp:
         work = Path(tmp)
@@ -254,6 +272,26 @@ def main() -> None:
                       "best": {m: {k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}
                                for m, r in best.items()},
                       "ratios": ratios, "python": platform.python_version(), "cpus": os.cpu_count()}, indent=1))
+
+
+def pd_side_by_side(cap: int, repeat: int) -> None:
+    """The colocated and the P/D cluster on the same trace, alternating; best of ``repeat`` each."""
+    best: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="kvemu-bench-") as tmp:
+        for rnd in range(repeat):
+            for mode in PD_SIDE_BY_SIDE:
+                res = run_mode(mode, Path(), Path(tmp), cap)
+                print(f"round {rnd + 1}/{repeat} {mode}: {res['wall_s']:.2f} s (simulator {res['sim_s']:.2f} s)",
+                      file=sys.stderr, flush=True)
+                if mode not in best or res["wall_s"] < best[mode]["wall_s"]:
+                    best[mode] = res
+    colo, pd = best["kvemu_mooncake16"], best["kvemu_mooncake_4p12d"]
+    print(json.dumps({"trace": "mooncake-conversation", "capacity_blocks": cap, "repeat": repeat,
+                      "best": {m: {k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}
+                               for m, r in best.items()},
+                      "ratios": {"pd_4p12d / colocated16 (wall)": round(pd["wall_s"] / colo["wall_s"], 2),
+                                 "pd_4p12d / colocated16 (simulator)": round(pd["sim_s"] / colo["sim_s"], 2)},
+                      "python": platform.python_version(), "cpus": os.cpu_count()}, indent=1))
 
 
 if __name__ == "__main__":

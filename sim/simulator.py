@@ -246,6 +246,9 @@ class Simulation:
         self._events: list[tuple[float, int, int, int]] = []  # the loop's heap: (time, seq, kind, who)
         self._seq = 0  # events queued so far: equal times go in the order they were queued
         self._kicked: list[Replica] = []  # idle replicas given work at the current time, started once it is over
+        # P/D: when the events that may give another instance work are due (a prefill step's end: its legs reserve
+        # on their decode instances; a transfer's: the KV lands, the prefill instance's blocks go back); a heap
+        self._pd_due: list[float] = []
         self._arrivals = _Arrivals([], False)
         if self.pd is not None:
             self.pd.attach(self)
@@ -361,8 +364,8 @@ class Simulation:
                     self.progress(seen, n)
             if kicked and min(arrivals.peek(), events[0][0] if events else INF) > now:
                 for rep in kicked:
-                    if rep.busy_until == INF:  # a replica kicked twice starts once: it is busy after the first
-                        self._start_step(rep, now, self._horizon(rep))
+                    if rep.busy_until == INF:  # (a DP group's lockstep step may have started it already)
+                        self._start_step(rep, now, self._horizon(now))
                 kicked.clear()
 
     def _schedule(self, at: float, kind: int, who: int) -> None:
@@ -373,20 +376,24 @@ class Simulation:
     def schedule_kv(self, at: float, rid: int) -> None:
         """P/D: request ``rid``'s transfer is projected to land at ``at`` (``PdFlow.kv_due`` then)."""
         self._schedule(at, KV_DUE, rid)
+        heapq.heappush(self._pd_due, at)
 
     def kick(self, rep: Replica) -> None:
-        """``rep`` was given work: it starts a step once nothing else happens at this time, if idle then."""
-        if self.pd is not None:
-            self._kicked.append(rep)
-        elif rep.busy_until == INF and rep not in self._kicked:
+        """``rep`` was given work: if idle, it starts a step once nothing else happens at this time (a replica
+        whose step ends starts its next at once: it is not idle)."""
+        if rep.busy_until == INF and rep not in self._kicked:
             self._kicked.append(rep)
 
-    def _horizon(self, rep: Replica) -> float:
-        """How far a decode run started now may fast-forward: to the next arrival; under P/D, to the next event
-        anywhere (a transfer may land then)."""
-        if self.pd is None:
-            return self._arrivals.peek()
-        return min(self._arrivals.peek(), self._events[0][0] if self._events else INF)
+    def _horizon(self, now: float) -> float:
+        """How far a decode run started at ``now`` may fast-forward: to the next arrival or, under P/D, to the
+        next prefill step's or transfer's end, whichever comes first: those may give it work. Decode and
+        colocated replicas' step ends give no other replica work (a session's next turn released by one, under
+        --causal, waits for a run's end, as it would behind a step)."""
+        horizon = self._arrivals.peek()
+        due = self._pd_due
+        while due and due[0] < now:
+            heapq.heappop(due)
+        return due[0] if due and due[0] < horizon else horizon
 
     def _arrive(self, k: int, t: float, future: NextUses | None) -> None:
         """Request ``k`` arrives at ``t``: routed and queued (under P/D, split by ``PdFlow.arrive``)."""
@@ -491,6 +498,8 @@ class Simulation:
         rep.busy_s += res.duration
         rep.pending = res
         self._schedule(rep.busy_until, STEP_END, rep.pos)
+        if rep.role == "prefill":
+            heapq.heappush(self._pd_due, rep.busy_until)
 
     def sync(self, rep: Replica) -> None:
         """The index learns what ``rep``'s pool changed (call after anything that allocates)."""
@@ -499,15 +508,12 @@ class Simulation:
 
     def _step_ended(self, rep: Replica, now: float) -> None:
         self._complete_step(rep, now)
-        if self.pd is not None:
-            self.kick(rep)
-        else:  # a colocated replica starts its next step at once
-            self._start_step(rep, now, self._arrivals.peek())
+        self._start_step(rep, now, self._horizon(now))  # its next step, at once
 
     def _complete_step(self, rep: Replica, now: float) -> None:
         res = rep.pending
         assert res is not None  # only a started step completes
-        rep.pending, rep.busy_until = None, INF
+        rep.pending = None
         views, pd = self._views, self.pd
         for r in res.first_tokens:  # the cluster's TTFT is the replicas' merged at the end
             rep.ttft.add(r.t_first_token - r.arrival)  # a prefill instance's own: its one token

@@ -26,6 +26,9 @@ CASES = {
                      "--capacity-gib", "8", "--causal"],
     "python_pool_s3fifo_no_decode_kv": ["--trace", "mooncake-conversation", "--capacity-blocks", "3000",
                                         "--policy", "s3fifo", "--python-core", "--no-decode-kv"],
+    # the same loop with P/D's component: a colocated replica beside one prefill and one decode instance
+    "pd_beside_colocated": ["--workload", "chat", "--duration", "40", "--set", "session_rate=1", "--capacity-gib", "8",
+                            "--replicas", "1", "--prefill-replicas", "1", "--decode-replicas", "1"],
 }
 ENGINE_FIELDS = ("wall_s", "step_engine", "step_engine_reason")
 
