@@ -95,6 +95,9 @@ class RouterMetrics:
                                     multiprocess_mode=mode) for name, (doc, mode) in GAUGES.items()}
         self._pool_gauges = {name: Gauge(f"kvemu_router_shared_pool_{name}", doc, ["pool_id"], registry=own,
                                          multiprocess_mode=mode) for name, (doc, mode) in POOL_GAUGES.items()}
+        # the series every request sets, by replica id, looked up once: ``labels()`` costs several times ``set()``
+        self._routed: dict[str, Any] = {}
+        self._load: dict[str, tuple[Any, Any]] = {}  # its in-flight and queued-token gauges
         # P/D (router/pd.py): decisions per pool, the path each request took, and the TTFT split the router sees
         self.pd_decisions = Counter("kvemu_router_pd_decisions", "P/D routing decisions per pool.", ["pool", "reason"],
                                     registry=own)
@@ -150,7 +153,19 @@ class RouterMetrics:
         self.requests.labels(outcome).inc()
 
     def sent(self, replica_id: str) -> None:
-        self.routed.labels(replica_id).inc()
+        child = self._routed.get(replica_id)
+        if child is None:
+            child = self._routed[replica_id] = self.routed.labels(replica_id)
+        child.inc()
+
+    def load(self, replica_id: str, in_flight: int, queued_tokens: int) -> None:
+        """The replica's load gauges, which every step of a request's path sets (router/request_path.py)."""
+        gauges = self._load.get(replica_id)
+        if gauges is None:
+            gauges = self._load[replica_id] = (self._gauges["in_flight"].labels(replica_id),
+                                               self._gauges["queued_tokens"].labels(replica_id))
+        gauges[0].set(in_flight)
+        gauges[1].set(queued_tokens)
 
     def replica(self, replica_id: str, **values: float) -> None:
         """Per-replica gauges (``GAUGES``) as this worker sees them now."""

@@ -157,7 +157,7 @@ def pick(state, ctx: RequestContext, pool: Pool, excluded: set[str]) -> Target:
 
 
 def load_gauges(state, rep: ReplicaHandle) -> None:
-    state.metrics.replica(rep.replica_id, in_flight=rep.state.in_flight, queued_tokens=rep.state.queued_tokens)
+    state.metrics.load(rep.replica_id, rep.state.in_flight, rep.state.queued_tokens)
 
 
 async def try_pool(state, ctx: RequestContext, pool: Pool, attempt: Callable[[Target], Awaitable[T]]) -> T:
