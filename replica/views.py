@@ -25,7 +25,7 @@ from shared.errors import InputError
 from shared.httpkit import query_int, read_body, read_raw, respond, wants_msgpack
 from shared.model_kinds import served_model
 from shared.offload import OFFLOAD
-from shared.protocol import CACHED_TOKENS_HEADER, REPLICA_HEADER, KvTransferParams, transfer_params
+from shared.protocol import CACHED_TOKENS_HEADER, KV_PARAMS, REPLICA_HEADER, KvTransferParams, transfer_params
 from shared.serve import ClientGone, until_client_gone
 from shared.tokenizer import filler_piece, filler_text
 
@@ -106,7 +106,7 @@ def _held(request: web.Request, handle: Handle) -> dict:
     if handle.kv_transfer_params is None and handle.req.hold:
         _state(request).pd.hold(handle)
         sglang_pd.held(request, handle)
-    return {"kv_transfer_params": handle.kv_transfer_params} if handle.kv_transfer_params is not None else {}
+    return {KV_PARAMS: handle.kv_transfer_params} if handle.kv_transfer_params is not None else {}
 
 
 def _gone() -> web.Response:
