@@ -12,11 +12,13 @@ import time
 import urllib.parse
 import urllib.request
 
+from kvemu.options.arrivals import add_arrivals_arg, arrivals_mode
 from kvemu.options.requests_out import add_requests_out_arg, requests_out
 from kvemu.options.source import add_source_args
 from kvemu.program import check_outputs
 from loadgen.replay import GIVE_UP_S, Record, Replayer, Unreachable, records_json, summarize
 from loadgen.source import load_source
+from loadgen.trace import has_dependencies
 from shared.errors import InputError, KvemuError
 from shared.ratios import ratio
 
@@ -26,6 +28,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_source_args(p, duration=300.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--speedup", type=float, default=1.0, help="compress trace time this many times")
+    add_arrivals_arg(p)
     p.add_argument("--max-requests", type=int, default=None)
     p.add_argument("--connections", type=int, default=256)
     p.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
@@ -227,7 +230,8 @@ def run(args) -> int:
                          f" start it with `kvemu up --block-size {trace.block_size}`")
     before = replica_stats(url)
     replayer = Replayer(args.url, trace, args.speedup, args.max_requests, args.connections, args.timeout,
-                        progress=not args.quiet, tokens=tokens, give_up_s=args.give_up_after)
+                        progress=not args.quiet, tokens=tokens, give_up_s=args.give_up_after,
+                        dependent=arrivals_mode(args, has_dependencies(trace)) == "dependent")
     interrupted, gone = False, None
     try:
         records = asyncio.run(replayer.run())

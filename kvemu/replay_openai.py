@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 import sys
 
+from kvemu.options.arrivals import arrivals_mode
 from loadgen.openai_replay import OpenAIReplayer
 from loadgen.replay import Unreachable
 from loadgen.replay import summarize as replay_summary
 from loadgen.request_metrics import summarize, write_requests
 from loadgen.source import load_source
+from loadgen.trace import has_dependencies
 from shared.errors import KvemuError
 
 
@@ -46,7 +48,8 @@ def run_openai(args, url: str, path: str, fetch_json, write_outputs) -> int:
     model = served_model(url, fetch_json)
     trace = load_source(args)
     replayer = OpenAIReplayer(url, trace, model, args.speedup, args.max_requests, args.connections, args.timeout,
-                              progress=not args.quiet, give_up_s=args.give_up_after)
+                              progress=not args.quiet, give_up_s=args.give_up_after,
+                              dependent=arrivals_mode(args, has_dependencies(trace)) == "dependent")
     interrupted, gone = False, None
     try:
         records = asyncio.run(replayer.run())

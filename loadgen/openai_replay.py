@@ -1,15 +1,17 @@
 """Replay a trace against any OpenAI-compatible server (vLLM, SGLang, a kvemu router or replica), timing what
 its client sees: ``kvemu replay --requests-out``. The schedule is ``loadgen.replay.Replayer``'s (open loop in
-time, causal within a session); each request is a streamed ``POST /v1/completions`` whose prompt is token ids:
+time, causal within a session, an agent's requests after what they wait for); each request is a streamed
+``POST /v1/completions`` whose prompt is token ids:
 
 * a token-id trace's own prompt (``TraceRequest.token_ids``), the exact tokens a recorded run was sent;
 * otherwise ids drawn from each prompt block's hash (``prompt_ids``): prompts that share a chained hash share
   those tokens, so a server's prefix cache hits where the trace's blocks repeat, at any block size.
 
 The output is pinned to the trace's length (``max_tokens = min_tokens``, ``ignore_eos``: vLLM's and SGLang's
-sampling options). Per request (``loadgen.request_metrics.RequestRecord``): when it was sent, when its first
-chunk with a choice came, when its last one came (the one with ``finish_reason``), the prompt and output tokens
-the server's usage reports (else what was sent and asked), ``cached_tokens`` from
+sampling options). Per request (``loadgen.request_metrics.RequestRecord``): its arrival, when the schedule released
+it (``Replayer.released``: it leaves then, or when a connection frees), when its first chunk with a choice came,
+when its last one came (the one with ``finish_reason``), the prompt and output tokens the server's usage
+reports (else what was sent and asked), ``cached_tokens`` from
 ``usage.prompt_tokens_details`` (else null), ``replica`` from ``X-Kvemu-Replica`` (else null); ``preemptions``
 is null (no server reports them per request). The gaps between successive chunks are the run's ITL samples,
 as vLLM's benchmark takes them.
@@ -92,8 +94,9 @@ class OpenAIReplayer(Replayer):
 
     def __init__(self, url: str, trace: Trace, model: str, speedup: float, max_requests: int | None = None,
                  connections: int = 256, timeout_s: float = 600.0, progress: bool = True,
-                 give_up_s: float = GIVE_UP_S) -> None:
-        super().__init__(url, trace, speedup, max_requests, connections, timeout_s, progress, give_up_s=give_up_s)
+                 give_up_s: float = GIVE_UP_S, dependent: bool = False) -> None:
+        super().__init__(url, trace, speedup, max_requests, connections, timeout_s, progress, give_up_s=give_up_s,
+                         dependent=dependent)
         self.model = model
         self.index = {id(r): k for k, r in enumerate(trace.requests)}
         self.results: dict[int, RequestRecord] = {}
@@ -132,6 +135,13 @@ class OpenAIReplayer(Replayer):
         self._keep(r, rec, stream, replica, sent, prompt, out)
         return rec
 
+    def _lose(self, k: int, failed: TraceRequest) -> None:
+        """Never sent (a request it waits for failed): a record with no times but the moment it was lost."""
+        super()._lose(k, failed)
+        r = self.chosen[k]
+        self.results[k] = RequestRecord(k, time.monotonic() - self.t0, None, None, r.input_tokens,
+                                        max(r.output_tokens, 1), None, None, None)
+
     def _keep(self, r: TraceRequest, rec: Record, stream: _Stream, replica: str | None, sent: float,
               prompt: list[int], out: int) -> None:
         """``r``'s record, and ``rec``'s fields the replay's own summary reads; only a whole answer has times."""
@@ -144,7 +154,9 @@ class OpenAIReplayer(Replayer):
         n_in = usage.get("prompt_tokens", len(prompt))
         n_out = usage.get("completion_tokens", out)
         k = self.index[id(r)]
-        self.results[k] = RequestRecord(k, sent - self.t0, first, finish, n_in, n_out, cached, None, replica)
+        # its computed arrival: when the schedule released it (it leaves then, or when a connection frees)
+        arrival = self.released.get(k, sent - self.t0)
+        self.results[k] = RequestRecord(k, arrival, first, finish, n_in, n_out, cached, None, replica)
         rec.replica = replica or ""
         rec.cached_tokens = cached or 0
         rec.cached_blocks = (cached or 0) // self.trace.block_size

@@ -1,7 +1,10 @@
 """Replay a trace against a running cluster: open loop in time, causal within a session.
 
 Turn 0 of a session leaves at its trace time divided by the speed-up; turn j+1 leaves
-only after turn j's answer, plus turn j+1's trace gap divided by the speed-up. Requests
+only after turn j's answer, plus turn j+1's trace gap divided by the speed-up. A request that
+waits for others (an agent's ``after``, with dependent arrivals) leaves when the last of them has
+been answered, plus its ``gap_s`` divided by the speed-up; when one of them fails it is never sent
+and counts as failed (``loadgen.arrivals`` is the rule, the simulator's too). Requests
 go to ``/generate`` as msgpack with the trace's block hashes, so the cluster sees exactly
 the trace's blocks; to a cluster that matches by token (``--matching radix``), a trace cut
 into blocks of one token goes as ``token_ids`` (``tokens_of``), with the tokens its response
@@ -20,6 +23,7 @@ from dataclasses import asdict, dataclass
 import aiohttp
 import msgpack
 
+from loadgen.arrivals import Arrivals
 from loadgen.trace import Trace, TraceRequest, response_hashes
 from shared.histogram import LogHistogram
 from shared.progress import ProgressBar
@@ -62,6 +66,7 @@ def _names(cls: type) -> set[str]:
 # aiohttp's errors for a connection that was never made (refused, no route, no such host): a record keeps
 # the error's type name first (``Replayer._send``), which is how a failure's cause is told apart.
 CANNOT_CONNECT = frozenset(_names(aiohttp.ClientConnectorError))
+DEPENDENCY_FAILED = "dependency failed"  # never sent: a request it waits for failed
 
 
 def failure(rec: Record) -> str:
@@ -71,6 +76,8 @@ def failure(rec: Record) -> str:
         return ""
     if rec.timed_out:
         return "timed out"
+    if rec.error.startswith("not sent:"):
+        return DEPENDENCY_FAILED
     if rec.status:
         return f"HTTP {rec.status}"
     kind = rec.error.split(":", 1)[0]
@@ -139,14 +146,17 @@ class Unreachable(Exception):
 class Replayer:
     def __init__(self, url: str, trace: Trace, speedup: float, max_requests: int | None = None,
                  connections: int = 256, timeout_s: float = 600.0, progress: bool = True,
-                 tokens: bool = False, give_up_s: float = GIVE_UP_S) -> None:
+                 tokens: bool = False, give_up_s: float = GIVE_UP_S, dependent: bool = False) -> None:
         self.url = url.rstrip("/")
         self.trace = trace
         self.tokens = tokens  # send token ids (the trace is cut into blocks of one token)
         self.speedup = speedup
-        self.sessions = sessions_of(trace, max_requests)
+        self.chosen = trace.requests[:max_requests] if max_requests else trace.requests
+        # each session's turns chained as before; an agent's requests after what they wait for (dependent)
+        self.arrivals = Arrivals(self.chosen, dependent=dependent, chain_sessions=True)
+        self.released: dict[int, float] = {}  # request index -> its computed arrival, s from the replay's start
         self.responses = {id(r): h for r, h in zip(trace.requests, response_hashes(trace))}
-        self.total = sum(len(v) for v in self.sessions.values())
+        self.total = len(self.chosen)
         self.connections = connections
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.records: list[Record] = []
@@ -164,9 +174,9 @@ class Replayer:
         try:
             async with aiohttp.ClientSession(connector=conn, timeout=self.timeout) as http:
                 self.t0 = time.monotonic()
-                tasks = [asyncio.ensure_future(self._session(http, reqs)) for reqs in self.sessions.values()]
+                tasks: set[asyncio.Future] = set()
                 try:
-                    await asyncio.gather(*tasks)
+                    await self._dispatch(http, tasks)
                 except Unreachable:
                     for task in tasks:
                         task.cancel()
@@ -175,6 +185,52 @@ class Replayer:
         finally:
             self.progress.close()
         return self.records
+
+    async def _dispatch(self, http: aiohttp.ClientSession, tasks: set[asyncio.Future]) -> None:
+        """Start each request as it is released (a task that waits for its time, then sends it), until every
+        request has been sent or lost; each answer releases what waited for it."""
+        self._release(http, tasks)
+        while tasks:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                tasks.discard(task)
+                task.result()  # Unreachable ends the run
+            self._release(http, tasks)
+
+    def _release(self, http: aiohttp.ClientSession, tasks: set[asyncio.Future]) -> None:
+        while self.arrivals.peek() != float("inf"):
+            at, k = self.arrivals.pop()  # at: trace seconds
+            self.released[k] = at / self.speedup
+            tasks.add(asyncio.ensure_future(self._one(http, k)))
+
+    def _now(self) -> float:
+        """The trace's clock: seconds since the replay started, times the speed-up."""
+        return (time.monotonic() - self.t0) * self.speedup
+
+    async def _one(self, http: aiohttp.ClientSession, k: int) -> None:
+        r = self.chosen[k]
+        due = self.t0 + self.released[k]
+        await self._sleep_until(due)
+        async with self.slots:  # a free connection: how late this request leaves is the schedule lag
+            sent = time.monotonic()
+            self.progress.sent(sent - due)
+            rec = await self._send(http, r)
+        self.records.append(rec)
+        self.progress.tick(failure(rec))
+        if rec.status == 200 and not rec.error:
+            self.arrivals.finished(k, self._now())
+        else:
+            for lost in self.arrivals.failed(k, self._now()):
+                self._lose(lost, r)
+        self._watch(rec, sent)
+
+    def _lose(self, k: int, failed: TraceRequest) -> None:
+        """Request ``k`` waited for one that failed: never sent, counted as failed."""
+        r = self.chosen[k]
+        rec = Record(r.session, r.turn, 0, "", r.input_tokens, 0, len(r.hash_ids), 0, 0.0, 0.0, 0.0,
+                     time.monotonic() - self.t0, error=f"not sent: request {failed.id!r} it waits for failed")
+        self.records.append(rec)
+        self.progress.tick(DEPENDENCY_FAILED)
 
     def _watch(self, rec: Record, sent: float) -> None:
         """Raise ``Unreachable`` once every request sent over ``give_up_s`` failed to connect. An answer
@@ -186,24 +242,6 @@ class Replayer:
                 self.down_since = sent
             elif self.give_up_s and time.monotonic() - self.down_since >= self.give_up_s:
                 raise Unreachable(time.monotonic() - self.down_since, rec.error)
-
-    async def _session(self, http: aiohttp.ClientSession, reqs: list[TraceRequest]) -> None:
-        first = reqs[0]
-        due = self.t0 + first.t / self.speedup
-        await self._sleep_until(due)
-        prev_t = first.t
-        for r in reqs:
-            if r is not first:
-                await asyncio.sleep(max(r.t - prev_t, 0.0) / self.speedup)
-                due = time.monotonic()
-            prev_t = r.t
-            async with self.slots:  # a free connection: how late this request leaves is the schedule lag
-                sent = time.monotonic()
-                self.progress.sent(sent - due)
-                rec = await self._send(http, r)
-            self.records.append(rec)
-            self.progress.tick(failure(rec))
-            self._watch(rec, sent)
 
     @staticmethod
     async def _sleep_until(deadline: float) -> None:
