@@ -8,6 +8,7 @@ import json
 import os
 import sys
 
+from kvemu.options.arrivals import ARRIVALS, add_arrivals_arg, arrivals_mode
 from kvemu.options.config_file import add_config_arg
 from kvemu.options.gpu import add_gpu_args, gpu_setting
 from kvemu.options.kv_cache_dtype import KV_CACHE_DTYPE, model_setting
@@ -34,7 +35,7 @@ from kvemu.options.source import add_source_args
 from kvemu.options.tiers import add_tier_args, tier_settings
 from kvemu.program import check_outputs
 from loadgen.source import load_source, trace_name
-from loadgen.trace import Trace
+from loadgen.trace import Trace, has_dependencies
 from replica.core.cache.policies import policy_class
 from router.strategies import get_strategy
 from shared import memory_rule
@@ -73,6 +74,7 @@ def add_emulation_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--causal", action="store_true",
                    help="turn j+1 arrives when turn j finished plus their trace gap, as `kvemu replay` sends it"
                         " (default: every request at its trace time)")
+    add_arrivals_arg(p)
     p.add_argument("--routing-set", action="append", default=[], metavar="NAME=VALUE",
                    help="routing setting, as `kvemu up --set` (e.g. bounded_load_factor=1.5)")
     add_response_kv_arg(p)
@@ -258,6 +260,16 @@ def run(args) -> int:
     return 0
 
 
+def check_arrivals(args, trace: Trace) -> None:
+    """--arrivals: the simulator's clock runs recorded arrivals (and --causal's chained sessions); a trace whose
+    requests wait for others (``after``) asks for dependent ones, which ``loadgen.arrivals`` computes and the
+    simulator's loop does not run yet: refused, naming what does, rather than run at times the trace did not mean."""
+    if has_dependencies(trace) and arrivals_mode(args, True) == "dependent":
+        raise InputError(ARRIVALS.flag, f"{trace_name(trace.source)}'s requests wait for others (`after`), and kvemu sim"
+                                        " does not compute dependent arrivals on its clock yet: give --arrivals recorded"
+                                        " (each at its trace time), or replay it live (kvemu replay computes them)")
+
+
 def runs_of(args) -> tuple[Trace, list[SimSettings]]:
     """The trace and the grid of runs ``kvemu sim``'s flags ask for, every flag checked (what
     bench/bench_flashgen.py runs its configurations through, so that each is a command line)."""
@@ -273,6 +285,7 @@ def runs_of(args) -> tuple[Trace, list[SimSettings]]:
     trace = load_source(args, source_unit(args, matching), tokens=matching.mode == "radix")
     if not trace.requests:
         raise InputError("trace", "has no requests")
+    check_arrivals(args, trace)
     caps = capacities(args, trace.block_size)
     warn_lengths(args, caps, trace.block_size)
     params = tuple((k, coerce(v)) for k, v in parse_pairs(args.policy_param).items())
