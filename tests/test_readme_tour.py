@@ -89,12 +89,39 @@ def test_only_the_cluster_port_moves():
                                      " && kvemu sweep --capacity-blocks 2000,8000")
 
 
+class UserShell:
+    """A user's shell in ``cwd`` with this virtualenv's ``kvemu`` on PATH, running a doc's commands as typed:
+    ``cmd &`` as a background job, ``kill %N`` stopping jobs by the number a shell gives them (from 1, in
+    the order they started), any other command to its end, which must succeed without a traceback."""
+
+    def __init__(self, cwd: Path, timeout: float) -> None:
+        self.cwd, self.timeout = cwd, timeout
+        self.env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+        self.jobs: list[subprocess.Popen] = []
+
+    def run(self, cmd: str) -> None:
+        if JOBS.fullmatch(cmd):
+            for job in re.findall(r"%(\d+)", cmd):
+                stop_job(self.jobs[int(job) - 1])
+        elif cmd.endswith(" &"):
+            self.jobs.append(subprocess.Popen(["bash", "-c", "exec " + cmd[:-2]], cwd=self.cwd, env=self.env,
+                                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        else:
+            proc = subprocess.run(["bash", "-c", cmd], cwd=self.cwd, env=self.env, capture_output=True, text=True,
+                                  timeout=self.timeout)
+            assert proc.returncode == 0, f"{cmd}\n{proc.stderr[-3000:]}"
+            assert "Traceback" not in proc.stderr, cmd
+
+    def stop_jobs(self) -> None:
+        for proc in self.jobs:
+            stop_job(proc)
+
+
 @pytest.mark.slow
 def test_the_tours_run_top_to_bottom(tmp_path):
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    shell = UserShell(tmp_path, timeout=300)
     port = str(free_port())
     up = None
-    background: list[subprocess.Popen] = []  # `cmd &`, as a user's shell runs it: stopped at the end
     (tmp_path / "deploy").symlink_to(REPO / "deploy")  # what a clone has beside the README
     try:
         short = tour_commands()
@@ -102,33 +129,21 @@ def test_the_tours_run_top_to_bottom(tmp_path):
             if cmd in SETUP:
                 continue
             cmd = on_port(cmd, port)
-            if JOBS.fullmatch(cmd):  # a user's shell numbers its jobs from 1 in the order they started
-                for job in re.findall(r"%(\d+)", cmd):
-                    stop_job(background[int(job) - 1])
-                continue
-            if cmd.endswith(" &"):
-                background.append(subprocess.Popen(["bash", "-c", "exec " + cmd[:-2]], cwd=tmp_path, env=env,
-                                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-                continue
-            if cmd.startswith("kvemu up "):
-                up = subprocess.Popen(["bash", "-c", "exec " + cmd], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True)
+            if cmd.startswith("kvemu up ") and not cmd.endswith(" &"):  # the first terminal
+                up = subprocess.Popen(["bash", "-c", "exec " + cmd], cwd=tmp_path, env=shell.env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                 wait_up(f"http://127.0.0.1:{port}", up)
-                continue
-            proc = subprocess.run(["bash", "-c", cmd], cwd=tmp_path, env=env, capture_output=True, text=True,
-                                  timeout=300)
-            assert proc.returncode == 0, f"{cmd}\n{proc.stderr[-3000:]}"
-            assert "Traceback" not in proc.stderr, cmd
+            else:
+                shell.run(cmd)
         # the tours stopped every job they started in the background (the README says how)
-        assert background and all(proc.returncode is not None for proc in background)
+        assert shell.jobs and all(proc.returncode is not None for proc in shell.jobs)
     finally:
-        for proc in background:
-            stop_job(proc)
+        shell.stop_jobs()
         if up is not None:
             up.send_signal(signal.SIGINT)  # Ctrl-C stops all
             _, err = up.communicate(timeout=60)
             assert up.returncode == 0, err[-2000:]
-    assert all(proc.returncode is not None for proc in background)
+    assert all(proc.returncode is not None for proc in shell.jobs)
     made = sorted(p.name for p in (tmp_path / "scratch").iterdir())
     assert made == ["capacity.png", "out.json", "run.csv", "run.json", "run.png", "scm.jsonl", "sweep.csv",
                     "sweep.jsonl", "sweep.png"]

@@ -8,16 +8,13 @@ one; `cmd &` runs in the background as a shell's job and `kill %1` stops it, as 
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import free_port
-from tests.test_readme_tour import JOBS, OUTPUT, SETUP, commands_of, on_port, stop_job
+from tests.test_readme_tour import OUTPUT, SETUP, UserShell, commands_of, on_port
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "validation.md"
@@ -51,31 +48,16 @@ def test_the_walkthrough_is_what_the_slow_test_runs():
 
 @pytest.mark.slow
 def test_the_walkthrough_runs_as_written(tmp_path):
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    shell = UserShell(tmp_path, timeout=120)
     port = str(free_port())
     (tmp_path / "bench").symlink_to(REPO / "bench")
-    background: list[subprocess.Popen] = []
     try:
         for cmd in walkthrough_commands():
-            if cmd in SETUP:
-                continue
-            cmd = on_port(cmd, port)
-            if JOBS.fullmatch(cmd):
-                for job in re.findall(r"%(\d+)", cmd):
-                    stop_job(background[int(job) - 1])
-                continue
-            if cmd.endswith(" &"):
-                background.append(subprocess.Popen(["bash", "-c", "exec " + cmd[:-2]], cwd=tmp_path, env=env,
-                                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-                continue
-            proc = subprocess.run(["bash", "-c", cmd], cwd=tmp_path, env=env, capture_output=True, text=True,
-                                  timeout=120)
-            assert proc.returncode == 0, f"{cmd}\n{proc.stderr[-3000:]}"
-            assert "Traceback" not in proc.stderr, cmd
-        assert background and all(p.returncode is not None for p in background)
+            if cmd not in SETUP:
+                shell.run(on_port(cmd, port))
+        assert shell.jobs and all(p.returncode is not None for p in shell.jobs)
     finally:
-        for proc in background:
-            stop_job(proc)
+        shell.stop_jobs()
     out = json.loads((tmp_path / "scratch" / "compare.json").read_text())
     # kvemu gen's 5 s of the single preset at 2 a second, seed 1: 8 requests, every one answered whole
     assert out["measured"]["requests"] == out["measured"]["finished"] == 8
