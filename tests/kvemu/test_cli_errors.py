@@ -66,7 +66,8 @@ def test_tier_flags_without_a_tier_are_refused(capsys, command, flags):
     assert _refused(capsys, *command, *flags) == f"error: {flags[0]}: {NO_TIER}"
 
 
-@pytest.mark.parametrize("command", [SIM_BASE, ("replica", "--capacity-blocks", "100"), ("up", "--port", "0")])
+@pytest.mark.parametrize("command", [SIM_BASE, ("replica", "--capacity-blocks", "100"),
+                                     ("up", "--port", "0", "--capacity-blocks", "20000")])  # llama-3-70b fits no H200
 def test_a_tier_smaller_than_one_block_is_refused_with_the_smallest_size(capsys, command):
     line = _refused(capsys, *command, "--model", "llama-3-70b", "--host-cache-gib", "0.001")
     assert line == ("error: --host-cache-gib: 0.001 GiB holds 0 blocks of 16 tokens of this model's KV (one block is"

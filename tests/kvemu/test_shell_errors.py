@@ -42,7 +42,8 @@ def test_one_process_on_a_port_in_use(busy_port, cmd):
 
 def test_up_with_an_unreachable_redis():
     port = free_port()
-    line = one_error_line(run_kvemu("up", "--port", "0", "--index", f"redis://127.0.0.1:{port}/0"))
+    line = one_error_line(run_kvemu("up", "--port", "0", "--index", f"redis://127.0.0.1:{port}/0",
+                                        "--capacity-blocks", "20000"))
     assert line.startswith(f"error: cannot reach Redis at redis://127.0.0.1:{port}/0 (")
     assert line.endswith("); start it, or use --index redis (a private redis-server) or --index memory")
 
@@ -67,7 +68,7 @@ def test_up_lists_only_the_policies_a_live_replica_runs():
 
 
 def test_a_failed_up_names_the_log_folder_it_kept():
-    proc = run_kvemu("up", "--port", "0", "--replicas", "1", "--start-timeout", "0.01")
+    proc = run_kvemu("up", "--port", "0", "--replicas", "1", "--start-timeout", "0.01", "--capacity-blocks", "20000")
     line = one_error_line(proc)
     m = re.fullmatch(r"error: not healthy after 0 s: .+ \(logs kept in (\S+)\)", line)
     assert m, line
