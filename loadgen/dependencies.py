@@ -85,16 +85,19 @@ def dependency_fields(path: str, lineno: int, obj: dict) -> tuple[str | None, tu
     return name, after, gap
 
 
-def check_dependencies(path: str, requests: Sequence[TraceRequest], linenos: Sequence[int]) -> None:
+def check_dependencies(path: str, requests: Sequence[TraceRequest], linenos: Sequence[int],
+                       fields: tuple[str, str] = ("id", "after")) -> None:
     """Refuse a name given twice, a wait on a name no line has, and a cycle, naming the line (``linenos[k]``:
-    request k's line in the file). Linear in the requests and their waits (Kahn's topological order)."""
+    request k's line in the file) and the field as the format calls it (``fields``: the name's, the waits').
+    Linear in the requests and their waits (Kahn's topological order)."""
+    name_field, after_field = fields
     line_of: dict[str, int] = {}
     index: dict[str, int] = {}
     for k, r in enumerate(requests):
         if r.id is None:
             continue
         if r.id in index:
-            raise TraceFormatError(path, linenos[k], "id", f"{r.id!r:.40} names line {line_of[r.id]} too: a name"
+            raise TraceFormatError(path, linenos[k], name_field, f"{r.id!r:.40} names line {line_of[r.id]} too: a name"
                                                            " stands for one request")
         index[r.id], line_of[r.id] = k, linenos[k]
     waiting = [0] * len(requests)
@@ -103,8 +106,8 @@ def check_dependencies(path: str, requests: Sequence[TraceRequest], linenos: Seq
         for name in r.after:
             j = index.get(name)
             if j is None:
-                raise TraceFormatError(path, linenos[k], "after", f"waits for {name!r:.40}, which no line of the trace"
-                                                                  " names (its `id`)")
+                raise TraceFormatError(path, linenos[k], after_field, f"waits for {name!r:.40}, which no line of the"
+                                                                      f" trace names (its `{name_field}`)")
             dependents[j].append(k)
         waiting[k] = len(r.after)
     ready = [k for k, n in enumerate(waiting) if n == 0]
@@ -117,11 +120,11 @@ def check_dependencies(path: str, requests: Sequence[TraceRequest], linenos: Seq
             if waiting[d] == 0:
                 ready.append(d)
     if done < len(requests):
-        _refuse_cycle(path, requests, linenos, index, waiting)
+        _refuse_cycle(path, requests, linenos, index, waiting, after_field)
 
 
 def _refuse_cycle(path: str, requests: Sequence[TraceRequest], linenos: Sequence[int], index: dict[str, int],
-                  waiting: list[int]) -> None:
+                  waiting: list[int], after_field: str) -> None:
     """Name a cycle among the requests Kahn's order left waiting: each still waits for one of them, so walking
     from any along such waits comes back to a request seen before; the cycle is named at its latest line."""
     k = next(i for i, n in enumerate(waiting) if n > 0)
@@ -134,5 +137,5 @@ def _refuse_cycle(path: str, requests: Sequence[TraceRequest], linenos: Sequence
     cycle = walk[seen[k]:]
     last = max(cycle, key=lambda i: linenos[i])
     names = " -> ".join(repr(requests[i].id) for i in cycle[cycle.index(last):] + cycle[:cycle.index(last) + 1])
-    raise TraceFormatError(path, linenos[last], "after", f"closes a cycle of waits ({names}): no request of it could"
+    raise TraceFormatError(path, linenos[last], after_field, f"closes a cycle of waits ({names}): no request of it could"
                                                          " ever arrive")

@@ -13,6 +13,10 @@ Qwen-Bailian (alibaba-edu/qwen-bailian-usagetraces-anon): ``chat_id``, ``parent_
 (-1 for a root), ``timestamp`` (s), ``input_length``, ``output_length``, ``type``, ``turn``,
 ``hash_ids`` = one salted SipHash id per 16-token block of the whole prompt, NOT chained.
 
+Two agent formats carry dependencies (``after``, ``gap_s``): ``agentic-mooncake`` (Dynamo's agentic Mooncake
+rows, ``wait_for`` and ``tool_wait_ms``: ``loadgen.agentic_mooncake``) and ``cc-traces`` (SemiAnalysis's Claude Code
+traces, a session a line with its subagents: ``loadgen.cc_traces``).
+
 Two formats carry token ids, not hashes, and are cut into blocks of any size: ``openai`` (request logs,
 ``loadgen.log_trace``) and ``llmservingsim`` (``input_tok_ids``, ``output_toks``, ``arrival_time_ns``,
 optional ``output_tok_ids``: ``loadgen.token_trace``).
@@ -41,7 +45,7 @@ from shared.hashing import ROOT_HASH, chain_ids
 KVEMU_DEFAULT_BLOCK_SIZE = 16
 MOONCAKE_BLOCK_SIZE = 512
 BAILIAN_BLOCK_SIZE = 16
-FORMATS = ("kvemu", "mooncake", "bailian", "openai", "llmservingsim")
+FORMATS = ("kvemu", "mooncake", "bailian", "openai", "llmservingsim", "agentic-mooncake", "cc-traces")
 # formats that carry tokens, not hashes: cut into blocks of any size on read
 TOKEN_FORMATS = ("openai", "llmservingsim")
 _KINDS = (None, "single", "multi", "agent")
@@ -393,8 +397,22 @@ def read_llmservingsim(path: str | Path, block_size: int | None = None) -> Trace
     return read(path, iter_json_lines(path), block_size)
 
 
+def read_agentic(path: str | Path, block_size: int | None = None) -> Trace:
+    """Dynamo's agentic Mooncake rows (``wait_for``, ``tool_wait_ms``): ``loadgen.agentic_mooncake``."""
+    from loadgen.agentic_mooncake import read_agentic_mooncake
+
+    return read_agentic_mooncake(path, iter_json_lines(path), block_size)
+
+
+def read_cc_traces(path: str | Path, block_size: int | None = None) -> Trace:
+    """SemiAnalysis's Claude Code traces, a session a line with its subagents: ``loadgen.cc_traces``."""
+    from loadgen.cc_traces import read_sessions
+
+    return read_sessions(path, iter_json_lines(path), block_size)
+
+
 _READERS = {"kvemu": read_kvemu, "mooncake": read_mooncake, "bailian": read_bailian, "openai": read_openai,
-            "llmservingsim": read_llmservingsim}
+            "llmservingsim": read_llmservingsim, "agentic-mooncake": read_agentic, "cc-traces": read_cc_traces}
 
 
 def detect_format(path: str | Path) -> str:
@@ -405,6 +423,10 @@ def detect_format(path: str | Path) -> str:
             return "openai"
         if "input_tok_ids" in obj or "arrival_time_ns" in obj:  # token ids: LLMServingSim's workloads
             return "llmservingsim"
+        if "request_id" in obj or "wait_for" in obj:  # Dynamo's agentic Mooncake rows (input_tokens is an alias there)
+            return "agentic-mooncake"
+        if isinstance(obj.get("requests"), list) and "hash_id_scope" in obj:  # a Claude Code session, subagents in it
+            return "cc-traces"
         if "kvemu_trace" in obj or "session" in obj or "input_tokens" in obj:
             return "kvemu"
         if "chat_id" in obj or "parent_chat_id" in obj:
@@ -417,6 +439,7 @@ def detect_format(path: str | Path) -> str:
 
 
 # What one id of a hash format stands for where its file does not say (kvemu JSONL says so in its header).
+# (cc-traces states its own in every line: the reader's meta block_size)
 _FORMAT_BLOCK_SIZES = {"mooncake": MOONCAKE_BLOCK_SIZE, "bailian": BAILIAN_BLOCK_SIZE}
 
 

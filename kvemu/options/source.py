@@ -12,6 +12,6 @@ def add_source_args(p: argparse.ArgumentParser, duration: float = 600.0) -> None
     src.add_argument("--workload", metavar="NAME", help="a workload preset (see `kvemu gen --list`)")
     src.add_argument("--trace", metavar="FILE", help="a trace file")
     p.add_argument("--format", default="auto", help="trace format: auto (told by the first line's keys), kvemu, mooncake,"
-                                                    " bailian, openai, llmservingsim")
+                                                    " bailian, openai, llmservingsim, agentic-mooncake, cc-traces")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="preset parameter (repeatable)")
     p.add_argument("--duration", type=float, default=duration, help="seconds of workload to generate (with --workload)")
