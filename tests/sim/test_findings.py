@@ -1,7 +1,8 @@
 """Seed 002's qualitative findings, each reproduced on a workload preset through the simulator.
 
 Every run: one replica, ``max_running=1`` (the cache sees requests one at a time, in arrival
-order), ``hit_mode="holes"`` (the default), no reuse-distance tracking, the default cost model
+order), ``hit_mode="holes"`` (the analysis' count, given: the default is vLLM's prefix), no reuse-distance
+tracking, the default cost model
 (qwen3-coder-30b-a3b on an H200: a block's recompute cost grows with its depth, which is what
 CSR weighs). Traces are small and seeded, so every number below is exact and repeatable; the
 numbers in the comments were measured with these very settings, and each assertion keeps a
@@ -38,7 +39,7 @@ def _trace(preset: str, duration_s: float, seed: int, overrides: tuple[tuple[str
 @functools.cache
 def _run(workload: tuple, capacity: int, policy: str) -> dict:
     """One serial simulation; cached so tests sharing a trace share runs (random_compute is slow)."""
-    run = simulate(_trace(*workload), SimSettings(capacity_blocks=capacity, policy=policy, replicas=1,
+    run = simulate(_trace(*workload), SimSettings(capacity_blocks=capacity, policy=policy, replicas=1, hit_mode="holes",
                                                   max_running=1, reuse="off", response_kv="drop"))
     assert run["served"] == run["requests"]
     return run
