@@ -19,7 +19,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from loadgen.dependencies import check_dependencies, gap_seconds, refuse_other_formats, request_name, waits
-from loadgen.formats import MOONCAKE_BLOCK_SIZE, _field, _hash_list
+from loadgen.fields import field as _field
+from loadgen.fields import hash_list as _hash_list
 from loadgen.trace import Trace, TraceRequest
 from shared.errors import TraceFormatError
 
@@ -58,9 +59,10 @@ def _row(path: str, lineno: int, obj: dict) -> TraceRequest:
     )
 
 
-def read_agentic_mooncake(path: str | Path, lines: Iterable[tuple[int, dict]], block_size: int | None = None) -> Trace:
+def read_agentic_mooncake(path: str | Path, lines: Iterable[tuple[int, dict]], block_size: int) -> Trace:
     """The rows of ``lines`` (line number, object) as requests, in time order (ties in the file's), each
-    session's turns numbered in that order; every dependency checked against the file's ids."""
+    session's turns numbered in that order; every dependency checked against the file's ids. ``block_size``:
+    the tokens an id stands for (the rows do not say)."""
     p = str(path)
     rows = [(_row(p, lineno, obj), lineno) for lineno, obj in lines]
     if not rows:
@@ -72,4 +74,4 @@ def read_agentic_mooncake(path: str | Path, lines: Iterable[tuple[int, dict]], b
         r.turn = turns.get(r.session, 0)
         turns[r.session] = r.turn + 1
     meta = {"source_format": FORMAT, "partial_tail_ids": True}
-    return Trace([r for r, _ in rows], block_size or MOONCAKE_BLOCK_SIZE, p, meta)
+    return Trace([r for r, _ in rows], block_size, p, meta)

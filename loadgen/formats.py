@@ -35,6 +35,8 @@ import orjson
 
 from loadgen import trace_cache
 from loadgen.dependencies import check_dependencies, dependency_fields, refuse_other_formats
+from loadgen.fields import field as _field
+from loadgen.fields import hash_list as _hash_list
 from loadgen.jsonlines import json_lines, typed_columns
 from loadgen.sessions import MIN_SHARED_BLOCKS, TAIL_BLOCKS, infer_sessions
 from loadgen.trace import HASHES_U64, Trace, TraceRequest, shared_prefix
@@ -49,8 +51,6 @@ FORMATS = ("kvemu", "mooncake", "bailian", "openai", "llmservingsim", "agentic-m
 # formats that carry tokens, not hashes: cut into blocks of any size on read
 TOKEN_FORMATS = ("openai", "llmservingsim")
 _KINDS = (None, "single", "multi", "agent")
-_U64 = 2**64
-_INT_ONLY = {int}
 _BAILIAN_ROOTS = (-1, None, "-1", "")
 
 # Traces shipped inside the package (loadgen/data, see its README for their source and licence),
@@ -82,30 +82,6 @@ def open_trace(path: str | Path):
     if p.endswith(".gz"):
         return gzip.GzipFile(fileobj=fh, mode="rb")
     return fh
-
-
-def _field(path: str, lineno: int, obj: dict, name: str, types: tuple, *, required: bool = True, minimum=None):
-    if name not in obj:
-        if required:
-            raise TraceFormatError(path, lineno, name, "missing")
-        return None
-    value = obj[name]
-    if isinstance(value, bool) or not isinstance(value, types):
-        raise TraceFormatError(path, lineno, name, f"expected {'/'.join(t.__name__ for t in types)}, got {value!r:.60}")
-    if minimum is not None and value < minimum:
-        raise TraceFormatError(path, lineno, name, f"must be >= {minimum}, got {value}")
-    return value
-
-
-def _hash_list(path: str, lineno: int, obj: dict, name: str) -> list[int]:
-    ids = _field(path, lineno, obj, name, (list,))
-    # One C-speed pass for the common all-valid case; the slow loop only runs to name the culprit.
-    if not ids or (set(map(type, ids)) == _INT_ONLY and min(ids) >= 0 and max(ids) < _U64):
-        return ids
-    for i, h in enumerate(ids):
-        if isinstance(h, bool) or not isinstance(h, int) or h < 0 or h >= _U64:
-            raise TraceFormatError(path, lineno, f"{name}[{i}]", f"expected a 64-bit unsigned integer, got {h!r:.60}")
-    return ids
 
 
 def iter_json_lines(path: str | Path) -> Iterator[tuple[int, dict]]:
@@ -401,7 +377,7 @@ def read_agentic(path: str | Path, block_size: int | None = None) -> Trace:
     """Dynamo's agentic Mooncake rows (``wait_for``, ``tool_wait_ms``): ``loadgen.agentic_mooncake``."""
     from loadgen.agentic_mooncake import read_agentic_mooncake
 
-    return read_agentic_mooncake(path, iter_json_lines(path), block_size)
+    return read_agentic_mooncake(path, iter_json_lines(path), block_size or MOONCAKE_BLOCK_SIZE)  # the rows say none
 
 
 def read_cc_traces(path: str | Path, block_size: int | None = None) -> Trace:
