@@ -97,7 +97,7 @@ class RouterMetrics:
                                          multiprocess_mode=mode) for name, (doc, mode) in POOL_GAUGES.items()}
         # the series every request sets, by replica id, looked up once: ``labels()`` costs several times ``set()``
         self._routed: dict[str, Any] = {}
-        self._load: dict[str, tuple[Any, Any]] = {}  # its in-flight and queued-token gauges
+        self._load: dict[str, _LoadSeries] = {}  # its in-flight and queued-token gauges
         # P/D (router/pd.py): decisions per pool, the path each request took, and the TTFT split the router sees
         self.pd_decisions = Counter("kvemu_router_pd_decisions", "P/D routing decisions per pool.", ["pool", "reason"],
                                     registry=own)
@@ -159,13 +159,18 @@ class RouterMetrics:
         child.inc()
 
     def load(self, replica_id: str, in_flight: int, queued_tokens: int) -> None:
-        """The replica's load gauges, which every step of a request's path sets (router/request_path.py)."""
-        gauges = self._load.get(replica_id)
-        if gauges is None:
-            gauges = self._load[replica_id] = (self._gauges["in_flight"].labels(replica_id),
-                                               self._gauges["queued_tokens"].labels(replica_id))
-        gauges[0].set(in_flight)
-        gauges[1].set(queued_tokens)
+        """The replica's load gauges, which every step of a request's path sets (router/request_path.py); a value
+        that did not change since this process last set it is not set again (only this method sets them)."""
+        series = self._load.get(replica_id)
+        if series is None:
+            series = self._load[replica_id] = _LoadSeries(self._gauges["in_flight"].labels(replica_id),
+                                                          self._gauges["queued_tokens"].labels(replica_id))
+        if series.last_in_flight != in_flight:
+            series.in_flight.set(in_flight)
+            series.last_in_flight = in_flight
+        if series.last_queued != queued_tokens:
+            series.queued_tokens.set(queued_tokens)
+            series.last_queued = queued_tokens
 
     def replica(self, replica_id: str, **values: float) -> None:
         """Per-replica gauges (``GAUGES``) as this worker sees them now."""
@@ -214,6 +219,17 @@ class RouterMetrics:
                 elif name == "kvemu_router_replica_queued_tokens":
                     totals.queued_tokens[labels["replica_id"]] = value
         return totals
+
+
+class _LoadSeries:
+    """One replica's in-flight and queued-token gauges (labelled children) and the values last set on them."""
+
+    __slots__ = ("in_flight", "last_in_flight", "last_queued", "queued_tokens")
+
+    def __init__(self, in_flight: Any, queued_tokens: Any) -> None:
+        self.in_flight, self.queued_tokens = in_flight, queued_tokens
+        self.last_in_flight: int | None = None
+        self.last_queued: int | None = None
 
 
 class GuardMirror:

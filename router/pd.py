@@ -184,12 +184,8 @@ async def remote_prefill(state, ctx: RequestContext) -> Prefilled | None:
     # without it (--pd-hold-share); the router's are bounded by their decode legs (release_hold)
     headers = {"Content-Type": ctype, **{k: v for k, v in ctx.headers.items() if k in ("Authorization", "X-Session-Id")},
                **state.cluster.auth}
-
-    async def leg(target: Target) -> Prefilled | None:
-        return await _prefill_leg(state, ctx, target, data, headers)
-
     try:
-        return await try_pool(state, ctx, pool, leg)
+        return await try_pool(state, ctx, pool, lambda target: _prefill_leg(state, ctx, target, data, headers))
     except NoAnswer:
         return None
 
@@ -319,25 +315,21 @@ async def route(state, ctx: RequestContext) -> web.StreamResponse:
 
 
 async def _serve(state, ctx: RequestContext, target: Target) -> web.StreamResponse:
-    async with until_client_gone(ctx.request):  # as every answer_from attempt (router/request_path.py)
-        return await _legs(state, ctx, target)
-
-
-async def _legs(state, ctx: RequestContext, target: Target) -> web.StreamResponse:
     pre = None
-    if target.rep.role != "decode":
-        path = "colocated"
-    elif goes_remote(state, target.rep, ctx):
-        pre = await remote_prefill(state, ctx)
-        path = "remote" if pre is not None else "fallback"
-    else:
-        path = "local"
-    state.metrics.pd_path(path)
-    try:
-        return await _decode_on(state, ctx, target, path, pre)
-    finally:  # the decode leg ended (answered, failed, its client gone): nothing will pull the hold any more
-        if pre is not None:
-            release_hold(state, pre.url, pre.hold_id)
+    async with until_client_gone(ctx.request):  # as every answer_from attempt (router/request_path.py)
+        if target.rep.role != "decode":
+            path = "colocated"
+        elif goes_remote(state, target.rep, ctx):
+            pre = await remote_prefill(state, ctx)
+            path = "remote" if pre is not None else "fallback"
+        else:
+            path = "local"
+        state.metrics.pd_path(path)
+        try:
+            return await _decode_on(state, ctx, target, path, pre)
+        finally:  # the decode leg ended (answered, failed, its client gone): nothing will pull the hold any more
+            if pre is not None:
+                release_hold(state, pre.url, pre.hold_id)
 
 
 def release_hold(state, url: str, name: str) -> None:
