@@ -205,8 +205,9 @@ class CostModel:
         return self.kv_bytes_per_token * kinds.kv_copies(self.model, self.tp) / self.tp
 
     def block_bytes(self, block_size: int) -> int:
-        """One block's KV over the replica's GPUs (every copy a --tp group keeps)."""
-        return int(self.kv_bytes_per_token * kinds.kv_copies(self.model, self.tp)) * block_size
+        """One block's KV over the replica's GPUs (every copy a --tp group keeps): one KV cache group's page,
+        every layer's for a full-attention model (shared/kv_groups.py)."""
+        return int(self.model.kv_bytes_per_block_token * kinds.kv_copies(self.model, self.tp)) * block_size
 
     def gib_to_blocks(self, gib: float, block_size: int) -> int:
         if not 0 <= gib < float("inf"):  # also refuses nan

@@ -26,8 +26,15 @@ A ``quantization_config`` of ``quant_method`` fp8 (DeepSeek-V3's: E4M3 in 128 x 
 layers' weights one byte each (their block scales, 4 bytes a block of 16,384 weights, left out); the embedding and
 the LM head stay in the dtype. The FP8 products are priced at the card's 16-bit peak (an upper bound on their time).
 
-What kvemu cannot price yet is refused in one line naming the field and the file: sliding-window layers
-(``sliding_window`` where it applies, ``layer_types`` with sliding attention), other quantized weights
+* Gemma 3 (``Gemma3ForCausalLM``): Llama's fields, the embedding tied unless ``tie_word_embeddings`` is false;
+  gpt-oss (``GptOssForCausalLM``): every layer routed over ``num_local_experts`` experts of ``intermediate_size``;
+* sliding-window layers, read into KV cache groups (shared/kv_groups.py): ``layer_types`` (``full_attention`` or
+  ``sliding_attention``, one a layer: gpt-oss, Gemma 3), else Gemma 3's ``sliding_window_pattern`` (every P-th
+  layer global), else Mistral's ``sliding_window`` on every layer where it is below the context window; the
+  window is ``sliding_window`` tokens.
+
+What kvemu cannot price yet is refused in one line naming the field and the file: other layer types
+(state and linear-attention layers), Qwen's ``use_sliding_window``, other quantized weights
 (``quantization_config``), DeepSeek's ``moe_layer_freq`` other than 1, OPT's embedding projections, an
 architecture not listed above, a required field missing or not a positive integer.
 """
@@ -42,13 +49,18 @@ from functools import lru_cache
 from typing import Any, NamedTuple
 
 from shared.errors import InputError
+from shared.kv_groups import FULL, WINDOW
 from shared.model_kinds import MlaDims
 
 FIELD = "--model"
-LLAMA_LIKE = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+LLAMA_LIKE = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM")
+GPT_OSS = "GptOssForCausalLM"
 # DeepSeek-V2 / V3 (Kimi K2's config.json names DeepseekV3ForCausalLM too): MLA, DeepSeek's MoE
 DEEPSEEK = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
-ARCHITECTURES = (*LLAMA_LIKE, "Qwen3MoeForCausalLM", *DEEPSEEK, "OPTForCausalLM")
+ARCHITECTURES = (*LLAMA_LIKE, "Qwen3MoeForCausalLM", GPT_OSS, *DEEPSEEK, "OPTForCausalLM")
+# config.json's layer_types -> the kind of shared/kv_groups.py (what vLLM makes a FullAttentionSpec or a
+# SlidingWindowSpec of); anything else (linear_attention, mamba, chunked_attention) is refused naming the field
+LAYER_TYPES = {"full_attention": FULL, "sliding_attention": WINDOW}
 # torch dtype name -> bytes a weight and a KV element take as vLLM serves it by default (--dtype auto)
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 2}
 # rope_scaling types whose factor vLLM multiplies the context window by (``_get_and_verify_max_len``)
@@ -80,6 +92,7 @@ class HfShape:
     shared_experts: int = 0
     mla: MlaDims | None = None
     fp8_weights: bool = False
+    layer_kinds: tuple[tuple[str, int], ...] = ()  # each layer's (kind, window) where some are not full attention
 
 
 class MlpShape(NamedTuple):
@@ -167,19 +180,34 @@ class _Reader:
         if quant is not None and not (isinstance(quant, dict) and quant.get("quant_method") == "fp8"):
             raise self.refuse("quantization_config", "is set and not fp8: quantized weights other than FP8 are not"
                                                      " modelled yet (kvemu prices 16-bit or FP8 weights)")
-        types = raw.get("layer_types")
-        if isinstance(types, list) and any(t != "full_attention" for t in types):
-            raise self.refuse("layer_types", "has layers other than full_attention (sliding-window layers):"
-                                             " not modelled yet")
 
-    def check_window(self, arch: str, max_pos: int) -> None:
+    def layer_kinds(self, arch: str, layers: int, max_pos: int) -> tuple[tuple[str, int], ...]:
+        """Each layer's attention where some layer is not full attention (() where every one is): ``layer_types``
+        (gpt-oss, Gemma 3, recent configs), else Gemma 3's ``sliding_window_pattern`` (every P-th layer global),
+        else Mistral's ``sliding_window`` on every layer (below the context window; at or above it, no window)."""
         raw = self.raw
-        window = raw.get("sliding_window")
-        # Qwen2 / Qwen3 keep a sliding_window that only use_sliding_window turns on; Mistral's applies when set
-        applies = arch == "MistralForCausalLM" or (arch != "OPTForCausalLM" and raw.get("use_sliding_window") is True)
-        if applies and window is not None and (not isinstance(window, int) or window < max_pos):
-            raise self.refuse("sliding_window", f"is {window!r} (< max_position_embeddings {max_pos}): sliding-window"
-                                                " attention is not modelled yet")
+        types = raw.get("layer_types")
+        if types is not None:
+            if not isinstance(types, list) or len(types) != layers:
+                raise self.refuse("layer_types", f"must list one type for each of the {layers} layers")
+            odd = sorted({str(t) for t in types if t not in LAYER_TYPES})
+            if odd:
+                raise self.refuse("layer_types", f"has {', '.join(odd)}: kvemu models {', '.join(LAYER_TYPES)}"
+                                                 " (state and linear-attention layers are not modelled yet)")
+            kinds = [LAYER_TYPES[t] for t in types]
+        elif arch == "Gemma3ForCausalLM":
+            pattern = self.positive("sliding_window_pattern")
+            kinds = [FULL if (i + 1) % pattern == 0 else WINDOW for i in range(layers)]
+        elif arch == "MistralForCausalLM" and raw.get("sliding_window") is not None:
+            kinds = [WINDOW if self.positive("sliding_window") < max_pos else FULL] * layers
+        else:
+            if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM") and raw.get("use_sliding_window") is True:
+                raise self.refuse("use_sliding_window", "is true: Qwen's max_window_layers split is not modelled yet")
+            kinds = [FULL] * layers
+        if WINDOW not in kinds:
+            return ()
+        window = self.positive("sliding_window")
+        return tuple((k, window if k == WINDOW else 0) for k in kinds)
 
     def max_context(self) -> int:
         window = self.positive("max_position_embeddings")
@@ -208,7 +236,6 @@ class _Reader:
         self.check_kinds()
         arch = self.architecture()
         max_pos = self.positive("max_position_embeddings")
-        self.check_window(arch, max_pos)
         layers, heads, hidden = self.positive("num_hidden_layers"), self.positive("num_attention_heads"), self.positive("hidden_size")
         opt = arch == "OPTForCausalLM"
         kv_heads = heads if opt else self.positive("num_key_value_heads", heads)
@@ -229,10 +256,12 @@ class _Reader:
                        kv_heads=kv_heads, head_dim=head_dim, hidden=hidden, intermediate=mlp.intermediate,
                        vocab=self.positive("vocab_size"), experts=mlp.experts, active_experts=mlp.active,
                        dtype_bytes=self.dtype_bytes(), mlp_matrices=2 if opt else 3,
-                       tied_embeddings=self.flag("tie_word_embeddings", opt), max_context=self.max_context(),
+                       tied_embeddings=self.flag("tie_word_embeddings", opt or arch == "Gemma3ForCausalLM"),
+                       max_context=self.max_context(),
                        dense_layers=mlp.dense_layers, dense_intermediate=mlp.dense_intermediate,
                        shared_experts=mlp.shared_experts, mla=mla,
-                       fp8_weights=self.raw.get("quantization_config") is not None)
+                       fp8_weights=self.raw.get("quantization_config") is not None,
+                       layer_kinds=self.layer_kinds(arch, layers, max_pos))
 
     def mlp(self, arch: str, hidden: int, layers: int) -> MlpShape:
         if arch == "OPTForCausalLM":
@@ -247,6 +276,8 @@ class _Reader:
                 raise self.refuse("mlp_only_layers", f"must be a list of layer indices below {layers}")
             dense = sum(1 for i in range(layers) if i in only or (i + 1) % step)
             return self.experts("num_experts", "moe_intermediate_size", dense, layers, 0)
+        if arch == GPT_OSS:  # every layer routed: num_local_experts of intermediate_size
+            return self.experts("num_local_experts", "intermediate_size", 0, layers, 0)
         if arch in DEEPSEEK:
             if self.positive("moe_layer_freq", 1) != 1:
                 raise self.refuse("moe_layer_freq", "is not 1: MoE layers between dense ones are not modelled yet")

@@ -143,7 +143,7 @@ def model_from_config(path: str) -> ModelSpec:
     spec = ModelSpec(h.name, h.layers, h.q_heads, h.kv_heads, h.head_dim, h.hidden, h.intermediate, h.vocab,
                      h.experts, h.active_experts, h.dtype_bytes, MOE_H200 if h.experts else DENSE_H200,
                      h.mlp_matrices, h.tied_embeddings, h.max_context, h.dense_layers, h.dense_intermediate,
-                     h.shared_experts, h.mla, h.fp8_weights)
+                     h.shared_experts, h.mla, h.fp8_weights, layer_kinds=h.layer_kinds)
     for preset in MODELS.values():
         if replace(spec, name=preset.name, efficiency=preset.efficiency) == preset:
             return preset

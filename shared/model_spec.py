@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from shared import model_kinds as kinds
 from shared.devspecs import Efficiency
+from shared.kv_groups import KvGroups, full_attention, group_layers
 from shared.model_kinds import MlaDims, kv_element_bytes
 
 
@@ -41,6 +42,9 @@ class ModelSpec:
     mla: MlaDims | None = None  # multi-head latent attention (shared/model_kinds.py); None: full attention
     fp8_weights: bool = False  # the decoder layers' weights in FP8 (config.json's quantization_config fp8)
     kv_cache_dtype: str = "auto"  # --kv-cache-dtype (shared/model_kinds.py)
+    # Each layer's attention, (kind, window) of shared/kv_groups.py, where a layer is not full attention
+    # (config.json's layer_types, sliding_window, sliding_window_pattern); (): every layer full attention
+    layer_kinds: tuple[tuple[str, int], ...] = ()
 
     @property
     def moe(self) -> bool:
@@ -102,6 +106,19 @@ class ModelSpec:
     def kv_bytes_per_token(self) -> int:
         """One copy of a token's KV over every layer (MLA: its one latent; shared/model_kinds.py)."""
         return self.layers * kinds.kv_values(self) * kv_element_bytes(self.kv_cache_dtype, self.dtype_bytes)
+
+    @property
+    def kv_groups(self) -> KvGroups:
+        """The layers in KV cache groups as vLLM forms them (shared/kv_groups.py): one group of every layer
+        unless some attend over a sliding window."""
+        return group_layers(self.layer_kinds) if self.layer_kinds else full_attention(self.layers)
+
+    @property
+    def kv_bytes_per_block_token(self) -> int:
+        """A token's share of one block: its KV over the layers of one group's page (every layer when
+        the model is full attention, ``kv_bytes_per_token``)."""
+        layers = self.kv_groups.group_size if self.layer_kinds else self.layers
+        return layers * kinds.kv_values(self) * kv_element_bytes(self.kv_cache_dtype, self.dtype_bytes)
 
     @property
     def layer_weight_bytes(self) -> int:

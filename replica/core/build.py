@@ -24,6 +24,7 @@ from replica.core.tiers.shared import SharedStore
 from replica.core.tiers.stack import TierSettings, TierStack
 from shared.costmodel import CostModel
 from shared.errors import InputError
+from shared.kv_groups import FULL
 
 # The choices a core is built with, each defined once here; their flags are in kvemu/options/.
 # Of pool.HIT_MODES: vLLM's and SGLang's rule, only a prompt's leading run of cached blocks is reused;
@@ -83,6 +84,18 @@ def check_matching(matching: str, policy: str, hit_mode: str, prefix_caching: st
                                      " (its default) or --matching blocks")
     if prefix_caching != "on":
         raise InputError("prefix_caching", "radix matching is prefix caching: drop --prefix-caching off")
+
+
+def check_groups(cost: CostModel) -> None:
+    """The one decision of which KV cache groups a core runs (shared/kv_groups.py): a full-attention model's one
+    group. A model with sliding-window layers is read and sized per group (its blocks are one group's page, as
+    vLLM's), and its rules are in replica/core/cache/groups.py, but the scheduler does not yet hold a block table
+    per group and free what a window has passed: refused rather than run as full attention."""
+    groups = cost.model.kv_groups.groups
+    if any(g.kind != FULL for g in groups):
+        kinds = ", ".join(f"{g.kind}{f' {g.window}' if g.window else ''} x{g.layers}" for g in groups)
+        raise InputError("--model", f"{cost.model.name} has sliding-window layers (KV cache groups: {kinds}); the"
+                                    " scheduler runs full-attention models only until it keeps a block table per group")
 
 
 def check_prefix_caching(prefix_caching: str, tiers: TierSettings, field: str = "prefix_caching") -> None:
@@ -235,6 +248,7 @@ def build_core(s: CoreSettings, cost: CostModel, *, hashes_fit: bool = True,
     knows its trace's); with ``s.compiled``, ``compilable`` decides whether the compiled twin runs.
     ``shared``: the store of a shared level (``s.tiers.shared``), one object for every replica it serves.
     """
+    check_groups(cost)
     policy = make_policy(s.policy, **dict(s.policy_params))
     if policy.needs_future and not s.oracles:
         raise InputError("policy", f"{s.policy} is an offline oracle; it runs in `kvemu sim` only")

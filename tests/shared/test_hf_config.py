@@ -104,19 +104,47 @@ def test_names_from_where_the_file_lies():
     assert model_name("/m/mine.json") == "mine"
 
 
+def test_sliding_window_layers_read_into_kv_cache_groups_and_size_a_block_by_one_group(tmp_path):
+    # a gpt-oss-like config: alternating 128-token windows and full layers, 4 layers, 8 KV heads of 64
+    oss = {"architectures": ["GptOssForCausalLM"], "hidden_size": 512, "intermediate_size": 256, "head_dim": 64,
+           "num_attention_heads": 16, "num_key_value_heads": 8, "num_hidden_layers": 4, "vocab_size": 1000,
+           "num_local_experts": 8, "num_experts_per_tok": 2, "max_position_embeddings": 4096, "sliding_window": 128,
+           "layer_types": ["sliding_attention", "full_attention"] * 2}
+    path_oss = _write(tmp_path, oss, folder="oss")
+    m = get_model(path_oss)
+    assert m.layer_kinds == (("window", 128), ("full", 0)) * 2 and (m.experts, m.active_experts) == (8, 2)
+    assert [(g.kind, g.layers, g.window) for g in m.kv_groups.groups] == [("window", 2, 128), ("full", 2, 0)]
+    assert m.kv_bytes_per_token == 4 * 2 * 8 * 64 * 2 == 8192  # every layer's K and V, 16-bit
+    assert CostModel.from_names(path_oss).block_bytes(16) == 2 * 2 * 8 * 64 * 2 * 16 == 65_536  # a block: one group's 2 layers
+    # Gemma 3's pattern: every sixth layer global; Mistral's window on every layer is one group
+    gemma = dict(LLAMA_31_8B, architectures=["Gemma3ForCausalLM"], num_hidden_layers=12, sliding_window=1024,
+                 sliding_window_pattern=6)
+    g = get_model(_write(tmp_path, gemma, folder="gemma")).kv_groups
+    assert [(x.kind, x.layers) for x in g.groups] == [("window", 2)] * 5 + [("full", 2)]  # groups of the 2 global layers
+    assert g.group_size == 2
+    mistral_path = _write(tmp_path, MISTRAL_7B_V01, folder="mistral")
+    mistral = get_model(mistral_path)
+    assert mistral.layer_kinds == (("window", 4096),) * 32 and len(mistral.kv_groups.groups) == 1
+    assert CostModel.from_names(mistral_path).block_bytes(16) == mistral.kv_bytes_per_token * 16  # one group: every layer
+
+
 @pytest.mark.parametrize(("change", "expected"), [
-    (dict(MISTRAL_7B_V01), "'sliding_window' is 4096 (< max_position_embeddings 32768): sliding-window attention is"
-                           " not modelled yet"),
-    (dict(QWEN3_32B, use_sliding_window=True, sliding_window=4096), "'sliding_window' is 4096"),
+    (dict(QWEN3_32B, use_sliding_window=True, sliding_window=4096),
+     "'use_sliding_window' is true: Qwen's max_window_layers split is not modelled yet"),
     (dict(QWEN3_32B, layer_types=["full_attention", "sliding_attention"]),
-     "'layer_types' has layers other than full_attention (sliding-window layers): not modelled yet"),
+     "'layer_types' must list one type for each of the 64 layers"),
+    (dict(QWEN3_32B, layer_types=["full_attention", "linear_attention"] * 32),
+     "'layer_types' has linear_attention: kvemu models full_attention, sliding_attention (state and"
+     " linear-attention layers are not modelled yet)"),
+    (dict(QWEN3_32B, layer_types=["full_attention", "sliding_attention"] * 32), "'sliding_window' is missing"),
     (dict(DEEPSEEK_V3, moe_layer_freq=2), "'moe_layer_freq' is not 1: MoE layers between dense ones are not"
                                           " modelled yet"),
     ({k: v for k, v in DEEPSEEK_V3.items() if k != "qk_rope_head_dim"}, "'qk_rope_head_dim' is missing"),
     (dict(DEEPSEEK_V3, first_k_dense_replace=61), "'first_k_dense_replace' leaves no MoE layer among the 61"),
     (dict(LLAMA_31_8B, architectures=["Gemma2ForCausalLM"]),
      "'architectures' is ['Gemma2ForCausalLM']: an architecture kvemu cannot model yet; it reads LlamaForCausalLM,"
-     " MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, DeepseekV2ForCausalLM,"
+     " MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM, Qwen3MoeForCausalLM,"
+     " GptOssForCausalLM, DeepseekV2ForCausalLM,"
      " DeepseekV3ForCausalLM, OPTForCausalLM"),
     ({k: v for k, v in LLAMA_31_8B.items() if k != "num_hidden_layers"},
      "'num_hidden_layers' is missing: kvemu needs it to size the model"),
@@ -174,12 +202,12 @@ def test_the_flag_makes_a_config_path_absolute_and_leaves_presets_as_names(tmp_p
 def test_every_command_taking_a_model_refuses_a_bad_config_in_one_line(tmp_path, capsys, command):
     from kvemu.cli import main
 
-    path = _write(tmp_path, MISTRAL_7B_V01)
+    path = _write(tmp_path, dict(QWEN3_32B, layer_types=["full_attention", "linear_attention"] * 32))
     capsys.readouterr()
     assert main([*command, "--model", path]) == 2
     err = capsys.readouterr().err
-    assert err == f"error: --model: {path}: 'sliding_window' is 4096 (< max_position_embeddings 32768):" \
-                  " sliding-window attention is not modelled yet\n"
+    assert err == f"error: --model: {path}: 'layer_types' has linear_attention: kvemu models full_attention," \
+                  " sliding_attention (state and linear-attention layers are not modelled yet)\n"
 
 
 def test_sim_runs_a_config_json_as_its_preset(tmp_path, capsys):

@@ -2,17 +2,8 @@
 
 import pytest
 
-from replica.core.cache.groups import (
-    FULL,
-    WINDOW,
-    KvGroup,
-    full_attention,
-    group_key,
-    group_layers,
-    hit_blocks,
-    skipped_blocks,
-    window_hit,
-)
+from replica.core.cache.groups import group_key, hit_blocks, skipped_blocks, window_hit
+from shared.kv_groups import FULL, WINDOW, KvGroup, full_attention, group_layers
 
 
 def test_a_full_attention_model_is_one_group_of_all_its_layers():
@@ -35,9 +26,11 @@ def test_gemma3_five_local_to_one_global_makes_one_full_and_six_window_groups():
     assert [(x.kind, x.layers) for x in g.groups] == [(WINDOW, 9)] * 4 + [(WINDOW, 8)] * 2 + [(FULL, 10)]
 
 
-def test_kinds_within_a_quarter_of_each_other_pad_to_the_larger():
-    g = group_layers([(FULL, 0)] * 9 + [(WINDOW, 64)] * 8)  # 9 < 8 x 1.25: one group each, the window's padded
-    assert g.group_size == 9 and [x.layers for x in g.groups] == [9, 8]
+def test_kinds_under_one_and_a_half_times_apart_pad_to_the_larger():
+    g = group_layers([(FULL, 0)] * 9 + [(WINDOW, 64)] * 7)  # 9 < 7 x 1.5: one group each, the window's padded
+    assert g.group_size == 9 and [x.layers for x in g.groups] == [9, 7]
+    g = group_layers([(FULL, 0)] * 15 + [(WINDOW, 64)] * 10)  # 15 = 10 x 1.5: groups of 10, the full layers in 2
+    assert g.group_size == 10 and [(x.kind, x.layers) for x in g.groups] == [(FULL, 8), (FULL, 7), (WINDOW, 10)]
 
 
 def test_other_groups_key_the_same_block_apart():
@@ -82,3 +75,23 @@ def test_bad_kinds_are_refused():
         group_layers([("mamba", 0)])
     with pytest.raises(ValueError):
         group_layers([])
+
+
+def test_the_core_runs_full_attention_and_refuses_a_window_in_one_line(tmp_path):
+    import json
+
+    from replica.core.build import CoreSettings, build_core, check_groups
+    from shared.costmodel import CostModel
+    from shared.errors import InputError
+
+    check_groups(CostModel.from_names())  # the default preset: one full-attention group
+    cfg = {"architectures": ["MistralForCausalLM"], "hidden_size": 256, "intermediate_size": 512,
+           "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 1000, "max_position_embeddings": 4096,
+           "sliding_window": 64}
+    path = tmp_path / "mistral-tiny" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(InputError) as err:
+        build_core(CoreSettings(capacity_blocks=100), CostModel.from_names(str(path)))
+    assert str(err.value) == ("--model: mistral-tiny has sliding-window layers (KV cache groups: window 64 x2); the"
+                              " scheduler runs full-attention models only until it keeps a block table per group")
