@@ -36,7 +36,8 @@ MODES = {
 }
 PRESETS = {  # minutes of session starts: a few thousand requests each, so that page size 1 stays quick
     "chat": ["--workload", "chat", "--duration", "600", "--set", "session_rate=1"],
-    "agent": ["--workload", "agent", "--duration", "300", "--set", "session_rate=0.2"],
+    "agent": ["--workload", "agent", "--duration", "300", "--set", "session_rate=0.2", "--set", "tool_fanout_prob=0",
+              "--set", "subagent_prob=0"],  # measured before the preset fanned out
 }
 KEYS = ("token_hit_ratio", "ttft_p50_s", "ttft_p95_s", "requests", "refused", "block_size", "matching",
         "capacity_blocks", "engine")

@@ -64,7 +64,8 @@ WORKLOADS: dict[str, dict[str, Any]] = {
     "mooncake-x20": {"source": "--trace {x20}", "title": "Mooncake conversation trace x20",
                      "fractions": (0, 1 / 4, 1, OVER), "link": (OVER,), "write": (), "refine": 0,
                      "cost": 45.0},
-    "agent": {"source": "--workload agent --duration {agent_duration:g} --set session_rate={agent_rate:g}",
+    "agent": {"source": "--workload agent --duration {agent_duration:g} --set session_rate={agent_rate:g}"
+                        " --set tool_fanout_prob=0 --set subagent_prob=0",  # measured before the preset fanned out
               "title": "agent preset", "fractions": (0, 1 / 4, 1 / 2, 1, OVER), "link": (1 / 4, OVER),
               "write": (1 / 4,), "refine": 1, "cost": 22.0},
 }

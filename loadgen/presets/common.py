@@ -20,6 +20,7 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -28,6 +29,9 @@ from shared.errors import InputError
 from shared.gc_tuning import gc_paused
 from shared.hashing import ROOT_HASH, chain_ids, content_id
 from shared.validate import check_int, check_number, check_positive, check_probability
+
+if TYPE_CHECKING:
+    from loadgen.presets.fanout import FanOut
 
 Progress = Callable[[int, int], None]
 
@@ -178,6 +182,9 @@ class SessionBatch:
     gap: np.ndarray  # per turn: seconds since the previous turn arrived (0 for turn 0)
     sys_tokens: np.ndarray
     sys_labels: list[str]
+    # per session index: its fan-outs (loadgen/presets/fanout.py), the agent profile's parallel tool calls and
+    # subagents; None or absent: the session's turns follow one another
+    fanouts: dict[int, tuple[FanOut, ...]] | None = None
 
     def offsets(self) -> np.ndarray:
         return (np.cumsum(self.turns) - self.turns).astype(np.int64)
@@ -193,25 +200,36 @@ class SessionBatch:
         def cat(name):
             return np.concatenate([getattr(b, name) for b in batches])
 
+        firsts = np.cumsum([0] + [len(b.turns) for b in batches])
+        fanouts = {s + int(first): fans for b, first in zip(batches, firsts) for s, fans in (b.fanouts or {}).items()}
         return SessionBatch(
             kind=cat("kind"), start=cat("start"), turns=cat("turns"), sys_idx=np.concatenate(sys_idx),
             prompt=cat("prompt"), output=cat("output"), gap=cat("gap"), sys_tokens=cat("sys_tokens"),
-            sys_labels=[label for b in batches for label in b.sys_labels],
+            sys_labels=[label for b in batches for label in b.sys_labels], fanouts=fanouts or None,
         )
 
     def select_turns(self, keep: np.ndarray) -> SessionBatch:
         """Drop turns (``keep`` must keep a non-empty prefix of every session)."""
         turns = np.bincount(self.turn_session()[keep], minlength=len(self.turns)).astype(np.int64)
+        fanouts = None
+        if self.fanouts:  # a fan-out stays while the turn that joins it does
+            kept = {s: tuple(f for f in fans if f.turn + 1 < turns[s]) for s, fans in self.fanouts.items()}
+            fanouts = {s: fans for s, fans in kept.items() if fans} or None
         return SessionBatch(self.kind, self.start, turns, self.sys_idx, self.prompt[keep], self.output[keep],
-                            self.gap[keep], self.sys_tokens, self.sys_labels)
+                            self.gap[keep], self.sys_tokens, self.sys_labels, fanouts)
 
     def sorted_by_start(self) -> SessionBatch:
         order = np.argsort(self.start, kind="stable")
         turns = self.turns[order]
         new_off = np.cumsum(turns) - turns
         idx = np.arange(int(turns.sum())) + np.repeat(self.offsets()[order] - new_off, turns)
+        fanouts = None
+        if self.fanouts:
+            place = np.empty(len(order), dtype=np.int64)
+            place[order] = np.arange(len(order))
+            fanouts = {int(place[s]): fans for s, fans in self.fanouts.items()}
         return SessionBatch(self.kind[order], self.start[order], turns, self.sys_idx[order], self.prompt[idx],
-                            self.output[idx], self.gap[idx], self.sys_tokens, self.sys_labels)
+                            self.output[idx], self.gap[idx], self.sys_tokens, self.sys_labels, fanouts)
 
     def sys_len(self) -> np.ndarray:
         return np.where(self.sys_idx >= 0, self.sys_tokens[np.maximum(self.sys_idx, 0)] if len(self.sys_tokens) else 0, 0)
@@ -283,14 +301,19 @@ def _build_requests(batch: SessionBatch, block_size: int, ns: str, progress: Pro
                 sys_chains[i] = chain_ids(block_content_ids(ns, ("sys", batch.sys_labels[i]), 0, n_full))
             shared = sys_chains[i]
         chain = _session_chain(ns, name, n_blocks[first + n_turns - 1], shared)
-        for j in range(n_turns):
-            r = first + j
-            requests.append(TraceRequest(t[r], name, j, chain[: n_blocks[r]], inputs[r], outputs[r], kinds[s]))
+        turns_of = [TraceRequest(t[first + j], name, j, chain[: n_blocks[first + j]], inputs[first + j],
+                                 outputs[first + j], kinds[s]) for j in range(n_turns)]
+        fans = batch.fanouts.get(s) if batch.fanouts else None
+        if fans:
+            from loadgen.presets.fanout import expand_session  # (it builds on this module)
+
+            turns_of = expand_session(turns_of, fans, ns, block_size)
+        requests += turns_of
         if progress is not None and s % 2000 == 0:
             progress(s, n_sessions)
     if progress is not None:
         progress(n_sessions, n_sessions)
-    order = np.argsort(np.asarray(t), kind="stable").tolist()
+    order = np.argsort(np.asarray([r.t for r in requests]) if batch.fanouts else np.asarray(t), kind="stable").tolist()
     return [requests[i] for i in order]
 
 

@@ -30,6 +30,7 @@ from loadgen.presets.common import (
     sample_turns,
     truncate_context,
 )
+from loadgen.presets.fanout import check_fanout, with_fanouts
 from shared.errors import InputError
 
 _MAX_MESSAGE = 1 << 17  # one message never exceeds a 128K-token window
@@ -110,15 +111,29 @@ class AgentProfile:
     zipf_s: float = 1.0
     zipf_q: float = 1.0
     max_context: int = 131072
+    # Fan-outs (loadgen/presets/fanout.py; docs/agentic.md gives each default's source). Parallel tool calls: a turn
+    # issues tool_calls_mean calls (2 + Poisson) with this chance, so a turn averages 1 + 0.1 x 2 = 1.2 tool calls,
+    # TraceLab's 432,510 calls over 357,161 agent steps (1.21); 3 calls a fan-out is a chosen default.
+    tool_fanout_prob: float = 0.1
+    tool_calls_mean: float = 3.0
+    # Subagents: a turn spawns subagents_mean of them (1 + Poisson) with this chance, so a session of the mean 25
+    # turns spawns 24 x 0.037 x 2 = 1.78, the 156 subagent sessions over 88 Claude Code threads (1.77) of the one
+    # published count; 2 a spawn and their turns (median 5, mean 8) are chosen defaults.
+    subagent_prob: float = 0.037
+    subagents_mean: float = 2.0
+    subagent_turns_median: float = 5.0
+    subagent_turns_mean: float = 8.0
 
     def __post_init__(self):
         _check_multi_turn(self, "task", "tool")
+        check_fanout(self)
 
     mean_turns = ChatProfile.mean_turns
 
     def sample(self, rng: np.random.Generator, starts: np.ndarray) -> SessionBatch:
-        return _sample_multi(rng, starts, "agent", self, self.task_median, self.task_sigma,
-                             self.tool_median, self.tool_sigma)
+        batch = _sample_multi(rng, starts, "agent", self, self.task_median, self.task_sigma,
+                              self.tool_median, self.tool_sigma)
+        return with_fanouts(rng, batch, self)
 
 
 @dataclass(frozen=True)
@@ -232,7 +247,9 @@ class MixPreset:
     block_size: int = 16
     single: SingleProfile = field(default_factory=SingleProfile)
     multi: ChatProfile = field(default_factory=ChatProfile)
-    agent: AgentProfile = field(default_factory=AgentProfile)
+    # WAKMan's agent sessions take turns one after another: no fan-out unless agent.tool_fanout_prob or
+    # agent.subagent_prob is set
+    agent: AgentProfile = field(default_factory=lambda: AgentProfile(tool_fanout_prob=0.0, subagent_prob=0.0))
 
     def __post_init__(self):
         _check_rate(self, "request_rate")

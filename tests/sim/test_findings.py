@@ -59,7 +59,9 @@ FREEINFERENCE = ("freeinference", 150, 3, (("session_rate", "4"), ("footprint_p9
 # 13 sessions, 232,348 accesses, largest request 2929 blocks; 3800 blocks is a tight pool (LRU
 # hits 0.718). Seed 8 was picked, among 12 seeds scanned, as a small trace with cache pressure.
 STRETCH = 20
-AGENT = ("agent", 300 * STRETCH, 8, (("session_rate", repr(0.05 / STRETCH)), ("gap_median", repr(3.0 * STRETCH))))
+# (the agent turns of these findings follow one another: no fan-out)
+AGENT = ("agent", 300 * STRETCH, 8, (("session_rate", repr(0.05 / STRETCH)), ("gap_median", repr(3.0 * STRETCH)),
+                                     ("tool_fanout_prob", "0"), ("subagent_prob", "0")))
 AGENT_CAPACITY = 3800
 
 # single: one-turn requests, a Zipf-popular system prompt + a unique payload (default preset).
