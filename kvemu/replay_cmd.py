@@ -16,7 +16,8 @@ from kvemu.options.arrivals import add_arrivals_arg, arrivals_mode
 from kvemu.options.requests_out import add_requests_out_arg, requests_out
 from kvemu.options.source import add_source_args
 from kvemu.program import check_outputs
-from loadgen.replay import GIVE_UP_S, Record, Replayer, Unreachable, records_json, summarize
+from loadgen.critical_path import PARTS
+from loadgen.replay import GIVE_UP_S, Record, Replayer, Unreachable, agent_sessions, records_json, summarize
 from loadgen.source import load_source
 from loadgen.trace import has_dependencies
 from shared.errors import InputError, KvemuError
@@ -147,6 +148,8 @@ def print_report(summary: dict, report: dict, out=sys.stdout) -> None:
         why = ", ".join(f"{reason} {n:,}" for reason, n in moves["by_reason"].items())
         out.write(f"\nturns that left their session's replica {moves['left']:,} of {moves['turns']:,}"
                   + (f" ({why})" if why else ""))
+    if summary.get("agent_sessions"):
+        out.write("\n" + agent_lines(summary["agent_sessions"]))
     # requests: answered by the replica; aborted: the replica's count of clients that left (timed out here)
     # tok_hit, blk_hit: HBM's, as in the headline
     out.write("\n\n  this run         requests  tok_hit  blk_hit     CSR  evictions  aborted\n")
@@ -162,6 +165,19 @@ def print_report(summary: dict, report: dict, out=sys.stdout) -> None:
         life = rep["lifetime"]
         out.write(f"  {replica_id:<16}{life['block_hit_ratio']:7.4f}  {life['csr']:6.4f}  {life['evictions']:>9,}"
                   f"  {life['usage']:5.2f}\n")
+
+
+def agent_lines(agents: dict) -> str:
+    """Agent sessions' task time and its critical path's parts, p50 and p99 across sessions (each its own)."""
+    head = (f"agent sessions  {agents['sessions']:,} finished" + (f", {agents['incomplete']:,} incomplete"
+                                                               if agents["incomplete"] else ""))
+    if not agents["sessions"]:
+        return head + ": no task time"
+    rows = [head + "   (seconds: task = first arrival to last finish; critical path = the chain of waits that"
+                   " ends last)", "                  task   " + "".join(f"{p:>9}" for p in PARTS)]
+    for q in ("p50", "p99"):
+        rows.append(f"  {q}     {agents[f'task_{q}_s']:10.2f}   " + "".join(f"{agents[f'{p}_{q}_s']:9.2f}" for p in PARTS))
+    return "\n".join(rows)
 
 
 def plot_context(trace, requests, speedup: float, report: dict, source: str | None = None) -> dict:
@@ -244,6 +260,8 @@ def run(args) -> int:
     summary = summarize(records, block_size if block_size is not None else trace.block_size)
     summary["interrupted"] = interrupted
     summary["stopped"] = f"no request could connect for {gone.seconds:.1f} s: {gone.cause}" if gone else None
+    if has_dependencies(replayer.chosen):  # an agent trace: each session's task time and critical path
+        summary["agent_sessions"] = agent_sessions(records, replayer.chosen)
     if summary["timed_out"]:  # the replicas abort what timed out as they see its connection close: let them
         time.sleep(0.2)
     report = cluster_report(url, before)

@@ -1,7 +1,8 @@
 """The PNG of a live replay, and of ``kvemu demo`` (matplotlib, imported only when a plot is asked for).
 
 Panels: requests routed and block hit ratio per replica; the cluster's block hit ratio over
-the replay; the emulated TTFT distribution. Hit-ratio panels carry the infinite-cache ceiling
+the replay; the emulated TTFT distribution; for an agent trace, each session's task time along its
+critical path (``loadgen.critical_path_plots``). Hit-ratio panels carry the infinite-cache ceiling
 of the requests replayed.
 """
 
@@ -109,11 +110,16 @@ def _ttft(ax, summary: dict, records) -> None:
 
 def replay_figure(summary: dict, records, ctx: dict):
     plt = pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(17, 5))
+    agents = (summary.get("agent_sessions") or {}).get("paths")  # an agent trace: a panel of its sessions
+    fig, axes = plt.subplots(1, 4 if agents else 3, figsize=(23 if agents else 17, 5))
     ceiling = ctx.get("ceiling")
     _per_replica(axes[0], summary, ceiling)
     _over_time(axes[1], records, ceiling)
     _ttft(axes[2], summary, records)
+    if agents:
+        from loadgen.critical_path_plots import critical_path_panel
+
+        critical_path_panel(axes[3], agents)
     fig.suptitle(context_line(ctx), fontsize=11)
     fig.tight_layout(rect=(0, 0, 1, 0.95))
     thin_overlapping_ticks(fig)

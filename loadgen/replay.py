@@ -18,12 +18,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import aiohttp
 import msgpack
 
 from loadgen.arrivals import Arrivals
+from loadgen.critical_path import Span, session_paths, summarize_paths
 from loadgen.trace import Trace, TraceRequest, response_hashes
 from shared.histogram import LogHistogram
 from shared.progress import ProgressBar
@@ -52,6 +54,11 @@ class Record:
     pd_path: str = ""
     prefill_replica: str = ""
     route_reason: str = ""  # why the router chose the replica (its X-Kvemu-Route-Reason: cache_hit, ...; "" direct)
+    # the request's place among those replayed, its computed arrival (s from the replay's start: when the schedule
+    # released it) and the replica's queue time (emulated, as ttft_s): what an agent session's critical path reads
+    index: int = -1
+    arrival_s: float = 0.0
+    queue_s: float = 0.0
 
 
 def _names(cls: type) -> set[str]:
@@ -215,6 +222,7 @@ class Replayer:
             sent = time.monotonic()
             self.progress.sent(sent - due)
             rec = await self._send(http, r)
+        rec.index, rec.arrival_s = k, self.released[k]
         self.records.append(rec)
         self.progress.tick(failure(rec))
         if rec.status == 200 and not rec.error:
@@ -228,7 +236,8 @@ class Replayer:
         """Request ``k`` waited for one that failed: never sent, counted as failed."""
         r = self.chosen[k]
         rec = Record(r.session, r.turn, 0, "", r.input_tokens, 0, len(r.hash_ids), 0, 0.0, 0.0, 0.0,
-                     time.monotonic() - self.t0, error=f"not sent: request {failed.id!r} it waits for failed")
+                     time.monotonic() - self.t0, error=f"not sent: request {failed.id!r} it waits for failed",
+                     index=k)
         self.records.append(rec)
         self.progress.tick(DEPENDENCY_FAILED)
 
@@ -276,6 +285,7 @@ class Replayer:
                     out = msgpack.unpackb(data)
                     rec.cached_tokens, rec.cached_blocks = out["cached_tokens"], out["cached_blocks"]
                     rec.ttft_s, rec.e2e_s = out["ttft_s"], out["e2e_s"]
+                    rec.queue_s = out.get("queue_time_s", 0.0)
                 else:
                     rec.error = data[:200].decode(errors="replace")
         except TimeoutError:  # aiohttp's total timeout, and its socket timeouts (ServerTimeoutError)
@@ -363,6 +373,29 @@ def _pd_summary(ok: list[Record]) -> dict:
         if r.prefill_replica:
             prefills[r.prefill_replica] += 1
     return {"pd_paths": dict(sorted(paths.items())), "prefill_replicas": dict(sorted(prefills.items()))}
+
+
+def agent_spans(records: list[Record], requests: Sequence[TraceRequest]) -> list[Span]:
+    """The records as ``loadgen.critical_path`` reads them (``requests``: those replayed, by ``Record.index``), in
+    the replay's wall seconds: arrival, then the replica's queue, prefill (TTFT less the queue) and decode (E2E less
+    TTFT), finished when the answer came back; an unanswered request never finished."""
+    out = []
+    for rec in records:
+        if rec.index < 0:
+            continue
+        r = requests[rec.index]
+        ok = rec.status == 200 and not rec.error
+        queue = min(rec.queue_s, rec.ttft_s)
+        out.append(Span(r.session, r.id, r.after, rec.arrival_s, queue, rec.ttft_s - queue, rec.e2e_s - rec.ttft_s,
+                        rec.sent_at_s + rec.wall_s if ok else None))
+    return out
+
+
+def agent_sessions(records: list[Record], requests: Sequence[TraceRequest]) -> dict:
+    """Per agent session (one with dependencies) its task time and critical path, and their p50 / p99 across
+    sessions (``loadgen.critical_path``); ``paths`` one row a session."""
+    paths, incomplete = session_paths(agent_spans(records, requests))
+    return {**summarize_paths(paths, incomplete), "paths": [p._asdict() for p in paths]}
 
 
 def records_json(records: list[Record]) -> list[dict]:
