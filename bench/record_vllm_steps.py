@@ -158,6 +158,34 @@ def golden_workloads() -> list[dict]:
         # 200 requests of 63 sessions, 2,035 evictions in a 700-block pool; 103 later turns (of 45 sessions)
         # arrive while the turn before still decodes
         chat_workload(random.Random(52), "multi_turn_chat", num_blocks=700),
+        *spec_workloads(),
+    ]
+
+
+def with_spec(w: dict, k: int, seed: int, method: str = "ngram") -> dict:
+    """``w`` under speculative decoding with ``k`` drafts a step: each request's verifications accept a seeded
+    list of 0..k drafts (the same list vLLM's driver and kvemu's scheduler are forced with)."""
+    rng = random.Random(seed)
+    w["settings"]["speculative"] = {"method": method, "k": k}
+    for r in w["requests"]:
+        r["accept"] = [rng.randint(0, k) for _ in range(sum(n for _, n in r["output"]))]
+    return w
+
+
+def spec_workloads() -> list[dict]:
+    """Speculative decoding with forced acceptances (docs/speculative.md)."""
+    one = _w("spec_one_sequence", [_r("s", 0, [[120, 30]], 6)])
+    one["settings"]["speculative"] = {"method": "ngram", "k": 2}
+    one["requests"][0]["accept"] = [2, 0, 1]
+    return [
+        one,
+        with_spec(_w("spec_shared_prefix", [_r(f"a{i}", 2 * i, [[1, 512], [10 + i, 100]], 60) for i in range(5)]), 3, 1),
+        with_spec(_w("spec_small_pool_preempts", [_r(f"p{i}", i, [[40 + i, 100]], 150) for i in range(6)],
+                     num_blocks=44), 4, 2),
+        with_spec(_w("spec_overlapping_turns", [_r("t1", 0, [[90, 300]], 200, tag=91),
+                                                _r("t2", 60, [[90, 300], [91, 200], [92, 50]], 20)]), 5, 3),
+        with_spec(chat_workload(random.Random(54), "spec_multi_turn_chat", requests=80, span=600, num_blocks=700),
+                  3, 4),
     ]
 
 

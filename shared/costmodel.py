@@ -74,6 +74,11 @@ class StepWork(NamedTuple):
     cached_tokens: int = 0  # sum c_i: prefix tokens the chunks read
     decoders: int = 0  # sequences decoding one token
     decode_kv: int = 0  # KV tokens the decoders attend, in all
+    # speculative decoding's verify forward: the decoders' draft tokens, queries beside their sampled one (each
+    # a decode token's products and LM head row), and sum d_i K_i, the KV tokens those queries attend (the KV
+    # is read once a sequence: decode_kv; shared/spec_cost.py)
+    draft_tokens: int = 0
+    draft_kv: int = 0
 
     @classmethod
     def of(cls, chunks: Iterable[tuple[int, int]] = (), decoders: int = 0, decode_kv: int = 0) -> StepWork:
@@ -94,7 +99,7 @@ class StepWork(NamedTuple):
 
     @property
     def tokens(self) -> int:
-        return self.prefill_tokens + self.decoders
+        return self.prefill_tokens + self.decoders + self.draft_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,20 +284,23 @@ class CostModel:
         fixed = u.graphed if t <= u.graph_tokens or not work.prefill_seqs else u.eager
         return StepParts(
             weights=weights, decode_kv=work.decode_kv * u.decode_kv,
-            linear=work.prefill_tokens * u.prefill_linear + work.decoders * u.decode_linear,
-            head=(work.prefill_seqs + work.decoders) * u.head_linear, decode_attention=work.decode_kv * u.decode_attention,
+            linear=work.prefill_tokens * u.prefill_linear + (work.decoders + work.draft_tokens) * u.decode_linear,
+            head=(work.prefill_seqs + work.decoders + work.draft_tokens) * u.head_linear,
+            decode_attention=(work.decode_kv + work.draft_kv) * u.decode_attention,
             attention=work.attn_pairs * u.attention, kv_read=work.cached_tokens * u.kv_read, comm=self.all_reduce_s(t),
             overhead=fixed + work.decoders * u.per_decoder, moe=self._moe_s(t))
 
     def step_time(self, work: StepWork) -> float:
         """Seconds of one step: ``step_parts(work).total`` without building the parts (the hot path)."""
-        t = work.prefill_tokens + work.decoders
+        decode_tokens = work.decoders + work.draft_tokens
+        t = work.prefill_tokens + decode_tokens
         if t <= 0:
             return 0.0
         u = self._u
         weights = u.base_weights + u.head_read + work.decode_kv * u.decode_kv
-        compute = (work.prefill_tokens * u.prefill_linear + work.decoders * u.decode_linear
-                   + (work.prefill_seqs + work.decoders) * u.head_linear + work.decode_kv * u.decode_attention)
+        compute = (work.prefill_tokens * u.prefill_linear + decode_tokens * u.decode_linear
+                   + (work.prefill_seqs + decode_tokens) * u.head_linear
+                   + (work.decode_kv + work.draft_kv) * u.decode_attention)
         fixed = u.graphed if t <= u.graph_tokens or not work.prefill_seqs else u.eager
         return (max(weights, compute) + self._moe_s(t) + work.attn_pairs * u.attention + work.cached_tokens * u.kv_read
                 + self.all_reduce_s(t) + fixed + work.decoders * u.per_decoder)

@@ -12,6 +12,12 @@ arrive at it are added (one over ``max_model_len`` is refused as vLLM's serving 
 it: never added), the aborts of that step applied (``finish_requests`` with FINISHED_ABORTED), then
 ``schedule()``, a model-runner output that samples the request's next output token for every
 scheduled request whose prompt is done (nothing for a partial prefill chunk), ``update_from_output()``.
+
+With ``settings["speculative"]`` (``{"method": "ngram", "k": K}``) the scheduler runs vLLM's speculative
+decoding: a verified request's output is the drafts its forced acceptance list accepts (``accept``: the
+request's i-th verification accepts ``accept[i]`` drafts, 0 past the list) plus one sampled token, and
+after ``update_from_output`` every scheduled request gets K drafts, cut at ``max_model_len`` as vLLM's n-gram
+proposer cuts them (``update_draft_token_ids``, what EngineCore's ``post_step`` does with the runner's drafts).
 """
 
 from __future__ import annotations
@@ -25,13 +31,21 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
 import torch  # noqa: E402
 import vllm  # noqa: E402
-from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig  # noqa: E402
+from vllm.config import (  # noqa: E402
+    CacheConfig,
+    DeviceConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+    SpeculativeConfig,
+    VllmConfig,
+)
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.utils.hashing import sha256  # noqa: E402
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # noqa: E402
-from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
+from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
@@ -46,8 +60,14 @@ def build(model_dir: str, s: dict) -> Scheduler:
                                        max_model_len=s["max_model_len"], enable_chunked_prefill=True,
                                        is_encoder_decoder=False)
     cache_config = CacheConfig(block_size=s["block_size"], enable_prefix_caching=s["prefix_caching"])
+    spec = None
+    if s.get("speculative"):
+        spec = SpeculativeConfig(method=s["speculative"]["method"], num_speculative_tokens=s["speculative"]["k"],
+                                 prompt_lookup_max=3, prompt_lookup_min=1, target_model_config=model_config,
+                                 target_parallel_config=ParallelConfig())
     vllm_config = VllmConfig(scheduler_config=scheduler_config, model_config=model_config,
-                             cache_config=cache_config, device_config=DeviceConfig(device="cpu"))
+                             cache_config=cache_config, device_config=DeviceConfig(device="cpu"),
+                             speculative_config=spec)
     kv_cache_config = KVCacheConfig(
         num_blocks=s["num_blocks"], kv_cache_tensors=[],
         kv_cache_groups=[KVCacheGroupSpec(["layer"], FullAttentionSpec(block_size=s["block_size"], num_kv_heads=1,
@@ -71,6 +91,7 @@ def run(model_dir: str, w: dict) -> dict:
         aborts.setdefault(a["step"], []).append(a["id"])
     last_event = max([*arrivals, *aborts, 0])
     first_seen: set[str] = set()
+    verifies: dict[str, int] = {}  # verifications so far, per request (its next forced acceptance)
     steps = []
     for k in range(MAX_STEPS):
         refused = []
@@ -97,16 +118,13 @@ def run(model_dir: str, w: dict) -> dict:
         # victims leave the running list from its end: their order is the reverse of that list's
         preempted = [rid for rid in reversed(running_before) if sched.requests[rid].status == RequestStatus.PREEMPTED]
         ids = list(num)
-        sampled = []
-        for rid in ids:
-            rq = sched.requests[rid]
-            if rq.num_computed_tokens >= rq.num_tokens:
-                sampled.append([reqs[rid]["output"][len(rq.output_token_ids)]])
-            else:
-                sampled.append([])
+        sampled = [_sampled(sched.requests[rid], reqs[rid], out.scheduled_spec_decode_tokens.get(rid), verifies)
+                   for rid in ids]
         mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={rid: i for i, rid in enumerate(ids)},
                                 sampled_token_ids=sampled)
         eco = sched.update_from_output(out, mro)
+        if s.get("speculative"):
+            _propose(sched, ids, s["speculative"]["k"], s["max_model_len"])
         finished = []
         for outs in eco.values():
             for o in outs.outputs:
@@ -118,6 +136,30 @@ def run(model_dir: str, w: dict) -> dict:
             break
     header = {"vllm": vllm.__version__, "settings": s, "name": w.get("name", "")}
     return {"header": header, "steps": steps}
+
+
+def _sampled(rq: Request, r: dict, drafts: list[int] | None, verifies: dict[str, int]) -> list[int]:
+    """The tokens the model runner returns for a scheduled request: none for a partial prefill chunk, else its
+    accepted drafts (the forced count, at most the drafts scheduled) and one sampled token, the request's next
+    output tokens (a filler past its output: vLLM trims at max_tokens)."""
+    if rq.num_computed_tokens < rq.num_tokens:
+        return []
+    accepted = 0
+    if drafts:
+        i = verifies.get(rq.request_id, 0)
+        verifies[rq.request_id] = i + 1
+        forced = r.get("accept", [])
+        accepted = min(len(drafts), forced[i] if i < len(forced) else 0)
+    have = len(rq.output_token_ids)
+    return [r["output"][j] if j < len(r["output"]) else 7 for j in range(have, have + accepted + 1)]
+
+
+def _propose(sched: Scheduler, ids: list[str], k: int, max_model_len: int) -> None:
+    """K drafts for every scheduled request still running, cut at max_model_len (vLLM's n-gram proposer); the
+    scheduler keeps them for requests past their prefill only."""
+    live = [rid for rid in ids if rid in sched.requests and not sched.requests[rid].is_finished()]
+    drafts = [[11] * max(0, min(k, max_model_len - sched.requests[rid].num_tokens)) for rid in live]
+    sched.update_draft_token_ids(DraftTokenIds(req_ids=live, draft_token_ids=drafts))
 
 
 def main() -> None:

@@ -28,11 +28,21 @@ from replica.core.sched.sched_types import SchedRequest
 
 
 class DecodeBlocks:
-    def __init__(self, pool: SchedulerPool, enabled: bool = True, fills: bool = False) -> None:
+    def __init__(self, pool: SchedulerPool, enabled: bool = True, fills: bool = False, draft_slots: int = 0,
+                 admit_slots: int = 0, cap: int = 0) -> None:
         self.pool = pool
         self.enabled = enabled  # False: no request ever holds a block beyond its hashed ones
         self.fills = enabled and fills  # blocks are hashed as decoding fills them (response KV kept)
         self.block_size = pool.block_size
+        # Speculative decoding (spec_decode.py): KV slots a decode step takes beyond its sampled token's (K
+        # drafts and a draft model's lookahead), those an admission takes beyond its tokens' (the lookahead),
+        # and the most slots a request ever takes (vLLM's max_model_len rule; 0: none). A request then jumps
+        # several tokens a step, so a block it needs or fills may fall due before the step being planned:
+        # it is due at that step (``floor``, set by the scheduler), in admission order as vLLM's running list.
+        self.draft_slots = draft_slots
+        self.admit_slots = admit_slots
+        self.cap = cap
+        self.floor = 0
         self._heap: list[tuple[int, int, SchedRequest]] = []  # (tick, admission number, request)
         self._full: list[tuple[int, int, SchedRequest]] = []  # (tick its next block is full, admission, request)
 
@@ -40,16 +50,25 @@ class DecodeBlocks:
         """Private blocks beyond its hashed ones that ``r`` needs holding ``generated`` tokens after its prompt."""
         if not self.enabled:
             return 0
-        return max(0, -(-(r.input_tokens + generated) // self.block_size) - len(r.hashes) - r.kept - r.fill_pins)
+        return max(0, -(-self._slots(r.input_tokens + generated + self.admit_slots) // self.block_size)
+                   - len(r.hashes) - r.kept - r.fill_pins)
 
     def most(self, r: SchedRequest) -> int:
-        """Blocks ``r`` holds at its last decode step (its last token's KV is never written)."""
-        return len(r.hashes) + self.need(r, max(r.output_tokens - 1, 0))
+        """Blocks ``r`` holds at its last decode step (its last token's KV is never written; drafts' slots are)."""
+        if not self.enabled:
+            return len(r.hashes)
+        slots = self._slots(r.input_tokens + max(r.output_tokens - 1, 0) + self.draft_slots)
+        return max(len(r.hashes), -(-slots // self.block_size))
+
+    def _slots(self, tokens: int) -> int:
+        return min(tokens, self.cap) if self.cap else tokens
 
     def track(self, r: SchedRequest) -> None:
         """A decoding request: queue the tick of its next block, unless it finishes first."""
         held = len(r.hashes) + r.kept + r.fill_pins + r.extra_blocks
-        t = r.base + held * self.block_size - r.input_tokens + 1
+        t = r.base + held * self.block_size - r.input_tokens - self.draft_slots + 1
+        if self.draft_slots:
+            t = max(t, self.floor) if not self.cap or self.cap > held * self.block_size else r.base + r.output_tokens
         if self.enabled and t < r.base + r.output_tokens:
             r.grow_at = t
             heapq.heappush(self._heap, (t, r.admit_seq, r))
@@ -61,10 +80,19 @@ class DecodeBlocks:
         self.track(r)
         self._track_full(r)
 
+    def retrack(self, r: SchedRequest) -> None:
+        """``r``'s decode tick moved (speculative decoding kept several tokens): its next needs again."""
+        if r.grow_at >= 0:
+            self.track(r)
+        if r.fill_at >= 0:
+            self._track_full(r)
+
     def _track_full(self, r: SchedRequest) -> None:
         """Queue the tick whose step fills ``r``'s next response block (its KV then holds the block's last
         token), unless it has no hash or ``r`` finishes first (its last token's KV is never written)."""
         t = r.base + (len(r.hashes) + r.full + 1) * self.block_size - r.input_tokens
+        if self.draft_slots:
+            t = max(t, self.floor)
         if self.fills and r.full < len(r.response_hashes) and t < r.base + r.output_tokens:
             r.fill_at = t
             heapq.heappush(self._full, (t, r.admit_seq, r))

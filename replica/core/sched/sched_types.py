@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from replica.core.cache.pool import Allocation
+from replica.core.sched.spec_decode import SpecDecode
 from replica.core.tiers.stack import FetchPlan
 from shared.errors import InputError, KvemuError
 from shared.hashing import reusable_prefix_tokens
@@ -54,6 +55,7 @@ class SchedulerSettings:
     watermark: float = DEFAULT_WATERMARK  # fraction of the pool an admission must leave free (vLLM v0)
     max_loans: int = DEFAULT_MAX_LOANS  # reorder: admissions ahead of its turn one request may get
     step_rule: str = "v1"  # v1 (mixed steps) or v0 (prefills or decodes, whole prompts): v0_steps.py
+    speculative: SpecDecode | None = None  # speculative decoding (spec_decode.py); None: one token a decode step
 
     def __post_init__(self) -> None:
         for name in ("token_budget", "max_running", "max_waiting", "reorder_window", "max_loans"):
@@ -64,6 +66,15 @@ class SchedulerSettings:
             raise InputError("step_rule", f"must be one of v1, v0, got {self.step_rule!r}")
         if not isinstance(self.max_model_len, int) or self.max_model_len < 0:
             raise InputError("max_model_len", f"must be an integer >= 0, got {self.max_model_len!r}")
+        spec = self.speculative
+        if spec is not None:
+            # every running request's 1 + K tokens fit one step (vLLM would leave some decoders out of a step)
+            if self.max_running * (1 + spec.num_tokens) > self.token_budget:
+                raise InputError("num_speculative_tokens", f"{self.max_running} running requests x (1 + {spec.num_tokens}"
+                                 f" drafts) exceed the token budget of {self.token_budget}: lower"
+                                 " --num-speculative-tokens or --max-running, or raise --token-budget")
+            if self.step_rule != "v1":
+                raise InputError("speculative_method", "speculative decoding runs with --step-rule v1 only")
 
 
 def check_watermark(value: float, field: str = "watermark") -> None:
@@ -100,7 +111,7 @@ class SchedRequest:
                  "alloc", "segments", "cached_tokens", "generated", "base", "ready_at", "restore_start",
                  "response_hashes", "plan", "t_admitted", "t_first_token", "t_finished", "order", "t_queued",
                  "waited", "preemptions", "admit_seq", "extra_blocks", "grow_at", "kept", "loans", "hold", "full", "fills",
-                 "fill_pins", "fill_at", "dups")
+                 "fill_pins", "fill_at", "dups", "verifies")
 
     def __init__(self, rid: int, hashes: Sequence[int], input_tokens: int, output_tokens: int, arrival: float,
                  session: str | None = None, next_use: Sequence[float] | None = None, position: float | None = None,
@@ -151,6 +162,7 @@ class SchedRequest:
         # (vLLM: two copies); it pins the hashed one once that request lets go (``Scheduler._adopt``).
         self.dups: list[int] = []
         self.loans = 0  # reorder: times it was admitted ahead of its turn (at most max_loans)
+        self.verifies = 0  # speculative decoding: its verify steps so far (the acceptance model's draw number)
         # A prefill instance's request (disaggregated P/D): when it finishes its blocks stay pinned until
         # the KV transfer to the decode instance ends (``Scheduler.release_held``), as vLLM's NIXL
         # connector holds them; False everywhere else.

@@ -68,9 +68,11 @@ from replica.core.sched.sched_types import (
     StepTimer,
     check_admission,
 )
+from replica.core.sched.spec_decode import Acceptance
 from replica.core.sched.v0_steps import StepBudget
 from replica.core.tiers.stack import FetchPlan, TierStack
 from shared.costmodel import CostModel, StepWork, layered_finish
+from shared.spec_cost import draft_seconds
 
 __all__ = ["ADMISSIONS", "SCHEDULERS", "QueueFullError", "SchedRequest", "Scheduler", "SchedulerSettings", "StepResult",
            "StepTimer", "check_admission"]
@@ -111,7 +113,21 @@ class Scheduler(Release):
         self._dec_input = 0  # sum of input_tokens over decoders
         self._dec_base = 0  # sum of base over decoders
         # where response KV is kept, the blocks decoding fills are hashed as they fill (``_fill_due``)
-        self.decode_kv = DecodeBlocks(pool, self.settings.decode_kv, fills=keep_response_kv and self._store is not None)
+        spec = self.settings.speculative
+        # speculative decoding (spec_decode.py): a decoder's K drafts take slots, its kept tokens are drawn
+        self._spec_k = spec.num_tokens if spec is not None else 0
+        self.acceptance: Acceptance | None = spec.model() if spec is not None else None
+        mml = self.settings.max_model_len
+        self.decode_kv = DecodeBlocks(pool, self.settings.decode_kv, fills=keep_response_kv and self._store is not None,
+                                      draft_slots=self._spec_k + spec.lookahead if spec is not None else 0,
+                                      admit_slots=spec.lookahead if spec is not None else 0,
+                                      cap=(mml - (0 if spec.lookahead else 1)) if spec is not None and mml else 0)
+        self._drafts: list[tuple[SchedRequest, int]] = []  # this step's decoders and their drafts
+        self._draft_tokens = 0  # their drafts, in all
+        self._draft_kv = 0  # sum of drafts x context tokens
+        self.spec_verifies = 0  # verifications (decoder-steps with drafts)
+        self.spec_drafts = 0  # draft tokens verified
+        self.spec_accepted = 0  # ... of them accepted
         # Statistics (``stats``); admission's own (refused, admissions, waits, prefill tokens): admission.py;
         # preemptions, with what leaving keeps (on_preempt, the private copies of filled blocks): release.py
         self._init_admission()
@@ -163,26 +179,31 @@ class Scheduler(Release):
         decoding = self._begin(now)
         queued = bool(self.waiting)
         n_dec = len(self._done_at) if decoding else 0
-        budget = self.settings.token_budget - n_dec
+        spec = self._spec_k > 0 and n_dec > 0
+        budget = self.settings.token_budget - n_dec - (self._draft_tokens if spec else 0)
         kv_tokens = self._dec_input + n_dec * self._tick - self._dec_base if n_dec else 0
         work, restores, completed = self._prefill_chunks(budget, now, n_dec, kv_tokens)
         prefill_tokens = work.prefill_tokens
         steps = 1
-        if prefill_tokens == 0 and n_dec:  # nothing admissible until a request finishes
+        if spec:  # the verify forward: each decoder's sampled token and its drafts (one step at a time)
+            work = work._replace(draft_tokens=self._draft_tokens, draft_kv=self._draft_kv)
+        elif prefill_tokens == 0 and n_dec:  # nothing admissible until a request finishes
             steps = self._decode_run_length(n_dec, kv_tokens, now, horizon)
             if steps > 1:
                 steps = self.decode_kv.ahead(self._tick, steps)
                 self._fill_due(self._tick + steps - 1, now)  # no request looks up before the run ends
         tiers = self.tiers
-        if prefill_tokens:  # one forward over the chunks and the decode tokens
+        if prefill_tokens or spec:  # one forward over the chunks and the decode tokens
             duration = self.cost.step_time(work)
             if tiers is not None:  # the links it shares: its all-reduce over PCIe, then its restores' ends
-                duration = tiers.all_reduce(now, duration, prefill_tokens + n_dec)
+                duration = tiers.all_reduce(now, duration, work.tokens)
                 if self._restoring:
                     restores = tiers.windows(self._restoring, now)
                     self._restoring = []
             if restores:
                 duration = layered_finish(duration, restores, self.cost.model.layers)
+            if self._spec_k:  # the drafter proposes the next step's drafts for those that will decode
+                duration += self._draft_time(kv_tokens if spec else 0, n_dec, completed)
         else:
             duration = self._decode_time(n_dec, kv_tokens, steps)
             if tiers is not None:
@@ -203,10 +224,13 @@ class Scheduler(Release):
         end = now + duration
         result = StepResult(now, duration, steps, prefill_tokens, [], [], [])
         if n_dec:
-            if self.report_decoded:
+            if spec:
+                self._verify(result)
+            elif self.report_decoded:
                 tick = self._tick
                 result.decoded = [(r, min(steps, r.base + r.output_tokens - tick)) for r in self._decoders.values()]
             self._tick += steps
+            self.decode_kv.floor = self._tick
             self._retire(result, end)
         self._complete(completed, result, end)
         return result
@@ -220,8 +244,11 @@ class Scheduler(Release):
             self._grow_now(now)
             self._fill_due(self._tick, now)
             return True
+        self.decode_kv.floor = self._tick
         preempted = self._grow_now(now)
         self._fill_due(self._tick, now)  # before admissions: they may hit what decoding just filled
+        if self._spec_k:
+            self._plan_drafts()
         if not preempted:  # vLLM admits nothing in a step that preempted
             self._admit(now)
         return True
@@ -252,7 +279,7 @@ class Scheduler(Release):
                 "prefill_tokens": self.prefill_tokens, "readmission_prefill_tokens": self.readmission_prefill_tokens,
                 "pinned_block_s": self.pinned_block_s, "queued_block_s": self.queued_block_s,
                 "queued_s": self.queued_s, "blocked_block_s": self.blocked_block_s, "blocked_s": self.blocked_s,
-                "batch_steps": self.batch_steps, "steps": self.steps}
+                "batch_steps": self.batch_steps, "steps": self.steps, **(self.spec_stats() if self._spec_k else {})}
 
     def _grow_now(self, now: float) -> bool:
         """Each decoding request that needs a block in this step gets one, oldest admission first;
@@ -275,8 +302,8 @@ class Scheduler(Release):
         # requests' tokens (a decode each, the rest of their prefills): one admitted beyond it would hold
         # its blocks, and look up its hits, steps before it computes anything. reorder (FlashGen) admits
         # into idle memory whatever the budget, as it always has.
-        left = self.settings.token_budget - len(self._done_at) - sum(s[1] for r in self.prefilling for s in r.segments) \
-            if not reorder else 1
+        left = self.settings.token_budget - len(self._done_at) - self._draft_tokens \
+            - sum(s[1] for r in self.prefilling for s in r.segments) if not reorder else 1
         v0 = self._v0  # v0: whole prompts within the step's budget, decoders not counted (a prefill step)
         if v0 is not None:
             left = v0.left
@@ -392,6 +419,74 @@ class Scheduler(Release):
             if one > 0:
                 steps = max(1, min(steps, int((horizon - now) / one)))
         return max(1, steps)
+
+    # ---- speculative decoding (spec_decode.py) -----------------------------------------------
+    @property
+    def planned_drafts(self) -> list[tuple[SchedRequest, int]]:
+        """This step's decoders and their drafts, from its planning until its verification (a step timer's view)."""
+        return list(self._drafts)
+
+    def _plan_drafts(self) -> None:
+        """Each decoder's drafts this step: K, cut so its tokens stay within max_model_len (vLLM's proposer
+        and its scheduler's length rule); their count and the context their queries attend."""
+        k, cap, tick = self._spec_k, self.settings.max_model_len, self._tick
+        plan = self._drafts
+        plan.clear()
+        total = kv = 0
+        for r in self._decoders.values():
+            tokens = r.input_tokens + tick - r.base
+            d = k if not cap else max(0, min(k, cap - tokens - 1))
+            plan.append((r, d))
+            total += d
+            kv += d * tokens
+        self._draft_tokens, self._draft_kv = total, kv
+
+    def _verify(self, result: StepResult) -> None:
+        """The verify forward's outcome: each decoder keeps its accepted drafts and the token sampled after
+        them, cut at its max_tokens; one that kept more than one token moves its decode tick (``base``) ahead,
+        and its next block and next full block are due again (at the next step at the earliest)."""
+        accept, tick, decode_kv = self.acceptance, self._tick, self.decode_kv
+        assert accept is not None
+        decode_kv.floor = tick + 1
+        moved = False
+        for r, d in self._drafts:
+            a = 0
+            if d:
+                a = accept.accepted(r.rid, r.verifies, d)
+                r.verifies += 1
+                self.spec_verifies += 1
+                self.spec_drafts += d
+                self.spec_accepted += a
+            kept = min(a + 1, r.output_tokens - (tick - r.base))
+            if self.report_decoded:
+                result.decoded.append((r, kept))
+            if kept > 1:
+                r.base -= kept - 1
+                self._dec_base -= kept - 1
+                decode_kv.retrack(r)
+                moved = True
+        self._drafts.clear()
+        self._draft_tokens = self._draft_kv = 0
+        if moved:  # finish ticks moved: the heap again, each request's entry keeping its order
+            self._done_at = [(e[2].base + e[2].output_tokens, e[1], e[2]) for e in self._done_at]
+            heapq.heapify(self._done_at)
+
+    def _draft_time(self, kv_tokens: int, n_dec: int, completed: list[SchedRequest]) -> float:
+        """The drafter's seconds after the forward: drafts for the decoders that go on and the requests whose
+        prefill this step finished (shared/spec_cost.py)."""
+        spec = self.settings.speculative
+        assert spec is not None
+        seqs = n_dec + len(completed)
+        context = kv_tokens + sum(r.input_tokens for r in completed)
+        return draft_seconds(self.cost, spec.method, spec.num_tokens, seqs, context)
+
+    def spec_stats(self) -> dict:
+        """Speculative decoding's counters and what vLLM logs of them: the mean accepted length (tokens a
+        verification keeps, the sampled one included) and the draft acceptance rate."""
+        v = self.spec_verifies
+        return {"spec_verifies": v, "spec_draft_tokens": self.spec_drafts, "spec_accepted_tokens": self.spec_accepted,
+                "spec_mean_accepted_length": 1 + self.spec_accepted / v if v else 0.0,
+                "spec_acceptance_rate": self.spec_accepted / self.spec_drafts if self.spec_drafts else 0.0}
 
 
 def _admit_seq(r: SchedRequest) -> int:

@@ -12,6 +12,10 @@ scheduler is told to take one step (its decode fast-forward stops at ``now``).
 A step's record: ``scheduled`` (request -> tokens computed in it), ``cached`` (for each request
 admitted in it, the tokens found computed: its first chunk's start), ``preempted`` (in order),
 ``finished`` (in order), ``refused`` (vLLM's length rule at arrival) and ``aborted``.
+
+Speculative decoding (``settings["speculative"]``, ``{"method", "k"}``): a decoder's ``scheduled`` is its
+sampled token and its drafts, and each request's ``accept`` list forces what its verifications accept
+(``ForcedAcceptance``), the same list vLLM's driver feeds its scheduler.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from replica.core.cache.policies.lru import LRUPolicy
 from replica.core.cache.pool import BlockPool
 from replica.core.sched.sched_types import SchedRequest, SchedulerSettings
 from replica.core.sched.scheduler import Scheduler
+from replica.core.sched.spec_decode import ForcedAcceptance, SpecDecode
 from shared.costmodel import CostModel
 from shared.errors import InputError
 from shared.hashing import block_hashes
@@ -48,13 +53,16 @@ def expand(workload: dict) -> dict:
 class _Recorder:
     """The scheduler's step timer: it hears each step's chunks and decoders (and keeps the modelled time)."""
 
-    def __init__(self) -> None:
+    def __init__(self, sched: Scheduler) -> None:
+        self.sched = sched
         self.chunks: list[tuple[SchedRequest, int, int]] = []
         self.decoders: list[SchedRequest] = []
+        self.drafts: dict[int, int] = {}  # id(request) -> its drafts this step
 
     def step_time(self, chunks: list[tuple[SchedRequest, int, int]], decoders: list[SchedRequest], steps: int,
                   modelled: float) -> float:
         self.chunks, self.decoders = list(chunks), list(decoders)
+        self.drafts = {id(r): d for r, d in self.sched.planned_drafts}
         return modelled
 
     def stored(self, r: SchedRequest, hashes: list[int]) -> None:
@@ -68,9 +76,12 @@ def scheduler_for(settings: dict, cost: CostModel | None = None) -> Scheduler:
     # vLLM's block pool keeps one of its num_gpu_blocks as the null block, never handed out
     pool = BlockPool(settings["num_blocks"] - 1, LRUPolicy(), block_size=bs, hit_mode="prefix", emit_events=False,
                      prefix_caching=caching)
+    spec = settings.get("speculative")
     sched_settings = SchedulerSettings(token_budget=settings["max_num_batched_tokens"],
                                        max_running=settings["max_num_seqs"],
-                                       max_model_len=settings["max_model_len"], max_waiting=1 << 30)
+                                       max_model_len=settings["max_model_len"], max_waiting=1 << 30,
+                                       speculative=SpecDecode(spec["method"], spec["k"], acceptance_rate=1.0)
+                                       if spec else None)
     return Scheduler(pool, cost or CostModel.from_names(), sched_settings, keep_response_kv=caching)
 
 
@@ -85,7 +96,9 @@ def kvemu_trace(workload: dict, cost: CostModel | None = None) -> list[dict]:
     """The steps kvemu's scheduler takes on ``workload``, recorded as the vLLM recorder records vLLM's."""
     s = workload["settings"]
     sched = scheduler_for(s, cost)
-    rec = _Recorder()
+    if s.get("speculative"):  # what each verification accepts: the workload's lists, as vLLM's driver reads them
+        sched.acceptance = ForcedAcceptance({i: r.get("accept", []) for i, r in enumerate(workload["requests"])})
+    rec = _Recorder(sched)
     sched.timer = rec
     names = {i: r["id"] for i, r in enumerate(workload["requests"])}
     preempted: list[str] = []
@@ -114,7 +127,7 @@ def kvemu_trace(workload: dict, cost: CostModel | None = None) -> list[dict]:
         for rid in aborted:
             del live[rid]
         preempted.clear()
-        rec.chunks, rec.decoders = [], []
+        rec.chunks, rec.decoders, rec.drafts = [], [], {}
         result = sched.step(now, horizon=now)
         scheduled: dict[str, int] = {}
         cached: dict[str, int] = {}
@@ -124,7 +137,7 @@ def kvemu_trace(workload: dict, cost: CostModel | None = None) -> list[dict]:
                 cached[name] = start
             scheduled[name] = scheduled.get(name, 0) + take
         for r in rec.decoders:
-            scheduled[names[r.rid]] = scheduled.get(names[r.rid], 0) + 1
+            scheduled[names[r.rid]] = scheduled.get(names[r.rid], 0) + 1 + rec.drafts.get(id(r), 0)
         finished = [names[r.rid] for r in result.finished]
         for rid in finished:
             live.pop(rid, None)
