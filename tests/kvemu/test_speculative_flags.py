@@ -1,0 +1,50 @@
+"""kvemu/options/speculative.py: the flags give the scheduler's one setting; bad input is one line naming the flag."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from kvemu.options.speculative import add_speculative_args, spec_decode
+from replica.core.sched.spec_decode import SpecDecode
+from shared.errors import InputError
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    add_speculative_args(p)
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(list(argv))
+
+
+def test_the_flags_give_the_setting():
+    assert spec_decode(_parse()) is None
+    got = spec_decode(_parse("--speculative-method", "eagle", "--num-speculative-tokens", "3",
+                             "--acceptance-rate", "0.7", "--seed", "5"))
+    assert got == SpecDecode("eagle", 3, 0.7, (), seed=5) and got.lookahead == 3
+    got = spec_decode(_parse("--speculative-method", "ngram", "--num-speculative-tokens", "2",
+                             "--acceptance-lengths", "0.5,0.25,0.25"))
+    assert got is not None and got.acceptance_lengths == (0.5, 0.25, 0.25) and got.lookahead == 0
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--num-speculative-tokens", "2"], "--num-speculative-tokens"),
+    (["--acceptance-rate", "0.5"], "--acceptance-rate"),
+    (["--speculative-method", "ngram", "--num-speculative-tokens", "-1", "--acceptance-rate", "0.5"],
+     "--num-speculative-tokens"),
+    (["--speculative-method", "ngram", "--num-speculative-tokens", "2", "--acceptance-rate", "0"],
+     "--acceptance-rate"),
+    (["--speculative-method", "ngram", "--num-speculative-tokens", "2", "--acceptance-rate", "1.2"],
+     "--acceptance-rate"),
+    (["--speculative-method", "mtp", "--num-speculative-tokens", "1", "--acceptance-lengths", "0.2,0.3,0.5"],
+     "--acceptance-lengths"),
+    (["--speculative-method", "mtp", "--num-speculative-tokens", "2", "--acceptance-lengths", "0.2,0.3"],
+     "--acceptance-lengths"),
+    (["--speculative-method", "draft", "--num-speculative-tokens", "2", "--acceptance-rate", "0.5"],
+     "--speculative-method"),
+])
+def test_bad_input_is_one_line_naming_the_flag(argv, flag):
+    with pytest.raises(InputError) as e:
+        spec_decode(_parse(*argv))
+    assert e.value.field == flag and "\n" not in str(e.value)
