@@ -19,7 +19,7 @@ from sim.sweep import mean_field, read_records
 from sim.sweep_plots import sweep_figure
 from tests.support.plots import ceiling_of, check_readable, legend_labels, line_colors
 
-HOLES = "hits: a cached block is a hit wherever it sits in the prompt (holes mode)"
+PREFIX = "hits: only the cached prefix of a prompt hits (prefix mode)"  # the default hit mode, vLLM's
 CAPS = (600, 1200, 2400)
 
 
@@ -41,7 +41,7 @@ def test_sim_figure(trace_file, tmp_path, replicas, routing, where):
         assert csr.get_ylabel() == "CSR (prefill compute saved / total)"
         assert [t.get_text() for t in hit.get_xticklabels()] == ["600", "1.2K", "2.4K"]
         assert [t.get_text() for t in fig.legends[0].get_texts()] == ["lru", "s3fifo",
-                                                                     f"infinite cache: {ceiling:.3f}", HOLES]
+                                                                     f"infinite cache: {ceiling:.3f}", PREFIX]
         assert ceiling_of(hit) == pytest.approx(ceiling)
         assert max(r["block_hit_ratio"] for r in runs) < hit.get_ylim()[1]
         colors = line_colors(hit)
@@ -82,7 +82,7 @@ def test_sweep_figure(trace_file, tmp_path):
         legend_ax = next(ax for ax in fig.axes if not ax.axison)
         assert legend_labels(legend_ax) == ["lru", "s3fifo", "LRU, from reuse distances (miss-ratio curve)",
                                             "LRU estimate, mean-field (from trace statistics)",
-                                            f"infinite cache: {ceiling:.3f}", HOLES]
+                                            f"infinite cache: {ceiling:.3f}", PREFIX]
         load = next(ax for t, ax in titled.items() if t.startswith("per replica:"))
         run = next(r for r in grid if r["replicas"] == 2 and r["routing"] == "cache_aware" and r["policy"] == "lru"
                    and r["capacity_blocks"] == 2400)
