@@ -198,7 +198,8 @@ def check_no_ops(args, replicas: list[int]) -> None:
 
     if args.cache_only:
         given = [o.flag for o in SIM_SCHEDULER_OPTIONS if getattr(args, o.dest) != o.default]
-        given += [flag for flag, on in (("--no-decode-kv", args.no_decode_kv), ("--causal", args.causal)) if on]
+        given += [flag for flag, on in (("--no-decode-kv", args.no_decode_kv), ("--causal", args.causal),
+                                        (ARRIVALS.flag, getattr(args, ARRIVALS.dest) is not None)) if on]
         if given:
             raise InputError(given[0], "does nothing with --cache-only (requests replayed one at a time, no scheduler"
                                        " and no clock): drop one of the two")
@@ -260,16 +261,6 @@ def run(args) -> int:
     return 0
 
 
-def check_arrivals(args, trace: Trace) -> None:
-    """--arrivals: the simulator's clock runs recorded arrivals (and --causal's chained sessions); a trace whose
-    requests wait for others (``after``) asks for dependent ones, which ``loadgen.arrivals`` computes and the
-    simulator's loop does not run yet: refused, naming what does, rather than run at times the trace did not mean."""
-    if has_dependencies(trace) and arrivals_mode(args, True) == "dependent":
-        raise InputError(ARRIVALS.flag, f"{trace_name(trace.source)}'s requests wait for others (`after`), and kvemu sim"
-                                        " does not compute dependent arrivals on its clock yet: give --arrivals recorded"
-                                        " (each at its trace time), or replay it live (kvemu replay computes them)")
-
-
 def runs_of(args) -> tuple[Trace, list[SimSettings]]:
     """The trace and the grid of runs ``kvemu sim``'s flags ask for, every flag checked (what
     bench/bench_flashgen.py runs its configurations through, so that each is a command line)."""
@@ -285,7 +276,6 @@ def runs_of(args) -> tuple[Trace, list[SimSettings]]:
     trace = load_source(args, source_unit(args, matching), tokens=matching.mode == "radix")
     if not trace.requests:
         raise InputError("trace", "has no requests")
-    check_arrivals(args, trace)
     caps = capacities(args, trace.block_size)
     warn_lengths(args, caps, trace.block_size)
     params = tuple((k, coerce(v)) for k, v in parse_pairs(args.policy_param).items())
@@ -304,6 +294,7 @@ def runs_of(args) -> tuple[Trace, list[SimSettings]]:
                         token_budget=args.token_budget, max_running=args.max_running, scheduler=args.scheduler,
                         watermark=args.watermark, max_loans=args.max_loans, step_rule=args.step_rule,
                         reuse=sim_reuse(args), causal=args.causal,
+                        arrivals=arrivals_mode(args, has_dependencies(trace)),
                         routing_settings=routing, cache_only=args.cache_only, response_kv=args.response_kv,
                         tiers=tiers, decode_kv=not args.no_decode_kv, prefix_caching=prefix_caching,
                         max_model_len=args.max_model_len, pd=pd, data_parallel_size=dp.size,

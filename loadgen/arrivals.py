@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from loadgen.trace import TraceRequest
 
 INF = float("inf")
+ARRIVAL_MODES = ("dependent", "recorded")  # --arrivals (kvemu/options/arrivals.py): dependent runs `after`
 
 
 class Arrivals:

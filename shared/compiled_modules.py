@@ -36,6 +36,9 @@ MODULES = (
     "replica.core.sched.release",
     "replica.core.sched.scheduler",
     "router.strategies.prefix",
+    "loadgen.arrivals",
+    "sim.next_uses",
+    "sim.pool_index",
     "sim.simulator",
 )
 ROOT = Path(__file__).resolve().parent.parent  # the directory holding shared/, sim/, replica/

@@ -51,6 +51,9 @@ def run_report(sim: Simulation, wall_s: float) -> dict:
         "served": sim.served,
         # vLLM's length rule: prompt plus output over max_model_len (or beyond the pool), never run
         "refused": sim.refused,
+        # dependent arrivals: requests that wait (`after`) for a refused one, never arrived (a live replay's
+        # "dependency failed")
+        "dependency_failed": sim.dependency_failed,
         "max_model_len": max_model_len(sim.s, sim.cost, sim.block_size),
         "block_accesses": counts.block_accesses,
         **counts.ratios(),

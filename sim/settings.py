@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from loadgen.arrivals import ARRIVAL_MODES
 from replica.core.build import (
     DEFAULT_HIT_MODE,
     DEFAULT_MATCHING,
@@ -67,6 +68,10 @@ class SimSettings:
     # Session causality, as `kvemu replay` sends: turn j+1 arrives when turn j has finished plus
     # the trace's gap between them (not at its own trace time). Turn 0 keeps its trace time.
     causal: bool = False
+    # --arrivals: "dependent", a request that waits for others (a trace's ``after``) arrives when the last of them
+    # has finished plus its ``gap_s``, on the simulated clock; "recorded": at its trace time. The rule is
+    # loadgen/arrivals.py's, the live replay's too; a trace without dependencies runs the same either way.
+    arrivals: str = "dependent"
     # Cache-only replay: requests one at a time in trace order through routing, pool and policy
     # only; no scheduler and no cost-model clock (so no queue to overflow), as cache simulators do.
     cache_only: bool = False
@@ -109,6 +114,7 @@ class SimSettings:
         check_positive_int("capacity_blocks", self.capacity_blocks)
         check_choice("response_kv", self.response_kv, RESPONSE_KV)
         check_choice("reuse", self.reuse, SIM_REUSE_MODES)
+        check_choice("arrivals", self.arrivals, ARRIVAL_MODES)
         check_number("shards_rate", self.shards_rate, above=0, maximum=1)
         policy_class(self.policy)  # unknown names list the valid ones
         check_admission(self.scheduler)

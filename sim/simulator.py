@@ -20,14 +20,13 @@ import heapq
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from itertools import chain
 from typing import Final
 
-import numpy as np
 from mypy_extensions import mypyc_attr
 
+from loadgen.arrivals import Arrivals
 from loadgen.request_metrics import RequestRecord
-from loadgen.trace import HASHES_U64, Trace, response_hashes
+from loadgen.trace import HASHES_U64, Trace, has_dependencies, response_hashes
 from replica.core.build import ReplicaCore, build_core
 from replica.core.cache.policies import policy_class
 from replica.core.cache.pool import BlockPool
@@ -41,9 +40,9 @@ from router.strategies import ReplicaState, RouteRequest, RoutingSettings, Routi
 from shared.costmodel import CostModel
 from shared.hashing import DEFAULT_BLOCK_SIZE
 from shared.histogram import LogHistogram
-from shared.index import EventBatch, MemoryIndex
-from shared.index.base import DEFAULT_MAX_REPLICAS
+from sim.next_uses import NextUses
 from sim.pd import PdFlow
+from sim.pool_index import PoolIndex
 from sim.report import run_report, saturation_warning
 from sim.requests import FinishedRequests
 from sim.settings import SIM_REUSE_MODES, SimSettings, core_settings, max_model_len
@@ -86,92 +85,6 @@ class Replica:
     @property
     def compiled(self) -> CompiledPool | None:
         return self.core.compiled
-
-
-class NextUses:
-    """What the offline oracles are told: for every block access, the position of the next
-    access to the same block in the order the cache sees accesses (request order, then the
-    block's place in its request), ``inf`` when there is none; 8 bytes per block access.
-
-    Positions, not timestamps: requests that share a timestamp keep their order.
-    """
-
-    def __init__(self, trace: Trace) -> None:
-        reqs = trace.requests
-        lengths = np.fromiter((len(r.hash_ids) for r in reqs), dtype=np.int64, count=len(reqs))
-        self.starts = np.zeros(len(reqs) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=self.starts[1:])
-        flat = np.fromiter(chain.from_iterable(r.hash_ids for r in reqs), dtype=np.uint64, count=int(self.starts[-1]))
-        order = np.argsort(flat, kind="stable")  # equal hashes stay in access order
-        same = flat[order[1:]] == flat[order[:-1]]
-        self.next = np.full(len(flat), np.inf)
-        self.next[order[:-1][same]] = order[1:][same]
-
-    def of(self, k: int) -> list[float]:
-        """Request ``k``'s next-use positions, one per block."""
-        return self.next[self.starts[k]:self.starts[k + 1]].tolist()
-
-    def position(self, k: int) -> float:
-        """Where request ``k``'s first block sits in the access order."""
-        return float(self.starts[k])
-
-
-class _Arrivals:
-    """Requests in arrival order: trace order, or (causal) each session's turn j+1 released
-    by turn j's completion plus their trace gap."""
-
-    def __init__(self, reqs, causal: bool) -> None:
-        self.reqs, self.causal, self.i = reqs, causal, 0
-        self.heap: list[tuple[float, int]] = []
-        self.next_of: dict[int, int] = {}
-        if causal:
-            by: dict[str, list[int]] = {}
-            for k, r in enumerate(reqs):
-                by.setdefault(r.session, []).append(k)
-            for ks in by.values():
-                ks.sort(key=lambda k: (reqs[k].turn, reqs[k].t))  # as loadgen.replay orders a session
-                self.heap.append((reqs[ks[0]].t, ks[0]))
-                self.next_of.update(zip(ks, ks[1:]))
-            heapq.heapify(self.heap)
-
-    def peek(self) -> float:
-        if self.causal:
-            return self.heap[0][0] if self.heap else INF
-        return self.reqs[self.i].t if self.i < len(self.reqs) else INF
-
-    def pop(self) -> tuple[float, int]:
-        if self.causal:
-            return heapq.heappop(self.heap)
-        k = self.i
-        self.i += 1
-        return self.reqs[k].t, k
-
-    def finished(self, k: int, end: float) -> None:
-        nxt = self.next_of.pop(k, None)
-        if nxt is not None:
-            heapq.heappush(self.heap, (end + max(self.reqs[nxt].t - self.reqs[k].t, 0.0), nxt))
-
-
-class PoolIndex:
-    """The simulator's prefix index: the pools' own KV events applied to a ``MemoryIndex``, as
-    the live router's embedded index applies the replicas' feeds. A lookup then costs
-    O(prompt) whatever the number of replicas (asking every pool would cost O(replicas x prompt)).
-    """
-
-    def __init__(self, replica_ids: list[str], capacity_blocks: int) -> None:
-        self.index = MemoryIndex(max_entries=capacity_blocks * len(replica_ids) + 1,
-                                 max_replicas=max(len(replica_ids), DEFAULT_MAX_REPLICAS))
-        self._seq = dict.fromkeys(replica_ids, 0)
-
-    def sync(self, replica_id: str, pool: BlockPool) -> None:
-        """Apply what the pool changed since the last sync (call after anything that allocates)."""
-        if pool.events:
-            events = pool.drain_events()
-            self.index.apply_sync(EventBatch(replica_id, "sim", self._seq[replica_id], events))
-            self._seq[replica_id] += len(events)
-
-    def lookup(self, hashes) -> dict[str, int]:
-        return self.index.lookup_sync(hashes)
 
 
 def build_replica(i: int, s: SimSettings, block_size: int, cost: CostModel, indexed: bool,
@@ -249,7 +162,7 @@ class Simulation:
         # P/D: when the events that may give another instance work are due (a prefill step's end: its legs reserve
         # on their decode instances; a transfer's: the KV lands, the prefill instance's blocks go back); a heap
         self._pd_due: list[float] = []
-        self._arrivals = _Arrivals([], False)
+        self._arrivals = Arrivals([])
         if self.pd is not None:
             self.pd.attach(self)
 
@@ -297,10 +210,12 @@ class Simulation:
                      if not limit or r.input_tokens + max(r.output_tokens, 1) > limit or len(r.hash_ids) > cap]
             out += [k for k in maybe if sched.refusal(SchedRequest(
                 k, reqs[k].hash_ids, reqs[k].input_tokens, max(reqs[k].output_tokens, 1), reqs[k].t)) is not None]
-        if not out:
+        refused = set(out)
+        lost = self._waiting_on(refused)
+        self.dependency_failed = len(lost)
+        if not refused:
             return 0
-        gone = set(out)
-        out = sorted(gone)
+        gone = refused | lost
         keep = [k for k in range(len(reqs)) if k not in gone]
         self.trace_index = keep
         self.trace = Trace([reqs[k] for k in keep], self.trace.block_size, self.trace.source, self.trace.meta)
@@ -308,7 +223,17 @@ class Simulation:
             self.responses = [self.responses[k] for k in keep]
         if self._flat_hashes is not None:
             self._flat_hashes = hashes_u64([r.hash_ids for r in self.trace.requests])
-        return len(out)
+        return len(refused)
+
+    def _waiting_on(self, refused: set[int]) -> set[int]:
+        """Under dependent arrivals, the requests that wait (``after``, at any depth) for a refused one: they never
+        arrive and leave the run with it, counted as failed (``Arrivals.failed``), as a live replay counts those of
+        a request that failed. Cache-only runs have no clock to wait on: trace order, as recorded."""
+        reqs = self.trace.requests
+        if not refused or self.s.cache_only or self.s.arrivals != "dependent" or not has_dependencies(reqs):
+            return set()
+        rule = Arrivals(reqs)
+        return {d for k in sorted(refused) for d in rule.failed(k, reqs[k].t)} - refused
 
     def _wants_index(self, s: SimSettings) -> bool:
         """Whether routing asks which replica holds a prompt: one replica's pool is its own index. P/D's decider
@@ -339,7 +264,7 @@ class Simulation:
         kicked at this time, once nothing else happens at it (every request arriving at a time is queued
         before a step takes them)."""
         reqs = self.trace.requests
-        arrivals = self._arrivals = _Arrivals(reqs, self.s.causal)
+        arrivals = self._arrivals = Arrivals(reqs, self.s.arrivals == "dependent", self.s.causal)
         events, kicked, pd = self._events, self._kicked, self.pd
         n, seen = len(reqs), 0
         while True:

@@ -12,24 +12,12 @@ from kvemu.cli import main
 from loadgen.formats import write_kvemu
 from loadgen.replay import DEPENDENCY_FAILED, Replayer, failure
 from loadgen.request_metrics import read_requests
-from loadgen.trace import Trace, TraceRequest
-from shared.hashing import chain_ids, content_id
+from loadgen.trace import Trace
 from tests.conftest import free_port
+from tests.support.agent_trace import AGENT, due, req
 from tests.support.procs import start_replica
 
 SPEEDUP = 10.0  # trace seconds per second of the replay: a gap_s of 1.0 waits 0.1 s
-
-
-def req(name, t, turn, after=(), gap=0.0, session="agent"):
-    hashes = chain_ids([content_id("system", 0), content_id(name, 0)])
-    return TraceRequest(t, session, turn, hashes, 40, 2, "agent", id=name, after=tuple(after), gap_s=gap)
-
-
-# turn t2 waits for t1 (gap 1.0); p fans out to c1, c2, c3 (gaps 0.5, 0, 0.25), which j joins (gap 2.0);
-# their recorded times (9.0 and on) are what --arrivals recorded would send
-AGENT = [req("t1", 0.0, 0), req("t2", 9.0, 1, ["t1"], 1.0),
-         req("p", 0.2, 0, session="fan"), req("c1", 9.0, 1, ["p"], 0.5, "fan"), req("c2", 9.0, 1, ["p"], 0.0, "fan"),
-         req("c3", 9.0, 1, ["p"], 0.25, "fan"), req("j", 9.5, 2, ["c1", "c2", "c3"], 2.0, "fan")]
 
 
 def test_each_arrival_is_the_finish_of_what_it_waits_for_plus_its_gap(tmp_path, capsys):
@@ -45,11 +33,11 @@ def test_each_arrival_is_the_finish_of_what_it_waits_for_plus_its_gap(tmp_path, 
     recs = {AGENT[r.index].id: r for r in read_requests(out)}
     assert recs["t1"].arrival_s == 0.0 and recs["p"].arrival_s == pytest.approx(0.2 / SPEEDUP)  # at their t
     finish = {name: r.finish_s for name, r in recs.items()}
-    expected = {"t2": finish["t1"] + 1.0 / SPEEDUP, "c1": finish["p"] + 0.5 / SPEEDUP, "c2": finish["p"],
-                "c3": finish["p"] + 0.25 / SPEEDUP, "j": max(finish["c1"], finish["c2"], finish["c3"]) + 2.0 / SPEEDUP}
-    for name, due in expected.items():
+    expected = due(finish, 1 / SPEEDUP)
+    assert sorted(expected) == ["c1", "c2", "c3", "j", "t2"]
+    for name, at in expected.items():
         # the replay notes a finish as it reads the last chunk, a moment after the chunk's own time
-        assert 0.0 <= recs[name].arrival_s - due < 0.05, name
+        assert 0.0 <= recs[name].arrival_s - at < 0.05, name
         assert recs[name].arrival_s < 9.0 / SPEEDUP  # none waited for its recorded time
 
 
