@@ -203,6 +203,7 @@ def test_every_command_taking_a_model_refuses_a_bad_config_in_one_line(tmp_path,
     from kvemu.cli import main
 
     path = _write(tmp_path, dict(QWEN3_32B, layer_types=["full_attention", "linear_attention"] * 32))
+    command = tuple(str(tmp_path / arg) if arg == "unused" else arg for arg in command)  # no file in the cwd
     capsys.readouterr()
     assert main([*command, "--model", path]) == 2
     err = capsys.readouterr().err
