@@ -23,7 +23,7 @@ import aiohttp
 from aiohttp import web
 
 from router.cluster import ReplicaHandle, unexhausted
-from router.strategies import NoHealthyReplica, RouteDecision, RouteRequest, RoutingStep, fold_ranks
+from router.strategies import NoHealthyReplica, RouteDecision, RouteRequest, RoutingStep, chosen_rank, fold_ranks
 from router.upstream import ReplicaBusy, ReplicaFailed, UpstreamRefused, Watch, check_status, failure, no_replica_answer, pass_stream
 from shared import protocol
 from shared.index import IndexUnavailable, MemoryIndex
@@ -152,7 +152,7 @@ def pick(state, ctx: RequestContext, pool: Pool, excluded: set[str]) -> Target:
     rep = ready[pos]
     state.metrics.sent(rep.replica_id)
     # the rank holding the prefix the decision counted on; none held: the replica balances its ranks
-    ctx.dp_rank = ctx.ranks.get(rep.replica_id) if decision.predicted_cached_blocks > 0 else None
+    ctx.dp_rank = chosen_rank(ctx.ranks, rep.replica_id, decision.predicted_cached_blocks)
     return Target(pool, rep, decision)
 
 

@@ -2,7 +2,8 @@
 ``Simulation`` (sim/simulator.py). A P/D cluster's parts come from its component (sim/pd.py,
 ``PdFlow``) as the report is built: the per-instance role, GPU and routed count, the TTFT of the
 instances that give first tokens, the decode pool's imbalance, both pools' routing decisions and the
-``pd`` section."""
+``pd`` section; DP instances' from theirs (sim/dp.py, ``DpFlow``): each rank's instance and rank, and the
+``data_parallel`` section."""
 
 from __future__ import annotations
 
@@ -38,6 +39,8 @@ def run_report(sim: Simulation, wall_s: float) -> dict:
             st["hit_tokens_by_level"] = _hit_tokens(rep.tiers, sim.block_size)
         if pd is not None:
             st.update(pd.instance_fields(rep))
+        if sim.dp is not None:
+            st.update(sim.dp.rank_fields(rep))
         per.append(st)
         counts += m.counts()
         requests, evictions, holes = requests + m.requests, evictions + m.evictions, holes + m.holes_total
@@ -75,6 +78,8 @@ def run_report(sim: Simulation, wall_s: float) -> dict:
     }
     if pd is not None:
         out["pd"] = pd.report(sim)
+    if sim.dp is not None:
+        out["data_parallel"] = sim.dp.report()
     return out
 
 

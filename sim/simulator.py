@@ -40,6 +40,7 @@ from router.strategies import ReplicaState, RouteRequest, RoutingSettings, Routi
 from shared.costmodel import CostModel
 from shared.hashing import DEFAULT_BLOCK_SIZE
 from shared.histogram import LogHistogram
+from sim.dp import DpFlow
 from sim.next_uses import NextUses
 from sim.pd import PdFlow
 from sim.pool_index import PoolIndex
@@ -105,6 +106,9 @@ class Simulation:
         self.block_size = trace.block_size
         # a P/D cluster's component: its instances' roles and shapes now, its pools and network once they are built
         self.pd: PdFlow | None = PdFlow(settings) if settings.pd is not None else None
+        # instances of DP ranks: their component (sim/dp.py) says which ranks to build, routes to a rank as the live
+        # router does, and steps the ranks in lockstep under expert parallelism
+        self.dp: DpFlow | None = DpFlow(settings, self.cost) if settings.data_parallel_size > 1 else None
         spec = strategy_spec(settings.routing)
         indexed = self._wants_index(settings)
         # the compiled pool keys on 64-bit unsigned hashes (build_core's compilable decides with that;
@@ -127,6 +131,8 @@ class Simulation:
                 rep.core.why_python = why
         for pos, rep in enumerate(self.replicas):
             rep.pos = pos
+        if self.dp is not None:
+            self.dp.attach(self)
         kernels = [rep.compiled for rep in self.replicas if rep.compiled is not None]
         self._kernels = kernels if indexed and len(kernels) == len(self.replicas) else None
         self.by_id = {r.replica_id: r for r in self.replicas}
@@ -167,13 +173,15 @@ class Simulation:
             self.pd.attach(self)
 
     def _build(self, s: SimSettings, events: bool, hashes_fit: bool) -> list[Replica]:
-        """The replicas: ``s.replicas`` alike, or a P/D cluster's instances, each with its pool's shape."""
+        """The replicas: ``s.replicas`` alike (each ``data_parallel_size`` ranks), or a P/D cluster's instances, each
+        with its pool's shape."""
         pd = self.pd
         if pd is None:
             stores = self._shared_stores(s.tiers, s.replicas)
+            members = self.dp.members(s.replicas) if self.dp is not None else [(i, "") for i in range(s.replicas)]
             return [build_replica(i, s, self.trace.block_size, self.cost, events, len(self.trace.requests), hashes_fit,
-                                  shared=stores[i] if stores else None)
-                    for i in range(s.replicas)]
+                                  replica_id, stores[i] if stores else None)
+                    for i, replica_id in members]
         stores = self._shared_stores(s.tiers, len(pd.roles))
         out = []
         for i, (replica_id, role) in enumerate(pd.roles.items()):
@@ -237,8 +245,8 @@ class Simulation:
 
     def _wants_index(self, s: SimSettings) -> bool:
         """Whether routing asks which replica holds a prompt: one replica's pool is its own index. P/D's decider
-        asks what the decode instance holds, whatever the strategy."""
-        return s.pd is not None or (strategy_spec(s.routing).uses_index and s.replicas > 1)
+        asks what the decode instance holds, whatever the strategy; a DP instance's ranks, which rank holds it."""
+        return s.pd is not None or (strategy_spec(s.routing).uses_index and s.replicas * s.data_parallel_size > 1)
 
     def _refusers(self) -> list[Scheduler]:
         """The schedulers whose refusal rule decides what never runs: one of each role (every colocated
@@ -382,6 +390,8 @@ class Simulation:
 
     def _route(self, r) -> tuple[Replica, RouteRequest]:
         view = RouteRequest(r.session, len(r.hash_ids), r.input_tokens)
+        if self.dp is not None:  # an instance, then its rank, as the live router picks them
+            return self.dp.route(r, view, self._overlap(r)), view
         if len(self.replicas) == 1:  # nothing to choose: no lookup, no strategy (a cache study's hot path)
             self.router.only(self.states[0], view)
             return self.replicas[0], view
@@ -411,6 +421,9 @@ class Simulation:
         return overlap
 
     def _start_step(self, rep: Replica, now: float, horizon: float) -> None:
+        if self.dp is not None and self.dp.lockstep:  # its group's step, over every rank
+            self.dp.start_step(rep, now)
+            return
         if not rep.sched.has_work():
             rep.busy_until = INF
             return
@@ -419,6 +432,10 @@ class Simulation:
         if res.duration <= 0 and not res.finished and not res.first_tokens and not res.decoded:
             rep.busy_until = INF  # nothing could run; the next arrival or completion restarts it
             return
+        self.step_started(rep, res, now)
+
+    def step_started(self, rep: Replica, res: StepResult, now: float) -> None:
+        """``rep`` runs ``res`` from ``now``: busy until its end, which the loop takes as a ``STEP_END``."""
         rep.busy_until = now + res.duration
         rep.busy_s += res.duration
         rep.pending = res
@@ -458,7 +475,7 @@ class Simulation:
             self.served += 1
         if pd is not None:  # (the pools' queues are their schedulers' own: P/D's live path learns no first token)
             rep.state.queued_tokens = rep.sched.queued_prefill_tokens
-        rep.state.kv_usage = rep.live_pool.usage()
+        rep.state.kv_usage = rep.live_pool.usage() if self.dp is None else self.dp.kv_usage(rep)
 
     def _finished(self, r: SchedRequest, replica_id: str) -> None:
         """``r`` finished on ``replica_id``: its TPOT, and its times kept for the exact figures."""

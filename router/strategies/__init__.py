@@ -34,7 +34,7 @@ from router.strategies.base import (
     least_loaded_pick,
 )
 from router.strategies.prefix import cache_aware, is_imbalanced, replica_cost
-from router.strategies.ranks import fold_ranks
+from router.strategies.ranks import chosen_rank, fold_ranks
 from router.strategies.step import RoutingStep, StrategySpec, prefill_tokens, session_moves
 from shared.errors import UnknownNameError
 
@@ -77,6 +77,7 @@ __all__ = [
     "Strategy",
     "StrategySpec",
     "cache_aware",
+    "chosen_rank",
     "fold_ranks",
     "get_strategy",
     "is_imbalanced",

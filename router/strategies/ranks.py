@@ -1,7 +1,9 @@
 """Data-parallel ranks in the index's overlap: a replica's ranks each hold their own blocks (the index keys them
 ``"<id>/dp<rank>"``, ``shared.index.base.dp_rank_key``), and a router picks (replica, rank) as Dynamo's KV router
 picks (worker, dp_rank): the strategies weigh each replica by its best rank's prefix, and the request goes to that
-rank (vLLM's ``X-data-parallel-rank``). Pure, for the live router and the simulator alike."""
+rank (vLLM's ``X-data-parallel-rank``), unless the decision counted on no prefix: the replica then balances its ranks
+itself (vLLM's waiting x 4 + running, ``replica.core.dp.pick_rank``). Pure, for the live router and the simulator
+alike: one rule, ``fold_ranks`` then ``chosen_rank``."""
 
 from __future__ import annotations
 
@@ -39,3 +41,9 @@ def fold_ranks(overlap: Mapping[str, int]) -> tuple[dict[str, int], dict[str, in
         elif ranks.get(replica) == rank:
             out[f"{replica}#{level}"] = n
     return out, ranks
+
+
+def chosen_rank(ranks: Mapping[str, int], replica_id: str, predicted_cached_blocks: int) -> int | None:
+    """The rank a request routed to ``replica_id`` goes to: the one holding the prefix its decision counted on
+    (``fold_ranks``' ranks); None where it counted on none (the replica's ranks balance it)."""
+    return ranks.get(replica_id) if predicted_cached_blocks > 0 else None

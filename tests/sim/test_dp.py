@@ -60,3 +60,21 @@ def test_expert_parallel_on_a_dense_model_or_one_rank_is_refused():
     with pytest.raises(InputError, match="would do nothing"):
         simulate(Trace(reqs, BS, "hand"), SimSettings(capacity_blocks=64, model="llama-3-8b", data_parallel_size=2,
                                                        expert_parallel=True))
+
+
+@pytest.mark.parametrize("python_core", [False, True], ids=["compiled_pools", "python_pools"])
+def test_a_prefix_cached_on_rank_1_goes_to_rank_1_as_the_live_router_sends_it(python_core):
+    # a and b at once on one instance of two ranks: a to rank 0 (both idle, the lowest), b to rank 1 (rank 0's load
+    # is a waiting: 4); c, later, extends b's prompt: the index holds it on rank 1 only, so c goes there
+    # (fold_ranks, chosen_rank), where balancing alone (both ranks idle by then) would send it to rank 0; d, a prompt
+    # no rank holds, is balanced: rank 0
+    reqs = [TraceRequest(0.0, "a", 0, [1, 2, 3, 4], P, 2), TraceRequest(0.0, "b", 0, [5, 6, 7, 8], P, 2),
+            TraceRequest(1.0, "c", 0, [5, 6, 7, 8, 9], P + BS, 2), TraceRequest(2.0, "d", 0, [10, 11], 2 * BS, 2)]
+    s = SimSettings(capacity_blocks=64, routing="cache_aware", model=MODEL, gpu=GPU, data_parallel_size=2,
+                    compiled=not python_core)
+    run = simulate(Trace(reqs, BS, "hand"), s, records=True)
+    assert [r.replica for r in run["request_records"]] == ["replica-0/dp0", "replica-0/dp1", "replica-0/dp1",
+                                                           "replica-0/dp0"]
+    assert [r.cached_tokens for r in run["request_records"]] == [0, 0, P, 0]
+    assert run["data_parallel"]["routed_per_rank"] == [[2, 2]]
+    assert run["engine"] == ("python" if python_core else "compiled")
