@@ -30,6 +30,11 @@ CASES = {
     # the same loop with P/D's component: a colocated replica beside one prefill and one decode instance
     "pd_beside_colocated": ["--workload", "chat", "--duration", "40", "--set", "session_rate=1", "--capacity-gib", "8",
                             "--replicas", "1", "--prefill-replicas", "1", "--decode-replicas", "1"],
+    # the same loop with dependent arrivals (loadgen.arrivals, compiled with it) and with DP's component
+    "dependent_arrivals": ["--trace", "loadgen/data/agentic_mooncake_sample.jsonl", "--capacity-blocks", "4000",
+                           "--replicas", "2"],
+    "dp_ranks_routed_by_prefix": ["--workload", "chat", "--duration", "40", "--set", "session_rate=1",
+                                  "--capacity-gib", "8", "--replicas", "2", "--data-parallel-size", "2"],
 }
 ENGINE_FIELDS = ("wall_s", "step_engine", "step_engine_reason")
 
