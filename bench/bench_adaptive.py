@@ -37,7 +37,7 @@ from typing import NamedTuple
 
 from loadgen.trace import Trace
 from loadgen.workloads import generate
-from replica.core.build import RESPONSE_KV
+from replica.core.build import RESPONSE_KV, EngineKnobs
 from shared.errors import KvemuError
 from shared.progress import ProgressBar
 from sim.run import simulate
@@ -133,9 +133,9 @@ def run_cell(cell: Cell) -> tuple[Cell, dict]:
     if policy in VARIANTS:
         policy, params = "adaptive", (("interval_s", cell.interval), *VARIANTS[cell.policy])
     t0 = time.perf_counter()
-    out = simulate(trace, SimSettings(capacity_blocks=cell.capacity, policy=policy, policy_params=params,
-                                      cache_only=True, reuse="off", hit_mode=cell.hit_mode,
-                                      response_kv=cell.response_kv))
+    out = simulate(trace, SimSettings(capacity_blocks=cell.capacity, cache_only=True, reuse="off",
+                                      knobs=EngineKnobs(policy=policy, policy_params=params, hit_mode=cell.hit_mode,
+                                                        response_kv=cell.response_kv)))
     row = {"hit_ratio": round(out["block_hit_ratio"], 5), "refused": out["refused"],
            "wall_s": round(time.perf_counter() - t0, 3)}
     if policy == "adaptive":

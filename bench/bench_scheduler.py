@@ -27,6 +27,7 @@ import json
 import time
 
 from loadgen.workloads import generate
+from replica.core.build import EngineKnobs
 from replica.core.tiers.stack import TierSettings
 from shared.progress import ProgressBar
 from sim.simulator import SimSettings, Simulation
@@ -38,8 +39,8 @@ KEYS = ("block_hit_ratio", "ttft_p50_s", "ttft_p95_s", "ttft_p99_s", "queue_p99_
 
 def run_one(trace, capacity: int, scheduler: str, host_blocks: int = 0) -> dict:
     t0 = time.perf_counter()
-    sim = Simulation(trace, SimSettings(capacity_blocks=capacity, scheduler=scheduler, reuse="off",
-                                        tiers=TierSettings(host_blocks=host_blocks)))
+    sim = Simulation(trace, SimSettings(capacity_blocks=capacity, reuse="off",
+                                        knobs=EngineKnobs(scheduler=scheduler, tiers=TierSettings(host_blocks=host_blocks))))
     sched = sim.replicas[0].sched
     backlog = {"s": 0.0, "held_block_s": 0.0}
     plain_step = sched.step

@@ -26,6 +26,7 @@ import time
 
 from loadgen.trace import Trace
 from loadgen.workloads import generate
+from replica.core.build import EngineKnobs
 from shared.overrides import apply_overrides, parse_pairs
 from sim.estimate import ScmModel, estimate
 from sim.run import simulate
@@ -35,8 +36,8 @@ from sim.simulator import SimSettings
 def _hits(trace: Trace, capacity: int) -> tuple[float, int]:
     # the mean-field model never caches a response's KV (the paper's prefill instance: it returns
     # as part of the next prompt), so the simulator drops it too ("keep" is every command's default)
-    run = simulate(trace, SimSettings(capacity_blocks=capacity, policy="session_lru", reuse="off",
-                                      response_kv="drop"))
+    run = simulate(trace, SimSettings(capacity_blocks=capacity, reuse="off",
+                                      knobs=EngineKnobs(policy="session_lru", response_kv="drop")))
     return run["block_hit_ratio"] * run["block_accesses"], run["block_accesses"]
 
 

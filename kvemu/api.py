@@ -19,12 +19,17 @@ from kvemu.options.router_flags import routing_settings as routing_settings_of
 from loadgen.formats import read_trace
 from loadgen.trace import Trace
 from loadgen.workloads import generate
+from replica.core.build import EngineKnobs
 from replica.core.disagg import PdCluster, PdSettings, PoolShape
 from replica.core.tiers.stack import TierSettings
 from shared.errors import InputError
 from shared.overrides import apply_overrides
 from sim.run import simulate as _simulate
 from sim.simulator import SimSettings
+
+# What ``simulate`` takes by keyword (``SimSettings.of``): the knobs' fields and the simulation's own, each with its
+# default
+_DEFAULTS = {f.name: f.default for cls in (EngineKnobs, SimSettings) for f in dataclasses.fields(cls) if f.name != "knobs"}
 
 __all__ = ["PdCluster", "PdSettings", "PoolShape", "Trace", "load_trace", "generate_trace", "simulate", "estimate"]
 
@@ -44,11 +49,12 @@ def simulate(trace: Trace, policies: Iterable[str] = ("lru",), capacity_blocks: 
              kv_cache_dtype: str = "auto", **settings) -> list[dict]:
     """One virtual-time run per (policy, capacity), in that order: the rows of ``kvemu sim --json``.
 
-    ``settings`` are ``SimSettings`` fields (``max_running``, ``token_budget``, ``hit_mode``,
-    ``model``, ``gpu``, ``causal``, ``seed``, ``reuse``, ``cache_only``, ``response_kv``), with the
-    defaults every command has (``response_kv="keep"``, as a colocated vLLM). ``capacity_blocks`` counts
-    blocks of 16 tokens under ``matching="radix"`` too, turned into pages, as ``kvemu sim`` does: the run
-    dicts' ``capacity_blocks`` are the pool's pages then, ``capacity_tokens`` the same in either mode.
+    ``settings`` are ``SimSettings`` fields (``model``, ``gpu``, ``causal``, ``reuse``, ``cache_only``, ...) and
+    the knobs every replica's core shares, ``EngineKnobs`` fields (``max_running``, ``token_budget``, ``hit_mode``,
+    ``seed``, ``response_kv``, ``tiers``, ...), given alike by keyword, with the defaults every command has
+    (``response_kv="keep"``, as a colocated vLLM). ``capacity_blocks`` counts blocks of 16 tokens under
+    ``matching="radix"`` too, turned into pages, as ``kvemu sim`` does: the run dicts' ``capacity_blocks`` are
+    the pool's pages then, ``capacity_tokens`` the same in either mode.
     Without ``capacity_blocks``: vLLM's default, the pool ``gpu_memory_utilization`` 0.9 of the model's GPU
     leaves (``default_blocks``), as every command without a capacity flag.
 
@@ -56,7 +62,7 @@ def simulate(trace: Trace, policies: Iterable[str] = ("lru",), capacity_blocks: 
     ones, then defaults to 0; ``docs/pd.md``). ``kv_cache_dtype``: ``--kv-cache-dtype`` (``fp8``: one byte a KV
     value), carried in ``model`` as the commands carry it."""
     if kv_cache_dtype != "auto":
-        model = settings.get("model") or next(f.default for f in dataclasses.fields(SimSettings) if f.name == "model")
+        model = settings.get("model") or _DEFAULTS["model"]
         settings["model"] = model_setting(argparse.Namespace(model=str(model), kv_cache_dtype=kv_cache_dtype))
     if replicas is None:
         replicas = 0 if settings.get("pd") is not None else 1
@@ -70,12 +76,11 @@ def simulate(trace: Trace, policies: Iterable[str] = ("lru",), capacity_blocks: 
     routing_cfg = routing_settings_of(trace.block_size, [f"{k}={v}" for k, v in (routing_settings or {}).items()],
                                       tiers.levels() if isinstance(tiers, TierSettings) else None,
                                       mode)
-    known = {f.name for f in dataclasses.fields(SimSettings)}
     for name in settings:
-        if name not in known:
-            raise InputError(name, f"not a simulation setting; valid: {', '.join(sorted(known))}")
-    grid = [SimSettings(capacity_blocks=c, policy=p, replicas=replicas, routing=routing,
-                        routing_settings=routing_cfg, **settings)
+        if name not in _DEFAULTS:
+            raise InputError(name, f"not a simulation setting; valid: {', '.join(sorted(_DEFAULTS))}")
+    grid = [SimSettings.of(capacity_blocks=c, policy=p, replicas=replicas, routing=routing,
+                           routing_settings=routing_cfg, **settings)
             for p in policies for c in capacity_blocks]  # every name checked before the first run
     return [_simulate(trace, s) for s in grid]
 
@@ -86,8 +91,7 @@ def default_blocks(block_size: int, **settings) -> int:
     ``kvemu sim`` runs with no capacity flag. Refused in one line where nothing is left for KV."""
     from shared.costmodel import CostModel
 
-    defaults = {f.name: f.default for f in dataclasses.fields(SimSettings)}
-    pick = {name: settings.get(name, defaults[name]) for name in ("model", "gpu", "token_budget", "max_running")}
+    pick = {name: settings.get(name, _DEFAULTS[name]) for name in ("model", "gpu", "token_budget", "max_running")}
     cost = CostModel.from_names(str(pick["model"]), str(pick["gpu"]))
     return cost.kv_budget(DEFAULT_GPU_MEMORY_UTILIZATION, int(pick["token_budget"]), int(pick["max_running"]),
                           block_size).check()

@@ -31,7 +31,6 @@ from kvemu.options.scheduler import add_scheduler_args
 from kvemu.options.serving import add_server_args
 from kvemu.options.shared_pool import add_replica_shared_args
 from kvemu.options.tiers import add_tier_args
-from shared.overrides import coerce, parse_pairs
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -71,6 +70,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 def settings_from_args(args):
     import dataclasses
 
+    from kvemu.options.knobs import engine_knobs
     from kvemu.options.kv_events import kv_events_setting
     from kvemu.options.scheduler import check_scheduler_flags
     from kvemu.options.serving import serving_settings
@@ -84,25 +84,19 @@ def settings_from_args(args):
     check_backend_flags(args)
     check_scheduler_flags(args)
     default_capacity(args)
-    params = tuple((k, coerce(v)) for k, v in parse_pairs(args.policy_param).items())
     matching = matching_setting(args)
     cost = CostModel.from_names(args.model, args.gpu)
     tiers = dataclasses.replace(tier_settings(args, cost, matching.block_size),
                                 shared=replica_shared_settings(args, cost, matching.block_size))
-    prefix_caching = prefix_caching_setting(args, tiers, args.backend)  # refusals name the flag
+    prefix_caching_setting(args, tiers, args.backend)  # off on another backend: refused, naming the flag
+    knobs = engine_knobs(args, matching, tiers)
     capacity_note(args, matching.block_size, matching.mode)  # a pool of no block or page: refused, naming the flag
     return ReplicaSettings(
-        replica_id=args.replica_id or f"replica-{args.port}", port=args.port, policy=args.policy,
-        policy_params=params, **replica_capacity(args, matching.mode), max_model_len=args.max_model_len, model=args.model,
-        gpu=gpu_setting(args), block_size=matching.block_size, hit_mode=matching.hit_mode, matching=matching.mode,
-        time_scale=args.time_scale, token_budget=args.token_budget, max_running=args.max_running,
-        max_waiting=args.max_waiting, scheduler=args.scheduler, watermark=args.watermark, max_loans=args.max_loans,
-        step_rule=args.step_rule,
-        index=args.index, cluster=args.cluster,
-        admin_token=given_admin_token(args), shards_rate=args.shards_rate,
-        serving=serving_settings(args), backend=args.backend,
-        device=args.device, layers=args.layers,
-        tiers=tiers, response_kv=args.response_kv, prefix_caching=prefix_caching,
+        replica_id=args.replica_id or f"replica-{args.port}", port=args.port, knobs=knobs,
+        **replica_capacity(args, matching.mode), max_model_len=args.max_model_len, model=args.model,
+        gpu=gpu_setting(args), block_size=matching.block_size, time_scale=args.time_scale,
+        max_waiting=args.max_waiting, index=args.index, cluster=args.cluster, admin_token=given_admin_token(args),
+        serving=serving_settings(args), backend=args.backend, device=args.device, layers=args.layers,
         kv_events=kv_events_setting(args), shared_pool_url=args.shared_pool_url, dp=parallel_setting(args, cost.model),
         **replica_pd_settings(args))
 
@@ -114,15 +108,15 @@ def print_limits(settings, out=None) -> None:
     each = f"each of the {settings.dp.size} DP ranks: " if settings.dp.size > 1 else ""
     if settings.gpu_memory_utilization is not None:
         print(each + settings.kv_budget().line(), file=out, flush=True)
-    ranks = ranks_line(settings.dp, settings.resolved_capacity_blocks(), "pages" if settings.matching == "radix"
+    ranks = ranks_line(settings.dp, settings.resolved_capacity_blocks(), "pages" if settings.knobs.matching == "radix"
                        else "blocks")
     if ranks:
         print(ranks, file=out, flush=True)
     warning = length_warning(settings.asked_max_model_len(), settings.max_model_len is not None,
-                             settings.resolved_capacity_blocks(), settings.block_size, settings.matching)
+                             settings.resolved_capacity_blocks(), settings.block_size, settings.knobs.matching)
     if warning:
         print(warning, file=out, flush=True)
-    if settings.role == "prefill" and settings.response_kv == "keep":
+    if settings.role == "prefill" and settings.knobs.response_kv == "keep":
         print("role prefill: response KV is not stored (--response-kv keep does not apply: a prefill instance's"
               " responses are decoded elsewhere)", file=out, flush=True)
 
@@ -133,16 +127,16 @@ def run(args) -> int:
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     settings = settings_from_args(args)
-    if settings.shared_pool_url is not None and settings.tiers.shared is not None:  # down at start: one line
+    if settings.shared_pool_url is not None and settings.knobs.tiers.shared is not None:  # down at start: one line
         from replica.kvpool.client import check_pool
 
-        check_pool(settings.shared_pool_url, settings.tiers.shared, settings.cost_model().block_bytes(settings.block_size))
+        check_pool(settings.shared_pool_url, settings.knobs.tiers.shared, settings.cost_model().block_bytes(settings.block_size))
     app = make_app(settings)  # make_policy turns a bad --policy-param into an InputError
     from shared.serve import bind, serve
 
     sock = bind(settings.serving.host, settings.port)
     print_limits(settings)
-    note = capacity_note(args, settings.block_size, settings.matching)
+    note = capacity_note(args, settings.block_size, settings.knobs.matching)
     if note:
         print(note, file=sys.stderr, flush=True)
     print(token_line(args), file=sys.stderr, flush=True)
@@ -151,10 +145,10 @@ def run(args) -> int:
         from kvemu.options.serving import command_line_token_warning
 
         print(command_line_token_warning(ADMIN_TOKEN.flag, ADMIN_TOKEN_ENV), file=sys.stderr, flush=True)
-    unit = "pages" if settings.matching == "radix" else "blocks"
+    unit = "pages" if settings.knobs.matching == "radix" else "blocks"
     role = "" if settings.role == "both" else f", role {settings.role}"
     ranks = f" x {settings.dp.size} DP ranks" if settings.dp.size > 1 else ""
-    print(f"replica {settings.replica_id} ({settings.policy}, {settings.resolved_capacity_blocks()} {unit}{ranks}{role})"
+    print(f"replica {settings.replica_id} ({settings.knobs.policy}, {settings.resolved_capacity_blocks()} {unit}{ranks}{role})"
           f" on http://{settings.serving.host}:{settings.port}", file=sys.stderr, flush=True)
     serve(app, sock)
     return 0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -23,16 +22,16 @@ from kvemu.options.limits import (
 from kvemu.options.matching import add_matching_args, matching_setting, source_unit
 from kvemu.options.option import add_options
 from kvemu.options.parallel import add_parallel_args, expert_ranks, parallel_setting
-from kvemu.options.pd import add_pd_args, colocated_default, pd_cluster, topology
-from kvemu.options.prefix_caching import PREFIX_CACHING, prefix_caching_setting
+from kvemu.options.pd import add_pd_args, colocated_default, topology
+from kvemu.options.prefix_caching import PREFIX_CACHING
 from kvemu.options.requests_out import add_requests_out_arg, requests_out
 from kvemu.options.response_kv import add_response_kv_arg
 from kvemu.options.reuse import add_sim_reuse_args, sim_reuse
-from kvemu.options.router_flags import routing_settings
 from kvemu.options.scheduler import add_scheduler_args, check_scheduler_flags
-from kvemu.options.shared_pool import add_shared_args, shared_settings
+from kvemu.options.shared_pool import add_shared_args
+from kvemu.options.sim_grid import grid_parts, sim_settings, split_numbers
 from kvemu.options.source import add_source_args
-from kvemu.options.tiers import add_tier_args, tier_settings
+from kvemu.options.tiers import add_tier_args
 from kvemu.program import check_outputs
 from loadgen.source import load_source, trace_name
 from loadgen.trace import Trace, has_dependencies
@@ -43,7 +42,6 @@ from shared.costmodel import CostModel
 from shared.errors import InputError, KvemuError
 from shared.gc_tuning import gc_paused
 from shared.memory_rule import KvBudget
-from shared.overrides import coerce, parse_pairs
 from shared.progress import ProgressBar
 from sim.cells import CellError, LocalPool
 from sim.pd import cluster_label
@@ -105,25 +103,6 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", metavar="FILE.png", help="hit ratio and CSR against capacity per policy (a P/D cluster:"
                    " also FILE-pd.png, its TTFT split and pools)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
-
-
-def split_numbers(text: str, conv, field: str, minimum_zero: bool = False) -> list:
-    """A comma-separated list of finite positive numbers (``minimum_zero``: 0 allowed too)."""
-    out = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        try:
-            value = conv(part)
-        except ValueError:
-            raise InputError(field, f"expected a comma-separated list of numbers, got {part!r}") from None
-        if not (0 <= value if minimum_zero else 0 < value) or not value < float("inf"):  # also refuses nan
-            raise InputError(field, f"must be a finite {'number >= 0' if minimum_zero else 'positive number'}, got {part}")
-        out.append(value)
-    if not out:
-        raise InputError(field, "is empty")
-    return out
 
 
 def capacities(args, block_size: int) -> list[int]:
@@ -210,13 +189,6 @@ def check_no_ops(args, replicas: list[int]) -> None:
             raise InputError(flag, "does nothing with one replica (every request goes to it): add --replicas N")
 
 
-def _cluster_size(args) -> int:
-    """Replicas of the cluster the flags ask for (the largest of a sweep's), colocated and P/D alike."""
-    counts = args.replicas if isinstance(args.replicas, int) else max(
-        split_numbers(str(args.replicas or "1"), int, "--replicas", True))
-    return counts + args.prefill_replicas + args.decode_replicas
-
-
 def validate_names(policies: list[str], replicas: int, routing: str, pd: bool = False) -> None:
     """What needs no trace is checked before any trace is read or capacity computed."""
     if not policies:
@@ -278,27 +250,10 @@ def runs_of(args) -> tuple[Trace, list[SimSettings]]:
         raise InputError("trace", "has no requests")
     caps = capacities(args, trace.block_size)
     warn_lengths(args, caps, trace.block_size)
-    params = tuple((k, coerce(v)) for k, v in parse_pairs(args.policy_param).items())
-    cost = CostModel.from_names(args.model, args.gpu)
-    tiers = dataclasses.replace(tier_settings(args, cost, trace.block_size),
-                                shared=shared_settings(args, cost, trace.block_size, _cluster_size(args)))
-    routing = routing_settings(trace.block_size, args.routing_set, tiers.levels(), matching.mode)
-    prefix_caching = prefix_caching_setting(args, tiers)
-    dp = parallel_setting(args, cost.model)
-    pd = pd_cluster(args, args.gpu, lambda gpu: CostModel.from_names(args.model, gpu), trace.block_size,
-                    lambda cost, gib: dataclasses.replace(tier_settings(
-                        argparse.Namespace(**{**vars(args), "host_cache_gib": gib}), cost, trace.block_size),
-                        shared=tiers.shared))
-    grid = [SimSettings(capacity_blocks=c, policy=pol, policy_params=params, replicas=args.replicas, routing=args.routing,
-                        hit_mode=matching.hit_mode, matching=matching.mode, seed=args.seed, model=args.model, gpu=args.gpu,
-                        token_budget=args.token_budget, max_running=args.max_running, scheduler=args.scheduler,
-                        watermark=args.watermark, max_loans=args.max_loans, step_rule=args.step_rule,
-                        reuse=sim_reuse(args), causal=args.causal,
-                        arrivals=arrivals_mode(args, has_dependencies(trace)),
-                        routing_settings=routing, cache_only=args.cache_only, response_kv=args.response_kv,
-                        tiers=tiers, decode_kv=not args.no_decode_kv, prefix_caching=prefix_caching,
-                        max_model_len=args.max_model_len, pd=pd, data_parallel_size=dp.size,
-                        expert_parallel=dp.expert_parallel, compiled=not args.python_core)
+    parts = grid_parts(args, trace.block_size)
+    arrivals = arrivals_mode(args, has_dependencies(trace))
+    grid = [sim_settings(args, parts, policy=pol, capacity_blocks=c, replicas=args.replicas, routing=args.routing,
+                         reuse=sim_reuse(args), arrivals=arrivals)
             for pol in policies for c in caps]  # validates every name before the first run
     return trace, grid
 
@@ -333,7 +288,7 @@ def run_serial(trace: Trace, grid: list[SimSettings], quiet: bool, records: bool
     each run with its per-request results (``request_records``)."""
     runs = []
     for i, settings in enumerate(grid, 1):
-        label = f"[{i}/{len(grid)}] {settings.policy} @ {_capacity(settings)}"
+        label = f"[{i}/{len(grid)}] {settings.knobs.policy} @ {_capacity(settings)}"
         progress = None if quiet else ProgressBar(label, len(trace.requests), "req")
         runs.append(simulate(trace, settings, progress, records))
     return runs
@@ -360,20 +315,20 @@ def run_parallel(trace: Trace, grid: list[SimSettings], jobs: int, quiet: bool) 
     def finished(index: int, run: dict) -> None:
         runs[index] = run
         s = grid[index]
-        bar.note(f"  {s.policy} @ {_capacity(s)}: block hit (HBM) {run['block_hit_ratio']:.4f}, {run['wall_s']:.1f} s")
+        bar.note(f"  {s.knobs.policy} @ {_capacity(s)}: block hit (HBM) {run['block_hit_ratio']:.4f}, {run['wall_s']:.1f} s")
         bar.update()
 
     try:
         pool.run(trace, grid, finished)
     except CellError as exc:
         s = grid[exc.index]
-        raise KvemuError(f"{s.policy} @ {_capacity(s)} failed: {exc.error!r}") from exc
+        raise KvemuError(f"{s.knobs.policy} @ {_capacity(s)} failed: {exc.error!r}") from exc
     return [r for r in runs if r is not None]
 
 
 def _capacity(s: SimSettings) -> str:
     """A run's capacity in the pool's own unit, named: blocks, or pages under radix."""
-    return f"{s.capacity_blocks:,} {'pages' if s.matching == 'radix' else 'blocks'}"
+    return f"{s.capacity_blocks:,} {'pages' if s.knobs.matching == 'radix' else 'blocks'}"
 
 
 def print_table(runs: list[dict], out) -> None:

@@ -12,7 +12,6 @@ results file and resuming, ``sim/sweep_plots.py`` for the figure.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 from contextlib import closing
@@ -22,36 +21,24 @@ from kvemu.options.gpu import gpu_setting
 from kvemu.options.kv_cache_dtype import model_setting
 from kvemu.options.limits import default_capacity
 from kvemu.options.matching import matching_setting, source_unit
-from kvemu.options.parallel import parallel_setting
-from kvemu.options.pd import add_pd_args, pd_cluster, topology
-from kvemu.options.prefix_caching import prefix_caching_setting
+from kvemu.options.pd import add_pd_args, topology
 from kvemu.options.reuse import add_sweep_reuse_arg, sweep_reuse
-from kvemu.options.router_flags import routing_settings
 from kvemu.options.scheduler import check_scheduler_flags
-from kvemu.options.shared_pool import add_shared_args, shared_settings
+from kvemu.options.shared_pool import add_shared_args
+from kvemu.options.sim_grid import grid_parts, sim_settings, split_numbers
 from kvemu.options.source import add_source_args
-from kvemu.options.tiers import tier_settings
-from kvemu.sim_cmd import (
-    _cluster_size,
-    add_emulation_args,
-    capacities,
-    check_no_ops,
-    split_numbers,
-    table_legend,
-    warn_lengths,
-)
+from kvemu.sim_cmd import add_emulation_args, capacities, check_no_ops, table_legend, warn_lengths
 from loadgen.formats import detect_format
 from loadgen.source import load_source
 from replica.core.cache.policies import policy_class
 from router.strategies import get_strategy
-from shared.costmodel import CostModel
 from shared.errors import InputError
 from shared.overrides import parse_pairs
 from shared.validate import check_positive
 from sim.cells import Runner
 from sim.dask_cells import open_runner
 from sim.pd import cluster_label
-from sim.simulator import SimSettings, saturation_warning
+from sim.simulator import saturation_warning
 from sim.sweep import (
     MRC,
     Point,
@@ -118,11 +105,7 @@ def _check_paths(args) -> None:
 def _check_scalars(args) -> None:
     if args.jobs < 1:
         raise InputError("--jobs", f"must be >= 1, got {args.jobs}")
-    if args.max_running < 1:
-        raise InputError("--max-running", f"must be >= 1, got {args.max_running}")
-    if args.token_budget < 1:
-        raise InputError("--token-budget", f"must be >= 1, got {args.token_budget}")
-    check_scheduler_flags(args)
+    check_scheduler_flags(args)  # --max-running and --token-budget among them
     check_positive("--dask-timeout", args.dask_timeout)
 
 
@@ -137,33 +120,16 @@ def _identity(args, trace) -> tuple[dict, dict]:
 
 
 def build_grid(args, trace, identity: dict, policies, routings, replicas, caps) -> list:
-    matching = matching_setting(args)
-    cost = CostModel.from_names(args.model, args.gpu)
-    tiers = dataclasses.replace(tier_settings(args, cost, trace.block_size),
-                                shared=shared_settings(args, cost, trace.block_size, _cluster_size(args)))
-    routing = routing_settings(trace.block_size, args.routing_set, tiers.levels(), matching.mode)
-    prefix_caching = prefix_caching_setting(args, tiers)
-    dp = parallel_setting(args, cost.model)
-    pd = pd_cluster(args, args.gpu, lambda gpu: CostModel.from_names(args.model, gpu), trace.block_size,
-                    lambda cost, gib: dataclasses.replace(tier_settings(
-                        argparse.Namespace(**{**vars(args), "host_cache_gib": gib}), cost, trace.block_size),
-                        shared=tiers.shared))
+    parts = grid_parts(args, trace.block_size)
     points: dict[str, Point] = {}
     for rt in routings:
         for k in replicas:
             # one replica: every routing sends everything to it, so its points run once
-            route = routings[0] if k == 1 and pd is None else rt
+            route = routings[0] if k == 1 and parts.pd is None else rt
             for pol in policies:
                 for c in caps:
-                    s = SimSettings(capacity_blocks=c, policy=pol, replicas=k, routing=route, hit_mode=matching.hit_mode,
-                                    matching=matching.mode, seed=args.seed, model=args.model, gpu=args.gpu, token_budget=args.token_budget,
-                                    max_running=args.max_running, scheduler=args.scheduler,
-                                    watermark=args.watermark, max_loans=args.max_loans, step_rule=args.step_rule,
-                                    reuse=sweep_reuse(args), routing_settings=routing,
-                                    causal=args.causal, cache_only=args.cache_only, response_kv=args.response_kv,
-                                    tiers=tiers, decode_kv=not args.no_decode_kv, prefix_caching=prefix_caching,
-                                    max_model_len=args.max_model_len, pd=pd, data_parallel_size=dp.size,
-                                    expert_parallel=dp.expert_parallel, compiled=not args.python_core)
+                    s = sim_settings(args, parts, policy=pol, capacity_blocks=c, replicas=k, routing=route,
+                                     reuse=sweep_reuse(args))
                     p = make_point(identity, s)
                     points.setdefault(p.id, p)
     return list(points.values())

@@ -27,6 +27,7 @@ from kvemu.options.backend import BACKEND_OPTIONS
 from kvemu.options.config_file import add_config_arg
 from kvemu.options.gpu import add_gpu_args, gpu_setting
 from kvemu.options.index import CLUSTER
+from kvemu.options.knobs import engine_knobs, naming_flags
 from kvemu.options.kv_cache_dtype import KV_CACHE_DTYPE, model_setting
 from kvemu.options.kv_events import add_kv_events_arg, kv_events_argv, kv_events_setting
 from kvemu.options.limits import (
@@ -474,22 +475,17 @@ def validate(a) -> None:
     check_scheduler_flags(a)
     dp = _check_parallel(a)
     matching = matching_setting(a)
-    try:
+    knobs = engine_knobs(a, matching)  # the tiers below: checked with the prefix caching flag, as each replica does
+    with naming_flags():  # a field's name is its flag's, less the "_s" of seconds
         serving = serving_settings(argparse.Namespace(**{**vars(a), "host": "127.0.0.1"}), find_token=False)
         capacity_note(a, matching.block_size, matching.mode)  # a pool of no block or page: one line naming the flag
-        replica = ReplicaSettings(policy=a.policy, **replica_capacity(a, matching.mode), max_model_len=a.max_model_len,
-                        model=a.model, gpu=a.gpu, block_size=matching.block_size, hit_mode=matching.hit_mode,
-                        time_scale=a.time_scale, scheduler=a.scheduler, watermark=a.watermark, step_rule=a.step_rule,
-                        max_loans=a.max_loans, token_budget=a.token_budget,
-                        max_running=a.max_running, max_waiting=a.max_waiting, shards_rate=a.shards_rate,
-                        response_kv=a.response_kv, serving=serving, matching=matching.mode, backend=a.backend, dp=dp)
+        replica = ReplicaSettings(knobs=knobs, **replica_capacity(a, matching.mode), max_model_len=a.max_model_len,
+                                  model=a.model, gpu=a.gpu, block_size=matching.block_size, time_scale=a.time_scale,
+                                  max_waiting=a.max_waiting, serving=serving, backend=a.backend, dp=dp)
         RouterSettings(replicas=("http://127.0.0.1:1",), block_size=matching.block_size, serving=serving,
                        health_interval_s=a.health_interval, dashboard_interval_s=a.dashboard_interval,
                        client_max_in_flight=a.client_max_in_flight, client_rate=a.client_rate,
                        client_burst=a.client_burst, upstream_first_byte_timeout_s=a.upstream_first_byte_timeout)
-    except InputError as exc:  # a field's name is its flag's, less the "_s" of seconds
-        flag = exc.field if exc.field.startswith("--") else f"--{exc.field.removesuffix('_s').replace('_', '-')}"
-        raise InputError(flag, exc.message) from None
     # the replicas print these to their logs; up (and demo) print them once, when the checks are done
     each = f"each of a replica's {dp.size} DP ranks: " if dp.size > 1 else ""
     a.limit_lines = [*([each + replica.kv_budget().line()] if a.gpu_memory_utilization is not None else []),

@@ -88,13 +88,13 @@ def server_info_body(state: ReplicaRuntime, s: ReplicaSettings) -> dict:
         "disaggregation_mode": "null" if s.role == "both" else s.role, "is_embedding": False, "host": s.serving.host, "port": s.port,
         "context_length": s.resolved_max_model_len(), "max_req_input_len": _max_req_input_len(s),
         "max_total_num_tokens": pool.capacity * s.block_size, "page_size": s.block_size,
-        "max_prefill_tokens": s.token_budget, "chunked_prefill_size": s.token_budget,
-        "max_running_requests": s.max_running, "max_queued_requests": s.max_waiting,
-        "schedule_policy": s.scheduler, "disable_radix_cache": s.prefix_caching == "off",
+        "max_prefill_tokens": s.knobs.token_budget, "chunked_prefill_size": s.knobs.token_budget,
+        "max_running_requests": s.knobs.max_running, "max_queued_requests": s.max_waiting,
+        "schedule_policy": s.knobs.scheduler, "disable_radix_cache": s.knobs.prefix_caching == "off",
         "kvemu": {"replica_id": s.replica_id, "model_preset": state.cost.model.name, "gpu": state.cost.gpu.name,
                   "policy": pool.policy.name, "capacity_blocks": pool.capacity, "block_size": s.block_size,
                   "time_scale": s.time_scale, "backend": s.backend, "response_kv": s.stored_response_kv, "role": s.role,
-                  "prefix_caching": s.prefix_caching},
+                  "prefix_caching": s.knobs.prefix_caching},
     }
 
 

@@ -28,7 +28,7 @@ class ReplicaRuntime:
         self.settings = settings
         self.cost = settings.cost_model()
         # the shared KV level, live: a mirror of the pool process's store (replica/kvpool/)
-        shared = settings.tiers.shared
+        shared = settings.knobs.tiers.shared
         self.shared_store = MirrorStore(shared, emit_events=False) if shared is not None else None
         # --data-parallel-size: one core a rank, each its own scheduler and pool (replica/dp.py); rank 0's is ``core``
         self.cores = [build_core(settings.core_settings(), self.cost, shared=self.shared_store)
@@ -41,7 +41,7 @@ class ReplicaRuntime:
             from replica.backends.torch_backend import TorchBackend
 
             self.backend = TorchBackend(self.cost.model, self.pool, settings.device, settings.layers,
-                                        settings.seed, self.core.tiers).attach(self.scheduler)
+                                        settings.knobs.seed, self.core.tiers).attach(self.scheduler)
         held = sum(core.capacity_with_tiers for core in self.cores)
         self.feed = EventFeed(settings.replica_id, self.core.snapshot_events, settings.event_batch_max,
                               settings.feed_max_batches, mode="push" if settings.index else "poll",

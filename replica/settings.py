@@ -2,37 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from replica.backends import check_backend
-from replica.core.build import (
-    DEFAULT_HIT_MODE,
-    DEFAULT_MATCHING,
-    DEFAULT_PREFIX_CACHING,
-    DEFAULT_RESPONSE_KV,
-    DEFAULT_SHARDS_RATE,
-    RESPONSE_KV,
-    CoreSettings,
-    check_choice,
-    check_matching,
-    check_prefix_caching,
-)
+from replica.core.build import CoreSettings, EngineKnobs
 from replica.core.cache.policies import policy_class, policy_names
-from replica.core.cache.pool import HIT_MODES
 from replica.core.disagg import DEFAULT_PD_HOLD_SHARE, PdSettings, check_role
 from replica.core.dp import DpSettings
-from replica.core.sched.sched_types import (
-    DEFAULT_ADMISSION,
-    DEFAULT_MAX_LOANS,
-    DEFAULT_MAX_RUNNING,
-    DEFAULT_MAX_WAITING,
-    DEFAULT_TOKEN_BUDGET,
-    DEFAULT_WATERMARK,
-    check_admission,
-    check_watermark,
-    max_model_len_for,
-)
-from replica.core.tiers.stack import TierSettings
+from replica.core.sched.sched_types import DEFAULT_MAX_WAITING, max_model_len_for
 from shared import memory_rule
 from shared.costmodel import CostModel, KvBudget, split_tp
 from shared.errors import InputError, UnknownNameError
@@ -57,8 +34,9 @@ def live_policy_names() -> list[str]:
 class ReplicaSettings:
     replica_id: str = "replica-0"
     port: int = 8100
-    policy: str = "lru"
-    policy_params: tuple[tuple[str, object], ...] = ()
+    # What the core runs with (policy, matching, scheduler, tiers, ...): the simulator's replicas' record too
+    # (replica.core.build.EngineKnobs); a live replica runs no offline oracle policy
+    knobs: EngineKnobs = EngineKnobs()
     capacity_blocks: int | None = None  # in the pool's unit: blocks of block_size tokens (pages under radix)
     capacity_tokens: int | None = None  # rounded down to whole blocks (pages)
     capacity_gib: float | None = None
@@ -70,31 +48,18 @@ class ReplicaSettings:
     max_model_len: int | None = None
     model: str = "qwen3-coder-30b-a3b"
     gpu: str = "h200"
-    block_size: int = 16  # tokens per block; with matching "radix", per page
-    hit_mode: str = DEFAULT_HIT_MODE
-    matching: str = DEFAULT_MATCHING  # "blocks" (vLLM) or "radix" (SGLang; replica.core.build.check_matching)
+    block_size: int = 16  # tokens per block; with knobs.matching "radix", per page
     time_scale: float = 1.0  # wall seconds slept per emulated second; 0 = as fast as possible
-    token_budget: int = DEFAULT_TOKEN_BUDGET
-    max_running: int = DEFAULT_MAX_RUNNING
     max_waiting: int = DEFAULT_MAX_WAITING
-    scheduler: str = DEFAULT_ADMISSION  # admission order: fcfs (vLLM) or reorder (FlashGen)
-    watermark: float = DEFAULT_WATERMARK  # SchedulerSettings.watermark (vLLM v0's)
-    step_rule: str = "v1"  # SchedulerSettings.step_rule (v0: vLLM v0's steps)
-    max_loans: int = DEFAULT_MAX_LOANS  # SchedulerSettings.max_loans (reorder)
     # binding, body limits, connection caps, timeouts and the cluster token, as the router has them
     serving: ServingSettings = ServingSettings()
     index: str | None = None  # redis://... ; None = the embedded feed a router polls
     cluster: str = "default"
     admin_token: str | None = None
-    shards_rate: float = DEFAULT_SHARDS_RATE
     shards_max_tracked: int = 1 << 16
     event_batch_max: int = 512
     feed_max_batches: int = 4096  # the embedded feed keeps this many recent batches
     feed_max_hashes: int = 1 << 18  # ... holding at most this many hashes (about 12 MB)
-    seed: int = 0
-    tiers: TierSettings = TierSettings()  # host DRAM / SSD below HBM (replica.core.tiers.stack)
-    response_kv: str = DEFAULT_RESPONSE_KV  # keep: cache each response's full blocks (colocated vLLM); drop: do not
-    prefix_caching: str = DEFAULT_PREFIX_CACHING  # vLLM's --enable-prefix-caching; off: nothing kept or shared
     backend: str = "emulated"  # or "torch": real kernels over a real paged KV tensor (replica/backends/)
     device: str = "cpu"  # the torch backend's device
     layers: int | None = None  # the torch backend runs this many of the model's layers (None: all)
@@ -115,9 +80,9 @@ class ReplicaSettings:
     dp: DpSettings = DpSettings()
 
     def __post_init__(self) -> None:
-        if self.policy not in live_policy_names():  # an oracle needs the future: `kvemu sim` only
+        if self.knobs.policy not in live_policy_names():  # an oracle needs the future: `kvemu sim` only
             oracles = sorted(set(policy_names()) - set(live_policy_names()))
-            raise UnknownNameError("policy", self.policy, live_policy_names(),
+            raise UnknownNameError("policy", self.knobs.policy, live_policy_names(),
                                    f" ({', '.join(oracles)} need the future and run in `kvemu sim` only)")
         if not self.replica_id or len(self.replica_id) > 128:
             raise InputError("replica_id", "must be 1-128 characters")
@@ -134,28 +99,20 @@ class ReplicaSettings:
                 check_positive_int(name, getattr(self, name))
         if self.capacity_gib is not None and not 0 < self.capacity_gib < float("inf"):
             raise InputError("capacity_gib", f"must be a finite number > 0, got {self.capacity_gib}")
-        check_watermark(self.watermark)
-        for name in ("block_size", "token_budget", "max_running", "max_waiting", "max_loans", "event_batch_max",
-                     "feed_max_batches", "feed_max_hashes", "shards_max_tracked"):
+        for name in ("block_size", "max_waiting", "event_batch_max", "feed_max_batches", "feed_max_hashes",
+                     "shards_max_tracked"):
             check_positive_int(name, getattr(self, name))
-        check_admission(self.scheduler)
-        check_choice("hit_mode", self.hit_mode, HIT_MODES)
-        check_choice("response_kv", self.response_kv, RESPONSE_KV)
-        check_prefix_caching(self.prefix_caching, self.tiers)
-        check_matching(self.matching, self.policy, self.hit_mode, self.prefix_caching)
-        if self.prefix_caching == "off" and self.backend != "emulated":  # its KV slots are keyed by block hash
+        if self.knobs.prefix_caching == "off" and self.backend != "emulated":  # its KV slots are keyed by block hash
             raise InputError("prefix_caching", f"off runs on the emulated backend only, not {self.backend!r}")
         if not (self.time_scale >= 0):
             raise InputError("time_scale", f"must be >= 0, got {self.time_scale}")
-        if not (0 < self.shards_rate <= 1):
-            raise InputError("shards_rate", f"must be in (0, 1], got {self.shards_rate}")
         if self.index is not None and not self.index.startswith(("redis://", "rediss://", "unix://")):
             raise InputError("index", f"expected a redis:// URL, got {self.index!r}")
         check_backend(self.backend, self.layers)
         check_role(self.role)
         check_number("pd_hold_timeout_s", self.pd_hold_timeout_s, above=0)
         check_number("pd_hold_share", self.pd_hold_share, maximum=1, above=0)
-        if (self.tiers.shared is None) != (self.shared_pool_url is None):
+        if (self.knobs.tiers.shared is None) != (self.shared_pool_url is None):
             raise InputError("shared_pool_url", "a shared level (tiers.shared) and the pool's URL go together: a"
                                                 " live replica's shared level is a `kvemu pool` process")
         if self.shared_pool_url is not None and not self.shared_pool_url.startswith(("http://", "https://")):
@@ -165,7 +122,7 @@ class ReplicaSettings:
         if self.capacity_gib is not None and self.resolved_capacity_blocks() <= 0:
             raise InputError("capacity_gib", "is smaller than one KV block of this model")
         if self.capacity_tokens is not None and self.resolved_capacity_blocks() <= 0:
-            raise InputError("capacity_tokens", f"is less than one {'page' if self.matching == 'radix' else 'block'}"
+            raise InputError("capacity_tokens", f"is less than one {'page' if self.knobs.matching == 'radix' else 'block'}"
                                                 f" of {self.block_size} tokens")
         if self.gpu_memory_utilization is not None:
             self.kv_budget().check()  # nothing left for KV: one line naming the flag
@@ -186,19 +143,16 @@ class ReplicaSettings:
     def core_settings(self) -> CoreSettings:
         """The cache core this replica runs (``replica.core.build``)."""
         return CoreSettings(
-            capacity_blocks=self.resolved_capacity_blocks(), policy=self.policy, policy_params=self.policy_params,
-            block_size=self.block_size, hit_mode=self.hit_mode, token_budget=self.token_budget,
-            max_running=self.max_running, max_waiting=self.max_waiting, scheduler=self.scheduler,
-            watermark=self.watermark, max_loans=self.max_loans, step_rule=self.step_rule, reuse="sampled",
-            shards_rate=self.shards_rate, shards_max_tracked=self.shards_max_tracked, seed=self.seed, emit_events=True,
-            tier_events=True, oracles=False, tiers=self.tiers, response_kv=self.stored_response_kv,
-            prefix_caching=self.prefix_caching, max_model_len=self.resolved_max_model_len(), matching=self.matching)
+            capacity_blocks=self.resolved_capacity_blocks(), knobs=replace(self.knobs, response_kv=self.stored_response_kv),
+            block_size=self.block_size, max_waiting=self.max_waiting, reuse="sampled",
+            shards_max_tracked=self.shards_max_tracked, emit_events=True, tier_events=True, oracles=False,
+            max_model_len=self.resolved_max_model_len())
 
     @property
     def stored_response_kv(self) -> str:
         """What the replica does with response KV: a prefill instance never stores it (its responses are one
         token, decoded elsewhere), whatever ``response_kv`` says."""
-        return "drop" if self.role == "prefill" else self.response_kv
+        return "drop" if self.role == "prefill" else self.knobs.response_kv
 
     def nic_bytes_per_s(self) -> float:
         """This instance's NIC, each direction (``PdSettings.nic_bytes_per_s``: --pd-link-gbps per GPU x tp,
@@ -222,7 +176,7 @@ class ReplicaSettings:
         """What ``gpu_memory_utilization`` leaves for KV (vLLM's profiling step; CostModel.kv_budget)."""
         assert self.gpu_memory_utilization is not None
         cost = self.cost_model()  # under expert parallelism each rank holds its share of the experts
-        return memory_rule.kv_budget(cost, self.gpu_memory_utilization, self.token_budget, self.max_running,
+        return memory_rule.kv_budget(cost, self.gpu_memory_utilization, self.knobs.token_budget, self.knobs.max_running,
                                      self.block_size, expert_ranks=self.dp.expert_ranks(cost.tp))
 
     def asked_max_model_len(self) -> int:

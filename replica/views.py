@@ -49,7 +49,7 @@ async def _parse(request: web.Request) -> tuple[protocol.GenerateSpec, KvTransfe
     raw = await read_raw(request)
     settings = _settings(request)
     spec = await request.app[OFFLOAD].parse(request, raw, settings.block_size, _limits(request))
-    if settings.matching == "radix" and spec.block_tokens is None:
+    if settings.knobs.matching == "radix" and spec.block_tokens is None:
         raise InputError("block_hashes", f"this replica matches prompts token by token (--matching radix, pages of"
                                          f" {settings.block_size}), which block hashes cannot be cut into: send"
                                          " token_ids, a completion prompt or chat messages")
@@ -286,7 +286,7 @@ async def health(request: web.Request) -> web.Response:
                               "policy": state.pool.policy.name, "model": served_model(s.model),
                               "capacity_blocks": sum(pool.capacity for pool in state.pools),
                               "data_parallel_size": len(state.cores),  # the router keys its index by rank
-                              "block_size": s.block_size, "matching": s.matching, "running": state.running,
+                              "block_size": s.block_size, "matching": s.knobs.matching, "running": state.running,
                               "waiting": state.waiting, "kv_usage": state.kv_usage(),
                               **state.pd.hold_health(),  # P/D: what prefills held for remote decodes pin
                               # the shared KV pool: ok, unreachable (serving from its own levels) or connecting

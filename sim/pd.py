@@ -78,11 +78,11 @@ class PdFlow:
         instance never stores response KV: the decode instance generated it)."""
         role = self.roles[replica_id]
         shape = self.cluster.shape(role)
-        ps = dataclasses.replace(
-            self.s, pd=None, replicas=1, gpu=shape.gpu or self.s.gpu,
-            capacity_blocks=shape.capacity_blocks or self.s.capacity_blocks,
-            tiers=shape.tiers if shape.tiers is not None else self.s.tiers,
-            response_kv="drop" if role == "prefill" else self.s.response_kv)
+        knobs = self.s.knobs
+        knobs = dataclasses.replace(knobs, tiers=shape.tiers if shape.tiers is not None else knobs.tiers,
+                                    response_kv="drop" if role == "prefill" else knobs.response_kv)
+        ps = dataclasses.replace(self.s, pd=None, replicas=1, gpu=shape.gpu or self.s.gpu,
+                                 capacity_blocks=shape.capacity_blocks or self.s.capacity_blocks, knobs=knobs)
         return ps, self.costs.setdefault(replica_id, CostModel.from_names(ps.model, ps.gpu))
 
     def attach(self, sim: Simulation) -> None:
@@ -93,7 +93,7 @@ class PdFlow:
         self.dec_states = [rep.state for rep in self.decoders]
         self.pre_states = [rep.state for rep in self.prefillers]
         self.prefill_router = RoutingStep(strategy_spec(self.cluster.prefill_routing or self.s.routing),
-                                          sim.router.settings, self.s.seed + 1)
+                                          sim.router.settings, self.s.knobs.seed + 1)
         link = self.cluster.settings
         self.network = PdNetwork(link.link_latency_s)
         for rep in sim.replicas:

@@ -97,21 +97,21 @@ def _setup_report(sim: Simulation) -> dict:
     s, cost = sim.s, sim.cost
     return {
         "mode": "cache_only" if s.cache_only else "batching",
-        "reuse": s.reuse_mode if s.reuse_mode != "sampled" else f"sampled (SHARDS, rate {s.shards_rate:g})",
-        "policy": s.policy,
+        "reuse": s.reuse_mode if s.reuse_mode != "sampled" else f"sampled (SHARDS, rate {s.knobs.shards_rate:g})",
+        "policy": s.knobs.policy,
         "capacity_blocks": s.capacity_blocks,
         "capacity_tokens": s.capacity_blocks * sim.block_size,
         "capacity_bytes": s.capacity_blocks * cost.block_bytes(sim.block_size),
         "capacity_gib": round(cost.blocks_to_gib(s.capacity_blocks, sim.block_size), 3),
         "replicas": s.replicas,
         "routing": s.routing,
-        "hit_mode": s.hit_mode,
-        "matching": s.matching,
-        "response_kv": s.response_kv,
-        "prefix_caching": s.prefix_caching,
-        "max_running": s.max_running,
-        "scheduler": None if s.cache_only else s.scheduler,
-        "decode_kv": None if s.cache_only else s.decode_kv,
+        "hit_mode": s.knobs.hit_mode,
+        "matching": s.knobs.matching,
+        "response_kv": s.knobs.response_kv,
+        "prefix_caching": s.knobs.prefix_caching,
+        "max_running": s.knobs.max_running,
+        "scheduler": None if s.cache_only else s.knobs.scheduler,
+        "decode_kv": None if s.cache_only else s.knobs.decode_kv,
         # the pool that served: compiled (replica.core.compiled.pool, the same results) or python, and
         # why not compiled where it was asked for (None: it ran, or --python-core asked for Python)
         "engine": _engine(sim),
@@ -141,7 +141,7 @@ def _hit_tokens(tiers: TierStack, block_size: int) -> dict[str, int]:
 def _tier_report(sim: Simulation, counts: CacheCounts) -> dict:
     """Per-level hit ratios over block accesses (without tiers, HBM's is the block hit ratio),
     each level under its name (``host_block_hit_ratio``, ...)."""
-    levels = sim.s.tiers.levels()
+    levels = sim.s.knobs.tiers.levels()
     stacks = [rep.tiers for rep in sim.replicas if rep.tiers is not None]
     if not stacks:
         out: dict = {"hbm_block_hit_ratio": ratio(counts.block_hits, counts.block_accesses)}

@@ -1,69 +1,40 @@
-"""What a simulation is asked to run (``SimSettings``, the Python API's flat list of fields; a sweep's
-point id hashes it) and how it resolves into each replica's core (``core_settings``): the settings
+"""What a simulation is asked to run (``SimSettings``: the cluster and the run around the knobs every replica's
+core shares, ``EngineKnobs``; a sweep's point id hashes it) and how it resolves into each replica's core (``core_settings``): the settings
 half of sim/simulator.py."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 from loadgen.arrivals import ARRIVAL_MODES
-from replica.core.build import (
-    DEFAULT_HIT_MODE,
-    DEFAULT_MATCHING,
-    DEFAULT_PREFIX_CACHING,
-    DEFAULT_RESPONSE_KV,
-    DEFAULT_SHARDS_RATE,
-    RESPONSE_KV,
-    SIM_REUSE_MODES,
-    CoreSettings,
-    check_choice,
-    check_matching,
-    check_prefix_caching,
-)
-from replica.core.cache.policies import policy_class
+from replica.core.build import SIM_REUSE_MODES, CoreSettings, EngineKnobs, check_choice
 from replica.core.disagg import PdCluster
 from replica.core.dp import DpSettings
-from replica.core.sched.sched_types import (
-    DEFAULT_ADMISSION,
-    DEFAULT_MAX_LOANS,
-    DEFAULT_MAX_RUNNING,
-    DEFAULT_TOKEN_BUDGET,
-    DEFAULT_WATERMARK,
-    check_admission,
-    check_watermark,
-    max_model_len_for,
-)
-from replica.core.sched.v0_steps import check_step_rule
-from replica.core.tiers.stack import TierSettings
+from replica.core.sched.sched_types import max_model_len_for
 from router.strategies import RoutingSettings, strategy_spec
 from shared.costmodel import CostModel
 from shared.errors import InputError
-from shared.validate import check_number, check_positive_int
+from shared.validate import check_positive_int
+
+KNOB_FIELDS = tuple(f.name for f in fields(EngineKnobs))
 
 
 @dataclass(frozen=True, slots=True)
 class SimSettings:
     capacity_blocks: int
-    policy: str = "lru"
+    # What every replica's core runs with (policy, matching, scheduler, tiers, ...; replica.core.build.EngineKnobs,
+    # the live replica's too): with "radix" matching the trace's block size is the page size. A sweep's point id
+    # hashes its fields as if they were this record's own (sim.sweep.settings_dict).
+    knobs: EngineKnobs = EngineKnobs()
     replicas: int = 1
     routing: str = "cache_aware"
-    hit_mode: str = DEFAULT_HIT_MODE
-    matching: str = DEFAULT_MATCHING  # "blocks" or "radix": the trace's block size is then the page size
-    seed: int = 0
     model: str = "qwen3-coder-30b-a3b"
     gpu: str = "h200"
-    token_budget: int = DEFAULT_TOKEN_BUDGET
-    max_running: int = DEFAULT_MAX_RUNNING
-    scheduler: str = DEFAULT_ADMISSION  # admission order: fcfs (vLLM) or reorder (FlashGen)
-    watermark: float = DEFAULT_WATERMARK  # fraction of the pool an admission leaves free (vLLM v0's; 0: v1's none)
-    step_rule: str = "v1"  # SchedulerSettings.step_rule (v0: vLLM v0's steps)
-    max_loans: int = DEFAULT_MAX_LOANS  # reorder: admissions ahead of its turn one request may get
     # Reuse distances for the miss-ratio curve: "sampled" (SHARDS at shards_rate: within 0.01 of
     # exact on the sample traces at a fraction of the cost), "exact", "off", or "auto" (the
     # default: sampled in batching mode; off in cache-only mode, whose point is speed).
     reuse: str = "auto"
-    shards_rate: float = DEFAULT_SHARDS_RATE
-    policy_params: tuple[tuple[str, object], ...] = ()
     routing_settings: RoutingSettings | None = None
     # Session causality, as `kvemu replay` sends: turn j+1 arrives when turn j has finished plus
     # the trace's gap between them (not at its own trace time). Turn 0 keeps its trace time.
@@ -75,18 +46,6 @@ class SimSettings:
     # Cache-only replay: requests one at a time in trace order through routing, pool and policy
     # only; no scheduler and no cost-model clock (so no queue to overflow), as cache simulators do.
     cache_only: bool = False
-    # Host DRAM / SSD tiers below HBM (capacities in blocks); none by default.
-    tiers: TierSettings = TierSettings()
-    # "keep" (the default everywhere): a finished request's response blocks are cached, as a colocated
-    # vLLM does (the next turn hits them); "drop": they are not (a disaggregated prefill instance).
-    # The compiled pool stores it for LRU and S3-FIFO (replica.core.compiled.pool.why_not).
-    response_kv: str = DEFAULT_RESPONSE_KV
-    # Decode KV takes blocks as it fills them, and preempts when none is left (vLLM); False: only
-    # prompt blocks count (a one-at-a-time run then equals the cache-only replay exactly).
-    decode_kv: bool = True
-    # vLLM's --enable-prefix-caching, "on" or "off"; off: nothing is kept across requests nor shared between
-    # running ones, every block is computed (replica.core.cache.pool.BlockPool.prefix_caching; the Python pool)
-    prefix_caching: str = DEFAULT_PREFIX_CACHING
     # vLLM's length rule: a request whose prompt plus output exceeds it is refused (counted in
     # ``refused``; the run goes on). None: the model's context window; the pool's size where smaller.
     max_model_len: int | None = None
@@ -112,17 +71,8 @@ class SimSettings:
                 raise InputError("cache_only", "a P/D cluster moves KV over a link in time: run it in the batching"
                                                " mode (drop --cache-only)")
         check_positive_int("capacity_blocks", self.capacity_blocks)
-        check_choice("response_kv", self.response_kv, RESPONSE_KV)
         check_choice("reuse", self.reuse, SIM_REUSE_MODES)
         check_choice("arrivals", self.arrivals, ARRIVAL_MODES)
-        check_number("shards_rate", self.shards_rate, above=0, maximum=1)
-        policy_class(self.policy)  # unknown names list the valid ones
-        check_admission(self.scheduler)
-        check_watermark(self.watermark)
-        check_step_rule(self.step_rule)
-        check_positive_int("max_loans", self.max_loans)
-        check_prefix_caching(self.prefix_caching, self.tiers)
-        check_matching(self.matching, self.policy, self.hit_mode, self.prefix_caching)
         if self.max_model_len is not None:
             check_positive_int("max_model_len", self.max_model_len)
         strategy_spec(self.routing)
@@ -135,6 +85,13 @@ class SimSettings:
         if self.data_parallel_size > 1 and self.cache_only:
             raise InputError("data_parallel_size", "DP ranks are balanced by their queues, which the cache-only mode"
                                                    " has not: run it in the batching mode (drop --cache-only)")
+
+    @classmethod
+    def of(cls, **given: Any) -> SimSettings:
+        """From one flat set of keywords, the knobs' (``EngineKnobs``) and this record's own alike: what the Python
+        API takes (kvemu/api.py)."""
+        knobs = {name: given.pop(name) for name in KNOB_FIELDS if name in given}
+        return cls(knobs=EngineKnobs(**knobs), **given)
 
     @property
     def reuse_mode(self) -> str:
@@ -157,11 +114,6 @@ def core_settings(s: SimSettings, block_size: int, cost: CostModel, indexed: boo
     # Virtual time refuses nothing: the waiting queue can hold every request of the trace (a live
     # replica's bound answers overload with 503; here it would only abort a long backlogged run).
     return CoreSettings(
-        capacity_blocks=s.capacity_blocks, policy=s.policy, policy_params=s.policy_params, block_size=block_size,
-        hit_mode=s.hit_mode, token_budget=s.token_budget, max_running=s.max_running, scheduler=s.scheduler,
-        watermark=s.watermark, max_loans=s.max_loans, step_rule=s.step_rule, max_waiting=max(requests, 1),
-        reuse=s.reuse_mode, shards_rate=s.shards_rate,
-        shards_max_tracked=1 << 62, seed=s.seed, emit_events=indexed, oracles=True,
-        stream_tokens=False, tiers=s.tiers, response_kv=s.response_kv, decode_kv=s.decode_kv,
-        prefix_caching=s.prefix_caching, compiled=s.compiled, max_model_len=max_model_len(s, cost, block_size),
-        matching=s.matching)
+        capacity_blocks=s.capacity_blocks, knobs=s.knobs, block_size=block_size, max_waiting=max(requests, 1),
+        reuse=s.reuse_mode, shards_max_tracked=1 << 62, emit_events=indexed, oracles=True, stream_tokens=False,
+        compiled=s.compiled, max_model_len=max_model_len(s, cost, block_size))

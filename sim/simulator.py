@@ -113,7 +113,7 @@ class Simulation:
         indexed = self._wants_index(settings)
         # the compiled pool keys on 64-bit unsigned hashes (build_core's compilable decides with that;
         # no trace pass for a policy it has not compiled)
-        compiled = settings.compiled and compiles(settings.policy)
+        compiled = settings.compiled and compiles(settings.knobs.policy)
         lists = [r.hash_ids for r in trace.requests]
         # the cache-only replay reads them as one array; a batching run only asks whether they fit
         flat = hashes_u64(lists) if compiled and settings.cache_only else None
@@ -139,7 +139,7 @@ class Simulation:
         self.tiered = any(rep.tiers is not None for rep in self.replicas)
         self._tier_pools = [(rep.replica_id, rep.tiers, [lv.held for lv in rep.tiers.levels])
                             for rep in self.replicas if rep.tiers is not None]
-        self.responses = response_hashes(trace) if settings.response_kv == "keep" else None
+        self.responses = response_hashes(trace) if settings.knobs.response_kv == "keep" else None
         self.source_trace = trace  # as read: the per-request results name every request of it
         self.trace_index: list[int] | None = None  # the source's index of each request run (None: all, in order)
         self.refused = self._refuse()
@@ -149,9 +149,9 @@ class Simulation:
             if indexed and self._kernels is None else None
         self._ids = [r.replica_id for r in self.replicas]
         routing = settings.routing_settings or RoutingSettings(  # as kvemu.options.router_flags builds them
-            block_size=trace.block_size, level_hit_costs=level_hit_costs(settings.tiers.levels()),
-            load_block_size=DEFAULT_BLOCK_SIZE if settings.matching == "radix" else 0)
-        self.router = RoutingStep(spec, routing, settings.seed)
+            block_size=trace.block_size, level_hit_costs=level_hit_costs(settings.knobs.tiers.levels()),
+            load_block_size=DEFAULT_BLOCK_SIZE if settings.knobs.matching == "radix" else 0)
+        self.router = RoutingStep(spec, routing, settings.knobs.seed)
         # each request's routing view from its routing to its end: the router's load counts take it back at
         # its first token (its prefill) and its end (in flight), as the live router does (router/strategies/step.py)
         self._views: dict[int, RouteRequest] = {}
@@ -177,12 +177,12 @@ class Simulation:
         with its pool's shape."""
         pd = self.pd
         if pd is None:
-            stores = self._shared_stores(s.tiers, s.replicas)
+            stores = self._shared_stores(s.knobs.tiers, s.replicas)
             members = self.dp.members(s.replicas) if self.dp is not None else [(i, "") for i in range(s.replicas)]
             return [build_replica(i, s, self.trace.block_size, self.cost, events, len(self.trace.requests), hashes_fit,
                                   replica_id, stores[i] if stores else None)
                     for i, replica_id in members]
-        stores = self._shared_stores(s.tiers, len(pd.roles))
+        stores = self._shared_stores(s.knobs.tiers, len(pd.roles))
         out = []
         for i, (replica_id, role) in enumerate(pd.roles.items()):
             ps, cost = pd.instance_settings(replica_id)
@@ -257,7 +257,7 @@ class Simulation:
         return list(firsts.values())
 
     def run(self) -> dict:
-        future = NextUses(self.trace) if policy_class(self.s.policy).needs_future else None
+        future = NextUses(self.trace) if policy_class(self.s.knobs.policy).needs_future else None
         if self.s.cache_only:
             return self._run_cache_only(future)
         t0 = time.perf_counter()

@@ -52,7 +52,7 @@ class Point:
         extra = " +reuse" if self.kind == MRC else ""
         # a P/D cluster by its pools (its colocated replicas, s.replicas, are often none)
         where = f"{s.pd.prefill}P:{s.pd.decode}D" + (f"+{s.replicas}" if s.replicas else "") if s.pd else f"x{s.replicas}"
-        return f"{s.policy} @ {s.capacity_blocks:,} blocks, {s.routing} {where}{extra}"
+        return f"{s.knobs.policy} @ {s.capacity_blocks:,} blocks, {s.routing} {where}{extra}"
 
 
 # ---------------------------------------------------------------- identities
@@ -88,7 +88,10 @@ LATER_NESTED_DEFAULTS = {("tiers", "deeper"): (), ("tiers", "shared"): None, ("r
 
 
 def settings_dict(s: SimSettings) -> dict:
+    """What a point's id hashes and its record shows: every field of ``s``, the knobs' as if they were its own (as
+    they were before they were one record: ids written then still match). A knob added later goes in LATER_DEFAULTS."""
     out = dataclasses.asdict(s)
+    out.update(out.pop("knobs"))
     routing = out.get("routing_settings")
     if isinstance(routing, dict) and "level_hit_costs" in routing:  # as they were named before the list
         costs = tuple(routing.pop("level_hit_costs")) + (1.0, 1.0)  # was generic: ids of old points hold
@@ -124,7 +127,8 @@ def mrc_sources(identity: dict, grid: list[Point]) -> list[Point]:
     out = []
     for combo in combinations(grid):
         base = next(p.settings for p in grid if (p.settings.routing, p.settings.replicas) == combo)
-        s = dataclasses.replace(base, policy="lru", policy_params=(), capacity_blocks=top, reuse="exact")
+        knobs = dataclasses.replace(base.knobs, policy="lru", policy_params=())
+        s = dataclasses.replace(base, knobs=knobs, capacity_blocks=top, reuse="exact")
         point = make_point(identity, s, MRC)
         out.append(by_id.get(point.id, point))
     return out

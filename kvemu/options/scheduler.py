@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 
+from kvemu.options.knobs import check_scheduler_knobs
 from kvemu.options.option import Option
 from kvemu.options.vllm_version import VLLM_VERSION, apply_vllm_version
 from replica.core.sched.sched_types import (
@@ -21,12 +22,9 @@ from replica.core.sched.sched_types import (
     DEFAULT_TOKEN_BUDGET,
     DEFAULT_WATERMARK,
     VLLM_V0_WATERMARK,
-    check_admission,
-    check_watermark,
 )
-from replica.core.sched.v0_steps import DEFAULT_STEP_RULE, STEP_RULES, check_step_rule
+from replica.core.sched.v0_steps import DEFAULT_STEP_RULE, STEP_RULES
 from shared.errors import InputError
-from shared.validate import check_positive_int
 
 SCHEDULER = Option(
     "--scheduler", DEFAULT_ADMISSION,
@@ -69,13 +67,10 @@ def add_scheduler_args(p: argparse.ArgumentParser, live: bool) -> None:
 
 def check_scheduler_flags(args: argparse.Namespace) -> None:
     """First the settings ``--vllm-version`` gives where their flags were not given (one line on stderr
-    says which); then ``--scheduler`` names an admission order, ``--watermark`` and ``--max-loans`` are in
-    range, and ``--max-loans`` is not given where nothing is lent (the errors name the flags)."""
+    says which); then the values, as the knobs' record checks them (``EngineKnobs``), and ``--max-loans`` is not
+    given where nothing is lent (the errors name the flags)."""
     apply_vllm_version(args)
-    check_admission(args.scheduler, "--scheduler")
-    check_watermark(args.watermark, "--watermark")
-    check_positive_int("--max-loans", args.max_loans)
-    check_step_rule(args.step_rule, "--step-rule")
+    check_scheduler_knobs(args)
     if args.max_loans != MAX_LOANS.default and args.scheduler != "reorder":
         raise InputError("--max-loans", f"does nothing with --scheduler {args.scheduler} (nothing is admitted ahead of"
                                         " its turn): add --scheduler reorder, or drop it")

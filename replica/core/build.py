@@ -8,23 +8,19 @@ from replica.core.analysis.reuse import ReuseDistanceTracker
 from replica.core.analysis.shards import ShardsTracker
 from replica.core.cache.costs import DepthCosts
 from replica.core.cache.metrics import PoolMetrics
-from replica.core.cache.policies import make_policy
-from replica.core.cache.pool import BlockPool, KvEvent
+from replica.core.cache.policies import make_policy, policy_class
+from replica.core.cache.pool import HIT_MODES, BlockPool, KvEvent
 from replica.core.compiled.pool import CompiledPool, KernelLevels, why_not
-from replica.core.sched.sched_types import (
-    DEFAULT_ADMISSION,
-    DEFAULT_MAX_LOANS,
-    DEFAULT_MAX_RUNNING,
-    DEFAULT_MAX_WAITING,
-    DEFAULT_TOKEN_BUDGET,
-    DEFAULT_WATERMARK,
-)
+from replica.core.sched import sched_types as limits
+from replica.core.sched.sched_types import check_watermark
 from replica.core.sched.scheduler import Scheduler, SchedulerSettings, check_admission
+from replica.core.sched.v0_steps import DEFAULT_STEP_RULE, check_step_rule
 from replica.core.tiers.shared import SharedStore
 from replica.core.tiers.stack import TierSettings, TierStack
 from shared.costmodel import CostModel
 from shared.errors import InputError
 from shared.kv_groups import FULL
+from shared.validate import check_number, check_positive_int
 
 # The choices a core is built with, each defined once here; their flags are in kvemu/options/.
 # Of pool.HIT_MODES: vLLM's and SGLang's rule, only a prompt's leading run of cached blocks is reused;
@@ -110,52 +106,74 @@ def check_prefix_caching(prefix_caching: str, tiers: TierSettings, field: str = 
 
 
 @dataclass(frozen=True, slots=True)
+class EngineKnobs:
+    """The knobs every process that runs a core shares, the simulator's replicas and a live replica alike: the
+    one record a new scheduler or cache knob is added to (with its flag in kvemu/options and its line in
+    ``kvemu.options.knobs.FLAGS``). ``SimSettings``, ``ReplicaSettings`` and ``CoreSettings`` each hold one
+    (``knobs``); what a process resolves for itself (capacity, block size, the length limit, the queue bound,
+    reuse tracking, events) stays in its own settings. Checked here, once; a command re-raises a refusal
+    naming the flag (``kvemu.options.knobs.engine_knobs``)."""
+
+    policy: str = "lru"
+    policy_params: tuple[tuple[str, object], ...] = ()
+    hit_mode: str = DEFAULT_HIT_MODE  # of pool.HIT_MODES
+    matching: str = DEFAULT_MATCHING  # "blocks" or "radix" (check_matching): with radix, block_size is the page size
+    token_budget: int = limits.DEFAULT_TOKEN_BUDGET  # tokens per scheduler step
+    max_running: int = limits.DEFAULT_MAX_RUNNING  # requests running at once
+    scheduler: str = limits.DEFAULT_ADMISSION  # admission order: fcfs (vLLM) or reorder (FlashGen)
+    watermark: float = limits.DEFAULT_WATERMARK  # fraction of the pool an admission leaves free (vLLM v0's; 0: v1's)
+    step_rule: str = DEFAULT_STEP_RULE  # SchedulerSettings.step_rule (v0: vLLM v0's steps)
+    max_loans: int = limits.DEFAULT_MAX_LOANS  # reorder: admissions ahead of its turn one request may get
+    # Decode KV takes blocks as it fills them, and preempts when none is left (vLLM); False: only prompt blocks
+    # count (a one-at-a-time run then equals the cache-only replay exactly)
+    decode_kv: bool = True
+    # "keep": a finished request's response blocks are cached (a colocated vLLM); "drop": they are not (a
+    # disaggregated prefill instance, the estimator's theoretical variant)
+    response_kv: str = DEFAULT_RESPONSE_KV
+    # vLLM's --enable-prefix-caching, "on" or "off". Off: no KV is kept across requests and none is shared
+    # between running ones (each request's blocks are its own, freed when it ends; BlockPool.prefix_caching)
+    prefix_caching: str = DEFAULT_PREFIX_CACHING
+    tiers: TierSettings = TierSettings()  # host DRAM / SSD (and a shared level) below HBM; none by default
+    shards_rate: float = DEFAULT_SHARDS_RATE  # SHARDS sampling of reuse distances, where they are sampled
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        policy_class(self.policy)  # unknown names list the valid ones
+        check_choice("hit_mode", self.hit_mode, HIT_MODES)
+        for name in ("token_budget", "max_running", "max_loans"):
+            check_positive_int(name, getattr(self, name))
+        check_admission(self.scheduler)
+        check_watermark(self.watermark)
+        check_step_rule(self.step_rule)
+        check_choice("response_kv", self.response_kv, RESPONSE_KV)
+        check_number("shards_rate", self.shards_rate, above=0, maximum=1)
+        check_prefix_caching(self.prefix_caching, self.tiers)
+        check_matching(self.matching, self.policy, self.hit_mode, self.prefix_caching)
+
+
+@dataclass(frozen=True, slots=True)
 class CoreSettings:
     """What shapes one replica's core. ``reuse``: exact reuse distances (the simulator), SHARDS
     sampling at ``shards_rate`` (the live replica, bounded memory) or none. ``oracles``: allow
     offline policies that need the future (only the simulator can give it)."""
 
     capacity_blocks: int
-    policy: str = "lru"
-    policy_params: tuple[tuple[str, object], ...] = ()
-    block_size: int = 16
-    hit_mode: str = DEFAULT_HIT_MODE
-    token_budget: int = DEFAULT_TOKEN_BUDGET
-    max_running: int = DEFAULT_MAX_RUNNING
-    max_waiting: int = DEFAULT_MAX_WAITING
-    scheduler: str = DEFAULT_ADMISSION  # admission order: fcfs (vLLM) or reorder (FlashGen)
-    watermark: float = DEFAULT_WATERMARK  # SchedulerSettings.watermark (vLLM v0's)
-    step_rule: str = "v1"  # SchedulerSettings.step_rule (v0: vLLM v0's steps)
-    max_loans: int = DEFAULT_MAX_LOANS  # SchedulerSettings.max_loans (reorder)
-    decode_kv: bool = True  # decode KV takes blocks (vLLM); False: prompt blocks only (SchedulerSettings)
+    knobs: EngineKnobs = EngineKnobs()  # what every process's core shares (checked there)
+    block_size: int = 16  # tokens per block; with knobs.matching "radix", per page
+    max_waiting: int = limits.DEFAULT_MAX_WAITING
     max_model_len: int = 0  # vLLM's length rule, resolved (SchedulerSettings.max_model_len; 0: the pool's only)
     reuse: str = "sampled"
-    shards_rate: float = DEFAULT_SHARDS_RATE
     shards_max_tracked: int = 1 << 16
-    seed: int = 0
     emit_events: bool = True
     tier_events: bool = False  # the host / SSD tiers emit events too (a live replica: its router's index)
     oracles: bool = False
     stream_tokens: bool = True  # report per-request decoded tokens each step (the live replica streams them)
-    tiers: TierSettings = TierSettings()  # host DRAM / SSD below HBM (none by default)
-    # "keep": a finished request's response blocks are cached (a colocated vLLM); "drop": they are
-    # not (a disaggregated prefill instance, the estimator's theoretical variant)
-    response_kv: str = DEFAULT_RESPONSE_KV
-    # vLLM's --enable-prefix-caching, "on" or "off". Off: no KV is kept across requests and none is shared
-    # between running ones (each request's blocks are its own, freed when it ends; BlockPool.prefix_caching)
-    prefix_caching: str = DEFAULT_PREFIX_CACHING
-    # "blocks" or "radix" (check_matching): with radix, block_size is the page size
-    matching: str = DEFAULT_MATCHING
     # The scheduler drives the pool's compiled twin where it is exact (replica.core.compiled.pool:
     # LRU / S3-FIFO / Belady / BeladyCompute, no events, no tiers, response KV kept only with LRU or S3-FIFO, fcfs).
     compiled: bool = False
 
     def __post_init__(self) -> None:
-        check_choice("response_kv", self.response_kv, RESPONSE_KV)
         check_choice("reuse", self.reuse, REUSE_MODES)
-        check_admission(self.scheduler)
-        check_prefix_caching(self.prefix_caching, self.tiers)
-        check_matching(self.matching, self.policy, self.hit_mode, self.prefix_caching)
 
 
 @dataclass(slots=True)
@@ -235,7 +253,7 @@ def _reuse_tracker(s: CoreSettings) -> ReuseDistanceTracker | ShardsTracker | No
     if s.reuse == "exact":
         return ReuseDistanceTracker(max_distance=max(4 * s.capacity_blocks, 1 << 16))
     if s.reuse == "sampled":
-        return ShardsTracker(rate=s.shards_rate, max_tracked=s.shards_max_tracked, seed=s.seed)
+        return ShardsTracker(rate=s.knobs.shards_rate, max_tracked=s.shards_max_tracked, seed=s.knobs.seed)
     return None
 
 
@@ -246,22 +264,23 @@ def build_core(s: CoreSettings, cost: CostModel, *, hashes_fit: bool = True,
     The metrics (CSR) and cost-aware policies share one depth-cost table from the cost model.
     ``hashes_fit``: every block hash the core will see is a 64-bit unsigned integer (the simulator
     knows its trace's); with ``s.compiled``, ``compilable`` decides whether the compiled twin runs.
-    ``shared``: the store of a shared level (``s.tiers.shared``), one object for every replica it serves.
+    ``shared``: the store of a shared level (``s.knobs.tiers.shared``), one object for every replica it serves.
     """
     check_groups(cost)
-    policy = make_policy(s.policy, **dict(s.policy_params))
+    k = s.knobs
+    policy = make_policy(k.policy, **dict(k.policy_params))
     if policy.needs_future and not s.oracles:
-        raise InputError("policy", f"{s.policy} is an offline oracle; it runs in `kvemu sim` only")
+        raise InputError("policy", f"{k.policy} is an offline oracle; it runs in `kvemu sim` only")
     bs = s.block_size
     costs = DepthCosts(lambda depth: cost.block_cost(depth, bs))
     metrics = PoolMetrics(block_size=bs, block_cost=costs, bytes_per_block=cost.block_bytes(bs),
                           reuse_tracker=_reuse_tracker(s))
-    pool = BlockPool(s.capacity_blocks, policy, block_size=bs, hit_mode=s.hit_mode, metrics=metrics,
+    pool = BlockPool(s.capacity_blocks, policy, block_size=bs, hit_mode=k.hit_mode, metrics=metrics,
                      emit_events=s.emit_events, block_cost=costs,
-                     prefix_caching=s.prefix_caching == "on")
-    tiers = TierStack(s.tiers, pool, cost.block_bytes(bs), costs, s.tier_events, shared) if s.tiers.enabled else None
-    why = why_not(pool, tiers=tiers is not None, keeps_response_kv=s.response_kv == "keep",
-                  hbm_caching=s.tiers.hbm_caching, hashes_fit=hashes_fit) if s.compiled else None
+                     prefix_caching=k.prefix_caching == "on")
+    tiers = TierStack(k.tiers, pool, cost.block_bytes(bs), costs, s.tier_events, shared) if k.tiers.enabled else None
+    why = why_not(pool, tiers=tiers is not None, keeps_response_kv=k.response_kv == "keep",
+                  hbm_caching=k.tiers.hbm_caching, hashes_fit=hashes_fit) if s.compiled else None
     fast = CompiledPool(pool) if s.compiled and why is None else None
     if tiers is not None and fast is not None:
         tiers.hbm_lookup = fast  # what the stack asks of HBM (missing blocks) the serving pool answers
@@ -273,10 +292,10 @@ def build_core(s: CoreSettings, cost: CostModel, *, hashes_fit: bool = True,
                 levels_why.append(f"the {name} tier: {reason}")
             return CompiledPool(level_pool) if reason is None else None
         tiers.serve_levels_with(level_twin, KernelLevels)
-    sched = Scheduler(fast or pool, cost, SchedulerSettings(token_budget=s.token_budget, max_running=s.max_running,
-                                                    max_waiting=s.max_waiting, admission=s.scheduler,
-                                                    decode_kv=s.decode_kv, max_model_len=s.max_model_len,
-                                                    watermark=s.watermark, max_loans=s.max_loans,
-                                                    step_rule=s.step_rule),
-                      report_decoded=s.stream_tokens, tiers=tiers, keep_response_kv=s.response_kv == "keep")
+    sched = Scheduler(fast or pool, cost, SchedulerSettings(token_budget=k.token_budget, max_running=k.max_running,
+                                                    max_waiting=s.max_waiting, admission=k.scheduler,
+                                                    decode_kv=k.decode_kv, max_model_len=s.max_model_len,
+                                                    watermark=k.watermark, max_loans=k.max_loans,
+                                                    step_rule=k.step_rule),
+                      report_decoded=s.stream_tokens, tiers=tiers, keep_response_kv=k.response_kv == "keep")
     return ReplicaCore(pool, sched, tiers, fast, why, levels_why[0] if levels_why else None)

@@ -61,14 +61,20 @@ def without_sim_only(argv: list[str]) -> list[str]:
 def test_each_configuration_builds_the_same_core_in_sim_and_up(name):
     flags = {**fg.CONFIGS, **fg.ABLATIONS}[name]
     argv = fg.command_line(name, flags, 0.2, 0, OPTS)
-    sim, live = sim_core(argv), live_core(without_sim_only(argv))
-    for f in fields(sim):
-        if f.name not in LIVE_ONLY:
-            assert getattr(sim, f.name) == getattr(live, f.name), f.name
+    sim, live = flat(sim_core(argv)), flat(live_core(without_sim_only(argv)))
+    for name in sim:
+        if name not in LIVE_ONLY:
+            assert sim[name] == live[name], name
+
+
+def flat(core) -> dict:
+    """A core's settings by field, the knobs' as if they were its own."""
+    out = {f.name: getattr(core, f.name) for f in fields(core) if f.name != "knobs"}
+    return {**{f.name: getattr(core.knobs, f.name) for f in fields(core.knobs)}, **out}
 
 
 def test_the_configurations_are_the_papers_systems():
-    cores = {name: sim_core(fg.command_line(name, flags, 0.2, 0, OPTS)) for name, flags in fg.CONFIGS.items()}
+    cores = {name: sim_core(fg.command_line(name, flags, 0.2, 0, OPTS)).knobs for name, flags in fg.CONFIGS.items()}
     base, today = cores["vllm_recompute"], cores["vllm"]
     assert (base.prefix_caching, base.scheduler, base.watermark, base.token_budget) == ("off", "fcfs", 0.01, 2048)
     assert (today.prefix_caching, today.scheduler, today.watermark, today.token_budget) == ("on", "fcfs", 0.0, 8192)

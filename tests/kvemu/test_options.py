@@ -61,7 +61,10 @@ def test_every_default_two_commands_share_is_the_same():
 
 
 def _field_defaults(cls) -> dict[str, object]:
-    return {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+    """Every field's default, the knobs' (``EngineKnobs``, which the settings hold as ``knobs``) as if its own."""
+    out = {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+    knobs = out.pop("knobs", None)
+    return {**_field_defaults(type(knobs)), **out} if knobs is not None else out
 
 
 def test_flags_default_to_the_settings_fields():
@@ -197,7 +200,8 @@ def child_settings(cmdline: list[str]):
 
 def settings_value(settings, option: Option):
     """The setting a flag became, where a field of its name holds it (else None: its parsed value is checked)."""
-    for where in (settings, getattr(settings, "serving", None), getattr(settings, "tiers", None)):
+    knobs = getattr(settings, "knobs", None)
+    for where in (settings, getattr(settings, "serving", None), knobs, getattr(knobs, "tiers", None)):
         for field in (option.dest, option.dest + "_s"):
             if where is not None and hasattr(where, field):
                 return getattr(where, field)
@@ -291,7 +295,7 @@ def test_up_hands_every_tier_flag_to_the_replicas_from_the_one_definition():
     child = child_args(replica_args(0, 9000, a, None))[1]
     for option in TIER_OPTIONS:
         assert getattr(child, option.dest) == getattr(a, option.dest) != option.default, option.flag
-    tiers = child_settings(replica_args(0, 9000, a, None)).tiers
+    tiers = child_settings(replica_args(0, 9000, a, None)).knobs.tiers
     assert (tiers.mode, tiers.fetch, tiers.host_policy, tiers.hbm_caching) == ("inclusive", "always", "s3fifo", False)
     assert (tiers.ssd_read_gbps, tiers.ssd_write_gbps) == (13.0, 3.0)  # two drives striped
 

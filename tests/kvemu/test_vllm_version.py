@@ -73,7 +73,8 @@ def test_the_newest_release_on_h200_takes_vllms_serve_defaults(capsys):
 def test_the_replica_and_up_take_it_and_up_hands_the_settings_to_its_replicas(capsys):
     args = parsed(replica_cmd.configure, ["--capacity-blocks", "100", *OPT_ON_A100, "--vllm-version", "0.2.3"])
     settings = replica_cmd.settings_from_args(args)
-    assert (settings.step_rule, settings.prefix_caching, settings.watermark, settings.token_budget) == \
+    knobs = settings.knobs
+    assert (knobs.step_rule, knobs.prefix_caching, knobs.watermark, knobs.token_budget) == \
         ("v0", "off", 0.01, 2048)
     a = parsed(up.configure, ["--capacity-blocks", "100", *OPT_ON_A100, "--vllm-version", "0.2.3", "--max-running", "64"])
     up.validate(a)

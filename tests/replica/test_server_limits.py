@@ -63,7 +63,7 @@ def test_gpu_memory_utilization_sizes_the_pool_and_is_printed_at_start():
     assert lines[0] == ("capacity (llama-3-8b): ceil(0.9 x 139.94 GiB of h200) - 14.96 GiB weights - 0.92 GiB"
                         " activations - 0.25 GiB non-torch = 109.81 GiB of KV per GPU: 56,225 blocks of 16 tokens")
     assert lines[1].startswith("cluster token: ")  # where the internal endpoints' token is
-    assert f"({s.policy}, {blocks} blocks)" in lines[2]
+    assert f"({s.knobs.policy}, {blocks} blocks)" in lines[2]
     budget = CostModel.from_names("llama-3-8b", "h200").kv_budget(0.9, 8192, 256, 16)
     assert round(budget.kv_bytes / GIB, 2) == 109.81
 

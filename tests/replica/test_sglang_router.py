@@ -15,6 +15,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from replica import compat_views
 from replica.app import make_app
+from replica.core.build import EngineKnobs
 from replica.runtime import RUNTIME
 from replica.settings import ReplicaSettings
 from shared import tokenizer
@@ -38,7 +39,8 @@ def served(settings: ReplicaSettings, *steps):
 
 
 def settings(**kw) -> ReplicaSettings:
-    return ReplicaSettings(**{"capacity_blocks": 256, "time_scale": 0.0, **kw})
+    knobs = {name: kw.pop(name) for name in ("max_running",) if name in kw}
+    return ReplicaSettings(**{"capacity_blocks": 256, "time_scale": 0.0, "knobs": EngineKnobs(**knobs), **kw})
 
 
 # ---- SGLang's worker endpoints -------------------------------------------------------------------
@@ -62,7 +64,7 @@ def test_server_info_names_the_model_as_v1_models_does_with_the_fields_the_route
         assert info["tp_size"] == 1 and info["dp_size"] == 1 and info["disaggregation_mode"] == "null"
         assert info["context_length"] == s.resolved_max_model_len() == 256 * 16  # the pool bounds it here
         assert info["max_total_num_tokens"] == 256 * 16 and info["page_size"] == 16 and info["port"] == 8123
-        assert info["max_running_requests"] == s.max_running and info["max_prefill_tokens"] == s.token_budget
+        assert info["max_running_requests"] == s.knobs.max_running and info["max_prefill_tokens"] == s.knobs.token_budget
         assert info["kvemu"]["capacity_blocks"] == 256 and info["kvemu"]["model_preset"] == MODEL
 
     served(s, check)

@@ -12,7 +12,7 @@ whole units (the swapped-slot and stale-SSD cases below and in test_torch_tiers.
 
 import pytest
 
-from replica.core.build import CoreSettings, build_core
+from replica.core.build import CoreSettings, EngineKnobs, build_core
 from replica.core.sched.scheduler import SchedRequest
 from shared.costmodel import CostModel
 from shared.hashing import chain_ids
@@ -40,7 +40,7 @@ def _requests() -> list[tuple[list[int], int]]:
 
 def _core(backend: bool, model: str = "tiny"):
     cost = CostModel.from_names(model, "h200")
-    core = build_core(CoreSettings(capacity_blocks=24, block_size=BS, token_budget=6, reuse="off"), cost)
+    core = build_core(CoreSettings(capacity_blocks=24, block_size=BS, reuse="off", knobs=EngineKnobs(token_budget=6)), cost)
     tb = TorchBackend(cost.model, core.pool, "cpu", layers=2, seed=7).attach(core.scheduler) if backend else None
     return core, tb
 

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from replica.core.build import CoreSettings, build_core
+from replica.core.build import CoreSettings, EngineKnobs, build_core
 from replica.core.sched.scheduler import SchedRequest
 from shared.costmodel import CostModel, get_model
 from shared.hashing import chain_ids
@@ -107,7 +107,8 @@ def test_a_mixed_step_runs_one_forward_and_its_blocks_equal_a_recompute():
     steps (a chunk ends inside a block); then a hole: a middle block dropped and recomputed
     between hits."""
     cost = CostModel.from_names("tiny", "h200")
-    core = build_core(CoreSettings(capacity_blocks=64, block_size=BS, token_budget=40, reuse="off", hit_mode="holes"), cost)
+    core = build_core(CoreSettings(capacity_blocks=64, block_size=BS, reuse="off",
+                                   knobs=EngineKnobs(token_budget=40, hit_mode="holes")), cost)
     tb = TorchBackend(cost.model, core.pool, "cpu", layers=2, seed=7).attach(core.scheduler)
     log = _step_log(tb)
     system = [500, 501, 502]

@@ -3,7 +3,7 @@ recompute (to float32 rounding: see test_torch_backend.same_kv)."""
 
 import pytest
 
-from replica.core.build import CoreSettings, build_core
+from replica.core.build import CoreSettings, EngineKnobs, build_core
 from replica.core.sched.scheduler import SchedRequest
 from replica.core.tiers.stack import TierSettings
 from shared.costmodel import CostModel
@@ -31,7 +31,8 @@ def _core(backend: bool, mode: str):
     drops off the SSD and restores from both (fetch always)."""
     cost = CostModel.from_names("tiny", "h200")
     tiers = TierSettings(host_blocks=10, ssd_blocks=12, mode=mode, fetch="always")
-    core = build_core(CoreSettings(capacity_blocks=24, block_size=BS, token_budget=6, reuse="off", tiers=tiers), cost)
+    core = build_core(CoreSettings(capacity_blocks=24, block_size=BS, reuse="off",
+                                   knobs=EngineKnobs(token_budget=6, tiers=tiers)), cost)
     tb = TorchBackend(cost.model, core.pool, "cpu", layers=2, seed=7, tiers=core.tiers).attach(core.scheduler) \
         if backend else None
     return core, tb
@@ -110,8 +111,8 @@ def test_response_blocks_kept_and_moved_equal_a_recompute():
     would give them, in HBM and after demotion to host / SSD; the next turn reads them."""
     cost = CostModel.from_names("tiny", "h200")
     tiers = TierSettings(host_blocks=10, ssd_blocks=12, mode="exclusive", fetch="always")
-    core = build_core(CoreSettings(capacity_blocks=24, block_size=BS, token_budget=6, reuse="off", tiers=tiers,
-                                   response_kv="keep"), cost)
+    core = build_core(CoreSettings(capacity_blocks=24, block_size=BS, reuse="off",
+                                   knobs=EngineKnobs(token_budget=6, tiers=tiers, response_kv="keep")), cost)
     tb = TorchBackend(cost.model, core.pool, "cpu", layers=2, seed=7, tiers=core.tiers).attach(core.scheduler)
     ref = TorchStack(tb.spec, "cpu", 2, seed=7)
     expected: dict = {}

@@ -10,6 +10,7 @@ import pytest
 from kvemu.cli import main
 from loadgen.formats import read_trace
 from loadgen.trace import Trace, TraceRequest
+from replica.core.build import EngineKnobs
 from sim.cells import CellError, LocalPool
 from sim.run import simulate
 from sim.simulator import SimSettings
@@ -46,7 +47,7 @@ def test_more_jobs_than_cells_and_a_single_cell(trace_file, tmp_path):
            "--json", str(tmp_path / "one.json")]
     assert main(one) == 0
     [run] = json.loads((tmp_path / "one.json").read_text())["runs"]
-    direct = simulate(read_trace(trace_file), SimSettings(capacity_blocks=900, policy="arc"))
+    direct = simulate(read_trace(trace_file), SimSettings(capacity_blocks=900, knobs=EngineKnobs(policy="arc")))
     assert without_wall(run) == without_wall(direct)
 
 
@@ -84,7 +85,8 @@ def test_a_failing_cell_is_a_cell_error_with_its_index():
     # a policy parameter LRU does not take: the simulator raises (a request the pool could never
     # hold is refused and counted, never an error)
     trace = Trace([TraceRequest(0.0, "s", 0, list(range(10)), 160, 1)], block_size=16)
-    cells = [SimSettings(capacity_blocks=20), SimSettings(capacity_blocks=5, policy_params=(("bogus", 1),)),
+    cells = [SimSettings(capacity_blocks=20), SimSettings(capacity_blocks=5,
+                                                          knobs=EngineKnobs(policy_params=(("bogus", 1),))),
              SimSettings(capacity_blocks=30)]
     with pytest.raises(CellError) as err:
         LocalPool(2).run(trace, cells, lambda index, run: None)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from kvemu.cli import main
+from replica.core.build import EngineKnobs
 
 distributed = pytest.importorskip("distributed")
 
@@ -163,7 +164,8 @@ def test_a_failing_cell_on_a_worker_is_a_cell_error_with_its_index(cluster):
     # a policy parameter LRU does not take: the simulator raises on the worker (a request the pool
     # could never hold is refused, never an error)
     trace = Trace([TraceRequest(0.0, "s", 0, list(range(10)), 160, 1)], block_size=16)
-    cells = [SimSettings(capacity_blocks=20), SimSettings(capacity_blocks=5, policy_params=(("bogus", 1),))]
+    cells = [SimSettings(capacity_blocks=20), SimSettings(capacity_blocks=5,
+                                                          knobs=EngineKnobs(policy_params=(("bogus", 1),)))]
     runner = DaskRunner.connect(cluster.scheduler_address, 10)
     try:
         with pytest.raises(CellError) as err:

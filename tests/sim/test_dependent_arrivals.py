@@ -20,7 +20,7 @@ MODEL, GPU = "qwen3-coder-30b-a3b", "h200"
 
 
 def _run(reqs, **kw) -> dict:
-    s = SimSettings(capacity_blocks=64, model=MODEL, gpu=GPU, **kw)
+    s = SimSettings.of(capacity_blocks=64, model=MODEL, gpu=GPU, **kw)
     return simulate(Trace(reqs, 16, "hand"), s, records=True)
 
 

@@ -13,6 +13,7 @@ from kvemu.cli import main
 from loadgen.formats import write_kvemu
 from loadgen.trace import Trace, TraceRequest
 from loadgen.workloads import generate
+from replica.core.build import EngineKnobs
 from shared.errors import InputError
 from sim.estimate import (
     Deterministic,
@@ -326,8 +327,8 @@ def steady_sim_hit_ratio(trace: Trace, capacity: int, warmup_s: float, end_s: fl
     only on access order, so that run is an exact prefix of the full one).
     """
     def hits(reqs):
-        run = simulate(Trace(reqs, trace.block_size), SimSettings(capacity_blocks=capacity, policy="session_lru",
-                                                                   reuse="off", response_kv="drop"))
+        run = simulate(Trace(reqs, trace.block_size), SimSettings(capacity_blocks=capacity, reuse="off",
+                                                                  knobs=EngineKnobs(policy="session_lru", response_kv="drop")))
         return run["block_hit_ratio"] * run["block_accesses"], run["block_accesses"]
 
     kept = [r for r in trace.requests if r.t < end_s]

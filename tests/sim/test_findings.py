@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 
 from loadgen.workloads import generate
+from replica.core.build import EngineKnobs
 from sim.run import simulate
 from sim.simulator import SimSettings
 
@@ -39,8 +40,8 @@ def _trace(preset: str, duration_s: float, seed: int, overrides: tuple[tuple[str
 @functools.cache
 def _run(workload: tuple, capacity: int, policy: str) -> dict:
     """One serial simulation; cached so tests sharing a trace share runs (random_compute is slow)."""
-    run = simulate(_trace(*workload), SimSettings(capacity_blocks=capacity, policy=policy, replicas=1, hit_mode="holes",
-                                                  max_running=1, reuse="off", response_kv="drop"))
+    run = simulate(_trace(*workload), SimSettings(capacity_blocks=capacity, replicas=1, reuse="off",
+                                                  knobs=EngineKnobs(policy=policy, hit_mode="holes", max_running=1, response_kv="drop")))
     assert run["served"] == run["requests"]
     return run
 

@@ -33,7 +33,7 @@ def cyclic_garbage_after(trace: Trace, settings: SimSettings) -> int:
 def test_a_run_makes_no_cycles_per_request(kw):
     full = read_trace("mooncake-conversation")
     short, long = (Trace(full.requests[:n], block_size=full.block_size) for n in (1_000, 3_000))
-    settings = SimSettings(capacity_blocks=500, **kw)
+    settings = SimSettings.of(capacity_blocks=500, **kw)
     # once first: a first run in a worker fills caches and lazy imports, which may drop what earlier
     # tests left there (85 cyclic objects once, after other tests in the same xdist worker)
     cyclic_garbage_after(short, settings)

@@ -23,7 +23,7 @@ def _req(t: float, session: str, blocks: int, out: int = 3, first: int = 0, turn
 
 
 def _run(reqs, pd: PdCluster, replicas: int = 0, **kw) -> dict:
-    s = SimSettings(capacity_blocks=kw.pop("capacity_blocks", 4000), replicas=replicas, pd=pd, model=MODEL, gpu=GPU,
+    s = SimSettings.of(capacity_blocks=kw.pop("capacity_blocks", 4000), replicas=replicas, pd=pd, model=MODEL, gpu=GPU,
                     **kw)
     return simulate(Trace(reqs, BS, "hand"), s)
 

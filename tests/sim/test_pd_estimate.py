@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from loadgen.trace import Trace
 from loadgen.workloads import generate
+from replica.core.build import EngineKnobs
 from replica.core.disagg import PdCluster, PdSettings, PoolShape
 from sim.estimate import ScmModel, estimate
 from sim.run import simulate
@@ -38,7 +39,8 @@ def test_one_prefill_instance_matches_the_mean_field_estimate():
     trace = generate("scm", duration, 11, params)
     # the decode instance large enough to take every request: no failover, so every prompt reaches the prefiller
     pd = PdCluster(1, 1, PdSettings(decider="always"), decode_pool=PoolShape(capacity_blocks=40_000))
-    settings = SimSettings(capacity_blocks=capacity, policy="session_lru", reuse="off", replicas=0, pd=pd)
+    settings = SimSettings(capacity_blocks=capacity, reuse="off", replicas=0, pd=pd,
+                           knobs=EngineKnobs(policy="session_lru"))
     h1, a1, run = prefill_counts(trace, settings, duration)
     h0, a0, _ = prefill_counts(trace, settings, warmup)
     assert run["pd"]["requests"]["failover"] == 0 and run["pd"]["requests"]["local"] == 0

@@ -11,6 +11,7 @@ from kvemu.cli import main
 from loadgen.formats import read_trace
 from loadgen.source import trace_name
 from loadgen.trace import infinite_cache_hit_ratio
+from replica.core.build import EngineKnobs
 from shared.plotting import PALETTE, REPLICA_BAR, REPLICA_LINE, pyplot
 from sim.plots import capacity_figure
 from sim.run import simulate
@@ -27,7 +28,8 @@ CAPS = (600, 1200, 2400)
                                                     (2, "session", "2 replicas, session routing")])
 def test_sim_figure(trace_file, tmp_path, replicas, routing, where):
     trace = read_trace(trace_file)
-    runs = [simulate(trace, SimSettings(capacity_blocks=c, policy=p, replicas=replicas, routing=routing))
+    runs = [simulate(trace, SimSettings(capacity_blocks=c, replicas=replicas, routing=routing,
+                                        knobs=EngineKnobs(policy=p)))
             for p in ("lru", "s3fifo") for c in CAPS]
     ceiling = infinite_cache_hit_ratio(trace.requests)
     fig = capacity_figure(runs, trace_name(trace.source), ceiling)

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from loadgen.trace import Trace, TraceRequest
+from replica.core.build import EngineKnobs
 from replica.core.tiers.stack import TierSettings
 from shared.errors import InputError
 from sim.run import simulate
@@ -21,8 +22,8 @@ def repeated_prompt(times: int = 3, gap: float = 100.0) -> Trace:
 
 def test_hit_ratio_is_zero_and_a_repeated_prompts_ttft_is_the_firsts():
     trace = repeated_prompt()
-    on = simulate(trace, SimSettings(capacity_blocks=200, max_running=1))
-    sim = Simulation(trace, SimSettings(capacity_blocks=200, max_running=1, prefix_caching="off"))
+    on = simulate(trace, SimSettings(capacity_blocks=200, knobs=EngineKnobs(max_running=1)))
+    sim = Simulation(trace, SimSettings(capacity_blocks=200, knobs=EngineKnobs(max_running=1, prefix_caching="off")))
     off = sim.run()
     assert on["prefix_caching"] == "on" and on["block_hit_ratio"] > 0.6  # turns 2 and 3 hit all 40
     assert (off["prefix_caching"], off["engine"]) == ("off", "python")
@@ -37,14 +38,14 @@ def test_hit_ratio_is_zero_and_a_repeated_prompts_ttft_is_the_firsts():
 def test_the_cache_only_replay_and_response_kv_keep_hit_nothing_either():
     trace = repeated_prompt()
     for kw in ({"cache_only": True}, {"response_kv": "keep"}):
-        run = simulate(trace, SimSettings(capacity_blocks=200, prefix_caching="off", **kw))
+        run = simulate(trace, SimSettings.of(capacity_blocks=200, prefix_caching="off", **kw))
         assert run["block_hit_ratio"] == 0.0 and run["per_replica"][0]["inserted_blocks"] == 0, kw
 
 
 def test_cache_aware_routing_sees_no_overlap():
     trace = repeated_prompt(6, gap=50.0)
     sim = Simulation(trace, SimSettings(capacity_blocks=200, replicas=2, routing="cache_aware",
-                                        prefix_caching="off"))
+                                        knobs=EngineKnobs(prefix_caching="off")))
     run = sim.run()
     assert run["block_hit_ratio"] == 0.0
     assert sim.index is not None and sim.index.lookup(list(range(40))) == {}
@@ -52,13 +53,13 @@ def test_cache_aware_routing_sees_no_overlap():
 
 def test_off_with_a_tier_is_refused():
     with pytest.raises(InputError, match="would hold nothing"):
-        SimSettings(capacity_blocks=200, prefix_caching="off", tiers=TierSettings(host_blocks=100))
+        SimSettings(capacity_blocks=200, knobs=EngineKnobs(prefix_caching="off", tiers=TierSettings(host_blocks=100)))
 
 
 def test_the_default_keeps_old_sweep_ids():
     s = SimSettings(capacity_blocks=200)
     assert "prefix_caching" not in settings_dict(s)
-    off = SimSettings(capacity_blocks=200, prefix_caching="off")
+    off = SimSettings(capacity_blocks=200, knobs=EngineKnobs(prefix_caching="off"))
     assert settings_dict(off)["prefix_caching"] == "off"
     assert point_id({"t": 1}, s) != point_id({"t": 1}, off)
     json.dumps(settings_dict(off))

@@ -16,6 +16,7 @@ import pytest
 from kvemu.cli import main
 from loadgen.formats import write_kvemu
 from loadgen.trace import Trace, TraceRequest
+from replica.core.build import EngineKnobs
 from replica.core.tiers.shared import SharedSettings
 from replica.core.tiers.stack import TierSettings
 from shared.costmodel import CostModel
@@ -33,9 +34,9 @@ def two_turns() -> Trace:
 
 
 def run(tiers: TierSettings | None = None, trace: Trace | None = None, **kw) -> dict:
-    s = SimSettings(capacity_blocks=kw.pop("capacity_blocks", 100), replicas=kw.pop("replicas", 2),
-                    routing=kw.pop("routing", "round_robin"), model=MODEL, gpu=GPU, response_kv="drop",
-                    tiers=tiers or TierSettings(), **kw)
+    s = SimSettings.of(capacity_blocks=kw.pop("capacity_blocks", 100), replicas=kw.pop("replicas", 2),
+                       routing=kw.pop("routing", "round_robin"), model=MODEL, gpu=GPU, response_kv="drop",
+                       tiers=tiers or TierSettings(), **kw)
     return simulate(trace or two_turns(), s)
 
 
@@ -134,7 +135,7 @@ def test_a_chunked_write_through_run_under_hbm_pressure_completes():
     from kvemu.api import generate_trace
     trace = generate_trace("chat", duration_s=60, seed=1)
     s = SimSettings(capacity_blocks=300, replicas=2, model=MODEL, gpu=GPU,
-                    tiers=TierSettings(shared=SharedSettings(256, chunk_blocks=2, write="through")))
+                    knobs=EngineKnobs(tiers=TierSettings(shared=SharedSettings(256, chunk_blocks=2, write="through"))))
     out = simulate(trace, s)
     assert out["tiers"]["shared"][0]["used_blocks"] <= 256
 

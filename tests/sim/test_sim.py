@@ -4,6 +4,7 @@ import pytest
 
 from loadgen.formats import read_trace
 from loadgen.trace import Trace, TraceRequest
+from replica.core.build import EngineKnobs
 from replica.core.compiled import pool as compiled_pool
 from replica.core.tiers.stack import TierSettings
 from shared.errors import InputError, UnknownNameError
@@ -17,7 +18,7 @@ def mooncake(request):
 
 
 def serial(capacity, policy="lru", **kw):
-    return SimSettings(capacity_blocks=capacity, policy=policy, max_running=1, **kw)
+    return SimSettings.of(capacity_blocks=capacity, policy=policy, max_running=1, **kw)
 
 
 def test_lru_fidelity_on_mooncake(mooncake):
@@ -48,8 +49,10 @@ def tiny_trace():
 
 
 def test_same_inputs_same_json():
-    a = simulate(tiny_trace(), SimSettings(capacity_blocks=40, replicas=2, routing="random", seed=4))
-    b = simulate(tiny_trace(), SimSettings(capacity_blocks=40, replicas=2, routing="random", seed=4))
+    a = simulate(tiny_trace(), SimSettings(capacity_blocks=40, replicas=2, routing="random",
+                                           knobs=EngineKnobs(seed=4)))
+    b = simulate(tiny_trace(), SimSettings(capacity_blocks=40, replicas=2, routing="random",
+                                           knobs=EngineKnobs(seed=4)))
     a.pop("wall_s"), b.pop("wall_s")
     assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
@@ -68,10 +71,12 @@ def test_run_reports_contract_fields_and_per_replica_sums():
 
 def test_session_routing_keeps_history_local_and_beats_round_robin():
     # response KV dropped: the hand count below is of prompt blocks only
-    rr = simulate(tiny_trace(), SimSettings(capacity_blocks=60, replicas=3, routing="round_robin", response_kv="drop"))
-    sess = simulate(tiny_trace(), SimSettings(capacity_blocks=60, replicas=3, routing="session", response_kv="drop"))
+    rr = simulate(tiny_trace(), SimSettings(capacity_blocks=60, replicas=3, routing="round_robin",
+                                            knobs=EngineKnobs(response_kv="drop")))
+    sess = simulate(tiny_trace(), SimSettings(capacity_blocks=60, replicas=3, routing="session",
+                                              knobs=EngineKnobs(response_kv="drop")))
     aware = simulate(tiny_trace(), SimSettings(capacity_blocks=60, replicas=3, routing="cache_aware",
-                                               response_kv="drop"))
+                                               knobs=EngineKnobs(response_kv="drop")))
     # 4 sessions x 6 turns; turn j reuses the 3 + 2(j-1) blocks of turn j-1 when it lands on the same replica
     reusable = sum(3 + 2 * (j - 1) for j in range(1, 6)) * 4
     assert sess["block_hit_ratio"] == pytest.approx(reusable / rr["block_accesses"])
@@ -93,8 +98,9 @@ def test_next_uses_are_positions_in_access_order():
 def test_cache_only_gives_exactly_the_one_at_a_time_hit_ratios(policy):
     # cache simulators count prompt blocks only: so does a one-at-a-time run without decode KV
     trace = read_trace("mooncake-synthetic")
-    cache_only = simulate(trace, SimSettings(capacity_blocks=2000, policy=policy, cache_only=True))
-    serial = simulate(trace, SimSettings(capacity_blocks=2000, policy=policy, max_running=1, decode_kv=False))
+    cache_only = simulate(trace, SimSettings(capacity_blocks=2000, cache_only=True, knobs=EngineKnobs(policy=policy)))
+    serial = simulate(trace, SimSettings(capacity_blocks=2000,
+                                         knobs=EngineKnobs(policy=policy, max_running=1, decode_kv=False)))
     assert cache_only["mode"] == "cache_only" and serial["mode"] == "batching"
     for key in ("block_hit_ratio", "token_hit_ratio", "csr", "evictions", "block_accesses", "requests"):
         assert cache_only[key] == serial[key], key
@@ -114,7 +120,7 @@ def test_cache_only_gives_exactly_the_one_at_a_time_hit_ratios(policy):
 def test_the_compiled_pool_reports_what_the_python_pool_reports(policy, name, capacity, kw, response_kv):
     trace = read_trace(name)
     # kept response KV: the compiled store has LRU and S3-FIFO; the oracles keep the Python pool then
-    runs = [simulate(trace, SimSettings(capacity_blocks=capacity, policy=policy, compiled=compiled,
+    runs = [simulate(trace, SimSettings.of(capacity_blocks=capacity, policy=policy, compiled=compiled,
                                         response_kv=response_kv, **kw))
             for compiled in (True, False)]
     stores = response_kv == "drop" or policy in ("lru", "s3fifo")
@@ -130,9 +136,9 @@ def test_the_compiled_replay_is_not_used_where_it_would_differ():
     for kw in ({"replicas": 2, "policy": "arc"}, {"response_kv": "keep", "policy": "belady"}, {"policy": "session_lru"}, {"policy": "arc"},
                {"tiers": TierSettings(host_blocks=500, hbm_caching=False)}):
         settings = {"response_kv": "drop", **kw}  # dropped, the compiled pool would run: kw alone keeps it off
-        assert simulate(trace, SimSettings(capacity_blocks=878, cache_only=True, **settings))["engine"] == "python", kw
+        assert simulate(trace, SimSettings.of(capacity_blocks=878, cache_only=True, **settings))["engine"] == "python", kw
     # each run says why, where the compiled pool was asked for (the default) and did not run
-    reasons = {name: simulate(trace, SimSettings(capacity_blocks=878, cache_only=True, **kw))["engine_reason"]
+    reasons = {name: simulate(trace, SimSettings.of(capacity_blocks=878, cache_only=True, **kw))["engine_reason"]
                for name, kw in (("tiers", {"tiers": TierSettings(host_blocks=500, hbm_caching=False)}),
                                 ("belady_keep", {"policy": "belady"}), ("arc", {"policy": "arc"}),
                                 ("python_core", {"compiled": False}), ("lru", {}))}
@@ -169,7 +175,7 @@ def test_tiers_under_a_compiled_hbm_pool_report_what_the_python_pool_reports(tie
     demoted and dropped blocks included."""
     trace = read_trace("mooncake-conversation")
     kw = {"cache_only": mode == "cache_only", "replicas": 4 if mode.endswith("replicas") else 1}
-    runs = [simulate(trace, SimSettings(capacity_blocks=600, tiers=TIER_CASES[tiers], compiled=c, **kw))
+    runs = [simulate(trace, SimSettings.of(capacity_blocks=600, tiers=TIER_CASES[tiers], compiled=c, **kw))
             for c in (True, False)]
     assert [r["engine"] for r in runs] == ["compiled", "python"]
     assert (runs[1]["fetched_blocks"] > 0) == (tiers != "host_fetch_never")  # something restored, or recomputed
@@ -188,8 +194,8 @@ def test_tier_levels_run_compiled_and_leave_the_levels_the_python_pools_leave(ti
     from replica.core.compiled.pool import CompiledPool
     from replica.core.compiled.snapshot import PoolSnapshot
     trace = read_trace("mooncake-conversation")
-    sims = [Simulation(trace, SimSettings(capacity_blocks=600, replicas=3, routing="cache_aware",
-                                          tiers=TIER_CASES[tiers], compiled=c)) for c in (True, False)]
+    sims = [Simulation(trace, SimSettings(capacity_blocks=600, replicas=3, routing="cache_aware", compiled=c,
+                                          knobs=EngineKnobs(tiers=TIER_CASES[tiers]))) for c in (True, False)]
     for sim in sims:
         sim.run()
     fast, python = ([lv for rep in sim.replicas for lv in rep.tiers.levels] for sim in sims)
@@ -203,10 +209,11 @@ def test_tier_levels_run_compiled_and_leave_the_levels_the_python_pools_leave(ti
 @pytest.mark.skipif(not compiled_pool.compiled(), reason="the compiled pool is not built (no C compiler)")
 def test_a_tier_level_the_kernel_lacks_runs_python_and_the_run_says_which_and_why():
     trace = read_trace("mooncake-conversation")
-    run = simulate(trace, SimSettings(capacity_blocks=600, tiers=TierSettings(host_blocks=800, host_policy="arc")))
+    run = simulate(trace, SimSettings(capacity_blocks=600,
+                                      knobs=EngineKnobs(tiers=TierSettings(host_blocks=800, host_policy="arc"))))
     assert (run["engine"], run["engine_reason"]) == ("mixed", "the host tier: policy arc is not compiled or not fresh")
     python = simulate(trace, SimSettings(capacity_blocks=600, compiled=False,
-                                         tiers=TierSettings(host_blocks=800, host_policy="arc")))
+                                         knobs=EngineKnobs(tiers=TierSettings(host_blocks=800, host_policy="arc"))))
     for r in (run, python):
         del r["engine"], r["engine_reason"], r["wall_s"]
     assert run == python
@@ -219,8 +226,8 @@ def test_the_reorder_scheduler_runs_compiled_and_reports_what_the_python_pool_re
     """Reorder asks its pool for pin counts (``pins_of``) when a head blocks, lends, takes back and
     re-admits: every field of the run equal, preemptions and promotions included."""
     trace = read_trace(name)
-    runs = [simulate(trace, SimSettings(capacity_blocks=capacity, policy=policy, scheduler="reorder", max_running=64,
-                                        compiled=c))
+    runs = [simulate(trace, SimSettings(capacity_blocks=capacity, compiled=c,
+                                        knobs=EngineKnobs(policy=policy, scheduler="reorder", max_running=64)))
             for c in (True, False)]
     assert runs[0]["engine"] == ("compiled" if policy != "belady" else "python") and runs[1]["engine"] == "python"
     st = runs[1]["per_replica"][0]["scheduler"]
@@ -239,8 +246,8 @@ def test_replicas_routed_by_the_index_run_compiled_and_report_what_the_python_po
     """The compiled pools ship no events; the simulator asks them for each prompt's prefix instead
     of a MemoryIndex fed every pool's events: the same overlaps, so every field of the run is equal."""
     trace = read_trace("mooncake-conversation")
-    runs = [simulate(trace, SimSettings(capacity_blocks=1500, replicas=4, routing=routing, policy=policy,
-                                        cache_only=cache_only, compiled=c))
+    runs = [simulate(trace, SimSettings(capacity_blocks=1500, replicas=4, routing=routing, cache_only=cache_only,
+                                        compiled=c, knobs=EngineKnobs(policy=policy)))
             for c in (True, False)]
     assert [r["engine"] for r in runs] == ["compiled", "python"]
     # batching spreads the load (queues count in the cost); cache-only has none, so one replica takes all
@@ -255,7 +262,7 @@ def test_replicas_routed_by_the_index_run_compiled_and_report_what_the_python_po
 def test_several_replicas_without_an_index_each_get_a_compiled_pool(response_kv):
     trace = read_trace("mooncake-synthetic")
     runs = [simulate(trace, SimSettings(capacity_blocks=500, replicas=3, routing="round_robin", compiled=c,
-                                        response_kv=response_kv))
+                                        knobs=EngineKnobs(response_kv=response_kv)))
             for c in (True, False)]
     assert [r["engine"] for r in runs] == ["compiled", "python"]
     for r in runs:
@@ -276,14 +283,14 @@ def test_bad_settings_name_the_field():
         SimSettings(capacity_blocks=0)
     assert err.value.field == "capacity_blocks"
     with pytest.raises(UnknownNameError) as err:
-        SimSettings(capacity_blocks=10, policy="mru")
+        SimSettings(capacity_blocks=10, knobs=EngineKnobs(policy="mru"))
     assert "lru" in str(err.value)
     with pytest.raises(UnknownNameError):
         SimSettings(capacity_blocks=10, routing="nearest")
 
 
 def test_sampled_reuse_tracking_is_the_default_and_its_mrc_is_within_001_of_exact(mooncake):
-    sampled = Simulation(mooncake, SimSettings(capacity_blocks=18_279, max_running=1))
+    sampled = Simulation(mooncake, SimSettings(capacity_blocks=18_279, knobs=EngineKnobs(max_running=1)))
     run = sampled.run()
     exact = Simulation(mooncake, SimSettings(capacity_blocks=18_279, cache_only=True, reuse="exact"))
     assert SimSettings(capacity_blocks=8, cache_only=True).reuse_mode == "off"
@@ -301,7 +308,8 @@ def test_tiers_split_every_block_access_between_hbm_host_ssd_and_recompute(cache
     tiers = TierSettings(host_blocks=12, ssd_blocks=30, fetch="always")
     base = SimSettings(capacity_blocks=20, replicas=1, cache_only=cache_only)
     plain = simulate(tiny_trace(), base)
-    run = simulate(tiny_trace(), SimSettings(capacity_blocks=20, replicas=1, cache_only=cache_only, tiers=tiers))
+    run = simulate(tiny_trace(), SimSettings(capacity_blocks=20, replicas=1, cache_only=cache_only,
+                                             knobs=EngineKnobs(tiers=tiers)))
     assert run["hbm_block_hit_ratio"] == plain["block_hit_ratio"] == run["block_hit_ratio"]  # HBM unchanged
     assert plain["host_block_hit_ratio"] == plain["ssd_block_hit_ratio"] == 0
     assert run["host_block_hit_ratio"] > 0 and run["ssd_block_hit_ratio"] > 0  # history came back from below
@@ -317,8 +325,8 @@ def test_two_replicas_with_host_tiers_and_cache_aware_routing_recover_more_histo
     from replica.core.tiers.stack import TierSettings
 
     settings = dict(capacity_blocks=20, replicas=2, routing="cache_aware", cache_only=True)
-    run = simulate(tiny_trace(), SimSettings(**settings, tiers=TierSettings(host_blocks=60, fetch="always")))
-    plain = simulate(tiny_trace(), SimSettings(**settings))
+    run = simulate(tiny_trace(), SimSettings.of(**settings, tiers=TierSettings(host_blocks=60, fetch="always")))
+    plain = simulate(tiny_trace(), SimSettings.of(**settings))
     assert run["host_block_hit_ratio"] > 0
     total = run["hbm_block_hit_ratio"] + run["host_block_hit_ratio"]
     assert total > plain["block_hit_ratio"]
@@ -343,7 +351,8 @@ def test_response_hashes_are_the_next_turns_blocks_or_their_own():
 @pytest.mark.parametrize("cache_only", [False, True])
 @pytest.mark.parametrize("response_kv, hits", [("drop", 3), ("keep", 5)])
 def test_keep_caches_the_response_so_the_next_turn_hits_it(response_kv, hits, cache_only):
-    run = simulate(two_turns(), SimSettings(capacity_blocks=100, response_kv=response_kv, cache_only=cache_only))
+    run = simulate(two_turns(), SimSettings(capacity_blocks=100, cache_only=cache_only,
+                                            knobs=EngineKnobs(response_kv=response_kv)))
     assert run["response_kv"] == response_kv
     assert run["per_replica"][0]["block_hits"] == hits  # turn 1 reuses its 3 prompt blocks (+ 2 of response)
 
@@ -361,7 +370,7 @@ def test_throughput_and_time_averaged_hbm_use_of_one_request():
     cost = CostModel.from_names("qwen3-coder-30b-a3b", "h200")
     prefill, decode = cost.prefill_time(160, 0), 3 * cost.decode_step_time(1, 162)  # one run of 3 steps
     assert run["hbm_utilization"] == pytest.approx((10 * prefill + 11 * decode) / (40 * (prefill + decode)))
-    assert simulate(trace, SimSettings(capacity_blocks=40, decode_kv=False))["hbm_utilization"] == pytest.approx(0.25)
+    assert simulate(trace, SimSettings(capacity_blocks=40, knobs=EngineKnobs(decode_kv=False)))["hbm_utilization"] == pytest.approx(0.25)
     assert run["throughput_rps"] == pytest.approx(1 / span, rel=0.01)  # e2e p50 is a histogram quantile
 
 
@@ -377,8 +386,8 @@ def test_reorder_runs_report_their_scheduler_and_preemptions():
     # 3-block request behind it borrows idle blocks (the second would eat into the 3 kept in reserve
     # for the running requests' next blocks) and is preempted when the first request ends.
     trace = hol_trace()
-    fcfs = simulate(trace, SimSettings(capacity_blocks=12, decode_kv=False))
-    reorder = simulate(trace, SimSettings(capacity_blocks=12, scheduler="reorder", decode_kv=False))
+    fcfs = simulate(trace, SimSettings(capacity_blocks=12, knobs=EngineKnobs(decode_kv=False)))
+    reorder = simulate(trace, SimSettings(capacity_blocks=12, knobs=EngineKnobs(scheduler="reorder", decode_kv=False)))
     assert (fcfs["scheduler"], fcfs["preemptions"]) == ("fcfs", 0)
     assert (reorder["scheduler"], reorder["preemptions"]) == ("reorder", 1)
     assert reorder["served"] == fcfs["served"] == 4
@@ -388,14 +397,14 @@ def test_reorder_runs_report_their_scheduler_and_preemptions():
     fcfs = simulate(trace, SimSettings(capacity_blocks=12))
     assert (fcfs["preemptions"], fcfs["served"]) == (1, 4)
     with pytest.raises(InputError) as err:
-        SimSettings(capacity_blocks=12, scheduler="sjf")
+        SimSettings(capacity_blocks=12, knobs=EngineKnobs(scheduler="sjf"))
     assert err.value.field == "scheduler"
 
 
 def test_a_preempted_requests_readmission_is_not_counted_again():
     # reorder with decode KV: s0 (lent a's idle blocks) is preempted for h, and a small request again as
     # decode KV fills the 12 blocks; each of them is still one request of 3 block accesses
-    run = simulate(hol_trace(), SimSettings(capacity_blocks=12, scheduler="reorder"))
+    run = simulate(hol_trace(), SimSettings(capacity_blocks=12, knobs=EngineKnobs(scheduler="reorder")))
     assert run["preemptions"] == 2 and run["requests"] == run["served"] == 4
     assert run["block_accesses"] == 6 + 10 + 3 + 3
 

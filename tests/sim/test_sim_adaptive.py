@@ -9,6 +9,7 @@ import pytest
 
 from kvemu.cli import main
 from loadgen.trace import Trace, TraceRequest
+from replica.core.build import EngineKnobs
 from sim.run import simulate
 from sim.simulator import SimSettings
 
@@ -43,8 +44,8 @@ def hot_scan(rng, t0, n, base):
 
 
 def run(reqs, policy, **params):
-    out = simulate(Trace(reqs, block_size=16), SimSettings(capacity_blocks=CAP, policy=policy, cache_only=True,
-                                                           policy_params=tuple(params.items()), reuse="off"))
+    out = simulate(Trace(reqs, block_size=16), SimSettings(capacity_blocks=CAP, cache_only=True, reuse="off",
+                                                           knobs=EngineKnobs(policy=policy, policy_params=tuple(params.items()))))
     return out["block_hit_ratio"], out["per_replica"][0]["policy"]
 
 

@@ -19,6 +19,8 @@ from kvemu.cli import main
 from loadgen.formats import read_trace, write_kvemu
 from loadgen.trace import Trace, TraceRequest
 from loadgen.workloads import generate
+from replica.core.build import EngineKnobs
+from replica.core.tiers.stack import TierSettings
 from router.strategies import RoutingSettings
 from sim.run import simulate
 from sim.simulator import SimSettings
@@ -65,8 +67,9 @@ def test_a_point_equals_simulate_called_directly(swept, trace_file):
     rec = next(r for r in lines(swept) if (r["policy"], r["capacity_blocks"], r["routing"], r["replicas"])
                == ("s3fifo", 600, "session", 2))
     trace = read_trace(trace_file)
-    direct = simulate(trace, SimSettings(capacity_blocks=600, policy="s3fifo", replicas=2, routing="session",
-                                         reuse="off", routing_settings=RoutingSettings(block_size=16)))
+    direct = simulate(trace, SimSettings(capacity_blocks=600, replicas=2, routing="session", reuse="off",
+                                         routing_settings=RoutingSettings(block_size=16),
+                                         knobs=EngineKnobs(policy="s3fifo")))
     stored = {k: v for k, v in rec.items() if k not in ("id", "kind", "trace", "settings")}
     stored.pop("wall_s"), direct.pop("wall_s")
     assert json.dumps(stored, sort_keys=True) == json.dumps(direct, sort_keys=True)
@@ -222,12 +225,15 @@ def test_cache_only_table_shows_no_ttft_as_a_dash(trace_file, tmp_path, capsys):
 def test_point_ids_of_default_settings_predate_the_scheduler_setting(trace_file):
     ident = file_identity(str(trace_file), "kvemu", 16)
     fcfs = SimSettings(capacity_blocks=600)
-    before = {k: v for k, v in dataclasses.asdict(fcfs).items() if k not in ("scheduler", "max_model_len", "prefix_caching", "pd")}
+    flat = dataclasses.asdict(fcfs)
+    flat.update(flat.pop("knobs"))  # the knobs were SimSettings' own fields then
+    later = ("scheduler", "max_model_len", "prefix_caching", "pd", "data_parallel_size", "expert_parallel", "arrivals")
+    before = {k: v for k, v in flat.items() if k not in later}
     del before["tiers"]["deeper"]  # nor memory levels below SSD
     del before["tiers"]["shared"]  # nor a shared KV store
     blob = json.dumps({"trace": ident, "settings": before}, sort_keys=True, default=str, separators=(",", ":"))
     assert point_id(ident, fcfs) == hashlib.sha256(blob.encode()).hexdigest()[:16]  # as before `scheduler`
-    assert point_id(ident, SimSettings(capacity_blocks=600, scheduler="reorder")) != point_id(ident, fcfs)
+    assert point_id(ident, SimSettings(capacity_blocks=600, knobs=EngineKnobs(scheduler="reorder"))) != point_id(ident, fcfs)
 
 
 def test_a_point_id_says_whether_response_kv_was_kept(trace_file):
@@ -235,7 +241,20 @@ def test_a_point_id_says_whether_response_kv_was_kept(trace_file):
     # --response-kv drop, and a sweep at today's default (keep) recomputes them instead of resuming
     ident = file_identity(str(trace_file), "kvemu", 16)
     keep = SimSettings(capacity_blocks=600)
-    drop = dataclasses.replace(keep, response_kv="drop")
-    assert keep.response_kv == "keep"
+    drop = dataclasses.replace(keep, knobs=dataclasses.replace(keep.knobs, response_kv="drop"))
+    assert keep.knobs.response_kv == "keep"
     assert point_id(ident, keep) != point_id(ident, drop)
-    assert point_id(ident, drop) == point_id(ident, SimSettings(capacity_blocks=600, response_kv="drop"))
+    assert point_id(ident, drop) == point_id(ident, SimSettings(capacity_blocks=600,
+                                                                knobs=EngineKnobs(response_kv="drop")))
+
+
+def test_point_ids_hold_across_the_knobs_record():
+    """The ids of points written before the knobs were one record (EngineKnobs): measured at 3292a57, when
+    SimSettings held each knob as a field of its own."""
+    ident = {"digest": "x", "format": "kvemu", "block_size": 16}
+    knobs = EngineKnobs(policy="s3fifo", policy_params=(("a", 1),), hit_mode="holes", token_budget=4096, max_running=8,
+                        scheduler="reorder", watermark=0.01, step_rule="v0", max_loans=3, decode_kv=False,
+                        response_kv="drop", tiers=TierSettings(host_blocks=100), shards_rate=0.5, seed=5)
+    assert point_id(ident, SimSettings(capacity_blocks=600, knobs=knobs, replicas=2, routing="session")) \
+        == "ffedc97f0eb6bfb9"
+    assert point_id(ident, SimSettings(capacity_blocks=600)) == "2b19397e3ca0ac5b"

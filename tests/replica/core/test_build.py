@@ -2,7 +2,7 @@
 
 import pytest
 
-from replica.core.build import CoreSettings, build_core
+from replica.core.build import CoreSettings, EngineKnobs, build_core
 from replica.core.cache.metrics import PoolMetrics
 from replica.core.cache.policies import make_policy
 from replica.core.cache.pool import BlockPool
@@ -14,7 +14,7 @@ COST = CostModel.from_names("qwen3-coder-30b-a3b", "h200")
 
 
 def test_policy_and_metrics_share_the_cost_models_depth_costs():
-    core = build_core(CoreSettings(capacity_blocks=64, policy="random_compute", block_size=16), COST)
+    core = build_core(CoreSettings(capacity_blocks=64, block_size=16, knobs=EngineKnobs(policy="random_compute")), COST)
     ctx = core.pool.policy_context
     for depth in (0, 5, 40):
         assert ctx.block_cost(depth) == COST.block_cost(depth, 16) == core.metrics.block_cost(depth)
@@ -31,8 +31,8 @@ def test_policy_cost_does_not_depend_on_how_metrics_were_configured():
 
 def test_oracles_only_where_the_future_is_known():
     with pytest.raises(InputError, match="offline oracle"):
-        build_core(CoreSettings(capacity_blocks=8, policy="belady"), COST)
-    core = build_core(CoreSettings(capacity_blocks=8, policy="belady", oracles=True, reuse="exact"), COST)
+        build_core(CoreSettings(capacity_blocks=8, knobs=EngineKnobs(policy="belady")), COST)
+    core = build_core(CoreSettings(capacity_blocks=8, oracles=True, reuse="exact", knobs=EngineKnobs(policy="belady")), COST)
     assert core.pool.policy.needs_future and core.metrics.reuse is not None
 
 

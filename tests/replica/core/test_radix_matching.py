@@ -3,7 +3,7 @@ page rounding, leaf-first eviction and reference counts."""
 
 import pytest
 
-from replica.core.build import CoreSettings, build_core, check_matching
+from replica.core.build import CoreSettings, EngineKnobs, build_core, check_matching
 from replica.core.sched.scheduler import SchedRequest
 from shared.costmodel import CostModel
 from shared.errors import InputError
@@ -12,9 +12,9 @@ from shared.hashing import block_hashes
 COST = CostModel.from_names("llama-3-8b", "h100")
 
 
-def core(capacity: int, page: int, **kw):
-    return build_core(CoreSettings(capacity_blocks=capacity, block_size=page, matching="radix", hit_mode="prefix",
-                                   **kw), COST)
+def core(capacity: int, page: int, **knobs):
+    return build_core(CoreSettings(capacity_blocks=capacity, block_size=page,
+                                   knobs=EngineKnobs(matching="radix", hit_mode="prefix", **knobs)), COST)
 
 
 def run(c, reqs):

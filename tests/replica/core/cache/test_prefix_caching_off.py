@@ -4,7 +4,7 @@ cached, matched, stored, evicted or sent as an event."""
 
 import pytest
 
-from replica.core.build import CoreSettings, build_core, check_prefix_caching
+from replica.core.build import CoreSettings, EngineKnobs, build_core, check_prefix_caching
 from replica.core.cache.policies import make_policy
 from replica.core.cache.pool import BlockPool, PoolBusyError, PoolCapacityError
 from replica.core.cache.types import Lookup
@@ -128,17 +128,17 @@ def test_the_compiled_pool_says_no_and_the_python_pool_runs():
     pool = off_pool(64, emit_events=False)
     if compiled_pool.compiled():
         assert compiled_pool.why_not(pool) == "prefix caching off needs the Python pool"
-    core = build_core(CoreSettings(capacity_blocks=64, prefix_caching="off", emit_events=False, response_kv="drop",
-                                   compiled=True), COST)
+    core = build_core(CoreSettings(capacity_blocks=64, emit_events=False, compiled=True,
+                                   knobs=EngineKnobs(prefix_caching="off", response_kv="drop")), COST)
     assert core.compiled is None and core.pool.prefix_caching is False
 
 
 def test_off_with_a_lower_tier_is_refused_in_one_line():
     tiers = TierSettings(host_blocks=100)
     with pytest.raises(InputError, match="would hold nothing") as err:
-        CoreSettings(capacity_blocks=64, prefix_caching="off", tiers=tiers)
+        CoreSettings(capacity_blocks=64, knobs=EngineKnobs(prefix_caching="off", tiers=tiers))
     assert err.value.field == "prefix_caching" and "\n" not in str(err.value)
     check_prefix_caching("on", tiers)
     check_prefix_caching("off", TierSettings())
     with pytest.raises(InputError, match="on, off"):
-        CoreSettings(capacity_blocks=64, prefix_caching="yes")
+        CoreSettings(capacity_blocks=64, knobs=EngineKnobs(prefix_caching="yes"))

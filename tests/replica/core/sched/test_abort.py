@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from replica.core.build import CoreSettings, build_core
+from replica.core.build import CoreSettings, EngineKnobs, build_core
 from replica.core.cache.policies import make_policy
 from replica.core.cache.pool import BlockPool
 from replica.core.sched.sched_types import prefill_len
@@ -247,8 +247,9 @@ def test_random_aborts_leave_consistent_bookkeeping(seed, admission):
 def test_random_aborts_with_memory_tiers(mode, hbm_caching):
     """The same with host and SSD tiers below HBM and response KV kept: the tiers' bookkeeping
     (plans, copies down, releases) survives aborts."""
-    c = build_core(CoreSettings(capacity_blocks=40, token_budget=64, max_running=6, response_kv="keep",
-                                tiers=TierSettings(host_blocks=30, ssd_blocks=30, mode=mode, hbm_caching=hbm_caching,
-                                                   fetch="always")), COST)
+    c = build_core(CoreSettings(capacity_blocks=40,
+                                knobs=EngineKnobs(token_budget=64, max_running=6, response_kv="keep",
+                                                  tiers=TierSettings(host_blocks=30, ssd_blocks=30, mode=mode,
+                                                                     hbm_caching=hbm_caching, fetch="always"))), COST)
     states = random_run(c.pool, c.scheduler, random.Random(7), responses=True)
     assert {"waiting", "prefilling", "decoding"} <= states, states

@@ -2,7 +2,7 @@
 findable at once (vLLM caches each full block in the step that schedules its last token), with its KV
 event then; the pool's ``fill`` rule; the simulator and the live replica build the same rule."""
 
-from replica.core.build import CoreSettings, build_core
+from replica.core.build import CoreSettings, EngineKnobs, build_core
 from replica.core.cache.policies import make_policy
 from replica.core.cache.pool import BlockPool, KvEvent, fill_picks
 from replica.core.cache.types import Lookup
@@ -107,11 +107,11 @@ def test_the_simulator_and_the_live_replica_build_the_same_rule():
     """Both build their core with ``build_core``: blocks are hashed as they fill wherever response KV is
     kept and decode KV takes blocks, and only there."""
     cost = CostModel.from_names()
-    sim_keep = build_core(core_settings(SimSettings(capacity_blocks=100, response_kv="keep"), BS, cost, False, 9), cost)
-    sim_drop = build_core(core_settings(SimSettings(capacity_blocks=100, response_kv="drop"), BS, cost, False, 9), cost)
+    sim_keep = build_core(core_settings(SimSettings(capacity_blocks=100, knobs=EngineKnobs(response_kv="keep")), BS, cost, False, 9), cost)
+    sim_drop = build_core(core_settings(SimSettings(capacity_blocks=100, knobs=EngineKnobs(response_kv="drop")), BS, cost, False, 9), cost)
     live_keep = build_core(ReplicaSettings(capacity_blocks=100).core_settings(), cost)
-    live_drop = build_core(ReplicaSettings(capacity_blocks=100, response_kv="drop").core_settings(), cost)
-    no_decode_kv = build_core(CoreSettings(capacity_blocks=100, decode_kv=False), cost)
+    live_drop = build_core(ReplicaSettings(capacity_blocks=100, knobs=EngineKnobs(response_kv="drop")).core_settings(), cost)
+    no_decode_kv = build_core(CoreSettings(capacity_blocks=100, knobs=EngineKnobs(decode_kv=False)), cost)
     assert [c.scheduler.decode_kv.fills for c in (sim_keep, live_keep, sim_drop, live_drop, no_decode_kv)] == \
            [True, True, False, False, False]
     # the simulator's pool is the compiled twin where it is built: it fills by the same rule

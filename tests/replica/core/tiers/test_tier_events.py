@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from replica.core.build import CoreSettings, build_core
+from replica.core.build import CoreSettings, EngineKnobs, build_core
 from replica.core.cache.pool import KvEvent
 from replica.core.cache.types import Lookup
 from replica.core.tiers.stack import TierSettings
@@ -18,8 +18,9 @@ COST = CostModel.from_names("llama-3-8b", "h200")
 
 
 def core(mode="exclusive", hbm=2, host=2, ssd=2, tier_events=True):
-    return build_core(CoreSettings(capacity_blocks=hbm, tier_events=tier_events, tiers=TierSettings(
-        host_blocks=host, ssd_blocks=ssd, mode=mode, fetch="always")), COST)
+    return build_core(CoreSettings(capacity_blocks=hbm, tier_events=tier_events,
+                                   knobs=EngineKnobs(tiers=TierSettings(
+        host_blocks=host, ssd_blocks=ssd, mode=mode, fetch="always"))), COST)
 
 
 def serve(c, hashes, now=0.0):

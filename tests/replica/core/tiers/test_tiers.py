@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from kvemu.options.tiers import add_tier_args, tier_settings
-from replica.core.build import CoreSettings, build_core
+from replica.core.build import CoreSettings, EngineKnobs, build_core
 from replica.core.cache.policies import make_policy
 from replica.core.cache.pool import BlockPool
 from replica.core.cache.types import Lookup
@@ -87,7 +87,8 @@ def test_fetch_never_recomputes_what_a_tier_holds():
 
 
 def core_with_tiers(link_gbps=55.0, **tier):
-    s = CoreSettings(capacity_blocks=4, reuse="off", tiers=TierSettings(host_link_gbps=link_gbps, **tier))
+    s = CoreSettings(capacity_blocks=4, reuse="off",
+                     knobs=EngineKnobs(tiers=TierSettings(host_link_gbps=link_gbps, **tier)))
     return build_core(s, COST)
 
 
@@ -205,8 +206,9 @@ def test_a_pcie_all_reduce_shares_the_device_link_with_a_restore():
 
 
 def test_without_hbm_caching_a_finished_request_moves_down_and_the_next_turn_restores_it():
-    core = build_core(CoreSettings(capacity_blocks=16, reuse="off", tiers=TierSettings(
-        host_blocks=16, fetch="always", hbm_caching=False)), COST)
+    core = build_core(CoreSettings(capacity_blocks=16, reuse="off",
+                                   knobs=EngineKnobs(tiers=TierSettings(
+        host_blocks=16, fetch="always", hbm_caching=False))), COST)
     run_request(core, 1, [1, 2, 3], 0.0)
     assert core.pool.used == 0 and sorted(core.tiers.pool("host").resident) == [1, 2, 3]
     run_request(core, 2, [1, 2, 3, 4], 1.0)  # all three from host, one computed
