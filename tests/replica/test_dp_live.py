@@ -13,7 +13,7 @@ import zmq
 from replica.core.cache.pool import KvEvent
 from replica.events import EventFeed
 from replica.shipper import index_position
-from router.strategies import fold_ranks
+from router.strategies import chosen_rank, fold_ranks
 from shared.index import EventBatch, MemoryIndex
 from shared.index.base import dp_rank_key, split_dp_rank
 from tests.conftest import free_port
@@ -49,6 +49,9 @@ def test_the_index_keys_blocks_by_rank_and_a_router_folds_them_into_the_replica_
     # a level's run follows its rank's HBM prefix; equal prefixes go to the lowest rank
     assert fold_ranks({"a/dp0": 2, "a/dp1": 2, "a/dp0#1": 4, "a/dp1#1": 9}) == ({"a": 2, "a#1": 4}, {"a": 0})
     assert split_dp_rank("replica-0/dp12") == ("replica-0", 12) and split_dp_rank("x/dpy") == ("x/dpy", None)
+    # the rank named (live and in the simulator): the best rank where the decision counted on a prefix, else none
+    ranks = fold_ranks(overlap)[1]
+    assert [chosen_rank(ranks, "a", 3), chosen_rank(ranks, "a", 0), chosen_rank(ranks, "b", 2)] == [1, None, None]
 
 
 def _generate(url: str, tokens: list[int], rank: str | None = None) -> tuple[int, dict]:
