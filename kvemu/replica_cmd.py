@@ -77,7 +77,7 @@ def settings_from_args(args):
     from kvemu.options.shared_pool import replica_shared_settings
     from kvemu.options.tiers import tier_settings
     from replica.backends import check_backend_flags
-    from replica.settings import ReplicaSettings
+    from replica.settings import ReplicaSettings, check_live_policy
     from shared.costmodel import CostModel
 
     args.model = model_setting(args)
@@ -89,6 +89,7 @@ def settings_from_args(args):
     tiers = dataclasses.replace(tier_settings(args, cost, matching.block_size),
                                 shared=replica_shared_settings(args, cost, matching.block_size))
     prefix_caching_setting(args, tiers, args.backend)  # off on another backend: refused, naming the flag
+    check_live_policy(args.policy)
     knobs = engine_knobs(args, matching, tiers)
     capacity_note(args, matching.block_size, matching.mode)  # a pool of no block or page: refused, naming the flag
     return ReplicaSettings(

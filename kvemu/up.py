@@ -467,7 +467,7 @@ def validate(a) -> None:
         raise InputError("--routers", f"must be 1-64, got {a.routers}")
     from kvemu.options.router_flags import routing_settings
     from kvemu.options.serving import serving_settings
-    from replica.settings import ReplicaSettings
+    from replica.settings import ReplicaSettings, check_live_policy
     from router.settings import RouterSettings
     from router.strategies import get_strategy
 
@@ -475,6 +475,7 @@ def validate(a) -> None:
     check_scheduler_flags(a)
     dp = _check_parallel(a)
     matching = matching_setting(a)
+    check_live_policy(a.policy)
     knobs = engine_knobs(a, matching)  # the tiers below: checked with the prefix caching flag, as each replica does
     with naming_flags():  # a field's name is its flag's, less the "_s" of seconds
         serving = serving_settings(argparse.Namespace(**{**vars(a), "host": "127.0.0.1"}), find_token=False)

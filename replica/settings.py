@@ -28,6 +28,15 @@ def live_policy_names() -> list[str]:
     return [n for n in policy_names() if not policy_class(n).needs_future]
 
 
+def check_live_policy(policy: str) -> None:
+    """A policy a live replica runs: an oracle needs the future (`kvemu sim` only); the error lists the others. A
+    command checks it before the knobs (``EngineKnobs`` lists every policy, the oracles too)."""
+    if policy not in live_policy_names():
+        oracles = sorted(set(policy_names()) - set(live_policy_names()))
+        raise UnknownNameError("policy", policy, live_policy_names(),
+                               f" ({', '.join(oracles)} need the future and run in `kvemu sim` only)")
+
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,10 +89,7 @@ class ReplicaSettings:
     dp: DpSettings = DpSettings()
 
     def __post_init__(self) -> None:
-        if self.knobs.policy not in live_policy_names():  # an oracle needs the future: `kvemu sim` only
-            oracles = sorted(set(policy_names()) - set(live_policy_names()))
-            raise UnknownNameError("policy", self.knobs.policy, live_policy_names(),
-                                   f" ({', '.join(oracles)} need the future and run in `kvemu sim` only)")
+        check_live_policy(self.knobs.policy)
         if not self.replica_id or len(self.replica_id) > 128:
             raise InputError("replica_id", "must be 1-128 characters")
         if not (0 <= self.port <= 65535):
