@@ -22,7 +22,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from loadgen.presets.common import Progress, build_requests
+from loadgen.presets.build import build_requests
+from loadgen.presets.common import Progress
 from loadgen.presets.freeinference import FreeInferencePreset
 from loadgen.presets.interactive import AgentPreset, ChatPreset, MixPreset, SinglePreset
 from loadgen.presets.scm import ScmPreset

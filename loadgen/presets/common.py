@@ -1,5 +1,5 @@
-"""What every workload preset shares: parameter checks, length/popularity distributions,
-and the engine that turns sampled sessions into trace requests with chained block hashes.
+"""What every workload preset shares: parameter checks, length/popularity distributions, the sessions'
+block hashes (``loadgen/presets/build.py`` turns sampled sessions into trace requests with them).
 
 Token-stream model: a session is an append-only stream
 ``system prompt | prompt_0 | response_0 | prompt_1 | response_1 | ...``; turn j's input is the
@@ -24,9 +24,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from loadgen.trace import TraceRequest
 from shared.errors import InputError
-from shared.gc_tuning import gc_paused
 from shared.hashing import ROOT_HASH, chain_ids, content_id
 from shared.validate import check_int, check_number, check_positive, check_probability
 
@@ -267,54 +265,6 @@ def segmented_cumsum(values: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     ends = np.cumsum(lengths)
     base = np.concatenate(([0], cs[ends[:-1] - 1])) if len(lengths) else cs[:0]
     return cs - np.repeat(base, lengths)
-
-
-# ---------------------------------------------------------------- engine
-
-
-def build_requests(batch: SessionBatch, block_size: int, ns: str,
-                   progress: Progress | None = None) -> list[TraceRequest]:
-    """Requests of all sessions, sorted by arrival time (ties keep session order)."""
-    with gc_paused():  # halves generation time
-        return _build_requests(batch.sorted_by_start(), block_size, ns, progress)
-
-
-def _build_requests(batch: SessionBatch, block_size: int, ns: str, progress: Progress | None) -> list[TraceRequest]:
-    n_sessions = len(batch.turns)
-    t = (batch.start[batch.turn_session()] + segmented_cumsum(batch.gap, batch.turns)).tolist()
-    inputs = batch.input_tokens()
-    n_blocks = (inputs // block_size).tolist()
-    inputs, outputs = inputs.tolist(), batch.output.tolist()
-    offsets, turns = batch.offsets().tolist(), batch.turns.tolist()
-    sys_idx, kinds = batch.sys_idx.tolist(), batch.kind.tolist()
-    sys_chains: dict[int, list[int]] = {}
-    width = max(6, len(str(n_sessions)))
-    requests: list[TraceRequest] = []
-    for s in range(n_sessions):
-        name = f"{kinds[s]}-{s:0{width}d}"
-        first, n_turns = offsets[s], turns[s]
-        shared: list[int] = []
-        if sys_idx[s] >= 0:
-            i = sys_idx[s]
-            if i not in sys_chains:
-                n_full = int(batch.sys_tokens[i]) // block_size
-                sys_chains[i] = chain_ids(block_content_ids(ns, ("sys", batch.sys_labels[i]), 0, n_full))
-            shared = sys_chains[i]
-        chain = _session_chain(ns, name, n_blocks[first + n_turns - 1], shared)
-        turns_of = [TraceRequest(t[first + j], name, j, chain[: n_blocks[first + j]], inputs[first + j],
-                                 outputs[first + j], kinds[s]) for j in range(n_turns)]
-        fans = batch.fanouts.get(s) if batch.fanouts else None
-        if fans:
-            from loadgen.presets.fanout import expand_session  # (it builds on this module)
-
-            turns_of = expand_session(turns_of, fans, ns, block_size)
-        requests += turns_of
-        if progress is not None and s % 2000 == 0:
-            progress(s, n_sessions)
-    if progress is not None:
-        progress(n_sessions, n_sessions)
-    order = np.argsort(np.asarray([r.t for r in requests]) if batch.fanouts else np.asarray(t), kind="stable").tolist()
-    return [requests[i] for i in order]
 
 
 def block_content_ids(ns: str, owner: tuple[str, ...], start: int, stop: int) -> list[int]:

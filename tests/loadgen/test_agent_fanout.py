@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from loadgen.dependencies import check_dependencies
-from loadgen.presets.common import SessionBatch, build_requests
+from loadgen.presets.build import build_requests
+from loadgen.presets.common import SessionBatch
 from loadgen.presets.fanout import TOOLS, Child, FanOut, with_fanouts
 from loadgen.presets.interactive import AgentProfile
 from loadgen.workloads import generate, get_preset
