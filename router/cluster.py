@@ -59,6 +59,9 @@ class ReplicaHandle:
     # until they end, yet healthy, its index entries kept
     holds_exhausted: bool = False
     dp_size: int = 1  # data-parallel ranks (its /health's data_parallel_size): the index keeps one entry a rank
+    # the requests this router sent naming a rank (X-data-parallel-rank), per rank, until their answers ended:
+    # the load router.strategies.chosen_rank balances the ranks on
+    rank_in_flight: dict[int, int] = field(default_factory=dict)
 
     @property
     def replica_id(self) -> str:

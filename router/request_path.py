@@ -6,7 +6,8 @@ client reads).
 
 Every path keeps the same books: a pick counts the request in flight on its replica (``RoutingStep.route``) and
 its prefill as queued there, the answer's head (its first token) takes the prefill out (``prefilled``), the end
-of the exchange, whatever it was, takes the request out (``done``); the per-replica gauges
+of the exchange, whatever it was, takes the request out (``done``), and out of the data-parallel rank it named
+(``ReplicaHandle.rank_in_flight``, the load ``chosen_rank`` balances ranks on); the per-replica gauges
 (``kvemu_router_replica_in_flight`` / ``_queued_tokens``) follow each of those steps. A replica that answers
 busy (503 + Retry-After) is backed off and another tried, without using up the request's failure retries; one
 that fails is taken out and another tried, up to ``--retries``."""
@@ -151,8 +152,10 @@ def pick(state, ctx: RequestContext, pool: Pool, excluded: set[str]) -> Target:
             state.metrics.session_turn(step.last_moved)
     rep = ready[pos]
     state.metrics.sent(rep.replica_id)
-    # the rank holding the prefix the decision counted on; none held: the replica balances its ranks
-    ctx.dp_rank = chosen_rank(ctx.ranks, rep.replica_id, decision.predicted_cached_blocks)
+    # the rank holding the prefix the decision counted on, unless the ranks' loads are imbalanced; none held: the
+    # replica balances its ranks
+    loads = {r: rep.rank_in_flight.get(r, 0) for r in range(rep.dp_size)} if rep.replica_id in ctx.ranks else {}
+    ctx.dp_rank = chosen_rank(ctx.ranks, rep.replica_id, decision.predicted_cached_blocks, loads, step.settings)
     return Target(pool, rep, decision)
 
 
@@ -175,6 +178,9 @@ async def try_pool(state, ctx: RequestContext, pool: Pool, attempt: Callable[[Ta
             break
         rep = target.rep
         load_gauges(state, rep)
+        rank = ctx.dp_rank  # named: in flight on that rank until the attempt ends
+        if rank is not None:
+            rep.rank_in_flight[rank] = rep.rank_in_flight.get(rank, 0) + 1
         try:
             result = await attempt(target)
             rep.busy_strikes = 0
@@ -187,6 +193,8 @@ async def try_pool(state, ctx: RequestContext, pool: Pool, attempt: Callable[[Ta
                 failures += 1
         finally:
             pool.step.done(rep.state, ctx.view)
+            if rank is not None:
+                rep.rank_in_flight[rank] -= 1
             load_gauges(state, rep)
     raise NoAnswer(busy, failures)
 

@@ -9,8 +9,9 @@ the index's key of that rank: ``shared.index.base.dp_rank_key``), and calls the 
   an instance (one ``ReplicaState`` its ranks share: in-flight and queued counts are the instance's);
 * routing (``route``): as the live router routes (router/request_path.py), the index's blocks per rank folded
   into each instance's best (``fold_ranks``), the strategy picks the instance, and the request goes to the rank
-  holding the prefix it counted on (``chosen_rank``), else to the one the instance's ``DpGroup`` picks by vLLM's
-  waiting x 4 + running;
+  holding the prefix it counted on unless the requests in flight on the ranks it named are imbalanced
+  (``chosen_rank``; counted as the live router counts its own, and taken out as the loop records them finished),
+  else to the one the instance's ``DpGroup`` picks by vLLM's waiting x 4 + running;
 * the step (``start_step``, with expert parallelism only): the ranks step in lockstep, the first rank started
   starts the group's step (``DpGroup.lockstep_step``: every rank, or its dummy batch), each rank's step ends
   when the group's does, and the next group step starts once every rank's end has been taken; a request
@@ -45,6 +46,7 @@ class DpFlow:
         self.dp = DpSettings(settings.data_parallel_size, settings.expert_parallel)
         check_expert_parallel(cost.model, settings.expert_parallel, settings.data_parallel_size, "expert_parallel")
         self.lockstep = self.dp.lockstep
+        self.counts_in_flight = not settings.cache_only  # cache_only: each request ends as it is served
         self.lockstep_steps = self.dummy_rank_steps = 0
         self.all_to_all_s = 0.0
 
@@ -65,6 +67,11 @@ class DpFlow:
                 rep.state = state
                 self.group_of[rep.replica_id] = k
         self.states = [ranks[0].state for ranks in self.instances]
+        # the requests routed to a rank by name, in flight (chosen_rank's load): per instance, per rank; and each
+        # such request (by its trace entry's id) until the loop's finished records (read from ``seen`` on) show it
+        self.rank_in_flight = [dict.fromkeys(range(n), 0) for _ in self.instances]
+        self.named: dict[int, tuple[int, int]] = {}
+        self.seen = 0
 
     # ---- the loop's calls --------------------------------------------------------
     def route(self, r: TraceRequest, view: RouteRequest, overlap: dict[str, int]) -> Replica:
@@ -78,11 +85,27 @@ class DpFlow:
         else:
             folded, ranks = fold_ranks(overlap)
             decision, pos = router.route(self.states, view, folded)
-            rank = chosen_rank(ranks, decision.replica_id, decision.predicted_cached_blocks)
+            self._take_finished()
+            rank = chosen_rank(ranks, decision.replica_id, decision.predicted_cached_blocks,
+                               self.rank_in_flight[pos], router.settings)
         group = self.groups[pos]
+        if rank is not None and self.counts_in_flight:
+            self.rank_in_flight[pos][rank] += 1
+            self.named[id(r)] = (pos, rank)
         rank = group.pick(rank)
         group.routed[rank] += 1
         return self.instances[pos][rank]
+
+    def _take_finished(self) -> None:
+        """The requests named to a rank that the loop has recorded finished since the last call, out of
+        ``rank_in_flight``: its records, not a call of its own, say when a request ends."""
+        done = self.sim.finished_requests.rid
+        requests = self.sim.trace.requests
+        for k in range(self.seen, len(done)):
+            named = self.named.pop(id(requests[done[k]]), None)
+            if named is not None:
+                self.rank_in_flight[named[0]][named[1]] -= 1
+        self.seen = len(done)
 
     def start_step(self, rep: Replica, now: float) -> None:
         """Lockstep: the group's next step over every rank, once every rank's last one has ended."""

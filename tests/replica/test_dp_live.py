@@ -13,7 +13,7 @@ import zmq
 from replica.core.cache.pool import KvEvent
 from replica.events import EventFeed
 from replica.shipper import index_position
-from router.strategies import chosen_rank, fold_ranks
+from router.strategies import RoutingSettings, chosen_rank, fold_ranks
 from shared.index import EventBatch, MemoryIndex
 from shared.index.base import dp_rank_key, split_dp_rank
 from tests.conftest import free_port
@@ -50,8 +50,26 @@ def test_the_index_keys_blocks_by_rank_and_a_router_folds_them_into_the_replica_
     assert fold_ranks({"a/dp0": 2, "a/dp1": 2, "a/dp0#1": 4, "a/dp1#1": 9}) == ({"a": 2, "a#1": 4}, {"a": 0})
     assert split_dp_rank("replica-0/dp12") == ("replica-0", 12) and split_dp_rank("x/dpy") == ("x/dpy", None)
     # the rank named (live and in the simulator): the best rank where the decision counted on a prefix, else none
-    ranks = fold_ranks(overlap)[1]
-    assert [chosen_rank(ranks, "a", 3), chosen_rank(ranks, "a", 0), chosen_rank(ranks, "b", 2)] == [1, None, None]
+    ranks, idle, s = fold_ranks(overlap)[1], {0: 0, 1: 0}, RoutingSettings()
+    assert [chosen_rank(ranks, "a", 3, idle, s), chosen_rank(ranks, "a", 0, idle, s),
+            chosen_rank(ranks, "b", 2, {}, s)] == [1, None, None]
+
+
+def test_chosen_rank_names_the_least_loaded_rank_where_the_ranks_in_flight_are_imbalanced():
+    s = RoutingSettings(balance_abs_threshold=2, balance_rel_threshold=1.5)
+    prefix_on_1 = {"a": 1}  # fold_ranks': a's prefix is on rank 1
+    # 3 - 0 > 2 and 3 > 1.5 x 0: imbalanced, rank 0 the least loaded
+    assert chosen_rank(prefix_on_1, "a", 3, {0: 0, 1: 3}, s) == 0
+    # a spread of 2 is not past 2 (strict): the prefix's rank
+    assert chosen_rank(prefix_on_1, "a", 3, {0: 1, 1: 3}, s) == 1
+    # 9 - 6 > 2 but 9 is not past 1.5 x 6 (strict): the prefix's rank
+    assert chosen_rank(prefix_on_1, "a", 3, {0: 6, 1: 9}, s) == 1
+    # 10 - 6 > 2 and 10 > 9: imbalanced; of three ranks, 0 and 2 tie as the least loaded: the lowest, 0
+    assert chosen_rank(prefix_on_1, "a", 3, {0: 6, 1: 10, 2: 6}, s) == 0
+    # imbalanced, the prefix's rank the least loaded itself: it stays
+    assert chosen_rank({"a": 0}, "a", 3, {0: 0, 1: 9}, s) == 0
+    # the decision counted on no prefix: no rank named, whatever the loads (the replica balances its ranks)
+    assert chosen_rank(prefix_on_1, "a", 0, {0: 0, 1: 9}, s) is None
 
 
 def _generate(url: str, tokens: list[int], rank: str | None = None) -> tuple[int, dict]:
