@@ -30,6 +30,7 @@ from kvemu.options.reuse import SHARDS_RATE
 from kvemu.options.scheduler import add_scheduler_args
 from kvemu.options.serving import add_server_args
 from kvemu.options.shared_pool import add_replica_shared_args
+from kvemu.options.speculative import add_speculative_args
 from kvemu.options.tiers import add_tier_args
 
 
@@ -49,6 +50,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_matching_args(p)
     TIME_SCALE.add(p)
     add_scheduler_args(p, live=True)
+    add_speculative_args(p)
     p.add_argument("--index", default=None, help="redis://host:port/db to publish KV events to a shared index")
     CLUSTER.add(p)
     ADMIN_TOKEN.add(p)

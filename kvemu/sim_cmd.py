@@ -31,6 +31,7 @@ from kvemu.options.scheduler import add_scheduler_args, check_scheduler_flags
 from kvemu.options.shared_pool import add_shared_args
 from kvemu.options.sim_grid import grid_parts, sim_settings, split_numbers
 from kvemu.options.source import add_source_args
+from kvemu.options.speculative import add_speculative_args
 from kvemu.options.tiers import add_tier_args
 from kvemu.program import check_outputs
 from loadgen.source import load_source, trace_name
@@ -65,6 +66,7 @@ def add_emulation_args(p: argparse.ArgumentParser) -> None:
                    help="run the Python pool even where the compiled one could (LRU, S3-FIFO, Belady, BeladyCompute:"
                         " the same results, 1.7-2.5x slower); the JSON's engine says which ran")
     add_scheduler_args(p, live=False)
+    add_speculative_args(p)
     p.add_argument("--no-decode-kv", action="store_true",
                    help="count prompt blocks only, as cache simulators do (default: the KV of generated tokens takes"
                         " blocks as it fills them and the latest admitted request is preempted when none is left, as"

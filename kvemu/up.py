@@ -63,6 +63,7 @@ from kvemu.options.serving import (
     given_cluster_token,
 )
 from kvemu.options.shared_pool import add_shared_args
+from kvemu.options.speculative import SPECULATIVE_OPTIONS
 from kvemu.options.tiers import TIER_OPTIONS, add_tier_args, tier_settings
 from kvemu.router_cmd import ROUTER_OPTIONS
 from kvemu.up_pd import members_of, pool_args, validate_pools, validate_topology
@@ -82,7 +83,7 @@ PR_SET_PDEATHSIG = 1
 # Every other flag up shares with a child is in TRANSFORMED, which says what up hands on instead;
 # tests/kvemu/test_options.py compares both with the children's parsers.
 TO_REPLICAS = (POLICY, MODEL, TIME_SCALE, HIT_MODE, *LIVE_SCHEDULER_OPTIONS, SHARDS_RATE, RESPONSE_KV_OPTION,
-               PREFIX_CACHING, MAX_MODEL_LEN, *CAPACITY_OPTIONS, *TIER_OPTIONS, *BACKEND_OPTIONS, *PARALLEL_OPTIONS)
+               PREFIX_CACHING, MAX_MODEL_LEN, *SPECULATIVE_OPTIONS, *CAPACITY_OPTIONS, *TIER_OPTIONS, *BACKEND_OPTIONS, *PARALLEL_OPTIONS)
 # --matching, --page-size, --block-size: the router hashes prompts in the replicas' blocks or pages; --cluster: the Redis keys'
 # namespace (a replica without --index publishes nowhere and ignores it); body limits, connection
 # caps, timeouts (the token travels in the environment)

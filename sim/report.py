@@ -65,6 +65,7 @@ def run_report(sim: Simulation, wall_s: float) -> dict:
         **_tier_report(sim, counts),
         **_latencies(sim, timed is not None),
         **_throughput(sim, timed is not None, preemptions),
+        **_speculative(sim),
         # exact means and percentiles from every request (the *_p50_s above are the histograms')
         "latency": sim.finished_requests.summary(len(sim.source_trace.requests)) if timed else None,
         "load_imbalance": (max(reqs) / mean_load) if mean_load else 0.0,
@@ -185,6 +186,19 @@ def _latencies(sim: Simulation, timed: bool) -> dict[str, float | None]:
                     ("e2e_p50_s", 0.5), ("e2e_p99_s", 0.99), ("tpot_p50_s", 0.5), ("tpot_p99_s", 0.99)):
         out[name] = hists[name.split("_")[0]].quantile(q) if timed else None
     return out
+
+
+def _speculative(sim: Simulation) -> dict:
+    """The cluster's speculative decoding figures, from the replicas' summed counts (a mean of per-replica rates
+    would weigh a replica that verified little as much as a busy one); none without speculative decoding."""
+    if sim.s.knobs.speculative is None or sim.s.cache_only:
+        return {}
+    verifies = sum(rep.sched.spec_verifies for rep in sim.replicas)
+    drafts = sum(rep.sched.spec_drafts for rep in sim.replicas)
+    accepted = sum(rep.sched.spec_accepted for rep in sim.replicas)
+    return {"speculative": {"verifies": verifies, "draft_tokens": drafts, "accepted_tokens": accepted,
+                            "mean_accepted_length": 1 + accepted / verifies if verifies else 0.0,
+                            "acceptance_rate": ratio(accepted, drafts)}}
 
 
 def _throughput(sim: Simulation, timed: bool, preemptions: int) -> dict[str, float | int | None]:

@@ -81,7 +81,8 @@ LATER_PARAMS = {"block_tokens": 16}
 # Settings added after sweeps were first written: left out of a point's identity at their
 # default, so results written before them keep their ids and `--resume` still finds them.
 LATER_DEFAULTS = {"scheduler": "fcfs", "prefix_caching": "on", "max_model_len": None, "pd": None,
-                  "data_parallel_size": 1, "expert_parallel": False, "arrivals": "dependent"}
+                  "data_parallel_size": 1, "expert_parallel": False, "arrivals": "dependent",
+                  "speculative": None}
 # The same within nested settings: memory levels below SSD, and their routing hit costs.
 LATER_NESTED_DEFAULTS = {("tiers", "deeper"): (), ("tiers", "shared"): None, ("routing_settings", "deeper_hit_costs"): (),
                          ("routing_settings", "load_block_size"): 0}

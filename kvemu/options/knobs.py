@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from kvemu.options.matching import Matching
+from kvemu.options.speculative import spec_decode
 from replica.core.build import DEFAULT_SHARDS_RATE, EngineKnobs
 from replica.core.tiers.stack import TierSettings
 from shared.errors import InputError
@@ -59,7 +60,7 @@ def engine_knobs(args: argparse.Namespace, matching: Matching, tiers: TierSettin
             scheduler=args.scheduler, watermark=args.watermark, step_rule=args.step_rule, max_loans=args.max_loans,
             decode_kv=not getattr(args, "no_decode_kv", False), response_kv=args.response_kv,
             prefix_caching=args.prefix_caching, tiers=tiers, shards_rate=getattr(args, "shards_rate", DEFAULT_SHARDS_RATE),
-            seed=getattr(args, "seed", 0))
+            seed=getattr(args, "seed", 0), speculative=spec_decode(args))
 
 
 def check_scheduler_knobs(args: argparse.Namespace) -> None:

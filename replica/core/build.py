@@ -14,6 +14,7 @@ from replica.core.compiled.pool import CompiledPool, KernelLevels, why_not
 from replica.core.sched import sched_types as limits
 from replica.core.sched.sched_types import check_watermark
 from replica.core.sched.scheduler import Scheduler, SchedulerSettings, check_admission
+from replica.core.sched.spec_decode import SpecDecode
 from replica.core.sched.v0_steps import DEFAULT_STEP_RULE, check_step_rule
 from replica.core.tiers.shared import SharedStore
 from replica.core.tiers.stack import TierSettings, TierStack
@@ -136,6 +137,8 @@ class EngineKnobs:
     tiers: TierSettings = TierSettings()  # host DRAM / SSD (and a shared level) below HBM; none by default
     shards_rate: float = DEFAULT_SHARDS_RATE  # SHARDS sampling of reuse distances, where they are sampled
     seed: int = 0
+    # speculative decoding (replica/core/sched/spec_decode.py, checked there); None: one token a decode step
+    speculative: SpecDecode | None = None
 
     def __post_init__(self) -> None:
         policy_class(self.policy)  # unknown names list the valid ones
@@ -296,6 +299,6 @@ def build_core(s: CoreSettings, cost: CostModel, *, hashes_fit: bool = True,
                                                     max_waiting=s.max_waiting, admission=k.scheduler,
                                                     decode_kv=k.decode_kv, max_model_len=s.max_model_len,
                                                     watermark=k.watermark, max_loans=k.max_loans,
-                                                    step_rule=k.step_rule),
+                                                    step_rule=k.step_rule, speculative=k.speculative),
                       report_decoded=s.stream_tokens, tiers=tiers, keep_response_kv=k.response_kv == "keep")
     return ReplicaCore(pool, sched, tiers, fast, why, levels_why[0] if levels_why else None)

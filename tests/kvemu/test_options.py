@@ -14,6 +14,7 @@ import pytest
 from kvemu.options.matching import matching_setting
 from kvemu.options.option import Option
 from kvemu.options.serving import SERVER_OPTIONS
+from kvemu.options.speculative import spec_decode
 from kvemu.options.tiers import TIER_OPTIONS
 from kvemu.router_cmd import ROUTER_OPTIONS
 from kvemu.up import TO_BOTH, TO_REPLICAS, TO_ROUTER, TRANSFORMED
@@ -110,7 +111,8 @@ def non_default(option: Option) -> list[str]:
                "--set": "bounded_load_factor=1.5", "--tier-policy": "host=s3fifo,ssd=lru", "--host-link-gbps": "12.5",
                "--capacity-blocks": "512", "--capacity-tokens": "8192", "--capacity-gib": "2.0", "--gpu-memory-utilization": "0.5",
                "--device": "cuda", "--layers": "2", "--block-size": "32", "--page-size": "4",
-               "--max-connections-per-client": "64", "--vllm-version": "0.2.3"}
+               "--max-connections-per-client": "64", "--vllm-version": "0.2.3",
+               "--speculative-method": "ngram", "--acceptance-lengths": "0.5,0.5"}
     if option.flag in special:
         return [option.flag, special[option.flag]]
     if option.choices:
@@ -163,7 +165,13 @@ GROUPS = {
     "torch": ("--backend", "--device", "--layers"),
     "radix": ("--matching", "--page-size"),  # radix takes pages, not --block-size, and LRU only
     "parallel": ("--data-parallel-size", "--enable-expert-parallel"),  # experts: a MoE model (the default one)
+    # one acceptance model at a time: a rate here, measured lengths (with the method and K) in the next group
+    "speculative": ("--speculative-method", "--num-speculative-tokens", "--acceptance-rate"),
+    "spec_lengths": ("--acceptance-lengths",),
 }
+# What a group needs besides its own flags to be valid
+GROUP_NEEDS = {"torch": ["--capacity-blocks", "512"],
+               "spec_lengths": ["--speculative-method", "ngram", "--num-speculative-tokens", "1"]}
 GROUP_OF = {flag: group for group, flags in GROUPS.items() for flag in flags}
 
 
@@ -172,8 +180,8 @@ def group_options(group: str) -> tuple[Option, ...]:
 
 
 def group_argv(group: str) -> list[str]:
-    """Every option of the group at a value other than its default (the torch group with a capacity)."""
-    return ["--capacity-blocks", "512"] * (group == "torch") + [x for o in group_options(group) for x in non_default(o)]
+    """Every option of the group at a value other than its default (with what the group needs, GROUP_NEEDS)."""
+    return GROUP_NEEDS.get(group, []) + [x for o in group_options(group) for x in non_default(o)]
 
 
 def up_args(argv: list[str], check: bool = True) -> argparse.Namespace:
@@ -243,7 +251,12 @@ def test_up_hands_every_flag_it_forwards_to_the_children_that_use_it(group):
     a = up_args(group_argv(group), check=group != "torch")  # torch and CUDA need not be here: not checked
     compared = check_children_got(group_options(group), a, up_cmdlines(a), settings=group != "torch")
     assert compared >= {"default": 30, "tiers": 3, "utilization": 1, "tokens": 1, "torch": 0, "radix": 1,
-                        "parallel": 0}[group]  # parallel: ReplicaSettings.dp holds both (the command lines compared)
+                        "parallel": 0, "speculative": 0, "spec_lengths": 0}[group]
+    # parallel: ReplicaSettings.dp holds both (the command lines compared);
+    # speculative decoding's flags: one setting, knobs.speculative, the replica's the one up's flags give
+    if group in ("speculative", "spec_lengths"):
+        replica = child_settings(up_cmdlines(a)[0])
+        assert replica.knobs.speculative == spec_decode(a) is not None
 
 
 def test_every_forwarded_flag_is_in_one_group_and_each_group_is_set():

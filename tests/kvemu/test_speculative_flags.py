@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 import pytest
 
+from kvemu.cli import main
 from kvemu.options.speculative import add_speculative_args, spec_decode
 from replica.core.sched.spec_decode import SpecDecode
 from shared.errors import InputError
@@ -48,3 +50,23 @@ def test_bad_input_is_one_line_naming_the_flag(argv, flag):
     with pytest.raises(InputError) as e:
         spec_decode(_parse(*argv))
     assert e.value.field == flag and "\n" not in str(e.value)
+
+
+def _sim_run(tmp_path, name: str, *flags: str) -> dict:
+    out = tmp_path / f"{name}.json"
+    assert main(["sim", "--workload", "chat", "--duration", "30", *flags, "--json", str(out)]) == 0
+    return json.loads(out.read_text())["runs"][0]
+
+
+def test_kvemu_sim_takes_the_flags_and_reports_acceptance(tmp_path):
+    spec = _sim_run(tmp_path, "spec", "--speculative-method", "ngram", "--num-speculative-tokens", "2",
+                    "--acceptance-rate", "0.6")
+    plain = _sim_run(tmp_path, "plain")
+    cluster, sched = spec["speculative"], spec["per_replica"][0]["scheduler"]
+    assert cluster["verifies"] == sched["spec_verifies"] > 0
+    assert cluster["draft_tokens"] == 2 * cluster["verifies"]
+    # tokens a verification keeps beyond the sampled one: 0 to K
+    assert 0 <= cluster["mean_accepted_length"] - 1 <= 2
+    assert cluster["acceptance_rate"] == cluster["accepted_tokens"] / cluster["draft_tokens"]
+    assert "speculative" not in plain and "spec_verifies" not in plain["per_replica"][0]["scheduler"]
+    assert spec["tpot_p50_s"] < plain["tpot_p50_s"]

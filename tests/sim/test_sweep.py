@@ -227,7 +227,8 @@ def test_point_ids_of_default_settings_predate_the_scheduler_setting(trace_file)
     fcfs = SimSettings(capacity_blocks=600)
     flat = dataclasses.asdict(fcfs)
     flat.update(flat.pop("knobs"))  # the knobs were SimSettings' own fields then
-    later = ("scheduler", "max_model_len", "prefix_caching", "pd", "data_parallel_size", "expert_parallel", "arrivals")
+    later = ("scheduler", "max_model_len", "prefix_caching", "pd", "data_parallel_size", "expert_parallel", "arrivals",
+             "speculative")
     before = {k: v for k, v in flat.items() if k not in later}
     del before["tiers"]["deeper"]  # nor memory levels below SSD
     del before["tiers"]["shared"]  # nor a shared KV store
