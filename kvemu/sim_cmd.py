@@ -29,11 +29,11 @@ from kvemu.options.response_kv import add_response_kv_arg
 from kvemu.options.reuse import add_sim_reuse_args, sim_reuse
 from kvemu.options.scheduler import add_scheduler_args, check_scheduler_flags
 from kvemu.options.shared_pool import add_shared_args
-from kvemu.options.sim_grid import grid_parts, sim_settings, split_numbers
 from kvemu.options.source import add_source_args
 from kvemu.options.speculative import add_speculative_args
 from kvemu.options.tiers import add_tier_args
 from kvemu.program import check_outputs
+from kvemu.sim_grid import grid_parts, sim_settings, split_numbers
 from loadgen.source import load_source, trace_name
 from loadgen.trace import Trace, has_dependencies
 from replica.core.cache.policies import policy_class

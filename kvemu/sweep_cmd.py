@@ -25,9 +25,9 @@ from kvemu.options.pd import add_pd_args, topology
 from kvemu.options.reuse import add_sweep_reuse_arg, sweep_reuse
 from kvemu.options.scheduler import check_scheduler_flags
 from kvemu.options.shared_pool import add_shared_args
-from kvemu.options.sim_grid import grid_parts, sim_settings, split_numbers
 from kvemu.options.source import add_source_args
 from kvemu.sim_cmd import add_emulation_args, capacities, check_no_ops, table_legend, warn_lengths
+from kvemu.sim_grid import grid_parts, sim_settings, split_numbers
 from loadgen.formats import detect_format
 from loadgen.source import load_source
 from replica.core.cache.policies import policy_class

@@ -20,7 +20,7 @@ import heapq
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 from mypy_extensions import mypyc_attr
 
@@ -111,26 +111,7 @@ class Simulation:
         self.dp: DpFlow | None = DpFlow(settings, self.cost) if settings.data_parallel_size > 1 else None
         spec = strategy_spec(settings.routing)
         indexed = self._wants_index(settings)
-        # the compiled pool keys on 64-bit unsigned hashes (build_core's compilable decides with that;
-        # no trace pass for a policy it has not compiled)
-        compiled = settings.compiled and compiles(settings.knobs.policy)
-        lists = [r.hash_ids for r in trace.requests]
-        # the cache-only replay reads them as one array; a batching run only asks whether they fit
-        flat = hashes_u64(lists) if compiled and settings.cache_only else None
-        fits = flat is not None if settings.cache_only else compiled and (trace.meta.get(HASHES_U64) is True
-                                                                          or hashes_fit(lists))
-        self._flat_hashes = flat
-        # Compiled pools ship no events: the index is asked of them directly (one C call a request,
-        # ``prefix_matches``), which is what an index fed every pool's events answers, exactly and
-        # never behind. Where one pool is not compiled, every pool ships events to a MemoryIndex.
-        self.replicas = self._build(settings, indexed and not fits, fits)
-        if indexed and fits and any(rep.compiled is None for rep in self.replicas):
-            why = next((rep.core.why_python for rep in self.replicas if rep.core.why_python), None)
-            self.replicas = self._build(settings, True, True)
-            for rep in self.replicas:  # the reason is the first build's: events were never the cause
-                rep.core.why_python = why
-        for pos, rep in enumerate(self.replicas):
-            rep.pos = pos
+        self.replicas, self._flat_hashes = self._build_replicas(settings, indexed)
         if self.dp is not None:
             self.dp.attach(self)
         kernels = [rep.compiled for rep in self.replicas if rep.compiled is not None]
@@ -171,6 +152,31 @@ class Simulation:
         self._arrivals = Arrivals([])
         if self.pd is not None:
             self.pd.attach(self)
+
+    def _build_replicas(self, settings: SimSettings, indexed: bool) -> tuple[list[Replica], Any]:
+        """The instances' cores, compiled where they can be, and the trace's hashes as one array where the
+        cache-only replay reads them so (else None)."""
+        trace = self.trace
+        # the compiled pool keys on 64-bit unsigned hashes (build_core's compilable decides with that;
+        # no trace pass for a policy it has not compiled)
+        compiled = settings.compiled and compiles(settings.knobs.policy)
+        lists = [r.hash_ids for r in trace.requests]
+        # the cache-only replay reads them as one array; a batching run only asks whether they fit
+        flat = hashes_u64(lists) if compiled and settings.cache_only else None
+        fits = flat is not None if settings.cache_only else compiled and (trace.meta.get(HASHES_U64) is True
+                                                                          or hashes_fit(lists))
+        # Compiled pools ship no events: the index is asked of them directly (one C call a request,
+        # ``prefix_matches``), which is what an index fed every pool's events answers, exactly and
+        # never behind. Where one pool is not compiled, every pool ships events to a MemoryIndex.
+        replicas = self._build(settings, indexed and not fits, fits)
+        if indexed and fits and any(rep.compiled is None for rep in replicas):
+            why = next((rep.core.why_python for rep in replicas if rep.core.why_python), None)
+            replicas = self._build(settings, True, True)
+            for rep in replicas:  # the reason is the first build's: events were never the cause
+                rep.core.why_python = why
+        for pos, rep in enumerate(replicas):
+            rep.pos = pos
+        return replicas, flat
 
     def _build(self, s: SimSettings, events: bool, hashes_fit: bool) -> list[Replica]:
         """The replicas: ``s.replicas`` alike (each ``data_parallel_size`` ranks), or a P/D cluster's instances, each

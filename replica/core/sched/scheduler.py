@@ -117,11 +117,7 @@ class Scheduler(Release):
         # speculative decoding (spec_decode.py): a decoder's K drafts take slots, its kept tokens are drawn
         self._spec_k = spec.num_tokens if spec is not None else 0
         self.acceptance: Acceptance | None = spec.model() if spec is not None else None
-        mml = self.settings.max_model_len
-        self.decode_kv = DecodeBlocks(pool, self.settings.decode_kv, fills=keep_response_kv and self._store is not None,
-                                      draft_slots=self._spec_k + spec.lookahead if spec is not None else 0,
-                                      admit_slots=spec.lookahead if spec is not None else 0,
-                                      cap=(mml - (0 if spec.lookahead else 1)) if spec is not None and mml else 0)
+        self.decode_kv = self._decode_blocks(pool, keep_response_kv)
         self._drafts: list[tuple[SchedRequest, int]] = []  # this step's decoders and their drafts
         self._draft_tokens = 0  # their drafts, in all
         self._draft_kv = 0  # sum of drafts x context tokens
@@ -152,6 +148,15 @@ class Scheduler(Release):
         self._chunks: list[tuple[SchedRequest, int, int]] = []  # (request, start, tokens) of this step, for it
         self._restoring: list[FetchPlan] = []  # the restores this step's chunks wait on (tiers)
         self._now = 0.0  # the start of the step being planned
+
+    def _decode_blocks(self, pool: SchedulerPool, keep_response_kv: bool) -> DecodeBlocks:
+        """The blocks decoders take as they grow, with the draft slots speculative decoding reserves."""
+        spec = self.settings.speculative
+        mml = self.settings.max_model_len
+        return DecodeBlocks(pool, self.settings.decode_kv, fills=keep_response_kv and self._store is not None,
+                            draft_slots=self._spec_k + spec.lookahead if spec is not None else 0,
+                            admit_slots=spec.lookahead if spec is not None else 0,
+                            cap=(mml - (0 if spec.lookahead else 1)) if spec is not None and mml else 0)
 
     # ---- queue (submit, and reserve_remote for KV computed elsewhere: admission.py) ----------
     def has_work(self) -> bool:
@@ -208,16 +213,7 @@ class Scheduler(Release):
             duration = self._decode_time(n_dec, kv_tokens, steps)
             if tiers is not None:
                 duration = tiers.all_reduce(now, duration, n_dec * steps)
-        held = (self.pool.pinned + self.pool.private) * duration
-        self.pinned_block_s += held
-        if queued:
-            self.queued_block_s += held
-            self.queued_s += duration
-        if self._blocked:
-            self.blocked_block_s += held
-            self.blocked_s += duration
-        self.batch_steps += self.num_running * steps
-        self.steps += steps
+        self._account(duration, queued, steps)
         if self.timer is not None:
             duration = self.timer.step_time(self._chunks, list(self._decoders.values()), steps, duration)
             self._chunks = []
@@ -234,6 +230,19 @@ class Scheduler(Release):
             self._retire(result, end)
         self._complete(completed, result, end)
         return result
+
+    def _account(self, duration: float, queued: bool, steps: int) -> None:
+        """A step's share of the time-averaged memory figures (``stats``) and of the batch-size mean."""
+        held = (self.pool.pinned + self.pool.private) * duration
+        self.pinned_block_s += held
+        if queued:
+            self.queued_block_s += held
+            self.queued_s += duration
+        if self._blocked:
+            self.blocked_block_s += held
+            self.blocked_s += duration
+        self.batch_steps += self.num_running * steps
+        self.steps += steps
 
     def _begin(self, now: float) -> bool:
         """What a step does before its chunks: decoders get the blocks they need (preempting when none is
