@@ -17,7 +17,7 @@ from shared.ratios import CacheCounts, ratio
 from sim.settings import max_model_len
 
 if TYPE_CHECKING:
-    from sim.simulator import Simulation
+    from sim.simulator import Replica, Simulation
 
 
 def run_report(sim: Simulation, wall_s: float) -> dict:
@@ -27,21 +27,9 @@ def run_report(sim: Simulation, wall_s: float) -> dict:
     counts = CacheCounts()
     requests = evictions = holes = preemptions = 0
     for rep in sim.replicas:
-        st = rep.pool.stats()
         m = rep.pool.metrics
-        st["replica"] = rep.replica_id
-        st["scheduler"] = rep.sched.stats()
         preemptions += rep.sched.preemptions
-        st["ttft_p50_s"] = None if timed is None else rep.ttft.quantile(0.5)
-        st["ttft_p99_s"] = None if timed is None else rep.ttft.quantile(0.99)
-        st["busy_s"] = rep.busy_s
-        if rep.tiers is not None:  # LMCache's hits per level, in tokens: where each prompt block came from
-            st["hit_tokens_by_level"] = _hit_tokens(rep.tiers, sim.block_size)
-        if pd is not None:
-            st.update(pd.instance_fields(rep))
-        if sim.dp is not None:
-            st.update(sim.dp.rank_fields(rep))
-        per.append(st)
+        per.append(_replica_entry(sim, rep, timed is not None))
         counts += m.counts()
         requests, evictions, holes = requests + m.requests, evictions + m.evictions, holes + m.holes_total
     # P/D: every request is decoded once, so the decode pool's routed counts are the load
@@ -82,6 +70,24 @@ def run_report(sim: Simulation, wall_s: float) -> dict:
     if sim.dp is not None:
         out["data_parallel"] = sim.dp.report()
     return out
+
+
+def _replica_entry(sim: Simulation, rep: Replica, timed: bool) -> dict:
+    """One instance's entry of ``per_replica``: its pool's figures, its scheduler's, its TTFT and busy time, where
+    its prompt blocks came from (tiers), its role (P/D) and its rank (DP)."""
+    st = rep.pool.stats()
+    st["replica"] = rep.replica_id
+    st["scheduler"] = rep.sched.stats()
+    st["ttft_p50_s"] = rep.ttft.quantile(0.5) if timed else None
+    st["ttft_p99_s"] = rep.ttft.quantile(0.99) if timed else None
+    st["busy_s"] = rep.busy_s
+    if rep.tiers is not None:  # LMCache's hits per level, in tokens: where each prompt block came from
+        st["hit_tokens_by_level"] = _hit_tokens(rep.tiers, sim.block_size)
+    if sim.pd is not None:
+        st.update(sim.pd.instance_fields(rep))
+    if sim.dp is not None:
+        st.update(sim.dp.rank_fields(rep))
+    return st
 
 
 def _engine(sim: Simulation) -> str:
