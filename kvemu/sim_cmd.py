@@ -24,7 +24,7 @@ from kvemu.options.option import add_options
 from kvemu.options.parallel import add_parallel_args, expert_ranks, parallel_setting
 from kvemu.options.pd import add_pd_args, colocated_default, topology
 from kvemu.options.prefix_caching import PREFIX_CACHING
-from kvemu.options.requests_out import add_requests_out_arg, requests_out
+from kvemu.options.requests_out import SESSIONS_OUT, add_requests_out_arg, requests_out
 from kvemu.options.response_kv import add_response_kv_arg
 from kvemu.options.reuse import add_sim_reuse_args, sim_reuse
 from kvemu.options.scheduler import add_scheduler_args, check_scheduler_flags
@@ -102,6 +102,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="FILE", help="write {\"runs\": [...]} here ('-' for stdout)")
     p.add_argument("--csv", metavar="FILE.csv", help="the main scalar columns of every run, one row each")
     add_requests_out_arg(p)
+    SESSIONS_OUT.add(p)
     p.add_argument("--plot", metavar="FILE.png", help="hit ratio and CSR against capacity per policy (a P/D cluster:"
                    " also FILE-pd.png, its TTFT split and pools)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -210,17 +211,20 @@ def run(args) -> int:
     # the trace's millions of fresh objects three times (young, middle, oldest generation) and free
     # nothing (a run makes no cycles: tests/sim/test_gc_free.py); 0.2-0.4 s of a cache-only run of a
     # 20x trace. Freed by reference counting before the collector is back, the trace is not traversed.
-    records_path = requests_out(args)
-    if records_path and args.cache_only:
-        raise InputError("--requests-out", "a --cache-only run has no clock, so no request has a time: drop one of the two")
+    records_path, sessions_path = requests_out(args), requests_out(args, SESSIONS_OUT)
+    flag = "--requests-out" if records_path else SESSIONS_OUT.flag
+    if (records_path or sessions_path) and args.cache_only:
+        raise InputError(flag, "a --cache-only run has no clock, so no request has a time: drop one of the two")
     with gc_paused():
         trace, grid = runs_of(args)
-        if records_path and len(grid) > 1:
-            raise InputError("--requests-out", f"writes one run's requests, but the flags ask for {len(grid)} runs"
-                                               " (policies x capacities): give one --policy and one capacity")
-        runs = run_serial(trace, grid, args.quiet, bool(records_path)) if args.jobs == 1 or len(grid) == 1 else \
+        if (records_path or sessions_path) and len(grid) > 1:
+            raise InputError(flag, f"writes one run's requests, but the flags ask for {len(grid)} runs"
+                                   " (policies x capacities): give one --policy and one capacity")
+        recorded = bool(records_path or sessions_path)
+        runs = run_serial(trace, grid, args.quiet, recorded) if args.jobs == 1 or len(grid) == 1 else \
             run_parallel(trace, grid, args.jobs, args.quiet)
-        records = runs[0].pop("request_records") if records_path else None
+        records = runs[0].pop("request_records") if recorded else None
+        paths = runs[0].pop("agent_paths", []) if recorded else []
         print_table(runs, sys.stderr if args.json == "-" else sys.stdout)  # stdout carries only the JSON then
         warning = saturation_warning(runs)
         if warning:
@@ -231,6 +235,8 @@ def run(args) -> int:
         _write_outputs(args, trace, runs)
         if records_path:
             write_records(records_path, records or [], runs[0])
+        if sessions_path:
+            write_sessions(sessions_path, paths)
         del trace
     return 0
 
@@ -308,6 +314,16 @@ def write_records(path: str, records: list, run: dict) -> None:
     print(f"requests: {n:,} written to {path}" + (f" (mean {means}{span})" if means else ""), file=sys.stderr)
 
 
+def write_sessions(path: str, paths: list[dict]) -> None:
+    """``--sessions-out``: one JSON line per finished agent session (none where the trace has no dependencies)."""
+    try:
+        with open(path, "w") as fh:
+            fh.writelines(json.dumps(p) + "\n" for p in paths)
+    except OSError as exc:
+        raise InputError(SESSIONS_OUT.flag, f"cannot write {path}: {exc.strerror or exc}") from None
+    print(f"agent sessions: {len(paths):,} written to {path}", file=sys.stderr)
+
+
 def run_parallel(trace: Trace, grid: list[SimSettings], jobs: int, quiet: bool) -> list[dict]:
     """The cells on ``jobs`` worker processes, with progress over cells; runs in grid order."""
     runs: list[dict | None] = [None] * len(grid)
@@ -353,10 +369,24 @@ def print_table(runs: list[dict], out) -> None:
         out.write("  ".join(cells) + "\n")
         if r.get("pd"):
             out.write(pd_line(r["pd"]) + "\n")
-        line = levels_line(r)
-        if line:
-            out.write(line + "\n")
+        for line in (levels_line(r), agent_line(r)):
+            if line:
+                out.write(line + "\n")
     out.write(table_legend(runs) + "\n")
+
+
+def agent_line(run: dict) -> str | None:
+    """A trace with dependencies: the agent sessions' task time and critical path parts, p50/p99 in seconds (each
+    its own percentile, docs/agentic.md); None without."""
+    a = run.get("agent_sessions")
+    if not a:
+        return None
+    if not a["sessions"]:
+        return f"  agent sessions: none finished ({a['incomplete']:,} incomplete)"
+    parts = ", ".join(f"{name} {a[f'{name}_p50_s']:,.2f}/{a[f'{name}_p99_s']:,.2f}"
+                      for name in ("queue", "prefill", "decode", "tool", "other"))
+    return (f"  agent sessions {a['sessions']:,} ({a['incomplete']:,} incomplete): task time s p50/p99"
+            f" {a['task_p50_s']:,.2f}/{a['task_p99_s']:,.2f}; critical path {parts}")
 
 
 def table_legend(runs: list[dict], lines_under: bool = True) -> str:

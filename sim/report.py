@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from loadgen.critical_path import SessionPath, session_paths, summarize_paths
+from loadgen.trace import has_dependencies
 from replica.core.tiers.stack import TierStack
 from router.strategies import session_moves
 from shared import compiled_modules
@@ -56,6 +58,7 @@ def run_report(sim: Simulation, wall_s: float) -> dict:
         **_speculative(sim),
         # exact means and percentiles from every request (the *_p50_s above are the histograms')
         "latency": sim.finished_requests.summary(len(sim.source_trace.requests)) if timed else None,
+        **_agent_sessions(sim, timed is not None),
         "load_imbalance": (max(reqs) / mean_load) if mean_load else 0.0,
         "arrival_span_s": sim.last_arrival - sim.first_arrival,
         "drain_s": max(sim.last_finish - sim.last_arrival, 0.0),
@@ -70,6 +73,21 @@ def run_report(sim: Simulation, wall_s: float) -> dict:
     if sim.dp is not None:
         out["data_parallel"] = sim.dp.report()
     return out
+
+
+def agent_paths(sim: Simulation) -> tuple[list[SessionPath], int]:
+    """Each finished agent session's task time and critical path (``loadgen.critical_path``, the function the live
+    replay reports with), and how many agent sessions did not finish."""
+    return session_paths(sim.finished_requests.spans(sim.source_trace, sim.trace_index))
+
+
+def _agent_sessions(sim: Simulation, timed: bool) -> dict:
+    """A trace with dependencies: ``agent_sessions``, the p50 and p99 across agent sessions of the task time and of
+    its critical path's parts (the rows a session: ``simulate(records=True)``, ``kvemu sim --sessions-out``);
+    nothing for a trace without, or a run without a clock."""
+    if not timed or not has_dependencies(sim.source_trace):
+        return {}
+    return {"agent_sessions": summarize_paths(*agent_paths(sim))}
 
 
 def _replica_entry(sim: Simulation, rep: Replica, timed: bool) -> dict:

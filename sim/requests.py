@@ -1,7 +1,7 @@
-"""What a simulation keeps of each request it finished, for its exact latency figures and ``kvemu sim
---requests-out``: six numbers a request in typed arrays (48 bytes; a histogram would lose the exact
-percentiles, a record object a request would cost three times more). The definitions are
-``loadgen.request_metrics``'s."""
+"""What a simulation keeps of each request it finished, for its exact latency figures, ``kvemu sim
+--requests-out`` and the agent sessions' critical paths: eight numbers a request in typed arrays (64 bytes; a
+histogram would lose the exact percentiles, a record object a request would cost three times more). The
+definitions are ``loadgen.request_metrics``'s and ``loadgen.critical_path``'s."""
 
 from __future__ import annotations
 
@@ -9,27 +9,30 @@ from array import array
 
 import numpy as np
 
+from loadgen.critical_path import Span
 from loadgen.request_metrics import RequestRecord, summary_of
 from loadgen.trace import Trace
 from replica.core.sched.sched_types import SchedRequest
 
 
 class FinishedRequests:
-    __slots__ = ("rid", "arrival", "first", "finish", "cached", "preemptions", "out", "inp", "replica")
+    __slots__ = ("rid", "arrival", "first", "finish", "waited", "cached", "preemptions", "out", "inp", "replica")
 
     def __init__(self) -> None:
         self.rid, self.cached, self.preemptions = array("q"), array("q"), array("q")
         self.out, self.inp = array("q"), array("q")
-        self.arrival, self.first, self.finish = array("d"), array("d"), array("d")
+        self.arrival, self.first, self.finish, self.waited = array("d"), array("d"), array("d"), array("d")
         self.replica: list[str] = []  # the replica ids are shared strings: a pointer a request
 
     def add(self, r: SchedRequest, replica_id: str) -> None:
         """``r`` finished on ``replica_id``: its arrival as it ran (``--causal`` moves later turns), its first
-        token, its end, the prompt tokens it found cached at its (last) admission, its preemptions."""
+        token, its end, its seconds waiting for admission (every wait, as a live replica's ``queue_time_s``), the
+        prompt tokens it found cached at its (last) admission, its preemptions."""
         self.rid.append(r.rid)
         self.arrival.append(r.arrival)
         self.first.append(r.t_first_token)
         self.finish.append(r.t_finished)
+        self.waited.append(r.waited)
         self.cached.append(r.cached_tokens)
         self.preemptions.append(r.preemptions)
         self.inp.append(r.input_tokens)
@@ -53,4 +56,17 @@ class FinishedRequests:
             k = rid if ran is None else ran[rid]
             out[k] = RequestRecord(k, self.arrival[i], self.first[i], self.finish[i], self.inp[i], self.out[i],
                                    self.cached[i], self.preemptions[i], self.replica[i])
+        return out
+
+    def spans(self, trace: Trace, ran: list[int] | None) -> list[Span]:
+        """Every request of ``trace`` as ``loadgen.critical_path`` reads it, on the simulated clock, as the live
+        replay's are read: its queue (its waits, at most its TTFT), prefill (TTFT less the queue) and decode (its
+        first token to its finish); a request never run (refused, or what it waited for was) never finished."""
+        out = [Span(r.session, r.id, r.after, r.t, 0.0, 0.0, 0.0, None) for r in trace.requests]
+        for i, rid in enumerate(self.rid):
+            k = rid if ran is None else ran[rid]
+            r, arrival, first = trace.requests[k], self.arrival[i], self.first[i]
+            queue = min(self.waited[i], first - arrival)
+            out[k] = Span(r.session, r.id, r.after, arrival, queue, first - arrival - queue, self.finish[i] - first,
+                          self.finish[i])
         return out
