@@ -2,11 +2,12 @@
 
 Every strategy has the signature::
 
-    strategy(replicas, request, overlap, settings, rng, memory) -> RouteDecision
+    strategy(replicas, request, overlap, ctx) -> RouteDecision
 
 ``replicas`` is the router's view at decision time, ``overlap`` maps replica id to the
 longest cached prefix of this request in blocks (from the prefix index; missing = 0),
-``rng`` breaks ties, ``memory`` is the caller's ``RouterMemory``.  No I/O, no asyncio,
+``ctx`` is the caller's ``RoutingContext``: its settings, the ``rng`` that breaks ties, its
+``RouterMemory``.  No I/O, no asyncio,
 no module state, O(replicas) per call (plus a ring walk for ``session``).  Unhealthy
 replicas are never chosen; with none healthy, ``NoHealthyReplica`` is raised.
 
@@ -29,8 +30,10 @@ from router.strategies.base import (
     RouteDecision,
     RouteRequest,
     RouterMemory,
+    RoutingContext,
     RoutingSettings,
     Strategy,
+    decide,
     least_loaded_pick,
 )
 from router.strategies.prefix import cache_aware, is_imbalanced, replica_cost
@@ -71,6 +74,7 @@ __all__ = [
     "RouteDecision",
     "RouteRequest",
     "RouterMemory",
+    "RoutingContext",
     "RoutingSettings",
     "RoutingStep",
     "SPECS",
@@ -78,6 +82,7 @@ __all__ = [
     "StrategySpec",
     "cache_aware",
     "chosen_rank",
+    "decide",
     "fold_ranks",
     "get_strategy",
     "is_imbalanced",

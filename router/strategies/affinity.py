@@ -24,7 +24,6 @@ bound and reproduces plain affinity, hotspots included.
 from __future__ import annotations
 
 import math
-import random
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 
@@ -36,8 +35,8 @@ from router.strategies.base import (
     RouteDecision,
     RouteRequest,
     RouterMemory,
-    RoutingSettings,
-    cached_blocks,
+    RoutingContext,
+    decide,
     least_loaded_pick,
 )
 
@@ -101,20 +100,14 @@ def _remember(memory: RouterMemory, session: str, replica_id: str, max_sessions:
         sessions.popitem(last=False)
 
 
-def session_affinity(
-    replicas: Sequence[ReplicaState],
-    request: RouteRequest,
-    overlap: Mapping[str, int],
-    settings: RoutingSettings,
-    rng: random.Random,
-    memory: RouterMemory,
-) -> RouteDecision:
+def session_affinity(replicas: Sequence[ReplicaState], request: RouteRequest, overlap: Mapping[str, int],
+                     ctx: RoutingContext) -> RouteDecision:
     """Sticky, bounded-load consistent hashing of ``request.session`` (module docstring)."""
     sid = request.session
     nb = request.num_blocks
     if not sid:
-        r = least_loaded_pick(replicas, rng)
-        return RouteDecision(r.replica_id, "no_session", cached_blocks(overlap, r.replica_id, nb))
+        return decide(least_loaded_pick(replicas, ctx.rng), "no_session", overlap, nb)
+    settings, memory = ctx.settings, ctx.memory
     assigned_id = memory.sessions.get(sid)
     assigned = None
     total = healthy = 0
@@ -131,7 +124,7 @@ def session_affinity(
     bound = max(load_bound(total, healthy, settings.bounded_load_factor), settings.bounded_load_min)
     if assigned is not None and assigned.healthy and assigned.in_flight < bound:
         memory.sessions.move_to_end(sid)
-        return RouteDecision(assigned.replica_id, "session_sticky", cached_blocks(overlap, assigned.replica_id, nb))
+        return decide(assigned, "session_sticky", overlap, nb)
     _ensure_ring(memory, replicas, settings.virtual_nodes)
     chosen, first = _walk(memory, replicas, session_point(sid), bound)
     preferred = first if assigned_id is None else assigned
@@ -142,4 +135,4 @@ def session_affinity(
     else:
         reason = "session_overflow"
     _remember(memory, sid, chosen.replica_id, settings.max_sessions)
-    return RouteDecision(chosen.replica_id, reason, cached_blocks(overlap, chosen.replica_id, nb))
+    return decide(chosen, reason, overlap, nb)

@@ -1,7 +1,7 @@
 """Inputs, outputs, settings and state shared by every routing strategy.
 
-Strategies are pure functions of these values (plus a caller-owned ``random.Random``
-and ``RouterMemory``), so the live aiohttp router and the virtual-time simulator make
+Strategies are pure functions of these values (plus the caller's ``RoutingContext``: its
+``random.Random`` and ``RouterMemory``), so the live aiohttp router and the virtual-time simulator make
 identical decisions from identical inputs.
 """
 
@@ -155,10 +155,18 @@ class RouterMemory:
     ring_owners: list[int] = field(default_factory=list)  # index into the replica list
 
 
-Strategy = Callable[
-    [Sequence[ReplicaState], RouteRequest, Mapping[str, int], RoutingSettings, random.Random, RouterMemory],
-    RouteDecision,
-]
+@dataclass(frozen=True, slots=True)
+class RoutingContext:
+    """What a strategy reads besides the replicas and the request: one router's settings, the random
+    source that breaks its ties, and its memory. One per router (``RoutingStep`` builds it), the same
+    objects on every decision."""
+
+    settings: RoutingSettings
+    rng: random.Random
+    memory: RouterMemory
+
+
+Strategy = Callable[[Sequence[ReplicaState], RouteRequest, Mapping[str, int], RoutingContext], RouteDecision]
 
 
 def cached_blocks(overlap: Mapping[str, int], replica_id: str, num_blocks: int) -> int:
@@ -167,6 +175,11 @@ def cached_blocks(overlap: Mapping[str, int], replica_id: str, num_blocks: int) 
     if ov <= 0:
         return 0
     return ov if ov < num_blocks else max(num_blocks, 0)
+
+
+def decide(replica: ReplicaState, reason: str, overlap: Mapping[str, int], num_blocks: int) -> RouteDecision:
+    """Send the request to ``replica`` for ``reason``, with the index's overlap there clamped to the prompt."""
+    return RouteDecision(replica.replica_id, reason, cached_blocks(overlap, replica.replica_id, num_blocks))
 
 
 def least_loaded_pick(replicas: Sequence[ReplicaState], rng: random.Random) -> ReplicaState:

@@ -50,7 +50,6 @@ through the cost's in-flight term, once the spread exceeds its hit.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Mapping, Sequence
 
 from router.strategies.base import (
@@ -58,9 +57,9 @@ from router.strategies.base import (
     ReplicaState,
     RouteDecision,
     RouteRequest,
-    RouterMemory,
+    RoutingContext,
     RoutingSettings,
-    cached_blocks,
+    decide,
     least_loaded_pick,
 )
 
@@ -78,14 +77,9 @@ def replica_cost(replica: ReplicaState, cached: int, num_blocks: int, settings: 
             + replica.queued_tokens / settings.block_size)
 
 
-def cache_aware(
-    replicas: Sequence[ReplicaState],
-    request: RouteRequest,
-    overlap: Mapping[str, int],
-    settings: RoutingSettings,
-    rng: random.Random,
-    memory: RouterMemory,
-) -> RouteDecision:
+def cache_aware(replicas: Sequence[ReplicaState], request: RouteRequest, overlap: Mapping[str, int],
+                ctx: RoutingContext) -> RouteDecision:
+    settings, rng = ctx.settings, ctx.rng
     nb = request.num_blocks if request.num_blocks > 0 else 0
     w = settings.overlap_weight
     per_req = settings.in_flight_cost
@@ -133,7 +127,7 @@ def cache_aware(
         pick = least_loaded_pick(replicas, rng)
         if pick is not best and best.queued_tokens * inv_bs > w * (_to_prefill(pick.replica_id, nb, overlap, saves)
                                                                    - best_todo):
-            return RouteDecision(pick.replica_id, "imbalance_guard", cached_blocks(overlap, pick.replica_id, nb))
+            return decide(pick, "imbalance_guard", overlap, nb)
     return RouteDecision(best.replica_id, _reason(best_ov, max_ov), best_ov)
 
 

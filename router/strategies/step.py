@@ -27,7 +27,7 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from router.strategies.base import ReplicaState, RouteDecision, RouteRequest, RouterMemory, RoutingSettings, Strategy
+from router.strategies.base import ReplicaState, RouteDecision, RouteRequest, RouterMemory, RoutingContext, RoutingSettings, Strategy
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,8 +51,7 @@ class RoutingStep:
     def __init__(self, spec: StrategySpec, settings: RoutingSettings, seed: int | None = 0) -> None:
         self.spec = spec
         self.settings = settings
-        self.rng = random.Random(seed)
-        self.memory = RouterMemory()
+        self.context = RoutingContext(settings, random.Random(seed), RouterMemory())
         self.decisions: dict[str, int] = {}
         # turns whose session this step routed before, and those that left the replica it went to, by reason
         self.session_turns = 0
@@ -71,7 +70,7 @@ class RoutingStep:
     def route(self, replicas: Sequence[ReplicaState], request: RouteRequest,
               overlap: Mapping[str, int]) -> tuple[RouteDecision, int]:
         """The decision and the chosen replica's position in ``replicas``, already counted in flight."""
-        decision = self.spec.choose(replicas, request, overlap, self.settings, self.rng, self.memory)
+        decision = self.spec.choose(replicas, request, overlap, self.context)
         replica_id = decision.replica_id
         pos = self._pos.get(replica_id, -1)
         if not 0 <= pos < len(replicas) or replicas[pos].replica_id != replica_id:  # O(1) unless the list changed

@@ -16,6 +16,7 @@ from router.strategies import (
     ReplicaState,
     RouteRequest,
     RouterMemory,
+    RoutingContext,
     RoutingSettings,
     RoutingStep,
     get_strategy,
@@ -40,7 +41,8 @@ def replicas(*specs):
 
 
 def route(name, reps, request=None, overlap=None, settings=DEFAULT, rng=None, memory=None):
-    return get_strategy(name)(reps, request or RouteRequest(), overlap or {}, settings, rng or random.Random(0), memory or RouterMemory())
+    ctx = RoutingContext(settings, rng or random.Random(0), memory or RouterMemory())
+    return get_strategy(name)(reps, request or RouteRequest(), overlap or {}, ctx)
 
 
 def place(reps, rid, tokens=0):
@@ -243,10 +245,10 @@ def test_ring_ignores_replica_order():
 
 SCRIPT = """
 import json, random
-from router.strategies import ReplicaState, RouteRequest, RouterMemory, RoutingSettings, get_strategy
+from router.strategies import ReplicaState, RouteRequest, RouterMemory, RoutingContext, RoutingSettings, get_strategy
 reps = [ReplicaState(f"r{i}") for i in range(4)]
-settings, memory, strat = RoutingSettings(bounded_load_factor=1e9), RouterMemory(), get_strategy("session")
-print(json.dumps([strat(reps, RouteRequest(f"user-{i}"), {}, settings, random.Random(), memory).replica_id
+ctx, strat = RoutingContext(RoutingSettings(bounded_load_factor=1e9), random.Random(), RouterMemory()), get_strategy("session")
+print(json.dumps([strat(reps, RouteRequest(f"user-{i}"), {}, ctx).replica_id
                   for i in range(60)]))
 """
 
@@ -382,7 +384,7 @@ def test_strategies_pick_healthy_replicas_and_never_mutate_their_inputs(name):
         nb = rng.randrange(0, 30)
         overlap = {f"r{i}": rng.randrange(0, 40) for i in range(5) if rng.random() < 0.5}
         request = RouteRequest(rng.choice([None, "x", "y", "z"]), nb, nb * 16 + 5)
-        d = get_strategy(name)(reps, request, overlap, DEFAULT, rng, memory)
+        d = get_strategy(name)(reps, request, overlap, RoutingContext(DEFAULT, rng, memory))
         chosen = next(r for r in reps if r.replica_id == d.replica_id)
         assert chosen.healthy
         assert d.reason in REASONS
