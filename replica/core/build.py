@@ -7,9 +7,11 @@ from dataclasses import dataclass
 from replica.core.analysis.reuse import ReuseDistanceTracker
 from replica.core.analysis.shards import ShardsTracker
 from replica.core.cache.costs import DepthCosts
+from replica.core.cache.grouped import GroupedPool
 from replica.core.cache.metrics import PoolMetrics
 from replica.core.cache.policies import make_policy, policy_class
 from replica.core.cache.pool import HIT_MODES, BlockPool, KvEvent
+from replica.core.cache.types import SchedulerPool
 from replica.core.compiled.pool import CompiledPool, KernelLevels, why_not
 from replica.core.sched import sched_types as limits
 from replica.core.sched.sched_types import check_watermark
@@ -282,8 +284,10 @@ def build_core(s: CoreSettings, cost: CostModel, *, hashes_fit: bool = True,
                      emit_events=s.emit_events, block_cost=costs,
                      prefix_caching=k.prefix_caching == "on")
     tiers = TierStack(k.tiers, pool, cost.block_bytes(bs), costs, s.tier_events, shared) if k.tiers.enabled else None
+    groups = cost.model.kv_groups
     why = why_not(pool, tiers=tiers is not None, keeps_response_kv=k.response_kv == "keep",
-                  hbm_caching=k.tiers.hbm_caching, hashes_fit=hashes_fit) if s.compiled else None
+                  hbm_caching=k.tiers.hbm_caching, hashes_fit=hashes_fit, kv_groups=len(groups.groups)) \
+        if s.compiled else None
     fast = CompiledPool(pool) if s.compiled and why is None else None
     if tiers is not None and fast is not None:
         tiers.hbm_lookup = fast  # what the stack asks of HBM (missing blocks) the serving pool answers
@@ -295,7 +299,8 @@ def build_core(s: CoreSettings, cost: CostModel, *, hashes_fit: bool = True,
                 levels_why.append(f"the {name} tier: {reason}")
             return CompiledPool(level_pool) if reason is None else None
         tiers.serve_levels_with(level_twin, KernelLevels)
-    sched = Scheduler(fast or pool, cost, SchedulerSettings(token_budget=k.token_budget, max_running=k.max_running,
+    serving: SchedulerPool = fast or (GroupedPool(pool, groups) if groups.hybrid else pool)
+    sched = Scheduler(serving, cost, SchedulerSettings(token_budget=k.token_budget, max_running=k.max_running,
                                                     max_waiting=s.max_waiting, admission=k.scheduler,
                                                     decode_kv=k.decode_kv, max_model_len=s.max_model_len,
                                                     watermark=k.watermark, max_loans=k.max_loans,

@@ -58,7 +58,7 @@ def compiled() -> bool:
 
 
 def why_not(pool: BlockPool, *, tiers: bool = False, keeps_response_kv: bool = False, hbm_caching: bool = True,
-            hashes_fit: bool = True, level: bool = False) -> str | None:
+            hashes_fit: bool = True, level: bool = False, kv_groups: int = 1) -> str | None:
     """Why ``CompiledPool(pool)`` would not be this pool's exact twin where it runs (None: it would).
 
     ``tiers``: lower memory tiers sit below it (they hear of its evictions after each call; without
@@ -66,8 +66,11 @@ def why_not(pool: BlockPool, *, tiers: bool = False, keeps_response_kv: bool = F
     blocks (``BlockPool.store``: the kernel's covers LRU and S3-FIFO, not the oracles, whose stored
     blocks would need a next use); ``hashes_fit``: every hash it will see is a
     64-bit unsigned integer (what the kernel keys on; ``hashes_u64`` tells); ``level``: it is a memory
-    level below HBM (``TierStack``), whose fetched blocks leave it (``remove``: LRU and S3-FIFO, as ``store``).
+    level below HBM (``TierStack``), whose fetched blocks leave it (``remove``: LRU and S3-FIFO, as ``store``);
+    ``kv_groups``: the model's KV cache groups (several: a table per group per request, ``cache/grouped.py``).
     """
+    if kv_groups > 1:  # before MISSING: the reason holds on every machine
+        return f"a model of {kv_groups} KV cache groups needs the Python pool (a block table per group)"
     if _pool is None:
         return MISSING
     adapter = adapter_for(pool.policy)

@@ -34,6 +34,8 @@ class DecodeBlocks:
         self.enabled = enabled  # False: no request ever holds a block beyond its hashed ones
         self.fills = enabled and fills  # blocks are hashed as decoding fills them (response KV kept)
         self.block_size = pool.block_size
+        # physical blocks one more block of a request takes: one per KV cache group (cache/grouped.py)
+        self.width: int = getattr(pool, "width", 1)
         # Speculative decoding (spec_decode.py): KV slots a decode step takes beyond its sampled token's (K
         # drafts and a draft model's lookahead), those an admission takes beyond its tokens' (the lookahead),
         # and the most slots a request ever takes (vLLM's max_model_len rule; 0: none). A request then jumps
@@ -133,7 +135,7 @@ class DecodeBlocks:
 
     def grant(self, r: SchedRequest) -> bool:
         """One more block for ``r`` if one is free or evictable (then its next need is queued)."""
-        if self.pool.room < 1:
+        if self.pool.room < self.width:
             return False
         self.pool.take_private(1)
         r.extra_blocks += 1
@@ -144,7 +146,7 @@ class DecodeBlocks:
         """Blocks for the decode ticks ``tick + 1 .. tick + steps - 1`` of a decode-only run (no
         request joins or leaves it before its end): handed out in one allocation while they last;
         returns the steps the run can take, ending before the first tick whose block is missing."""
-        heap, room, end = self._heap, self.pool.room, tick + steps
+        heap, room, end = self._heap, self.pool.room // self.width, tick + steps
         taken: list[tuple[int, SchedRequest]] = []
         while heap and heap[0][0] < end:
             t, seq, r = heap[0]

@@ -54,6 +54,7 @@ from collections import deque
 
 from mypy_extensions import mypyc_attr
 
+from replica.core.cache.grouped import GroupedAllocation, GroupedPool
 from replica.core.cache.pool import PoolBusyError
 from replica.core.cache.types import ResponseStore, SchedulerPool
 from replica.core.sched.decode_kv import DecodeBlocks
@@ -98,6 +99,8 @@ class Scheduler(Release):
         self.keep_response_kv = keep_response_kv
         # the pool as a store of response KV, decided once (a Protocol's isinstance costs microseconds)
         self._store = pool if isinstance(pool, ResponseStore) else None
+        # KV cache groups with sliding windows (cache/grouped.py): their passed blocks are freed every step
+        self._groups = pool if isinstance(pool, GroupedPool) else None
         self.cost = cost
         self.settings = settings or SchedulerSettings()
         self.report_decoded = report_decoded
@@ -192,7 +195,7 @@ class Scheduler(Release):
         steps = 1
         if spec:  # the verify forward: each decoder's sampled token and its drafts (one step at a time)
             work = work._replace(draft_tokens=self._draft_tokens, draft_kv=self._draft_kv)
-        elif prefill_tokens == 0 and n_dec:  # nothing admissible until a request finishes
+        elif prefill_tokens == 0 and n_dec and self._groups is None:  # windows free blocks step by step
             steps = self._decode_run_length(n_dec, kv_tokens, now, horizon)
             if steps > 1:
                 steps = self.decode_kv.ahead(self._tick, steps)
@@ -254,6 +257,8 @@ class Scheduler(Release):
             self._fill_due(self._tick, now)
             return True
         self.decode_kv.floor = self._tick
+        if self._groups is not None:
+            self._slide_windows(now)
         preempted = self._grow_now(now)
         self._fill_due(self._tick, now)  # before admissions: they may hit what decoding just filled
         if self._spec_k:
@@ -303,6 +308,21 @@ class Scheduler(Release):
                 if victim is r:
                     break
         return preempted
+
+    def _slide_windows(self, now: float) -> None:
+        """vLLM's ``remove_skipped_blocks`` before a step allocates: each running request's window groups free
+        the blocks their windows passed at its computed tokens (a decoder's last sampled token is not computed)."""
+        groups, tick = self._groups, self._tick
+        assert groups is not None
+        for r in self.running:
+            alloc = r.alloc
+            if not isinstance(alloc, GroupedAllocation):
+                continue
+            if r.segments:
+                computed = r.segments[0][0]
+            else:
+                computed = r.input_tokens + tick - r.base - 1
+            groups.slide(alloc, computed, now)
 
     def _admit(self, now: float) -> None:
         max_running = self.settings.max_running

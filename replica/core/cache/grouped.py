@@ -1,0 +1,142 @@
+"""A pool of KV cache groups: one block table per group per request over one ``BlockPool``, as vLLM's hybrid
+KV cache manager keeps them (``vllm/v1/core/kv_cache_coordinator.py``, ``single_type_kv_cache_manager.py``).
+
+The scheduler sees a request's blocks as before (its prompt's hashes, then private blocks); this pool holds
+each of them once per group: group ``g``'s copy of block ``h`` is keyed ``group_key(h, g)`` (groups.py), a
+private block is one private block per group. The rules are vLLM's:
+
+* **Admission** (``acquire``): the hit is the longest prefix every group serves (``hit_blocks``), at most
+  the prompt's tokens but one, as vLLM's ``get_computed_blocks`` asks; a window group then skips the
+  blocks the window has already passed at the hit (``skipped_blocks``: vLLM pads them with its null block)
+  and holds the rest, a full group holds them all.
+* **Every step** (``slide``, vLLM's ``remove_skipped_blocks`` in ``allocate_slots``): a window group
+  frees the leading blocks its window has passed at the request's computed tokens: a hashed one is
+  unpinned (cached still, evictable, its tail first), a private one goes back free.
+* **Release** (``release``): group by group in group order, each group's blocks tail first (vLLM's
+  ``coordinator.free``), so the free queue hands out group 0's tail first.
+
+Sizes are in physical blocks (one group's page): ``capacity``, ``room``, ``pinned`` and ``private`` are the
+underlying pool's; ``width`` is how many physical blocks one more block of a request takes (every group's).
+Prefix hit mode only (a hole in one group is not one in another); the compiled pool is not its twin.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from replica.core.cache.groups import group_key, hit_blocks, skipped_blocks
+from replica.core.cache.pool import BlockPool
+from replica.core.cache.types import Allocation, Lookup
+from shared.errors import InputError
+from shared.kv_groups import WINDOW, KvGroups
+
+
+@dataclass(slots=True)
+class GroupedAllocation(Allocation):
+    """What one request got, with each group's table: the keys it still pins (its window's passed blocks
+    gone), how many leading blocks each group has freed, and how many of those were private blocks."""
+
+    tables: list[list[int]] = field(default_factory=list)
+    freed: list[int] = field(default_factory=list)
+    slid_private: int = 0
+
+
+class GroupedPool:
+    """A ``SchedulerPool`` over ``base`` for a model of several KV cache groups (see the module's doc)."""
+
+    def __init__(self, base: BlockPool, groups: KvGroups) -> None:
+        if base.hit_mode != "prefix":
+            raise InputError("hit_mode", "KV cache groups reuse a leading run of blocks: use --hit-mode prefix")
+        if not base.prefix_caching:
+            raise InputError("prefix_caching", "KV cache groups run with prefix caching on")
+        self.base = base
+        self.groups = groups
+        self.width = len(groups.groups)
+        self.capacity = base.capacity
+        self.block_size = base.block_size
+        self._windows = [(g, x.window) for g, x in enumerate(groups.groups) if x.kind == WINDOW]
+
+    # ---- what the scheduler reads -------------------------------------------------------------
+    @property
+    def private(self) -> int:
+        return self.base.private
+
+    @property
+    def pinned(self) -> int:
+        return self.base.pinned
+
+    @property
+    def room(self) -> int:
+        return self.base.room
+
+    @property
+    def pin_counts(self) -> Mapping[int, int]:
+        return self.base.pin_counts
+
+    def pins_of(self, hashes: Sequence[int]) -> list[int]:
+        """Per block, the running requests pinning its group-0 copy (what admission's room arithmetic asks)."""
+        return self.base.pins_of(hashes)
+
+    def held_per_group(self, alloc: GroupedAllocation, extra_blocks: int) -> list[int]:
+        """Blocks a request holds in each group (``extra_blocks``: its private blocks, per group)."""
+        total = len(alloc.hashes) + extra_blocks
+        return [total - alloc.freed[g] for g in range(self.width)]
+
+    # ---- a request's life ---------------------------------------------------------------------
+    def acquire(self, lookup: Lookup) -> GroupedAllocation:
+        """Pin each group's blocks from its first unskipped one, the hit every group serves counted as hit."""
+        base, bs, hashes = self.base, self.block_size, lookup.hashes
+        n = len(hashes)
+        keys = [[group_key(h, g) for h in hashes] for g in range(self.width)]
+        resident = base.resident
+        most = n if lookup.input_tokens is None else min(n, max(lookup.input_tokens - 1, 0) // bs)
+        hit = hit_blocks(self.groups, lambda g, i: keys[g][i] in resident, most, bs)
+        freed = [0] * self.width
+        for g, window in self._windows:
+            freed[g] = skipped_blocks(window, hit * bs, bs)
+        tables = [keys[g][freed[g]:] for g in range(self.width)]
+        base.acquire(Lookup([k for table in tables for k in table], lookup.session, lookup.now, lookup.input_tokens,
+                            False, lookup.extra * self.width, None, lookup.position))
+        touched = [i for i in range(n) if keys[0][i] in resident]
+        alloc = GroupedAllocation(hashes, list(range(hit)), list(range(hit, n)), touched, lookup.session,
+                                  tables=tables, freed=freed)
+        if lookup.record:
+            base.metrics.record_request(alloc, n, lookup.input_tokens, lookup.now)
+        return alloc
+
+    def slide(self, alloc: GroupedAllocation, computed_tokens: int, now: float = 0.0) -> None:
+        """Each window group frees the leading blocks its window passed at ``computed_tokens``."""
+        n = len(alloc.hashes)
+        for g, window in self._windows:
+            skip = skipped_blocks(window, computed_tokens, self.block_size)
+            start = alloc.freed[g]
+            if skip <= start:
+                continue
+            hashed = max(0, min(skip, n) - start)  # the table's leading keys: the rest were private blocks
+            if hashed:
+                gone, alloc.tables[g] = alloc.tables[g][:hashed], alloc.tables[g][hashed:]
+                self.base.release(Allocation(gone, [], [], [], alloc.session), now)
+            private = skip - start - hashed
+            if private:
+                self.base.free_private(private)
+                alloc.slid_private += private
+            alloc.freed[g] = skip
+
+    def release(self, alloc: Allocation, now: float = 0.0) -> None:
+        """Unpin group by group, each tail first; the private blocks a window freed were given back already,
+        so they are not freed twice when the scheduler frees the request's private blocks (``free_private``)."""
+        assert isinstance(alloc, GroupedAllocation)
+        for table in alloc.tables:
+            if table:
+                self.base.release(Allocation(table, [], [], [], alloc.session), now)
+        alloc.tables = [[] for _ in alloc.tables]
+        self.base.private += alloc.slid_private
+        alloc.slid_private = 0
+
+    def take_private(self, n: int) -> None:
+        """``n`` more blocks of a request: one in every group."""
+        self.base.take_private(n * self.width)
+
+    def free_private(self, n: int) -> None:
+        self.base.free_private(n * self.width)

@@ -1,0 +1,80 @@
+"""A pool of KV cache groups under the scheduler (replica/core/cache/grouped.py), worked by hand against vLLM's
+hybrid manager: a full-attention group and a window of 32 tokens, blocks of 16 tokens."""
+
+from replica.core.cache.grouped import GroupedAllocation, GroupedPool
+from replica.core.cache.groups import group_key
+from replica.core.cache.policies import make_policy
+from replica.core.cache.pool import BlockPool
+from replica.core.sched.scheduler import SchedRequest, Scheduler
+from shared.costmodel import CostModel
+from shared.kv_groups import FULL, WINDOW, group_layers
+
+
+def _hybrid(capacity: int = 100) -> tuple[Scheduler, GroupedPool, BlockPool]:
+    base = BlockPool(capacity, make_policy("lru"), block_size=16, hit_mode="prefix")
+    pool = GroupedPool(base, group_layers([(FULL, 0), (WINDOW, 32)]))
+    return Scheduler(pool, CostModel.from_names()), pool, base
+
+
+def _run(s: Scheduler, pool: GroupedPool, r: SchedRequest) -> tuple[list[list[int]], list[tuple[int, int]]]:
+    """Blocks ``r`` holds in each group after each step (none once it finished), and the pool's pinned and
+    private blocks then."""
+    held, pool_held, now = [], [], 0.0
+    while s.has_work():
+        now += s.step(now).duration
+        alloc = r.alloc
+        running = isinstance(alloc, GroupedAllocation) and any(alloc.tables)
+        held.append(pool.held_per_group(alloc, r.extra_blocks) if isinstance(alloc, GroupedAllocation) and running
+                    else [])
+        pool_held.append((pool.pinned, pool.private))
+    return held, pool_held
+
+
+def test_a_window_frees_the_blocks_it_passed_every_step_and_the_full_group_keeps_them():
+    s, pool, base = _hybrid()
+    r = SchedRequest(1, list(range(1, 7)), 100, 81, 0.0)  # 100 tokens: 6 full blocks and a partial one
+    s.submit(r)
+    held, pool_held = _run(s, pool, r)
+    # step 0 prefills: 7 blocks in each group (no hit, nothing skipped): 6 hashed and a partial one each
+    assert held[0] == [7, 7] and pool_held[0] == (12, 2)
+    # step k >= 1 decodes token 99 + k: the full group holds (99 + k) // 16 + 1 blocks; before it the window
+    # frees (99 + k - 31) // 16 blocks (tokens 100 - 31 = 69 on are read at step 1: blocks 0-3 go)
+    assert held[1] == [7, 3] and pool_held[1] == (8, 2)
+    assert held[1:12] == [[7, 3]] * 11
+    assert held[12] == [7, 2]  # 111 computed: tokens 80-111 read, blocks 5 and 6
+    assert held[13] == [8, 3] and pool_held[13] == (7, 4)  # token 112: block 7 in both groups
+    assert held[76:80] == [[11, 2], [12, 3], [12, 3], [12, 3]]  # 5 blocks of decode: 12 in the full group
+    assert len(held) == 81 and held[80] == []  # 80 decode steps after the prefill's first token
+    assert (base.pinned, base.private, len(base.resident)) == (0, 0, 12)  # 6 hashed blocks a group stay cached
+
+
+def test_a_repeated_prompt_hits_96_tokens_and_its_window_skips_what_it_passed():
+    s, pool, base = _hybrid()
+    a = SchedRequest(1, list(range(1, 7)), 100, 2, 0.0)
+    s.submit(a)
+    _run(s, pool, a)
+    b = SchedRequest(2, list(range(1, 7)), 100, 2, 1.0)
+    s.submit(b)
+    s.step(1.0)
+    alloc = b.alloc
+    assert isinstance(alloc, GroupedAllocation) and alloc.hit_blocks == 6 and b.cached_tokens == 96  # vLLM: 96
+    # at the hit (96 tokens) the window reads tokens 65 on: blocks 0-3 are skipped, 4 and 5 pinned
+    assert alloc.freed == [0, 4] and pool.held_per_group(alloc, b.extra_blocks) == [7, 3]
+    assert base.pinned == 8
+
+
+def test_release_goes_group_by_group_each_tail_first():
+    s, pool, base = _hybrid()
+    a = SchedRequest(1, [11, 12], 40, 1, 0.0)  # 2 full blocks and a partial; window 32 keeps both at 40
+    s.submit(a)
+    _run(s, pool, a)
+    # vLLM's coordinator.free: group 0's blocks tail first, then group 1's: the free queue's order
+    assert base.policy.victims(4) == [12, 11, group_key(12, 1), group_key(11, 1)]
+
+
+def test_the_compiled_pool_is_refused_for_a_model_of_several_groups():
+    from replica.core.compiled.pool import why_not
+
+    base = BlockPool(100, make_policy("lru"), block_size=16, hit_mode="prefix", emit_events=False)
+    assert why_not(base, kv_groups=2) == "a model of 2 KV cache groups needs the Python pool (a block table per group)"
+    assert why_not(base, kv_groups=1) != why_not(base, kv_groups=2)
