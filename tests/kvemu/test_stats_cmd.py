@@ -56,7 +56,8 @@ def test_malformed_file_exits_2_with_one_error_line(tmp_path):
 
 @pytest.mark.parametrize(
     "args, needle",
-    [(("--format", "sharegpt"), "valid: agentic-mooncake, auto, bailian, cc-traces, kvemu, llmservingsim, mooncake, openai"), ((), "no file ")],
+    [(("--format", "sharegpt"), "valid: agentic-mooncake, auto, bailian, cc-traces, kvemu, llmservingsim, mooncake, openai"),
+     ((), "no file ")],
 )
 def test_bad_format_or_missing_file(tmp_path, args, needle):
     proc = run_cli(str(tmp_path / "missing.jsonl"), *args)
