@@ -36,7 +36,9 @@ COUNTERS = ("requests", "block_accesses", "block_hits", "recompute_cost_total_s"
 # per-replica series drawn over time, each a value per sample (None: no value that interval)
 REPLICA_SERIES = ("kv_usage", "hit_ratio", "csr", "running", "waiting", "ttft_p50_s", "ttft_p99_s",
                   "evictions_per_s", "event_lag", "link_bytes_per_s")
-CLUSTER_SERIES = ("imbalance_in_flight", "imbalance_kv_usage", "imbalance_routed", "index_entries", "hotspots")
+CLUSTER_SERIES = ("imbalance_in_flight", "imbalance_kv_usage", "imbalance_routed", "index_entries", "hotspots",
+                  "sessions_in_flight", "sessions_fanned_out", "widest_fanout")
+TOP_FLIGHTS = 8  # the sessions in flight the agent panel lists
 # per shared KV pool (--shared-pool), over time: its occupancy, the bytes it holds, its aggregate link's bytes/s
 POOL_SERIES = ("occupancy", "used_bytes", "link_bytes_per_s", "evictions_per_s")
 
@@ -96,11 +98,13 @@ class Dashboard:
         rates = {reason: (n - was.get(reason, 0.0)) / dt if dt else None for reason, n in decisions.items()}
         index = state.index.stats_sync() if isinstance(state.index, MemoryIndex) else await _redis_stats(state)
         imb = summary["imbalance"]
+        flights = state.sessions.now(0)  # the router's own sessions in flight (router/session_flights.py)
         point = {"t": now, "replicas": replicas, "counters": counters, "decisions_per_s": rates,
                  "decisions": decisions,
                  "cluster": {"imbalance_in_flight": imb["in_flight"], "imbalance_kv_usage": imb["kv_usage"],
                              "imbalance_routed": imb["routed"], "index_entries": index.get("entries"),
-                             "hotspots": len(summary["hotspots"])},
+                             "hotspots": len(summary["hotspots"]), "sessions_in_flight": flights.sessions,
+                             "sessions_fanned_out": flights.fanned_out, "widest_fanout": flights.widest},
                  "summary": summary, "index": index,
                  "pools": {p.name: _pool_point(p, base["pools"].get(p.name) if base else None,
                                                now - base["t"] if base else 0.0) for p in pools}}
@@ -132,7 +136,16 @@ class Dashboard:
                 "hotspots": last["summary"]["hotspots"] if last else [],
                 "hotspot_factor": state.settings.hotspot_factor, "replicas": rows, "history": hist,
                 "pd": last["summary"].get("pd") if last else None,
-                "shared_pools": last["summary"].get("shared_pools", []) if last else []}
+                "shared_pools": last["summary"].get("shared_pools", []) if last else [],
+                "agent_sessions": _flights(state.sessions.now(TOP_FLIGHTS, label))}
+
+
+def _flights(now) -> dict:
+    """The sessions in flight now, as the agent panel shows them (each top session's time in flight in seconds)."""
+    t = time.time()
+    return {"sessions": now.sessions, "fanned_out": now.fanned_out, "requests": now.requests, "widest": now.widest,
+            "top": [{"session": f.session, "in_flight": f.in_flight, "widest": f.widest,
+                     "for_s": round(t - f.since, 1)} for f in now.top]}
 
 
 def _series(values) -> list:

@@ -10,6 +10,7 @@ from aiohttp import web
 from router.cluster import Cluster
 from router.limits import ClientLimiter
 from router.metrics import RouterMetrics
+from router.session_flights import SessionFlights
 from router.settings import RouterSettings
 from router.strategies import RoutingStep, strategy_spec
 from shared.index import make_index
@@ -34,6 +35,7 @@ class RouterState:
         self.request_timeout = aiohttp.ClientTimeout(total=settings.request_timeout_s)  # one, not one per request
         limits = settings.client_limits()
         self.limiter = ClientLimiter(limits) if limits.enabled else None  # None: no per-client limit, no cost
+        self.sessions = SessionFlights()  # requests in flight per session: an agent's fan-out (the dashboard's)
 
 
 def _with_cluster(url: str, cluster: str) -> str:

@@ -49,14 +49,15 @@ async def _route(request: web.Request, state: RouterState) -> web.StreamResponse
     limits = (state.settings.serving.max_prompt_tokens, state.settings.serving.max_output_tokens)
     spec = await request.app[OFFLOAD].parse(request, raw, state.settings.block_size, limits)
     ctx = RequestContext.of(request, raw, spec)
-    if state.cluster.disaggregated:  # prefill instances: router/pd.py runs the request's two legs
-        await lookup(state, ctx, state.settings.pd is not None)
-        return await pd.route(state, ctx)
-    if pd.steers_transfer(raw):  # the router owns the transfer: a client may not steer it (router/pd.py)
-        pd.client_params(ctx.body())
-    await lookup(state, ctx)
-    pool = Pool("replica", state.router, state.cluster.replicas)
-    return await answer_from(state, ctx, pool, lambda target: _forward(state, ctx, target))
+    with state.sessions.flight(spec.session):
+        if state.cluster.disaggregated:  # prefill instances: router/pd.py runs the request's two legs
+            await lookup(state, ctx, state.settings.pd is not None)
+            return await pd.route(state, ctx)
+        if pd.steers_transfer(raw):  # the router owns the transfer: a client may not steer it (router/pd.py)
+            pd.client_params(ctx.body())
+        await lookup(state, ctx)
+        pool = Pool("replica", state.router, state.cluster.replicas)
+        return await answer_from(state, ctx, pool, lambda target: _forward(state, ctx, target))
 
 
 async def _forward(state: RouterState, ctx: RequestContext, target: Target) -> web.StreamResponse:

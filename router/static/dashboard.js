@@ -313,6 +313,25 @@ function poolPanels(d) {
   panel("shared_pools").dataset.rows = String(rows.length);
 }
 
+// ---- agent sessions: sessions in flight and their fan-out as the router sees it (requests of one session at once)
+function agentPanel(d) {
+  const h = d.history.cluster;
+  const lines = [["sessions in flight", "sessions_in_flight"], ["fanned out (> 1 request at once)", "sessions_fanned_out"],
+    ["widest fan-out (requests at once)", "widest_fanout"]];
+  draw("agent_sessions", {y: {label: "sessions / requests", integer: true},
+    series: lines.map(([l], i) => ({label: l, color: OTHER_COLORS[[0, 3, 6][i]], dash: i === 2 ? [6, 4] : undefined}))},
+  [d.history.t].concat(lines.map(([, k]) => h[k])));
+  const a = d.agent_sessions || {top: []};
+  const rows = a.top.map((s) => {
+    const tr = document.createElement("tr");
+    tr.append(cell(s.session === null ? "(none)" : String(s.session), "text"), cell(fmt(s.in_flight)), cell(fmt(s.widest)),
+      cell(fmt(s.for_s, 1)));
+    return tr;
+  });
+  document.querySelector("#agent_sessions tbody").replaceChildren(...rows);
+  panel("agent_sessions").dataset.rows = String(rows.length);
+}
+
 function header(d) {
   const up = d.replicas.filter((r) => r.healthy).length;
   const s = (d.replicas.find((r) => r.stats) || {}).stats || {};
@@ -334,6 +353,7 @@ function render(d) {
   poolPanels(d);
   timeCharts(d);
   clusterCharts(d);
+  agentPanel(d);
   mrcChart(d);
   reuseChart(d);
   sessionsTable(d);
