@@ -311,12 +311,9 @@ class CostModel:
         u = self._u
         if not u.comm_calls or tokens <= 0:
             return 0.0
-        known = self._comm
-        s = known.get(tokens)
+        s = self._comm.get(tokens)
         if s is None:
-            if len(known) >= 1 << 16:
-                known.clear()
-            s = known[tokens] = u.comm_calls * all_reduce_seconds(self._link, self.tp, tokens * u.comm_bytes)
+            s = _remember(self._comm, tokens, u.comm_calls * all_reduce_seconds(self._link, self.tp, tokens * u.comm_bytes))
         return s
 
     @property
@@ -344,13 +341,10 @@ class CostModel:
         """A step's MoE layers over ``tokens`` tokens and the experts they touch, remembered per count (bounded)."""
         if self._moe_kernel is None:
             return 0.0
-        known = self._moe
-        s = known.get(tokens)
+        s = self._moe.get(tokens)
         if s is None:
-            if len(known) >= 1 << 16:
-                known.clear()
             m, tp = self.model, self.tp
-            s = known[tokens] = m.moe_layers * self.moe_layer_s(tokens / tp, m.touched_experts(tokens) / tp)
+            s = _remember(self._moe, tokens, m.moe_layers * self.moe_layer_s(tokens / tp, m.touched_experts(tokens) / tp))
         return s
 
     # ---- one request's prefill, one decode step: the step with one chunk / no chunk ----------
@@ -381,6 +375,15 @@ class CostModel:
         the block's own tokens and the prefix before it), without per-step costs."""
         p = self.prefill_parts(block_size, block_index * block_size)
         return p.linear + p.attention + block_size * self._u.moe_token
+
+
+def _remember(known: dict[int, float], tokens: int, seconds: float) -> float:
+    """Store ``seconds`` for ``tokens`` in a per-token-count memo, emptied once it holds 65,536 counts so that a
+    long run's memory stays bounded."""
+    if len(known) >= 1 << 16:
+        known.clear()
+    known[tokens] = seconds
+    return seconds
 
 
 def layered_finish(compute: float, restores: Iterable[tuple[float, float]], layers: int) -> float:
