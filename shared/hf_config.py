@@ -44,13 +44,13 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, NamedTuple
 
 from shared.errors import InputError
 from shared.kv_groups import FULL, WINDOW
 from shared.model_kinds import MlaDims
+from shared.model_spec import ModelSpec
 
 FIELD = "--model"
 LLAMA_LIKE = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM")
@@ -65,34 +65,6 @@ LAYER_TYPES = {"full_attention": FULL, "sliding_attention": WINDOW}
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 2}
 # rope_scaling types whose factor vLLM multiplies the context window by (``_get_and_verify_max_len``)
 SCALED_ROPE = ("linear", "dynamic", "yarn")
-
-
-@dataclass(frozen=True, slots=True)
-class HfShape:
-    """What a config.json says about the model's shape (``shared.costmodel`` makes it a ``ModelSpec``)."""
-
-    name: str  # from the file's place: its folder, or the file name before ``.config.json`` / ``.json``
-    path: str  # absolute
-    architecture: str
-    layers: int
-    q_heads: int
-    kv_heads: int
-    head_dim: int
-    hidden: int
-    intermediate: int  # MLP width (MoE: of one expert)
-    vocab: int
-    experts: int
-    active_experts: int
-    dtype_bytes: int
-    mlp_matrices: int  # 3: SwiGLU; 2: OPT's fc1 -> ReLU -> fc2
-    tied_embeddings: bool
-    max_context: int
-    dense_layers: int = 0  # MoE models: layers with a dense MLP of dense_intermediate among the routed ones
-    dense_intermediate: int = 0
-    shared_experts: int = 0
-    mla: MlaDims | None = None
-    fp8_weights: bool = False
-    layer_kinds: tuple[tuple[str, int], ...] = ()  # each layer's (kind, window) where some are not full attention
 
 
 class MlpShape(NamedTuple):
@@ -111,8 +83,10 @@ def is_config_path(spec: str) -> bool:
     return spec.endswith(".json") or os.sep in spec or os.path.isdir(spec)
 
 
-def load_config(path: str) -> HfShape:
-    """The shape in ``path`` (a config.json, or a model folder holding one), read once per file version."""
+def load_config(path: str) -> ModelSpec:
+    """The shape in ``path`` (a config.json, or a model folder holding one), read once per file version; named
+    after its place (``model_name``), with no efficiencies (``shared.model_presets.model_from_config`` gives
+    those of its kind)."""
     if os.path.isdir(path):
         path = os.path.join(path, "config.json")
     try:
@@ -123,7 +97,7 @@ def load_config(path: str) -> HfShape:
 
 
 @lru_cache(maxsize=32)
-def _load(path: str, _mtime: int) -> HfShape:
+def _load(path: str, _mtime: int) -> ModelSpec:
     try:
         with open(path, encoding="utf-8") as fh:
             raw = json.load(fh)
@@ -232,7 +206,7 @@ class _Reader:
             raise self.refuse("torch_dtype", f"is {name!r}: kvemu reads {', '.join(DTYPE_BYTES)}")
         return DTYPE_BYTES[name]
 
-    def shape(self) -> HfShape:
+    def shape(self) -> ModelSpec:
         self.check_kinds()
         arch = self.architecture()
         max_pos = self.positive("max_position_embeddings")
@@ -252,16 +226,16 @@ class _Reader:
         mla = self.mla() if arch in DEEPSEEK else None
         if mla is not None:  # the query/key head: its dims without and with rotary
             head_dim = mla.qk_nope_head_dim + mla.qk_rope_head_dim
-        return HfShape(name=model_name(self.path), path=self.path, architecture=arch, layers=layers, q_heads=heads,
-                       kv_heads=kv_heads, head_dim=head_dim, hidden=hidden, intermediate=mlp.intermediate,
-                       vocab=self.positive("vocab_size"), experts=mlp.experts, active_experts=mlp.active,
-                       dtype_bytes=self.dtype_bytes(), mlp_matrices=2 if opt else 3,
-                       tied_embeddings=self.flag("tie_word_embeddings", opt or arch == "Gemma3ForCausalLM"),
-                       max_context=self.max_context(),
-                       dense_layers=mlp.dense_layers, dense_intermediate=mlp.dense_intermediate,
-                       shared_experts=mlp.shared_experts, mla=mla,
-                       fp8_weights=self.raw.get("quantization_config") is not None,
-                       layer_kinds=self.layer_kinds(arch, layers, max_pos))
+        return ModelSpec(name=model_name(self.path), layers=layers, q_heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+                         hidden=hidden, intermediate=mlp.intermediate, vocab=self.positive("vocab_size"),
+                         experts=mlp.experts, active_experts=mlp.active, dtype_bytes=self.dtype_bytes(),
+                         mlp_matrices=2 if opt else 3,
+                         tied_embeddings=self.flag("tie_word_embeddings", opt or arch == "Gemma3ForCausalLM"),
+                         max_context=self.max_context(),
+                         dense_layers=mlp.dense_layers, dense_intermediate=mlp.dense_intermediate,
+                         shared_experts=mlp.shared_experts, mla=mla,
+                         fp8_weights=self.raw.get("quantization_config") is not None,
+                         layer_kinds=self.layer_kinds(arch, layers, max_pos))
 
     def mlp(self, arch: str, hidden: int, layers: int) -> MlpShape:
         if arch == "OPTForCausalLM":

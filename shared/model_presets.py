@@ -139,11 +139,8 @@ def model_from_config(path: str) -> ModelSpec:
     """The ``ModelSpec`` of a config.json (``shared.hf_config``) with the efficiencies of its kind (the dense
     or the MoE fit). A shape equal to a preset's, context window included, is that preset, name and all, so
     a device profile fitted for the preset applies to the file and the other way round."""
-    h = load_config(path)
-    spec = ModelSpec(h.name, h.layers, h.q_heads, h.kv_heads, h.head_dim, h.hidden, h.intermediate, h.vocab,
-                     h.experts, h.active_experts, h.dtype_bytes, MOE_H200 if h.experts else DENSE_H200,
-                     h.mlp_matrices, h.tied_embeddings, h.max_context, h.dense_layers, h.dense_intermediate,
-                     h.shared_experts, h.mla, h.fp8_weights, layer_kinds=h.layer_kinds)
+    shape = load_config(path)
+    spec = replace(shape, efficiency=MOE_H200 if shape.experts else DENSE_H200)
     for preset in MODELS.values():
         if replace(spec, name=preset.name, efficiency=preset.efficiency) == preset:
             return preset
