@@ -49,8 +49,7 @@ def main() -> None:
     add_cluster_args(p, replicas=4)
     a = p.parse_args()
     a.port, a.capacity_blocks, a.time_scale = 0, a.capacity_blocks or 8192, 1.0 / a.speedup
-    validate(a)
-    cluster = bring_up(a)
+    cluster = bring_up(validate(a))
     try:
         trace = generate("mix", a.duration, 1)
         trace.requests = [r for r in trace.requests if r.t < a.duration]

@@ -73,19 +73,19 @@ def demo_defaults(a) -> None:
 
 def run(a) -> int:
     demo_defaults(a)
-    validate(a)
+    plan = validate(a)
     check_outputs(a, ("--json", "--plot"))
     if not a.quiet:
-        print_limit_lines(a)
+        print_limit_lines(plan)
     started = time.monotonic()
     trace = demo_trace(a)
     say = (lambda *_: None) if a.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
     limit = f" (context limit {a.max_model_len:,} tokens)" if a.max_model_len else ""
     say(f"demo: {len(trace.requests):,} requests of the {a.workload!r} workload ({a.duration:.0f} s of trace time,"
-        f" replayed {a.speedup:g}x faster) on {a.replicas} replicas x {_capacity(a)}{limit}, {a.policy},"
+        f" replayed {a.speedup:g}x faster) on {plan.topology.total} replicas x {_capacity(plan.flags)}{limit}, {a.policy},"
         f" {a.routing} routing")
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    cluster = bring_up(a)
+    cluster = bring_up(plan)
     try:
         say(f"demo: cluster up in {time.monotonic() - started:.1f} s, router at {cluster.router_url}")
         before = replica_stats(cluster.router_url)

@@ -21,27 +21,22 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kvemu.options.backend import BACKEND_OPTIONS
 from kvemu.options.config_file import add_config_arg
-from kvemu.options.gpu import add_gpu_args, gpu_setting
+from kvemu.options.gpu import add_gpu_args
 from kvemu.options.index import CLUSTER
-from kvemu.options.knobs import engine_knobs, naming_flags
-from kvemu.options.kv_cache_dtype import KV_CACHE_DTYPE, model_setting
-from kvemu.options.kv_events import add_kv_events_arg, kv_events_argv, kv_events_setting
+from kvemu.options.kv_cache_dtype import KV_CACHE_DTYPE
+from kvemu.options.kv_events import add_kv_events_arg, kv_events_argv
 from kvemu.options.limits import (
     CAPACITY_OPTIONS,
     MAX_MODEL_LEN,
-    capacity_note,
-    default_capacity,
-    length_warning,
-    replica_capacity,
 )
-from kvemu.options.matching import BLOCK_SIZE, HIT_MODE, MATCHING_OPTION, PAGE_SIZE, matching_setting
+from kvemu.options.matching import BLOCK_SIZE, HIT_MODE, MATCHING_OPTION, PAGE_SIZE
 from kvemu.options.option import add_options, forward
 from kvemu.options.parallel import OPTIONS as PARALLEL_OPTIONS
-from kvemu.options.parallel import parallel_setting, ranks_line
 from kvemu.options.pd import (
     PD_DECIDER_OPTIONS,
     PD_HOLD_SHARE_OPTION,
@@ -49,12 +44,12 @@ from kvemu.options.pd import (
     PD_LINK_OPTIONS,
     add_pd_args,
 )
-from kvemu.options.prefix_caching import PREFIX_CACHING, prefix_caching_setting
+from kvemu.options.prefix_caching import PREFIX_CACHING
 from kvemu.options.replica_flags import ADMIN_TOKEN, ADMIN_TOKEN_ENV, MODEL, POLICY, TIME_SCALE, given_admin_token
 from kvemu.options.response_kv import RESPONSE_KV_OPTION
 from kvemu.options.reuse import SHARDS_RATE
 from kvemu.options.router_flags import ROUTING_OPTIONS
-from kvemu.options.scheduler import LIVE_SCHEDULER_OPTIONS, check_scheduler_flags
+from kvemu.options.scheduler import LIVE_SCHEDULER_OPTIONS
 from kvemu.options.serving import (
     COMMAND_LINE_TOKEN_WARNING,
     SERVER_OPTIONS,
@@ -64,15 +59,13 @@ from kvemu.options.serving import (
 )
 from kvemu.options.shared_pool import add_shared_args
 from kvemu.options.speculative import SPECULATIVE_OPTIONS
-from kvemu.options.tiers import TIER_OPTIONS, add_tier_args, tier_settings
+from kvemu.options.tiers import TIER_OPTIONS, add_tier_args
 from kvemu.router_cmd import ROUTER_OPTIONS
-from kvemu.up_pd import members_of, pool_args, validate_pools, validate_topology
-from kvemu.up_pool import TRANSFORMED_SHARED, pool_groups, pool_id, replica_shared_argv, router_shared_argv, validate_shared
+from kvemu.up_pd import pool_args
+from kvemu.up_plan import UpPlan, validate
+from kvemu.up_pool import TRANSFORMED_SHARED, pool_groups, pool_id, replica_shared_argv, router_shared_argv
 from kvemu.up_pool import pool_args as shared_pool_args
 from kvemu.up_supervise import RESTART_ATTEMPTS, RestartPolicy, Supervisor
-from replica.backends import check_backend, check_backend_flags
-from replica.core.dp import DpSettings
-from shared.costmodel import CostModel
 from shared.errors import InputError, KvemuError
 from shared.runtime_dir import shared_cluster_token
 
@@ -245,34 +238,37 @@ def start_redis(log_dir: str) -> tuple[Child, str]:
     return child, f"redis://127.0.0.1:{port}/0"
 
 
-def replica_args(i: int, port: int, a, index: str | None, replica_id: str = "", role: str = "both",
-                 peers: list[str] | None = None) -> list[str]:
+def replica_args(i: int, port: int, plan: UpPlan, index: str | None, replica_id: str = "", role: str = "both",
+                 peers: list[str] | None = None, pool_urls: Sequence[str] = ()) -> list[str]:
     """Replica ``i``'s command line: every flag of TO_REPLICAS and TO_BOTH (the capacity one as validate
     checked and defaulted it), and those of TRANSFORMED as up turns them; a P/D replica gets its pool's
     shape (``pool_args``), its ``--role`` and the link flags. ``peers``: the cluster's replicas, the only
-    addresses a request may have it contact for KV (--pd-peers)."""
-    pool = pool_args(a, role)
+    addresses a request may have it contact for KV (--pd-peers); ``pool_urls``: the shared KV pools started."""
+    flags = plan.flags
+    pool = pool_args(flags, plan.pd, role)
     args = [sys.executable, "-m", "replica", "--port", str(port), "--replica-id", replica_id or f"replica-{i}",
-            "--gpu", pool.gpu, *forward((*TO_REPLICAS, *TO_BOTH), pool), *kv_events_argv(a, i * a.data_parallel_size),
-            *(["--pd-peers", ",".join(peers)] if peers else [])]
+            "--gpu", pool.gpu, *forward((*TO_REPLICAS, *TO_BOTH), pool),
+            *kv_events_argv(flags, i * flags.data_parallel_size), *(["--pd-peers", ",".join(peers)] if peers else [])]
     if role != "both":
-        args += ["--role", role, *forward(TO_PD_REPLICAS, a)]
-    return args + (["--index", index] if index else []) + replica_shared_argv(a, i)
+        args += ["--role", role, *forward(TO_PD_REPLICAS, flags)]
+    return args + (["--index", index] if index else []) + replica_shared_argv(plan, i, pool_urls)
 
 
-
-
-def router_args(port: int, a, replica_urls: list[str], index: str, roles: list[str] | None = None) -> list[str]:
+def router_args(port: int, plan: UpPlan, replica_urls: list[str], index: str, roles: list[str] | None = None,
+                pool_urls: Sequence[str] = ()) -> list[str]:
     """The router's command line: every flag of TO_ROUTER and TO_BOTH, and --replicas (``ROLE=URL`` for a P/D
     replica), --index as up turns them."""
+    flags = plan.flags
     urls = [u if not roles or roles[i] == "both" else f"{roles[i]}={u}" for i, u in enumerate(replica_urls)]
     return [sys.executable, "-m", "router", "--port", str(port), "--replicas", ",".join(urls),
-            "--index", index, "--workers", str(getattr(a, "routers", 1)), *forward((*TO_BOTH, *TO_ROUTER), a),
-            *(forward(PD_DECIDER_OPTIONS, a) if getattr(a, "pd", None) is not None else []), *router_shared_argv(a)]
+            "--index", index, "--workers", str(flags.routers), *forward((*TO_BOTH, *TO_ROUTER), flags),
+            *(forward(PD_DECIDER_OPTIONS, flags) if plan.pd is not None else []),
+            *router_shared_argv(plan, pool_urls)]
 
 
-def bring_up(a, log_dir: str | None = None) -> Cluster:
+def bring_up(plan: UpPlan, log_dir: str | None = None) -> Cluster:
     """Start everything and wait for health; on failure stop what started and raise."""
+    a = plan.flags
     log_dir = log_dir or tempfile.mkdtemp(prefix="kvemu-up-")
     cluster = Cluster(tmpdir=log_dir)
     # One token for the whole cluster (replicas' /kv/*), passed through the environment so it
@@ -287,19 +283,20 @@ def bring_up(a, log_dir: str | None = None) -> Cluster:
 
         index, password = split_password(_index_for(a, cluster, log_dir))
         cluster.redis_password = password or ""
-        start_pools(cluster, a, log_dir, index)
-        members = members_of(a)
+        start_pools(cluster, plan, log_dir, index)
+        members = plan.members()
         ports = [a.replica_base_port + i if a.replica_base_port else free_port() for i in range(len(members))]
         peers = [f"127.0.0.1:{port}" for port in ports]  # the roster: no request sends a replica elsewhere
         for i, ((replica_id, role), port) in enumerate(zip(members, ports, strict=True)):
             url = f"http://127.0.0.1:{port}"
-            args = replica_args(i, port, a, index if index != "memory" else None, replica_id, role, peers)
+            args = replica_args(i, port, plan, index if index != "memory" else None, replica_id, role, peers,
+                                cluster.pool_urls)
             cluster.start(Child(replica_id, args, url), log_dir)
             cluster.replica_urls.append(url)
             cluster.roles.append(role)
         router_port = a.port or free_port()
         cluster.router_url = f"http://127.0.0.1:{router_port}"
-        router = router_args(router_port, a, cluster.replica_urls, index, cluster.roles)
+        router = router_args(router_port, plan, cluster.replica_urls, index, cluster.roles, cluster.pool_urls)
         cluster.start(Child("router", router, cluster.router_url, kind="router"), log_dir)
         wait_healthy(cluster, cluster.replica_urls + [cluster.router_url], a.start_timeout, log_dir)
         _wait_router_sees_all(cluster.router_url, len(members), a.start_timeout)
@@ -309,21 +306,17 @@ def bring_up(a, log_dir: str | None = None) -> Cluster:
     return cluster
 
 
-
-
-def start_pools(cluster: Cluster, a, log_dir: str, index: str) -> None:
+def start_pools(cluster: Cluster, plan: UpPlan, log_dir: str, index: str) -> None:
     """The shared KV pools first (kvemu/up_pool.py): every replica checks its pool at start. With a Redis
     index each pool ships what it holds there too, as the replicas do."""
-    a.shared_pool_urls = []
-    for k in range(pool_groups(a)):
+    for k in range(pool_groups(plan)):
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        redis = ["--index", index, "--cluster", a.cluster] if index != "memory" else []
-        cluster.start(Child(pool_id(a, k), shared_pool_args(a, k, port) + redis, url, kind="pool"), log_dir)
-        a.shared_pool_urls.append(url)
+        redis = ["--index", index, "--cluster", plan.flags.cluster] if index != "memory" else []
+        cluster.start(Child(pool_id(plan, k), shared_pool_args(plan, k, port) + redis, url, kind="pool"), log_dir)
         cluster.pool_urls.append(url)
     if cluster.pool_urls:
-        wait_healthy(cluster, cluster.pool_urls, a.start_timeout, log_dir)
+        wait_healthy(cluster, cluster.pool_urls, plan.flags.start_timeout, log_dir)
 
 
 def _index_for(a, cluster: Cluster, log_dir: str) -> str:
@@ -354,19 +347,6 @@ def check_redis(url: str) -> None:
     except (redis.RedisError, OSError, ValueError) as exc:
         raise KvemuError(f"cannot reach Redis at {url} ({exc}); start it, or use --index redis (a private"
                          " redis-server) or --index memory") from None
-
-
-def port_free(port: int, host: str = "127.0.0.1") -> bool:
-    """Whether a server could listen on ``port`` now. With SO_REUSEADDR, as the servers bind
-    (``shared.serve.bind``): without it the connections of a cluster stopped a minute ago, still in
-    TIME-WAIT, would read as a port in use while nothing listens; a listener still refuses it."""
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 def _wait_port(url: str, timeout: float = 10.0) -> None:
@@ -444,84 +424,13 @@ def configure(p: argparse.ArgumentParser) -> None:
                         " file in the runtime directory; not written when the token was given")
 
 
-def _check_parallel(a) -> DpSettings:
-    """--data-parallel-size and --enable-expert-parallel as each replica checks them, P/D refused; every replica's
-    ranks' KV-event ports can be offset (bad JSON, keys or values: one line before anything starts)."""
-    dp = parallel_setting(a, CostModel.from_names(a.model, a.gpu).model)
-    if dp.size > 1 and a.topology.disaggregated:
-        raise InputError("--data-parallel-size", "DP ranks inside P/D instances are not emulated: drop one of them")
-    kv_events = kv_events_setting(a)
-    if kv_events is not None:
-        for i in range(a.topology.total * dp.size):
-            kv_events.for_rank(i)
-    return dp
-
-
-def validate(a) -> None:
-    a.gpu, a.tp = gpu_setting(a), 1  # replicas get the combined setting through --gpu
-    a.model, a.kv_cache_dtype = model_setting(a), "auto"  # ... and through --model
-    check_backend(a.backend, a.layers)  # no torch: one line here, not one per replica
-    check_backend_flags(a)
-    default_capacity(a)  # before the P/D pools are sized: one on another GPU follows the same rule
-    validate_topology(a)
-    if not 1 <= a.routers <= 64:
-        raise InputError("--routers", f"must be 1-64, got {a.routers}")
-    from kvemu.options.router_flags import routing_settings
-    from kvemu.options.serving import serving_settings
-    from replica.settings import ReplicaSettings, check_live_policy
-    from router.settings import RouterSettings
-    from router.strategies import get_strategy
-
-    # Everything a child would reject, rejected here in one line before any process starts.
-    check_scheduler_flags(a)
-    dp = _check_parallel(a)
-    matching = matching_setting(a)
-    check_live_policy(a.policy)
-    knobs = engine_knobs(a, matching)  # the tiers below: checked with the prefix caching flag, as each replica does
-    with naming_flags():  # a field's name is its flag's, less the "_s" of seconds
-        serving = serving_settings(argparse.Namespace(**{**vars(a), "host": "127.0.0.1"}), find_token=False)
-        capacity_note(a, matching.block_size, matching.mode)  # a pool of no block or page: one line naming the flag
-        replica = ReplicaSettings(knobs=knobs, **replica_capacity(a, matching.mode), max_model_len=a.max_model_len,
-                                  model=a.model, gpu=a.gpu, block_size=matching.block_size, time_scale=a.time_scale,
-                                  max_waiting=a.max_waiting, serving=serving, backend=a.backend, dp=dp)
-        RouterSettings(replicas=("http://127.0.0.1:1",), block_size=matching.block_size, serving=serving,
-                       health_interval_s=a.health_interval, dashboard_interval_s=a.dashboard_interval,
-                       client_max_in_flight=a.client_max_in_flight, client_rate=a.client_rate,
-                       client_burst=a.client_burst, upstream_first_byte_timeout_s=a.upstream_first_byte_timeout)
-    # the replicas print these to their logs; up (and demo) print them once, when the checks are done
-    each = f"each of a replica's {dp.size} DP ranks: " if dp.size > 1 else ""
-    a.limit_lines = [*([each + replica.kv_budget().line()] if a.gpu_memory_utilization is not None else []),
-                     *filter(None, [ranks_line(dp, replica.resolved_capacity_blocks(),
-                                               "pages" if matching.mode == "radix" else "blocks")]),
-                     *filter(None, [capacity_note(a, matching.block_size, matching.mode)]),
-                     *filter(None, [length_warning(replica.asked_max_model_len(), a.max_model_len is not None,
-                                                   replica.resolved_capacity_blocks(), matching.block_size,
-                                                   matching.mode)])]
-    tiers = tier_settings(a, CostModel.from_names(a.model, a.gpu), matching.block_size)  # the replicas' tier flags, checked here
-    prefix_caching_setting(a, tiers, a.backend)  # as each replica checks it
-    get_strategy(a.routing)
-    routing_settings(matching.block_size, a.set, mode=matching.mode)
-    validate_pools(a, matching.block_size)
-    validate_shared(a, matching.block_size)
-    wanted = [("--port", a.port)] if getattr(a, "port", 0) else []
-    if a.replica_base_port:
-        wanted += [("--replica-base-port", a.replica_base_port + i) for i in range(a.topology.total)]
-    for flag, port in wanted:
-        if not port_free(port):
-            raise InputError(flag, f"port {port} on 127.0.0.1 is in use; pick another, or stop what listens there")
-
-
-
-
-
-
-def write_token(cluster: Cluster, a) -> str | None:
+def write_token(cluster: Cluster, a: argparse.Namespace) -> str | None:
     """Where an operator finds the token (the guarded endpoints: /kv/*, ?sessions=raw): the shared
     file it is in, or with ``--token-file`` a copy of it there (mode 0600); None when the token was
     given (the operator has it) and then nothing is written."""
     if cluster.token_path is None:
         return None
-    path = getattr(a, "token_file", None)
+    path = a.token_file
     if not path:
         return cluster.token_path
     try:
@@ -534,19 +443,19 @@ def write_token(cluster: Cluster, a) -> str | None:
     return path
 
 
-def print_limit_lines(a) -> None:
+def print_limit_lines(plan: UpPlan) -> None:
     """The capacity --gpu-memory-utilization gives and the max_model_len warning (validate's), on stderr."""
-    for line in getattr(a, "limit_lines", ()):
+    for line in plan.limit_lines:
         print(line, file=sys.stderr, flush=True)
 
 
 def run(a) -> int:
-    validate(a)
+    plan = validate(a)
     policy = RestartPolicy(attempts=a.restart_attempts)
-    print_limit_lines(a)
-    if getattr(a, "cluster_token", None):
+    print_limit_lines(plan)
+    if a.cluster_token:
         print(COMMAND_LINE_TOKEN_WARNING, file=sys.stderr, flush=True)
-    if getattr(a, "admin_token", None):
+    if a.admin_token:
         print(command_line_token_warning(ADMIN_TOKEN.flag, ADMIN_TOKEN_ENV), file=sys.stderr, flush=True)
     stop = {"now": False, "starting": True}
 
@@ -559,7 +468,7 @@ def run(a) -> int:
     signal.signal(signal.SIGINT, on_signal)
     log_dir = tempfile.mkdtemp(prefix="kvemu-up-")
     try:
-        cluster = bring_up(a, log_dir)
+        cluster = bring_up(plan, log_dir)
     except KeyboardInterrupt:
         shutil.rmtree(log_dir, ignore_errors=True)
         print("stopped during start-up", file=sys.stderr)
@@ -574,12 +483,12 @@ def run(a) -> int:
         token_file = write_token(cluster, a)
         print(f"router   {cluster.router_url}")
         print(f"dashboard {cluster.router_url}/dashboard")
-        for (replica_id, _), url in zip(members_of(a), cluster.replica_urls, strict=True):
+        for (replica_id, _), url in zip(plan.members(), cluster.replica_urls, strict=True):
             print(f"{replica_id} {url}")  # a P/D replica's id names its role (prefill-i, decode-i)
         if cluster.redis_url:
             print(f"redis    {cluster.redis_url}")
         for k, url in enumerate(cluster.pool_urls):
-            print(f"{pool_id(a, k)} {url}")
+            print(f"{pool_id(plan, k)} {url}")
         print(f"logs     {cluster.tmpdir}")
         if token_file:
             print(f"token    {token_file}")

@@ -6,13 +6,21 @@ reaches every child."""
 
 from __future__ import annotations
 
+import argparse
 import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from kvemu.options.option import forward
 from kvemu.options.serving import SERVER_OPTIONS
 from kvemu.options.shared_pool import STORE_OPTIONS, shared_settings
+from replica.core.disagg import Topology
+from replica.core.tiers.shared import SharedSettings
 from shared.costmodel import CostModel
 from shared.errors import InputError
+
+if TYPE_CHECKING:
+    from kvemu.up_plan import UpPlan
 
 # what up does with each shared flag (up's TRANSFORMED): none goes to a child as up took it alone
 TRANSFORMED_SHARED = {
@@ -23,52 +31,50 @@ TRANSFORMED_SHARED = {
 POOL_PREFIX = "shared-pool"
 
 
-def validate_shared(a, block_size: int) -> None:
-    """The store flags checked as sim checks them (``a.shared``: the settings, None without a pool)."""
-    a.shared = shared_settings(a, CostModel.from_names(a.model, a.gpu), block_size, a.topology.total)
-    a.shared_block_size = block_size
-    if a.shared is not None and a.topology.disaggregated:
+def plan_shared(flags: argparse.Namespace, block_size: int, topology: Topology) -> SharedSettings | None:
+    """The store flags checked as sim checks them: the store's settings, None without one."""
+    shared = shared_settings(flags, CostModel.from_names(flags.model, flags.gpu), block_size, topology.total)
+    if shared is not None and topology.disaggregated:
         raise InputError("--shared-cache-gib", "a shared pool runs live beside colocated replicas only (kvemu sim"
                                                " models it under P/D)")
+    return shared
 
 
-def pool_groups(a) -> int:
+def pool_groups(plan: UpPlan) -> int:
     """How many pools up starts (0 without a shared level)."""
-    if getattr(a, "shared", None) is None:
-        return 0
-    return len(a.shared.groups(a.topology.total))
+    return 0 if plan.shared is None else len(plan.shared.groups(plan.topology.total))
 
 
-def pool_id(a, k: int) -> str:
-    return POOL_PREFIX if pool_groups(a) == 1 else f"{POOL_PREFIX}-{k}"
+def pool_id(plan: UpPlan, k: int) -> str:
+    return POOL_PREFIX if pool_groups(plan) == 1 else f"{POOL_PREFIX}-{k}"
 
 
-def pool_args(a, k: int, port: int) -> list[str]:
+def pool_args(plan: UpPlan, k: int, port: int) -> list[str]:
     """Pool ``k``'s command line: its store flags, the model's block bytes, the replicas' time scale."""
-    return [sys.executable, "-m", "kvemu", "pool", "--port", str(port), "--pool-id", pool_id(a, k),
-            "--model", a.model, "--gpu", a.gpu, "--block-size", str(a.shared_block_size),
-            "--time-scale", repr(float(a.time_scale)), *forward(STORE_OPTIONS, a), *forward(SERVER_OPTIONS, a)]
+    flags = plan.flags
+    return [sys.executable, "-m", "kvemu", "pool", "--port", str(port), "--pool-id", pool_id(plan, k),
+            "--model", flags.model, "--gpu", flags.gpu, "--block-size", str(plan.block_size),
+            "--time-scale", repr(float(flags.time_scale)), *forward(STORE_OPTIONS, flags),
+            *forward(SERVER_OPTIONS, flags)]
 
 
-def replica_shared_argv(a, i: int) -> list[str]:
+def replica_shared_argv(plan: UpPlan, i: int, pool_urls: Sequence[str]) -> list[str]:
     """Replica ``i``'s pool: its group's URL and the store flags (nothing without a shared level)."""
-    urls = getattr(a, "shared_pool_urls", None)
-    if not urls:
+    if plan.shared is None or not pool_urls:
         return []
-    return ["--shared-pool-url", urls[a.shared.group_of(i, a.topology.total)], *forward(STORE_OPTIONS, a)]
+    return ["--shared-pool-url", pool_urls[plan.shared.group_of(i, plan.topology.total)],
+            *forward(STORE_OPTIONS, plan.flags)]
 
 
-
-def router_shared_argv(a) -> list[str]:
+def router_shared_argv(plan: UpPlan, pool_urls: Sequence[str]) -> list[str]:
     """The router's ``--shared-pool`` per pool: its URL, with its group's replica ids where there are
     several pools (one pool serves every replica), so the index answers each replica its own pool's run."""
-    urls = getattr(a, "shared_pool_urls", None)
-    if not urls:
+    if plan.shared is None or not pool_urls:
         return []
-    if len(urls) == 1:
-        return ["--shared-pool", urls[0]]
-    ids = [replica_id for replica_id, _ in a.topology.members()]
+    if len(pool_urls) == 1:
+        return ["--shared-pool", pool_urls[0]]
+    ids = [replica_id for replica_id, _ in plan.members()]
     out: list[str] = []
-    for url, group in zip(urls, a.shared.groups(a.topology.total), strict=True):
+    for url, group in zip(pool_urls, plan.shared.groups(plan.topology.total), strict=True):
         out += ["--shared-pool", f"{url}={','.join(ids[group.start:group.stop])}"]
     return out

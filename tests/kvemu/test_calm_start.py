@@ -17,15 +17,15 @@ from tests.support.kvemu_cli import REPO
 def test_the_demo_sizes_its_context_limit_to_its_pool():
     a = parse_args(["demo"])
     demo_defaults(a)
-    validate(a)
+    plan = validate(a)
     assert (a.capacity_blocks, a.max_model_len) == (8192, DEMO_MAX_MODEL_LEN) == (8192, 8192 * 16)
-    assert a.limit_lines == []
+    assert plan.limit_lines == ()
     # a limit the user gives is theirs: it is kept, and warned about where the pool cannot hold it
     a = parse_args(["demo", "--max-model-len", "262144"])
     demo_defaults(a)
-    validate(a)
+    plan = validate(a)
     assert a.max_model_len == 262_144
-    assert [line[:40] for line in a.limit_lines] == ["warning: --max-model-len 262,144 needs 1"]
+    assert [line[:40] for line in plan.limit_lines] == ["warning: --max-model-len 262,144 needs 1"]
 
 
 def test_the_readme_replicas_start_without_a_warning():

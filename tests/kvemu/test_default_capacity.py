@@ -63,10 +63,11 @@ def test_a_replica_without_a_capacity_flag_has_the_blocks_of_0_9():
 
 def test_ups_plan_without_a_capacity_flag_hands_every_replica_0_9():
     a = parsed(up.configure, [*OPT_ON_A100, "--replicas", "2"])
-    up.validate(a)
-    argv = up.replica_args(0, 9000, a, None)
+    plan = up.validate(a)
+    argv = up.replica_args(0, 9000, plan, None)
     assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.9" and "--capacity-blocks" not in argv
-    assert a.limit_lines[0].endswith(": 3,820 blocks of 16 tokens")  # up prints it once, at start
+    assert a.gpu_memory_utilization is None  # the plan holds the default, the flags as given stay
+    assert plan.limit_lines[0].endswith(": 3,820 blocks of 16 tokens")  # up prints it once, at start
 
 
 def test_the_python_api_without_capacity_runs_the_blocks_of_0_9():

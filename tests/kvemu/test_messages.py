@@ -11,7 +11,8 @@ import tomllib
 import pytest
 
 from kvemu.cli import main
-from kvemu.up import add_cluster_args, port_free, validate
+from kvemu.up import add_cluster_args, validate
+from kvemu.up_plan import port_free
 from loadgen.formats import read_at_block_size, write_kvemu
 from loadgen.trace import Trace, TraceRequest
 from shared.errors import InputError

@@ -18,6 +18,7 @@ from kvemu.options.speculative import spec_decode
 from kvemu.options.tiers import TIER_OPTIONS
 from kvemu.router_cmd import ROUTER_OPTIONS
 from kvemu.up import TO_BOTH, TO_REPLICAS, TO_ROUTER, TRANSFORMED
+from kvemu.up_plan import UpPlan
 from replica.core.build import CoreSettings
 from replica.core.sched.sched_types import ADMISSIONS, SchedulerSettings
 from replica.settings import ReplicaSettings
@@ -184,14 +185,11 @@ def group_argv(group: str) -> list[str]:
     return GROUP_NEEDS.get(group, []) + [x for o in group_options(group) for x in non_default(o)]
 
 
-def up_args(argv: list[str], check: bool = True) -> argparse.Namespace:
-    """up's parser, then (``check``) its checks: the ones a child would make, before any starts."""
+def up_plan(argv: list[str]) -> UpPlan:
+    """up's parser, then its checks (the ones a child would make, before any starts): up's plan."""
     from kvemu.up import validate
 
-    a = parser_of("kvemu.up").parse_args(argv)
-    if check:
-        validate(a)
-    return a
+    return validate(parser_of("kvemu.up").parse_args(argv))
 
 
 def child_args(cmdline: list[str]) -> tuple[str, argparse.Namespace]:
@@ -240,23 +238,25 @@ def check_children_got(options: tuple[Option, ...], up: argparse.Namespace, cmdl
     return compared
 
 
-def up_cmdlines(a: argparse.Namespace) -> list[list[str]]:
+def up_cmdlines(plan: UpPlan) -> list[list[str]]:
     from kvemu.up import replica_args, router_args
 
-    return [replica_args(0, 8100, a, None), router_args(8000, a, ["http://127.0.0.1:8100"], "memory")]
+    return [replica_args(0, 8100, plan, None), router_args(8000, plan, ["http://127.0.0.1:8100"], "memory")]
 
 
 @pytest.mark.parametrize("group", ["default", *GROUPS])
-def test_up_hands_every_flag_it_forwards_to_the_children_that_use_it(group):
-    a = up_args(group_argv(group), check=group != "torch")  # torch and CUDA need not be here: not checked
-    compared = check_children_got(group_options(group), a, up_cmdlines(a), settings=group != "torch")
+def test_up_hands_every_flag_it_forwards_to_the_children_that_use_it(group, monkeypatch):
+    if group == "torch":  # torch and CUDA need not be here: not checked
+        monkeypatch.setattr("kvemu.up_plan.check_backend", lambda backend, layers: None)
+    plan = up_plan(group_argv(group))
+    compared = check_children_got(group_options(group), plan.flags, up_cmdlines(plan), settings=group != "torch")
     assert compared >= {"default": 30, "tiers": 3, "utilization": 1, "tokens": 1, "torch": 0, "radix": 1,
                         "parallel": 0, "speculative": 0, "spec_lengths": 0}[group]
     # parallel: ReplicaSettings.dp holds both (the command lines compared);
     # speculative decoding's flags: one setting, knobs.speculative, the replica's the one up's flags give
     if group in ("speculative", "spec_lengths"):
-        replica = child_settings(up_cmdlines(a)[0])
-        assert replica.knobs.speculative == spec_decode(a) is not None
+        replica = child_settings(up_cmdlines(plan)[0])
+        assert replica.knobs.speculative == spec_decode(plan.flags) is not None
 
 
 def test_every_forwarded_flag_is_in_one_group_and_each_group_is_set():
@@ -266,8 +266,7 @@ def test_every_forwarded_flag_is_in_one_group_and_each_group_is_set():
 
 
 def test_the_router_and_replica_settings_the_defaults_give():
-    a = up_args(["--capacity-blocks", "64"])
-    replica, router = (child_settings(c) for c in up_cmdlines(a))
+    replica, router = (child_settings(c) for c in up_cmdlines(up_plan(["--capacity-blocks", "64"])))
     assert replica.serving.write_timeout_s == 30.0 and replica.max_waiting == 10_000
     assert router.routing == "cache_aware" and router.dashboard_interval_s == 1.0 and router.client_rate == 0
 
@@ -281,13 +280,13 @@ def test_up_started_with_every_forwarded_flag_set_passes_each_to_its_children(gr
     from tests.support.kvemu_cli import Up
 
     argv = [*group_argv(group), "--gpu", "h100", "--tp", "2"]
-    a = up_args(argv)
+    plan = up_plan(argv)
     up = Up("--replicas", "1", "--port", str(free_port()), *argv)
     try:
         up.ready()
         cmdlines = [shlex.split(cmd) for cmd in up.children.values()]
         cmdlines = [c for c in cmdlines if len(c) > 2 and c[1] == "-m"]
-        assert check_children_got(group_options(group), a, cmdlines) >= (30 if group == "default" else 3)
+        assert check_children_got(group_options(group), plan.flags, cmdlines) >= (30 if group == "default" else 3)
         replica = child_settings(next(c for c in cmdlines if c[2] == "replica"))
         assert replica.gpu == "h100@tp2"
     finally:
@@ -302,13 +301,14 @@ TIER_FLAGS = ["--host-cache-gib", "2.5", "--ssd-cache-gib", "10.0", "--tier-poli
 def test_up_hands_every_tier_flag_to_the_replicas_from_the_one_definition():
     from kvemu.up import replica_args
 
-    a = up_args(["--capacity-blocks", "512", *TIER_FLAGS])
+    plan = up_plan(["--capacity-blocks", "512", *TIER_FLAGS])
+    a = plan.flags
     assert {o.dest for o in TIER_OPTIONS} == {f.removeprefix("--").replace("-", "_") for f in TIER_FLAGS[:-2:2]} | {
         "no_hbm_caching", "separate_tp_link"}  # the test sets every tier flag (the two switches last)
-    child = child_args(replica_args(0, 9000, a, None))[1]
+    child = child_args(replica_args(0, 9000, plan, None))[1]
     for option in TIER_OPTIONS:
         assert getattr(child, option.dest) == getattr(a, option.dest) != option.default, option.flag
-    tiers = child_settings(replica_args(0, 9000, a, None)).knobs.tiers
+    tiers = child_settings(replica_args(0, 9000, plan, None)).knobs.tiers
     assert (tiers.mode, tiers.fetch, tiers.host_policy, tiers.hbm_caching) == ("inclusive", "always", "s3fifo", False)
     assert (tiers.ssd_read_gbps, tiers.ssd_write_gbps) == (13.0, 3.0)  # two drives striped
 
@@ -332,10 +332,10 @@ def test_up_hands_gpu_memory_utilization_and_max_model_len_to_every_replica():
     p = argparse.ArgumentParser()
     configure(p)
     a = p.parse_args(["--model", "llama-3-8b", "--gpu-memory-utilization", "0.85", "--max-model-len", "2048"])
-    validate(a)
-    replica = child_settings(replica_args(0, 8100, a, None))
+    plan = validate(a)
+    replica = child_settings(replica_args(0, 8100, plan, None))
     assert (replica.gpu_memory_utilization, replica.capacity_blocks, replica.max_model_len) == (0.85, None, 2048)
-    assert replica.resolved_max_model_len() == 2048 and a.limit_lines[0].startswith("capacity (llama-3-8b): ceil(0.85 x")
+    assert replica.resolved_max_model_len() == 2048 and plan.limit_lines[0].startswith("capacity (llama-3-8b): ceil(0.85 x")
 
 
 def test_up_puts_neither_token_on_a_childs_command_line_but_in_its_environment(tmp_path):
@@ -346,8 +346,8 @@ def test_up_puts_neither_token_on_a_childs_command_line_but_in_its_environment(t
 
     from kvemu.up import Child, Cluster
 
-    a = up_args(["--capacity-blocks", "64", "--admin-token", "admin-secret-1", "--cluster-token", "cluster-secret-2"])
-    for cmdline in up_cmdlines(a):
+    plan = up_plan(["--capacity-blocks", "64", "--admin-token", "admin-secret-1", "--cluster-token", "cluster-secret-2"])
+    for cmdline in up_cmdlines(plan):
         assert not {"admin-secret-1", "cluster-secret-2", "--admin-token", "--cluster-token"} & set(cmdline), cmdline
     cluster = Cluster(token="cluster-secret-2", admin_token="admin-secret-1")
     out = tmp_path / "env.json"
@@ -390,15 +390,15 @@ def test_each_levels_routing_hit_cost_comes_from_the_level_registry_and_its_name
 
 def test_capacity_blocks_under_radix_is_blocks_of_16_tokens_for_up_and_its_replicas():
     # 100 blocks of 16 tokens: 400 pages of 4; 1,600 tokens are 1 page of 1,024 (and a note says so)
-    a = up_args(["--matching", "radix", "--page-size", "4", "--capacity-blocks", "100"])
-    replica = child_settings(up_cmdlines(a)[0])
+    plan = up_plan(["--matching", "radix", "--page-size", "4", "--capacity-blocks", "100"])
+    replica = child_settings(up_cmdlines(plan)[0])
     assert (replica.capacity_blocks, replica.capacity_tokens, replica.resolved_capacity_blocks()) == (None, 1600, 400)
-    assert not any(line.startswith("note:") for line in a.limit_lines)
-    a = up_args(["--matching", "radix", "--page-size", "1024", "--capacity-blocks", "100", "--max-model-len", "1024"])
-    assert child_settings(up_cmdlines(a)[0]).resolved_capacity_blocks() == 1
-    assert a.limit_lines == ["note: --capacity-blocks 100 (1,600 tokens) is not a whole number of pages of 1024"
+    assert not any(line.startswith("note:") for line in plan.limit_lines)
+    plan = up_plan(["--matching", "radix", "--page-size", "1024", "--capacity-blocks", "100", "--max-model-len", "1024"])
+    assert child_settings(up_cmdlines(plan)[0]).resolved_capacity_blocks() == 1
+    assert list(plan.limit_lines) == ["note: --capacity-blocks 100 (1,600 tokens) is not a whole number of pages of 1024"
                              " tokens: the pool holds 1 (1,024 tokens)"]
-    blocks = child_settings(up_cmdlines(up_args(["--capacity-blocks", "100"]))[0])
+    blocks = child_settings(up_cmdlines(up_plan(["--capacity-blocks", "100"]))[0])
     assert (blocks.capacity_blocks, blocks.resolved_capacity_blocks()) == (100, 100)
 
 

@@ -310,12 +310,14 @@ def test_sigterm_during_start_up_stops_everything_at_once(up_procs):
 def test_replicas_get_the_scheduler_up_was_given():
     import argparse
 
-    from kvemu.up import add_cluster_args, replica_args
+    from kvemu.up import add_cluster_args, replica_args, validate
 
     p = argparse.ArgumentParser()
     add_cluster_args(p)
     for flags, want in (([], "fcfs"), (["--scheduler", "reorder"], "reorder")):
-        args = replica_args(0, 8100, p.parse_args(["--capacity-blocks", "64", *flags]), None)
+        a = p.parse_args(["--capacity-blocks", "64", *flags])
+        a.port = 0
+        args = replica_args(0, 8100, validate(a), None)
         assert args[args.index("--scheduler") + 1] == want
 
 

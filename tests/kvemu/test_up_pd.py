@@ -191,24 +191,24 @@ def test_each_pool_gets_its_shape_role_and_link_flags_on_its_command_lines():
     a = p.parse_args(["--prefill-replicas", "1", "--decode-replicas", "2", "--capacity-blocks", "4000",
                       "--model", "llama-3-8b", "--prefill-gpu", "h200", "--prefill-tp", "2", "--decode-capacity-gib", "2",
                       "--pd-link-gbps", "100", "--pd-decider", "prefix", "--pd-threshold-tokens", "64"])
-    up.validate(a)
-    assert a.replicas == 0 and [m for m in up.members_of(a)] == [("prefill-0", "prefill"), ("decode-0", "decode"),
+    plan = up.validate(a)
+    assert plan.topology.colocated == 0 and plan.members() == [("prefill-0", "prefill"), ("decode-0", "decode"),
                                                                    ("decode-1", "decode")]
 
     def flag(args: list[str], name: str) -> str | None:
         return args[args.index(name) + 1] if name in args else None
 
-    pre = up.replica_args(0, 9000, a, None, "prefill-0", "prefill")
-    dec = up.replica_args(1, 9001, a, None, "decode-0", "decode")
+    pre = up.replica_args(0, 9000, plan, None, "prefill-0", "prefill")
+    dec = up.replica_args(1, 9001, plan, None, "decode-0", "decode")
     assert (flag(pre, "--role"), flag(pre, "--gpu"), flag(pre, "--capacity-blocks")) == ("prefill", "h200@tp2", "4000")
-    assert (flag(dec, "--role"), flag(dec, "--gpu"), flag(dec, "--replica-id")) == ("decode", a.gpu, "decode-0")
-    assert int(flag(dec, "--capacity-blocks")) == CostModel.from_names("llama-3-8b", a.gpu).gib_to_blocks(2, 16)
+    assert (flag(dec, "--role"), flag(dec, "--gpu"), flag(dec, "--replica-id")) == ("decode", plan.flags.gpu, "decode-0")
+    assert int(flag(dec, "--capacity-blocks")) == CostModel.from_names("llama-3-8b", plan.flags.gpu).gib_to_blocks(2, 16)
     assert float(flag(pre, "--pd-link-gbps")) == float(flag(dec, "--pd-link-gbps")) == 100
-    router = up.router_args(8000, a, ["http://127.0.0.1:9000", "http://127.0.0.1:9001"], "memory",
+    router = up.router_args(8000, plan, ["http://127.0.0.1:9000", "http://127.0.0.1:9001"], "memory",
                             ["prefill", "decode"])
     assert flag(router, "--replicas") == "prefill=http://127.0.0.1:9000,decode=http://127.0.0.1:9001"
     assert (flag(router, "--pd-decider"), flag(router, "--pd-threshold-tokens")) == ("prefix", "64")
     colocated = p.parse_args(["--capacity-blocks", "100"])
-    up.validate(colocated)
-    assert colocated.replicas == 4 and "--role" not in up.replica_args(0, 9000, colocated, None)
-    assert "--pd-decider" not in up.router_args(8000, colocated, ["http://127.0.0.1:9000"], "memory")
+    plan = up.validate(colocated)
+    assert plan.topology.colocated == 4 and "--role" not in up.replica_args(0, 9000, plan, None)
+    assert "--pd-decider" not in up.router_args(8000, plan, ["http://127.0.0.1:9000"], "memory")

@@ -49,8 +49,7 @@ def cluster(tmp_path_factory):
     parser = argparse.ArgumentParser()
     up.configure(parser)
     a = parser.parse_args(["--replicas", "3", "--port", "0", "--time-scale", "0.02", "--capacity-blocks", "20000"])
-    up.validate(a)
-    c = up.bring_up(a, log_dir=str(tmp_path_factory.mktemp("cluster-logs")))
+    c = up.bring_up(up.validate(a), log_dir=str(tmp_path_factory.mktemp("cluster-logs")))
     try:
         yield c
     finally:

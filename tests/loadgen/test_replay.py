@@ -40,8 +40,7 @@ def cluster(tmp_path_factory):
     add_cluster_args(p, replicas=1)
     args = p.parse_args(["--capacity-blocks", "4000", "--time-scale", str(TIME_SCALE), "--routing", "session"])
     args.port = 0
-    validate(args)
-    c = bring_up(args, log_dir=str(tmp_path_factory.mktemp("cluster-logs")))
+    c = bring_up(validate(args), log_dir=str(tmp_path_factory.mktemp("cluster-logs")))
     try:
         yield c
     finally:

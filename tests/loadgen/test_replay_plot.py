@@ -27,8 +27,7 @@ def replayed(tmp_path_factory):
     add_cluster_args(p, replicas=2)
     args = p.parse_args(["--capacity-blocks", "8192", "--time-scale", str(1 / SPEEDUP)])
     args.port = 0
-    validate(args)
-    cluster = bring_up(args, log_dir=str(tmp_path_factory.mktemp("cluster-logs")))
+    cluster = bring_up(validate(args), log_dir=str(tmp_path_factory.mktemp("cluster-logs")))
     try:
         trace = generate("mix", 120, seed=5)
         records = asyncio.run(Replayer(cluster.router_url, trace, SPEEDUP, MAX_REQUESTS, progress=False).run())
