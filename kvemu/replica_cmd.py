@@ -155,12 +155,3 @@ def run(args) -> int:
           f" on http://{settings.serving.host}:{settings.port}", file=sys.stderr, flush=True)
     serve(app, sock)
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m replica``: the same program as ``kvemu replica``."""
-    import sys as _sys
-
-    from kvemu.program import run_module
-
-    return run_module(_sys.modules[__name__], "python -m replica", "run one replica: an emulated GPU serving over HTTP", argv)

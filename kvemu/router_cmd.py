@@ -159,12 +159,3 @@ def run(args) -> int:
           f" -> {len(settings.replicas)} replica(s)", file=sys.stderr, flush=True)
     serve(app, sock)
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m router``: the same program as ``kvemu router``."""
-    import sys as _sys
-
-    from kvemu.program import run_module
-
-    return run_module(_sys.modules[__name__], "python -m router", "run the cache-aware router in front of replicas", argv)

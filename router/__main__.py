@@ -1,5 +1,8 @@
+"""``python -m router``: the same program as ``kvemu router``."""
+
 import sys
 
-from kvemu.router_cmd import main
+from kvemu import router_cmd
+from kvemu.program import run_module
 
-sys.exit(main())
+sys.exit(run_module(router_cmd, "python -m router", "run the cache-aware router in front of replicas"))
