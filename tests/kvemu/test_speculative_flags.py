@@ -20,31 +20,28 @@ def _parse(*argv: str) -> argparse.Namespace:
     return p.parse_args(list(argv))
 
 
+def _drafting(method: str, tokens: str, *more: str) -> list[str]:
+    """The flags of a drafter proposing ``tokens`` tokens, then ``more``."""
+    return ["--speculative-method", method, "--num-speculative-tokens", tokens, *more]
+
+
 def test_the_flags_give_the_setting():
     assert spec_decode(_parse()) is None
-    got = spec_decode(_parse("--speculative-method", "eagle", "--num-speculative-tokens", "3",
-                             "--acceptance-rate", "0.7", "--seed", "5"))
+    got = spec_decode(_parse(*_drafting("eagle", "3", "--acceptance-rate", "0.7", "--seed", "5")))
     assert got == SpecDecode("eagle", 3, 0.7, (), seed=5) and got.lookahead == 3
-    got = spec_decode(_parse("--speculative-method", "ngram", "--num-speculative-tokens", "2",
-                             "--acceptance-lengths", "0.5,0.25,0.25"))
+    got = spec_decode(_parse(*_drafting("ngram", "2", "--acceptance-lengths", "0.5,0.25,0.25")))
     assert got is not None and got.acceptance_lengths == (0.5, 0.25, 0.25) and got.lookahead == 0
 
 
 @pytest.mark.parametrize("argv, flag", [
     (["--num-speculative-tokens", "2"], "--num-speculative-tokens"),
     (["--acceptance-rate", "0.5"], "--acceptance-rate"),
-    (["--speculative-method", "ngram", "--num-speculative-tokens", "-1", "--acceptance-rate", "0.5"],
-     "--num-speculative-tokens"),
-    (["--speculative-method", "ngram", "--num-speculative-tokens", "2", "--acceptance-rate", "0"],
-     "--acceptance-rate"),
-    (["--speculative-method", "ngram", "--num-speculative-tokens", "2", "--acceptance-rate", "1.2"],
-     "--acceptance-rate"),
-    (["--speculative-method", "mtp", "--num-speculative-tokens", "1", "--acceptance-lengths", "0.2,0.3,0.5"],
-     "--acceptance-lengths"),
-    (["--speculative-method", "mtp", "--num-speculative-tokens", "2", "--acceptance-lengths", "0.2,0.3"],
-     "--acceptance-lengths"),
-    (["--speculative-method", "draft", "--num-speculative-tokens", "2", "--acceptance-rate", "0.5"],
-     "--speculative-method"),
+    (_drafting("ngram", "-1", "--acceptance-rate", "0.5"), "--num-speculative-tokens"),
+    (_drafting("ngram", "2", "--acceptance-rate", "0"), "--acceptance-rate"),
+    (_drafting("ngram", "2", "--acceptance-rate", "1.2"), "--acceptance-rate"),
+    (_drafting("mtp", "1", "--acceptance-lengths", "0.2,0.3,0.5"), "--acceptance-lengths"),
+    (_drafting("mtp", "2", "--acceptance-lengths", "0.2,0.3"), "--acceptance-lengths"),
+    (_drafting("draft", "2", "--acceptance-rate", "0.5"), "--speculative-method"),
 ])
 def test_bad_input_is_one_line_naming_the_flag(argv, flag):
     with pytest.raises(InputError) as e:
@@ -59,8 +56,7 @@ def _sim_run(tmp_path, name: str, *flags: str) -> dict:
 
 
 def test_kvemu_sim_takes_the_flags_and_reports_acceptance(tmp_path):
-    spec = _sim_run(tmp_path, "spec", "--speculative-method", "ngram", "--num-speculative-tokens", "2",
-                    "--acceptance-rate", "0.6")
+    spec = _sim_run(tmp_path, "spec", *_drafting("ngram", "2", "--acceptance-rate", "0.6"))
     plain = _sim_run(tmp_path, "plain")
     cluster, sched = spec["speculative"], spec["per_replica"][0]["scheduler"]
     assert cluster["verifies"] == sched["spec_verifies"] > 0
