@@ -25,7 +25,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("kvemu.replay_cmd", "replay a trace or preset against a running cluster"),
     "router": ("kvemu.router_cmd", "run the cache-aware router in front of replicas"),
     "replica": ("kvemu.replica_cmd", "run one replica: an emulated GPU serving over HTTP"),
-    "pool": ("kvemu.pool_cmd", "run the shared KV pool (the store every replica of its scope reads and writes)"),
+    "store": ("kvemu.store_cmd", "run the shared KV store (every replica of its scope reads and writes it)"),
+    "pool": ("kvemu.store_cmd", "deprecated spelling of `kvemu store`, kept for one release"),
     "kv-events": ("kvemu.kv_events_cmd", "print vLLM's KV events (--kv-events-config) from a replica or vLLM as JSON lines"),
     "sim": ("kvemu.sim_cmd", "virtual-time run of policies x capacities over a trace or preset"),
     "sweep": ("kvemu.sweep_cmd", "policies x capacities x routings x replica counts in parallel, resumable"),
@@ -33,6 +34,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "calibrate": ("kvemu.calibrate", "time a model's layers on this device (torch) and fit the cost model: a device profile"),
     "compare": ("kvemu.compare_cmd", "a measured run beside a predicted one of the same requests: TTFT, TPOT, E2E errors"),
 }
+
+# old command names kept for one release: each runs the new one after a one-line note on stderr
+DEPRECATED_COMMANDS = {"pool": "store"}
 
 
 def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
@@ -79,6 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     except KvemuError as exc:  # a bad --config file
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if args.command in DEPRECATED_COMMANDS:
+        new = DEPRECATED_COMMANDS[args.command]
+        print(f"note: `kvemu {args.command}` is deprecated and goes in the next release: use `kvemu {new}`",
+              file=sys.stderr, flush=True)
     return run_parsed(args._run, args)
 
 

@@ -11,6 +11,7 @@ from kvemu.options.gpu import add_gpu_args, gpu_setting
 from kvemu.options.index import CLUSTER
 from kvemu.options.kv_cache_dtype import KV_CACHE_DTYPE, model_setting
 from kvemu.options.kv_events import add_kv_events_arg
+from kvemu.options.kv_store import add_replica_shared_args
 from kvemu.options.limits import (
     CAPACITY_OPTIONS,
     MAX_MODEL_LEN,
@@ -29,7 +30,6 @@ from kvemu.options.response_kv import add_response_kv_arg
 from kvemu.options.reuse import SHARDS_RATE
 from kvemu.options.scheduler import add_scheduler_args
 from kvemu.options.serving import add_server_args
-from kvemu.options.shared_pool import add_replica_shared_args
 from kvemu.options.speculative import add_speculative_args
 from kvemu.options.tiers import add_tier_args
 
@@ -74,9 +74,9 @@ def settings_from_args(args):
 
     from kvemu.options.knobs import engine_knobs
     from kvemu.options.kv_events import kv_events_setting
+    from kvemu.options.kv_store import replica_shared_settings
     from kvemu.options.scheduler import check_scheduler_flags
     from kvemu.options.serving import serving_settings
-    from kvemu.options.shared_pool import replica_shared_settings
     from kvemu.options.tiers import tier_settings
     from replica.backends import check_backend_flags
     from replica.settings import ReplicaSettings, check_live_policy
@@ -131,7 +131,7 @@ def run(args) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     settings = settings_from_args(args)
     if settings.shared_pool_url is not None and settings.knobs.tiers.shared is not None:  # down at start: one line
-        from replica.kvpool.client import check_pool
+        from replica.kvstore.client import check_pool
 
         check_pool(settings.shared_pool_url, settings.knobs.tiers.shared, settings.cost_model().block_bytes(settings.block_size))
     app = make_app(settings)  # make_policy turns a bad --policy-param into an InputError

@@ -11,6 +11,7 @@ from kvemu.options.arrivals import ARRIVALS, add_arrivals_arg, arrivals_mode
 from kvemu.options.config_file import add_config_arg
 from kvemu.options.gpu import add_gpu_args, gpu_setting
 from kvemu.options.kv_cache_dtype import KV_CACHE_DTYPE, model_setting
+from kvemu.options.kv_store import add_shared_args
 from kvemu.options.limits import (
     MAX_MODEL_LEN,
     SIM_CAPACITY_OPTIONS,
@@ -28,7 +29,6 @@ from kvemu.options.requests_out import SESSIONS_OUT, add_requests_out_arg, reque
 from kvemu.options.response_kv import add_response_kv_arg
 from kvemu.options.reuse import add_sim_reuse_args, sim_reuse
 from kvemu.options.scheduler import add_scheduler_args, check_scheduler_flags
-from kvemu.options.shared_pool import add_shared_args
 from kvemu.options.source import add_source_args
 from kvemu.options.speculative import add_speculative_args
 from kvemu.options.tiers import add_tier_args

@@ -19,12 +19,12 @@ from contextlib import closing
 from kvemu.options.config_file import add_config_arg
 from kvemu.options.gpu import gpu_setting
 from kvemu.options.kv_cache_dtype import model_setting
+from kvemu.options.kv_store import add_shared_args
 from kvemu.options.limits import default_capacity
 from kvemu.options.matching import matching_setting, source_unit
 from kvemu.options.pd import add_pd_args, topology
 from kvemu.options.reuse import add_sweep_reuse_arg, sweep_reuse
 from kvemu.options.scheduler import check_scheduler_flags
-from kvemu.options.shared_pool import add_shared_args
 from kvemu.options.source import add_source_args
 from kvemu.sim_cmd import add_emulation_args, capacities, check_no_ops, table_legend, warn_lengths
 from kvemu.sim_grid import grid_parts, sim_settings, split_numbers

@@ -30,6 +30,7 @@ from kvemu.options.gpu import add_gpu_args
 from kvemu.options.index import CLUSTER
 from kvemu.options.kv_cache_dtype import KV_CACHE_DTYPE
 from kvemu.options.kv_events import add_kv_events_arg, kv_events_argv
+from kvemu.options.kv_store import add_shared_args
 from kvemu.options.limits import (
     CAPACITY_OPTIONS,
     MAX_MODEL_LEN,
@@ -57,14 +58,13 @@ from kvemu.options.serving import (
     command_line_token_warning,
     given_cluster_token,
 )
-from kvemu.options.shared_pool import add_shared_args
 from kvemu.options.speculative import SPECULATIVE_OPTIONS
 from kvemu.options.tiers import TIER_OPTIONS, add_tier_args
 from kvemu.router_cmd import ROUTER_OPTIONS
 from kvemu.up_pd import pool_args
 from kvemu.up_plan import UpPlan, validate
-from kvemu.up_pool import TRANSFORMED_SHARED, pool_groups, pool_id, replica_shared_argv, router_shared_argv
-from kvemu.up_pool import pool_args as shared_pool_args
+from kvemu.up_store import TRANSFORMED_SHARED, pool_groups, pool_id, replica_shared_argv, router_shared_argv
+from kvemu.up_store import pool_args as shared_pool_args
 from kvemu.up_supervise import RESTART_ATTEMPTS, RestartPolicy, Supervisor
 from shared.errors import InputError, KvemuError
 from shared.runtime_dir import shared_cluster_token
@@ -144,7 +144,7 @@ class Cluster:
     replica_urls: list[str] = field(default_factory=list)
     roles: list[str] = field(default_factory=list)  # each replica's, beside its URL
     redis_url: str | None = None
-    pool_urls: list[str] = field(default_factory=list)  # the shared KV pools (kvemu/up_pool.py)
+    pool_urls: list[str] = field(default_factory=list)  # the shared KV pools (kvemu/up_store.py)
     tmpdir: str | None = None
     token: str = ""
     token_path: str | None = None  # the shared file the token is in; None for a token given
@@ -307,7 +307,7 @@ def bring_up(plan: UpPlan, log_dir: str | None = None) -> Cluster:
 
 
 def start_pools(cluster: Cluster, plan: UpPlan, log_dir: str, index: str) -> None:
-    """The shared KV pools first (kvemu/up_pool.py): every replica checks its pool at start. With a Redis
+    """The shared KV pools first (kvemu/up_store.py): every replica checks its pool at start. With a Redis
     index each pool ships what it holds there too, as the replicas do."""
     for k in range(pool_groups(plan)):
         port = free_port()
@@ -407,7 +407,7 @@ def add_cluster_args(p: argparse.ArgumentParser, replicas: int = 4) -> None:
     add_pd_args(p)  # the topology, each pool's shape, the decider (the router's) and the link (the P/D replicas')
     PD_HOLD_TIMEOUT_OPTION.add(p)
     PD_HOLD_SHARE_OPTION.add(p)
-    add_shared_args(p)  # the shared KV pool: up starts it (kvemu/up_pool.py)
+    add_shared_args(p)  # the shared KV pool: up starts it (kvemu/up_store.py)
 
 
 def configure(p: argparse.ArgumentParser) -> None:

@@ -21,7 +21,7 @@ from kvemu.options.prefix_caching import prefix_caching_setting
 from kvemu.options.scheduler import check_scheduler_flags
 from kvemu.options.tiers import tier_settings
 from kvemu.up_pd import plan_pools, plan_topology
-from kvemu.up_pool import plan_shared
+from kvemu.up_store import plan_shared
 from replica.backends import check_backend, check_backend_flags
 from replica.core.disagg import PdCluster, Topology
 from replica.core.dp import DpSettings

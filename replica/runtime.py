@@ -12,8 +12,8 @@ from replica.core.build import build_core
 from replica.dp import DpEngine
 from replica.engine import Engine
 from replica.events import EventFeed
-from replica.kvpool.client import PoolClient
-from replica.kvpool.mirror import MirrorStore
+from replica.kvstore.client import PoolClient
+from replica.kvstore.mirror import MirrorStore
 from replica.pd import PdRuntime
 from replica.prom import LABELS, ReplicaCollector, ReplicaMetrics
 from replica.settings import ReplicaSettings
@@ -27,7 +27,7 @@ class ReplicaRuntime:
     def __init__(self, settings: ReplicaSettings) -> None:
         self.settings = settings
         self.cost = settings.cost_model()
-        # the shared KV level, live: a mirror of the pool process's store (replica/kvpool/)
+        # the shared KV level, live: a mirror of the pool process's store (replica/kvstore/)
         shared = settings.knobs.tiers.shared
         self.shared_store = MirrorStore(shared, emit_events=False) if shared is not None else None
         # --data-parallel-size: one core a rank, each its own scheduler and pool (replica/dp.py); rank 0's is ``core``

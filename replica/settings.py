@@ -82,7 +82,7 @@ class ReplicaSettings:
     pd_hold_share: float = DEFAULT_PD_HOLD_SHARE
     # the prefill instances (host:port) a decode instance may contact for a request's KV; None: any (replica/pd.py)
     pd_peers: tuple[str, ...] | None = None
-    # the shared KV pool's process (replica/kvpool/service.py), where tiers.shared is set: its URL
+    # the shared KV pool's process (replica/kvstore/service.py), where tiers.shared is set: its URL
     shared_pool_url: str | None = None
     # --data-parallel-size / --enable-expert-parallel: this many ranks, each its own scheduler and pool of the
     # capacity above (replica/dp.py)

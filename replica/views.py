@@ -346,7 +346,7 @@ async def stats(request: web.Request) -> web.Response:
         out["index_shipper"] = state.shipper.stats()
     if state.core.tiers is not None:
         out["tiers"] = state.core.tiers.stats()
-    if state.shared_pool is not None:  # the shared KV pool as this replica sees it (replica/kvpool/client.py)
+    if state.shared_pool is not None:  # the shared KV pool as this replica sees it (replica/kvstore/client.py)
         out["shared_pool"] = state.shared_pool.stats()
     return respond(request, out)
 

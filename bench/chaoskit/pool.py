@@ -16,7 +16,7 @@ STORE = ("--shared-cache-gib", "1")
 
 
 def _pool(c: Cluster, port: int) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "kvemu", "pool", "--port", str(port), "--time-scale",
+    proc = subprocess.Popen([sys.executable, "-m", "kvemu", "store", "--port", str(port), "--time-scale",
                              str(c.time_scale), *STORE], cwd=REPO, env=c.env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
     c.wait(lambda: get_json(f"http://127.0.0.1:{port}/health").get("status") == "ok", "the shared pool")

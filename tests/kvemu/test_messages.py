@@ -118,3 +118,14 @@ def test_a_hash_trace_keeps_its_own_block_size(capsys, tmp_path):
     (tmp_path / "bare.jsonl").write_text('{"t": 0, "session": "a", "turn": 0, "hash_ids": [1, 2],'
                                          ' "input_tokens": 40, "output_tokens": 1}\n')
     assert read_at_block_size(tmp_path / "bare.jsonl", "auto", 20).block_size == 20
+
+
+def test_kvemu_pool_runs_kvemu_store_after_a_one_line_deprecation_note(capsys):
+    from kvemu.cli import main
+
+    assert main(["pool", "--shared-cache-gib", "0"]) == 2  # the store's own refusal: it ran
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "note: `kvemu pool` is deprecated and goes in the next release: use `kvemu store`"
+    assert err[1].startswith("error: --shared-cache-gib: a ") and len(err) == 2
+    assert main(["store", "--shared-cache-gib", "0"]) == 2
+    assert capsys.readouterr().err.startswith("error: --shared-cache-gib")

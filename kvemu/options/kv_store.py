@@ -2,7 +2,7 @@
 ``--shared-cache-gib`` (the store's capacity; 0, the default: none), ``--shared-chunk-tokens``,
 ``--shared-eviction``, ``--shared-write``, ``--shared-nic-gbps``, ``--shared-pool-gbps``,
 ``--shared-ttfb-us`` and ``--shared-scope``. Live, the store is a `kvemu pool` process
-(replica/kvpool/service.py): it takes ``STORE_OPTIONS`` (every flag but the scope, which is up's: one pool per
+(replica/kvstore/service.py): it takes ``STORE_OPTIONS`` (every flag but the scope, which is up's: one pool per
 group), and a replica takes them too with ``--shared-pool-url`` (its pool), so both shape one store alike."""
 
 from __future__ import annotations

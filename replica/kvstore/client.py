@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 import aiohttp
 
 from replica.core.tiers.shared import SharedSettings
-from replica.kvpool.mirror import MirrorStore
+from replica.kvstore.mirror import MirrorStore
 from shared.auth import bearer_header
 from shared.errors import KvemuError
 

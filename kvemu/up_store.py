@@ -1,5 +1,5 @@
 """``kvemu up``'s shared KV pool part: with ``--shared-cache-gib G`` up starts the pool processes
-(``kvemu pool``, replica/kvpool/service.py) before the replicas, one for the cluster or one per
+(``kvemu pool``, replica/kvstore/service.py) before the replicas, one for the cluster or one per
 ``--shared-scope K`` replicas in id order (as ``kvemu sim`` groups them), and points each replica at its
 group's pool with the same store flags. The cluster token reaches the pools in the environment, as it
 reaches every child."""
@@ -11,9 +11,9 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from kvemu.options.kv_store import STORE_OPTIONS, shared_settings
 from kvemu.options.option import forward
 from kvemu.options.serving import SERVER_OPTIONS
-from kvemu.options.shared_pool import STORE_OPTIONS, shared_settings
 from replica.core.disagg import Topology
 from replica.core.tiers.shared import SharedSettings
 from shared.costmodel import CostModel
@@ -52,7 +52,7 @@ def pool_id(plan: UpPlan, k: int) -> str:
 def pool_args(plan: UpPlan, k: int, port: int) -> list[str]:
     """Pool ``k``'s command line: its store flags, the model's block bytes, the replicas' time scale."""
     flags = plan.flags
-    return [sys.executable, "-m", "kvemu", "pool", "--port", str(port), "--pool-id", pool_id(plan, k),
+    return [sys.executable, "-m", "kvemu", "store", "--port", str(port), "--pool-id", pool_id(plan, k),
             "--model", flags.model, "--gpu", flags.gpu, "--block-size", str(plan.block_size),
             "--time-scale", repr(float(flags.time_scale)), *forward(STORE_OPTIONS, flags),
             *forward(SERVER_OPTIONS, flags)]

@@ -2,7 +2,7 @@
 
 One aiohttp app holds ONE ``SharedStore`` (replica/core/tiers/shared.py, the very class one object of which
 serves every simulated replica of its scope in ``kvemu sim``) and its aggregate ``Link``. Replicas talk to it
-on loopback (``replica/kvpool/client.py``); each keeps a mirror of what it holds (``mirror.py``) from this
+on loopback (``replica/kvstore/client.py``); each keeps a mirror of what it holds (``mirror.py``) from this
 process's event feed, so a replica's synchronous core plans from local memory and never waits on the network.
 
 Endpoints (JSON; msgpack where asked, as the replicas'; the ``/kv/*`` ones need the cluster token, as a

@@ -1,4 +1,4 @@
-"""``kvemu pool``: run the shared KV pool process (replica/kvpool/service.py), the live store of the level every
+"""``kvemu pool``: run the shared KV pool process (replica/kvstore/service.py), the live store of the level every
 replica of its scope reads and writes. ``kvemu up --shared-cache-gib G`` starts one per scope group;
 a replica uses it with ``--shared-pool-url`` and the same ``--shared-*`` flags."""
 
@@ -11,10 +11,10 @@ import sys
 from kvemu.options.gpu import add_gpu_args, gpu_setting
 from kvemu.options.index import CLUSTER
 from kvemu.options.kv_cache_dtype import KV_CACHE_DTYPE, model_setting
+from kvemu.options.kv_store import add_pool_args, shared_settings
 from kvemu.options.matching import BLOCK_SIZE
 from kvemu.options.replica_flags import MODEL, TIME_SCALE
 from kvemu.options.serving import add_server_args
-from kvemu.options.shared_pool import add_pool_args, shared_settings
 from shared.errors import InputError
 from shared.hashing import DEFAULT_BLOCK_SIZE
 
@@ -40,7 +40,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 def settings_from_args(args):
     from kvemu.options.serving import serving_settings
-    from replica.kvpool.service import DEFAULT_POOL_ID, PoolSettings
+    from replica.kvstore.service import DEFAULT_POOL_ID, PoolSettings
     from shared.costmodel import CostModel
 
     gpu, args.model = gpu_setting(args), model_setting(args)
@@ -57,7 +57,7 @@ def settings_from_args(args):
 
 def run(args) -> int:
     from kvemu.options.serving import token_line
-    from replica.kvpool.service import make_app
+    from replica.kvstore.service import make_app
     from shared.serve import bind, serve
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")

@@ -1,4 +1,4 @@
-"""The shared KV pool live (replica/kvpool/): `kvemu pool` as a real process on loopback, with hand-worked
+"""The shared KV pool live (replica/kvstore/): `kvemu pool` as a real process on loopback, with hand-worked
 expectations; a replica using it through its mirror; the replica's degraded mode when the pool dies or
 answers garbage, and its resync when a pool answers again."""
 
@@ -13,7 +13,7 @@ import pytest
 
 from replica.core.cache.types import Lookup
 from replica.core.tiers.shared import SharedSettings
-from replica.kvpool.mirror import MirrorStore
+from replica.kvstore.mirror import MirrorStore
 from tests.conftest import free_port
 from tests.support.procs import REPO, Proc, cluster_auth, http, http_json
 
@@ -24,7 +24,7 @@ STORE = ("--shared-cache-gib", "0.01")
 
 def start_pool(*extra: str, port: int | None = None, time_scale: str = "0") -> Proc:
     port = port or free_port()
-    proc = Proc(["-m", "kvemu", "pool", "--port", str(port), "--time-scale", time_scale, *STORE, *extra], port)
+    proc = Proc(["-m", "kvemu", "store", "--port", str(port), "--time-scale", time_scale, *STORE, *extra], port)
     proc.wait_healthy()
     return proc
 
