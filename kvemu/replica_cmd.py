@@ -100,7 +100,7 @@ def settings_from_args(args):
         gpu=gpu_setting(args), block_size=matching.block_size, time_scale=args.time_scale,
         max_waiting=args.max_waiting, index=args.index, cluster=args.cluster, admin_token=given_admin_token(args),
         serving=serving_settings(args), backend=args.backend, device=args.device, layers=args.layers,
-        kv_events=kv_events_setting(args), shared_pool_url=args.shared_pool_url, dp=parallel_setting(args, cost.model),
+        kv_events=kv_events_setting(args), shared_pool_url=args.shared_store_url, dp=parallel_setting(args, cost.model),
         **replica_pd_settings(args))
 
 

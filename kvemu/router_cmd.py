@@ -40,13 +40,13 @@ ROUTER_OPTIONS = (
                 " so a long generation never trips it (default %(default)s)"),
 )
 
-# The shared KV pools the replicas use, a flag of the router alone: `kvemu up` starts the pools and
+# The shared KV stores the replicas use, a flag of the router alone: `kvemu up` starts the pools and
 # passes each one's URL (and scope group) to the router.
-SHARED_POOL = Option("--shared-pool", (), metavar="URL[=ID,...]", repeat=True,
-                     help="a shared KV pool (`kvemu pool`) the replicas use: the router follows its event feed (with a Redis"
-                          " index, reads what the pool ships there) so that cache_aware prices a hit in it (shared_hit_cost),"
-                          " and /cluster and the dashboard show it; once per pool; =ID,... the replica ids it serves (a"
-                          " --shared-scope group; default every replica)")
+SHARED_STORE = Option("--shared-store", (), metavar="URL[=ID,...]", repeat=True, aliases=("--shared-pool",),
+                      help="a shared KV store (`kvemu store`) the replicas use: the router follows its event feed (with a"
+                           " Redis index, reads what the store ships there) so that cache_aware prices a hit in it"
+                           " (shared_hit_cost), and /cluster and the dashboard show it; once per store; =ID,... the"
+                           " replica ids it serves (a --shared-scope group; default every replica)")
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -59,7 +59,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None)
     add_server_args(p)
     add_options(p, ROUTER_OPTIONS)
-    add_options(p, (SHARED_POOL,))
+    add_options(p, (SHARED_STORE,))
     add_options(p.add_argument_group("disaggregated prefill / decode (P/D)"), PD_DECIDER_OPTIONS)
     p.add_argument("--workers", type=int, default=1,
                    help="router processes sharing the port; a supervisor restarts any that dies")
@@ -72,7 +72,7 @@ def settings_from_args(args):
     from kvemu.options.serving import serving_settings
 
     matching = matching_setting(args)  # the replicas' hashing unit: a block, or a radix page
-    pools = shared_pools(args.shared_pool)
+    pools = shared_pools(args.shared_store)
     # levels: host DRAM, SSD, and the shared store last where there is one, as kvemu sim prices them
     levels = live_levels(bool(pools))
     routing = routing_settings(matching.block_size, args.set, levels, mode=matching.mode)
@@ -89,13 +89,13 @@ def settings_from_args(args):
 
 
 def shared_pools(values) -> tuple[tuple[str, tuple[str, ...]], ...]:
-    """``--shared-pool`` values: each pool's URL and the replica ids it serves (none: every replica)."""
+    """``--shared-store`` values: each pool's URL and the replica ids it serves (none: every replica)."""
     out = []
     for value in values:
         url, sep, ids = value.strip().partition("=")
         served = tuple(i.strip() for i in ids.split(",") if i.strip())
         if sep and not served:
-            raise InputError("--shared-pool", f"{value!r}: give the replica ids after '=' (URL=replica-0,replica-1)"
+            raise InputError("--shared-store", f"{value!r}: give the replica ids after '=' (URL=replica-0,replica-1)"
                                               " or none (the pool serves every replica)")
         out.append((url.strip().rstrip("/"), served))
     return tuple(out)
@@ -124,7 +124,7 @@ def worker_args(args) -> list[str]:
     out = ["--port", str(args.port), "--host", args.host, "--replicas", args.replicas, "--index", args.index,
            "--log-level", args.log_level,
            *forward((*ROUTING_OPTIONS, CLUSTER, *MATCHING, *SERVER_OPTIONS, *ROUTER_OPTIONS, *PD_DECIDER_OPTIONS,
-                     SHARED_POOL), args)]
+                     SHARED_STORE), args)]
     if args.seed is not None:
         out += ["--seed", str(args.seed)]
     if args.cluster_token:  # through the environment, not the command line other users can read

@@ -1,6 +1,7 @@
-"""``kvemu pool``: run the shared KV pool process (replica/kvstore/service.py), the live store of the level every
+"""``kvemu store``: run the shared KV store process (replica/kvstore/service.py), the live store of the level every
 replica of its scope reads and writes. ``kvemu up --shared-cache-gib G`` starts one per scope group;
-a replica uses it with ``--shared-pool-url`` and the same ``--shared-*`` flags."""
+a replica uses it with ``--shared-store-url`` and the same ``--shared-*`` flags. ``kvemu store`` and ``--pool-id``
+are its old spellings, kept for one release; the id it reports (``pool_id`` in /health) is a wire name, unchanged."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ DEFAULT_PORT = 8300
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
-    p.add_argument("--pool-id", default=None, help="the id its event feed publishes under (default shared-pool)")
+    p.add_argument("--store-id", "--pool-id", default=None,
+                   help="the id its event feed publishes under (default shared-pool)")
     MODEL.add(p)
     KV_CACHE_DTYPE.add(p)
     add_gpu_args(p)
@@ -47,11 +49,11 @@ def settings_from_args(args):
     cost = CostModel.from_names(args.model, gpu)
     block_size = args.block_size or DEFAULT_BLOCK_SIZE
     if not args.shared_cache_gib:
-        raise InputError("--shared-cache-gib", "a pool needs a capacity: give --shared-cache-gib G (G > 0)")
+        raise InputError("--shared-cache-gib", "a store needs a capacity: give --shared-cache-gib G (G > 0)")
     shared = shared_settings(args, cost, block_size, None)
     assert shared is not None
     return PoolSettings(shared=shared, block_bytes=cost.block_bytes(block_size), block_size=block_size,
-                        pool_id=args.pool_id or DEFAULT_POOL_ID, port=args.port, time_scale=args.time_scale,
+                        pool_id=args.store_id or DEFAULT_POOL_ID, port=args.port, time_scale=args.time_scale,
                         serving=serving_settings(args), index=args.index, cluster=args.cluster)
 
 
@@ -66,7 +68,7 @@ def run(args) -> int:
     sock = bind(settings.serving.host, settings.port)
     print(token_line(args), file=sys.stderr, flush=True)
     s = settings.shared
-    print(f"pool {settings.pool_id} ({s.blocks} blocks, chunks of {s.chunk_blocks}, {s.eviction}, write {s.write})"
+    print(f"store {settings.pool_id} ({s.blocks} blocks, chunks of {s.chunk_blocks}, {s.eviction}, write {s.write})"
           f" on http://{settings.serving.host}:{settings.port}", file=sys.stderr, flush=True)
     serve(app, sock)
     return 0

@@ -144,7 +144,7 @@ class Cluster:
     replica_urls: list[str] = field(default_factory=list)
     roles: list[str] = field(default_factory=list)  # each replica's, beside its URL
     redis_url: str | None = None
-    pool_urls: list[str] = field(default_factory=list)  # the shared KV pools (kvemu/up_store.py)
+    pool_urls: list[str] = field(default_factory=list)  # the shared KV stores (kvemu/up_store.py)
     tmpdir: str | None = None
     token: str = ""
     token_path: str | None = None  # the shared file the token is in; None for a token given
@@ -243,7 +243,7 @@ def replica_args(i: int, port: int, plan: UpPlan, index: str | None, replica_id:
     """Replica ``i``'s command line: every flag of TO_REPLICAS and TO_BOTH (the capacity one as validate
     checked and defaulted it), and those of TRANSFORMED as up turns them; a P/D replica gets its pool's
     shape (``pool_args``), its ``--role`` and the link flags. ``peers``: the cluster's replicas, the only
-    addresses a request may have it contact for KV (--pd-peers); ``pool_urls``: the shared KV pools started."""
+    addresses a request may have it contact for KV (--pd-peers); ``pool_urls``: the shared KV stores started."""
     flags = plan.flags
     pool = pool_args(flags, plan.pd, role)
     args = [sys.executable, "-m", "replica", "--port", str(port), "--replica-id", replica_id or f"replica-{i}",
@@ -307,7 +307,7 @@ def bring_up(plan: UpPlan, log_dir: str | None = None) -> Cluster:
 
 
 def start_pools(cluster: Cluster, plan: UpPlan, log_dir: str, index: str) -> None:
-    """The shared KV pools first (kvemu/up_store.py): every replica checks its pool at start. With a Redis
+    """The shared KV stores first (kvemu/up_store.py): every replica checks its pool at start. With a Redis
     index each pool ships what it holds there too, as the replicas do."""
     for k in range(pool_groups(plan)):
         port = free_port()
@@ -407,7 +407,7 @@ def add_cluster_args(p: argparse.ArgumentParser, replicas: int = 4) -> None:
     add_pd_args(p)  # the topology, each pool's shape, the decider (the router's) and the link (the P/D replicas')
     PD_HOLD_TIMEOUT_OPTION.add(p)
     PD_HOLD_SHARE_OPTION.add(p)
-    add_shared_args(p)  # the shared KV pool: up starts it (kvemu/up_store.py)
+    add_shared_args(p)  # the shared KV store: up starts it (kvemu/up_store.py)
 
 
 def configure(p: argparse.ArgumentParser) -> None:

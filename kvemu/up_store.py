@@ -1,5 +1,5 @@
-"""``kvemu up``'s shared KV pool part: with ``--shared-cache-gib G`` up starts the pool processes
-(``kvemu pool``, replica/kvstore/service.py) before the replicas, one for the cluster or one per
+"""``kvemu up``'s shared KV store part: with ``--shared-cache-gib G`` up starts the pool processes
+(``kvemu store``, replica/kvstore/service.py) before the replicas, one for the cluster or one per
 ``--shared-scope K`` replicas in id order (as ``kvemu sim`` groups them), and points each replica at its
 group's pool with the same store flags. The cluster token reaches the pools in the environment, as it
 reaches every child."""
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 # what up does with each shared flag (up's TRANSFORMED): none goes to a child as up took it alone
 TRANSFORMED_SHARED = {
-    **{o.flag: "to each shared pool (kvemu pool) and to every replica beside --shared-pool-url, its group's pool"
+    **{o.flag: "to each shared pool (kvemu store) and to every replica beside --shared-store-url, its group's store"
        for o in STORE_OPTIONS},
     "--shared-scope": "up's: one pool per K replicas in id order (0: one for the cluster); no child takes it",
 }
@@ -52,7 +52,7 @@ def pool_id(plan: UpPlan, k: int) -> str:
 def pool_args(plan: UpPlan, k: int, port: int) -> list[str]:
     """Pool ``k``'s command line: its store flags, the model's block bytes, the replicas' time scale."""
     flags = plan.flags
-    return [sys.executable, "-m", "kvemu", "store", "--port", str(port), "--pool-id", pool_id(plan, k),
+    return [sys.executable, "-m", "kvemu", "store", "--port", str(port), "--store-id", pool_id(plan, k),
             "--model", flags.model, "--gpu", flags.gpu, "--block-size", str(plan.block_size),
             "--time-scale", repr(float(flags.time_scale)), *forward(STORE_OPTIONS, flags),
             *forward(SERVER_OPTIONS, flags)]
@@ -62,19 +62,19 @@ def replica_shared_argv(plan: UpPlan, i: int, pool_urls: Sequence[str]) -> list[
     """Replica ``i``'s pool: its group's URL and the store flags (nothing without a shared level)."""
     if plan.shared is None or not pool_urls:
         return []
-    return ["--shared-pool-url", pool_urls[plan.shared.group_of(i, plan.topology.total)],
+    return ["--shared-store-url", pool_urls[plan.shared.group_of(i, plan.topology.total)],
             *forward(STORE_OPTIONS, plan.flags)]
 
 
 def router_shared_argv(plan: UpPlan, pool_urls: Sequence[str]) -> list[str]:
-    """The router's ``--shared-pool`` per pool: its URL, with its group's replica ids where there are
+    """The router's ``--shared-store`` per store: its URL, with its group's replica ids where there are
     several pools (one pool serves every replica), so the index answers each replica its own pool's run."""
     if plan.shared is None or not pool_urls:
         return []
     if len(pool_urls) == 1:
-        return ["--shared-pool", pool_urls[0]]
+        return ["--shared-store", pool_urls[0]]
     ids = [replica_id for replica_id, _ in plan.members()]
     out: list[str] = []
     for url, group in zip(pool_urls, plan.shared.groups(plan.topology.total), strict=True):
-        out += ["--shared-pool", f"{url}={','.join(ids[group.start:group.stop])}"]
+        out += ["--shared-store", f"{url}={','.join(ids[group.start:group.stop])}"]
     return out

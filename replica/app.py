@@ -62,7 +62,7 @@ async def pd_ctx(app: web.Application):
 
 
 async def shared_pool_ctx(app: web.Application):
-    """The shared KV pool's client (replica/kvstore/client.py): its feed into the mirror, writes and reads out."""
+    """The shared KV store's client (replica/kvstore/client.py): its feed into the mirror, writes and reads out."""
     client = app[RUNTIME].shared_pool
     if client is None:
         yield

@@ -82,7 +82,7 @@ class ReplicaSettings:
     pd_hold_share: float = DEFAULT_PD_HOLD_SHARE
     # the prefill instances (host:port) a decode instance may contact for a request's KV; None: any (replica/pd.py)
     pd_peers: tuple[str, ...] | None = None
-    # the shared KV pool's process (replica/kvstore/service.py), where tiers.shared is set: its URL
+    # the shared KV store's process (replica/kvstore/service.py), where tiers.shared is set: its URL
     shared_pool_url: str | None = None
     # --data-parallel-size / --enable-expert-parallel: this many ranks, each its own scheduler and pool of the
     # capacity above (replica/dp.py)
@@ -120,7 +120,7 @@ class ReplicaSettings:
         check_number("pd_hold_share", self.pd_hold_share, maximum=1, above=0)
         if (self.knobs.tiers.shared is None) != (self.shared_pool_url is None):
             raise InputError("shared_pool_url", "a shared level (tiers.shared) and the pool's URL go together: a"
-                                                " live replica's shared level is a `kvemu pool` process")
+                                                " live replica's shared level is a `kvemu store` process")
         if self.shared_pool_url is not None and not self.shared_pool_url.startswith(("http://", "https://")):
             raise InputError("shared_pool_url", f"expected an http:// URL, got {self.shared_pool_url!r}")
         cost = CostModel.from_names(self.model, self.gpu)  # unknown names list the valid ones
@@ -144,7 +144,7 @@ class ReplicaSettings:
         if self.backend != "emulated":
             raise InputError(flag, f"DP ranks run on the emulated backend only, not {self.backend!r}")
         if self.shared_pool_url is not None:
-            raise InputError(flag, "DP ranks beside a shared KV pool level are not emulated live: drop one of them")
+            raise InputError(flag, "DP ranks beside a shared KV store level are not emulated live: drop one of them")
 
     def core_settings(self) -> CoreSettings:
         """The cache core this replica runs (``replica.core.build``)."""

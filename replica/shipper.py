@@ -7,7 +7,7 @@ backs off; the index notices the sequence gap, clears this replica and rebuilds 
 the resync once Redis is back. A heartbeat carrying the next sequence number lets the
 index notice a gap even when no events flow.
 
-A shared KV pool's process ships its store's feed the same way, with ``store`` (its ``StoreScope``): the
+A shared KV store's process ships its store's feed the same way, with ``store`` (its ``StoreScope``): the
 shipper declares the id a store's (``RedisIndex.add_store``) before its first batch, so the index keeps its
 blocks as the store's one set; ``state`` is anything with ``feed`` (an ``EventFeed`` in ``push`` mode) and
 ``settings.replica_id`` (the pool's id).

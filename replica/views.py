@@ -289,7 +289,7 @@ async def health(request: web.Request) -> web.Response:
                               "block_size": s.block_size, "matching": s.knobs.matching, "running": state.running,
                               "waiting": state.waiting, "kv_usage": state.kv_usage(),
                               **state.pd.hold_health(),  # P/D: what prefills held for remote decodes pin
-                              # the shared KV pool: ok, unreachable (serving from its own levels) or connecting
+                              # the shared KV store: ok, unreachable (serving from its own levels) or connecting
                               **({"shared_pool": state.shared_pool.state} if state.shared_pool is not None else {})})
 
 
@@ -346,7 +346,7 @@ async def stats(request: web.Request) -> web.Response:
         out["index_shipper"] = state.shipper.stats()
     if state.core.tiers is not None:
         out["tiers"] = state.core.tiers.stats()
-    if state.shared_pool is not None:  # the shared KV pool as this replica sees it (replica/kvstore/client.py)
+    if state.shared_pool is not None:  # the shared KV store as this replica sees it (replica/kvstore/client.py)
         out["shared_pool"] = state.shared_pool.stats()
     return respond(request, out)
 

@@ -14,7 +14,7 @@ socket on ``replay_endpoint`` answers ``[id, "", start_seq]`` with every kept ba
 sequence number on, then ``[id, "", -1, ""]``. ``medium`` names the memory level: ``GPU`` (HBM),
 ``CPU`` (host DRAM), ``DISK`` (SSD), so a tier-aware consumer sees demotions.
 
-A shared KV pool (`kvemu pool`, the store every replica of its scope reads and writes) publishes its own
+A shared KV store (`kvemu store`, the store every replica of its scope reads and writes) publishes its own
 events, as Mooncake's master publishes its store's puts and evictions: ``store_publisher`` gives the pool
 process a publisher on its own endpoint whose every event has medium ``SHARED`` (``SHARED_MEDIUM``): a
 level no replica owns, so a consumer keys it by the publisher (the pool's endpoint) and its medium, never as
@@ -57,7 +57,7 @@ log = logging.getLogger("kvemu.replica.vllm_events")
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 MEDIA = ("GPU", "CPU", "DISK")  # level 0, 1, 2; deeper levels are named by their kind
-# The medium of a shared KV pool's blocks (its kind's name, as deeper levels are named): vLLM's medium is a free
+# The medium of a shared KV store's blocks (its kind's name, as deeper levels are named): vLLM's medium is a free
 # string (its offloading connector says "GPU" and "CPU"), and neither vLLM, LMCache nor Dynamo names remote storage
 SHARED_MEDIUM = "SHARED"
 
@@ -188,7 +188,7 @@ class EventTranslator:
 
 
 def store_publisher(config: KvEventsConfig, block_size: int) -> ZmqEventPublisher:
-    """vLLM's KV events of a shared KV pool, on the pool's own endpoint (``config``, from its ``--kv-events-config``):
+    """vLLM's KV events of a shared KV store, on the pool's own endpoint (``config``, from its ``--kv-events-config``):
     ``publish(store.drain_events())`` after each change (``stored`` / ``removed``, any level: all are the pool's,
     medium ``SHARED``; ``cleared`` when it starts over), ``shutdown()`` when it stops. Raises InputError naming
     ``--kv-events-config`` when the endpoint cannot be opened."""

@@ -5,7 +5,7 @@ checks (``unhealthy_after`` in a row, or a refused connection) is taken out of r
 and its index entries are cleared; it rejoins when a check passes again. A new epoch
 on ``/health`` means the replica restarted with an empty cache: its entries are cleared.
 
-Shared KV pools (``settings.shared_pools``, `kvemu pool`): each is known by the id its ``/health``
+Shared KV stores (``settings.shared_pools``, `kvemu store`): each is known by the id its ``/health``
 reports (``pool_id``), declared to the index as a store serving its replicas (``StoreScope``), and,
 with the embedded index, its ``/kv/events`` feed is followed as a replica's is (same batches, same
 gap and resync rules). A pool that fails its checks has its entries cleared (a pool that dies loses
@@ -93,7 +93,7 @@ def _feed_entry(rep: ReplicaHandle, batch: dict) -> tuple[str, str, int]:
 
 @dataclass(slots=True)
 class PoolHandle:
-    """A shared KV pool as the router sees it: its feed, like a replica's, and its last ``/stats``."""
+    """A shared KV store as the router sees it: its feed, like a replica's, and its last ``/stats``."""
 
     url: str
     serves: tuple[str, ...]  # replica ids of its scope group; (): every replica
@@ -156,7 +156,7 @@ class Cluster:
                                  return_exceptions=True)
             await asyncio.sleep(self.settings.health_interval_s)
 
-    # ---- shared KV pools ------------------------------------------------------------------
+    # ---- shared KV stores ------------------------------------------------------------------
     async def _health(self, url: str) -> tuple[dict | None, bool]:
         """A process's ``/health`` answer (None: none, or not a 200), and whether the connection was refused."""
         timeout = aiohttp.ClientTimeout(total=self.settings.health_timeout_s)

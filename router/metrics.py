@@ -39,7 +39,7 @@ COUNTERS = {
     "replica_failures": "Replicas taken out by health checks.",
     "replica_restarts": "Replica restarts detected (new epoch).",
     "replica_busy": "Answers of 503 + Retry-After (overloaded): retried elsewhere.",
-    "pool_failures": "Shared KV pools taken out by health checks (their index entries cleared).",
+    "pool_failures": "Shared KV stores taken out by health checks (their index entries cleared).",
     "holds_exhausted": "Times a replica's /health said prefills held for remote decodes exhaust its KV pool (routed"
                        " around until they end, its index entries kept).",
 }
@@ -54,7 +54,7 @@ GAUGES: dict[str, tuple[str, GaugeMode]] = {
     "held_usage": ("Share of the replica's KV pool prefills held for remote decodes pin (P/D).", "livemax"),
     "event_lag": ("Events published but not yet applied (the slowest worker's index).", "livemax"),
 }
-# per shared KV pool (--shared-pool): name -> (help, how workers combine)
+# per shared KV store (--shared-pool): name -> (help, how workers combine)
 POOL_GAUGES: dict[str, tuple[str, GaugeMode]] = {
     "healthy": ("1 when the shared pool answers its health checks (by any live worker).", "livemax"),
     "event_lag": ("The shared pool's events published but not yet applied (the slowest worker's index).", "livemax"),

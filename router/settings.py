@@ -56,7 +56,7 @@ class RouterSettings:
     roles: tuple[str, ...] = ()
     pd: PdSettings | Any = None
     prefill_routing: str | None = None  # the prefill pool's strategy (None: ``routing``)
-    # Shared KV pools (`kvemu pool`): each one's URL and the replica ids it serves (none: every replica),
+    # Shared KV stores (`kvemu store`): each one's URL and the replica ids it serves (none: every replica),
     # and the shared level's index in the replicas' stacks (the last level: 3 after host DRAM and SSD; kvemu's
     # front end takes it from the same level list its routing settings price; 0 without a pool)
     shared_pools: tuple[tuple[str, tuple[str, ...]], ...] = ()

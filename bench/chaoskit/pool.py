@@ -1,4 +1,4 @@
-"""The shared KV pool's chaos scenario: SIGKILL the `kvemu pool` process under load, start it
+"""The shared KV store's chaos scenario: SIGKILL the `kvemu store` process under load, start it
 again later; clients lose nothing (replicas serve from their own levels meanwhile), every replica says
 ``"shared_pool": "unreachable"`` in /health while it is gone and resyncs when it is back, nothing stays pinned."""
 
@@ -30,7 +30,7 @@ def _states(c: Cluster) -> list[str]:
 def pool_kill(rate: float, duration: float) -> dict:
     port = free_port()
     # small HBM (64 blocks) so the replicas evict into the pool and read back from it under the load
-    c = Cluster(replica_args=("--capacity-blocks", "64", "--shared-pool-url", f"http://127.0.0.1:{port}", *STORE))
+    c = Cluster(replica_args=("--capacity-blocks", "64", "--shared-store-url", f"http://127.0.0.1:{port}", *STORE))
     pool = _pool(c, port)
     try:
         c.start()

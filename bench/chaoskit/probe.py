@@ -93,7 +93,7 @@ def _kill_at_third(up: Up, url: str, load: Traffic, duration: float) -> dict:
 
 
 def pool_kill_up(rate: float, duration: float) -> dict:
-    """``kvemu up`` with a shared KV pool (small HBM, so the replicas use it) under load; the pool process
+    """``kvemu up`` with a shared KV store (small HBM, so the replicas use it) under load; the pool process
     SIGKILLed at 1/3. Did clients lose anything, is up still running, did the pool come back?"""
     def run(up: Up) -> dict:
         load = Traffic(up.router, rate, duration).start()

@@ -293,7 +293,7 @@ SCENARIOS = {
     "slow_clients": lambda a: slow_clients(a.rate, a.duration, readers=2 if a.short else 4),
     "big_prompts": lambda a: big_prompts(a.rate, a.duration, senders=1 if a.short else 2),
     "soak": lambda a: soak(a.rate, a.soak_seconds, workers=a.router_workers),
-    "pool_kill": lambda a: pool_kill(a.rate, a.duration),  # the shared KV pool (bench/chaoskit/pool.py)
+    "pool_kill": lambda a: pool_kill(a.rate, a.duration),  # the shared KV store (bench/chaoskit/pool.py)
     # the operator's probes: `kvemu up` as a user starts it (bench/chaoskit/probe.py, ssrf.py); --probe-rate,
     # --probe-duration
     "ssrf_probe": lambda a: ssrf_probe(),

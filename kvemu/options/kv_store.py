@@ -1,9 +1,11 @@
 """The shared KV level's flags (replica/core/tiers/shared.py), for `kvemu sim`, `sweep` and `up`:
 ``--shared-cache-gib`` (the store's capacity; 0, the default: none), ``--shared-chunk-tokens``,
-``--shared-eviction``, ``--shared-write``, ``--shared-nic-gbps``, ``--shared-pool-gbps``,
-``--shared-ttfb-us`` and ``--shared-scope``. Live, the store is a `kvemu pool` process
+``--shared-eviction``, ``--shared-write``, ``--shared-nic-gbps``, ``--shared-store-gbps``,
+``--shared-ttfb-us`` and ``--shared-scope``. Live, the store is a `kvemu store` process
 (replica/kvstore/service.py): it takes ``STORE_OPTIONS`` (every flag but the scope, which is up's: one pool per
-group), and a replica takes them too with ``--shared-pool-url`` (its pool), so both shape one store alike."""
+group), and a replica takes them too with ``--shared-store-url`` (its store), so both shape one store alike.
+Until the next release each renamed flag still answers to its old spelling (``--shared-pool-gbps``,
+``--shared-pool-url``): "pool" is the block pool."""
 
 from __future__ import annotations
 
@@ -34,8 +36,9 @@ SHARED_OPTIONS = (
            " chunk it computes (LMCache's write-through at prefill)", choices=SHARED_WRITES),
     Option("--shared-nic-gbps", DEFAULT_NIC_GBPS, f"each replica's link to the store, Gb/s per direction (default"
            f" {DEFAULT_NIC_GBPS:g})", float, metavar="GBIT/S"),
-    Option("--shared-pool-gbps", DEFAULT_POOL_GBPS, f"the store's aggregate bandwidth, Gb/s per direction, shared by"
-           f" every replica's transfers (default {DEFAULT_POOL_GBPS:g})", float, metavar="GBIT/S"),
+    Option("--shared-store-gbps", DEFAULT_POOL_GBPS, f"the store's aggregate bandwidth, Gb/s per direction, shared by"
+           f" every replica's transfers (default {DEFAULT_POOL_GBPS:g})", float, metavar="GBIT/S",
+           aliases=("--shared-pool-gbps",)),
     Option("--shared-ttfb-us", DEFAULT_TTFB_S * 1e6, f"a read's metadata round trip to the store, microseconds"
            f" (default {DEFAULT_TTFB_S * 1e6:g})", float, metavar="US"),
     Option("--shared-scope", 0, "replicas per store: 0, one store for the cluster (default); K, one per K replicas"
@@ -45,8 +48,9 @@ SHARED_OPTIONS = (
 
 # what shapes one store (a pool process and each replica using it take these): every flag but the scope
 STORE_OPTIONS = tuple(o for o in SHARED_OPTIONS if o.flag != "--shared-scope")
-SHARED_POOL_URL = Option("--shared-pool-url", None, "the shared KV pool (a `kvemu pool` process) this replica"
-                         " reads and writes; give it the pool's --shared-* flags too (kvemu up does)", metavar="URL")
+SHARED_STORE_URL = Option("--shared-store-url", None, "the shared KV store (a `kvemu store` process) this replica"
+                          " reads and writes; give it the store's --shared-* flags too (kvemu up does)", metavar="URL",
+                          aliases=("--shared-pool-url",))
 
 
 def add_shared_args(p: argparse.ArgumentParser) -> None:
@@ -55,8 +59,8 @@ def add_shared_args(p: argparse.ArgumentParser) -> None:
 
 def add_replica_shared_args(p: argparse.ArgumentParser) -> None:
     """A replica's: its pool's URL and the flags that shape the store (the pool's own)."""
-    group = p.add_argument_group("the shared KV pool (kvemu pool) below this replica's own tiers")
-    SHARED_POOL_URL.add(group)
+    group = p.add_argument_group("the shared KV store (kvemu store) below this replica's own tiers")
+    SHARED_STORE_URL.add(group)
     add_options(group, STORE_OPTIONS)
 
 
@@ -65,12 +69,12 @@ def add_pool_args(p: argparse.ArgumentParser) -> None:
 
 
 def replica_shared_settings(args: argparse.Namespace, cost: CostModel, block_size: int) -> SharedSettings | None:
-    """A replica's shared level: None without ``--shared-pool-url``; with it, ``--shared-cache-gib`` too."""
-    url = args.shared_pool_url
+    """A replica's shared level: None without ``--shared-store-url``; with it, ``--shared-cache-gib`` too."""
+    url = args.shared_store_url
     if url is None:
         return shared_settings(args, cost, block_size, None)  # the shaping flags without a store: refused
     if not args.shared_cache_gib:
-        raise InputError("--shared-pool-url", "needs the pool's --shared-cache-gib (and its other --shared-* flags)")
+        raise InputError("--shared-store-url", "needs the store's --shared-cache-gib (and its other --shared-* flags)")
     return shared_settings(args, cost, block_size, None)
 
 
@@ -100,6 +104,6 @@ def shared_settings(args: argparse.Namespace, cost: CostModel, block_size: int,
                                            f" (the cluster has {replicas}), got {scope}")
     ttfb = check_number("--shared-ttfb-us", args.shared_ttfb_us, minimum=0)
     check_number("--shared-nic-gbps", args.shared_nic_gbps, above=0)
-    check_number("--shared-pool-gbps", args.shared_pool_gbps, above=0)
+    check_number("--shared-store-gbps", args.shared_store_gbps, above=0)
     return SharedSettings(blocks, (chunk or block_size) // block_size, args.shared_eviction, args.shared_write,
-                          args.shared_nic_gbps, args.shared_pool_gbps, ttfb / 1e6, scope)
+                          args.shared_nic_gbps, args.shared_store_gbps, ttfb / 1e6, scope)

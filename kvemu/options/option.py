@@ -38,6 +38,9 @@ class Option:
     switch: bool = False  # a flag without a value (store_true): forwarded only when set
     repeat: bool = False  # a flag given once per value (action="append"; the default: a tuple of them)
     track: bool = False  # note in the parsed arguments when it is given (``given``)
+    # old spellings a renamed flag still answers to for one release (after the new one in --help; a child is
+    # always handed the new one)
+    aliases: tuple[str, ...] = ()
 
     @property
     def dest(self) -> str:
@@ -50,7 +53,7 @@ class Option:
         ``help`` its text (a command that says more about it)."""
         kw: dict[str, Any] = {"default": self.default if default is _SAME else default, "help": help or self.help}
         if self.switch:
-            p.add_argument(self.flag, action="store_true", **kw)
+            p.add_argument(self.flag, *self.aliases, action="store_true", **kw)
             return
         if self.repeat:  # a fresh list per parse: argparse appends to the default it is given
             kw["default"] = list(kw["default"] or ())
@@ -63,7 +66,7 @@ class Option:
             kw["choices"] = self.choices
         if self.metavar is not None:
             kw["metavar"] = self.metavar
-        p.add_argument(self.flag, **kw)
+        p.add_argument(self.flag, *self.aliases, **kw)
 
     def argv(self, args: argparse.Namespace) -> list[str]:
         """The flag and its parsed value, for a child's command line (nothing when the value is None)."""

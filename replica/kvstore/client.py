@@ -1,4 +1,4 @@
-"""A replica's async side of the shared KV pool (``--shared-pool-url``): follows the pool's event feed into
+"""A replica's async side of the shared KV store (``--shared-store-url``): follows the pool's event feed into
 the ``MirrorStore`` and ships the writes and reads the engine's steps queued there.
 
 Three background tasks (``replica/app.py``'s ``shared_pool_ctx``), one ``aiohttp`` session:
@@ -104,7 +104,7 @@ class PoolClient:
         self.last_error = reason
         if self.state != "unreachable":
             c.outages += 1
-            log.warning("shared KV pool %s unreachable (%s): serving from this replica's own levels, %d mirrored"
+            log.warning("shared KV store %s unreachable (%s): serving from this replica's own levels, %d mirrored"
                         " blocks forgotten; retrying", self.url, reason, self.mirror.used)
         self.state = "unreachable"
         self.mirror.available = False
@@ -159,7 +159,7 @@ class PoolClient:
             mirror.clear()
             self.counters.resyncs += 1
             if self.state == "unreachable":
-                log.warning("shared KV pool %s answers again (epoch %s): mirror resyncing", self.url, epoch)
+                log.warning("shared KV store %s answers again (epoch %s): mirror resyncing", self.url, epoch)
             self.epoch = epoch
             if self.cursor != 0:  # these batches follow another epoch's cursor: read this one from its start
                 self.cursor = 0
@@ -280,14 +280,14 @@ def check_pool(url: str, shared: SharedSettings, block_bytes: int, timeout: floa
             body = json.load(resp)
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise KvemuError(f"--shared-pool-url: no shared KV pool answers at {url} ({reason}); start `kvemu pool`"
+        raise KvemuError(f"--shared-store-url: no shared KV store answers at {url} ({reason}); start `kvemu store`"
                          " first (kvemu up --shared-cache-gib does)") from None
     if not isinstance(body, dict):
-        raise KvemuError(f"--shared-pool-url: {url}/health answered something that is not a kvemu pool")
+        raise KvemuError(f"--shared-store-url: {url}/health answered something that is not a kvemu store")
     want = {"blocks": shared.blocks, "chunk_blocks": shared.chunk_blocks, "write": shared.write,
             "block_bytes": block_bytes}
     for key, value in want.items():
         if body.get(key) != value:
-            raise KvemuError(f"--shared-pool-url: the pool at {url} has {key} {body.get(key)!r}, this replica's"
+            raise KvemuError(f"--shared-store-url: the pool at {url} has {key} {body.get(key)!r}, this replica's"
                              f" flags say {value!r}; give both the same --shared-* flags, --model and --block-size")
     return body

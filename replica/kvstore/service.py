@@ -1,4 +1,4 @@
-"""``kvemu pool``: the process that holds a cluster's shared KV level live.
+"""``kvemu store``: the process that holds a cluster's shared KV level live.
 
 One aiohttp app holds ONE ``SharedStore`` (replica/core/tiers/shared.py, the very class one object of which
 serves every simulated replica of its scope in ``kvemu sim``) and its aggregate ``Link``. Replicas talk to it
@@ -373,11 +373,11 @@ async def metrics(request: web.Request) -> web.Response:
 async def lifecycle_ctx(app: web.Application):
     rt = app[POOL]
     s = rt.settings
-    log.warning("shared KV pool %s: %d blocks (%d per chunk, %s, write %s), epoch %s", s.pool_id, s.shared.blocks,
+    log.warning("shared KV store %s: %d blocks (%d per chunk, %s, write %s), epoch %s", s.pool_id, s.shared.blocks,
                 s.shared.chunk_blocks, s.shared.eviction, s.shared.write, rt.feed.epoch)
     yield
     lost = rt.at_risk()
-    log.warning("shared KV pool %s stopping: loses everything it held (%d chunks, %d blocks, %d bytes); replicas"
+    log.warning("shared KV store %s stopping: loses everything it held (%d chunks, %d blocks, %d bytes); replicas"
                 " carry on with their own levels", s.pool_id, lost["chunks"], lost["blocks"], lost["bytes"])
 
 

@@ -1,4 +1,4 @@
-"""The shared KV pool's chaos scenario (``bench/chaos.py --scenarios pool_kill``): the pool SIGKILLed under
+"""The shared KV store's chaos scenario (``bench/chaos.py --scenarios pool_kill``): the pool SIGKILLed under
 load and started again; 0 requests lost, every replica resyncs, nothing left pinned."""
 
 import json

@@ -129,3 +129,20 @@ def test_kvemu_pool_runs_kvemu_store_after_a_one_line_deprecation_note(capsys):
     assert err[1].startswith("error: --shared-cache-gib: a ") and len(err) == 2
     assert main(["store", "--shared-cache-gib", "0"]) == 2
     assert capsys.readouterr().err.startswith("error: --shared-cache-gib")
+
+
+@pytest.mark.parametrize("command, old, new, dest", [
+    ("replica", "--shared-pool-url", "--shared-store-url", "shared_store_url"),
+    ("sim", "--shared-pool-gbps", "--shared-store-gbps", "shared_store_gbps"),
+    ("router", "--shared-pool", "--shared-store", "shared_store"),
+    ("store", "--pool-id", "--store-id", "store_id"),
+])
+def test_each_renamed_store_flag_still_takes_its_old_spelling_and_help_names_the_new_first(command, old, new, dest):
+    from kvemu.cli import SUBCOMMANDS, build_parser
+    from kvemu.cli import parse_args as kvemu_args
+
+    need = {"sim": ["--workload", "chat"], "router": ["--replicas", "http://127.0.0.1:1"]}.get(command, [])
+    assert getattr(kvemu_args([command, *need, old, "7"]), dest) == getattr(kvemu_args([command, *need, new, "7"]), dest)
+    sub = next(a for a in build_parser(command)._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    assert next(a.option_strings for a in sub._actions if new in a.option_strings)[:2] == [new, old]
+    assert SUBCOMMANDS["pool"][0] == SUBCOMMANDS["store"][0]

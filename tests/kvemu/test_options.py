@@ -135,7 +135,9 @@ def parser_of(module: str) -> argparse.ArgumentParser:
 
 
 def flags_of(module: str) -> set[str]:
-    return {f for a in parser_of(module)._actions for f in a.option_strings if f.startswith("--")} - {"--help"}
+    """Each flag's spelling (an old one a renamed flag still takes, ``Option.aliases``, is not another flag)."""
+    longs = ([f for f in a.option_strings if f.startswith("--")] for a in parser_of(module)._actions)
+    return {spellings[0] for spellings in longs if spellings} - {"--help"}
 
 
 def test_every_flag_up_shares_with_a_child_is_forwarded_from_its_record_or_turned_by_up():

@@ -1,4 +1,4 @@
-"""The shared KV pool live (replica/kvstore/): `kvemu pool` as a real process on loopback, with hand-worked
+"""The shared KV store live (replica/kvstore/): `kvemu store` as a real process on loopback, with hand-worked
 expectations; a replica using it through its mirror; the replica's degraded mode when the pool dies or
 answers garbage, and its resync when a pool answers again."""
 
@@ -122,7 +122,7 @@ def wait_for(check, timeout: float = 10.0):
 def start_pooled_replica(pool_url: str) -> Proc:
     port = free_port()
     proc = Proc(["-m", "replica", "--port", str(port), "--capacity-blocks", "8", "--time-scale", "0", "--fetch",
-                 "always", "--shared-pool-url", pool_url, *STORE], port)
+                 "always", "--shared-store-url", pool_url, *STORE], port)
     proc.wait_healthy()
     return proc
 
@@ -186,19 +186,19 @@ def test_a_replica_reads_back_what_it_evicted_and_carries_on_when_the_pool_dies_
 @pytest.mark.slow
 def test_a_pool_down_at_start_or_shaped_otherwise_is_one_line():
     port = free_port()
-    res = subprocess.run([sys.executable, "-m", "replica", "--capacity-blocks", "8", "--shared-pool-url",
+    res = subprocess.run([sys.executable, "-m", "replica", "--capacity-blocks", "8", "--shared-store-url",
                           f"http://127.0.0.1:{port}", *STORE], cwd=REPO, capture_output=True, text=True, timeout=30)
-    assert res.returncode != 0 and "Traceback" not in res.stderr and "--shared-pool-url" in res.stderr
-    assert "no shared KV pool answers" in res.stderr
+    assert res.returncode != 0 and "Traceback" not in res.stderr and "--shared-store-url" in res.stderr
+    assert "no shared KV store answers" in res.stderr
     pool = start_pool(port=port)
     try:
-        res = subprocess.run([sys.executable, "-m", "replica", "--capacity-blocks", "8", "--shared-pool-url", pool.url,
+        res = subprocess.run([sys.executable, "-m", "replica", "--capacity-blocks", "8", "--shared-store-url", pool.url,
                               "--shared-cache-gib", "0.02"], cwd=REPO, capture_output=True, text=True, timeout=30)
         assert res.returncode != 0 and "has blocks 6, this replica's flags say 13" in res.stderr, res.stderr
     finally:
         pool.stop()
     for flags, field in ((["--shared-cache-gib", "0.01"], "--shared-chunk-tokens"),):
         res = subprocess.run([sys.executable, "-m", "replica", "--capacity-blocks", "8", "--shared-chunk-tokens", "24",
-                              "--shared-pool-url", "http://127.0.0.1:1", *flags], cwd=REPO, capture_output=True,
+                              "--shared-store-url", "http://127.0.0.1:1", *flags], cwd=REPO, capture_output=True,
                              text=True, timeout=30)
         assert res.returncode == 2 and field in res.stderr and "Traceback" not in res.stderr, res.stderr

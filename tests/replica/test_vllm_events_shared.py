@@ -1,4 +1,4 @@
-"""A shared KV pool's vLLM KV events (issue 45): ``replica.vllm_events.store_publisher`` publishes the store's
+"""A shared KV store's vLLM KV events (issue 45): ``replica.vllm_events.store_publisher`` publishes the store's
 stored / removed events on the pool's own endpoint, every one with medium ``SHARED``, kvemu's hashes (not
 registered with tokens: one BlockStored per block) and no tokens; a ZMQ subscriber reads them live and
 ``kvemu kv-events`` (the consumer written from vLLM's format) replayed."""

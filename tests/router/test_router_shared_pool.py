@@ -1,7 +1,7 @@
-"""Routers see a shared KV pool (issue 45): ``kvemu router --shared-pool URL[=ID,...]`` follows the pool's event
+"""Routers see a shared KV store (issue 45): ``kvemu router --shared-pool URL[=ID,...]`` follows the pool's event
 feed into its embedded index (or, with a Redis index, reads what the pool ships there), ``cache_aware`` prices a
 block the pool holds by ``shared_hit_cost`` (as ``kvemu sim`` does), ``/cluster`` and the dashboard show the
-pool. The pool here is a stand-in speaking `kvemu pool`'s wire (``/health`` with ``pool_id``, ``/kv/events`` in
+pool. The pool here is a stand-in speaking `kvemu store`'s wire (``/health`` with ``pool_id``, ``/kv/events`` in
 a replica's feed format with level-3 events, ``/kv/resync``, ``/stats`` with ``SharedStore.stats()``'s
 fields), so that the router's side is tested on its own; the replicas and the router are real processes."""
 
@@ -37,7 +37,7 @@ BLOCK_BYTES = 1 << 20
 
 
 class FakePool:
-    """A stand-in for `kvemu pool` on a thread of its own: one store whose chunks are given by the test."""
+    """A stand-in for `kvemu store` on a thread of its own: one store whose chunks are given by the test."""
 
     def __init__(self, pool_id: str = "shared-pool", blocks: int = 100) -> None:
         self.pool_id, self.blocks, self.epoch = pool_id, blocks, "ep" + uuid.uuid4().hex[:8]
@@ -54,7 +54,7 @@ class FakePool:
         assert self._ready.wait(10)
 
     def store(self, hashes) -> None:
-        """The store writes ``hashes`` (one chunk each) and publishes them, level 3 as `kvemu pool` does."""
+        """The store writes ``hashes`` (one chunk each) and publishes them, level 3 as `kvemu store` does."""
         def go():
             seq = sum(len(b["events"]) for b in self.batches) + 1
             self.batches.append({"seq": seq, "events": [["stored", list(hashes), 3]]})
@@ -121,11 +121,11 @@ def test_the_live_routers_settings_price_the_shared_level_as_sim_does():
     """With a pool, the router's RoutingSettings are those ``kvemu sim`` builds for a cluster with a shared store
     (its tiers' ``levels()``); ``--set shared_hit_cost=C`` sets it in both; without a pool, as before."""
     sim_levels = TierSettings(shared=SharedSettings(blocks=1000, scope=2)).levels()
-    live = router_settings("--shared-pool", "http://127.0.0.1:9000")
+    live = router_settings("--shared-store", "http://127.0.0.1:9000")
     assert live.routing_settings == routing_settings(16, [], sim_levels)
     assert live.routing_settings.level_hit_costs == (0.1, 0.5, 0.3) and live.shared_level == len(sim_levels) == 3
     assert live.shared_pools == (("http://127.0.0.1:9000", ()),)
-    live = router_settings("--shared-pool", "http://127.0.0.1:9000/=r0,r1", "--shared-pool", "http://127.0.0.1:9001=r2",
+    live = router_settings("--shared-store", "http://127.0.0.1:9000/=r0,r1", "--shared-store", "http://127.0.0.1:9001=r2",
                            "--set", "shared_hit_cost=0.25")
     assert live.routing_settings == routing_settings(16, ["shared_hit_cost=0.25"], sim_levels)
     assert live.routing_settings.level_hit_costs == (0.1, 0.5, 0.25)
@@ -136,10 +136,10 @@ def test_the_live_routers_settings_price_the_shared_level_as_sim_does():
 
 
 @pytest.mark.parametrize("argv, field", [
-    (("--shared-pool", "http://127.0.0.1:9000="), "--shared-pool"),
-    (("--shared-pool", "ftp://x"), "shared_pools"),
-    (("--shared-pool", "http://127.0.0.1:9000", "--shared-pool", "http://127.0.0.1:9000/"), "shared_pools"),
-    (("--shared-pool", "http://127.0.0.1:9000=a", "--shared-pool", "http://127.0.0.1:9001=a,b"), "shared_pools"),
+    (("--shared-store", "http://127.0.0.1:9000="), "--shared-store"),
+    (("--shared-store", "ftp://x"), "shared_pools"),
+    (("--shared-store", "http://127.0.0.1:9000", "--shared-store", "http://127.0.0.1:9000/"), "shared_pools"),
+    (("--shared-store", "http://127.0.0.1:9000=a", "--shared-store", "http://127.0.0.1:9001=a,b"), "shared_pools"),
 ])
 def test_bad_shared_pool_flags_name_the_flag(argv, field):
     with pytest.raises(InputError) as e:
@@ -176,9 +176,9 @@ def test_cache_aware_routes_to_the_replica_the_pool_serves(backend, request):
         pool.store(hashes)
         if backend == "redis":
             asyncio.run(_ship_to_redis(extra[1], extra[3], pool.pool_id, hashes))
-            router = start_router([a.url, b.url], "--cluster", extra[3], "--shared-pool", f"{pool.url}=a", index=extra[1])
+            router = start_router([a.url, b.url], "--cluster", extra[3], "--shared-store", f"{pool.url}=a", index=extra[1])
         else:
-            router = start_router([a.url, b.url], "--shared-pool", f"{pool.url}=a")
+            router = start_router([a.url, b.url], "--shared-store", f"{pool.url}=a")
 
         def pool_row():
             return http_json("GET", router.url + "/cluster", timeout=5.0)[1]["shared_pools"][0]
@@ -204,7 +204,7 @@ def test_shared_pool_panel_in_headless_chromium(chromium, tmp_path):  # noqa: F8
             for rid in ("p-a", "p-b")]
     router = None
     try:
-        router = start_router([r.url for r in reps], "--dashboard-interval", "0.3", "--shared-pool", pool.url)
+        router = start_router([r.url for r in reps], "--dashboard-interval", "0.3", "--shared-store", pool.url)
         for i in range(8):  # the pool fills over time; replicas serve a few prompts (hits by level)
             pool.store([1000 * i + k for k in range(20)])
             generate(router.url, range(100 * i, 100 * i + 64))

@@ -181,7 +181,7 @@ SHARED_CONFIG = {"replicas": "4", "capacity-blocks": "700", "routing": "session"
 
 
 def test_live_shared_pool_hit_ratios_match_the_simulator(tmp_path):
-    """A KV pool shared by the cluster (issue 45): `kvemu up --shared-cache-gib` runs it as a `kvemu pool`
+    """A KV pool shared by the cluster (issue 45): `kvemu up --shared-cache-gib` runs it as a `kvemu store`
     process that the four replicas write their evictions to and read from (each through a mirror of the pool
     fed by its event feed), `kvemu sim` as one ``SharedStore`` object; the same trace gives the same HBM and
     shared-level hit ratios (every replica's /stats tiers, weighted by blocks accessed) within 0.02 (measured:

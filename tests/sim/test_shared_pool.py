@@ -170,7 +170,7 @@ def test_kvemu_sim_with_a_shared_store_prints_its_line_and_writes_its_figures(tr
 def test_kvemu_sim_shared_flags_reach_the_store(trace_file, tmp_path, capsys):
     out = tmp_path / "o.json"
     assert main(sim_argv(trace_file, "--shared-cache-gib", "1", "--shared-write", "through", "--shared-chunk-tokens",
-                         "64", "--shared-eviction", "lru", "--shared-nic-gbps", "100", "--shared-pool-gbps", "200",
+                         "64", "--shared-eviction", "lru", "--shared-nic-gbps", "100", "--shared-store-gbps", "200",
                          "--shared-ttfb-us", "50", "--shared-scope", "1", "--json", str(out))) == 0
     text = capsys.readouterr().out  # a store per replica (--shared-scope 1): neither reads the other's blocks
     assert "  block hit ratio by level: hbm 0.0000, shared 0.0000; all levels (HBM + lower) 0.0000\n  shared stores:" in text
@@ -215,7 +215,7 @@ def test_kvemu_sim_refuses_each_bad_shared_flag_in_one_line(trace_file, capsys, 
     assert captured.err.strip().splitlines() == [error] and captured.out == ""
 
 
-@pytest.mark.parametrize("flag", ["--shared-nic-gbps", "--shared-pool-gbps"])
+@pytest.mark.parametrize("flag", ["--shared-nic-gbps", "--shared-store-gbps"])
 def test_kvemu_sim_refuses_a_zero_link_bandwidth_naming_the_flag(trace_file, capsys, flag):
     assert main(sim_argv(trace_file, "--shared-cache-gib", "1", flag, "0")) == 2
     assert capsys.readouterr().err.strip().splitlines() == [f"error: {flag}: must be a number > 0, got 0.0"]

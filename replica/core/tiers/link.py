@@ -2,7 +2,7 @@
 
 Every link kvemu prices uses this one definition: the device link's two directions (host <-> HBM,
 which a tensor-parallel all-reduce over PCIe crosses too), each SSD link, and any later link (a
-transfer network between prefill and decode instances, a shared KV pool's). The rule:
+transfer network between prefill and decode instances, a shared KV store's). The rule:
 
 * ``n`` transfers in flight on a link of bandwidth ``B`` each progress at ``B / n`` (a transfer
   may declare a slower rate of its own, an SSD write on a drive that reads faster: its bytes then
