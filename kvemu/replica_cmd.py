@@ -7,6 +7,7 @@ import logging
 import sys
 
 from kvemu.options.backend import BACKEND_OPTIONS
+from kvemu.options.disagg import add_replica_pd_args, replica_pd_settings
 from kvemu.options.gpu import add_gpu_args, gpu_setting
 from kvemu.options.index import CLUSTER
 from kvemu.options.kv_cache_dtype import KV_CACHE_DTYPE, model_setting
@@ -23,7 +24,6 @@ from kvemu.options.limits import (
 from kvemu.options.matching import add_matching_args, matching_setting
 from kvemu.options.option import add_options
 from kvemu.options.parallel import add_parallel_args, parallel_setting, ranks_line
-from kvemu.options.pd import add_replica_pd_args, replica_pd_settings
 from kvemu.options.prefix_caching import PREFIX_CACHING, prefix_caching_setting
 from kvemu.options.replica_flags import ADMIN_TOKEN, MODEL, POLICY, TIME_SCALE, given_admin_token
 from kvemu.options.response_kv import add_response_kv_arg
@@ -135,7 +135,7 @@ def run(args) -> int:
 
         check_pool(settings.shared_pool_url, settings.knobs.tiers.shared, settings.cost_model().block_bytes(settings.block_size))
     app = make_app(settings)  # make_policy turns a bad --policy-param into an InputError
-    from shared.serve import bind, serve
+    from shared.http_server import bind, serve
 
     sock = bind(settings.serving.host, settings.port)
     print_limits(settings)

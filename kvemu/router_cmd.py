@@ -8,10 +8,10 @@ import os
 import sys
 from dataclasses import fields
 
+from kvemu.options.disagg import PD_DECIDER_OPTIONS, pd_settings
 from kvemu.options.index import CLUSTER
 from kvemu.options.matching import BLOCK_SIZE, MATCHING_OPTION, PAGE_SIZE, matching_setting
 from kvemu.options.option import Option, add_options, forward
-from kvemu.options.pd import PD_DECIDER_OPTIONS, pd_settings
 from kvemu.options.router_flags import ROUTING_OPTIONS
 from kvemu.options.serving import SERVER_OPTIONS, add_server_args, token_line
 from router.settings import RouterSettings
@@ -136,7 +136,7 @@ def run(args) -> int:
     import socket
 
     from router.app import make_app
-    from shared.serve import bind, serve
+    from shared.http_server import bind, serve
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     settings = settings_from_args(args)

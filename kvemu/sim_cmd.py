@@ -9,6 +9,7 @@ import sys
 
 from kvemu.options.arrivals import ARRIVALS, add_arrivals_arg, arrivals_mode
 from kvemu.options.config_file import add_config_arg
+from kvemu.options.disagg import add_pd_args, colocated_default, topology
 from kvemu.options.gpu import add_gpu_args, gpu_setting
 from kvemu.options.kv_cache_dtype import KV_CACHE_DTYPE, model_setting
 from kvemu.options.kv_store import add_shared_args
@@ -23,7 +24,6 @@ from kvemu.options.limits import (
 from kvemu.options.matching import add_matching_args, matching_setting, source_unit
 from kvemu.options.option import add_options
 from kvemu.options.parallel import add_parallel_args, expert_ranks, parallel_setting
-from kvemu.options.pd import add_pd_args, colocated_default, topology
 from kvemu.options.prefix_caching import PREFIX_CACHING
 from kvemu.options.requests_out import SESSIONS_OUT, add_requests_out_arg, requests_out
 from kvemu.options.response_kv import add_response_kv_arg
@@ -45,7 +45,7 @@ from shared.gc_tuning import gc_paused
 from shared.memory_rule import KvBudget
 from shared.progress import ProgressBar
 from sim.cells import CellError, LocalPool
-from sim.pd import cluster_label
+from sim.pd_flow import cluster_label
 from sim.run import simulate
 from sim.simulator import SimSettings, saturation_warning
 
@@ -140,7 +140,7 @@ def memory_rules(args, block_size: int) -> list[KvBudget]:
 def attach_memory_rules(args, runs: list[dict], block_size: int) -> None:
     """Each run sized by vLLM's memory rule carries its terms (``memory_rule``, as ``/stats`` does): the
     grid is policies x capacities, so run i has capacity i mod the count. A P/D run's pools are sized
-    per role (kvemu.options.pd), so only a colocated run carries it."""
+    per role (kvemu.options.disagg), so only a colocated run carries it."""
     if not args.gpu_memory_utilization or any(r.get("pd") for r in runs):
         return
     rules = [b.breakdown() for b in memory_rules(args, block_size)]

@@ -8,11 +8,11 @@ import argparse
 import dataclasses
 from typing import NamedTuple
 
+from kvemu.options.disagg import pd_cluster
 from kvemu.options.knobs import engine_knobs, naming_flags
 from kvemu.options.kv_store import shared_settings
 from kvemu.options.matching import matching_setting
 from kvemu.options.parallel import parallel_setting
-from kvemu.options.pd import pd_cluster
 from kvemu.options.router_flags import routing_settings
 from kvemu.options.tiers import tier_settings
 from replica.core.disagg import PdCluster

@@ -60,7 +60,7 @@ def settings_from_args(args):
 def run(args) -> int:
     from kvemu.options.serving import token_line
     from replica.kvstore.service import make_app
-    from shared.serve import bind, serve
+    from shared.http_server import bind, serve
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     settings = settings_from_args(args)

@@ -17,12 +17,12 @@ import sys
 from contextlib import closing
 
 from kvemu.options.config_file import add_config_arg
+from kvemu.options.disagg import add_pd_args, topology
 from kvemu.options.gpu import gpu_setting
 from kvemu.options.kv_cache_dtype import model_setting
 from kvemu.options.kv_store import add_shared_args
 from kvemu.options.limits import default_capacity
 from kvemu.options.matching import matching_setting, source_unit
-from kvemu.options.pd import add_pd_args, topology
 from kvemu.options.reuse import add_sweep_reuse_arg, sweep_reuse
 from kvemu.options.scheduler import check_scheduler_flags
 from kvemu.options.source import add_source_args
@@ -37,7 +37,7 @@ from shared.overrides import parse_pairs
 from shared.validate import check_positive
 from sim.cells import Runner
 from sim.dask_cells import open_runner
-from sim.pd import cluster_label
+from sim.pd_flow import cluster_label
 from sim.simulator import saturation_warning
 from sim.sweep import (
     MRC,

@@ -26,6 +26,13 @@ from dataclasses import dataclass, field
 
 from kvemu.options.backend import BACKEND_OPTIONS
 from kvemu.options.config_file import add_config_arg
+from kvemu.options.disagg import (
+    PD_DECIDER_OPTIONS,
+    PD_HOLD_SHARE_OPTION,
+    PD_HOLD_TIMEOUT_OPTION,
+    PD_LINK_OPTIONS,
+    add_pd_args,
+)
 from kvemu.options.gpu import add_gpu_args
 from kvemu.options.index import CLUSTER
 from kvemu.options.kv_cache_dtype import KV_CACHE_DTYPE
@@ -38,13 +45,6 @@ from kvemu.options.limits import (
 from kvemu.options.matching import BLOCK_SIZE, HIT_MODE, MATCHING_OPTION, PAGE_SIZE
 from kvemu.options.option import add_options, forward
 from kvemu.options.parallel import OPTIONS as PARALLEL_OPTIONS
-from kvemu.options.pd import (
-    PD_DECIDER_OPTIONS,
-    PD_HOLD_SHARE_OPTION,
-    PD_HOLD_TIMEOUT_OPTION,
-    PD_LINK_OPTIONS,
-    add_pd_args,
-)
 from kvemu.options.prefix_caching import PREFIX_CACHING
 from kvemu.options.replica_flags import ADMIN_TOKEN, ADMIN_TOKEN_ENV, MODEL, POLICY, TIME_SCALE, given_admin_token
 from kvemu.options.response_kv import RESPONSE_KV_OPTION

@@ -1,13 +1,13 @@
 """``kvemu up``'s disaggregated prefill / decode part: the topology it starts (``--prefill-replicas P
 --decode-replicas D`` beside ``--replicas``), each pool's shape on its replicas' command lines, and the
-checks made before any process starts (kvemu.options.pd holds every flag)."""
+checks made before any process starts (kvemu.options.disagg holds every flag)."""
 
 from __future__ import annotations
 
 import argparse
 
+from kvemu.options.disagg import PD_HOLD_SHARE_OPTION, PD_HOLD_TIMEOUT_OPTION, colocated_default, pd_cluster, topology
 from kvemu.options.limits import CAPACITY_OPTIONS
-from kvemu.options.pd import PD_HOLD_SHARE_OPTION, PD_HOLD_TIMEOUT_OPTION, colocated_default, pd_cluster, topology
 from kvemu.options.tiers import tier_settings
 from replica.core.disagg import PdCluster, Topology
 from shared.costmodel import CostModel
@@ -17,7 +17,7 @@ from shared.validate import check_number
 
 def pool_args(flags: argparse.Namespace, pd: PdCluster | None, role: str) -> argparse.Namespace:
     """The flags of a ``role`` pool's replicas: the cluster's, with the pool's own GPU, capacity and host
-    tier where its shape flags gave them (the plan's ``pd``, kvemu.options.pd), in a copy."""
+    tier where its shape flags gave them (the plan's ``pd``, kvemu.options.disagg), in a copy."""
     shape = pd.shape(role) if pd is not None and role != "both" else None
     if shape is None:
         return flags

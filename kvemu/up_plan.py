@@ -133,7 +133,7 @@ def _check_ports(flags: argparse.Namespace, topology: Topology) -> None:
 
 def port_free(port: int, host: str = "127.0.0.1") -> bool:
     """Whether a server could listen on ``port`` now. With SO_REUSEADDR, as the servers bind
-    (``shared.serve.bind``): without it the connections of a cluster stopped a minute ago, still in
+    (``shared.http_server.bind``): without it the connections of a cluster stopped a minute ago, still in
     TIME-WAIT, would read as a port in use while nothing listens; a listener still refuses it."""
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

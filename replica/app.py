@@ -10,10 +10,10 @@ from aiohttp import web
 from replica import compat_views, pd_views, sglang_pd, views
 from replica.runtime import RUNTIME, SETTINGS, ReplicaRuntime
 from replica.settings import ReplicaSettings
-from shared import serve
+from shared import http_server
+from shared.http_server import guard_middleware
 from shared.httpkit import BODY_LIMIT, REJECTIONS, errors_middleware, timing_middleware
 from shared.offload import OFFLOAD, Offloader, offload_ctx
-from shared.serve import guard_middleware
 
 
 # ---- lifecycle ----------------------------------------------------------------------
@@ -84,10 +84,10 @@ async def _stop(task: asyncio.Task, timeout: float = 5.0) -> None:
 def make_app(settings: ReplicaSettings) -> web.Application:
     app = web.Application(middlewares=[guard_middleware, timing_middleware, errors_middleware],
                           client_max_size=settings.serving.max_body_bytes)
-    guard = serve.install(app, settings.serving.conn_limits())
+    guard = http_server.install(app, settings.serving.conn_limits())
     app[SETTINGS] = settings
     app[RUNTIME] = ReplicaRuntime(settings)
-    app[RUNTIME].registry.register(serve.GuardCollector(guard, "kvemu_"))
+    app[RUNTIME].registry.register(http_server.GuardCollector(guard, "kvemu_"))
     app[BODY_LIMIT] = settings.serving.max_body_bytes
     app[REJECTIONS] = app[RUNTIME].rejected
     app[OFFLOAD] = Offloader(settings.serving.offload())

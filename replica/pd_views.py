@@ -14,9 +14,9 @@ from replica.runtime import RUNTIME, SETTINGS
 from shared import protocol
 from shared.auth import bearer_ok, require_cluster_token
 from shared.errors import InputError
+from shared.http_server import ClientGone, until_client_gone
 from shared.httpkit import read_body
 from shared.protocol import HOLD_NAME, KV_PARAMS, KvTransferParams
-from shared.serve import ClientGone, until_client_gone
 
 Submit = Callable[..., Handle]
 MAX_PULL_BYTES = 1 << 50

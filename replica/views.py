@@ -22,11 +22,11 @@ from replica.settings import ReplicaSettings
 from shared import protocol
 from shared.auth import require_cluster_token, session_label, wants_raw_sessions
 from shared.errors import InputError
+from shared.http_server import ClientGone, until_client_gone
 from shared.httpkit import query_int, read_body, read_raw, respond, wants_msgpack
 from shared.model_kinds import served_model
 from shared.offload import OFFLOAD
 from shared.protocol import CACHED_TOKENS_HEADER, KV_PARAMS, REPLICA_HEADER, KvTransferParams, transfer_params
-from shared.serve import ClientGone, until_client_gone
 from shared.tokenizer import filler_piece, filler_text
 
 
@@ -232,7 +232,7 @@ async def _stream(request, handle: Handle, spec, rid: str, created: int, chat: b
         async with until_client_gone(request):
             await resp.prepare(request)
             await _write_events(resp, handle, spec, head, chat, s.replica_id, request)
-    except (ConnectionResetError, ClientGone):  # the client left, or was cut off for not reading (shared/serve.py)
+    except (ConnectionResetError, ClientGone):  # the client left, or was cut off for not reading (shared/http_server.py)
         _state(request).engine.abort(handle)  # a no-op once it finished (the end was being written)
     return resp
 

@@ -18,10 +18,10 @@ from router import dashboard, views
 from router.metrics import GuardMirror, multiprocess_dir
 from router.settings import RouterSettings
 from router.state import ROUTER, SETTINGS, RouterState
-from shared import serve
+from shared import http_server
+from shared.http_server import guard_middleware
 from shared.httpkit import BODY_LIMIT, errors_middleware
 from shared.offload import OFFLOAD, Offloader, offload_ctx
-from shared.serve import guard_middleware
 
 
 async def background_ctx(app: web.Application):
@@ -51,13 +51,13 @@ GUARD_MIRROR = web.AppKey("guard_mirror", GuardMirror)
 
 def make_app(settings: RouterSettings) -> web.Application:
     app = web.Application(middlewares=[guard_middleware, errors_middleware], client_max_size=settings.serving.max_body_bytes)
-    guard = serve.install(app, settings.serving.conn_limits())
+    guard = http_server.install(app, settings.serving.conn_limits())
     app[SETTINGS] = settings
     app[ROUTER] = RouterState(settings)
     if multiprocess_dir():  # one of --workers N: its guard's counts join the other workers' (router/metrics.py)
         app[GUARD_MIRROR] = GuardMirror(guard, "kvemu_router_")
     else:
-        app[ROUTER].metrics.registry.register(serve.GuardCollector(guard, "kvemu_router_"))
+        app[ROUTER].metrics.registry.register(http_server.GuardCollector(guard, "kvemu_router_"))
     app[BODY_LIMIT] = settings.serving.max_body_bytes
     app[dashboard.DASHBOARD] = dashboard.Dashboard(settings.dashboard_interval_s)
     app[OFFLOAD] = Offloader(settings.serving.offload())

@@ -142,7 +142,7 @@ class Cluster:
 
     @property
     def disaggregated(self) -> bool:
-        """A P/D cluster: some replica prefills for others (router/pd.py routes its requests)."""
+        """A P/D cluster: some replica prefills for others (router/pd_legs.py routes its requests)."""
         return any(r.role == "prefill" for r in self.replicas)
 
     def pool(self, role: str) -> list[ReplicaHandle]:

@@ -98,7 +98,7 @@ class RouterMetrics:
         # the series every request sets, by replica id, looked up once: ``labels()`` costs several times ``set()``
         self._routed: dict[str, Any] = {}
         self._load: dict[str, _LoadSeries] = {}  # its in-flight and queued-token gauges
-        # P/D (router/pd.py): decisions per pool, the path each request took, and the TTFT split the router sees
+        # P/D (router/pd_legs.py): decisions per pool, the path each request took, and the TTFT split the router sees
         self.pd_decisions = Counter("kvemu_router_pd_decisions", "P/D routing decisions per pool.", ["pool", "reason"],
                                     registry=own)
         self.pd_paths = Counter("kvemu_router_pd_requests", "P/D requests by how they were prefilled: remote (a"
@@ -233,7 +233,7 @@ class _LoadSeries:
 
 
 class GuardMirror:
-    """Under ``--workers``: the connection guard's counts (``shared.serve.ConnGuard``, plain ints a
+    """Under ``--workers``: the connection guard's counts (``shared.http_server.ConnGuard``, plain ints a
     worker keeps) copied into multiprocess metrics by ``sync`` (once a second), so connections cut
     and open add up over the workers like the rest."""
 
@@ -273,9 +273,9 @@ class RouterTotals:
         self.requests: dict[str, float] = {}  # by outcome
         self.in_flight: dict[str, float] = {}
         self.queued_tokens: dict[str, float] = {}
-        self.pd_paths: dict[str, float] = {}  # P/D requests by path (router/pd.py)
+        self.pd_paths: dict[str, float] = {}  # P/D requests by path (router/pd_legs.py)
         self.pd_decisions: dict[str, dict[str, float]] = {}  # pool -> reason -> decisions
-        self.pd_releases: dict[str, float] = {}  # holds the router released, by outcome (router/pd.py)
+        self.pd_releases: dict[str, float] = {}  # holds the router released, by outcome (router/pd_legs.py)
         self.session_turns = 0.0  # later turns of sessions (router/views.py's _decide)
         self.session_moves: dict[str, float] = {}  # of them, sent to another replica than the turn before, by reason
 

@@ -1,7 +1,7 @@
 """The one path a request takes through the router, whatever the cluster: its context (``RequestContext``: the
 body parsed once, its prompt's hashes, the client's headers, the index's overlap), the one ``pick`` of a replica
 in a pool, the one retry loop (``answer_from`` over ``try_pool``) that the colocated path and both legs of a P/D
-request (router/pd.py) run, and the one exchange with a replica (``exchange``, then ``relay`` for the answer the
+request (router/pd_legs.py) run, and the one exchange with a replica (``exchange``, then ``relay`` for the answer the
 client reads).
 
 Every path keeps the same books: a pick counts the request in flight on its replica (``RoutingStep.route``) and
@@ -27,8 +27,8 @@ from router.cluster import ReplicaHandle, unexhausted
 from router.strategies import NoHealthyReplica, RouteDecision, RouteRequest, RoutingStep, chosen_rank, fold_ranks
 from router.upstream import ReplicaBusy, ReplicaFailed, UpstreamRefused, Watch, check_status, failure, no_replica_answer, pass_stream
 from shared import protocol
+from shared.http_server import ClientGone
 from shared.index import IndexUnavailable, MemoryIndex
-from shared.serve import ClientGone
 
 FORWARD_HEADERS = ("Content-Type", "Accept", "X-Session-Id", "Authorization")  # the client's, passed on
 T = TypeVar("T")
@@ -68,7 +68,7 @@ class RequestContext:
 
 class Pool(NamedTuple):
     """Where a leg goes: ``replica`` (a colocated cluster's replicas), ``decode`` or ``prefill`` (a P/D
-    cluster's pools, router/pd.py), and the routing step that chooses there."""
+    cluster's pools, router/pd_legs.py), and the routing step that chooses there."""
 
     name: str
     step: RoutingStep

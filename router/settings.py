@@ -13,7 +13,7 @@ from shared.serving import ServingSettings
 from shared.validate import check_positive_int
 
 if TYPE_CHECKING:
-    from replica.core.disagg import PdSettings  # the decider kvemu builds and hands in (router.pd)
+    from replica.core.disagg import PdSettings  # the decider kvemu builds and hands in (router.pd_legs)
 
 ROLES = ("both", "prefill", "decode")  # replica.core.disagg.ROLES, which the router process does not import
 
@@ -50,8 +50,8 @@ class RouterSettings:
     client_rate: float = 0.0  # requests/s one client address may send (token bucket, 429 beyond); 0 = no limit
     client_burst: int = 0  # the bucket's size; 0 = the rate rounded up
     seed: int | None = None
-    # P/D (router/pd.py): each replica URL's role as the command line gave it ("" or no entry: the role the
-    # replica reports on /health), and the decider (replica.core.disagg.PdSettings, from kvemu.options.pd;
+    # P/D (router/pd_legs.py): each replica URL's role as the command line gave it ("" or no entry: the role the
+    # replica reports on /health), and the decider (replica.core.disagg.PdSettings, from kvemu.options.disagg;
     # None: every request a P/D cluster takes goes through a remote prefill)
     roles: tuple[str, ...] = ()
     pd: PdSettings | Any = None

@@ -11,7 +11,7 @@ import aiohttp
 from aiohttp import web
 
 from shared import protocol
-from shared.serve import ClientGone
+from shared.http_server import ClientGone
 
 # A stream cut by its replica ends as OpenAI's API ends a failed stream: an error event (the SDKs raise it as
 # an APIError) and then [DONE], so a client that reads to [DONE] stops rather than waits for more.
@@ -52,7 +52,7 @@ class Watch:
     health checks took out, or that does not answer ``/health`` (``Cluster.probe``, one probe per replica at a
     time), has the wait cut and ``ReplicaFailed`` raised in its place; one that answers is waited for again,
     for as long as it keeps answering. A long answer at the replica's pace never trips it; a frozen replica
-    holds a request for at most ``after_s`` plus one health timeout. As ``shared.serve.until_client_gone``:
+    holds a request for at most ``after_s`` plus one health timeout. As ``shared.http_server.until_client_gone``:
     no extra task, one timer per wait. Reusable: the head, then a stream's body."""
 
     __slots__ = ("_loop", "_state", "_task", "_timer", "after_s", "cluster", "last", "rep")

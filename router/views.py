@@ -10,16 +10,16 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from router import pd
+from router import pd_legs
 from router.metrics import merge_vllm, replica_metrics_texts
 from router.request_path import Pool, RequestContext, Target, answer_from, exchange, lookup, record_prediction, relay
 from router.state import ROUTER, RouterState
 from shared import protocol
 from shared.auth import session_label, wants_raw_sessions
 from shared.hashing import reusable_prefix_tokens
+from shared.http_server import until_client_gone
 from shared.httpkit import read_raw, respond
 from shared.offload import OFFLOAD
-from shared.serve import until_client_gone
 
 
 def _state(request: web.Request) -> RouterState:
@@ -50,11 +50,11 @@ async def _route(request: web.Request, state: RouterState) -> web.StreamResponse
     spec = await request.app[OFFLOAD].parse(request, raw, state.settings.block_size, limits)
     ctx = RequestContext.of(request, raw, spec)
     with state.sessions.flight(spec.session):
-        if state.cluster.disaggregated:  # prefill instances: router/pd.py runs the request's two legs
+        if state.cluster.disaggregated:  # prefill instances: router/pd_legs.py runs the request's two legs
             await lookup(state, ctx, state.settings.pd is not None)
-            return await pd.route(state, ctx)
-        if pd.steers_transfer(raw):  # the router owns the transfer: a client may not steer it (router/pd.py)
-            pd.client_params(ctx.body())
+            return await pd_legs.route(state, ctx)
+        if pd_legs.steers_transfer(raw):  # the router owns the transfer: a client may not steer it (router/pd_legs.py)
+            pd_legs.client_params(ctx.body())
         await lookup(state, ctx)
         pool = Pool("replica", state.router, state.cluster.replicas)
         return await answer_from(state, ctx, pool, lambda target: _forward(state, ctx, target))
@@ -213,7 +213,7 @@ def pd_summary(state, totals) -> dict:
     for r in state.cluster.replicas:
         pools.setdefault(r.role, []).append(r.replica_id)
     decider = state.settings.pd
-    paths = {p: int(totals.pd_paths.get(p, 0)) for p in pd.PD_PATHS}
+    paths = {p: int(totals.pd_paths.get(p, 0)) for p in pd_legs.PD_PATHS}
     healthy = {r.replica_id for r in state.cluster.replicas if r.state.healthy}
     routed = {pool: [int(totals.routed.get(rid, 0)) for rid in ids if rid in healthy] for pool, ids in pools.items()}
     return {"pools": pools, "decider": getattr(decider, "decider", "always"), "paths": paths,

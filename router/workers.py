@@ -26,7 +26,7 @@ import time
 from prometheus_client import multiprocess
 
 from router.metrics import MULTIPROC_ENV
-from shared.serve import bind
+from shared.http_server import bind
 
 log = logging.getLogger("kvemu.router.workers")
 PR_SET_PDEATHSIG = 1

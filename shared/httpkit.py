@@ -12,7 +12,7 @@ from aiohttp import web
 
 from shared import protocol
 from shared.errors import InputError, KvemuError, UnknownNameError
-from shared.serve import GUARD
+from shared.http_server import GUARD
 
 BODY_LIMIT = web.AppKey("body_limit", int)
 REJECTIONS = web.AppKey("rejections", dict)  # field -> count of 4xx answers naming it

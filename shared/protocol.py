@@ -415,7 +415,7 @@ def error_body(status: int, field: str | None, message: str) -> dict:
     return {"error": {"message": message, "type": kind, "param": field, "code": status}}
 
 
-# ---- kv_transfer_params: vLLM's P/D wire (replica/pd.py drives it, router/pd.py sends it) -------------------
+# ---- kv_transfer_params: vLLM's P/D wire (replica/pd.py drives it, router/pd_legs.py sends it) -------------------
 @dataclass(frozen=True, slots=True)
 class KvTransferParams:
     """A request's ``kv_transfer_params`` (vLLM's field names; others are ignored, as vLLM ignores them)."""

@@ -7,8 +7,8 @@ from dataclasses import dataclass, fields
 
 from shared.auth import check_bind
 from shared.errors import InputError
+from shared.http_server import ConnLimits
 from shared.offload import OffloadSettings
-from shared.serve import ConnLimits
 from shared.validate import check_positive_int
 
 _TIMEOUTS = ("header_timeout_s", "body_timeout_s", "write_timeout_s")
@@ -27,7 +27,7 @@ class ServingSettings:
     large_bodies_per_client: int = 2  # big bodies one client address may have being parsed (429 beyond)
     max_connections: int = 4096  # beyond it a new connection gets a 503 and is closed
     # At that cap, an address holding fewer than this takes a connection from the address holding
-    # the most, if that one holds more (shared.serve.ConnGuard.make_room). None: a quarter of the cap.
+    # the most, if that one holds more (shared.http_server.ConnGuard.make_room). None: a quarter of the cap.
     max_connections_per_client: int | None = None
     header_timeout_s: float = 10.0  # a request head must arrive within this
     body_timeout_s: float = 30.0  # a request body must arrive within this (408 otherwise)

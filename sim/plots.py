@@ -12,7 +12,7 @@ from shared.plotting import (
     pyplot,
     thin_overlapping_ticks,
 )
-from sim.pd import cluster_phrase
+from sim.pd_flow import cluster_phrase
 
 
 def capacity_figure(runs: list[dict], source: str, ceiling: float | None = None):

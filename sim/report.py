@@ -1,5 +1,5 @@
 """The run report: what ``kvemu sim`` prints and writes as JSON, built once from a finished
-``Simulation`` (sim/simulator.py). A P/D cluster's parts come from its component (sim/pd.py,
+``Simulation`` (sim/simulator.py). A P/D cluster's parts come from its component (sim/pd_flow.py,
 ``PdFlow``) as the report is built: the per-instance role, GPU and routed count, the TTFT of the
 instances that give first tokens, the decode pool's imbalance, both pools' routing decisions and the
 ``pd`` section; DP instances' from theirs (sim/dp.py, ``DpFlow``): each rank's instance and rank, and the

@@ -1,5 +1,5 @@
 """``simulate``: one run of a trace in virtual time: colocated replicas, prefill and decode pools beside them or
-instances of DP ranks, one ``Simulation`` (sim/simulator.py, whose loop calls sim/pd.py's component for P/D and
+instances of DP ranks, one ``Simulation`` (sim/simulator.py, whose loop calls sim/pd_flow.py's component for P/D and
 sim/dp.py's for DP)."""
 
 from __future__ import annotations

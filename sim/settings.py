@@ -54,7 +54,7 @@ class SimSettings:
     # 64-bit unsigned hashes); False: the Python pool everywhere.
     compiled: bool = True
     # A disaggregated cluster: prefill and decode pools beside the ``replicas`` colocated ones (which may
-    # then be 0); None: colocated only (replica/core/disagg.py, sim/pd.py)
+    # then be 0); None: colocated only (replica/core/disagg.py, sim/pd_flow.py)
     pd: PdCluster | None = None
     # vLLM's --data-parallel-size: each replica (instance) is this many ranks, each its own scheduler and pool
     # of ``capacity_blocks``, balanced as vLLM's DP coordinator does; ``expert_parallel``: the ranks of a MoE

@@ -9,7 +9,7 @@ ties go to events before arrivals, then to the order they were queued. The route
 strategy function the live router calls, fed with the replicas' in-flight counts (counted at
 decision time), queued prefill tokens and, for ``cache_aware``, each pool's resident prefix.
 
-A P/D cluster (``SimSettings.pd``) runs through the same loop: its component (sim/pd.py, ``PdFlow``)
+A P/D cluster (``SimSettings.pd``) runs through the same loop: its component (sim/pd_flow.py, ``PdFlow``)
 says what each instance is, splits an arrival into a remote prefill or a local one, starts a
 transfer when a prefill leg ends and settles it when its event comes; the report is sim/report.py's.
 """
@@ -42,7 +42,7 @@ from shared.hashing import DEFAULT_BLOCK_SIZE
 from shared.histogram import LogHistogram
 from sim.dp import DpFlow
 from sim.next_uses import NextUses
-from sim.pd import PdFlow
+from sim.pd_flow import PdFlow
 from sim.pool_index import PoolIndex
 from sim.report import run_report, saturation_warning
 from sim.requests import FinishedRequests

@@ -32,7 +32,7 @@ from shared.plotting import (
     pyplot,
     thin_overlapping_ticks,
 )
-from sim.pd import cluster_phrase
+from sim.pd_flow import cluster_phrase
 
 MAX_PANELS = 4
 # routings that keep a conversation on one replica, so R replicas of N blocks act like one

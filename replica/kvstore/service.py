@@ -66,11 +66,11 @@ from replica.core.cache.types import Lookup
 from replica.core.tiers.shared import SharedSettings, SharedStore
 from replica.core.tiers.stack import TierSettings
 from replica.events import EventFeed, read_feed
-from shared import serve
+from shared import http_server
 from shared.auth import require_cluster_token
 from shared.errors import InputError
+from shared.http_server import guard_middleware
 from shared.httpkit import BODY_LIMIT, errors_middleware, read_body, respond
-from shared.serve import guard_middleware
 from shared.serving import ServingSettings
 from shared.validate import check_int, check_number
 
@@ -409,7 +409,7 @@ async def index_ctx(app: web.Application):
 def make_app(settings: PoolSettings) -> web.Application:
     app = web.Application(middlewares=[guard_middleware, errors_middleware],
                           client_max_size=settings.serving.max_body_bytes)
-    serve.install(app, settings.serving.conn_limits())
+    http_server.install(app, settings.serving.conn_limits())
     rt = PoolRuntime(settings)
     app[POOL] = rt
     registry = CollectorRegistry()

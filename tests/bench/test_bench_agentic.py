@@ -30,7 +30,7 @@ def test_staggered_copies_of_the_cc_sample():
 def test_one_point_and_its_agent_sessions(tmp_path):
     path = tmp_path / "cc.jsonl"
     write_kvemu(ba.scaled_cc(2, 1.0), path)
-    run = ba.run_point({"study": "routing", "workload": "cc-traces", "gpu": "h200", "replicas": 2,
+    run = ba.run_point({"study": "capacity", "workload": "cc-traces", "gpu": "h200", "replicas": 2,
                         "routing": "session", "arrivals": "dependent",
                         "argv": ba.command_line(f"--trace {path}", "h200", 2, "session", "dependent")})
     assert run["command"].startswith("kvemu sim --trace") and "--arrivals dependent" in run["command"]
@@ -47,7 +47,7 @@ def _run(gpu, mode, n, task, ttft):
 
 
 def test_capacity_rule_and_from(tmp_path, capsys):
-    runs = [_run("h100", "recorded", 2, 100.0, 9.0), _run("h100", "recorded", 4, 90.0, 1.0),
+    runs = [_run("h100", "recorded", 2, 100.0, 9.0), _run("h100", "recorded", 4, 90.0, 3.0),
             _run("h100", "recorded", 8, 85.0, 0.5),
             _run("h100", "dependent", 2, 130.0, 2.0), _run("h100", "dependent", 4, 100.0, 1.0),
             _run("h100", "dependent", 8, 93.0, 0.5)]
@@ -55,7 +55,9 @@ def test_capacity_rule_and_from(tmp_path, capsys):
     # recorded: 85 x 1.1 = 93.5, met at 4 (90); dependent: 93 x 1.1 = 102.3, met at 4 (100)
     assert [(c["arrivals"], c["fewest_replicas"]) for c in cap] == [("recorded", 4), ("dependent", 4)]
     assert abs(cap[0]["target_s"] - 93.5) < 1e-9
+    # TTFT p99 <= 2 s: recorded only at 8 (0.5), dependent at 2 already (2.0)
+    assert [c["fewest_replicas_ttft"] for c in cap] == [8, 2]
     doc = tmp_path / "doc.json"
     doc.write_text(json.dumps({"runs": runs, "capacity": cap}))
     assert ba.main(["--from", str(doc)]) == 0
-    assert "| h100 | recorded | 100.0 / 90.0 / 85.0 | 93.5 | 4 |" in capsys.readouterr().out
+    assert "| h100 | recorded | 100.0 / 90.0 / 85.0 | 93.5 | 4 | 9.0 / 3.0 / 0.5 | 8 |" in capsys.readouterr().out

@@ -1,7 +1,7 @@
 """The router's one request path (router/request_path.py) in process, without a replica: the pick and the retry
 loop that the colocated path and both P/D legs share (an unhealthy replica skipped, a failed one taken out and
 another tried, the in-flight and queued-token gauges kept alike in every pool), and the pure helpers of
-router/pd.py and shared/protocol.py that rewrite and check what crosses the wire, hand-worked."""
+router/pd_legs.py and shared/protocol.py that rewrite and check what crosses the wire, hand-worked."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import msgpack
 import pytest
 from aiohttp.test_utils import make_mocked_request
 
-from router.pd import Prefilled, answer_body, client_params, prefill_body, rewrite_event, with_prefill
+from router.pd_legs import Prefilled, answer_body, client_params, prefill_body, rewrite_event, with_prefill
 from router.request_path import NoAnswer, Pool, RequestContext, Target, try_pool
 from router.settings import RouterSettings
 from router.state import RouterState

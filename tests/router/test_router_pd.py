@@ -1,4 +1,4 @@
-"""The router's P/D path (router/pd.py) against real replicas on loopback: roles learned from the replicas'
+"""The router's P/D path (router/pd_legs.py) against real replicas on loopback: roles learned from the replicas'
 /health when the command line names none, the prefix decider keeping a prompt the decoder holds local,
 a dead prefill instance falling back to a local prefill (counted), a colocated replica beside the pools
 prefilling its own requests, nothing pinned afterwards; and holds bounded by their decode legs: released by

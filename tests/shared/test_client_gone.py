@@ -1,4 +1,4 @@
-"""``shared.serve.until_client_gone`` in-process: a handler's wait ends with ``ClientGone`` when
+"""``shared.http_server.until_client_gone`` in-process: a handler's wait ends with ``ClientGone`` when
 its client disconnects, on a guarded connection (as ``serve`` runs the processes) and on aiohttp's
 plain server (looked at every ``poll_s``); a wait that ends first, or a cancellation from
 elsewhere, is left as it is."""
@@ -10,8 +10,8 @@ import time
 
 from aiohttp import web
 
-from shared import serve
-from shared.serve import ClientGone, ConnLimits, until_client_gone
+from shared import http_server
+from shared.http_server import ClientGone, ConnLimits, until_client_gone
 
 
 def app_recording(outcomes: list, release: asyncio.Event) -> web.Application:
@@ -30,7 +30,7 @@ def app_recording(outcomes: list, release: asyncio.Event) -> web.Application:
             raise
 
     app = web.Application()
-    serve.install(app, ConnLimits())
+    http_server.install(app, ConnLimits())
     app.router.add_get("/wait", wait)
     return app
 
@@ -56,8 +56,8 @@ def test_a_guarded_connection_ends_the_wait_as_soon_as_the_client_goes():
         app = app_recording(outcomes, asyncio.Event())
         runner = web.AppRunner(app)
         await runner.setup()
-        sock = serve.bind("127.0.0.1", 0)
-        site = serve._GuardedSite(runner, sock, app[serve.GUARD])
+        sock = http_server.bind("127.0.0.1", 0)
+        site = http_server._GuardedSite(runner, sock, app[http_server.GUARD])
         await site.start()
         try:
             await leave_after(sock.getsockname()[1], 0.2)

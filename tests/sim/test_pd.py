@@ -1,4 +1,4 @@
-"""The virtual-time P/D cluster (sim/pd.py): a request's path priced by hand, links shared, the decider,
+"""The virtual-time P/D cluster (sim/pd_flow.py): a request's path priced by hand, links shared, the decider,
 failover, nothing left pinned, and the command line."""
 
 from __future__ import annotations

@@ -76,6 +76,7 @@ from router.upstream import ReplicaBusy, UpstreamRefused
 from shared import protocol
 from shared.errors import InputError
 from shared.hashing import reusable_prefix_tokens
+from shared.http_server import until_client_gone
 from shared.protocol import (
     BOOTSTRAP_FIELDS,
     CACHED_TOKENS_HEADER,
@@ -85,7 +86,6 @@ from shared.protocol import (
     PREFILL_REPLICA_HEADER,
     REPLICA_HEADER,
 )
-from shared.serve import until_client_gone
 
 PD_PATHS = ("remote", "local", "colocated", "fallback")  # how a request of a P/D cluster was prefilled
 PREFILL_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False}
