@@ -194,7 +194,7 @@ def test_up_restarts_a_killed_replica_and_shared_pool_on_their_ports_and_keeps_s
                   "--health-interval", "0.2", "--port", str(free_port()))
     urls = up.ready()
     check_healthy(urls, 2)
-    killed = {p: c for p, c in up.children.items() if "--replica-id replica-1" in c or " pool " in c}
+    killed = {p: c for p, c in up.children.items() if "--replica-id replica-1" in c or " store " in c}
     assert len(killed) == 2
     for pid in killed:
         os.kill(pid, signal.SIGKILL)
