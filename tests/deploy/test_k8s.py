@@ -730,7 +730,7 @@ def test_the_command_lines_start_and_serve_under_their_in_cluster_names(tmp_path
     assert s1 == s2 == 200, out["completions"]
     assert json.loads(first)["kvemu"]["replica_id"] == "kvemu-replica-0"
     assert json.loads(second)["usage"]["prompt_tokens_details"]["cached_tokens"] > 0  # the prefix came back
-    assert 'vllm:prefix_cache_hits_total{model_name="qwen3-coder-30b-a3b",replica_id="kvemu-replica-0",engine="0"}' in \
+    assert 'vllm:prefix_cache_hits_total{engine="0",model_name="qwen3-coder-30b-a3b",replica_id="kvemu-replica-0"}' in \
         out["metrics"][1]
     assert out["redis_keys"] > 0, out
     assert out["kv_events_open"] == 401  # bound beyond loopback, the internal feed wants the cluster token
