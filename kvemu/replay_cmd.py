@@ -123,9 +123,10 @@ def cluster_report(url: str, before: dict[str, dict]) -> dict:
             "routing": cluster["routing"] if cluster else None}
 
 
-def print_report(summary: dict, report: dict, out=sys.stdout) -> None:
+def print_report(summary: dict, report: dict, out=None) -> None:
     """This run (its responses, and the replicas' counters' change over it), then each replica's
     lifetime counters, apart: a cluster that served earlier runs has more behind it."""
+    out = out or sys.stdout  # the stream at call time (a default would be the one at import)
     timed_out = f", {summary['timed_out']:,} timed out" if summary.get("timed_out") else ""
     out.write(f"requests        {summary['requests']:,} ({summary['ok']:,} ok, {summary['failed']:,} failed{timed_out})"
               + ("   INTERRUPTED: partial run" if summary.get("interrupted") else "") + "\n")

@@ -57,7 +57,7 @@ def _req(name, t, turn, after=(), gap=0.0):
                         id=name, after=tuple(after), gap_s=gap)
 
 
-def test_kvemu_replay_reports_each_agent_sessions_task_time(tmp_path, capsys):
+def test_kvemu_replay_reports_each_agent_sessions_task_time(tmp_path, capfd):
     trace = tmp_path / "agent.jsonl"
     write_kvemu(Trace([_req("p", 0.0, 0), _req("c1", 9.0, 1, ["p"], 0.5), _req("c2", 9.0, 2, ["p"], 1.0),
                        _req("j", 9.5, 3, ["c1", "c2"], 2.0)], 16, "hand-made"), trace)
@@ -69,7 +69,7 @@ def test_kvemu_replay_reports_each_agent_sessions_task_time(tmp_path, capsys):
     finally:
         replica.stop()
     agents = json.loads(out.read_text())["summary"]["agent_sessions"]
-    assert "agent sessions  1 finished" in capsys.readouterr().out
+    assert "agent sessions  1 finished" in capfd.readouterr().out  # the fd: a stream another test kept is not ours
     (path,) = agents["paths"]
     assert (path["requests"], path["on_path"], path["widest"]) == (4, 3, 2)
     parts = sum(path[f"{p}_s"] for p in ("queue", "prefill", "decode", "tool", "other"))

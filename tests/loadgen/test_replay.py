@@ -24,6 +24,7 @@ from loadgen.trace import Trace, TraceRequest
 from shared.hashing import chain_ids, content_id
 from tests.conftest import free_port
 from tests.support.kvemu_cli import REPO, kvemu_cmd, run_kvemu
+from tests.support.procs import as_from_a_terminal
 
 # Real processes on loopback: an end-to-end test (CI runs it; `-m "not slow"` skips it locally).
 pytestmark = pytest.mark.slow
@@ -229,7 +230,7 @@ def test_ctrl_c_stops_cleanly_and_keeps_what_ran(cluster, tmp_path):
     out, png, rows = tmp_path / "partial.json", tmp_path / "partial.png", tmp_path / "partial.csv"
     proc = subprocess.Popen(kvemu_cmd("replay", "--url", cluster.router_url, "--trace", write(tmp_path, reqs),
                                       "--json", str(out), "--plot", str(png), "--csv", str(rows)),
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=as_from_a_terminal)
     time.sleep(3.0)
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=30)

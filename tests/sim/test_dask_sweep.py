@@ -15,6 +15,7 @@ import pytest
 
 from kvemu.cli import main
 from replica.core.build import EngineKnobs
+from tests.support.procs import as_from_a_terminal
 
 distributed = pytest.importorskip("distributed")
 
@@ -138,7 +139,8 @@ def test_ctrl_c_cancels_the_cluster_tasks_and_keeps_finished_points(cluster, tra
     out = tmp_path / "r.jsonl"
     argv = [sys.executable, "-m", "kvemu", "sweep", "--trace", str(trace_file), *GRID[:-1], "--out", str(out),
             "--dask", cluster.scheduler_address]
-    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=as_from_a_terminal)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not (out.exists() and out.read_text().count("\n") >= 1):
         time.sleep(0.02)
@@ -183,7 +185,8 @@ def test_losing_the_scheduler_mid_sweep_is_one_error_line_and_keeps_finished_poi
     address = lost.scheduler_address
     argv = [sys.executable, "-m", "kvemu", "sweep", "--trace", str(trace_file), *GRID, "--out", str(out),
             "--dask", address, "--max-model-len", "9600"]  # what 600 blocks hold: no start-up warning
-    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=as_from_a_terminal)
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not (out.exists() and out.read_text().count("\n") >= 1):

@@ -26,6 +26,7 @@ from sim.run import simulate
 from sim.simulator import SimSettings
 from sim.sweep import CSV_COLUMNS, file_identity, mean_field, point_id, read_records
 from sim.sweep_plots import combined_mrc
+from tests.support.procs import as_from_a_terminal
 
 GRID = ["--policy", "lru,s3fifo", "--capacity-blocks", "600,2000", "--routing", "cache_aware,session",
         "--replicas", "1,2", "--jobs", "2", "--quiet"]
@@ -197,7 +198,8 @@ def test_ctrl_c_stops_workers_and_keeps_finished_points(tmp_path):
     out = tmp_path / "r.jsonl"
     proc = subprocess.Popen([sys.executable, "-m", "kvemu", "sweep", "--trace", str(path), "--policy", "lru,s3fifo,arc,random_compute",
                              "--capacity-blocks", "2000,3000,4000,6000,8000", "--max-running", "1", "--jobs", "2",
-                             "--out", str(out)], stderr=subprocess.PIPE, text=True, start_new_session=True)
+                             "--out", str(out)], stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=as_from_a_terminal)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not (out.exists() and out.read_text().count("\n") >= 1):
         time.sleep(0.05)

@@ -130,3 +130,10 @@ class Listener:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def as_from_a_terminal() -> None:
+    """A child's ``preexec_fn``: SIGINT at its default disposition and unblocked, as a shell starts a command,
+    whatever the test process inherited or set (an ignored signal stays ignored across exec)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
