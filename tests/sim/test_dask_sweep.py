@@ -130,6 +130,10 @@ def test_the_trace_is_scattered_to_every_worker_once_and_dropped_after(cluster, 
         # who_has can lag a replica by a moment, so both workers must show up across the cells
         assert all(len(h) == 1 for h in holders) and len({k for h in holders for k in h}) == 1
         assert set().union(*(v for h in holders for v in h.values())) == workers
+        # released after the run: the scheduler forgets it a moment after the client lets go (asynchronous)
+        deadline = time.monotonic() + 10
+        while [k for k in runner.client.who_has() if k.startswith("Trace-")] and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert not [k for k in runner.client.who_has() if k.startswith("Trace-")]
     finally:
         runner.close()
