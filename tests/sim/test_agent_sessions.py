@@ -12,20 +12,11 @@ import pytest
 from kvemu.cli import main
 from loadgen.formats import write_kvemu
 from loadgen.trace import Trace
-from sim.run import simulate
-from sim.settings import SimSettings
-from tests.support.agent_trace import AGENT
-
-MODEL, GPU = "qwen3-coder-30b-a3b", "h200"
-
-
-def _run(reqs, **kw) -> dict:
-    s = SimSettings.of(capacity_blocks=64, model=MODEL, gpu=GPU, **kw)
-    return simulate(Trace(reqs, 16, "hand"), s, records=True)
+from tests.support.agent_trace import AGENT, GPU, MODEL, simulate_by_hand
 
 
 def test_task_time_and_critical_path_by_hand():
-    run = _run(AGENT)
+    run = simulate_by_hand(AGENT)
     rec = {AGENT[r.index].id: r for r in run["request_records"]}
     paths = {p["session"]: p for p in run["agent_paths"]}
     # agent: t2 waits for t1 (gap 1.0): the path is t2 <- t1, its tool time the gap
@@ -55,14 +46,14 @@ def test_task_time_and_critical_path_by_hand():
 
 def test_recorded_arrivals_wait_for_the_trace_times():
     # recorded: t2 arrives at 9.0 whatever t1's finish, so its tool time is what the cluster left of the 9 s
-    run = _run(AGENT, arrivals="recorded")
+    run = simulate_by_hand(AGENT, arrivals="recorded")
     t1 = next(r for r in run["request_records"] if AGENT[r.index].id == "t1")
     a = next(p for p in run["agent_paths"] if p["session"] == "agent")
     assert a["tool_s"] == pytest.approx(9.0 - t1.finish_s, abs=1e-12)
 
 
 def test_a_trace_without_dependencies_has_no_agent_sessions():
-    run = _run([dataclasses.replace(r, after=(), gap_s=0.0) for r in AGENT])
+    run = simulate_by_hand([dataclasses.replace(r, after=(), gap_s=0.0) for r in AGENT])
     assert "agent_sessions" not in run and "agent_paths" not in run
 
 

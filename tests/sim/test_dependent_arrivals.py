@@ -10,22 +10,12 @@ import dataclasses
 import pytest
 
 from loadgen.arrivals import ARRIVAL_MODES
-from loadgen.trace import Trace
 from shared.costmodel import CostModel, StepWork
-from sim.run import simulate
-from sim.settings import SimSettings
-from tests.support.agent_trace import AGENT, due, req
-
-MODEL, GPU = "qwen3-coder-30b-a3b", "h200"
-
-
-def _run(reqs, **kw) -> dict:
-    s = SimSettings.of(capacity_blocks=64, model=MODEL, gpu=GPU, **kw)
-    return simulate(Trace(reqs, 16, "hand"), s, records=True)
+from tests.support.agent_trace import AGENT, GPU, MODEL, due, req, simulate_by_hand
 
 
 def test_each_arrival_is_the_finish_of_what_it_waits_for_plus_its_gap():
-    run = _run(AGENT)
+    run = simulate_by_hand(AGENT)
     recs = {AGENT[r.index].id: r for r in run["request_records"]}
     assert recs["t1"].arrival_s == 0.0 and recs["p"].arrival_s == 0.2  # waiting for nothing: at their t
     finish = {name: r.finish_s for name, r in recs.items()}
@@ -41,7 +31,7 @@ def test_each_arrival_is_the_finish_of_what_it_waits_for_plus_its_gap():
 
 
 def test_recorded_arrivals_keep_the_trace_times():
-    run = _run(AGENT, arrivals="recorded")
+    run = simulate_by_hand(AGENT, arrivals="recorded")
     assert [r.arrival_s for r in run["request_records"]] == [r.t for r in AGENT]
 
 
@@ -49,11 +39,11 @@ def test_a_refused_requests_dependents_never_arrive_and_count_as_failed():
     # p's prompt is over max_model_len: refused; c waits for it, j for c; x waits for nothing
     reqs = [dataclasses.replace(req("p", 0.0, 0), input_tokens=600), req("c", 0.0, 1, ["p"]), req("j", 0.0, 2, ["c"]),
             req("x", 0.0, 0, session="x")]
-    run = _run(reqs, max_model_len=512)
+    run = simulate_by_hand(reqs, max_model_len=512)
     assert (run["refused"], run["dependency_failed"], run["served"]) == (1, 2, 1)
     assert [r.finish_s is None for r in run["request_records"]] == [True, True, True, False]
     # recorded: c and j run at their times
-    run = _run(reqs, max_model_len=512, arrivals="recorded")
+    run = simulate_by_hand(reqs, max_model_len=512, arrivals="recorded")
     assert (run["refused"], run["dependency_failed"], run["served"]) == (1, 0, 3)
 
 

@@ -3,8 +3,12 @@
 
 from __future__ import annotations
 
-from loadgen.trace import TraceRequest
+from loadgen.trace import Trace, TraceRequest
 from shared.hashing import chain_ids, content_id
+from sim.run import simulate
+from sim.settings import SimSettings
+
+MODEL, GPU = "qwen3-coder-30b-a3b", "h200"
 
 
 def req(name, t, turn, after=(), gap=0.0, session="agent"):
@@ -23,3 +27,10 @@ def due(finish: dict[str, float], scale: float = 1.0) -> dict[str, float]:
     """Each waiting request's arrival from the finishes of what it waits for (seconds of the run; ``scale``: run
     seconds per trace second, 1 / a replay's speedup): the latest finish plus its gap."""
     return {r.id: max(finish[name] for name in r.after) + r.gap_s * scale for r in AGENT if r.after}
+
+
+def simulate_by_hand(reqs, **kw) -> dict:
+    """``reqs`` through ``kvemu sim``'s simulator on a 64-block pool of the default model and GPU, with the
+    per-request records (what the simulator tests of this trace read)."""
+    return simulate(Trace(reqs, 16, "hand"), SimSettings.of(capacity_blocks=64, model=MODEL, gpu=GPU, **kw),
+                    records=True)
