@@ -52,6 +52,7 @@ from shared.devprofile import is_profile_path, load_profile
 from shared.devspecs import Efficiency, GpuSpec
 from shared.errors import InputError
 from shared.gpu_presets import get_gpu, split_tp
+from shared.kv_groups import state_block_size
 from shared.memory_rule import KvBudget
 from shared.model_presets import DENSE_H200, get_model
 from shared.model_spec import ModelSpec
@@ -172,7 +173,7 @@ class CostModel:
             raise InputError("tp", f"must be an integer >= 1, got {self.tp!r}")
         m, e, g = self.model, self.efficiency, self.gpu
         object.__setattr__(self, "_moe_kernel", MoeKernel.of(
-            e.moe_floor_s, e.moe_memory_eff, e.moe_linear_eff, e.moe_table, m.expert_params * m.layer_weight_bytes,
+            e.moe_floor_s, e.moe_memory_eff, e.moe_linear_eff, e.moe_table, m.expert_params * m.expert_weight_bytes,
             2.0 * m.active_experts * m.expert_params, g.hbm_bandwidth, g.peak_flops) if m.moe else None)
         object.__setattr__(self, "_u", self._units())
         object.__setattr__(self, "_moe", {})
@@ -213,6 +214,18 @@ class CostModel:
         """One block's KV over the replica's GPUs (every copy a --tp group keeps): one KV cache group's page,
         every layer's for a full-attention model (shared/kv_groups.py)."""
         return int(self.model.kv_bytes_per_block_token * kinds.kv_copies(self.model, self.tp)) * block_size
+
+    def kv_block_size(self, block_size: int) -> int:
+        """The block size vLLM serves this model at: ``block_size``, raised for state layers until one layer's
+        attention page on a rank holds a state's share of that rank (shared/kv_groups.py, ``state_block_size``;
+        vLLM shards a state over --tp as it does the KV heads, its conv and recurrent heads divided by the ranks)."""
+        m = self.model
+        state = m.kv_groups.state_bytes
+        if not state:
+            return block_size
+        token = kinds.kv_values(m) * kinds.kv_element_bytes(m.kv_cache_dtype, m.dtype_bytes)
+        return state_block_size(block_size, -(-state // self.tp),
+                                -(-int(token * kinds.kv_copies(m, self.tp)) // self.tp))
 
     def gib_to_blocks(self, gib: float, block_size: int) -> int:
         if not 0 <= gib < float("inf"):  # also refuses nan

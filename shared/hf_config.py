@@ -25,16 +25,32 @@ What is read, per architecture (``architectures[0]``):
 A ``quantization_config`` of ``quant_method`` fp8 (DeepSeek-V3's: E4M3 in 128 x 128 blocks) makes the decoder
 layers' weights one byte each (their block scales, 4 bytes a block of 16,384 weights, left out); the embedding and
 the LM head stay in the dtype. The FP8 products are priced at the card's 16-bit peak (an upper bound on their time).
+One of ``quant_method`` mxfp4 (gpt-oss's) makes the routed experts' weights 4.25 bits each (shared/model_spec.py,
+``MXFP4_WEIGHT_BYTES``): vLLM 0.33 quantizes only the fused-MoE experts, whatever ``modules_to_not_convert`` lists,
+so attention (its sinks too: one value a head, no KV), the router and the embeddings stay in the dtype.
 
-* Gemma 3 (``Gemma3ForCausalLM``): Llama's fields, the embedding tied unless ``tie_word_embeddings`` is false;
+* Gemma 3 (``Gemma3ForCausalLM``): Llama's fields, the embedding tied unless ``tie_word_embeddings`` is false, the
+  window ``max_position_embeddings`` unscaled (vLLM applies no rope factor to a gemma3 model); its image-text model
+  (``Gemma3ForConditionalGeneration``): the text model of ``text_config`` (transformers' ``Gemma3TextConfig`` defaults
+  for the fields it leaves out), and the SigLIP vision tower of ``vision_config`` with its projector, which vLLM loads
+  by default: resident weights, no KV (an image's tokens are the text model's, as any token);
   gpt-oss (``GptOssForCausalLM``): every layer routed over ``num_local_experts`` experts of ``intermediate_size``;
 * sliding-window layers, read into KV cache groups (shared/kv_groups.py): ``layer_types`` (``full_attention`` or
   ``sliding_attention``, one a layer: gpt-oss, Gemma 3), else Gemma 3's ``sliding_window_pattern`` (every P-th
   layer global), else Mistral's ``sliding_window`` on every layer where it is below the context window; the
-  window is ``sliding_window`` tokens.
+  window is ``sliding_window`` tokens;
+* Qwen3-Next (``Qwen3NextForCausalLM``): Qwen3-MoE's fields plus one shared expert of
+  ``shared_expert_intermediate_size``; its ``layer_types`` (``linear_attention`` or ``full_attention``; absent:
+  every ``full_attention_interval``-th layer full, as transformers' Qwen3NextConfig derives them) read into KV
+  cache groups, a Gated DeltaNet layer a state layer whose state is vLLM's
+  (``MambaStateShapeCalculator.gated_delta_net_state_shape``): a conv state of ``(2 linear_num_key_heads
+  linear_key_head_dim + linear_num_value_heads linear_value_head_dim) x (linear_conv_kernel_dim - 1)`` values and
+  a recurrent state of ``linear_num_value_heads x linear_value_head_dim x linear_key_head_dim``, both in the
+  model's dtype (vLLM's ``--mamba-cache-dtype auto``). The layers' own weights are priced as full attention's.
 
 What kvemu cannot price yet is refused in one line naming the field and the file: other layer types
-(state and linear-attention layers), Qwen's ``use_sliding_window``, other quantized weights
+(``linear_attention`` outside Qwen3-Next, whose state shape kvemu does not know), Mamba2 layers (Nemotron-H's
+``hybrid_override_pattern``, Falcon-H1's ``mamba_*`` fields), Qwen's ``use_sliding_window``, other quantized weights
 (``quantization_config``), DeepSeek's ``moe_layer_freq`` other than 1, OPT's embedding projections, an
 architecture not listed above, a required field missing or not a positive integer.
 """
@@ -44,11 +60,12 @@ from __future__ import annotations
 import json
 import os
 import re
+from dataclasses import replace
 from functools import lru_cache
 from typing import Any, NamedTuple
 
 from shared.errors import InputError
-from shared.kv_groups import FULL, WINDOW
+from shared.kv_groups import FULL, STATE, WINDOW
 from shared.model_kinds import MlaDims
 from shared.model_spec import ModelSpec
 
@@ -57,10 +74,25 @@ LLAMA_LIKE = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwe
 GPT_OSS = "GptOssForCausalLM"
 # DeepSeek-V2 / V3 (Kimi K2's config.json names DeepseekV3ForCausalLM too): MLA, DeepSeek's MoE
 DEEPSEEK = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
-ARCHITECTURES = (*LLAMA_LIKE, "Qwen3MoeForCausalLM", GPT_OSS, *DEEPSEEK, "OPTForCausalLM")
-# config.json's layer_types -> the kind of shared/kv_groups.py (what vLLM makes a FullAttentionSpec or a
-# SlidingWindowSpec of); anything else (linear_attention, mamba, chunked_attention) is refused naming the field
-LAYER_TYPES = {"full_attention": FULL, "sliding_attention": WINDOW}
+GEMMA3_VL = "Gemma3ForConditionalGeneration"
+QWEN3_NEXT = "Qwen3NextForCausalLM"  # Gated DeltaNet linear attention, full attention every 4th layer, MoE
+ARCHITECTURES = (*LLAMA_LIKE, GEMMA3_VL, "Qwen3MoeForCausalLM", QWEN3_NEXT, GPT_OSS, *DEEPSEEK, "OPTForCausalLM")
+# quantization_config's quant_method kvemu prices: FP8 decoder layers, MXFP4 routed experts
+QUANT_METHODS = ("fp8", "mxfp4")
+# transformers' Gemma3TextConfig defaults, for the fields a Gemma3ForConditionalGeneration's text_config leaves out
+# (google/gemma-3-27b-it's names no vocab_size, max_position_embeddings nor sliding_window_pattern)
+GEMMA3_TEXT_DEFAULTS = {"vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+                        "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+                        "max_position_embeddings": 131_072, "sliding_window": 4096, "sliding_window_pattern": 6}
+# transformers' SiglipVisionConfig defaults, the same for its vision_config
+SIGLIP_DEFAULTS = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_channels": 3,
+                   "image_size": 224, "patch_size": 16}
+# config.json's layer_types -> the kind of shared/kv_groups.py (what vLLM makes a FullAttentionSpec, a
+# SlidingWindowSpec or a MambaSpec of); anything else (mamba, chunked_attention) is refused naming the field, and
+# linear_attention outside Qwen3-Next too (its state's shape is the architecture's)
+LAYER_TYPES = {"full_attention": FULL, "sliding_attention": WINDOW, "linear_attention": STATE}
+# Mamba2 hybrids' fields (Nemotron-H, Falcon-H1): their state layers are not read yet, refused naming the field
+MAMBA_FIELDS = ("hybrid_override_pattern", "mamba_d_ssm", "mamba_d_state", "mamba_num_heads", "ssm_state_size")
 # torch dtype name -> bytes a weight and a KV element take as vLLM serves it by default (--dtype auto)
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 2}
 # rope_scaling types whose factor vLLM multiplies the context window by (``_get_and_verify_max_len``)
@@ -105,17 +137,39 @@ def _load(path: str, _mtime: int) -> ModelSpec:
         raise InputError(FIELD, f"{path} is not a readable JSON config.json: {exc}") from None
     if not isinstance(raw, dict):
         raise InputError(FIELD, f"{path}: a config.json is a JSON object, got {type(raw).__name__}")
+    archs = raw.get("architectures")
+    if isinstance(archs, list) and GEMMA3_VL in archs:
+        return _gemma3_image_text(raw, path)
     return _Reader(raw, path).shape()
+
+
+def _gemma3_image_text(raw: dict[str, Any], path: str) -> ModelSpec:
+    """Gemma 3's image-text model: its text model read as a Gemma3ForCausalLM (the file's dtype and quantization),
+    plus the vision tower's and projector's weights (SigLIP: patch and position embeddings, per layer q, k, v, o and
+    a two-matrix MLP; the projector one vision x text matrix; norms and biases left out, as elsewhere)."""
+    subs = [raw.get(field) or {} for field in ("text_config", "vision_config")]
+    for field, sub in zip(("text_config", "vision_config"), subs, strict=True):
+        if not isinstance(sub, dict):
+            raise InputError(FIELD, f"{path}: {field!r} must be a JSON object")
+    outer: dict[str, Any] = {k: raw[k] for k in ("torch_dtype", "dtype", "quantization_config") if k in raw}
+    text = _Reader({**GEMMA3_TEXT_DEFAULTS, **outer, **subs[0], "architectures": ["Gemma3ForCausalLM"]}, path,
+                   "text_config.").shape()
+    v = _Reader({**SIGLIP_DEFAULTS, **subs[1]}, path, "vision_config.")
+    hidden, patch = v.positive("hidden_size"), v.positive("patch_size")
+    layer = 4 * hidden * hidden + 2 * hidden * v.positive("intermediate_size")
+    tower = (v.positive("num_hidden_layers") * layer + v.positive("num_channels") * patch * patch * hidden
+             + (v.positive("image_size") // patch) ** 2 * hidden)
+    return replace(text, vision_params=tower + hidden * text.hidden)
 
 
 class _Reader:
     """One file's fields, each check naming the field and the file."""
 
-    def __init__(self, raw: dict[str, Any], path: str) -> None:
-        self.raw, self.path = raw, path
+    def __init__(self, raw: dict[str, Any], path: str, prefix: str = "") -> None:
+        self.raw, self.path, self.prefix = raw, path, prefix  # prefix: a nested config's, "text_config."
 
     def refuse(self, field: str, why: str) -> InputError:
-        return InputError(FIELD, f"{self.path}: {field!r} {why}")
+        return InputError(FIELD, f"{self.path}: {self.prefix + field!r} {why}")
 
     def positive(self, field: str, default: int | None = None) -> int:
         value = self.raw.get(field)
@@ -149,11 +203,21 @@ class _Reader:
     def check_kinds(self) -> None:
         """Refuse what prices attention or weights otherwise than full attention over 16-bit weights (before
         the architecture: a DeepSeek file is better told it is MLA than that its class is unknown)."""
-        raw = self.raw
-        quant = raw.get("quantization_config")
-        if quant is not None and not (isinstance(quant, dict) and quant.get("quant_method") == "fp8"):
-            raise self.refuse("quantization_config", "is set and not fp8: quantized weights other than FP8 are not"
-                                                     " modelled yet (kvemu prices 16-bit or FP8 weights)")
+        mamba = next((f for f in MAMBA_FIELDS if f in self.raw), None)
+        if mamba is not None:
+            raise self.refuse(mamba, "is set: Mamba2 state layers (Nemotron-H, Falcon-H1) are not modelled yet;"
+                                     " kvemu reads Qwen3-Next's linear-attention state layers")
+        if self.quant_method() not in ("", *QUANT_METHODS):
+            raise self.refuse("quantization_config", "is set and not fp8 or mxfp4: other quantized weights are not"
+                                                     " modelled yet (kvemu prices 16-bit, FP8 or MXFP4 experts' weights)")
+
+    def quant_method(self) -> str:
+        """``quantization_config``'s ``quant_method`` ("" where there is none; "?" where it names none)."""
+        quant = self.raw.get("quantization_config")
+        if quant is None:
+            return ""
+        method = quant.get("quant_method") if isinstance(quant, dict) else None
+        return method if isinstance(method, str) else "?"
 
     def layer_kinds(self, arch: str, layers: int, max_pos: int) -> tuple[tuple[str, int], ...]:
         """Each layer's attention where some layer is not full attention (() where every one is): ``layer_types``
@@ -161,14 +225,19 @@ class _Reader:
         else Mistral's ``sliding_window`` on every layer (below the context window; at or above it, no window)."""
         raw = self.raw
         types = raw.get("layer_types")
+        if types is None and arch == QWEN3_NEXT:  # transformers' Qwen3NextConfig: every interval-th layer full
+            interval = self.positive("full_attention_interval", 4)
+            types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)]
         if types is not None:
             if not isinstance(types, list) or len(types) != layers:
                 raise self.refuse("layer_types", f"must list one type for each of the {layers} layers")
             odd = sorted({str(t) for t in types if t not in LAYER_TYPES})
             if odd:
                 raise self.refuse("layer_types", f"has {', '.join(odd)}: kvemu models {', '.join(LAYER_TYPES)}"
-                                                 " (state and linear-attention layers are not modelled yet)")
+                                                 " (Mamba and other state layers are not modelled yet)")
             kinds = [LAYER_TYPES[t] for t in types]
+            if STATE in kinds:
+                return self.state_kinds(arch, kinds)
         elif arch == "Gemma3ForCausalLM":
             pattern = self.positive("sliding_window_pattern")
             kinds = [FULL if (i + 1) % pattern == 0 else WINDOW for i in range(layers)]
@@ -183,6 +252,28 @@ class _Reader:
         window = self.positive("sliding_window")
         return tuple((k, window if k == WINDOW else 0) for k in kinds)
 
+    def state_kinds(self, arch: str, kinds: list[str]) -> tuple[tuple[str, int], ...]:
+        """Qwen3-Next's layers: each linear-attention layer a state of ``gdn_state_bytes``."""
+        if arch != QWEN3_NEXT:
+            raise self.refuse("layer_types", f"has linear_attention in a {arch}: kvemu knows the state of"
+                                             f" {QWEN3_NEXT}'s Gated DeltaNet layers only")
+        if FULL not in kinds:
+            raise self.refuse("layer_types", "has no full_attention layer: a model of state layers only is not"
+                                             " modelled (vLLM sizes its blocks by an attention page)")
+        state = self.gdn_state_bytes()
+        return tuple((k, state if k == STATE else 0) for k in kinds)
+
+    def gdn_state_bytes(self) -> int:
+        """One sequence's state in one Gated DeltaNet layer, as vLLM sizes it (all --tp ranks together)."""
+        k_heads, v_heads = self.positive("linear_num_key_heads"), self.positive("linear_num_value_heads")
+        k_dim, v_dim = self.positive("linear_key_head_dim"), self.positive("linear_value_head_dim")
+        kernel = self.positive("linear_conv_kernel_dim")
+        if kernel < 2:
+            raise self.refuse("linear_conv_kernel_dim", f"must be >= 2 (a conv state keeps kernel - 1 tokens),"
+                                                        f" got {kernel}")
+        conv = (2 * k_heads * k_dim + v_heads * v_dim) * (kernel - 1)
+        return (conv + v_heads * v_dim * k_dim) * self.dtype_bytes()
+
     def max_context(self) -> int:
         window = self.positive("max_position_embeddings")
         rope = self.raw.get("rope_scaling")
@@ -190,8 +281,8 @@ class _Reader:
             return window
         kind = rope.get("rope_type", rope.get("type"))
         factor = rope.get("factor")
-        if kind not in SCALED_ROPE:
-            return window
+        if kind not in SCALED_ROPE or self.raw.get("architectures") == ["Gemma3ForCausalLM"]:
+            return window  # vLLM: Gemma 3's max_position_embeddings is already the scaled window
         if isinstance(factor, bool) or not isinstance(factor, int | float) or factor < 1:
             raise self.refuse("rope_scaling", f"of type {kind!r} needs a factor >= 1, got {factor!r}")
         if kind == "yarn":
@@ -234,8 +325,17 @@ class _Reader:
                          max_context=self.max_context(),
                          dense_layers=mlp.dense_layers, dense_intermediate=mlp.dense_intermediate,
                          shared_experts=mlp.shared_experts, mla=mla,
-                         fp8_weights=self.raw.get("quantization_config") is not None,
+                         fp8_weights=self.quant_method() == "fp8", mxfp4_experts=self.mxfp4(mlp),
                          layer_kinds=self.layer_kinds(arch, layers, max_pos))
+
+    def mxfp4(self, mlp: MlpShape) -> bool:
+        """MXFP4 routed experts; refused on a model without any (vLLM would leave every other layer unquantized)."""
+        if self.quant_method() != "mxfp4":
+            return False
+        if not mlp.experts:
+            raise self.refuse("quantization_config", "is mxfp4 on a model without routed experts: vLLM quantizes only"
+                                                     " fused-MoE experts with it")
+        return True
 
     def mlp(self, arch: str, hidden: int, layers: int) -> MlpShape:
         if arch == "OPTForCausalLM":
@@ -243,13 +343,13 @@ class _Reader:
                 raise self.refuse("word_embed_proj_dim", f"differs from hidden_size {hidden}: OPT's embedding"
                                                          " projections are not modelled yet")
             return MlpShape(self.positive("ffn_dim"))
-        if arch == "Qwen3MoeForCausalLM":
+        if arch in ("Qwen3MoeForCausalLM", QWEN3_NEXT):
             # Qwen3-MoE routes layer i unless it is in mlp_only_layers or (i + 1) % decoder_sparse_step != 0
             step, only = self.positive("decoder_sparse_step", 1), self.raw.get("mlp_only_layers") or []
             if not isinstance(only, list) or not all(isinstance(i, int) and 0 <= i < layers for i in only):
                 raise self.refuse("mlp_only_layers", f"must be a list of layer indices below {layers}")
             dense = sum(1 for i in range(layers) if i in only or (i + 1) % step)
-            return self.experts("num_experts", "moe_intermediate_size", dense, layers, 0)
+            return self.experts("num_experts", "moe_intermediate_size", dense, layers, self.qwen_shared_expert(arch))
         if arch == GPT_OSS:  # every layer routed: num_local_experts of intermediate_size
             return self.experts("num_local_experts", "intermediate_size", 0, layers, 0)
         if arch in DEEPSEEK:
@@ -269,6 +369,18 @@ class _Reader:
                               f"leaves no MoE layer among the {layers}")
         dense_width = self.positive("intermediate_size") if dense else 0
         return MlpShape(self.positive(width), experts, active, dense, dense_width, shared)
+
+    def qwen_shared_expert(self, arch: str) -> int:
+        """Qwen3-Next's one shared expert (``shared_expert_intermediate_size``, priced as a routed expert, so of
+        that width); Qwen3-MoE has none."""
+        if arch != QWEN3_NEXT or not self.count("shared_expert_intermediate_size"):
+            return 0
+        width, expert = self.positive("shared_expert_intermediate_size"), self.positive("moe_intermediate_size")
+        if width != expert:
+            raise self.refuse("shared_expert_intermediate_size", f"({width}) differs from moe_intermediate_size"
+                                                                 f" ({expert}): a shared expert of another width"
+                                                                 " is not modelled yet")
+        return 1
 
     def count(self, field: str) -> int:
         """An integer >= 0 (absent: 0)."""

@@ -127,7 +127,7 @@ def weight_bytes(cost: CostModel, expert_ranks: int = 0) -> float:
     norms = (2 * m.layers + 1) * m.hidden * m.dtype_bytes
     rope_dim = m.mla.qk_rope_head_dim if m.mla is not None else m.head_dim
     rotary = m.max_context * rope_dim * m.dtype_bytes if m.mlp_matrices == 3 else 0  # OPT: learned positions
-    experts = m.moe_layers * m.experts * m.expert_params * m.layer_weight_bytes
+    experts = m.routed_params * m.expert_weight_bytes  # MXFP4 or FP8 where the config quantizes them
     # MLA's down projections are whole on every GPU (shared/model_kinds.py), not split
     whole = m.layers * m.mla.replicated_params(m.hidden) * m.layer_weight_bytes if m.mla is not None else 0
     return ((m.weight_bytes - experts) / cost.tp + experts / (expert_ranks or cost.tp) + whole * (1 - 1 / cost.tp)
@@ -158,7 +158,9 @@ def kv_budget(cost: CostModel, utilization: float, token_budget: int, max_seqs: 
     other = non_torch_bytes(cost.tp) if NON_TORCH in terms else 0.0
     graphs = 0.0  # GRAPH_MEMORY: vLLM's estimate per capture size has no published figure to price it with
     kv_gpu = requested - weights - act - other - graphs
-    # vLLM gives each GPU the same count: its KV bytes over one block's page on that GPU
+    # vLLM gives each GPU the same count: its KV bytes over one block's page on that GPU, a block of the size
+    # vLLM serves the model at (state layers raise it: CostModel.kv_block_size)
+    block_size = cost.kv_block_size(block_size)
     blocks = max(0, int(kv_gpu // (cost.block_bytes(block_size) / cost.tp)))
     return KvBudget(utilization, device, cost.tp, weights, act, kv_gpu, blocks, block_size, cost.model.name,
                     cost.gpu.name, other, graphs, requested, source, forward, sampler,

@@ -12,8 +12,13 @@ from dataclasses import dataclass
 
 from shared import model_kinds as kinds
 from shared.devspecs import Efficiency
-from shared.kv_groups import KvGroups, full_attention, group_layers
+from shared.kv_groups import STATE, KvGroups, full_attention, group_layers
 from shared.model_kinds import MlaDims, kv_element_bytes
+
+# MXFP4 (OCP microscaling): a 4-bit E2M1 value a weight and one 8-bit E8M0 scale a block of 32, so 4.25 bits a
+# weight, as vLLM 0.33 holds a routed expert (uint8 weights of two values and uint8 scales a 32, mxfp4.py); the padding
+# its kernel layout may add (intermediate rounded up to 64 on Hopper's Triton path) is left out
+MXFP4_WEIGHT_BYTES = (4 + 8 / 32) / 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,10 +46,17 @@ class ModelSpec:
     shared_experts: int = 0
     mla: MlaDims | None = None  # multi-head latent attention (shared/model_kinds.py); None: full attention
     fp8_weights: bool = False  # the decoder layers' weights in FP8 (config.json's quantization_config fp8)
+    # The routed experts' weights in MXFP4 (quantization_config mxfp4, gpt-oss): ``MXFP4_WEIGHT_BYTES`` each; vLLM
+    # quantizes only its fused-MoE experts, attention, router, shared experts and embeddings stay in the dtype
+    mxfp4_experts: bool = False
     kv_cache_dtype: str = "auto"  # --kv-cache-dtype (shared/model_kinds.py)
-    # Each layer's attention, (kind, window) of shared/kv_groups.py, where a layer is not full attention
-    # (config.json's layer_types, sliding_window, sliding_window_pattern); (): every layer full attention
+    # Each layer's attention, (kind, size) of shared/kv_groups.py (size: a window's tokens, a state's bytes), where a
+    # layer is not full attention (config.json's layer_types, sliding_window, sliding_window_pattern, Qwen3-Next's
+    # linear attention); (): every layer full attention
     layer_kinds: tuple[tuple[str, int], ...] = ()
+    # Weights vLLM loads beside the decoder that no text step reads (a vision tower and its projector, Gemma 3's
+    # SigLIP): resident, so counted in ``weight_bytes`` (in the dtype), never in a step's price
+    vision_params: int = 0
 
     @property
     def moe(self) -> bool:
@@ -94,7 +106,7 @@ class ModelSpec:
     def total_params(self) -> float:
         """Resident parameters: every layer and expert, the input embedding and the LM head (one
         matrix when they are tied). Norms, biases and learned positions are left out (<0.1%)."""
-        return self.stack_params() + (1 if self.tied_embeddings else 2) * self.head_params
+        return self.stack_params() + (1 if self.tied_embeddings else 2) * self.head_params + self.vision_params
 
     def touched_experts(self, tokens: int) -> float:
         """Expected distinct experts ``tokens`` tokens route to (uniform routing)."""
@@ -103,9 +115,15 @@ class ModelSpec:
         return self.experts * (1.0 - (1.0 - self.active_experts / self.experts) ** max(tokens, 0))
 
     @property
+    def attention_layers(self) -> int:
+        """Layers that keep KV per token: every layer but the state layers (shared/kv_groups.py's ``STATE``)."""
+        return self.layers - sum(1 for kind, _ in self.layer_kinds if kind == STATE)
+
+    @property
     def kv_bytes_per_token(self) -> int:
-        """One copy of a token's KV over every layer (MLA: its one latent; shared/model_kinds.py)."""
-        return self.layers * kinds.kv_values(self) * kv_element_bytes(self.kv_cache_dtype, self.dtype_bytes)
+        """One copy of a token's KV over every attention layer (MLA: its one latent; shared/model_kinds.py); a
+        state layer's fixed state is no token's."""
+        return self.attention_layers * kinds.kv_values(self) * kv_element_bytes(self.kv_cache_dtype, self.dtype_bytes)
 
     @property
     def kv_groups(self) -> KvGroups:
@@ -126,8 +144,20 @@ class ModelSpec:
         return 1 if self.fp8_weights else self.dtype_bytes
 
     @property
+    def expert_weight_bytes(self) -> float:
+        """Bytes a routed expert's weight takes: MXFP4's 4.25 bits, else ``layer_weight_bytes``."""
+        return MXFP4_WEIGHT_BYTES if self.mxfp4_experts else self.layer_weight_bytes
+
+    @property
+    def routed_params(self) -> float:
+        """Every MoE layer's routed experts (0: dense)."""
+        return self.moe_layers * self.experts * self.expert_params
+
+    @property
     def weight_bytes(self) -> float:
-        """The layers' weights at ``layer_weight_bytes`` each; the embedding and LM head in the dtype."""
-        heads = (1 if self.tied_embeddings else 2) * self.head_params * self.dtype_bytes
-        return self.stack_params() * self.layer_weight_bytes + heads
+        """The layers' weights at ``layer_weight_bytes`` each, the routed experts' at ``expert_weight_bytes``; the
+        embedding, LM head and a vision tower in the dtype."""
+        heads = ((1 if self.tied_embeddings else 2) * self.head_params + self.vision_params) * self.dtype_bytes
+        routed = self.routed_params
+        return (self.stack_params() - routed) * self.layer_weight_bytes + routed * self.expert_weight_bytes + heads
 

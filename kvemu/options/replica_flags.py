@@ -25,7 +25,8 @@ def model_arg(value: str) -> str:
 
 MODEL = Option("--model", DEFAULT_MODEL, type=model_arg, metavar="NAME|CONFIG.json",
                help="model shape the cost model and KV bytes use: a preset (llama-3.1-8b, qwen3-32b, qwen3-30b-a3b,"
-                    f" ...; default {DEFAULT_MODEL}) or a Hugging Face config.json, or the folder holding it")
+                    f" deepseek-v3, gpt-oss-120b, gemma-3-27b, ...; default {DEFAULT_MODEL}) or a Hugging Face"
+                    " config.json, or the folder holding it")
 TIME_SCALE = Option("--time-scale", 1.0, type=float, help="wall seconds per emulated second (0 = no sleeping)")
 
 

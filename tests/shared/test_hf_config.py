@@ -134,8 +134,11 @@ def test_sliding_window_layers_read_into_kv_cache_groups_and_size_a_block_by_one
     (dict(QWEN3_32B, layer_types=["full_attention", "sliding_attention"]),
      "'layer_types' must list one type for each of the 64 layers"),
     (dict(QWEN3_32B, layer_types=["full_attention", "linear_attention"] * 32),
-     "'layer_types' has linear_attention: kvemu models full_attention, sliding_attention (state and"
-     " linear-attention layers are not modelled yet)"),
+     "'layer_types' has linear_attention in a Qwen3ForCausalLM: kvemu knows the state of Qwen3NextForCausalLM's"
+     " Gated DeltaNet layers only"),
+    (dict(QWEN3_32B, layer_types=["full_attention", "mamba"] * 32),
+     "'layer_types' has mamba: kvemu models full_attention, sliding_attention, linear_attention (Mamba and other"
+     " state layers are not modelled yet)"),
     (dict(QWEN3_32B, layer_types=["full_attention", "sliding_attention"] * 32), "'sliding_window' is missing"),
     (dict(DEEPSEEK_V3, moe_layer_freq=2), "'moe_layer_freq' is not 1: MoE layers between dense ones are not"
                                           " modelled yet"),
@@ -143,7 +146,8 @@ def test_sliding_window_layers_read_into_kv_cache_groups_and_size_a_block_by_one
     (dict(DEEPSEEK_V3, first_k_dense_replace=61), "'first_k_dense_replace' leaves no MoE layer among the 61"),
     (dict(LLAMA_31_8B, architectures=["Gemma2ForCausalLM"]),
      "'architectures' is ['Gemma2ForCausalLM']: an architecture kvemu cannot model yet; it reads LlamaForCausalLM,"
-     " MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM, Qwen3MoeForCausalLM,"
+     " MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration,"
+     " Qwen3MoeForCausalLM, Qwen3NextForCausalLM,"
      " GptOssForCausalLM, DeepseekV2ForCausalLM,"
      " DeepseekV3ForCausalLM, OPTForCausalLM"),
     ({k: v for k, v in LLAMA_31_8B.items() if k != "num_hidden_layers"},
@@ -152,7 +156,10 @@ def test_sliding_window_layers_read_into_kv_cache_groups_and_size_a_block_by_one
     (dict(LLAMA_31_8B, num_key_value_heads=5), "'num_key_value_heads' (5) must divide num_attention_heads (32)"),
     (dict(LLAMA_31_8B, hidden_size=4100), "'head_dim' is missing and hidden_size 4100 is not a multiple of"
                                           " num_attention_heads 32"),
-    (dict(LLAMA_31_8B, quantization_config={"quant_method": "awq"}), "'quantization_config' is set and not fp8"),
+    (dict(LLAMA_31_8B, quantization_config={"quant_method": "awq"}),
+     "'quantization_config' is set and not fp8 or mxfp4"),
+    (dict(LLAMA_31_8B, quantization_config={"quant_method": "mxfp4"}),
+     "'quantization_config' is mxfp4 on a model without routed experts"),
     (dict(LLAMA_31_8B, torch_dtype="float8_e4m3fn"), "'torch_dtype' is 'float8_e4m3fn'"),
     (dict(QWEN3_30B_A3B, mlp_only_layers=[48]), "'mlp_only_layers' must be a list of layer indices below 48"),
     ({k: v for k, v in QWEN3_30B_A3B.items() if k != "num_experts"}, "'num_experts' is missing"),
@@ -207,8 +214,8 @@ def test_every_command_taking_a_model_refuses_a_bad_config_in_one_line(tmp_path,
     capsys.readouterr()
     assert main([*command, "--model", path]) == 2
     err = capsys.readouterr().err
-    assert err == f"error: --model: {path}: 'layer_types' has linear_attention: kvemu models full_attention," \
-                  " sliding_attention (state and linear-attention layers are not modelled yet)\n"
+    assert err == f"error: --model: {path}: 'layer_types' has linear_attention in a Qwen3ForCausalLM: kvemu knows" \
+                  " the state of Qwen3NextForCausalLM's Gated DeltaNet layers only\n"
 
 
 def test_sim_runs_a_config_json_as_its_preset(tmp_path, capsys):
