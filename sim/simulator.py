@@ -28,6 +28,7 @@ from loadgen.arrivals import Arrivals
 from loadgen.request_metrics import RequestRecord
 from loadgen.trace import HASHES_U64, Trace, has_dependencies, response_hashes
 from replica.core.build import ReplicaCore, build_core
+from replica.core.cache.grouped import GroupedPool
 from replica.core.cache.policies import policy_class
 from replica.core.cache.pool import BlockPool
 from replica.core.cache.types import Lookup
@@ -79,7 +80,7 @@ class Replica:
         return self.core.pool
 
     @property
-    def live_pool(self) -> BlockPool | CompiledPool:
+    def live_pool(self) -> BlockPool | CompiledPool | GroupedPool:
         """The pool requests go to: the compiled one where there is one."""
         return self.core.serving
 

@@ -22,7 +22,7 @@ from replica.core.tiers.shared import SharedStore
 from replica.core.tiers.stack import TierSettings, TierStack
 from shared.costmodel import CostModel
 from shared.errors import InputError
-from shared.kv_groups import FULL
+from shared.kv_groups import FULL, STATE
 from shared.validate import check_number, check_positive_int
 
 # The choices a core is built with, each defined once here; their flags are in kvemu/options/.
@@ -85,16 +85,30 @@ def check_matching(matching: str, policy: str, hit_mode: str, prefix_caching: st
         raise InputError("prefix_caching", "radix matching is prefix caching: drop --prefix-caching off")
 
 
-def check_groups(cost: CostModel) -> None:
+def check_groups(cost: CostModel, k: EngineKnobs | None = None) -> None:
     """The one decision of which KV cache groups a core runs (shared/kv_groups.py): a full-attention model's one
-    group. A model with sliding-window layers is read and sized per group (its blocks are one group's page, as
-    vLLM's), and its rules are in replica/core/cache/groups.py, but the scheduler does not yet hold a block table
-    per group and free what a window has passed: refused rather than run as full attention."""
+    group, or full and sliding-window groups on a ``GroupedPool`` (cache/grouped.py: a block table per group, a
+    window's passed blocks freed each step, the hit every group serves, as vLLM 0.33's hybrid manager). With
+    ``k``, the knobs that cannot run with windows are refused in one line naming their flag."""
     groups = cost.model.kv_groups.groups
-    if any(g.kind != FULL for g in groups):
-        kinds = ", ".join(f"{g.kind}{f' {g.window}' if g.window else ''} x{g.layers}" for g in groups)
-        raise InputError("--model", f"{cost.model.name} has sliding-window layers (KV cache groups: {kinds}); the"
-                                    " scheduler runs full-attention models only until it keeps a block table per group")
+    if any(g.kind == STATE for g in groups):  # their cache rules are in groups.py; the scheduler's are not yet
+        m = cost.model
+        raise InputError("--model", f"{m.name} has state layers ({m.layers - m.attention_layers} of {m.layers}:"
+                                    " linear attention or Mamba); the scheduler does not yet cut prefill chunks at"
+                                    " block boundaries nor keep one running state a group, as vLLM's 'align' mode")
+    if k is None or all(g.kind == FULL for g in groups):
+        return
+    why = f"{cost.model.name} has sliding-window layers (KV cache groups, cache/grouped.py)"
+    for flag, refused, reason in (
+            ("--hit-mode", k.hit_mode != "prefix", "a hit is a leading run every group serves: use --hit-mode prefix"),
+            ("--prefix-caching", k.prefix_caching != "on", "groups are modelled with prefix caching on"),
+            ("--no-decode-kv", not k.decode_kv, "a window frees the blocks decoding takes: drop --no-decode-kv"),
+            ("--scheduler", k.scheduler != "fcfs", "reorder's loans count one group's blocks: use --scheduler fcfs"),
+            ("--step-rule", k.step_rule != "v1", "vLLM v0 has no hybrid KV cache manager: use --step-rule v1"),
+            ("--host-cache-gib", k.tiers.enabled, "memory tiers below HBM are not modelled per group yet (vLLM"
+                                                  " 0.33's OffloadingConnector offloads each group's blocks)")):
+        if refused:
+            raise InputError(flag, f"{why}: {reason}")
 
 
 def check_prefix_caching(prefix_caching: str, tiers: TierSettings, field: str = "prefix_caching") -> None:
@@ -207,9 +221,13 @@ class ReplicaCore:
         return self._compiled.settle() if self._compiled is not None else self._pool
 
     @property
-    def serving(self) -> BlockPool | CompiledPool:
-        """The pool requests go to (``acquire``, ``serve``): the compiled twin where it runs."""
-        return self._compiled if self._compiled is not None else self._pool
+    def serving(self) -> BlockPool | CompiledPool | GroupedPool:
+        """The pool requests go to (``acquire``, ``serve``): the compiled twin where it runs, the pool of KV cache
+        groups over the Python pool for a model with sliding windows."""
+        if self._compiled is not None:
+            return self._compiled
+        pool = self.scheduler.pool
+        return pool if isinstance(pool, GroupedPool) else self._pool
 
     @property
     def compiled(self) -> CompiledPool | None:
@@ -271,8 +289,8 @@ def build_core(s: CoreSettings, cost: CostModel, *, hashes_fit: bool = True,
     knows its trace's); with ``s.compiled``, ``compilable`` decides whether the compiled twin runs.
     ``shared``: the store of a shared level (``s.knobs.tiers.shared``), one object for every replica it serves.
     """
-    check_groups(cost)
     k = s.knobs
+    check_groups(cost, k)
     policy = make_policy(k.policy, **dict(k.policy_params))
     if policy.needs_future and not s.oracles:
         raise InputError("policy", f"{k.policy} is an offline oracle; it runs in `kvemu sim` only")
@@ -285,9 +303,12 @@ def build_core(s: CoreSettings, cost: CostModel, *, hashes_fit: bool = True,
                      prefix_caching=k.prefix_caching == "on")
     tiers = TierStack(k.tiers, pool, cost.block_bytes(bs), costs, s.tier_events, shared) if k.tiers.enabled else None
     groups = cost.model.kv_groups
+    windows = any(g.kind != FULL for g in groups.groups)  # a table per group: the Python pool (GroupedPool)
     why = why_not(pool, tiers=tiers is not None, keeps_response_kv=k.response_kv == "keep",
                   hbm_caching=k.tiers.hbm_caching, hashes_fit=hashes_fit, kv_groups=len(groups.groups)) \
         if s.compiled else None
+    if why is None and s.compiled and windows:
+        why = "a sliding-window model needs the Python pool (a block table per group)"
     fast = CompiledPool(pool) if s.compiled and why is None else None
     if tiers is not None and fast is not None:
         tiers.hbm_lookup = fast  # what the stack asks of HBM (missing blocks) the serving pool answers
@@ -299,7 +320,7 @@ def build_core(s: CoreSettings, cost: CostModel, *, hashes_fit: bool = True,
                 levels_why.append(f"the {name} tier: {reason}")
             return CompiledPool(level_pool) if reason is None else None
         tiers.serve_levels_with(level_twin, KernelLevels)
-    serving: SchedulerPool = fast or (GroupedPool(pool, groups) if groups.hybrid else pool)
+    serving: SchedulerPool = fast or (GroupedPool(pool, groups) if windows else pool)
     sched = Scheduler(serving, cost, SchedulerSettings(token_budget=k.token_budget, max_running=k.max_running,
                                                     max_waiting=s.max_waiting, admission=k.scheduler,
                                                     decode_kv=k.decode_kv, max_model_len=s.max_model_len,

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from replica.core.cache.groups import group_key, hit_blocks, skipped_blocks
-from replica.core.cache.pool import BlockPool
+from replica.core.cache.pool import BlockPool, fill_picks
 from replica.core.cache.types import Allocation, Lookup
 from shared.errors import InputError
 from shared.kv_groups import WINDOW, KvGroups
@@ -83,6 +83,15 @@ class GroupedPool:
         total = len(alloc.hashes) + extra_blocks
         return [total - alloc.freed[g] for g in range(self.width)]
 
+    def usage(self) -> float:
+        return self.base.usage()
+
+    def held_at(self, blocks: int, computed_tokens: int) -> int:
+        """Physical blocks a request of ``blocks`` blocks holds once ``computed_tokens`` are computed: every one
+        in a full group, those its window has not passed in a window group (the length refusal's measure)."""
+        return sum(blocks - min(blocks, skipped_blocks(x.window, computed_tokens, self.block_size))
+                   if x.kind == WINDOW else blocks for x in self.groups.groups)
+
     # ---- a request's life ---------------------------------------------------------------------
     def acquire(self, lookup: Lookup) -> GroupedAllocation:
         """Pin each group's blocks from its first unskipped one, the hit every group serves counted as hit."""
@@ -105,19 +114,32 @@ class GroupedPool:
             base.metrics.record_request(alloc, n, lookup.input_tokens, lookup.now)
         return alloc
 
-    def slide(self, alloc: GroupedAllocation, computed_tokens: int, now: float = 0.0) -> None:
-        """Each window group frees the leading blocks its window passed at ``computed_tokens``."""
+    def slide(self, alloc: GroupedAllocation, computed_tokens: int, now: float = 0.0,
+              fills: Sequence[Allocation] = (), response: Sequence[int] = (), kept: int = 0) -> None:
+        """Each window group frees the leading blocks its window passed at ``computed_tokens``: its prompt's
+        table first, then the blocks decoding filled (``fills``; ``response``: the hashes of the blocks after
+        the prompt's, in order, the first ``kept`` of them in the allocation), the rest private blocks."""
         n = len(alloc.hashes)
         for g, window in self._windows:
             skip = skipped_blocks(window, computed_tokens, self.block_size)
             start = alloc.freed[g]
             if skip <= start:
                 continue
-            hashed = max(0, min(skip, n) - start)  # the table's leading keys: the rest were private blocks
-            if hashed:
-                gone, alloc.tables[g] = alloc.tables[g][:hashed], alloc.tables[g][hashed:]
+            hashed = max(0, min(skip, n) - start)  # the table's leading keys
+            gone = alloc.tables[g][:hashed]
+            alloc.tables[g] = alloc.tables[g][hashed:]
+            private = 0
+            for i in range(max(start, n), skip):  # past the allocation: a filled block, or a private one
+                j = i - n + kept
+                key = group_key(response[j], g) if j < len(response) else None
+                holder = next((f for f in fills if isinstance(f, GroupedAllocation) and key in f.tables[g]), None)
+                if holder is None or key is None:
+                    private += 1
+                else:
+                    holder.tables[g].remove(key)
+                    gone.append(key)
+            if gone:  # deepest first into the free queue, as vLLM's remove_skipped_blocks frees them
                 self.base.release(Allocation(gone, [], [], [], alloc.session), now)
-            private = skip - start - hashed
             if private:
                 self.base.free_private(private)
                 alloc.slid_private += private
@@ -126,13 +148,54 @@ class GroupedPool:
     def release(self, alloc: Allocation, now: float = 0.0) -> None:
         """Unpin group by group, each tail first; the private blocks a window freed were given back already,
         so they are not freed twice when the scheduler frees the request's private blocks (``free_private``)."""
-        assert isinstance(alloc, GroupedAllocation)
-        for table in alloc.tables:
-            if table:
-                self.base.release(Allocation(table, [], [], [], alloc.session), now)
-        alloc.tables = [[] for _ in alloc.tables]
-        self.base.private += alloc.slid_private
-        alloc.slid_private = 0
+        self.release_request(alloc, (), now)
+
+    def release_request(self, alloc: Allocation, fills: Sequence[Allocation], now: float = 0.0) -> None:
+        """A request's blocks back, its prompt's (``alloc``) and those decoding filled (``fills``, in the order
+        they filled): group by group, each group's whole table tail first, as vLLM's ``coordinator.free``."""
+        allocs = [alloc, *fills]
+        for g in range(self.width):
+            keys = [k for a in allocs if isinstance(a, GroupedAllocation) for k in a.tables[g]]
+            if keys:
+                self.base.release(Allocation(keys, [], [], [], alloc.session), now)
+        for a in allocs:
+            if isinstance(a, GroupedAllocation):
+                a.tables = [[] for _ in a.tables]
+                self.base.private += a.slid_private
+                a.slid_private = 0
+
+    # ---- response KV (a ResponseStore): what decoding fills, and a finished request's response -------------
+    def fill(self, hashes: Sequence[int], session: str | None = None, now: float = 0.0) -> GroupedAllocation | None:
+        """Blocks decoding just filled, in every group (vLLM caches a full block in each group's table): those
+        no other running request pins (``fill_picks`` on group 0's pins: a full group pins every block a window
+        group does) are pinned in place of one private block per group. The allocation's ``hashes`` are the
+        blocks taken, ``tables`` each group's keys (a window's are unpinned as it slides past them)."""
+        take = fill_picks(hashes, self.base.pins_of(hashes))
+        if not take:
+            return None
+        keys = [[group_key(h, g) for h in take] for g in range(self.width)]
+        self.base.fill([k for table in keys for k in table], session, now)
+        return GroupedAllocation(take, [], [], [], session, tables=keys, freed=[0] * self.width)
+
+    def store(self, hashes: Sequence[int], session: str | None = None, now: float = 0.0) -> list[int]:
+        """A finished (or preempted) request's response blocks cached: group 0's as ``BlockPool.store``; every
+        other group stores the same blocks group 0 newly stored (those decoding filled are cached already, and
+        a window's it slid past were freed then, as vLLM's, not stored again). Returns group 0's new blocks."""
+        new = self.base.store(hashes, session, now)
+        for g in range(1, self.width):
+            if new:
+                self.base.store([group_key(h, g) for h in new], session, now)
+        return new
+
+    def remove(self, hashes: Sequence[int], computed: bool = True) -> None:
+        """Drop unpinned blocks in every group (an aborted prefill's blocks whose KV was never computed)."""
+        self.base.remove([group_key(h, g) for g in range(self.width) for h in hashes], computed)
+
+    def serve(self, lookup: Lookup) -> GroupedAllocation:
+        """Acquire and release at once (the simulator's cache-only path)."""
+        alloc = self.acquire(lookup)
+        self.release(alloc, lookup.now)
+        return alloc
 
     def take_private(self, n: int) -> None:
         """``n`` more blocks of a request: one in every group."""

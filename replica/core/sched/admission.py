@@ -86,10 +86,15 @@ class Admission:
         limit = self.settings.max_model_len
         if limit and req.input_tokens + req.output_tokens > limit:
             return ContextLengthError(limit, req.input_tokens, req.output_tokens)
-        if len(req.hashes) > self.pool.capacity:
-            return PoolCapacityError(len(req.hashes), self.pool.capacity)
-        if (most := self.decode_kv.most(req)) > self.pool.capacity:
-            return PoolCapacityError(most, self.pool.capacity, "max_tokens")
+        capacity, width = self.pool.capacity, self.decode_kv.width
+        if len(req.hashes) * width > capacity:  # KV cache groups: the prompt's blocks in every group at admission
+            return PoolCapacityError(len(req.hashes) * width, capacity)
+        most = self.decode_kv.most(req)
+        held_at = getattr(self.pool, "held_at", None)  # windows: at its last step a window holds its tail only
+        if held_at is not None:
+            most = held_at(most, req.input_tokens + req.output_tokens - 1)
+        if most > capacity:
+            return PoolCapacityError(most, capacity, "max_tokens")
         if self.settings.step_rule == "v0":
             return v0_refusal(req, self.settings.token_budget)
         return None

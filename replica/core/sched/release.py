@@ -109,8 +109,12 @@ class Release(ReorderLoans):
         vLLM frees a request's blocks tail first), then its allocation's. Returns the filled ones."""
         assert r.alloc is not None
         filled: list[int] = []
-        for alloc in reversed(r.fills):
-            self.pool.release(alloc, now)
+        release_request = getattr(self.pool, "release_request", None)  # KV cache groups: group by group
+        if release_request is not None:
+            release_request(r.alloc, r.fills, now)
+        else:
+            for alloc in reversed(r.fills):
+                self.pool.release(alloc, now)
         for alloc in r.fills:
             filled.extend(alloc.hashes)
         r.fills = []
@@ -118,7 +122,8 @@ class Release(ReorderLoans):
         if r.dups:  # its private copies went back with its private blocks (``DecodeBlocks.forget``)
             r.dups = []
             del self._dups[id(r)]
-        self.pool.release(r.alloc, now)
+        if release_request is None:
+            self.pool.release(r.alloc, now)
         if self._dups:
             self._adopt(now)
         return filled

@@ -257,8 +257,6 @@ class Scheduler(Release):
             self._fill_due(self._tick, now)
             return True
         self.decode_kv.floor = self._tick
-        if self._groups is not None:
-            self._slide_windows(now)
         preempted = self._grow_now(now)
         self._fill_due(self._tick, now)  # before admissions: they may hit what decoding just filled
         if self._spec_k:
@@ -300,29 +298,36 @@ class Scheduler(Release):
         when none is free or evictable the most recently admitted running request is preempted
         until it fits (or it was the one preempted). Returns whether anything was preempted."""
         decode_kv, preempted = self.decode_kv, False
+        # windows (vLLM's allocate_slots, request by request in its running order): each request frees what its
+        # window passed just before its own allocation, so an earlier request's need does not see a later one's
+        slide = sorted(self.running, key=_admit_seq) if self._groups is not None else []
+        slid = 0
         while (r := decode_kv.due(self._tick)) is not None:
+            while slid < len(slide) and slide[slid].admit_seq <= r.admit_seq:
+                self._slide(slide[slid], now)
+                slid += 1
             while not decode_kv.grant(r):
                 victim = max(self.running, key=_admit_seq)
                 self._preempt(victim, now)
                 preempted = True
                 if victim is r:
                     break
+        for r in slide[slid:]:
+            self._slide(r, now)
         return preempted
 
-    def _slide_windows(self, now: float) -> None:
-        """vLLM's ``remove_skipped_blocks`` before a step allocates: each running request's window groups free
-        the blocks their windows passed at its computed tokens (a decoder's last sampled token is not computed)."""
-        groups, tick = self._groups, self._tick
+    def _slide(self, r: SchedRequest, now: float) -> None:
+        """vLLM's ``remove_skipped_blocks`` before a request's allocation: its window groups free the blocks their
+        windows passed at its computed tokens (a decoder's last sampled token is not computed)."""
+        groups, alloc = self._groups, r.alloc
         assert groups is not None
-        for r in self.running:
-            alloc = r.alloc
-            if not isinstance(alloc, GroupedAllocation):
-                continue
-            if r.segments:
-                computed = r.segments[0][0]
-            else:
-                computed = r.input_tokens + tick - r.base - 1
-            groups.slide(alloc, computed, now)
+        if not isinstance(alloc, GroupedAllocation):  # preempted by an earlier request's need
+            return
+        if r.segments:
+            computed = r.segments[0][0]
+        else:
+            computed = r.input_tokens + self._tick - r.base - 1
+        groups.slide(alloc, computed, now, r.fills, r.response_hashes, r.kept)
 
     def _admit(self, now: float) -> None:
         max_running = self.settings.max_running

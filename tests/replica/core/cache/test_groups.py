@@ -77,10 +77,12 @@ def test_bad_kinds_are_refused():
         group_layers([])
 
 
-def test_the_core_runs_full_attention_and_refuses_a_window_in_one_line(tmp_path):
+def test_the_core_runs_a_window_on_a_grouped_pool_and_refuses_what_cannot_run_with_it_in_one_line(tmp_path):
     import json
+    from dataclasses import replace
 
-    from replica.core.build import CoreSettings, build_core, check_groups
+    from replica.core.build import CoreSettings, EngineKnobs, build_core, check_groups
+    from replica.core.cache.grouped import GroupedPool
     from shared.costmodel import CostModel
     from shared.errors import InputError
 
@@ -91,7 +93,10 @@ def test_the_core_runs_full_attention_and_refuses_a_window_in_one_line(tmp_path)
     path = tmp_path / "mistral-tiny" / "config.json"
     path.parent.mkdir()
     path.write_text(json.dumps(cfg))
+    cost = CostModel.from_names(str(path))
+    core = build_core(CoreSettings(capacity_blocks=100), cost)
+    assert isinstance(core.serving, GroupedPool) and core.serving.width == 1  # one window group: still a table
     with pytest.raises(InputError) as err:
-        build_core(CoreSettings(capacity_blocks=100), CostModel.from_names(str(path)))
-    assert str(err.value) == ("--model: mistral-tiny has sliding-window layers (KV cache groups: window 64 x2); the"
-                              " scheduler runs full-attention models only until it keeps a block table per group")
+        build_core(CoreSettings(capacity_blocks=100, knobs=replace(EngineKnobs(), scheduler="reorder")), cost)
+    assert str(err.value) == ("--scheduler: mistral-tiny has sliding-window layers (KV cache groups,"
+                              " cache/grouped.py): reorder's loans count one group's blocks: use --scheduler fcfs")
