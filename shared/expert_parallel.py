@@ -55,8 +55,8 @@ def check_expert_parallel(model: ModelSpec, enabled: bool, data_parallel_size: i
 
 
 def expert_bytes(model: ModelSpec) -> float:
-    """Every MoE layer's experts, in bytes (0 for a dense model)."""
-    return float(model.layers * model.experts * model.expert_params * model.dtype_bytes)
+    """Every MoE layer's routed experts, in bytes as loaded (FP8 or MXFP4 where quantized; 0 for a dense model)."""
+    return float(model.routed_params * model.expert_weight_bytes)
 
 
 @dataclass(frozen=True, slots=True)
