@@ -110,6 +110,18 @@ def kv_table(names: list[str] | None = None) -> list[dict]:
     return [kv_row(n) for n in names]
 
 
+CURVE_TOKENS = tuple(1024 * 2**i for i in range(8))  # 1K .. 128K
+
+
+def kv_curve(name: str) -> dict[int, int]:
+    """Bytes a request of each of ``CURVE_TOKENS`` tokens holds (one copy), up to the model's window."""
+    m = get_model(name)
+    cost = CostModel(m, get_gpu("h200"))
+    bs = cost.kv_block_size(BLOCK)
+    return {t: sum(held_blocks(m, t, bs)) * cost.block_bytes(bs) for t in CURVE_TOKENS
+            if not m.max_context or t <= m.max_context}
+
+
 def fits(blocks: int, row: dict, tokens: int) -> int | None:
     """Requests of ``tokens`` tokens whose KV fits in ``blocks`` blocks at once (None: past the window)."""
     r = row["requests"].get(tokens, row["requests"].get(str(tokens)))
@@ -195,8 +207,8 @@ def run_points(grid: list[dict], jobs: int) -> list[dict]:
             done, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
             for fut in done:
                 out.append(fut.result())
-                bar.update(weights[futures[fut]])
                 bar.set_postfix(f"{len(out)}/{len(grid)} points")
+                bar.update(weights[futures[fut]])
     bar.close()
     return sorted(out, key=lambda r: (r["study"], r["model"], r["rate"], r.get("kv", ""), r.get("k", 0),
                                       r.get("p") or 0, r.get("variant", "")))
@@ -361,7 +373,7 @@ def settings(a: argparse.Namespace) -> None:
         a.duration = min(a.duration, 30.0)
         a.fp8_setups = (("deepseek-v3", "h200", 8, (0.1,)),)
         a.spec_setup = SPEC_SETUP[:4] + ((0.1,),)
-        a.window_setup = WINDOW_SETUP[:2] + ((0.01,),)
+        a.window_setup = WINDOW_SETUP[:2] + ((0.1,),)
     else:
         a.fp8_setups, a.spec_setup, a.window_setup = FP8_SETUPS, SPEC_SETUP, WINDOW_SETUP
 
@@ -383,6 +395,7 @@ def main(argv=None) -> int:
         twin = write_twin(folder) if "window" in sections and blocker is None else None
         kv = kv_table() if "kv" in sections else []
         twin_kv = {WINDOW_MODEL: kv_row(WINDOW_MODEL), "twin": kv_row(twin)} if twin else {}
+        curves = {"hybrid": kv_curve(WINDOW_MODEL), "full twin": kv_curve(twin)} if twin else {}
         runs = run_points(points(a, sections, twin), a.jobs)
     for r in runs:  # the twin's config.json was a temporary file: say what it was
         r["command"] = r["command"].replace(str(Path(folder) / TWIN), TWIN)
@@ -394,6 +407,7 @@ def main(argv=None) -> int:
                    " full_attention and sliding_window null (bench_models.write_twin)",
            "kv": kv, "runs": runs, "spec": spec_summary(runs),
            "window_kv": list(twin_kv.values()), "window_capacity": window_capacity(runs, twin_kv),
+           "window_curve": curves,
            "window_missing": blocker}
     print(tables(doc), file=sys.stderr)
     publish(a, doc, plot_study)
