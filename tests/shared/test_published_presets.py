@@ -1,6 +1,7 @@
 """The presets of issue 54's models from their published config.json, hand-worked: gpt-oss-120b (MXFP4 experts,
 alternating 128-token windows) and Gemma-3-27B (five 1,024-token local layers to one global, a vision tower):
-KV bytes a token per group, weight bytes, and vLLM's memory rule on one H200; Qwen3-Next refused in one line."""
+KV bytes a token per group, weight bytes, and vLLM's memory rule on one H200; gpt-oss-120b's minute of kvemu sim;
+Qwen3-Next refused in one line."""
 
 import json
 import math
@@ -8,6 +9,7 @@ import os
 
 import pytest
 
+from kvemu.cli import main
 from shared.costmodel import CostModel, get_gpu, get_model
 from shared.errors import InputError
 from shared.model_presets import MODELS
@@ -103,3 +105,13 @@ def test_qwen3_next_is_refused_in_one_line_until_its_linear_attention_is_modelle
         get_model("qwen3-next-80b-a3b")
     assert str(err.value).startswith("--model: qwen3-next-80b-a3b: Qwen3-Next's Gated DeltaNet") and "\n" not in str(
         err.value)
+
+
+def test_kvemu_sim_runs_gpt_oss_120b_for_a_minute_on_its_two_groups(tmp_path, capsys):
+    out = tmp_path / "run.json"
+    assert main(["sim", "--workload", "chat", "--duration", "60", "--model", "gpt-oss-120b", "--quiet",
+                 "--json", str(out)]) == 0
+    assert capsys.readouterr().err.startswith("capacity (gpt-oss-120b): ceil(0.9 x 139.94 GiB of h200) - 60.71 GiB")
+    run = json.loads(out.read_text())["runs"][0]
+    assert (run["capacity_blocks"], run["capacity_bytes"]) == (115_776, 115_776 * 36_864 * 16)
+    assert run["refused"] == 0 and run["requests"] > 0
