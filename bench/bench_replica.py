@@ -31,7 +31,7 @@ def free_port() -> int:
 
 
 def start_replica(port: int) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "replica", "--port", str(port), "--capacity-blocks", "200000", "--time-scale", "0"]
+    cmd = [sys.executable, "-m", "kvemu", "replica", "--port", str(port), "--capacity-blocks", "200000", "--time-scale", "0"]
     if shutil.which("taskset") and os.cpu_count() and os.cpu_count() > 1:
         cmd = ["taskset", "-c", "0", *cmd]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

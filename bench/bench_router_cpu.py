@@ -78,7 +78,7 @@ def start_replicas(pd: bool) -> tuple[list, str]:
     procs, urls = [], []
     for role in roles:
         port = free_port()
-        procs.append(spawn(["-m", "replica", "--port", str(port), "--capacity-blocks", "200000", "--time-scale", "0",
+        procs.append(spawn(["-m", "kvemu", "replica", "--port", str(port), "--capacity-blocks", "200000", "--time-scale", "0",
                             "--role", role], port))
         urls.append(f"{role}=http://127.0.0.1:{port}" if pd else f"http://127.0.0.1:{port}")
     return procs, ",".join(urls)
@@ -94,7 +94,7 @@ def main() -> int:
     kport, bport = free_port(), free_port()
     replicas, routed = start_replicas(a.pd)
     rurl = routed.rpartition("=")[2]  # the decode replica's (--pd) or the one replica's URL
-    router = ["-m", "router", "--port", str(kport), "--replicas", routed, *(("--pd-decider", "always") if a.pd else ())]
+    router = ["-m", "kvemu", "router", "--port", str(kport), "--replicas", routed, *(("--pd-decider", "always") if a.pd else ())]
     procs = {"router": spawn(router, kport), "bare": spawn(["bench/bare_proxy.py", str(bport), rurl], bport)}
     urls = {"router": f"http://127.0.0.1:{kport}", "bare": f"http://127.0.0.1:{bport}"}
     totals = {k: {"cpu_s": 0.0, "wall_s": 0.0, "requests": 0} for k in procs}

@@ -100,9 +100,9 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=1)
     a = p.parse_args()
     rport, kport = free_port(), free_port()
-    procs = [subprocess.Popen([sys.executable, "-m", "replica", "--port", str(rport), "--capacity-blocks", "20000",
+    procs = [subprocess.Popen([sys.executable, "-m", "kvemu", "replica", "--port", str(rport), "--capacity-blocks", "20000",
                                "--time-scale", "0"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
-    procs.append(subprocess.Popen([sys.executable, "-m", "router", "--port", str(kport), "--replicas",
+    procs.append(subprocess.Popen([sys.executable, "-m", "kvemu", "router", "--port", str(kport), "--replicas",
                                    f"http://127.0.0.1:{rport}"], cwd=REPO, stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL))
     targets = {"router": f"http://127.0.0.1:{kport}", "replica": f"http://127.0.0.1:{rport}"}

@@ -1,8 +1,9 @@
 """Running one command-line tool: user errors print one ``error:`` line and exit 2, never a traceback.
 
 Each subcommand module exposes ``configure(parser)`` and ``run(args) -> int``; the ``kvemu``
-console script and the processes' own ``python -m replica`` / ``python -m router`` entry
-points both run them through here, so the processes never import the CLI package.
+console script (``python -m kvemu``, as every launcher starts the processes: ``python -m kvemu
+replica``, ``python -m kvemu router``) runs them through here, so the processes never import the CLI
+package.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import os
 import re
 import sys
 from collections.abc import Callable, Iterator
-from types import ModuleType
 from typing import NoReturn
 
 from shared.errors import InputError, KvemuError
@@ -83,14 +83,6 @@ def run_parsed(run: Callable[[argparse.Namespace], int | None], args: argparse.N
         return 130
     except BrokenPipeError:
         return 0
-
-
-def run_module(module: ModuleType, prog: str, description: str, argv: list[str] | None = None) -> int:
-    """A subcommand module as a program of its own (``python -m replica ...``)."""
-    parser = Parser(prog=prog, description=description)
-    module.configure(parser)
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    return run_parsed(module.run, args)
 
 
 def serve(run_app: Callable[[], None], host: str, port: int) -> None:

@@ -41,7 +41,7 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 
 def worker_argv(argv: list[str], fd: int) -> list[str]:
     """A worker's command line: the router's arguments (without ``--workers``) and the inherited socket."""
-    return [sys.executable, "-m", "router", *argv, "--listen-fd", str(fd)]
+    return [sys.executable, "-m", "kvemu", "router", *argv, "--listen-fd", str(fd)]
 
 
 class Supervisor:

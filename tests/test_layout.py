@@ -2,9 +2,9 @@
 
 kvemu (CLI) -> router, replica (processes) and sim (virtual time) -> replica.core and
 router.strategies (pure) -> shared; loadgen imports shared only. Every command-line front end
-lives in kvemu (``kvemu.replica_cmd``, ``kvemu.router_cmd``, ``kvemu.sim_cmd``, ...); a process
-package's ``__main__`` (``python -m replica``) is an entry point that nothing imports, so it
-belongs to the CLI layer and may call its front end. The flag vocabulary, ``kvemu.options``,
+lives in kvemu (``kvemu.replica_cmd``, ``kvemu.router_cmd``, ``kvemu.sim_cmd``, ...), and so does
+every entry point: the processes start as ``python -m kvemu replica`` / ``python -m kvemu router``, no
+package below kvemu has a ``__main__``. The flag vocabulary, ``kvemu.options``,
 defines each choice and its flag once and imports only the pure core, shared and itself: no
 process, no simulator, no front end. There is no list of exceptions. Imports inside functions
 count too (they are still dependencies); ``if TYPE_CHECKING:`` blocks do not.
@@ -80,13 +80,8 @@ LAYERS_BELOW_CLI = {
 CORE = ("replica.core", "router.strategies")
 
 
-def is_entry_point(name: str) -> bool:
-    """``python -m PACKAGE``'s module: run, never imported, so it is CLI wherever it sits."""
-    return name.endswith(".__main__")
-
-
 def upward_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
-    return sorted((m, t) for m, ts in graph.items() if top(m) in LAYERS_BELOW_CLI and not is_entry_point(m)
+    return sorted((m, t) for m, ts in graph.items() if top(m) in LAYERS_BELOW_CLI
                   for t in ts if top(t) in LAYERS_BELOW_CLI[top(m)])
 
 
@@ -102,14 +97,11 @@ def test_an_upward_import_fails_the_layout():
 
 
 def test_every_front_end_lives_in_the_cli():
-    """No module below kvemu builds an argument parser: the front ends are all in one home."""
-    bad = [name for name, path in modules().items() if top(name) != "kvemu" and not is_entry_point(name)
-           and "argparse" in external_imports(path)]
+    """No module below kvemu builds an argument parser or is an entry point (``python -m PACKAGE``):
+    the front ends and the one way to start them, ``python -m kvemu COMMAND``, are all in one home."""
+    bad = [name for name, path in modules().items() if top(name) != "kvemu" and "argparse" in external_imports(path)]
     assert bad == []
-    entries = {name for name in GRAPH if is_entry_point(name) and top(name) != "kvemu"}
-    assert entries == {"replica.__main__", "router.__main__"}
-    for name in entries:  # thin: one import of its front end
-        assert {top(t) for t in GRAPH[name]} == {"kvemu"}, name
+    assert sorted(name for name in GRAPH if name.endswith(".__main__")) == ["kvemu.__main__"]
 
 
 def test_the_flag_vocabulary_imports_only_the_core_and_shared():

@@ -115,7 +115,7 @@ class Cluster:
                                 stdin=subprocess.DEVNULL)
 
     def start_replica(self, i: int) -> None:
-        args = ["-m", "replica", "--port", str(self.ports[i]), "--replica-id", f"c{i}", "--capacity-blocks", "4000",
+        args = ["-m", "kvemu", "replica", "--port", str(self.ports[i]), "--replica-id", f"c{i}", "--capacity-blocks", "4000",
                 "--time-scale", str(self.time_scale), *self.replica_args]
         if self.redis:
             args += ["--index", self.redis.url, "--cluster", self.cluster]
@@ -127,7 +127,7 @@ class Cluster:
             self.redis.start()
         for i in range(len(self.ports)):
             self.start_replica(i)
-        args = ["-m", "router", "--port", str(self.router_port), "--replicas",
+        args = ["-m", "kvemu", "router", "--port", str(self.router_port), "--replicas",
                 ",".join(self.replica_url(i) for i in range(len(self.ports))), "--health-interval", "0.5",
                 "--index", self.redis.url if self.redis else "memory", "--cluster", self.cluster,
                 "--workers", str(self.workers), *self.router_args]

@@ -79,7 +79,7 @@ class Cluster:
         py = sys.executable
         for i in range(REPLICAS):
             port = free_port()
-            cmd = [py, "-m", "replica", "--port", str(port), "--capacity-blocks", str(CAPACITY_BLOCKS),
+            cmd = [py, "-m", "kvemu", "replica", "--port", str(port), "--capacity-blocks", str(CAPACITY_BLOCKS),
                    "--time-scale", "0", "--replica-id", f"{name}-r{i}"]
             if redis_url:
                 cmd += ["--index", redis_url, "--cluster", self.cluster_ns]
@@ -87,7 +87,7 @@ class Cluster:
             self.replica_urls.append(f"http://127.0.0.1:{port}")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        head = [py, "-c", PROFILE_SNIPPET, str(self.profile_path)] if self.profile_path else [py, "-m", "router"]
+        head = [py, "-c", PROFILE_SNIPPET, str(self.profile_path)] if self.profile_path else [py, "-m", "kvemu", "router"]
         cmd = [*head, "--port", str(self.port), "--replicas", ",".join(self.replica_urls),
                "--routing", "cache_aware", "--index", redis_url or "memory", "--seed", "1"]
         if redis_url:
@@ -216,11 +216,11 @@ class Cluster:
 PROFILE_SNIPPET = """
 import cProfile, runpy, sys, time
 out = sys.argv.pop(1)
-sys.argv[0] = "router"
+sys.argv[0:1] = ["kvemu", "router"]
 prof = cProfile.Profile(time.process_time)
 prof.enable()
 try:
-    runpy.run_module("router", run_name="__main__", alter_sys=True)
+    runpy.run_module("kvemu", run_name="__main__", alter_sys=True)
 except SystemExit:
     pass
 finally:

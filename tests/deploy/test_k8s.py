@@ -107,9 +107,9 @@ def container_port(port: int | str, container: dict) -> int | None:
 
 
 def kvemu_container(workload: dict, module: str) -> dict | None:
-    """The container running ``python -m <module>`` (router or replica), if any."""
+    """The container running ``python -m kvemu <module>`` (router or replica), if any."""
     for c in containers(workload):
-        if c.get("command", [])[:3] == ["python", "-m", module]:
+        if c.get("command", [])[:4] == ["python", "-m", "kvemu", module]:
             return c
     return None
 
@@ -712,8 +712,8 @@ def test_the_command_lines_start_and_serve_under_their_in_cluster_names(tmp_path
     base = {"PYTHONPATH": str(REPO)}
     plan = {"names": ["kvemu-redis", "kvemu-router", "kvemu-replica-0.kvemu-replica"],
             "procs": [["redis", [redis_server, *redis["args"], "--dir", str(tmp_path)], {}],
-                      ["replica", [sys.executable, "-m", "replica", *rep_args], {**base, **rep_env}],
-                      ["router", [sys.executable, "-m", "router", *router_args], {**base, **router_env}]]}
+                      ["replica", [sys.executable, "-m", "kvemu", "replica", *rep_args], {**base, **rep_env}],
+                      ["router", [sys.executable, "-m", "kvemu", "router", *router_args], {**base, **router_env}]]}
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     (tmp_path / "smoke.py").write_text(SMOKE)
     proc = subprocess.run([unshare, "-rnm", sys.executable, str(tmp_path / "smoke.py"), str(tmp_path / "plan.json")],

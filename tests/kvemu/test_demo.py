@@ -38,7 +38,7 @@ def test_demo_reports_and_shuts_down_within_a_minute(tmp_path):
     assert "Traceback" not in stderr
 
     # router + 4 replicas, all gone once the demo returned
-    assert sorted(c.split(" -m ")[1].split()[0] for c in children.values()) == ["replica"] * 4 + ["router"]
+    assert sorted(c.split(" -m kvemu ")[1].split()[0] for c in children.values()) == ["replica"] * 4 + ["router"]
     assert leftover == {}, f"processes outlived kvemu demo: {leftover}"
 
     m = re.search(r"token hit ratio \(HBM\) (\d\.\d+)\s+block hit ratio \(HBM\) (\d\.\d+)\s+CSR (\d\.\d+)", stdout)

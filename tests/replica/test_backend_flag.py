@@ -13,7 +13,7 @@ def test_without_torch_the_torch_backend_says_how_to_install_it(tmp_path):
     shim.mkdir(parents=True)
     (shim / "__init__.py").write_text("raise ImportError('no torch here')\n")
     env = {**os.environ, "PYTHONPATH": f"{shim.parent}{os.pathsep}{REPO}"}
-    for cmd in (["-m", "replica"], ["-m", "kvemu", "up"]):  # up says it once, before starting anything
+    for cmd in (["-m", "kvemu", "replica"], ["-m", "kvemu", "up"]):  # up says it once, before starting anything
         proc = subprocess.run([sys.executable, *cmd, "--capacity-blocks", "10", "--backend", "torch"],
                               cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
         assert proc.returncode == 2, (cmd, proc.stderr)

@@ -24,7 +24,7 @@ def guarded():
     from tests.conftest import free_port
 
     port = free_port()
-    rep = Proc(["-m", "replica", "--port", str(port), "--capacity-blocks", "200", "--time-scale", "0",
+    rep = Proc(["-m", "kvemu", "replica", "--port", str(port), "--capacity-blocks", "200", "--time-scale", "0",
                 "--replica-id", "g0"], port, env={"KVEMU_CLUSTER_TOKEN": TOKEN})
     rep.wait_healthy()
     router = start_router([rep.url], "--cluster-token", TOKEN)
@@ -92,7 +92,7 @@ def no_token_env(runtime_dir) -> dict:
 
 def replica_without_a_token(runtime_dir, replica_id: str = "solo") -> Proc:
     port = free_port()
-    return Proc(["-m", "replica", "--port", str(port), "--capacity-blocks", "200", "--time-scale", "0",
+    return Proc(["-m", "kvemu", "replica", "--port", str(port), "--capacity-blocks", "200", "--time-scale", "0",
                  "--replica-id", replica_id], port, env=no_token_env(runtime_dir))
 
 
@@ -131,7 +131,7 @@ def test_a_router_and_a_replica_started_apart_without_tokens_find_each_other(tmp
     runtime_dir = tmp_path / "runtime"
     rep = replica_without_a_token(runtime_dir, "apart")
     port = free_port()
-    router = Proc(["-m", "router", "--port", str(port), "--replicas", rep.url, "--health-interval", "0.2"], port,
+    router = Proc(["-m", "kvemu", "router", "--port", str(port), "--replicas", rep.url, "--health-interval", "0.2"], port,
                   env=no_token_env(runtime_dir))
     try:
         rep.wait_healthy()
@@ -168,7 +168,7 @@ def test_a_token_file_others_can_read_is_refused_in_one_line(tmp_path, module, e
 def test_a_given_token_writes_nothing_and_says_where_it_came_from(tmp_path):
     runtime_dir = tmp_path / "runtime"
     port = free_port()
-    rep = Proc(["-m", "replica", "--port", str(port), "--capacity-blocks", "100", "--time-scale", "0"], port,
+    rep = Proc(["-m", "kvemu", "replica", "--port", str(port), "--capacity-blocks", "100", "--time-scale", "0"], port,
                env={"KVEMU_RUNTIME_DIR": str(runtime_dir), "KVEMU_CLUSTER_TOKEN": TOKEN})
     try:
         rep.wait_healthy()

@@ -167,7 +167,7 @@ def test_bad_command_line_exits_2_with_a_clear_error():
     import subprocess
     import sys
 
-    res = subprocess.run([sys.executable, "-m", "replica", "--capacity-blocks", "10", "--policy", "nope"],
+    res = subprocess.run([sys.executable, "-m", "kvemu", "replica", "--capacity-blocks", "10", "--policy", "nope"],
                          capture_output=True, text=True, timeout=30)
     assert res.returncode == 2 and "unknown policy 'nope'" in res.stderr and "Traceback" not in res.stderr
 

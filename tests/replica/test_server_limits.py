@@ -54,7 +54,7 @@ def test_a_pool_smaller_than_one_request_of_the_window_warns_in_one_line_and_ser
 
 
 def test_gpu_memory_utilization_sizes_the_pool_and_is_printed_at_start():
-    rep = Proc(["-m", "replica", "--port", "0", "--model", "llama-3-8b", "--gpu", "h200",
+    rep = Proc(["-m", "kvemu", "replica", "--port", "0", "--model", "llama-3-8b", "--gpu", "h200",
                 "--gpu-memory-utilization", "0.9", "--time-scale", "0"], 0)
     s = ReplicaSettings(model="llama-3-8b", gpu="h200", gpu_memory_utilization=0.9)
     blocks = s.resolved_capacity_blocks()
@@ -75,7 +75,7 @@ def test_stats_and_the_sim_json_carry_the_memory_rule_terms(tmp_path):
     from tests.conftest import free_port
 
     port = free_port()
-    rep = Proc(["-m", "replica", "--port", str(port), "--model", "llama-3-8b", "--gpu", "h200",
+    rep = Proc(["-m", "kvemu", "replica", "--port", str(port), "--model", "llama-3-8b", "--gpu", "h200",
                 "--gpu-memory-utilization", "0.9", "--time-scale", "0"], port)
     try:
         rep.wait_healthy()

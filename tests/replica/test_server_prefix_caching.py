@@ -47,7 +47,7 @@ def test_off_with_a_tier_is_refused_in_one_line():
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "replica", "--capacity-blocks", "100", "--prefix-caching", "off",
+    out = subprocess.run([sys.executable, "-m", "kvemu", "replica", "--capacity-blocks", "100", "--prefix-caching", "off",
                           "--host-cache-gib", "1"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()

@@ -111,7 +111,7 @@ def _stats_and_stderr(*flags: str, capacity_blocks: int | None = None):
 
     port = free_port()
     capacity = ("--capacity-blocks", str(capacity_blocks)) if capacity_blocks else ()
-    rep = Proc(["-m", "replica", "--port", str(port), "--time-scale", "0", *capacity, *flags], port)
+    rep = Proc(["-m", "kvemu", "replica", "--port", str(port), "--time-scale", "0", *capacity, *flags], port)
     try:
         rep.wait_healthy()
         _, stats = http_json("GET", rep.url + "/stats")

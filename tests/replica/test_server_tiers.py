@@ -50,6 +50,6 @@ def test_bad_tier_flags_are_one_line_errors():
 
     for flags, field in ((["--host-cache-gib", "-1"], "--host-cache-gib"), (["--tier-policy", "gpu=lru"], "--tier-policy"),
                          (["--tier-mode", "both"], "--tier-mode")):
-        res = subprocess.run([sys.executable, "-m", "replica", "--capacity-blocks", "8", *flags],
+        res = subprocess.run([sys.executable, "-m", "kvemu", "replica", "--capacity-blocks", "8", *flags],
                              capture_output=True, text=True, timeout=30)
         assert res.returncode == 2 and "Traceback" not in res.stderr and field in res.stderr, res.stderr

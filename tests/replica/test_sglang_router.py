@@ -344,7 +344,7 @@ def test_an_http2_probe_is_one_line_in_the_log_not_a_traceback(caplog):
 # ---- the real sglang-router in front of two real replicas ---------------------------------------
 def _replica(stack: contextlib.ExitStack, replica_id: str) -> Proc:
     port = free_port()
-    proc = Proc(["-m", "replica", "--port", str(port), "--capacity-blocks", "4000", "--time-scale", "0",
+    proc = Proc(["-m", "kvemu", "replica", "--port", str(port), "--capacity-blocks", "4000", "--time-scale", "0",
                  "--replica-id", replica_id], port)
     stack.callback(proc.stop, timeout=10.0)  # registered before waiting: a replica that hangs is stopped too
     proc.wait_healthy()

@@ -152,7 +152,7 @@ def test_a_live_replica_serves_from_the_paged_tensor_and_its_host_tier():
 
     port = free_port()
     # 8 HBM blocks of 16 tokens; a host tier of 0.001 GiB (65 blocks of tiny's 16 KiB)
-    replica = Proc(["-m", "replica", "--port", str(port), "--capacity-blocks", "8", "--time-scale", "0",
+    replica = Proc(["-m", "kvemu", "replica", "--port", str(port), "--capacity-blocks", "8", "--time-scale", "0",
                     "--backend", "torch", "--device", "cpu", "--model", "tiny", "--layers", "2",
                     "--host-cache-gib", "0.001", "--fetch", "always"], port)
     try:

@@ -248,7 +248,7 @@ def test_an_endpoint_in_use_is_one_line_at_start():
     holder.bind(f"tcp://127.0.0.1:{port}")
     try:
         config = json.dumps({"enable_kv_cache_events": True, "endpoint": f"tcp://*:{port}"})
-        res = subprocess.run([sys.executable, "-m", "replica", "--port", str(free_port()), "--capacity-blocks", "100",
+        res = subprocess.run([sys.executable, "-m", "kvemu", "replica", "--port", str(free_port()), "--capacity-blocks", "100",
                               "--kv-events-config", config], capture_output=True, text=True, timeout=60, cwd=REPO)
         assert res.returncode == 2, res.stderr
         lines = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]

@@ -197,7 +197,7 @@ def test_no_healthy_replica_is_a_503_with_retry_after_until_one_comes_up():
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     router_port = free_port()
-    router = Proc(["-m", "router", "--port", str(router_port), "--replicas", url, "--health-interval", "0.2"],
+    router = Proc(["-m", "kvemu", "router", "--port", str(router_port), "--replicas", url, "--health-interval", "0.2"],
                   router_port)
     replica = None
     try:

@@ -337,7 +337,7 @@ BAD_COMMAND_LINES = [
 
 def test_bad_command_lines_exit_2_with_one_error_line():
     # all at once: each is a Python start-up, and they do not interfere
-    procs = [(args, needle, subprocess.Popen([sys.executable, "-m", "router", *args], cwd=REPO, text=True,
+    procs = [(args, needle, subprocess.Popen([sys.executable, "-m", "kvemu", "router", *args], cwd=REPO, text=True,
                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE))
              for args, needle in BAD_COMMAND_LINES]
     for args, needle, proc in procs:

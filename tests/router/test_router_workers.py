@@ -13,7 +13,7 @@ from tests.support.procs import http_json, start_replica
 
 
 def _workers(router) -> dict[int, str]:
-    return {pid: cmd for pid, cmd in children_of(router.proc.pid).items() if "-m router" in cmd}
+    return {pid: cmd for pid, cmd in children_of(router.proc.pid).items() if "-m kvemu router" in cmd}
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ MODEL = "qwen3-coder-30b-a3b"
 
 def _replica(stack: contextlib.ExitStack, replica_id: str, role: str, *extra: str) -> Proc:
     port = free_port()
-    proc = Proc(["-m", "replica", "--port", str(port), "--capacity-blocks", "3000", "--time-scale", "0",
+    proc = Proc(["-m", "kvemu", "replica", "--port", str(port), "--capacity-blocks", "3000", "--time-scale", "0",
                  "--replica-id", replica_id, "--role", role, *extra], port)
     stack.callback(proc.stop, timeout=10.0)
     proc.wait_healthy()

@@ -19,10 +19,10 @@ from tests.support.procs import Proc, cluster_auth, http, http_json
 
 def start_router(replica_urls, *extra: str, routing: str = "cache_aware", index: str = "memory",
                  health_interval: float = 0.2, port: int | None = None, wait_replicas: int | None = None) -> Proc:
-    """``python -m router`` on a free port; returns once it sees ``wait_replicas`` healthy replicas
+    """``python -m kvemu router`` on a free port; returns once it sees ``wait_replicas`` healthy replicas
     (default: all of them)."""
     port = port or free_port()
-    args = ["-m", "router", "--port", str(port), "--replicas", ",".join(replica_urls), "--routing", routing,
+    args = ["-m", "kvemu", "router", "--port", str(port), "--replicas", ",".join(replica_urls), "--routing", routing,
             "--index", index, "--health-interval", str(health_interval), "--seed", "7", *extra]
     proc = Proc(args, port)
     try:

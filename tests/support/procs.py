@@ -82,7 +82,7 @@ class Proc:
 def start_replica(*extra: str, capacity_blocks: int = 2000, time_scale: float = 0.0, port: int | None = None,
                   replica_id: str | None = None) -> Proc:
     port = port or free_port()
-    args = ["-m", "replica", "--port", str(port), "--capacity-blocks", str(capacity_blocks),
+    args = ["-m", "kvemu", "replica", "--port", str(port), "--capacity-blocks", str(capacity_blocks),
             "--time-scale", str(time_scale)]
     if replica_id:
         args += ["--replica-id", replica_id]
