@@ -274,6 +274,16 @@ class _Reader:
         conv = (2 * k_heads * k_dim + v_heads * v_dim) * (kernel - 1)
         return (conv + v_heads * v_dim * k_dim) * self.dtype_bytes()
 
+    def gdn_params(self, hidden: int) -> int:
+        """A Gated DeltaNet layer's weights (vLLM's Qwen3NextGatedDeltaNet): in_proj_qkvz (hidden x (2 keys + 2
+        values)), in_proj_ba (hidden x 2 value heads), the depthwise conv over q, k and v (kernel taps a channel),
+        out_proj (values x hidden); its per-head A and dt and its norm, a few thousand values, left out."""
+        keys = self.positive("linear_num_key_heads") * self.positive("linear_key_head_dim")
+        heads = self.positive("linear_num_value_heads")
+        values = heads * self.positive("linear_value_head_dim")
+        return (hidden * (2 * keys + 2 * values) + hidden * 2 * heads + (2 * keys + values) * self.positive(
+            "linear_conv_kernel_dim") + values * hidden)
+
     def max_context(self) -> int:
         window = self.positive("max_position_embeddings")
         rope = self.raw.get("rope_scaling")
@@ -326,7 +336,9 @@ class _Reader:
                          dense_layers=mlp.dense_layers, dense_intermediate=mlp.dense_intermediate,
                          shared_experts=mlp.shared_experts, mla=mla,
                          fp8_weights=self.quant_method() == "fp8", mxfp4_experts=self.mxfp4(mlp),
-                         layer_kinds=self.layer_kinds(arch, layers, max_pos))
+                         layer_kinds=self.layer_kinds(arch, layers, max_pos),
+                         state_layer_params=self.gdn_params(hidden) if arch == QWEN3_NEXT else 0,
+                         gated_query=arch == QWEN3_NEXT)
 
     def mxfp4(self, mlp: MlpShape) -> bool:
         """MXFP4 routed experts; refused on a model without any (vLLM would leave every other layer unquantized)."""

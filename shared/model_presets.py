@@ -9,9 +9,9 @@ from dataclasses import replace
 
 from shared import model_kinds as kinds
 from shared.devspecs import Efficiency
-from shared.errors import InputError, UnknownNameError
+from shared.errors import UnknownNameError
 from shared.hf_config import is_config_path, load_config
-from shared.kv_groups import FULL, WINDOW
+from shared.kv_groups import FULL, STATE, WINDOW
 from shared.model_kinds import MlaDims
 from shared.model_spec import ModelSpec
 from shared.moe_cost import FUSED_MOE_H200
@@ -72,11 +72,11 @@ _OPT = {"opt-13b": (40, 40, 40, 128, 5120, 20480, 50272), "opt-30b": (48, 56, 56
 # Qwen/Qwen3-Coder-30B-A3B-Instruct 262144; meta-llama/Llama-3.1-8B 131072; Qwen/Qwen3-32B and
 # Qwen/Qwen3-30B-A3B 40960; deepseek-ai/DeepSeek-V3 163840 (YaRN: 4096 x 40); openai/gpt-oss-120b 131072
 # (YaRN: 4096 x 32); google/gemma-3-27b-it 131072 (transformers' default, already the scaled window: vLLM applies no
-# rope factor to Gemma 3). The tiny shapes are not real models: 32768, chosen here.
+# rope factor to Gemma 3); Qwen/Qwen3-Next-80B-A3B 262144. The tiny shapes are not real models: 32768, chosen here.
 CONTEXT = {"llama-3-8b": 8192, "llama-3-70b": 8192, "qwen3-8b": 40960, "llama-2-13b": 4096, "llama-2-70b": 4096,
            "opt-13b": 2048, "opt-30b": 2048, "qwen3-coder-30b-a3b": 262144, "tiny": 32768, "tiny-moe": 32768,
            "llama-3.1-8b": 131072, "qwen3-32b": 40960, "qwen3-30b-a3b": 40960, "deepseek-v3": 163840,
-           "gpt-oss-120b": 131072, "gemma-3-27b": 131072}
+           "gpt-oss-120b": 131072, "gemma-3-27b": 131072, "qwen3-next-80b-a3b": 262144}
 # gpt-oss-120b's layer_types: a 128-token sliding window and full attention alternating, the window first
 _GPT_OSS_LAYERS = ((WINDOW, 128), (FULL, 0)) * 18
 # Gemma 3's sliding_window_pattern 6: five local layers of a 1,024-token window, then one global, from the first
@@ -84,6 +84,14 @@ _GEMMA3_LAYERS = tuple((FULL, 0) if (i + 1) % 6 == 0 else (WINDOW, 1024) for i i
 # Gemma-3-27B's SigLIP vision tower as vLLM loads it (hidden 1,152, MLP 4,304, 27 layers, 896-pixel images of
 # 14-pixel patches, 3 channels) and its projector into the text model's 5,376: 422,659,584 parameters
 _GEMMA3_27B_VISION = 27 * (4 * 1152 * 1152 + 2 * 1152 * 4304) + 3 * 14 * 14 * 1152 + 64 * 64 * 1152 + 1152 * 5376
+# Qwen3-Next's Gated DeltaNet layers (linear_num_key_heads 16 and linear_num_value_heads 32 of 128, a conv of 4 taps):
+# a sequence's state a layer, the conv state over q, k and v (3 taps kept) and the 32 heads' 128 x 128 recurrent
+# state, in BF16 (shared/hf_config.py, gdn_state_bytes); the layer's weights (gdn_params): in_proj_qkvz, in_proj_ba,
+# the conv and out_proj
+_GDN_STATE = ((2 * 16 * 128 + 32 * 128) * 3 + 32 * 128 * 128) * 2
+_GDN_PARAMS = 2048 * (2 * 2048 + 2 * 4096) + 2048 * 2 * 32 + (2 * 2048 + 4096) * 4 + 4096 * 2048
+# full_attention_interval 4: three Gated DeltaNet layers, then one of full attention
+_QWEN3_NEXT_LAYERS = tuple((FULL, 0) if (i + 1) % 4 == 0 else (STATE, _GDN_STATE) for i in range(48))
 
 MODELS: dict[str, ModelSpec] = {
     m.name: m
@@ -116,6 +124,13 @@ MODELS: dict[str, ModelSpec] = {
         # tower vLLM loads beside it (no KV: an image's tokens are the text model's)
         ModelSpec("gemma-3-27b", 62, 32, 16, 128, 5376, 21504, 262208, efficiency=DENSE_H200, tied_embeddings=True,
                   max_context=CONTEXT["gemma-3-27b"], layer_kinds=_GEMMA3_LAYERS, vision_params=_GEMMA3_27B_VISION),
+        # Qwen/Qwen3-Next-80B-A3B (bench/data/models/qwen3-next-80b-a3b/config.json, the Thinking model's; the
+        # Instruct model's fields are the same): 48 layers, 12 of gated full attention (16 query heads, 2 KV heads of
+        # 256) and 36 Gated DeltaNet; every layer routed over 512 experts of 512, 10 a token, and one shared expert
+        # of 512; untied. Its MTP layer (loaded only for speculative decoding) is not counted
+        ModelSpec("qwen3-next-80b-a3b", 48, 16, 2, 256, 2048, 512, 151936, 512, 10, efficiency=MOE_H200,
+                  max_context=CONTEXT["qwen3-next-80b-a3b"], shared_experts=1, layer_kinds=_QWEN3_NEXT_LAYERS,
+                  state_layer_params=_GDN_PARAMS, gated_query=True),
         # Tiny shapes for CPU tests and `kvemu calibrate --device cpu` (not real models).
         ModelSpec("tiny", 4, 4, 2, 32, 256, 512, 1024, max_context=CONTEXT["tiny"]),
         ModelSpec("tiny-moe", 4, 4, 2, 32, 256, 256, 1024, 8, 2, max_context=CONTEXT["tiny-moe"]),
@@ -128,11 +143,6 @@ _ALIASES = {
     "llama3-70b": "llama-3-70b",
     "llama3.1-8b": "llama-3.1-8b",
     "gemma-3-27b-it": "gemma-3-27b",
-}
-# Presets whose published config.json is shipped but whose layers kvemu cannot price yet: refused in one line
-PENDING = {
-    "qwen3-next-80b-a3b": "Qwen3-Next's Gated DeltaNet (linear-attention) layers are not modelled yet; its published"
-                          " config.json is bench/data/models/qwen3-next-80b-a3b/config.json",
 }
 
 
@@ -159,8 +169,6 @@ def _named_model(name: str) -> ModelSpec:
         return MODELS[key]
     if is_config_path(name):
         return model_from_config(name)
-    if name.strip().lower() in PENDING:
-        raise InputError("--model", f"{name.strip().lower()}: {PENDING[name.strip().lower()]}")
     raise UnknownNameError("model", name, list(MODELS), "; or the path of a model's config.json")
 
 

@@ -57,6 +57,11 @@ class ModelSpec:
     # Weights vLLM loads beside the decoder that no text step reads (a vision tower and its projector, Gemma 3's
     # SigLIP): resident, so counted in ``weight_bytes`` (in the dtype), never in a step's price
     vision_params: int = 0
+    # Qwen3-Next: a state layer's mixer (Gated DeltaNet: its q/k/v/z and b/a input projections, the causal conv and
+    # the output projection) in place of attention's weights; and a query projection that also emits a gate as wide
+    # as the query (its gated attention)
+    state_layer_params: int = 0
+    gated_query: bool = False
 
     @property
     def moe(self) -> bool:
@@ -67,7 +72,8 @@ class ModelSpec:
         """Per layer: fused QKV and output projections (MLA: its latent projections)."""
         if self.mla is not None:
             return self.mla.attn_params(self.hidden, self.q_heads)
-        return self.hidden * (self.q_heads + 2 * self.kv_heads) * self.head_dim + self.q_heads * self.head_dim * self.hidden
+        q = (2 if self.gated_query else 1) * self.q_heads
+        return self.hidden * (q + 2 * self.kv_heads) * self.head_dim + self.q_heads * self.head_dim * self.hidden
 
     @property
     def expert_params(self) -> int:
@@ -96,11 +102,13 @@ class ModelSpec:
 
     def stack_params(self, experts: float | None = None) -> float:
         """Every layer's, each MoE layer with ``experts`` experts (``layer_params``); dense layers among MoE
-        ones (``dense_layers``) with their own MLP."""
+        ones (``dense_layers``) with their own MLP; a state layer with its mixer (``state_layer_params``) in place
+        of attention."""
+        mixers = (self.layers - self.attention_layers) * (self.state_layer_params - self.attn_params)
         if not self.dense_layers:
-            return self.layers * self.layer_params(experts)
+            return self.layers * self.layer_params(experts) + mixers
         dense = self.attn_params + self.mlp_matrices * self.hidden * self.dense_intermediate
-        return self.moe_layers * self.layer_params(experts) + self.dense_layers * dense
+        return self.moe_layers * self.layer_params(experts) + self.dense_layers * dense + mixers
 
     @property
     def total_params(self) -> float:

@@ -254,4 +254,4 @@ def test_every_preset_has_its_published_context_window():
         "llama-3-8b": 8192, "llama-3-70b": 8192, "qwen3-8b": 40960, "llama-2-13b": 4096, "llama-2-70b": 4096,
         "opt-13b": 2048, "opt-30b": 2048, "qwen3-coder-30b-a3b": 262144, "tiny": 32768, "tiny-moe": 32768,
         "llama-3.1-8b": 131072, "qwen3-32b": 40960, "qwen3-30b-a3b": 40960, "deepseek-v3": 163840,
-        "gpt-oss-120b": 131072, "gemma-3-27b": 131072}
+        "gpt-oss-120b": 131072, "gemma-3-27b": 131072, "qwen3-next-80b-a3b": 262144}

@@ -1,7 +1,7 @@
 """The presets of issue 54's models from their published config.json, hand-worked: gpt-oss-120b (MXFP4 experts,
-alternating 128-token windows) and Gemma-3-27B (five 1,024-token local layers to one global, a vision tower):
-KV bytes a token per group, weight bytes, and vLLM's memory rule on one H200; gpt-oss-120b's minute of kvemu sim;
-Qwen3-Next refused in one line."""
+alternating 128-token windows), Gemma-3-27B (five 1,024-token local layers to one global, a vision tower) and
+Qwen3-Next-80B-A3B (Gated DeltaNet state layers, gated attention): KV bytes a token per group, weight bytes, and
+vLLM's memory rule on H200s; gpt-oss-120b's minute of kvemu sim."""
 
 import json
 import math
@@ -100,11 +100,31 @@ def test_gemma_3_27b_on_one_h200_by_the_memory_rule():
     assert b.blocks == int(kv // (81_920 * 16)) == 59_583
 
 
-def test_qwen3_next_is_refused_in_one_line_until_its_linear_attention_is_modelled():
-    with pytest.raises(InputError) as err:
-        get_model("qwen3-next-80b-a3b")
-    assert str(err.value).startswith("--model: qwen3-next-80b-a3b: Qwen3-Next's Gated DeltaNet") and "\n" not in str(
-        err.value)
+def test_qwen3_next_80b_a3b_is_its_published_config_of_gated_deltanet_and_gated_attention():
+    spec = get_model(os.path.join(MODELS_DIR, "qwen3-next-80b-a3b", "config.json"))
+    assert spec is MODELS["qwen3-next-80b-a3b"] and spec.max_context == 262_144
+    # KV only in the 12 full-attention layers: K and V x 2 KV heads of 256 x 2 bytes; a Gated DeltaNet layer keeps
+    # one state a sequence: the conv's 3 taps over q, k, v (2 x 16 x 128 + 32 x 128) and 32 heads of 128 x 128
+    assert spec.kv_bytes_per_token == 12 * 2 * 2 * 256 * 2 == 24_576
+    assert spec.kv_groups.state_bytes == (8192 * 3 + 32 * 128 * 128) * 2 == 1_097_728
+    # weights: gated attention (q_proj emits query and gate), the DeltaNet layers' projections and conv, the
+    # routed and the shared expert, the router, untied embeddings
+    attn = 2048 * (2 * 16 + 2 * 2) * 256 + 16 * 256 * 2048
+    gdn = 2048 * 12288 + 2048 * 64 + 8192 * 4 + 4096 * 2048
+    moe = 2048 * 512 + (512 + 1) * 3 * 2048 * 512
+    assert spec.total_params == 12 * attn + 36 * gdn + 48 * moe + 2 * 151936 * 2048 == 79_674_081_280
+    assert spec.weight_bytes == 2 * 79_674_081_280  # BF16: 148.4 GiB, more than one H200 holds
+
+
+def test_qwen3_next_80b_a3b_at_tp_2_on_h200s_by_the_memory_rule():
+    weights = 79_674_081_280 + (2 * 48 + 1) * 2048 * 2 + 262144 * 256 * 2  # half the matrices on each GPU
+    sampler = 8192 * 2048 * 2 + 256 * 151936 * 28
+    kv = H200_REQUESTED - weights - sampler - 2.07 * GIB  # non-torch memory at TP 2
+    b = CostModel(MODELS["qwen3-next-80b-a3b"], get_gpu("h200"), tp=2).kv_budget(0.9, 8192, 256, 16)
+    assert (b.weight_bytes, b.activation_bytes, b.kv_bytes) == (weights, sampler, kv)
+    # a block is raised to 544 tokens: one layer's page on a rank (1 KV head: 1,024 bytes a token) holds half a
+    # state (548,864 bytes), in multiples of 16; a block is 12 layers' pages
+    assert b.block_size == 544 and b.blocks == int(kv // (12 * 544 * 1024)) == 7_790
 
 
 def test_kvemu_sim_runs_gpt_oss_120b_for_a_minute_on_its_two_groups(tmp_path, capsys):
