@@ -3,6 +3,7 @@
     python bench/record_vllm_steps.py --all           # re-record tests/replica/core/sched/vllm_golden/
     python bench/record_vllm_steps.py --random 200    # 200 random workloads: agreement, preemptions (JSON)
     python bench/record_vllm_steps.py --check         # the golden files against kvemu (no vLLM needed)
+    python bench/record_vllm_steps.py --state         # the state-layer cases into vllm_golden/pending/
     python bench/record_vllm_steps.py --chat 600 --seed 52   # a 200-request multi-turn chat, 600-block pool
 
 vLLM runs in a virtualenv of its own (``.vllm-venv`` in the repository root, or ``$KVEMU_VLLM_VENV``),
@@ -27,9 +28,12 @@ sys.path.insert(0, str(REPO))
 from replica.core.sched.steptrace import compare, expand, kvemu_trace  # noqa: E402
 from shared.costmodel import get_model  # noqa: E402
 from shared.errors import InputError  # noqa: E402
+from shared.kv_groups import FULL, WINDOW, group_layers  # noqa: E402
 
 VLLM_VERSION = "0.33.0"
 GOLDEN = REPO / "tests" / "replica" / "core" / "sched" / "vllm_golden"
+# recorded cases kvemu's scheduler does not run yet (state layers): checked against the core's rules only
+PENDING = GOLDEN / "pending"
 DRIVER = Path(__file__).resolve().parent / "in_vllm_venv" / "step_driver.py"  # apart from bench/*.py: it imports vLLM
 DEFAULTS = {"block_size": 16, "num_blocks": 1000, "max_num_batched_tokens": 2048, "max_num_seqs": 16,
             "max_model_len": 8192, "prefix_caching": True}
@@ -159,6 +163,34 @@ def golden_workloads() -> list[dict]:
         # arrive while the turn before still decodes
         chat_workload(random.Random(52), "multi_turn_chat", num_blocks=700),
         *spec_workloads(),
+        *hybrid_workloads(),
+    ]
+
+
+def kv_groups(kinds: list[tuple[str, int]]) -> list[list]:
+    """The ``[kind, window]`` of each KV cache group shared/kv_groups.py forms from a model's layers (vLLM's
+    hybrid manager's groups), what vLLM's driver and kvemu's scheduler both build."""
+    return [[g.kind, g.window] for g in group_layers(kinds).groups]
+
+
+def hybrid_workloads() -> list[dict]:
+    """Full and sliding-window KV cache groups (docs/vllm-conformance.md, "KV cache groups"): gpt-oss's layers
+    (window and full alternating: two groups), Gemma 3's (five local layers to one global: five window groups and
+    a full one), a window of 32 tokens beside full attention."""
+    oss = kv_groups([(WINDOW, 128), (FULL, 0)] * 12)
+    gemma = kv_groups([(FULL, 0) if (i + 1) % 6 == 0 else (WINDOW, 64) for i in range(12)])
+    w32 = kv_groups([(FULL, 0), (WINDOW, 32)])
+    return [
+        chat_workload(random.Random(56), "hybrid_multi_turn", requests=80, span=600, num_blocks=900, kv_groups=oss),
+        _w("hybrid_long_prompt", [_r("long", 0, [[2, 3000], [3, 40]], 40), _r("late", 1, [[2, 3000], [4, 40]], 10),
+                                  _r("after", 60, [[2, 3000], [3, 40]], 10), _r("mid", 70, [[2, 1500]], 5)],
+           kv_groups=w32),
+        _w("hybrid_small_pool_preempts", [_r(f"p{i}", i, [[40 + i, 100]], 150) for i in range(6)], num_blocks=60,
+           kv_groups=gemma),
+        with_spec(_w("hybrid_spec", [_r("t1", 0, [[90, 300]], 200, tag=91),
+                                     _r("t2", 60, [[90, 300], [91, 200], [92, 50]], 20),
+                                     *[_r(f"p{i}", 2 * i, [[40 + i, 100]], 120) for i in range(4)]],
+                     num_blocks=70, kv_groups=w32), 3, 5),
     ]
 
 
@@ -187,6 +219,18 @@ def spec_workloads() -> list[dict]:
         with_spec(chat_workload(random.Random(54), "spec_multi_turn_chat", requests=80, span=600, num_blocks=700),
                   3, 4),
     ]
+
+
+def state_workloads() -> list[dict]:
+    """A full-attention group beside a state group (vLLM's MambaSpec, 'align' mode): a prompt cut at its last block
+    boundary; a next turn hitting the state its turn before left at a block boundary while decoding; one prompt
+    twice in a step (the second waits a step for the state the first caches); a shared prefix whose state no
+    chunk ended on (no hit)."""
+    return [_w("state_hybrid", [_r("t1", 0, [[90, 300]], 40, tag=91),
+                                _r("t2", 60, [[90, 300], [91, 40], [92, 50]], 10),
+                                _r("x", 80, [[5, 256]], 5), _r("y", 80, [[5, 256]], 5),
+                                _r("a0", 100, [[1, 512], [10, 100]], 5), _r("a1", 120, [[1, 512], [11, 100]], 5)],
+               kv_groups=[["full", 0], ["state", 0]])]
 
 
 def chat_workload(rng: random.Random, name: str, requests: int = 200, span: int = 1500, **settings) -> dict:
@@ -232,8 +276,8 @@ def random_workload(rng: random.Random, name: str) -> dict:
     return _w(name, reqs, aborts, **s)
 
 
-def write_golden(w: dict, trace: dict) -> Path:
-    path = GOLDEN / f"{w['name']}.jsonl"
+def write_golden(w: dict, trace: dict, folder: Path = GOLDEN) -> Path:
+    path = folder / f"{w['name']}.jsonl"
     header = {**trace["header"], "workload": w}
     lines = [json.dumps(header)] + [json.dumps(s) for s in trace["steps"]]
     path.write_text("\n".join(lines) + "\n")
@@ -250,6 +294,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--all", action="store_true", help="re-record the golden files")
     p.add_argument("--random", type=int, default=0, metavar="N", help="record N random workloads and compare")
     p.add_argument("--check", action="store_true", help="compare the golden files with kvemu (no vLLM)")
+    p.add_argument("--state", action="store_true", help="record the state-layer cases into vllm_golden/pending/")
     p.add_argument("--chat", type=int, default=0, metavar="BLOCKS",
                    help="record a 200-request multi-turn chat (chat_workload, --seed) with a pool of BLOCKS and compare")
     p.add_argument("--chat-span", type=int, default=1500, metavar="STEPS", help="--chat: sessions start over STEPS")
@@ -267,6 +312,12 @@ def main(argv: list[str] | None = None) -> None:
         for w, t in zip(ws, record(ws, a.model)):
             write_golden(w, t)
         result["recorded"] = len(ws)
+    if a.state:
+        ws = state_workloads()
+        PENDING.mkdir(parents=True, exist_ok=True)
+        for w, t in zip(ws, record(ws, a.model)):
+            write_golden(w, t, PENDING)
+        result["recorded_pending"] = len(ws)
     if a.check or a.all:
         per = {}
         for path in sorted(GOLDEN.glob("*.jsonl")):

@@ -7,8 +7,9 @@ Answers each with one JSON line on stdout: its header (vLLM's version, the setti
 
 The scheduler is built as vLLM's unit tests build one (tests/v1/core/utils.py ``create_scheduler``):
 a model config read from a local config.json with no weights and no tokenizer, a KV cache config of
-one full-attention group with the asked number of blocks, and no GPU. Each step: the requests that
-arrive at it are added (one over ``max_model_len`` is refused as vLLM's serving front end refuses
+one full-attention group (or, with ``settings["kv_groups"]``, the full, sliding-window and state groups it lists,
+vLLM's hybrid manager; a state group a MambaSpec in vLLM's 'align' mode) with the asked number of blocks, and no
+GPU. Each step: the requests that arrive at it are added (one over ``max_model_len`` is refused as vLLM's serving front end refuses
 it: never added), the aborts of that step applied (``finish_requests`` with FINISHED_ABORTED), then
 ``schedule()``, a model-runner output that samples the request's next output token for every
 scheduled request whose prompt is done (nothing for a partial prefill chunk), ``update_from_output()``.
@@ -44,7 +45,13 @@ from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.utils.hashing import sha256  # noqa: E402
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # noqa: E402
+from vllm.v1.kv_cache_interface import (  # noqa: E402
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    MambaSpec,
+    SlidingWindowSpec,
+)
 from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
@@ -68,13 +75,31 @@ def build(model_dir: str, s: dict) -> Scheduler:
     vllm_config = VllmConfig(scheduler_config=scheduler_config, model_config=model_config,
                              cache_config=cache_config, device_config=DeviceConfig(device="cpu"),
                              speculative_config=spec)
-    kv_cache_config = KVCacheConfig(
-        num_blocks=s["num_blocks"], kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec(["layer"], FullAttentionSpec(block_size=s["block_size"], num_kv_heads=1,
-                                                                       head_size=1, dtype=torch.float32))])
+    if any(kind == "state" for kind, _ in s.get("kv_groups") or []):
+        # what vLLM 0.33 sets for a hybrid model with prefix caching on (MambaModelConfig): states kept at block
+        # boundaries, blocks of the attention block size
+        cache_config.mamba_cache_mode, cache_config.mamba_block_size = "align", s["block_size"]
+    kv_cache_config = KVCacheConfig(num_blocks=s["num_blocks"], kv_cache_tensors=[],
+                                    kv_cache_groups=_groups(s.get("kv_groups") or [["full", 0]], s["block_size"]))
     cache_config.num_gpu_blocks = s["num_blocks"]
     return Scheduler(vllm_config=vllm_config, kv_cache_config=kv_cache_config, log_stats=False,
                      structured_output_manager=StructuredOutputManager(vllm_config), block_size=s["block_size"])
+
+
+def _groups(kinds: list, block_size: int) -> list[KVCacheGroupSpec]:
+    """One KV cache group per ``[kind, window]`` (``full``: FullAttentionSpec, ``window``: SlidingWindowSpec of that
+    many tokens), a layer each, every page one size: the groups vLLM's hybrid manager forms for such a model."""
+    out = []
+    for i, (kind, window) in enumerate(kinds):
+        common = {"block_size": block_size, "num_kv_heads": 1, "head_size": 1, "dtype": torch.float32}
+        if kind == "state":  # a state layer (MambaSpec in 'align' mode); its page the attention page's, one value
+            spec = MambaSpec(block_size=block_size, shapes=((1,),), dtypes=(torch.float32,), mamba_cache_mode="align")
+        elif kind == "window":
+            spec = SlidingWindowSpec(**common, sliding_window=window)
+        else:
+            spec = FullAttentionSpec(**common)
+        out.append(KVCacheGroupSpec([f"layer{i}"], spec))
+    return out
 
 
 def run(model_dir: str, w: dict) -> dict:

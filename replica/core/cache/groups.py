@@ -20,9 +20,12 @@ of blocks per kind, as vLLM's hybrid KV cache manager does (``vllm/v1/core/kv_ca
   (vLLM frees every token's block before the last computed one, ``get_num_skipped_tokens = computed - 1``: a
   window of two tokens, ``window_of``). A state becomes findable when a step ends exactly on its block's last
   token (``state_cached_block``), so prefill chunks are cut at block boundaries and stop at the last boundary
-  before the request's last token (``state_chunk_tokens``, vLLM's ``Scheduler._mamba_block_aligned_split``).
-  A hit (``state_hit``) is the last block, scanning back from the full groups' length, whose state every state
-  group of the kind holds: one block, not a run (``MambaManager.find_longest_cache_hit``).
+  before the request's last token and at a shared prefix's end (``state_chunk_tokens``, vLLM's
+  ``Scheduler._mamba_block_aligned_split``). A hit (``state_hit``) is the last block, scanning back from the
+  full groups' length, whose state every state group of the kind holds: one block, not a run
+  (``MambaManager.find_longest_cache_hit``). A request whose hit ends on a state cached in the same step (by a
+  request admitted before it) waits a step (``MambaManager.get_num_blocks_to_allocate``: its state is not
+  computed yet), and admission stops behind it.
 """
 
 from __future__ import annotations
@@ -97,13 +100,15 @@ def state_cached_block(end_tokens: int, block_size: int) -> int:
 
 
 def state_chunk_tokens(start: int, tokens: int, prompt_tokens: int, all_tokens: int, block_size: int,
-                       max_prefill: int) -> int:
+                       max_prefill: int, junction: int = 0) -> int:
     """Tokens of a prefill chunk a model with state groups schedules from ``start`` where ``tokens`` fit the
     budget (vLLM's ``_mamba_block_aligned_split``, no EAGLE, no prefill checkpoint): a chunk that does not reach
     the prefill's end ends on a block boundary (0 tokens where none is in reach and a block fits
-    ``max_prefill``), and none runs past the next boundary when it starts inside a block, nor past the last
+    ``max_prefill``), and none runs past the next boundary when it starts inside a block, past the last
     boundary before the request's last token (``all_tokens``: prompt and output so far; the latest state a
-    later hit can use)."""
+    later hit can use), nor past ``junction`` (block-floored): where the full groups held a longer prefix than
+    the state groups at admission (vLLM's ``shared_prefix_boundary``, Marconi's junction), so that a state is
+    kept where requests share a prefix."""
     prefill_end = max(prompt_tokens, all_tokens - 1)
     if start >= prefill_end:
         return tokens
@@ -113,7 +118,8 @@ def state_chunk_tokens(start: int, tokens: int, prompt_tokens: int, all_tokens: 
         if aligned > start or block_size <= max_prefill:
             end = aligned
     stops = ((start // block_size + 1) * block_size if start % block_size else 0,
-             (all_tokens - 1) // block_size * block_size)
+             (all_tokens - 1) // block_size * block_size,
+             start + (junction - start) // block_size * block_size if start < junction < end else 0)
     end = min((s for s in stops if start < s < end), default=end)
     return max(end - start, 0)
 
