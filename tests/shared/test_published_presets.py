@@ -1,7 +1,7 @@
 """The presets of issue 54's models from their published config.json, hand-worked: gpt-oss-120b (MXFP4 experts,
 alternating 128-token windows), Gemma-3-27B (five 1,024-token local layers to one global, a vision tower) and
 Qwen3-Next-80B-A3B (Gated DeltaNet state layers, gated attention): KV bytes a token per group, weight bytes, and
-vLLM's memory rule on H200s; gpt-oss-120b's minute of kvemu sim."""
+vLLM's memory rule on H200s; a minute of kvemu sim on each sliding-window preset."""
 
 import json
 import math
@@ -127,11 +127,12 @@ def test_qwen3_next_80b_a3b_at_tp_2_on_h200s_by_the_memory_rule():
     assert b.block_size == 544 and b.blocks == int(kv // (12 * 544 * 1024)) == 7_790
 
 
-def test_kvemu_sim_runs_gpt_oss_120b_for_a_minute_on_its_two_groups(tmp_path, capsys):
+@pytest.mark.parametrize(("model", "blocks", "page"), [("gpt-oss-120b", 115_776, 36_864),
+                                                       ("gemma-3-27b", 59_583, 81_920)])
+def test_kvemu_sim_runs_the_sliding_window_presets_for_a_minute(tmp_path, capsys, model, blocks, page):
     out = tmp_path / "run.json"
-    assert main(["sim", "--workload", "chat", "--duration", "60", "--model", "gpt-oss-120b", "--quiet",
-                 "--json", str(out)]) == 0
-    assert capsys.readouterr().err.startswith("capacity (gpt-oss-120b): ceil(0.9 x 139.94 GiB of h200) - 60.71 GiB")
+    assert main(["sim", "--workload", "chat", "--duration", "60", "--model", model, "--quiet", "--json", str(out)]) == 0
+    assert capsys.readouterr().err.startswith(f"capacity ({model}): ceil(0.9 x 139.94 GiB of h200)")
     run = json.loads(out.read_text())["runs"][0]
-    assert (run["capacity_blocks"], run["capacity_bytes"]) == (115_776, 115_776 * 36_864 * 16)
+    assert (run["capacity_blocks"], run["capacity_bytes"]) == (blocks, blocks * page * 16)  # a block: one group's
     assert run["refused"] == 0 and run["requests"] > 0
