@@ -29,7 +29,7 @@ from replica.core.cache.groups import group_key, hit_blocks, skipped_blocks
 from replica.core.cache.pool import BlockPool, fill_picks
 from replica.core.cache.types import Allocation, Lookup
 from shared.errors import InputError
-from shared.kv_groups import WINDOW, KvGroups
+from shared.kv_groups import STATE, WINDOW, KvGroups
 
 
 @dataclass(slots=True)
@@ -50,12 +50,17 @@ class GroupedPool:
             raise InputError("hit_mode", "KV cache groups reuse a leading run of blocks: use --hit-mode prefix")
         if not base.prefix_caching:
             raise InputError("prefix_caching", "KV cache groups run with prefix caching on")
+        if any(x.kind == STATE for x in groups.groups):  # never taken for a full group (groups.py: their rules)
+            raise InputError("kv_groups", "state groups (linear attention, Mamba) hold one state block a request,"
+                                          " not a table of its blocks: this pool does not run them yet")
         self.base = base
         self.groups = groups
         self.width = len(groups.groups)
         self.capacity = base.capacity
         self.block_size = base.block_size
         self._windows = [(g, x.window) for g, x in enumerate(groups.groups) if x.kind == WINDOW]
+        # the group whose pins stand for a block's: a full group's (it holds every block a window group does)
+        self._ref = next((g for g, x in enumerate(groups.groups) if x.kind != WINDOW), 0)
 
     # ---- what the scheduler reads -------------------------------------------------------------
     @property
@@ -75,8 +80,10 @@ class GroupedPool:
         return self.base.pin_counts
 
     def pins_of(self, hashes: Sequence[int]) -> list[int]:
-        """Per block, the running requests pinning its group-0 copy (what admission's room arithmetic asks)."""
-        return self.base.pins_of(hashes)
+        """Per block, the running requests pinning its copy in a full group (admission's room arithmetic, and
+        which filled blocks a request pins in place of its private ones)."""
+        ref = self._ref
+        return self.base.pins_of(hashes if ref == 0 else [group_key(h, ref) for h in hashes])
 
     def held_per_group(self, alloc: GroupedAllocation, extra_blocks: int) -> list[int]:
         """Blocks a request holds in each group (``extra_blocks``: its private blocks, per group)."""
@@ -167,10 +174,10 @@ class GroupedPool:
     # ---- response KV (a ResponseStore): what decoding fills, and a finished request's response -------------
     def fill(self, hashes: Sequence[int], session: str | None = None, now: float = 0.0) -> GroupedAllocation | None:
         """Blocks decoding just filled, in every group (vLLM caches a full block in each group's table): those
-        no other running request pins (``fill_picks`` on group 0's pins: a full group pins every block a window
+        no other running request pins (``fill_picks`` on a full group's pins: it pins every block a window
         group does) are pinned in place of one private block per group. The allocation's ``hashes`` are the
         blocks taken, ``tables`` each group's keys (a window's are unpinned as it slides past them)."""
-        take = fill_picks(hashes, self.base.pins_of(hashes))
+        take = fill_picks(hashes, self.pins_of(hashes))
         if not take:
             return None
         keys = [[group_key(h, g) for h in take] for g in range(self.width)]

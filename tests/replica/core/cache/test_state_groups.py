@@ -117,3 +117,23 @@ def test_the_rules_take_the_steps_vllm_took_with_a_state_group():
     # the next turn finds the state its turn before left at 336 tokens while decoding; y waits a step for x's
     # state; a1 shares a0's 512-token prefix but no chunk of a0 ended there: no state, no hit
     assert hits == {"t1": 0, "t2": 336, "x": 0, "y": 240, "a0": 0, "a1": 0}
+
+
+def test_the_grouped_pool_and_the_core_refuse_state_groups_in_one_line():
+    import pytest
+
+    from replica.core.build import CoreSettings, build_core
+    from replica.core.cache.grouped import GroupedPool
+    from replica.core.cache.policies.lru import LRUPolicy
+    from replica.core.cache.pool import BlockPool
+    from shared.costmodel import CostModel
+    from shared.errors import InputError
+
+    with pytest.raises(InputError, match="^kv_groups: state groups .* this pool does not run them yet$"):
+        GroupedPool(BlockPool(10, LRUPolicy(), block_size=16, hit_mode="prefix"), HYBRID)
+    shipped = Path(__file__).parents[4] / "bench" / "data" / "models" / "qwen3-next-80b-a3b" / "config.json"
+    with pytest.raises(InputError) as err:
+        build_core(CoreSettings(capacity_blocks=100), CostModel.from_names(str(shipped)))
+    assert str(err.value) == ("--model: qwen3-next-80b-a3b has state layers (36 of 48: linear attention or Mamba); the"
+                              " scheduler does not yet cut prefill chunks at block boundaries nor keep one running"
+                              " state a group, as vLLM's 'align' mode")
