@@ -51,7 +51,7 @@ def draft_pass_seconds(cost: CostModel, seqs: int, kv_tokens: int, own_layer: bo
     else:
         width = m.dense_intermediate or m.intermediate
         layer = m.attn_params + m.mlp_matrices * m.hidden * width
-    kv_per_token = cost.kv_bytes_per_token / m.layers * kinds.kv_copies(m, tp)
+    kv_per_token = cost.kv_bytes_per_token / m.attention_layers * kinds.kv_copies(m, tp)  # one attention layer's
     memory = ((layer * m.layer_weight_bytes + m.head_params * m.dtype_bytes) / (hbm * e.memory)
               + kv_tokens * kv_per_token / (hbm * e.decode_kv_eff))
     compute = (2.0 * layer * seqs / (peak * e.decode_linear_eff) + 2.0 * m.head_params * seqs / (peak * e.linear)
