@@ -4,7 +4,7 @@ cache's hit ratio and to decode speed.
   kv      per model preset (and deepseek-v3 with --kv-cache-dtype fp8): KV bytes a token (one copy over every
           attention layer; and on one GPU at --tp 1 and 8, where MLA's latent is whole on every rank) and the KV a
           request holds at 8K and 64K tokens, in whole blocks: a sliding-window group only the blocks its window
-          still reads (replica/core/cache/groups.py's ``skipped_blocks``), a state group one state page
+          still reads (replica/core/cache/groups.py's ``skipped_blocks``), a state group its latest state's page
   fp8     per (model, GPU): `kvemu sim` on the agent preset with --kv-cache-dtype auto vs fp8 at a few session
           rates, same trace and seed: the memory rule's blocks, token hit ratio, TTFT p50 / p99, TPOT p50
   spec    deepseek-v3 on 8 H200 with its MTP layer: K = 0..5 draft tokens x acceptance rate 0.5 / 0.7 / 0.9 at a
@@ -35,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.study_cli import add_study_flags, known_names, publish, show_saved  # noqa: E402
 from kvemu import sim_cmd  # noqa: E402
-from replica.core.cache.groups import skipped_blocks  # noqa: E402
+from replica.core.cache.groups import skipped_blocks, state_blocks  # noqa: E402
+from shared import model_kinds as kinds  # noqa: E402
 from shared.costmodel import CostModel  # noqa: E402
 from shared.gpu_presets import get_gpu  # noqa: E402
 from shared.kv_groups import STATE, WINDOW  # noqa: E402
@@ -67,15 +68,15 @@ KEYS = ("served", "refused", "token_hit_ratio", "block_hit_ratio", "ttft_p50_s",
 
 def held_blocks(m: ModelSpec, tokens: int, block_size: int) -> list[int]:
     """Blocks each KV cache group holds for a request of ``tokens`` computed tokens: every block of its tokens in
-    a full-attention group, those its window still reads in a sliding-window group, one state page in a state
-    group (vLLM's managers after the request's last step)."""
+    a full-attention group, those its window still reads in a sliding-window group, the latest state's page in a
+    state group (vLLM's managers between steps; replica/core/cache/groups.py)."""
     n = -(-tokens // block_size)
     out = []
     for g in m.kv_groups.groups:
         if g.kind == WINDOW:
             out.append(n - skipped_blocks(g.window, tokens, block_size))
         elif g.kind == STATE:
-            out.append(1)
+            out.append(len(state_blocks(tokens, tokens, block_size)))
         else:
             out.append(n)
     return out
@@ -88,6 +89,8 @@ def kv_row(name: str, gpu: str = "h200") -> dict:
     bs = costs[1].kv_block_size(BLOCK)
     block_bytes = costs[1].block_bytes(bs)  # one group's page over the model's layers of that group, one copy
     groups = m.kv_groups
+    # a token's KV were every layer full attention (state layers too): the model without its kinds
+    every_layer = m.layers * kinds.kv_values(m) * kinds.kv_element_bytes(m.kv_cache_dtype, m.dtype_bytes)
     row: dict[str, Any] = {
         "model": m.name, "setting": name, "kv_cache_dtype": m.kv_cache_dtype, "mla": m.mla is not None,
         "groups": groups.describe(), "block_size": bs, "block_bytes": block_bytes,
@@ -100,7 +103,7 @@ def kv_row(name: str, gpu: str = "h200") -> dict:
             continue
         held = held_blocks(m, t, bs)
         row["requests"][t] = {"blocks": sum(held), "blocks_by_group": held, "bytes": sum(held) * block_bytes,
-                              "full_attention_bytes": -(-t // bs) * bs * m.kv_bytes_per_token}
+                              "full_attention_bytes": -(-t // bs) * bs * every_layer}
     return row
 
 

@@ -27,6 +27,11 @@ def test_kv_a_request_holds_by_hand():
     # a window of 128 over 200 tokens in blocks of 16: 13 blocks spanned, (200 - 128 + 1) // 16 = 4 passed
     assert bm.skipped_blocks(128, 200, 16) == 4
     assert bm.kv_row("llama-3-8b")["requests"][65536] is None  # past its 8,192-token window
+    nxt = bm.kv_row("qwen3-next-80b-a3b")
+    # three state groups hold the latest state's page each, the full group every block of the raised block size
+    bs, kinds = nxt["block_size"], [g["kind"] for g in nxt["groups"]]
+    assert kinds == ["state"] * 3 + ["full"] and bs % 16 == 0 and bs > 16
+    assert nxt["requests"][8192]["blocks_by_group"] == [1, 1, 1, -(-8192 // bs)]
 
 
 def test_an_fp8_pair_of_points():
