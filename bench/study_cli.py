@@ -1,4 +1,4 @@
-"""The command line of a study script (bench_pd.py, bench_shared_pool.py; bench_step_cost.py prints its
+"""The command line of a study script (bench_pd.py, bench_shared_store.py; bench_step_cost.py prints its
 JSON the same way): the flags they share, their comma lists of known names, the JSON document on stdout and
 in ``--out``, its figures, and ``--from``, which reads a saved document back to print its tables and draw
 its figures without running anything.

@@ -1,4 +1,4 @@
-"""``kvemu replica`` / ``python -m replica``: run one emulated GPU."""
+"""``kvemu replica`` (``python -m kvemu replica``): run one emulated GPU."""
 
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ def settings_from_args(args):
         gpu=gpu_setting(args), block_size=matching.block_size, time_scale=args.time_scale,
         max_waiting=args.max_waiting, index=args.index, cluster=args.cluster, admin_token=given_admin_token(args),
         serving=serving_settings(args), backend=args.backend, device=args.device, layers=args.layers,
-        kv_events=kv_events_setting(args), shared_pool_url=args.shared_store_url, dp=parallel_setting(args, cost.model),
+        kv_events=kv_events_setting(args), shared_store_url=args.shared_store_url, dp=parallel_setting(args, cost.model),
         **replica_pd_settings(args))
 
 
@@ -130,10 +130,10 @@ def run(args) -> int:
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     settings = settings_from_args(args)
-    if settings.shared_pool_url is not None and settings.knobs.tiers.shared is not None:  # down at start: one line
-        from replica.kvstore.client import check_pool
+    if settings.shared_store_url is not None and settings.knobs.tiers.shared is not None:  # down at start: one line
+        from replica.kvstore.client import check_store
 
-        check_pool(settings.shared_pool_url, settings.knobs.tiers.shared, settings.cost_model().block_bytes(settings.block_size))
+        check_store(settings.shared_store_url, settings.knobs.tiers.shared, settings.cost_model().block_bytes(settings.block_size))
     app = make_app(settings)  # make_policy turns a bad --policy-param into an InputError
     from shared.http_server import bind, serve
 

@@ -1,4 +1,4 @@
-"""``kvemu router`` / ``python -m router``: the cache-aware router process."""
+"""``kvemu router`` (``python -m kvemu router``): the cache-aware router process."""
 
 from __future__ import annotations
 
@@ -72,9 +72,9 @@ def settings_from_args(args):
     from kvemu.options.serving import serving_settings
 
     matching = matching_setting(args)  # the replicas' hashing unit: a block, or a radix page
-    pools = shared_pools(args.shared_store)
+    stores = shared_stores(args.shared_store)
     # levels: host DRAM, SSD, and the shared store last where there is one, as kvemu sim prices them
-    levels = live_levels(bool(pools))
+    levels = live_levels(bool(stores))
     routing = routing_settings(matching.block_size, args.set, levels, mode=matching.mode)
     replicas, roles = replica_roles(args.replicas)
     return RouterSettings(replicas=replicas, roles=roles, pd=pd_settings(args), prefill_routing=args.prefill_routing,
@@ -83,12 +83,12 @@ def settings_from_args(args):
                           health_interval_s=args.health_interval, dashboard_interval_s=args.dashboard_interval,
                           seed=args.seed, serving=serving_settings(args),
                           client_max_in_flight=args.client_max_in_flight, client_rate=args.client_rate,
-                          client_burst=args.client_burst, shared_pools=pools,
+                          client_burst=args.client_burst, shared_stores=stores,
                           upstream_first_byte_timeout_s=args.upstream_first_byte_timeout,
-                          shared_level=len(levels) if pools else 0)
+                          shared_level=len(levels) if stores else 0)
 
 
-def shared_pools(values) -> tuple[tuple[str, tuple[str, ...]], ...]:
+def shared_stores(values) -> tuple[tuple[str, tuple[str, ...]], ...]:
     """``--shared-store`` values: each pool's URL and the replica ids it serves (none: every replica)."""
     out = []
     for value in values:

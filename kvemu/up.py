@@ -63,8 +63,7 @@ from kvemu.options.tiers import TIER_OPTIONS, add_tier_args
 from kvemu.router_cmd import ROUTER_OPTIONS
 from kvemu.up_pd import pool_args
 from kvemu.up_plan import UpPlan, validate
-from kvemu.up_store import TRANSFORMED_SHARED, pool_groups, pool_id, replica_shared_argv, router_shared_argv
-from kvemu.up_store import pool_args as shared_pool_args
+from kvemu.up_store import TRANSFORMED_SHARED, replica_shared_argv, router_shared_argv, store_args, store_groups, store_id
 from kvemu.up_supervise import RESTART_ATTEMPTS, RestartPolicy, Supervisor
 from shared.errors import InputError, KvemuError
 from shared.runtime_dir import shared_cluster_token
@@ -128,7 +127,7 @@ class Child:
     args: list[str]
     url: str = ""
     proc: subprocess.Popen | None = None
-    kind: str = "replica"  # replica, router, pool or redis: which secrets it is handed (Cluster.child_env)
+    kind: str = "replica"  # replica, router, store or redis: which secrets it is handed (Cluster.child_env)
 
     @property
     def exit_code(self) -> int | None:
@@ -144,7 +143,7 @@ class Cluster:
     replica_urls: list[str] = field(default_factory=list)
     roles: list[str] = field(default_factory=list)  # each replica's, beside its URL
     redis_url: str | None = None
-    pool_urls: list[str] = field(default_factory=list)  # the shared KV stores (kvemu/up_store.py)
+    store_urls: list[str] = field(default_factory=list)  # the shared KV stores (kvemu/up_store.py)
     tmpdir: str | None = None
     token: str = ""
     token_path: str | None = None  # the shared file the token is in; None for a token given
@@ -166,7 +165,7 @@ class Cluster:
 
     def child_env(self, kind: str) -> dict[str, str]:
         """A child's environment: the secrets it uses and no other (the admin token opens a replica's
-        /admin/*, the pools and the router have none; redis-server none at all), in the environment,
+        /admin/*, the stores and the router have none; redis-server none at all), in the environment,
         which only the owner reads (/proc/PID/environ), never on a command line every user can read."""
         from shared.index.redis_index import PASSWORD_ENV
 
@@ -239,31 +238,31 @@ def start_redis(log_dir: str) -> tuple[Child, str]:
 
 
 def replica_args(i: int, port: int, plan: UpPlan, index: str | None, replica_id: str = "", role: str = "both",
-                 peers: list[str] | None = None, pool_urls: Sequence[str] = ()) -> list[str]:
+                 peers: list[str] | None = None, store_urls: Sequence[str] = ()) -> list[str]:
     """Replica ``i``'s command line: every flag of TO_REPLICAS and TO_BOTH (the capacity one as validate
     checked and defaulted it), and those of TRANSFORMED as up turns them; a P/D replica gets its pool's
     shape (``pool_args``), its ``--role`` and the link flags. ``peers``: the cluster's replicas, the only
-    addresses a request may have it contact for KV (--pd-peers); ``pool_urls``: the shared KV stores started."""
+    addresses a request may have it contact for KV (--pd-peers); ``store_urls``: the shared KV stores started."""
     flags = plan.flags
     pool = pool_args(flags, plan.pd, role)
-    args = [sys.executable, "-m", "replica", "--port", str(port), "--replica-id", replica_id or f"replica-{i}",
+    args = [sys.executable, "-m", "kvemu", "replica", "--port", str(port), "--replica-id", replica_id or f"replica-{i}",
             "--gpu", pool.gpu, *forward((*TO_REPLICAS, *TO_BOTH), pool),
             *kv_events_argv(flags, i * flags.data_parallel_size), *(["--pd-peers", ",".join(peers)] if peers else [])]
     if role != "both":
         args += ["--role", role, *forward(TO_PD_REPLICAS, flags)]
-    return args + (["--index", index] if index else []) + replica_shared_argv(plan, i, pool_urls)
+    return args + (["--index", index] if index else []) + replica_shared_argv(plan, i, store_urls)
 
 
 def router_args(port: int, plan: UpPlan, replica_urls: list[str], index: str, roles: list[str] | None = None,
-                pool_urls: Sequence[str] = ()) -> list[str]:
+                store_urls: Sequence[str] = ()) -> list[str]:
     """The router's command line: every flag of TO_ROUTER and TO_BOTH, and --replicas (``ROLE=URL`` for a P/D
     replica), --index as up turns them."""
     flags = plan.flags
     urls = [u if not roles or roles[i] == "both" else f"{roles[i]}={u}" for i, u in enumerate(replica_urls)]
-    return [sys.executable, "-m", "router", "--port", str(port), "--replicas", ",".join(urls),
+    return [sys.executable, "-m", "kvemu", "router", "--port", str(port), "--replicas", ",".join(urls),
             "--index", index, "--workers", str(flags.routers), *forward((*TO_BOTH, *TO_ROUTER), flags),
             *(forward(PD_DECIDER_OPTIONS, flags) if plan.pd is not None else []),
-            *router_shared_argv(plan, pool_urls)]
+            *router_shared_argv(plan, store_urls)]
 
 
 def bring_up(plan: UpPlan, log_dir: str | None = None) -> Cluster:
@@ -283,20 +282,20 @@ def bring_up(plan: UpPlan, log_dir: str | None = None) -> Cluster:
 
         index, password = split_password(_index_for(a, cluster, log_dir))
         cluster.redis_password = password or ""
-        start_pools(cluster, plan, log_dir, index)
+        start_stores(cluster, plan, log_dir, index)
         members = plan.members()
         ports = [a.replica_base_port + i if a.replica_base_port else free_port() for i in range(len(members))]
         peers = [f"127.0.0.1:{port}" for port in ports]  # the roster: no request sends a replica elsewhere
         for i, ((replica_id, role), port) in enumerate(zip(members, ports, strict=True)):
             url = f"http://127.0.0.1:{port}"
             args = replica_args(i, port, plan, index if index != "memory" else None, replica_id, role, peers,
-                                cluster.pool_urls)
+                                cluster.store_urls)
             cluster.start(Child(replica_id, args, url), log_dir)
             cluster.replica_urls.append(url)
             cluster.roles.append(role)
         router_port = a.port or free_port()
         cluster.router_url = f"http://127.0.0.1:{router_port}"
-        router = router_args(router_port, plan, cluster.replica_urls, index, cluster.roles, cluster.pool_urls)
+        router = router_args(router_port, plan, cluster.replica_urls, index, cluster.roles, cluster.store_urls)
         cluster.start(Child("router", router, cluster.router_url, kind="router"), log_dir)
         wait_healthy(cluster, cluster.replica_urls + [cluster.router_url], a.start_timeout, log_dir)
         _wait_router_sees_all(cluster.router_url, len(members), a.start_timeout)
@@ -306,17 +305,17 @@ def bring_up(plan: UpPlan, log_dir: str | None = None) -> Cluster:
     return cluster
 
 
-def start_pools(cluster: Cluster, plan: UpPlan, log_dir: str, index: str) -> None:
-    """The shared KV stores first (kvemu/up_store.py): every replica checks its pool at start. With a Redis
-    index each pool ships what it holds there too, as the replicas do."""
-    for k in range(pool_groups(plan)):
+def start_stores(cluster: Cluster, plan: UpPlan, log_dir: str, index: str) -> None:
+    """The shared KV stores first (kvemu/up_store.py): every replica checks its store at start. With a Redis
+    index each store ships what it holds there too, as the replicas do."""
+    for k in range(store_groups(plan)):
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         redis = ["--index", index, "--cluster", plan.flags.cluster] if index != "memory" else []
-        cluster.start(Child(pool_id(plan, k), shared_pool_args(plan, k, port) + redis, url, kind="pool"), log_dir)
-        cluster.pool_urls.append(url)
-    if cluster.pool_urls:
-        wait_healthy(cluster, cluster.pool_urls, plan.flags.start_timeout, log_dir)
+        cluster.start(Child(store_id(plan, k), store_args(plan, k, port) + redis, url, kind="store"), log_dir)
+        cluster.store_urls.append(url)
+    if cluster.store_urls:
+        wait_healthy(cluster, cluster.store_urls, plan.flags.start_timeout, log_dir)
 
 
 def _index_for(a, cluster: Cluster, log_dir: str) -> str:
@@ -416,7 +415,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8000, help="router port")
     p.add_argument("--keep-logs", action="store_true", help="keep the log directory after a clean stop")
     p.add_argument("--restart-attempts", type=int, default=RESTART_ATTEMPTS, metavar="N",
-                   help="a child that dies (replica, shared pool, router, private redis) is started again on its port,"
+                   help="a child that dies (replica, shared store, router, private redis) is started again on its port,"
                         " waiting 0.5 s doubling to 10 s; up stops everything once N restarts in a row died before"
                         " answering (0: no restart, the first child that dies stops everything; default %(default)s)")
     p.add_argument("--token-file", default=None, metavar="PATH",
@@ -487,8 +486,8 @@ def run(a) -> int:
             print(f"{replica_id} {url}")  # a P/D replica's id names its role (prefill-i, decode-i)
         if cluster.redis_url:
             print(f"redis    {cluster.redis_url}")
-        for k, url in enumerate(cluster.pool_urls):
-            print(f"{pool_id(plan, k)} {url}")
+        for k, url in enumerate(cluster.store_urls):
+            print(f"{store_id(plan, k)} {url}")
         print(f"logs     {cluster.tmpdir}")
         if token_file:
             print(f"token    {token_file}")

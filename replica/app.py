@@ -61,13 +61,13 @@ async def pd_ctx(app: web.Application):
     await pd.session.close()
 
 
-async def shared_pool_ctx(app: web.Application):
+async def shared_store_ctx(app: web.Application):
     """The shared KV store's client (replica/kvstore/client.py): its feed into the mirror, writes and reads out."""
-    client = app[RUNTIME].shared_pool
+    client = app[RUNTIME].store_client
     if client is None:
         yield
         return
-    task = asyncio.create_task(client.run(), name="shared-pool")
+    task = asyncio.create_task(client.run(), name="shared-store")
     yield
     await _stop(task)
 
@@ -96,7 +96,7 @@ def make_app(settings: ReplicaSettings) -> web.Application:
     app.cleanup_ctx.append(index_ctx)
     app.cleanup_ctx.append(kv_events_ctx)
     app.cleanup_ctx.append(pd_ctx)
-    app.cleanup_ctx.append(shared_pool_ctx)
+    app.cleanup_ctx.append(shared_store_ctx)
     views.add_routes(app)
     app.router.add_post("/kv/pull", pd_views.kv_pull)  # P/D: a decode instance reads a held prefill's KV
     app.router.add_post("/kv/release", pd_views.kv_release)  # P/D: the router ends a hold nobody will pull

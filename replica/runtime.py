@@ -12,7 +12,7 @@ from replica.core.build import build_core
 from replica.dp import DpEngine
 from replica.engine import Engine
 from replica.events import EventFeed
-from replica.kvstore.client import PoolClient
+from replica.kvstore.client import StoreClient
 from replica.kvstore.mirror import MirrorStore
 from replica.pd import PdRuntime
 from replica.prom import LABELS, ReplicaCollector, ReplicaMetrics
@@ -27,7 +27,7 @@ class ReplicaRuntime:
     def __init__(self, settings: ReplicaSettings) -> None:
         self.settings = settings
         self.cost = settings.cost_model()
-        # the shared KV level, live: a mirror of the pool process's store (replica/kvstore/)
+        # the shared KV level, live: a mirror of the store process's store (replica/kvstore/)
         shared = settings.knobs.tiers.shared
         self.shared_store = MirrorStore(shared, emit_events=False) if shared is not None else None
         # --data-parallel-size: one core a rank, each its own scheduler and pool (replica/dp.py); rank 0's is ``core``
@@ -47,7 +47,9 @@ class ReplicaRuntime:
                               settings.feed_max_batches, mode="push" if settings.index else "poll",
                               # a resync (every block held, in every tier) must always fit, or it would drop itself
                               max_hashes=max(settings.feed_max_hashes, 2 * held + 1024),
-                              rank_snapshots=[core.snapshot_events for core in self.cores] if self.dp_ranks else ())
+                              rank_snapshots=[core.snapshot_events for core in self.cores] if self.dp_ranks else (),
+                              # several KV cache groups: the index follows one (replica/core/cache/group_events.py)
+                              index_group=self.core.group_keys.index_group if self.core.group_keys is not None else None)
         self.prom = ReplicaMetrics(settings.model, settings.replica_id)
         self.registry = self.prom.registry
         self.ttft_recent = RecentTtft()
@@ -68,9 +70,9 @@ class ReplicaRuntime:
         # disaggregated prefill / decode: this instance's NIC, held prefills, remote decodes (replica/pd.py; one
         # rank: a replica of several is refused a P/D role)
         self.pd = PdRuntime(settings, first, self.cost.kv_bytes_per_token, self.registry, LABELS)
-        self.shared_pool: PoolClient | None = None
-        if self.shared_store is not None and settings.shared_pool_url is not None:
-            self.shared_pool = PoolClient(settings.shared_pool_url, self.shared_store, settings.replica_id,
+        self.store_client: StoreClient | None = None
+        if self.shared_store is not None and settings.shared_store_url is not None:
+            self.store_client = StoreClient(settings.shared_store_url, self.shared_store, settings.replica_id,
                                           settings.serving.cluster_token, self.engine.now)
         self.registry.register(ReplicaCollector(self))
         self.started = time.time()
@@ -125,7 +127,8 @@ class ReplicaRuntime:
         tiers = core.tiers
         translator = EventTranslator(settings.block_size, config.event_encoding, config.hash_algo, config.hash_seed,
                                      tiers.names if tiers is not None else (),
-                                     pending_max=max(1 << 17, 4 * core.capacity_with_tiers))
+                                     pending_max=max(1 << 17, 4 * core.capacity_with_tiers),
+                                     groups=self.cost.model.kv_groups if core.group_keys is not None else None)
         return ZmqEventPublisher(config, translator, data_parallel_rank=rank)
 
     def _publish(self, events) -> None:

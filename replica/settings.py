@@ -83,7 +83,7 @@ class ReplicaSettings:
     # the prefill instances (host:port) a decode instance may contact for a request's KV; None: any (replica/pd.py)
     pd_peers: tuple[str, ...] | None = None
     # the shared KV store's process (replica/kvstore/service.py), where tiers.shared is set: its URL
-    shared_pool_url: str | None = None
+    shared_store_url: str | None = None
     # --data-parallel-size / --enable-expert-parallel: this many ranks, each its own scheduler and pool of the
     # capacity above (replica/dp.py)
     dp: DpSettings = DpSettings()
@@ -118,11 +118,11 @@ class ReplicaSettings:
         check_role(self.role)
         check_number("pd_hold_timeout_s", self.pd_hold_timeout_s, above=0)
         check_number("pd_hold_share", self.pd_hold_share, maximum=1, above=0)
-        if (self.knobs.tiers.shared is None) != (self.shared_pool_url is None):
-            raise InputError("shared_pool_url", "a shared level (tiers.shared) and the pool's URL go together: a"
+        if (self.knobs.tiers.shared is None) != (self.shared_store_url is None):
+            raise InputError("shared_store_url", "a shared level (tiers.shared) and the store's URL go together: a"
                                                 " live replica's shared level is a `kvemu store` process")
-        if self.shared_pool_url is not None and not self.shared_pool_url.startswith(("http://", "https://")):
-            raise InputError("shared_pool_url", f"expected an http:// URL, got {self.shared_pool_url!r}")
+        if self.shared_store_url is not None and not self.shared_store_url.startswith(("http://", "https://")):
+            raise InputError("shared_store_url", f"expected an http:// URL, got {self.shared_store_url!r}")
         cost = CostModel.from_names(self.model, self.gpu)  # unknown names list the valid ones
         self._check_dp(cost)
         if self.capacity_gib is not None and self.resolved_capacity_blocks() <= 0:
@@ -143,7 +143,7 @@ class ReplicaSettings:
             raise InputError(flag, "DP ranks inside P/D instances are not emulated: drop one of them")
         if self.backend != "emulated":
             raise InputError(flag, f"DP ranks run on the emulated backend only, not {self.backend!r}")
-        if self.shared_pool_url is not None:
+        if self.shared_store_url is not None:
             raise InputError(flag, "DP ranks beside a shared KV store level are not emulated live: drop one of them")
 
     def core_settings(self) -> CoreSettings:

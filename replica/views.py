@@ -12,6 +12,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from replica import pd_views, sglang_pd
+from replica.core.cache.group_usage import grouped_pool, kv_groups_now
 from replica.core.cache.policies import make_policy
 from replica.dp import DpEngine, instance_pool_stats
 from replica.engine import Handle
@@ -279,6 +280,12 @@ async def models(request: web.Request) -> web.Response:
     return web.json_response(models_body([served_model(_settings(request).model)], int(state.started)))
 
 
+def _store_keys(value) -> dict:
+    """The shared KV store as this replica sees it: ``shared_store``, and under its name until this release,
+    ``shared_pool``, for one more (scripts read it)."""
+    return {"shared_store": value, "shared_pool": value}
+
+
 async def health(request: web.Request) -> web.Response:
     state = _state(request)
     s = _settings(request)
@@ -290,7 +297,7 @@ async def health(request: web.Request) -> web.Response:
                               "waiting": state.waiting, "kv_usage": state.kv_usage(),
                               **state.pd.hold_health(),  # P/D: what prefills held for remote decodes pin
                               # the shared KV store: ok, unreachable (serving from its own levels) or connecting
-                              **({"shared_pool": state.shared_pool.state} if state.shared_pool is not None else {})})
+                              **(_store_keys(state.store_client.state) if state.store_client is not None else {})})
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -330,6 +337,11 @@ async def stats(request: web.Request) -> web.Response:
     })
     if s.gpu_memory_utilization is not None:  # vLLM's memory rule sized the pool: its terms, bytes per GPU
         out["memory_rule"] = s.kv_budget().breakdown()
+    # several KV cache groups (a sliding-window model): each group's blocks, every rank's (none for one group)
+    groups = kv_groups_now((pool, core.scheduler.running) for core in state.cores
+                           if (pool := grouped_pool(core.scheduler.pool)) is not None)
+    if groups is not None:
+        out["kv_groups"] = groups
     if state.dp_ranks:  # --data-parallel-size: each rank's figures beside the totals above (replica/dp.py)
         assert isinstance(state.engine, DpEngine)
         out["data_parallel"] = {"size": s.dp.size, "expert_parallel": s.dp.expert_parallel,
@@ -346,8 +358,8 @@ async def stats(request: web.Request) -> web.Response:
         out["index_shipper"] = state.shipper.stats()
     if state.core.tiers is not None:
         out["tiers"] = state.core.tiers.stats()
-    if state.shared_pool is not None:  # the shared KV store as this replica sees it (replica/kvstore/client.py)
-        out["shared_pool"] = state.shared_pool.stats()
+    if state.store_client is not None:  # the shared KV store as this replica sees it (replica/kvstore/client.py)
+        out.update(_store_keys(state.store_client.stats()))
     return respond(request, out)
 
 

@@ -34,7 +34,7 @@ async def background_ctx(app: web.Application):
     if state.embedded:
         tasks.append(asyncio.create_task(state.cluster.feed_loop(), name="feeds"))
     await asyncio.gather(*(state.cluster.check(r) for r in state.cluster.replicas),
-                         *(state.cluster.check_pool(p) for p in state.cluster.pools), return_exceptions=True)
+                         *(state.cluster.check_store(p) for p in state.cluster.stores), return_exceptions=True)
     tasks.append(asyncio.create_task(app[dashboard.DASHBOARD].loop(state), name="dashboard"))
     if GUARD_MIRROR in app:
         tasks.append(asyncio.create_task(app[GUARD_MIRROR].loop(), name="guard-metrics"))

@@ -5,10 +5,11 @@ checks (``unhealthy_after`` in a row, or a refused connection) is taken out of r
 and its index entries are cleared; it rejoins when a check passes again. A new epoch
 on ``/health`` means the replica restarted with an empty cache: its entries are cleared.
 
-Shared KV stores (``settings.shared_pools``, `kvemu store`): each is known by the id its ``/health``
-reports (``pool_id``), declared to the index as a store serving its replicas (``StoreScope``), and,
+Shared KV stores (``settings.shared_stores``, `kvemu store`): each is known by the id its ``/health``
+reports (``store_id``; ``pool_id`` from a store of the release before), declared to the index as a store
+serving its replicas (``StoreScope``), and,
 with the embedded index, its ``/kv/events`` feed is followed as a replica's is (same batches, same
-gap and resync rules). A pool that fails its checks has its entries cleared (a pool that dies loses
+gap and resync rules). A store that fails its checks has its entries cleared (a store that dies loses
 what it held); a new epoch (restarted, empty) clears them too.
 """
 
@@ -75,9 +76,9 @@ def unexhausted(reps: list[ReplicaHandle]) -> list[ReplicaHandle]:
     return fresh if any(r.state.healthy for r in fresh) else reps
 
 
-def _following(feed: ReplicaHandle | PoolHandle) -> bool:
-    """Whether its feed is read now: a healthy replica, or a healthy pool the index knows as a store."""
-    return feed.healthy and bool(feed.declared) if isinstance(feed, PoolHandle) else feed.state.healthy
+def _following(feed: ReplicaHandle | StoreHandle) -> bool:
+    """Whether its feed is read now: a healthy replica, or a healthy store the index knows as one."""
+    return feed.healthy and bool(feed.declared) if isinstance(feed, StoreHandle) else feed.state.healthy
 
 
 def _feed_entry(rep: ReplicaHandle, batch: dict) -> tuple[str, str, int]:
@@ -92,12 +93,12 @@ def _feed_entry(rep: ReplicaHandle, batch: dict) -> tuple[str, str, int]:
 
 
 @dataclass(slots=True)
-class PoolHandle:
+class StoreHandle:
     """A shared KV store as the router sees it: its feed, like a replica's, and its last ``/stats``."""
 
     url: str
     serves: tuple[str, ...]  # replica ids of its scope group; (): every replica
-    store_id: str = ""  # the id its feed publishes under (its /health's pool_id); "" until it answered
+    store_id: str = ""  # the id its feed publishes under (its /health's store_id); "" until it answered
     epoch: str = ""
     healthy: bool = False
     declared: str = ""  # the store id the index was told of (add_store)
@@ -126,7 +127,7 @@ class Cluster:
         token = settings.serving.cluster_token
         self.auth = {"Authorization": f"Bearer {token}"} if token else {}  # for replicas' internal endpoints
         self._healthy_event = asyncio.Event()
-        self.pools = [PoolHandle(url.rstrip("/"), serves) for url, serves in settings.shared_pools]
+        self.stores = [StoreHandle(url.rstrip("/"), serves) for url, serves in settings.shared_stores]
 
     def by_id(self, replica_id: str) -> ReplicaHandle | None:
         for r in self.replicas:
@@ -152,7 +153,7 @@ class Cluster:
     # ---- health ---------------------------------------------------------------------
     async def health_loop(self) -> None:
         while True:
-            await asyncio.gather(*(self.check(r) for r in self.replicas), *(self.check_pool(p) for p in self.pools),
+            await asyncio.gather(*(self.check(r) for r in self.replicas), *(self.check_store(p) for p in self.stores),
                                  return_exceptions=True)
             await asyncio.sleep(self.settings.health_interval_s)
 
@@ -169,54 +170,54 @@ class Cluster:
             return None, False
         return body if isinstance(body, dict) else None, False
 
-    async def check_pool(self, pool: PoolHandle) -> None:
-        body, refused = await self._health(pool.url)
+    async def check_store(self, store: StoreHandle) -> None:
+        body, refused = await self._health(store.url)
         if refused:
-            await self.pool_failed(pool, "connection refused", immediate=True)
+            await self.store_failed(store, "connection refused", immediate=True)
             return
-        store_id = str(body.get("pool_id") or body.get("replica_id") or "") if isinstance(body, dict) else ""
+        store_id = str(body.get("store_id") or body.get("pool_id") or body.get("replica_id") or "") if isinstance(body, dict) else ""
         if not body or body.get("status") != "ok" or not store_id:
-            await self.pool_failed(pool, "health check failed")
+            await self.store_failed(store, "health check failed")
             return
         epoch = str(body.get("epoch", ""))
-        if pool.store_id and (store_id != pool.store_id or epoch != pool.epoch):
-            log.warning("shared pool %s restarted (epoch %s -> %s): clearing its index entries", store_id, pool.epoch,
+        if store.store_id and (store_id != store.store_id or epoch != store.epoch):
+            log.warning("shared store %s restarted (epoch %s -> %s): clearing its index entries", store_id, store.epoch,
                         epoch)
-            await self._clear_pool(pool)
-            pool.restarts += 1
-            self.metrics.restarted("shared_pool", store_id)
-        pool.store_id, pool.epoch, pool.failures, pool.health = store_id, epoch, 0, body
+            await self._clear_store(store)
+            store.restarts += 1
+            self.metrics.restarted("shared_store", store_id)
+        store.store_id, store.epoch, store.failures, store.health = store_id, epoch, 0, body
         level = body.get("level")
-        if isinstance(level, int) and level != self.settings.shared_level and not pool.healthy:
-            log.warning("shared pool %s publishes level %s but the router prices the shared level as %s: the router's"
+        if isinstance(level, int) and level != self.settings.shared_level and not store.healthy:
+            log.warning("shared store %s publishes level %s but the router prices the shared level as %s: the router's"
                         " is used", store_id, level, self.settings.shared_level)
-        if pool.declared != store_id:
+        if store.declared != store_id:
             try:
-                await self.index.add_store(StoreScope(store_id, self.settings.shared_level, pool.serves))
-                pool.declared = store_id
+                await self.index.add_store(StoreScope(store_id, self.settings.shared_level, store.serves))
+                store.declared = store_id
             except IndexUnavailable:
                 self.metrics.count("index_errors")
-        if not pool.healthy:
-            pool.healthy = True
-            log.info("shared pool %s at %s is healthy", store_id, pool.url)
-            await self._post(pool.url + "/kv/resync")  # the index may lack what it holds: a full republish
-        self.metrics.pool(store_id, healthy=1.0)
+        if not store.healthy:
+            store.healthy = True
+            log.info("shared store %s at %s is healthy", store_id, store.url)
+            await self._post(store.url + "/kv/resync")  # the index may lack what it holds: a full republish
+        self.metrics.store(store_id, healthy=1.0)
 
-    async def pool_failed(self, pool: PoolHandle, reason: str, immediate: bool = False) -> None:
-        pool.failures += 1
-        if pool.healthy and (immediate or pool.failures >= self.settings.unhealthy_after):
-            log.warning("shared pool %s at %s taken out: %s (what it held is lost to routing)", pool.name, pool.url,
+    async def store_failed(self, store: StoreHandle, reason: str, immediate: bool = False) -> None:
+        store.failures += 1
+        if store.healthy and (immediate or store.failures >= self.settings.unhealthy_after):
+            log.warning("shared store %s at %s taken out: %s (what it held is lost to routing)", store.name, store.url,
                         reason)
-            pool.healthy = False
+            store.healthy = False
             self.metrics.count("pool_failures")
-            self.metrics.pool(pool.name, healthy=0.0)
-            await self._clear_pool(pool)
+            self.metrics.store(store.name, healthy=0.0)
+            await self._clear_store(store)
 
-    async def _clear_pool(self, pool: PoolHandle) -> None:
-        pool.feed_cursor = 0
-        if pool.store_id:
+    async def _clear_store(self, store: StoreHandle) -> None:
+        store.feed_cursor = 0
+        if store.store_id:
             try:
-                await self.index.clear_replica(pool.store_id)
+                await self.index.clear_replica(store.store_id)
             except IndexUnavailable:
                 self.metrics.count("index_errors")
 
@@ -365,16 +366,16 @@ class Cluster:
     async def feed_loop(self) -> None:
         """One long-polling reader per replica: a quiet replica is asked about once a second
         (``LONG_POLL_MS``), a busy one as soon as it has a new batch."""
-        await asyncio.gather(*(self._feed_reader(r) for r in self.replicas), *(self._feed_reader(p) for p in self.pools))
+        await asyncio.gather(*(self._feed_reader(r) for r in self.replicas), *(self._feed_reader(p) for p in self.stores))
 
-    async def _feed_reader(self, rep: ReplicaHandle | PoolHandle) -> None:
+    async def _feed_reader(self, rep: ReplicaHandle | StoreHandle) -> None:
         while True:
             if not _following(rep):
                 await asyncio.sleep(self.settings.poll_interval_s)
                 continue
             started = time.monotonic()
             try:
-                more = await (self.poll_pool_feed(rep, wait_ms=LONG_POLL_MS) if isinstance(rep, PoolHandle)
+                more = await (self.poll_store_feed(rep, wait_ms=LONG_POLL_MS) if isinstance(rep, StoreHandle)
                               else self.poll_feed(rep, wait_ms=LONG_POLL_MS))
             except Exception:  # noqa: BLE001 - one replica's bad answer must not stop its reader for good
                 log.warning("reading %s's event feed failed", rep.url, exc_info=True)
@@ -384,7 +385,7 @@ class Cluster:
                 await asyncio.sleep(self.settings.poll_interval_s)
 
     async def _read_feed(self, base: str, after: int, wait_ms: int) -> dict | None:
-        """One read of a replica's or a pool's ``/kv/events`` after ``after`` (msgpack); None: no usable answer."""
+        """One read of a replica's or a store's ``/kv/events`` after ``after`` (msgpack); None: no usable answer."""
         url = f"{base}/kv/events?after={after}&limit=512" + (f"&wait={wait_ms}" if wait_ms else "")
         timeout = aiohttp.ClientTimeout(total=2.0 + wait_ms / 1000)
         try:
@@ -426,27 +427,27 @@ class Cluster:
         rep.feed_lag_events = lag
         return rep.feed_lag_events > 0
 
-    async def poll_pool_feed(self, pool: PoolHandle, wait_ms: int = 0) -> bool:
-        """A shared pool's feed, as ``poll_feed`` reads a replica's (its batches apply to the store's set: the
+    async def poll_store_feed(self, store: StoreHandle, wait_ms: int = 0) -> bool:
+        """A shared store's feed, as ``poll_feed`` reads a replica's (its batches apply to the store's set: the
         index was told the id is a store's before the first read)."""
-        feed = await self._read_feed(pool.url, pool.feed_cursor, wait_ms)
+        feed = await self._read_feed(store.url, store.feed_cursor, wait_ms)
         if feed is None:
             return False
-        if feed.get("epoch") != pool.epoch or feed.get("replica_id", pool.store_id) != pool.store_id:
-            await self.check_pool(pool)  # restarted between health checks: its stale entries go at once
+        if feed.get("epoch") != store.epoch or feed.get("replica_id", store.store_id) != store.store_id:
+            await self.check_store(store)  # restarted between health checks: its stale entries go at once
             return False
-        applied_to = pool.feed_cursor
-        if int(feed.get("oldest_seq", 1)) > applied_to + 1 and pool.resync_asked_at < applied_to + 1:
-            pool.resync_asked_at = applied_to + 1
+        applied_to = store.feed_cursor
+        if int(feed.get("oldest_seq", 1)) > applied_to + 1 and store.resync_asked_at < applied_to + 1:
+            store.resync_asked_at = applied_to + 1
             self.metrics.count("event_gaps")
-            await self._post(pool.url + "/kv/resync")
+            await self._post(store.url + "/kv/resync")
         for b in feed.get("batches", []):
-            batch = EventBatch(pool.store_id, pool.epoch, b["seq"], b["events"])
+            batch = EventBatch(store.store_id, store.epoch, b["seq"], b["events"])
             result = self.index.apply_sync(batch)
             self.metrics.count("events_applied", result.applied)
             self.metrics.count("event_gaps", int(result.reset == "gap"))
             applied_to = max(applied_to, batch.last_seq)
-        pool.feed_cursor = applied_to
-        pool.feed_lag_events = max(int(feed.get("next_seq", 1)) - 1 - applied_to, 0)
-        self.metrics.pool(pool.store_id, event_lag=pool.feed_lag_events)
-        return pool.feed_lag_events > 0
+        store.feed_cursor = applied_to
+        store.feed_lag_events = max(int(feed.get("next_seq", 1)) - 1 - applied_to, 0)
+        self.metrics.store(store.store_id, event_lag=store.feed_lag_events)
+        return store.feed_lag_events > 0

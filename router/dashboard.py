@@ -21,7 +21,7 @@ import aiohttp
 from aiohttp import web
 
 from router.state import ROUTER
-from router.views import cluster_summary, refresh_pool_stats
+from router.views import cluster_summary, refresh_store_stats
 from shared.auth import session_label, wants_raw_sessions
 from shared.errors import InputError
 from shared.index import MemoryIndex
@@ -39,8 +39,8 @@ REPLICA_SERIES = ("kv_usage", "hit_ratio", "csr", "running", "waiting", "ttft_p5
 CLUSTER_SERIES = ("imbalance_in_flight", "imbalance_kv_usage", "imbalance_routed", "index_entries", "hotspots",
                   "sessions_in_flight", "sessions_fanned_out", "widest_fanout")
 TOP_FLIGHTS = 8  # the sessions in flight the agent panel lists
-# per shared KV pool (--shared-pool), over time: its occupancy, the bytes it holds, its aggregate link's bytes/s
-POOL_SERIES = ("occupancy", "used_bytes", "link_bytes_per_s", "evictions_per_s")
+# per shared KV store (--shared-store), over time: its occupancy, the bytes it holds, its aggregate link's bytes/s
+STORE_SERIES = ("occupancy", "used_bytes", "link_bytes_per_s", "evictions_per_s")
 
 
 class Dashboard:
@@ -69,8 +69,8 @@ class Dashboard:
 
     async def sample(self, state) -> dict:
         stats = await _fetch_stats(state)
-        pools = state.cluster.pools
-        await asyncio.gather(*(refresh_pool_stats(state, p) for p in pools if p.healthy))
+        stores = state.cluster.stores
+        await asyncio.gather(*(refresh_store_stats(state, p) for p in stores if p.healthy))
         for rep in state.cluster.replicas:  # the P/D link and the levels as /cluster shows them, from this sample
             if rep.replica_id in stats:
                 rep.pd_stats = stats[rep.replica_id].get("pd") or {}
@@ -106,8 +106,8 @@ class Dashboard:
                              "hotspots": len(summary["hotspots"]), "sessions_in_flight": flights.sessions,
                              "sessions_fanned_out": flights.fanned_out, "widest_fanout": flights.widest},
                  "summary": summary, "index": index,
-                 "pools": {p.name: _pool_point(p, base["pools"].get(p.name) if base else None,
-                                               now - base["t"] if base else 0.0) for p in pools}}
+                 "stores": {p.name: _store_point(p, base["stores"].get(p.name) if base else None,
+                                                 now - base["t"] if base else 0.0) for p in stores}}
         self.samples.append(point)
         return point
 
@@ -123,9 +123,9 @@ class Dashboard:
                                           for k in REPLICA_SERIES} for replica_id in replica_ids},
                 "cluster": {k: _series(s["cluster"][k] for s in samples) for k in CLUSTER_SERIES},
                 "decisions_per_s": {r: _series(s["decisions_per_s"].get(r) for s in samples) for r in reasons}}
-        pool_ids = list(dict.fromkeys(pid for s in samples for pid in s["pools"]))
-        hist["pools"] = {pid: {k: _series(s["pools"].get(pid, {}).get(k) for s in samples) for k in POOL_SERIES}
-                         for pid in pool_ids}
+        store_ids = list(dict.fromkeys(sid for s in samples for sid in s["stores"]))
+        hist["stores"] = {sid: {k: _series(s["stores"].get(sid, {}).get(k) for s in samples) for k in STORE_SERIES}
+                          for sid in store_ids}
         rows = []
         token = state.settings.serving.cluster_token
         label = (lambda s: s) if raw_sessions or not token else (lambda s: session_label(s, token))
@@ -136,7 +136,7 @@ class Dashboard:
                 "hotspots": last["summary"]["hotspots"] if last else [],
                 "hotspot_factor": state.settings.hotspot_factor, "replicas": rows, "history": hist,
                 "pd": last["summary"].get("pd") if last else None,
-                "shared_pools": last["summary"].get("shared_pools", []) if last else [],
+                "shared_stores": last["summary"].get("shared_stores", []) if last else [],
                 "agent_sessions": _flights(state.sessions.now(TOP_FLIGHTS, label))}
 
 
@@ -174,10 +174,10 @@ def _replica_point(row: dict, st: dict | None, cur: dict | None, prev: dict | No
     return point
 
 
-def _pool_point(pool, prev: dict | None, dt: float) -> dict:
-    """A shared pool's sample: occupancy and bytes held now, its link's bytes/s and evictions/s since ``prev``
-    (cumulative counters; a pool that restarted, its counters down, gets no rate that interval)."""
-    st = pool.stats if pool.healthy else {}
+def _store_point(store, prev: dict | None, dt: float) -> dict:
+    """A shared store's sample: occupancy and bytes held now, its link's bytes/s and evictions/s since ``prev``
+    (cumulative counters; a store that restarted, its counters down, gets no rate that interval)."""
+    st = store.stats if store.healthy else {}
     blocks, used = st.get("blocks"), st.get("used_blocks")
     point = {"occupancy": used / blocks if blocks and used is not None else None, "used_bytes": st.get("used_bytes"),
              "bytes_moved": st.get("bytes_moved"), "evictions": st.get("evictions"), "link_bytes_per_s": None,

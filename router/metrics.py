@@ -54,10 +54,10 @@ GAUGES: dict[str, tuple[str, GaugeMode]] = {
     "held_usage": ("Share of the replica's KV pool prefills held for remote decodes pin (P/D).", "livemax"),
     "event_lag": ("Events published but not yet applied (the slowest worker's index).", "livemax"),
 }
-# per shared KV store (--shared-pool): name -> (help, how workers combine)
-POOL_GAUGES: dict[str, tuple[str, GaugeMode]] = {
-    "healthy": ("1 when the shared pool answers its health checks (by any live worker).", "livemax"),
-    "event_lag": ("The shared pool's events published but not yet applied (the slowest worker's index).", "livemax"),
+# per shared KV store (--shared-store): name -> (help, how workers combine)
+STORE_GAUGES: dict[str, tuple[str, GaugeMode]] = {
+    "healthy": ("1 when the shared store answers its health checks (by any live worker).", "livemax"),
+    "event_lag": ("The shared store's events published but not yet applied (the slowest worker's index).", "livemax"),
 }
 
 
@@ -93,8 +93,10 @@ class RouterMetrics:
         self._counters = {name: Counter(f"kvemu_router_{name}", doc, registry=own) for name, doc in COUNTERS.items()}
         self._gauges = {name: Gauge(f"kvemu_router_replica_{name}", doc, ["replica_id"], registry=own,
                                     multiprocess_mode=mode) for name, (doc, mode) in GAUGES.items()}
-        self._pool_gauges = {name: Gauge(f"kvemu_router_shared_pool_{name}", doc, ["pool_id"], registry=own,
-                                         multiprocess_mode=mode) for name, (doc, mode) in POOL_GAUGES.items()}
+        # each under its name until this release too (kvemu_router_shared_pool_*{pool_id}), for one more
+        self._store_gauges = [{name: Gauge(f"kvemu_router_shared_{word}_{name}", doc, [label], registry=own,
+                                           multiprocess_mode=mode) for name, (doc, mode) in STORE_GAUGES.items()}
+                              for word, label in (("store", "store_id"), ("pool", "pool_id"))]
         # the series every request sets, by replica id, looked up once: ``labels()`` costs several times ``set()``
         self._routed: dict[str, Any] = {}
         self._load: dict[str, _LoadSeries] = {}  # its in-flight and queued-token gauges
@@ -115,7 +117,7 @@ class RouterMetrics:
                                    " pull had released it), failed (no answer).", ["outcome"], registry=own)
         # each restart the health checks saw (a new epoch on /health), per process; each worker counts what its own
         # checks see (under --workers N, N per restart): /cluster's ``restarts`` are the answering worker's
-        self.restarts = Counter("kvemu_router_restarts", "Restarts of a replica or shared pool the health checks saw"
+        self.restarts = Counter("kvemu_router_restarts", "Restarts of a replica or shared store the health checks saw"
                                 " (a new epoch on its /health: its cache started empty).", ["kind", "id"], registry=own)
         self.cluster: Any = None  # the Cluster, set by the app
 
@@ -146,7 +148,7 @@ class RouterMetrics:
         self.pd_decode_first_byte.labels(path).observe(seconds)
 
     def restarted(self, kind: str, process_id: str) -> None:
-        """``kind`` ("replica" or "shared_pool") ``process_id`` came back with a new epoch."""
+        """``kind`` ("replica" or "shared_store") ``process_id`` came back with a new epoch."""
         self.restarts.labels(kind, process_id).inc()
 
     def outcome(self, outcome: str) -> None:
@@ -177,10 +179,11 @@ class RouterMetrics:
         for name, value in values.items():
             self._gauges[name].labels(replica_id).set(value)
 
-    def pool(self, pool_id: str, **values: float) -> None:
-        """Per shared pool gauges (``POOL_GAUGES``) as this worker sees them now."""
+    def store(self, store_id: str, **values: float) -> None:
+        """Per shared store gauges (``STORE_GAUGES``) as this worker sees them now."""
         for name, value in values.items():
-            self._pool_gauges[name].labels(pool_id).set(value)
+            for gauges in self._store_gauges:
+                gauges[name].labels(store_id).set(value)
 
     def record_prediction(self, predicted_tokens: int, actual_tokens: int) -> None:
         self.predictions.inc()

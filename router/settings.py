@@ -59,7 +59,7 @@ class RouterSettings:
     # Shared KV stores (`kvemu store`): each one's URL and the replica ids it serves (none: every replica),
     # and the shared level's index in the replicas' stacks (the last level: 3 after host DRAM and SSD; kvemu's
     # front end takes it from the same level list its routing settings price; 0 without a pool)
-    shared_pools: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    shared_stores: tuple[tuple[str, tuple[str, ...]], ...] = ()
     shared_level: int = 0
 
     def __post_init__(self) -> None:
@@ -92,17 +92,17 @@ class RouterSettings:
         if not 0 <= self.retries <= 5:
             raise InputError("retries", f"must be 0-5, got {self.retries}")
         self.client_limits()  # checks the client_* fields
-        urls = [url for url, _ in self.shared_pools]
+        urls = [url for url, _ in self.shared_stores]
         for url in urls:
             parts = urlsplit(url)
             if parts.scheme not in ("http", "https") or not parts.netloc:
-                raise InputError("shared_pools", f"expected a pool's http://host:port, got {url!r}")
+                raise InputError("shared_stores", f"expected a store's http://host:port, got {url!r}")
         if len(set(urls)) != len(urls):
-            raise InputError("shared_pools", "a pool URL is listed twice")
-        served = [rid for _, ids in self.shared_pools for rid in ids]
+            raise InputError("shared_stores", "a store URL is listed twice")
+        served = [rid for _, ids in self.shared_stores for rid in ids]
         if len(set(served)) != len(served):
-            raise InputError("shared_pools", "a replica is served by two pools (each belongs to one scope group)")
-        if self.shared_pools and not 1 <= self.shared_level <= 15:
+            raise InputError("shared_stores", "a replica is served by two stores (each belongs to one scope group)")
+        if self.shared_stores and not 1 <= self.shared_level <= 15:
             raise InputError("shared_level", f"the shared level's index must be 1-15, got {self.shared_level}")
 
     def role_of(self, i: int) -> str:

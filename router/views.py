@@ -157,22 +157,27 @@ def cluster_summary(state, raw_sessions: bool = False) -> dict:
             "session_moves": {"turns": int(totals.session_turns), "left": int(sum(totals.session_moves.values())),
                               "by_reason": {k: int(v) for k, v in sorted(totals.session_moves.items())}},
             **({"pd": pd_summary(state, totals)} if state.cluster.disaggregated else {}),
-            **({"shared_pools": shared_pools_summary(state)} if state.cluster.pools else {})}
+            **(_stores(shared_stores_summary(state)) if state.cluster.stores else {})}
 
 
-def shared_pools_summary(state) -> list[dict]:
-    """Each shared KV pool: whom it serves, its feed as the router follows it, its occupancy and evictions (its
-    last ``/stats``: ``SharedStore.stats()`` and the pool's own figures), and the blocks the replicas it serves
+def _stores(rows: list[dict]) -> dict:
+    """``shared_stores``, and under its name until this release, ``shared_pools``, for one more."""
+    return {"shared_stores": rows, "shared_pools": rows}
+
+
+def shared_stores_summary(state) -> list[dict]:
+    """Each shared KV store: whom it serves, its feed as the router follows it, its occupancy and evictions (its
+    last ``/stats``: ``SharedStore.stats()`` and the store's own figures), and the blocks the replicas it serves
     found at each level (hits by level, from their ``/stats`` ``tiers``: HBM, host, SSD, the shared store)."""
     index = state.index.replicas_sync() if state.embedded else {}
     out = []
-    for p in state.cluster.pools:
+    for p in state.cluster.stores:
         st = p.stats
         serves = [r for r in state.cluster.replicas if not p.serves or r.replica_id in p.serves]
         blocks, used = st.get("blocks") or p.health.get("blocks") or 0, st.get("used_blocks", p.health.get("used_blocks"))
         known = index.get(p.store_id)
         out.append({
-            "pool_id": p.name, "url": p.url, "healthy": p.healthy, "epoch": p.epoch, "restarts": p.restarts,
+            "store_id": p.name, "pool_id": p.name, "url": p.url, "healthy": p.healthy, "epoch": p.epoch, "restarts": p.restarts,
             "level": state.settings.shared_level,
             "serves": list(p.serves) or "all", "event_lag": p.feed_lag_events,
             "index_blocks": known.blocks if known is not None else None,
@@ -254,18 +259,18 @@ async def _refresh_footprints(state) -> None:
             pass
 
     await asyncio.gather(*(one(r) for r in state.cluster.replicas if r.state.healthy),
-                         *(refresh_pool_stats(state, p) for p in state.cluster.pools if p.healthy))
+                         *(refresh_store_stats(state, p) for p in state.cluster.stores if p.healthy))
 
 
-async def refresh_pool_stats(state, pool) -> None:
-    """A shared pool's ``/stats`` into its handle (what /cluster and the dashboard show of it)."""
+async def refresh_store_stats(state, store) -> None:
+    """A shared store's ``/stats`` into its handle (what /cluster and the dashboard show of it)."""
     try:
-        async with state.cluster.session.get(pool.url + "/stats", headers=state.cluster.auth,
+        async with state.cluster.session.get(store.url + "/stats", headers=state.cluster.auth,
                                              timeout=aiohttp.ClientTimeout(total=1.0)) as resp:
             if resp.status == 200:
                 st = await resp.json()
                 if isinstance(st, dict):
-                    pool.stats = st
+                    store.stats = st
     except (TimeoutError, aiohttp.ClientError, ValueError):
         pass
 

@@ -1,6 +1,6 @@
 """The shared KV store's chaos scenario: SIGKILL the `kvemu store` process under load, start it
 again later; clients lose nothing (replicas serve from their own levels meanwhile), every replica says
-``"shared_pool": "unreachable"`` in /health while it is gone and resyncs when it is back, nothing stays pinned."""
+``"shared_store": "unreachable"`` in /health while it is gone and resyncs when it is back, nothing stays pinned."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def _pool(c: Cluster, port: int) -> subprocess.Popen:
 
 
 def _states(c: Cluster) -> list[str]:
-    return [get_json(c.replica_url(i) + "/health").get("shared_pool", "?") for i in range(len(c.ports))]
+    return [get_json(c.replica_url(i) + "/health").get("shared_store", "?") for i in range(len(c.ports))]
 
 
 def pool_kill(rate: float, duration: float) -> dict:
@@ -48,7 +48,7 @@ def pool_kill(rate: float, duration: float) -> dict:
         stats = [get_json(c.replica_url(i) + "/stats", timeout=5.0) for i in range(len(c.ports))]
         return {**out, "pool_writes_before_kill": before.get("writes"), "pool_reads_before_kill": before.get("reads"),
                 "replicas_see_it_down_s": round(down_s, 3), "replicas_resynced_s": round(back_s, 3),
-                "replica_pool_failures": sum(s["shared_pool"]["failures"] for s in stats),
+                "replica_pool_failures": sum(s["shared_store"]["failures"] for s in stats),
                 "pinned_blocks_after": sum(s["pinned_blocks"] for s in stats)}
     finally:
         c.stop()

@@ -97,9 +97,9 @@ def pool_kill_up(rate: float, duration: float) -> dict:
     SIGKILLed at 1/3. Did clients lose anything, is up still running, did the pool come back?"""
     def run(up: Up) -> dict:
         load = Traffic(up.router, rate, duration).start()
-        out = _kill_at_third(up, up.urls["shared-pool"], load, duration)
+        out = _kill_at_third(up, up.urls["shared-store"], load, duration)
         out["pool_back"] = out["back_after_load_s"] is not None
-        out["replica_pool_states"] = {rid: _get(url + "/health").get("shared_pool")
+        out["replica_pool_states"] = {rid: _get(url + "/health").get("shared_store")
                                       for rid, url in up.replicas().items()}
         return pinned(up, out)
 

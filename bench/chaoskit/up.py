@@ -1,5 +1,5 @@
 """``kvemu up`` driven as a user drives it, for the probe scenarios (bench/chaoskit/probe.py): a subprocess
-whose printed lines (``router URL``, ``prefill-0 URL``, ``shared-pool URL``, ...) say where everything is;
+whose printed lines (``router URL``, ``prefill-0 URL``, ``shared-store URL``, ...) say where everything is;
 its children found in /proc by the ``--port`` on their command lines (the pid to SIGKILL or SIGSTOP); the
 KV blocks the replicas hold for a remote decode, read from their ``/stats`` (and ``/health`` once it says)."""
 
@@ -28,7 +28,7 @@ class Up:
         self.token = "chaos-" + os.urandom(12).hex()
         self.args = ["--port", str(free_port()), *args]
         self.timeout = timeout
-        self.urls: dict[str, str] = {}  # what up printed: router, replica-0, prefill-0, decode-0, shared-pool, ...
+        self.urls: dict[str, str] = {}  # what up printed: router, replica-0, prefill-0, decode-0, shared-store, ...
         self.lines: list[str] = []
         self.proc: subprocess.Popen | None = None
         self._ready = threading.Event()

@@ -2,7 +2,7 @@
 ``--shared-cache-gib`` (the store's capacity; 0, the default: none), ``--shared-chunk-tokens``,
 ``--shared-eviction``, ``--shared-write``, ``--shared-nic-gbps``, ``--shared-store-gbps``,
 ``--shared-ttfb-us`` and ``--shared-scope``. Live, the store is a `kvemu store` process
-(replica/kvstore/service.py): it takes ``STORE_OPTIONS`` (every flag but the scope, which is up's: one pool per
+(replica/kvstore/service.py): it takes ``STORE_OPTIONS`` (every flag but the scope, which is up's: one store per
 group), and a replica takes them too with ``--shared-store-url`` (its store), so both shape one store alike.
 Until the next release each renamed flag still answers to its old spelling (``--shared-pool-gbps``,
 ``--shared-pool-url``): "pool" is the block pool."""
@@ -14,7 +14,7 @@ import argparse
 from kvemu.options.option import Option, add_options
 from replica.core.tiers.shared import (
     DEFAULT_NIC_GBPS,
-    DEFAULT_POOL_GBPS,
+    DEFAULT_STORE_GBPS,
     DEFAULT_TTFB_S,
     SHARED_EVICTIONS,
     SHARED_WRITES,
@@ -36,8 +36,8 @@ SHARED_OPTIONS = (
            " chunk it computes (LMCache's write-through at prefill)", choices=SHARED_WRITES),
     Option("--shared-nic-gbps", DEFAULT_NIC_GBPS, f"each replica's link to the store, Gb/s per direction (default"
            f" {DEFAULT_NIC_GBPS:g})", float, metavar="GBIT/S"),
-    Option("--shared-store-gbps", DEFAULT_POOL_GBPS, f"the store's aggregate bandwidth, Gb/s per direction, shared by"
-           f" every replica's transfers (default {DEFAULT_POOL_GBPS:g})", float, metavar="GBIT/S",
+    Option("--shared-store-gbps", DEFAULT_STORE_GBPS, f"the store's aggregate bandwidth, Gb/s per direction, shared by"
+           f" every replica's transfers (default {DEFAULT_STORE_GBPS:g})", float, metavar="GBIT/S",
            aliases=("--shared-pool-gbps",)),
     Option("--shared-ttfb-us", DEFAULT_TTFB_S * 1e6, f"a read's metadata round trip to the store, microseconds"
            f" (default {DEFAULT_TTFB_S * 1e6:g})", float, metavar="US"),
@@ -46,7 +46,7 @@ SHARED_OPTIONS = (
 )
 
 
-# what shapes one store (a pool process and each replica using it take these): every flag but the scope
+# what shapes one store (a store process and each replica using it take these): every flag but the scope
 STORE_OPTIONS = tuple(o for o in SHARED_OPTIONS if o.flag != "--shared-scope")
 SHARED_STORE_URL = Option("--shared-store-url", None, "the shared KV store (a `kvemu store` process) this replica"
                           " reads and writes; give it the store's --shared-* flags too (kvemu up does)", metavar="URL",
@@ -58,13 +58,13 @@ def add_shared_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_replica_shared_args(p: argparse.ArgumentParser) -> None:
-    """A replica's: its pool's URL and the flags that shape the store (the pool's own)."""
+    """A replica's: its store's URL and the flags that shape the store (the store's own)."""
     group = p.add_argument_group("the shared KV store (kvemu store) below this replica's own tiers")
     SHARED_STORE_URL.add(group)
     add_options(group, STORE_OPTIONS)
 
 
-def add_pool_args(p: argparse.ArgumentParser) -> None:
+def add_store_args(p: argparse.ArgumentParser) -> None:
     add_options(p.add_argument_group("the store"), STORE_OPTIONS)
 
 

@@ -1,21 +1,21 @@
-"""A replica's async side of the shared KV store (``--shared-store-url``): follows the pool's event feed into
+"""A replica's async side of the shared KV store (``--shared-store-url``): follows the store's event feed into
 the ``MirrorStore`` and ships the writes and reads the engine's steps queued there.
 
-Three background tasks (``replica/app.py``'s ``shared_pool_ctx``), one ``aiohttp`` session:
+Three background tasks (``replica/app.py``'s ``shared_store_ctx``), one ``aiohttp`` session:
 
-* **follow**: ``GET /kv/events?after=SEQ&wait=1000`` on the pool, as a router follows a replica: a new
-  epoch (the pool restarted: an empty store) or a gap clears the mirror and rebuilds it (a resync);
+* **follow**: ``GET /kv/events?after=SEQ&wait=1000`` on the store, as a router follows a replica: a new
+  epoch (the store restarted: an empty store) or a gap clears the mirror and rebuilds it (a resync);
 * **writes** and **reads**: woken by the mirror when a step queued something, one ``POST /kv/write`` /
   ``POST /kv/read`` per wake-up with everything queued (reads may take as long as their transfer on the
-  pool's aggregate link, so they do not hold up writes).
+  store's aggregate link, so they do not hold up writes).
 
-Faults: a pool that does not answer, answers an error status, or answers garbage (not the JSON expected) is
-*unreachable*: the mirror is cleared and takes no writes (nothing is planned from the pool), what was queued
-is dropped and counted, the replica serves from its own levels, ``/health`` says ``"shared_pool":
-"unreachable"`` and its log says so once. The follower keeps trying (0.2 s, doubling to 2 s); when the pool
-answers again the mirror resyncs from its feed. Nothing in HBM depends on the pool: a fetch planned from the
-mirror was priced and counted at plan time (the data is emulated), so a read the pool can no longer serve
-(evicted, or the pool died) is only counted (``read_missing_blocks``, ``read_failures``).
+Faults: a store that does not answer, answers an error status, or answers garbage (not the JSON expected) is
+*unreachable*: the mirror is cleared and takes no writes (nothing is planned from the store), what was queued
+is dropped and counted, the replica serves from its own levels, ``/health`` says ``"shared_store":
+"unreachable"`` and its log says so once. The follower keeps trying (0.2 s, doubling to 2 s); when the store
+answers again the mirror resyncs from its feed. Nothing in HBM depends on the store: a fetch planned from the
+mirror was priced and counted at plan time (the data is emulated), so a read the store can no longer serve
+(evicted, or the store died) is only counted (``read_missing_blocks``, ``read_failures``).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from replica.kvstore.mirror import MirrorStore
 from shared.auth import bearer_header
 from shared.errors import KvemuError
 
-log = logging.getLogger("kvemu.replica.shared_pool")
+log = logging.getLogger("kvemu.replica.shared_store")
 
 POLL_WAIT_MS = 1000
 BACKOFF_S = (0.2, 2.0)
@@ -43,24 +43,24 @@ TIMEOUT_S = 10.0
 
 
 class Garbage(Exception):
-    """The pool answered something that is not what the protocol says."""
+    """The store answered something that is not what the protocol says."""
 
 
 @dataclass(slots=True)
 class ClientCounters:
-    failures: int = 0  # requests to the pool that failed (down, error status or garbage)
+    failures: int = 0  # requests to the store that failed (down, error status or garbage)
     garbage: int = 0  # ... of which answers that were not what the protocol says
-    outages: int = 0  # times the pool became unreachable
+    outages: int = 0  # times the store became unreachable
     resyncs: int = 0  # mirror rebuilt (new epoch or a gap)
     polls: int = 0
     write_requests: int = 0
     written_chunks: int = 0
     refused_chunks: int = 0
-    dropped_write_chunks: int = 0  # queued while or when the pool was unreachable
+    dropped_write_chunks: int = 0  # queued while or when the store was unreachable
     read_requests: int = 0
     read_blocks: int = 0
-    read_missing_blocks: int = 0  # read from the mirror, no longer in the pool
-    read_failures: int = 0  # blocks whose read failed (the pool went away)
+    read_missing_blocks: int = 0  # read from the mirror, no longer in the store
+    read_failures: int = 0  # blocks whose read failed (the store went away)
     read_wait_s: float = 0.0  # wall seconds reads took, in all
 
 
@@ -71,7 +71,7 @@ def _int(body: dict, name: str) -> int:
     return value
 
 
-class PoolClient:
+class StoreClient:
     def __init__(self, url: str, mirror: MirrorStore, replica_id: str, token: str | None,
                  clock: Callable[[], float]) -> None:
         self.url = url.rstrip("/")
@@ -97,7 +97,7 @@ class PoolClient:
 
     # ---- state ---------------------------------------------------------------------
     def down(self, reason: str, garbage: bool = False) -> None:
-        """A failed request: the pool is unreachable (or talks nonsense) until the feed answers again."""
+        """A failed request: the store is unreachable (or talks nonsense) until the feed answers again."""
         c = self.counters
         c.failures += 1
         c.garbage += garbage
@@ -147,7 +147,7 @@ class PoolClient:
                 delay = min(delay * 2, BACKOFF_S[1])
 
     async def poll(self, wait_ms: int = 0) -> None:
-        """One read of the pool's feed into the mirror."""
+        """One read of the store's feed into the mirror."""
         self.counters.polls += 1
         feed = await self._json("GET", f"/kv/events?after={self.cursor}&limit=1024"
                                        + (f"&wait={wait_ms}" if wait_ms and self.state == "ok" else ""))
@@ -257,8 +257,8 @@ class PoolClient:
         async with aiohttp.ClientSession() as session:
             self.session = session
             tasks = [asyncio.create_task(coro, name=name) for coro, name in (
-                (self.follow(), "shared-pool-feed"), (self.ship_writes(), "shared-pool-writes"),
-                (self.ship_reads(), "shared-pool-reads"))]
+                (self.follow(), "shared-store-feed"), (self.ship_writes(), "shared-store-writes"),
+                (self.ship_reads(), "shared-store-reads"))]
             try:
                 await asyncio.gather(*tasks)
             finally:
@@ -271,10 +271,10 @@ class PoolClient:
                 "last_error": self.last_error, **asdict(self.counters), "mirror": self.mirror.stats()}
 
 
-def check_pool(url: str, shared: SharedSettings, block_bytes: int, timeout: float = 5.0) -> dict:
-    """At a replica's start: the pool answers ``/health`` and holds what this replica's flags say (capacity,
-    chunks, writes, the model's block bytes); else one line naming it. A pool that is down at start is an
-    error (``kvemu up`` starts the pools first); one that goes down later is a fault the replica survives."""
+def check_store(url: str, shared: SharedSettings, block_bytes: int, timeout: float = 5.0) -> dict:
+    """At a replica's start: the store answers ``/health`` and holds what this replica's flags say (capacity,
+    chunks, writes, the model's block bytes); else one line naming it. A store that is down at start is an
+    error (``kvemu up`` starts the stores first); one that goes down later is a fault the replica survives."""
     try:
         with urllib.request.urlopen(url.rstrip("/") + "/health", timeout=timeout) as resp:
             body = json.load(resp)
@@ -288,6 +288,6 @@ def check_pool(url: str, shared: SharedSettings, block_bytes: int, timeout: floa
             "block_bytes": block_bytes}
     for key, value in want.items():
         if body.get(key) != value:
-            raise KvemuError(f"--shared-store-url: the pool at {url} has {key} {body.get(key)!r}, this replica's"
+            raise KvemuError(f"--shared-store-url: the store at {url} has {key} {body.get(key)!r}, this replica's"
                              f" flags say {value!r}; give both the same --shared-* flags, --model and --block-size")
     return body

@@ -1,18 +1,18 @@
 """A replica's stand-in for the shared store (``MirrorStore``): what its ``TierStack`` runs on live.
 
 The replica's core is pure and synchronous; the store is in another process (``service.py``). So the
-stack's last level is a ``SharedStore`` whose membership is a *mirror* of the pool's, fed by the pool's
+stack's last level is a ``SharedStore`` whose membership is a *mirror* of the store's, fed by the store's
 event feed (``client.py`` follows it, as a router follows replicas), and whose writes and reads are queued
 here and shipped by the client after each engine step:
 
 * ``admit_absent`` (a write): the full chunks the mirror does not hold enter it at once (optimistically: the
-  pool's answer takes back any it refused) and are queued; the blocks it returns cross this replica's NIC
+  store's answer takes back any it refused) and are queued; the blocks it returns cross this replica's NIC
   and its local view of the aggregate link, as in the simulator.
-* ``acquire`` (a fetch planned from the mirror): queued as a read, which takes the pool's read leases and
-  crosses the pool's aggregate link; the pool's own evictions reach the mirror through the feed.
+* ``acquire`` (a fetch planned from the mirror): queued as a read, which takes the store's read leases and
+  crosses the store's aggregate link; the store's own evictions reach the mirror through the feed.
 * ``apply``: the feed's ``stored`` / ``removed`` / ``cleared`` events.
-* While the pool is unreachable (``available`` False) the mirror is empty and takes no writes, so nothing is
-  planned from the pool; the replica carries on with its own levels.
+* While the store is unreachable (``available`` False) the mirror is empty and takes no writes, so nothing is
+  planned from the store; the replica carries on with its own levels.
 
 ``held`` and ``chunks`` are cleared in place, never replaced: the stack's level queries hold ``held``.
 """
@@ -29,15 +29,15 @@ from replica.core.tiers.shared import SharedStore
 
 @dataclass(slots=True)
 class MirrorCounters:
-    queued_writes: int = 0  # chunks queued for the pool
-    queued_reads: int = 0  # blocks queued for the pool
-    skipped_writes: int = 0  # chunks not written because the pool was unreachable
+    queued_writes: int = 0  # chunks queued for the store
+    queued_reads: int = 0  # blocks queued for the store
+    skipped_writes: int = 0  # chunks not written because the store was unreachable
     applied_events: int = 0
 
 
 @dataclass(eq=False)
 class MirrorStore(SharedStore):
-    """See the module docstring; ``SharedStore``'s protocol, the pool's membership."""
+    """See the module docstring; ``SharedStore``'s protocol, the store's membership."""
 
     available: bool = False
     writes: list[tuple[int, ...]] = field(default_factory=list)  # chunks to ship
@@ -89,7 +89,7 @@ class MirrorStore(SharedStore):
                     self.chunks.pop(key, None)
 
     def refused(self, keys: Sequence[int]) -> None:
-        """The pool found no room for these chunks: they leave the mirror (unless the feed stored them since)."""
+        """The store found no room for these chunks: they leave the mirror (unless the feed stored them since)."""
         for key in keys:
             for h in self.chunks.pop(key, ()):
                 self.held.pop(h, None)
@@ -116,7 +116,7 @@ class MirrorStore(SharedStore):
             self.notify()
 
     def drain_events(self) -> list[KvEvent]:
-        return []  # the pool publishes the store's residency, not each replica
+        return []  # the store publishes its own residency, not each replica
 
     def stats(self) -> dict:
         m = self.mirror

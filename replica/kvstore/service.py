@@ -14,23 +14,23 @@ replica's ``/kv/events``: ``shared/auth.py``):
   "present": chunks already held, "refused": [chunk keys the store found no room for], "used_blocks"}``;
   the blocks written cross the aggregate link.
 * ``POST /kv/read`` ``{"replica_id": str, "hashes": [...]}``: a replica's fetch: read leases on the chunks
-  held (Mooncake's, ``LEASE_S`` emulated seconds), the held blocks priced on the aggregate link at the pool's
+  held (Mooncake's, ``LEASE_S`` emulated seconds), the held blocks priced on the aggregate link at the store's
   emulated clock; the answer comes when that transfer ends, ``time_scale`` wall seconds per emulated one
   (as a replica paces its steps): ``{"held": blocks read, "missing": blocks the store no longer holds,
-  "ready_at": emulated end of the transfer, "now": the pool's emulated clock when it started}``.
+  "ready_at": emulated end of the transfer, "now": the store's emulated clock when it started}``.
 * ``GET /kv/events?after=SEQ&wait=MS&limit=N`` and ``POST /kv/resync``: the store's ``stored`` / ``removed``
   events, in exactly a replica's feed format and numbering (``replica/events.py``'s ``EventFeed``):
-  ``{"replica_id": pool id, "epoch", "oldest_seq", "next_seq", "batches": [{"seq", "events": [[kind,
+  ``{"replica_id": store id, "epoch", "oldest_seq", "next_seq", "batches": [{"seq", "events": [[kind,
   hashes, level], ...]}]}``, level ``SHARED_LEVEL`` (3: the shared level's index in every replica's stack,
   after host 1 and SSD 2), one ``stored`` event per chunk written, ``removed`` per eviction round; a resync
   is ``["cleared", []]`` then ``stored`` of every chunk held.
-* ``GET /health``, ``GET /stats`` (the store's ``stats()``, the feed's, request counts and what the pool
+* ``GET /health``, ``GET /stats`` (the store's ``stats()``, the feed's, request counts and what the store
   would lose if it died now), ``GET /metrics`` (Prometheus: occupancy, writes, refused writes, reads,
   evictions, bytes on the aggregate link).
 
-Clock: the pool's emulated clock follows its wall clock, ``1 / time_scale`` emulated seconds per wall second
+Clock: the store's emulated clock follows its wall clock, ``1 / time_scale`` emulated seconds per wall second
 (the replicas' ``--time-scale``; at 0, the largest ``now`` a replica sent). Replicas started a moment apart
-have emulated clocks that differ by that moment over the time scale, so the pool keeps one clock of its own
+have emulated clocks that differ by that moment over the time scale, so the store keeps one clock of its own
 for the store's leases and its link rather than trusting each replica's.
 
 **A kvemu service, not Redis.** Measured on loopback (one write of a 1-block chunk then one read of it, 2,000
@@ -45,8 +45,8 @@ forbids. This process runs the simulator's class unchanged. The data itself is e
 so Redis's strength, holding bytes, buys nothing here.
 
 It is a cache: killed, it loses everything it held (its log and ``/stats`` say how much: ``at_risk``);
-replicas carry on with their own levels and resync when a pool answers again (a new epoch: their mirrors
-start empty, as the new store does). A replica's death costs the pool nothing.
+replicas carry on with their own levels and resync when a store answers again (a new epoch: their mirrors
+start empty, as the new store does). A replica's death costs the store nothing.
 """
 
 from __future__ import annotations
@@ -74,32 +74,32 @@ from shared.httpkit import BODY_LIMIT, errors_middleware, read_body, respond
 from shared.serving import ServingSettings
 from shared.validate import check_int, check_number
 
-log = logging.getLogger("kvemu.pool")
+log = logging.getLogger("kvemu.store")
 
-DEFAULT_POOL_ID = "shared-pool"
+DEFAULT_STORE_ID = "shared-store"
 # the shared level's index in every replica's TierStack (host 1, SSD 2, then the shared level): the level
-# the pool's events carry, as a replica's host and SSD events carry theirs
+# the store's events carry, as a replica's host and SSD events carry theirs
 SHARED_LEVEL = 1 + [lv.kind for lv in TierSettings(shared=SharedSettings(1)).levels()].index("shared")
 MAX_HASHES = 1 << 16  # per write or read request
 
 
 @dataclass(frozen=True, slots=True)
-class PoolSettings:
+class StoreSettings:
     shared: SharedSettings
     block_bytes: int  # bytes of one block (the model's KV per block of block_size tokens)
     block_size: int = 16
-    pool_id: str = DEFAULT_POOL_ID
+    store_id: str = DEFAULT_STORE_ID
     port: int = 8300
     time_scale: float = 1.0
     serving: ServingSettings = ServingSettings()
     event_batch_max: int = 512
     feed_max_batches: int = 4096
-    index: str | None = None  # a Redis index the pool's feed is shipped to too (routers reading Redis see it)
+    index: str | None = None  # a Redis index the store's feed is shipped to too (routers reading Redis see it)
     cluster: str = "default"  # that index's key namespace
 
     def __post_init__(self) -> None:
-        if not self.pool_id or len(self.pool_id) > 128:
-            raise InputError("pool_id", "must be 1-128 characters")
+        if not self.store_id or len(self.store_id) > 128:
+            raise InputError("store_id", "must be 1-128 characters")
         check_int("block_bytes", self.block_bytes, minimum=1)
         check_int("block_size", self.block_size, minimum=1)
         check_number("time_scale", self.time_scale, minimum=0)
@@ -107,15 +107,15 @@ class PoolSettings:
             raise InputError("port", f"must be 0-65535, got {self.port}")
 
     def describe(self) -> dict:
-        """What a replica checks against its own flags before it uses this pool (``client.check_pool``)."""
+        """What a replica checks against its own flags before it uses this store (``client.check_store``)."""
         s = self.shared
-        return {"pool_id": self.pool_id, "blocks": s.blocks, "chunk_blocks": s.chunk_blocks, "write": s.write,
+        return {"store_id": self.store_id, "pool_id": self.store_id, "blocks": s.blocks, "chunk_blocks": s.chunk_blocks, "write": s.write,
                 "eviction": s.eviction, "block_bytes": self.block_bytes, "block_size": self.block_size,
-                "pool_gbps": s.pool_gbps, "level": SHARED_LEVEL}
+                "store_gbps": s.store_gbps, "pool_gbps": s.store_gbps, "level": SHARED_LEVEL}
 
 
 @dataclass(slots=True)
-class PoolCounters:
+class StoreCounters:
     write_requests: int = 0
     read_requests: int = 0
     present: int = 0  # chunks a write found already held
@@ -125,25 +125,25 @@ class PoolCounters:
     by_replica: dict[str, int] = field(default_factory=dict)  # write + read requests per replica
 
 
-class PoolRuntime:
-    """What the pool process owns: the store, its feed, its clock."""
+class StoreRuntime:
+    """What the store process owns: the store, its feed, its clock."""
 
-    def __init__(self, settings: PoolSettings) -> None:
+    def __init__(self, settings: StoreSettings) -> None:
         self.settings = settings
         self.store = SharedStore(settings.shared, emit_events=True)
         n = settings.shared.chunk_blocks
         # a batch holds whole chunks (a mirror cuts a stored event into chunks of n)
         batch_max = max(1, settings.event_batch_max // n) * n
-        self.feed = EventFeed(settings.pool_id, self.snapshot, batch_max, settings.feed_max_batches, mode="poll",
+        self.feed = EventFeed(settings.store_id, self.snapshot, batch_max, settings.feed_max_batches, mode="poll",
                               max_hashes=max(1 << 18, 2 * settings.shared.blocks + 1024))
         self.feed.listener = self._wake
         # With a Redis index, a second feed of the same events is shipped there (replica/shipper.py), as a
         # replica's is; the polled feed above stays for the replicas' mirrors and any router that follows it.
-        self.index_feed = EventFeed(settings.pool_id, self.chunks_held, batch_max, settings.feed_max_batches,
+        self.index_feed = EventFeed(settings.store_id, self.chunks_held, batch_max, settings.feed_max_batches,
                                     mode="push", max_hashes=max(1 << 18, 2 * settings.shared.blocks + 1024)) \
             if settings.index else None
         self._changed: asyncio.Future | None = None
-        self.counters = PoolCounters()
+        self.counters = StoreCounters()
         self.started = time.time()
         self._t0 = time.monotonic()
         self._given_now = 0.0
@@ -156,7 +156,7 @@ class PoolRuntime:
         return self._given_now
 
     def saw(self, now: object) -> None:
-        """A replica's emulated clock (the pool's clock at time scale 0)."""
+        """A replica's emulated clock (the store's clock at time scale 0)."""
         if isinstance(now, (int, float)) and not isinstance(now, bool) and now > self._given_now:
             self._given_now = float(now)
 
@@ -232,14 +232,14 @@ class PoolRuntime:
                 max(ready - now, 0.0) * self.settings.time_scale)
 
     def at_risk(self) -> dict:
-        """What the pool loses if it dies now: everything it holds (it is a cache)."""
+        """What the store loses if it dies now: everything it holds (it is a cache)."""
         s = self.store
         return {"chunks": len(s.chunks), "blocks": s.used, "bytes": s.used * self.settings.block_bytes}
 
     def stats(self) -> dict:
         c = self.counters
         now = self.now()
-        return {"pool_id": self.settings.pool_id, "epoch": self.feed.epoch, **self.store.stats(),
+        return {"store_id": self.settings.store_id, "pool_id": self.settings.store_id, "epoch": self.feed.epoch, **self.store.stats(),
                 "block_bytes": self.settings.block_bytes, "used_bytes": self.store.used * self.settings.block_bytes,
                 "link": {"bytes_moved": self.store.link.bytes_moved, "in_flight": self.store.link.in_flight,
                          "utilization": self.store.link.utilization(now) if now > 0 else 0.0},
@@ -250,54 +250,56 @@ class PoolRuntime:
                 "emulated_now_s": now, "uptime_s": time.time() - self.started}
 
 
-class PoolCollector:
-    """The pool's Prometheus series, read from the store at scrape time."""
+class StoreCollector:
+    """The store's Prometheus series, read from the store at scrape time."""
 
-    def __init__(self, rt: PoolRuntime) -> None:
+    def __init__(self, rt: StoreRuntime) -> None:
         self.rt = rt
 
     def describe(self):
         return []
 
     def collect(self):
-        rt, pid = self.rt, self.rt.settings.pool_id
+        rt, pid = self.rt, self.rt.settings.store_id
         s, c = rt.store, rt.store.counters
 
-        def one(kind, name, doc, value):
-            m = kind(name, doc, labels=["pool"])
-            m.add_metric([pid], value)
-            return m
-
-        yield one(GaugeMetricFamily, "kvemu_pool_capacity_blocks", "Blocks the shared store holds at most.", s.capacity)
-        yield one(GaugeMetricFamily, "kvemu_pool_used_blocks", "Blocks the shared store holds.", s.used)
-        yield one(GaugeMetricFamily, "kvemu_pool_occupancy", "Fraction of the shared store in use (0-1).",
-                  s.used / s.capacity)
-        yield one(GaugeMetricFamily, "kvemu_pool_chunks", "Objects (chunks) the shared store holds.", len(s.chunks))
-        yield one(CounterMetricFamily, "kvemu_pool_writes", "Chunks written into the shared store.", c.writes)
-        yield one(CounterMetricFamily, "kvemu_pool_refused_writes", "Chunks a write found no room for.", c.refused)
-        yield one(CounterMetricFamily, "kvemu_pool_reads", "Chunks read from the shared store (leases taken).", c.reads)
-        yield one(CounterMetricFamily, "kvemu_pool_read_missing_blocks",
-                  "Blocks a read asked for that the store no longer held.", rt.counters.read_missing)
-        yield one(CounterMetricFamily, "kvemu_pool_evictions", "Chunks evicted from the shared store.", c.evictions)
-        yield one(CounterMetricFamily, "kvemu_pool_bytes", "Bytes across the store's aggregate link (writes and reads).",
-                  s.link.bytes_moved)
-        yield one(CounterMetricFamily, "kvemu_pool_requests", "Write and read requests answered.",
-                  rt.counters.write_requests + rt.counters.read_requests)
-
-
-POOL = web.AppKey("pool", PoolRuntime)
-REGISTRY = web.AppKey("pool_registry", CollectorRegistry)
+        series = (
+            (GaugeMetricFamily, "capacity_blocks", "Blocks the shared store holds at most.", s.capacity),
+            (GaugeMetricFamily, "used_blocks", "Blocks the shared store holds.", s.used),
+            (GaugeMetricFamily, "occupancy", "Fraction of the shared store in use (0-1).", s.used / s.capacity),
+            (GaugeMetricFamily, "chunks", "Objects (chunks) the shared store holds.", len(s.chunks)),
+            (CounterMetricFamily, "writes", "Chunks written into the shared store.", c.writes),
+            (CounterMetricFamily, "refused_writes", "Chunks a write found no room for.", c.refused),
+            (CounterMetricFamily, "reads", "Chunks read from the shared store (leases taken).", c.reads),
+            (CounterMetricFamily, "read_missing_blocks", "Blocks a read asked for that the store no longer held.",
+             rt.counters.read_missing),
+            (CounterMetricFamily, "evictions", "Chunks evicted from the shared store.", c.evictions),
+            (CounterMetricFamily, "bytes", "Bytes across the store's aggregate link (writes and reads).",
+             s.link.bytes_moved),
+            (CounterMetricFamily, "requests", "Write and read requests answered.",
+             rt.counters.write_requests + rt.counters.read_requests),
+        )
+        # kvemu_store_*{store}, and under their names until this release (kvemu_pool_*{pool}) for one more
+        for prefix, label in (("kvemu_store_", "store"), ("kvemu_pool_", "pool")):
+            for kind, name, doc, value in series:
+                m = kind(prefix + name, doc, labels=[label])
+                m.add_metric([pid], value)
+                yield m
 
 
-def _rt(request: web.Request) -> PoolRuntime:
-    return request.app[POOL]
+STORE = web.AppKey("store", StoreRuntime)
+REGISTRY = web.AppKey("store_registry", CollectorRegistry)
+
+
+def _rt(request: web.Request) -> StoreRuntime:
+    return request.app[STORE]
 
 
 def _guard(request: web.Request) -> None:
     require_cluster_token(request, _rt(request).settings.serving.cluster_token)
 
 
-def _hashes(body: dict, name: str, rt: PoolRuntime) -> list[int]:
+def _hashes(body: dict, name: str, rt: StoreRuntime) -> list[int]:
     value = body.get(name)
     if not isinstance(value, list) or len(value) > MAX_HASHES:
         rt.counters.bad_requests += 1
@@ -325,7 +327,7 @@ async def write(request: web.Request) -> web.Response:
     parsed = [_hashes({"chunk": c}, "chunk", rt) for c in chunks]
     if any(len(c) != n for c in parsed):
         rt.counters.bad_requests += 1
-        raise InputError("chunks", f"every chunk is {n} block hashes (this pool's --shared-chunk-tokens)")
+        raise InputError("chunks", f"every chunk is {n} block hashes (this store's --shared-chunk-tokens)")
     rt.saw(body.get("now"))
     return respond(request, rt.write(_replica(body), parsed))
 
@@ -346,7 +348,7 @@ async def kv_events(request: web.Request) -> web.Response:
     """The store's events, in a replica's feed format (see the module docstring)."""
     _guard(request)
     rt = _rt(request)
-    return respond(request, await read_feed(request, rt.feed, rt.settings.pool_id, rt.changed))
+    return respond(request, await read_feed(request, rt.feed, rt.settings.store_id, rt.changed))
 
 
 async def kv_resync(request: web.Request) -> web.Response:
@@ -371,19 +373,19 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def lifecycle_ctx(app: web.Application):
-    rt = app[POOL]
+    rt = app[STORE]
     s = rt.settings
-    log.warning("shared KV store %s: %d blocks (%d per chunk, %s, write %s), epoch %s", s.pool_id, s.shared.blocks,
+    log.warning("shared KV store %s: %d blocks (%d per chunk, %s, write %s), epoch %s", s.store_id, s.shared.blocks,
                 s.shared.chunk_blocks, s.shared.eviction, s.shared.write, rt.feed.epoch)
     yield
     lost = rt.at_risk()
     log.warning("shared KV store %s stopping: loses everything it held (%d chunks, %d blocks, %d bytes); replicas"
-                " carry on with their own levels", s.pool_id, lost["chunks"], lost["blocks"], lost["bytes"])
+                " carry on with their own levels", s.store_id, lost["chunks"], lost["blocks"], lost["bytes"])
 
 
 async def index_ctx(app: web.Application):
-    """With a Redis index: the pool's events shipped there as a store's (declared before the first batch)."""
-    rt = app[POOL]
+    """With a Redis index: the store's events shipped there as a store's (declared before the first batch)."""
+    rt = app[STORE]
     url = rt.settings.index
     if rt.index_feed is None or url is None:
         yield
@@ -394,9 +396,9 @@ async def index_ctx(app: web.Application):
     from shared.index.base import StoreScope
 
     s = rt.settings
-    state = SimpleNamespace(feed=rt.index_feed, settings=SimpleNamespace(replica_id=s.pool_id))
-    shipper = RedisShipper(state, url, s.cluster, store=StoreScope(s.pool_id, SHARED_LEVEL))
-    task = asyncio.create_task(shipper.run(), name="pool-index-shipper")
+    state = SimpleNamespace(feed=rt.index_feed, settings=SimpleNamespace(replica_id=s.store_id))
+    shipper = RedisShipper(state, url, s.cluster, store=StoreScope(s.store_id, SHARED_LEVEL))
+    task = asyncio.create_task(shipper.run(), name="store-index-shipper")
     yield
     shipper.stop()
     await shipper.flush(timeout=5.0)
@@ -406,14 +408,14 @@ async def index_ctx(app: web.Application):
     await shipper.close()
 
 
-def make_app(settings: PoolSettings) -> web.Application:
+def make_app(settings: StoreSettings) -> web.Application:
     app = web.Application(middlewares=[guard_middleware, errors_middleware],
                           client_max_size=settings.serving.max_body_bytes)
     http_server.install(app, settings.serving.conn_limits())
-    rt = PoolRuntime(settings)
-    app[POOL] = rt
+    rt = StoreRuntime(settings)
+    app[STORE] = rt
     registry = CollectorRegistry()
-    registry.register(PoolCollector(rt))
+    registry.register(StoreCollector(rt))
     app[REGISTRY] = registry
     app[BODY_LIMIT] = settings.serving.max_body_bytes
     app.cleanup_ctx.append(lifecycle_ctx)

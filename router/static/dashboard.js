@@ -281,36 +281,36 @@ function pdPanels(d) {
   document.querySelector("#pd_link tbody").replaceChildren(...links);
 }
 
-// ---- shared KV pools: occupancy over time, bytes held, the link, and a table (hidden without one) ------------
-function poolPanels(d) {
-  const pools = d.shared_pools || [];
-  for (const name of ["shared_pools", "shared_pool_bytes", "shared_pool_link"]) panel(name).hidden = !pools.length;
-  if (!pools.length) return;
-  const hist = d.history.pools || {};
+// ---- shared KV stores: occupancy over time, bytes held, the link, and a table (hidden without one) ------------
+function storePanels(d) {
+  const stores = d.shared_stores || [];
+  for (const name of ["shared_stores", "shared_store_bytes", "shared_store_link"]) panel(name).hidden = !stores.length;
+  if (!stores.length) return;
+  const hist = d.history.stores || {};
   const ids = Object.keys(hist);
   const color = (i) => OTHER_COLORS[i % OTHER_COLORS.length];
   const series = (key, scale) => [d.history.t].concat(ids.map((pid) => hist[pid][key].map((v) => (v === null ? null : v * scale))));
-  draw("shared_pools", {y: {label: "occupancy (%)", range: [0, 100]}, series: ids.map((pid, i) => ({label: pid, color: color(i)}))},
+  draw("shared_stores", {y: {label: "occupancy (%)", range: [0, 100]}, series: ids.map((pid, i) => ({label: pid, color: color(i)}))},
     series("occupancy", 100));
-  draw("shared_pool_bytes", {y: {label: "GiB", top: 0.01}, series: ids.map((pid, i) => ({label: pid, color: color(i)}))},
+  draw("shared_store_bytes", {y: {label: "GiB", top: 0.01}, series: ids.map((pid, i) => ({label: pid, color: color(i)}))},
     series("used_bytes", 1 / 2 ** 30));
-  draw("shared_pool_link", {y: {label: "bytes / s"}, series: ids.map((pid, i) => ({label: pid, color: color(i)}))},
+  draw("shared_store_link", {y: {label: "bytes / s"}, series: ids.map((pid, i) => ({label: pid, color: color(i)}))},
     series("link_bytes_per_s", 1));
-  const rows = pools.map((p) => {
+  const rows = stores.map((p) => {
     const tr = document.createElement("tr");
-    tr.dataset.pool = p.pool_id;
+    tr.dataset.store = p.store_id;
     const hits = Object.entries(p.hits_by_level || {}).map(([k, v]) => `${k} ${fmt(v)}`).join(", ") || "–";
     const held = p.used_blocks === null || p.used_blocks === undefined ? "–"
       : `${fmt(p.used_blocks)} / ${fmt(p.blocks)} blocks` + (p.used_bytes ? ` (${fmt(p.used_bytes / 2 ** 30, 2)} GiB)` : "");
-    tr.append(cell(p.pool_id, "text"), badge(p.healthy ? "up" : "down", p.healthy ? "" : "down"),
+    tr.append(cell(p.store_id, "text"), badge(p.healthy ? "up" : "down", p.healthy ? "" : "down"),
       cell(Array.isArray(p.serves) ? p.serves.join(", ") : "every replica", "text"),
       cell(p.occupancy === null ? "–" : fmt(p.occupancy * 100, 1) + "%"), cell(held), cell(fmt(p.chunks)),
       cell(fmt(p.writes)), cell(fmt(p.refused_writes)), cell(fmt(p.reads)), cell(fmt(p.evictions)), cell(hits, "text"),
       cell(fmt(p.event_lag)));
     return tr;
   });
-  document.querySelector("#shared_pools_table tbody").replaceChildren(...rows);
-  panel("shared_pools").dataset.rows = String(rows.length);
+  document.querySelector("#shared_stores_table tbody").replaceChildren(...rows);
+  panel("shared_stores").dataset.rows = String(rows.length);
 }
 
 // ---- agent sessions: sessions in flight and their fan-out as the router sees it (requests of one session at once)
@@ -350,7 +350,7 @@ function render(d) {
   header(d);
   replicaTable(d);
   pdPanels(d);
-  poolPanels(d);
+  storePanels(d);
   timeCharts(d);
   clusterCharts(d);
   agentPanel(d);

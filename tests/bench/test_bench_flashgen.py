@@ -40,7 +40,7 @@ def live_core(flags: list[str]):
     child = up_cmd.replica_args(0, 8123, up_cmd.validate(a), None)
     q = argparse.ArgumentParser()
     replica_cmd.configure(q)
-    return replica_cmd.settings_from_args(q.parse_args(child[3:])).core_settings()
+    return replica_cmd.settings_from_args(q.parse_args(child[4:])).core_settings()
 
 
 def without_sim_only(argv: list[str]) -> list[str]:

@@ -11,7 +11,7 @@ from tests.support.procs import REPO
 
 
 @pytest.mark.slow
-def test_killing_the_shared_pool_under_load_loses_no_request():
+def test_killing_the_shared_store_under_load_loses_no_request():
     out = subprocess.run([sys.executable, "bench/chaos.py", "--short", "--scenarios", "pool_kill"], cwd=REPO,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -196,8 +196,9 @@ def up_plan(argv: list[str]) -> UpPlan:
 
 def child_args(cmdline: list[str]) -> tuple[str, argparse.Namespace]:
     """Which child a command line of up's starts, and what that child's own parser makes of it."""
-    child = cmdline[2]
-    return child, parser_of(CHILDREN[child]).parse_args(cmdline[3:])
+    assert cmdline[1:3] == ["-m", "kvemu"], cmdline  # every child runs as python -m kvemu COMMAND
+    child = cmdline[3]
+    return child, parser_of(CHILDREN[child]).parse_args(cmdline[4:])
 
 
 def child_settings(cmdline: list[str]):
@@ -289,7 +290,7 @@ def test_up_started_with_every_forwarded_flag_set_passes_each_to_its_children(gr
         cmdlines = [shlex.split(cmd) for cmd in up.children.values()]
         cmdlines = [c for c in cmdlines if len(c) > 2 and c[1] == "-m"]
         assert check_children_got(group_options(group), plan.flags, cmdlines) >= (30 if group == "default" else 3)
-        replica = child_settings(next(c for c in cmdlines if c[2] == "replica"))
+        replica = child_settings(next(c for c in cmdlines if c[3] == "replica"))
         assert replica.gpu == "h100@tp2"
     finally:
         up.cleanup()

@@ -189,7 +189,7 @@ def _cluster(router: str) -> dict:
     return http_json("GET", router + "/cluster", timeout=5.0)[1]
 
 
-def test_up_restarts_a_killed_replica_and_shared_pool_on_their_ports_and_keeps_serving(up_procs):
+def test_up_restarts_a_killed_replica_and_shared_store_on_their_ports_and_keeps_serving(up_procs):
     up = up_procs("--replicas", "2", "--capacity-blocks", "256", "--time-scale", "0", "--shared-cache-gib", "1",
                   "--health-interval", "0.2", "--port", str(free_port()))
     urls = up.ready()
@@ -198,25 +198,25 @@ def test_up_restarts_a_killed_replica_and_shared_pool_on_their_ports_and_keeps_s
     assert len(killed) == 2
     for pid in killed:
         os.kill(pid, signal.SIGKILL)
-    # replica-0 serves meanwhile: the router routes around replica-1, replicas go on without their pool
+    # replica-0 serves meanwhile: the router routes around replica-1, replicas go on without their store
     for i in range(10):
         assert generate_via(urls["router"], list(range(i * 100, i * 100 + 40)), session=f"s{i}")["output_tokens"] == 2
 
     def restarted() -> bool:
         body = _cluster(urls["router"])
         rows = {r["replica_id"]: r for r in body["replicas"]}
-        return (rows["replica-1"]["healthy"] and [p["restarts"] for p in body["shared_pools"]] == [1]
+        return (rows["replica-1"]["healthy"] and [p["restarts"] for p in body["shared_stores"]] == [1]
                 and (rows["replica-0"]["restarts"], rows["replica-1"]["restarts"]) == (0, 1))
 
-    wait_for(restarted, timeout=20, what="replica-1 and the shared pool restarted and counted in /cluster")
+    wait_for(restarted, timeout=20, what="replica-1 and the shared store restarted and counted in /cluster")
     now = {p: c for p, c in children_of_up(up).items() if p not in up.children}
     assert sorted(now.values()) == sorted(killed.values())  # the same command lines, so the same ports
     up.children.update(now)
     text = http("GET", urls["router"] + "/metrics")[2].decode()
     assert 'kvemu_router_restarts_total{id="replica-1",kind="replica"} 1.0' in text
-    assert 'kvemu_router_restarts_total{id="shared-pool",kind="shared_pool"} 1.0' in text
+    assert 'kvemu_router_restarts_total{id="shared-store",kind="shared_store"} 1.0' in text
     err = up.stderr()
-    for name in ("replica-1", "shared-pool"):
+    for name in ("replica-1", "shared-store"):
         assert f"kvemu up: {name} exited with code -9 (SIGKILL); restarting it in 0.5 s (attempt 1)" in err
         with open(os.path.join(urls["logs"], f"{name}.log")) as fh:  # the child's log says it too
             assert f"--- kvemu up: {name} exited with code -9 (SIGKILL); restarting it in 0.5 s (attempt 1) ---" in fh.read()
@@ -353,7 +353,7 @@ def test_up_without_a_token_uses_the_shared_one_a_replica_started_apart_finds_to
     assert http("POST", urls["replica-0"] + "/kv/resync")[0] == 401
     assert http("POST", urls["replica-0"] + "/kv/resync", headers=auth)[0] == 200
     port = free_port()
-    apart = Proc(["-m", "replica", "--port", str(port), "--capacity-blocks", "64", "--time-scale", "0"], port,
+    apart = Proc(["-m", "kvemu", "replica", "--port", str(port), "--capacity-blocks", "64", "--time-scale", "0"], port,
                  env={"KVEMU_RUNTIME_DIR": str(runtime), "KVEMU_CLUSTER_TOKEN": ""})
     try:
         apart.wait_healthy()

@@ -1,5 +1,5 @@
-"""`kvemu up --shared-cache-gib G [--shared-scope K]`: the pools start first, every replica points at its
-group's pool, and the router is told each pool and whom it serves (its /cluster shows them healthy)."""
+"""`kvemu up --shared-cache-gib G [--shared-scope K]`: the stores start first, every replica points at its
+group's store, and the router is told each store and whom it serves (its /cluster shows them healthy)."""
 
 from __future__ import annotations
 
@@ -19,24 +19,24 @@ def _cluster(router: str) -> dict:
         return json.load(resp)
 
 
-@pytest.mark.parametrize("scope,expected", [("0", [("shared-pool", "all")]),
-                                            ("1", [("shared-pool-0", ["replica-0"]),
-                                                   ("shared-pool-1", ["replica-1"])])])
-def test_up_tells_the_router_each_pool_and_whom_it_serves(scope, expected):
+@pytest.mark.parametrize("scope,expected", [("0", [("shared-store", "all")]),
+                                            ("1", [("shared-store-0", ["replica-0"]),
+                                                   ("shared-store-1", ["replica-1"])])])
+def test_up_tells_the_router_each_store_and_whom_it_serves(scope, expected):
     up = Up("--replicas", "2", "--capacity-blocks", "2000", "--shared-cache-gib", "2", "--shared-scope", scope,
             "--port", str(free_port()))
     try:
         urls = up.ready()
-        pools = _cluster(urls["router"])["shared_pools"]
+        stores = _cluster(urls["router"])["shared_stores"]
     finally:
         up.cleanup()
-    assert sorted((p["pool_id"], p["serves"]) for p in pools) == expected
-    assert all(p["healthy"] and p["level"] == 3 for p in pools)
+    assert sorted((p["store_id"], p["serves"]) for p in stores) == expected
+    assert all(p["healthy"] and p["level"] == 3 for p in stores)
 
 
-def test_with_a_redis_index_the_pool_ships_what_it_holds_there(tmp_path):
-    """`--index redis`: routers read Redis, so the pool ships its feed there as a store's, as replicas ship
-    theirs. A prompt one replica's HBM evicted (written to the pool) answers every replica at the shared
+def test_with_a_redis_index_the_store_ships_what_it_holds_there(tmp_path):
+    """`--index redis`: routers read Redis, so the store ships its feed there as a store's, as replicas ship
+    theirs. A prompt one replica's HBM evicted (written to the store) answers every replica at the shared
     level in the Redis index."""
     import asyncio
     import time
@@ -57,7 +57,7 @@ def test_with_a_redis_index_the_pool_ships_what_it_holds_there(tmp_path):
         async def lookup() -> dict:
             idx = RedisIndex(urls["redis"], cluster="default")
             try:
-                await idx.add_store(StoreScope("shared-pool", 3))
+                await idx.add_store(StoreScope("shared-store", 3))
                 return await idx.lookup(first)
             finally:
                 await idx.close()

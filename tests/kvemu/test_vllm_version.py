@@ -77,7 +77,7 @@ def test_the_replica_and_up_take_it_and_up_hands_the_settings_to_its_replicas(ca
     assert (knobs.step_rule, knobs.prefix_caching, knobs.watermark, knobs.token_budget) == \
         ("v0", "off", 0.01, 2048)
     a = parsed(up.configure, ["--capacity-blocks", "100", *OPT_ON_A100, "--vllm-version", "0.2.3", "--max-running", "64"])
-    child = parsed(replica_cmd.configure, up.replica_args(0, 8100, up.validate(a), None)[3:])  # as the replica parses it
+    child = parsed(replica_cmd.configure, up.replica_args(0, 8100, up.validate(a), None)[4:])  # as the replica parses it
     assert scheduler(child) == ("v0", "off", 0.01, 2048, 64)  # --max-running given to up: kept
 
 

@@ -203,17 +203,17 @@ def test_a_pool_ships_its_feed_to_redis_with_the_replicas_shipper(redis_server):
 
     async def body():
         cluster = "pool" + str(random.getrandbits(32))
-        feed = EventFeed("shared-pool", lambda: [], mode="push")
-        shipper = RedisShipper(SimpleNamespace(feed=feed, settings=SimpleNamespace(replica_id="shared-pool")),
-                               redis_server.url, cluster, store=StoreScope("shared-pool", SHARED))
+        feed = EventFeed("shared-store", lambda: [], mode="push")
+        shipper = RedisShipper(SimpleNamespace(feed=feed, settings=SimpleNamespace(replica_id="shared-store")),
+                               redis_server.url, cluster, store=StoreScope("shared-store", SHARED))
         router = RedisIndex(redis_server.url, cluster=cluster)
         try:
             await router.apply(batch("A", 0, ev("stored", H1)))
             feed.publish([KvEvent("stored", (H1, H2, H3), SHARED)])
             assert await shipper._ship(feed.pop_ready())
-            await router.add_store(StoreScope("shared-pool", SHARED, ("A",)))
+            await router.add_store(StoreScope("shared-store", SHARED, ("A",)))
             assert await router.lookup([H1, H2, H3, H4]) == {"A": 1, "A#3": 2}
-            assert (await router.replicas())["shared-pool"].blocks == 3
+            assert (await router.replicas())["shared-store"].blocks == 3
         finally:
             await shipper.close()
             await router.close()

@@ -157,7 +157,7 @@ def test_live_pd_hit_ratios_match_the_simulator(tmp_path):
     With ``--pd-decider always`` the two differ by about 0.022 (live 0.425, virtual 0.447): every prompt's
     blocks stay held on the one prefill instance until the decode instance has pulled them, and live that
     includes the router's and the pull's HTTP round trips, which a 1/200 time scale stretches 200-fold in
-    emulated time, so more of the prefill pool is pinned and other blocks are evicted earlier."""
+    emulated time, so more of the prefill store is pinned and other blocks are evicted earlier."""
     trace = gen(tmp_path)
     causal = sim(trace, tmp_path / "sim_causal.json", "--causal", config=PD_CONFIG)
     assert causal["pd"]["requests"]["remote"] > 50 and causal["evictions"] > 0
@@ -180,37 +180,37 @@ def test_live_pd_hit_ratios_match_the_simulator(tmp_path):
 SHARED_CONFIG = {"replicas": "4", "capacity-blocks": "700", "routing": "session", "shared-cache-gib": "4"}
 
 
-def test_live_shared_pool_hit_ratios_match_the_simulator(tmp_path):
-    """A KV pool shared by the cluster (issue 45): `kvemu up --shared-cache-gib` runs it as a `kvemu store`
-    process that the four replicas write their evictions to and read from (each through a mirror of the pool
+def test_live_shared_store_hit_ratios_match_the_simulator(tmp_path):
+    """A KV store shared by the cluster (issue 45): `kvemu up --shared-cache-gib` runs it as a `kvemu store`
+    process that the four replicas write their evictions to and read from (each through a mirror of the store
     fed by its event feed), `kvemu sim` as one ``SharedStore`` object; the same trace gives the same HBM and
     shared-level hit ratios (every replica's /stats tiers, weighted by blocks accessed) within 0.02 (measured:
-    live 0.668 / 0.212, virtual 0.670 / 0.204). Session routing, no index: the comparison is the pool's alone.
+    live 0.668 / 0.212, virtual 0.670 / 0.204). Session routing, no index: the comparison is the store's alone.
 
-    The pool is sized so that it is not thrashing: at 1 GiB (682 blocks, 22,000 evictions in 300 s) the
-    mirrors lag the pool's evictions by the feed's round trip, about 1 emulated second at a 1/200 time scale,
-    in which the pool turns over hundreds of blocks; live then planned about 4,900 reads of blocks the pool
+    The store is sized so that it is not thrashing: at 1 GiB (682 blocks, 22,000 evictions in 300 s) the
+    mirrors lag the store's evictions by the feed's round trip, about 1 emulated second at a 1/200 time scale,
+    in which the store turns over hundreds of blocks; live then planned about 4,900 reads of blocks the store
     had already evicted (counted as ``read_missing_blocks``) and the shared ratio came out 0.126 against 0.084."""
     trace = gen(tmp_path)
     causal = sim(trace, tmp_path / "sim_causal.json", "--causal", config=SHARED_CONFIG)
     assert causal["shared_block_hit_ratio"] > 0.05 and causal["tiers"]["shared"][0]["evictions"] > 0
-    speedup = SPEEDUP / 4  # 4 replicas and a pool on the CPUs: pacing at 1/200 let HBM drift by 0.016 once
+    speedup = SPEEDUP / 4  # 4 replicas and a store on the CPUs: pacing at 1/200 let HBM drift by 0.016 once
     with live_cluster(SHARED_CONFIG, speedup) as urls:
-        assert "shared-pool" in urls
+        assert "shared-store" in urls
         doc = replay(urls["router"], trace, tmp_path / "live.json", speedup, timeout=180)
         stats = replica_stats(urls)
-        pool = json.load(urllib.request.urlopen(urls["shared-pool"] + "/stats", timeout=10))
+        store = json.load(urllib.request.urlopen(urls["shared-store"] + "/stats", timeout=10))
     assert doc is not None
-    assert len(stats) == 4 and all(s["shared_pool"]["failures"] == 0 for s in stats)
+    assert len(stats) == 4 and all(s["shared_store"]["failures"] == 0 for s in stats)
     measured = by_accesses([s["tiers"] for s in stats], ("hbm_block_hit_ratio", "shared_block_hit_ratio"))
-    report = (f"\nlive {measured} pool writes {pool['writes']} reads {pool['reads']} evictions {pool['evictions']}"
-              f" missing {pool['read_missing_blocks']}"
+    report = (f"\nlive {measured} store writes {store['writes']} reads {store['reads']} evictions {store['evictions']}"
+              f" missing {store['read_missing_blocks']}"
               f"\nsim  {({k: causal[k] for k in measured})} store {causal['tiers']['shared'][0]}")
     print(report)
     for key, value in measured.items():
         assert abs(value - causal[key]) <= TOL, report
     # the replay's ratios mean what the simulator's do: token and block hit ratios HBM's, every level apart
-    # (it printed "token hit ratio 0.6080   block hit ratio 0.3090": the first counted the pool's hits)
+    # (it printed "token hit ratio 0.6080   block hit ratio 0.3090": the first counted the store's hits)
     replayed = {"token_hit_ratio": doc["summary"]["token_hit_ratio"], "block_hit_ratio": doc["summary"]["block_hit_ratio"],
                 "all_levels_block_hit_ratio": doc["cluster"]["all_levels_block_hit_ratio"]}
     report = f"\nreplay {replayed}\nsim    {({k: causal[k] for k in replayed})}"

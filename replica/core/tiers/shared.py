@@ -46,7 +46,7 @@ from shared.validate import check_int, check_number
 SHARED_EVICTIONS = ("mooncake", "lru")
 SHARED_WRITES = ("evict", "through")
 DEFAULT_NIC_GBPS = 400.0  # Gb/s per replica
-DEFAULT_POOL_GBPS = 640.0  # Gb/s aggregate (80 GB/s)
+DEFAULT_STORE_GBPS = 640.0  # Gb/s aggregate (80 GB/s)
 DEFAULT_TTFB_S = 1e-4
 HIGH_WATERMARK = 0.9
 EVICT_FRACTION = 0.05
@@ -62,7 +62,7 @@ class SharedSettings:
     eviction: str = "mooncake"
     write: str = "evict"
     nic_gbps: float = DEFAULT_NIC_GBPS  # each replica's link to the store, Gb/s per direction
-    pool_gbps: float = DEFAULT_POOL_GBPS  # the store's aggregate, Gb/s per direction
+    store_gbps: float = DEFAULT_STORE_GBPS  # the store's aggregate, Gb/s per direction
     ttfb_s: float = DEFAULT_TTFB_S
     scope: int = 0  # replicas per store: 0, one store for the whole cluster; k, one per k replicas in id order
 
@@ -80,7 +80,7 @@ class SharedSettings:
         if self.chunk_blocks > self.blocks:
             raise InputError("shared_blocks", f"{self.blocks} blocks hold no chunk of {self.chunk_blocks} blocks")
         check_number("shared_nic_gbps", self.nic_gbps, above=0)
-        check_number("shared_pool_gbps", self.pool_gbps, above=0)
+        check_number("shared_store_gbps", self.store_gbps, above=0)
         check_number("shared_ttfb_s", self.ttfb_s, minimum=0)
 
     def groups(self, replicas: int) -> list[range]:
@@ -126,7 +126,7 @@ class SharedStore:
 
     def __post_init__(self) -> None:
         s = self.settings
-        self.link = Link("shared_pool", s.pool_gbps * 1e9 / 8, latency_s=0.0)
+        self.link = Link("shared_store", s.store_gbps * 1e9 / 8, latency_s=0.0)
 
     # ---- the LevelPool protocol ------------------------------------------------------
     @property
@@ -254,7 +254,9 @@ class SharedStore:
                 "chunk_blocks": self.settings.chunk_blocks, "eviction": self.settings.eviction,
                 "write": self.settings.write, "writes": c.writes, "refused_writes": c.refused, "reads": c.reads,
                 "evictions": c.evictions, "bytes_moved": self.link.bytes_moved,
-                "nic_gbps": self.settings.nic_gbps, "pool_gbps": self.settings.pool_gbps}
+                "nic_gbps": self.settings.nic_gbps, "store_gbps": self.settings.store_gbps,
+                # its name until this release, kept for one more: scripts read it
+                "pool_gbps": self.settings.store_gbps}
 
 
 @dataclass(slots=True)
@@ -266,7 +268,7 @@ class SharedLevel(Level):
     evictions; its own evictions leave the cluster; it has no compiled twin; its events and figures are
     the store's to publish (``SharedStore.stats``), not each replica's."""
 
-    pool_link: Link  # the store's aggregate link, which every replica's transfers to it cross too
+    store_link: Link  # the store's aggregate link, which every replica's transfers to it cross too
     settings: SharedSettings
     shared: ClassVar[bool] = True
 
@@ -279,11 +281,11 @@ class SharedLevel(Level):
         return None
 
     def read_links(self) -> tuple[Link, ...]:
-        return (*Level.read_links(self), self.pool_link)
+        return (*Level.read_links(self), self.store_link)
 
     def write(self, now: float, nbytes: int) -> None:
         Level.write(self, now, nbytes)
-        self.pool_link.start(now, nbytes)
+        self.store_link.start(now, nbytes)
 
     def spill_into(self, sink: Callable[[Sequence[int]], None]) -> None:
         return None

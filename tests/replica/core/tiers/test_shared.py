@@ -27,7 +27,7 @@ def write_one_by_one(s: SharedStore, hashes, now=0.0) -> None:
 def test_the_defaults_are_one_block_chunks_mooncake_eviction_writes_of_evictions_and_one_store():
     s = SharedSettings(8)
     assert (s.blocks, s.chunk_blocks, s.eviction, s.write, s.scope) == (8, 1, "mooncake", "evict", 0)
-    assert (s.nic_gbps, s.pool_gbps, s.ttfb_s) == (400.0, 640.0, 1e-4)
+    assert (s.nic_gbps, s.store_gbps, s.ttfb_s) == (400.0, 640.0, 1e-4)
     assert (HIGH_WATERMARK, EVICT_FRACTION, LEASE_S) == (0.9, 0.05, 10.0)
 
 
@@ -48,9 +48,9 @@ def test_the_defaults_are_one_block_chunks_mooncake_eviction_writes_of_evictions
     ({"nic_gbps": -1.0}, "shared_nic_gbps"),
     ({"nic_gbps": math.nan}, "shared_nic_gbps"),
     ({"nic_gbps": math.inf}, "shared_nic_gbps"),
-    ({"pool_gbps": 0.0}, "shared_pool_gbps"),
-    ({"pool_gbps": -640.0}, "shared_pool_gbps"),
-    ({"pool_gbps": math.nan}, "shared_pool_gbps"),
+    ({"store_gbps": 0.0}, "shared_store_gbps"),
+    ({"store_gbps": -640.0}, "shared_store_gbps"),
+    ({"store_gbps": math.nan}, "shared_store_gbps"),
     ({"ttfb_s": -1e-6}, "shared_ttfb_s"),
     ({"ttfb_s": math.nan}, "shared_ttfb_s"),
     ({"scope": -1}, "shared_scope"),
@@ -66,7 +66,7 @@ def test_bad_settings_are_refused_naming_the_field(kw, field):
 def test_the_edges_of_the_settings_are_accepted():
     assert SharedSettings(4, chunk_blocks=4, write="through").chunk_blocks == 4  # one chunk exactly fills it
     assert SharedSettings(1, ttfb_s=0.0, scope=0).ttfb_s == 0.0
-    assert SharedSettings(1, nic_gbps=1e-3, pool_gbps=1e-3, scope=7).scope == 7
+    assert SharedSettings(1, nic_gbps=1e-3, store_gbps=1e-3, scope=7).scope == 7
     assert SharedSettings(1, chunk_blocks=1, write="through", eviction="lru").eviction == "lru"
 
 
@@ -265,10 +265,10 @@ def test_its_level_pool_face_and_stats():
     assert s.settle() is s
     s.admit_absent([1, 2, 3], 0.0)
     s.acquire(Lookup([1, 2], now=0.0))
-    assert s.link.name == "shared_pool" and s.link.bandwidth == 640e9 / 8 and s.link.latency_s == 0.0
+    assert s.link.name == "shared_store" and s.link.bandwidth == 640e9 / 8 and s.link.latency_s == 0.0
     assert s.stats() == {"blocks": 100, "used_blocks": 2, "chunks": 1, "chunk_blocks": 2, "eviction": "lru",
                          "write": "through", "writes": 1, "refused_writes": 0, "reads": 1, "evictions": 0,
-                         "bytes_moved": 0, "nic_gbps": 400.0, "pool_gbps": 640.0}
+                         "bytes_moved": 0, "nic_gbps": 400.0, "store_gbps": 640.0, "pool_gbps": 640.0}
 
 
 def test_a_store_without_events_keeps_none():

@@ -22,8 +22,8 @@ GB = 10**9
 SHARED = 3  # the shared level's index: host (1) and SSD (2) are configured, empty, above it
 
 
-def shared_settings(blocks=100, nic_gbps=8.0, pool_gbps=8.0, ttfb_s=0.5, **kw) -> SharedSettings:
-    return SharedSettings(blocks, nic_gbps=nic_gbps, pool_gbps=pool_gbps, ttfb_s=ttfb_s, **kw)
+def shared_settings(blocks=100, nic_gbps=8.0, store_gbps=8.0, ttfb_s=0.5, **kw) -> SharedSettings:
+    return SharedSettings(blocks, nic_gbps=nic_gbps, store_gbps=store_gbps, ttfb_s=ttfb_s, **kw)
 
 
 def replica(store: SharedStore, hbm_blocks=3, cost_per_block=100.0, fetch="always", emit_events=False, **tier):
@@ -39,8 +39,8 @@ def test_the_shared_level_is_the_last_level_with_its_nic_and_the_stores_aggregat
     assert a.names == ["host", "ssd", "shared"] and [lv.name for lv in a.levels] == ["host", "shared"]
     level = a.shared
     assert level is a.levels[-1] and level.index == SHARED and level.shared and a.levels[0].shared is False
-    assert level.serving is store and level.held is store.held and level.pool_link is store.link
-    assert b.shared.pool_link is store.link  # one aggregate link for every replica of the store
+    assert level.serving is store and level.held is store.held and level.store_link is store.link
+    assert b.shared.store_link is store.link  # one aggregate link for every replica of the store
     nic = level.link
     assert nic is not b.shared.link  # a NIC each
     assert (nic.name, nic.bandwidth, nic.latency_s, level.write_bw) == ("shared", 1e9, 0.5, 1e9)
@@ -97,13 +97,13 @@ def test_a_host_level_spills_to_the_store_below_it():
     assert a.counters.dropped == 0
 
 
-@pytest.mark.parametrize("pool_gbps, ready", [(8.0, 9.0), (16.0, 7.5)])
-def test_two_replicas_restoring_at_once_share_the_stores_aggregate(pool_gbps, ready):
+@pytest.mark.parametrize("store_gbps, ready", [(8.0, 9.0), (16.0, 7.5)])
+def test_two_replicas_restoring_at_once_share_the_stores_aggregate(store_gbps, ready):
     """Both restore 2 GB at t=5 over their own NICs of 1 GB/s (2 s + 0.5 s to first byte = 7.5).
     An aggregate of 1 GB/s (as one NIC) is shared: each read gets half, both end at 5 + 4 = 9.0, twice
     the bandwidth phase of one alone. An aggregate of 2 GB/s gives each its 1 GB/s: 5 + 2 = 7.0, and the
     NIC's 7.5 paces the restore. The device links (0.02 s) never do."""
-    store = SharedStore(shared_settings(pool_gbps=pool_gbps))
+    store = SharedStore(shared_settings(store_gbps=store_gbps))
     store.admit_absent([1, 2, 3, 4], 0.0)
     hbm_a, a = replica(store, hbm_blocks=4)
     hbm_b, b = replica(store, hbm_blocks=4)
@@ -117,18 +117,18 @@ def test_two_replicas_restoring_at_once_share_the_stores_aggregate(pool_gbps, re
     assert a.shared.link.bytes_moved == 2 * GB and b.shared.link.bytes_moved == 2 * GB
 
 
-@pytest.mark.parametrize("pool_gbps, fetched", [(8.0, False), (16.0, True)])
-def test_fetch_or_recompute_weighs_the_aggregate_as_busy_as_the_cluster_makes_it(pool_gbps, fetched):
+@pytest.mark.parametrize("store_gbps, fetched", [(8.0, False), (16.0, True)])
+def test_fetch_or_recompute_weighs_the_aggregate_as_busy_as_the_cluster_makes_it(store_gbps, fetched):
     """Recomputing a block costs 1.5 s: a run of 2, 3.0 s. A restores alone in 2.5 s (its NIC): fetched.
     B, right after: its NIC says 2.5 s, but the aggregate, with A's read on it, says 4.0 s at 1 GB/s
     (recompute instead) or 2.0 s at 2 GB/s (fetch, in 2.5 s)."""
-    store = SharedStore(shared_settings(pool_gbps=pool_gbps))
+    store = SharedStore(shared_settings(store_gbps=store_gbps))
     store.admit_absent([1, 2, 3, 4], 0.0)
     _, a = replica(store, hbm_blocks=4, cost_per_block=1.5, fetch="auto")
     _, b = replica(store, hbm_blocks=4, cost_per_block=1.5, fetch="auto")
     assert a.plan([1, 2], 5.0).restored_idx == [0, 1]
     b.produced([], 5.0)  # B's clock at 5 (its own NIC is idle)
-    assert b.transfer_seconds(b.shared, 2) == (4.0 if pool_gbps == 8.0 else 2.5)
+    assert b.transfer_seconds(b.shared, 2) == (4.0 if store_gbps == 8.0 else 2.5)
     plan = b.plan([3, 4], 5.0)
     assert (plan.restored_idx == [0, 1]) is fetched and plan.recomputed == (0 if fetched else 2)
     assert store.counters.reads == (4 if fetched else 2)  # a run recomputed is not read: no lease

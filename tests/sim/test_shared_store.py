@@ -72,9 +72,9 @@ def test_with_a_store_the_second_turn_reads_the_first_turns_blocks_from_it(write
     assert (t["shared_blocks"], t["host_blocks"], t["ssd_blocks"]) == (100, 0, 0)
     [store] = t["shared"]
     assert {k: store[k] for k in ("blocks", "used_blocks", "chunks", "chunk_blocks", "eviction", "write", "writes",
-                                  "refused_writes", "reads", "evictions", "nic_gbps", "pool_gbps")} == {
+                                  "refused_writes", "reads", "evictions", "nic_gbps", "store_gbps")} == {
         "blocks": 100, "used_blocks": 20, "chunks": 20, "chunk_blocks": 1, "eviction": "mooncake", "write": write,
-        "writes": 20, "refused_writes": 0, "reads": 10, "evictions": 0, "nic_gbps": 400.0, "pool_gbps": 640.0}
+        "writes": 20, "refused_writes": 0, "reads": 10, "evictions": 0, "nic_gbps": 400.0, "store_gbps": 640.0}
     # the replicas' NICs: 20 blocks written, 10 read; down the device link the 20 written (evict without HBM
     # caching demotes turn 2's 0..9 too, which the store holds: nothing crosses), up it the 10 read
     assert t["bytes_moved"] == {"host_to_device": 10 * BLOCK, "device_to_host": 20 * BLOCK, "ssd": 0,
@@ -164,7 +164,7 @@ def test_kvemu_sim_with_a_shared_store_prints_its_line_and_writes_its_figures(tr
     assert lines[at + 1] == "  shared store: 20/512 blocks held, 0 chunks evicted, 0 writes refused, 0.1 GB through it"
     [r] = json.loads(out.read_text())["runs"]
     assert r["shared_block_hit_ratio"] == pytest.approx(1 / 3) and r["tiers"]["shared"][0]["blocks"] == 512
-    assert (r["tiers"]["shared"][0]["nic_gbps"], r["tiers"]["shared"][0]["pool_gbps"]) == (400.0, 640.0)
+    assert (r["tiers"]["shared"][0]["nic_gbps"], r["tiers"]["shared"][0]["store_gbps"]) == (400.0, 640.0)
 
 
 def test_kvemu_sim_shared_flags_reach_the_store(trace_file, tmp_path, capsys):
@@ -175,7 +175,7 @@ def test_kvemu_sim_shared_flags_reach_the_store(trace_file, tmp_path, capsys):
     text = capsys.readouterr().out  # a store per replica (--shared-scope 1): neither reads the other's blocks
     assert "  block hit ratio by level: hbm 0.0000, shared 0.0000; all levels (HBM + lower) 0.0000\n  shared stores:" in text
     first, second = json.loads(out.read_text())["runs"][0]["tiers"]["shared"]
-    assert (first["chunk_blocks"], first["eviction"], first["write"], first["nic_gbps"], first["pool_gbps"]) == \
+    assert (first["chunk_blocks"], first["eviction"], first["write"], first["nic_gbps"], first["store_gbps"]) == \
         (4, "lru", "through", 100.0, 200.0)
     assert (first["used_blocks"], second["used_blocks"]) == (8, 20)  # 10 -> 2 chunks of 4; 20 -> 5
 

@@ -1,4 +1,4 @@
-"""A KV store shared by the cluster, and what it does to routing: the study in docs/shared-pool.md.
+"""A KV store shared by the cluster, and what it does to routing: the study in docs/shared-store.md.
 
 Every point is one `kvemu sim` command line (parsed and checked by `sim`'s own parser, as
 bench/bench_pd.py does), on kvemu's default model and GPU (qwen3-coder-30b-a3b on one H200 per replica,
@@ -10,18 +10,18 @@ as they are; 16 tokens on the agent preset), 640 Gb/s aggregate and 0.1 ms to fi
 
   grid       per workload (the shipped Mooncake conversation trace; that trace 20 times over, as
              bench/bench_sim_e2e.py builds it; the agent preset) and per routing (`cache_aware`, `session`,
-             `round_robin`): the pool from 0 to the trace's working set W (the distinct blocks a cache could
+             `round_robin`): the store from 0 to the trace's working set W (the distinct blocks a cache could
              ever hold: every prompt block and every response block kept), and W / 0.9 (where Mooncake's
              watermark never evicts), each replica's link to it at 400 Gb/s
-  crossover  per workload, the pool size at which round_robin comes within 2 points of cache_aware (hit
+  crossover  per workload, the store size at which round_robin comes within 2 points of cache_aware (hit
              ratio across all levels) and stays there: the grid's bracket, narrowed by bisection
   link       the same at 100 Gb/s per replica, at some of the grid's sizes
   write      `--shared-write evict` (a replica writes only what its HBM evicts) beside write-through
 
-The JSON (stdout, or --out FILE) keeps every point; --plots DIR draws docs/shared-pool-*.png
+The JSON (stdout, or --out FILE) keeps every point; --plots DIR draws docs/shared-store-*.png
 (sim/shared_plots.py); --from FILE prints the tables (markdown) and redraws without running anything.
 
-    .venv/bin/python bench/bench_shared_pool.py --jobs 2 --out docs/shared-pool-study.json --plots docs
+    .venv/bin/python bench/bench_shared_store.py --jobs 2 --out docs/shared-store-study.json --plots docs
 """
 
 from __future__ import annotations
@@ -47,13 +47,13 @@ from sim.shared_plots import plot_study  # noqa: E402
 
 GIB = 1 << 30
 MODEL, GPU = "qwen3-coder-30b-a3b", "h200"  # kvemu's defaults
-# The cluster every point shares; the pool's shape (its other settings: the store's defaults).
+# The cluster every point shares; the store's shape (its other settings: the store's defaults).
 CLUSTER = "--gpu-memory-utilization 0.9 --reuse off --quiet --jobs 1"
-POOL = "--shared-write through"
+STORE = "--shared-write through"
 ROUTINGS = ("cache_aware", "session", "round_robin")
 OVER = "W/0.9"  # the size at which the store never reaches its 90% watermark
 WITHIN = 0.02  # "within 2 points" of hit ratio
-# Per workload: where its requests come from and what the study runs of it. ``fractions``: the pool sizes
+# Per workload: where its requests come from and what the study runs of it. ``fractions``: the store sizes
 # of the grid, as fractions of the working set W (OVER: W / 0.9); ``link`` / ``write``: the sizes repeated
 # at 100 Gb/s and with --shared-write evict; ``refine``: bisection steps of the crossover; ``cost``: the
 # seconds one point takes on one core, about (for the order and the ETA).
@@ -95,7 +95,7 @@ def cut(trace: Trace, head: int) -> Trace:
 def working_set(workload: str, opts: dict) -> dict:
     """The trace's working set W: the distinct blocks any cache of it could hold (its prompts' blocks and
     the response blocks a replica keeps, `--response-kv keep`: what write-through stores), and the hit ratio
-    of an infinite cache (no pool size or routing does better)."""
+    of an infinite cache (no store size or routing does better)."""
     trace, settings = build([*source_args(workload, opts), *CLUSTER.split(), "--replicas", str(opts["replicas"])])
     trace = cut(trace, opts["head"])
     responses = response_hashes(trace)
@@ -117,13 +117,13 @@ def working_set(workload: str, opts: dict) -> dict:
             "hbm_blocks_cluster": settings.capacity_blocks * opts["replicas"]}
 
 
-def pool_blocks(fraction, w: int) -> int:
+def store_blocks(fraction, w: int) -> int:
     if fraction == OVER:
         return math.ceil(w / 0.9) + 1
     return math.ceil(fraction * w) if fraction else 0
 
 
-def pool_gib(blocks: int, block_bytes: int) -> str:
+def store_gib(blocks: int, block_bytes: int) -> str:
     """The --shared-cache-gib that gives ``blocks`` blocks exactly (the flag rounds down to whole blocks)."""
     return repr((blocks + 0.5) * block_bytes / GIB) if blocks else "0"
 
@@ -142,7 +142,7 @@ def command_line(workload: str, routing: str, blocks: int, ws: dict, opts: dict,
     argv = [*source_args(workload, opts), "--replicas", str(opts["replicas"]), "--routing", routing,
             *CLUSTER.split()]
     if blocks:
-        argv += ["--shared-cache-gib", pool_gib(blocks, ws["block_bytes"]), "--shared-write", write]
+        argv += ["--shared-cache-gib", store_gib(blocks, ws["block_bytes"]), "--shared-write", write]
         if gbps != 400.0:
             argv += ["--shared-nic-gbps", f"{gbps:g}"]
     return argv
@@ -162,13 +162,13 @@ def run_point(workload: str, routing: str, blocks: int, ws: dict, opts: dict, gb
     out["all_levels_token_hit_ratio"] = round(1 - (computed - again) / queried, 5) if queried else None
     out["recomputed_tokens"] = computed
     out["readmission_tokens"] = again
-    out.update(workload=workload, routing=routing, pool_blocks=blocks, nic_gbps=gbps, write=write)
+    out.update(workload=workload, routing=routing, store_blocks=blocks, nic_gbps=gbps, write=write)
     stores = (run.get("tiers") or {}).get("shared") or []
     if stores:
         store = {k: sum(s[k] for s in stores) for k in STORE_KEYS}
         span = (run["arrival_span_s"] or 0.0) + (run["drain_s"] or 0.0)
         # mean use over the run: the store's aggregate link, and each replica's NIC on average
-        store["pool_link_busy"] = round(store["bytes_moved"] / (stores[0]["pool_gbps"] * 1e9 / 8 * span), 5)
+        store["store_link_busy"] = round(store["bytes_moved"] / (stores[0]["store_gbps"] * 1e9 / 8 * span), 5)
         nic = run["tiers"]["bytes_moved"].get("shared", 0)
         store["nic_busy_mean"] = round(nic / (gbps * 1e9 / 8 * span * opts["replicas"]), 5)
         out["store"] = store
@@ -193,8 +193,8 @@ def run_tasks(tasks: list[tuple], jobs: int, label: str) -> list[tuple[tuple, di
     weights = {id(t): max(1, round(point_cost(t[0], t[1], t[2]))) for t in tasks}
     bar = ProgressBar(label, sum(weights.values()), "s")
     out = []
-    with ProcessPoolExecutor(max_workers=max(1, min(jobs, len(tasks)))) as pool:
-        futures = {pool.submit(_task, t): weights[id(t)] for t in sorted(tasks, key=lambda t: -weights[id(t)])}
+    with ProcessPoolExecutor(max_workers=max(1, min(jobs, len(tasks)))) as executor:
+        futures = {executor.submit(_task, t): weights[id(t)] for t in sorted(tasks, key=lambda t: -weights[id(t)])}
         pending = set(futures)
         while pending:
             done, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
@@ -210,8 +210,8 @@ def run_tasks(tasks: list[tuple], jobs: int, label: str) -> list[tuple[tuple, di
 
 
 def gap_curve(points: list[dict], other: str = "round_robin") -> list[tuple[int, float]]:
-    """(pool blocks, cache_aware's hit ratio across all levels minus ``other``'s), by size."""
-    by = {(p["routing"], p["pool_blocks"]): p["all_levels_block_hit_ratio"] for p in points}
+    """(store blocks, cache_aware's hit ratio across all levels minus ``other``'s), by size."""
+    by = {(p["routing"], p["store_blocks"]): p["all_levels_block_hit_ratio"] for p in points}
     sizes = sorted({b for r, b in by if r == "cache_aware" and (other, b) in by})
     return [(b, by[("cache_aware", b)] - by[(other, b)]) for b in sizes]
 
@@ -238,7 +238,7 @@ def _gib(blocks: int | None, bb: int) -> str:
 
 
 def tables(doc: dict) -> str:
-    """The document's results as markdown tables (what docs/shared-pool.md shows)."""
+    """The document's results as markdown tables (what docs/shared-store.md shows)."""
     out: list[str] = []
     ws = doc["working_sets"]
     out += ["| workload | requests | prompt tokens | block | W (blocks) | W (GiB) | HBM, 16 replicas (blocks) | "
@@ -249,7 +249,7 @@ def tables(doc: dict) -> str:
                    f"{s['infinite_cache_block_hit_ratio']:.4f} |")
     if doc.get("crossover"):
         out += ["", "| workload | round_robin within 2 points of cache_aware from | (GiB) | of W | last size not "
-                "within | session within 2 points from | gap at pool 0: round_robin / session |",
+                "within | session within 2 points from | gap at store 0: round_robin / session |",
                 "|---|---|---|---|---|---|---|"]
         for w, c in doc["crossover"].items():
             bb = ws[w]["block_bytes"]
@@ -264,31 +264,31 @@ def tables(doc: dict) -> str:
         for w, pts in doc["grid"].items():
             bb = ws[w]["block_bytes"]
             out += ["", f"{WORKLOADS.get(w, {}).get('title', w)} ({w}), each replica's link at 400 Gb/s:", "",
-                    "| pool | GiB | routing | hit, all levels (blocks) | (tokens) | HBM | pool | recomputed tokens | "
-                    "TTFT p50 / p99 ms | evictions | pool link busy |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-            for p in sorted(pts, key=lambda p: (p["pool_blocks"], ROUTINGS.index(p["routing"]))):
+                    "| store | GiB | routing | hit, all levels (blocks) | (tokens) | HBM | store | recomputed tokens | "
+                    "TTFT p50 / p99 ms | evictions | store link busy |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+            for p in sorted(pts, key=lambda p: (p["store_blocks"], ROUTINGS.index(p["routing"]))):
                 st = p.get("store") or {}
-                out.append(f"| {p['fraction']} | {_gib(p['pool_blocks'], bb)} | {p['routing']} | "
+                out.append(f"| {p['fraction']} | {_gib(p['store_blocks'], bb)} | {p['routing']} | "
                            f"{p['all_levels_block_hit_ratio']:.4f} | {p['all_levels_token_hit_ratio']:.4f} | "
                            f"{p['hbm_block_hit_ratio']:.4f} | {p['shared_block_hit_ratio']:.4f} | "
                            f"{p['recomputed_tokens'] / 1e6:,.1f} M | {_ms(p['ttft_p50_s'])} / {_ms(p['ttft_p99_s'])}"
                            f"{' (saturated)' if p['saturated'] else ''} | "
-                           + (f"{st['evictions']:,} | {st['pool_link_busy']:.1%} |" if st else "- | - |"))
+                           + (f"{st['evictions']:,} | {st['store_link_busy']:.1%} |" if st else "- | - |"))
     if doc.get("link"):
-        out += ["", "| workload | pool | routing | Gb/s per replica | hit, all levels | pool | TTFT p50 / p99 ms | "
-                "NIC busy (mean) | pool link busy |", "|---|---|---|---|---|---|---|---|---|"]
+        out += ["", "| workload | store | routing | Gb/s per replica | hit, all levels | store | TTFT p50 / p99 ms | "
+                "NIC busy (mean) | store link busy |", "|---|---|---|---|---|---|---|---|---|"]
         for w, pts in doc["link"].items():
-            for p in sorted(pts, key=lambda p: (p["pool_blocks"], ROUTINGS.index(p["routing"]), -p["nic_gbps"])):
+            for p in sorted(pts, key=lambda p: (p["store_blocks"], ROUTINGS.index(p["routing"]), -p["nic_gbps"])):
                 st = p["store"]
                 out.append(f"| {w} | {p['fraction']} | {p['routing']} | {p['nic_gbps']:g} | "
                            f"{p['all_levels_block_hit_ratio']:.4f} | {p['shared_block_hit_ratio']:.4f} | "
                            f"{_ms(p['ttft_p50_s'])} / {_ms(p['ttft_p99_s'])} | {st['nic_busy_mean']:.1%} | "
-                           f"{st['pool_link_busy']:.1%} |")
+                           f"{st['store_link_busy']:.1%} |")
     if doc.get("write"):
-        out += ["", "| workload | pool | routing | write | hit, all levels | HBM | pool | TTFT p50 / p99 ms | "
+        out += ["", "| workload | store | routing | write | hit, all levels | HBM | store | TTFT p50 / p99 ms | "
                 "blocks written |", "|---|---|---|---|---|---|---|---|---|"]
         for w, pts in doc["write"].items():
-            for p in sorted(pts, key=lambda p: (p["pool_blocks"], ROUTINGS.index(p["routing"]), p["write"])):
+            for p in sorted(pts, key=lambda p: (p["store_blocks"], ROUTINGS.index(p["routing"]), p["write"])):
                 out.append(f"| {w} | {p['fraction']} | {p['routing']} | {p['write']} | "
                            f"{p['all_levels_block_hit_ratio']:.4f} | {p['hbm_block_hit_ratio']:.4f} | "
                            f"{p['shared_block_hit_ratio']:.4f} | {_ms(p['ttft_p50_s'])} / {_ms(p['ttft_p99_s'])} | "
@@ -301,7 +301,7 @@ def main(argv=None) -> int:
     p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated: " + ", ".join(WORKLOADS))
     p.add_argument("--parts", default="grid,link,write", help="which parts besides the grid: grid, link, write")
     p.add_argument("--routings", default=",".join(ROUTINGS))
-    p.add_argument("--fractions", default=None, help="the grid's pool sizes for every workload, comma-separated"
+    p.add_argument("--fractions", default=None, help="the grid's store sizes for every workload, comma-separated"
                    " fractions of W or W/0.9 (default: each workload's)")
     p.add_argument("--refine", type=int, default=None, help="bisection steps of the crossover (default: each"
                    " workload's)")
@@ -309,8 +309,8 @@ def main(argv=None) -> int:
     p.add_argument("--agent-duration", type=float, default=200.0, help="seconds of agent session starts")
     p.add_argument("--agent-rate", type=float, default=1.0, help="agent sessions/s")
     p.add_argument("--head", type=int, default=0, help="only the first N requests of each trace (a quick look)")
-    p.add_argument("--work", default="scratch/shared-pool", help="where the 20x trace is written (once)")
-    add_study_flags(p, "shared-pool-*.png")
+    p.add_argument("--work", default="scratch/shared-store", help="where the 20x trace is written (once)")
+    add_study_flags(p, "shared-store-*.png")
     a = p.parse_args(argv)
     if show_saved(a, tables, plot_study):
         return 0
@@ -332,7 +332,7 @@ def main(argv=None) -> int:
             "x20": str(x20), "head": a.head}
 
     ws = {w: working_set(w, opts) for w in workloads}
-    sizes = {w: [(f, pool_blocks(f, ws[w]["working_set_blocks"])) for f in (fractions or WORKLOADS[w]["fractions"])]
+    sizes = {w: [(f, store_blocks(f, ws[w]["working_set_blocks"])) for f in (fractions or WORKLOADS[w]["fractions"])]
              for w in workloads}
 
     def label(w: str, blocks: int) -> str:
@@ -363,7 +363,7 @@ def main(argv=None) -> int:
         step = []
         for w, s in state.items():
             if s["steps"] > 0 and s["lo"] is not None and s["hi"] is not None and s["hi"] - s["lo"] > 1:
-                lo = max(s["lo"], s["hi"] // 4, 1)  # from pool 0: the first step halves the smallest size within
+                lo = max(s["lo"], s["hi"] // 4, 1)  # from store 0: the first step halves the smallest size within
                 mid = round(math.sqrt(lo * s["hi"]))  # sizes are spread geometrically
                 if mid <= s["lo"] or mid >= s["hi"]:
                     mid = (s["lo"] + s["hi"]) // 2
@@ -379,13 +379,13 @@ def main(argv=None) -> int:
             state[w]["lo" if gap[1] > WITHIN else "hi"] = gap[0]
 
     for q in points + [q for s in state.values() for q in s["points"]]:
-        q["fraction"] = label(q["workload"], q["pool_blocks"])
+        q["fraction"] = label(q["workload"], q["store_blocks"])
     doc: dict = {"model": f"{MODEL} (kvemu's default)", "gpu": f"{GPU} (kvemu's default), one per replica",
-                 "replicas": a.replicas, "cluster_flags": CLUSTER, "pool_flags": POOL, "within": WITHIN,
+                 "replicas": a.replicas, "cluster_flags": CLUSTER, "store_flags": STORE, "within": WITHIN,
                  "routings": routings, "agent": {"duration_s": a.agent_duration, "session_rate": a.agent_rate},
                  "head": a.head, "working_sets": ws,
                  "commands": {w: "kvemu sim " + " ".join(command_line(w, "ROUTING", 1, ws[w], opts)).replace(
-                     pool_gib(1, ws[w]["block_bytes"]), "G") for w in workloads},
+                     store_gib(1, ws[w]["block_bytes"]), "G") for w in workloads},
                  "argv": sys.argv[1:] if argv is None else argv}
     doc["grid"] = {w: [q for q in points if q["workload"] == w and q["nic_gbps"] == 400.0 and q["write"] == "through"]
                    for w in workloads}
@@ -408,14 +408,14 @@ def main(argv=None) -> int:
         doc["link"] = {}
         for w in workloads:
             slow = [q for q in points if q["workload"] == w and q["nic_gbps"] == 100.0]
-            at = {q["pool_blocks"] for q in slow}
-            doc["link"][w] = slow + [q for q in doc["grid"][w] if q["pool_blocks"] in at]
+            at = {q["store_blocks"] for q in slow}
+            doc["link"][w] = slow + [q for q in doc["grid"][w] if q["store_blocks"] in at]
     if "write" in parts:
         doc["write"] = {}
         for w in workloads:
             ev = [q for q in points if q["workload"] == w and q["write"] == "evict"]
-            at = {q["pool_blocks"] for q in ev}
-            doc["write"][w] = ev + [q for q in doc["grid"][w] if q["pool_blocks"] in at]
+            at = {q["store_blocks"] for q in ev}
+            doc["write"][w] = ev + [q for q in doc["grid"][w] if q["store_blocks"] in at]
     doc["wall_s"] = round(time.perf_counter() - t0, 1)
     publish(a, doc, plot_study)
     return 0

@@ -1,4 +1,4 @@
-"""bench/bench_shared_pool.py on a tiny setting: the document's shape, and facts checked by hand."""
+"""bench/bench_shared_store.py on a tiny setting: the document's shape, and facts checked by hand."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import gzip
 import json
 import math
 
-from bench import bench_shared_pool as bs
+from bench import bench_shared_store as bs
 from loadgen.formats import read_trace, resolve_trace
 from loadgen.trace import response_hashes
 
@@ -37,15 +37,15 @@ def test_tiny_study_end_to_end(tmp_path, capsys):
     assert {(p["routing"], p["fraction"]) for p in grid} == {(r, f) for r in bs.ROUTINGS for f in ("0", "W/0.9")}
     for p in grid:
         assert p["requests"] == HEAD and p["nic_gbps"] == 400.0 and p["write"] == "through"
-        if p["pool_blocks"] == 0:  # no pool: nothing but HBM, and no store in the run
+        if p["store_blocks"] == 0:  # no store: nothing but HBM, and no store in the run
             assert "store" not in p and p["shared_block_hit_ratio"] == 0.0
             assert p["all_levels_block_hit_ratio"] == p["hbm_block_hit_ratio"]
             continue
         # W / 0.9 (+1): the store never reaches its 90% watermark, so written through, it takes every block of
         # the working set exactly once and evicts or refuses none
-        assert p["pool_blocks"] == math.ceil(len(kept) / 0.9) + 1
+        assert p["store_blocks"] == math.ceil(len(kept) / 0.9) + 1
         st = p["store"]
-        assert st["blocks"] == p["pool_blocks"] and st["writes"] == len(kept) == st["used_blocks"]
+        assert st["blocks"] == p["store_blocks"] and st["writes"] == len(kept) == st["used_blocks"]
         assert st["evictions"] == 0 == st["refused_writes"]
         assert p["all_levels_block_hit_ratio"] <= ws["infinite_cache_block_hit_ratio"] + 1e-9
     assert {p["nic_gbps"] for p in doc["link"]["mooncake"]} == {100.0, 400.0}
@@ -53,7 +53,7 @@ def test_tiny_study_end_to_end(tmp_path, capsys):
     assert [b for b, _ in c["gaps"]] == [0, math.ceil(len(kept) / 0.9) + 1]
     assert "kvemu sim --trace mooncake-conversation --replicas 2 --routing ROUTING" in doc["commands"]["mooncake"]
 
-    text = bs.tables(doc)  # the markdown of docs/shared-pool.md
+    text = bs.tables(doc)  # the markdown of docs/shared-store.md
     assert "| mooncake | 200 |" in text and "| W/0.9 |" in text
-    assert sorted(p.name for p in tmp_path.glob("shared-pool-*.png")) == [
-        "shared-pool-gap.png", "shared-pool-hit.png", "shared-pool-link.png"]
+    assert sorted(p.name for p in tmp_path.glob("shared-store-*.png")) == [
+        "shared-store-gap.png", "shared-store-hit.png", "shared-store-link.png"]
