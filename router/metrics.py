@@ -294,10 +294,19 @@ class _Families:
         return self.families
 
 
+def _written_name(fam) -> str:
+    """The name a family's ``# HELP`` / ``# TYPE`` lines carry in the text format: the parser drops a
+    counter's ``_total``, which the exposition writes back."""
+    return fam.name + "_total" if fam.type == "counter" else fam.name
+
+
 def merge_vllm(texts: list[str]) -> bytes:
-    """The ``vllm:*`` families of every replica's exposition as one exposition: each series keeps
-    its ``model_name`` and ``replica_id`` labels, so sums over them are cluster totals."""
-    merged: dict[str, Any] = {}  # name -> prometheus_client Metric family
+    """The ``vllm:*`` families of every replica's exposition as one exposition, each family's ``# HELP`` and
+    ``# TYPE`` once (the text format refuses a family declared twice): each series keeps its ``model_name``
+    and ``replica_id`` labels, so sums over them are cluster totals. Families are merged by the name they are
+    written under, not the parser's: a counter one replica declares as ``x_total`` and another as ``x``
+    (whose ``x_total`` samples the parser then hands over as an untyped family of their own) is one family."""
+    merged: dict[str, Any] = {}  # written name -> prometheus_client Metric family
     for text in texts:
         try:
             families = list(text_string_to_metric_families(text))
@@ -306,10 +315,14 @@ def merge_vllm(texts: list[str]) -> bytes:
         for fam in families:
             if not fam.name.startswith("vllm:"):
                 continue
-            if fam.name in merged:
-                merged[fam.name].samples.extend(fam.samples)
+            have = merged.setdefault(_written_name(fam), fam)
+            if have is fam:
+                continue
+            if have.type == "unknown" and fam.type != "unknown":  # stray samples came first: the typed family leads
+                fam.samples[:0] = have.samples
+                merged[_written_name(fam)] = fam
             else:
-                merged[fam.name] = fam
+                have.samples.extend(fam.samples)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Families(list(merged.values())))
     return generate_latest(registry)
