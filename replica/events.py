@@ -16,6 +16,11 @@ Data-parallel ranks (``--data-parallel-size N``, replica/dp.py): each batch hold
 which (``dp_rank``), with the rank's own sequence number (``rank_seq``) beside the feed's: the index keeps each
 rank as its own entry (``shared.index.base.dp_rank_key``), numbered without gaps, while a reader follows the one
 feed by ``seq``. A resync republishes every rank.
+
+KV cache groups (a model with sliding-window layers, replica/core/cache/group_events.py): the core's events
+come per group; the feed carries the index group's alone (``index_group``, the first full-attention group),
+as group 0's, so the index holds a block once whatever groups hold it. vLLM's wire carries every group's
+(replica/vllm_events.py).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from replica.core.cache.group_events import for_index
 from replica.core.cache.pool import KvEvent
 from shared.httpkit import query_int
 from shared.index.base import event_to_wire
@@ -58,8 +64,9 @@ class EventFeed:
 
     def __init__(self, replica_id: str, snapshot: Snapshot, batch_max: int = 512,
                  max_batches: int = 4096, mode: str = "poll", max_hashes: int = 1 << 18,
-                 rank_snapshots: Sequence[Snapshot] = ()) -> None:
+                 rank_snapshots: Sequence[Snapshot] = (), index_group: int | None = None) -> None:
         self.replica_id = replica_id
+        self.index_group = index_group  # a model of several KV cache groups: the one group the feed carries
         self.epoch = uuid.uuid4().hex[:16]
         self._snapshot = snapshot  # ``stored`` events of every block held (ReplicaCore.snapshot_events)
         # a data-parallel replica: each rank's snapshot; its batches carry their rank and the rank's numbers
@@ -116,6 +123,8 @@ class EventFeed:
     def _append(self, events: list[KvEvent], rank: int | None) -> None:
         if self._rank_snapshots and rank is None:
             raise ValueError("a data-parallel replica's events name their rank")
+        if self.index_group is not None:
+            events = for_index(events, self.index_group)
         for chunk in _chunks(events, self.batch_max):
             batch = FeedBatch(self.next_seq, chunk)
             if rank is not None:

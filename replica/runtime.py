@@ -146,6 +146,9 @@ class ReplicaRuntime:
         without them)."""
         if self.vllm_events:
             self.vllm_events[rank].translator.register([*hashes, *(response_hashes or ())], tokens)
+        keys = self.cores[rank].group_keys
+        if keys is not None:  # several KV cache groups: each block's key in each (replica/core/cache/group_events.py)
+            keys.teach(hashes, response_hashes)
 
     def _first_token(self, ttft_s: float) -> None:
         self.prom.first_token(ttft_s)

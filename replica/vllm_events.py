@@ -28,6 +28,14 @@ or ``inproc://`` and connects otherwise. Without ``endpoint`` kvemu binds ``tcp:
 publishes on the endpoints' ports plus ``r``, its batches stamped with ``r``, as vLLM's publisher of that rank does;
 ``kvemu up`` gives replica ``i`` the ports plus ``i`` x the ranks a replica has.
 
+KV cache groups (a model with sliding-window layers, replica/core/cache/group_events.py): as vLLM 0.33's
+``BlockPool.cache_full_blocks``, each group's cached blocks are published, a run of one group an event, a block
+cached in two groups twice: ``BlockStored`` carries ``group_idx`` and its kind (``kv_cache_spec_kind``:
+``full_attention``, ``sliding_window``, ``mamba``) and ``kv_cache_spec_sliding_window`` (a window's tokens),
+``BlockRemoved`` its ``group_idx``; ``extra_keys`` (none here) stands before them. A window group's blocks go
+(``BlockRemoved``) when evicted, not when the window passes them (vLLM unpins them then, as kvemu). A model of
+one group publishes none of these fields, as before (vLLM's consumers read no ``group_idx`` as group 0).
+
 Block hashes: a request that carried tokens publishes them and vLLM's hashes of its blocks
 (``shared.vllm_hashing``), so indexers that recompute hashes from token ids find them; a request
 that carried only block hashes publishes those, with no tokens. kvemu caches a response's full
@@ -48,10 +56,12 @@ from typing import Any, NamedTuple
 import msgpack
 import zmq
 
+from replica.core.cache.groups import group_key
 from replica.core.cache.pool import KvEvent
 from shared import vllm_hashing
 from shared.errors import InputError
 from shared.kv_events_config import DEFAULT_ENDPOINT, KvEventsConfig, offset_port
+from shared.kv_groups import FULL, STATE, WINDOW, KvGroups
 
 log = logging.getLogger("kvemu.replica.vllm_events")
 
@@ -60,6 +70,8 @@ MEDIA = ("GPU", "CPU", "DISK")  # level 0, 1, 2; deeper levels are named by thei
 # The medium of a shared KV store's blocks (its kind's name, as deeper levels are named): vLLM's medium is a free
 # string (its offloading connector says "GPU" and "CPU"), and neither vLLM, LMCache nor Dynamo names remote storage
 SHARED_MEDIUM = "SHARED"
+# vLLM's KVCacheSpecKind of each kind of shared/kv_groups.py (vllm/v1/kv_cache_interface.py)
+SPEC_KINDS = {FULL: "full_attention", WINDOW: "sliding_window", STATE: "mamba"}
 
 
 
@@ -83,8 +95,11 @@ class EventTranslator:
 
     def __init__(self, block_size: int, encoding: str = "map", algo: str = vllm_hashing.DEFAULT_HASH_ALGO,
                  seed: str = vllm_hashing.DEFAULT_SEED, level_names: Sequence[str] = (), pending_max: int = 1 << 17,
-                 medium: str | None = None):
+                 medium: str | None = None, groups: KvGroups | None = None):
         self.block_size = block_size
+        # several KV cache groups: each event's group and kind (one group: no group fields, as before)
+        self.groups = groups if groups is not None and groups.hybrid else None
+        self._slot_hash: dict[int, int] = {}  # a held copy's key in a group >= 1 -> its block's hash
         self.medium = medium  # every event's medium, whatever its level (a shared store's: SHARED_MEDIUM)
         self.encoding = encoding
         self._fn = vllm_hashing.hash_function(algo)
@@ -124,53 +139,80 @@ class EventTranslator:
         for e in events:
             medium = self._medium_of(e.level)
             if e.kind == "stored":
-                out += self._stored(e.hashes, medium)
+                out += self._stored(e.hashes, medium, e.group)
             elif e.kind == "removed":
-                out.append(self._event("BlockRemoved", block_hashes=[self._removed(h) for h in e.hashes], medium=medium))
+                out.append(self._event("BlockRemoved", block_hashes=[self._removed(h, e.group) for h in e.hashes],
+                                       medium=medium, **self._group_fields(e.group, False)))
             elif e.kind == "cleared":
-                for h, (info, _) in self._held.items():
-                    self._pending[h] = info
+                for slot, (info, _) in self._held.items():
+                    self._pending[self._slot_hash.get(slot, slot)] = info
                 self._held.clear()
+                self._slot_hash.clear()
                 out.append(self._event("AllBlocksCleared"))
         return out
 
-    def _stored(self, hashes: Sequence[int], medium: str) -> list[Any]:
+    def _slot(self, h: int, group: int) -> int:
+        """Where a block's copy in ``group`` is held here: group 0's by its hash, another's by the pool's key."""
+        if group == 0:
+            return h
+        slot = group_key(h, group)
+        self._slot_hash[slot] = h
+        return slot
+
+    def _stored(self, hashes: Sequence[int], medium: str, group: int = 0) -> list[Any]:
         runs: list[list[BlockInfo]] = []
         previous = None
         for h in hashes:
-            held = self._held.get(h)
+            slot = self._slot(h, group)
+            held = self._held.get(slot)
             if held is not None:
                 info, levels = held
             else:
-                pending = self._pending.pop(h, None)
-                info, levels = pending if pending is not None else BlockInfo(h, None, (), None), 0
-            self._held[h] = (info, levels + 1)
+                # group 0 takes the block's registration; another group reads it (group 0's copy may follow)
+                known = self._pending.pop(h, None) if group == 0 else self.info(h)
+                info, levels = known if known is not None else BlockInfo(h, None, (), None), 0
+            self._held[slot] = (info, levels + 1)
             if runs and info.parent is not None and info.parent == previous:
                 runs[-1].append(info)
             else:
                 runs.append([info])
             previous = h
-        return [self._block_stored(run, medium) for run in runs]
+        return [self._block_stored(run, medium, group) for run in runs]
 
-    def _block_stored(self, run: list[BlockInfo], medium: str) -> Any:
+    def _block_stored(self, run: list[BlockInfo], medium: str, group: int = 0) -> Any:
         first = run[0]
         parent = self.info(first.parent) if first.parent is not None else None
         tokens = [t for info in run for t in info.tokens] if all(info.tokens for info in run) else []
         return self._event("BlockStored", block_hashes=[info.external for info in run],
                            parent_block_hash=parent.external if parent is not None else
                            (first.parent if first.parent is not None else None),
-                           token_ids=tokens, block_size=self.block_size, lora_id=None, medium=medium, lora_name=None)
+                           token_ids=tokens, block_size=self.block_size, lora_id=None, medium=medium, lora_name=None,
+                           **self._group_fields(group, True))
 
-    def _removed(self, h: int) -> int:
-        held = self._held.pop(h, None)
+    def _group_fields(self, group: int, stored: bool) -> dict[str, Any]:
+        """vLLM's group fields of an event of ``group`` (none for a model of one group)."""
+        if self.groups is None:
+            return {}
+        if not stored:
+            return {"group_idx": group}
+        x = self.groups.groups[group]
+        return {"extra_keys": None, "group_idx": group, "kv_cache_spec_kind": SPEC_KINDS[x.kind],
+                "kv_cache_spec_sliding_window": x.window if x.kind == WINDOW else None}
+
+    def _removed(self, h: int, group: int = 0) -> int:
+        slot = self._slot(h, group)
+        held = self._held.pop(slot, None)
         if held is None:
-            info = self._pending.get(h)
+            self._slot_hash.pop(slot, None)
+            info = self.info(h)
             return info.external if info is not None else h
         info, levels = held
         if levels > 1:
-            self._held[h] = (info, levels - 1)
+            self._held[slot] = (info, levels - 1)
         else:
-            self._pending[h] = info
+            self._slot_hash.pop(slot, None)
+            if h not in self._held:  # the block's registration waits while no group 0 copy is held
+                self._pending[h] = info
         return info.external
 
     def _medium_of(self, level: int) -> str:
@@ -181,10 +223,21 @@ class EventTranslator:
         return MEDIA[level] if level < len(MEDIA) else f"L{level}"
 
     def _event(self, tag: str, **values: Any) -> Any:
-        """msgspec's ``tag=True`` encoding: a map with "type", or an array led by the tag."""
+        """msgspec's ``tag=True`` encoding: a map with "type", or an array led by the tag; with its
+        ``omit_defaults``, the group fields left at their default (None) are left out: in a map each of them, in an
+        array those that trail."""
         if self.encoding == "array":
-            return [tag, *values.values()]
-        return {"type": tag, **values}
+            row = [tag, *values.values()]
+            while len(row) > 1 and row[-1] is None and len(row) > _LAST_REQUIRED[tag]:
+                row.pop()
+            return row
+        return {"type": tag, **{k: v for k, v in values.items() if v is not None or k not in _DEFAULTED}}
+
+
+# The fields vLLM's events give a default (None), which msgspec's omit_defaults leaves out when it is one
+_DEFAULTED = frozenset({"extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window"})
+# ... and the length of each event's array up to its last required field (the tag first)
+_LAST_REQUIRED = {"BlockStored": 8, "BlockRemoved": 3, "AllBlocksCleared": 1}
 
 
 def store_publisher(config: KvEventsConfig, block_size: int) -> ZmqEventPublisher:

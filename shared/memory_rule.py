@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 from shared.errors import InputError
+from shared.kv_groups import FULL, WINDOW, KvGroups
 
 # The rule's terms, by name (replica/core/vllm_versions.py says which each vLLM release subtracts)
 WEIGHTS, ACTIVATIONS, NON_TORCH, GRAPH_MEMORY = "weights", "activations", "non-torch memory", "CUDA-graph memory"
@@ -87,10 +88,15 @@ class KvBudget:
     forward_bytes: float = 0.0  # the forward's peak working set (activation_bytes is the larger of it and ...)
     sampler_bytes: float = 0.0  # ... the sampler run's, the forward's output still alive
     terms: tuple[str, ...] = (WEIGHTS, ACTIVATIONS, NON_TORCH)
+    # a model of several KV cache groups: the start line's words on them (groups_note); the JSON's kv_groups
+    # section has the groups, so breakdown() leaves it out
+    groups_note: str = ""
 
     def breakdown(self) -> dict:
         """The terms for ``/stats`` and the sim JSON (bytes per GPU; blocks per replica)."""
-        return asdict(self)
+        out = asdict(self)
+        del out["groups_note"]
+        return out
 
     def line(self) -> str:
         """What a command prints at start: per GPU, then the replica's (tp GPUs) in GiB and blocks."""
@@ -100,7 +106,8 @@ class KvBudget:
                f"{f' - {self.graph_bytes / GIB:.2f} GiB CUDA graphs' if self.graph_bytes else ''}"
                f" = {self.kv_bytes / GIB:.2f} GiB of KV per GPU")
         replica = f" x {self.tp} GPUs (--tp {self.tp}) = {self.tp * self.kv_bytes / GIB:.2f} GiB" if self.tp > 1 else ""
-        return f"capacity ({self.model}): {per}{replica}: {self.blocks:,} blocks of {self.block_size} tokens"
+        return (f"capacity ({self.model}): {per}{replica}: {self.blocks:,} blocks of {self.block_size} tokens"
+                f"{self.groups_note}")
 
     def check(self) -> int:
         """The blocks, or a one-line refusal when nothing is left for KV."""
@@ -165,4 +172,29 @@ def kv_budget(cost: CostModel, utilization: float, token_budget: int, max_seqs: 
     return KvBudget(utilization, device, cost.tp, weights, act, kv_gpu, blocks, block_size, cost.model.name,
                     cost.gpu.name, other, graphs, requested, source, forward, sampler,
                     tuple(t for t in (WEIGHTS, ACTIVATIONS, NON_TORCH, GRAPH_MEMORY)
-                          if t in terms or t in (WEIGHTS, ACTIVATIONS)))
+                          if t in terms or t in (WEIGHTS, ACTIVATIONS)), groups_note(cost.model.kv_groups, block_size))
+
+
+def groups_note(groups: KvGroups, block_size: int) -> str:
+    """The start line's words on a model of several KV cache groups (empty for one): a block is one group's page,
+    and what a request of T tokens holds in each kind of group, vLLM's rules (replica/core/cache/groups.py): every
+    block in a full-attention group, at most ``ceil((W - 1) / block_size) + 1`` in a window of W tokens once its
+    prefill is computed, one (its running state) in a state group."""
+    if not groups.hybrid:
+        return ""
+    kinds: dict[tuple[str, int], int] = {}
+    for x in groups.groups:
+        kinds[x.kind, x.window] = kinds.get((x.kind, x.window), 0) + 1
+    parts = []
+    for (kind, window), n in kinds.items():
+        where = "each" if n > 1 else "it"
+        if kind == FULL:
+            parts.append(f"{n} full (a request of T tokens holds ceil(T/{block_size}) blocks in {where})")
+        elif kind == WINDOW:
+            most = -(-(window - 1) // block_size) + 1
+            parts.append(f"{n} window {window} (a request holds at most {most} blocks in {where} once its prefill"
+                         " is computed)")
+        else:
+            parts.append(f"{n} {kind} (a request holds 1 block in {where}: its state)")
+    return (f", each one KV cache group's page of {groups.group_size} layers; {len(groups.groups)} groups: "
+            + ", ".join(parts))

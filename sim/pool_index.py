@@ -4,6 +4,7 @@ simulator's loop (shared/compiled_modules.py), which syncs it after every step."
 
 from __future__ import annotations
 
+from replica.core.cache.group_events import GroupKeys
 from replica.core.cache.pool import BlockPool
 from shared.index import EventBatch, MemoryIndex
 from shared.index.base import DEFAULT_MAX_REPLICAS
@@ -18,10 +19,11 @@ class PoolIndex:
                                  max_replicas=max(len(replica_ids), DEFAULT_MAX_REPLICAS))
         self._seq = dict.fromkeys(replica_ids, 0)
 
-    def sync(self, replica_id: str, pool: BlockPool) -> None:
-        """Apply what the pool changed since the last sync (call after anything that allocates)."""
+    def sync(self, replica_id: str, pool: BlockPool, groups: GroupKeys | None = None) -> None:
+        """Apply what the pool changed since the last sync (call after anything that allocates); ``groups``: a
+        model of several KV cache groups, whose index follows one group (replica/core/cache/group_events.py)."""
         if pool.events:
-            events = pool.drain_events()
+            events = pool.drain_events() if groups is None else groups.index_events(pool.drain_events())
             self.index.apply_sync(EventBatch(replica_id, "sim", self._seq[replica_id], events))
             self._seq[replica_id] += len(events)
 

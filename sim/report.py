@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from loadgen.critical_path import SessionPath, session_paths, summarize_paths
 from loadgen.trace import has_dependencies
+from replica.core.cache.group_usage import kv_groups_run
 from replica.core.tiers.stack import TierStack
 from router.strategies import session_moves
 from shared import compiled_modules
@@ -72,6 +73,11 @@ def run_report(sim: Simulation, wall_s: float) -> dict:
         out["pd"] = pd.report(sim)
     if sim.dp is not None:
         out["data_parallel"] = sim.dp.report()
+    # several KV cache groups (a sliding-window model): each group's blocks over the run; none for one group, whose
+    # figures are the pool's own (replica/core/cache/group_usage.py)
+    groups = kv_groups_run([rep.groups for rep in sim.replicas if rep.groups is not None])
+    if groups is not None:
+        out["kv_groups"] = groups
     return out
 
 

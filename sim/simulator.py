@@ -28,6 +28,7 @@ from loadgen.arrivals import Arrivals
 from loadgen.request_metrics import RequestRecord
 from loadgen.trace import HASHES_U64, Trace, has_dependencies, response_hashes
 from replica.core.build import ReplicaCore, build_core
+from replica.core.cache.group_usage import GroupSampler, grouped_pool
 from replica.core.cache.grouped import GroupedPool
 from replica.core.cache.policies import policy_class
 from replica.core.cache.pool import BlockPool
@@ -73,6 +74,7 @@ class Replica:
     tiers: TierStack | None = None  # host / SSD below this replica's HBM
     role: str = "both"  # P/D: "prefill" or "decode" (replica/core/disagg.py ROLES); "both": colocated
     pos: int = -1  # its place in Simulation.replicas (a STEP_END event's who)
+    groups: GroupSampler | None = None  # several KV cache groups: each group's blocks, step by step
 
     @property
     def pool(self) -> BlockPool:
@@ -94,8 +96,9 @@ def build_replica(i: int, s: SimSettings, block_size: int, cost: CostModel, inde
     core = build_core(core_settings(s, block_size, cost, indexed, requests), cost, hashes_fit=hashes_fit,
                       shared=shared)
     replica_id = replica_id or f"replica-{i}"  # the ids `kvemu up` gives, so session routing hashes the same ring
+    grouped = grouped_pool(core.scheduler.pool)
     return Replica(replica_id, core, core.scheduler, ReplicaState(replica_id, capacity_blocks=s.capacity_blocks),
-                    tiers=core.tiers)
+                    tiers=core.tiers, groups=GroupSampler(grouped) if grouped is not None else None)
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # compiled by mypyc (shared/compiled_modules.py); tests subclass it
@@ -346,6 +349,8 @@ class Simulation:
             self._views[k] = self.pd.arrive(r, req, t, self._overlap(r))
             return
         rep, self._views[k] = self._route(r)
+        if rep.core.group_keys is not None:  # several KV cache groups: each block's key in each, for the index
+            rep.core.group_keys.teach(req.hashes, req.response_hashes)
         rep.sched.submit(req)  # what could never run was refused before the run (_refuse)
         self.kick(rep)
 
@@ -371,7 +376,7 @@ class Simulation:
                 rep.tiers.produced(stored, r.t)
                 rep.tiers.released(alloc.hashes, stored, r.t)
             if self.index is not None:
-                self.index.sync(rep.replica_id, rep.pool)
+                self.index.sync(rep.replica_id, rep.pool, rep.core.group_keys)
             self.router.done(rep.state, view)
             self.served += 1
             if self.progress and k % 2000 == 0:
@@ -436,6 +441,8 @@ class Simulation:
             return
         res = rep.sched.step(now, horizon)
         self.sync(rep)
+        if rep.groups is not None:
+            rep.groups.sample(rep.sched.running, res.duration)
         if res.duration <= 0 and not res.finished and not res.first_tokens and not res.decoded:
             rep.busy_until = INF  # nothing could run; the next arrival or completion restarts it
             return
@@ -453,7 +460,7 @@ class Simulation:
     def sync(self, rep: Replica) -> None:
         """The index learns what ``rep``'s pool changed (call after anything that allocates)."""
         if self.index is not None:
-            self.index.sync(rep.replica_id, rep.pool)
+            self.index.sync(rep.replica_id, rep.pool, rep.core.group_keys)
 
     def _step_ended(self, rep: Replica, now: float) -> None:
         self._complete_step(rep, now)

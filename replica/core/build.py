@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from replica.core.analysis.reuse import ReuseDistanceTracker
 from replica.core.analysis.shards import ShardsTracker
 from replica.core.cache.costs import DepthCosts
+from replica.core.cache.group_events import GroupKeys
 from replica.core.cache.grouped import GroupedPool
 from replica.core.cache.metrics import PoolMetrics
 from replica.core.cache.policies import make_policy, policy_class
@@ -214,6 +215,9 @@ class ReplicaCore:
     # why a tier level below HBM runs its Python pool though the compiled twin was asked for; None: each
     # level's twin runs (or there are none, or the Python pools were asked for)
     why_python_levels: str | None = None
+    # a model of several KV cache groups: its pool's keys as (hash, group), so its events are each group's
+    # (cache/group_events.py); None: one group, whose keys are the hashes
+    group_keys: GroupKeys | None = None
 
     @property
     def pool(self) -> BlockPool:
@@ -253,18 +257,16 @@ class ReplicaCore:
         follow with what they hold now instead of their changes."""
         events = self.pool.drain_events()
         tiers = self.tiers
-        if tiers is None or not tiers.emit_events:
-            return events
-        if any(e.kind == "cleared" for e in events):
-            return events + tiers.snapshot_events()
-        return events + tiers.drain_events()
+        if tiers is not None and tiers.emit_events:
+            events += tiers.snapshot_events() if any(e.kind == "cleared" for e in events) else tiers.drain_events()
+        return self.group_keys.resolve(events) if self.group_keys is not None else events
 
     def snapshot_events(self) -> list[KvEvent]:
         """``stored`` of every block held, per tier: what follows ``cleared`` in a resync."""
         events = [KvEvent("stored", tuple(self.pool.resident))] if self.pool.resident else []
         if self.tiers is not None and self.tiers.emit_events:
             events += self.tiers.snapshot_events()
-        return events
+        return self.group_keys.lookup(events) if self.group_keys is not None else events
 
     @property
     def capacity_with_tiers(self) -> int:
@@ -327,4 +329,6 @@ def build_core(s: CoreSettings, cost: CostModel, *, hashes_fit: bool = True,
                                                     watermark=k.watermark, max_loans=k.max_loans,
                                                     step_rule=k.step_rule, speculative=k.speculative),
                       report_decoded=s.stream_tokens, tiers=tiers, keep_response_kv=k.response_kv == "keep")
-    return ReplicaCore(pool, sched, tiers, fast, why, levels_why[0] if levels_why else None)
+    return ReplicaCore(pool, sched, tiers, fast, why, levels_why[0] if levels_why else None,
+                       GroupKeys(groups, max(1 << 17, 4 * s.capacity_blocks)) if groups.hybrid and s.emit_events
+                       else None)

@@ -101,6 +101,9 @@ class IndexEvent(NamedTuple):
     kind: str  # "stored" | "removed" | "cleared"
     hashes: tuple[int, ...]
     level: int = 0  # memory level, 0 (HBM) .. MAX_LEVEL; on the wire a third element, only when not HBM
+    # KV cache group of a model of several (replica/core/cache/group_events.py): never on the index's wire, whose
+    # events are one group's
+    group: int = 0
 
 
 @dataclass(slots=True)
@@ -264,12 +267,13 @@ def _check_text(field: str, value: Any) -> None:
 
 def _check_event(i: int, ev: Any) -> IndexEvent:
     where = f"events[{i}]"
-    if not isinstance(ev, (list, tuple)) or not 2 <= len(ev) <= 3:
+    # a pool's own event (an IndexEvent) has a fourth field, its KV cache group, which the index does not keep
+    if not isinstance(ev, (list, tuple)) or not 2 <= len(ev) <= (4 if isinstance(ev, IndexEvent) else 3):
         raise InputError(where, "must be a [kind, hashes] pair or a [kind, hashes, level] triple")
     kind, hashes = ev[0], ev[1]
     if kind not in KINDS:
         raise InputError(f"{where}.kind", f"must be one of {', '.join(KINDS)}, got {kind!r}")
-    tier = ev[2] if len(ev) == 3 else 0
+    tier = ev[2] if len(ev) >= 3 else 0
     if type(tier) is not int or not 0 <= tier <= MAX_LEVEL or (tier and kind == "cleared"):
         raise InputError(f"{where}.level", f"must be a memory level 1..{MAX_LEVEL} on a stored or removed event "
                                            f"(cleared clears every level), got {tier!r}")
