@@ -181,11 +181,13 @@ def hybrid_workloads() -> list[dict]:
     gemma = kv_groups([(FULL, 0) if (i + 1) % 6 == 0 else (WINDOW, 64) for i in range(12)])
     w32 = kv_groups([(FULL, 0), (WINDOW, 32)])
     return [
-        chat_workload(random.Random(56), "hybrid_multi_turn", requests=80, span=600, num_blocks=900, kv_groups=oss),
+        # 80 requests, 1,189 evictions in a 1,000-block pool (two groups): windows' blocks evicted before the full
+        # group's, later turns hitting what both still hold
+        chat_workload(random.Random(56), "hybrid_multi_turn", requests=80, span=600, num_blocks=1000, kv_groups=oss),
         _w("hybrid_long_prompt", [_r("long", 0, [[2, 3000], [3, 40]], 40), _r("late", 1, [[2, 3000], [4, 40]], 10),
                                   _r("after", 60, [[2, 3000], [3, 40]], 10), _r("mid", 70, [[2, 1500]], 5)],
            kv_groups=w32),
-        _w("hybrid_small_pool_preempts", [_r(f"p{i}", i, [[40 + i, 100]], 150) for i in range(6)], num_blocks=60,
+        _w("hybrid_small_pool_preempts", [_r(f"p{i}", i, [[40 + i, 100]], 150) for i in range(6)], num_blocks=120,
            kv_groups=gemma),
         with_spec(_w("hybrid_spec", [_r("t1", 0, [[90, 300]], 200, tag=91),
                                      _r("t2", 60, [[90, 300], [91, 200], [92, 50]], 20),

@@ -23,7 +23,7 @@ from replica.core.tiers.shared import SharedStore
 from replica.core.tiers.stack import TierSettings, TierStack
 from shared.costmodel import CostModel
 from shared.errors import InputError
-from shared.kv_groups import FULL, STATE
+from shared.kv_groups import FULL, STATE, KvGroups
 from shared.validate import check_number, check_positive_int
 
 # The choices a core is built with, each defined once here; their flags are in kvemu/options/.
@@ -274,6 +274,13 @@ class ReplicaCore:
         return self.pool.capacity + (self.tiers.capacity if self.tiers is not None else 0)
 
 
+def _grouped(pool: BlockPool, groups: KvGroups, token_budget: int) -> GroupedPool:
+    """The pool of KV cache groups over ``pool``, a window's admission cap counting a step's tokens."""
+    grouped = GroupedPool(pool, groups)
+    grouped.in_flight = token_budget
+    return grouped
+
+
 def _reuse_tracker(s: CoreSettings) -> ReuseDistanceTracker | ShardsTracker | None:
     if s.reuse == "exact":
         return ReuseDistanceTracker(max_distance=max(4 * s.capacity_blocks, 1 << 16))
@@ -322,7 +329,7 @@ def build_core(s: CoreSettings, cost: CostModel, *, hashes_fit: bool = True,
                 levels_why.append(f"the {name} tier: {reason}")
             return CompiledPool(level_pool) if reason is None else None
         tiers.serve_levels_with(level_twin, KernelLevels)
-    serving: SchedulerPool = fast or (GroupedPool(pool, groups) if windows else pool)
+    serving: SchedulerPool = fast or (_grouped(pool, groups, k.token_budget) if windows else pool)
     sched = Scheduler(serving, cost, SchedulerSettings(token_budget=k.token_budget, max_running=k.max_running,
                                                     max_waiting=s.max_waiting, admission=k.scheduler,
                                                     decode_kv=k.decode_kv, max_model_len=s.max_model_len,

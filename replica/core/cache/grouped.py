@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from replica.core.cache.groups import group_key, hit_blocks, skipped_blocks
-from replica.core.cache.pool import BlockPool, fill_picks
+from replica.core.cache.pool import BlockPool, PoolBusyError, fill_picks
 from replica.core.cache.types import Allocation, Lookup
 from shared.errors import InputError
 from shared.kv_groups import STATE, WINDOW, KvGroups
@@ -39,7 +39,9 @@ class GroupedAllocation(Allocation):
 
     tables: list[list[int]] = field(default_factory=list)
     freed: list[int] = field(default_factory=list)
-    slid_private: int = 0
+    held: list[int] = field(default_factory=list)  # per group, the end of the blocks taken (a window: chunk by chunk)
+    owed: list[int] = field(default_factory=list)  # per group, blocks of the request not taken yet (a window's)
+    slid_private: int = 0  # private blocks the scheduler counts that the base pool does not (freed, or not yet taken)
 
 
 class GroupedPool:
@@ -60,6 +62,8 @@ class GroupedPool:
         self.block_size = base.block_size
         self._windows = [(g, x.window) for g, x in enumerate(groups.groups) if x.kind == WINDOW]
         # the group whose pins stand for a block's: a full group's (it holds every block a window group does)
+        self._window_ids = {g for g, _ in self._windows}
+        self.in_flight = 8192  # tokens a step schedules at most (``--max-num-batched-tokens``): a window's cap
         self._ref = next((g for g, x in enumerate(groups.groups) if x.kind != WINDOW), 0)
 
     # ---- what the scheduler reads -------------------------------------------------------------
@@ -88,7 +92,12 @@ class GroupedPool:
     def held_per_group(self, alloc: GroupedAllocation, extra_blocks: int) -> list[int]:
         """Blocks a request holds in each group (``extra_blocks``: its private blocks, per group)."""
         total = len(alloc.hashes) + extra_blocks
-        return [total - alloc.freed[g] for g in range(self.width)]
+        return [total - alloc.freed[g] - alloc.owed[g] for g in range(self.width)]
+
+    def _cap(self, window: int) -> int:
+        """The most blocks vLLM's admission counts a window group at: the window's tokens and a step's in flight,
+        one more for a window not starting at a block's start (SlidingWindowSpec.max_admission_blocks_per_request)."""
+        return -(-(window - 1 + self.in_flight) // self.block_size) + 1
 
     def usage(self) -> float:
         return self.base.usage()
@@ -111,15 +120,59 @@ class GroupedPool:
         freed = [0] * self.width
         for g, window in self._windows:
             freed[g] = skipped_blocks(window, hit * bs, bs)
-        tables = [keys[g][freed[g]:] for g in range(self.width)]
+        # a window group holds its hit's blocks in the window now, the rest chunk by chunk (``extend``); what the
+        # whole sequence needs, a window's capped, must fit now (vLLM's full_sequence_must_fit at admission)
+        ends = [hit if g in self._window_ids else n for g in range(self.width)]
+        tables = [keys[g][freed[g]:max(ends[g], freed[g])] for g in range(self.width)]
+        full = self.width - len(self._windows)
+        total = n + lookup.extra
+        later = sum(max(0, min(total, self._cap(w)) - max(freed[g], hit)) for g, w in self._windows)
+        pins = base.pin_counts
+        need = sum(1 for table in tables for k in table if k not in pins) + lookup.extra * full + later
+        if need > base.room:
+            raise PoolBusyError(f"need {need} blocks over the KV cache groups, only {base.room} free or evictable")
         base.acquire(Lookup([k for table in tables for k in table], lookup.session, lookup.now, lookup.input_tokens,
-                            False, lookup.extra * self.width, None, lookup.position))
+                            False, lookup.extra * full, None, lookup.position))
         touched = [i for i in range(n) if keys[0][i] in resident]
         alloc = GroupedAllocation(hashes, list(range(hit)), list(range(hit, n)), touched, lookup.session,
-                                  tables=tables, freed=freed)
+                                  tables=tables, freed=freed,
+                                  held=[max(ends[g], freed[g]) if g in self._window_ids else total
+                                        for g in range(self.width)],
+                                  owed=[total - max(ends[g], freed[g]) if g in self._window_ids else 0
+                                        for g in range(self.width)],
+                                  slid_private=lookup.extra * len(self._windows))
         if lookup.record:
             base.metrics.record_request(alloc, n, lookup.input_tokens, lookup.now)
         return alloc
+
+    def extend(self, alloc: GroupedAllocation, end_tokens: int, blocks: int, now: float = 0.0) -> None:
+        """A prefill chunk ends at ``end_tokens``: each window group takes the blocks up to it (of the request's
+        ``blocks``, hashed and private), as vLLM's allocate_slots for the chunk; ``PoolBusyError`` if none left."""
+        n, want = len(alloc.hashes), -(-end_tokens // self.block_size)
+        keys: list[int] = []
+        private = 0
+        for g, _ in self._windows:
+            end = min(blocks, max(want, alloc.held[g]))
+            start = alloc.held[g]
+            if end <= start:
+                continue
+            keys += [group_key(alloc.hashes[i], g) for i in range(start, min(end, n))]
+            private += max(0, end - max(start, n))
+        if not keys and not private:
+            return
+        base = self.base
+        if sum(1 for k in keys if k not in base.pin_counts) + private > base.room:
+            raise PoolBusyError("a window group's next chunk finds no free or evictable block")
+        if keys:
+            base.acquire(Lookup(keys, alloc.session, now, None, False))
+        base.take_private(private)
+        alloc.slid_private -= private
+        for g, _ in self._windows:
+            end = min(blocks, max(want, alloc.held[g]))
+            if end > alloc.held[g]:
+                alloc.tables[g] += [group_key(alloc.hashes[i], g) for i in range(alloc.held[g], min(end, n))]
+                alloc.owed[g] = max(0, alloc.owed[g] - (end - alloc.held[g]))
+                alloc.held[g] = end
 
     def slide(self, alloc: GroupedAllocation, computed_tokens: int, now: float = 0.0,
               fills: Sequence[Allocation] = (), response: Sequence[int] = (), kept: int = 0) -> None:

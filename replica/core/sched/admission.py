@@ -167,7 +167,10 @@ class Admission:
     def _allocate(self, req: SchedRequest, hashes: Sequence[int], extra: int, now: float, record: bool) -> None:
         """The pool's allocation of ``hashes`` and ``extra`` private blocks for ``req`` (``record``: counted in
         the pool's hit metrics), or ``PoolBusyError``."""
-        req.alloc = self.pool.acquire(Lookup(hashes, req.session, now, req.input_tokens, record, extra,
+        # a request resumed after a preemption recomputes its output too: its tokens bound the hit (vLLM's
+        # num_tokens - 1, what KV cache groups cap a hit at)
+        tokens = req.input_tokens + req.generated if req.resumed else req.input_tokens
+        req.alloc = self.pool.acquire(Lookup(hashes, req.session, now, tokens, record, extra,
                                              req.next_use, req.position))
         req.extra_blocks = extra
 

@@ -73,6 +73,7 @@ from replica.core.sched.spec_decode import Acceptance
 from replica.core.sched.v0_steps import StepBudget
 from replica.core.tiers.stack import FetchPlan, TierStack
 from shared.costmodel import CostModel, StepWork, layered_finish
+from shared.model_kinds import window_pairs
 from shared.spec_cost import draft_seconds
 
 __all__ = ["ADMISSIONS", "SCHEDULERS", "QueueFullError", "SchedRequest", "Scheduler", "SchedulerSettings", "StepResult",
@@ -102,6 +103,7 @@ class Scheduler(Release):
         # KV cache groups with sliding windows (cache/grouped.py): their passed blocks are freed every step
         self._groups = pool if isinstance(pool, GroupedPool) else None
         self.cost = cost
+        self._window = cost.window  # sliding-window layers read each context up to it (StepWork's window fields)
         self.settings = settings or SchedulerSettings()
         self.report_decoded = report_decoded
         self.waiting: deque[SchedRequest] = deque()
@@ -124,6 +126,7 @@ class Scheduler(Release):
         self._drafts: list[tuple[SchedRequest, int]] = []  # this step's decoders and their drafts
         self._draft_tokens = 0  # their drafts, in all
         self._draft_kv = 0  # sum of drafts x context tokens
+        self._draft_window_kv = 0  # ... x context tokens up to the window
         self.spec_verifies = 0  # verifications (decoder-steps with drafts)
         self.spec_drafts = 0  # draft tokens verified
         self.spec_accepted = 0  # ... of them accepted
@@ -194,7 +197,8 @@ class Scheduler(Release):
         prefill_tokens = work.prefill_tokens
         steps = 1
         if spec:  # the verify forward: each decoder's sampled token and its drafts (one step at a time)
-            work = work._replace(draft_tokens=self._draft_tokens, draft_kv=self._draft_kv)
+            work = work._replace(draft_tokens=self._draft_tokens, draft_kv=self._draft_kv,
+                                 window_draft_kv=self._draft_window_kv)
         elif prefill_tokens == 0 and n_dec and self._groups is None:  # windows free blocks step by step
             steps = self._decode_run_length(n_dec, kv_tokens, now, horizon)
             if steps > 1:
@@ -261,6 +265,8 @@ class Scheduler(Release):
         self._fill_due(self._tick, now)  # before admissions: they may hit what decoding just filled
         if self._spec_k:
             self._plan_drafts()
+        if self._groups is not None:
+            self._extend_running()
         if not preempted:  # vLLM admits nothing in a step that preempted
             self._admit(now)
         return True
@@ -359,6 +365,8 @@ class Scheduler(Release):
                 break
             self.waiting.popleft()
             self._start(req, now)
+            if self._groups is not None:  # its first chunk's window blocks, as vLLM allocates them at admission
+                self._extend(req, req.segments[0][0] + min(req.segments[0][1], left), now)
             if not reorder:
                 left -= sum(s[1] for s in req.segments)
             if self._promoted:
@@ -379,12 +387,14 @@ class Scheduler(Release):
         (``StepWork``: one forward over both),
         the restores from lower tiers they wait on ((start, ready) from ``now``: the step
         overlaps them layer by layer), and the requests they complete (a prefix of the queue)."""
-        tokens = seqs = cached = 0
-        pairs = 0.0
+        tokens = seqs = cached = w_cached = 0
+        pairs = w_pairs = 0.0
+        window = self._window
         restores: list[tuple[float, float]] = []
         completed = []
         queue = self.prefilling
         timed = self.timer is not None
+        groups = self._groups
         for r in queue:
             if tokens >= budget:
                 break
@@ -394,10 +404,15 @@ class Scheduler(Release):
                 seg = segments[0]
                 c = seg[0]
                 take = min(seg[1], budget - tokens)
+                if groups is not None and not self._extend(r, c + take, now):
+                    break
                 # each range's queries attend over everything before it (holes: the hits around them)
                 tokens += take
                 cached += c
                 pairs += take * c + take * (take - 1) / 2
+                if window:  # a window layer's queries attend at most the window before them
+                    w_pairs += window_pairs(take, c, window)
+                    w_cached += min(c, window)
                 if timed:
                     self._chunks.append((r, c, take))
                 seg[0] += take
@@ -417,7 +432,46 @@ class Scheduler(Release):
         for _ in completed:
             queue.popleft()
         self.queued_prefill_tokens -= tokens
-        return StepWork(tokens, seqs, pairs, cached, decoders, decode_kv), restores, completed
+        return StepWork(tokens, seqs, pairs, cached, decoders, decode_kv, window_pairs=w_pairs, window_cached=w_cached,
+                        window_kv=self._window_kv(decoders) if window else 0), restores, completed
+
+    def _window_kv(self, decoders: int) -> int:
+        """The KV tokens a window layer reads for the step's decoders: sum of min(context, window)."""
+        if not decoders:
+            return 0
+        w, tick = self._window, self._tick
+        total = 0
+        for r in self._decoders.values():
+            k = r.input_tokens + tick - r.base
+            total += k if k < w else w
+        return total
+
+    def _extend_running(self) -> None:
+        """Before admissions, the requests already prefilling take their window blocks for this step's chunks
+        (vLLM schedules the running requests first: their chunks' blocks are allocated, and cached, before a
+        waiting request looks up its hit or is counted against the free blocks)."""
+        left = self.settings.token_budget - len(self._done_at) - self._draft_tokens
+        for r in self.prefilling:
+            if left <= 0:
+                break
+            seg = r.segments[0]
+            take = min(seg[1], left)
+            if not self._extend(r, seg[0] + take, self._now):
+                break
+            left -= take
+
+    def _extend(self, r: SchedRequest, end: int, now: float) -> bool:
+        """Window groups take the blocks of a prefill chunk ending at ``end`` (vLLM allocates a chunk's slots as it
+        schedules it); False when none is left (the chunk waits)."""
+        groups, alloc = self._groups, r.alloc
+        assert groups is not None
+        if not isinstance(alloc, GroupedAllocation):
+            return True
+        try:
+            groups.extend(alloc, end, len(alloc.hashes) + r.extra_blocks, now)
+        except PoolBusyError:
+            return False
+        return True
 
     def _add_decoder(self, r: SchedRequest) -> None:
         r.base = self._tick - r.generated
@@ -466,14 +520,16 @@ class Scheduler(Release):
         k, cap, tick = self._spec_k, self.settings.max_model_len, self._tick
         plan = self._drafts
         plan.clear()
-        total = kv = 0
+        total = kv = window_kv = 0
+        w = self._window
         for r in self._decoders.values():
             tokens = r.input_tokens + tick - r.base
             d = k if not cap else max(0, min(k, cap - tokens - 1))
             plan.append((r, d))
             total += d
             kv += d * tokens
-        self._draft_tokens, self._draft_kv = total, kv
+            window_kv += d * min(tokens, w)
+        self._draft_tokens, self._draft_kv, self._draft_window_kv = total, kv, window_kv
 
     def _verify(self, result: StepResult) -> None:
         """The verify forward's outcome: each decoder keeps its accepted drafts and the token sampled after
@@ -500,7 +556,7 @@ class Scheduler(Release):
                 decode_kv.retrack(r)
                 moved = True
         self._drafts.clear()
-        self._draft_tokens = self._draft_kv = 0
+        self._draft_tokens = self._draft_kv = self._draft_window_kv = 0
         if moved:  # finish ticks moved: the heap again, each request's entry keeping its order
             self._done_at = [(e[2].base + e[2].output_tokens, e[1], e[2]) for e in self._done_at]
             heapq.heapify(self._done_at)

@@ -13,6 +13,9 @@ A step's record: ``scheduled`` (request -> tokens computed in it), ``cached`` (f
 admitted in it, the tokens found computed: its first chunk's start), ``preempted`` (in order),
 ``finished`` (in order), ``refused`` (vLLM's length rule at arrival) and ``aborted``.
 
+KV cache groups (``settings["kv_groups"]``, ``[[kind, window], ...]``: ``full`` or ``window`` of that many tokens):
+one group per entry on a ``GroupedPool``, as vLLM's hybrid manager keeps them.
+
 Speculative decoding (``settings["speculative"]``, ``{"method", "k"}``): a decoder's ``scheduled`` is its
 sampled token and its drafts, and each request's ``accept`` list forces what its verifications accept
 (``ForcedAcceptance``), the same list vLLM's driver feeds its scheduler.
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from replica.core.cache.grouped import GroupedPool
 from replica.core.cache.policies.lru import LRUPolicy
 from replica.core.cache.pool import BlockPool
 from replica.core.sched.sched_types import SchedRequest, SchedulerSettings
@@ -30,6 +34,7 @@ from replica.core.sched.spec_decode import ForcedAcceptance, SpecDecode
 from shared.costmodel import CostModel
 from shared.errors import InputError
 from shared.hashing import block_hashes
+from shared.kv_groups import KvGroup, KvGroups
 
 VOCAB = 30_000  # token ids stay below every preset's vocabulary
 MAX_STEPS = 100_000
@@ -74,8 +79,13 @@ def scheduler_for(settings: dict, cost: CostModel | None = None) -> Scheduler:
     order (LRU), prefix hits only, response KV cached (vLLM caches every full block it computes)."""
     bs, caching = settings["block_size"], settings["prefix_caching"]
     # vLLM's block pool keeps one of its num_gpu_blocks as the null block, never handed out
-    pool = BlockPool(settings["num_blocks"] - 1, LRUPolicy(), block_size=bs, hit_mode="prefix", emit_events=False,
+    base = BlockPool(settings["num_blocks"] - 1, LRUPolicy(), block_size=bs, hit_mode="prefix", emit_events=False,
                      prefix_caching=caching)
+    kinds = settings.get("kv_groups")  # vLLM's hybrid manager: one group per [kind, window], a layer each
+    pool: BlockPool | GroupedPool = base
+    if kinds:
+        pool = GroupedPool(base, KvGroups(tuple(KvGroup(kind, 1, window) for kind, window in kinds), 1))
+        pool.in_flight = settings["max_num_batched_tokens"]
     spec = settings.get("speculative")
     sched_settings = SchedulerSettings(token_budget=settings["max_num_batched_tokens"],
                                        max_running=settings["max_num_seqs"],
