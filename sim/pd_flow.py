@@ -125,7 +125,14 @@ class PdFlow:
         self._submit(p, pre)
         return view
 
+    @staticmethod
+    def _teach(rep: Replica, req: SchedRequest) -> None:
+        """Several KV cache groups: the instance's events learn each block's key in each (for the index)."""
+        if rep.core.group_keys is not None:
+            rep.core.group_keys.teach(req.hashes, req.response_hashes)
+
     def _submit(self, rep: Replica, req: SchedRequest) -> None:
+        self._teach(rep, req)
         rep.sched.submit(req)
         rep.state.queued_tokens = rep.sched.queued_prefill_tokens
         self.sim.kick(rep)
@@ -151,6 +158,7 @@ class PdFlow:
         """The prefill finished: the decode instance reserves the prompt's blocks and the KV it lacks
         starts across; without room there, the decode instance prefills it itself (a failover)."""
         d, bs, sim = fl.d, self.sim.block_size, self.sim
+        self._teach(d, fl.dec)
         if not d.sched.reserve_remote(fl.dec, now):
             self.counts["failover"] += 1
             self._release_prefill(fl, now)

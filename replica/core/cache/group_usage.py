@@ -82,14 +82,17 @@ class GroupSampler:
 
 
 def kv_groups_run(samplers: list[GroupSampler]) -> dict | None:
-    """The sim JSON's section over every instance: per group the mean blocks held (each instance's mean over its
-    busy time, summed), the most one instance held, and the mean its windows let go of; None for one group."""
+    """The sim JSON's section, an instance's figures: per group the mean blocks held (each instance's mean over its
+    busy time, averaged over the instances that ran a step), the most one instance held after a step, and the mean
+    its windows let go of; None for a model of one group."""
     if not samplers:
         return None
     out = describe(samplers[0].pool.groups)
+    ran = [s for s in samplers if s.seconds > 0]
     for g, row in enumerate(out["groups"]):
-        row["mean_held_blocks"] = round(sum(s.held_s[g] / s.seconds for s in samplers if s.seconds), 1)
+        row["mean_held_blocks"] = round(sum(s.held_s[g] / s.seconds for s in ran) / len(ran), 1) if ran else 0.0
         row["peak_held_blocks"] = max(s.peak[g] for s in samplers)
         if row["kind"] == WINDOW:
-            row["mean_window_freed_blocks"] = round(sum(s.freed_s[g] / s.seconds for s in samplers if s.seconds), 1)
+            row["mean_window_freed_blocks"] = round(sum(s.freed_s[g] / s.seconds for s in ran) / len(ran), 1) \
+                if ran else 0.0
     return out

@@ -6,7 +6,7 @@ its groups. The pool's keys as each group's events, vLLM's wire, kvemu's feed an
 and the start line."""
 
 from replica.core.cache.group_events import GroupKeys, for_index
-from replica.core.cache.group_usage import kv_groups_now
+from replica.core.cache.group_usage import GroupSampler, kv_groups_now, kv_groups_run
 from replica.core.cache.grouped import GroupedPool
 from replica.core.cache.groups import group_key
 from replica.core.cache.policies import make_policy
@@ -122,6 +122,24 @@ def test_stats_section_counts_each_group_from_the_running_tables():
         "groups": [{"group": 0, "kind": "full", "layers": 1, "held_blocks": 7},
                    {"group": 1, "kind": "window", "layers": 1, "window": 32, "held_blocks": 3,
                     "window_freed_blocks": 4}]}
+
+
+def test_the_sim_section_weighs_each_step_by_its_duration():
+    base = BlockPool(100, make_policy("lru"), block_size=16, hit_mode="prefix")
+    pool = GroupedPool(base, group_layers([(FULL, 0), (WINDOW, 32)]))
+    s = Scheduler(pool, CostModel.from_names())
+    s.submit(SchedRequest(1, list(range(1, 7)), 100, 81, 0.0))
+    sampler, now = GroupSampler(pool), 0.0
+    for seconds in (1.0, 1.0, 2.0):  # the prefill holds 7 blocks in each group, then the window 3 (4 let go)
+        now += s.step(now).duration
+        sampler.sample(s.running, seconds)
+    out = kv_groups_run([sampler])
+    assert out is not None
+    rows = out["groups"]
+    assert rows[0] == {"group": 0, "kind": "full", "layers": 1, "mean_held_blocks": 7.0, "peak_held_blocks": 7}
+    assert rows[1] == {"group": 1, "kind": "window", "layers": 1, "window": 32, "peak_held_blocks": 7,
+                       "mean_held_blocks": (7 + 3 + 2 * 3) / 4, "mean_window_freed_blocks": (4 + 2 * 4) / 4}
+    assert kv_groups_run([]) is None  # a model of one group: no section
 
 
 def test_the_start_line_says_what_a_request_holds_in_each_group():
