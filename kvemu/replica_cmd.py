@@ -79,6 +79,7 @@ def settings_from_args(args):
     from kvemu.options.serving import serving_settings
     from kvemu.options.tiers import tier_settings
     from replica.backends import check_backend_flags
+    from replica.core.build import check_groups_served
     from replica.settings import ReplicaSettings, check_live_policy
     from shared.costmodel import CostModel
 
@@ -88,6 +89,11 @@ def settings_from_args(args):
     default_capacity(args)
     matching = matching_setting(args)
     cost = CostModel.from_names(args.model, args.gpu)
+    if args.role != "both":
+        check_groups_served(cost, "--role", "P/D's transfer of each group's blocks is not modelled yet (vLLM 0.33's"
+                                            " NixlConnector moves them): run it colocated")
+    if args.backend != "emulated":
+        check_groups_served(cost, "--backend", "the torch backend attends over every block: use --backend emulated")
     tiers = dataclasses.replace(tier_settings(args, cost, matching.block_size),
                                 shared=replica_shared_settings(args, cost, matching.block_size))
     prefix_caching_setting(args, tiers, args.backend)  # off on another backend: refused, naming the flag
@@ -116,7 +122,7 @@ def print_limits(settings, out=None) -> None:
     if ranks:
         print(ranks, file=out, flush=True)
     warning = length_warning(settings.asked_max_model_len(), settings.max_model_len is not None,
-                             settings.resolved_capacity_blocks(), settings.block_size, settings.knobs.matching)
+                             settings.resolved_capacity_blocks(), settings.kv_block_size(), settings.knobs.matching)
     if warning:
         print(warning, file=out, flush=True)
     if settings.role == "prefill" and settings.knobs.response_kv == "keep":

@@ -17,6 +17,7 @@ import dataclasses
 
 from kvemu.options.gpu import with_tp
 from kvemu.options.option import Option, add_options
+from replica.core.build import check_groups_served
 from replica.core.disagg import (
     DEFAULT_PD_DECIDER,
     DEFAULT_PD_HOLD_SHARE,
@@ -117,6 +118,8 @@ def pd_cluster(args: argparse.Namespace, gpu: str, cost_of, block_size: int, tie
             raise InputError(given[0], "does nothing without P/D pools: give --prefill-replicas P"
                                        " --decode-replicas D, or drop it")
         return None
+    check_groups_served(cost_of(gpu), "--prefill-replicas", "P/D's transfer of each group's blocks is not modelled"
+                                                             " yet (vLLM 0.33's NixlConnector moves them)")
     routing = getattr(args, "prefill_routing", None)
     if routing is not None:
         try:

@@ -23,7 +23,7 @@ from replica.core.tiers.shared import SharedStore
 from replica.core.tiers.stack import TierSettings, TierStack
 from shared.costmodel import CostModel
 from shared.errors import InputError
-from shared.kv_groups import FULL, STATE, KvGroups
+from shared.kv_groups import FULL, STATE, WINDOW, KvGroups
 from shared.validate import check_number, check_positive_int
 
 # The choices a core is built with, each defined once here; their flags are in kvemu/options/.
@@ -105,11 +105,20 @@ def check_groups(cost: CostModel, k: EngineKnobs | None = None) -> None:
             ("--prefix-caching", k.prefix_caching != "on", "groups are modelled with prefix caching on"),
             ("--no-decode-kv", not k.decode_kv, "a window frees the blocks decoding takes: drop --no-decode-kv"),
             ("--scheduler", k.scheduler != "fcfs", "reorder's loans count one group's blocks: use --scheduler fcfs"),
+            ("--matching", k.matching != "blocks", "SGLang's sliding-window radix tree is not modelled: use"
+                                                   " --matching blocks"),
             ("--step-rule", k.step_rule != "v1", "vLLM v0 has no hybrid KV cache manager: use --step-rule v1"),
             ("--host-cache-gib", k.tiers.enabled, "memory tiers below HBM are not modelled per group yet (vLLM"
                                                   " 0.33's OffloadingConnector offloads each group's blocks)")):
         if refused:
             raise InputError(flag, f"{why}: {reason}")
+
+
+def check_groups_served(cost: CostModel, flag: str, what: str) -> None:
+    """A sliding-window model where a way of serving it (``flag``: P/D, a real backend) cannot hold a table per
+    group yet: refused in one line rather than run as full attention."""
+    if any(g.kind == WINDOW for g in cost.model.kv_groups.groups):
+        raise InputError(flag, f"{cost.model.name} has sliding-window layers (KV cache groups): {what}")
 
 
 def check_prefix_caching(prefix_caching: str, tiers: TierSettings, field: str = "prefix_caching") -> None:

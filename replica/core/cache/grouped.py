@@ -102,6 +102,11 @@ class GroupedPool:
     def usage(self) -> float:
         return self.base.usage()
 
+    def admission_need(self, blocks: int) -> int:
+        """Physical blocks admitting a request of ``blocks`` blocks counts, none cached: each full group's, each
+        window group's capped (vLLM's full_sequence_must_fit): above the pool's capacity it could never run."""
+        return sum(min(blocks, self._cap(x.window)) if x.kind == WINDOW else blocks for x in self.groups.groups)
+
     def held_at(self, blocks: int, computed_tokens: int) -> int:
         """Physical blocks a request of ``blocks`` blocks holds once ``computed_tokens`` are computed: every one
         in a full group, those its window has not passed in a window group (the length refusal's measure)."""
@@ -252,9 +257,23 @@ class GroupedPool:
         self.base.remove([group_key(h, g) for g in range(self.width) for h in hashes], computed)
 
     def serve(self, lookup: Lookup) -> GroupedAllocation:
-        """Acquire and release at once (the simulator's cache-only path)."""
-        alloc = self.acquire(lookup)
-        self.release(alloc, lookup.now)
+        """A request served alone (the simulator's cache-only path, no scheduler): the hit every group serves, then
+        each group's blocks from its first unskipped one cached, group by group (a request's groups never held at
+        once: nothing is pinned between requests)."""
+        base, bs, hashes = self.base, self.block_size, lookup.hashes
+        n = len(hashes)
+        keys = [[group_key(h, g) for h in hashes] for g in range(self.width)]
+        most = n if lookup.input_tokens is None else min(n, max(lookup.input_tokens - 1, 0) // bs)
+        hit = hit_blocks(self.groups, lambda g, i: keys[g][i] in base.resident, most, bs)
+        touched = [i for i in range(n) if keys[0][i] in base.resident]
+        for g in range(self.width):
+            skip = skipped_blocks(self.groups.groups[g].window, hit * bs, bs) if g in self._window_ids else 0
+            base.serve(Lookup(keys[g][skip:], lookup.session, lookup.now, lookup.input_tokens, False, 0, None,
+                              lookup.position))
+        alloc = GroupedAllocation(hashes, list(range(hit)), list(range(hit, n)), touched, lookup.session,
+                                  tables=[[] for _ in keys], freed=[0] * self.width)
+        if lookup.record:
+            base.metrics.record_request(alloc, n, lookup.input_tokens, lookup.now)
         return alloc
 
     def take_private(self, n: int) -> None:

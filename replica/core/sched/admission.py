@@ -86,12 +86,15 @@ class Admission:
         limit = self.settings.max_model_len
         if limit and req.input_tokens + req.output_tokens > limit:
             return ContextLengthError(limit, req.input_tokens, req.output_tokens)
-        capacity, width = self.pool.capacity, self.decode_kv.width
-        if len(req.hashes) * width > capacity:  # KV cache groups: the prompt's blocks in every group at admission
-            return PoolCapacityError(len(req.hashes) * width, capacity)
+        capacity = self.pool.capacity
+        # KV cache groups: every group's blocks, a window's those it holds at the longest hit a prompt may find
+        held_at = getattr(self.pool, "held_at", None)
+        prompt = len(req.hashes) if held_at is None else \
+            held_at(len(req.hashes) + self.decode_kv.need(req, 0), max(req.input_tokens - 1, 0))
+        if prompt > capacity:
+            return PoolCapacityError(prompt, capacity)
         most = self.decode_kv.most(req)
-        held_at = getattr(self.pool, "held_at", None)  # windows: at its last step a window holds its tail only
-        if held_at is not None:
+        if held_at is not None:  # at its last step a window holds its tail only
             most = held_at(most, req.input_tokens + req.output_tokens - 1)
         if most > capacity:
             return PoolCapacityError(most, capacity, "max_tokens")

@@ -98,10 +98,8 @@ class Scheduler(Release):
         self.pool = pool
         self.tiers = tiers
         self.keep_response_kv = keep_response_kv
-        # the pool as a store of response KV, decided once (a Protocol's isinstance costs microseconds)
-        self._store = pool if isinstance(pool, ResponseStore) else None
-        # KV cache groups with sliding windows (cache/grouped.py): their passed blocks are freed every step
-        self._groups = pool if isinstance(pool, GroupedPool) else None
+        self._store = pool if isinstance(pool, ResponseStore) else None  # decided once (isinstance costs µs)
+        self._groups = pool if isinstance(pool, GroupedPool) else None  # KV cache groups (cache/grouped.py)
         self.cost = cost
         self._window = cost.window  # sliding-window layers read each context up to it (StepWork's window fields)
         self.settings = settings or SchedulerSettings()
@@ -217,7 +215,7 @@ class Scheduler(Release):
             if self._spec_k:  # the drafter proposes the next step's drafts for those that will decode
                 duration += self._draft_time(kv_tokens if spec else 0, n_dec, completed)
         else:
-            duration = self._decode_time(n_dec, kv_tokens, steps)
+            duration = self._decode_time(n_dec, kv_tokens, steps, work.window_kv if steps == 1 else -1)
             if tiers is not None:
                 duration = tiers.all_reduce(now, duration, n_dec * steps)
         self._account(duration, queued, steps)
@@ -493,12 +491,12 @@ class Scheduler(Release):
             r.generated = r.output_tokens
             self._release(r, result, end)
 
-    def _decode_time(self, batch: int, kv_tokens: int, steps: int) -> float:
+    def _decode_time(self, batch: int, kv_tokens: int, steps: int, window_kv: int = -1) -> float:
         if batch == 0:
             return 0.0
         # KV grows by `batch` tokens a step: price the run at its midpoint.
         mid_kv = kv_tokens + batch * (steps - 1) // 2
-        return steps * self.cost.step_time(StepWork(decoders=batch, decode_kv=mid_kv))
+        return steps * self.cost.step_time(StepWork(decoders=batch, decode_kv=mid_kv, window_kv=window_kv))
 
     def _decode_run_length(self, n_dec: int, kv_tokens: int, now: float, horizon: float) -> int:
         steps = self._done_at[0][0] - self._tick  # until the first decoder finishes

@@ -1,11 +1,13 @@
 """A pool of KV cache groups under the scheduler (replica/core/cache/grouped.py), worked by hand against vLLM's
 hybrid manager: a full-attention group and a window of 32 tokens, blocks of 16 tokens."""
 
+import pytest
+
 from replica.core.cache.grouped import GroupedAllocation, GroupedPool
 from replica.core.cache.groups import group_key
 from replica.core.cache.policies import make_policy
 from replica.core.cache.pool import BlockPool
-from replica.core.sched.scheduler import SchedRequest, Scheduler
+from replica.core.sched.scheduler import SchedRequest, Scheduler, SchedulerSettings
 from shared.costmodel import CostModel
 from shared.kv_groups import FULL, WINDOW, group_layers
 
@@ -78,3 +80,42 @@ def test_the_compiled_pool_is_refused_for_a_model_of_several_groups():
     base = BlockPool(100, make_policy("lru"), block_size=16, hit_mode="prefix", emit_events=False)
     assert why_not(base, kv_groups=2) == "a model of 2 KV cache groups needs the Python pool (a block table per group)"
     assert why_not(base, kv_groups=1) != why_not(base, kv_groups=2)
+
+
+def test_a_long_prompt_takes_its_window_blocks_chunk_by_chunk_as_vllm_allocates_them():
+    # a budget of 64 tokens: a 200-token prompt (12 full blocks and a partial one) in four chunks. The full group
+    # takes all 13 blocks at admission; the window (32 tokens) takes each chunk's blocks as it is scheduled and
+    # frees what it passed ((computed - 31) // 16 blocks): after chunk 0 (tokens 0-63) blocks 0-3; after chunk 1
+    # (64-127; 2 passed at 64) blocks 2-7; after chunk 2 (6 passed at 128) blocks 6-11; after chunk 3 (10 passed
+    # at 192) blocks 10-12, the last its partial one
+    base = BlockPool(100, make_policy("lru"), block_size=16, hit_mode="prefix")
+    pool = GroupedPool(base, group_layers([(FULL, 0), (WINDOW, 32)]))
+    pool.in_flight = 64
+    s = Scheduler(pool, CostModel.from_names(), SchedulerSettings(token_budget=64))
+    r = SchedRequest(1, list(range(1, 13)), 200, 2, 0.0)
+    s.submit(r)
+    held, pool_held = _run(s, pool, r)
+    assert held == [[13, 4], [13, 6], [13, 6], [13, 3], []]
+    assert pool_held[0] == (16, 1) and pool_held[3] == (14, 2)
+
+
+def test_admission_counts_a_window_at_its_cap_and_refuses_what_no_hit_could_admit():
+    # window 32, 64 tokens a step: vLLM counts a window group at ceil((31 + 64) / 16) + 1 = 7 blocks at most, so
+    # the 200-token prompt (13 blocks) needs 13 + 7 = 20 free blocks uncached: a pool of 19 admits it only with a hit
+    from replica.core.cache.pool import PoolCapacityError
+
+    def sched(capacity: int) -> Scheduler:
+        pool = GroupedPool(BlockPool(capacity, make_policy("lru"), block_size=16, hit_mode="prefix"),
+                           group_layers([(FULL, 0), (WINDOW, 32)]))
+        pool.in_flight = 64
+        assert pool.admission_need(13) == 20
+        return Scheduler(pool, CostModel.from_names(), SchedulerSettings(token_budget=64))
+
+    s = sched(19)
+    s.submit(SchedRequest(1, list(range(1, 13)), 200, 2, 0.0))
+    s.step(0.0)
+    assert s.num_waiting == 1 and s.num_running == 0
+    # at the longest hit (199 tokens) the window holds blocks 10-12: 13 + 3 = 16 blocks; fewer can never run it
+    with pytest.raises(PoolCapacityError) as err:
+        sched(15).submit(SchedRequest(1, list(range(1, 13)), 200, 2, 0.0))
+    assert str(err.value) == "prompt: needs 16 KV blocks but the pool holds only 15"
