@@ -164,8 +164,11 @@ def warn_lengths(args, caps: list[int], block_size: int) -> None:
     max_model_len tokens (vLLM would refuse to start; the run goes on with the pool's size)."""
     if args.max_model_len is not None and args.max_model_len < 1:
         raise InputError("--max-model-len", f"must be a positive integer, got {args.max_model_len}")
-    asked = args.max_model_len or CostModel.from_names(args.model, args.gpu).model.max_context
-    warning = length_warning(asked, args.max_model_len is not None, caps, block_size, matching_setting(args).mode)
+    cost = CostModel.from_names(args.model, args.gpu)
+    asked = args.max_model_len or cost.model.max_context
+    # the blocks the pool counts: the model's (state layers raise the size, CostModel.kv_block_size)
+    warning = length_warning(asked, args.max_model_len is not None, caps, cost.kv_block_size(block_size),
+                             matching_setting(args).mode)
     if warning:
         print(warning, file=sys.stderr)
 

@@ -104,7 +104,7 @@ def _check_children(flags: argparse.Namespace, dp: DpSettings) -> tuple[int, tup
     lines = [each + replica.kv_budget().line()] if flags.gpu_memory_utilization is not None else []
     lines += filter(None, [ranks_line(dp, replica.resolved_capacity_blocks(), unit), note,
                            length_warning(replica.asked_max_model_len(), flags.max_model_len is not None,
-                                          replica.resolved_capacity_blocks(), matching.block_size, matching.mode)])
+                                          replica.resolved_capacity_blocks(), replica.kv_block_size(), matching.mode)])
     return matching.block_size, tuple(lines)
 
 

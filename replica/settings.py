@@ -189,7 +189,12 @@ class ReplicaSettings:
         """The length limit asked for: the setting, else the model's context window."""
         return self.max_model_len or self.cost_model().model.max_context
 
+    def kv_block_size(self) -> int:
+        """The tokens of one of the pool's blocks: ``block_size``, raised for a model's state layers as vLLM raises
+        it (CostModel.kv_block_size)."""
+        return self.cost_model().kv_block_size(self.block_size)
+
     def resolved_max_model_len(self) -> int:
         """The limit the replica runs with: the asked one, or the pool's size where that is smaller."""
-        return max_model_len_for(self.asked_max_model_len(), self.resolved_capacity_blocks(), self.block_size)
+        return max_model_len_for(self.asked_max_model_len(), self.resolved_capacity_blocks(), self.kv_block_size())
 

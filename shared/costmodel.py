@@ -18,6 +18,11 @@ cached ones) and its decoders (``B`` sequences attending ``K`` KV tokens in all)
   head_dim dtype`` bytes (one copy per query head, as attention kernels without GQA sharing
   read it) at ``kv_read`` x HBM bandwidth (on an H200 this read did not overlap the
   attention's compute: without it a few new tokens over a long prefix come out ~25% fast);
+* the attention terms per kind of layer (shared/model_kinds.py, ``layer_counts``): the above over the full-attention
+  layers; a sliding-window layer's with each context cut to its window ``W`` (a decoder reads ``min(K_i, W)``
+  tokens, a chunk's query at position ``p`` attends ``min(p, W)`` keys and reads ``min(c_i, W)`` cached ones:
+  ``StepWork``'s window fields); a state layer's as each sequence's state read and written once a step (decoders on
+  the memory side, chunks beside the attention) and its products linear in the tokens, at ``attention`` x peak;
 * tensor parallelism: two all-reduces a layer (after the attention's output projection and the MLP's down
   projection, MoE layers alike) and one after the input embedding, each of the step's ``T x hidden``
   activations in the dtype, priced as NCCL picks and runs it on the GPUs' link (shared/collectives.py:
@@ -80,12 +85,22 @@ class StepWork(NamedTuple):
     # is read once a sequence: decode_kv; shared/spec_cost.py)
     draft_tokens: int = 0
     draft_kv: int = 0
+    # sliding-window layers (a model's window W, ``CostModel.window``): what they attend, each context cut to W:
+    # sum over the chunks of sum_j min(c_i + j, W) (``window_pairs``), sum min(c_i, W), sum over the decoders of
+    # min(K_i, W), and sum d_i min(K_i, W). -1: not given, bounded from the sums above (min(pairs, n W), ...: exact
+    # where every context reaches the window, or none does)
+    window_pairs: float = -1.0
+    window_cached: int = -1
+    window_kv: int = -1
+    window_draft_kv: int = -1
 
     @classmethod
-    def of(cls, chunks: Iterable[tuple[int, int]] = (), decoders: int = 0, decode_kv: int = 0) -> StepWork:
-        """``chunks``: (new tokens, cached depth) per prefill sequence."""
-        tokens = seqs = cached = 0
-        pairs = 0.0
+    def of(cls, chunks: Iterable[tuple[int, int]] = (), decoders: int = 0, decode_kv: int = 0, window: int = 0,
+           window_kv: int = -1) -> StepWork:
+        """``chunks``: (new tokens, cached depth) per prefill sequence; ``window``: the model's window, whose
+        figures the chunks give exactly (0: none)."""
+        tokens = seqs = cached = w_cached = 0
+        pairs = w_pairs = 0.0
         for n, c in chunks:
             if n < 0 or c < 0:
                 raise InputError("new_tokens", "token counts must be >= 0")
@@ -94,9 +109,13 @@ class StepWork(NamedTuple):
                 seqs += 1
                 cached += c
                 pairs += n * c + n * (n - 1) / 2
+                if window:
+                    w_pairs += kinds.window_pairs(n, c, window)
+                    w_cached += min(c, window)
         if decoders < 0 or decode_kv < 0:
             raise InputError("decoders", "decoders and their KV tokens must be >= 0")
-        return cls(tokens, seqs, pairs, cached, decoders, decode_kv)
+        return cls(tokens, seqs, pairs, cached, decoders, decode_kv, window_pairs=w_pairs if window else -1.0,
+                   window_cached=w_cached if window else -1, window_kv=window_kv)
 
     @property
     def tokens(self) -> int:
@@ -153,6 +172,20 @@ class _Units(NamedTuple):
     graph_tokens: int
 
 
+class _Mixed(NamedTuple):
+    """Seconds per unit of the window and state layers' terms (shared/model_kinds.py), for the hot path."""
+
+    window: int  # the window, tokens
+    window_kv: float  # per window token a decoder reads
+    window_decode_attention: float  # ... a decoding query attends
+    window_attention: float  # per query-key pair of a chunk inside the window
+    window_read: float  # per cached token of a chunk inside the window
+    state_decoder: float  # per decoding sequence: its states read and written
+    state_decode_token: float  # per decode token: the state layers' products
+    state_prefill_token: float  # per prefill token
+    state_chunk: float  # per prefill chunk: its states read and written
+
+
 @dataclass(frozen=True, slots=True)
 class CostModel:
     model: ModelSpec
@@ -167,6 +200,8 @@ class CostModel:
     # --tp: the link the all-reduces cross, and a step's all-reduce seconds per token count (bounded)
     _link: LinkModel = field(init=False, repr=False, compare=False)
     _comm: dict[int, float] = field(init=False, repr=False, compare=False)
+    # window and state layers' units; None for a model of full-attention layers only (its prices as they were)
+    _mix: _Mixed | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.tp, int) or self.tp < 1:
@@ -176,6 +211,7 @@ class CostModel:
             e.moe_floor_s, e.moe_memory_eff, e.moe_linear_eff, e.moe_table, m.expert_params * m.expert_weight_bytes,
             2.0 * m.active_experts * m.expert_params, g.hbm_bandwidth, g.peak_flops) if m.moe else None)
         object.__setattr__(self, "_u", self._units())
+        object.__setattr__(self, "_mix", self._mixed_units())
         object.__setattr__(self, "_moe", {})
         object.__setattr__(self, "_link", link_of(self.gpu))
         object.__setattr__(self, "_comm", {})
@@ -274,18 +310,60 @@ class CostModel:
         kernel = self._moe_kernel
         # MLA's prefill up-projects each cached prefix token's latent (shared/model_kinds.py)
         context_s = L * m.mla.context_flops(m.q_heads) / (peak * e.linear) if m.mla is not None else 0.0
+        full = kinds.layer_counts(m).full  # the attention terms below are the full-attention layers' (all: L)
+        token_kv = full * kinds.kv_values(m) * kinds.kv_element_bytes(m.kv_cache_dtype, m.dtype_bytes)
         return _Units(
             prefill_linear=token_flops / (peak * e.linear), decode_linear=token_flops / (peak * e.decode_linear_eff),
             head_read=m.head_params * m.dtype_bytes / bw, head_linear=2.0 * m.head_params / (peak * e.linear),
             base_weights=m.stack_params(0 if m.moe else None) * m.layer_weight_bytes / bw,
             moe_token=m.moe_layers * kernel.token_slope_s() / tp if kernel is not None else 0.0,
-            decode_kv=self.kv_bytes_per_token * kinds.kv_copies(m, tp) / (hbm * e.decode_kv_eff),
-            attention=kinds.pair_flops(m, decode=False) * L / (peak * e.attention),
-            decode_attention=kinds.pair_flops(m, decode=True) * L / (peak * e.attention),
-            kv_read=L * kinds.context_read_bytes(m) / (hbm * e.kv_read) + context_s,
+            decode_kv=token_kv * kinds.kv_copies(m, tp) / (hbm * e.decode_kv_eff),
+            attention=kinds.pair_flops(m, decode=False) * full / (peak * e.attention),
+            decode_attention=kinds.pair_flops(m, decode=True) * full / (peak * e.attention),
+            kv_read=full * kinds.context_read_bytes(m) / (hbm * e.kv_read) + context_s,
             comm_calls=2 * L + 1 if tp > 1 else 0, comm_bytes=float(m.hidden * m.dtype_bytes),
             per_decoder=L * e.decode_seq_s, eager=L * e.overhead_s, graphed=L * e.decode_overhead_s,
             graph_tokens=e.graph_tokens)
+
+    def _mixed_units(self) -> _Mixed | None:
+        """The window and state layers' units (shared/model_kinds.py); None where every layer is full attention."""
+        m, e, g, tp = self.model, self.efficiency, self.gpu, self.tp
+        n = kinds.layer_counts(m)
+        if not n.window and not n.state:
+            return None
+        peak, hbm = g.peak_flops * tp, g.hbm_bandwidth * tp
+        token_kv = kinds.kv_values(m) * kinds.kv_element_bytes(m.kv_cache_dtype, m.dtype_bytes) * kinds.kv_copies(m, tp)
+        state_values = n.state_bytes / m.dtype_bytes  # vLLM keeps the states in the model's dtype ("auto")
+        return _Mixed(
+            window=n.window_tokens, window_kv=n.window * token_kv / (hbm * e.decode_kv_eff),
+            window_decode_attention=kinds.pair_flops(m, decode=True) * n.window / (peak * e.attention),
+            window_attention=kinds.pair_flops(m, decode=False) * n.window / (peak * e.attention),
+            window_read=n.window * kinds.context_read_bytes(m) / (hbm * e.kv_read),
+            state_decoder=2 * n.state_bytes / (hbm * e.decode_kv_eff),
+            state_decode_token=kinds.STATE_DECODE_FLOPS * state_values / (peak * e.attention),
+            state_prefill_token=kinds.STATE_PREFILL_FLOPS * state_values / (peak * e.attention),
+            state_chunk=2 * n.state_bytes / (hbm * e.kv_read))
+
+    @property
+    def window(self) -> int:
+        """The model's sliding window, tokens (0: none), what ``StepWork``'s window fields cut contexts to."""
+        mix = self._mix
+        return mix.window if mix is not None else 0
+
+    def _mixed_s(self, work: StepWork) -> tuple[float, float, float, float]:
+        """The window and state layers' seconds of ``work``: (decoders' reads, decoders' products, the chunks'
+        attention, the chunks' reads); the window fields not given bounded from the sums (``StepWork``)."""
+        x = self._mix
+        assert x is not None
+        w = x.window
+        kv = work.window_kv if work.window_kv >= 0 else min(work.decode_kv, work.decoders * w)
+        draft = work.window_draft_kv if work.window_draft_kv >= 0 else min(work.draft_kv, work.draft_tokens * w)
+        pairs = work.window_pairs if work.window_pairs >= 0 else min(work.attn_pairs, work.prefill_tokens * w)
+        cached = work.window_cached if work.window_cached >= 0 else min(work.cached_tokens, work.prefill_seqs * w)
+        return (kv * x.window_kv + work.decoders * x.state_decoder,
+                (kv + draft) * x.window_decode_attention + (work.decoders + work.draft_tokens) * x.state_decode_token,
+                pairs * x.window_attention + work.prefill_tokens * x.state_prefill_token,
+                cached * x.window_read + work.prefill_seqs * x.state_chunk)
 
     def step_parts(self, work: StepWork) -> StepParts:
         """The step's seconds by term; all zero for a step with no tokens."""
@@ -295,12 +373,17 @@ class CostModel:
         u = self._u
         weights = u.base_weights + u.head_read
         fixed = u.graphed if t <= u.graph_tokens or not work.prefill_seqs else u.eager
+        decode_kv, decode_attention = work.decode_kv * u.decode_kv, (work.decode_kv + work.draft_kv) * u.decode_attention
+        attention, kv_read = work.attn_pairs * u.attention, work.cached_tokens * u.kv_read
+        if self._mix is not None:  # window and state layers
+            reads, products, chunks, chunk_reads = self._mixed_s(work)
+            decode_kv, decode_attention = decode_kv + reads, decode_attention + products
+            attention, kv_read = attention + chunks, kv_read + chunk_reads
         return StepParts(
-            weights=weights, decode_kv=work.decode_kv * u.decode_kv,
+            weights=weights, decode_kv=decode_kv,
             linear=work.prefill_tokens * u.prefill_linear + (work.decoders + work.draft_tokens) * u.decode_linear,
             head=(work.prefill_seqs + work.decoders + work.draft_tokens) * u.head_linear,
-            decode_attention=(work.decode_kv + work.draft_kv) * u.decode_attention,
-            attention=work.attn_pairs * u.attention, kv_read=work.cached_tokens * u.kv_read, comm=self.all_reduce_s(t),
+            decode_attention=decode_attention, attention=attention, kv_read=kv_read, comm=self.all_reduce_s(t),
             overhead=fixed + work.decoders * u.per_decoder, moe=self._moe_s(t))
 
     def step_time(self, work: StepWork) -> float:
@@ -315,8 +398,13 @@ class CostModel:
                    + (work.prefill_seqs + decode_tokens) * u.head_linear
                    + (work.decode_kv + work.draft_kv) * u.decode_attention)
         fixed = u.graphed if t <= u.graph_tokens or not work.prefill_seqs else u.eager
-        return (max(weights, compute) + self._moe_s(t) + work.attn_pairs * u.attention + work.cached_tokens * u.kv_read
-                + self.all_reduce_s(t) + fixed + work.decoders * u.per_decoder)
+        if self._mix is None:
+            return (max(weights, compute) + self._moe_s(t) + work.attn_pairs * u.attention
+                    + work.cached_tokens * u.kv_read + self.all_reduce_s(t) + fixed + work.decoders * u.per_decoder)
+        reads, products, chunks, chunk_reads = self._mixed_s(work)  # window and state layers
+        return (max(weights + reads, compute + products) + self._moe_s(t) + work.attn_pairs * u.attention
+                + work.cached_tokens * u.kv_read + chunks + chunk_reads + self.all_reduce_s(t) + fixed
+                + work.decoders * u.per_decoder)
 
     def all_reduce_s(self, tokens: int) -> float:
         """Seconds of a step's --tp all-reduces over ``tokens`` tokens (0.0 without --tp), remembered per
@@ -369,14 +457,19 @@ class CostModel:
         m = self.model
         linear = 2.0 * new_tokens * m.stack_params(m.active_experts or None)
         pairs = new_tokens * cached_depth + new_tokens * (new_tokens - 1) / 2
-        return linear, kinds.pair_flops(m, decode=False) * m.layers * pairs
+        n, pair = kinds.layer_counts(m), kinds.pair_flops(m, decode=False)
+        attention = pair * n.full * pairs
+        if n.window or n.state:  # window layers inside their window, state layers linear in the tokens
+            attention += (pair * n.window * kinds.window_pairs(new_tokens, cached_depth, n.window_tokens or 1)
+                          + kinds.STATE_PREFILL_FLOPS * n.state_bytes / m.dtype_bytes * new_tokens)
+        return linear, attention
 
     def prefill_parts(self, new_tokens: int, cached_depth: int = 0) -> StepParts:
-        return self.step_parts(StepWork.of([(new_tokens, cached_depth)]))
+        return self.step_parts(StepWork.of([(new_tokens, cached_depth)], window=self.window))
 
     def prefill_time(self, new_tokens: int, cached_depth: int = 0) -> float:
         """One request's prefill as a step of its own."""
-        return self.step_time(StepWork.of([(new_tokens, cached_depth)]))
+        return self.step_time(StepWork.of([(new_tokens, cached_depth)], window=self.window))
 
     def decode_step_time(self, batch_size: int, kv_tokens: int) -> float:
         """One decode-only step for ``batch_size`` sequences holding ``kv_tokens`` tokens in all."""

@@ -23,14 +23,25 @@ rule fits about twice the blocks; every read of the cache (decode KV, a cached p
 keeps a per-tensor scale for K and one for V per layer (two fp32 values a layer, 488 bytes for DeepSeek-V3's 61
 layers): no share of a block, so left out. vLLM's MLA backends that store FP8 (FlashMLA, FlashInfer MLA) take
 ``fp8`` / ``fp8_e4m3`` only, so an MLA model refuses ``fp8_e5m2``.
+
+**What each kind of layer reads and computes** (``layer_counts``, shared/kv_groups.py's kinds): a full-attention
+layer attends a sequence's whole context; a sliding-window layer of ``W`` tokens at most the ``W`` before each query
+(a decoding token reads ``min(context, W)`` tokens of KV, a prefill query at position ``p`` attends ``min(p, W)``
+keys), as vLLM's FlashAttention backend passes the window to the kernel, which skips the blocks before it (and
+vLLM frees them); AIConfigurator prices a window's decode read ``min(s - 1, W)`` tokens the same way. A state layer
+(Gated DeltaNet) attends nothing: a step reads and writes each sequence's fixed state once (decoding: vLLM's
+``fused_recurrent_gated_delta_rule`` updates it in place; a prefill chunk: ``chunk_gated_delta_rule`` starts
+from the cached state and writes the final one, AIConfigurator's GDN estimate counts the same two transfers) and
+its products are linear in the tokens (``STATE_DECODE_FLOPS``, ``STATE_PREFILL_FLOPS``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from shared.errors import InputError
+from shared.kv_groups import STATE, WINDOW
 
 if TYPE_CHECKING:
     from shared.model_spec import ModelSpec
@@ -42,6 +53,14 @@ KV_CACHE_DTYPES: dict[str, int] = {"auto": 0, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2
 MLA_KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 # How the KV dtype travels inside the model setting, as ``@tpN`` travels inside the GPU's: "deepseek-v3@kv=fp8"
 KV_SUFFIX = "@kv="
+# Gated DeltaNet's FLOPs a token and layer per value of its state (``num_v_heads x head_k_dim x head_v_dim`` recurrent
+# values, and the conv state's few: 4.5% of Qwen3-Next's, counted alike). Decoding, the recurrent form per value
+# head: the state decays (1 a value), S^T k (2), the delta rule's rank-1 update (2), the output S^T q (2).
+STATE_DECODE_FLOPS = 7
+# A prefill, the chunked form (chunks of C = 64 tokens): three state-sized products a token (the chunk's corrected
+# values W S, the state's update K^T U, the output Q S: 6), plus the chunk's own products (K K^T, Q K^T, the WY
+# transform over keys and values: about 10 C / head_dim, 5 at Qwen3-Next's 128-dim heads).
+STATE_PREFILL_FLOPS = 11
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +111,35 @@ class MlaDims:
     def activation_width(self, heads: int) -> int:
         """Values a token holds in a prefill's attention at its peak: Q, the up-projected K and V, the output."""
         return heads * (2 * (self.qk_nope_head_dim + self.qk_rope_head_dim) + 2 * self.v_head_dim)
+
+
+class LayerCounts(NamedTuple):
+    """A model's layers by what their attention reads (shared/kv_groups.py's kinds)."""
+
+    full: int  # full attention (every layer of a model without layer kinds)
+    window: int  # sliding-window layers
+    window_tokens: int  # their window W (the largest, where windows differ: config.json gives one)
+    state: int  # state layers
+    state_bytes: int  # one sequence's states over the state layers, every --tp rank's share
+
+
+def layer_counts(m: ModelSpec) -> LayerCounts:
+    """``m``'s layers by kind; every layer full attention where ``layer_kinds`` is empty."""
+    if not m.layer_kinds:
+        return LayerCounts(m.layers, 0, 0, 0, 0)
+    windows = [size for kind, size in m.layer_kinds if kind == WINDOW]
+    states = [size for kind, size in m.layer_kinds if kind == STATE]
+    return LayerCounts(m.layers - len(windows) - len(states), len(windows), max(windows, default=0), len(states),
+                       sum(states))
+
+
+def window_pairs(n: int, c: int, window: int) -> float:
+    """Query-key pairs of a chunk of ``n`` new tokens after ``c`` cached ones in a layer of a ``window``-token
+    window: sum_j min(c + j, window) (full attention: n c + n (n - 1) / 2)."""
+    if c >= window:
+        return float(n * window)
+    below = min(n, window - c)  # queries whose keys all lie inside the window
+    return below * c + below * (below - 1) / 2 + (n - below) * window
 
 
 def kv_values(m: ModelSpec) -> int:

@@ -105,7 +105,8 @@ class SimSettings:
 def max_model_len(s: SimSettings, cost: CostModel, block_size: int) -> int:
     """The length limit every replica of ``s`` runs with: ``max_model_len``, else the model's context
     window; the pool's size in tokens where the pool cannot hold one request of that length."""
-    return max_model_len_for(s.max_model_len or cost.model.max_context, s.capacity_blocks, block_size)
+    return max_model_len_for(s.max_model_len or cost.model.max_context, s.capacity_blocks,
+                             cost.kv_block_size(block_size))  # the model's blocks (state layers raise the size)
 
 
 def core_settings(s: SimSettings, block_size: int, cost: CostModel, indexed: bool, requests: int) -> CoreSettings:

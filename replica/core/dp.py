@@ -78,7 +78,9 @@ class _WorkRecorder:
                   modelled: float) -> float:
         tick = self.sched._tick  # a decoder holds input_tokens + (tick - base) tokens: the scheduler's own sum
         kv = sum(r.input_tokens + tick - r.base for r in decoders)
-        self.work = StepWork.of(((take, start) for _, start, take in chunks), len(decoders), kv)
+        w = self.sched.cost.window  # a window layer reads each context up to its window
+        window_kv = sum(min(r.input_tokens + tick - r.base, w) for r in decoders) if w else -1
+        self.work = StepWork.of(((take, start) for _, start, take in chunks), len(decoders), kv, w, window_kv)
         return modelled
 
     def stored(self, r: SchedRequest, hashes: list[int]) -> None:

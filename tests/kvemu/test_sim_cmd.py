@@ -173,6 +173,20 @@ def test_requests_over_max_model_len_are_refused_and_counted_in_the_json_table_a
     assert {r["refused"] for r in runs} == {sum(r.input_tokens + max(r.output_tokens, 1) > 2000 for r in trace.requests)}
 
 
+def test_the_length_warning_counts_the_blocks_of_the_size_the_model_is_served_at(capsys):
+    """Qwen3-Next's state layers raise its blocks to 544 tokens at --tp 2: 262,144 tokens need 482 of them, which
+    the 7,790 blocks of an H200 pair hold (no warning), and 400 do not (217,600 tokens)."""
+    argv = ["sim", "--workload", "chat", "--duration", "20", "--model", "qwen3-next-80b-a3b", "--gpu", "h200@tp2",
+            "--quiet", "--jobs", "1"]
+    main(argv)  # the run itself may be refused (state groups in the scheduler): only the warning is checked here
+    err = capsys.readouterr().err
+    assert "7,790 blocks of 544 tokens" in err.splitlines()[0] and "warning: the model's context window" not in err
+    main([*argv, "--capacity-blocks", "400"])
+    assert capsys.readouterr().err.splitlines()[0].startswith(
+        "warning: the model's context window (262,144 tokens) needs 482 KV blocks of 544 tokens but the pool holds 400"
+        " (217,600 tokens)")
+
+
 def test_gpu_memory_utilization_is_printed_and_a_model_that_does_not_fit_is_one_line(capsys):
     base = ["sim", "--workload", "scm", "--duration", "60", "--quiet", "--model", "llama-3-70b", "--gpu", "a100-80gb"]
     assert main([*base, "--tp", "2", "--gpu-memory-utilization", "0.9"]) == 0
