@@ -170,7 +170,16 @@ def points(a: argparse.Namespace, sections: list[str], twin: str | None) -> list
 
 
 def run_point(point: dict) -> dict:
-    """One `kvemu sim` command line's figures: the keys above, the memory rule's terms, speculative counts."""
+    """One `kvemu sim` command line's figures: the keys above, the memory rule's terms, speculative counts; a point
+    that fails is kept with its error (one line), so that the rest of the study stands."""
+    try:
+        return _run_point(point)
+    except Exception as e:  # noqa: BLE001 - any failure of one point is reported in the document, not raised
+        return {**{k: v for k, v in point.items() if k != "argv"}, "command": "kvemu sim " + " ".join(point["argv"]),
+                "error": f"{type(e).__name__}: {e}"}
+
+
+def _run_point(point: dict) -> dict:
     p = argparse.ArgumentParser()
     sim_cmd.configure(p)
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
@@ -224,7 +233,7 @@ def spec_summary(runs: list[dict]) -> list[dict]:
     """Per load and acceptance rate: TPOT p50 by K (K = 0, no speculation, shared), the K of least TPOT p50 and
     each K's gain over K - 1 (where it turns negative, another draft token stopped paying)."""
     out = []
-    spec = [r for r in runs if r["study"] == "spec"]
+    spec = _ok(runs, "spec")
     for rate in sorted({r["rate"] for r in spec}):
         base = next((r for r in spec if r["rate"] == rate and r["k"] == 0), None)
         for p in sorted({r["p"] for r in spec if r["p"] is not None}):
@@ -245,7 +254,7 @@ def window_capacity(runs: list[dict], kv: dict[str, dict]) -> list[dict]:
     """Per variant: the memory rule's blocks and the requests of 8K and 64K tokens whose KV fits at once."""
     out = []
     for variant, key in (("hybrid", WINDOW_MODEL), ("full twin", "twin")):
-        r = next((x for x in runs if x["study"] == "window" and x["variant"] == variant), None)
+        r = next((x for x in _ok(runs, "window") if x["variant"] == variant), None)
         if r is None or key not in kv:
             continue
         out.append({"variant": variant, "blocks": r["memory_rule_blocks"],
@@ -316,11 +325,10 @@ def kv_lines(rows: list[dict]) -> list[str]:
 def fp8_lines(runs: list[dict]) -> list[str]:
     lines = ["| model, GPU | sessions/s | KV dtype | blocks (memory rule) | token hit ratio | TTFT p50 / p99 (ms) |"
              " TPOT p50 (ms) | preemptions |", "|" + " --- |" * 8]
-    for r in runs:
-        if r["study"] == "fp8":
-            lines.append(f"| {r['model']}, {r['tp']}x {r['gpu']} | {r['rate']:g} | {r['kv']} | {r['memory_rule_blocks']:,}"
-                         f" | {r['token_hit_ratio']:.4f} | {_ms(r['ttft_p50_s'])} / {_ms(r['ttft_p99_s'])} |"
-                         f" {_ms(r['tpot_p50_s'])} | {r['preemptions']:,} |")
+    for r in _ok(runs, "fp8"):
+        lines.append(f"| {r['model']}, {r['tp']}x {r['gpu']} | {r['rate']:g} | {r['kv']} | {r['memory_rule_blocks']:,}"
+                     f" | {r['token_hit_ratio']:.4f} | {_ms(r['ttft_p50_s'])} / {_ms(r['ttft_p99_s'])} |"
+                     f" {_ms(r['tpot_p50_s'])} | {r['preemptions']:,} |")
     return lines
 
 
@@ -342,20 +350,24 @@ def window_lines(doc: dict) -> list[str]:
     for c in doc.get("window_capacity", []):
         fit = " / ".join(str(_at(c["requests_fit"], t)) for t in CONTEXTS)
         lines.append(f"| {c['variant']} | {c['blocks']:,} | {fit} |")
-    lines += ["", "| variant | sessions/s | token hit ratio | TTFT p50 / p99 (ms) | TPOT p50 (ms) | preemptions |",
-              "|" + " --- |" * 6]
-    for r in doc["runs"]:
-        if r["study"] == "window":
-            lines.append(f"| {r['variant']} | {r['rate']:g} | {r['token_hit_ratio']:.4f} |"
-                         f" {_ms(r['ttft_p50_s'])} / {_ms(r['ttft_p99_s'])} | {_ms(r['tpot_p50_s'])} |"
-                         f" {r['preemptions']:,} |")
+    lines += ["", "| variant | sessions/s | token hit ratio | TTFT p50 / p99 (ms) | TPOT p50 (ms) | preemptions |"
+              " refused |", "|" + " --- |" * 7]
+    for r in _ok(doc["runs"], "window"):
+        lines.append(f"| {r['variant']} | {r['rate']:g} | {r['token_hit_ratio']:.4f} |"
+                     f" {_ms(r['ttft_p50_s'])} / {_ms(r['ttft_p99_s'])} | {_ms(r['tpot_p50_s'])} |"
+                     f" {r['preemptions']:,} | {r['refused']:,} |")
     return lines
+
+
+def _ok(runs: list[dict], study: str) -> list[dict]:
+    return [r for r in runs if r["study"] == study and "error" not in r]
 
 
 def tables(doc: dict) -> str:
     lines = kv_lines(doc.get("kv", []))
     for part in (fp8_lines(doc["runs"]), spec_lines(doc.get("spec", [])), window_lines(doc)):
         lines += [""] + part
+    lines += [f"failed: {r['command']}: {r['error']}" for r in doc["runs"] if "error" in r]
     if doc.get("window_missing"):
         lines += ["", f"window study not run: {doc['window_missing']}"]
     return "\n".join(lines)

@@ -56,7 +56,7 @@ def _kv(doc: dict, folder: str) -> str:
 
 def _fp8(doc: dict, folder: str) -> str:
     plt = pyplot()
-    runs = [r for r in doc["runs"] if r["study"] == "fp8"]
+    runs = [r for r in doc["runs"] if r["study"] == "fp8" and "error" not in r]
     setups = list(dict.fromkeys((r["model"], r["gpu"], r["tp"]) for r in runs))
     fig, axes = plt.subplots(len(setups), 2, figsize=(11, 3.6 * len(setups)), squeeze=False)
     for row, (model, gpu, tp) in enumerate(setups):
@@ -115,7 +115,7 @@ def _spec(doc: dict, folder: str) -> str:
 
 def _window(doc: dict, folder: str) -> str:
     plt = pyplot()
-    runs = [r for r in doc["runs"] if r["study"] == "window"]
+    runs = [r for r in doc["runs"] if r["study"] == "window" and "error" not in r]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     variants = (("hybrid", "gpt-oss-120b (full + 128-token window layers)"),
                 ("full twin", "its full-attention twin"))
