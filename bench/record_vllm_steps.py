@@ -114,9 +114,21 @@ class LiveRecorder:
 
 def _w(name: str, requests: list[dict], aborts: list[dict] | None = None, **settings) -> dict:
     s = {**DEFAULTS, **settings}
-    # vLLM refuses to start when its pool (less the null block) cannot hold one max_model_len request
+    # vLLM refuses to start when its pool (less the null block) cannot hold one max_model_len request: every full
+    # group's blocks, each window group's at most its cap (SlidingWindowSpec.max_memory_usage_bytes)
     s["max_model_len"] = min(s["max_model_len"], (s["num_blocks"] - 1) * s["block_size"])
+    while _blocks_for(s, s["max_model_len"]) > s["num_blocks"] - 1:
+        s["max_model_len"] -= s["block_size"]
     return {"name": name, "settings": s, "requests": requests, "aborts": aborts or []}
+
+
+def _blocks_for(s: dict, tokens: int) -> int:
+    """Blocks one request of ``tokens`` holds at most over the workload's KV cache groups (vLLM's startup rule; a
+    window's cap counts two steps in flight, its async scheduling)."""
+    bs = s["block_size"]
+    blocks = -(-tokens // bs)
+    return sum(blocks if kind == FULL else min(blocks, -(-(window - 1 + 2 * s["max_num_batched_tokens"]) // bs) + 1)
+               for kind, window in s.get("kv_groups") or [[FULL, 0]])
 
 
 def _r(rid: str, arrive: int, prompt: list, out: int, tag: int | None = None) -> dict:
@@ -192,7 +204,7 @@ def hybrid_workloads() -> list[dict]:
         with_spec(_w("hybrid_spec", [_r("t1", 0, [[90, 300]], 200, tag=91),
                                      _r("t2", 60, [[90, 300], [91, 200], [92, 50]], 20),
                                      *[_r(f"p{i}", 2 * i, [[40 + i, 100]], 120) for i in range(4)]],
-                     num_blocks=70, kv_groups=w32), 3, 5),
+                     num_blocks=80, kv_groups=w32), 3, 5),
     ]
 
 

@@ -108,6 +108,9 @@ def check_groups(cost: CostModel, k: EngineKnobs | None = None) -> None:
             ("--matching", k.matching != "blocks", "SGLang's sliding-window radix tree is not modelled: use"
                                                    " --matching blocks"),
             ("--step-rule", k.step_rule != "v1", "vLLM v0 has no hybrid KV cache manager: use --step-rule v1"),
+            ("--speculative-method", k.speculative is not None and k.speculative.lookahead > 0,
+             "an EAGLE or MTP drafter's prefix hit needs one window block more and drops its last (vLLM's"
+             " use_eagle), not modelled: use ngram"),
             ("--host-cache-gib", k.tiers.enabled, "memory tiers below HBM are not modelled per group yet (vLLM"
                                                   " 0.33's OffloadingConnector offloads each group's blocks)")):
         if refused:
@@ -286,7 +289,7 @@ class ReplicaCore:
 def _grouped(pool: BlockPool, groups: KvGroups, token_budget: int) -> GroupedPool:
     """The pool of KV cache groups over ``pool``, a window's admission cap counting a step's tokens."""
     grouped = GroupedPool(pool, groups)
-    grouped.in_flight = token_budget
+    grouped.in_flight = 2 * token_budget  # vLLM's async scheduling (its default): two steps in flight
     return grouped
 
 

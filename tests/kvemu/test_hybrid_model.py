@@ -38,6 +38,10 @@ def test_a_hybrid_model_runs_in_the_simulator(oss, tmp_path, mode):
     (["--host-cache-gib", "1"], "--host-cache-gib: oss has sliding-window layers (KV cache groups,"
                                 " cache/grouped.py): memory tiers below HBM are not modelled per group yet (vLLM"
                                 " 0.33's OffloadingConnector offloads each group's blocks)"),
+    (["--speculative-method", "eagle", "--num-speculative-tokens", "2", "--acceptance-rate", "0.7"],
+     "--speculative-method: oss has sliding-window layers (KV cache groups, cache/grouped.py): an EAGLE or MTP"
+     " drafter's prefix hit needs one window block more and drops its last (vLLM's use_eagle), not modelled: use"
+     " ngram"),
     (["--prefill-replicas", "1", "--decode-replicas", "1"],
      "--prefill-replicas: oss has sliding-window layers (KV cache groups): P/D's transfer of each group's blocks"
      " is not modelled yet (vLLM 0.33's NixlConnector moves them)"),

@@ -63,7 +63,9 @@ class GroupedPool:
         self._windows = [(g, x.window) for g, x in enumerate(groups.groups) if x.kind == WINDOW]
         # the group whose pins stand for a block's: a full group's (it holds every block a window group does)
         self._window_ids = {g for g, _ in self._windows}
-        self.in_flight = 8192  # tokens a step schedules at most (``--max-num-batched-tokens``): a window's cap
+        # tokens scheduled but not settled, vLLM's max_in_flight_tokens: two steps' (--max-num-batched-tokens) with
+        # its default async scheduling; what a window's admission cap counts beside the window
+        self.in_flight = 2 * 8192
         self._ref = next((g for g, x in enumerate(groups.groups) if x.kind != WINDOW), 0)
 
     # ---- what the scheduler reads -------------------------------------------------------------

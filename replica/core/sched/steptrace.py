@@ -85,7 +85,7 @@ def scheduler_for(settings: dict, cost: CostModel | None = None) -> Scheduler:
     pool: BlockPool | GroupedPool = base
     if kinds:
         pool = GroupedPool(base, KvGroups(tuple(KvGroup(kind, 1, window) for kind, window in kinds), 1))
-        pool.in_flight = settings["max_num_batched_tokens"]
+        pool.in_flight = 2 * settings["max_num_batched_tokens"]  # async scheduling: two steps in flight
     spec = settings.get("speculative")
     sched_settings = SchedulerSettings(token_budget=settings["max_num_batched_tokens"],
                                        max_running=settings["max_num_seqs"],

@@ -90,7 +90,7 @@ def test_a_long_prompt_takes_its_window_blocks_chunk_by_chunk_as_vllm_allocates_
     # at 192) blocks 10-12, the last its partial one
     base = BlockPool(100, make_policy("lru"), block_size=16, hit_mode="prefix")
     pool = GroupedPool(base, group_layers([(FULL, 0), (WINDOW, 32)]))
-    pool.in_flight = 64
+    pool.in_flight = 64  # one step of 64 tokens in flight
     s = Scheduler(pool, CostModel.from_names(), SchedulerSettings(token_budget=64))
     r = SchedRequest(1, list(range(1, 13)), 200, 2, 0.0)
     s.submit(r)
@@ -107,7 +107,7 @@ def test_admission_counts_a_window_at_its_cap_and_refuses_what_no_hit_could_admi
     def sched(capacity: int) -> Scheduler:
         pool = GroupedPool(BlockPool(capacity, make_policy("lru"), block_size=16, hit_mode="prefix"),
                            group_layers([(FULL, 0), (WINDOW, 32)]))
-        pool.in_flight = 64
+        pool.in_flight = 64  # one step of 64 tokens in flight
         assert pool.admission_need(13) == 20
         return Scheduler(pool, CostModel.from_names(), SchedulerSettings(token_budget=64))
 
