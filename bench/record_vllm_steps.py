@@ -2,6 +2,7 @@
 
     python bench/record_vllm_steps.py --all           # re-record tests/replica/core/sched/vllm_golden/
     python bench/record_vllm_steps.py --random 200    # 200 random workloads: agreement, preemptions (JSON)
+    python bench/record_vllm_steps.py --random 100 --hybrid   # ... with full and sliding-window KV cache groups
     python bench/record_vllm_steps.py --check         # the golden files against kvemu (no vLLM needed)
     python bench/record_vllm_steps.py --state         # the state-layer cases into vllm_golden/pending/
     python bench/record_vllm_steps.py --chat 600 --seed 52   # a 200-request multi-turn chat, 600-block pool
@@ -267,10 +268,17 @@ def chat_workload(rng: random.Random, name: str, requests: int = 200, span: int 
     return _w(name, reqs, **{"num_blocks": 600, "max_num_batched_tokens": 512, "max_num_seqs": 16, **settings})
 
 
-def random_workload(rng: random.Random, name: str) -> dict:
-    """A small random case: shared prefixes, a pool from tight to ample, budgets and seat limits that bind."""
+def hybrid_layouts() -> list[list[list]]:
+    """The KV cache groups a random hybrid workload draws from: full + window 32, gpt-oss's, Gemma 3's, one window."""
+    return [kv_groups([(FULL, 0), (WINDOW, 32)]), kv_groups([(WINDOW, 128), (FULL, 0)] * 12),
+            kv_groups([(FULL, 0) if (i + 1) % 6 == 0 else (WINDOW, 64) for i in range(12)]), [[WINDOW, 48]]]
+
+
+def random_workload(rng: random.Random, name: str, hybrid: bool = False) -> dict:
+    """A small random case: shared prefixes, a pool from tight to ample, budgets and seat limits that bind;
+    ``hybrid``: with one of ``hybrid_layouts`` (prefix caching on: the groups run with it)."""
     bs = 16
-    s = {"num_blocks": rng.choice([24, 40, 64, 128, 400]), "max_num_batched_tokens": rng.choice([128, 512, 2048]),
+    s: dict = {"num_blocks": rng.choice([24, 40, 64, 128, 400]), "max_num_batched_tokens": rng.choice([128, 512, 2048]),
          "max_num_seqs": rng.choice([2, 4, 16]), "prefix_caching": rng.random() < 0.75,
          "max_model_len": rng.choice([8192, 8192, 1024])}
     cap = s["num_blocks"] * bs
@@ -287,6 +295,9 @@ def random_workload(rng: random.Random, name: str) -> dict:
         reqs.append(_r(f"r{i}", rng.randint(0, 25), prompt, out))
         if rng.random() < 0.1:
             aborts.append({"id": f"r{i}", "step": reqs[-1]["arrive"] + rng.randint(0, 15)})
+    if hybrid:
+        s["kv_groups"] = rng.choice(hybrid_layouts())
+        s["prefix_caching"] = True
     return _w(name, reqs, aborts, **s)
 
 
@@ -312,6 +323,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--chat", type=int, default=0, metavar="BLOCKS",
                    help="record a 200-request multi-turn chat (chat_workload, --seed) with a pool of BLOCKS and compare")
     p.add_argument("--chat-span", type=int, default=1500, metavar="STEPS", help="--chat: sessions start over STEPS")
+    p.add_argument("--hybrid", action="store_true", help="--random: with full and sliding-window KV cache groups")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", default="llama-3-8b", help="kvemu model preset the config.json is written from")
     a = p.parse_args(argv)
@@ -343,7 +355,7 @@ def main(argv: list[str] | None = None) -> None:
         result["chat"] = compare(kvemu_trace(w), record([w], a.model)[0]["steps"])
     if a.random:
         rng = random.Random(a.seed)
-        ws = [random_workload(rng, f"random{i}") for i in range(a.random)]
+        ws = [random_workload(rng, f"random{i}", a.hybrid) for i in range(a.random)]
         traces = record(ws, a.model)
         tot: dict = {"workloads": len(ws), "steps": 0, "agree": 0, "workloads_identical": 0,
                "preemptions_kvemu": 0, "preemptions_vllm": 0, "workloads_preemptions_equal": 0}

@@ -33,6 +33,24 @@ def test_random_workloads_take_the_steps_vllm_takes(live, seed):
     assert c["first_difference"] is None, c
 
 
+@pytest.mark.slow
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**32 - 1))
+def test_random_hybrid_workloads_take_the_steps_vllm_takes(live, seed):
+    w = rec.random_workload(random.Random(seed), f"k{seed}", hybrid=True)
+    c = compare(kvemu_trace(w), live.record(w)["steps"])
+    assert c["first_difference"] is None, c
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_random_hybrid_workloads_fit_a_pool_vllm_would_start_with(seed):
+    # every full group's blocks and each window group's at most its cap (two steps of tokens in flight)
+    w = rec.random_workload(random.Random(seed), "r", hybrid=True)
+    s = w["settings"]
+    assert s["kv_groups"] in rec.hybrid_layouts() and s["prefix_caching"]
+    assert rec._blocks_for(s, s["max_model_len"]) <= s["num_blocks"] - 1
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_random_workloads_fit_a_pool_vllm_would_start_with(seed):
     w = rec.random_workload(random.Random(seed), "r")
