@@ -68,7 +68,7 @@ def test_session_labels_are_keyed_and_stable():
 @pytest.mark.parametrize("module, extra", [("replica", ["--capacity-blocks", "10"]),
                                            ("router", ["--replicas", "http://127.0.0.1:9"])])
 def test_binding_beyond_loopback_needs_a_token(module, extra):
-    out = subprocess.run([sys.executable, "-m", module, "--host", "0.0.0.0", "--port", "0", *extra], cwd=REPO,
+    out = subprocess.run([sys.executable, "-m", "kvemu", module, "--host", "0.0.0.0", "--port", "0", *extra], cwd=REPO,
                          capture_output=True, text=True, timeout=30, env={"PATH": "/usr/bin:/bin"})
     assert out.returncode == 2
     assert out.stderr.strip().splitlines()[-1].startswith(
@@ -156,7 +156,7 @@ def test_a_token_file_others_can_read_is_refused_in_one_line(tmp_path, module, e
     token_file = runtime_dir / "cluster-token"
     token_file.write_text("0123456789abcdef\n")
     os.chmod(token_file, 0o644)
-    out = subprocess.run([sys.executable, "-m", module, "--port", str(free_port()), *extra], cwd=REPO,
+    out = subprocess.run([sys.executable, "-m", "kvemu", module, "--port", str(free_port()), *extra], cwd=REPO,
                          capture_output=True, text=True, timeout=30, env={**os.environ, **no_token_env(runtime_dir)})
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]

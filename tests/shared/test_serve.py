@@ -155,7 +155,7 @@ def test_port_in_use_is_one_error_line(module, extra):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        out = subprocess.run([sys.executable, "-m", module, "--port", str(port), *extra], cwd=REPO,
+        out = subprocess.run([sys.executable, "-m", "kvemu", module, "--port", str(port), *extra], cwd=REPO,
                              capture_output=True, text=True, timeout=30)
     assert out.returncode == 2
     assert out.stderr.strip().splitlines()[-1] == (f"error: port {port} on 127.0.0.1 is in use; pick another with"
