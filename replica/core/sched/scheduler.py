@@ -197,7 +197,7 @@ class Scheduler(Release):
         if spec:  # the verify forward: each decoder's sampled token and its drafts (one step at a time)
             work = work._replace(draft_tokens=self._draft_tokens, draft_kv=self._draft_kv,
                                  window_draft_kv=self._draft_window_kv)
-        elif prefill_tokens == 0 and n_dec and self._groups is None:  # windows free blocks step by step
+        elif prefill_tokens == 0 and n_dec:  # windows free what a run passed at the next step (_grow_now's slides)
             steps = self._decode_run_length(n_dec, kv_tokens, now, horizon)
             if steps > 1:
                 steps = self.decode_kv.ahead(self._tick, steps)

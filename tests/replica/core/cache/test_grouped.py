@@ -23,7 +23,7 @@ def _run(s: Scheduler, pool: GroupedPool, r: SchedRequest) -> tuple[list[list[in
     private blocks then."""
     held, pool_held, now = [], [], 0.0
     while s.has_work():
-        now += s.step(now).duration
+        now += s.step(now, horizon=now).duration  # one step at a time (no decode run)
         alloc = r.alloc
         running = isinstance(alloc, GroupedAllocation) and any(alloc.tables)
         held.append(pool.held_per_group(alloc, r.extra_blocks) if isinstance(alloc, GroupedAllocation) and running
@@ -119,3 +119,21 @@ def test_admission_counts_a_window_at_its_cap_and_refuses_what_no_hit_could_admi
     with pytest.raises(PoolCapacityError) as err:
         sched(15).submit(SchedRequest(1, list(range(1, 13)), 200, 2, 0.0))
     assert str(err.value) == "prompt: needs 16 KV blocks but the pool holds only 15"
+
+
+def test_a_decode_run_frees_what_its_windows_passed_at_the_next_step_as_single_steps_do():
+    # the simulator's decode fast-forward (no horizon): the windows catch up at the step after the run, so a
+    # request leaves the pool as one stepped one step at a time leaves it (the same blocks cached; their order in
+    # the free queue is the run's, request by request: docs/vllm-conformance.md, "Departures kept")
+    def end_state(horizon_now: bool) -> tuple:
+        s, pool, base = _hybrid()
+        s.submit(SchedRequest(1, list(range(1, 7)), 100, 81, 0.0))
+        s.submit(SchedRequest(2, list(range(1, 4)) + [50, 51], 90, 40, 0.0))
+        now = 0.0
+        while s.has_work():
+            now += s.step(now, horizon=now if horizon_now else float("inf")).duration
+        return sorted(base.resident), base.policy.victims(len(base.resident)), base.pinned, base.private
+
+    stepped, run = end_state(True), end_state(False)
+    # the two prompts' 8 distinct blocks in both groups stay cached, nothing pinned or private left
+    assert run[2:] == stepped[2:] == (0, 0) and run[0] == stepped[0] and len(run[0]) == 16
