@@ -107,8 +107,8 @@ def _spec(doc: dict, folder: str) -> str:
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
         axes[0][col].set_ylim(0, axes[0][col].get_ylim()[1] * 1.05)
-    fig.suptitle(f"Speculative decoding: {setup.get('model', '')} on {setup.get('tp', '')}x {setup.get('gpu', '')},"
-                 " MTP drafts, acceptance per position", fontsize=11)
+    fig.suptitle(f"Speculative decoding: {setup.get('model', '')} on {setup.get('tp', '')}x {setup.get('gpu', '')}"
+                 "\nMTP drafts, each position accepted with the rate given the one before was", fontsize=11)
     fig.tight_layout()
     return save_figure(fig, os.path.join(folder, "models-spec.png"))
 
