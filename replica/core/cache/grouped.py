@@ -66,6 +66,9 @@ class GroupedPool:
         # tokens scheduled but not settled, vLLM's max_in_flight_tokens: two steps' (--max-num-batched-tokens) with
         # its default async scheduling; what a window's admission cap counts beside the window
         self.in_flight = 2 * 8192
+        # the tokens an admission's first chunk may take (the step's budget left), set by the scheduler while it
+        # admits: vLLM allocates that chunk's blocks at admission, so they must be free too; None: not checked
+        self.chunk_tokens: int | None = None
         self._ref = next((g for g, x in enumerate(groups.groups) if x.kind != WINDOW), 0)
 
     # ---- what the scheduler reads -------------------------------------------------------------
@@ -127,38 +130,38 @@ class GroupedPool:
         freed = [0] * self.width
         for g, window in self._windows:
             freed[g] = skipped_blocks(window, hit * bs, bs)
-        # a window group holds its hit's blocks in the window now, the rest chunk by chunk (``extend``); what the
-        # whole sequence needs, a window's capped, must fit now (vLLM's full_sequence_must_fit at admission)
-        ends = [hit if g in self._window_ids else n for g in range(self.width)]
-        tables = [keys[g][freed[g]:max(ends[g], freed[g])] for g in range(self.width)]
-        full = self.width - len(self._windows)
+        # each group holds its hit's blocks (a window's in the window) now, the rest chunk by chunk as they are
+        # scheduled (``extend``, vLLM's allocate_slots); what the whole sequence needs, a window's capped, must
+        # fit now (vLLM's full_sequence_must_fit at admission)
+        tables = [keys[g][freed[g]:max(hit, freed[g])] for g in range(self.width)]
         total = n + lookup.extra
-        later = sum(max(0, min(total, self._cap(w)) - max(freed[g], hit)) for g, w in self._windows)
-        pins = base.pin_counts
-        need = sum(1 for table in tables for k in table if k not in pins) + lookup.extra * full + later
+        later = sum(max(0, (min(total, self._cap(x.window)) if x.kind == WINDOW else total) - max(freed[g], hit))
+                    for g, x in enumerate(self.groups.groups))
+        taken = sum(1 for table in tables for p in base.pins_of(table) if not p)
+        need = taken + later
+        if self.chunk_tokens is not None and lookup.input_tokens is not None:  # and its first chunk's blocks now
+            first = -(-min(lookup.input_tokens, hit * bs + self.chunk_tokens) // bs)
+            need = max(need, taken + sum(max(0, min(total, first) - max(f, hit)) for f in freed))
         if need > base.room:
             raise PoolBusyError(f"need {need} blocks over the KV cache groups, only {base.room} free or evictable")
         base.acquire(Lookup([k for table in tables for k in table], lookup.session, lookup.now, lookup.input_tokens,
-                            False, lookup.extra * full, None, lookup.position))
+                            False, 0, None, lookup.position))
         touched = [i for i in range(n) if keys[0][i] in resident]
+        held = [max(hit, f) for f in freed]
         alloc = GroupedAllocation(hashes, list(range(hit)), list(range(hit, n)), touched, lookup.session,
-                                  tables=tables, freed=freed,
-                                  held=[max(ends[g], freed[g]) if g in self._window_ids else total
-                                        for g in range(self.width)],
-                                  owed=[total - max(ends[g], freed[g]) if g in self._window_ids else 0
-                                        for g in range(self.width)],
-                                  slid_private=lookup.extra * len(self._windows))
+                                  tables=tables, freed=freed, held=held, owed=[total - h for h in held],
+                                  slid_private=lookup.extra * self.width)
         if lookup.record:
             base.metrics.record_request(alloc, n, lookup.input_tokens, lookup.now)
         return alloc
 
     def extend(self, alloc: GroupedAllocation, end_tokens: int, blocks: int, now: float = 0.0) -> None:
-        """A prefill chunk ends at ``end_tokens``: each window group takes the blocks up to it (of the request's
-        ``blocks``, hashed and private), as vLLM's allocate_slots for the chunk; ``PoolBusyError`` if none left."""
+        """A prefill chunk ends at ``end_tokens``: each group takes the blocks up to it (of the request's ``blocks``,
+        hashed and private), as vLLM's allocate_slots for the chunk; ``PoolBusyError`` if none is left."""
         n, want = len(alloc.hashes), -(-end_tokens // self.block_size)
         keys: list[int] = []
         private = 0
-        for g, _ in self._windows:
+        for g in range(self.width):
             end = min(blocks, max(want, alloc.held[g]))
             start = alloc.held[g]
             if end <= start:
@@ -168,13 +171,13 @@ class GroupedPool:
         if not keys and not private:
             return
         base = self.base
-        if sum(1 for k in keys if k not in base.pin_counts) + private > base.room:
-            raise PoolBusyError("a window group's next chunk finds no free or evictable block")
+        if sum(1 for p in base.pins_of(keys) if not p) + private > base.room:
+            raise PoolBusyError("a prefill chunk finds no free or evictable block")
         if keys:
             base.acquire(Lookup(keys, alloc.session, now, None, False))
         base.take_private(private)
         alloc.slid_private -= private
-        for g, _ in self._windows:
+        for g in range(self.width):
             end = min(blocks, max(want, alloc.held[g]))
             if end > alloc.held[g]:
                 alloc.tables[g] += [group_key(alloc.hashes[i], g) for i in range(alloc.held[g], min(end, n))]

@@ -349,10 +349,14 @@ class Scheduler(Release):
             req = self.waiting[0]
             if v0 is not None and not v0.takes(req):
                 break
+            if self._groups is not None:  # its first chunk's blocks are checked with its admission (vLLM's)
+                self._groups.chunk_tokens = left
             try:
                 self._acquire(req, now)
             except PoolBusyError:
                 self._blocked = True  # the head waits for memory
+                if self._groups is not None:
+                    self._groups.chunk_tokens = None
                 # FCFS: the head waits for running requests to free blocks. Reorder: take back
                 # lent memory if that lets it run, else lend what is idle to requests behind it.
                 if reorder and self._dirty:
@@ -363,7 +367,8 @@ class Scheduler(Release):
                 break
             self.waiting.popleft()
             self._start(req, now)
-            if self._groups is not None:  # its first chunk's window blocks, as vLLM allocates them at admission
+            if self._groups is not None:  # its first chunk's blocks, as vLLM allocates them at admission
+                self._groups.chunk_tokens = None
                 self._extend(req, req.segments[0][0] + min(req.segments[0][1], left), now)
             if not reorder:
                 left -= sum(s[1] for s in req.segments)

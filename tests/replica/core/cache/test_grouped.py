@@ -83,10 +83,10 @@ def test_the_compiled_pool_is_refused_for_a_model_of_several_groups():
 
 
 def test_a_long_prompt_takes_its_window_blocks_chunk_by_chunk_as_vllm_allocates_them():
-    # a budget of 64 tokens: a 200-token prompt (12 full blocks and a partial one) in four chunks. The full group
-    # takes all 13 blocks at admission; the window (32 tokens) takes each chunk's blocks as it is scheduled and
-    # frees what it passed ((computed - 31) // 16 blocks): after chunk 0 (tokens 0-63) blocks 0-3; after chunk 1
-    # (64-127; 2 passed at 64) blocks 2-7; after chunk 2 (6 passed at 128) blocks 6-11; after chunk 3 (10 passed
+    # a budget of 64 tokens: a 200-token prompt (12 full blocks and a partial one) in four chunks. Each group takes
+    # a chunk's blocks as it is scheduled (the full group 4, 8, 12, 13); the window (32 tokens) frees what it
+    # passed ((computed - 31) // 16 blocks): after chunk 0 (tokens 0-63) blocks 0-3; after chunk 1 (64-127; 2
+    # passed at 64) blocks 2-7; after chunk 2 (6 passed at 128) blocks 6-11; after chunk 3 (10 passed
     # at 192) blocks 10-12, the last its partial one
     base = BlockPool(100, make_policy("lru"), block_size=16, hit_mode="prefix")
     pool = GroupedPool(base, group_layers([(FULL, 0), (WINDOW, 32)]))
@@ -95,8 +95,8 @@ def test_a_long_prompt_takes_its_window_blocks_chunk_by_chunk_as_vllm_allocates_
     r = SchedRequest(1, list(range(1, 13)), 200, 2, 0.0)
     s.submit(r)
     held, pool_held = _run(s, pool, r)
-    assert held == [[13, 4], [13, 6], [13, 6], [13, 3], []]
-    assert pool_held[0] == (16, 1) and pool_held[3] == (14, 2)
+    assert held == [[4, 4], [8, 6], [12, 6], [13, 3], []]
+    assert pool_held[0] == (8, 0) and pool_held[3] == (14, 2)  # at the end: 12 + 2 hashed, 2 partial blocks
 
 
 def test_admission_counts_a_window_at_its_cap_and_refuses_what_no_hit_could_admit():
