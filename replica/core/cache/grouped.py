@@ -42,6 +42,7 @@ class GroupedAllocation(Allocation):
     held: list[int] = field(default_factory=list)  # per group, the end of the blocks taken (a window: chunk by chunk)
     owed: list[int] = field(default_factory=list)  # per group, blocks of the request not taken yet (a window's)
     slid_private: int = 0  # private blocks the scheduler counts that the base pool does not (freed, or not yet taken)
+    copies: set[int] = field(default_factory=set)  # keys it holds as a private copy (another request pinned them)
 
 
 class GroupedPool:
@@ -171,12 +172,17 @@ class GroupedPool:
         if not keys and not private:
             return
         base = self.base
-        if sum(1 for p in base.pins_of(keys) if not p) + private > base.room:
+        # a block past the hit is a new block in vLLM, even where another running request holds the same one:
+        # that one it holds as a private copy (the same room), the rest it pins
+        pins = base.pins_of(keys)
+        copies = [k for k, p in zip(keys, pins) if p]
+        if len(keys) + private > base.room:
             raise PoolBusyError("a prefill chunk finds no free or evictable block")
-        if keys:
-            base.acquire(Lookup(keys, alloc.session, now, None, False))
-        base.take_private(private)
+        if len(copies) < len(keys):
+            base.acquire(Lookup([k for k, p in zip(keys, pins) if not p], alloc.session, now, None, False))
+        base.take_private(private + len(copies))
         alloc.slid_private -= private
+        alloc.copies.update(copies)
         for g in range(self.width):
             end = min(blocks, max(want, alloc.held[g]))
             if end > alloc.held[g]:
@@ -208,6 +214,7 @@ class GroupedPool:
                 else:
                     holder.tables[g].remove(key)
                     gone.append(key)
+            gone = self._drop_copies(alloc, gone)
             if gone:  # deepest first into the free queue, as vLLM's remove_skipped_blocks frees them
                 self.base.release(Allocation(gone, [], [], [], alloc.session), now)
             if private:
@@ -226,6 +233,8 @@ class GroupedPool:
         allocs = [alloc, *fills]
         for g in range(self.width):
             keys = [k for a in allocs if isinstance(a, GroupedAllocation) for k in a.tables[g]]
+            if isinstance(alloc, GroupedAllocation):
+                keys = self._drop_copies(alloc, keys)
             if keys:
                 self.base.release(Allocation(keys, [], [], [], alloc.session), now)
         for a in allocs:
@@ -233,6 +242,17 @@ class GroupedPool:
                 a.tables = [[] for _ in a.tables]
                 self.base.private += a.slid_private
                 a.slid_private = 0
+
+    def _drop_copies(self, alloc: GroupedAllocation, keys: list[int]) -> list[int]:
+        """Of ``keys`` leaving ``alloc``, its private copies go back free; the rest are returned to unpin."""
+        copies = alloc.copies
+        if not copies or not keys:
+            return keys
+        mine = [k for k in keys if k in copies]
+        if mine:
+            self.base.free_private(len(mine))
+            copies.difference_update(mine)
+        return [k for k in keys if k not in copies and k not in mine]
 
     # ---- response KV (a ResponseStore): what decoding fills, and a finished request's response -------------
     def fill(self, hashes: Sequence[int], session: str | None = None, now: float = 0.0) -> GroupedAllocation | None:
