@@ -144,9 +144,11 @@ def _window(doc: dict, folder: str) -> str:
     gpu, tp = (runs[0]["gpu"], runs[0]["tp"]) if runs else ("", "")
     for ax in axes[1:]:
         ax.set_xlabel("agent sessions started a second")
-    for ax in axes:
+    low, high = axes[2].get_ylim()
+    axes[2].set_ylim(low, high * 30)  # room above the lines for the legend
+    for ax, where in zip(axes, ("upper left", "lower left", "upper left")):  # clear of the lines drawn
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc=where)
     fig.suptitle(f"gpt-oss-120b vs a full-attention model of the same size, {tp}x {gpu} (one replica)", fontsize=11)
     fig.tight_layout()
     return save_figure(fig, os.path.join(folder, "models-window.png"))
