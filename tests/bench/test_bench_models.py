@@ -1,5 +1,5 @@
 """bench/bench_models.py: the KV a request holds worked by hand (MLA's 70,272 bytes a token on any --tp, FP8's half,
-gpt-oss-120b's window group), one FP8 pair of `kvemu sim` points, the speculative summary and the capacity rule by
+gpt-oss-120b's window group), --tiny's FP8 pair of `kvemu sim` points, the speculative summary and the capacity rule by
 hand, and --from on a saved document."""
 
 from __future__ import annotations
@@ -34,17 +34,20 @@ def test_kv_a_request_holds_by_hand():
     assert nxt["requests"][8192]["blocks_by_group"] == [1, 1, 1, -(-8192 // bs)]
 
 
-def test_an_fp8_pair_of_points():
-    src = bm.agent_source(20, 0.1, 0)
-    runs = [bm.run_point({"study": "fp8", "model": "deepseek-v3", "gpu": "h200", "tp": 8, "rate": 0.1, "kv": kv,
-                          "argv": bm.sim_argv(src, "deepseek-v3", "h200", 8, f"--kv-cache-dtype {kv}")})
-            for kv in ("auto", "fp8")]
-    assert runs[1]["command"].startswith("kvemu sim --workload agent --duration 20")
-    assert "--kv-cache-dtype fp8" in runs[1]["command"]
+def test_the_tiny_mode_end_to_end(tmp_path):
+    """--tiny's FP8 pair through main: the process pool, the document, its commands."""
+    out = tmp_path / "doc.json"
+    assert bm.main(["--tiny", "--sections", "fp8", "--jobs", "1", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    runs = doc["runs"]
+    assert [(r["model"], r["kv"]) for r in runs] == [("deepseek-v3", "auto"), ("deepseek-v3", "fp8")]
+    assert runs[1]["command"].startswith("kvemu sim --workload agent --duration 30 --set session_rate=0.1")
+    assert "--kv-cache-dtype fp8" in runs[1]["command"] and "error" not in runs[0]
     bf16, fp8 = (r["memory_rule_blocks"] for r in runs)
     # the same KV bytes a GPU over pages of half the bytes: twice the blocks, one more where the rest holds one
     assert fp8 in (2 * bf16, 2 * bf16 + 1) and runs[0]["kv_gib_per_gpu"] == runs[1]["kv_gib_per_gpu"]
     assert runs[0]["served"] == runs[1]["served"] > 0 and runs[0]["tokens_a_verification"] == 1.0
+    assert doc["kv"] == [] and doc["spec"] == [] and doc["window_missing"] is None
 
 
 def _spec(k, p, tpot, tokens=1.0):
