@@ -92,6 +92,23 @@ def running_redis() -> Iterator[RedisServer]:
         shutil.rmtree(server.dir, ignore_errors=True)
 
 
+@pytest.hookimpl(trylast=True)  # after `-m` has deselected: counts are of the tests that run
+def pytest_collection_modifyitems(config, items) -> None:
+    """On an xdist worker (scripts/test: ``--dist loadfile --no-loadscope-reorder``, files handed out in
+    this order), the files holding an end-to-end test (marked ``slow``) first, in collection order, then the
+    others, most tests first as xdist's own reorder would. xdist's reorder alone puts one-test files last,
+    and the longest files are one-test ones (the chaos suite, minutes): started last, one kept a worker busy
+    while the other sat idle. Files stay whole and in their own order; a run without xdist is untouched."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    files: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        files.setdefault(item.nodeid.split("::", 1)[0], []).append(item)  # xdist's loadfile unit
+    slow = {name for name, its in files.items() if any(it.get_closest_marker("slow") for it in its)}
+    order = sorted(files, key=lambda name: (name not in slow, 0 if name in slow else -len(files[name])))
+    items[:] = [item for name in order for item in files[name]]
+
+
 @pytest.fixture(scope="session")
 def redis_server():
     with running_redis() as server:
