@@ -17,6 +17,10 @@ from loadgen.workloads import generate
 from shared.plotting import PALETTE, REPLICA_BAR, REPLICA_LINE, duration_text, pyplot
 from tests.support.plots import ceiling_of, check_readable, legend_labels
 
+# A router and two replicas on loopback, about 20 s: an end-to-end test (CI runs it, and hands its file
+# out first; `-m "not slow"` skips it locally).
+pytestmark = pytest.mark.slow
+
 SPEEDUP = 20.0
 MAX_REQUESTS = 120
 
