@@ -13,21 +13,21 @@ def _error_line(*args: str) -> str:
 
 
 @pytest.mark.parametrize("value", ["nan", "inf"])
-def test_capacity_gib_must_be_finite(value):
-    assert _error_line("replica", "--capacity-gib", value) == \
+def test_capacity_gib_must_be_finite(capsys, value):
+    assert _refused(capsys, "replica", "--capacity-gib", value) == \
         f"error: capacity_gib: must be a finite number > 0, got {value}"
-    assert _error_line("up", "--capacity-gib", value) == \
+    assert _refused(capsys, "up", "--capacity-gib", value) == \
         f"error: --capacity-gib: must be a finite number > 0, got {value}"
-    assert _error_line("sim", "--workload", "chat", "--duration", "5", "--capacity-gib", value) == \
+    assert _refused(capsys, "sim", "--workload", "chat", "--duration", "5", "--capacity-gib", value) == \
         f"error: --capacity-gib: must be a finite positive number, got {value}"
 
 
-def test_sim_names_and_replicas_are_checked_before_capacity():
-    line = _error_line("sim", "--workload", "chat", "--duration", "5", "--capacity-gib", "0.00001", "--policy", "nope")
+def test_sim_names_and_replicas_are_checked_before_capacity(capsys):
+    line = _refused(capsys, "sim", "--workload", "chat", "--duration", "5", "--capacity-gib", "0.00001", "--policy", "nope")
     assert line.startswith("error: unknown policy 'nope'; valid: ")
-    assert _error_line("sim", "--workload", "chat", "--duration", "5", "--capacity-gib", "0.00001",
-                       "--replicas", "0") == ("error: --replicas: the cluster has no replica: give --replicas N or"
-                                             " --prefill-replicas P --decode-replicas D")
+    assert _refused(capsys, "sim", "--workload", "chat", "--duration", "5", "--capacity-gib", "0.00001",
+                    "--replicas", "0") == ("error: --replicas: the cluster has no replica: give --replicas N or"
+                                          " --prefill-replicas P --decode-replicas D")
 
 
 # Issue 25, item 5: a flag that would do nothing is refused in one line naming it and why; a flag
