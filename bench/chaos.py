@@ -13,7 +13,7 @@ connection per request, 10 s client timeout) and injects one fault:
   big_prompts                                two clients sending 1M-token prompts back to back
   soak                                       --soak-seconds of load through --router-workers
                                              workers (2), RSS sampled every 5 s
-  pool_kill                                  SIGKILL the shared KV store at 1/3, restart it at 2/3
+  store_kill                                 SIGKILL the shared KV store at 1/3, restart it at 2/3
 
 The operator's probes (``--scenarios probes``; not in the default set) start ``kvemu up`` as a user does
 and send ``--probe-rate`` requests/s for ``--probe-duration`` s of /v1/completions, half streamed:
@@ -23,7 +23,7 @@ and send ``--probe-rate`` requests/s for ``--probe-duration`` s of /v1/completio
                       port-scan check (closed / open non-HTTP / HTTP port: the same answers?)
   pinning_client      prompts held for a remote decode straight at a prefill replica, never pulled
   abandoning_client   clients closing their connection mid-request through a P/D router
-  pool_kill_up        SIGKILL up's shared KV store at 1/3
+  store_kill_up       SIGKILL up's shared KV store at 1/3
   replica_kill_up     SIGKILL a colocated replica, then (P/D) a prefill instance, at 1/3
   frozen_replica      SIGSTOP a replica for 10 s under load (the router's first-byte timeout where it has one)
 

@@ -92,14 +92,14 @@ def _kill_at_third(up: Up, url: str, load: Traffic, duration: float) -> dict:
     return out
 
 
-def pool_kill_up(rate: float, duration: float) -> dict:
-    """``kvemu up`` with a shared KV store (small HBM, so the replicas use it) under load; the pool process
-    SIGKILLed at 1/3. Did clients lose anything, is up still running, did the pool come back?"""
+def store_kill_up(rate: float, duration: float) -> dict:
+    """``kvemu up`` with a shared KV store (small HBM, so the replicas use it) under load; the store process
+    SIGKILLed at 1/3. Did clients lose anything, is up still running, did the store come back?"""
     def run(up: Up) -> dict:
         load = Traffic(up.router, rate, duration).start()
         out = _kill_at_third(up, up.urls["shared-store"], load, duration)
-        out["pool_back"] = out["back_after_load_s"] is not None
-        out["replica_pool_states"] = {rid: _get(url + "/health").get("shared_store")
+        out["store_back"] = out["back_after_load_s"] is not None
+        out["replica_store_states"] = {rid: _get(url + "/health").get("shared_store")
                                       for rid, url in up.replicas().items()}
         return pinned(up, out)
 

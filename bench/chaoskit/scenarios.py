@@ -16,9 +16,9 @@ import urllib.request
 from .abandon import abandoning_client
 from .cluster import Cluster, get_json
 from .load import OpenLoop
-from .pool import pool_kill
-from .probe import frozen_replica, pinning_client, pool_kill_up, replica_kill_up
+from .probe import frozen_replica, pinning_client, replica_kill_up, store_kill_up
 from .ssrf import ssrf_probe
+from .store import store_kill
 
 
 def _with_cluster(cluster: Cluster, fn) -> dict:
@@ -293,16 +293,16 @@ SCENARIOS = {
     "slow_clients": lambda a: slow_clients(a.rate, a.duration, readers=2 if a.short else 4),
     "big_prompts": lambda a: big_prompts(a.rate, a.duration, senders=1 if a.short else 2),
     "soak": lambda a: soak(a.rate, a.soak_seconds, workers=a.router_workers),
-    "pool_kill": lambda a: pool_kill(a.rate, a.duration),  # the shared KV store (bench/chaoskit/pool.py)
+    "store_kill": lambda a: store_kill(a.rate, a.duration),  # the shared KV store (bench/chaoskit/store.py)
     # the operator's probes: `kvemu up` as a user starts it (bench/chaoskit/probe.py, ssrf.py); --probe-rate,
     # --probe-duration
     "ssrf_probe": lambda a: ssrf_probe(),
     "pinning_client": lambda a: pinning_client(16 if a.short else 32, a.probe_rate, a.probe_duration),
     "abandoning_client": lambda a: abandoning_client(20 if a.short else 40, a.probe_rate / 2),
-    "pool_kill_up": lambda a: pool_kill_up(a.probe_rate, a.probe_duration),
+    "store_kill_up": lambda a: store_kill_up(a.probe_rate, a.probe_duration),
     "replica_kill_up": lambda a: replica_kill_up(a.probe_rate, a.probe_duration),
     "frozen_replica": lambda a: frozen_replica(a.probe_rate, max(a.probe_duration, 15.0)),
 }
-PROBES = ("ssrf_probe", "pinning_client", "abandoning_client", "pool_kill_up", "replica_kill_up", "frozen_replica")
+PROBES = ("ssrf_probe", "pinning_client", "abandoning_client", "store_kill_up", "replica_kill_up", "frozen_replica")
 
 _ = asyncio  # the load runs its own loop in a thread

@@ -15,11 +15,11 @@ from .load import OpenLoop
 STORE = ("--shared-cache-gib", "1")
 
 
-def _pool(c: Cluster, port: int) -> subprocess.Popen:
+def _store(c: Cluster, port: int) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-m", "kvemu", "store", "--port", str(port), "--time-scale",
                              str(c.time_scale), *STORE], cwd=REPO, env=c.env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
-    c.wait(lambda: get_json(f"http://127.0.0.1:{port}/health").get("status") == "ok", "the shared pool")
+    c.wait(lambda: get_json(f"http://127.0.0.1:{port}/health").get("status") == "ok", "the shared store")
     return proc
 
 
@@ -27,31 +27,31 @@ def _states(c: Cluster) -> list[str]:
     return [get_json(c.replica_url(i) + "/health").get("shared_store", "?") for i in range(len(c.ports))]
 
 
-def pool_kill(rate: float, duration: float) -> dict:
+def store_kill(rate: float, duration: float) -> dict:
     port = free_port()
-    # small HBM (64 blocks) so the replicas evict into the pool and read back from it under the load
+    # small HBM (64 blocks) so the replicas evict into the store and read back from it under the load
     c = Cluster(replica_args=("--capacity-blocks", "64", "--shared-store-url", f"http://127.0.0.1:{port}", *STORE))
-    pool = _pool(c, port)
+    store = _store(c, port)
     try:
         c.start()
         load = OpenLoop(c.url, rate, duration).start()
         time.sleep(max(load.t0 + duration / 3 - time.monotonic(), 0))
         before = get_json(f"http://127.0.0.1:{port}/stats")
-        pool.send_signal(signal.SIGKILL)
-        pool.wait()
-        down_s = c.wait(lambda: set(_states(c)) == {"unreachable"}, "every replica sees the pool gone")
+        store.send_signal(signal.SIGKILL)
+        store.wait()
+        down_s = c.wait(lambda: set(_states(c)) == {"unreachable"}, "every replica sees the store gone")
         time.sleep(max(load.t0 + 2 * duration / 3 - time.monotonic(), 0))
         t = time.monotonic()
-        pool = _pool(c, port)
+        store = _store(c, port)
         back_s = time.monotonic() - t + c.wait(lambda: set(_states(c)) == {"ok"}, "every replica resyncs")
         out = load.join()
         stats = [get_json(c.replica_url(i) + "/stats", timeout=5.0) for i in range(len(c.ports))]
-        return {**out, "pool_writes_before_kill": before.get("writes"), "pool_reads_before_kill": before.get("reads"),
+        return {**out, "store_writes_before_kill": before.get("writes"), "store_reads_before_kill": before.get("reads"),
                 "replicas_see_it_down_s": round(down_s, 3), "replicas_resynced_s": round(back_s, 3),
-                "replica_pool_failures": sum(s["shared_store"]["failures"] for s in stats),
+                "replica_store_failures": sum(s["shared_store"]["failures"] for s in stats),
                 "pinned_blocks_after": sum(s["pinned_blocks"] for s in stats)}
     finally:
         c.stop()
-        if pool.poll() is None:
-            pool.kill()
-            pool.wait()
+        if store.poll() is None:
+            store.kill()
+            store.wait()
