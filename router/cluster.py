@@ -209,7 +209,7 @@ class Cluster:
             log.warning("shared store %s at %s taken out: %s (what it held is lost to routing)", store.name, store.url,
                         reason)
             store.healthy = False
-            self.metrics.count("pool_failures")
+            self.metrics.count("store_failures")
             self.metrics.store(store.name, healthy=0.0)
             await self._clear_store(store)
 

@@ -39,10 +39,12 @@ COUNTERS = {
     "replica_failures": "Replicas taken out by health checks.",
     "replica_restarts": "Replica restarts detected (new epoch).",
     "replica_busy": "Answers of 503 + Retry-After (overloaded): retried elsewhere.",
-    "pool_failures": "Shared KV stores taken out by health checks (their index entries cleared).",
+    "store_failures": "Shared KV stores taken out by health checks (their index entries cleared).",
     "holds_exhausted": "Times a replica's /health said prefills held for remote decodes exhaust its KV pool (routed"
                        " around until they end, its index entries kept).",
 }
+# counters also counted under their name until this release, for one more (scrapers may read it): new -> old
+OLD_COUNTERS = {"store_failures": "pool_failures"}
 # per-replica gauges: name -> (help, how workers combine)
 GaugeMode = Literal["livesum", "livemax"]
 GAUGES: dict[str, tuple[str, GaugeMode]] = {
@@ -91,6 +93,9 @@ class RouterMetrics:
         self.predictions = Counter("kvemu_router_predictions", "Requests whose cached tokens were predicted and"
                                    " reported.", registry=own)
         self._counters = {name: Counter(f"kvemu_router_{name}", doc, registry=own) for name, doc in COUNTERS.items()}
+        self._old_counters = {name: Counter(f"kvemu_router_{old}", f"{COUNTERS[name]} The old name of"
+                                            f" kvemu_router_{name}_total, kept for one release.", registry=own)
+                              for name, old in OLD_COUNTERS.items()}
         self._gauges = {name: Gauge(f"kvemu_router_replica_{name}", doc, ["replica_id"], registry=own,
                                     multiprocess_mode=mode) for name, (doc, mode) in GAUGES.items()}
         # each under its name until this release too (kvemu_router_shared_pool_*{pool_id}), for one more
@@ -125,6 +130,9 @@ class RouterMetrics:
         """One of ``COUNTERS`` goes up by ``n``."""
         if n:
             self._counters[name].inc(n)
+            old = self._old_counters.get(name)
+            if old is not None:
+                old.inc(n)
 
     def decided(self, strategy: str, reason: str) -> None:
         self.decisions.labels(strategy, reason).inc()

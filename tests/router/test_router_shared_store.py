@@ -15,11 +15,13 @@ import uuid
 import msgpack
 import pytest
 from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
 
 from kvemu.options.router_flags import live_levels, routing_settings
 from kvemu.router_cmd import configure, settings_from_args
 from replica.core.tiers.shared import SharedSettings
 from replica.core.tiers.stack import TierSettings
+from router.metrics import MULTIPROC_ENV, RouterMetrics
 from shared.errors import InputError
 from shared.hashing import block_hashes
 from shared.index import EventBatch, IndexEvent, RedisIndex, StoreScope
@@ -145,6 +147,21 @@ def test_bad_shared_store_flags_name_the_flag(argv, field):
     with pytest.raises(InputError) as e:
         router_settings(*argv)
     assert e.value.field == field
+
+
+def test_a_store_taken_out_is_counted_under_its_name_and_until_next_release_its_old_one(monkeypatch):
+    """``kvemu_router_store_failures_total`` (``Cluster.store_failed`` counts it), also written as
+    ``kvemu_router_pool_failures_total`` for one release since scrapers may read it; other counters once."""
+    monkeypatch.delenv(MULTIPROC_ENV, raising=False)
+    m = RouterMetrics()
+    m.count("store_failures")
+    m.count("store_failures", 2)
+    m.count("replica_failures")
+    values = {s.name: s.value for fam in text_string_to_metric_families(m.exposition().decode()) for s in fam.samples}
+    assert values["kvemu_router_store_failures_total"] == values["kvemu_router_pool_failures_total"] == 3
+    assert values["kvemu_router_replica_failures_total"] == 1
+    assert sorted(n for n in values if n.endswith("failures_total")) == [
+        "kvemu_router_pool_failures_total", "kvemu_router_replica_failures_total", "kvemu_router_store_failures_total"]
 
 
 async def _ship_to_redis(url: str, cluster: str, store_id: str, hashes) -> None:
