@@ -132,7 +132,7 @@ def print_report(summary: dict, report: dict, out=None) -> None:
               + ("   INTERRUPTED: partial run" if summary.get("interrupted") else "") + "\n")
     out.write(f"token hit ratio (HBM) {summary['token_hit_ratio']:.4f}   block hit ratio (HBM)"
               f" {summary['block_hit_ratio']:.4f}   CSR {report['csr']:.4f}\n")
-    if report.get("all_levels_block_hit_ratio") is not None:  # host, SSD or a shared pool below HBM
+    if report.get("all_levels_block_hit_ratio") is not None:  # host, SSD or a shared store below HBM
         out.write(f"all levels (HBM + lower): block hit ratio {report['all_levels_block_hit_ratio']:.4f}"
                   f"   prompt tokens cached (the replicas' cached_tokens) {summary['cached_token_ratio']:.4f}\n")
     out.write(f"TTFT (emulated) p50 {summary['ttft_p50_s'] * 1000:.1f} ms   p99 {summary['ttft_p99_s'] * 1000:.1f} ms"

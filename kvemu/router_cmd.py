@@ -40,7 +40,7 @@ ROUTER_OPTIONS = (
                 " so a long generation never trips it (default %(default)s)"),
 )
 
-# The shared KV stores the replicas use, a flag of the router alone: `kvemu up` starts the pools and
+# The shared KV stores the replicas use, a flag of the router alone: `kvemu up` starts the stores and
 # passes each one's URL (and scope group) to the router.
 SHARED_STORE = Option("--shared-store", (), metavar="URL[=ID,...]", repeat=True, aliases=("--shared-pool",),
                       help="a shared KV store (`kvemu store`) the replicas use: the router follows its event feed (with a"
@@ -89,14 +89,14 @@ def settings_from_args(args):
 
 
 def shared_stores(values) -> tuple[tuple[str, tuple[str, ...]], ...]:
-    """``--shared-store`` values: each pool's URL and the replica ids it serves (none: every replica)."""
+    """``--shared-store`` values: each store's URL and the replica ids it serves (none: every replica)."""
     out = []
     for value in values:
         url, sep, ids = value.strip().partition("=")
         served = tuple(i.strip() for i in ids.split(",") if i.strip())
         if sep and not served:
             raise InputError("--shared-store", f"{value!r}: give the replica ids after '=' (URL=replica-0,replica-1)"
-                                              " or none (the pool serves every replica)")
+                                              " or none (the store serves every replica)")
         out.append((url.strip().rstrip("/"), served))
     return tuple(out)
 

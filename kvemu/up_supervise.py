@@ -1,6 +1,6 @@
 """``kvemu up``'s supervision: a child that dies (a replica of any role, a shared KV store, the router, the
 private redis-server) is started again on the same command line, so on the same port, with an exponential
-back-off, while the rest keep serving (replicas serve without the shared pool, the router routes around a
+back-off, while the rest keep serving (replicas serve without the shared store, the router routes around a
 dead replica, replicas resync a Redis that came back empty). Each restart is one line on stderr and in the
 child's log. Up gives up only on a child that cannot start: ``attempts`` restarts in a row that died before
 answering (its ``/health``, or redis-server's port); then it stops everything, naming the child and its last

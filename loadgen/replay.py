@@ -302,7 +302,7 @@ def summarize(records: list[Record], block_size: int) -> dict:
     (shared/ratios.py): ``block_hit_ratio`` the prompt blocks found in HBM (``cached_blocks``) over those looked up,
     ``token_hit_ratio`` their tokens (``block_size`` each, the replicas' block or page, at most the prompt) over
     prompt tokens. ``cached_token_ratio``: the replicas' ``cached_tokens`` over prompt tokens, what vLLM's usage
-    reports: prompt tokens not computed, from HBM or a lower level (host, SSD, a shared pool), a prompt cached
+    reports: prompt tokens not computed, from HBM or a lower level (host, SSD, a shared store), a prompt cached
     whole computing its last block again."""
     ok = [r for r in records if r.status == 200]
     ttft, wall = LogHistogram(), LogHistogram()

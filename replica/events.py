@@ -210,7 +210,7 @@ def _chunks(events: list[KvEvent], batch_max: int) -> Iterable[list[KvEvent]]:
 
 
 async def read_feed(request, feed: EventFeed, feed_id: str, changed: Callable[[float], Awaitable[None]]) -> dict:
-    """One read of a feed over HTTP (``GET /kv/events``, a replica's or a shared pool's): the batches after
+    """One read of a feed over HTTP (``GET /kv/events``, a replica's or a shared store's): the batches after
     ``after`` (at most ``limit``); with ``wait=MS`` a long poll that answers when a batch comes or after MS
     (``changed``), so a follower asks about once a second while nothing happens instead of every 20 ms."""
     after = query_int(request, "after", 0, 0, 2**62)

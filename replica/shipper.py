@@ -10,7 +10,7 @@ index notice a gap even when no events flow.
 A shared KV store's process ships its store's feed the same way, with ``store`` (its ``StoreScope``): the
 shipper declares the id a store's (``RedisIndex.add_store``) before its first batch, so the index keeps its
 blocks as the store's one set; ``state`` is anything with ``feed`` (an ``EventFeed`` in ``push`` mode) and
-``settings.replica_id`` (the pool's id).
+``settings.replica_id`` (the store's id).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ log = logging.getLogger("kvemu.replica.shipper")
 class RedisShipper:
     def __init__(self, state, url: str, cluster: str, heartbeat_s: float = 1.0, store: StoreScope | None = None) -> None:
         self.feed: EventFeed = state.feed
-        self.store = store  # a shared pool's feed: declared to the index before its first batch
+        self.store = store  # a shared store's feed: declared to the index before its first batch
         self._declared = store is None
         self.replica_id = state.settings.replica_id
         self.index = RedisIndex(url, cluster=cluster)

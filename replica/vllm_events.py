@@ -15,10 +15,10 @@ sequence number on, then ``[id, "", -1, ""]``. ``medium`` names the memory level
 ``CPU`` (host DRAM), ``DISK`` (SSD), so a tier-aware consumer sees demotions.
 
 A shared KV store (`kvemu store`, the store every replica of its scope reads and writes) publishes its own
-events, as Mooncake's master publishes its store's puts and evictions: ``store_publisher`` gives the pool
+events, as Mooncake's master publishes its store's puts and evictions: ``store_publisher`` gives the store
 process a publisher on its own endpoint whose every event has medium ``SHARED`` (``SHARED_MEDIUM``): a
-level no replica owns, so a consumer keys it by the publisher (the pool's endpoint) and its medium, never as
-a replica's GPU blocks. A replica never publishes the shared level (its residency is the pool's). The pool
+level no replica owns, so a consumer keys it by the publisher (the store's endpoint) and its medium, never as
+a replica's GPU blocks. A replica never publishes the shared level (its residency is the store's). The store
 knows blocks by kvemu's hashes only (replicas write hashes, not tokens), so its events carry those and no
 token ids, as a replica's do for requests that carried only block hashes.
 

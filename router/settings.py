@@ -58,7 +58,7 @@ class RouterSettings:
     prefill_routing: str | None = None  # the prefill pool's strategy (None: ``routing``)
     # Shared KV stores (`kvemu store`): each one's URL and the replica ids it serves (none: every replica),
     # and the shared level's index in the replicas' stacks (the last level: 3 after host DRAM and SSD; kvemu's
-    # front end takes it from the same level list its routing settings price; 0 without a pool)
+    # front end takes it from the same level list its routing settings price; 0 without a store)
     shared_stores: tuple[tuple[str, tuple[str, ...]], ...] = ()
     shared_level: int = 0
 

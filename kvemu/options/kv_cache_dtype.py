@@ -1,5 +1,5 @@
 """``--kv-cache-dtype auto|fp8|fp8_e4m3|fp8_e5m2``: the KV cache's element type, as vLLM's flag of that name, for
-every command that sizes a pool (sim, sweep, replica, up, pool). ``auto`` keeps the model's dtype; an FP8 type
+every command that sizes a block pool or the shared store (sim, sweep, replica, up, store). ``auto`` keeps the model's dtype; an FP8 type
 takes one byte a KV element, so a block is half the bytes, the memory rule fits about twice the blocks and the
 cost model's KV reads move half the bytes (shared/model_kinds.py, docs/capacity.md).
 

@@ -1,5 +1,5 @@
 """One definition per hit-ratio name: `kvemu replay`'s token and block hit ratios are HBM's, as `kvemu sim`'s and
-each replica's /stats (shared/ratios.py), and what lower levels (host, SSD, a shared pool) add is apart and named."""
+each replica's /stats (shared/ratios.py), and what lower levels (host, SSD, a shared store) add is apart and named."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def record(replica: str, prompt_tokens: int, prompt_blocks: int, cached_blocks: 
 
 
 def test_replay_hit_ratios_are_hbms_and_the_replicas_cached_tokens_are_apart():
-    # blocks of 16 tokens. r0: 4 blocks (64 tokens), 2 found in HBM and 1 restored from the shared pool: the
+    # blocks of 16 tokens. r0: 4 blocks (64 tokens), 2 found in HBM and 1 restored from the shared store: the
     # replica computed 16 (cached_tokens 48). r1: 4 blocks and 8 tokens more (72), all 4 in HBM (cached 64).
     # r2: 4 blocks (64 tokens) all in HBM: a prompt cached whole computes its last block again (cached 48).
     records = [record("replica-0", 64, 4, 2, 48), record("replica-0", 72, 4, 4, 64), record("replica-1", 64, 4, 4, 48)]
@@ -34,7 +34,7 @@ def test_replay_hit_ratios_are_hbms_and_the_replicas_cached_tokens_are_apart():
 
 
 def test_every_level_comes_from_the_replicas_tier_counters():
-    # 1,000 blocks looked up: 0.3 in HBM, 0.1 on host, 0.2 in the shared pool
+    # 1,000 blocks looked up: 0.3 in HBM, 0.1 on host, 0.2 in the shared store
     tiers = {"accessed_blocks": 1000, "hbm_block_hit_ratio": 0.3, "host_block_hit_ratio": 0.1, "ssd_block_hit_ratio": 0.0,
              "shared_block_hit_ratio": 0.2, "fetched_blocks": 300}
     assert level_hits(tiers) == {"accessed_blocks": 1000, "found_blocks": 600}

@@ -176,7 +176,7 @@ async def _ship_to_redis(url: str, cluster: str, store_id: str, hashes) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["memory", "redis"])
-def test_cache_aware_routes_to_the_replica_the_pool_serves(backend, request):
+def test_cache_aware_routes_to_the_replica_the_store_serves(backend, request):
     """b holds the prompt's first 2 blocks in HBM; the store, serving a only, holds all 4. cache_aware
     (shared_hit_cost 0.3): a costs 4 - 0.7 * 4 = 1.2 blocks, b costs 4 - 2 = 2, so a wins; a router blind to the
     store would send it to b."""

@@ -1,4 +1,4 @@
-"""The prefix index keeps a shared store's blocks (a KV pool several replicas read, the last level of each
+"""The prefix index keeps a shared store's blocks (a KV store several replicas read, the last level of each
 one's hierarchy): one set per store fed by its own feed, answered for each replica it serves as the run
 after that replica's own prefix under ``<id>#<level>``; hand-worked lookups, scope groups, the epoch / gap /
 cleared rules, the bound, a store declared late, and random residencies against the simulator's
@@ -27,11 +27,11 @@ def lev(kind: str, level: int, *hashes: int) -> IndexEvent:
 
 def test_a_store_answers_the_run_after_each_replicas_own_prefix(make):
     async def body(idx):
-        await idx.add_store(StoreScope("pool", SHARED))
+        await idx.add_store(StoreScope("store", SHARED))
         # A: H1 in HBM, H2 in host memory; B: H6 in HBM only; the store: H1..H4
         await idx.apply(batch("A", 0, ev("stored", H1), lev("stored", 1, H2)))
         await idx.apply(batch("B", 0, ev("stored", H6)))
-        await idx.apply(batch("pool", 0, ev("stored", H1, H2, H3, H4)))
+        await idx.apply(batch("store", 0, ev("stored", H1, H2, H3, H4)))
         # A: HBM 1, host 1 (H2, the upper level first), the store 1 (H3), then H5 nobody holds
         # B: nothing of the prompt in HBM: the store's run from the first block
         assert await idx.lookup([H1, H2, H3, H5, H4]) == {"A": 1, "A#1": 1, "A#3": 1, "B#3": 3}
@@ -40,12 +40,12 @@ def test_a_store_answers_the_run_after_each_replicas_own_prefix(make):
         assert await idx.lookup([H6, H5]) == {"B": 1}
         assert await idx.lookup([H5, H1]) == {}
         reps = await idx.replicas()
-        assert (reps["pool"].blocks, reps["pool"].synced) == (4, True)
+        assert (reps["store"].blocks, reps["store"].synced) == (4, True)
         assert (await idx.stats())["entries"] == 7
         # removed and cleared: the store's set only
-        await idx.apply(batch("pool", 1, ev("removed", H2, H5)))
+        await idx.apply(batch("store", 1, ev("removed", H2, H5)))
         assert await idx.lookup([H1, H2, H3]) == {"A": 1, "A#1": 1, "A#3": 1, "B#3": 1}
-        await idx.apply(batch("pool", 2, ev("cleared"), ev("stored", H3)))
+        await idx.apply(batch("store", 2, ev("cleared"), ev("stored", H3)))
         assert await idx.lookup([H1, H2, H3]) == {"A": 1, "A#1": 1, "A#3": 1}
         assert await idx.lookup([H3]) == {"A#3": 1, "B#3": 1}
         assert (await idx.stats())["entries"] == 4
@@ -55,17 +55,17 @@ def test_a_store_answers_the_run_after_each_replicas_own_prefix(make):
 
 def test_scope_groups_serve_their_own_replicas(make):
     async def body(idx):
-        await idx.add_store(StoreScope("pool-0", SHARED, ("A", "C")))  # C has sent nothing yet
-        await idx.add_store(StoreScope("pool-1", SHARED, ("B",)))
+        await idx.add_store(StoreScope("store-0", SHARED, ("A", "C")))  # C has sent nothing yet
+        await idx.add_store(StoreScope("store-1", SHARED, ("B",)))
         await idx.apply(batch("A", 0, ev("stored", H1)))
         await idx.apply(batch("B", 0, ev("stored", H1)))
-        await idx.apply(batch("pool-0", 0, ev("stored", H2, H3)))
-        await idx.apply(batch("pool-1", 0, ev("stored", H1, H2)))
+        await idx.apply(batch("store-0", 0, ev("stored", H2, H3)))
+        await idx.apply(batch("store-1", 0, ev("stored", H1, H2)))
         assert await idx.lookup([H1, H2, H3]) == {"A": 1, "B": 1, "A#3": 2, "B#3": 1}
         assert await idx.lookup([H2, H3]) == {"A#3": 2, "C#3": 2, "B#3": 1}
         # a store's level is its own: a deeper hierarchy puts it further down
-        await idx.add_store(StoreScope("pool-2", 5, ("D",)))
-        await idx.apply(batch("pool-2", 0, ev("stored", H4)))
+        await idx.add_store(StoreScope("store-2", 5, ("D",)))
+        await idx.apply(batch("store-2", 0, ev("stored", H4)))
         assert await idx.lookup([H4]) == {"D#5": 1}
 
     run(make, body)
@@ -73,24 +73,24 @@ def test_scope_groups_serve_their_own_replicas(make):
 
 def test_epoch_gap_and_clear_rules_hold_for_a_store(make):
     async def body(idx):
-        await idx.add_store(StoreScope("pool", SHARED))
+        await idx.add_store(StoreScope("store", SHARED))
         await idx.apply(batch("A", 0, ev("stored", H6)))
-        await idx.apply(batch("pool", 0, ev("stored", H1, H2)))
+        await idx.apply(batch("store", 0, ev("stored", H1, H2)))
         # events tagged with a level are still the store's: its one set
-        await idx.apply(batch("pool", 1, lev("stored", 2, H3)))
+        await idx.apply(batch("store", 1, lev("stored", 2, H3)))
         assert await idx.lookup([H1, H2, H3]) == {"A#3": 3}
-        r = await idx.apply(batch("pool", 5, ev("stored", H4)))  # batches 2-4 lost: a gap clears it
+        r = await idx.apply(batch("store", 5, ev("stored", H4)))  # batches 2-4 lost: a gap clears it
         assert (r.reset, r.synced) == ("gap", False)
         assert await idx.lookup([H1, H2, H3]) == {} and await idx.lookup([H4]) == {"A#3": 1}
-        r = await idx.apply(batch("pool", 6, ev("cleared"), ev("stored", H5)))  # the resync
+        r = await idx.apply(batch("store", 6, ev("cleared"), ev("stored", H5)))  # the resync
         assert r.synced and await idx.lookup([H4]) == {} and await idx.lookup([H5]) == {"A#3": 1}
-        r = await idx.apply(batch("pool", 0, ev("stored", H1), epoch="e2"))  # the pool restarted
+        r = await idx.apply(batch("store", 0, ev("stored", H1), epoch="e2"))  # the store restarted
         assert (r.reset, r.synced) == ("epoch", True)
         assert await idx.lookup([H5]) == {} and await idx.lookup([H1]) == {"A#3": 1}
-        assert await idx.apply(batch("pool", 0, ev("stored", H2), epoch="e2")) is not None  # a duplicate
+        assert await idx.apply(batch("store", 0, ev("stored", H2), epoch="e2")) is not None  # a duplicate
         assert await idx.lookup([H1, H2]) == {"A#3": 1}
         assert (await idx.stats())["entries"] == 2
-        assert await idx.clear_replica("pool") == 1
+        assert await idx.clear_replica("store") == 1
         assert await idx.lookup([H1]) == {} and (await idx.stats())["entries"] == 1
 
     run(make, body)
@@ -98,13 +98,13 @@ def test_epoch_gap_and_clear_rules_hold_for_a_store(make):
 
 def test_store_entries_count_against_the_bound(make):
     async def body(idx):
-        await idx.add_store(StoreScope("pool", SHARED))
+        await idx.add_store(StoreScope("store", SHARED))
         await idx.apply(batch("A", 0, ev("stored", H1)))
-        r = await idx.apply(batch("pool", 0, ev("stored", H2, H3, H4)))
+        r = await idx.apply(batch("store", 0, ev("stored", H2, H3, H4)))
         assert (r.dropped_entries, r.synced) == (1, False)
         assert await idx.lookup([H1, H2, H3, H4]) == {"A": 1, "A#3": 2}
         assert (await idx.stats())["entries"] == 3
-        r = await idx.apply(batch("pool", 1, ev("removed", H2), ev("stored", H4)))
+        r = await idx.apply(batch("store", 1, ev("removed", H2), ev("stored", H4)))
         assert (r.dropped_entries, await idx.lookup([H1, H2])) == (0, {"A": 1})
         assert await idx.lookup([H3, H4]) == {"A#3": 2}
         # a replica finds the room the store took: it is refused, not the store's entries evicted
@@ -117,13 +117,13 @@ def test_store_entries_count_against_the_bound(make):
 def test_a_feed_declared_a_store_late_drops_what_it_had_as_a_replica(make):
     async def body(idx):
         await idx.apply(batch("A", 0, ev("stored", H6)))
-        await idx.apply(batch("pool", 0, ev("stored", H1, H2)))  # followed before it was known as a store
-        assert await idx.lookup([H1]) == {"pool": 1}
-        await idx.add_store(StoreScope("pool", SHARED))
-        await idx.add_store(StoreScope("pool", SHARED))  # idempotent
-        assert await idx.lookup([H1]) == {} and not (await idx.replicas())["pool"].synced
-        await idx.apply(batch("pool", 1, ev("cleared"), ev("stored", H1)))
-        assert await idx.lookup([H1, H2]) == {"A#3": 1} and (await idx.replicas())["pool"].synced
+        await idx.apply(batch("store", 0, ev("stored", H1, H2)))  # followed before it was known as a store
+        assert await idx.lookup([H1]) == {"store": 1}
+        await idx.add_store(StoreScope("store", SHARED))
+        await idx.add_store(StoreScope("store", SHARED))  # idempotent
+        assert await idx.lookup([H1]) == {} and not (await idx.replicas())["store"].synced
+        await idx.apply(batch("store", 1, ev("cleared"), ev("stored", H1)))
+        assert await idx.lookup([H1, H2]) == {"A#3": 1} and (await idx.replicas())["store"].synced
         assert (await idx.stats())["entries"] == 2
 
     run(make, body)
@@ -155,7 +155,7 @@ def test_random_residency_answers_as_the_simulators_tier_stack(make):
         store = SharedStore(settings.shared, emit_events=False)
         stacks = {rid: TierStack(settings, BlockPool(64, make_policy("lru")), 1, lambda d: 1.0, shared=store)
                   for rid in "AB"}
-        await idx.add_store(StoreScope("pool", SHARED))
+        await idx.add_store(StoreScope("store", SHARED))
         for rid in "AB":
             await idx.apply(batch(rid, 0, ev("stored", rng.getrandbits(64))))  # known to the index
         for trial in range(40):
@@ -173,7 +173,7 @@ def test_random_residency_answers_as_the_simulators_tier_stack(make):
             for rid in "AB":
                 await idx.apply(batch(rid, 1 + 4 * trial, ev("cleared"), ev("stored", *hbm[rid]),
                                       *(lev("stored", k, *held) for k, held in enumerate(own[rid], 1) if held)))
-            await idx.apply(batch("pool", 2 * trial, ev("cleared"), *([ev("stored", *shared)] if shared else [])))
+            await idx.apply(batch("store", 2 * trial, ev("cleared"), *([ev("stored", *shared)] if shared else [])))
             for _ in range(5):
                 prompt = rng.sample(universe, rng.randint(1, 8))
                 got = await idx.lookup(prompt)
@@ -190,8 +190,8 @@ def test_random_residency_answers_as_the_simulators_tier_stack(make):
     run(make, body)
 
 
-def test_a_pool_ships_its_feed_to_redis_with_the_replicas_shipper(redis_server):
-    """The pool process, with a Redis index, ships its store's feed as a replica does (replica/shipper.py, given
+def test_a_store_ships_its_feed_to_redis_with_the_replicas_shipper(redis_server):
+    """The store process, with a Redis index, ships its feed as a replica does (replica/shipper.py, given
     its StoreScope): declared a store before its first batch, its blocks answer the replicas it serves."""
     import asyncio
     from types import SimpleNamespace
@@ -202,7 +202,7 @@ def test_a_pool_ships_its_feed_to_redis_with_the_replicas_shipper(redis_server):
     from shared.index import RedisIndex
 
     async def body():
-        cluster = "pool" + str(random.getrandbits(32))
+        cluster = "store" + str(random.getrandbits(32))
         feed = EventFeed("shared-store", lambda: [], mode="push")
         shipper = RedisShipper(SimpleNamespace(feed=feed, settings=SimpleNamespace(replica_id="shared-store")),
                                redis_server.url, cluster, store=StoreScope("shared-store", SHARED))

@@ -260,7 +260,7 @@ class TierStack:
             return Level(k, lv.kind, BlockPool(lv.blocks, make_policy(lv.policy), emit_events=emit_events), link,
                          lv.write * GB)
         if shared is None or self.settings.shared is None:
-            raise InputError("shared", "a shared level needs its store: the simulator or the pool service gives it")
+            raise InputError("shared", "a shared level needs its store: the simulator or the store service gives it")
         return SharedLevel(k, lv.kind, cast(LevelPool, shared), link, lv.write * GB, shared.link, self.settings.shared)
 
     @property
