@@ -241,8 +241,8 @@ _LAST_REQUIRED = {"BlockStored": 8, "BlockRemoved": 3, "AllBlocksCleared": 1}
 
 
 def store_publisher(config: KvEventsConfig, block_size: int) -> ZmqEventPublisher:
-    """vLLM's KV events of a shared KV store, on the pool's own endpoint (``config``, from its ``--kv-events-config``):
-    ``publish(store.drain_events())`` after each change (``stored`` / ``removed``, any level: all are the pool's,
+    """vLLM's KV events of a shared KV store, on the store's own endpoint (``config``, from its ``--kv-events-config``):
+    ``publish(store.drain_events())`` after each change (``stored`` / ``removed``, any level: all are the store's,
     medium ``SHARED``; ``cleared`` when it starts over), ``shutdown()`` when it stops. Raises InputError naming
     ``--kv-events-config`` when the endpoint cannot be opened."""
     translator = EventTranslator(block_size, config.event_encoding, config.hash_algo, config.hash_seed,

@@ -1,5 +1,5 @@
 """A shared KV store's vLLM KV events (issue 45): ``replica.vllm_events.store_publisher`` publishes the store's
-stored / removed events on the pool's own endpoint, every one with medium ``SHARED``, kvemu's hashes (not
+stored / removed events on the store's own endpoint, every one with medium ``SHARED``, kvemu's hashes (not
 registered with tokens: one BlockStored per block) and no tokens; a ZMQ subscriber reads them live and
 ``kvemu kv-events`` (the consumer written from vLLM's format) replayed."""
 
@@ -30,17 +30,17 @@ def test_every_event_of_a_store_has_the_shared_medium_whatever_its_level():
     assert out[0]["token_ids"] == [] and out[0]["parent_block_hash"] is None
 
 
-def test_kvemu_kv_events_reads_a_pools_events_live_and_replayed():
+def test_kvemu_kv_events_reads_a_stores_events_live_and_replayed():
     pub, replay = free_port(), free_port()
     config = KvEventsConfig(enable_kv_cache_events=True, publisher="zmq", endpoint=f"tcp://*:{pub}",  # a wildcard binds (vLLM)
-                            replay_endpoint=f"tcp://127.0.0.1:{replay}", topic="pool")
+                            replay_endpoint=f"tcp://127.0.0.1:{replay}", topic="store")
     publisher = store_publisher(config, 16)
     store = SharedStore(SharedSettings(blocks=4, eviction="lru"))
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)
     try:
         sub.connect(f"tcp://127.0.0.1:{pub}")
-        sub.setsockopt(zmq.SUBSCRIBE, b"pool")
+        sub.setsockopt(zmq.SUBSCRIBE, b"store")
         time.sleep(0.5)  # a PUB socket drops what it sends before the subscriber joined (ZMQ's slow joiner)
         store.admit([1, 2, 3, 4], now=0.0)  # four chunks of one block
         publisher.publish(store.drain_events())
@@ -48,7 +48,7 @@ def test_kvemu_kv_events_reads_a_pools_events_live_and_replayed():
         publisher.publish(store.drain_events())
         live = []
         for _ in range(2):
-            assert sub.poll(10_000), "no batch from the pool's publisher"
+            assert sub.poll(10_000), "no batch from the store's publisher"
             topic, seq, payload = sub.recv_multipart()
             live.append(decode_batch(topic, seq, payload))
         assert [[(e["type"], e["block_hashes"], e["medium"]) for e in b["events"]] for b in live] == [
