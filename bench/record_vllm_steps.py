@@ -4,7 +4,7 @@
     python bench/record_vllm_steps.py --random 200    # 200 random workloads: agreement, preemptions (JSON)
     python bench/record_vllm_steps.py --random 100 --hybrid   # ... with full and sliding-window KV cache groups
     python bench/record_vllm_steps.py --check         # the golden files against kvemu (no vLLM needed)
-    python bench/record_vllm_steps.py --state         # the state-layer cases into vllm_golden/pending/
+    python bench/record_vllm_steps.py --state         # the state-layer cases into vllm_golden/
     python bench/record_vllm_steps.py --chat 600 --seed 52   # a 200-request multi-turn chat, 600-block pool
 
 vLLM runs in a virtualenv of its own (``.vllm-venv`` in the repository root, or ``$KVEMU_VLLM_VENV``),
@@ -34,7 +34,6 @@ from shared.kv_groups import FULL, WINDOW, group_layers  # noqa: E402
 VLLM_VERSION = "0.33.0"
 GOLDEN = REPO / "tests" / "replica" / "core" / "sched" / "vllm_golden"
 # recorded cases kvemu's scheduler does not run yet (state layers): checked against the core's rules only
-PENDING = GOLDEN / "pending"
 DRIVER = Path(__file__).resolve().parent / "in_vllm_venv" / "step_driver.py"  # apart from bench/*.py: it imports vLLM
 DEFAULTS = {"block_size": 16, "num_blocks": 1000, "max_num_batched_tokens": 2048, "max_num_seqs": 16,
             "max_model_len": 8192, "prefix_caching": True}
@@ -319,7 +318,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--all", action="store_true", help="re-record the golden files")
     p.add_argument("--random", type=int, default=0, metavar="N", help="record N random workloads and compare")
     p.add_argument("--check", action="store_true", help="compare the golden files with kvemu (no vLLM)")
-    p.add_argument("--state", action="store_true", help="record the state-layer cases into vllm_golden/pending/")
+    p.add_argument("--state", action="store_true", help="record the state-layer cases into vllm_golden/")
     p.add_argument("--chat", type=int, default=0, metavar="BLOCKS",
                    help="record a 200-request multi-turn chat (chat_workload, --seed) with a pool of BLOCKS and compare")
     p.add_argument("--chat-span", type=int, default=1500, metavar="STEPS", help="--chat: sessions start over STEPS")
@@ -340,10 +339,10 @@ def main(argv: list[str] | None = None) -> None:
         result["recorded"] = len(ws)
     if a.state:
         ws = state_workloads()
-        PENDING.mkdir(parents=True, exist_ok=True)
+        GOLDEN.mkdir(parents=True, exist_ok=True)
         for w, t in zip(ws, record(ws, a.model)):
-            write_golden(w, t, PENDING)
-        result["recorded_pending"] = len(ws)
+            write_golden(w, t)
+        result["recorded_state"] = len(ws)
     if a.check or a.all:
         per = {}
         for path in sorted(GOLDEN.glob("*.jsonl")):

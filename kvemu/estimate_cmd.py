@@ -25,6 +25,7 @@ from loadgen.formats import read_trace
 from loadgen.stats import Distribution
 from shared.costmodel import get_model
 from shared.errors import InputError
+from shared.kv_groups import STATE
 from shared.overrides import apply_overrides, parse_pairs
 from sim.estimate import ScmModel, capacity_for, estimate, turn_counts, workload_from_trace
 
@@ -81,6 +82,10 @@ def _finite(x: float) -> float | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    spec = get_model(args.model)
+    if any(g.kind == STATE for g in spec.kv_groups.groups):  # a state page a session, not blocks a token
+        raise InputError("--model", f"{spec.name} has state layers (KV cache groups): the mean-field estimate counts"
+                                    " full-attention blocks only; run kvemu sim --model for its hit ratio")
     work, inputs = _source(args)
     target = None
     if args.target_hit_ratio is not None:

@@ -92,14 +92,13 @@ def check_groups(cost: CostModel, k: EngineKnobs | None = None) -> None:
     window's passed blocks freed each step, the hit every group serves, as vLLM 0.33's hybrid manager). With
     ``k``, the knobs that cannot run with windows are refused in one line naming their flag."""
     groups = cost.model.kv_groups.groups
-    if any(g.kind == STATE for g in groups):  # their cache rules are in groups.py; the scheduler's are not yet
-        m = cost.model
-        raise InputError("--model", f"{m.name} has state layers ({m.layers - m.attention_layers} of {m.layers}:"
-                                    " linear attention or Mamba); the scheduler does not yet cut prefill chunks at"
-                                    " block boundaries nor keep one running state a group, as vLLM's 'align' mode")
     if k is None or all(g.kind == FULL for g in groups):
         return
-    why = f"{cost.model.name} has sliding-window layers (KV cache groups, cache/grouped.py)"
+    states = any(g.kind == STATE for g in groups)  # vLLM's 'align' mode: cache/state_table.py
+    why = f"{cost.model.name} has {'state' if states else 'sliding-window'} layers (KV cache groups, cache/grouped.py)"
+    if states and k.speculative is not None:
+        raise InputError("--speculative-method", f"{why}: speculative decoding's state blocks (vLLM's"
+                                                 " num_speculative_blocks) are not modelled: drop it")
     for flag, refused, reason in (
             ("--hit-mode", k.hit_mode != "prefix", "a hit is a leading run every group serves: use --hit-mode prefix"),
             ("--prefix-caching", k.prefix_caching != "on", "groups are modelled with prefix caching on"),
@@ -120,8 +119,10 @@ def check_groups(cost: CostModel, k: EngineKnobs | None = None) -> None:
 def check_groups_served(cost: CostModel, flag: str, what: str) -> None:
     """A sliding-window model where a way of serving it (``flag``: P/D, a real backend) cannot hold a table per
     group yet: refused in one line rather than run as full attention."""
-    if any(g.kind == WINDOW for g in cost.model.kv_groups.groups):
-        raise InputError(flag, f"{cost.model.name} has sliding-window layers (KV cache groups): {what}")
+    kinds = {g.kind for g in cost.model.kv_groups.groups}
+    if kinds & {WINDOW, STATE}:
+        layers = "state" if STATE in kinds else "sliding-window"
+        raise InputError(flag, f"{cost.model.name} has {layers} layers (KV cache groups): {what}")
 
 
 def check_prefix_caching(prefix_caching: str, tiers: TierSettings, field: str = "prefix_caching") -> None:

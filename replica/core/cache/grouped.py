@@ -6,9 +6,11 @@ each of them once per group: group ``g``'s copy of block ``h`` is keyed ``group_
 private block is one private block per group. The rules are vLLM's:
 
 * **Admission** (``acquire``): the hit is the longest prefix every group serves (``hit_blocks``), at most
-  the prompt's tokens but one, as vLLM's ``get_computed_blocks`` asks; a window group then skips the
-  blocks the window has already passed at the hit (``skipped_blocks``: vLLM pads them with its null block)
-  and holds the rest, a full group holds them all.
+  the request's tokens but one, as vLLM's ``get_computed_blocks`` asks; a window group skips the blocks
+  the window has already passed at the hit (``skipped_blocks``: vLLM pads them with its null block). Each
+  group pins its hit's blocks; the whole sequence (a window's capped) and the first chunk must fit.
+* **Each prefill chunk** (``extend``, vLLM's ``allocate_slots``): every group takes the chunk's blocks as it
+  is scheduled; one another running request holds is a new block (a private copy), as vLLM shares only hits.
 * **Every step** (``slide``, vLLM's ``remove_skipped_blocks`` in ``allocate_slots``): a window group
   frees the leading blocks its window has passed at the request's computed tokens: a hashed one is
   unpinned (cached still, evictable, its tail first), a private one goes back free.
@@ -25,11 +27,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from replica.core.cache.groups import group_key, hit_blocks, skipped_blocks
+from replica.core.cache.groups import group_key, hit_blocks, skipped_blocks, window_of
 from replica.core.cache.pool import BlockPool, PoolBusyError, fill_picks
+from replica.core.cache.state_table import StateHeld, StateTables, state_held, state_new_block
 from replica.core.cache.types import Allocation, Lookup
 from shared.errors import InputError
-from shared.kv_groups import STATE, WINDOW, KvGroups
+from shared.kv_groups import FULL, STATE, WINDOW, KvGroups
 
 
 @dataclass(slots=True)
@@ -43,6 +46,7 @@ class GroupedAllocation(Allocation):
     owed: list[int] = field(default_factory=list)  # per group, blocks of the request not taken yet (a window's)
     slid_private: int = 0  # private blocks the scheduler counts that the base pool does not (freed, or not yet taken)
     copies: set[int] = field(default_factory=set)  # keys it holds as a private copy (another request pinned them)
+    state: StateHeld = field(default_factory=StateHeld)  # its state groups' blocks (state_table.py)
 
 
 class GroupedPool:
@@ -53,9 +57,6 @@ class GroupedPool:
             raise InputError("hit_mode", "KV cache groups reuse a leading run of blocks: use --hit-mode prefix")
         if not base.prefix_caching:
             raise InputError("prefix_caching", "KV cache groups run with prefix caching on")
-        if any(x.kind == STATE for x in groups.groups):  # never taken for a full group (groups.py: their rules)
-            raise InputError("kv_groups", "state groups (linear attention, Mamba) hold one state block a request,"
-                                          " not a table of its blocks: this pool does not run them yet")
         self.base = base
         self.groups = groups
         self.width = len(groups.groups)
@@ -70,7 +71,10 @@ class GroupedPool:
         # the tokens an admission's first chunk may take (the step's budget left), set by the scheduler while it
         # admits: vLLM allocates that chunk's blocks at admission, so they must be free too; None: not checked
         self.chunk_tokens: int | None = None
-        self._ref = next((g for g, x in enumerate(groups.groups) if x.kind != WINDOW), 0)
+        kinds = [x.kind for x in groups.groups]
+        self._ref = kinds.index(FULL) if FULL in kinds else next((g for g, k in enumerate(kinds) if k != WINDOW), 0)
+        # state groups (state_table.py): one or two blocks a request, cached only where a step ends on a block's end
+        self.states = StateTables(tuple(g for g, k in enumerate(kinds) if k == STATE))
 
     # ---- what the scheduler reads -------------------------------------------------------------
     @property
@@ -97,8 +101,15 @@ class GroupedPool:
 
     def held_per_group(self, alloc: GroupedAllocation, extra_blocks: int) -> list[int]:
         """Blocks a request holds in each group (``extra_blocks``: its private blocks, per group)."""
-        total = len(alloc.hashes) + extra_blocks
-        return [total - alloc.freed[g] - alloc.owed[g] for g in range(self.width)]
+        n = len(alloc.hashes)
+        total = n + extra_blocks
+        states = self.states.ids
+        return [state_held(alloc.state, g, alloc.tables[g], total, alloc.freed[g], n) if g in states
+                else total - alloc.freed[g] - alloc.owed[g] for g in range(self.width)]
+
+    def new_step(self) -> None:
+        """A scheduler step starts: the states cached in the last one are computed now (vLLM's new_step_starts)."""
+        self.states.new_step()
 
     def _cap(self, window: int) -> int:
         """The most blocks vLLM's admission counts a window group at: the window's tokens and a step's in flight,
@@ -111,13 +122,14 @@ class GroupedPool:
     def admission_need(self, blocks: int) -> int:
         """Physical blocks admitting a request of ``blocks`` blocks counts, none cached: each full group's, each
         window group's capped (vLLM's full_sequence_must_fit): above the pool's capacity it could never run."""
-        return sum(min(blocks, self._cap(x.window)) if x.kind == WINDOW else blocks for x in self.groups.groups)
+        return sum(min(blocks, self._cap(x.window)) if x.kind == WINDOW else min(blocks, 1) if x.kind == STATE
+                   else blocks for x in self.groups.groups)
 
     def held_at(self, blocks: int, computed_tokens: int) -> int:
         """Physical blocks a request of ``blocks`` blocks holds once ``computed_tokens`` are computed: every one
         in a full group, those its window has not passed in a window group (the length refusal's measure)."""
         return sum(blocks - min(blocks, skipped_blocks(x.window, computed_tokens, self.block_size))
-                   if x.kind == WINDOW else blocks for x in self.groups.groups)
+                   if x.kind == WINDOW else min(blocks, 1) if x.kind == STATE else blocks for x in self.groups.groups)
 
     # ---- a request's life ---------------------------------------------------------------------
     def acquire(self, lookup: Lookup) -> GroupedAllocation:
@@ -131,30 +143,51 @@ class GroupedPool:
         freed = [0] * self.width
         for g, window in self._windows:
             freed[g] = skipped_blocks(window, hit * bs, bs)
+        states = self.states.ids
+        for g in states:  # a state group holds the hit's last block only, and takes one new block at a time
+            freed[g] = max(hit - 1, 0)
+            if hit and keys[g][hit - 1] in self.states.cached_now:  # its state is computed in this step: wait
+                raise PoolBusyError("the hit's state is cached in this step, computed only by its end")
         # each group holds its hit's blocks (a window's in the window) now, the rest chunk by chunk as they are
         # scheduled (``extend``, vLLM's allocate_slots); what the whole sequence needs, a window's capped, must
         # fit now (vLLM's full_sequence_must_fit at admission)
         tables = [keys[g][freed[g]:max(hit, freed[g])] for g in range(self.width)]
         total = n + lookup.extra
-        later = sum(max(0, (min(total, self._cap(x.window)) if x.kind == WINDOW else total) - max(freed[g], hit))
+        later = sum(min(1, max(0, total - hit)) if x.kind == STATE else
+                    max(0, (min(total, self._cap(x.window)) if x.kind == WINDOW else total) - max(freed[g], hit))
                     for g, x in enumerate(self.groups.groups))
         taken = sum(1 for table in tables for p in base.pins_of(table) if not p)
         need = taken + later
         if self.chunk_tokens is not None and lookup.input_tokens is not None:  # and its first chunk's blocks now
             first = -(-min(lookup.input_tokens, hit * bs + self.chunk_tokens) // bs)
-            need = max(need, taken + sum(max(0, min(total, first) - max(f, hit)) for f in freed))
+            need = max(need, taken + sum(min(1 if g in states else total, max(0, min(total, first) - max(f, hit)))
+                                         for g, f in enumerate(freed)))
         if need > base.room:
             raise PoolBusyError(f"need {need} blocks over the KV cache groups, only {base.room} free or evictable")
         base.acquire(Lookup([k for table in tables for k in table], lookup.session, lookup.now, lookup.input_tokens,
                             False, 0, None, lookup.position))
-        touched = [i for i in range(n) if keys[0][i] in resident]
+        ref = self._ref
+        touched = [i for i in range(n) if keys[ref][i] in resident]
         held = [max(hit, f) for f in freed]
         alloc = GroupedAllocation(hashes, list(range(hit)), list(range(hit, n)), touched, lookup.session,
                                   tables=tables, freed=freed, held=held, owed=[total - h for h in held],
                                   slid_private=lookup.extra * self.width)
+        if states:
+            alloc.state = StateHeld({g: [hit - 1] if hit else [] for g in states}, {g: [] for g in states},
+                                    self._junction(keys, hit, most))
         if lookup.record:
             base.metrics.record_request(alloc, n, lookup.input_tokens, lookup.now)
         return alloc
+
+    def _junction(self, keys: list[list[int]], hit: int, most: int) -> int:
+        """Tokens of the prefix the full groups hold beyond a state group's hit (vLLM's shared_prefix_boundary: a
+        prefill chunk stops there, so its state is kept for the requests sharing it); 0 where none."""
+        full = [g for g, x in enumerate(self.groups.groups) if x.kind == FULL]
+        resident = self.base.resident
+        run = hit
+        while run < most and all(keys[g][run] in resident for g in full):
+            run += 1
+        return run * self.block_size if run > hit else 0
 
     def extend(self, alloc: GroupedAllocation, end_tokens: int, blocks: int, now: float = 0.0) -> None:
         """A prefill chunk ends at ``end_tokens``: each group takes the blocks up to it (of the request's ``blocks``,
@@ -162,13 +195,20 @@ class GroupedPool:
         n, want = len(alloc.hashes), -(-end_tokens // self.block_size)
         keys: list[int] = []
         private = 0
+        states = self.states.ids
         for g in range(self.width):
             end = min(blocks, max(want, alloc.held[g]))
             start = alloc.held[g]
-            if end <= start:
+            if end <= start or g in states:
                 continue
             keys += [group_key(alloc.hashes[i], g) for i in range(start, min(end, n))]
             private += max(0, end - max(start, n))
+        # a state group's one new block: hashed where the chunk ends on its last token, else private
+        new_states = [(g, last) for g in states
+                      if (last := state_new_block(end_tokens, blocks, alloc.held[g], self.block_size)) >= 0]
+        hashed_states = [(g, last) for g, last in new_states if last < n and end_tokens == (last + 1) * self.block_size]
+        keys += [group_key(alloc.hashes[last], g) for g, last in hashed_states]
+        private += len(new_states) - len(hashed_states)
         if not keys and not private:
             return
         base = self.base
@@ -183,9 +223,18 @@ class GroupedPool:
         base.take_private(private + len(copies))
         alloc.slid_private -= private
         alloc.copies.update(copies)
+        for g, last in new_states:
+            if (g, last) in hashed_states:
+                key = group_key(alloc.hashes[last], g)
+                alloc.tables[g].append(key)
+                alloc.state.at[g].append(last)
+                self.states.cached_now.add(key)
+            elif last < n:
+                alloc.state.private[g].append(last)
+            alloc.held[g] = last + 1
         for g in range(self.width):
             end = min(blocks, max(want, alloc.held[g]))
-            if end > alloc.held[g]:
+            if end > alloc.held[g] and g not in states:
                 alloc.tables[g] += [group_key(alloc.hashes[i], g) for i in range(alloc.held[g], min(end, n))]
                 alloc.owed[g] = max(0, alloc.owed[g] - (end - alloc.held[g]))
                 alloc.held[g] = end
@@ -204,23 +253,56 @@ class GroupedPool:
             hashed = max(0, min(skip, n) - start)  # the table's leading keys
             gone = alloc.tables[g][:hashed]
             alloc.tables[g] = alloc.tables[g][hashed:]
-            private = 0
-            for i in range(max(start, n), skip):  # past the allocation: a filled block, or a private one
-                j = i - n + kept
-                key = group_key(response[j], g) if j < len(response) else None
-                holder = next((f for f in fills if isinstance(f, GroupedAllocation) and key in f.tables[g]), None)
-                if holder is None or key is None:
-                    private += 1
-                else:
-                    holder.tables[g].remove(key)
-                    gone.append(key)
-            gone = self._drop_copies(alloc, gone)
-            if gone:  # deepest first into the free queue, as vLLM's remove_skipped_blocks frees them
-                self.base.release(Allocation(gone, [], [], [], alloc.session), now)
-            if private:
-                self.base.free_private(private)
-                alloc.slid_private += private
+            private = self._past_prompt(g, n, range(max(start, n), skip), gone, fills, response, kept)
+            self._let_go(alloc, gone, private, now)
             alloc.freed[g] = skip
+        for g in self.states.ids:
+            self._slide_state(alloc, g, computed_tokens, now, fills, response, kept)
+
+    def _past_prompt(self, g: int, n: int, blocks: range, gone: list[int], fills: Sequence[Allocation],
+                     response: Sequence[int], kept: int) -> int:
+        """Group ``g``'s ``blocks`` past a request's allocation of ``n`` leaving it: a block decoding filled is taken
+        from its holder in ``fills`` onto ``gone``; the rest are private blocks, counted."""
+        private = 0
+        for i in blocks:
+            j = i - n + kept
+            key = group_key(response[j], g) if 0 <= j < len(response) else None
+            holder = next((f for f in fills if isinstance(f, GroupedAllocation) and key in f.tables[g]), None)
+            if holder is None or key is None:
+                private += 1
+            else:
+                holder.tables[g].remove(key)
+                gone.append(key)
+        return private
+
+    def _let_go(self, alloc: GroupedAllocation, gone: list[int], private: int, now: float) -> None:
+        """Blocks a request's group stops holding: its hashed ones unpinned (its private copies freed), deepest first
+        into the free queue as vLLM's remove_skipped_blocks frees them, and ``private`` private blocks."""
+        gone = self._drop_copies(alloc, gone)
+        if gone:
+            self.base.release(Allocation(gone, [], [], [], alloc.session), now)
+        if private:
+            self.base.free_private(private)
+            alloc.slid_private += private
+
+    def _slide_state(self, alloc: GroupedAllocation, g: int, computed_tokens: int, now: float,
+                     fills: Sequence[Allocation], response: Sequence[int], kept: int) -> None:
+        """State group ``g`` frees every block before the state after ``computed_tokens`` (vLLM's
+        remove_skipped_blocks: ``get_num_skipped_tokens`` is ``computed - 1``, a window of two tokens)."""
+        skip = skipped_blocks(window_of(self.groups.groups[g]), computed_tokens, self.block_size)
+        start, n = alloc.freed[g], len(alloc.hashes)
+        if skip <= start:
+            return
+        at, table = alloc.state.at[g], alloc.tables[g]
+        gone = [k for k, b in zip(table, at) if b < skip]
+        alloc.tables[g] = [k for k, b in zip(table, at) if b >= skip]
+        alloc.state.at[g] = [b for b in at if b >= skip]
+        mine = alloc.state.private[g]
+        private = sum(1 for b in mine if b < skip)
+        alloc.state.private[g] = [b for b in mine if b >= skip]
+        private += self._past_prompt(g, n, range(max(start, n), skip), gone, fills, response, kept)
+        self._let_go(alloc, gone, private, now)
+        alloc.freed[g] = skip
 
     def release(self, alloc: Allocation, now: float = 0.0) -> None:
         """Unpin group by group, each tail first; the private blocks a window freed were given back already,
@@ -265,15 +347,19 @@ class GroupedPool:
             return None
         keys = [[group_key(h, g) for h in take] for g in range(self.width)]
         self.base.fill([k for table in keys for k in table], session, now)
+        for g in self.states.ids:  # the state a decode step ends on a block's end: findable, computed by its end
+            self.states.cached_now.update(keys[g])
         return GroupedAllocation(take, [], [], [], session, tables=keys, freed=[0] * self.width)
 
     def store(self, hashes: Sequence[int], session: str | None = None, now: float = 0.0) -> list[int]:
         """A finished (or preempted) request's response blocks cached: group 0's as ``BlockPool.store``; every
         other group stores the same blocks group 0 newly stored (those decoding filled are cached already, and
         a window's it slid past were freed then, as vLLM's, not stored again). Returns group 0's new blocks."""
-        new = self.base.store(hashes, session, now)
-        for g in range(1, self.width):
-            if new:
+        ref = self._ref
+        back = {group_key(h, ref): h for h in hashes}
+        new = [back[k] for k in self.base.store([group_key(h, ref) for h in hashes], session, now)]
+        for g in range(self.width):  # a state group's states were kept as steps ended on them, none later
+            if new and g != ref and g not in self.states.ids:
                 self.base.store([group_key(h, g) for h in new], session, now)
         return new
 
@@ -290,10 +376,13 @@ class GroupedPool:
         keys = [[group_key(h, g) for h in hashes] for g in range(self.width)]
         most = n if lookup.input_tokens is None else min(n, max(lookup.input_tokens - 1, 0) // bs)
         hit = hit_blocks(self.groups, lambda g, i: keys[g][i] in base.resident, most, bs)
-        touched = [i for i in range(n) if keys[0][i] in base.resident]
+        touched = [i for i in range(n) if keys[self._ref][i] in base.resident]
         for g in range(self.width):
             skip = skipped_blocks(self.groups.groups[g].window, hit * bs, bs) if g in self._window_ids else 0
-            base.serve(Lookup(keys[g][skip:], lookup.session, lookup.now, lookup.input_tokens, False, 0, None,
+            # a state group: the hit's state and the one at the last block's end before the prompt's last token
+            table = [keys[g][i] for i in sorted({hit - 1, most - 1}) if i >= 0] if g in self.states.ids \
+                else keys[g][skip:]
+            base.serve(Lookup(table, lookup.session, lookup.now, lookup.input_tokens, False, 0, None,
                               lookup.position))
         alloc = GroupedAllocation(hashes, list(range(hit)), list(range(hit, n)), touched, lookup.session,
                                   tables=[[] for _ in keys], freed=[0] * self.width)

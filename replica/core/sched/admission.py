@@ -33,6 +33,7 @@ from typing import Any
 
 from mypy_extensions import mypyc_attr
 
+from replica.core.cache.groups import state_chunk_tokens
 from replica.core.cache.pool import PoolBusyError, PoolCapacityError
 from replica.core.cache.types import Lookup
 from replica.core.sched.decode_kv import DecodeBlocks
@@ -58,6 +59,7 @@ class Admission:
     queued_prefill_tokens: int
     _dirty: bool
     _v0: StepBudget | None  # while a v0 step admits, else None
+    _groups: Any  # the GroupedPool of a model of several KV cache groups, else None
     # its own (``_init_admission``)
     _order: int
     _admitted: int
@@ -236,6 +238,30 @@ class Admission:
         todo = sum(s[1] for s in req.segments)
         self.queued_prefill_tokens -= prefill_len(req) - todo
         self._join_prefill(req, todo)
+
+    def _chunk(self, r: SchedRequest, start: int, take: int) -> int:
+        """Tokens of ``r``'s prefill chunk from ``start`` where ``take`` fit the step: all of them, or with state groups
+        cut where a state can be kept (groups.py ``state_chunk_tokens``, vLLM's ``_mamba_block_aligned_split``)."""
+        groups = self._groups
+        if groups is None or not groups.states.ids:
+            return take
+        alloc = r.alloc
+        junction = alloc.state.junction if alloc is not None and hasattr(alloc, "state") else 0
+        return state_chunk_tokens(start, take, r.input_tokens, prefill_len(r), groups.block_size,
+                                  self.settings.token_budget, junction)
+
+    def _demand(self, r: SchedRequest, left: int) -> int:
+        """Tokens of the step's budget ``r``'s prefill takes (its segments; with state groups its cut chunk)."""
+        if self._groups is None or not self._groups.states.ids:
+            return sum(s[1] for s in r.segments)
+        return self._chunk(r, r.segments[0][0], min(r.segments[0][1], left)) if r.segments and left > 0 else 0
+
+    def _prefill_demand(self, left: int) -> int:
+        """Tokens of ``left`` the requests already prefilling take in a step, in their order."""
+        total = 0
+        for r in self.prefilling:
+            total += self._demand(r, left - total)
+        return total
 
     def _kv_hashes(self, r: SchedRequest) -> Sequence[int]:
         """The hashed blocks ``r`` looks up when admitted: its prompt's, then the response blocks it

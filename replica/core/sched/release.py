@@ -22,7 +22,8 @@ from collections.abc import Callable, Sequence
 
 from mypy_extensions import mypyc_attr
 
-from replica.core.cache.pool import Allocation
+from replica.core.cache.grouped import GroupedAllocation
+from replica.core.cache.pool import Allocation, PoolBusyError
 from replica.core.cache.types import ResponseStore, SchedulerPool
 from replica.core.sched.reorder import ReorderLoans
 from replica.core.sched.sched_types import SchedRequest, StepResult, StepTimer, prefill_len
@@ -42,6 +43,8 @@ class Release(ReorderLoans):
     _decoders: dict[int, SchedRequest]
     _dec_input: int
     _dec_base: int
+    _draft_tokens: int
+    _now: float
     # its own (``_init_release``)
     preemptions: int
     on_preempt: Callable[[SchedRequest, float], None] | None
@@ -57,6 +60,45 @@ class Release(ReorderLoans):
         policy = getattr(getattr(pool, "pool", pool), "policy", None)
         self._drops_uncomputed = hasattr(pool, "remove") and getattr(policy, "drops_uncomputed", True)
         self._dups = {}  # id -> decoders holding private copies of filled blocks
+
+    def _extend_running(self) -> bool:
+        """Before admissions, the requests already prefilling take their groups' blocks for this step's chunks
+        (vLLM schedules the running requests first: their chunks' blocks are allocated, and cached, before a
+        waiting request looks up its hit or is counted against the free blocks). A chunk finding no block
+        preempts the latest admitted running request until it fits or is itself the one preempted (vLLM's
+        running loop; admissions made on the free blocks alone can need more than the pool holds).
+        Whether anything was preempted."""
+        left = self.settings.token_budget - len(self._done_at) - self._draft_tokens
+        preempted = False
+        for r in list(self.prefilling):
+            if left <= 0:
+                break
+            if r.alloc is None:  # preempted for an earlier one's chunk
+                continue
+            seg = r.segments[0]
+            take = self._chunk(r, seg[0], min(seg[1], left))
+            while not self._extend(r, seg[0] + take, self._now):
+                victim = max([*self.prefilling, *(e[2] for e in self._done_at)], key=lambda x: x.admit_seq)
+                self._preempt(victim, self._now)
+                preempted = True
+                if victim is r:
+                    break
+            else:
+                left -= take
+        return preempted
+
+    def _extend(self, r: SchedRequest, end: int, now: float) -> bool:
+        """Groups take the blocks of a prefill chunk ending at ``end`` (vLLM allocates a chunk's slots as it
+        schedules it); False when none is left."""
+        groups, alloc = self._groups, r.alloc
+        assert groups is not None
+        if not isinstance(alloc, GroupedAllocation):
+            return True
+        try:
+            groups.extend(alloc, end, len(alloc.hashes) + r.extra_blocks, now)
+        except PoolBusyError:
+            return False
+        return True
 
     def _fill_due(self, tick: int, now: float) -> None:
         """The blocks decoders fill in the steps up to ``tick`` are hashed and findable at once: vLLM

@@ -264,7 +264,7 @@ class Scheduler(Release):
         if self._spec_k:
             self._plan_drafts()
         if self._groups is not None:
-            self._extend_running()
+            preempted = self._extend_running() or preempted
         if not preempted:  # vLLM admits nothing in a step that preempted
             self._admit(now)
         return True
@@ -302,6 +302,8 @@ class Scheduler(Release):
         when none is free or evictable the most recently admitted running request is preempted
         until it fits (or it was the one preempted). Returns whether anything was preempted."""
         decode_kv, preempted = self.decode_kv, False
+        if self._groups is not None:  # a new step: the states the last one cached are computed (grouped.new_step)
+            self._groups.new_step()
         # windows (vLLM's allocate_slots, request by request in its running order): each request frees what its
         # window passed just before its own allocation, so an earlier request's need does not see a later one's
         slide = sorted(self.running, key=_admit_seq) if self._groups is not None else []
@@ -341,7 +343,7 @@ class Scheduler(Release):
         # its blocks, and look up its hits, steps before it computes anything. reorder (FlashGen) admits
         # into idle memory whatever the budget, as it always has.
         left = self.settings.token_budget - len(self._done_at) - self._draft_tokens \
-            - sum(s[1] for r in self.prefilling for s in r.segments) if not reorder else 1
+            - self._prefill_demand(self.settings.token_budget) if not reorder else 1
         v0 = self._v0  # v0: whole prompts within the step's budget, decoders not counted (a prefill step)
         if v0 is not None:
             left = v0.left
@@ -369,9 +371,10 @@ class Scheduler(Release):
             self._start(req, now)
             if self._groups is not None:  # its first chunk's blocks, as vLLM allocates them at admission
                 self._groups.chunk_tokens = None
-                self._extend(req, req.segments[0][0] + min(req.segments[0][1], left), now)
+                self._extend(req, req.segments[0][0] + self._chunk(req, req.segments[0][0], min(req.segments[0][1], left)),
+                             now)
             if not reorder:
-                left -= sum(s[1] for s in req.segments)
+                left -= self._demand(req, left)
             if self._promoted:
                 self._catch_up()
 
@@ -403,11 +406,13 @@ class Scheduler(Release):
                 break
             segments = r.segments
             seqs += 1  # one sequence of the forward, whatever holes its chunk spans
+            take = want = 0
             while segments and tokens < budget:
                 seg = segments[0]
                 c = seg[0]
-                take = min(seg[1], budget - tokens)
-                if groups is not None and not self._extend(r, c + take, now):
+                want = min(seg[1], budget - tokens)
+                take = self._chunk(r, c, want)  # a state group's chunk ends where a state is kept: the rest waits
+                if not take or groups is not None and not self._extend(r, c + take, now):
                     break
                 # each range's queries attend over everything before it (holes: the hits around them)
                 tokens += take
@@ -422,6 +427,8 @@ class Scheduler(Release):
                 seg[1] -= take
                 if seg[1] == 0:
                     segments.pop(0)
+                if take < want:
+                    break
             if r.ready_at:
                 if r.plan is not None:  # its transfers' ends are projected once the step's are known
                     self._restoring.append(r.plan)
@@ -430,10 +437,15 @@ class Scheduler(Release):
                     restores.append((r.restore_start - now, r.ready_at - now))
                 r.ready_at = 0.0
             if segments:
+                if take < want:  # cut by a state group: the requests behind it take their chunks
+                    continue
                 break
             completed.append(r)
-        for _ in completed:
-            queue.popleft()
+        for r in completed:  # a prefix of the queue, but for those behind a state group's cut
+            if queue[0] is r:
+                queue.popleft()
+            else:
+                queue.remove(r)
         self.queued_prefill_tokens -= tokens
         return StepWork(tokens, seqs, pairs, cached, decoders, decode_kv, window_pairs=w_pairs, window_cached=w_cached,
                         window_kv=self._window_kv(decoders) if window else 0), restores, completed
@@ -448,33 +460,6 @@ class Scheduler(Release):
             k = r.input_tokens + tick - r.base
             total += k if k < w else w
         return total
-
-    def _extend_running(self) -> None:
-        """Before admissions, the requests already prefilling take their window blocks for this step's chunks
-        (vLLM schedules the running requests first: their chunks' blocks are allocated, and cached, before a
-        waiting request looks up its hit or is counted against the free blocks)."""
-        left = self.settings.token_budget - len(self._done_at) - self._draft_tokens
-        for r in self.prefilling:
-            if left <= 0:
-                break
-            seg = r.segments[0]
-            take = min(seg[1], left)
-            if not self._extend(r, seg[0] + take, self._now):
-                break
-            left -= take
-
-    def _extend(self, r: SchedRequest, end: int, now: float) -> bool:
-        """Window groups take the blocks of a prefill chunk ending at ``end`` (vLLM allocates a chunk's slots as it
-        schedules it); False when none is left (the chunk waits)."""
-        groups, alloc = self._groups, r.alloc
-        assert groups is not None
-        if not isinstance(alloc, GroupedAllocation):
-            return True
-        try:
-            groups.extend(alloc, end, len(alloc.hashes) + r.extra_blocks, now)
-        except PoolBusyError:
-            return False
-        return True
 
     def _add_decoder(self, r: SchedRequest) -> None:
         r.base = self._tick - r.generated

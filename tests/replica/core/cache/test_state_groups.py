@@ -1,6 +1,6 @@
 """State groups' cache rules (replica/core/cache/groups.py), hand-worked as vLLM 0.33's MambaManager in 'align'
 mode keeps them, and replayed against the steps vLLM's own scheduler took with a full and a state group
-(sched/vllm_golden/pending/state_hybrid.jsonl, bench/record_vllm_steps.py --state)."""
+(sched/vllm_golden/state_hybrid.jsonl, bench/record_vllm_steps.py --state)."""
 
 import json
 from pathlib import Path
@@ -17,7 +17,7 @@ from replica.core.sched.steptrace import piece_tokens
 from shared.hashing import block_hashes
 from shared.kv_groups import FULL, STATE, WINDOW, KvGroup, KvGroups
 
-PENDING = Path(__file__).parents[1] / "sched" / "vllm_golden" / "pending" / "state_hybrid.jsonl"
+GOLDEN = Path(__file__).parents[1] / "sched" / "vllm_golden" / "state_hybrid.jsonl"
 HYBRID = KvGroups((KvGroup(FULL, 1), KvGroup(STATE, 1, 0, 4)), 1)
 
 
@@ -101,7 +101,7 @@ def _replay(header: dict, steps: list[dict]) -> dict[str, list[tuple[int, int, i
 
 
 def test_the_rules_take_the_steps_vllm_took_with_a_state_group():
-    lines = PENDING.read_text().splitlines()
+    lines = GOLDEN.read_text().splitlines()
     header, steps = json.loads(lines[0]), [json.loads(x) for x in lines[1:]]
     assert header["vllm"] == "0.33.0" and header["workload"]["settings"]["kv_groups"] == [["full", 0], ["state", 0]]
     vllm: dict[str, list[tuple[int, int, int]]] = {}
@@ -119,21 +119,48 @@ def test_the_rules_take_the_steps_vllm_took_with_a_state_group():
     assert hits == {"t1": 0, "t2": 336, "x": 0, "y": 240, "a0": 0, "a1": 0}
 
 
-def test_the_grouped_pool_and_the_core_refuse_state_groups_in_one_line():
+def test_the_grouped_pool_holds_a_state_block_or_two_and_a_hit_on_a_state_cached_now_waits_a_step():
     import pytest
 
-    from replica.core.build import CoreSettings, build_core
     from replica.core.cache.grouped import GroupedPool
+    from replica.core.cache.groups import group_key
     from replica.core.cache.policies.lru import LRUPolicy
-    from replica.core.cache.pool import BlockPool
+    from replica.core.cache.pool import BlockPool, PoolBusyError
+    from replica.core.cache.types import Lookup
+
+    base = BlockPool(20, LRUPolicy(), block_size=16, hit_mode="prefix")
+    pool = GroupedPool(base, HYBRID)
+    hashes = [1, 2, 3, 4, 5]  # 80 tokens: the first chunk stops at 64, the last boundary before token 79
+    a = pool.acquire(Lookup(hashes, "a", 0.0, 80))
+    pool.extend(a, 64, 5)  # the full group takes blocks 0-3, the state group block 3 alone (its state at 64)
+    assert a.tables == [[1, 2, 3, 4], [group_key(4, 1)]] and base.pinned == 5
+    with pytest.raises(PoolBusyError, match="cached in this step"):
+        pool.acquire(Lookup(hashes, "b", 0.0, 80))  # its hit's state is computed by this step's end
+    pool.new_step()
+    b = pool.acquire(Lookup(hashes, "b", 1.0, 80))
+    assert b.hit_idx == [0, 1, 2, 3] and b.tables == [[1, 2, 3, 4], [group_key(4, 1)]]
+    pool.slide(a, 64)  # the state after 64 tokens is block 3's: kept
+    pool.extend(a, 80, 5)  # the rest: block 4 in both groups, its state at 80 kept (the chunk ends on it)
+    pool.slide(a, 80)  # block 3's state is no longer a's (b still pins it)
+    assert a.tables == [[1, 2, 3, 4, 5], [group_key(5, 1)]] and base.pinned == 7
+    pool.release(a)
+    pool.release(b)
+    assert base.pinned == 0 and base.private == 0
+
+
+def test_the_core_runs_qwen3_next_and_refuses_what_state_groups_cannot_run_in_one_line():
+    import pytest
+
+    from replica.core.build import CoreSettings, build_core, check_groups_served
+    from replica.core.cache.grouped import GroupedPool
     from shared.costmodel import CostModel
     from shared.errors import InputError
 
-    with pytest.raises(InputError, match="^kv_groups: state groups .* this pool does not run them yet$"):
-        GroupedPool(BlockPool(10, LRUPolicy(), block_size=16, hit_mode="prefix"), HYBRID)
     shipped = Path(__file__).parents[4] / "bench" / "data" / "models" / "qwen3-next-80b-a3b" / "config.json"
+    cost = CostModel.from_names(str(shipped))
+    core = build_core(CoreSettings(capacity_blocks=100), cost)
+    assert isinstance(core.serving, GroupedPool) and core.serving.states.ids == (0, 1, 2)  # state layers first
     with pytest.raises(InputError) as err:
-        build_core(CoreSettings(capacity_blocks=100), CostModel.from_names(str(shipped)))
-    assert str(err.value) == ("--model: qwen3-next-80b-a3b has state layers (36 of 48: linear attention or Mamba); the"
-                              " scheduler does not yet cut prefill chunks at block boundaries nor keep one running"
-                              " state a group, as vLLM's 'align' mode")
+        check_groups_served(cost, "--role", "P/D's transfer of each group's blocks is not modelled yet")
+    assert str(err.value) == ("--role: qwen3-next-80b-a3b has state layers (KV cache groups): P/D's transfer of each"
+                              " group's blocks is not modelled yet")
