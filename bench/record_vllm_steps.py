@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO))
 from replica.core.sched.steptrace import compare, expand, kvemu_trace  # noqa: E402
 from shared.costmodel import get_model  # noqa: E402
 from shared.errors import InputError  # noqa: E402
-from shared.kv_groups import FULL, WINDOW, group_layers  # noqa: E402
+from shared.kv_groups import FULL, STATE, WINDOW, group_layers  # noqa: E402
 
 VLLM_VERSION = "0.33.0"
 GOLDEN = REPO / "tests" / "replica" / "core" / "sched" / "vllm_golden"
@@ -124,10 +124,12 @@ def _w(name: str, requests: list[dict], aborts: list[dict] | None = None, **sett
 
 def _blocks_for(s: dict, tokens: int) -> int:
     """Blocks one request of ``tokens`` holds at most over the workload's KV cache groups (vLLM's startup rule; a
-    window's cap counts two steps in flight, its async scheduling)."""
+    window's cap counts two steps in flight, its async scheduling; a state group's two blocks, 'align' mode's
+    MambaSpec.max_memory_usage_bytes)."""
     bs = s["block_size"]
     blocks = -(-tokens // bs)
-    return sum(blocks if kind == FULL else min(blocks, -(-(window - 1 + 2 * s["max_num_batched_tokens"]) // bs) + 1)
+    return sum(blocks if kind == FULL else min(blocks, 2) if kind == STATE else
+               min(blocks, -(-(window - 1 + 2 * s["max_num_batched_tokens"]) // bs) + 1)
                for kind, window in s.get("kv_groups") or [[FULL, 0]])
 
 
@@ -273,9 +275,16 @@ def hybrid_layouts() -> list[list[list]]:
             kv_groups([(FULL, 0) if (i + 1) % 6 == 0 else (WINDOW, 64) for i in range(12)]), [[WINDOW, 48]]]
 
 
-def random_workload(rng: random.Random, name: str, hybrid: bool = False) -> dict:
+def state_layouts() -> list[list[list]]:
+    """The KV cache groups a random state workload draws from: a full and a state group, Qwen3-Next's order (three
+    state groups, then the full one)."""
+    return [[[FULL, 0], [STATE, 0]], [[STATE, 0], [STATE, 0], [STATE, 0], [FULL, 0]]]
+
+
+def random_workload(rng: random.Random, name: str, hybrid: bool = False, state: bool = False) -> dict:
     """A small random case: shared prefixes, a pool from tight to ample, budgets and seat limits that bind;
-    ``hybrid``: with one of ``hybrid_layouts`` (prefix caching on: the groups run with it)."""
+    ``hybrid``: with one of ``hybrid_layouts``, ``state``: of ``state_layouts`` (prefix caching on: the groups run
+    with it)."""
     bs = 16
     s: dict = {"num_blocks": rng.choice([24, 40, 64, 128, 400]), "max_num_batched_tokens": rng.choice([128, 512, 2048]),
          "max_num_seqs": rng.choice([2, 4, 16]), "prefix_caching": rng.random() < 0.75,
@@ -294,8 +303,8 @@ def random_workload(rng: random.Random, name: str, hybrid: bool = False) -> dict
         reqs.append(_r(f"r{i}", rng.randint(0, 25), prompt, out))
         if rng.random() < 0.1:
             aborts.append({"id": f"r{i}", "step": reqs[-1]["arrive"] + rng.randint(0, 15)})
-    if hybrid:
-        s["kv_groups"] = rng.choice(hybrid_layouts())
+    if hybrid or state:
+        s["kv_groups"] = rng.choice(state_layouts() if state else hybrid_layouts())
         s["prefix_caching"] = True
     return _w(name, reqs, aborts, **s)
 
@@ -318,7 +327,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--all", action="store_true", help="re-record the golden files")
     p.add_argument("--random", type=int, default=0, metavar="N", help="record N random workloads and compare")
     p.add_argument("--check", action="store_true", help="compare the golden files with kvemu (no vLLM)")
-    p.add_argument("--state", action="store_true", help="record the state-layer cases into vllm_golden/")
+    p.add_argument("--state", action="store_true", help="record the state-layer cases into vllm_golden/ (--random: with state groups)")
     p.add_argument("--chat", type=int, default=0, metavar="BLOCKS",
                    help="record a 200-request multi-turn chat (chat_workload, --seed) with a pool of BLOCKS and compare")
     p.add_argument("--chat-span", type=int, default=1500, metavar="STEPS", help="--chat: sessions start over STEPS")
@@ -337,7 +346,7 @@ def main(argv: list[str] | None = None) -> None:
         for w, t in zip(ws, record(ws, a.model)):
             write_golden(w, t)
         result["recorded"] = len(ws)
-    if a.state:
+    if a.state and not a.random:
         ws = state_workloads()
         GOLDEN.mkdir(parents=True, exist_ok=True)
         for w, t in zip(ws, record(ws, a.model)):
@@ -354,7 +363,7 @@ def main(argv: list[str] | None = None) -> None:
         result["chat"] = compare(kvemu_trace(w), record([w], a.model)[0]["steps"])
     if a.random:
         rng = random.Random(a.seed)
-        ws = [random_workload(rng, f"random{i}", a.hybrid) for i in range(a.random)]
+        ws = [random_workload(rng, f"random{i}", a.hybrid, a.state) for i in range(a.random)]
         traces = record(ws, a.model)
         tot: dict = {"workloads": len(ws), "steps": 0, "agree": 0, "workloads_identical": 0,
                "preemptions_kvemu": 0, "preemptions_vllm": 0, "workloads_preemptions_equal": 0}
