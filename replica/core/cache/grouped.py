@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from replica.core.cache.groups import group_key, hit_blocks, skipped_blocks, window_of
+from replica.core.cache.groups import group_key, hit_blocks, skipped_blocks, state_chunk_tokens, window_of
 from replica.core.cache.pool import BlockPool, PoolBusyError, fill_picks
 from replica.core.cache.state_table import StateHeld, StateTables, state_held, state_new_block
 from replica.core.cache.types import Allocation, Lookup
@@ -148,6 +148,14 @@ class GroupedPool:
             freed[g] = max(hit - 1, 0)
             if hit and keys[g][hit - 1] in self.states.cached_now:  # its state is computed in this step: wait
                 raise PoolBusyError("the hit's state is cached in this step, computed only by its end")
+        junction = self._junction(keys, hit, most) if states else 0
+        if states and self.chunk_tokens is not None and lookup.input_tokens is not None:
+            # vLLM's waiting loop stops where a state group's cut leaves its first chunk no token (no block's end in
+            # reach of the step's budget left); the budget is half the tokens in flight (two steps')
+            left = min(self.chunk_tokens, lookup.input_tokens - hit * bs)
+            if left > 0 and not state_chunk_tokens(hit * bs, left, lookup.input_tokens, lookup.input_tokens, bs,
+                                                   self.in_flight // 2, junction):
+                raise PoolBusyError("no block's end in reach of the step's budget left: its first chunk waits")
         # each group holds its hit's blocks (a window's in the window) now, the rest chunk by chunk as they are
         # scheduled (``extend``, vLLM's allocate_slots); what the whole sequence needs, a window's capped, must
         # fit now (vLLM's full_sequence_must_fit at admission)
@@ -174,7 +182,7 @@ class GroupedPool:
                                   slid_private=lookup.extra * self.width)
         if states:
             alloc.state = StateHeld({g: [hit - 1] if hit else [] for g in states}, {g: [] for g in states},
-                                    self._junction(keys, hit, most))
+                                    junction)
         if lookup.record:
             base.metrics.record_request(alloc, n, lookup.input_tokens, lookup.now)
         return alloc
