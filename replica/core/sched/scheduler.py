@@ -442,10 +442,7 @@ class Scheduler(Release):
                 break
             completed.append(r)
         for r in completed:  # a prefix of the queue, but for those behind a state group's cut
-            if queue[0] is r:
-                queue.popleft()
-            else:
-                queue.remove(r)
+            queue.popleft() if queue[0] is r else queue.remove(r)
         self.queued_prefill_tokens -= tokens
         return StepWork(tokens, seqs, pairs, cached, decoders, decode_kv, window_pairs=w_pairs, window_cached=w_cached,
                         window_kv=self._window_kv(decoders) if window else 0), restores, completed
