@@ -4,7 +4,9 @@ The pool keys group ``g``'s copy of block ``h`` by ``group_key(h, g)`` (groups.p
 keys. vLLM's events name a block by its hash and its group by ``group_idx`` (vLLM 0.33's
 ``vllm/distributed/kv_events.py``: ``BlockStored`` and ``BlockRemoved`` carry it; ``BlockPool.cache_full_blocks``
 publishes each group's cached blocks, every group's): ``GroupKeys.resolve`` turns each key back into ``(h, g)``,
-its events plain hashes with their group (``KvEvent.group``), a run of one group an event.
+its events plain hashes with their group (``KvEvent.group``): a drained ``stored`` event (one allocation's
+blocks, every group's: a prefill chunk's, a decode step's fill, a response stored) one event per group in group
+order, as vLLM's ``cache_blocks`` publishes them, a ``removed`` one a run of one group an event.
 
 It is taught each request's blocks as it is submitted (``teach``: its prompt's and its response's hashes, what
 the pool will ever key), and each group-0 block it sees stored (group 0's key is the hash itself). The keys of a
@@ -108,6 +110,15 @@ class GroupKeys:
 
     # ---- inside --------------------------------------------------------------------------------
     def _runs(self, e: KvEvent) -> list[KvEvent]:
+        """``e``'s keys as their groups' events: a ``stored`` one event per group in group order (one allocation's
+        blocks: vLLM's cache_blocks publishes group by group), a ``removed`` a run of one group an event in the
+        order the blocks went (vLLM publishes each eviction as it happens)."""
+        if e.kind == "stored":
+            by_group: dict[int, list[int]] = {}
+            for k in e.hashes:
+                h, g = self._origin.get(k, (k, 0))
+                by_group.setdefault(g, []).append(h)
+            return [KvEvent(e.kind, tuple(by_group[g]), e.level, g) for g in sorted(by_group)]
         runs: list[tuple[int, list[int]]] = []
         for k in e.hashes:
             h, g = self._origin.get(k, (k, 0))

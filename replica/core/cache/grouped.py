@@ -202,21 +202,20 @@ class GroupedPool:
         hashed and private), as vLLM's allocate_slots for the chunk; ``PoolBusyError`` if none is left."""
         n, want = len(alloc.hashes), -(-end_tokens // self.block_size)
         keys: list[int] = []
-        private = 0
         states = self.states.ids
-        for g in range(self.width):
-            end = min(blocks, max(want, alloc.held[g]))
-            start = alloc.held[g]
-            if end <= start or g in states:
-                continue
-            keys += [group_key(alloc.hashes[i], g) for i in range(start, min(end, n))]
-            private += max(0, end - max(start, n))
         # a state group's one new block: hashed where the chunk ends on its last token, else private
         new_states = [(g, last) for g in states
                       if (last := state_new_block(end_tokens, blocks, alloc.held[g], self.block_size)) >= 0]
         hashed_states = [(g, last) for g, last in new_states if last < n and end_tokens == (last + 1) * self.block_size]
-        keys += [group_key(alloc.hashes[last], g) for g, last in hashed_states]
-        private += len(new_states) - len(hashed_states)
+        private = len(new_states) - len(hashed_states)
+        for g in range(self.width):  # in group order: vLLM's cache_blocks stores (and publishes) group by group
+            end = min(blocks, max(want, alloc.held[g]))
+            start = alloc.held[g]
+            if g in states:
+                keys += [group_key(alloc.hashes[last], g) for s, last in hashed_states if s == g]
+            elif end > start:
+                keys += [group_key(alloc.hashes[i], g) for i in range(start, min(end, n))]
+                private += max(0, end - max(start, n))
         if not keys and not private:
             return
         base = self.base
@@ -360,15 +359,21 @@ class GroupedPool:
         return GroupedAllocation(take, [], [], [], session, tables=keys, freed=[0] * self.width)
 
     def store(self, hashes: Sequence[int], session: str | None = None, now: float = 0.0) -> list[int]:
-        """A finished (or preempted) request's response blocks cached: group 0's as ``BlockPool.store``; every
-        other group stores the same blocks group 0 newly stored (those decoding filled are cached already, and
-        a window's it slid past were freed then, as vLLM's, not stored again). Returns group 0's new blocks."""
-        ref = self._ref
+        """A finished (or preempted) request's response blocks cached: a full group's as ``BlockPool.store``;
+        every other group stores the same blocks the full group newly stored (those decoding filled are cached
+        already, and a window's it slid past were freed then, as vLLM's, not stored again), each group in group
+        order, as vLLM's cache_blocks stores and publishes them. Returns the full group's new blocks."""
+        ref, base = self._ref, self.base
         back = {group_key(h, ref): h for h in hashes}
-        new = [back[k] for k in self.base.store([group_key(h, ref) for h in hashes], session, now)]
-        for g in range(self.width):  # a state group's states were kept as steps ended on them, none later
-            if new and g != ref and g not in self.states.ids:
-                self.base.store([group_key(h, g) for h in new], session, now)
+        # the full group's new blocks are known before any group stores (its ``store``'s rule), so a group before it
+        # stores first; a state group's states were kept as steps ended on them, none later
+        room = max(base.room, 0)  # storing releases at once: the room each group's store sees
+        new = [h for h in dict.fromkeys(hashes) if group_key(h, ref) not in base.resident][:room]
+        for g in range(self.width) if new else ():
+            if g == ref:
+                new = [back[k] for k in base.store([group_key(h, ref) for h in hashes], session, now)]
+            elif g not in self.states.ids:
+                base.store([group_key(h, g) for h in new], session, now)
         return new
 
     def remove(self, hashes: Sequence[int], computed: bool = True) -> None:
