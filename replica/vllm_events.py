@@ -29,12 +29,14 @@ publishes on the endpoints' ports plus ``r``, its batches stamped with ``r``, as
 ``kvemu up`` gives replica ``i`` the ports plus ``i`` x the ranks a replica has.
 
 KV cache groups (a model with sliding-window layers, replica/core/cache/group_events.py): as vLLM 0.33's
-``BlockPool.cache_full_blocks``, each group's cached blocks are published, a run of one group an event, a block
-cached in two groups twice: ``BlockStored`` carries ``group_idx`` and its kind (``kv_cache_spec_kind``:
-``full_attention``, ``sliding_window``, ``mamba``) and ``kv_cache_spec_sliding_window`` (a window's tokens),
-``BlockRemoved`` its ``group_idx``; ``extra_keys`` (none here) stands before them. A window group's blocks go
-(``BlockRemoved``) when evicted, not when the window passes them (vLLM unpins them then, as kvemu). A model of
-one group publishes none of these fields, as before (vLLM's consumers read no ``group_idx`` as group 0).
+``BlockPool.cache_full_blocks``, each group's cached blocks are published, a block cached in two groups twice:
+an allocation's (a prefill chunk's, a decode step's, a response's) one ``BlockStored`` a group in group order,
+as vLLM's ``cache_blocks`` stores them, its parent the block before the run; ``BlockStored`` carries
+``group_idx`` and its kind (``kv_cache_spec_kind``: ``full_attention``, ``sliding_window``, ``mamba``) and
+``kv_cache_spec_sliding_window`` (a window's tokens), ``BlockRemoved`` its ``group_idx``; ``extra_keys`` (none
+here) stands before them. A window group's blocks go (``BlockRemoved``) when evicted, not when the window
+passes them (vLLM unpins them then, as kvemu). A model of one group publishes none of these fields, as before
+(vLLM's consumers read no ``group_idx`` as group 0).
 
 Block hashes: a request that carried tokens publishes them and vLLM's hashes of its blocks
 (``shared.vllm_hashing``), so indexers that recompute hashes from token ids find them; a request
