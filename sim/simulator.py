@@ -226,6 +226,8 @@ class Simulation:
             # the cheap test first: within the limit (never above the pool's size) and a prompt the pool holds
             maybe = [k for k, r in enumerate(reqs)
                      if not limit or r.input_tokens + max(r.output_tokens, 1) > limit or len(r.hash_ids) > cap]
+            if hasattr(sched.pool, "admission_need"):  # KV cache groups count more than a block a block: ask each
+                maybe = list(range(len(reqs)))
             out += [k for k in maybe if sched.refusal(SchedRequest(
                 k, reqs[k].hash_ids, reqs[k].input_tokens, max(reqs[k].output_tokens, 1), reqs[k].t)) is not None]
         refused = set(out)

@@ -32,6 +32,17 @@ def test_a_hybrid_model_runs_in_the_simulator(oss, tmp_path, mode):
     assert run["requests"] > 0 and 0 < run["block_hit_ratio"] < 1
 
 
+def test_every_request_a_small_pool_never_admits_is_refused_and_counted(oss, tmp_path):
+    # 20 s of scm: 45 requests, 21 over the model's 4,096 tokens. A pool of 150 blocks refuses those whose window
+    # group (capped at 1,027 blocks, two steps of 8,192 tokens in flight) and full group together exceed it: every
+    # request is run or refused (8 were once neither: refused by the window's tail, never admitted by its cap)
+    out = tmp_path / "runs.json"
+    assert main([*SIM[:3], "--duration", "20", "--capacity-blocks", "150,5000", *SIM[7:], "--model", oss,
+                 "--json", str(out)]) == 0
+    runs = [(r["requests"], r["refused"]) for r in json.loads(out.read_text())["runs"]]
+    assert runs == [(9, 36), (24, 21)]
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--scheduler", "reorder"], "--scheduler: oss has sliding-window layers (KV cache groups, cache/grouped.py):"
                                  " reorder's loans count one group's blocks: use --scheduler fcfs"),

@@ -120,16 +120,12 @@ class GroupedPool:
         return self.base.usage()
 
     def admission_need(self, blocks: int) -> int:
-        """Physical blocks admitting a request of ``blocks`` blocks counts, none cached: each full group's, each
-        window group's capped (vLLM's full_sequence_must_fit): above the pool's capacity it could never run."""
-        return sum(min(blocks, self._cap(x.window)) if x.kind == WINDOW else min(blocks, 1) if x.kind == STATE
+        """Physical blocks admitting a request of ``blocks`` blocks counts at most on an idle pool (its hit's blocks
+        evictable, so counted): each full group's, each window group's capped (vLLM's full_sequence_must_fit), a
+        state group's hit block and its new one (vLLM's startup rule: 'align' mode's two). The refusal's measure:
+        above the pool's capacity it could never run, at or below it an idle pool admits it."""
+        return sum(min(blocks, self._cap(x.window)) if x.kind == WINDOW else min(blocks, 2) if x.kind == STATE
                    else blocks for x in self.groups.groups)
-
-    def held_at(self, blocks: int, computed_tokens: int) -> int:
-        """Physical blocks a request of ``blocks`` blocks holds once ``computed_tokens`` are computed: every one
-        in a full group, those its window has not passed in a window group (the length refusal's measure)."""
-        return sum(blocks - min(blocks, skipped_blocks(x.window, computed_tokens, self.block_size))
-                   if x.kind == WINDOW else min(blocks, 1) if x.kind == STATE else blocks for x in self.groups.groups)
 
     # ---- a request's life ---------------------------------------------------------------------
     def acquire(self, lookup: Lookup) -> GroupedAllocation:

@@ -89,15 +89,16 @@ class Admission:
         if limit and req.input_tokens + req.output_tokens > limit:
             return ContextLengthError(limit, req.input_tokens, req.output_tokens)
         capacity = self.pool.capacity
-        # KV cache groups: every group's blocks, a window's those it holds at the longest hit a prompt may find
-        held_at = getattr(self.pool, "held_at", None)
-        prompt = len(req.hashes) if held_at is None else \
-            held_at(len(req.hashes) + self.decode_kv.need(req, 0), max(req.input_tokens - 1, 0))
+        # KV cache groups: what admission counts on an empty pool (GroupedPool.admission_need: a window at its cap,
+        # vLLM's full_sequence_must_fit), for the prompt and for a re-admission after a preemption at its longest,
+        # so a request is either refused here or admitted once the pool is idle, never left waiting
+        need = getattr(self.pool, "admission_need", None)
+        prompt = len(req.hashes) if need is None else need(len(req.hashes) + self.decode_kv.need(req, 0))
         if prompt > capacity:
             return PoolCapacityError(prompt, capacity)
         most = self.decode_kv.most(req)
-        if held_at is not None:  # at its last step a window holds its tail only
-            most = held_at(most, req.input_tokens + req.output_tokens - 1)
+        if need is not None:
+            most = need(most)
         if most > capacity:
             return PoolCapacityError(most, capacity, "max_tokens")
         if self.settings.step_rule == "v0":

@@ -99,26 +99,37 @@ def test_a_long_prompt_takes_its_window_blocks_chunk_by_chunk_as_vllm_allocates_
     assert pool_held[0] == (8, 0) and pool_held[3] == (14, 2)  # at the end: 12 + 2 hashed, 2 partial blocks
 
 
-def test_admission_counts_a_window_at_its_cap_and_refuses_what_no_hit_could_admit():
-    # window 32, 64 tokens a step: vLLM counts a window group at ceil((31 + 64) / 16) + 1 = 7 blocks at most, so
-    # the 200-token prompt (13 blocks) needs 13 + 7 = 20 free blocks uncached: a pool of 19 admits it only with a hit
+def test_admission_counts_a_window_at_its_cap_and_the_refusal_counts_the_same():
+    # window 32, 64 tokens a step in flight: vLLM counts a window group at ceil((31 + 64) / 16) + 1 = 7 blocks at
+    # most, so the 200-token prompt (13 blocks) needs 13 + 7 = 20 free blocks on an idle pool, and its 201st
+    # token's KV still 13 + 7. The refusal counts the same (a pool of 19 once left it waiting for ever: the
+    # refusal counted the window's 3-block tail at the longest hit)
     from replica.core.cache.pool import PoolCapacityError
 
-    def sched(capacity: int) -> Scheduler:
+    def sched(capacity: int) -> tuple[Scheduler, GroupedPool]:
         pool = GroupedPool(BlockPool(capacity, make_policy("lru"), block_size=16, hit_mode="prefix"),
                            group_layers([(FULL, 0), (WINDOW, 32)]))
         pool.in_flight = 64  # one step of 64 tokens in flight
-        assert pool.admission_need(13) == 20
-        return Scheduler(pool, CostModel.from_names(), SchedulerSettings(token_budget=64))
+        assert pool.admission_need(13) == 20 and pool.admission_need(5) == 10
+        return Scheduler(pool, CostModel.from_names(), SchedulerSettings(token_budget=64)), pool
 
-    s = sched(19)
-    s.submit(SchedRequest(1, list(range(1, 13)), 200, 2, 0.0))
-    s.step(0.0)
-    assert s.num_waiting == 1 and s.num_running == 0
-    # at the longest hit (199 tokens) the window holds blocks 10-12: 13 + 3 = 16 blocks; fewer can never run it
+    s, _ = sched(19)
     with pytest.raises(PoolCapacityError) as err:
-        sched(15).submit(SchedRequest(1, list(range(1, 13)), 200, 2, 0.0))
-    assert str(err.value) == "prompt: needs 16 KV blocks but the pool holds only 15"
+        s.submit(SchedRequest(1, list(range(1, 13)), 200, 2, 0.0))
+    assert str(err.value) == "prompt: needs 20 KV blocks but the pool holds only 19"
+    assert s.refused == 1 and s.num_waiting == 0
+    s, pool = sched(20)  # the idle pool of 20 admits it at once and runs it to the end
+    r = SchedRequest(1, list(range(1, 13)), 200, 2, 0.0)
+    s.submit(r)
+    s.step(0.0)
+    assert s.num_waiting == 0 and s.num_running == 1
+    held, _ = _run(s, pool, r)
+    assert held[-1] == [] and s.refused == 0
+    # 80 tokens and 200 to generate: re-admitted after a preemption at its last token (279 tokens, 18 blocks) it
+    # would count 18 + 7 = 25 (vLLM's startup rule refuses such a max_model_len on this pool)
+    with pytest.raises(PoolCapacityError) as err:
+        sched(22)[0].submit(SchedRequest(2, list(range(1, 6)), 80, 200, 0.0))
+    assert str(err.value) == "max_tokens: needs 25 KV blocks but the pool holds only 22"
 
 
 def test_a_decode_run_frees_what_its_windows_passed_at_the_next_step_as_single_steps_do():
