@@ -25,7 +25,7 @@ from loadgen.formats import read_trace
 from loadgen.stats import Distribution
 from shared.costmodel import get_model
 from shared.errors import InputError
-from shared.kv_groups import STATE
+from shared.kv_groups import STATE, KvGroups
 from shared.overrides import apply_overrides, parse_pairs
 from sim.estimate import ScmModel, capacity_for, estimate, turn_counts, workload_from_trace
 
@@ -57,15 +57,15 @@ def _number(text: str, field: str, conv):
     return value
 
 
-def _source(args):
-    """(Workload, description of the inputs)."""
+def _source(args, groups: KvGroups):
+    """(Workload, description of the inputs); ``groups``: the model's KV cache groups (a window's blocks held)."""
     if args.trace:
         if args.set:
             raise InputError("--set", "applies to the scm model; with --trace every primitive comes from the trace")
         bs = _number(args.block_size, "--block-size", int) if args.block_size is not None else None
         trace = read_trace(args.trace, args.format, bs)
         # the practical variant counts the blocks an engine allocates, partial tail included
-        work = workload_from_trace(trace, physical=args.practical)
+        work = workload_from_trace(trace, physical=args.practical, groups=groups)
         turns = Distribution.of(turn_counts(trace)).to_dict()
         return work, {"trace": args.trace, "format": args.format, "block_size": trace.block_size,
                       "requests": len(trace.requests), "sessions": turns["count"],
@@ -74,7 +74,7 @@ def _source(args):
         raise InputError("--workload", f"only scm has a mean-field model, got {args.workload!r}; "
                                        "for other workloads generate a trace and pass --trace")
     model = apply_overrides(ScmModel(), parse_pairs(args.set))
-    return model.workload(), {"workload": "scm", "params": dataclasses.asdict(model)}
+    return model.workload(groups), {"workload": "scm", "params": dataclasses.asdict(model)}
 
 
 def _finite(x: float) -> float | None:
@@ -85,8 +85,8 @@ def run(args: argparse.Namespace) -> int:
     spec = get_model(args.model)
     if any(g.kind == STATE for g in spec.kv_groups.groups):  # a state page a session, not blocks a token
         raise InputError("--model", f"{spec.name} has state layers (KV cache groups): the mean-field estimate counts"
-                                    " full-attention blocks only; run kvemu sim --model for its hit ratio")
-    work, inputs = _source(args)
+                                    " full-attention and sliding-window blocks only; run kvemu sim --model for its hit ratio")
+    work, inputs = _source(args, spec.kv_groups)
     target = None
     if args.target_hit_ratio is not None:
         try:
@@ -107,13 +107,17 @@ def estimate_doc(work, inputs: dict, capacity: int, target: float | None, practi
     of ``model``'s KV takes (blocks of the trace's, or the modelled preset's, size)."""
     est = estimate(work, capacity, practical)
     block_size = inputs["block_size"] if "block_size" in inputs else inputs["params"]["block_size"]
-    block_bytes = get_model(model).kv_bytes_per_token * block_size
+    spec = get_model(model)
+    block_bytes = spec.kv_bytes_per_block_token * block_size  # one KV cache group's page (every layer's: one group)
     doc = {"variant": est.variant, "capacity_blocks": capacity, "capacity_gib": capacity * block_bytes / GIB,
            "model": model, "block_size": block_size, "block_bytes": block_bytes,
            "hit_ratio": est.hit_ratio, "h_max": est.h_max, "characteristic_time_s": _finite(est.characteristic_time_s)}
     if target is not None:
         doc["target_hit_ratio"] = target
     doc.update(work.describe())
+    if work.held is not None:  # a block is one group's page; a session holds its window groups' tails only
+        doc["kv_groups"] = spec.kv_groups.describe()
+        doc["E_B_held"], doc["A_H_held"] = work.held.last, work.held.history
     doc["inputs"] = inputs
     return doc
 
@@ -143,6 +147,11 @@ def format_table(doc: dict) -> str:
         f"E[B]               {size(doc['E_B'])} per session",
         f"A_H / A_H^hash     {size(doc['A_H'])} / {size(doc['A_H_hash'])} per session",
         f"A_R                {size(doc['A_R'])} per session",
+    ]
+    if "E_B_held" in doc:  # KV cache groups: the displacement counts what the pool holds
+        lines.append(f"held E[B] / A_H    {size(doc['E_B_held'])} / {size(doc['A_H_held'])} per session (every KV"
+                     f" cache group's blocks, a window's it has not passed)")
+    lines += [
         "",
         *LEGEND,
     ]

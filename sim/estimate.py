@@ -42,6 +42,7 @@ import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from statistics import NormalDist
+from typing import NamedTuple
 
 import numpy as np
 
@@ -49,6 +50,7 @@ from loadgen.presets.common import require_int, require_positive
 from loadgen.presets.scm import ScmPreset, check_scm_conversations
 from loadgen.trace import Trace
 from shared.errors import InputError
+from shared.kv_groups import FULL, STATE, WINDOW, KvGroups
 
 _STD_NORMAL = NormalDist()
 
@@ -180,6 +182,26 @@ class Empirical(ThinkTime):
 # ---------------------------------------------------------------- workload primitives
 
 
+class Held(NamedTuple):
+    """A model of several KV cache groups: what a session holds in the pool, in physical blocks (one group's page),
+    where the primitives count a prompt's blocks once: E[B] and A_H with every group's blocks (``group_blocks``)."""
+
+    last: float  # E[B]'s physical blocks
+    history: float  # A_H's
+    full_groups: int  # the groups holding every block (the practical variant's unhashable tail is one in each)
+
+
+def group_blocks(blocks: float, groups: KvGroups, block_size: int) -> float:
+    """Physical blocks the pool holds of a prompt of ``blocks`` whole blocks once its prefill is computed: every
+    block in a full group, in a window group those its window has not passed (cache/groups.py ``skipped_blocks``,
+    vLLM's remove_skipped_blocks: the rest are freed first and evicted before any other)."""
+    if any(g.kind == STATE for g in groups.groups):
+        raise InputError("--model", "state layers hold a state a session, not blocks a token: no block count")
+    tokens = blocks * block_size
+    return sum(blocks - max(0.0, tokens - g.window + 1) // block_size if g.kind == WINDOW else blocks
+               for g in groups.groups)
+
+
 @dataclass(frozen=True)
 class Workload:
     """The primitives the estimate needs; λ is per second, not per block of capacity."""
@@ -191,10 +213,22 @@ class Workload:
     mean_turns: float  # E[M]
     think: ThinkTime
     source: str = "model"
+    held: Held | None = None  # KV cache groups: the blocks the pool holds, which the displacement counts
 
     def reusable(self, practical: bool) -> float:
         """A_H, or A_H^hash = A_H − E[M−1] (one unhashable tail block per non-final turn)."""
         return max(self.history_blocks - (self.mean_turns - 1.0), 0.0) if practical else self.history_blocks
+
+    def inserted(self) -> float:
+        """E[B] as the pool holds it (physical blocks with KV cache groups)."""
+        return self.mean_blocks if self.held is None else self.held.last
+
+    def moved(self, practical: bool) -> float:
+        """The reusable history as the pool holds it: each full group's unhashable tails off in the practical variant."""
+        held = self.held
+        if held is None:
+            return self.reusable(practical)
+        return max(held.history - (held.full_groups * (self.mean_turns - 1.0) if practical else 0.0), 0.0)
 
     def h_max(self, practical: bool) -> float:
         return self.reusable(practical) / self.prompt_blocks
@@ -249,14 +283,14 @@ class Estimate:
 
 def displacement(w: Workload, capacity: float, t: float, practical: bool = False) -> float:
     """d(t): blocks moved ahead of a tagged session within t, per block of capacity."""
-    return w.arrival_rate / capacity * (w.mean_blocks * t + w.reusable(practical) * w.think.mean_min(t))
+    return w.arrival_rate / capacity * (w.inserted() * t + w.moved(practical) * w.think.mean_min(t))
 
 
 def characteristic_time(w: Workload, capacity: float, practical: bool = False) -> float:
     """T_C with d(T_C) = 1, by bisection: d is continuous, strictly increasing, d(0) = 0."""
     lam0 = w.arrival_rate / capacity
-    a = w.reusable(practical)
-    if w.mean_blocks <= 0:
+    a, b = w.moved(practical), w.inserted()
+    if b <= 0:
         # only history moves blocks ahead, and at most A_H·E[W] of it: d may never reach 1
         if lam0 * a * w.think.mean() <= 1:
             return math.inf
@@ -265,7 +299,7 @@ def characteristic_time(w: Workload, capacity: float, practical: bool = False) -
             hi *= 2
     else:
         # E[min(W, t)] lies in [0, t], so d(t) is between λ0·E[B]·t and λ0·(E[B] + A)·t
-        lo, hi = 1.0 / (lam0 * (w.mean_blocks + a)), 1.0 / (lam0 * w.mean_blocks)
+        lo, hi = 1.0 / (lam0 * (b + a)), 1.0 / (lam0 * b)
     for _ in range(200):
         mid = 0.5 * (lo + hi)
         if displacement(w, capacity, mid, practical) < 1.0:
@@ -300,8 +334,8 @@ def capacity_for(w: Workload, target: float, practical: bool = False) -> int:
     t_star = w.think.quantile(target / h_max)
     if not math.isfinite(t_star):
         raise InputError("target_hit_ratio", f"{target!r} is too close to h_max = {h_max:.6g} to reach")
-    a = w.reusable(practical)
-    n = math.ceil(w.arrival_rate * (w.mean_blocks * t_star + a * w.think.mean_min(t_star)) - 1e-9)
+    a = w.moved(practical)
+    n = math.ceil(w.arrival_rate * (w.inserted() * t_star + a * w.think.mean_min(t_star)) - 1e-9)
     n = max(n, 1)
     # step CDFs (deterministic, empirical) sit exactly on a jump at T*: one more block clears it
     while estimate(w, n, practical).hit_ratio < target:
@@ -361,14 +395,24 @@ class ScmModel:
         w = np.asarray(self.turn_pmf, dtype=np.float64)
         return w / w.sum()
 
-    def workload(self) -> Workload:
+    def workload(self, groups: KvGroups | None = None) -> Workload:
+        """The primitives; ``groups``: a model of several KV cache groups, whose blocks the pool holds (``Held``)."""
         pmf = self.turn_probabilities()
         j = np.arange(1, pmf.size + 1, dtype=np.float64)
         # turn j's prompt: j prompts and the j−1 responses before it (the response of the
         # last turn never comes back as a prompt, so it is never a cache block)
         r_bar = j * self.prompt_blocks + (j - 1) * self.response_blocks
         e_b, a_h, a_r, e_m = moments(pmf, r_bar)
-        return Workload(self.arrival_rate, e_b, a_h, a_r, e_m, self.think(), "scm")
+        held = None
+        if groups is not None and groups.hybrid:
+            physical = np.array([group_blocks(r, groups, self.block_size) for r in r_bar])
+            b, h, _, _ = moments(pmf, physical)
+            held = Held(b, h, _full_groups(groups))
+        return Workload(self.arrival_rate, e_b, a_h, a_r, e_m, self.think(), "scm", held)
+
+
+def _full_groups(groups: KvGroups) -> int:
+    return sum(1 for g in groups.groups if g.kind == FULL)
 
 
 def _check_scm(m: ScmModel) -> None:
@@ -390,7 +434,7 @@ def _check_scm(m: ScmModel) -> None:
 # ---------------------------------------------------------------- primitives from a trace
 
 
-def workload_from_trace(trace: Trace, physical: bool = False) -> Workload:
+def workload_from_trace(trace: Trace, physical: bool = False, groups: KvGroups | None = None) -> Workload:
     """Primitives measured on a trace, one session at a time (no independence assumed).
 
     R_j is the number of hashed blocks of turn j's prompt, which is what kvemu's block pool
@@ -398,6 +442,7 @@ def workload_from_trace(trace: Trace, physical: bool = False) -> Workload:
     block_size), partial tail included (the paper's practical model).  λ counts session
     starts over the span between the first and the last; W is every gap between
     consecutive prompts of a session.  Sessions cut by the end of the trace count as shorter.
+    ``groups``: a model of several KV cache groups, each prompt's blocks as the pool holds them too (``Held``).
     """
     sessions: dict[str, list] = {}
     for r in trace.requests:
@@ -406,6 +451,8 @@ def workload_from_trace(trace: Trace, physical: bool = False) -> Workload:
     starts: list[float] = []
     gaps: list[float] = []
     sum_all, sum_hist, last, turns = 0.0, 0.0, 0.0, 0
+    held_hist, held_last = 0.0, 0.0
+    hybrid = groups is not None and groups.hybrid
     for reqs in sessions.values():
         reqs.sort(key=lambda r: (r.t, r.turn))
         sizes = [-(-r.input_tokens // bs) if physical else len(r.hash_ids) for r in reqs]
@@ -415,6 +462,9 @@ def workload_from_trace(trace: Trace, physical: bool = False) -> Workload:
         sum_hist += sum(sizes[:-1])
         last += sizes[-1]
         turns += len(reqs)
+        if hybrid and groups is not None:
+            held_hist += sum(group_blocks(x, groups, bs) for x in sizes[:-1])
+            held_last += group_blocks(sizes[-1], groups, bs)
     n = len(sessions)
     span = max(starts) - min(starts)
     if n < 2 or span <= 0:
@@ -424,8 +474,9 @@ def workload_from_trace(trace: Trace, physical: bool = False) -> Workload:
     if last <= 0:
         raise InputError("trace", "no session has a full block; nothing is ever cached")
     # (n − 1) / span is the unbiased rate estimate for n arrivals observed from first to last
+    held = Held(held_last / n, held_hist / n, _full_groups(groups)) if hybrid and groups is not None else None
     return Workload((n - 1) / span, last / n, sum_hist / n, sum_all / n, turns / n, Empirical(np.asarray(gaps)),
-                    trace.source or "trace")
+                    trace.source or "trace", held)
 
 
 def turn_counts(trace: Trace) -> np.ndarray:

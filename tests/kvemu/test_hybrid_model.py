@@ -43,6 +43,19 @@ def test_every_request_a_small_pool_never_admits_is_refused_and_counted(oss, tmp
     assert runs == [(9, 36), (24, 21)]
 
 
+def test_estimate_counts_a_window_groups_blocks_as_the_pool_holds_them(oss, capsys):
+    # sim/estimate.py's hand-worked case (test_estimate.py): E[B] 4 and A_H 1 blocks held as 6 and 2 (the 32-token
+    # window keeps a computed prompt's last 2 blocks), so 0.1 takes 80 blocks, not full attention's 50; a block
+    # is one group's page: 2 layers x 8 KV heads x 64 x 2 (K and V) x 2 bytes x 16 tokens = 65,536 bytes
+    sets = ["arrival_rate=1", "think_mean=10", "think_dist=deterministic", "turn_dist=fixed", "turns=2",
+            "prompt_blocks=1", "response_blocks=2"]
+    assert main(["estimate", "--model", oss, *[x for kv in sets for x in ("--set", kv)], "--target-hit-ratio", "0.1",
+                 "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["capacity_blocks"], doc["block_bytes"], doc["E_B_held"], doc["A_H_held"]) == (80, 65536, 6.0, 2.0)
+    assert [g["kind"] for g in doc["kv_groups"]] == ["window", "full"]
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--scheduler", "reorder"], "--scheduler: oss has sliding-window layers (KV cache groups, cache/grouped.py):"
                                  " reorder's loans count one group's blocks: use --scheduler fcfs"),

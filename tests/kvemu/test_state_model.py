@@ -54,7 +54,7 @@ def test_a_state_model_runs_in_the_simulator(qwen, tmp_path, mode):
      " blocks is not modelled yet"),
     (["estimate", "--capacity-blocks", "100"],
      "--model: qwen3-next-tiny has state layers (KV cache groups): the mean-field estimate counts full-attention"
-     " blocks only; run kvemu sim --model for its hit ratio"),
+     " and sliding-window blocks only; run kvemu sim --model for its hit ratio"),
 ])
 def test_what_cannot_run_with_state_groups_is_refused_in_one_line(qwen, capsys, argv, message):
     assert main([*argv, "--model", qwen]) != 0

@@ -15,6 +15,7 @@ from loadgen.trace import Trace, TraceRequest
 from loadgen.workloads import generate
 from replica.core.build import EngineKnobs
 from shared.errors import InputError
+from shared.kv_groups import FULL, WINDOW, group_layers
 from sim.estimate import (
     Deterministic,
     Empirical,
@@ -26,6 +27,7 @@ from sim.estimate import (
     characteristic_time,
     displacement,
     estimate,
+    group_blocks,
     turn_counts,
     workload_from_trace,
 )
@@ -177,6 +179,24 @@ def test_target_at_or_above_h_max_is_an_error(target):
 # ---------------------------------------------------------------- bad input
 
 
+def test_a_window_group_counts_the_blocks_the_pool_holds_by_hand():
+    # two turns, 1 prompt and 2 response blocks: R_1 = 1, R_2 = 4, so E[B] = 4, A_H = 1, A_R = 5, h_max = 0.2. A
+    # full group and a 32-token window over 16-token blocks: the window holds a computed prompt's last 2 blocks
+    # (R - (16 R - 31) // 16), R_1's 1; the pool holds E[B] 4 + 2 = 6 and A_H 1 + 1 = 2 physical blocks.
+    groups = group_layers([(FULL, 0), (WINDOW, 32)])
+    assert [group_blocks(r, groups, 16) for r in (1, 2, 4, 100)] == [2, 4, 6, 102]
+    model = ScmModel(arrival_rate=1.0, think_mean=10.0, think_dist="deterministic", turn_dist="fixed", turns=2,
+                     prompt_blocks=1, response_blocks=2)
+    full, window = model.workload(), model.workload(groups)
+    assert window.held is not None and (window.held.last, window.held.history) == (6.0, 2.0)
+    # d(t) = (6 t + 2 min(10, t)) / N: at N = 60, T_C = 7.5 s < W = 10 s, no hit; full attention's 4 t + min(10, t)
+    # reaches 60 at 12.5 s, every history block hit
+    assert characteristic_time(window, 60) == pytest.approx(7.5) and estimate(window, 60).hit_ratio == 0.0
+    assert characteristic_time(full, 60) == pytest.approx(12.5) and estimate(full, 60).hit_ratio == pytest.approx(0.2)
+    # the capacity for 0.1: T* = 10 s, N = 6 x 10 + 2 x 10 = 80 (full attention 4 x 10 + 10 = 50)
+    assert (capacity_for(window, 0.1), capacity_for(full, 0.1)) == (80, 50)
+
+
 @pytest.mark.parametrize("kw,field", [
     ({"continue_prob": 1.0}, "continue_prob"), ({"continue_prob": -0.1}, "continue_prob"),
     ({"arrival_rate": 0.0}, "arrival_rate"), ({"arrival_rate": -2.0}, "arrival_rate"),
@@ -237,6 +257,9 @@ def test_trace_primitives_by_hand():
     assert w.think.mean() == 10.0 and w.think.cdf(9.9) == 0.0
     p = workload_from_trace(Trace(reqs, block_size=16), physical=True)
     assert (p.mean_blocks, p.history_blocks, p.prompt_blocks) == pytest.approx((3.0, 1.0, 4.0))
+    # a full group and a 32-token window: a's prompts held as 1 + 1 and 3 + 2 blocks, b's as 2 + 2
+    g = workload_from_trace(Trace(reqs, block_size=16), groups=group_layers([(FULL, 0), (WINDOW, 32)]))
+    assert g.held == (4.5, 1.0, 1) and g.mean_blocks == 2.5
 
 
 def test_a_trace_without_multi_turn_sessions_is_an_error():
