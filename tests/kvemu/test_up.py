@@ -407,6 +407,15 @@ def descendants(pid: int) -> dict[int, str]:
     return out
 
 
+def _program(cmd: str) -> str:
+    """A child's program: the kvemu subcommand of ``python -m kvemu NAME ...``, else the executable's name."""
+    words = cmd.split()
+    if "-m" in words:
+        module = words[words.index("-m") + 1:]
+        return module[1] if module[0] == "kvemu" else module[0]
+    return os.path.basename(words[0])
+
+
 def test_no_token_is_on_any_child_command_line_and_the_admin_endpoints_take_it(up_procs, tmp_path):
     """Both tokens given to up on its own command line: every process it starts (router supervisor,
     its workers, replicas, the private redis-server) has neither on its command line, which every
@@ -417,13 +426,13 @@ def test_no_token_is_on_any_child_command_line_and_the_admin_endpoints_take_it(u
                   "--admin-token", admin_token, env={**os.environ, "KVEMU_RUNTIME_DIR": str(tmp_path / "rt")})
     urls = up.ready()
     procs = descendants(up.proc.pid)
-    names = [cmd.split()[2] if " -m " in cmd else os.path.basename(cmd.split()[0]) for cmd in procs.values()]
+    names = [_program(cmd) for cmd in procs.values()]
     assert sorted(names) == ["redis-server", "replica", "replica", "router", "router", "router"], procs
     for pid, cmd in procs.items():
         assert cluster_token not in cmd and admin_token not in cmd, cmd
         with open(f"/proc/{pid}/environ", "rb") as fh:  # each child gets only the secrets it uses
             env = fh.read()
-        kind = "redis" if "redis-server" in cmd else cmd.split()[2]
+        kind = "redis" if "redis-server" in cmd else _program(cmd)
         assert (cluster_token.encode() in env) == (kind != "redis"), cmd
         assert (admin_token.encode() in env) == (kind == "replica"), cmd
     assert "warning: --cluster-token" in up.stderr() and "KVEMU_CLUSTER_TOKEN" in up.stderr()

@@ -80,7 +80,7 @@ def test_the_scheduler_cuts_each_decoders_context_to_the_window():
     sched.submit(SchedRequest(2, list(range(100, 162)), 1000, 5, 0.0))
     first = sched.step(0.0)
     assert first.duration == pytest.approx(cost.step_time(StepWork.of([(100, 0), (1000, 0)], window=128)))
-    second = sched.step(first.duration)
+    second = sched.step(first.duration, horizon=first.duration)  # one step (no decode run)
     exact = StepWork(decoders=2, decode_kv=101 + 1001, window_kv=101 + 128)
     assert second.duration == pytest.approx(cost.step_time(exact), rel=1e-12)
     assert second.duration < cost.step_time(exact._replace(window_kv=-1))  # the bound: 256 window tokens
