@@ -34,6 +34,7 @@ MODULES = (
     "replica.core.sched.admission",
     "replica.core.sched.reorder",
     "replica.core.sched.release",
+    "replica.core.sched.decoding",
     "replica.core.sched.scheduler",
     "router.strategies.prefix",
     "loadgen.arrivals",

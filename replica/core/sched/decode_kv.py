@@ -5,7 +5,7 @@ full blocks plus a partial last one) and, if it was preempted after its first to
 it had generated; then one more each time decoding crosses a block boundary. The blocks beyond
 the hashed ones are the pool's ``private`` blocks: they take room (evicting cached blocks). When a
 decode step needs a block and none is free or evictable, the scheduler preempts
-(``Scheduler._grow_now``).
+(``Decoding._grow_now``, decoding.py).
 
 Where response KV is kept (``fills``), each of those blocks is hashed once decoding has filled it
 (its hash is the next of ``SchedRequest.response_hashes``): vLLM caches every full block in the step
