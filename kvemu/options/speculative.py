@@ -49,6 +49,10 @@ def spec_decode(args: argparse.Namespace) -> SpecDecode | None:
             if value:
                 raise InputError(flag, "needs --speculative-method (ngram, eagle or mtp)")
         return None
+    if not k:
+        # 0 is the flag's default, not a value the user gave: say what to add rather than "got 0"
+        raise InputError("--num-speculative-tokens", f"--speculative-method {method} needs it: the draft tokens a"
+                                                     " step verifies, an integer >= 1 (e.g. 3)")
     lengths = parse_lengths(lengths_text) if lengths_text else ()
     check_spec(method, k, rate, lengths, flags=True)
     return SpecDecode(method, k, rate, lengths, seed=getattr(args, "seed", 0) or 0)

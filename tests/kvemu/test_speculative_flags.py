@@ -49,6 +49,12 @@ def test_bad_input_is_one_line_naming_the_flag(argv, flag):
     assert e.value.field == flag and "\n" not in str(e.value)
 
 
+def test_a_method_without_k_says_what_to_add():
+    with pytest.raises(InputError, match=r"^--num-speculative-tokens: --speculative-method ngram needs it: the"
+                                         r" draft tokens a step verifies, an integer >= 1 \(e.g. 3\)$"):
+        spec_decode(_parse("--speculative-method", "ngram", "--acceptance-rate", "0.5"))
+
+
 def _sim_run(tmp_path, name: str, *flags: str) -> dict:
     out = tmp_path / f"{name}.json"
     assert main(["sim", "--workload", "chat", "--duration", "30", *flags, "--json", str(out)]) == 0
