@@ -21,7 +21,7 @@ from kvemu.options.limits import (
     length_warning,
     pool_units,
 )
-from kvemu.options.matching import add_matching_args, matching_setting, source_unit
+from kvemu.options.matching import add_matching_args, load_matched, matching_setting
 from kvemu.options.option import add_options
 from kvemu.options.parallel import add_parallel_args, expert_ranks, parallel_setting
 from kvemu.options.prefix_caching import PREFIX_CACHING
@@ -34,7 +34,7 @@ from kvemu.options.speculative import add_speculative_args
 from kvemu.options.tiers import add_tier_args
 from kvemu.program import check_outputs
 from kvemu.sim_grid import grid_parts, sim_settings, split_numbers
-from loadgen.source import load_source, trace_name
+from loadgen.source import trace_name
 from loadgen.trace import Trace, has_dependencies
 from replica.core.cache.policies import policy_class
 from router.strategies import get_strategy
@@ -256,7 +256,7 @@ def runs_of(args) -> tuple[Trace, list[SimSettings]]:
     check_no_ops(args, [cluster.total])
     check_scheduler_flags(args)
     matching = matching_setting(args)
-    trace = load_source(args, source_unit(args, matching), tokens=matching.mode == "radix")
+    trace = load_matched(args, matching)
     if not trace.requests:
         raise InputError("trace", "has no requests")
     caps = capacities(args, trace.block_size)

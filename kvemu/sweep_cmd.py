@@ -22,14 +22,13 @@ from kvemu.options.gpu import gpu_setting
 from kvemu.options.kv_cache_dtype import model_setting
 from kvemu.options.kv_store import add_shared_args
 from kvemu.options.limits import default_capacity
-from kvemu.options.matching import matching_setting, source_unit
+from kvemu.options.matching import load_matched, matching_setting
 from kvemu.options.reuse import add_sweep_reuse_arg, sweep_reuse
 from kvemu.options.scheduler import check_scheduler_flags
 from kvemu.options.source import add_source_args
 from kvemu.sim_cmd import add_emulation_args, capacities, check_no_ops, table_legend, warn_lengths
 from kvemu.sim_grid import grid_parts, sim_settings, split_numbers
 from loadgen.formats import detect_format
-from loadgen.source import load_source
 from replica.core.cache.policies import policy_class
 from router.strategies import get_strategy
 from shared.errors import InputError
@@ -155,7 +154,7 @@ def run(args) -> int:
 
 def _sweep(args, runner: Runner, policies: list[str], routings: list[str], replicas: list[int]) -> int:
     matching = matching_setting(args)
-    trace = load_source(args, source_unit(args, matching), tokens=matching.mode == "radix")
+    trace = load_matched(args, matching)
     caps = sorted(set(capacities(args, trace.block_size)))
     warn_lengths(args, caps, trace.block_size)
     identity, info = _identity(args, trace)

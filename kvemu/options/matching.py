@@ -65,8 +65,11 @@ def _size(flag: str, value: int) -> int:
 
 def source_unit(args: argparse.Namespace, matching: Matching) -> int | None:
     """The block size to cut a source's tokens into (presets, request logs): the page size under radix,
-    ``--block-size`` where given; None: the source's own (a trace of hashes keeps its block size)."""
+    ``--block-size`` where given or the model's served block where state layers raise it; None: the source's own
+    (a trace of hashes keeps its block size)."""
     if matching.mode == "radix" or getattr(args, "block_size", None) is not None:
+        return matching.block_size
+    if matching.block_size != DEFAULT_BLOCK_SIZE:  # raised for the model's state layers: its blocks are the unit
         return matching.block_size
     return None
 
@@ -86,5 +89,36 @@ def matching_setting(args: argparse.Namespace) -> Matching:
     if page is not None:
         raise InputError("--page-size", "would do nothing with --matching blocks: add --matching radix, or give"
                                         " --block-size")
-    return Matching(mode, _size("--block-size", DEFAULT_BLOCK_SIZE if block is None else block),
-                    hit_mode or DEFAULT_HIT_MODE)
+    asked = _size("--block-size", DEFAULT_BLOCK_SIZE if block is None else block)
+    return Matching(mode, served_block_size(args, asked), hit_mode or DEFAULT_HIT_MODE)
+
+
+def served_block_size(args: argparse.Namespace, block_size: int) -> int:
+    """The block the model is served at, the one unit of hashing, capacity and the core alike: ``block_size``,
+    raised for state layers as vLLM raises it (CostModel.kv_block_size: 544 tokens for Qwen3-Next at --tp 2).
+    A --model or --gpu kvemu cannot read is left to the check that names it."""
+    model, gpu = getattr(args, "model", None), getattr(args, "gpu", None)
+    if not isinstance(model, str) or not isinstance(gpu, str):
+        return block_size
+    from kvemu.options.gpu import gpu_setting
+    from kvemu.options.kv_cache_dtype import model_setting
+    from shared.costmodel import CostModel
+    try:
+        return CostModel.from_names(model_setting(args), gpu_setting(args)).kv_block_size(block_size)
+    except (InputError, ValueError, OSError):
+        return block_size
+
+
+def load_matched(args: argparse.Namespace, matching: Matching):
+    """The source cut into the blocks ``matching`` serves at; a trace of hashes of another size is refused naming
+    --model where the size is the model's (state layers), not a --block-size the user gave."""
+    from loadgen.source import load_source
+    try:
+        return load_source(args, source_unit(args, matching), tokens=matching.mode == "radix")
+    except InputError as e:
+        if e.field != "--block-size" or getattr(args, "block_size", None) is not None:
+            raise
+        raise InputError("--model", f"{args.model} is served in blocks of {matching.block_size} tokens (vLLM raises"
+                                    " the block for its state layers to hold a state), and this trace's hash ids"
+                                    " stand for blocks of another size, which cannot be cut: use a preset"
+                                    " (--workload) or a request log (--format openai)") from None

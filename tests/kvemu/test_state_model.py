@@ -35,6 +35,17 @@ def test_the_qwen3_next_preset_runs_the_chat_workload_in_the_simulator(tmp_path)
     run = json.loads(out.read_text())["runs"][0]
     # a next turn finds the state its turn before kept at a 544-token block's end, not every block of its prompt
     assert run["requests"] > 0 and 0.5 < run["block_hit_ratio"] < 1
+    # the pool runs in the blocks the memory rule sized: 7,790 of 544 tokens (the workload cut into them), not 16
+    assert (run["block_size"], run["capacity_blocks"], run["capacity_tokens"]) == (544, 7790, 7790 * 544)
+    assert run["memory_rule"]["block_size"] == 544
+
+
+def test_a_trace_of_hashes_cut_for_other_blocks_is_refused_naming_the_model(capsys):
+    assert main(["sim", "--model", "qwen3-next-80b-a3b", "--gpu", "h200", "--tp", "2", "--trace",
+                 "mooncake-conversation", "--quiet"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
+        "error: --model: qwen3-next-80b-a3b is served in blocks of 544 tokens (vLLM raises the block for its state"
+        " layers to hold a state), and this trace's hash ids stand for blocks of another size")
 
 
 @pytest.mark.parametrize("mode", [[], ["--cache-only"]])
