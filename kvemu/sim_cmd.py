@@ -21,7 +21,7 @@ from kvemu.options.limits import (
     length_warning,
     pool_units,
 )
-from kvemu.options.matching import add_matching_args, load_matched, matching_setting
+from kvemu.options.matching import add_matching_args, matching_setting
 from kvemu.options.option import add_options
 from kvemu.options.parallel import add_parallel_args, expert_ranks, parallel_setting
 from kvemu.options.prefix_caching import PREFIX_CACHING
@@ -33,7 +33,7 @@ from kvemu.options.source import add_source_args
 from kvemu.options.speculative import add_speculative_args
 from kvemu.options.tiers import add_tier_args
 from kvemu.program import check_outputs
-from kvemu.sim_grid import grid_parts, sim_settings, split_numbers
+from kvemu.sim_grid import grid_parts, load_matched, sim_settings, split_numbers
 from loadgen.source import trace_name
 from loadgen.trace import Trace, has_dependencies
 from replica.core.cache.policies import policy_class

@@ -11,10 +11,12 @@ from typing import NamedTuple
 from kvemu.options.disagg import pd_cluster
 from kvemu.options.knobs import engine_knobs, naming_flags
 from kvemu.options.kv_store import shared_settings
-from kvemu.options.matching import matching_setting
+from kvemu.options.matching import Matching, matching_setting, source_unit
 from kvemu.options.parallel import parallel_setting
 from kvemu.options.router_flags import routing_settings
 from kvemu.options.tiers import tier_settings
+from loadgen.source import load_source
+from loadgen.trace import Trace
 from replica.core.disagg import PdCluster
 from replica.core.dp import DpSettings
 from replica.core.tiers.stack import TierSettings
@@ -85,3 +87,17 @@ def sim_settings(args: argparse.Namespace, parts: GridParts, *, policy: str, cap
                            causal=args.causal, arrivals=arrivals, cache_only=args.cache_only,
                            max_model_len=args.max_model_len, compiled=not args.python_core, pd=parts.pd,
                            data_parallel_size=parts.dp.size, expert_parallel=parts.dp.expert_parallel)
+
+
+def load_matched(args: argparse.Namespace, matching: Matching) -> Trace:
+    """The source cut into the blocks ``matching`` serves at; a trace of hashes of another size is refused naming
+    --model where the size is the model's (state layers), not a --block-size the user gave."""
+    try:
+        return load_source(args, source_unit(args, matching), tokens=matching.mode == "radix")
+    except InputError as e:
+        if e.field != "--block-size" or getattr(args, "block_size", None) is not None:
+            raise
+        raise InputError("--model", f"{args.model} is served in blocks of {matching.block_size} tokens (vLLM raises"
+                                    " the block for its state layers to hold a state), and this trace's hash ids"
+                                    " stand for blocks of another size, which cannot be cut: use a preset"
+                                    " (--workload) or a request log (--format openai)") from None

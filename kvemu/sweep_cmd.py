@@ -22,12 +22,12 @@ from kvemu.options.gpu import gpu_setting
 from kvemu.options.kv_cache_dtype import model_setting
 from kvemu.options.kv_store import add_shared_args
 from kvemu.options.limits import default_capacity
-from kvemu.options.matching import load_matched, matching_setting
+from kvemu.options.matching import matching_setting
 from kvemu.options.reuse import add_sweep_reuse_arg, sweep_reuse
 from kvemu.options.scheduler import check_scheduler_flags
 from kvemu.options.source import add_source_args
 from kvemu.sim_cmd import add_emulation_args, capacities, check_no_ops, table_legend, warn_lengths
-from kvemu.sim_grid import grid_parts, sim_settings, split_numbers
+from kvemu.sim_grid import grid_parts, load_matched, sim_settings, split_numbers
 from loadgen.formats import detect_format
 from replica.core.cache.policies import policy_class
 from router.strategies import get_strategy

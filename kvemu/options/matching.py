@@ -108,17 +108,3 @@ def served_block_size(args: argparse.Namespace, block_size: int) -> int:
     except (InputError, ValueError, OSError):
         return block_size
 
-
-def load_matched(args: argparse.Namespace, matching: Matching):
-    """The source cut into the blocks ``matching`` serves at; a trace of hashes of another size is refused naming
-    --model where the size is the model's (state layers), not a --block-size the user gave."""
-    from loadgen.source import load_source
-    try:
-        return load_source(args, source_unit(args, matching), tokens=matching.mode == "radix")
-    except InputError as e:
-        if e.field != "--block-size" or getattr(args, "block_size", None) is not None:
-            raise
-        raise InputError("--model", f"{args.model} is served in blocks of {matching.block_size} tokens (vLLM raises"
-                                    " the block for its state layers to hold a state), and this trace's hash ids"
-                                    " stand for blocks of another size, which cannot be cut: use a preset"
-                                    " (--workload) or a request log (--format openai)") from None
