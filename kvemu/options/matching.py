@@ -14,6 +14,7 @@ Each flag that would do nothing is refused: ``--page-size`` without radix, ``--b
 from __future__ import annotations
 
 import argparse
+import functools
 from dataclasses import dataclass
 
 from kvemu.options.option import Option
@@ -100,11 +101,20 @@ def served_block_size(args: argparse.Namespace, block_size: int) -> int:
     model, gpu = getattr(args, "model", None), getattr(args, "gpu", None)
     if not isinstance(model, str) or not isinstance(gpu, str):
         return block_size
+    return _served_block(model, getattr(args, "kv_cache_dtype", "auto") or "auto", gpu, getattr(args, "tp", 1),
+                         block_size)
+
+
+@functools.lru_cache(maxsize=16)
+def _served_block(model: str, kv_cache_dtype: str, gpu: str, tp: object, block_size: int) -> int:
+    """``served_block_size`` of the flags' values, once per command: every caller of ``matching_setting`` asks,
+    and a config.json model or a device profile is a file read."""
     from kvemu.options.gpu import gpu_setting
     from kvemu.options.kv_cache_dtype import model_setting
     from shared.costmodel import CostModel
+    flags = argparse.Namespace(model=model, kv_cache_dtype=kv_cache_dtype, gpu=gpu, tp=tp)
     try:
-        return CostModel.from_names(model_setting(args), gpu_setting(args)).kv_block_size(block_size)
+        return CostModel.from_names(model_setting(flags), gpu_setting(flags)).kv_block_size(block_size)
     except (InputError, ValueError, OSError):
         return block_size
 

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from kvemu.cli import main
+from tests.support.model_config import config_file
 from tests.support.procs import http_json, start_replica
 
 OSS = {"architectures": ["GptOssForCausalLM"], "hidden_size": 512, "intermediate_size": 256, "head_dim": 64,
@@ -18,10 +19,7 @@ SIM = ["sim", "--workload", "scm", "--duration", "60", "--capacity-blocks", "400
 
 @pytest.fixture
 def oss(tmp_path):
-    path = tmp_path / "oss" / "config.json"
-    path.parent.mkdir()
-    path.write_text(json.dumps(OSS))
-    return str(path)
+    return config_file(tmp_path, "oss", OSS)
 
 
 @pytest.mark.parametrize("mode", [[], ["--cache-only"]])

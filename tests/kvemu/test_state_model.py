@@ -7,6 +7,7 @@ import json
 import pytest
 
 from kvemu.cli import main
+from tests.support.model_config import config_file
 from tests.support.procs import http_json, start_replica
 
 # three Gated DeltaNet layers and one full-attention layer (full_attention_interval 4): three state groups, one full
@@ -22,10 +23,7 @@ SIM = ["sim", "--workload", "scm", "--duration", "60", "--capacity-blocks", "400
 
 @pytest.fixture
 def qwen(tmp_path):
-    path = tmp_path / "qwen3-next-tiny" / "config.json"
-    path.parent.mkdir()
-    path.write_text(json.dumps(TINY))
-    return str(path)
+    return config_file(tmp_path, "qwen3-next-tiny", TINY)
 
 
 def test_the_qwen3_next_preset_runs_the_chat_workload_in_the_simulator(tmp_path):
